@@ -1,0 +1,40 @@
+// Tiny test harness shared by the C tests. Every check prints one line:
+//   "ok <what>" or "FAIL <what>: <detail>", and "SKIP <what>: <why>".
+// test/run.sh counts these lines over all test programs and prints the
+// closing "N passed, N failed" line; each program also exits non-zero on failure.
+#ifndef TEST_COMMON_H
+#define TEST_COMMON_H
+#include <stdio.h>
+#include <stdarg.h>
+#include <math.h>
+
+static int test_passed = 0, test_failed = 0;
+
+static void test_check(int cond, const char *what, const char *fmt, ...) {
+    if (cond) { printf("ok %s\n", what); test_passed++; return; }
+    printf("FAIL %s: ", what);
+    va_list ap; va_start(ap, fmt); vprintf(fmt, ap); va_end(ap);
+    printf("\n");
+    test_failed++;
+}
+#define CHECK(cond, what, ...) test_check((cond), (what), __VA_ARGS__)
+
+static void test_skip(const char *what, const char *why) { printf("SKIP %s: %s\n", what, why); }
+
+// worst relative error of got against want, relative to max(|want|, floor):
+// the floor keeps elements near zero from dominating (stated per call site).
+static double max_rel_err(const float *got, const float *want, size_t n, double floor_, size_t *worst) {
+    double m = 0; size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]) / fmax(fabs((double)want[i]), floor_);
+        if (!(d <= m)) { m = d; w = i; } // NaN also lands here
+    }
+    if (worst) *worst = w;
+    return m;
+}
+
+static int test_summary(void) {
+    fflush(stdout);
+    return test_failed ? 1 : 0;
+}
+#endif
