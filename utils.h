@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <unistd.h>
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 #include <stdarg.h>
@@ -59,4 +60,38 @@ static char *read_file(const char *path, size_t *len) {
     if (len) *len = n;
     return buf;
 }
+
+// temporary file, flush, fsync, rename: a reader never sees a half-written file
+static int write_bytes_atomic(const char *path, const void *data, size_t n) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) { fprintf(stderr, "error: cannot write '%s': %s\n", tmp, strerror(errno)); return -1; }
+    int bad = fwrite(data, 1, n, f) != n;
+    bad |= fflush(f) != 0;
+    bad |= fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        fprintf(stderr, "error: writing '%s' failed: %s\n", path, strerror(errno));
+        remove(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// random numbers: splitmix64, used both as a stream (init, shuffling) and as a
+// counter-based hash (dropout masks), so results never depend on thread count.
+
+#include <stdint.h>
+static inline uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+static inline uint64_t rng_next(uint64_t *state) { return splitmix64(*state += 0x9E3779B97F4A7C15ull); }
+// uniform in [0, 1) with 24 bits, exactly representable as float
+static inline float rng_uniform(uint64_t *state) { return (float)(rng_next(state) >> 40) / 16777216.0f; }
+static inline float hash_uniform(uint64_t key, uint64_t i) { return (float)(splitmix64(key ^ splitmix64(i)) >> 40) / 16777216.0f; }
 #endif

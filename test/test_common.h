@@ -7,15 +7,24 @@
 #include <stdio.h>
 #include <stdarg.h>
 #include <math.h>
+#include <stdlib.h>
 
 static int test_passed = 0, test_failed = 0;
 
+// with TEST_VERBOSE=1 in the environment, passing checks print their detail too
+// (the measured error against its tolerance)
 static void test_check(int cond, const char *what, const char *fmt, ...) {
-    if (cond) { printf("ok %s\n", what); test_passed++; return; }
-    printf("FAIL %s: ", what);
-    va_list ap; va_start(ap, fmt); vprintf(fmt, ap); va_end(ap);
+    static int verbose = -1;
+    if (verbose < 0) verbose = getenv("TEST_VERBOSE") != NULL;
+    printf("%s %s", cond ? "ok" : "FAIL", what);
+    if (!cond || verbose) {
+        va_list ap; va_start(ap, fmt);
+        printf(": ");
+        vprintf(fmt, ap);
+        va_end(ap);
+    }
     printf("\n");
-    test_failed++;
+    if (cond) test_passed++; else test_failed++;
 }
 #define CHECK(cond, what, ...) test_check((cond), (what), __VA_ARGS__)
 

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Adapters cross between our trainer and peft, both ways, on a tiny fixture model.
+
+  make train_llama2 && python3 dev/reference/check_peft_roundtrip.py
+
+1. ours -> peft: train_llama2 trains a LoRA adapter (all-linear, with dropout) for
+   a few steps and saves it; PeftModel.from_pretrained loads it and computes the
+   validation loss in float64, which must equal the val_loss our trainer reported
+   after its last step (same weights, same data).
+2. peft -> ours: the adapter peft itself saved (test/fixtures/tiny_gqa/peft_init)
+   is loaded by train_llama2 with --max_steps 0, whose val_loss must equal what
+   transformers + peft compute with the same adapter.
+Tolerance: 1e-5 relative (our fp32 against float64).
+Needs torch, transformers, peft, sentencepiece (not needed by CI).
+"""
+import json, math, os, subprocess, sys, tempfile
+import torch
+import sentencepiece as spm
+from transformers import LlamaForCausalLM
+from peft import PeftModel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = os.path.join(ROOT, "test/fixtures/tiny_gqa")
+DATA = os.path.join(ROOT, "test/fixtures/data.jsonl")
+MAX_LEN = 24
+
+
+def val_loss_torch(adapter_dir):
+    """mean cross-entropy over every label token of DATA, rows BOS + text + EOS truncated to MAX_LEN"""
+    base = LlamaForCausalLM.from_pretrained(MODEL, attn_implementation="eager", dtype=torch.float64)
+    model = PeftModel.from_pretrained(base, adapter_dir).double().eval()
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(MODEL, "tokenizer.model"))
+    total, count = 0.0, 0
+    with open(DATA) as f, torch.no_grad():
+        for line in f:
+            if not line.strip():
+                continue
+            ids = ([sp.bos_id()] + sp.encode(json.loads(line)["text"]) + [sp.eos_id()])[:MAX_LEN]
+            logits = model(torch.tensor([ids])).logits[0]
+            logp = torch.log_softmax(logits.double(), dim=-1)
+            total += -sum(logp[t, ids[t + 1]].item() for t in range(len(ids) - 1))
+            count += len(ids) - 1
+    return total / count
+
+
+def run_ours(args):
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = os.path.join(tmp, "m.jsonl")
+        cmd = [os.path.join(ROOT, "train_llama2"), "--model", MODEL, "--data", DATA, "--val_data", DATA,
+               "--max_seq_len", str(MAX_LEN), "--metrics_file", metrics] + args
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        recs = [json.loads(l) for l in open(metrics)]
+    return [r for r in recs if "val_loss" in r][-1]["val_loss"]
+
+
+def report(name, ours, ref):
+    rel = abs(ours - ref) / abs(ref)
+    ok = rel <= 1e-5
+    print(f"{'ok' if ok else 'FAIL'} {name}: ours {ours:.9f}, transformers+peft {ref:.9f}, rel {rel:.2e}")
+    return ok
+
+
+def main():
+    ok = True
+    with tempfile.TemporaryDirectory() as out:
+        ours = run_ours(["--output_dir", out, "--max_steps", "5", "--lr", "1e-2", "--lora_r", "4", "--lora_alpha", "8",
+                         "--lora_dropout", "0.1", "--lora_target_modules", "all-linear", "--batch_size", "2"])
+        ok &= report("adapter saved by train_llama2, loaded by PeftModel.from_pretrained", ours, val_loss_torch(out))
+    init = os.path.join(MODEL, "peft_init")
+    with tempfile.TemporaryDirectory() as out:
+        ours = run_ours(["--output_dir", out, "--max_steps", "0", "--from_peft_checkpoint", init])
+    ok &= report("adapter saved by peft, loaded by train_llama2", ours, val_loss_torch(init))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+// LoRA adapters in peft's semantics and file format.
+//
+//   y = W x + scale * B (A dropout(x)),   A: (r, in), B: (out, r),
+//   scale = alpha / r   (alpha / sqrt(r) with use_rslora, as peft does)
+//
+// A starts kaiming-uniform with a = sqrt(5), i.e. uniform in +-1/sqrt(in), and
+// B at zero, so training starts exactly at the base model. All adapter tensors
+// live in one flat buffer (params, grads), so the optimizer, the gradient norm
+// and the checkpoint code treat LoRA and full fine-tuning alike.
+//
+// The forward and backward pieces call matmul_forward / matmul_backward, which
+// the including trainer defines (train_llama2.c on the CPU, train_llama2.cu on
+// the GPU, same names and semantics).
+#ifndef LORA_H
+#define LORA_H
+#include <math.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include "utils.h"
+#include "json.h"
+#include "safetensors.h"
+
+// peft's module names, in the order they appear in a decoder layer
+enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_N_TARGETS };
+static const char *lora_target_names[LORA_N_TARGETS] = {
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+static const char *lora_target_parents[LORA_N_TARGETS] = {
+    "self_attn", "self_attn", "self_attn", "self_attn", "mlp", "mlp", "mlp"};
+
+typedef struct {
+    int r;
+    float alpha, dropout, scale;
+    int use_rslora;
+    unsigned targets;               // bit t set: module t is adapted
+    int n_layers;
+    int in[LORA_N_TARGETS], out[LORA_N_TARGETS]; // Linear shapes, set from the model
+    size_t *offset;                 // (n_layers, LORA_N_TARGETS): start of A; B follows A
+    float *params, *grads;          // flat, num_params each
+    size_t num_params;
+} LoRA;
+
+// "q_proj,v_proj" or "all-linear" (every linear of the decoder layers; peft's
+// all-linear also leaves out lm_head) -> bit mask. 0 ok, -1 on an unknown name.
+static int lora_parse_targets(const char *s, unsigned *mask) {
+    *mask = 0;
+    if (strcmp(s, "all-linear") == 0) { *mask = (1u << LORA_N_TARGETS) - 1; return 0; }
+    const char *p = s;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        int found = -1;
+        for (int t = 0; t < LORA_N_TARGETS; t++)
+            if (strlen(lora_target_names[t]) == n && strncmp(p, lora_target_names[t], n) == 0) found = t;
+        if (found < 0) {
+            fprintf(stderr, "error: --lora_target_modules: unknown module '%.*s' (known: q_proj,k_proj,"
+                    "v_proj,o_proj,gate_proj,up_proj,down_proj or all-linear)\n", (int)n, p);
+            return -1;
+        }
+        *mask |= 1u << found;
+        p += n;
+        if (*p == ',') p++;
+    }
+    return *mask ? 0 : -1;
+}
+
+// lays out the flat buffers for the given shapes; weights are left to the caller
+static void lora_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const int out[LORA_N_TARGETS],
+                       int r, float alpha, float dropout, int use_rslora, unsigned targets) {
+    l->r = r; l->alpha = alpha; l->dropout = dropout; l->use_rslora = use_rslora;
+    l->scale = use_rslora ? alpha / sqrtf((float)r) : alpha / (float)r;
+    l->targets = targets; l->n_layers = n_layers;
+    l->offset = (size_t *)mallocCheck((size_t)n_layers * LORA_N_TARGETS * sizeof(size_t));
+    size_t n = 0;
+    for (int t = 0; t < LORA_N_TARGETS; t++) { l->in[t] = in[t]; l->out[t] = out[t]; }
+    for (int i = 0; i < n_layers; i++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            l->offset[i * LORA_N_TARGETS + t] = n;
+            if (targets & (1u << t)) n += (size_t)r * (in[t] + out[t]);
+        }
+    l->num_params = n;
+    l->params = (float *)callocCheck(n, sizeof(float));
+    l->grads = (float *)callocCheck(n, sizeof(float));
+}
+
+static void lora_free(LoRA *l) { free(l->offset); free(l->params); free(l->grads); }
+
+static inline float *lora_A(const LoRA *l, float *base, int layer, int t) { return base + l->offset[layer * LORA_N_TARGETS + t]; }
+static inline float *lora_B(const LoRA *l, float *base, int layer, int t) { return lora_A(l, base, layer, t) + (size_t)l->r * l->in[t]; }
+
+// peft's default init: A ~ kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0
+static void lora_init(LoRA *l, uint64_t seed) {
+    uint64_t state = splitmix64(seed ^ 0x4C6F5241ull);
+    memset(l->params, 0, l->num_params * sizeof(float));
+    for (int i = 0; i < l->n_layers; i++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            if (!(l->targets & (1u << t))) continue;
+            float *A = lora_A(l, l->params, i, t);
+            float bound = 1.0f / sqrtf((float)l->in[t]);
+            for (size_t k = 0; k < (size_t)l->r * l->in[t]; k++) A[k] = (2.0f * rng_uniform(&state) - 1.0f) * bound;
+        }
+}
+
+// dropout as torch's nn.Dropout: zero with probability p, scale survivors by 1/(1-p).
+// The mask is a hash of (key, element), so forward and backward regenerate it
+// instead of storing it, and it is the same for any number of threads.
+static void lora_dropout(const LoRA *l, float *out, const float *inp, size_t n, uint64_t key) {
+    float keep_scale = 1.0f / (1.0f - l->dropout);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = hash_uniform(key, i) < l->dropout ? 0.0f : inp[i] * keep_scale;
+}
+static uint64_t lora_dropout_key(uint64_t key, int layer, int t) { return splitmix64(key ^ (uint64_t)(layer * LORA_N_TARGETS + t + 1)); }
+
+// out (N, out) += scale * (dropout(inp) (N, in) @ A^T) @ B^T; h (N, r) is kept for the backward.
+// xdrop is scratch of N * in floats, used only when dropout > 0.
+static void lora_forward(const LoRA *l, int layer, int t, float *out, const float *inp, float *h,
+                         float *xdrop, int N, uint64_t key) {
+    const float *x = inp;
+    if (l->dropout > 0.0f) { lora_dropout(l, xdrop, inp, (size_t)N * l->in[t], lora_dropout_key(key, layer, t)); x = xdrop; }
+    matmul_forward(h, x, lora_A(l, l->params, layer, t), N, l->in[t], l->r, 1.0f, 0);
+    matmul_forward(out, h, lora_B(l, l->params, layer, t), N, l->r, l->out[t], l->scale, 1);
+}
+
+// given dout (N, out): dB += scale dout^T h, dA += dh^T dropout(x) with dh = scale dout B,
+// and dinp (N, in) += dropout'(dh A). dh is scratch (N, r); xdrop as in the forward.
+static void lora_backward(LoRA *l, int layer, int t, float *dinp, const float *dout, const float *inp,
+                          const float *h, float *dh, float *xdrop, int N, uint64_t key) {
+    int in = l->in[t], r = l->r;
+    memset(dh, 0, (size_t)N * r * sizeof(float));
+    // dh = scale * dout @ B and dB += scale * dout^T @ h
+    matmul_backward(dh, lora_B(l, l->grads, layer, t), dout, h, lora_B(l, l->params, layer, t), N, r, l->out[t], l->scale);
+    const float *x = inp;
+    uint64_t dkey = lora_dropout_key(key, layer, t);
+    if (l->dropout > 0.0f) { lora_dropout(l, xdrop, inp, (size_t)N * in, dkey); x = xdrop; }
+    if (l->dropout == 0.0f) {
+        matmul_backward(dinp, lora_A(l, l->grads, layer, t), dh, x, lora_A(l, l->params, layer, t), N, in, r, 1.0f);
+        return;
+    }
+    // with dropout the input gradient passes through the same mask: compute dx_drop, then mask it in
+    memset(xdrop, 0, (size_t)N * in * sizeof(float));
+    matmul_backward(xdrop, NULL, dh, NULL, lora_A(l, l->params, layer, t), N, in, r, 1.0f);
+    lora_dropout(l, xdrop, xdrop, (size_t)N * in, dkey);
+    #pragma omp parallel for
+    for (size_t i = 0; i < (size_t)N * in; i++) dinp[i] += xdrop[i];
+    // dA += dh^T @ dropout(x): regenerate the dropped input once more (xdrop now holds dx)
+    lora_dropout(l, xdrop, inp, (size_t)N * in, dkey);
+    matmul_backward(NULL, lora_A(l, l->grads, layer, t), dh, xdrop, NULL, N, in, r, 1.0f);
+}
+
+// ----------------------------------------------------------------------------
+// PEFT adapter files: adapter_model.safetensors + adapter_config.json
+
+static void lora_key(char *buf, size_t n, int layer, int t, char ab) {
+    snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, lora_target_parents[t],
+             lora_target_names[t], ab);
+}
+
+static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "error: cannot create output directory '%s': %s\n", dir, strerror(errno));
+        return -1;
+    }
+    int n = 0;
+    StWriteTensor *ts = (StWriteTensor *)callocCheck((size_t)l->n_layers * LORA_N_TARGETS * 2, sizeof(StWriteTensor));
+    char (*names)[160] = (char (*)[160])mallocCheck((size_t)l->n_layers * LORA_N_TARGETS * 2 * 160);
+    for (int i = 0; i < l->n_layers; i++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            if (!(l->targets & (1u << t))) continue;
+            for (int ab = 0; ab < 2; ab++) {
+                lora_key(names[n], 160, i, t, ab ? 'B' : 'A');
+                ts[n].name = names[n];
+                ts[n].dtype = ST_F32;
+                ts[n].ndim = 2;
+                ts[n].shape[0] = ab ? l->out[t] : l->r;
+                ts[n].shape[1] = ab ? l->r : l->in[t];
+                ts[n].data = ab ? lora_B(l, l->params, i, t) : lora_A(l, l->params, i, t);
+                n++;
+            }
+        }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    const char *meta[2] = {"format", "pt"};
+    int rc = st_write(path, ts, n, meta, 1);
+    free(ts); free(names);
+    if (rc != 0) return -1;
+    // adapter_config.json with the fields PeftModel.from_pretrained needs
+    char targets[256] = "", cfg[8192];
+    for (int t = 0; t < LORA_N_TARGETS; t++)
+        if (l->targets & (1u << t)) {
+            size_t k = strlen(targets);
+            snprintf(targets + k, sizeof targets - k, "%s\"%s\"", k ? ", " : "", lora_target_names[t]);
+        }
+    char *base_json = NULL; size_t blen = 0;
+    FILE *mf = open_memstream(&base_json, &blen);
+    json_write_string(mf, base_model ? base_model : "");
+    fclose(mf);
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
+             "  \"r\": %d,\n  \"lora_alpha\": %.9g,\n  \"lora_dropout\": %.9g,\n  \"target_modules\": [%s],\n"
+             "  \"bias\": \"none\",\n  \"use_rslora\": %s,\n  \"fan_in_fan_out\": false,\n  \"inference_mode\": true,\n"
+             "  \"init_lora_weights\": true,\n  \"modules_to_save\": null\n}\n",
+             base_json, l->r, l->alpha, l->dropout, targets, l->use_rslora ? "true" : "false");
+    free(base_json);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    return write_bytes_atomic(path, cfg, strlen(cfg));
+}
+
+// Reads a PEFT LoRA adapter written by peft or by us. The model's shapes come in
+// in[] / out[]; everything in the files is checked against them. 0 ok, -1 with a message.
+static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[LORA_N_TARGETS],
+                          const int out[LORA_N_TARGETS]) {
+    char path[4096], err[256];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) { fprintf(stderr, "error: %s: cannot read: %s\n", path, strerror(errno)); return -1; }
+    JsonValue cfg;
+    if (json_parse(text, len, &cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "error: %s: invalid JSON: %s\n", path, err);
+        free(text);
+        return -1;
+    }
+    free(text);
+    int rc = -1;
+    const JsonValue *v;
+    const char *s;
+    long long r = 0;
+    double alpha = 0, dropout = 0;
+    int rslora = 0, b;
+    unsigned targets = 0;
+    if (cfg.type != JSON_OBJECT) { fprintf(stderr, "error: %s: not a JSON object\n", path); goto done; }
+    if (json_get_string(&cfg, "peft_type", &s, NULL) != 0 || strcmp(s, "LORA") != 0) {
+        fprintf(stderr, "error: %s: peft_type must be \"LORA\"\n", path); goto done;
+    }
+    if (json_get_int(&cfg, "r", &r) != 0 || r < 1 || r > 65536) { fprintf(stderr, "error: %s: 'r' must be an integer in [1, 65536]\n", path); goto done; }
+    if (json_get_number(&cfg, "lora_alpha", &alpha) != 0) { fprintf(stderr, "error: %s: 'lora_alpha' must be a number\n", path); goto done; }
+    if (json_get_number(&cfg, "lora_dropout", &dropout) == -2 || dropout < 0 || dropout >= 1) {
+        fprintf(stderr, "error: %s: 'lora_dropout' must be a number in [0, 1)\n", path); goto done;
+    }
+    if (json_get_bool(&cfg, "use_rslora", &b) == 0) rslora = b;
+    if (json_get_bool(&cfg, "use_dora", &b) == 0 && b) { fprintf(stderr, "error: %s: DoRA adapters are not supported\n", path); goto done; }
+    if (json_get_bool(&cfg, "fan_in_fan_out", &b) == 0 && b) { fprintf(stderr, "error: %s: fan_in_fan_out adapters are not supported\n", path); goto done; }
+    if (json_get_string(&cfg, "bias", &s, NULL) == 0 && strcmp(s, "none") != 0) { fprintf(stderr, "error: %s: bias \"%s\" is not supported (only \"none\")\n", path, s); goto done; }
+    if ((v = json_get(&cfg, "modules_to_save")) && v->type != JSON_NULL && !(v->type == JSON_ARRAY && v->count == 0)) {
+        fprintf(stderr, "error: %s: modules_to_save is not supported\n", path); goto done;
+    }
+    for (int k = 0; k < 2; k++) {
+        const char *key = k ? "alpha_pattern" : "rank_pattern";
+        if ((v = json_get(&cfg, key)) && !(v->type == JSON_OBJECT && v->count == 0) && v->type != JSON_NULL) {
+            fprintf(stderr, "error: %s: per-module %s is not supported\n", path, key); goto done;
+        }
+    }
+    v = json_get(&cfg, "target_modules");
+    if (v && v->type == JSON_STRING) {
+        if (lora_parse_targets(v->string, &targets) != 0) { fprintf(stderr, "error: %s: unsupported target_modules \"%s\"\n", path, v->string); goto done; }
+    } else if (v && v->type == JSON_ARRAY && v->count > 0) {
+        for (int i = 0; i < v->count; i++) {
+            unsigned m;
+            if (v->items[i].type != JSON_STRING || lora_parse_targets(v->items[i].string, &m) != 0) {
+                fprintf(stderr, "error: %s: target_modules[%d] is not a supported module name\n", path, i); goto done;
+            }
+            targets |= m;
+        }
+    } else { fprintf(stderr, "error: %s: 'target_modules' must be a list of module names\n", path); goto done; }
+    lora_alloc(l, n_layers, in, out, (int)r, (float)alpha, (float)dropout, rslora, targets);
+
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    StFile sf;
+    if (st_open(&sf, path) != 0) { lora_free(l); goto done; }
+    int found = 0;
+    char key[160];
+    for (int i = 0; i < n_layers && found >= 0; i++)
+        for (int t = 0; t < LORA_N_TARGETS && found >= 0; t++) {
+            if (!(targets & (1u << t))) continue;
+            for (int ab = 0; ab < 2; ab++) {
+                lora_key(key, sizeof key, i, t, ab ? 'B' : 'A');
+                const StTensor *st = st_find(&sf, key);
+                int64_t d0 = ab ? out[t] : r, d1 = ab ? r : in[t];
+                if (!st) { fprintf(stderr, "error: %s: tensor '%s' is missing\n", path, key); found = -1; break; }
+                if (st->ndim != 2 || st->shape[0] != d0 || st->shape[1] != d1) {
+                    char got[128];
+                    st_format_shape(st->shape, st->ndim, got, sizeof got);
+                    fprintf(stderr, "error: %s: tensor '%s' has shape %s, expected [%lld, %lld] from the model and "
+                            "adapter_config.json\n", path, key, got, (long long)d0, (long long)d1);
+                    found = -1; break;
+                }
+                float *dst = ab ? lora_B(l, l->params, i, t) : lora_A(l, l->params, i, t);
+                if (st_read_f32(&sf, st, 0, st->numel, dst) != 0) { found = -1; break; }
+                found++;
+            }
+        }
+    if (found >= 0 && found != sf.n_tensors) {
+        fprintf(stderr, "error: %s: holds %d tensors but the adapter config implies %d (layers beyond the model, "
+                "or modules we do not adapt)\n", path, sf.n_tensors, found);
+        found = -1;
+    }
+    st_close(&sf);
+    if (found < 0) { lora_free(l); goto done; }
+    rc = 0;
+done:
+    json_free(&cfg);
+    return rc;
+}
+#endif

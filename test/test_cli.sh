@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The trainer binary on bad input: every case must exit with status 1 or 2 (not
+# a crash: >= 128 is a signal) and print an error that names the culprit.
+set -u
+BIN=${BIN:-./train_llama2}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+FIX=test/fixtures
+DATA=$FIX/data.jsonl
+fails=0
+
+# expect_error NAME PATTERN ARGS...: non-zero exit below 128, stderr matching PATTERN
+expect_error() {
+    local name=$1 pattern=$2; shift 2
+    "$BIN" "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$?
+    if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -qE -- "$pattern" "$TMP/err"; then
+        echo "ok cli: $name"
+    else
+        echo "FAIL cli: $name: exit $rc, stderr: $(head -c 400 "$TMP/err")"
+        fails=$((fails + 1))
+    fi
+}
+
+# a writable copy of a fixture model, to break
+model_copy() { rm -rf "$TMP/m"; cp -r "$FIX/$1" "$TMP/m"; }
+
+RUN=(--data "$DATA" --max_steps 1 --max_seq_len 24 --batch_size 2 --output_dir "$TMP/out_adapter")
+
+# command line
+expect_error "unknown option" "unknown option '--bogus'" --model $FIX/tiny_gqa "${RUN[@]}" --bogus 1
+expect_error "bad number" "--lr: 'abc' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --lr abc
+expect_error "bad integer" "--batch_size: '2.5' is not an integer" --model $FIX/tiny_gqa "${RUN[@]}" --batch_size 2.5
+expect_error "out of range" "--lora_dropout" --model $FIX/tiny_gqa "${RUN[@]}" --lora_dropout 1.5
+expect_error "missing value" "--lr needs a value" --model $FIX/tiny_gqa "${RUN[@]}" --lr
+expect_error "missing --model" "--model is required" "${RUN[@]}"
+expect_error "bad scheduler" "--lr_scheduler: 'step'" --model $FIX/tiny_gqa "${RUN[@]}" --lr_scheduler step
+expect_error "bad target module" "unknown module 'qq_proj'" --model $FIX/tiny_gqa "${RUN[@]}" --lora_target_modules q_proj,qq_proj
+if "$BIN" --help | grep -q -- "--gradient_accumulation_steps"; then echo "ok cli: --help lists the options"; else echo "FAIL cli: --help"; fails=$((fails + 1)); fi
+
+# checkpoints
+expect_error "missing model folder" "$TMP/nope/config.json" --model "$TMP/nope" "${RUN[@]}"
+model_copy tiny_gqa; printf '{"hidden_size": 64,' > "$TMP/m/config.json"
+expect_error "config.json not JSON" "config.json: invalid JSON" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_gqa; sed -i 's/"intermediate_size": 96/"intermediate_size": 100/' "$TMP/m/config.json"
+expect_error "config does not match weights (shape)" "gate_proj.weight' has shape \[96, 64\] but config.json implies \[100, 64\]" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_gqa; sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 1/' "$TMP/m/config.json"
+expect_error "config does not match weights (layers)" "model.layers.1.* num_hidden_layers = 1" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_gqa; sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 3/' "$TMP/m/config.json"
+expect_error "missing tensor" "model.layers.2.input_layernorm.weight' is missing" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_gqa; head -c 300000 $FIX/tiny_gqa/model.safetensors > "$TMP/m/model.safetensors"
+expect_error "truncated safetensors" "model.safetensors" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_gqa; head -c 6 $FIX/tiny_gqa/model.safetensors > "$TMP/m/model.safetensors"
+expect_error "safetensors shorter than its header length" "model.safetensors" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_gqa; perl -0pi -e 's/\{"dtype"/{"dtypo"/' "$TMP/m/model.safetensors"
+expect_error "malformed safetensors header" "model.safetensors" --model "$TMP/m" "${RUN[@]}"
+# same byte count, so only the shape is wrong: [512,64] -> [256,128] for the embedding
+model_copy tiny_gqa; perl -0pi -e 's/("model\.embed_tokens\.weight":\{"dtype":"F32","shape":)\[512,64\]/${1}[256,128]/' "$TMP/m/model.safetensors"
+expect_error "tensor of the wrong shape" "embed_tokens.weight' has shape \[256, 128\]" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_tied; rm "$TMP/m/model-00002-of-00002.safetensors"
+expect_error "missing shard" "model-00002-of-00002.safetensors" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_gqa; sed -i 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$TMP/m/config.json"
+expect_error "untied checkpoint read as tied" "lm_head.weight" --model "$TMP/m" "${RUN[@]}"
+
+# tokenizer
+model_copy tiny_gqa; head -c 1000 $FIX/tiny_gqa/tokenizer.model > "$TMP/m/tokenizer.model"
+expect_error "truncated tokenizer.model" "tokenizer" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_gqa; head -c 4000 /dev/urandom > "$TMP/m/tokenizer.model"
+expect_error "garbage tokenizer.model" "tokenizer" --model "$TMP/m" "${RUN[@]}"
+
+# data
+printf '{"text": "fine"}\n{"text": oops}\n' > "$TMP/bad.jsonl"
+expect_error "invalid JSON line" "bad.jsonl:2: invalid JSON" --model $FIX/tiny_gqa --data "$TMP/bad.jsonl" --max_steps 1
+printf '{"text": "fine"}\n\n{"txt": "no"}\n' > "$TMP/bad2.jsonl"
+expect_error "line without text" "bad2.jsonl:3: expected an object with a string field" --model $FIX/tiny_gqa --data "$TMP/bad2.jsonl" --max_steps 1
+printf '\n\n' > "$TMP/empty.jsonl"
+expect_error "empty data" "empty.jsonl: no rows" --model $FIX/tiny_gqa --data "$TMP/empty.jsonl" --max_steps 1
+expect_error "missing data" "nothere.jsonl: cannot read" --model $FIX/tiny_gqa --data "$TMP/nothere.jsonl" --max_steps 1
+
+# adapters
+expect_error "adapter for another model" "adapter_model.safetensors: tensor .* has shape" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_tied/peft_init
+mkdir -p "$TMP/ad"; cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "IA3"/' "$TMP/ad/adapter_config.json"
+expect_error "non-LoRA adapter" "peft_type must be" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+
+# and a good run writes the adapter and the metrics
+if "$BIN" --model $FIX/tiny_gqa "${RUN[@]}" --metrics_file "$TMP/metrics.jsonl" >"$TMP/out" 2>&1 &&
+   [ -s "$TMP/out_adapter/adapter_model.safetensors" ] && [ -s "$TMP/out_adapter/adapter_config.json" ] &&
+   grep -q '"tok_per_s"' "$TMP/metrics.jsonl"; then
+    echo "ok cli: a short run saves the adapter and metrics"
+else
+    echo "FAIL cli: a short run: $(tail -5 "$TMP/out")"; fails=$((fails + 1))
+fi
+[ $fails -eq 0 ]

@@ -1,0 +1,260 @@
+// The CPU trainer against Hugging Face transformers + peft.
+// Fixtures: dev/reference/make_fixtures.py computes, in float64, the logits, the
+// loss and the gradient of every trainable tensor for one step (2 micro-batches
+// of 2 rows), and 10 AdamW steps, for a GQA model (F32 file) and a tied one (BF16
+// shards), with LoRA (starting from an adapter peft saved) and full fine-tuning.
+//
+// Tolerances: we compute in fp32 against an fp64 reference, so errors are
+// rounding only: ~1e-7 per operation, grown by the depth of the model and the
+// length of the sums. Loss: 1e-5 relative. Logits and gradients: the largest
+// error over a tensor, relative to the tensor's largest magnitude, <= 1e-4 (a
+// normwise measure: an elementwise one would be dominated by elements that are
+// zero up to rounding). Ten optimizer steps: losses 1e-5 relative; final weights
+// 1e-4 of the tensor's scale, since Adam's update m / sqrt(v) amplifies the
+// rounding of tiny gradients by up to 1/sqrt(v) ~ 1/|g|.
+#define TESTING
+#include "../train_llama2.c"
+#include "test_common.h"
+
+static JsonValue read_json(const char *path) {
+    size_t len;
+    char err[256];
+    char *text = read_file(path, &len);
+    if (!text) die("%s: cannot read: %s", path, strerror(errno));
+    JsonValue v;
+    if (json_parse(text, len, &v, err, sizeof err) != 0) die("%s: %s", path, err);
+    free(text);
+    return v;
+}
+
+static double json_num(const JsonValue *obj, const char *key) {
+    double d;
+    if (json_get_number(obj, key, &d) != 0) die("fixture: missing number '%s'", key);
+    return d;
+}
+
+// compares got with tensor `name` of the expected file: max |got - want| / max |want| <= tol
+static void check_tensor(StFile *sf, const char *name, const float *got, size_t n, double tol, const char *what) {
+    const StTensor *t = st_find(sf, name);
+    char label[512];
+    snprintf(label, sizeof label, "%s %s", what, name);
+    if (!t || t->numel != n) { CHECK(0, label, "expected tensor missing or has %llu elements, we have %zu", t ? (unsigned long long)t->numel : 0ULL, n); return; }
+    float *want = (float *)mallocCheck(n * sizeof(float));
+    st_read_f32(sf, t, 0, n, want);
+    double scale = 0, err = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= err)) { err = e; worst = i; }
+    }
+    double rel = err / fmax(scale, 1e-30);
+    CHECK(rel <= tol, label, "max err %.3e = %.3e of max|ref| %.3e (tol %.0e); worst element %zu: %.8g vs %.8g",
+          err, rel, scale, tol, worst, got[worst], want[worst]);
+    free(want);
+}
+
+// |got - want| / max(|want|, floor) <= tol
+static void check_rel(double got, double want, double floor_, double tol, const char *what) {
+    double rel = fabs(got - want) / fmax(fabs(want), floor_);
+    CHECK(rel <= tol, what, "%.10g vs reference %.10g (rel %.2e, tol %.0e)", got, want, rel, tol);
+}
+
+// TrainConfig for a fixture run, as the command line would give it
+static void fixture_config(TrainConfig *tc, char **argv_store, const char *model, const JsonValue *hp, int full,
+                           const char *outdir, const char *metrics) {
+    static char buf[64][256];
+    int n = 0;
+#define ARG(...) (snprintf(buf[n], sizeof buf[n], __VA_ARGS__), argv_store[n] = buf[n], n++)
+    ARG("train_llama2");
+    ARG("--model"); ARG("test/fixtures/%s", model);
+    ARG("--data"); ARG("test/fixtures/data.jsonl");
+    ARG("--max_seq_len"); ARG("24");
+    ARG("--batch_size"); ARG("2");
+    ARG("--gradient_accumulation_steps"); ARG("2");
+    ARG("--shuffle"); ARG("0");
+    ARG("--lr"); ARG("%.17g", json_num(hp, "lr"));
+    ARG("--weight_decay"); ARG("%.17g", json_num(hp, "weight_decay"));
+    ARG("--adam_beta1"); ARG("%.17g", json_num(hp, "beta1"));
+    ARG("--adam_beta2"); ARG("%.17g", json_num(hp, "beta2"));
+    ARG("--adam_epsilon"); ARG("%.17g", json_num(hp, "eps"));
+    ARG("--warmup_steps"); ARG("%d", (int)json_num(hp, "warmup_steps"));
+    ARG("--grad_clip"); ARG("%.17g", json_num(hp, "grad_clip"));
+    ARG("--max_steps"); ARG("%d", (int)json_num(hp, "max_steps"));
+    const char *sched;
+    if (json_get_string(hp, "lr_scheduler", &sched, NULL) != 0) die("fixture: lr_scheduler");
+    ARG("--lr_scheduler"); ARG("%s", sched);
+    ARG("--output_dir"); ARG("%s", outdir);
+    ARG("--metrics_file"); ARG("%s", metrics);
+    if (full) ARG("--full_finetune");
+    else { ARG("--from_peft_checkpoint"); ARG("test/fixtures/%s/peft_init", model); }
+#undef ARG
+    if (parse_args(tc, n, argv_store) != 0) die("fixture arguments rejected");
+}
+
+// the names and buffers of every trainable tensor: peft keys for LoRA, HF names for full
+typedef struct { char name[200]; float *data; float *grad; size_t n; } Trainable;
+
+static int list_trainables(Model *m, Trainable *out) {
+    int n = 0;
+    if (m->use_lora) {
+        LoRA *l = &m->lora;
+        for (int i = 0; i < l->n_layers; i++)
+            for (int t = 0; t < LORA_N_TARGETS; t++) {
+                if (!(l->targets & (1u << t))) continue;
+                for (int ab = 0; ab < 2; ab++, n++) {
+                    lora_key(out[n].name, sizeof out[n].name, i, t, ab ? 'B' : 'A');
+                    out[n].data = ab ? lora_B(l, l->params, i, t) : lora_A(l, l->params, i, t);
+                    out[n].grad = ab ? lora_B(l, l->grads, i, t) : lora_A(l, l->grads, i, t);
+                    out[n].n = (size_t)l->r * (ab ? l->out[t] : l->in[t]);
+                }
+            }
+        return n;
+    }
+    Config *c = &m->config;
+    float *w[NUM_PARAM_TENSORS] = {m->w.embed, m->w.attn_norm, m->w.wq, m->w.wk, m->w.wv, m->w.wo,
+                                   m->w.mlp_norm, m->w.wgate, m->w.wup, m->w.wdown, m->w.norm, m->w.head};
+    float *g[NUM_PARAM_TENSORS] = {m->g.embed, m->g.attn_norm, m->g.wq, m->g.wk, m->g.wv, m->g.wo,
+                                   m->g.mlp_norm, m->g.wgate, m->g.wup, m->g.wdown, m->g.norm, m->g.head};
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        if (p == P_HEAD && c->tied) continue;
+        int64_t rows, cols;
+        param_shape(c, p, &rows, &cols);
+        for (int l = 0; l < (param_per_layer(p) ? c->n_layers : 1); l++, n++) {
+            param_name(p, l, out[n].name, sizeof out[n].name);
+            out[n].n = (size_t)(rows * cols);
+            out[n].data = w[p] + (size_t)l * out[n].n;
+            out[n].grad = g[p] + (size_t)l * out[n].n;
+        }
+    }
+    return n;
+}
+
+static void test_model(const char *model, int full) {
+    char path[600], what[256], outdir[256], metrics[300];
+    const char *mode = full ? "full" : "lora";
+    snprintf(path, sizeof path, "test/fixtures/%s/ref/expected.json", model);
+    JsonValue exp = read_json(path);
+    const JsonValue *ref = json_get(&exp, mode), *hp = json_get(json_get(&exp, "train"), mode);
+    snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_%s_%s", (int)getpid(), model, mode);
+    snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+    TrainConfig tc;
+    char *argv[64];
+    fixture_config(&tc, argv, model, hp, full, outdir, metrics);
+
+    // the data path: our tokenizer + dataloader must give the reference's step-0 batches
+    Tokenizer tok;
+    snprintf(path, sizeof path, "test/fixtures/%s/tokenizer.model", model);
+    if (tokenizer_load(&tok, path) != 0) die("cannot load %s", path);
+    Dataset ds;
+    if (dataset_load_text_jsonl(&ds, tc.data, &tok, tc.max_seq_len) != 0) die("cannot load data");
+    DataLoader dl;
+    dataloader_init(&dl, &ds, 0, 0);
+    snprintf(path, sizeof path, "test/fixtures/%s/ref/batch.safetensors", model);
+    StFile bf;
+    if (st_open(&bf, path) != 0) die("cannot open %s", path);
+    int B = 2, Ts[2], T = 24;
+    int *tokens = (int *)mallocCheck(2 * B * T * sizeof(int)), *targets = (int *)mallocCheck(2 * B * T * sizeof(int));
+    long labels = 0;
+    for (int g = 0; g < 2; g++) {
+        labels += dataloader_next_batch(&dl, B, tok.eos_id, tokens + g * B * T, targets + g * B * T, &Ts[g]);
+        char name[32];
+        int *want = (int *)mallocCheck(B * T * sizeof(int));
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, k ? "targets_%d" : "tokens_%d", g);
+            const StTensor *t = st_find(&bf, name);
+            int same = t && t->ndim == 2 && t->shape[0] == B && t->shape[1] == Ts[g] && st_read_i32(&bf, t, want) == 0 &&
+                       memcmp(want, (k ? targets : tokens) + g * B * T, (size_t)B * Ts[g] * sizeof(int)) == 0;
+            snprintf(what, sizeof what, "%s %s: dataloader %s equal the reference", model, mode, name);
+            CHECK(same, what, "tokenization, truncation, padding or label shift differs (T = %d)", Ts[g]);
+        }
+        free(want);
+    }
+    st_close(&bf);
+    dataloader_free(&dl);
+    dataset_free(&ds);
+    tokenizer_free(&tok);
+
+    // one forward/backward over the step's two micro-batches
+    Model m;
+    if (model_setup(&m, &tc, B, T) != 0) die("model setup failed for %s", model);
+    StFile ef;
+    snprintf(path, sizeof path, "test/fixtures/%s/ref/expected.safetensors", model);
+    if (st_open(&ef, path) != 0) die("cannot open %s", path);
+    int V = m.config.vocab_size;
+    float *logits = (float *)mallocCheck((size_t)B * Ts[0] * V * sizeof(float));
+    Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
+    int ntr = list_trainables(&m, tr);
+    for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
+    double loss = 0;
+    for (int g = 0; g < 2; g++) {
+        loss += model_forward(&m, tokens + g * B * T, targets + g * B * T, B, Ts[g], 1.0f / labels, g == 0 ? logits : NULL);
+        model_backward(&m, tokens + g * B * T, B, Ts[g]);
+    }
+    snprintf(what, sizeof what, "%s %s logits", model, mode);
+    snprintf(path, sizeof path, "%s.logits", mode);
+    check_tensor(&ef, path, logits, (size_t)B * Ts[0] * V, 1e-4, what);
+    snprintf(what, sizeof what, "%s %s loss", model, mode);
+    check_rel(loss / labels, json_num(ref, "loss"), 0, 1e-5, what);
+    snprintf(what, sizeof what, "%s %s grad", model, mode);
+    for (int i = 0; i < ntr; i++) {
+        snprintf(path, sizeof path, "%s.grad.%s", mode, tr[i].name);
+        check_tensor(&ef, path, tr[i].grad, tr[i].n, 1e-4, what);
+    }
+    model_free(&m);
+
+    // ten optimizer steps through the real training loop, then the saved weights
+    int rc = train(&tc);
+    snprintf(what, sizeof what, "%s %s: train() exits 0", model, mode);
+    CHECK(rc == 0, what, "exit code %d", rc);
+    size_t mlen;
+    char *mtext = read_file(metrics, &mlen);
+    const JsonValue *steps = json_get(ref, "steps");
+    int line = 0;
+    for (char *p = mtext, *e; p && *p && line < steps->count; p = e + 1, line++) {
+        e = strchr(p, '\n');
+        if (!e) break;
+        JsonValue rec;
+        char err[128];
+        if (json_parse(p, e - p, &rec, err, sizeof err) != 0) die("%s: %s", metrics, err);
+        const JsonValue *s = &steps->items[line];
+        snprintf(what, sizeof what, "%s %s step %d loss", model, mode, line + 1);
+        check_rel(json_num(&rec, "loss"), json_num(s, "loss"), 0, 1e-5, what);
+        snprintf(what, sizeof what, "%s %s step %d lr", model, mode, line + 1);
+        check_rel(json_num(&rec, "lr"), json_num(s, "lr"), json_num(hp, "lr"), 1e-6, what); // lr is 0 at step 1
+        snprintf(what, sizeof what, "%s %s step %d grad_norm", model, mode, line + 1);
+        check_rel(json_num(&rec, "grad_norm"), json_num(s, "grad_norm"), 0, 1e-4, what);
+        json_free(&rec);
+    }
+    snprintf(what, sizeof what, "%s %s: metrics has every step", model, mode);
+    CHECK(line == steps->count, what, "%d of %d steps", line, steps->count);
+    free(mtext);
+    snprintf(path, sizeof path, full ? "%s/model.safetensors" : "%s/adapter_model.safetensors", outdir);
+    StFile of;
+    if (st_open(&of, path) != 0) die("cannot open %s", path);
+    snprintf(what, sizeof what, "%s %s after 10 steps", model, mode);
+    for (int i = 0; i < of.n_tensors; i++) {
+        const StTensor *t = &of.tensors[i];
+        float *got = (float *)mallocCheck(t->numel * sizeof(float));
+        st_read_f32(&of, t, 0, t->numel, got);
+        snprintf(path, sizeof path, "%s.final.%s", mode, t->name);
+        check_tensor(&ef, path, got, t->numel, 1e-4, what);
+        free(got);
+    }
+    snprintf(what, sizeof what, "%s %s: saved every trainable tensor", model, mode);
+    CHECK(of.n_tensors == ntr, what, "%d tensors saved, %d trainable", of.n_tensors, ntr);
+    st_close(&of);
+    st_close(&ef);
+    free(logits); free(tr); free(tokens); free(targets);
+    json_free(&exp);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", outdir, metrics);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
+}
+
+int main(void) {
+    const char *models[2] = {"tiny_gqa", "tiny_tied"};
+    for (int i = 0; i < 2; i++)
+        for (int full = 0; full < 2; full++) test_model(models[i], full);
+    return test_summary();
+}

@@ -1,0 +1,1155 @@
+/*
+CPU reference trainer for Llama-2-family models: LoRA (default) or full
+fine-tuning of a Hugging Face checkpoint, in fp32 with OpenMP.
+
+It is the judge of everything else in this repository: the CUDA trainer is
+compared with it, and it is compared with Hugging Face transformers + peft
+(test/test_llama2.c, fixtures from dev/reference/). So it favours plain loops
+that read like the math; the one place that is tuned is matmul, which every
+linear layer uses for its forward and both backward products.
+
+Shapes: B rows of T tokens, D = hidden_size, H = intermediate_size,
+NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
+*/
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "utils.h"
+#include "json.h"
+#include "safetensors.h"
+#include "tokenizer.h"
+
+// ----------------------------------------------------------------------------
+// matmul: one packed, register-tiled GEMM behind every linear layer.
+// C (M, N) = [C +] alpha * op(A) (M, K) @ op(B) (K, N)
+// Blocks of A and B are packed into contiguous strips (MR rows of A, NR columns
+// of B) so the inner kernel streams through memory and keeps an MR x NR tile of
+// C in registers. Each element of C is summed by one thread in a fixed order,
+// so results do not depend on the number of threads.
+
+#define GEMM_MR 6
+#define GEMM_NR 16
+#define GEMM_KC 256
+#define GEMM_MC 96
+#define GEMM_NC 256
+
+static float *gemm_scratch = NULL;
+static size_t gemm_scratch_size = 0;
+
+static inline void gemm_kernel(int kc, const float *a, const float *b, float *C, int ldc, int mr, int nr) {
+    float c[GEMM_MR][GEMM_NR] = {{0}};
+    for (int k = 0; k < kc; k++) {
+        for (int i = 0; i < GEMM_MR; i++) {
+            float av = a[k * GEMM_MR + i];
+            for (int j = 0; j < GEMM_NR; j++) c[i][j] += av * b[k * GEMM_NR + j];
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) C[(size_t)i * ldc + j] += c[i][j];
+}
+
+static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int transA,
+                 const float *B, int ldb, int transB, float *C, int ldc, int accumulate) {
+    if (!accumulate)
+        for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
+    if (M == 0 || N == 0 || K == 0) return;
+    size_t Mp = (size_t)(M + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
+    size_t Np = (size_t)(N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+    size_t need = (Mp + Np) * GEMM_KC;
+    if (need > gemm_scratch_size) {
+        free(gemm_scratch);
+        gemm_scratch = (float *)mallocCheck(need * sizeof(float));
+        gemm_scratch_size = need;
+    }
+    float *ap = gemm_scratch, *bp = gemm_scratch + Mp * GEMM_KC;
+    for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+        int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+        // pack alpha * A into strips of MR rows: ap[strip][k][i]
+        #pragma omp parallel for
+        for (size_t s = 0; s < Mp / GEMM_MR; s++) {
+            float *dst = ap + s * GEMM_MR * kc;
+            for (int k = 0; k < kc; k++)
+                for (int i = 0; i < GEMM_MR; i++) {
+                    size_t row = s * GEMM_MR + i;
+                    float v = 0.0f;
+                    if (row < (size_t)M) v = transA ? A[(size_t)(k0 + k) * lda + row] : A[row * lda + k0 + k];
+                    dst[k * GEMM_MR + i] = alpha * v;
+                }
+        }
+        // pack B into strips of NR columns: bp[strip][k][j]
+        #pragma omp parallel for
+        for (size_t s = 0; s < Np / GEMM_NR; s++) {
+            float *dst = bp + s * GEMM_NR * kc;
+            for (int k = 0; k < kc; k++)
+                for (int j = 0; j < GEMM_NR; j++) {
+                    size_t col = s * GEMM_NR + j;
+                    float v = 0.0f;
+                    if (col < (size_t)N) v = transB ? B[col * ldb + k0 + k] : B[(size_t)(k0 + k) * ldb + col];
+                    dst[k * GEMM_NR + j] = v;
+                }
+        }
+        int nbm = (int)((Mp + GEMM_MC - 1) / GEMM_MC), nbn = (int)((Np + GEMM_NC - 1) / GEMM_NC);
+        #pragma omp parallel for collapse(2) schedule(dynamic)
+        for (int bn = 0; bn < nbn; bn++)
+            for (int bm = 0; bm < nbm; bm++) {
+                size_t j1 = (size_t)(bn + 1) * GEMM_NC < Np ? (size_t)(bn + 1) * GEMM_NC : Np;
+                size_t i1 = (size_t)(bm + 1) * GEMM_MC < Mp ? (size_t)(bm + 1) * GEMM_MC : Mp;
+                for (size_t j = (size_t)bn * GEMM_NC; j < j1; j += GEMM_NR)
+                    for (size_t i = (size_t)bm * GEMM_MC; i < i1; i += GEMM_MR) {
+                        int mr = M - (int)i < GEMM_MR ? M - (int)i : GEMM_MR;
+                        int nr = N - (int)j < GEMM_NR ? N - (int)j : GEMM_NR;
+                        gemm_kernel(kc, ap + i * kc, bp + j * kc, C + i * ldc + j, ldc, mr, nr);
+                    }
+            }
+    }
+}
+
+// out (N, O) = [out +] alpha * inp (N, I) @ weight (O, I)^T      (torch Linear layout)
+static void matmul_forward(float *out, const float *inp, const float *weight, int N, int I, int O,
+                           float alpha, int accumulate) {
+    gemm(N, O, I, alpha, inp, I, 0, weight, I, 1, out, O, accumulate);
+}
+
+// dinp (N, I) += alpha * dout (N, O) @ weight (O, I);  dweight (O, I) += alpha * dout^T @ inp
+// (either output may be NULL: frozen weights need no dweight)
+static void matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                            const float *weight, int N, int I, int O, float alpha) {
+    if (dinp) gemm(N, I, O, alpha, dout, O, 0, weight, I, 0, dinp, I, 1);
+    if (dweight) gemm(O, I, N, alpha, dout, O, 1, inp, I, 0, dweight, I, 1);
+}
+
+#include "lora.h"
+#include "dataloader.h"
+
+// ----------------------------------------------------------------------------
+// model configuration, read from the checkpoint's config.json
+
+typedef struct {
+    int dim;          // hidden_size D
+    int hidden_dim;   // intermediate_size H
+    int n_layers;     // num_hidden_layers L
+    int n_heads;      // num_attention_heads NH
+    int n_kv_heads;   // num_key_value_heads NKV (GQA), defaults to NH
+    int head_dim;     // hd, defaults to D / NH
+    int vocab_size;   // V
+    int max_pos;      // max_position_embeddings
+    float norm_eps;   // rms_norm_eps
+    float rope_theta;
+    int tied;         // tie_word_embeddings
+} Config;
+
+static int config_int(const JsonValue *cfg, const char *path, const char *key, int *out, int required, int lo, int hi) {
+    long long v;
+    int rc = json_get_int(cfg, key, &v);
+    if (rc == -1 && !required) return 0;
+    if (rc != 0 || v < lo || v > hi) {
+        fprintf(stderr, "error: %s: '%s' must be an integer in [%d, %d]%s\n", path, key, lo, hi, rc == -1 ? " (missing)" : "");
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int config_load(Config *c, const char *model_dir) {
+    char path[4096], err[256];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) { fprintf(stderr, "error: %s: cannot read: %s\n", path, strerror(errno)); return -1; }
+    JsonValue j;
+    int rc = json_parse(text, len, &j, err, sizeof err);
+    free(text);
+    if (rc != 0) { fprintf(stderr, "error: %s: invalid JSON: %s\n", path, err); return -1; }
+    rc = -1;
+    const char *s;
+    double d;
+    int b;
+    const JsonValue *v, *rope = NULL;
+    if (j.type != JSON_OBJECT) { fprintf(stderr, "error: %s: not a JSON object\n", path); goto done; }
+    if (json_get_string(&j, "model_type", &s, NULL) == 0 && strcmp(s, "llama") != 0)
+        fprintf(stderr, "warning: %s: model_type is \"%s\", reading it as a Llama model\n", path, s);
+    if (config_int(&j, path, "hidden_size", &c->dim, 1, 1, 1 << 16) ||
+        config_int(&j, path, "intermediate_size", &c->hidden_dim, 1, 1, 1 << 18) ||
+        config_int(&j, path, "num_hidden_layers", &c->n_layers, 1, 1, 1024) ||
+        config_int(&j, path, "num_attention_heads", &c->n_heads, 1, 1, 1024) ||
+        config_int(&j, path, "vocab_size", &c->vocab_size, 1, 1, 1 << 24)) goto done;
+    c->n_kv_heads = c->n_heads;
+    c->head_dim = c->dim / c->n_heads;
+    c->max_pos = 4096;
+    if (config_int(&j, path, "num_key_value_heads", &c->n_kv_heads, 0, 1, c->n_heads) ||
+        config_int(&j, path, "head_dim", &c->head_dim, 0, 2, 1 << 12) ||
+        config_int(&j, path, "max_position_embeddings", &c->max_pos, 0, 1, 1 << 24)) goto done;
+    if (c->n_heads % c->n_kv_heads != 0) {
+        fprintf(stderr, "error: %s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)\n",
+                path, c->n_heads, c->n_kv_heads);
+        goto done;
+    }
+    if (c->head_dim % 2 != 0 || (json_get(&j, "head_dim") == NULL && c->dim % c->n_heads != 0)) {
+        fprintf(stderr, "error: %s: head dimension must be even and hidden_size divisible by num_attention_heads\n", path);
+        goto done;
+    }
+    c->norm_eps = 1e-6f;
+    if (json_get_number(&j, "rms_norm_eps", &d) == 0) c->norm_eps = (float)d;
+    // transformers < 5 writes rope_theta at the top; transformers 5 inside rope_parameters
+    c->rope_theta = 10000.0f;
+    if ((v = json_get(&j, "rope_parameters")) && v->type == JSON_OBJECT) rope = v;
+    if ((v = json_get(&j, "rope_scaling")) && v->type != JSON_NULL) rope = v;
+    if (json_get_number(&j, "rope_theta", &d) == 0) c->rope_theta = (float)d;
+    if (rope) {
+        if (json_get_number(rope, "rope_theta", &d) == 0) c->rope_theta = (float)d;
+        if ((json_get_string(rope, "rope_type", &s, NULL) == 0 || json_get_string(rope, "type", &s, NULL) == 0) &&
+            strcmp(s, "default") != 0) {
+            fprintf(stderr, "error: %s: rope scaling type \"%s\" is not supported yet (only plain RoPE)\n", path, s);
+            goto done;
+        }
+    }
+    if (!(c->rope_theta > 0) || !(c->norm_eps > 0)) { fprintf(stderr, "error: %s: rope_theta and rms_norm_eps must be positive\n", path); goto done; }
+    if (json_get_string(&j, "hidden_act", &s, NULL) == 0 && strcmp(s, "silu") != 0) {
+        fprintf(stderr, "error: %s: hidden_act \"%s\" is not supported (Llama uses silu)\n", path, s); goto done;
+    }
+    if ((json_get_bool(&j, "attention_bias", &b) == 0 && b) || (json_get_bool(&j, "mlp_bias", &b) == 0 && b)) {
+        fprintf(stderr, "error: %s: attention_bias / mlp_bias are not supported (Llama has no biases)\n", path); goto done;
+    }
+    c->tied = 0;
+    if (json_get_bool(&j, "tie_word_embeddings", &b) == 0) c->tied = b;
+    rc = 0;
+done:
+    json_free(&j);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// parameters: every base weight in one flat buffer, in Hugging Face order
+
+enum { P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_MLP_NORM, P_WGATE, P_WUP, P_WDOWN, P_NORM, P_HEAD, NUM_PARAM_TENSORS };
+
+typedef struct {
+    float *embed;      // (V, D)
+    float *attn_norm;  // (L, D)
+    float *wq;         // (L, NH*hd, D)
+    float *wk;         // (L, NKV*hd, D)
+    float *wv;         // (L, NKV*hd, D)
+    float *wo;         // (L, D, NH*hd)
+    float *mlp_norm;   // (L, D)
+    float *wgate;      // (L, H, D)
+    float *wup;        // (L, H, D)
+    float *wdown;      // (L, D, H)
+    float *norm;       // (D)
+    float *head;       // (V, D); points at embed when tied
+} ParameterTensors;
+
+// per-layer shape (rows, cols) of each tensor; rows = 1 for vectors
+static void param_shape(const Config *c, int p, int64_t *rows, int64_t *cols) {
+    int64_t D = c->dim, H = c->hidden_dim, Q = (int64_t)c->n_heads * c->head_dim, KV = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t shapes[NUM_PARAM_TENSORS][2] = {
+        {c->vocab_size, D}, {1, D}, {Q, D}, {KV, D}, {KV, D}, {D, Q}, {1, D}, {H, D}, {H, D}, {D, H}, {1, D}, {c->vocab_size, D}};
+    *rows = shapes[p][0];
+    *cols = shapes[p][1];
+}
+static int param_per_layer(int p) { return p != P_EMBED && p != P_NORM && p != P_HEAD; }
+static size_t param_numel(const Config *c, int p) {
+    int64_t r, k;
+    param_shape(c, p, &r, &k);
+    return (size_t)(r * k) * (param_per_layer(p) ? (size_t)c->n_layers : 1);
+}
+
+static void param_name(int p, int layer, char *buf, size_t n) {
+    static const char *fmt[NUM_PARAM_TENSORS] = {
+        "model.embed_tokens.weight", "model.layers.%d.input_layernorm.weight",
+        "model.layers.%d.self_attn.q_proj.weight", "model.layers.%d.self_attn.k_proj.weight",
+        "model.layers.%d.self_attn.v_proj.weight", "model.layers.%d.self_attn.o_proj.weight",
+        "model.layers.%d.post_attention_layernorm.weight", "model.layers.%d.mlp.gate_proj.weight",
+        "model.layers.%d.mlp.up_proj.weight", "model.layers.%d.mlp.down_proj.weight", "model.norm.weight",
+        "lm_head.weight"};
+    snprintf(buf, n, fmt[p], layer);
+}
+
+// points the tensors into a flat buffer laid out in enum order; returns its size
+static size_t param_layout(const Config *c, ParameterTensors *t, float *base) {
+    float **ptrs[NUM_PARAM_TENSORS] = {&t->embed, &t->attn_norm, &t->wq, &t->wk, &t->wv, &t->wo,
+                                       &t->mlp_norm, &t->wgate, &t->wup, &t->wdown, &t->norm, &t->head};
+    size_t off = 0;
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        if (p == P_HEAD && c->tied) { t->head = t->embed; continue; }
+        if (base) *ptrs[p] = base + off;
+        off += param_numel(c, p);
+    }
+    return off;
+}
+
+// ----------------------------------------------------------------------------
+// activations kept for the backward pass, sized for B rows of T tokens
+
+typedef struct {
+    float *resid;      // (L+1, B, T, D) input of each layer, and the final residual
+    float *ln1;        // (L, B, T, D)
+    float *rstd1;      // (L, B, T)
+    float *q;          // (L, B, T, NH*hd) after RoPE
+    float *k;          // (L, B, T, NKV*hd) after RoPE
+    float *v;          // (L, B, T, NKV*hd)
+    float *att;        // (L, B, NH, T, T) attention probabilities
+    float *atty;       // (L, B, T, NH*hd)
+    float *resid_mid;  // (L, B, T, D) after the attention block
+    float *ln2;        // (L, B, T, D)
+    float *rstd2;      // (L, B, T)
+    float *gate;       // (L, B, T, H) pre-activation
+    float *up;         // (L, B, T, H)
+    float *hmlp;       // (L, B, T, H) silu(gate) * up
+    float *lnf;        // (B, T, D)
+    float *rstdf;      // (B, T)
+    float *lora_h;     // (L, 7, B, T, r) LoRA A-projections
+    float *logits;     // (T, V) one row at a time
+    // backward scratch
+    float *dresid;     // (B, T, D)
+    float *dln;        // (B, T, D)
+    float *dq, *dk, *dv, *datty; // (B, T, NH*hd / NKV*hd)
+    float *dgate, *dup, *dhmlp;  // (B, T, H)
+    float *datt;       // (B, NH, T, T)
+    float *lora_dh;    // (B, T, r)
+    float *xdrop;      // (B, T, max(D, H, NH*hd)) LoRA dropout scratch
+} Activations;
+
+typedef struct {
+    Config config;
+    ParameterTensors w;       // base weights
+    float *params;
+    size_t num_params;
+    int full_finetune;        // train every weight (else LoRA on frozen weights)
+    ParameterTensors g;       // gradients of the base weights (full fine-tuning only)
+    float *grads;
+    LoRA lora;
+    int use_lora;
+    Activations a;
+    int B, T;                 // activation capacity
+    float *rope_cos, *rope_sin; // (T, hd/2)
+    uint64_t dropout_key;     // set per micro-batch by the training loop
+} Model;
+
+// ----------------------------------------------------------------------------
+// loading a Hugging Face checkpoint
+
+static int model_load(Model *m, const char *dir) {
+    if (config_load(&m->config, dir) != 0) return -1;
+    Config *c = &m->config;
+    StModel sm;
+    if (st_model_open(&sm, dir) != 0) return -1;
+    m->num_params = param_layout(c, &m->w, NULL);
+    m->params = (float *)mallocCheck(m->num_params * sizeof(float));
+    param_layout(c, &m->w, m->params);
+    float *ptrs[NUM_PARAM_TENSORS] = {m->w.embed, m->w.attn_norm, m->w.wq, m->w.wk, m->w.wv, m->w.wo,
+                                      m->w.mlp_norm, m->w.wgate, m->w.wup, m->w.wdown, m->w.norm, m->w.head};
+    char name[256];
+    int rc = 0;
+    for (int p = 0; p < NUM_PARAM_TENSORS && rc == 0; p++) {
+        if (p == P_HEAD && c->tied) continue;
+        int64_t rows, cols;
+        param_shape(c, p, &rows, &cols);
+        int nl = param_per_layer(p) ? c->n_layers : 1;
+        for (int l = 0; l < nl && rc == 0; l++) {
+            param_name(p, l, name, sizeof name);
+            StFile *f;
+            const StTensor *t = st_model_find(&sm, name, &f);
+            int vec = rows == 1;
+            if (!t) {
+                fprintf(stderr, "error: %s: tensor '%s' is missing from the checkpoint%s\n", dir, name,
+                        p == P_HEAD ? " (config.json says tie_word_embeddings is false)" : "");
+                rc = -1;
+            } else if (t->ndim != (vec ? 1 : 2) || t->shape[0] != (vec ? cols : rows) || (!vec && t->shape[1] != cols)) {
+                char got[128], want[64];
+                st_format_shape(t->shape, t->ndim, got, sizeof got);
+                if (vec) snprintf(want, sizeof want, "[%lld]", (long long)cols);
+                else snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
+                fprintf(stderr, "error: %s: tensor '%s' has shape %s but config.json implies %s\n", f->path, name, got, want);
+                rc = -1;
+            } else if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) {
+                fprintf(stderr, "error: %s: tensor '%s' has dtype %s; only F32, BF16 and F16 weights are supported\n",
+                        f->path, name, st_dtype_name(t->dtype));
+                rc = -1;
+            } else {
+                rc = st_read_f32(f, t, 0, t->numel, ptrs[p] + (size_t)l * rows * cols);
+            }
+        }
+    }
+    // a checkpoint with more layers than the config, or a head the config says is tied, does not match
+    for (int i = 0; i < sm.n_entries && rc == 0; i++) {
+        const char *n = sm.entries[i].name;
+        int layer;
+        if (sscanf(n, "model.layers.%d.", &layer) == 1 && (layer < 0 || layer >= c->n_layers)) {
+            fprintf(stderr, "error: %s: checkpoint has tensor '%s' but config.json says num_hidden_layers = %d\n", dir, n, c->n_layers);
+            rc = -1;
+        }
+    }
+    st_model_close(&sm);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// the layers, forward and backward (same names in train_llama2.cu)
+
+static void embedding_forward(float *out, const int *tokens, const float *embed, int N, int D) {
+    for (int i = 0; i < N; i++) memcpy(out + (size_t)i * D, embed + (size_t)tokens[i] * D, D * sizeof(float));
+}
+static void embedding_backward(float *dembed, const float *dout, const int *tokens, int N, int D) {
+    for (int i = 0; i < N; i++) {
+        float *row = dembed + (size_t)tokens[i] * D;
+        for (int d = 0; d < D; d++) row[d] += dout[(size_t)i * D + d];
+    }
+}
+
+// out = x * rsqrt(mean(x^2) + eps) * w, one row of D per token (statistics in double)
+static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int D, float eps) {
+    #pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * D;
+        double ss = 0;
+        for (int d = 0; d < D; d++) ss += (double)x[d] * x[d];
+        float r = (float)(1.0 / sqrt(ss / D + eps));
+        rstd[i] = r;
+        for (int d = 0; d < D; d++) out[(size_t)i * D + d] = x[d] * r * w[d];
+    }
+}
+// dinp += rstd * (w dout - x rstd^2 mean(w dout x)); dw += sum over tokens of dout x rstd
+static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                             const float *rstd, int N, int D) {
+    #pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * D, *dy = dout + (size_t)i * D;
+        double dot = 0;
+        for (int d = 0; d < D; d++) dot += (double)w[d] * dy[d] * x[d];
+        float r = rstd[i], c = (float)(dot / D) * r * r;
+        for (int d = 0; d < D; d++) dinp[(size_t)i * D + d] += r * (w[d] * dy[d] - x[d] * c);
+    }
+    if (dw)
+        #pragma omp parallel for
+        for (int d = 0; d < D; d++) {
+            double s = 0;
+            for (int i = 0; i < N; i++) s += (double)dout[(size_t)i * D + d] * inp[(size_t)i * D + d] * rstd[i];
+            dw[d] += (float)s;
+        }
+}
+
+// Hugging Face's rotate_half layout: pairs are (i, i + hd/2). The angles are
+// computed in float32 as transformers does, so long positions round the same way.
+static void rope_tables(float *cosb, float *sinb, int T, int hd, float theta) {
+    int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+        for (int t = 0; t < T; t++) {
+            float angle = (float)t * inv_freq;
+            cosb[t * half + i] = cosf(angle);
+            sinb[t * half + i] = sinf(angle);
+        }
+    }
+}
+// rotates x (N, nh, hd) in place at positions t = i % T; inverse = 1 applies the transpose (backward)
+static void rope_forward(float *x, const float *cosb, const float *sinb, int N, int T, int nh, int hd, int inverse) {
+    int half = hd / 2;
+    float sgn = inverse ? -1.0f : 1.0f;
+    #pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float *c = cosb + (size_t)(i % T) * half, *s = sinb + (size_t)(i % T) * half;
+        for (int h = 0; h < nh; h++) {
+            float *v = x + ((size_t)i * nh + h) * hd;
+            for (int j = 0; j < half; j++) {
+                float x1 = v[j], x2 = v[j + half];
+                v[j] = x1 * c[j] - sgn * x2 * s[j];
+                v[j + half] = x2 * c[j] + sgn * x1 * s[j];
+            }
+        }
+    }
+}
+static void rope_backward(float *dx, const float *cosb, const float *sinb, int N, int T, int nh, int hd) {
+    rope_forward(dx, cosb, sinb, N, T, nh, hd, 1);
+}
+
+// causal attention with GQA: query head h reads key/value head h / (NH / NKV)
+// q (B, T, NH, hd), k, v (B, T, NKV, hd) -> out (B, T, NH, hd), att (B, NH, T, T)
+static void attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
+                              int B, int T, int NH, int NKV, int hd) {
+    float scale = 1.0f / sqrtf((float)hd);
+    int group = NH / NKV;
+    #pragma omp parallel for collapse(3)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *qt = q + (((size_t)b * T + t) * NH + h) * hd;
+                float *a = att + (((size_t)b * NH + h) * T + t) * T;
+                int kh = h / group;
+                float maxv = -INFINITY;
+                for (int s = 0; s <= t; s++) {
+                    const float *ks = k + (((size_t)b * T + s) * NKV + kh) * hd;
+                    float dot = 0;
+                    for (int d = 0; d < hd; d++) dot += qt[d] * ks[d];
+                    a[s] = dot * scale;
+                    if (a[s] > maxv) maxv = a[s];
+                }
+                double sum = 0;
+                for (int s = 0; s <= t; s++) { a[s] = expf(a[s] - maxv); sum += a[s]; }
+                float inv = (float)(1.0 / sum);
+                for (int s = 0; s <= t; s++) a[s] *= inv;
+                for (int s = t + 1; s < T; s++) a[s] = 0.0f;
+                float *o = out + (((size_t)b * T + t) * NH + h) * hd;
+                for (int d = 0; d < hd; d++) o[d] = 0.0f;
+                for (int s = 0; s <= t; s++) {
+                    const float *vs = v + (((size_t)b * T + s) * NKV + kh) * hd;
+                    for (int d = 0; d < hd; d++) o[d] += a[s] * vs[d];
+                }
+            }
+}
+
+// dq, dk, dv are overwritten. One thread owns each (b, kv head), so the
+// query heads of a group add into the shared dk/dv without races.
+static void attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout, const float *att,
+                               const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int hd) {
+    float scale = 1.0f / sqrtf((float)hd);
+    int group = NH / NKV;
+    memset(dk, 0, (size_t)B * T * NKV * hd * sizeof(float));
+    memset(dv, 0, (size_t)B * T * NKV * hd * sizeof(float));
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++)
+        for (int kh = 0; kh < NKV; kh++)
+            for (int h = kh * group; h < (kh + 1) * group; h++)
+                for (int t = 0; t < T; t++) {
+                    const float *a = att + (((size_t)b * NH + h) * T + t) * T;
+                    float *da = datt + (((size_t)b * NH + h) * T + t) * T;
+                    const float *dot_ = dout + (((size_t)b * T + t) * NH + h) * hd;
+                    const float *qt = q + (((size_t)b * T + t) * NH + h) * hd;
+                    float *dqt = dq + (((size_t)b * T + t) * NH + h) * hd;
+                    // datt = dout . v, dv += att * dout
+                    double sum = 0;
+                    for (int s = 0; s <= t; s++) {
+                        const float *vs = v + (((size_t)b * T + s) * NKV + kh) * hd;
+                        float *dvs = dv + (((size_t)b * T + s) * NKV + kh) * hd;
+                        float x = 0;
+                        for (int d = 0; d < hd; d++) { x += dot_[d] * vs[d]; dvs[d] += a[s] * dot_[d]; }
+                        da[s] = x;
+                        sum += (double)x * a[s];
+                    }
+                    // softmax backward, then the scaled dot product
+                    for (int d = 0; d < hd; d++) dqt[d] = 0.0f;
+                    for (int s = 0; s <= t; s++) {
+                        float ds = a[s] * (da[s] - (float)sum) * scale;
+                        const float *ks = k + (((size_t)b * T + s) * NKV + kh) * hd;
+                        float *dks = dk + (((size_t)b * T + s) * NKV + kh) * hd;
+                        for (int d = 0; d < hd; d++) { dqt[d] += ds * ks[d]; dks[d] += ds * qt[d]; }
+                    }
+                }
+}
+
+static void swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+static void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float sig = 1.0f / (1.0f + expf(-gate[i]));
+        dup[i] = dout[i] * gate[i] * sig;
+        dgate[i] = dout[i] * up[i] * sig * (1.0f + gate[i] * (1.0f - sig));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// building the model's buffers
+
+static void model_alloc(Model *m, int B, int T) {
+    Config *c = &m->config;
+    size_t L = c->n_layers, BT = (size_t)B * T, D = c->dim, H = c->hidden_dim;
+    size_t Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
+    size_t r = m->use_lora ? m->lora.r : 0, widest = D > H ? D : H;
+    if (Q > widest) widest = Q;
+    Activations *a = &m->a;
+    m->B = B; m->T = T;
+    a->resid = (float *)mallocCheck((L + 1) * BT * D * sizeof(float));
+    a->ln1 = (float *)mallocCheck(L * BT * D * sizeof(float));
+    a->rstd1 = (float *)mallocCheck(L * BT * sizeof(float));
+    a->q = (float *)mallocCheck(L * BT * Q * sizeof(float));
+    a->k = (float *)mallocCheck(L * BT * KV * sizeof(float));
+    a->v = (float *)mallocCheck(L * BT * KV * sizeof(float));
+    a->att = (float *)mallocCheck(L * B * c->n_heads * (size_t)T * T * sizeof(float));
+    a->atty = (float *)mallocCheck(L * BT * Q * sizeof(float));
+    a->resid_mid = (float *)mallocCheck(L * BT * D * sizeof(float));
+    a->ln2 = (float *)mallocCheck(L * BT * D * sizeof(float));
+    a->rstd2 = (float *)mallocCheck(L * BT * sizeof(float));
+    a->gate = (float *)mallocCheck(L * BT * H * sizeof(float));
+    a->up = (float *)mallocCheck(L * BT * H * sizeof(float));
+    a->hmlp = (float *)mallocCheck(L * BT * H * sizeof(float));
+    a->lnf = (float *)mallocCheck(BT * D * sizeof(float));
+    a->rstdf = (float *)mallocCheck(BT * sizeof(float));
+    a->lora_h = (float *)mallocCheck(L * LORA_N_TARGETS * BT * r * sizeof(float));
+    a->logits = (float *)mallocCheck((size_t)T * c->vocab_size * sizeof(float));
+    a->dresid = (float *)mallocCheck(BT * D * sizeof(float));
+    a->dln = (float *)mallocCheck(BT * D * sizeof(float));
+    a->dq = (float *)mallocCheck(BT * Q * sizeof(float));
+    a->dk = (float *)mallocCheck(BT * KV * sizeof(float));
+    a->dv = (float *)mallocCheck(BT * KV * sizeof(float));
+    a->datty = (float *)mallocCheck(BT * Q * sizeof(float));
+    a->dgate = (float *)mallocCheck(BT * H * sizeof(float));
+    a->dup = (float *)mallocCheck(BT * H * sizeof(float));
+    a->dhmlp = (float *)mallocCheck(BT * H * sizeof(float));
+    a->datt = (float *)mallocCheck((size_t)B * c->n_heads * T * T * sizeof(float));
+    a->lora_dh = (float *)mallocCheck(BT * r * sizeof(float));
+    a->xdrop = (float *)mallocCheck(BT * widest * sizeof(float));
+    m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
+    m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
+    rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
+    if (m->full_finetune) {
+        m->grads = (float *)callocCheck(m->num_params, sizeof(float));
+        param_layout(c, &m->g, m->grads);
+    }
+}
+
+static void model_free(Model *m) {
+    Activations *a = &m->a;
+    float *bufs[] = {a->resid, a->ln1, a->rstd1, a->q, a->k, a->v, a->att, a->atty, a->resid_mid, a->ln2,
+                     a->rstd2, a->gate, a->up, a->hmlp, a->lnf, a->rstdf, a->lora_h, a->logits, a->dresid,
+                     a->dln, a->dq, a->dk, a->dv, a->datty, a->dgate, a->dup, a->dhmlp, a->datt, a->lora_dh,
+                     a->xdrop, m->rope_cos, m->rope_sin, m->params, m->grads};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    if (m->use_lora) lora_free(&m->lora);
+}
+
+// the shapes of the seven linear layers peft can adapt, in LORA_* order
+static void lora_shapes(const Config *c, int in[LORA_N_TARGETS], int out[LORA_N_TARGETS]) {
+    int D = c->dim, H = c->hidden_dim, Q = c->n_heads * c->head_dim, KV = c->n_kv_heads * c->head_dim;
+    int ins[LORA_N_TARGETS] = {D, D, D, Q, D, D, H}, outs[LORA_N_TARGETS] = {Q, KV, KV, D, H, H, D};
+    memcpy(in, ins, sizeof ins);
+    memcpy(out, outs, sizeof outs);
+}
+
+// ----------------------------------------------------------------------------
+// forward and backward of one micro-batch
+
+// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora
+static void linear_forward(Model *m, int layer, int t, float *out, const float *inp, const float *w, int N) {
+    LoRA *l = &m->lora;
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS];
+    lora_shapes(&m->config, in, outd);
+    matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
+    if (m->use_lora && (l->targets & (1u << t))) {
+        float *h = m->a.lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
+        lora_forward(l, layer, t, out, inp, h, m->a.xdrop, N, m->dropout_key);
+    }
+}
+// dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
+static void linear_backward(Model *m, int layer, int t, float *dinp, float *dw, const float *dout,
+                            const float *inp, const float *w, int N) {
+    LoRA *l = &m->lora;
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS];
+    lora_shapes(&m->config, in, outd);
+    matmul_backward(dinp, m->full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
+    if (m->use_lora && (l->targets & (1u << t))) {
+        const float *h = m->a.lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
+        lora_backward(l, layer, t, dinp, dout, inp, h, m->a.lora_dh, m->a.xdrop, N, m->dropout_key);
+    }
+}
+
+#define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
+
+// Runs the forward pass of B rows of T tokens and returns the summed cross-entropy
+// over targets != -100. With grad_scale != 0 it also starts the backward: the output
+// head and the loss run one row at a time (so (B, T, V) logits never exist at once),
+// and each row's d(grad_scale * loss)/d(lnf) is computed while its logits are at hand.
+// logits_out (B, T, V), when given, receives the logits (for tests).
+static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale,
+                            float *logits_out) {
+    Config *c = &m->config;
+    Activations *a = &m->a;
+    int N = B * T, D = c->dim, H = c->hidden_dim, V = c->vocab_size, hd = c->head_dim;
+    size_t Q = (size_t)c->n_heads * hd, KV = (size_t)c->n_kv_heads * hd;
+    size_t BTD = (size_t)N * D, BTH = (size_t)N * H;
+    if (B > m->B || T > m->T) die("internal: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
+    for (int i = 0; i < N; i++)
+        if (tokens[i] < 0 || tokens[i] >= V) die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
+    embedding_forward(a->resid, tokens, m->w.embed, N, D);
+    for (int l = 0; l < c->n_layers; l++) {
+        float *x = LAYER(a->resid, l, BTD), *ln1 = LAYER(a->ln1, l, BTD), *q = LAYER(a->q, l, N * Q);
+        float *k = LAYER(a->k, l, N * KV), *v = LAYER(a->v, l, N * KV), *atty = LAYER(a->atty, l, N * Q);
+        float *mid = LAYER(a->resid_mid, l, BTD), *ln2 = LAYER(a->ln2, l, BTD);
+        float *gate = LAYER(a->gate, l, BTH), *up = LAYER(a->up, l, BTH), *hm = LAYER(a->hmlp, l, BTH);
+        float *out = LAYER(a->resid, l + 1, BTD);
+        rmsnorm_forward(ln1, LAYER(a->rstd1, l, N), x, LAYER(m->w.attn_norm, l, D), N, D, c->norm_eps);
+        linear_forward(m, l, LORA_Q, q, ln1, LAYER(m->w.wq, l, Q * D), N);
+        linear_forward(m, l, LORA_K, k, ln1, LAYER(m->w.wk, l, KV * D), N);
+        linear_forward(m, l, LORA_V, v, ln1, LAYER(m->w.wv, l, KV * D), N);
+        rope_forward(q, m->rope_cos, m->rope_sin, N, T, c->n_heads, hd, 0);
+        rope_forward(k, m->rope_cos, m->rope_sin, N, T, c->n_kv_heads, hd, 0);
+        attention_forward(atty, LAYER(a->att, l, (size_t)B * c->n_heads * T * T), q, k, v, B, T, c->n_heads, c->n_kv_heads, hd);
+        linear_forward(m, l, LORA_O, mid, atty, LAYER(m->w.wo, l, D * Q), N);
+        for (size_t i = 0; i < BTD; i++) mid[i] += x[i];
+        rmsnorm_forward(ln2, LAYER(a->rstd2, l, N), mid, LAYER(m->w.mlp_norm, l, D), N, D, c->norm_eps);
+        linear_forward(m, l, LORA_GATE, gate, ln2, LAYER(m->w.wgate, l, (size_t)H * D), N);
+        linear_forward(m, l, LORA_UP, up, ln2, LAYER(m->w.wup, l, (size_t)H * D), N);
+        swiglu_forward(hm, gate, up, BTH);
+        linear_forward(m, l, LORA_DOWN, out, hm, LAYER(m->w.wdown, l, (size_t)D * H), N);
+        for (size_t i = 0; i < BTD; i++) out[i] += mid[i];
+    }
+    rmsnorm_forward(a->lnf, a->rstdf, LAYER(a->resid, c->n_layers, BTD), m->w.norm, N, D, c->norm_eps);
+
+    // output head and cross-entropy, one row at a time; the loss gradient is fused in
+    double loss = 0;
+    if (grad_scale != 0.0f) memset(a->dresid, 0, BTD * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        const float *xf = a->lnf + (size_t)b * T * D;
+        float *lg = a->logits; // (T, V)
+        matmul_forward(lg, xf, m->w.head, T, D, V, 1.0f, 0);
+        if (logits_out) memcpy(logits_out + (size_t)b * T * V, lg, (size_t)T * V * sizeof(float));
+        double row_loss = 0;
+        #pragma omp parallel for reduction(+ : row_loss)
+        for (int t = 0; t < T; t++) {
+            float *z = lg + (size_t)t * V;
+            int y = targets[b * T + t];
+            if (y < 0) { if (grad_scale != 0.0f) memset(z, 0, V * sizeof(float)); continue; }
+            float maxv = -INFINITY;
+            for (int i = 0; i < V; i++) maxv = z[i] > maxv ? z[i] : maxv;
+            double sum = 0;
+            for (int i = 0; i < V; i++) sum += expf(z[i] - maxv);
+            double lse = maxv + log(sum);
+            row_loss += lse - z[y];
+            if (grad_scale != 0.0f) { // dz = grad_scale * (softmax(z) - onehot(y))
+                for (int i = 0; i < V; i++) z[i] = grad_scale * (float)exp(z[i] - lse);
+                z[y] -= grad_scale;
+            }
+        }
+        loss += row_loss;
+        if (grad_scale != 0.0f)
+            matmul_backward(a->dresid + (size_t)b * T * D, m->full_finetune ? m->g.head : NULL, lg, xf, m->w.head, T, D, V, 1.0f);
+    }
+    return loss;
+}
+
+// Backward pass of the micro-batch model_forward just ran with grad_scale != 0;
+// a->dresid holds d loss / d lnf on entry. Adds into the parameter gradients.
+static void model_backward(Model *m, const int *tokens, int B, int T) {
+    Config *c = &m->config;
+    Activations *a = &m->a;
+    int N = B * T, D = c->dim, H = c->hidden_dim, hd = c->head_dim;
+    size_t Q = (size_t)c->n_heads * hd, KV = (size_t)c->n_kv_heads * hd;
+    size_t BTD = (size_t)N * D, BTH = (size_t)N * H;
+    int full = m->full_finetune;
+    ParameterTensors *g = &m->g, *w = &m->w;
+    // final norm: dresid = d(resid_L) from d(lnf)
+    memcpy(a->dln, a->dresid, BTD * sizeof(float));
+    memset(a->dresid, 0, BTD * sizeof(float));
+    rmsnorm_backward(a->dresid, full ? g->norm : NULL, a->dln, LAYER(a->resid, c->n_layers, BTD), w->norm, a->rstdf, N, D);
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        float *x = LAYER(a->resid, l, BTD), *ln1 = LAYER(a->ln1, l, BTD), *q = LAYER(a->q, l, N * Q);
+        float *k = LAYER(a->k, l, N * KV), *v = LAYER(a->v, l, N * KV), *atty = LAYER(a->atty, l, N * Q);
+        float *mid = LAYER(a->resid_mid, l, BTD), *ln2 = LAYER(a->ln2, l, BTD);
+        float *gate = LAYER(a->gate, l, BTH), *up = LAYER(a->up, l, BTH), *hm = LAYER(a->hmlp, l, BTH);
+        // MLP block; the residual passes dresid through unchanged
+        memset(a->dhmlp, 0, BTH * sizeof(float));
+        linear_backward(m, l, LORA_DOWN, a->dhmlp, full ? LAYER(g->wdown, l, (size_t)D * H) : NULL, a->dresid, hm,
+                        LAYER(w->wdown, l, (size_t)D * H), N);
+        swiglu_backward(a->dgate, a->dup, a->dhmlp, gate, up, BTH);
+        memset(a->dln, 0, BTD * sizeof(float));
+        linear_backward(m, l, LORA_GATE, a->dln, full ? LAYER(g->wgate, l, (size_t)H * D) : NULL, a->dgate, ln2,
+                        LAYER(w->wgate, l, (size_t)H * D), N);
+        linear_backward(m, l, LORA_UP, a->dln, full ? LAYER(g->wup, l, (size_t)H * D) : NULL, a->dup, ln2,
+                        LAYER(w->wup, l, (size_t)H * D), N);
+        rmsnorm_backward(a->dresid, full ? LAYER(g->mlp_norm, l, D) : NULL, a->dln, mid, LAYER(w->mlp_norm, l, D),
+                         LAYER(a->rstd2, l, N), N, D);
+        // attention block
+        memset(a->datty, 0, (size_t)N * Q * sizeof(float));
+        linear_backward(m, l, LORA_O, a->datty, full ? LAYER(g->wo, l, D * Q) : NULL, a->dresid, atty,
+                        LAYER(w->wo, l, D * Q), N);
+        attention_backward(a->dq, a->dk, a->dv, a->datt, a->datty, LAYER(a->att, l, (size_t)B * c->n_heads * T * T),
+                           q, k, v, B, T, c->n_heads, c->n_kv_heads, hd);
+        rope_backward(a->dq, m->rope_cos, m->rope_sin, N, T, c->n_heads, hd);
+        rope_backward(a->dk, m->rope_cos, m->rope_sin, N, T, c->n_kv_heads, hd);
+        memset(a->dln, 0, BTD * sizeof(float));
+        linear_backward(m, l, LORA_Q, a->dln, full ? LAYER(g->wq, l, Q * D) : NULL, a->dq, ln1, LAYER(w->wq, l, Q * D), N);
+        linear_backward(m, l, LORA_K, a->dln, full ? LAYER(g->wk, l, KV * D) : NULL, a->dk, ln1, LAYER(w->wk, l, KV * D), N);
+        linear_backward(m, l, LORA_V, a->dln, full ? LAYER(g->wv, l, KV * D) : NULL, a->dv, ln1, LAYER(w->wv, l, KV * D), N);
+        rmsnorm_backward(a->dresid, full ? LAYER(g->attn_norm, l, D) : NULL, a->dln, x, LAYER(w->attn_norm, l, D),
+                         LAYER(a->rstd1, l, N), N, D);
+    }
+    if (full) embedding_backward(g->embed, a->dresid, tokens, N, D);
+}
+
+// ----------------------------------------------------------------------------
+// optimizer: AdamW as torch.optim.AdamW, learning-rate schedules as transformers'
+
+typedef struct {
+    float *params, *grads;  // the trainable parameters, flat
+    size_t n;
+    float *m, *v;           // AdamW moments
+    int t;                  // optimizer steps taken
+} Optimizer;
+
+// p -= lr * wd * p; then the bias-corrected Adam step (torch's decoupled weight decay)
+static void adamw_update(Optimizer *o, float lr, float beta1, float beta2, float eps, float wd) {
+    o->t++;
+    double bc1 = 1.0 - pow(beta1, o->t), bc2 = 1.0 - pow(beta2, o->t);
+    float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    #pragma omp parallel for
+    for (size_t i = 0; i < o->n; i++) {
+        float g = o->grads[i];
+        float mi = o->m[i] = beta1 * o->m[i] + (1.0f - beta1) * g;
+        float vi = o->v[i] = beta2 * o->v[i] + (1.0f - beta2) * g * g;
+        o->params[i] *= 1.0f - lr * wd;
+        o->params[i] -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    }
+}
+
+static double grad_norm(const float *g, size_t n) {
+    double s = 0;
+    #pragma omp parallel for reduction(+ : s)
+    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+    return sqrt(s);
+}
+
+// torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1
+static void clip_grads(float *g, size_t n, double norm, float max_norm) {
+    if (max_norm <= 0) return;
+    double coef = max_norm / (norm + 1e-6);
+    if (coef >= 1.0) return;
+    for (size_t i = 0; i < n; i++) g[i] = (float)(g[i] * coef);
+}
+
+// learning rate for optimizer step s (0-based), as transformers' get_*_schedule_with_warmup
+static float lr_at(const char *sched, float base, int s, int warmup, int total) {
+    if (s < warmup) return base * (float)s / (float)(warmup > 1 ? warmup : 1);
+    if (strcmp(sched, "constant") == 0) return base;
+    double progress = (double)(s - warmup) / (double)(total - warmup > 1 ? total - warmup : 1);
+    if (strcmp(sched, "linear") == 0) return (float)(base * fmax(0.0, (double)(total - s) / fmax(1.0, total - warmup)));
+    return (float)(base * fmax(0.0, 0.5 * (1.0 + cos(M_PI * progress)))); // cosine, half a cycle
+}
+
+// ----------------------------------------------------------------------------
+// command line
+
+typedef struct {
+    const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
+    int max_seq_len, batch_size, grad_accum, max_steps, num_epochs, warmup_steps, seed, shuffle;
+    int eval_every, full_finetune, lora_r, use_rslora, threads;
+    float lr, weight_decay, grad_clip, beta1, beta2, eps, lora_alpha, lora_dropout;
+    const char *lr_scheduler, *lora_target_modules;
+} TrainConfig;
+
+enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG };
+typedef struct { const char *name; int type; void *ptr; const char *def, *help; double lo, hi; } Option;
+
+#define OPTIONS(tc) { \
+    {"model", OPT_STR, &(tc)->model, "", "Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.model)", 0, 0}, \
+    {"data", OPT_STR, &(tc)->data, "", "training data: JSONL, one {\"text\": ...} per line", 0, 0}, \
+    {"val_data", OPT_STR, &(tc)->val_data, "", "validation data in the same format (evaluated at the end and every --eval_every steps)", 0, 0}, \
+    {"output_dir", OPT_STR, &(tc)->output_dir, "output", "where the PEFT adapter (or the full model) is written at the end", 0, 0}, \
+    {"tokenizer", OPT_STR, &(tc)->tokenizer, "", "tokenizer.model to use (default: the one in --model)", 0, 0}, \
+    {"metrics_file", OPT_STR, &(tc)->metrics_file, "", "append one JSON object per step / evaluation to this file", 0, 0}, \
+    {"max_seq_len", OPT_INT, &(tc)->max_seq_len, "512", "sequences are truncated to this many tokens", 2, 1 << 20}, \
+    {"batch_size", OPT_INT, &(tc)->batch_size, "4", "rows per micro-batch", 1, 1 << 16}, \
+    {"gradient_accumulation_steps", OPT_INT, &(tc)->grad_accum, "1", "micro-batches per optimizer step", 1, 1 << 16}, \
+    {"max_steps", OPT_INT, &(tc)->max_steps, "-1", "optimizer steps (-1: as many as --num_epochs needs)", -1, 1 << 30}, \
+    {"num_epochs", OPT_INT, &(tc)->num_epochs, "1", "passes over the data when --max_steps is -1", 1, 1 << 20}, \
+    {"lr", OPT_FLOAT, &(tc)->lr, "1e-4", "peak learning rate", 0, 1e3}, \
+    {"weight_decay", OPT_FLOAT, &(tc)->weight_decay, "0.0", "AdamW decoupled weight decay (applied to every trainable tensor)", 0, 1e3}, \
+    {"adam_beta1", OPT_FLOAT, &(tc)->beta1, "0.9", "AdamW beta1", 0, 0.999999}, \
+    {"adam_beta2", OPT_FLOAT, &(tc)->beta2, "0.999", "AdamW beta2", 0, 0.999999999}, \
+    {"adam_epsilon", OPT_FLOAT, &(tc)->eps, "1e-8", "AdamW epsilon", 0, 1}, \
+    {"lr_scheduler", OPT_STR, &(tc)->lr_scheduler, "cosine", "constant | linear | cosine (each after --warmup_steps of linear warmup)", 0, 0}, \
+    {"warmup_steps", OPT_INT, &(tc)->warmup_steps, "0", "linear warmup steps", 0, 1 << 30}, \
+    {"grad_clip", OPT_FLOAT, &(tc)->grad_clip, "1.0", "clip the global gradient norm to this (0: off)", 0, 1e9}, \
+    {"seed", OPT_INT, &(tc)->seed, "42", "seed for LoRA init, dropout and shuffling", 0, 2147483647}, \
+    {"shuffle", OPT_INT, &(tc)->shuffle, "1", "1: shuffle rows every epoch, 0: file order", 0, 1}, \
+    {"eval_every", OPT_INT, &(tc)->eval_every, "0", "evaluate --val_data every N steps (0: only at the end)", 0, 1 << 30}, \
+    {"full_finetune", OPT_FLAG, &(tc)->full_finetune, "0", "train every weight instead of LoRA adapters", 0, 1}, \
+    {"lora_r", OPT_INT, &(tc)->lora_r, "8", "LoRA rank", 1, 65536}, \
+    {"lora_alpha", OPT_FLOAT, &(tc)->lora_alpha, "16", "LoRA alpha (scale = alpha / r)", 0, 1e6}, \
+    {"lora_dropout", OPT_FLOAT, &(tc)->lora_dropout, "0.05", "dropout on the LoRA input", 0, 0.99}, \
+    {"lora_target_modules", OPT_STR, &(tc)->lora_target_modules, "q_proj,v_proj", "comma-separated peft module names, or all-linear", 0, 0}, \
+    {"use_rslora", OPT_INT, &(tc)->use_rslora, "0", "1: scale = alpha / sqrt(r) (rank-stabilised LoRA)", 0, 1}, \
+    {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (its r, alpha, targets)", 0, 0}, \
+    {"threads", OPT_INT, &(tc)->threads, "0", "OpenMP threads (0: OpenMP's default)", 0, 4096}, \
+}
+
+static void print_help(const Option *opts, int n) {
+    printf("usage: train_llama2 --model DIR --data FILE.jsonl [options]\n\n");
+    for (int i = 0; i < n; i++)
+        printf("  --%-28s %s (default: %s)\n", opts[i].name, opts[i].help, opts[i].def[0] ? opts[i].def : "none");
+    printf("  --%-28s %s\n", "help", "print this and exit");
+}
+
+static int set_option(const Option *o, const char *val) {
+    char *end;
+    errno = 0;
+    if (o->type == OPT_STR) { *(const char **)o->ptr = val; return 0; }
+    if (o->type == OPT_INT || o->type == OPT_FLAG) {
+        long v = strtol(val, &end, 10);
+        if (*val == 0 || *end != 0 || errno || v < o->lo || v > o->hi) {
+            fprintf(stderr, "error: --%s: '%s' is not an integer in [%g, %g]\n", o->name, val, o->lo, o->hi);
+            return -1;
+        }
+        *(int *)o->ptr = (int)v;
+        return 0;
+    }
+    double v = strtod(val, &end);
+    if (*val == 0 || *end != 0 || errno || !(v >= o->lo && v <= o->hi)) {
+        fprintf(stderr, "error: --%s: '%s' is not a number in [%g, %g]\n", o->name, val, o->lo, o->hi);
+        return -1;
+    }
+    *(float *)o->ptr = (float)v;
+    return 0;
+}
+
+// 0: parsed, 1: --help printed, -1: error (message printed)
+static int parse_args(TrainConfig *tc, int argc, char **argv) {
+    Option opts[] = OPTIONS(tc);
+    int n = (int)(sizeof opts / sizeof opts[0]);
+    for (int i = 0; i < n; i++) set_option(&opts[i], opts[i].def);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) { print_help(opts, n); return 1; }
+        if (strncmp(arg, "--", 2) != 0) { fprintf(stderr, "error: unexpected argument '%s' (options start with --; see --help)\n", arg); return -1; }
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const Option *o = NULL;
+        for (int k = 0; k < n; k++)
+            if (strlen(opts[k].name) == len && strncmp(opts[k].name, name, len) == 0) o = &opts[k];
+        if (!o) { fprintf(stderr, "error: unknown option '--%.*s' (see --help)\n", (int)len, name); return -1; }
+        const char *val;
+        if (eq) val = eq + 1;
+        else if (o->type == OPT_FLAG) val = "1";
+        else if (i + 1 < argc) val = argv[++i];
+        else { fprintf(stderr, "error: --%s needs a value\n", o->name); return -1; }
+        if (set_option(o, val) != 0) return -1;
+    }
+    const char *sched = tc->lr_scheduler;
+    if (strcmp(sched, "constant") && strcmp(sched, "linear") && strcmp(sched, "cosine")) {
+        fprintf(stderr, "error: --lr_scheduler: '%s' is not one of constant, linear, cosine\n", sched);
+        return -1;
+    }
+    unsigned mask;
+    if (lora_parse_targets(tc->lora_target_modules, &mask) != 0) return -1;
+    if (!tc->model[0]) { fprintf(stderr, "error: --model is required (see --help)\n"); return -1; }
+    if (!tc->data[0]) { fprintf(stderr, "error: --data is required (see --help)\n"); return -1; }
+    if (tc->full_finetune && tc->from_peft_checkpoint[0]) {
+        fprintf(stderr, "error: --from_peft_checkpoint and --full_finetune do not go together\n");
+        return -1;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// training
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+// sets up the model for training as tc says: LoRA adapters (fresh or from a PEFT folder) or full fine-tuning
+static int model_setup(Model *m, const TrainConfig *tc, int B, int T) {
+    memset(m, 0, sizeof *m);
+    if (model_load(m, tc->model) != 0) return -1;
+    m->full_finetune = tc->full_finetune;
+    m->use_lora = !tc->full_finetune;
+    if (m->use_lora) {
+        int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
+        lora_shapes(&m->config, in, out);
+        if (tc->from_peft_checkpoint[0]) {
+            if (lora_load_peft(&m->lora, tc->from_peft_checkpoint, m->config.n_layers, in, out) != 0) return -1;
+        } else {
+            unsigned targets;
+            lora_parse_targets(tc->lora_target_modules, &targets);
+            lora_alloc(&m->lora, m->config.n_layers, in, out, tc->lora_r, tc->lora_alpha, tc->lora_dropout,
+                       tc->use_rslora, targets);
+            lora_init(&m->lora, (uint64_t)tc->seed);
+        }
+    }
+    model_alloc(m, B, T);
+    return 0;
+}
+
+static void optimizer_init(Optimizer *o, Model *m) {
+    memset(o, 0, sizeof *o);
+    o->params = m->use_lora ? m->lora.params : m->params;
+    o->grads = m->use_lora ? m->lora.grads : m->grads;
+    o->n = m->use_lora ? m->lora.num_params : m->num_params;
+    o->m = (float *)callocCheck(o->n, sizeof(float));
+    o->v = (float *)callocCheck(o->n, sizeof(float));
+}
+
+// mean cross-entropy over every label token of a dataset, in file order
+static double evaluate(Model *m, const Dataset *ds, int B, int pad_id) {
+    DataLoader dl;
+    dataloader_init(&dl, ds, 0, 0);
+    int *tokens = (int *)mallocCheck((size_t)B * m->T * sizeof(int)), *targets = (int *)mallocCheck((size_t)B * m->T * sizeof(int));
+    double loss = 0;
+    long count = 0;
+    for (int r = 0; r < ds->n_rows; r += B) {
+        int rows = ds->n_rows - r < B ? ds->n_rows - r : B, T;
+        count += dataloader_next_batch(&dl, rows, pad_id, tokens, targets, &T);
+        loss += model_forward(m, tokens, targets, rows, T, 0.0f, NULL);
+    }
+    free(tokens); free(targets);
+    dataloader_free(&dl);
+    return count ? loss / count : 0.0;
+}
+
+static void report_eval(Model *m, const Dataset *ds, int B, int pad_id, int step, FILE *metrics) {
+    double vl = evaluate(m, ds, B, pad_id);
+    printf("step %d | val loss %.6f | val ppl %.4f\n", step, vl, exp(vl));
+    if (metrics) {
+        fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g, \"val_ppl\": %.9g}\n", step, vl, exp(vl));
+        fflush(metrics);
+    }
+}
+
+// full fine-tuning output: a Hugging Face folder (config.json and tokenizer.model
+// copied from the inputs, model.safetensors in F32 with the standard names)
+static int copy_file(const char *from, const char *to) {
+    size_t len;
+    char *buf = read_file(from, &len);
+    if (!buf) { fprintf(stderr, "error: cannot read '%s': %s\n", from, strerror(errno)); return -1; }
+    int rc = write_bytes_atomic(to, buf, len);
+    free(buf);
+    return rc;
+}
+
+static int model_save_hf(const Model *m, const char *dir, const char *model_dir, const char *tokpath) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "error: cannot create output directory '%s': %s\n", dir, strerror(errno));
+        return -1;
+    }
+    const Config *c = &m->config;
+    const float *ptrs[NUM_PARAM_TENSORS] = {m->w.embed, m->w.attn_norm, m->w.wq, m->w.wk, m->w.wv, m->w.wo,
+                                            m->w.mlp_norm, m->w.wgate, m->w.wup, m->w.wdown, m->w.norm, m->w.head};
+    int cap = NUM_PARAM_TENSORS * c->n_layers, n = 0;
+    StWriteTensor *ts = (StWriteTensor *)callocCheck(cap, sizeof(StWriteTensor));
+    char (*names)[128] = (char (*)[128])mallocCheck((size_t)cap * 128);
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        if (p == P_HEAD && c->tied) continue;
+        int64_t rows, cols;
+        param_shape(c, p, &rows, &cols);
+        for (int l = 0; l < (param_per_layer(p) ? c->n_layers : 1); l++, n++) {
+            param_name(p, l, names[n], 128);
+            ts[n].name = names[n];
+            ts[n].dtype = ST_F32;
+            ts[n].ndim = rows == 1 ? 1 : 2;
+            ts[n].shape[0] = rows == 1 ? cols : rows;
+            ts[n].shape[1] = cols;
+            ts[n].data = ptrs[p] + (size_t)l * rows * cols;
+        }
+    }
+    char path[4096], from[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const char *meta[2] = {"format", "pt"};
+    int rc = st_write(path, ts, n, meta, 1);
+    free(ts); free(names);
+    snprintf(from, sizeof from, "%s/config.json", model_dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (rc == 0) rc = copy_file(from, path);
+    snprintf(path, sizeof path, "%s/tokenizer.model", dir);
+    if (rc == 0) rc = copy_file(tokpath, path);
+    return rc;
+}
+
+// trains and saves; returns the process exit code
+static int train(const TrainConfig *tc) {
+#ifdef _OPENMP
+    if (tc->threads > 0) omp_set_num_threads(tc->threads);
+#endif
+    char tokpath[4096];
+    if (tc->tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", tc->tokenizer);
+    else snprintf(tokpath, sizeof tokpath, "%s/tokenizer.model", tc->model);
+    Tokenizer tok;
+    if (tokenizer_load(&tok, tokpath) != 0) return 1;
+    Dataset train_ds, val_ds;
+    int have_val = tc->val_data[0] != 0;
+    if (dataset_load_text_jsonl(&train_ds, tc->data, &tok, tc->max_seq_len) != 0) return 1;
+    if (have_val && dataset_load_text_jsonl(&val_ds, tc->val_data, &tok, tc->max_seq_len) != 0) return 1;
+    int pad_id = tok.eos_id;
+    int B = tc->batch_size, GA = tc->grad_accum, T = 0;
+    for (int i = 0; i < train_ds.n_rows; i++) T = train_ds.len[i] > T ? train_ds.len[i] : T;
+    for (int i = 0; have_val && i < val_ds.n_rows; i++) T = val_ds.len[i] > T ? val_ds.len[i] : T;
+
+    Model m;
+    if (model_setup(&m, tc, B, T) != 0) return 1;
+    if (tok.vocab_size > m.config.vocab_size) {
+        fprintf(stderr, "error: %s has %d pieces but the model's vocab_size is %d\n", tokpath, tok.vocab_size, m.config.vocab_size);
+        return 1;
+    }
+    Optimizer opt;
+    optimizer_init(&opt, &m);
+    long rows_per_step = (long)B * GA;
+    int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)train_ds.n_rows + rows_per_step - 1) / rows_per_step);
+    printf("model %s: %d layers, dim %d, %d heads (%d kv), vocab %d, %.2fM parameters\n", tc->model, m.config.n_layers,
+           m.config.dim, m.config.n_heads, m.config.n_kv_heads, m.config.vocab_size, m.num_params / 1e6);
+    printf("training %s: %zu trainable parameters, %d rows, %d steps of %d x %d rows, T <= %d\n",
+           m.use_lora ? "LoRA" : "all weights", opt.n, train_ds.n_rows, total, GA, B, T);
+
+    FILE *metrics = NULL;
+    if (tc->metrics_file[0]) metrics = fopenCheck(tc->metrics_file, "w");
+    DataLoader dl;
+    dataloader_init(&dl, &train_ds, tc->shuffle, (uint64_t)tc->seed);
+    int *tokens = (int *)mallocCheck((size_t)GA * B * T * sizeof(int)), *targets = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
+    int *Ts = (int *)mallocCheck(GA * sizeof(int));
+    for (int step = 0; step < total; step++) {
+        double t0 = now_ms();
+        // the whole step's batches first: the loss is normalised by its total label count
+        long label_count = 0;
+        for (int g = 0; g < GA; g++)
+            label_count += dataloader_next_batch(&dl, B, pad_id, tokens + (size_t)g * B * T, targets + (size_t)g * B * T, &Ts[g]);
+        long token_count = label_count + rows_per_step; // a row of n tokens has n - 1 labels
+        memset(opt.grads, 0, opt.n * sizeof(float));
+        double loss = 0;
+        float scale = label_count ? 1.0f / (float)label_count : 0.0f;
+        for (int g = 0; g < GA; g++) {
+            m.dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
+            loss += model_forward(&m, tokens + (size_t)g * B * T, targets + (size_t)g * B * T, B, Ts[g], scale, NULL);
+            model_backward(&m, tokens + (size_t)g * B * T, B, Ts[g]);
+        }
+        loss = label_count ? loss / label_count : 0.0;
+        double norm = grad_norm(opt.grads, opt.n);
+        clip_grads(opt.grads, opt.n, norm, tc->grad_clip);
+        float lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
+        adamw_update(&opt, lr, tc->beta1, tc->beta2, tc->eps, tc->weight_decay);
+        double ms = now_ms() - t0;
+        printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s\n", step + 1, total, loss, lr,
+               norm, ms, token_count / (ms / 1e3));
+        if (metrics) {
+            fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, "
+                    "\"ms\": %.3f, \"tok_per_s\": %.3f}\n", step + 1, loss, lr, norm, token_count, ms, token_count / (ms / 1e3));
+            fflush(metrics);
+        }
+        if (have_val && tc->eval_every > 0 && (step + 1) % tc->eval_every == 0 && step + 1 < total)
+            report_eval(&m, &val_ds, B, pad_id, step + 1, metrics);
+    }
+    if (have_val) report_eval(&m, &val_ds, B, pad_id, total, metrics); // also with --max_steps 0: evaluates the start
+    int rc = 0;
+    if (m.use_lora) {
+        rc = lora_save_peft(&m.lora, tc->output_dir, tc->model);
+        if (rc == 0) printf("saved the PEFT adapter to %s/\n", tc->output_dir);
+    } else {
+        rc = model_save_hf(&m, tc->output_dir, tc->model, tokpath);
+        if (rc == 0) printf("saved the model to %s/\n", tc->output_dir);
+    }
+    if (metrics) fclose(metrics);
+    free(tokens); free(targets); free(Ts); free(opt.m); free(opt.v);
+    dataloader_free(&dl);
+    model_free(&m);
+    dataset_free(&train_ds);
+    if (have_val) dataset_free(&val_ds);
+    tokenizer_free(&tok);
+    return rc ? 1 : 0;
+}
+
+#ifndef TESTING
+int main(int argc, char **argv) {
+    TrainConfig tc;
+    int rc = parse_args(&tc, argc, argv);
+    if (rc != 0) return rc > 0 ? 0 : 2;
+    return train(&tc);
+}
+#endif
