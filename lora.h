@@ -31,6 +31,7 @@ typedef struct {
     int r;
     float alpha, dropout, scale;
     int use_rslora;
+    int training;                   // dropout applies only while training (not in evaluation)
     unsigned targets;               // bit t set: module t is adapted
     int n_layers;
     int in[LORA_N_TARGETS], out[LORA_N_TARGETS]; // Linear shapes, set from the model
@@ -68,7 +69,7 @@ static void lora_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], cons
                        int r, float alpha, float dropout, int use_rslora, unsigned targets) {
     l->r = r; l->alpha = alpha; l->dropout = dropout; l->use_rslora = use_rslora;
     l->scale = use_rslora ? alpha / sqrtf((float)r) : alpha / (float)r;
-    l->targets = targets; l->n_layers = n_layers;
+    l->targets = targets; l->n_layers = n_layers; l->training = 1;
     l->offset = (size_t *)mallocCheck((size_t)n_layers * LORA_N_TARGETS * sizeof(size_t));
     size_t n = 0;
     for (int t = 0; t < LORA_N_TARGETS; t++) { l->in[t] = in[t]; l->out[t] = out[t]; }
@@ -115,7 +116,7 @@ static uint64_t lora_dropout_key(uint64_t key, int layer, int t) { return splitm
 static void lora_forward(const LoRA *l, int layer, int t, float *out, const float *inp, float *h,
                          float *xdrop, int N, uint64_t key) {
     const float *x = inp;
-    if (l->dropout > 0.0f) { lora_dropout(l, xdrop, inp, (size_t)N * l->in[t], lora_dropout_key(key, layer, t)); x = xdrop; }
+    if (l->training && l->dropout > 0.0f) { lora_dropout(l, xdrop, inp, (size_t)N * l->in[t], lora_dropout_key(key, layer, t)); x = xdrop; }
     matmul_forward(h, x, lora_A(l, l->params, layer, t), N, l->in[t], l->r, 1.0f, 0);
     matmul_forward(out, h, lora_B(l, l->params, layer, t), N, l->r, l->out[t], l->scale, 1);
 }
@@ -128,11 +129,9 @@ static void lora_backward(LoRA *l, int layer, int t, float *dinp, const float *d
     memset(dh, 0, (size_t)N * r * sizeof(float));
     // dh = scale * dout @ B and dB += scale * dout^T @ h
     matmul_backward(dh, lora_B(l, l->grads, layer, t), dout, h, lora_B(l, l->params, layer, t), N, r, l->out[t], l->scale);
-    const float *x = inp;
     uint64_t dkey = lora_dropout_key(key, layer, t);
-    if (l->dropout > 0.0f) { lora_dropout(l, xdrop, inp, (size_t)N * in, dkey); x = xdrop; }
     if (l->dropout == 0.0f) {
-        matmul_backward(dinp, lora_A(l, l->grads, layer, t), dh, x, lora_A(l, l->params, layer, t), N, in, r, 1.0f);
+        matmul_backward(dinp, lora_A(l, l->grads, layer, t), dh, inp, lora_A(l, l->params, layer, t), N, in, r, 1.0f);
         return;
     }
     // with dropout the input gradient passes through the same mask: compute dx_drop, then mask it in

@@ -36,8 +36,17 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 // C in registers. Each element of C is summed by one thread in a fixed order,
 // so results do not depend on the number of threads.
 
+// The kernel is written with GCC/Clang vector extensions: an MR x NR tile is MR
+// rows of two vectors, 12 accumulators that fit the 16 vector registers of AVX2
+// (or 32 of AVX-512, which doubles the vector width).
+#if defined(__AVX512F__)
+#define GEMM_VLEN 16
+#else
+#define GEMM_VLEN 8
+#endif
+typedef float vfloat __attribute__((vector_size(GEMM_VLEN * sizeof(float))));
 #define GEMM_MR 6
-#define GEMM_NR 16
+#define GEMM_NR (2 * GEMM_VLEN)
 #define GEMM_KC 256
 #define GEMM_MC 96
 #define GEMM_NC 256
@@ -45,16 +54,22 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 static float *gemm_scratch = NULL;
 static size_t gemm_scratch_size = 0;
 
+// C (mr, nr) += a (kc, MR strip) @ b (kc, NR strip), both packed
 static inline void gemm_kernel(int kc, const float *a, const float *b, float *C, int ldc, int mr, int nr) {
-    float c[GEMM_MR][GEMM_NR] = {{0}};
+    vfloat c[GEMM_MR][2];
+    memset(c, 0, sizeof c);
     for (int k = 0; k < kc; k++) {
+        vfloat b0 = *(const vfloat *)(b + k * GEMM_NR), b1 = *(const vfloat *)(b + k * GEMM_NR + GEMM_VLEN);
         for (int i = 0; i < GEMM_MR; i++) {
             float av = a[k * GEMM_MR + i];
-            for (int j = 0; j < GEMM_NR; j++) c[i][j] += av * b[k * GEMM_NR + j];
+            c[i][0] += av * b0;
+            c[i][1] += av * b1;
         }
     }
+    float tile[GEMM_MR][GEMM_NR];
+    memcpy(tile, c, sizeof tile);
     for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) C[(size_t)i * ldc + j] += c[i][j];
+        for (int j = 0; j < nr; j++) C[(size_t)i * ldc + j] += tile[i][j];
 }
 
 static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int transA,
@@ -67,7 +82,8 @@ static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int 
     size_t need = (Mp + Np) * GEMM_KC;
     if (need > gemm_scratch_size) {
         free(gemm_scratch);
-        gemm_scratch = (float *)mallocCheck(need * sizeof(float));
+        gemm_scratch = (float *)aligned_alloc(64, need * sizeof(float)); // vector loads of packed B
+        if (!gemm_scratch) die("out of memory for matmul scratch (%zu floats)", need);
         gemm_scratch_size = need;
     }
     float *ap = gemm_scratch, *bp = gemm_scratch + Mp * GEMM_KC;
@@ -987,11 +1003,13 @@ static double evaluate(Model *m, const Dataset *ds, int B, int pad_id) {
     int *tokens = (int *)mallocCheck((size_t)B * m->T * sizeof(int)), *targets = (int *)mallocCheck((size_t)B * m->T * sizeof(int));
     double loss = 0;
     long count = 0;
+    m->lora.training = 0;
     for (int r = 0; r < ds->n_rows; r += B) {
         int rows = ds->n_rows - r < B ? ds->n_rows - r : B, T;
         count += dataloader_next_batch(&dl, rows, pad_id, tokens, targets, &T);
         loss += model_forward(m, tokens, targets, rows, T, 0.0f, NULL);
     }
+    m->lora.training = 1;
     free(tokens); free(targets);
     dataloader_free(&dl);
     return count ? loss / count : 0.0;

@@ -63,7 +63,7 @@ static void check_rel(double got, double want, double floor_, double tol, const 
 // TrainConfig for a fixture run, as the command line would give it
 static void fixture_config(TrainConfig *tc, char **argv_store, const char *model, const JsonValue *hp, int full,
                            const char *outdir, const char *metrics) {
-    static char buf[64][256];
+    static char buf[64][320];
     int n = 0;
 #define ARG(...) (snprintf(buf[n], sizeof buf[n], __VA_ARGS__), argv_store[n] = buf[n], n++)
     ARG("train_llama2");
@@ -252,7 +252,75 @@ static void test_model(const char *model, int full) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
 }
 
+// LoRA dropout has no reference (peft draws its masks from torch's RNG), so its
+// gradient is checked against central finite differences of our own loss with
+// the same mask. fp32 loss rounding (~1e-6 relative on ~6.6) over a step of
+// 2 * 1e-2 gives ~5e-4 absolute noise in the difference quotient, so the check
+// takes the 5 largest gradient elements of each of a few tensors (|g| >> 5e-4)
+// and allows 2e-2 relative: a wrong mask in the backward is off by O(1).
+static void test_dropout(void) {
+    TrainConfig tc;
+    char *argv[] = {"x", "--model", "test/fixtures/tiny_gqa", "--data", "test/fixtures/data.jsonl", "--lora_r", "4",
+                    "--lora_dropout", "0.3", "--lora_target_modules", "all-linear", "--max_seq_len", "24"};
+    if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("dropout test arguments");
+    Tokenizer tok;
+    Dataset ds;
+    DataLoader dl;
+    if (tokenizer_load(&tok, "test/fixtures/tiny_gqa/tokenizer.model") != 0 ||
+        dataset_load_text_jsonl(&ds, tc.data, &tok, tc.max_seq_len) != 0) die("dropout test data");
+    dataloader_init(&dl, &ds, 0, 0);
+    int B = 2, T, tokens[48], targets[48];
+    long labels = dataloader_next_batch(&dl, B, tok.eos_id, tokens, targets, &T);
+    Model m;
+    if (model_setup(&m, &tc, B, 24) != 0) die("dropout test model");
+    uint64_t state = 7;
+    for (int i = 0; i < m.lora.n_layers; i++) // B = 0 would give A no gradient
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            float *b = lora_B(&m.lora, m.lora.params, i, t);
+            for (int k = 0; k < m.lora.r * m.lora.out[t]; k++) b[k] = 0.1f * (rng_uniform(&state) - 0.5f);
+        }
+    m.dropout_key = 12345;
+    float scale = 1.0f / labels;
+    memset(m.lora.grads, 0, m.lora.num_params * sizeof(float));
+    double loss = model_forward(&m, tokens, targets, B, T, scale, NULL) * scale;
+    model_backward(&m, tokens, B, T);
+    double again = model_forward(&m, tokens, targets, B, T, 0.0f, NULL) * scale;
+    CHECK(loss == again, "dropout: the same key gives the same mask", "%.9g vs %.9g", loss, again);
+    m.lora.training = 0;
+    double nodrop = model_forward(&m, tokens, targets, B, T, 0.0f, NULL) * scale;
+    m.lora.training = 1;
+    CHECK(fabs(nodrop - loss) > 1e-4, "dropout: changes the training loss, not evaluation", "%.9g vs %.9g without", loss, nodrop);
+    int checks[4][2] = {{0, LORA_Q}, {1, LORA_V}, {0, LORA_DOWN}, {1, LORA_GATE}};
+    double worst = 0;
+    for (int c = 0; c < 4; c++)
+        for (int ab = 0; ab < 2; ab++) {
+            int layer = checks[c][0], t = checks[c][1];
+            float *p = ab ? lora_B(&m.lora, m.lora.params, layer, t) : lora_A(&m.lora, m.lora.params, layer, t);
+            float *g = ab ? lora_B(&m.lora, m.lora.grads, layer, t) : lora_A(&m.lora, m.lora.grads, layer, t);
+            int n = m.lora.r * (ab ? m.lora.out[t] : m.lora.in[t]);
+            for (int pick = 0; pick < 5; pick++) {
+                int best = 0; // the largest |g| not yet checked (checked ones are marked NaN)
+                for (int k = 0; k < n; k++) if (!isnan(g[k]) && (isnan(g[best]) || fabsf(g[k]) > fabsf(g[best]))) best = k;
+                float saved = p[best], eps = 1e-2f;
+                p[best] = saved + eps;
+                double lp = model_forward(&m, tokens, targets, B, T, 0.0f, NULL) * scale;
+                p[best] = saved - eps;
+                double lm = model_forward(&m, tokens, targets, B, T, 0.0f, NULL) * scale;
+                p[best] = saved;
+                double fd = (lp - lm) / (2 * eps), rel = fabs(fd - g[best]) / fabs(g[best]);
+                if (rel > worst) worst = rel;
+                g[best] = NAN;
+            }
+        }
+    CHECK(worst <= 2e-2, "dropout: LoRA gradients match finite differences", "worst relative error %.3e", worst);
+    model_free(&m);
+    dataloader_free(&dl);
+    dataset_free(&ds);
+    tokenizer_free(&tok);
+}
+
 int main(void) {
+    test_dropout();
     const char *models[2] = {"tiny_gqa", "tiny_tied"};
     for (int i = 0; i < 2; i++)
         for (int full = 0; full < 2; full++) test_model(models[i], full);
