@@ -141,7 +141,8 @@ static inline char *st__join(const char *dir, const char *name) {
 
 static inline int st__host_le(void) { uint32_t x = 1; unsigned char c; memcpy(&c, &x, 1); return c == 1; }
 
-static inline void st__format_shape(const int64_t *shape, int ndim, char *buf, size_t n) {
+// writes a shape as "[2, 3]" into buf (for messages)
+static inline void st_format_shape(const int64_t *shape, int ndim, char *buf, size_t n) {
     size_t k = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < ndim && k < n; i++)
         k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)shape[i]);
@@ -261,7 +262,7 @@ static inline int st__parse_tensor(const char *path, const char *name, const Jso
     // numel and byte size without overflow (a zero dim makes it 0 whatever the rest)
     uint64_t numel = 1, size = (uint64_t)st_dtype_size(t->dtype);
     char shp[200];
-    st__format_shape(t->shape, t->ndim, shp, sizeof shp);
+    st_format_shape(t->shape, t->ndim, shp, sizeof shp);
     if (has_zero) numel = 0;
     else
         for (int i = 0; i < t->ndim; i++) {
