@@ -395,7 +395,20 @@ static int model_load(Model *m, const char *dir) {
             }
         }
     }
-    // a checkpoint with more layers than the config, or a head the config says is tied, does not match
+    // a tied config with a stored head that is not the embedding would silently train another model
+    StFile *hf;
+    const StTensor *ht = c->tied ? st_model_find(&sm, "lm_head.weight", &hf) : NULL;
+    if (ht && rc == 0) {
+        size_t n = (size_t)c->vocab_size * c->dim;
+        float *head = (float *)mallocCheck(n * sizeof(float));
+        if (ht->numel != n || st_read_f32(hf, ht, 0, n, head) != 0 || memcmp(head, m->w.embed, n * sizeof(float)) != 0) {
+            fprintf(stderr, "error: %s: tensor 'lm_head.weight' differs from model.embed_tokens.weight but config.json "
+                    "says tie_word_embeddings is true\n", hf->path);
+            rc = -1;
+        }
+        free(head);
+    }
+    // a checkpoint with more layers than the config does not match it
     for (int i = 0; i < sm.n_entries && rc == 0; i++) {
         const char *n = sm.entries[i].name;
         int layer;

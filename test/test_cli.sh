@@ -39,7 +39,7 @@ expect_error "bad target module" "unknown module 'qq_proj'" --model $FIX/tiny_gq
 if "$BIN" --help | grep -q -- "--gradient_accumulation_steps"; then echo "ok cli: --help lists the options"; else echo "FAIL cli: --help"; fails=$((fails + 1)); fi
 
 # checkpoints
-expect_error "missing model folder" "$TMP/nope/config.json" --model "$TMP/nope" "${RUN[@]}"
+expect_error "missing model folder" "$TMP/nope/(config.json|tokenizer.model)" --model "$TMP/nope" "${RUN[@]}"
 model_copy tiny_gqa; printf '{"hidden_size": 64,' > "$TMP/m/config.json"
 expect_error "config.json not JSON" "config.json: invalid JSON" --model "$TMP/m" "${RUN[@]}"
 model_copy tiny_gqa; sed -i 's/"intermediate_size": 96/"intermediate_size": 100/' "$TMP/m/config.json"
@@ -54,13 +54,13 @@ model_copy tiny_gqa; head -c 6 $FIX/tiny_gqa/model.safetensors > "$TMP/m/model.s
 expect_error "safetensors shorter than its header length" "model.safetensors" --model "$TMP/m" "${RUN[@]}"
 model_copy tiny_gqa; perl -0pi -e 's/\{"dtype"/{"dtypo"/' "$TMP/m/model.safetensors"
 expect_error "malformed safetensors header" "model.safetensors" --model "$TMP/m" "${RUN[@]}"
-# same byte count, so only the shape is wrong: [512,64] -> [256,128] for the embedding
-model_copy tiny_gqa; perl -0pi -e 's/("model\.embed_tokens\.weight":\{"dtype":"F32","shape":)\[512,64\]/${1}[256,128]/' "$TMP/m/model.safetensors"
-expect_error "tensor of the wrong shape" "embed_tokens.weight' has shape \[256, 128\]" --model "$TMP/m" "${RUN[@]}"
+# same byte count, so only the shape is wrong: [512,64] -> [64,512] for the embedding
+model_copy tiny_gqa; perl -0pi -e 's/("model\.embed_tokens\.weight":\{"dtype":"F32","shape":)\[512,64\]/${1}[64,512]/' "$TMP/m/model.safetensors"
+expect_error "tensor of the wrong shape" "embed_tokens.weight' has shape \[64, 512\]" --model "$TMP/m" "${RUN[@]}"
 model_copy tiny_tied; rm "$TMP/m/model-00002-of-00002.safetensors"
 expect_error "missing shard" "model-00002-of-00002.safetensors" --model "$TMP/m" "${RUN[@]}"
 model_copy tiny_gqa; sed -i 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$TMP/m/config.json"
-expect_error "untied checkpoint read as tied" "lm_head.weight" --model "$TMP/m" "${RUN[@]}"
+expect_error "untied checkpoint read as tied" "lm_head.weight' differs from model.embed_tokens.weight" --model "$TMP/m" "${RUN[@]}"
 
 # tokenizer
 model_copy tiny_gqa; head -c 1000 $FIX/tiny_gqa/tokenizer.model > "$TMP/m/tokenizer.model"
