@@ -1,0 +1,420 @@
+// Tests tokenizer.h against sentencepiece's own output, recorded by
+// dev/reference/make_tokenizer_fixtures.py in test/fixtures/tokenizer/, and
+// feeds it broken model files. Run from the repo root:
+//   gcc -O2 -Wall -Wextra -std=c11 -o /tmp/test_tokenizer test/test_tokenizer.c -lm && /tmp/test_tokenizer
+#define _POSIX_C_SOURCE 200809L // dup/dup2, to catch the tokenizer's messages on stderr
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "../tokenizer.h"
+#include "test_common.h"
+
+#define FIXTURES "test/fixtures/tokenizer/"
+#define LLAMA_MODEL "../shared/data/llama2/tokenizer.model"
+
+// whole file into memory (NUL-terminated); NULL if it can't be read
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = (char *)malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1) break;
+        char *nb = (char *)realloc(buf, cap *= 2);
+        if (!nb) { free(buf); buf = NULL; }
+        else buf = nb;
+    }
+    fclose(f);
+    if (buf) buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+// splits s at the first tab (or the end); returns the rest, or NULL if none
+static char *cut(char *s) {
+    char *t = strchr(s, '\t');
+    if (!t) return NULL;
+    *t = 0;
+    return t + 1;
+}
+
+static int hexval(int c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; }
+
+// hex string -> bytes (malloc'd, NUL-terminated for printing)
+static char *unhex(const char *h, size_t *len) {
+    size_t n = strlen(h) / 2;
+    char *out = (char *)malloc(n + 1);
+    for (size_t i = 0; i < n; i++) out[i] = (char)(hexval(h[2 * i]) * 16 + hexval(h[2 * i + 1]));
+    out[n] = 0;
+    *len = n;
+    return out;
+}
+
+// "1 2 3" -> ids (malloc'd)
+static int *parse_ids(const char *s, int *n) {
+    int cap = 16, k = 0;
+    int *ids = (int *)malloc(cap * sizeof(int));
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s) break;
+        if (k == cap) ids = (int *)realloc(ids, (cap *= 2) * sizeof(int));
+        ids[k++] = (int)v;
+        s = end;
+    }
+    *n = k;
+    return ids;
+}
+
+// printable rendering of some bytes for failure messages (static buffer)
+static const char *show(const char *s, size_t n) {
+    static char buf[2][128];
+    static int which = 0;
+    char *b = buf[which ^= 1];
+    size_t o = 0;
+    for (size_t i = 0; i < n && o < 100; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c < 0x7F && c != '\\') b[o++] = (char)c;
+        else o += (size_t)sprintf(b + o, "\\x%02x", c);
+    }
+    if (o >= 100) { strcpy(b + o, "..."); o += 3; }
+    b[o] = 0;
+    return b;
+}
+
+// first index where the id arrays differ, or -1
+static int first_diff(const int *a, int na, const int *b, int nb) {
+    for (int i = 0; i < na || i < nb; i++)
+        if (i >= na || i >= nb || a[i] != b[i]) return i;
+    return -1;
+}
+
+// runs one fixture file: every "encode" and "decode" line against the tokenizer
+static void run_fixture(const char *name, const char *fixture) {
+    char what[256];
+    size_t flen;
+    char *text = slurp(fixture, &flen);
+    snprintf(what, sizeof(what), "%s: fixture %s readable", name, fixture);
+    CHECK(text != NULL, what, "cannot read it (regenerate with dev/reference/make_tokenizer_fixtures.py)");
+    if (!text) return;
+
+    Tokenizer tok;
+    int loaded = 0, n_enc = 0, bad_enc = 0, bad_dec_of_enc = 0, n_dec = 0, bad_dec = 0, n_round = 0, bad_round = 0;
+    char first_enc[700] = "", first_dec[700] = "", first_round[400] = "";
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        if (line[0] == '#' || line[0] == 0) continue;
+        char *f1 = cut(line), *f2 = f1 ? cut(f1) : NULL, *f3 = f2 ? cut(f2) : NULL;
+        if (strcmp(line, "model") == 0 && f1) {
+            if (strcmp(name, "llama2") == 0) {
+                FILE *probe = fopen(f1, "rb");
+                if (!probe) { test_skip("llama2 tokenizer cases", LLAMA_MODEL " not present"); break; }
+                fclose(probe);
+            }
+            snprintf(what, sizeof(what), "%s: load %s", name, f1);
+            loaded = tokenizer_load(&tok, f1) == 0;
+            CHECK(loaded, what, "tokenizer_load failed");
+            if (!loaded) break;
+        } else if (strcmp(line, "meta") == 0 && f1 && loaded) {
+            int n, *m = parse_ids(f1, &n);
+            snprintf(what, sizeof(what), "%s: vocab_size/bos/eos/unk/pad match sentencepiece", name);
+            CHECK(n == 5 && m[0] == tok.vocab_size && m[1] == tok.bos_id && m[2] == tok.eos_id && m[3] == tok.unk_id && m[4] == tok.pad_id,
+                  what, "want %d %d %d %d %d, got %d %d %d %d %d", m[0], m[1], m[2], m[3], m[4],
+                  tok.vocab_size, tok.bos_id, tok.eos_id, tok.unk_id, tok.pad_id);
+            free(m);
+        } else if (strcmp(line, "encode") == 0 && f3 && loaded) {
+            size_t tl, dl;
+            char *in = unhex(f1, &tl), *want_dec = unhex(f3, &dl);
+            int nw, ng;
+            int *want = parse_ids(f2, &nw);
+            int *got = tokenizer_encode(&tok, in, tl, 0, 0, &ng);
+            n_enc++;
+            int d = got ? first_diff(got, ng, want, nw) : 0;
+            if (d >= 0 && bad_enc++ == 0)
+                snprintf(first_enc, sizeof(first_enc), "case %d '%s': %d ids vs %d wanted, first difference at %d: got %d want %d",
+                         n_enc, show(in, tl), ng, nw, d, d < ng ? got[d] : -1, d < nw ? want[d] : -1);
+            // decoding sentencepiece's ids must give sentencepiece's text
+            size_t gl;
+            char *dec = tokenizer_decode(&tok, want, nw, &gl);
+            if (!dec || gl != dl || memcmp(dec, want_dec, dl) != 0) bad_dec_of_enc++;
+            // round trip where sentencepiece's round trip is exact
+            if (dl == tl && memcmp(want_dec, in, tl) == 0) {
+                n_round++;
+                size_t rl;
+                char *rt = got ? tokenizer_decode(&tok, got, ng, &rl) : NULL;
+                if (!rt || rl != tl || memcmp(rt, in, tl) != 0) {
+                    if (bad_round++ == 0) snprintf(first_round, sizeof(first_round), "'%s' came back as '%s'", show(in, tl), rt ? show(rt, rl) : "(null)");
+                }
+                free(rt);
+            }
+            free(in); free(want_dec); free(want); free(got); free(dec);
+        } else if (strcmp(line, "decode") == 0 && f2 && loaded) {
+            size_t wl, gl;
+            int n;
+            int *ids = parse_ids(f1, &n);
+            char *want = unhex(f2, &wl);
+            char *got = tokenizer_decode(&tok, ids, n, &gl);
+            n_dec++;
+            if (!got || gl != wl || memcmp(got, want, wl) != 0) {
+                if (bad_dec++ == 0) snprintf(first_dec, sizeof(first_dec), "ids [%s]: got '%s' want '%s'", f1, got ? show(got, gl) : "(null)", show(want, wl));
+            }
+            free(ids); free(want); free(got);
+        }
+    }
+    if (loaded) {
+        snprintf(what, sizeof(what), "%s: encode matches sentencepiece (%d cases)", name, n_enc);
+        CHECK(bad_enc == 0 && n_enc > 0, what, "%d of %d differ; first: %s", bad_enc, n_enc, first_enc);
+        snprintf(what, sizeof(what), "%s: decode of sentencepiece's ids matches (%d cases)", name, n_enc);
+        CHECK(bad_dec_of_enc == 0, what, "%d of %d differ", bad_dec_of_enc, n_enc);
+        snprintf(what, sizeof(what), "%s: decode(encode(x)) == x where sentencepiece round-trips (%d cases)", name, n_round);
+        CHECK(bad_round == 0, what, "%d of %d differ; first: %s", bad_round, n_round, first_round);
+        snprintf(what, sizeof(what), "%s: decode of id sequences matches (%d cases)", name, n_dec);
+        CHECK(bad_dec == 0 && n_dec > 0, what, "%d of %d differ; first: %s", bad_dec, n_dec, first_dec);
+
+        // BOS/EOS around the plain encoding
+        int n0, n1;
+        int *a = tokenizer_encode(&tok, "Hello world", 11, 0, 0, &n0);
+        int *b = tokenizer_encode(&tok, "Hello world", 11, 1, 1, &n1);
+        snprintf(what, sizeof(what), "%s: bos/eos added around the ids", name);
+        CHECK(a && b && n1 == n0 + 2 && b[0] == tok.bos_id && b[n1 - 1] == tok.eos_id && memcmp(a, b + 1, n0 * sizeof(int)) == 0,
+              what, "n %d vs %d, first %d last %d", n0, n1, b ? b[0] : -9, b ? b[n1 - 1] : -9);
+        free(a); free(b);
+        tokenizer_free(&tok);
+    }
+    free(text);
+}
+
+// ----------------------------------------------------------------------------
+// bad input
+
+static unsigned long long rng_state = 88172645463325252ULL;
+static unsigned rnd(void) { // xorshift64, deterministic
+    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
+    return (unsigned)(rng_state >> 32);
+}
+
+// stderr goes to a temporary file while loading, so that each failure can be
+// checked to come with a message (and thousands of them don't flood the log)
+static FILE *err_file = NULL;
+static char last_msg[512]; // first line the last load printed
+
+// tokenizer_load(path) or, with path NULL, tokenizer_load_from_memory(d, n, "(test input)")
+static int load_captured(Tokenizer *t, const char *path, const unsigned char *d, size_t n) {
+    if (!err_file) err_file = tmpfile();
+    int saved = -1;
+    long start = 0;
+    if (err_file) {
+        fflush(stderr);
+        saved = dup(2);
+        fseek(err_file, 0, SEEK_END);
+        start = ftell(err_file);
+        dup2(fileno(err_file), 2);
+    }
+    int rc = path ? tokenizer_load(t, path) : tokenizer_load_from_memory(t, d, n, "(test input)");
+    last_msg[0] = 0;
+    if (saved >= 0) {
+        fflush(stderr);
+        dup2(saved, 2);
+        close(saved);
+        fseek(err_file, start, SEEK_SET);
+        if (!fgets(last_msg, sizeof(last_msg), err_file)) last_msg[0] = 0;
+        last_msg[strcspn(last_msg, "\n")] = 0;
+    }
+    return rc;
+}
+
+// loads from memory; when it succeeds, the tokenizer must also work.
+// Returns 0 / -1 from the loader, or -2 if a failure left state behind or
+// printed no "error: tokenizer <name>: <problem>" line.
+static int try_load(const unsigned char *d, size_t n) {
+    Tokenizer t;
+    int rc = load_captured(&t, NULL, d, n);
+    if (rc == 0) {
+        static const char s[] = " Hello  w\xc3\xb6rld\xff 123 \xf0\x9f\x98\x80";
+        int k; int *ids = tokenizer_encode(&t, s, sizeof(s) - 1, 1, 1, &k);
+        size_t l; char *dec = tokenizer_decode(&t, ids, k, &l);
+        free(ids); free(dec);
+        tokenizer_free(&t);
+    } else if (t.vocab_size != 0 || t.pieces != NULL || t.table != NULL ||
+               strncmp(last_msg, "error: tokenizer (test input): ", 31) != 0) {
+        rc = -2;
+    }
+    return rc;
+}
+
+// one ok/FAIL line for a load that should give `want`, quoting the message
+static void expect(int got, int want, const char *what) {
+    char w[700];
+    if (want == -1 && got == -1) snprintf(w, sizeof(w), "%s [%s]", what, last_msg);
+    else snprintf(w, sizeof(w), "%s", what);
+    CHECK(got == want, w, "got %d, want %d (%s)", got, want, last_msg);
+}
+
+static void bad_inputs(void) {
+    Tokenizer t;
+    expect(load_captured(&t, "test/fixtures/tokenizer/no_such_file.model", NULL, 0), -1, "nonexistent path -> -1");
+    const char *empty_path = "/tmp/llama2tune_test_tokenizer_empty.model";
+    FILE *f = fopen(empty_path, "wb");
+    if (f) fclose(f);
+    expect(load_captured(&t, empty_path, NULL, 0), -1, "empty file -> -1");
+    remove(empty_path);
+    expect(try_load(NULL, 0), -1, "NULL/empty buffer -> -1");
+    expect(load_captured(&t, "test", NULL, 0), -1, "a directory -> -1");
+
+    size_t n;
+    unsigned char *model = (unsigned char *)slurp(FIXTURES "tok512.model", &n);
+    CHECK(model != NULL, "tok512.model readable", "missing");
+    if (!model) return;
+    CHECK(try_load(model, n) == 0, "tok512.model loads from memory", "failed");
+
+    // truncations: cutting mid-piece or mid-spec must fail; every prefix must be handled
+    expect(try_load(model, n / 2), -1, "truncated at half -> -1");
+    expect(try_load(model, n - 1), -1, "truncated by one byte -> -1");
+    expect(try_load(model, 7), -1, "truncated to 7 bytes -> -1");
+    int weird = 0, ok = 0;
+    for (size_t k = 0; k < n; k++) {
+        int rc = try_load(model, k);
+        if (rc == -2) weird++;
+        ok += rc == 0; // a prefix ending exactly between fields is a valid protobuf; some of those are valid models
+    }
+    char what[200];
+    snprintf(what, sizeof(what), "all %zu prefixes handled (%d load as models, rest -1)", n, ok);
+    CHECK(weird == 0, what, "%d left state behind", weird);
+
+    // specific corruptions
+    unsigned char *buf = (unsigned char *)malloc(n + 4096);
+    memcpy(buf, model, n); buf[0] = 0xFF;
+    expect(try_load(buf, n), -1, "invalid wire type in first tag -> -1");
+    memcpy(buf, model, n); buf[1] = 0xFF;
+    expect(try_load(buf, n), -1, "first piece length corrupted -> -1");
+    for (size_t k = 0; k < 1000; k++) buf[k] = (unsigned char)rnd();
+    expect(try_load(buf, 1000), -1, "1000 bytes of garbage -> -1");
+    memset(buf, 0, 64);
+    expect(try_load(buf, 64), -1, "64 zero bytes -> -1");
+    static const unsigned char huge_len[] = {0x0A, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F};
+    expect(try_load(huge_len, sizeof(huge_len)), -1, "piece claiming a 2^63-byte length -> -1");
+    static const unsigned char long_varint[] = {0x0A, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01};
+    expect(try_load(long_varint, sizeof(long_varint)), -1, "11-byte varint -> -1");
+    memset(buf, 0x0B, 4096); // 4096 nested start-group tags: must not recurse without bound
+    expect(try_load(buf, 4096), -1, "deeply nested groups -> -1");
+
+    // well-formed protobuf saying things we refuse, appended to a good model
+    // (a repeated field gets one more element; a sub-message is merged)
+    static const struct { const char *what; int want; unsigned char len, bytes[16]; } appended[] = {
+        {"trainer_spec model_type UNIGRAM -> -1", -1, 4, {0x12, 0x02, 0x18, 0x01}},
+        {"normalizer rule nfkc -> -1", -1, 8, {0x1A, 0x06, 0x0A, 0x04, 'n', 'f', 'k', 'c'}},
+        {"precompiled charsmap -> -1", -1, 5, {0x1A, 0x03, 0x12, 0x01, 'x'}},
+        {"denormalizer charsmap -> -1", -1, 5, {0x2A, 0x03, 0x12, 0x01, 'x'}},
+        {"treat_whitespace_as_suffix -> -1", -1, 5, {0x12, 0x03, 0xC0, 0x01, 0x01}},
+        {"escape_whitespaces=false -> -1", -1, 4, {0x1A, 0x02, 0x28, 0x00}},
+        {"second UNKNOWN piece -> -1", -1, 9, {0x0A, 0x07, 0x0A, 0x03, 'x', 'y', 'z', 0x18, 0x02}},
+        {"empty piece -> -1", -1, 4, {0x0A, 0x02, 0x18, 0x01}},
+        {"malformed byte piece name -> -1", -1, 12, {0x0A, 0x0A, 0x0A, 0x06, '<', '0', 'x', '4', 'g', '>', 0x18, 0x06}},
+        {"lower-case byte piece name -> -1", -1, 12, {0x0A, 0x0A, 0x0A, 0x06, '<', '0', 'x', '4', 'a', '>', 0x18, 0x06}},
+        {"duplicate byte piece -> -1", -1, 12, {0x0A, 0x0A, 0x0A, 0x06, '<', '0', 'x', '4', '1', '>', 0x18, 0x06}},
+        // sentencepiece allows one string in both maps ("<0x41>" as NORMAL and BYTE)
+        {"normal piece with a byte piece's string loads", 0, 12, {0x0A, 0x0A, 0x0A, 0x06, '<', '0', 'x', '4', '1', '>', 0x18, 0x01}},
+        // unknown fields of every wire type are skipped
+        {"unknown fields (all wire types) are skipped", 0, 16,
+         {0x30, 0x05, 0x39, 1, 2, 3, 4, 5, 6, 7, 8, 0x3D, 1, 2, 3, 4}},
+        {"unknown group field is skipped", 0, 6, {0x43, 0x08, 0x01, 0x44, 0x48, 0x00}},
+        {"unmatched end-group -> -1", -1, 1, {0x44}},
+    };
+    for (size_t k = 0; k < sizeof(appended) / sizeof(appended[0]); k++) {
+        memcpy(buf, model, n); memcpy(buf + n, appended[k].bytes, appended[k].len);
+        expect(try_load(buf, n + appended[k].len), appended[k].want, appended[k].what);
+    }
+    // a duplicate of an existing normal piece
+    {
+        if (tokenizer_load_from_memory(&t, model, n, "tok512") == 0) {
+            int id = t.vocab_size - 1;
+            size_t pl = strlen(t.pieces[id]);
+            unsigned char extra[64];
+            extra[0] = 0x0A; extra[1] = (unsigned char)(pl + 2); extra[2] = 0x0A; extra[3] = (unsigned char)pl;
+            memcpy(extra + 4, t.pieces[id], pl);
+            memcpy(buf, model, n); memcpy(buf + n, extra, pl + 4);
+            expect(try_load(buf, n + pl + 4), -1, "duplicate piece -> -1");
+            tokenizer_free(&t);
+        }
+    }
+    // one piece longer than TOKENIZER_MAX_PIECE_LEN
+    {
+        size_t pl = TOKENIZER_MAX_PIECE_LEN + 1;
+        unsigned char *big = (unsigned char *)malloc(n + pl + 16);
+        memcpy(big, model, n);
+        size_t o = n;
+        big[o++] = 0x0A; big[o++] = (unsigned char)(((pl + 3) & 0x7F) | 0x80); big[o++] = (unsigned char)((pl + 3) >> 7);
+        big[o++] = 0x0A; big[o++] = (unsigned char)((pl & 0x7F) | 0x80); big[o++] = (unsigned char)(pl >> 7);
+        memset(big + o, 'a', pl); o += pl;
+        expect(try_load(big, o), -1, "piece longer than the limit -> -1");
+        free(big);
+    }
+    // more pieces than TOKENIZER_MAX_PIECES (tiny ones): refused before allocating per piece
+    {
+        size_t count = (size_t)TOKENIZER_MAX_PIECES + 1, sz = count * 5;
+        unsigned char *many = (unsigned char *)malloc(sz);
+        for (size_t k = 0; k < count; k++) {
+            unsigned char *p = many + 5 * k;
+            p[0] = 0x0A; p[1] = 0x03; p[2] = 0x0A; p[3] = 0x01; p[4] = 'a';
+        }
+        expect(try_load(many, sz), -1, "more pieces than the limit -> -1");
+        free(many);
+    }
+    // random byte flips: each either loads (and then works) or returns -1
+    int flips_ok = 0, flips_bad = 0;
+    for (int it = 0; it < 3000; it++) {
+        memcpy(buf, model, n);
+        int k = 1 + (int)(rnd() % 8);
+        for (int j = 0; j < k; j++) buf[rnd() % n] ^= (unsigned char)(1 + rnd() % 255);
+        int rc = try_load(buf, n);
+        if (rc == 0) flips_ok++;
+        else if (rc == -2) flips_bad++;
+    }
+    snprintf(what, sizeof(what), "3000 models with flipped bytes handled (%d still load)", flips_ok);
+    CHECK(flips_bad == 0, what, "%d left state behind", flips_bad);
+    free(buf);
+    free(model);
+}
+
+// API details that don't need sentencepiece
+static void api_details(void) {
+    Tokenizer t;
+    if (tokenizer_load(&t, FIXTURES "tok1000.model") != 0) { CHECK(0, "load tok1000", "failed"); return; }
+    CHECK(tokenizer_piece(&t, -1) == NULL && tokenizer_piece(&t, t.vocab_size) == NULL, "tokenizer_piece out of range -> NULL", "not NULL");
+    CHECK(tokenizer_piece(&t, t.bos_id) && strcmp(tokenizer_piece(&t, t.bos_id), "<s>") == 0, "tokenizer_piece(bos) == <s>", "got %s", tokenizer_piece(&t, t.bos_id));
+    int n;
+    int *ids = tokenizer_encode(&t, "", 0, 1, 1, &n);
+    CHECK(ids && n == 2 && ids[0] == t.bos_id && ids[1] == t.eos_id, "encode empty with bos/eos", "n=%d", n);
+    free(ids);
+    ids = tokenizer_encode(&t, NULL, 0, 0, 0, &n);
+    CHECK(ids && n == 0, "encode NULL,0 -> no ids", "n=%d", n);
+    free(ids);
+    ids = tokenizer_encode(&t, "Hello world", 11, 0, 0, &n);
+    int *withbad = (int *)malloc((n + 3) * sizeof(int));
+    withbad[0] = -5; memcpy(withbad + 1, ids, n * sizeof(int)); withbad[n + 1] = t.vocab_size; withbad[n + 2] = 1 << 30;
+    size_t l1, l2;
+    char *a = tokenizer_decode(&t, ids, n, &l1), *b = tokenizer_decode(&t, withbad, n + 3, &l2);
+    CHECK(a && b && l1 == 11 && l1 == l2 && strcmp(a, "Hello world") == 0 && strcmp(a, b) == 0, "decode skips out-of-range ids", "'%s' vs '%s'", a, b);
+    free(a); free(b); free(ids); free(withbad);
+    a = tokenizer_decode(&t, NULL, 0, &l1);
+    CHECK(a && l1 == 0 && a[0] == 0, "decode of nothing is \"\"", "len %zu", l1);
+    free(a);
+    tokenizer_free(&t);
+    tokenizer_free(&t); // twice is harmless
+}
+
+int main(void) {
+    (void)max_rel_err; // from test_common.h, not needed here
+    static const char *const names[] = {"tok512", "tok1000", "tok4000", "variant", "unused", "llama2"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        char path[256];
+        snprintf(path, sizeof(path), FIXTURES "%s_expected.txt", names[i]);
+        run_fixture(names[i], path);
+    }
+    api_details();
+    bad_inputs();
+    return test_summary();
+}
