@@ -30,18 +30,6 @@ static void test_check(int cond, const char *what, const char *fmt, ...) {
 
 static void test_skip(const char *what, const char *why) { printf("SKIP %s: %s\n", what, why); }
 
-// worst relative error of got against want, relative to max(|want|, floor):
-// the floor keeps elements near zero from dominating (stated per call site).
-static double max_rel_err(const float *got, const float *want, size_t n, double floor_, size_t *worst) {
-    double m = 0; size_t w = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]) / fmax(fabs((double)want[i]), floor_);
-        if (!(d <= m)) { m = d; w = i; } // NaN also lands here
-    }
-    if (worst) *worst = w;
-    return m;
-}
-
 static int test_summary(void) {
     fflush(stdout);
     return test_failed ? 1 : 0;

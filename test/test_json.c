@@ -317,7 +317,6 @@ static void test_mutations(void) {
 }
 
 int main(void) {
-    (void)max_rel_err;
     test_valid();
     test_invalid();
     test_write();

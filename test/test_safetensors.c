@@ -293,7 +293,8 @@ static void test_fixtures(void) {
               same_float(f[1], want[1]) && same_float(f[4], want[4]) && same_float(f[5], want[5]) && f[3] == want[3],
           "f32 [2,3] read", "");
     size_t worst = 0;
-    CHECK(t && max_rel_err(f, want, 4, 1e-30, &worst) == 0, "f32 values exact", "element %zu", worst);
+    while (t && worst < 4 && f[worst] == want[worst]) worst++;
+    CHECK(t && worst == 4, "f32 values exact", "element %zu", worst);
     float g[2];
     CHECK(t && st_read_f32(&sf, t, 4, 2, g) == 0 && same_float(g[0], 1e-45f) && isinf(g[1]), "f32 sub-range [4, 6)", "");
     capture_begin();

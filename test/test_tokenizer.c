@@ -407,7 +407,6 @@ static void api_details(void) {
 }
 
 int main(void) {
-    (void)max_rel_err; // from test_common.h, not needed here
     static const char *const names[] = {"tok512", "tok1000", "tok4000", "variant", "unused", "llama2"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char path[256];
