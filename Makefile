@@ -38,7 +38,7 @@ test: train_llama2 $(TESTS)
 run: train_llama2
 	./train_llama2 --model test/fixtures/tiny_gqa --data test/fixtures/data.jsonl --max_seq_len 64 \
 	    --batch_size 4 --max_steps 30 --lr 1e-2 --lora_r 8 --lora_target_modules all-linear \
-	    --warmup_steps 3 --output_dir out/tiny_lora --metrics_file out/tiny_lora_metrics.jsonl
+	    --warmup_steps 3 --output_dir out/tiny_lora --metrics_file out/tiny_lora/metrics.jsonl
 
 clean:
 	rm -f train_llama2 $(TESTS) dev/bench_tokenizer

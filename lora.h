@@ -154,7 +154,7 @@ static void lora_key(char *buf, size_t n, int layer, int t, char ab) {
 }
 
 static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model) {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if (mkdir_p(dir) != 0) {
         fprintf(stderr, "error: cannot create output directory '%s': %s\n", dir, strerror(errno));
         return -1;
     }

@@ -72,6 +72,21 @@ static inline void gemm_kernel(int kc, const float *a, const float *b, float *C,
         for (int j = 0; j < nr; j++) C[(size_t)i * ldc + j] += tile[i][j];
 }
 
+// dst[k][i] = scale * X(i0 + i, k0 + k) for a strip of w rows (i) of a matrix X (n, K) that is
+// stored row-major (X[i * ld + k]) when rowmajor, else transposed (X[k * ld + i])
+static void gemm_pack(float *dst, const float *X, int ld, int rowmajor, size_t i0, size_t n, int k0, int kc, int w,
+                      float scale) {
+    for (int i = 0; i < w; i++) {
+        if (i0 + i >= n) { for (int k = 0; k < kc; k++) dst[k * w + i] = 0.0f; continue; }
+        if (rowmajor) {
+            const float *row = X + (i0 + i) * ld + k0;
+            for (int k = 0; k < kc; k++) dst[k * w + i] = scale * row[k];
+        } else {
+            for (int k = 0; k < kc; k++) dst[k * w + i] = scale * X[(size_t)(k0 + k) * ld + i0 + i];
+        }
+    }
+}
+
 static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int transA,
                  const float *B, int ldb, int transB, float *C, int ldc, int accumulate) {
     if (!accumulate)
@@ -89,30 +104,14 @@ static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int 
     float *ap = gemm_scratch, *bp = gemm_scratch + Mp * GEMM_KC;
     for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
         int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
-        // pack alpha * A into strips of MR rows: ap[strip][k][i]
+        // pack alpha * A into strips of MR rows, ap[strip][k][i], and B into strips of
+        // NR columns, bp[strip][k][j]; padding is zero. Reads run along memory.
         #pragma omp parallel for
-        for (size_t s = 0; s < Mp / GEMM_MR; s++) {
-            float *dst = ap + s * GEMM_MR * kc;
-            for (int k = 0; k < kc; k++)
-                for (int i = 0; i < GEMM_MR; i++) {
-                    size_t row = s * GEMM_MR + i;
-                    float v = 0.0f;
-                    if (row < (size_t)M) v = transA ? A[(size_t)(k0 + k) * lda + row] : A[row * lda + k0 + k];
-                    dst[k * GEMM_MR + i] = alpha * v;
-                }
-        }
-        // pack B into strips of NR columns: bp[strip][k][j]
+        for (size_t s = 0; s < Mp / GEMM_MR; s++)
+            gemm_pack(ap + s * GEMM_MR * kc, A, lda, !transA, s * GEMM_MR, (size_t)M, k0, kc, GEMM_MR, alpha);
         #pragma omp parallel for
-        for (size_t s = 0; s < Np / GEMM_NR; s++) {
-            float *dst = bp + s * GEMM_NR * kc;
-            for (int k = 0; k < kc; k++)
-                for (int j = 0; j < GEMM_NR; j++) {
-                    size_t col = s * GEMM_NR + j;
-                    float v = 0.0f;
-                    if (col < (size_t)N) v = transB ? B[col * ldb + k0 + k] : B[(size_t)(k0 + k) * ldb + col];
-                    dst[k * GEMM_NR + j] = v;
-                }
-        }
+        for (size_t s = 0; s < Np / GEMM_NR; s++)
+            gemm_pack(bp + s * GEMM_NR * kc, B, ldb, transB, s * GEMM_NR, (size_t)N, k0, kc, GEMM_NR, 1.0f);
         int nbm = (int)((Mp + GEMM_MC - 1) / GEMM_MC), nbn = (int)((Np + GEMM_NC - 1) / GEMM_NC);
         #pragma omp parallel for collapse(2) schedule(dynamic)
         for (int bn = 0; bn < nbn; bn++)
@@ -517,6 +516,7 @@ static void attention_forward(float *out, float *att, const float *q, const floa
                 for (int s = 0; s <= t; s++) {
                     const float *ks = k + (((size_t)b * T + s) * NKV + kh) * hd;
                     float dot = 0;
+                    #pragma omp simd reduction(+ : dot) // a fixed vector order: deterministic
                     for (int d = 0; d < hd; d++) dot += qt[d] * ks[d];
                     a[s] = dot * scale;
                     if (a[s] > maxv) maxv = a[s];
@@ -559,7 +559,9 @@ static void attention_backward(float *dq, float *dk, float *dv, float *datt, con
                         const float *vs = v + (((size_t)b * T + s) * NKV + kh) * hd;
                         float *dvs = dv + (((size_t)b * T + s) * NKV + kh) * hd;
                         float x = 0;
-                        for (int d = 0; d < hd; d++) { x += dot_[d] * vs[d]; dvs[d] += a[s] * dot_[d]; }
+                        #pragma omp simd reduction(+ : x)
+                        for (int d = 0; d < hd; d++) x += dot_[d] * vs[d];
+                        for (int d = 0; d < hd; d++) dvs[d] += a[s] * dot_[d];
                         da[s] = x;
                         sum += (double)x * a[s];
                     }
@@ -738,14 +740,14 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
             float *z = lg + (size_t)t * V;
             int y = targets[b * T + t];
             if (y < 0) { if (grad_scale != 0.0f) memset(z, 0, V * sizeof(float)); continue; }
-            float maxv = -INFINITY;
+            float maxv = -INFINITY, zy = z[y];
             for (int i = 0; i < V; i++) maxv = z[i] > maxv ? z[i] : maxv;
             double sum = 0;
-            for (int i = 0; i < V; i++) sum += expf(z[i] - maxv);
-            double lse = maxv + log(sum);
-            row_loss += lse - z[y];
+            for (int i = 0; i < V; i++) { z[i] = expf(z[i] - maxv); sum += z[i]; } // z now holds exp(z - max)
+            row_loss += maxv + log(sum) - zy;
             if (grad_scale != 0.0f) { // dz = grad_scale * (softmax(z) - onehot(y))
-                for (int i = 0; i < V; i++) z[i] = grad_scale * (float)exp(z[i] - lse);
+                float s = (float)(grad_scale / sum);
+                for (int i = 0; i < V; i++) z[i] *= s;
                 z[y] -= grad_scale;
             }
         }
@@ -1049,7 +1051,7 @@ static int copy_file(const char *from, const char *to) {
 }
 
 static int model_save_hf(const Model *m, const char *dir, const char *model_dir, const char *tokpath) {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if (mkdir_p(dir) != 0) {
         fprintf(stderr, "error: cannot create output directory '%s': %s\n", dir, strerror(errno));
         return -1;
     }
@@ -1091,6 +1093,10 @@ static int train(const TrainConfig *tc) {
 #ifdef _OPENMP
     if (tc->threads > 0) omp_set_num_threads(tc->threads);
 #endif
+    if (mkdir_p(tc->output_dir) != 0) {
+        fprintf(stderr, "error: cannot create --output_dir '%s': %s\n", tc->output_dir, strerror(errno));
+        return 1;
+    }
     char tokpath[4096];
     if (tc->tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", tc->tokenizer);
     else snprintf(tokpath, sizeof tokpath, "%s/tokenizer.model", tc->model);

@@ -79,6 +79,26 @@ static int write_bytes_atomic(const char *path, const void *data, size_t n) {
     return 0;
 }
 
+// mkdir -p: 0 ok, -1 with errno set
+#include <sys/stat.h>
+static int mkdir_p(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) { errno = ENAMETOOLONG; return -1; }
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != 0) continue;
+        char c = buf[i];
+        buf[i] = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+        buf[i] = c;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) { errno = ENOTDIR; return -1; }
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 // random numbers: splitmix64, used both as a stream (init, shuffling) and as a
 // counter-based hash (dropout masks), so results never depend on thread count.
