@@ -207,18 +207,10 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
 // in[] / out[]; everything in the files is checked against them. 0 ok, -1 with a message.
 static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[LORA_N_TARGETS],
                           const int out[LORA_N_TARGETS]) {
-    char path[4096], err[256];
+    char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    size_t len;
-    char *text = read_file(path, &len);
-    if (!text) { fprintf(stderr, "error: %s: cannot read: %s\n", path, strerror(errno)); return -1; }
     JsonValue cfg;
-    if (json_parse(text, len, &cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "error: %s: invalid JSON: %s\n", path, err);
-        free(text);
-        return -1;
-    }
-    free(text);
+    if (json_load_file(path, &cfg) != 0) return -1;
     int rc = -1;
     const JsonValue *v;
     const char *s;

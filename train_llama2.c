@@ -175,16 +175,11 @@ static int config_int(const JsonValue *cfg, const char *path, const char *key, i
 }
 
 static int config_load(Config *c, const char *model_dir) {
-    char path[4096], err[256];
+    char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
-    size_t len;
-    char *text = read_file(path, &len);
-    if (!text) { fprintf(stderr, "error: %s: cannot read: %s\n", path, strerror(errno)); return -1; }
     JsonValue j;
-    int rc = json_parse(text, len, &j, err, sizeof err);
-    free(text);
-    if (rc != 0) { fprintf(stderr, "error: %s: invalid JSON: %s\n", path, err); return -1; }
-    rc = -1;
+    if (json_load_file(path, &j) != 0) return -1;
+    int rc = -1;
     const char *s;
     double d;
     int b;
@@ -876,7 +871,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"val_data", OPT_STR, &(tc)->val_data, "", "validation data in the same format (evaluated at the end and every --eval_every steps)", 0, 0}, \
     {"output_dir", OPT_STR, &(tc)->output_dir, "output", "where the PEFT adapter (or the full model) is written at the end", 0, 0}, \
     {"tokenizer", OPT_STR, &(tc)->tokenizer, "", "tokenizer.model to use (default: the one in --model)", 0, 0}, \
-    {"metrics_file", OPT_STR, &(tc)->metrics_file, "", "append one JSON object per step / evaluation to this file", 0, 0}, \
+    {"metrics_file", OPT_STR, &(tc)->metrics_file, "", "write one JSON object per step and per evaluation to this file", 0, 0}, \
     {"max_seq_len", OPT_INT, &(tc)->max_seq_len, "512", "sequences are truncated to this many tokens", 2, 1 << 20}, \
     {"batch_size", OPT_INT, &(tc)->batch_size, "4", "rows per micro-batch", 1, 1 << 16}, \
     {"gradient_accumulation_steps", OPT_INT, &(tc)->grad_accum, "1", "micro-batches per optimizer step", 1, 1 << 16}, \

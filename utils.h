@@ -79,6 +79,19 @@ static int write_bytes_atomic(const char *path, const void *data, size_t n) {
     return 0;
 }
 
+// reads and parses a JSON file: 0 ok, -1 with an error naming the file printed
+#include "json.h"
+static int json_load_file(const char *path, JsonValue *out) {
+    size_t len;
+    char err[256];
+    char *text = read_file(path, &len);
+    if (!text) { fprintf(stderr, "error: %s: cannot read: %s\n", path, strerror(errno)); return -1; }
+    int rc = json_parse(text, len, out, err, sizeof err);
+    free(text);
+    if (rc != 0) fprintf(stderr, "error: %s: invalid JSON: %s\n", path, err);
+    return rc;
+}
+
 // mkdir -p: 0 ok, -1 with errno set
 #include <sys/stat.h>
 static int mkdir_p(const char *path) {

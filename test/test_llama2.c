@@ -17,13 +17,8 @@
 #include "test_common.h"
 
 static JsonValue read_json(const char *path) {
-    size_t len;
-    char err[256];
-    char *text = read_file(path, &len);
-    if (!text) die("%s: cannot read: %s", path, strerror(errno));
     JsonValue v;
-    if (json_parse(text, len, &v, err, sizeof err) != 0) die("%s: %s", path, err);
-    free(text);
+    if (json_load_file(path, &v) != 0) exit(1);
     return v;
 }
 
