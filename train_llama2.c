@@ -283,6 +283,13 @@ static void param_name(int p, int layer, char *buf, size_t n) {
     snprintf(buf, n, fmt[p], layer);
 }
 
+// the tensors' pointers in enum order, for loops over all of them
+static void param_tensors(const ParameterTensors *t, float *out[NUM_PARAM_TENSORS]) {
+    float *p[NUM_PARAM_TENSORS] = {t->embed, t->attn_norm, t->wq, t->wk, t->wv, t->wo,
+                                   t->mlp_norm, t->wgate, t->wup, t->wdown, t->norm, t->head};
+    memcpy(out, p, sizeof p);
+}
+
 // points the tensors into a flat buffer laid out in enum order; returns its size
 static size_t param_layout(const Config *c, ParameterTensors *t, float *base) {
     float **ptrs[NUM_PARAM_TENSORS] = {&t->embed, &t->attn_norm, &t->wq, &t->wk, &t->wv, &t->wo,
@@ -355,8 +362,8 @@ static int model_load(Model *m, const char *dir) {
     m->num_params = param_layout(c, &m->w, NULL);
     m->params = (float *)mallocCheck(m->num_params * sizeof(float));
     param_layout(c, &m->w, m->params);
-    float *ptrs[NUM_PARAM_TENSORS] = {m->w.embed, m->w.attn_norm, m->w.wq, m->w.wk, m->w.wv, m->w.wo,
-                                      m->w.mlp_norm, m->w.wgate, m->w.wup, m->w.wdown, m->w.norm, m->w.head};
+    float *ptrs[NUM_PARAM_TENSORS];
+    param_tensors(&m->w, ptrs);
     char name[256];
     int rc = 0;
     for (int p = 0; p < NUM_PARAM_TENSORS && rc == 0; p++) {
@@ -1051,8 +1058,8 @@ static int model_save_hf(const Model *m, const char *dir, const char *model_dir,
         return -1;
     }
     const Config *c = &m->config;
-    const float *ptrs[NUM_PARAM_TENSORS] = {m->w.embed, m->w.attn_norm, m->w.wq, m->w.wk, m->w.wv, m->w.wo,
-                                            m->w.mlp_norm, m->w.wgate, m->w.wup, m->w.wdown, m->w.norm, m->w.head};
+    float *ptrs[NUM_PARAM_TENSORS];
+    param_tensors(&m->w, ptrs);
     int cap = NUM_PARAM_TENSORS * c->n_layers, n = 0;
     StWriteTensor *ts = (StWriteTensor *)callocCheck(cap, sizeof(StWriteTensor));
     char (*names)[128] = (char (*)[128])mallocCheck((size_t)cap * 128);

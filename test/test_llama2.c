@@ -107,10 +107,9 @@ static int list_trainables(Model *m, Trainable *out) {
         return n;
     }
     Config *c = &m->config;
-    float *w[NUM_PARAM_TENSORS] = {m->w.embed, m->w.attn_norm, m->w.wq, m->w.wk, m->w.wv, m->w.wo,
-                                   m->w.mlp_norm, m->w.wgate, m->w.wup, m->w.wdown, m->w.norm, m->w.head};
-    float *g[NUM_PARAM_TENSORS] = {m->g.embed, m->g.attn_norm, m->g.wq, m->g.wk, m->g.wv, m->g.wo,
-                                   m->g.mlp_norm, m->g.wgate, m->g.wup, m->g.wdown, m->g.norm, m->g.head};
+    float *w[NUM_PARAM_TENSORS], *g[NUM_PARAM_TENSORS];
+    param_tensors(&m->w, w);
+    param_tensors(&m->g, g);
     for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
         if (p == P_HEAD && c->tied) continue;
         int64_t rows, cols;
