@@ -101,22 +101,36 @@ static void lora_init(LoRA *l, uint64_t seed) {
         }
 }
 
+// Where the N rows of a layer's input sit in the batch: the trainer runs a
+// batch of B sequences of T tokens in chunks, and row n of a chunk is position
+// t0 + n % len of sequence n / len. Whole-sequence training is t0 = 0, len = T.
+typedef struct { int B, T, t0, len; } Chunk;
+
 // dropout as torch's nn.Dropout: zero with probability p, scale survivors by 1/(1-p).
-// The mask is a hash of (key, element), so forward and backward regenerate it
-// instead of storing it, and it is the same for any number of threads.
-static void lora_dropout(const LoRA *l, float *out, const float *inp, size_t n, uint64_t key) {
+// The mask is a hash of (key, absolute position, feature), so forward and backward
+// regenerate it instead of storing it, it is the same for any number of threads,
+// and a chunked run drops exactly what a whole-sequence run drops.
+static void lora_dropout(const LoRA *l, float *out, const float *inp, int in, const Chunk *ch, uint64_t key) {
     float keep_scale = 1.0f / (1.0f - l->dropout);
+    int N = ch->B * ch->len;
     #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) out[i] = hash_uniform(key, i) < l->dropout ? 0.0f : inp[i] * keep_scale;
+    for (int n = 0; n < N; n++) {
+        uint64_t pos = (uint64_t)(n / ch->len) * ch->T + ch->t0 + n % ch->len;
+        for (int j = 0; j < in; j++) {
+            size_t i = (size_t)n * in + j;
+            out[i] = hash_uniform(key, pos * in + j) < l->dropout ? 0.0f : inp[i] * keep_scale;
+        }
+    }
 }
 static uint64_t lora_dropout_key(uint64_t key, int layer, int t) { return splitmix64(key ^ (uint64_t)(layer * LORA_N_TARGETS + t + 1)); }
 
-// out (N, out) += scale * (dropout(inp) (N, in) @ A^T) @ B^T; h (N, r) is kept for the backward.
-// xdrop is scratch of N * in floats, used only when dropout > 0.
+// out (N, out) += scale * (dropout(inp) (N, in) @ A^T) @ B^T with N = B * len rows;
+// h (N, r) is kept for the backward. xdrop is scratch of N * in floats, used only when dropout > 0.
 static void lora_forward(const LoRA *l, int layer, int t, float *out, const float *inp, float *h,
-                         float *xdrop, int N, uint64_t key) {
+                         float *xdrop, const Chunk *ch, uint64_t key) {
     const float *x = inp;
-    if (l->training && l->dropout > 0.0f) { lora_dropout(l, xdrop, inp, (size_t)N * l->in[t], lora_dropout_key(key, layer, t)); x = xdrop; }
+    int N = ch->B * ch->len;
+    if (l->training && l->dropout > 0.0f) { lora_dropout(l, xdrop, inp, l->in[t], ch, lora_dropout_key(key, layer, t)); x = xdrop; }
     matmul_forward(h, x, lora_A(l, l->params, layer, t), N, l->in[t], l->r, 1.0f, 0);
     matmul_forward(out, h, lora_B(l, l->params, layer, t), N, l->r, l->out[t], l->scale, 1);
 }
@@ -124,8 +138,8 @@ static void lora_forward(const LoRA *l, int layer, int t, float *out, const floa
 // given dout (N, out): dB += scale dout^T h, dA += dh^T dropout(x) with dh = scale dout B,
 // and dinp (N, in) += dropout'(dh A). dh is scratch (N, r); xdrop as in the forward.
 static void lora_backward(LoRA *l, int layer, int t, float *dinp, const float *dout, const float *inp,
-                          const float *h, float *dh, float *xdrop, int N, uint64_t key) {
-    int in = l->in[t], r = l->r;
+                          const float *h, float *dh, float *xdrop, const Chunk *ch, uint64_t key) {
+    int in = l->in[t], r = l->r, N = ch->B * ch->len;
     memset(dh, 0, (size_t)N * r * sizeof(float));
     // dh = scale * dout @ B and dB += scale * dout^T @ h
     matmul_backward(dh, lora_B(l, l->grads, layer, t), dout, h, lora_B(l, l->params, layer, t), N, r, l->out[t], l->scale);
@@ -137,11 +151,11 @@ static void lora_backward(LoRA *l, int layer, int t, float *dinp, const float *d
     // with dropout the input gradient passes through the same mask: compute dx_drop, then mask it in
     memset(xdrop, 0, (size_t)N * in * sizeof(float));
     matmul_backward(xdrop, NULL, dh, NULL, lora_A(l, l->params, layer, t), N, in, r, 1.0f);
-    lora_dropout(l, xdrop, xdrop, (size_t)N * in, dkey);
+    lora_dropout(l, xdrop, xdrop, in, ch, dkey);
     #pragma omp parallel for
     for (size_t i = 0; i < (size_t)N * in; i++) dinp[i] += xdrop[i];
     // dA += dh^T @ dropout(x): regenerate the dropped input once more (xdrop now holds dx)
-    lora_dropout(l, xdrop, inp, (size_t)N * in, dkey);
+    lora_dropout(l, xdrop, inp, in, ch, dkey);
     matmul_backward(NULL, lora_A(l, l->grads, layer, t), dh, xdrop, NULL, N, in, r, 1.0f);
 }
 

@@ -304,35 +304,49 @@ static size_t param_layout(const Config *c, ParameterTensors *t, float *base) {
 }
 
 // ----------------------------------------------------------------------------
-// activations kept for the backward pass, sized for B rows of T tokens
+// activations, run chunk by chunk (DESIGN section 4)
+//
+// A batch of B sequences of T tokens runs in chunks of C positions (C = T: the
+// whole sequence). Attention needs the keys and values of every earlier position,
+// so those live for the whole sequence in the KV carry; everything else a chunk's
+// backward needs is kept per chunk: for every chunk until its backward ("keep"),
+// or for one chunk at a time, re-running its forward just before its backward
+// ("recompute"), so activation memory grows with C, not with T.
 
 typedef struct {
-    float *resid;      // (L+1, B, T, D) input of each layer, and the final residual
-    float *ln1;        // (L, B, T, D)
-    float *rstd1;      // (L, B, T)
-    float *q;          // (L, B, T, NH*hd) after RoPE
-    float *k;          // (L, B, T, NKV*hd) after RoPE
-    float *v;          // (L, B, T, NKV*hd)
-    float *att;        // (L, B, NH, T, T) attention probabilities
-    float *atty;       // (L, B, T, NH*hd)
-    float *resid_mid;  // (L, B, T, D) after the attention block
-    float *ln2;        // (L, B, T, D)
-    float *rstd2;      // (L, B, T)
-    float *gate;       // (L, B, T, H) pre-activation
-    float *up;         // (L, B, T, H)
-    float *hmlp;       // (L, B, T, H) silu(gate) * up
-    float *lnf;        // (B, T, D)
-    float *rstdf;      // (B, T)
-    float *lora_h;     // (L, 7, B, T, r) LoRA A-projections
-    float *logits;     // (T, V) one row at a time
-    // backward scratch
-    float *dresid;     // (B, T, D)
-    float *dln;        // (B, T, D)
-    float *dq, *dk, *dv, *datty; // (B, T, NH*hd / NKV*hd)
-    float *dgate, *dup, *dhmlp;  // (B, T, H)
-    float *datt;       // (B, NH, T, T)
-    float *lora_dh;    // (B, T, r)
-    float *xdrop;      // (B, T, max(D, H, NH*hd)) LoRA dropout scratch
+    float *resid;      // (L+1, B, C, D) input of each layer, and the final residual
+    float *ln1;        // (L, B, C, D)
+    float *rstd1;      // (L, B, C)
+    float *q;          // (L, B, C, NH*hd) after RoPE
+    float *lse;        // (L, B, NH, C) log-sum-exp of each query's attention scores
+    float *atty;       // (L, B, C, NH*hd) attention output
+    float *resid_mid;  // (L, B, C, D) after the attention block
+    float *ln2;        // (L, B, C, D)
+    float *rstd2;      // (L, B, C)
+    float *gate;       // (L, B, C, H) pre-activation
+    float *up;         // (L, B, C, H)
+    float *hmlp;       // (L, B, C, H) silu(gate) * up
+    float *lora_h;     // (L, 7, B, C, r) LoRA A-projections
+} ChunkActs;
+
+typedef struct {
+    ChunkActs *chunk;  // (n_slots) one per chunk in keep mode, one in all in recompute mode
+    int n_slots;
+    float *k, *v;      // (L, B, T, NKV*hd) the KV carry (keys after RoPE)
+    float *dk, *dv;    // (L, B, T, NKV*hd) the dKV carry: gradients for earlier positions
+    // scratch for one chunk
+    int *tokens;       // (B, C)
+    float *lnf;        // (B, C, D)
+    float *rstdf;      // (B, C)
+    float *logits;     // (ceil(C / num_output_chunks), V) one piece of one row at a time
+    float *kv;         // (B, C, NKV*hd) a chunk's keys or values before they enter the carry
+    float *dresid;     // (B, C, D)
+    float *dln;        // (B, C, D)
+    float *dq, *datty; // (B, C, NH*hd)
+    float *dgate, *dup, *dhmlp;  // (B, C, H)
+    float *lora_dh;    // (B, C, r)
+    float *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch
+    size_t act_bytes, carry_bytes; // what the activations and the two carries hold
 } Activations;
 
 typedef struct {
@@ -347,6 +361,9 @@ typedef struct {
     int use_lora;
     Activations a;
     int B, T;                 // activation capacity
+    int chunk_size;           // C (== T: whole sequence)
+    int recompute;            // chunk memory mode: 1 recompute, 0 keep
+    int num_output_chunks;    // the output head runs in this many pieces of a chunk
     float *rope_cos, *rope_sin; // (T, hd/2)
     uint64_t dropout_key;     // set per micro-batch by the training loop
 } Model;
@@ -480,13 +497,15 @@ static void rope_tables(float *cosb, float *sinb, int T, int hd, float theta) {
         }
     }
 }
-// rotates x (N, nh, hd) in place at positions t = i % T; inverse = 1 applies the transpose (backward)
-static void rope_forward(float *x, const float *cosb, const float *sinb, int N, int T, int nh, int hd, int inverse) {
-    int half = hd / 2;
+// rotates x (B, len, nh, hd) of chunk ch in place, row n at position t0 + n % len;
+// inverse = 1 applies the transpose (the backward)
+static void rope_forward(float *x, const float *cosb, const float *sinb, const Chunk *ch, int nh, int hd, int inverse) {
+    int half = hd / 2, N = ch->B * ch->len;
     float sgn = inverse ? -1.0f : 1.0f;
     #pragma omp parallel for
     for (int i = 0; i < N; i++) {
-        const float *c = cosb + (size_t)(i % T) * half, *s = sinb + (size_t)(i % T) * half;
+        size_t pos = ch->t0 + i % ch->len;
+        const float *c = cosb + pos * half, *s = sinb + pos * half;
         for (int h = 0; h < nh; h++) {
             float *v = x + ((size_t)i * nh + h) * hd;
             for (int j = 0; j < half; j++) {
@@ -497,85 +516,95 @@ static void rope_forward(float *x, const float *cosb, const float *sinb, int N, 
         }
     }
 }
-static void rope_backward(float *dx, const float *cosb, const float *sinb, int N, int T, int nh, int hd) {
-    rope_forward(dx, cosb, sinb, N, T, nh, hd, 1);
+static void rope_backward(float *dx, const float *cosb, const float *sinb, const Chunk *ch, int nh, int hd) {
+    rope_forward(dx, cosb, sinb, ch, nh, hd, 1);
 }
 
-// causal attention with GQA: query head h reads key/value head h / (NH / NKV)
-// q (B, T, NH, hd), k, v (B, T, NKV, hd) -> out (B, T, NH, hd), att (B, NH, T, T)
-static void attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                              int B, int T, int NH, int NKV, int hd) {
-    float scale = 1.0f / sqrtf((float)hd);
-    int group = NH / NKV;
-    #pragma omp parallel for collapse(3)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int t = 0; t < T; t++) {
-                const float *qt = q + (((size_t)b * T + t) * NH + h) * hd;
-                float *a = att + (((size_t)b * NH + h) * T + t) * T;
-                int kh = h / group;
-                float maxv = -INFINITY;
-                for (int s = 0; s <= t; s++) {
-                    const float *ks = k + (((size_t)b * T + s) * NKV + kh) * hd;
-                    float dot = 0;
-                    #pragma omp simd reduction(+ : dot) // a fixed vector order: deterministic
-                    for (int d = 0; d < hd; d++) dot += qt[d] * ks[d];
-                    a[s] = dot * scale;
-                    if (a[s] > maxv) maxv = a[s];
-                }
-                double sum = 0;
-                for (int s = 0; s <= t; s++) { a[s] = expf(a[s] - maxv); sum += a[s]; }
-                float inv = (float)(1.0 / sum);
-                for (int s = 0; s <= t; s++) a[s] *= inv;
-                for (int s = t + 1; s < T; s++) a[s] = 0.0f;
-                float *o = out + (((size_t)b * T + t) * NH + h) * hd;
-                for (int d = 0; d < hd; d++) o[d] = 0.0f;
-                for (int s = 0; s <= t; s++) {
-                    const float *vs = v + (((size_t)b * T + s) * NKV + kh) * hd;
-                    for (int d = 0; d < hd; d++) o[d] += a[s] * vs[d];
-                }
-            }
+// Attention of a chunk of queries against the KV carry, causal with the mask
+// aligned bottom-right: query i of the chunk sits at position t0 + i and sees
+// keys 0 .. t0 + i. GQA: query head h reads key/value head h / (NH / NKV).
+// Like flash attention it keeps only each row's log-sum-exp, not the (C, T)
+// probabilities, and the backward recomputes them (attention.cuh mirrors this).
+//   q (B, len, NH, hd); k, v (B, T, NKV, hd) with rows < t0 + len filled
+//   -> out (B, len, NH, hd), lse (B, NH, len)
+static float attention_dot(const float *a, const float *b, int hd) {
+    float dot = 0;
+    #pragma omp simd reduction(+ : dot) // a fixed vector order: deterministic
+    for (int d = 0; d < hd; d++) dot += a[d] * b[d];
+    return dot;
 }
 
-// dq, dk, dv are overwritten. One thread owns each (b, kv head), so the
-// query heads of a group add into the shared dk/dv without races.
-static void attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout, const float *att,
-                               const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int hd) {
+static void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                              const Chunk *ch, int NH, int NKV, int hd) {
     float scale = 1.0f / sqrtf((float)hd);
-    int group = NH / NKV;
-    memset(dk, 0, (size_t)B * T * NKV * hd * sizeof(float));
-    memset(dv, 0, (size_t)B * T * NKV * hd * sizeof(float));
+    int B = ch->B, len = ch->len, T = ch->T, t0 = ch->t0, group = NH / NKV;
+    #pragma omp parallel
+    {
+        float *p = (float *)mallocCheck((size_t)(t0 + len) * sizeof(float)); // one row of scores
+        #pragma omp for collapse(3)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++)
+                for (int i = 0; i < len; i++) {
+                    const float *qi = q + (((size_t)b * len + i) * NH + h) * hd;
+                    const float *kb = k + (size_t)b * T * NKV * hd + (h / group) * hd;
+                    const float *vb = v + (size_t)b * T * NKV * hd + (h / group) * hd;
+                    int n = t0 + i + 1; // keys this query sees
+                    float maxv = -INFINITY;
+                    for (int s = 0; s < n; s++) {
+                        p[s] = attention_dot(qi, kb + (size_t)s * NKV * hd, hd) * scale;
+                        if (p[s] > maxv) maxv = p[s];
+                    }
+                    double sum = 0;
+                    for (int s = 0; s < n; s++) { p[s] = expf(p[s] - maxv); sum += p[s]; }
+                    lse[((size_t)b * NH + h) * len + i] = maxv + (float)log(sum);
+                    float inv = (float)(1.0 / sum), *o = out + (((size_t)b * len + i) * NH + h) * hd;
+                    for (int d = 0; d < hd; d++) o[d] = 0.0f;
+                    for (int s = 0; s < n; s++) {
+                        const float *vs = vb + (size_t)s * NKV * hd;
+                        float w = p[s] * inv;
+                        for (int d = 0; d < hd; d++) o[d] += w * vs[d];
+                    }
+                }
+        free(p);
+    }
+}
+
+// With P = exp(scores - lse) recomputed and Di = dout_i . out_i (= sum_s P_is dP_is):
+// dV_s += P_is dout_i, dS_is = P_is (dout_i . v_s - Di), dq_i = scale sum_s dS_is k_s,
+// dK_s += scale dS_is q_i. dq (B, len, NH, hd) is overwritten; dk, dv (B, T, NKV, hd)
+// are added into for every position < t0 + len: the chunk's own rows and the
+// dKV carry of earlier chunks. One thread owns each (b, kv head), so the query
+// heads of a group add into the shared dk/dv without races.
+static void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                               const float *q, const float *k, const float *v, const Chunk *ch, int NH, int NKV, int hd) {
+    float scale = 1.0f / sqrtf((float)hd);
+    int B = ch->B, len = ch->len, T = ch->T, t0 = ch->t0, group = NH / NKV;
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++)
-        for (int kh = 0; kh < NKV; kh++)
+        for (int kh = 0; kh < NKV; kh++) {
+            size_t kv0 = (size_t)b * T * NKV * hd + kh * hd;
+            const float *kb = k + kv0, *vb = v + kv0;
+            float *dkb = dk + kv0, *dvb = dv + kv0;
             for (int h = kh * group; h < (kh + 1) * group; h++)
-                for (int t = 0; t < T; t++) {
-                    const float *a = att + (((size_t)b * NH + h) * T + t) * T;
-                    float *da = datt + (((size_t)b * NH + h) * T + t) * T;
-                    const float *dot_ = dout + (((size_t)b * T + t) * NH + h) * hd;
-                    const float *qt = q + (((size_t)b * T + t) * NH + h) * hd;
-                    float *dqt = dq + (((size_t)b * T + t) * NH + h) * hd;
-                    // datt = dout . v, dv += att * dout
-                    double sum = 0;
-                    for (int s = 0; s <= t; s++) {
-                        const float *vs = v + (((size_t)b * T + s) * NKV + kh) * hd;
-                        float *dvs = dv + (((size_t)b * T + s) * NKV + kh) * hd;
-                        float x = 0;
-                        #pragma omp simd reduction(+ : x)
-                        for (int d = 0; d < hd; d++) x += dot_[d] * vs[d];
-                        for (int d = 0; d < hd; d++) dvs[d] += a[s] * dot_[d];
-                        da[s] = x;
-                        sum += (double)x * a[s];
-                    }
-                    // softmax backward, then the scaled dot product
-                    for (int d = 0; d < hd; d++) dqt[d] = 0.0f;
-                    for (int s = 0; s <= t; s++) {
-                        float ds = a[s] * (da[s] - (float)sum) * scale;
-                        const float *ks = k + (((size_t)b * T + s) * NKV + kh) * hd;
-                        float *dks = dk + (((size_t)b * T + s) * NKV + kh) * hd;
-                        for (int d = 0; d < hd; d++) { dqt[d] += ds * ks[d]; dks[d] += ds * qt[d]; }
+                for (int i = 0; i < len; i++) {
+                    size_t qi_off = (((size_t)b * len + i) * NH + h) * hd;
+                    const float *qi = q + qi_off, *doi = dout + qi_off;
+                    float *dqi = dq + qi_off, l = lse[((size_t)b * NH + h) * len + i];
+                    float Di = attention_dot(doi, out + qi_off, hd);
+                    for (int d = 0; d < hd; d++) dqi[d] = 0.0f;
+                    for (int s = 0; s <= t0 + i; s++) {
+                        const float *ks = kb + (size_t)s * NKV * hd, *vs = vb + (size_t)s * NKV * hd;
+                        float *dks = dkb + (size_t)s * NKV * hd, *dvs = dvb + (size_t)s * NKV * hd;
+                        float p = expf(attention_dot(qi, ks, hd) * scale - l);
+                        float ds = p * (attention_dot(doi, vs, hd) - Di) * scale;
+                        for (int d = 0; d < hd; d++) {
+                            dvs[d] += p * doi[d];
+                            dqi[d] += ds * ks[d];
+                            dks[d] += ds * qi[d];
+                        }
                     }
                 }
+        }
 }
 
 static void swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
@@ -594,44 +623,62 @@ static void swiglu_backward(float *dgate, float *dup, const float *dout, const f
 // ----------------------------------------------------------------------------
 // building the model's buffers
 
-static void model_alloc(Model *m, int B, int T) {
+// lays out one chunk's activations from base (or only counts them when base is
+// NULL); returns the number of floats
+static size_t chunk_acts_layout(const Config *c, int B, int C, int r, ChunkActs *s, float *base) {
+    size_t L = c->n_layers, N = (size_t)B * C, D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
+    struct { float **ptr; size_t n; } parts[] = {
+        {&s->resid, (L + 1) * N * D}, {&s->ln1, L * N * D}, {&s->rstd1, L * N}, {&s->q, L * N * Q},
+        {&s->lse, L * N * c->n_heads}, {&s->atty, L * N * Q}, {&s->resid_mid, L * N * D}, {&s->ln2, L * N * D},
+        {&s->rstd2, L * N}, {&s->gate, L * N * H}, {&s->up, L * N * H}, {&s->hmlp, L * N * H},
+        {&s->lora_h, L * LORA_N_TARGETS * N * r}};
+    size_t off = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (base) *parts[i].ptr = base + off;
+        off += parts[i].n;
+    }
+    return off;
+}
+
+static void *alloc_counted(size_t bytes, size_t *total) { *total += bytes; return mallocCheck(bytes); }
+
+// Buffers for micro-batches of up to B rows of T tokens, run in chunks of C
+// positions (C = 0: T); recompute selects the memory mode.
+static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
     Config *c = &m->config;
-    size_t L = c->n_layers, BT = (size_t)B * T, D = c->dim, H = c->hidden_dim;
+    Activations *a = &m->a;
+    if (C <= 0 || C > T) C = T;
+    m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
+    size_t L = c->n_layers, N = (size_t)B * C, D = c->dim, H = c->hidden_dim;
     size_t Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
     size_t r = m->use_lora ? m->lora.r : 0, widest = D > H ? D : H;
     if (Q > widest) widest = Q;
-    Activations *a = &m->a;
-    m->B = B; m->T = T;
-    a->resid = (float *)mallocCheck((L + 1) * BT * D * sizeof(float));
-    a->ln1 = (float *)mallocCheck(L * BT * D * sizeof(float));
-    a->rstd1 = (float *)mallocCheck(L * BT * sizeof(float));
-    a->q = (float *)mallocCheck(L * BT * Q * sizeof(float));
-    a->k = (float *)mallocCheck(L * BT * KV * sizeof(float));
-    a->v = (float *)mallocCheck(L * BT * KV * sizeof(float));
-    a->att = (float *)mallocCheck(L * B * c->n_heads * (size_t)T * T * sizeof(float));
-    a->atty = (float *)mallocCheck(L * BT * Q * sizeof(float));
-    a->resid_mid = (float *)mallocCheck(L * BT * D * sizeof(float));
-    a->ln2 = (float *)mallocCheck(L * BT * D * sizeof(float));
-    a->rstd2 = (float *)mallocCheck(L * BT * sizeof(float));
-    a->gate = (float *)mallocCheck(L * BT * H * sizeof(float));
-    a->up = (float *)mallocCheck(L * BT * H * sizeof(float));
-    a->hmlp = (float *)mallocCheck(L * BT * H * sizeof(float));
-    a->lnf = (float *)mallocCheck(BT * D * sizeof(float));
-    a->rstdf = (float *)mallocCheck(BT * sizeof(float));
-    a->lora_h = (float *)mallocCheck(L * LORA_N_TARGETS * BT * r * sizeof(float));
-    a->logits = (float *)mallocCheck((size_t)T * c->vocab_size * sizeof(float));
-    a->dresid = (float *)mallocCheck(BT * D * sizeof(float));
-    a->dln = (float *)mallocCheck(BT * D * sizeof(float));
-    a->dq = (float *)mallocCheck(BT * Q * sizeof(float));
-    a->dk = (float *)mallocCheck(BT * KV * sizeof(float));
-    a->dv = (float *)mallocCheck(BT * KV * sizeof(float));
-    a->datty = (float *)mallocCheck(BT * Q * sizeof(float));
-    a->dgate = (float *)mallocCheck(BT * H * sizeof(float));
-    a->dup = (float *)mallocCheck(BT * H * sizeof(float));
-    a->dhmlp = (float *)mallocCheck(BT * H * sizeof(float));
-    a->datt = (float *)mallocCheck((size_t)B * c->n_heads * T * T * sizeof(float));
-    a->lora_dh = (float *)mallocCheck(BT * r * sizeof(float));
-    a->xdrop = (float *)mallocCheck(BT * widest * sizeof(float));
+    a->act_bytes = a->carry_bytes = 0;
+    a->n_slots = recompute ? 1 : (T + C - 1) / C;
+    a->chunk = (ChunkActs *)callocCheck(a->n_slots, sizeof(ChunkActs));
+    size_t per_slot = chunk_acts_layout(c, B, C, r, &a->chunk[0], NULL);
+    float *slots = (float *)alloc_counted(a->n_slots * per_slot * sizeof(float), &a->act_bytes);
+    for (int i = 0; i < a->n_slots; i++) chunk_acts_layout(c, B, C, r, &a->chunk[i], slots + i * per_slot);
+    size_t carry = L * B * (size_t)T * KV * sizeof(float);
+    a->k = (float *)alloc_counted(carry, &a->carry_bytes);
+    a->v = (float *)alloc_counted(carry, &a->carry_bytes);
+    a->dk = (float *)alloc_counted(carry, &a->carry_bytes);
+    a->dv = (float *)alloc_counted(carry, &a->carry_bytes);
+    size_t piece = (C + num_output_chunks - 1) / num_output_chunks;
+    a->tokens = (int *)alloc_counted(N * sizeof(int), &a->act_bytes);
+    a->lnf = (float *)alloc_counted(N * D * sizeof(float), &a->act_bytes);
+    a->rstdf = (float *)alloc_counted(N * sizeof(float), &a->act_bytes);
+    a->logits = (float *)alloc_counted(piece * c->vocab_size * sizeof(float), &a->act_bytes);
+    a->kv = (float *)alloc_counted(N * KV * sizeof(float), &a->act_bytes);
+    a->dresid = (float *)alloc_counted(N * D * sizeof(float), &a->act_bytes);
+    a->dln = (float *)alloc_counted(N * D * sizeof(float), &a->act_bytes);
+    a->dq = (float *)alloc_counted(N * Q * sizeof(float), &a->act_bytes);
+    a->datty = (float *)alloc_counted(N * Q * sizeof(float), &a->act_bytes);
+    a->dgate = (float *)alloc_counted(N * H * sizeof(float), &a->act_bytes);
+    a->dup = (float *)alloc_counted(N * H * sizeof(float), &a->act_bytes);
+    a->dhmlp = (float *)alloc_counted(N * H * sizeof(float), &a->act_bytes);
+    a->lora_dh = (float *)alloc_counted(N * r * sizeof(float), &a->act_bytes);
+    a->xdrop = (float *)alloc_counted(N * widest * sizeof(float), &a->act_bytes);
     m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
     m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
     rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
@@ -643,10 +690,9 @@ static void model_alloc(Model *m, int B, int T) {
 
 static void model_free(Model *m) {
     Activations *a = &m->a;
-    float *bufs[] = {a->resid, a->ln1, a->rstd1, a->q, a->k, a->v, a->att, a->atty, a->resid_mid, a->ln2,
-                     a->rstd2, a->gate, a->up, a->hmlp, a->lnf, a->rstdf, a->lora_h, a->logits, a->dresid,
-                     a->dln, a->dq, a->dk, a->dv, a->datty, a->dgate, a->dup, a->dhmlp, a->datt, a->lora_dh,
-                     a->xdrop, m->rope_cos, m->rope_sin, m->params, m->grads};
+    void *bufs[] = {a->chunk[0].resid, a->chunk, a->k, a->v, a->dk, a->dv, a->tokens, a->lnf, a->rstdf, a->logits,
+                    a->kv, a->dresid, a->dln, a->dq, a->datty, a->dgate, a->dup, a->dhmlp, a->lora_dh, a->xdrop,
+                    m->rope_cos, m->rope_sin, m->params, m->grads};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     if (m->use_lora) lora_free(&m->lora);
 }
@@ -660,153 +706,244 @@ static void lora_shapes(const Config *c, int in[LORA_N_TARGETS], int out[LORA_N_
 }
 
 // ----------------------------------------------------------------------------
-// forward and backward of one micro-batch
+// forward and backward of one micro-batch, chunk by chunk (DESIGN section 4)
 
-// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora
-static void linear_forward(Model *m, int layer, int t, float *out, const float *inp, const float *w, int N) {
+// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
+static void linear_forward(Model *m, ChunkActs *s, const Chunk *ch, int layer, int t, float *out, const float *inp,
+                           const float *w) {
     LoRA *l = &m->lora;
-    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS];
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
     if (m->use_lora && (l->targets & (1u << t))) {
-        float *h = m->a.lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
-        lora_forward(l, layer, t, out, inp, h, m->a.xdrop, N, m->dropout_key);
+        float *h = s->lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
+        lora_forward(l, layer, t, out, inp, h, m->a.xdrop, ch, m->dropout_key);
     }
 }
 // dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
-static void linear_backward(Model *m, int layer, int t, float *dinp, float *dw, const float *dout,
-                            const float *inp, const float *w, int N) {
+static void linear_backward(Model *m, ChunkActs *s, const Chunk *ch, int layer, int t, float *dinp, float *dw,
+                            const float *dout, const float *inp, const float *w) {
     LoRA *l = &m->lora;
-    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS];
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->config, in, outd);
     matmul_backward(dinp, m->full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
     if (m->use_lora && (l->targets & (1u << t))) {
-        const float *h = m->a.lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
-        lora_backward(l, layer, t, dinp, dout, inp, h, m->a.lora_dh, m->a.xdrop, N, m->dropout_key);
+        const float *h = s->lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
+        lora_backward(l, layer, t, dinp, dout, inp, h, m->a.lora_dh, m->a.xdrop, ch, m->dropout_key);
     }
 }
 
 #define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
 
-// Runs the forward pass of B rows of T tokens and returns the summed cross-entropy
-// over targets != -100. With grad_scale != 0 it also starts the backward: the output
-// head and the loss run one row at a time (so (B, T, V) logits never exist at once),
-// and each row's d(grad_scale * loss)/d(lnf) is computed while its logits are at hand.
-// logits_out (B, T, V), when given, receives the logits (for tests).
-static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale,
-                            float *logits_out) {
+// the chunk's tokens (B, len) out of the batch's (B, T)
+static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch) {
+    for (int b = 0; b < ch->B; b++)
+        memcpy(dst + (size_t)b * ch->len, tokens + (size_t)b * ch->T + ch->t0, ch->len * sizeof(int));
+}
+// a chunk's rows x (B, len, w) into the carry (B, T, w), or back out (dir = -1)
+static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int dir) {
+    for (int b = 0; b < ch->B; b++) {
+        float *c = carry + ((size_t)b * ch->T + ch->t0) * w, *xb = x + (size_t)b * ch->len * w;
+        if (dir > 0) memcpy(c, xb, ch->len * w * sizeof(float));
+        else memcpy(xb, c, ch->len * w * sizeof(float));
+    }
+}
+
+// Forward of one chunk through every decoder layer into the activations s,
+// appending the chunk's keys and values to the KV carry.
+static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
     Config *c = &m->config;
     Activations *a = &m->a;
-    int N = B * T, D = c->dim, H = c->hidden_dim, V = c->vocab_size, hd = c->head_dim;
-    size_t Q = (size_t)c->n_heads * hd, KV = (size_t)c->n_kv_heads * hd;
-    size_t BTD = (size_t)N * D, BTH = (size_t)N * H;
-    if (B > m->B || T > m->T) die("internal: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
-    for (int i = 0; i < N; i++)
-        if (tokens[i] < 0 || tokens[i] >= V) die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
-    embedding_forward(a->resid, tokens, m->w.embed, N, D);
+    int N = ch->B * ch->len, D = c->dim, H = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
+    size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * H;
+    size_t carry = (size_t)ch->B * ch->T * KV;
+    ParameterTensors *w = &m->w;
+    chunk_tokens(a->tokens, tokens, ch);
+    embedding_forward(s->resid, a->tokens, w->embed, N, D);
     for (int l = 0; l < c->n_layers; l++) {
-        float *x = LAYER(a->resid, l, BTD), *ln1 = LAYER(a->ln1, l, BTD), *q = LAYER(a->q, l, N * Q);
-        float *k = LAYER(a->k, l, N * KV), *v = LAYER(a->v, l, N * KV), *atty = LAYER(a->atty, l, N * Q);
-        float *mid = LAYER(a->resid_mid, l, BTD), *ln2 = LAYER(a->ln2, l, BTD);
-        float *gate = LAYER(a->gate, l, BTH), *up = LAYER(a->up, l, BTH), *hm = LAYER(a->hmlp, l, BTH);
-        float *out = LAYER(a->resid, l + 1, BTD);
-        rmsnorm_forward(ln1, LAYER(a->rstd1, l, N), x, LAYER(m->w.attn_norm, l, D), N, D, c->norm_eps);
-        linear_forward(m, l, LORA_Q, q, ln1, LAYER(m->w.wq, l, Q * D), N);
-        linear_forward(m, l, LORA_K, k, ln1, LAYER(m->w.wk, l, KV * D), N);
-        linear_forward(m, l, LORA_V, v, ln1, LAYER(m->w.wv, l, KV * D), N);
-        rope_forward(q, m->rope_cos, m->rope_sin, N, T, c->n_heads, hd, 0);
-        rope_forward(k, m->rope_cos, m->rope_sin, N, T, c->n_kv_heads, hd, 0);
-        attention_forward(atty, LAYER(a->att, l, (size_t)B * c->n_heads * T * T), q, k, v, B, T, c->n_heads, c->n_kv_heads, hd);
-        linear_forward(m, l, LORA_O, mid, atty, LAYER(m->w.wo, l, D * Q), N);
-        for (size_t i = 0; i < BTD; i++) mid[i] += x[i];
-        rmsnorm_forward(ln2, LAYER(a->rstd2, l, N), mid, LAYER(m->w.mlp_norm, l, D), N, D, c->norm_eps);
-        linear_forward(m, l, LORA_GATE, gate, ln2, LAYER(m->w.wgate, l, (size_t)H * D), N);
-        linear_forward(m, l, LORA_UP, up, ln2, LAYER(m->w.wup, l, (size_t)H * D), N);
-        swiglu_forward(hm, gate, up, BTH);
-        linear_forward(m, l, LORA_DOWN, out, hm, LAYER(m->w.wdown, l, (size_t)D * H), N);
-        for (size_t i = 0; i < BTD; i++) out[i] += mid[i];
+        float *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
+        float *atty = LAYER(s->atty, l, N * Q), *mid = LAYER(s->resid_mid, l, ND), *ln2 = LAYER(s->ln2, l, ND);
+        float *gate = LAYER(s->gate, l, NHd), *up = LAYER(s->up, l, NHd), *hm = LAYER(s->hmlp, l, NHd);
+        float *out = LAYER(s->resid, l + 1, ND), *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
+        rmsnorm_forward(ln1, LAYER(s->rstd1, l, N), x, LAYER(w->attn_norm, l, D), N, D, c->norm_eps);
+        linear_forward(m, s, ch, l, LORA_Q, q, ln1, LAYER(w->wq, l, Q * D));
+        rope_forward(q, m->rope_cos, m->rope_sin, ch, NH, hd, 0);
+        linear_forward(m, s, ch, l, LORA_K, a->kv, ln1, LAYER(w->wk, l, KV * D));
+        rope_forward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd, 0);
+        carry_copy(kc, a->kv, ch, KV, 1);
+        linear_forward(m, s, ch, l, LORA_V, a->kv, ln1, LAYER(w->wv, l, KV * D));
+        carry_copy(vc, a->kv, ch, KV, 1);
+        attention_forward(atty, LAYER(s->lse, l, (size_t)N * NH), q, kc, vc, ch, NH, NKV, hd);
+        linear_forward(m, s, ch, l, LORA_O, mid, atty, LAYER(w->wo, l, D * Q));
+        for (size_t i = 0; i < ND; i++) mid[i] += x[i];
+        rmsnorm_forward(ln2, LAYER(s->rstd2, l, N), mid, LAYER(w->mlp_norm, l, D), N, D, c->norm_eps);
+        linear_forward(m, s, ch, l, LORA_GATE, gate, ln2, LAYER(w->wgate, l, (size_t)H * D));
+        linear_forward(m, s, ch, l, LORA_UP, up, ln2, LAYER(w->wup, l, (size_t)H * D));
+        swiglu_forward(hm, gate, up, NHd);
+        linear_forward(m, s, ch, l, LORA_DOWN, out, hm, LAYER(w->wdown, l, (size_t)D * H));
+        for (size_t i = 0; i < ND; i++) out[i] += mid[i];
     }
-    rmsnorm_forward(a->lnf, a->rstdf, LAYER(a->resid, c->n_layers, BTD), m->w.norm, N, D, c->norm_eps);
+}
 
-    // output head and cross-entropy, one row at a time; the loss gradient is fused in
+// Final norm, output head and cross-entropy of one chunk; returns the summed loss
+// over its targets != -100. The head runs on pieces of ceil(len / num_output_chunks)
+// positions of one row at a time, so full-vocabulary logits exist only for a
+// piece. With grad_scale != 0 each piece's d(grad_scale * loss)/d(logits) is
+// formed in place while its logits are at hand, and a->dresid ends up holding
+// d loss / d(final residual) for the chunk. logits_out (B, T, V), when given,
+// receives the logits (for tests).
+static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk *ch, float grad_scale,
+                         float *logits_out) {
+    Config *c = &m->config;
+    Activations *a = &m->a;
+    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size;
+    int piece = (ch->len + m->num_output_chunks - 1) / m->num_output_chunks;
+    const float *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
+    rmsnorm_forward(a->lnf, a->rstdf, xL, m->w.norm, N, D, c->norm_eps);
+    if (grad_scale != 0.0f) memset(a->dln, 0, (size_t)N * D * sizeof(float));
     double loss = 0;
-    if (grad_scale != 0.0f) memset(a->dresid, 0, BTD * sizeof(float));
-    for (int b = 0; b < B; b++) {
-        const float *xf = a->lnf + (size_t)b * T * D;
-        float *lg = a->logits; // (T, V)
-        matmul_forward(lg, xf, m->w.head, T, D, V, 1.0f, 0);
-        if (logits_out) memcpy(logits_out + (size_t)b * T * V, lg, (size_t)T * V * sizeof(float));
-        double row_loss = 0;
-        #pragma omp parallel for reduction(+ : row_loss)
-        for (int t = 0; t < T; t++) {
-            float *z = lg + (size_t)t * V;
-            int y = targets[b * T + t];
-            if (y < 0) { if (grad_scale != 0.0f) memset(z, 0, V * sizeof(float)); continue; }
-            float maxv = -INFINITY, zy = z[y];
-            for (int i = 0; i < V; i++) maxv = z[i] > maxv ? z[i] : maxv;
-            double sum = 0;
-            for (int i = 0; i < V; i++) { z[i] = expf(z[i] - maxv); sum += z[i]; } // z now holds exp(z - max)
-            row_loss += maxv + log(sum) - zy;
-            if (grad_scale != 0.0f) { // dz = grad_scale * (softmax(z) - onehot(y))
-                float s = (float)(grad_scale / sum);
-                for (int i = 0; i < V; i++) z[i] *= s;
-                z[y] -= grad_scale;
+    for (int b = 0; b < ch->B; b++)
+        for (int p0 = 0; p0 < ch->len; p0 += piece) {
+            int n = ch->len - p0 < piece ? ch->len - p0 : piece;
+            size_t row = (size_t)b * ch->len + p0, pos = (size_t)b * ch->T + ch->t0 + p0; // in the chunk, in the batch
+            const float *xf = a->lnf + row * D;
+            float *lg = a->logits; // (n, V)
+            matmul_forward(lg, xf, m->w.head, n, D, V, 1.0f, 0);
+            if (logits_out) memcpy(logits_out + pos * V, lg, (size_t)n * V * sizeof(float));
+            double piece_loss = 0;
+            #pragma omp parallel for reduction(+ : piece_loss)
+            for (int i = 0; i < n; i++) {
+                float *z = lg + (size_t)i * V;
+                int y = targets[pos + i];
+                if (y < 0) { if (grad_scale != 0.0f) memset(z, 0, V * sizeof(float)); continue; }
+                float maxv = -INFINITY, zy = z[y];
+                for (int j = 0; j < V; j++) maxv = z[j] > maxv ? z[j] : maxv;
+                double sum = 0;
+                for (int j = 0; j < V; j++) { z[j] = expf(z[j] - maxv); sum += z[j]; } // z now holds exp(z - max)
+                piece_loss += maxv + log(sum) - zy;
+                if (grad_scale != 0.0f) { // dz = grad_scale * (softmax(z) - onehot(y))
+                    float sc = (float)(grad_scale / sum);
+                    for (int j = 0; j < V; j++) z[j] *= sc;
+                    z[y] -= grad_scale;
+                }
             }
+            loss += piece_loss;
+            if (grad_scale != 0.0f)
+                matmul_backward(a->dln + row * D, m->full_finetune ? m->g.head : NULL, lg, xf, m->w.head, n, D, V, 1.0f);
         }
-        loss += row_loss;
-        if (grad_scale != 0.0f)
-            matmul_backward(a->dresid + (size_t)b * T * D, m->full_finetune ? m->g.head : NULL, lg, xf, m->w.head, T, D, V, 1.0f);
+    if (grad_scale != 0.0f) {
+        memset(a->dresid, 0, (size_t)N * D * sizeof(float));
+        rmsnorm_backward(a->dresid, m->full_finetune ? m->g.norm : NULL, a->dln, xL, m->w.norm, a->rstdf, N, D);
     }
     return loss;
 }
 
-// Backward pass of the micro-batch model_forward just ran with grad_scale != 0;
-// a->dresid holds d loss / d lnf on entry. Adds into the parameter gradients.
-static void model_backward(Model *m, const int *tokens, int B, int T) {
+// Backward of one chunk through every decoder layer, from a->dresid (chunk_head's).
+// At each layer's attention the chunk adds dK, dV for every position before its
+// end into the dKV carry; its own rows are complete then (later chunks ran
+// first), so they flow on through its key and value projections at once.
+static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
     Config *c = &m->config;
     Activations *a = &m->a;
-    int N = B * T, D = c->dim, H = c->hidden_dim, hd = c->head_dim;
-    size_t Q = (size_t)c->n_heads * hd, KV = (size_t)c->n_kv_heads * hd;
-    size_t BTD = (size_t)N * D, BTH = (size_t)N * H;
+    int N = ch->B * ch->len, D = c->dim, H = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
+    size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * H;
+    size_t carry = (size_t)ch->B * ch->T * KV;
     int full = m->full_finetune;
     ParameterTensors *g = &m->g, *w = &m->w;
-    // final norm: dresid = d(resid_L) from d(lnf)
-    memcpy(a->dln, a->dresid, BTD * sizeof(float));
-    memset(a->dresid, 0, BTD * sizeof(float));
-    rmsnorm_backward(a->dresid, full ? g->norm : NULL, a->dln, LAYER(a->resid, c->n_layers, BTD), w->norm, a->rstdf, N, D);
     for (int l = c->n_layers - 1; l >= 0; l--) {
-        float *x = LAYER(a->resid, l, BTD), *ln1 = LAYER(a->ln1, l, BTD), *q = LAYER(a->q, l, N * Q);
-        float *k = LAYER(a->k, l, N * KV), *v = LAYER(a->v, l, N * KV), *atty = LAYER(a->atty, l, N * Q);
-        float *mid = LAYER(a->resid_mid, l, BTD), *ln2 = LAYER(a->ln2, l, BTD);
-        float *gate = LAYER(a->gate, l, BTH), *up = LAYER(a->up, l, BTH), *hm = LAYER(a->hmlp, l, BTH);
+        float *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
+        float *atty = LAYER(s->atty, l, N * Q), *mid = LAYER(s->resid_mid, l, ND), *ln2 = LAYER(s->ln2, l, ND);
+        float *gate = LAYER(s->gate, l, NHd), *up = LAYER(s->up, l, NHd), *hm = LAYER(s->hmlp, l, NHd);
+        float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
+        float *dkc = LAYER(a->dk, l, carry), *dvc = LAYER(a->dv, l, carry);
         // MLP block; the residual passes dresid through unchanged
-        memset(a->dhmlp, 0, BTH * sizeof(float));
-        linear_backward(m, l, LORA_DOWN, a->dhmlp, full ? LAYER(g->wdown, l, (size_t)D * H) : NULL, a->dresid, hm,
-                        LAYER(w->wdown, l, (size_t)D * H), N);
-        swiglu_backward(a->dgate, a->dup, a->dhmlp, gate, up, BTH);
-        memset(a->dln, 0, BTD * sizeof(float));
-        linear_backward(m, l, LORA_GATE, a->dln, full ? LAYER(g->wgate, l, (size_t)H * D) : NULL, a->dgate, ln2,
-                        LAYER(w->wgate, l, (size_t)H * D), N);
-        linear_backward(m, l, LORA_UP, a->dln, full ? LAYER(g->wup, l, (size_t)H * D) : NULL, a->dup, ln2,
-                        LAYER(w->wup, l, (size_t)H * D), N);
+        memset(a->dhmlp, 0, NHd * sizeof(float));
+        linear_backward(m, s, ch, l, LORA_DOWN, a->dhmlp, full ? LAYER(g->wdown, l, (size_t)D * H) : NULL, a->dresid,
+                        hm, LAYER(w->wdown, l, (size_t)D * H));
+        swiglu_backward(a->dgate, a->dup, a->dhmlp, gate, up, NHd);
+        memset(a->dln, 0, ND * sizeof(float));
+        linear_backward(m, s, ch, l, LORA_GATE, a->dln, full ? LAYER(g->wgate, l, (size_t)H * D) : NULL, a->dgate,
+                        ln2, LAYER(w->wgate, l, (size_t)H * D));
+        linear_backward(m, s, ch, l, LORA_UP, a->dln, full ? LAYER(g->wup, l, (size_t)H * D) : NULL, a->dup, ln2,
+                        LAYER(w->wup, l, (size_t)H * D));
         rmsnorm_backward(a->dresid, full ? LAYER(g->mlp_norm, l, D) : NULL, a->dln, mid, LAYER(w->mlp_norm, l, D),
-                         LAYER(a->rstd2, l, N), N, D);
+                         LAYER(s->rstd2, l, N), N, D);
         // attention block
         memset(a->datty, 0, (size_t)N * Q * sizeof(float));
-        linear_backward(m, l, LORA_O, a->datty, full ? LAYER(g->wo, l, D * Q) : NULL, a->dresid, atty,
-                        LAYER(w->wo, l, D * Q), N);
-        attention_backward(a->dq, a->dk, a->dv, a->datt, a->datty, LAYER(a->att, l, (size_t)B * c->n_heads * T * T),
-                           q, k, v, B, T, c->n_heads, c->n_kv_heads, hd);
-        rope_backward(a->dq, m->rope_cos, m->rope_sin, N, T, c->n_heads, hd);
-        rope_backward(a->dk, m->rope_cos, m->rope_sin, N, T, c->n_kv_heads, hd);
-        memset(a->dln, 0, BTD * sizeof(float));
-        linear_backward(m, l, LORA_Q, a->dln, full ? LAYER(g->wq, l, Q * D) : NULL, a->dq, ln1, LAYER(w->wq, l, Q * D), N);
-        linear_backward(m, l, LORA_K, a->dln, full ? LAYER(g->wk, l, KV * D) : NULL, a->dk, ln1, LAYER(w->wk, l, KV * D), N);
-        linear_backward(m, l, LORA_V, a->dln, full ? LAYER(g->wv, l, KV * D) : NULL, a->dv, ln1, LAYER(w->wv, l, KV * D), N);
+        linear_backward(m, s, ch, l, LORA_O, a->datty, full ? LAYER(g->wo, l, D * Q) : NULL, a->dresid, atty,
+                        LAYER(w->wo, l, D * Q));
+        attention_backward(a->dq, dkc, dvc, a->datty, atty, LAYER(s->lse, l, (size_t)N * NH), q, kc, vc, ch, NH, NKV, hd);
+        rope_backward(a->dq, m->rope_cos, m->rope_sin, ch, NH, hd);
+        memset(a->dln, 0, ND * sizeof(float));
+        linear_backward(m, s, ch, l, LORA_Q, a->dln, full ? LAYER(g->wq, l, Q * D) : NULL, a->dq, ln1,
+                        LAYER(w->wq, l, Q * D));
+        carry_copy(dkc, a->kv, ch, KV, -1);
+        rope_backward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd);
+        linear_backward(m, s, ch, l, LORA_K, a->dln, full ? LAYER(g->wk, l, KV * D) : NULL, a->kv, ln1,
+                        LAYER(w->wk, l, KV * D));
+        carry_copy(dvc, a->kv, ch, KV, -1);
+        linear_backward(m, s, ch, l, LORA_V, a->dln, full ? LAYER(g->wv, l, KV * D) : NULL, a->kv, ln1,
+                        LAYER(w->wv, l, KV * D));
         rmsnorm_backward(a->dresid, full ? LAYER(g->attn_norm, l, D) : NULL, a->dln, x, LAYER(w->attn_norm, l, D),
-                         LAYER(a->rstd1, l, N), N, D);
+                         LAYER(s->rstd1, l, N), N, D);
     }
-    if (full) embedding_backward(g->embed, a->dresid, tokens, N, D);
+    if (full) {
+        chunk_tokens(a->tokens, tokens, ch);
+        embedding_backward(g->embed, a->dresid, a->tokens, N, D);
+    }
+}
+
+static void check_batch(const Model *m, const int *tokens, int B, int T) {
+    if (B > m->B || T > m->T) die("internal: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
+    for (int i = 0; i < B * T; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->config.vocab_size)
+            die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, m->config.vocab_size);
+}
+
+static Chunk chunk_at(const Model *m, int B, int T, int j) {
+    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size};
+    if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
+    return ch;
+}
+
+// The summed cross-entropy of B rows of T tokens over targets != -100 (no
+// gradients: evaluation, tests). logits_out as in chunk_head.
+static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
+    check_batch(m, tokens, B, T);
+    double loss = 0;
+    for (int j = 0; j * m->chunk_size < T; j++) {
+        Chunk ch = chunk_at(m, B, T, j);
+        chunk_forward(m, &m->a.chunk[0], tokens, &ch);
+        loss += chunk_head(m, &m->a.chunk[0], targets, &ch, 0.0f, logits_out);
+    }
+    return loss;
+}
+
+// Forward and backward of one micro-batch: returns the summed cross-entropy and
+// adds grad_scale * d(loss)/d(parameter) into the gradients of the trainable ones.
+// Chunks run forward in order, filling the KV carry, then backward in reverse
+// order with the dKV carry; in recompute mode a chunk's forward runs again just
+// before its backward (the last chunk's activations are still there).
+static double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale) {
+    check_batch(m, tokens, B, T);
+    Activations *a = &m->a;
+    size_t carry = (size_t)m->config.n_layers * B * T * m->config.n_kv_heads * m->config.head_dim;
+    memset(a->dk, 0, carry * sizeof(float));
+    memset(a->dv, 0, carry * sizeof(float));
+    int n = (T + m->chunk_size - 1) / m->chunk_size;
+    for (int j = 0; j < n; j++) {
+        Chunk ch = chunk_at(m, B, T, j);
+        chunk_forward(m, &a->chunk[m->recompute ? 0 : j], tokens, &ch);
+    }
+    double loss = 0;
+    for (int j = n - 1; j >= 0; j--) {
+        Chunk ch = chunk_at(m, B, T, j);
+        ChunkActs *s = &a->chunk[m->recompute ? 0 : j];
+        if (m->recompute && j < n - 1) chunk_forward(m, s, tokens, &ch);
+        loss += chunk_head(m, s, targets, &ch, grad_scale, NULL);
+        chunk_backward(m, s, tokens, &ch);
+    }
+    return loss;
 }
 
 // ----------------------------------------------------------------------------
@@ -864,9 +1001,9 @@ static float lr_at(const char *sched, float base, int s, int warmup, int total) 
 typedef struct {
     const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
     int max_seq_len, batch_size, grad_accum, max_steps, num_epochs, warmup_steps, seed, shuffle;
-    int eval_every, full_finetune, lora_r, use_rslora, threads;
+    int eval_every, full_finetune, lora_r, use_rslora, threads, chunk_size, num_output_chunks;
     float lr, weight_decay, grad_clip, beta1, beta2, eps, lora_alpha, lora_dropout;
-    const char *lr_scheduler, *lora_target_modules;
+    const char *lr_scheduler, *lora_target_modules, *chunk_memory;
 } TrainConfig;
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG };
@@ -902,6 +1039,9 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"lora_target_modules", OPT_STR, &(tc)->lora_target_modules, "q_proj,v_proj", "comma-separated peft module names, or all-linear", 0, 0}, \
     {"use_rslora", OPT_INT, &(tc)->use_rslora, "0", "1: scale = alpha / sqrt(r) (rank-stabilised LoRA)", 0, 1}, \
     {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (its r, alpha, targets)", 0, 0}, \
+    {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
+    {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
+    {"num_output_chunks", OPT_INT, &(tc)->num_output_chunks, "1", "run the output head and loss in this many pieces of a chunk", 1, 1 << 20}, \
     {"threads", OPT_INT, &(tc)->threads, "0", "OpenMP threads (0: OpenMP's default)", 0, 4096}, \
 }
 
@@ -961,6 +1101,20 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --lr_scheduler: '%s' is not one of constant, linear, cosine\n", sched);
         return -1;
     }
+    if (strcmp(tc->chunk_memory, "keep") && strcmp(tc->chunk_memory, "recompute")) {
+        fprintf(stderr, "error: --chunk_memory: '%s' is not one of keep, recompute\n", tc->chunk_memory);
+        return -1;
+    }
+    if (tc->chunk_size > tc->max_seq_len) {
+        fprintf(stderr, "error: --chunk_size %d is larger than --max_seq_len %d (use 0 for whole sequences)\n",
+                tc->chunk_size, tc->max_seq_len);
+        return -1;
+    }
+    int chunk = tc->chunk_size ? tc->chunk_size : tc->max_seq_len;
+    if (tc->num_output_chunks > chunk) {
+        fprintf(stderr, "error: --num_output_chunks %d is more than the %d tokens of a chunk\n", tc->num_output_chunks, chunk);
+        return -1;
+    }
     unsigned mask;
     if (lora_parse_targets(tc->lora_target_modules, &mask) != 0) return -1;
     if (!tc->model[0]) { fprintf(stderr, "error: --model is required (see --help)\n"); return -1; }
@@ -1000,7 +1154,7 @@ static int model_setup(Model *m, const TrainConfig *tc, int B, int T) {
             lora_init(&m->lora, (uint64_t)tc->seed);
         }
     }
-    model_alloc(m, B, T);
+    model_alloc(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     return 0;
 }
 
@@ -1024,7 +1178,7 @@ static double evaluate(Model *m, const Dataset *ds, int B, int pad_id) {
     for (int r = 0; r < ds->n_rows; r += B) {
         int rows = ds->n_rows - r < B ? ds->n_rows - r : B, T;
         count += dataloader_next_batch(&dl, rows, pad_id, tokens, targets, &T);
-        loss += model_forward(m, tokens, targets, rows, T, 0.0f, NULL);
+        loss += model_forward(m, tokens, targets, rows, T, NULL);
     }
     m->lora.training = 1;
     free(tokens); free(targets);
@@ -1146,8 +1300,7 @@ static int train(const TrainConfig *tc) {
         float scale = label_count ? 1.0f / (float)label_count : 0.0f;
         for (int g = 0; g < GA; g++) {
             m.dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
-            loss += model_forward(&m, tokens + (size_t)g * B * T, targets + (size_t)g * B * T, B, Ts[g], scale, NULL);
-            model_backward(&m, tokens + (size_t)g * B * T, B, Ts[g]);
+            loss += model_forward_backward(&m, tokens + (size_t)g * B * T, targets + (size_t)g * B * T, B, Ts[g], scale);
         }
         loss = label_count ? loss / label_count : 0.0;
         double norm = grad_norm(opt.grads, opt.n);

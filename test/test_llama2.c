@@ -181,10 +181,9 @@ static void test_model(const char *model, int full) {
     int ntr = list_trainables(&m, tr);
     for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
     double loss = 0;
-    for (int g = 0; g < 2; g++) {
-        loss += model_forward(&m, tokens + g * B * T, targets + g * B * T, B, Ts[g], 1.0f / labels, g == 0 ? logits : NULL);
-        model_backward(&m, tokens + g * B * T, B, Ts[g]);
-    }
+    for (int g = 0; g < 2; g++)
+        loss += model_forward_backward(&m, tokens + g * B * T, targets + g * B * T, B, Ts[g], 1.0f / labels);
+    model_forward(&m, tokens, targets, B, Ts[0], logits);
     snprintf(what, sizeof what, "%s %s logits", model, mode);
     snprintf(path, sizeof path, "%s.logits", mode);
     check_tensor(&ef, path, logits, (size_t)B * Ts[0] * V, 1e-4, what);
@@ -276,12 +275,11 @@ static void test_dropout(void) {
     m.dropout_key = 12345;
     float scale = 1.0f / labels;
     memset(m.lora.grads, 0, m.lora.num_params * sizeof(float));
-    double loss = model_forward(&m, tokens, targets, B, T, scale, NULL) * scale;
-    model_backward(&m, tokens, B, T);
-    double again = model_forward(&m, tokens, targets, B, T, 0.0f, NULL) * scale;
+    double loss = model_forward_backward(&m, tokens, targets, B, T, scale) * scale;
+    double again = model_forward(&m, tokens, targets, B, T, NULL) * scale;
     CHECK(loss == again, "dropout: the same key gives the same mask", "%.9g vs %.9g", loss, again);
     m.lora.training = 0;
-    double nodrop = model_forward(&m, tokens, targets, B, T, 0.0f, NULL) * scale;
+    double nodrop = model_forward(&m, tokens, targets, B, T, NULL) * scale;
     m.lora.training = 1;
     CHECK(fabs(nodrop - loss) > 1e-4, "dropout: changes the training loss, not evaluation", "%.9g vs %.9g without", loss, nodrop);
     int checks[4][2] = {{0, LORA_Q}, {1, LORA_V}, {0, LORA_DOWN}, {1, LORA_GATE}};
@@ -297,9 +295,9 @@ static void test_dropout(void) {
                 for (int k = 0; k < n; k++) if (!isnan(g[k]) && (isnan(g[best]) || fabsf(g[k]) > fabsf(g[best]))) best = k;
                 float saved = p[best], eps = 1e-2f;
                 p[best] = saved + eps;
-                double lp = model_forward(&m, tokens, targets, B, T, 0.0f, NULL) * scale;
+                double lp = model_forward(&m, tokens, targets, B, T, NULL) * scale;
                 p[best] = saved - eps;
-                double lm = model_forward(&m, tokens, targets, B, T, 0.0f, NULL) * scale;
+                double lm = model_forward(&m, tokens, targets, B, T, NULL) * scale;
                 p[best] = saved;
                 double fd = (lp - lm) / (2 * eps), rel = fabs(fd - g[best]) / fabs(g[best]);
                 if (rel > worst) worst = rel;
