@@ -607,6 +607,31 @@ static void attention_backward(float *dq, float *dk, float *dv, const float *dou
         }
 }
 
+// Summed cross-entropy of n rows of logits (n, V) against targets (-100: no
+// loss). With grad_scale != 0 the logits are replaced by d(grad_scale * loss)/d(logits)
+// = grad_scale * (softmax - onehot), formed while the row is at hand (rows
+// without a target get 0), so the probabilities are never stored.
+static double crossentropy_forward_backward(float *logits, const int *targets, int n, int V, float grad_scale) {
+    double loss = 0;
+    #pragma omp parallel for reduction(+ : loss)
+    for (int i = 0; i < n; i++) {
+        float *z = logits + (size_t)i * V;
+        int y = targets[i];
+        if (y < 0) { if (grad_scale != 0.0f) memset(z, 0, V * sizeof(float)); continue; }
+        float maxv = -INFINITY, zy = z[y];
+        for (int j = 0; j < V; j++) maxv = z[j] > maxv ? z[j] : maxv;
+        double sum = 0;
+        for (int j = 0; j < V; j++) { z[j] = expf(z[j] - maxv); sum += z[j]; } // z now holds exp(z - max)
+        loss += maxv + log(sum) - zy;
+        if (grad_scale != 0.0f) {
+            float sc = (float)(grad_scale / sum);
+            for (int j = 0; j < V; j++) z[j] *= sc;
+            z[y] -= grad_scale;
+        }
+    }
+    return loss;
+}
+
 static void swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
@@ -810,24 +835,7 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
             float *lg = a->logits; // (n, V)
             matmul_forward(lg, xf, m->w.head, n, D, V, 1.0f, 0);
             if (logits_out) memcpy(logits_out + pos * V, lg, (size_t)n * V * sizeof(float));
-            double piece_loss = 0;
-            #pragma omp parallel for reduction(+ : piece_loss)
-            for (int i = 0; i < n; i++) {
-                float *z = lg + (size_t)i * V;
-                int y = targets[pos + i];
-                if (y < 0) { if (grad_scale != 0.0f) memset(z, 0, V * sizeof(float)); continue; }
-                float maxv = -INFINITY, zy = z[y];
-                for (int j = 0; j < V; j++) maxv = z[j] > maxv ? z[j] : maxv;
-                double sum = 0;
-                for (int j = 0; j < V; j++) { z[j] = expf(z[j] - maxv); sum += z[j]; } // z now holds exp(z - max)
-                piece_loss += maxv + log(sum) - zy;
-                if (grad_scale != 0.0f) { // dz = grad_scale * (softmax(z) - onehot(y))
-                    float sc = (float)(grad_scale / sum);
-                    for (int j = 0; j < V; j++) z[j] *= sc;
-                    z[y] -= grad_scale;
-                }
-            }
-            loss += piece_loss;
+            loss += crossentropy_forward_backward(lg, targets + pos, n, V, grad_scale);
             if (grad_scale != 0.0f)
                 matmul_backward(a->dln + row * D, m->full_finetune ? m->g.head : NULL, lg, xf, m->w.head, n, D, V, 1.0f);
         }
