@@ -15,7 +15,7 @@ $(info OpenMP not found: building single-threaded)
 endif
 
 HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h dataloader.h
-TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2
+TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked
 
 .PHONY: all test run clean
 all: train_llama2
@@ -23,7 +23,7 @@ all: train_llama2
 train_llama2: train_llama2.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-test/test_llama2: test/test_llama2.c train_llama2.c $(HEADERS) test/test_common.h
+test/test_llama2 test/test_chunked: test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 test/%: test/%.c $(HEADERS) test/test_common.h

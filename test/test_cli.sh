@@ -36,6 +36,11 @@ expect_error "missing value" "--lr needs a value" --model $FIX/tiny_gqa "${RUN[@
 expect_error "missing --model" "--model is required" "${RUN[@]}"
 expect_error "bad scheduler" "--lr_scheduler: 'step'" --model $FIX/tiny_gqa "${RUN[@]}" --lr_scheduler step
 expect_error "bad target module" "unknown module 'qq_proj'" --model $FIX/tiny_gqa "${RUN[@]}" --lora_target_modules q_proj,qq_proj
+expect_error "chunk larger than the sequence" "--chunk_size 32 is larger than --max_seq_len 24" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_size 32
+expect_error "negative chunk size" "--chunk_size: '-4' is not an integer" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_size -4
+expect_error "bad chunk memory mode" "--chunk_memory: 'lazy' is not one of keep, recompute" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_memory lazy
+expect_error "zero output chunks" "--num_output_chunks: '0' is not an integer" --model $FIX/tiny_gqa "${RUN[@]}" --num_output_chunks 0
+expect_error "more output chunks than tokens" "--num_output_chunks 9 is more than the 8 tokens" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_size 8 --num_output_chunks 9
 if "$BIN" --help | grep -q -- "--gradient_accumulation_steps"; then echo "ok cli: --help lists the options"; else echo "FAIL cli: --help"; fails=$((fails + 1)); fi
 
 # checkpoints

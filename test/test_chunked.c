@@ -1,0 +1,225 @@
+// Chunked training with a KV carry equals whole-sequence training.
+//
+// test/test_llama2.c anchors the whole-sequence run to Hugging Face transformers
+// + peft; this file checks the chunked runs against that whole-sequence run:
+// the loss, the logits and every trainable gradient, for several chunk sizes
+// (1, sizes that do not divide T, T itself), both memory modes, GQA and tied
+// models, LoRA (with dropout, whose masks must not depend on the chunking) and
+// full fine-tuning; then 30 training steps whole against chunked.
+//
+// Tolerances. A chunked run does the same arithmetic in a different order only
+// where it sums over positions: weight gradients add up chunk by chunk, and
+// dK/dV add the contributions of later chunks first. Everything else is
+// bit-identical. So the loss and logits are compared at 1e-6 relative (they
+// pass bit-exact today; 1e-6 leaves room for a compiler reordering), gradients
+// at 1e-5 of each tensor's largest magnitude (measured up to ~1e-6: fp32
+// reordering of sums of a few hundred terms), and the 30-step loss trajectory
+// at 1e-5 relative (AdamW's m / sqrt(v) amplifies gradient rounding a little
+// each step; measured ~1e-6).
+#define TESTING
+#include "../train_llama2.c"
+#include "test_common.h"
+
+enum { B = 2, T = 24 };
+
+static void setup(Model *m, const char *model, int full, int chunk, const char *mem, int out_chunks) {
+    TrainConfig tc;
+    char path[256], cs[16], oc[16];
+    snprintf(path, sizeof path, "test/fixtures/%s", model);
+    snprintf(cs, sizeof cs, "%d", chunk);
+    snprintf(oc, sizeof oc, "%d", out_chunks);
+    char *argv[] = {"x", "--model", path, "--data", "unused", "--max_seq_len", "24", "--lora_r", "4",
+                    "--lora_target_modules", "all-linear", "--lora_dropout", "0.2", "--chunk_size", cs,
+                    "--chunk_memory", (char *)mem, "--num_output_chunks", oc, full ? "--full_finetune" : "--seed=3"};
+    if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("test arguments rejected");
+    if (model_setup(m, &tc, B, T) != 0) die("cannot set up %s", model);
+    if (m->use_lora) { // B = 0 would leave A without gradient
+        uint64_t state = 11;
+        for (int i = 0; i < m->lora.n_layers; i++)
+            for (int t = 0; t < LORA_N_TARGETS; t++) {
+                float *b = lora_B(&m->lora, m->lora.params, i, t);
+                for (int k = 0; k < m->lora.r * m->lora.out[t]; k++) b[k] = 0.2f * (rng_uniform(&state) - 0.5f);
+            }
+    }
+    m->dropout_key = 99;
+}
+
+static float *trainable_grads(Model *m, size_t *n) {
+    *n = m->use_lora ? m->lora.num_params : m->num_params;
+    return m->use_lora ? m->lora.grads : m->grads;
+}
+
+typedef struct { double loss; float *logits, *grads; size_t n; } Run;
+
+static Run run(Model *m, const int *tokens, const int *targets) {
+    Run r;
+    r.logits = (float *)mallocCheck((size_t)B * T * m->config.vocab_size * sizeof(float));
+    float *g = trainable_grads(m, &r.n);
+    memset(g, 0, r.n * sizeof(float));
+    r.loss = model_forward_backward(m, tokens, targets, B, T, 1.0f / 37);
+    r.grads = (float *)mallocCheck(r.n * sizeof(float));
+    memcpy(r.grads, g, r.n * sizeof(float));
+    m->lora.training = 0; // logits without dropout, as evaluation sees them
+    double eval = model_forward(m, tokens, targets, B, T, r.logits);
+    m->lora.training = 1;
+    (void)eval;
+    return r;
+}
+
+// max |got - want| / max |want| over a buffer
+static double normwise(const float *got, const float *want, size_t n) {
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        scale = fmax(scale, fabs(want[i]));
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= err)) err = e;
+    }
+    return err / fmax(scale, 1e-30);
+}
+
+// every trainable tensor separately: LoRA A/B per layer and target, or each base weight
+static double worst_tensor(Model *m, const float *got, const float *want, char *name, size_t namelen) {
+    double worst = 0;
+    if (m->use_lora) {
+        LoRA *l = &m->lora;
+        for (int i = 0; i < l->n_layers; i++)
+            for (int t = 0; t < LORA_N_TARGETS; t++)
+                for (int ab = 0; ab < 2; ab++) {
+                    size_t off = l->offset[i * LORA_N_TARGETS + t] + (ab ? (size_t)l->r * l->in[t] : 0);
+                    double e = normwise(got + off, want + off, (size_t)l->r * (ab ? l->out[t] : l->in[t]));
+                    if (e > worst) { worst = e; lora_key(name, namelen, i, t, ab ? 'B' : 'A'); }
+                }
+        return worst;
+    }
+    Config *c = &m->config;
+    size_t off = 0;
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        int64_t rows, cols;
+        param_shape(c, p, &rows, &cols);
+        for (int l = 0; l < (param_per_layer(p) ? c->n_layers : 1); l++) {
+            size_t n = (size_t)(rows * cols);
+            if (p == P_HEAD && c->tied) continue; // the head is the embedding
+            double e = normwise(got + off, want + off, n);
+            if (e > worst) { worst = e; param_name(p, l, name, namelen); }
+            off += n;
+        }
+    }
+    return worst;
+}
+
+static void test_equal(const char *model, int full) {
+    int V = 512, tokens[B * T], targets[B * T];
+    uint64_t state = 5;
+    for (int i = 0; i < B * T; i++) tokens[i] = (int)(rng_next(&state) % V);
+    for (int i = 0; i < B * T; i++) targets[i] = (i % T == T - 1 || i % 7 == 3) ? -100 : tokens[i + 1];
+    Model whole;
+    setup(&whole, model, full, 0, "keep", 1);
+    Run ref = run(&whole, tokens, targets);
+    struct { int chunk; const char *mem; int out_chunks; } cases[] = {
+        {1, "keep", 1}, {1, "recompute", 1}, {5, "keep", 1}, {5, "recompute", 3}, {7, "recompute", 1},
+        {8, "keep", 2}, {23, "recompute", 1}, {24, "recompute", 1}, {0, "keep", 5}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Model m;
+        setup(&m, model, full, cases[k].chunk, cases[k].mem, cases[k].out_chunks);
+        Run got = run(&m, tokens, targets);
+        char what[256], name[200] = "";
+        snprintf(what, sizeof what, "%s %s C=%d %s output_chunks=%d vs whole", model, full ? "full" : "lora",
+                 cases[k].chunk, cases[k].mem, cases[k].out_chunks);
+        char w[300];
+        snprintf(w, sizeof w, "%s: loss", what);
+        CHECK(fabs(got.loss - ref.loss) <= 1e-6 * fabs(ref.loss), w, "%.10g vs %.10g", got.loss, ref.loss);
+        snprintf(w, sizeof w, "%s: logits", what);
+        double e = normwise(got.logits, ref.logits, (size_t)B * T * V);
+        CHECK(e <= 1e-6, w, "max err %.3e of max|ref|", e);
+        snprintf(w, sizeof w, "%s: every gradient", what);
+        e = worst_tensor(&m, got.grads, ref.grads, name, sizeof name);
+        CHECK(e <= 1e-5, w, "worst %s: max err %.3e of max|ref| (tol 1e-5)", name, e);
+        free(got.logits); free(got.grads);
+        model_free(&m);
+    }
+    free(ref.logits); free(ref.grads);
+    model_free(&whole);
+}
+
+// the seed's check: 30 consecutive training steps, whole against chunked
+static double *train_losses(const char *model, const char *chunk, const char *mem, int steps) {
+    char metrics[300], out[256], st[16];
+    snprintf(out, sizeof out, "/tmp/llama2tune_chunk_%d_%s_%s", (int)getpid(), chunk, mem);
+    snprintf(metrics, sizeof metrics, "%s.jsonl", out);
+    snprintf(st, sizeof st, "%d", steps);
+    char path[256];
+    snprintf(path, sizeof path, "test/fixtures/%s", model);
+    char *argv[] = {"x", "--model", path, "--data", "test/fixtures/data.jsonl", "--max_seq_len", "24",
+                    "--batch_size", "2", "--gradient_accumulation_steps", "2", "--max_steps", st, "--lr", "5e-3",
+                    "--lora_target_modules", "all-linear", "--lora_dropout", "0.1", "--warmup_steps", "3",
+                    "--chunk_size", (char *)chunk, "--chunk_memory", (char *)mem, "--output_dir", out,
+                    "--metrics_file", metrics};
+    TrainConfig tc;
+    if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("trajectory arguments");
+    if (train(&tc) != 0) die("training failed");
+    double *loss = (double *)callocCheck(steps, sizeof(double));
+    size_t len;
+    char *text = read_file(metrics, &len);
+    int i = 0;
+    for (char *p = text, *e; p && *p && i < steps; p = e + 1, i++) {
+        e = strchr(p, '\n');
+        JsonValue rec;
+        char err[128];
+        if (!e || json_parse(p, e - p, &rec, err, sizeof err) != 0 || json_get_number(&rec, "loss", &loss[i]) != 0)
+            die("%s: bad metrics line %d", metrics, i + 1);
+        json_free(&rec);
+    }
+    free(text);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", out, metrics);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", out);
+    return loss;
+}
+
+static void test_trajectory(void) {
+    int steps = 30;
+    double *whole = train_losses("tiny_gqa", "0", "keep", steps);
+    const char *chunks[2][2] = {{"5", "recompute"}, {"1", "keep"}};
+    for (int k = 0; k < 2; k++) {
+        double *got = train_losses("tiny_gqa", chunks[k][0], chunks[k][1], steps), worst = 0;
+        int at = 0;
+        for (int i = 0; i < steps; i++) {
+            double e = fabs(got[i] - whole[i]) / fabs(whole[i]);
+            if (e > worst) { worst = e; at = i; }
+        }
+        char what[200];
+        snprintf(what, sizeof what, "30 LoRA steps: C=%s %s has the whole-sequence loss trajectory", chunks[k][0], chunks[k][1]);
+        CHECK(worst <= 1e-5 && whole[steps - 1] < whole[0], what, "worst rel diff %.3e at step %d (%.9g vs %.9g); loss %.4f -> %.4f",
+              worst, at + 1, got[at], whole[at], whole[0], whole[steps - 1]);
+        free(got);
+    }
+    free(whole);
+}
+
+// recompute mode: activation memory does not grow with T (only the carry does)
+static void test_memory(void) {
+    size_t act[2][2], carry[2][2];
+    int Ts[2] = {64, 128};
+    for (int mode = 0; mode < 2; mode++)
+        for (int i = 0; i < 2; i++) {
+            Model m;
+            memset(&m, 0, sizeof m);
+            if (model_load(&m, "test/fixtures/tiny_gqa") != 0) die("load");
+            model_alloc(&m, 2, Ts[i], 16, mode, 1);
+            act[mode][i] = m.a.act_bytes;
+            carry[mode][i] = m.a.carry_bytes;
+            model_free(&m);
+        }
+    CHECK(act[1][0] == act[1][1], "recompute: activation memory is flat in T", "%zu bytes at T=64, %zu at T=128", act[1][0], act[1][1]);
+    CHECK(act[0][1] > act[0][0] * 3 / 2, "keep: activation memory grows with T", "%zu bytes at T=64, %zu at T=128", act[0][0], act[0][1]);
+    CHECK(carry[1][1] == 2 * carry[1][0], "the KV carry grows linearly with T", "%zu, %zu bytes", carry[1][0], carry[1][1]);
+}
+
+int main(void) {
+    const char *models[2] = {"tiny_gqa", "tiny_tied"};
+    for (int i = 0; i < 2; i++)
+        for (int full = 0; full < 2; full++) test_equal(models[i], full);
+    test_trajectory();
+    test_memory();
+    return test_summary();
+}
