@@ -20,6 +20,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include <time.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -1137,6 +1138,13 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
 // ----------------------------------------------------------------------------
 // training
 
+// the most resident memory this process has had, in MiB (Linux reports KiB)
+static double peak_rss_mb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1289,6 +1297,9 @@ static int train(const TrainConfig *tc) {
            m.config.dim, m.config.n_heads, m.config.n_kv_heads, m.config.vocab_size, m.num_params / 1e6);
     printf("training %s: %zu trainable parameters, %d rows, %d steps of %d x %d rows, T <= %d\n",
            m.use_lora ? "LoRA" : "all weights", opt.n, train_ds.n_rows, total, GA, B, T);
+    double act_mb = m.a.act_bytes / 1048576.0, carry_mb = m.a.carry_bytes / 1048576.0;
+    printf("memory: weights %.1f MiB, activations %.1f MiB (chunks of %d, %s), KV and dKV carry %.1f MiB\n",
+           m.num_params * 4 / 1048576.0, act_mb, m.chunk_size, m.recompute ? "recompute" : "keep", carry_mb);
 
     FILE *metrics = NULL;
     if (tc->metrics_file[0]) metrics = fopenCheck(tc->metrics_file, "w");
@@ -1320,13 +1331,15 @@ static int train(const TrainConfig *tc) {
                norm, ms, token_count / (ms / 1e3));
         if (metrics) {
             fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, "
-                    "\"ms\": %.3f, \"tok_per_s\": %.3f}\n", step + 1, loss, lr, norm, token_count, ms, token_count / (ms / 1e3));
+                    "\"ms\": %.3f, \"tok_per_s\": %.3f, \"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n",
+                    step + 1, loss, lr, norm, token_count, ms, token_count / (ms / 1e3), peak_rss_mb(), act_mb, carry_mb);
             fflush(metrics);
         }
         if (have_val && tc->eval_every > 0 && (step + 1) % tc->eval_every == 0 && step + 1 < total)
             report_eval(&m, &val_ds, B, pad_id, step + 1, metrics);
     }
     if (have_val) report_eval(&m, &val_ds, B, pad_id, total, metrics); // also with --max_steps 0: evaluates the start
+    printf("peak memory %.1f MiB (activations %.1f MiB, carry %.1f MiB)\n", peak_rss_mb(), act_mb, carry_mb);
     int rc = 0;
     if (m.use_lora) {
         rc = lora_save_peft(&m.lora, tc->output_dir, tc->model);
