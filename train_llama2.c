@@ -534,6 +534,11 @@ static float attention_dot(const float *a, const float *b, int hd) {
     for (int d = 0; d < hd; d++) dot += a[d] * b[d];
     return dot;
 }
+// y += a x; restrict tells the compiler the rows do not overlap, so it vectorizes
+static void attention_axpy(float *restrict y, float a, const float *restrict x, int hd) {
+    #pragma omp simd
+    for (int d = 0; d < hd; d++) y[d] += a * x[d];
+}
 
 static void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                               const Chunk *ch, int NH, int NKV, int hd) {
@@ -560,11 +565,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                     lse[((size_t)b * NH + h) * len + i] = maxv + (float)log(sum);
                     float inv = (float)(1.0 / sum), *o = out + (((size_t)b * len + i) * NH + h) * hd;
                     for (int d = 0; d < hd; d++) o[d] = 0.0f;
-                    for (int s = 0; s < n; s++) {
-                        const float *vs = vb + (size_t)s * NKV * hd;
-                        float w = p[s] * inv;
-                        for (int d = 0; d < hd; d++) o[d] += w * vs[d];
-                    }
+                    for (int s = 0; s < n; s++) attention_axpy(o, p[s] * inv, vb + (size_t)s * NKV * hd, hd);
                 }
         free(p);
     }
@@ -598,11 +599,9 @@ static void attention_backward(float *dq, float *dk, float *dv, const float *dou
                         float *dks = dkb + (size_t)s * NKV * hd, *dvs = dvb + (size_t)s * NKV * hd;
                         float p = expf(attention_dot(qi, ks, hd) * scale - l);
                         float ds = p * (attention_dot(doi, vs, hd) - Di) * scale;
-                        for (int d = 0; d < hd; d++) {
-                            dvs[d] += p * doi[d];
-                            dqi[d] += ds * ks[d];
-                            dks[d] += ds * qi[d];
-                        }
+                        attention_axpy(dvs, p, doi, hd);
+                        attention_axpy(dqi, ds, ks, hd);
+                        attention_axpy(dks, ds, qi, hd);
                     }
                 }
         }
