@@ -955,6 +955,78 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
 }
 
 // ----------------------------------------------------------------------------
+// sampling: one sequence, with the KV carry as the cache
+
+// logits (V) of position ch->len - 1 of the chunk chunk_forward just ran (B = 1)
+static float *last_logits(Model *m, const Chunk *ch) {
+    Config *c = &m->config;
+    Activations *a = &m->a;
+    const float *x = LAYER(a->chunk[0].resid, c->n_layers, (size_t)ch->len * c->dim) + (size_t)(ch->len - 1) * c->dim;
+    rmsnorm_forward(a->lnf, a->rstdf, x, m->w.norm, 1, c->dim, c->norm_eps);
+    matmul_forward(a->logits, a->lnf, m->w.head, 1, c->dim, c->vocab_size, 1.0f, 0);
+    return a->logits;
+}
+
+static int cmp_prob_desc(const void *a, const void *b) {
+    float x = ((const float *)a)[0], y = ((const float *)b)[0];
+    return (x < y) - (x > y);
+}
+
+// the next token from logits z (V): argmax at temperature 0, else a draw from
+// softmax(z / temperature) restricted to the smallest set of tokens whose
+// probability adds up to top_p (nucleus sampling). Ties go to the lower id.
+static int sample_token(float *z, int V, float temperature, float top_p, uint64_t *rng) {
+    int best = 0;
+    for (int i = 1; i < V; i++) if (z[i] > z[best]) best = i;
+    if (temperature <= 0.0f) return best;
+    float (*pi)[2] = (float (*)[2])mallocCheck((size_t)V * sizeof *pi); // (probability, id) pairs
+    double sum = 0;
+    for (int i = 0; i < V; i++) { pi[i][0] = expf((z[i] - z[best]) / temperature); pi[i][1] = (float)i; sum += pi[i][0]; }
+    qsort(pi, V, sizeof *pi, cmp_prob_desc);
+    int n = 0;
+    double kept = 0;
+    while (n < V && (n == 0 || kept < top_p * sum)) kept += pi[n++][0];
+    double r = rng_uniform(rng) * kept, acc = 0;
+    int tok = (int)pi[n - 1][1];
+    for (int i = 0; i < n; i++) if ((acc += pi[i][0]) > r) { tok = (int)pi[i][1]; break; }
+    free(pi);
+    return tok;
+}
+
+// Continues prompt (n_prompt ids) by up to max_new tokens, stopping after eos.
+// The prompt runs in chunks of the model's chunk size, then one token at a time,
+// each step attending to the KV carry of everything before it. Returns the new
+// tokens (malloc'd, *n_new of them); the length is capped by the model's T.
+static int *generate(Model *m, const int *prompt, int n_prompt, int max_new, float temperature, float top_p,
+                     uint64_t seed, int eos, int *n_new) {
+    int T = m->T, cap = m->B * m->chunk_size; // positions the carry / a chunk's activations hold
+    if (n_prompt > T - 1) n_prompt = T - 1;   // keep the end of a long prompt's room for one token
+    if (max_new > T - n_prompt) max_new = T - n_prompt;
+    int *seq = (int *)callocCheck(T, sizeof(int)), *out = (int *)mallocCheck((max_new + 1) * sizeof(int));
+    memcpy(seq, prompt, n_prompt * sizeof(int));
+    int training = m->lora.training;
+    m->lora.training = 0; // no dropout
+    uint64_t rng = seed;
+    Chunk ch = {1, T, 0, 0};
+    for (ch.t0 = 0; ch.t0 < n_prompt; ch.t0 += ch.len) {
+        ch.len = n_prompt - ch.t0 < cap ? n_prompt - ch.t0 : cap;
+        chunk_forward(m, &m->a.chunk[0], seq, &ch);
+    }
+    *n_new = 0;
+    for (int pos = n_prompt; *n_new < max_new; pos++) {
+        int tok = sample_token(last_logits(m, &ch), m->config.vocab_size, temperature, top_p, &rng);
+        out[(*n_new)++] = tok;
+        if (tok == eos || pos + 1 >= T) break;
+        seq[pos] = tok;
+        ch.t0 = pos; ch.len = 1;
+        chunk_forward(m, &m->a.chunk[0], seq, &ch);
+    }
+    m->lora.training = training;
+    free(seq);
+    return out;
+}
+
+// ----------------------------------------------------------------------------
 // optimizer: AdamW as torch.optim.AdamW, learning-rate schedules as transformers'
 
 typedef struct {

@@ -215,11 +215,51 @@ static void test_memory(void) {
     CHECK(carry[1][1] == 2 * carry[1][0], "the KV carry grows linearly with T", "%zu, %zu bytes", carry[1][0], carry[1][1]);
 }
 
+// generation reuses the KV carry as its cache: with temperature 0 every new token
+// must be the argmax of a whole-sequence forward's logits at the position before
+static void test_greedy_generation(void) {
+    Model m;
+    setup(&m, "tiny_gqa", 0, 5, "recompute", 1);
+    int prompt[7] = {1, 40, 300, 22, 7, 90, 5}, n_new;
+    int *gen = generate(&m, prompt, 7, 12, 0.0f, 1.0f, 1, -1, &n_new);
+    int seq[B * T], targets[B * T], V = m.config.vocab_size, len = 7 + n_new, bad = -1;
+    memcpy(seq, prompt, sizeof prompt);
+    memcpy(seq + 7, gen, n_new * sizeof(int));
+    for (int i = 0; i < len; i++) targets[i] = -100;
+    float *logits = (float *)mallocCheck((size_t)len * V * sizeof(float));
+    m.lora.training = 0;
+    model_forward(&m, seq, targets, 1, len, logits);
+    for (int i = 0; i < n_new && bad < 0; i++) {
+        const float *z = logits + (size_t)(6 + i) * V;
+        int best = 0;
+        for (int v = 1; v < V; v++) if (z[v] > z[best]) best = v;
+        if (best != gen[i]) bad = i;
+    }
+    CHECK(n_new == 12 && bad < 0, "greedy generation with the KV cache equals argmax of the full forward",
+          "%d tokens, first mismatch at %d", n_new, bad);
+    uint64_t r1 = 3, r2 = 3;
+    float z[4] = {0.0f, 2.0f, 1.0f, -1.0f}, z2[4];
+    int counts[4] = {0}, same = 1;
+    for (int i = 0; i < 4000; i++) {
+        memcpy(z2, z, sizeof z);
+        int a = sample_token(z2, 4, 1.0f, 0.8f, &r1), b = sample_token(z2, 4, 1.0f, 0.8f, &r2);
+        same &= a == b;
+        counts[a]++;
+    }
+    // softmax(z) = .087 .643 .236 .032 -> top_p 0.8 keeps {1, 2}: .643 / .879 = .731 and .269 of 4000
+    // draws: 2924 and 1076, binomial standard deviation 28, so +-150 is > 5 sigma
+    CHECK(same && counts[0] == 0 && counts[3] == 0 && abs(counts[1] - 2924) < 150, "top-p sampling keeps the nucleus, in proportion",
+          "counts %d %d %d %d (expected 0 ~2924 ~1076 0), reproducible %d", counts[0], counts[1], counts[2], counts[3], same);
+    free(gen); free(logits);
+    model_free(&m);
+}
+
 int main(void) {
     const char *models[2] = {"tiny_gqa", "tiny_tied"};
     for (int i = 0; i < 2; i++)
         for (int full = 0; full < 2; full++) test_equal(models[i], full);
     test_trajectory();
     test_memory();
+    test_greedy_generation();
     return test_summary();
 }
