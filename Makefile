@@ -15,7 +15,7 @@ $(info OpenMP not found: building single-threaded)
 endif
 
 HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h dataloader.h
-TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked
+TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked test/test_dataloader
 
 .PHONY: all test run clean
 all: train_llama2
@@ -30,6 +30,9 @@ test/%: test/%.c $(HEADERS) test/test_common.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 dev/bench_tokenizer: dev/bench_tokenizer.c tokenizer.h
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+dev/bench_dataloader: dev/bench_dataloader.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 test: train_llama2 $(TESTS)

@@ -1,139 +1,1412 @@
-// Datasets to token and label batches.
+// dataloader.h: fine-tuning datasets (JSONL or a JSON array) to token and
+// label batches: formats, prompt templates, loss masks, packing or padding,
+// epochs and shuffling, a validation split, per-rank sampling, and a token
+// cache next to the data so a big file is tokenized once.
 //
-// First data path: JSONL, one {"text": "..."} per line, each row tokenized as
-// BOS + text + EOS and truncated to max_seq_len. A batch pads its rows on the
-// right to its longest row; the model predicts token t+1 at position t, so
-// targets[t] = tokens[t+1], and the last real position and all padding get -100.
-// Right padding needs no attention mask: causal attention never lets a real
-// position see a later pad.
+// Formats (DataOptions.format; "auto" looks at the keys of the first record):
+//   text             {"text"}                       BOS + text + EOS, every token labelled
+//   prompt_response  {"prompt", "response"}         prompt and response verbatim
+//   alpaca           {"instruction", "input", "output"}  Stanford Alpaca prompts; "input" may
+//                    be missing, null or "" (then the prompt without input is used)
+//   samsum           {"dialogue", "summary"}        llama-recipes' SAMSum prompt
+//   chat             {"messages": [{"role", "content"}, ...]}  Llama-2 chat format
+// Auto-detection checks, in this order: "messages" -> chat, "instruction" ->
+// alpaca, "dialogue" -> samsum, "prompt" -> prompt_response, "text" -> text.
+// Other keys (e.g. SAMSum's "id") are ignored. The templates are in one place
+// below ("Templates").
+//
+// Tokenization (llama-recipes' SAMSum way, for every format): a prompt is
+// BOS + encode(prompt), its response encode(response) + EOS, each encoded on
+// its own (so each gets sentencepiece's dummy prefix), concatenated. A chat is
+// the concatenation of its (user, assistant) pairs. Prompt tokens (BOS
+// included) are not labelled unless train_on_prompt; response tokens and EOS
+// are. The model predicts token t+1 at position t, so a batch holds
+// targets[t] = tokens[t+1] when token t+1 is labelled, else -100; padding gets
+// pad_id tokens and -100 targets. Right padding needs no attention mask:
+// causal attention never lets a real position see a later pad.
+//
+// Batching (rows are what the loader shuffles and deals out):
+//   padding  one sample per row, truncated to its first max_seq_len tokens;
+//            a micro-batch is padded on the right to its longest row, so T
+//            varies per batch. A sample with no labelled target left within
+//            max_seq_len would train on nothing: it is skipped and reported.
+//   packing  llama-recipes' ConcatDataset: the samples (each ending in EOS) are
+//            concatenated in file order and cut into rows of exactly
+//            max_seq_len tokens; a long sample simply runs on into the next
+//            row (nothing is truncated). The tail shorter than max_seq_len is
+//            dropped, unless it is the only row. (llama-recipes cuts while the
+//            buffer is longer than the row, so it also drops a tail of exactly
+//            max_seq_len; here a full tail is a row.)
+//
+// Bad input. Anything that makes the file not what its format says is an
+// error naming file:line (and the field): an empty file, invalid JSON
+// (invalid UTF-8 included: JSON text is UTF-8), a record over 64 MiB, an
+// element that is not an object, a missing field or one of the wrong type,
+// chat roles out of order or unknown, a format that cannot be detected. A
+// valid record that cannot become a training sample is a counted skip,
+// reported with its line (the first few listed): an empty response or text
+// (nothing to learn), a chat without a complete user/assistant pair, and (with
+// padding) no labelled token within max_seq_len. No samples left is an error.
+//
+// Selection, in this order: the slice (HF-datasets style "[:10%]",
+// "[10%:20%]", "[:100]", "[50:]", optionally after a split name as in
+// "train[:10%]") picks records by their position in the file (skipped records
+// count, as rows of the raw dataset do in HF); skipped samples are dropped;
+// max_samples keeps the first N samples left. dataset_split then takes a
+// seeded subset of these samples as the validation set; each half is packed
+// on its own (splitting is by sample, before packing).
+//
+// Cache: the tokenized samples of a file are kept in "<data>.tokcache" (or in
+// DataOptions.cache_dir) and memory-mapped, so the samples need not all be in
+// RAM. Its header records what the tokens depend on: a format version, the
+// hash of the templates, the data file's size, mtime and a hash of its first
+// and last MiB, the hash of tokenizer.model and the format. Everything else
+// (train_on_prompt, max_seq_len, packing, slices) is applied when loading, so
+// changing it does not rebuild the cache. Every load checks the header and a
+// checksum over the whole cache (one read of it); a stale or corrupt cache is
+// reported in one line and rebuilt; the cache is written to a temporary file
+// and renamed into place. Without a writable place (a directory with no write
+// permission bit counts as read-only even for root) the tokens stay in memory.
+//
+// The data file is streamed: JSONL line by line, a JSON array element by
+// element (a small scanner finds where each top-level element ends); only a
+// batch of records is in memory at a time, tokenized in parallel (OpenMP).
+//
+// Usage (the trainer):
+//   DataOptions o = {0}; o.max_seq_len = 512;            // the rest defaults
+//   Dataset all, train, val;
+//   dataset_load(&all, "data.jsonl", &tok, "tokenizer.model", &o);
+//   dataset_split(&all, 0.1, seed, &train, &val);        // optional
+//   int T = dataset_max_len(&train);                     // allocate B x T
+//   DataLoader dl; dataloader_init(&dl, &train, shuffle, seed, rank, world);
+//   per micro-batch: dataloader_next_batch(&dl, B, pad_id, tokens, targets, &T)
+//     and dataloader_global_labels(&dl) for the loss normaliser (summed over
+//     the step's micro-batches); dl.epoch and dl.pos are the position, which
+//     dataloader_seek restores
+//   evaluation: dataset_get_rows(&val, first, n, pad_id, tokens, targets, &T)
+//     gives rows [first, first + n) in file order (the last batch may be short)
+//   dataloader_free(&dl); dataset_free(&train); dataset_free(&val); dataset_free(&all);
 #ifndef DATALOADER_H
 #define DATALOADER_H
 #include <stdint.h>
+#include <math.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include "utils.h"
 #include "json.h"
 #include "tokenizer.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// ----------------------------------------------------------------------------
+// Templates: the only place they are written. "{name}" is replaced by the
+// record's field of that name (nothing else in a template is special).
+
+#define SAMSUM_PROMPT "Summarize this dialog:\n{dialogue}\n---\nSummary:\n"
+#define SAMSUM_RESPONSE "{summary}"
+#define ALPACA_PROMPT_INPUT                                                                                           \
+    "Below is an instruction that describes a task, paired with an input that provides further context. "            \
+    "Write a response that appropriately completes the request.\n\n"                                                 \
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:"
+#define ALPACA_PROMPT_NO_INPUT                                                                                        \
+    "Below is an instruction that describes a task. "                                                                \
+    "Write a response that appropriately completes the request.\n\n"                                                 \
+    "### Instruction:\n{instruction}\n\n### Response:"
+#define ALPACA_RESPONSE "{output}"
+#define PROMPT_RESPONSE_PROMPT "{prompt}"
+#define PROMPT_RESPONSE_RESPONSE "{response}"
+// Llama-2 chat (Meta's llama/generation.py chat_completion): a leading system
+// message is folded into the first user turn with CHAT_SYSTEM, then that user
+// text is stripped (Python str.strip(), Unicode whitespace) and put in
+// CHAT_PROMPT; the assistant turn is stripped and is the response.
+#define CHAT_SYSTEM "<<SYS>>\n{system}\n<</SYS>>\n\n{user}"
+#define CHAT_PROMPT "[INST] {user} [/INST]"
+#define CHAT_RESPONSE "{assistant}"
+
+// ----------------------------------------------------------------------------
+// options and the dataset
+
+typedef enum { FORMAT_AUTO, FORMAT_TEXT, FORMAT_PROMPT_RESPONSE, FORMAT_ALPACA, FORMAT_SAMSUM, FORMAT_CHAT } DataFormat;
+static const char *const data_format_names[] = {"auto", "text", "prompt_response", "alpaca", "samsum", "chat"};
 
 typedef struct {
-    int *tokens;    // all rows back to back
-    size_t *start;  // (n_rows) offset of each row in tokens
-    int *len;       // (n_rows)
-    int n_rows;
+    const char *format;      // "auto" (default, also for NULL or ""), "text", "prompt_response", "alpaca", "samsum", "chat"
+    int train_on_prompt;     // 0 (default): prompt tokens carry no loss
+    int packing;             // 1: --batching packing, 0: --batching padding (default)
+    int max_seq_len;
+    long max_samples;        // 0: all
+    const char *slice;       // NULL or "" (all), or "[:10%]", "[10%:20%]", "[:100]", "[50:]", "train[-10:]"
+    const char *cache_dir;   // NULL or "": next to the data file
+    int quiet;               // 1: print nothing (errors still go to Dataset.error)
+} DataOptions;
+
+// one record of the file is at most this long (a longer one is an error)
+#define DATA_MAX_RECORD_BYTES ((size_t)64 << 20)
+// how many skipped samples a report lists by line
+#define DATA_SKIP_LIST 5
+
+enum { SKIP_NONE, SKIP_EMPTY_RESPONSE, SKIP_EMPTY_TEXT, SKIP_NO_PAIR, SKIP_TRUNCATED };
+static const char *const skip_reason_names[] = {"", "empty response", "empty text", "no user/assistant pair",
+                                                "no response token within max_seq_len"};
+
+enum { CACHE_NONE, CACHE_BUILT, CACHE_REUSED, CACHE_REBUILT };  // Dataset.cache_status
+
+typedef struct DataStore DataStore;  // the tokenized samples of one file (below)
+
+typedef struct {
+    DataStore *store;         // shared (reference-counted) with the halves of dataset_split
+    int format;               // the DataFormat used
+    int train_on_prompt, packing, max_seq_len, quiet;
+    // the samples this dataset holds: indices into the store, in file order
+    int32_t *samples;
+    long n_samples;
+    // rows: padding, row i is samples[i] cut to max_seq_len; packing, row i is
+    // tokens [i*max_seq_len, (i+1)*max_seq_len) of the samples concatenated
+    long n_rows;
+    int32_t *row_labels;      // (n_rows) label count of each row
+    int64_t *cum;             // packing: (n_samples + 1) tokens before each sample
+    int last_row_len;         // packing: max_seq_len, or less when the one row is a short tail
+    long n_tokens, n_labels;  // in all rows
+    // what loading saw
+    long n_records;           // records in the file (or in the slice)
+    long n_skipped;           // skipped samples among them
+    long skip_line[DATA_SKIP_LIST];
+    int skip_reason[DATA_SKIP_LIST];
+    long dropped_tokens;      // packing: the tail that was dropped
+    int cache_status;         // CACHE_*
+    char cache_path[4096];    // "" when not cached
+    char error[1024];         // the last error (also printed unless quiet)
 } Dataset;
 
-static void dataset_free(Dataset *ds) { free(ds->tokens); free(ds->start); free(ds->len); memset(ds, 0, sizeof *ds); }
+// ----------------------------------------------------------------------------
+// hashing (cache keys and the cache checksum); not cryptographic
 
-// 0 ok; -1 with a message naming the file and line
-static int dataset_load_text_jsonl(Dataset *ds, const char *path, const Tokenizer *tok, int max_seq_len) {
-    memset(ds, 0, sizeof *ds);
-    size_t size;
-    char *text = read_file(path, &size);
-    if (!text) { fprintf(stderr, "error: %s: cannot read: %s\n", path, strerror(errno)); return -1; }
-    size_t cap_rows = 1024, cap_tokens = 1 << 16, used = 0;
-    ds->start = (size_t *)mallocCheck(cap_rows * sizeof(size_t));
-    ds->len = (int *)mallocCheck(cap_rows * sizeof(int));
-    ds->tokens = (int *)mallocCheck(cap_tokens * sizeof(int));
-    int line = 0, rc = 0;
-    char err[256];
-    for (size_t pos = 0; pos < size && rc == 0;) {
-        size_t end = pos;
-        while (end < size && text[end] != '\n') end++;
-        line++;
-        size_t a = pos, b = end;
-        pos = end + 1;
-        while (a < b && (text[a] == ' ' || text[a] == '\t' || text[a] == '\r')) a++;
-        if (a == b) continue; // blank lines are allowed
-        JsonValue v;
-        const JsonValue *t;
-        if (json_parse(text + a, b - a, &v, err, sizeof err) != 0) {
-            fprintf(stderr, "error: %s:%d: invalid JSON: %s\n", path, line, err);
-            rc = -1;
-            break;
-        }
-        if (v.type != JSON_OBJECT || !(t = json_get(&v, "text")) || t->type != JSON_STRING) {
-            fprintf(stderr, "error: %s:%d: expected an object with a string field \"text\"\n", path, line);
-            json_free(&v);
-            rc = -1;
-            break;
-        }
-        int n;
-        int *ids = tokenizer_encode(tok, t->string, t->string_len, 1, 1, &n);
-        json_free(&v);
-        if (!ids) die("%s:%d: out of memory while tokenizing", path, line);
-        if (n > max_seq_len) n = max_seq_len;
-        if ((size_t)ds->n_rows == cap_rows) {
-            cap_rows *= 2;
-            ds->start = (size_t *)realloc(ds->start, cap_rows * sizeof(size_t));
-            ds->len = (int *)realloc(ds->len, cap_rows * sizeof(int));
-            if (!ds->start || !ds->len) die("%s: out of memory", path);
-        }
-        while (used + n > cap_tokens) {
-            cap_tokens *= 2;
-            ds->tokens = (int *)realloc(ds->tokens, cap_tokens * sizeof(int));
-            if (!ds->tokens) die("%s: out of memory", path);
-        }
-        memcpy(ds->tokens + used, ids, n * sizeof(int));
-        free(ids);
-        ds->start[ds->n_rows] = used;
-        ds->len[ds->n_rows] = n;
-        ds->n_rows++;
-        used += n;
+#define DATA_HASH_SEED 0x6C6C616D61327475ull
+// n must be a multiple of 8: the cache is written in 8-byte words
+static uint64_t data_hash_words(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ull; // each step is a bijection of h: one changed word always changes the result
+        h ^= h >> 29;
     }
-    free(text);
-    if (rc == 0 && ds->n_rows == 0) { fprintf(stderr, "error: %s: no rows (expected JSONL with a \"text\" field per line)\n", path); rc = -1; }
-    if (rc != 0) dataset_free(ds);
-    return rc;
+    return h;
+}
+static uint64_t data_hash_bytes(uint64_t h, const void *p, size_t n) {
+    size_t whole = n & ~(size_t)7;
+    h = data_hash_words(h, p, whole);
+    uint64_t tail[2] = {0, (uint64_t)n};
+    memcpy(tail, (const unsigned char *)p + whole, n - whole);
+    return splitmix64(data_hash_words(h, tail, sizeof tail));
 }
 
-// Rows in order, or shuffled every epoch; the stream runs on across epochs so
-// every optimizer step gets a full batch and no row is dropped.
+// ----------------------------------------------------------------------------
+// small text helpers
+
+typedef struct { const char *s; size_t n; } Str;
+
+// Python's str.isspace() for one code point
+static int data_is_space(uint32_t c) {
+    return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+// decodes the (valid: json.h checked it) UTF-8 character at s
+static uint32_t data_utf8_at(const unsigned char *s, int *len) {
+    if (s[0] < 0x80) { *len = 1; return s[0]; }
+    if (s[0] < 0xE0) { *len = 2; return ((s[0] & 0x1Fu) << 6) | (s[1] & 0x3F); }
+    if (s[0] < 0xF0) { *len = 3; return ((s[0] & 0x0Fu) << 12) | ((s[1] & 0x3Fu) << 6) | (s[2] & 0x3F); }
+    *len = 4;
+    return ((s[0] & 0x07u) << 18) | ((s[1] & 0x3Fu) << 12) | ((s[2] & 0x3Fu) << 6) | (s[3] & 0x3F);
+}
+// Python's str.strip(): Unicode whitespace off both ends
+static Str data_strip(Str x) {
+    const unsigned char *s = (const unsigned char *)x.s;
+    size_t a = 0, b = x.n;
+    while (a < b) {
+        int l;
+        uint32_t c = data_utf8_at(s + a, &l);
+        if (!data_is_space(c)) break;
+        a += (size_t)l;
+    }
+    while (b > a) {
+        size_t k = b - 1;
+        while (k > a && (s[k] & 0xC0) == 0x80) k--; // back to the lead byte
+        int l;
+        if (!data_is_space(data_utf8_at(s + k, &l))) break;
+        b = k;
+    }
+    Str r = {x.s + a, b - a};
+    return r;
+}
+
+// tpl with each "{name}" replaced by the value of that name; malloc'd, *len set.
+// Two passes: the first measures, the second writes.
+static char *data_fill(const char *tpl, int n, const char *const *names, const Str *vals, size_t *len) {
+    char *out = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t o = 0;
+        for (const char *p = tpl; *p;) {
+            int hit = -1;
+            for (int i = 0; *p == '{' && i < n && hit < 0; i++) {
+                size_t k = strlen(names[i]);
+                if (strncmp(p + 1, names[i], k) == 0 && p[1 + k] == '}') hit = i;
+            }
+            if (hit < 0) {
+                if (out) out[o] = *p;
+                o++;
+                p++;
+                continue;
+            }
+            if (out) memcpy(out + o, vals[hit].s, vals[hit].n);
+            o += vals[hit].n;
+            p += strlen(names[hit]) + 2;
+        }
+        if (out) { out[o] = 0; *len = o; }
+        else out = (char *)mallocCheck(o + 1);
+    }
+    return out;
+}
+
+// ----------------------------------------------------------------------------
+// records: a sample as text segments, before tokenization
+
+enum { SEG_PROMPT, SEG_RESPONSE, SEG_TEXT };  // BOS + prompt (no loss) | response + EOS | BOS + text + EOS
+typedef struct { char *text; size_t len; int kind; } Segment;
+
+typedef struct {
+    uint64_t record, line;  // 0-based position in the file; 1-based line where it starts
+    Segment *seg;
+    int n_seg, cap_seg;
+    int skip;               // SKIP_* or 0
+    int32_t *ids;           // after tokenization
+    uint8_t *label;         // (n) 1: the token is labelled
+    int n;
+} Pending;
+
+static void pending_add(Pending *p, int kind, char *text, size_t len) {
+    if (p->n_seg == p->cap_seg) {
+        p->cap_seg = p->cap_seg ? 2 * p->cap_seg : 4;
+        p->seg = (Segment *)realloc(p->seg, (size_t)p->cap_seg * sizeof(Segment));
+        if (!p->seg) die("out of memory");
+    }
+    Segment s = {text, len, kind};
+    p->seg[p->n_seg++] = s;
+}
+static void pending_clear(Pending *p) {
+    for (int i = 0; i < p->n_seg; i++) free(p->seg[i].text);
+    free(p->seg); free(p->ids); free(p->label);
+    memset(p, 0, sizeof *p);
+}
+// a segment from a template and a record's fields
+static void pending_fill(Pending *p, int kind, const char *tpl, int n, const char *const *names, const Str *vals) {
+    size_t len;
+    char *text = data_fill(tpl, n, names, vals, &len);
+    pending_add(p, kind, text, len);
+}
+
+// the string field key of obj: 0 ok; -1 with err set. optional: missing or
+// null reads as "" (Alpaca's "input")
+static int data_field(const JsonValue *obj, const char *key, int optional, Str *out, char *err, size_t errn) {
+    const JsonValue *v = json_get(obj, key);
+    out->s = "";
+    out->n = 0;
+    if ((!v || v->type == JSON_NULL) && optional) return 0;
+    if (!v) { snprintf(err, errn, "missing field \"%s\"", key); return -1; }
+    if (v->type != JSON_STRING) {
+        snprintf(err, errn, "field \"%s\" is %s, expected a string", key, json_type_name(v->type));
+        return -1;
+    }
+    out->s = v->string;
+    out->n = v->string_len;
+    return 0;
+}
+
+static int data_detect_format(const JsonValue *v) {
+    if (json_get(v, "messages")) return FORMAT_CHAT;
+    if (json_get(v, "instruction")) return FORMAT_ALPACA;
+    if (json_get(v, "dialogue")) return FORMAT_SAMSUM;
+    if (json_get(v, "prompt")) return FORMAT_PROMPT_RESPONSE;
+    if (json_get(v, "text")) return FORMAT_TEXT;
+    return FORMAT_AUTO;
+}
+
+// chat: [system] user assistant user assistant ... [user]
+static int data_chat(const JsonValue *rec, Pending *p, char *err, size_t errn) {
+    const JsonValue *msgs = json_get(rec, "messages");
+    if (!msgs) { snprintf(err, errn, "missing field \"messages\""); return -1; }
+    if (msgs->type != JSON_ARRAY) { snprintf(err, errn, "field \"messages\" is %s, expected an array", json_type_name(msgs->type)); return -1; }
+    Str system = {NULL, 0}, user = {NULL, 0};
+    for (int i = 0; i < msgs->count; i++) {
+        const JsonValue *m = &msgs->items[i];
+        if (m->type != JSON_OBJECT) { snprintf(err, errn, "messages[%d] is %s, expected an object", i, json_type_name(m->type)); return -1; }
+        Str role, content;
+        char why[256];
+        if (data_field(m, "role", 0, &role, why, sizeof why) || data_field(m, "content", 0, &content, why, sizeof why)) {
+            snprintf(err, errn, "messages[%d]: %s", i, why);
+            return -1;
+        }
+        if (i == 0 && role.n == 6 && memcmp(role.s, "system", 6) == 0) { system = content; continue; }
+        const char *want = user.s ? "assistant" : "user"; // alternating, starting with the user
+        if (role.n != strlen(want) || memcmp(role.s, want, role.n) != 0) {
+            snprintf(err, errn, "messages[%d] has role \"%.*s\", expected \"%s\" (roles: an optional first \"system\", then \"user\" "
+                     "and \"assistant\" alternating)", i, (int)(role.n < 32 ? role.n : 32), role.s, want);
+            return -1;
+        }
+        if (!user.s) { user = content; continue; }
+        // a complete (user, assistant) pair; the system message goes into the first user turn
+        char *folded = NULL;
+        if (system.s && p->n_seg == 0) {
+            static const char *const names[] = {"system", "user"};
+            Str vals[2] = {system, user};
+            size_t len;
+            folded = data_fill(CHAT_SYSTEM, 2, names, vals, &len);
+            user.s = folded;
+            user.n = len;
+        }
+        static const char *const un[] = {"user"}, *const an[] = {"assistant"};
+        Str u = data_strip(user), a = data_strip(content);
+        pending_fill(p, SEG_PROMPT, CHAT_PROMPT, 1, un, &u);
+        pending_fill(p, SEG_RESPONSE, CHAT_RESPONSE, 1, an, &a);
+        free(folded);
+        user.s = NULL;
+    }
+    // a trailing user turn has no answer to learn and is dropped
+    if (p->n_seg == 0) p->skip = SKIP_NO_PAIR;
+    return 0;
+}
+
+// a parsed record to segments: 0 ok (p->skip may be set), -1 with err set
+static int data_record(const JsonValue *rec, int format, Pending *p, char *err, size_t errn) {
+    if (rec->type != JSON_OBJECT) {
+        snprintf(err, errn, "the record is %s, expected an object", json_type_name(rec->type));
+        return -1;
+    }
+    Str v[3];
+    switch (format) {
+    case FORMAT_TEXT: {
+        if (data_field(rec, "text", 0, &v[0], err, errn)) return -1;
+        char *t = (char *)mallocCheck(v[0].n + 1);
+        memcpy(t, v[0].s, v[0].n);
+        pending_add(p, SEG_TEXT, t, v[0].n);
+        return 0;
+    }
+    case FORMAT_PROMPT_RESPONSE: {
+        static const char *const names[] = {"prompt", "response"};
+        if (data_field(rec, "prompt", 0, &v[0], err, errn) || data_field(rec, "response", 0, &v[1], err, errn)) return -1;
+        pending_fill(p, SEG_PROMPT, PROMPT_RESPONSE_PROMPT, 2, names, v);
+        pending_fill(p, SEG_RESPONSE, PROMPT_RESPONSE_RESPONSE, 2, names, v);
+        return 0;
+    }
+    case FORMAT_ALPACA: {
+        static const char *const names[] = {"instruction", "input", "output"};
+        if (data_field(rec, "instruction", 0, &v[0], err, errn) || data_field(rec, "input", 1, &v[1], err, errn) ||
+            data_field(rec, "output", 0, &v[2], err, errn))
+            return -1;
+        pending_fill(p, SEG_PROMPT, v[1].n ? ALPACA_PROMPT_INPUT : ALPACA_PROMPT_NO_INPUT, 3, names, v);
+        pending_fill(p, SEG_RESPONSE, ALPACA_RESPONSE, 3, names, v);
+        return 0;
+    }
+    case FORMAT_SAMSUM: {
+        static const char *const names[] = {"dialogue", "summary"};
+        if (data_field(rec, "dialogue", 0, &v[0], err, errn) || data_field(rec, "summary", 0, &v[1], err, errn)) return -1;
+        pending_fill(p, SEG_PROMPT, SAMSUM_PROMPT, 2, names, v);
+        pending_fill(p, SEG_RESPONSE, SAMSUM_RESPONSE, 2, names, v);
+        return 0;
+    }
+    case FORMAT_CHAT: return data_chat(rec, p, err, errn);
+    }
+    snprintf(err, errn, "unknown format %d", format);
+    return -1;
+}
+
+// the segments to tokens and labels; sets p->skip when there is nothing to learn
+static void pending_tokenize(Pending *p, const Tokenizer *tok) {
+    if (p->skip) return;
+    size_t cap = 64, n = 0;
+    p->ids = (int32_t *)mallocCheck(cap * sizeof(int32_t));
+    p->label = (uint8_t *)mallocCheck(cap);
+    for (int s = 0; s < p->n_seg; s++) {
+        const Segment *g = &p->seg[s];
+        int k;
+        int *ids = tokenizer_encode(tok, g->text, g->len, 0, 0, &k);
+        if (!ids) die("out of memory while tokenizing record %llu", (unsigned long long)p->record);
+        if (k == 0 && g->kind != SEG_PROMPT) {
+            p->skip = g->kind == SEG_TEXT ? SKIP_EMPTY_TEXT : SKIP_EMPTY_RESPONSE;
+            free(ids);
+            return;
+        }
+        while (n + (size_t)k + 2 > cap) {
+            cap *= 2;
+            p->ids = (int32_t *)realloc(p->ids, cap * sizeof(int32_t));
+            p->label = (uint8_t *)realloc(p->label, cap);
+            if (!p->ids || !p->label) die("out of memory while tokenizing");
+        }
+        int labelled = g->kind != SEG_PROMPT;
+        if (g->kind != SEG_RESPONSE && tok->bos_id >= 0) { p->ids[n] = tok->bos_id; p->label[n++] = (uint8_t)labelled; }
+        for (int i = 0; i < k; i++) { p->ids[n] = ids[i]; p->label[n++] = (uint8_t)labelled; }
+        if (g->kind != SEG_PROMPT && tok->eos_id >= 0) { p->ids[n] = tok->eos_id; p->label[n++] = 1; }
+        free(ids);
+    }
+    if (n > INT32_MAX) die("record %llu has too many tokens", (unsigned long long)p->record);
+    p->n = (int)n;
+}
+
+// ----------------------------------------------------------------------------
+// reading records from the file: JSONL lines or the elements of one JSON
+// array, in a bounded buffer (a record over DATA_MAX_RECORD_BYTES is an error)
+
+typedef struct {
+    FILE *f;
+    const char *path;
+    unsigned char *buf;       // read buffer
+    size_t pos, end;
+    uint64_t line;            // line of the next unread byte (1-based)
+    int array;                // layout: 1 JSON array, 0 JSONL
+    int state;                // array: 0 first element or ']', 1 ',' or ']', 2 after ']'
+    char *rec;                // the current record (not NUL-terminated)
+    size_t rec_len, rec_cap;
+    uint64_t rec_line;
+    size_t max_record;
+} RecordReader;
+
+#define DATA_READ_BUF (1 << 20)
+
+static int rr_fill(RecordReader *r) {
+    if (r->pos < r->end) return 1;
+    r->pos = 0;
+    r->end = fread(r->buf, 1, DATA_READ_BUF, r->f);
+    return r->end > 0;
+}
+static int rr_peek(RecordReader *r) { return rr_fill(r) ? r->buf[r->pos] : EOF; }
+static int rr_get(RecordReader *r) {
+    if (!rr_fill(r)) return EOF;
+    int c = r->buf[r->pos++];
+    if (c == '\n') r->line++;
+    return c;
+}
+static int rr_is_space(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+static void rr_skip_space(RecordReader *r) { while (rr_is_space(rr_peek(r))) rr_get(r); }
+// appends to the record: 0 ok, -1 when it would grow past the limit
+static int rr_append(RecordReader *r, const unsigned char *p, size_t n) {
+    if (r->rec_len + n > r->max_record) return -1;
+    if (r->rec_len + n > r->rec_cap) {
+        size_t cap = r->rec_cap ? r->rec_cap : 4096;
+        while (cap < r->rec_len + n) cap *= 2;
+        if (cap > r->max_record) cap = r->max_record;
+        r->rec = (char *)realloc(r->rec, cap);
+        if (!r->rec) die("out of memory reading %s", r->path);
+        r->rec_cap = cap;
+    }
+    memcpy(r->rec + r->rec_len, p, n);
+    r->rec_len += n;
+    return 0;
+}
+
+// opens path and decides the layout from the first non-space byte (after a
+// UTF-8 byte order mark): 0 ok, -1 with err set
+static int rr_open(RecordReader *r, const char *path, size_t max_record, char *err, size_t errn) {
+    memset(r, 0, sizeof *r);
+    r->path = path;
+    r->line = 1;
+    r->max_record = max_record;
+    r->f = fopen(path, "rb");
+    if (!r->f) { snprintf(err, errn, "%s: cannot open: %s", path, strerror(errno)); return -1; }
+    r->buf = (unsigned char *)mallocCheck(DATA_READ_BUF);
+    if (rr_fill(r) && r->end >= 3 && memcmp(r->buf, "\xEF\xBB\xBF", 3) == 0) r->pos = 3;
+    rr_skip_space(r);
+    int c = rr_peek(r);
+    if (c == EOF) { snprintf(err, errn, "%s: %s (no records)", path, ferror(r->f) ? "read error" : "empty file"); return -1; }
+    if (c != '[' && c != '{') {
+        snprintf(err, errn, "%s:%llu: expected JSON Lines (an object per line) or a JSON array, but the file starts with byte 0x%02x ('%c')",
+                 path, (unsigned long long)r->line, c, c >= 0x20 && c < 0x7f ? c : '?');
+        return -1;
+    }
+    r->array = c == '[';
+    if (r->array) rr_get(r);
+    return 0;
+}
+static void rr_close(RecordReader *r) {
+    if (r->f) fclose(r->f);
+    free(r->buf); free(r->rec);
+    memset(r, 0, sizeof *r);
+}
+
+static int rr_too_long(RecordReader *r, char *err, size_t errn) {
+    snprintf(err, errn, "%s:%llu: record longer than %zu MiB (the limit for one line or array element)", r->path,
+             (unsigned long long)r->rec_line, r->max_record >> 20);
+    return -1;
+}
+
+// next JSONL line that is not blank
+static int rr_next_line(RecordReader *r, char *err, size_t errn) {
+    for (;;) {
+        r->rec_len = 0;
+        r->rec_line = r->line;
+        int any = 0, blank = 1;
+        while (rr_fill(r)) {
+            any = 1;
+            unsigned char *s = r->buf + r->pos, *nl = (unsigned char *)memchr(s, '\n', r->end - r->pos);
+            size_t n = nl ? (size_t)(nl - s) : r->end - r->pos;
+            for (size_t i = 0; i < n && blank; i++) blank = rr_is_space(s[i]);
+            if (rr_append(r, s, n) != 0) return rr_too_long(r, err, errn);
+            r->pos += n + (nl != NULL);
+            if (nl) { r->line++; break; }
+        }
+        if (ferror(r->f)) { snprintf(err, errn, "%s:%llu: read error", r->path, (unsigned long long)r->line); return -1; }
+        if (!any) return 0;
+        if (!blank) return 1;
+    }
+}
+
+// next element of the top-level array, found by a scanner that knows strings,
+// escapes and nesting; json_parse checks the element itself
+static int rr_next_element(RecordReader *r, char *err, size_t errn) {
+    r->rec_len = 0;
+    rr_skip_space(r);
+    int c = rr_peek(r);
+    if (r->state == 2) {
+        if (c == EOF) return 0;
+        snprintf(err, errn, "%s:%llu: unexpected content after the end of the top-level array", r->path, (unsigned long long)r->line);
+        return -1;
+    }
+    if (c == ']') {
+        rr_get(r);
+        r->state = 2;
+        return rr_next_element(r, err, errn);
+    }
+    if (r->state == 1) {
+        if (c != ',') {
+            if (c == EOF) snprintf(err, errn, "%s:%llu: unexpected end of file: the top-level array is not closed with ']'", r->path, (unsigned long long)r->line);
+            else snprintf(err, errn, "%s:%llu: expected ',' or ']' between array elements", r->path, (unsigned long long)r->line);
+            return -1;
+        }
+        rr_get(r);
+        rr_skip_space(r);
+        c = rr_peek(r);
+        if (c == ']') { snprintf(err, errn, "%s:%llu: trailing comma before ']'", r->path, (unsigned long long)r->line); return -1; }
+    }
+    if (c == EOF) { snprintf(err, errn, "%s:%llu: unexpected end of file: the top-level array is not closed with ']'", r->path, (unsigned long long)r->line); return -1; }
+    r->rec_line = r->line;
+    int depth = 0, in_string = 0, escape = 0;
+    for (;;) {
+        c = rr_peek(r);
+        if (c == EOF) break;
+        if (!in_string && depth == 0 && r->rec_len > 0 && (c == ',' || c == ']' || rr_is_space(c))) break; // a scalar ends
+        unsigned char b = (unsigned char)rr_get(r);
+        if (rr_append(r, &b, 1) != 0) return rr_too_long(r, err, errn);
+        if (in_string) {
+            if (escape) escape = 0;
+            else if (b == '\\') escape = 1;
+            else if (b == '"') in_string = 0;
+        } else if (b == '"') in_string = 1;
+        else if (b == '{' || b == '[') depth++;
+        else if (b == '}' || b == ']') {
+            if (--depth <= 0) break; // (a stray closer at depth 0 is left to json_parse to report)
+        }
+        if (depth == 0 && !in_string && (b == '"')) break; // a string element ends at its closing quote
+    }
+    if (ferror(r->f)) { snprintf(err, errn, "%s:%llu: read error", r->path, (unsigned long long)r->line); return -1; }
+    r->state = 1;
+    return 1;
+}
+
+// 1: a record in r->rec (starting at line r->rec_line); 0: end; -1: error
+static int rr_next(RecordReader *r, char *err, size_t errn) {
+    return r->array ? rr_next_element(r, err, errn) : rr_next_line(r, err, errn);
+}
+
+// ----------------------------------------------------------------------------
+// the token cache: one file, 8-byte aligned throughout
+//   CacheHeader
+//   per sample: n int32 token ids, n label bytes, zero padding to 8 bytes
+//   CacheSample index[n_samples]   (in file order)
+//   CacheSkip skips[n_skips]       (records that give no sample, in file order)
+// The checksum covers the header (checksum field zero) and everything after it.
+
+#define DATA_CACHE_MAGIC "L2TTOKC1"
+#define DATA_CACHE_VERSION 1u
+
+typedef struct {
+    char magic[8];
+    uint32_t version;
+    uint32_t endian;           // 0x01020304 as written by this machine
+    uint32_t requested_format; // DataOptions.format (auto or forced)
+    uint32_t format;           // the format used
+    uint64_t templates_hash;   // the template strings: editing them invalidates every cache
+    uint64_t tokenizer_hash;   // the bytes of tokenizer.model
+    uint64_t data_size;        // the data file: size, mtime and its first and last MiB
+    int64_t data_mtime_ns;
+    uint64_t data_hash;
+    uint64_t n_records, n_samples, n_skips, n_tokens;
+    uint64_t index_offset, skips_offset, file_size;
+    uint64_t checksum;
+} CacheHeader;
+
+typedef struct {
+    uint64_t offset;    // of the token ids, from the start of the file
+    uint64_t record;    // 0-based position of the record in the file
+    uint64_t line;      // 1-based line where the record starts
+    uint32_t n_tokens;
+    uint32_t n_labels;  // labelled tokens (with train_on_prompt 0)
+} CacheSample;
+
+typedef struct {
+    uint64_t record, line;
+    uint32_t reason, pad;
+} CacheSkip;
+
+struct DataStore {
+    int refs;
+    unsigned char *base;  // the cache file, mapped; or the same bytes in memory
+    size_t size;
+    int mapped;
+    CacheHeader h;
+    const CacheSample *index;
+    const CacheSkip *skips;
+    char path[4096];      // the data file, for messages
+};
+
+static const int32_t *store_tokens(const DataStore *s, long i) { return (const int32_t *)(s->base + s->index[i].offset); }
+static const uint8_t *store_labels(const DataStore *s, long i) { return (const uint8_t *)(store_tokens(s, i) + s->index[i].n_tokens); }
+static size_t cache_blob_size(uint32_t n) { return ((size_t)n * 5 + 7) & ~(size_t)7; }
+
+static void store_release(DataStore *s) {
+    if (!s || --s->refs > 0) return;
+    if (s->mapped) munmap(s->base, s->size);
+    else free(s->base);
+    free(s);
+}
+
+static uint64_t cache_templates_hash(void) {
+    static const char *const t[] = {SAMSUM_PROMPT, SAMSUM_RESPONSE, ALPACA_PROMPT_INPUT, ALPACA_PROMPT_NO_INPUT, ALPACA_RESPONSE,
+                                    PROMPT_RESPONSE_PROMPT, PROMPT_RESPONSE_RESPONSE, CHAT_SYSTEM, CHAT_PROMPT, CHAT_RESPONSE};
+    uint64_t h = DATA_HASH_SEED;
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) h = data_hash_bytes(h, t[i], strlen(t[i]) + 1);
+    return h;
+}
+
+static uint64_t cache_checksum(const CacheHeader *h, uint64_t body_hash) {
+    CacheHeader c = *h;
+    c.checksum = 0;
+    return splitmix64(data_hash_words(body_hash, &c, sizeof c));
+}
+
+// the data file's identity: size, mtime and a hash of its first and last MiB
+// (a full hash would read a multi-GB file on every start). 0 ok, -1 errno set.
+static int data_identity(const char *path, CacheHeader *h) {
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    if (!S_ISREG(st.st_mode)) { errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL; return -1; }
+    h->data_size = (uint64_t)st.st_size;
+    h->data_mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    size_t mb = 1 << 20, n = h->data_size < 2 * mb ? (size_t)h->data_size : 2 * mb;
+    unsigned char *buf = (unsigned char *)mallocCheck(n);
+    ssize_t a = pread(fd, buf, n < mb ? n : mb, 0), b = 0;
+    if (n > mb) b = pread(fd, buf + mb, n - mb, (off_t)(h->data_size - (n - mb)));
+    close(fd);
+    int ok = a >= 0 && b >= 0 && (size_t)(a + b) == n;
+    h->data_hash = data_hash_bytes(DATA_HASH_SEED, buf, n);
+    free(buf);
+    if (!ok) { errno = EIO; return -1; }
+    return 0;
+}
+
+// opens and checks a cache; NULL with why set ("" when there is none)
+static DataStore *cache_open(const char *path, const CacheHeader *want, char *why, size_t whyn) {
+    why[0] = 0;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        if (errno != ENOENT) snprintf(why, whyn, "cannot open: %s", strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    CacheHeader h;
+    if (fstat(fd, &st) != 0 || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) { snprintf(why, whyn, "truncated (no header)"); close(fd); return NULL; }
+    const char *bad = NULL;
+    if (memcmp(h.magic, DATA_CACHE_MAGIC, 8) != 0) bad = "bad magic (not a token cache)";
+    else if (h.version != DATA_CACHE_VERSION || h.endian != 0x01020304u) bad = "written by another version";
+    else if (h.templates_hash != want->templates_hash) bad = "the prompt templates changed";
+    else if (h.requested_format != want->requested_format) bad = "built for another --data_format";
+    else if (h.tokenizer_hash != want->tokenizer_hash) bad = "the tokenizer changed";
+    else if (h.data_size != want->data_size || h.data_mtime_ns != want->data_mtime_ns || h.data_hash != want->data_hash)
+        bad = "the data file changed";
+    else if (h.file_size != (uint64_t)st.st_size) bad = "truncated or wrong size";
+    else if (h.index_offset < sizeof h || h.index_offset % 8 || h.index_offset > h.file_size || h.n_samples > (h.file_size - h.index_offset) / sizeof(CacheSample) ||
+             h.skips_offset != h.index_offset + h.n_samples * sizeof(CacheSample) ||
+             h.n_skips > (h.file_size - h.skips_offset) / sizeof(CacheSkip) ||
+             h.file_size != h.skips_offset + h.n_skips * sizeof(CacheSkip) || h.n_samples + h.n_skips != h.n_records)
+        bad = "inconsistent counts";
+    if (bad) { snprintf(why, whyn, "%s", bad); close(fd); return NULL; }
+    void *base = mmap(NULL, (size_t)h.file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) { snprintf(why, whyn, "cannot mmap: %s", strerror(errno)); return NULL; }
+    DataStore *s = (DataStore *)callocCheck(1, sizeof *s);
+    s->refs = 1;
+    s->base = (unsigned char *)base;
+    s->size = (size_t)h.file_size;
+    s->mapped = 1;
+    s->h = h;
+    s->index = (const CacheSample *)(s->base + h.index_offset);
+    s->skips = (const CacheSkip *)(s->base + h.skips_offset);
+    uint64_t body = data_hash_words(DATA_HASH_SEED, s->base + sizeof h, s->size - sizeof h);
+    if (cache_checksum(&h, body) != h.checksum) bad = "checksum mismatch";
+    // the index must tile the sample area exactly, in order (cheap, and no sample can point outside the file)
+    uint64_t at = sizeof h, tokens = 0;
+    for (uint64_t i = 0; !bad && i < h.n_samples; i++) {
+        const CacheSample *e = &s->index[i];
+        if (e->offset != at || e->n_tokens == 0 || e->n_labels > e->n_tokens) bad = "bad index";
+        at += cache_blob_size(e->n_tokens);
+        tokens += e->n_tokens;
+        if (at > h.index_offset) bad = "bad index";
+    }
+    if (!bad && (at != h.index_offset || tokens != h.n_tokens)) bad = "bad index";
+    if (bad) { snprintf(why, whyn, "%s", bad); store_release(s); return NULL; }
+    return s;
+}
+
+// writes the cache to a temporary file (renamed into place at the end) or,
+// when f is NULL, into memory; every write is a multiple of 8 bytes
+typedef struct {
+    FILE *f;
+    char tmp[4200];
+    unsigned char *mem;
+    size_t mem_cap;
+    uint64_t size, hash;
+    int failed;
+} CacheWriter;
+
+static void cw_write(CacheWriter *w, const void *p, size_t n) {
+    w->hash = data_hash_words(w->hash, p, n);
+    if (w->f) {
+        if (fwrite(p, 1, n, w->f) != n) w->failed = 1;
+    } else {
+        if (w->size + n > w->mem_cap) {
+            size_t cap = w->mem_cap ? w->mem_cap : 1 << 20;
+            while (cap < w->size + n) cap *= 2;
+            w->mem = (unsigned char *)realloc(w->mem, cap);
+            if (!w->mem) die("out of memory holding the tokenized data");
+            w->mem_cap = cap;
+        }
+        memcpy(w->mem + w->size, p, n);
+    }
+    w->size += n;
+}
+
+// ----------------------------------------------------------------------------
+// loading: tokenize the file into a store (cache file or memory)
+
+static int data_fail(Dataset *ds, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int data_fail(Dataset *ds, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ds->error, sizeof ds->error, fmt, ap);
+    va_end(ap);
+    if (!ds->quiet) fprintf(stderr, "error: %s\n", ds->error);
+    return -1;
+}
+
+#define DATA_BATCH_RECORDS 1024
+#define DATA_BATCH_BYTES ((size_t)8 << 20)
+
+static void data_tokenize_batch(Pending *batch, int n, const Tokenizer *tok) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1)
+#endif
+    for (int i = 0; i < n; i++) pending_tokenize(&batch[i], tok);
+}
+
+// Streams the file, tokenizes it and writes the store. cache_path NULL: in
+// memory only. *key holds the identity fields; the counts are filled here.
+static DataStore *data_build(Dataset *ds, const char *path, const char *cache_path, CacheHeader *key, const Tokenizer *tok) {
+    char err[768];
+    RecordReader rr;
+    if (rr_open(&rr, path, DATA_MAX_RECORD_BYTES, err, sizeof err) != 0) { rr_close(&rr); data_fail(ds, "%s", err); return NULL; }
+    CacheWriter w;
+    memset(&w, 0, sizeof w);
+    w.hash = DATA_HASH_SEED;
+    if (cache_path) {
+        snprintf(w.tmp, sizeof w.tmp, "%s.tmp.%d", cache_path, (int)getpid());
+        w.f = fopen(w.tmp, "wb");
+        if (!w.f && !ds->quiet)
+            printf("data: cannot write the token cache %s (%s): keeping the tokens in memory\n", w.tmp, strerror(errno));
+        if (!w.f) ds->cache_path[0] = 0;
+    }
+    CacheHeader h = *key;
+    uint64_t zero_header[sizeof(CacheHeader) / 8] = {0};
+    if (w.f) { if (fwrite(zero_header, 1, sizeof h, w.f) != sizeof h) w.failed = 1; }
+    else { w.mem_cap = 1 << 20; w.mem = (unsigned char *)mallocCheck(w.mem_cap); memset(w.mem, 0, sizeof h); }
+    w.size = sizeof h;
+
+    size_t cap_index = 1024, cap_skips = 16;
+    CacheSample *index = (CacheSample *)mallocCheck(cap_index * sizeof(CacheSample));
+    CacheSkip *skips = (CacheSkip *)mallocCheck(cap_skips * sizeof(CacheSkip));
+    Pending *batch = (Pending *)callocCheck(DATA_BATCH_RECORDS, sizeof(Pending));
+    int format = (int)key->requested_format, rc = 0, more = 1;
+    unsigned char *blob = NULL;
+    size_t blob_cap = 0;
+    while (more && rc == 0) {
+        // read and parse a batch of records (serially: the file is read in order)
+        int n = 0;
+        size_t bytes = 0;
+        while (n < DATA_BATCH_RECORDS && bytes < DATA_BATCH_BYTES) {
+            int got = rr_next(&rr, err, sizeof err);
+            if (got < 0) { rc = data_fail(ds, "%s", err); break; }
+            if (got == 0) { more = 0; break; }
+            JsonValue v;
+            char jerr[512];
+            if (json_parse(rr.rec, rr.rec_len, &v, jerr, sizeof jerr) != 0) {
+                rc = data_fail(ds, "%s:%llu: invalid JSON: %s", path, (unsigned long long)rr.rec_line, jerr);
+                break;
+            }
+            if (format == FORMAT_AUTO) {
+                format = v.type == JSON_OBJECT ? data_detect_format(&v) : FORMAT_AUTO;
+                if (format == FORMAT_AUTO && v.type == JSON_OBJECT) {
+                    char keys[256] = "";
+                    for (int i = 0; i < v.count && strlen(keys) < 200; i++)
+                        snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%s\"%.40s\"", i ? ", " : "", v.keys[i]);
+                    rc = data_fail(ds, "%s:%llu: cannot tell the data format from the keys {%s}: expected \"text\", \"prompt\"+\"response\", "
+                                   "\"instruction\"+\"input\"+\"output\", \"dialogue\"+\"summary\" or \"messages\" (or set --data_format)",
+                                   path, (unsigned long long)rr.rec_line, keys);
+                    json_free(&v);
+                    break;
+                }
+                h.format = (uint32_t)format;
+            }
+            Pending *p = &batch[n];
+            p->record = h.n_records++;
+            p->line = rr.rec_line;
+            if (data_record(&v, format, p, err, sizeof err) != 0) {
+                rc = data_fail(ds, "%s:%llu: %s (format %s)", path, (unsigned long long)rr.rec_line, err, data_format_names[format]);
+                json_free(&v);
+                pending_clear(p);
+                break;
+            }
+            json_free(&v);
+            bytes += rr.rec_len;
+            n++;
+        }
+        // tokenize in parallel, write in order
+        if (rc == 0) data_tokenize_batch(batch, n, tok);
+        for (int i = 0; i < n; i++) {
+            Pending *p = &batch[i];
+            if (rc == 0 && p->skip) {
+                if (h.n_skips == cap_skips) skips = (CacheSkip *)realloc(skips, (cap_skips *= 2) * sizeof(CacheSkip));
+                if (!skips) die("out of memory");
+                CacheSkip s = {p->record, p->line, (uint32_t)p->skip, 0};
+                skips[h.n_skips++] = s;
+            } else if (rc == 0) {
+                size_t sz = cache_blob_size((uint32_t)p->n);
+                if (sz > blob_cap) { blob_cap = 2 * sz; free(blob); blob = (unsigned char *)mallocCheck(blob_cap); }
+                memset(blob, 0, sz);
+                memcpy(blob, p->ids, (size_t)p->n * 4);
+                memcpy(blob + (size_t)p->n * 4, p->label, (size_t)p->n);
+                uint32_t labels = 0;
+                for (int t = 0; t < p->n; t++) labels += p->label[t];
+                if (h.n_samples == cap_index) index = (CacheSample *)realloc(index, (cap_index *= 2) * sizeof(CacheSample));
+                if (!index) die("out of memory");
+                CacheSample e = {w.size, p->record, p->line, (uint32_t)p->n, labels};
+                index[h.n_samples++] = e;
+                h.n_tokens += (uint64_t)p->n;
+                cw_write(&w, blob, sz);
+            }
+            pending_clear(p);
+        }
+        if (w.failed && rc == 0) rc = data_fail(ds, "%s: writing the token cache failed: %s (set --data_cache_dir elsewhere)", w.tmp, strerror(errno));
+    }
+    rr_close(&rr);
+    free(batch); free(blob);
+    if (rc == 0 && h.n_records == 0) rc = data_fail(ds, "%s: no records (an empty JSON array)", path);
+    if (rc == 0 && h.n_samples > INT32_MAX) rc = data_fail(ds, "%s: more than %d samples", path, INT32_MAX);
+    DataStore *s = NULL;
+    if (rc == 0) {
+        h.index_offset = w.size;
+        cw_write(&w, index, h.n_samples * sizeof(CacheSample));
+        h.skips_offset = w.size;
+        cw_write(&w, skips, h.n_skips * sizeof(CacheSkip));
+        h.file_size = w.size;
+        memcpy(h.magic, DATA_CACHE_MAGIC, 8);
+        h.version = DATA_CACHE_VERSION;
+        h.endian = 0x01020304u;
+        h.checksum = cache_checksum(&h, w.hash);
+    }
+    free(index); free(skips);
+    if (rc == 0 && w.f) {
+        int bad = w.failed || fseek(w.f, 0, SEEK_SET) != 0 || fwrite(&h, 1, sizeof h, w.f) != sizeof h;
+        bad |= fflush(w.f) != 0;
+        bad |= fsync(fileno(w.f)) != 0;
+        bad |= fclose(w.f) != 0;
+        w.f = NULL;
+        if (bad || rename(w.tmp, cache_path) != 0) {
+            rc = data_fail(ds, "%s: writing the token cache failed: %s", cache_path, strerror(errno));
+        } else {
+            char why[256];
+            s = cache_open(cache_path, &h, why, sizeof why);
+            if (!s) rc = data_fail(ds, "%s: the token cache just written does not read back: %s", cache_path, why);
+        }
+    } else if (rc == 0) {
+        memcpy(w.mem, &h, sizeof h);
+        s = (DataStore *)callocCheck(1, sizeof *s);
+        s->refs = 1;
+        s->base = w.mem;
+        s->size = (size_t)w.size;
+        s->h = h;
+        s->index = (const CacheSample *)(s->base + h.index_offset);
+        s->skips = (const CacheSkip *)(s->base + h.skips_offset);
+        w.mem = NULL;
+    }
+    if (w.f) fclose(w.f);
+    if (w.tmp[0]) remove(w.tmp); // (already renamed when all went well)
+    free(w.mem);
+    return s;
+}
+
+// ----------------------------------------------------------------------------
+// selection (slice, skips, max_samples) and rows
+
+// "[a:b]" with optional split name, a and b integers (negative: from the end)
+// or percentages; HF datasets' rounding "closest" (round half to even)
+static int data_parse_slice(const char *spec, long n, long *from, long *to, char *err, size_t errn) {
+    *from = 0;
+    *to = n;
+    if (!spec || !spec[0]) return 0;
+    const char *p = spec;
+    while (*p && *p != '[' && *p != ':') p++; // a split name ("train") is allowed and ignored
+    int bracket = *p == '[';
+    if (bracket) p++;
+    double v[2];
+    int has[2] = {0, 0}, pct[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        char *e;
+        if (*p != ':' && *p != ']' && *p) {
+            long long x = strtoll(p, &e, 10);
+            if (e == p) goto bad;
+            v[k] = (double)x;
+            has[k] = 1;
+            p = e;
+            if (*p == '%') { pct[k] = 1; p++; if (x < -100 || x > 100) goto bad; }
+        }
+        if (k == 0) { if (*p != ':') goto bad; p++; }
+    }
+    if (bracket) { if (*p != ']') goto bad; p++; }
+    if (*p) goto bad;
+    if (has[0] && has[1] && pct[0] != pct[1]) { snprintf(err, errn, "slice '%s': both ends must be counts or both percentages", spec); return -1; }
+    for (int k = 0; k < 2; k++) {
+        if (!has[k]) continue;
+        long x = pct[k] ? (long)nearbyint(v[k] * (double)n / 100.0) : (long)v[k];
+        if (x < 0) x = n + x > 0 ? n + x : 0;
+        if (x > n) x = n;
+        *(k ? to : from) = x;
+    }
+    return 0;
+bad:
+    snprintf(err, errn, "slice '%s': expected e.g. \"[:10%%]\", \"[10%%:20%%]\", \"[:100]\" or \"[50:]\"", spec);
+    return -1;
+}
+
+// is any target within the first max_seq_len tokens labelled (padding)?
+static uint32_t data_labels_within(const Dataset *ds, long i) {
+    const CacheSample *e = &ds->store->index[i];
+    uint32_t n = e->n_tokens < (uint32_t)ds->max_seq_len ? e->n_tokens : (uint32_t)ds->max_seq_len;
+    if (n < 2) return 0;
+    if (ds->train_on_prompt) return n - 1;
+    const uint8_t *lab = store_labels(ds->store, i);
+    uint32_t c = 0;
+    for (uint32_t t = 1; t < n; t++) c += lab[t];
+    return c;
+}
+
+static long dataset_row_len(const Dataset *ds, long r) {
+    if (ds->packing) return r == ds->n_rows - 1 ? ds->last_row_len : ds->max_seq_len;
+    uint32_t n = ds->store->index[ds->samples[r]].n_tokens;
+    return n < (uint32_t)ds->max_seq_len ? (long)n : ds->max_seq_len;
+}
+
+// tokens of row r and, in flags, whether each is labelled; returns its length
+static long dataset_row(const Dataset *ds, long r, int *tokens, int *flags) {
+    long len = dataset_row_len(ds, r);
+    if (!ds->packing) {
+        long s = ds->samples[r];
+        const int32_t *tk = store_tokens(ds->store, s);
+        const uint8_t *lab = store_labels(ds->store, s);
+        for (long t = 0; t < len; t++) { tokens[t] = tk[t]; flags[t] = ds->train_on_prompt || lab[t]; }
+        return len;
+    }
+    // packing: find the sample holding the row's first token, then walk on
+    int64_t g = (int64_t)r * ds->max_seq_len;
+    long lo = 0, hi = ds->n_samples - 1;
+    while (lo < hi) { // last k with cum[k] <= g
+        long mid = (lo + hi + 1) / 2;
+        if (ds->cum[mid] <= g) lo = mid; else hi = mid - 1;
+    }
+    long k = lo;
+    int64_t off = g - ds->cum[k];
+    for (long t = 0; t < len; t++) {
+        while (off == (int64_t)ds->store->index[ds->samples[k]].n_tokens) { k++; off = 0; }
+        long s = ds->samples[k];
+        tokens[t] = store_tokens(ds->store, s)[off];
+        flags[t] = ds->train_on_prompt || store_labels(ds->store, s)[off];
+        off++;
+    }
+    return len;
+}
+
+// a row into tokens/targets of width T (padding after it); returns its labels
+static long dataset_fill_row(const Dataset *ds, long r, int T, int pad_id, int *tokens, int *targets) {
+    long len = dataset_row(ds, r, tokens, targets); // targets holds the label flags first...
+    long labels = 0;
+    for (long t = 0; t < len; t++) { // ...and is shifted in place: flag t+1 is read before it is overwritten
+        int lab = t + 1 < len && targets[t + 1];
+        targets[t] = lab ? tokens[t + 1] : -100;
+        labels += lab;
+    }
+    for (long t = len; t < T; t++) { tokens[t] = pad_id; targets[t] = -100; }
+    return labels;
+}
+
+// rows and their label counts from ds->samples (after load and after split)
+static void dataset_build_rows(Dataset *ds) {
+    free(ds->row_labels); free(ds->cum);
+    ds->row_labels = NULL;
+    ds->cum = NULL;
+    ds->n_tokens = ds->n_labels = ds->dropped_tokens = 0;
+    if (!ds->packing) {
+        ds->n_rows = ds->n_samples;
+        ds->row_labels = (int32_t *)mallocCheck((size_t)ds->n_rows * sizeof(int32_t));
+        for (long r = 0; r < ds->n_rows; r++) {
+            ds->row_labels[r] = (int32_t)data_labels_within(ds, ds->samples[r]);
+            ds->n_tokens += dataset_row_len(ds, r);
+            ds->n_labels += ds->row_labels[r];
+        }
+        return;
+    }
+    ds->cum = (int64_t *)mallocCheck((size_t)(ds->n_samples + 1) * sizeof(int64_t));
+    ds->cum[0] = 0;
+    for (long k = 0; k < ds->n_samples; k++) ds->cum[k + 1] = ds->cum[k] + ds->store->index[ds->samples[k]].n_tokens;
+    int64_t total = ds->cum[ds->n_samples], L = ds->max_seq_len;
+    ds->n_rows = (long)(total / L);
+    ds->last_row_len = (int)L;
+    if (ds->n_rows == 0) { ds->n_rows = 1; ds->last_row_len = (int)total; } // the only row: keep it short
+    ds->dropped_tokens = (long)(total - ((int64_t)(ds->n_rows - 1) * L + ds->last_row_len));
+    ds->row_labels = (int32_t *)mallocCheck((size_t)ds->n_rows * sizeof(int32_t));
+    int *tok = (int *)mallocCheck((size_t)L * sizeof(int)), *flags = (int *)mallocCheck((size_t)L * sizeof(int));
+    for (long r = 0; r < ds->n_rows; r++) {
+        long len = dataset_row(ds, r, tok, flags), c = 0;
+        for (long t = 1; t < len; t++) c += flags[t];
+        ds->row_labels[r] = (int32_t)c;
+        ds->n_tokens += len;
+        ds->n_labels += c;
+    }
+    free(tok); free(flags);
+}
+
+static void data_note_skip(Dataset *ds, uint64_t line, int reason) {
+    if (ds->n_skipped < DATA_SKIP_LIST) {
+        ds->skip_line[ds->n_skipped] = (long)line;
+        ds->skip_reason[ds->n_skipped] = reason;
+    }
+    ds->n_skipped++;
+}
+
+static void dataset_free(Dataset *ds) {
+    store_release(ds->store);
+    free(ds->samples); free(ds->row_labels); free(ds->cum);
+    ds->store = NULL;
+    ds->samples = NULL;
+    ds->row_labels = NULL;
+    ds->cum = NULL;
+    ds->n_samples = ds->n_rows = 0;
+}
+
+static void dataset_report(const Dataset *ds, const char *path) {
+    if (ds->quiet) return;
+    const char *cache = ds->cache_status == CACHE_REUSED ? "reused" : ds->cache_status == CACHE_NONE ? "none (in memory)" : "written";
+    printf("data: %s: format %s, %ld samples of %ld records, %s max_seq_len %d: %ld rows, %ld tokens, %ld labels; cache %s%s%s\n",
+           path, data_format_names[ds->format], ds->n_samples, ds->n_records, ds->packing ? "packed to" : "padded, truncated to",
+           ds->max_seq_len, ds->n_rows, ds->n_tokens, ds->n_labels, cache, ds->cache_path[0] ? " " : "", ds->cache_path);
+    if (ds->packing && ds->dropped_tokens)
+        printf("data: %s: packing dropped the last %ld tokens (a row shorter than max_seq_len)\n", path, ds->dropped_tokens);
+    if (ds->n_skipped) {
+        printf("data: %s: skipped %ld samples:", path, ds->n_skipped);
+        for (long i = 0; i < ds->n_skipped && i < DATA_SKIP_LIST; i++)
+            printf("%s line %ld: %s", i ? ";" : "", ds->skip_line[i], skip_reason_names[ds->skip_reason[i]]);
+        printf("%s\n", ds->n_skipped > DATA_SKIP_LIST ? "; ..." : "");
+    }
+}
+
+// Loads (tokenizes or reads the cache of) the data file; 0 ok, -1 with an
+// error naming the file printed (and in ds->error).
+static int dataset_load(Dataset *ds, const char *path, const Tokenizer *tok, const char *tokenizer_path, const DataOptions *o) {
+    DataOptions dflt;
+    memset(&dflt, 0, sizeof dflt);
+    if (!o) o = &dflt;
+    memset(ds, 0, sizeof *ds);
+    ds->quiet = o->quiet;
+    ds->train_on_prompt = o->train_on_prompt != 0;
+    ds->packing = o->packing != 0;
+    ds->max_seq_len = o->max_seq_len;
+    if (o->max_seq_len < 2) return data_fail(ds, "%s: max_seq_len must be at least 2 (got %d)", path, o->max_seq_len);
+    if (o->max_samples < 0) return data_fail(ds, "%s: max_samples must be >= 0 (got %ld)", path, o->max_samples);
+    int requested = -1;
+    const char *fmt = o->format && o->format[0] ? o->format : "auto";
+    for (int f = 0; f <= FORMAT_CHAT; f++)
+        if (strcmp(fmt, data_format_names[f]) == 0) requested = f;
+    if (requested < 0)
+        return data_fail(ds, "%s: unknown data format '%s' (expected auto, text, prompt_response, alpaca, samsum or chat)", path, fmt);
+
+    // what the tokens depend on
+    CacheHeader key;
+    memset(&key, 0, sizeof key);
+    key.requested_format = (uint32_t)requested;
+    key.format = (uint32_t)requested;
+    key.templates_hash = cache_templates_hash();
+    if (data_identity(path, &key) != 0) return data_fail(ds, "%s: cannot read: %s", path, strerror(errno));
+    int use_cache = 1;
+    const char *no_cache_why = "";
+    size_t tlen;
+    char *tbytes = tokenizer_path && tokenizer_path[0] ? read_file(tokenizer_path, &tlen) : NULL;
+    if (tbytes) key.tokenizer_hash = data_hash_bytes(DATA_HASH_SEED, tbytes, tlen);
+    else { use_cache = 0; no_cache_why = "the tokenizer file is not known"; }
+    free(tbytes);
+    if (use_cache && o->cache_dir && o->cache_dir[0]) {
+        if (mkdir_p(o->cache_dir) != 0) { use_cache = 0; no_cache_why = strerror(errno); }
+        char real[4096];
+        const char *name = realpath(path, real) ? real : path, *base = strrchr(path, '/');
+        snprintf(ds->cache_path, sizeof ds->cache_path, "%s/%s.%016llx.tokcache", o->cache_dir, base ? base + 1 : path,
+                 (unsigned long long)data_hash_bytes(DATA_HASH_SEED, name, strlen(name)));
+    } else {
+        snprintf(ds->cache_path, sizeof ds->cache_path, "%s.tokcache", path);
+    }
+    // a directory without any write permission bit is left alone even by root (who may write anyway):
+    // shared, read-only data stays untouched
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", ds->cache_path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+    struct stat dst;
+    if (use_cache && (stat(dir[0] ? dir : "/", &dst) != 0 || (dst.st_mode & 0222) == 0 || access(dir[0] ? dir : "/", W_OK) != 0)) {
+        use_cache = 0;
+        no_cache_why = "its directory is not writable";
+    }
+    if (!use_cache) {
+        if (!o->quiet) printf("data: no token cache for %s (%s): tokenizing in memory\n", path, no_cache_why);
+        ds->cache_path[0] = 0;
+    }
+
+    DataStore *st = NULL;
+    if (use_cache) {
+        char why[256];
+        st = cache_open(ds->cache_path, &key, why, sizeof why);
+        if (st) ds->cache_status = CACHE_REUSED;
+        else if (why[0]) {
+            ds->cache_status = CACHE_REBUILT;
+            if (!o->quiet) printf("data: token cache %s is stale or corrupt (%s): rebuilding\n", ds->cache_path, why);
+        } else ds->cache_status = CACHE_BUILT;
+    }
+    if (!st) {
+        st = data_build(ds, path, use_cache ? ds->cache_path : NULL, &key, tok);
+        if (!st) return -1;
+        if (!ds->cache_path[0]) ds->cache_status = CACHE_NONE;
+    }
+    snprintf(st->path, sizeof st->path, "%s", path);
+    ds->store = st;
+    ds->format = (int)st->h.format;
+    if (tok && st->h.n_tokens) { // a cache from the right tokenizer file cannot hold other ids, but check the first
+        int32_t id0 = store_tokens(st, 0)[0];
+        if (id0 < 0 || id0 >= tok->vocab_size) { dataset_free(ds); return data_fail(ds, "%s: token id %d out of range", ds->cache_path, id0); }
+    }
+
+    // selection: slice of records, skips, max_samples
+    char err[256];
+    long from, to;
+    if (data_parse_slice(o->slice, (long)st->h.n_records, &from, &to, err, sizeof err) != 0) { dataset_free(ds); return data_fail(ds, "%s: %s", path, err); }
+    ds->samples = (int32_t *)mallocCheck((size_t)(st->h.n_samples ? st->h.n_samples : 1) * sizeof(int32_t));
+    uint64_t end = (uint64_t)(to > from ? to : from), j = 0; // records [from, end); skips[j] is the next skip
+    for (uint64_t i = 0; i < st->h.n_samples; i++) {
+        const CacheSample *e = &st->index[i];
+        if (e->record < (uint64_t)from) continue;
+        if (e->record >= end) break;
+        for (; j < st->h.n_skips && st->skips[j].record < e->record; j++)
+            if (st->skips[j].record >= (uint64_t)from) data_note_skip(ds, st->skips[j].line, (int)st->skips[j].reason);
+        if (!ds->packing && data_labels_within(ds, (long)i) == 0) { data_note_skip(ds, e->line, SKIP_TRUNCATED); continue; }
+        ds->samples[ds->n_samples++] = (int32_t)i;
+        if (o->max_samples && ds->n_samples == o->max_samples) { end = e->record + 1; break; }
+    }
+    for (; j < st->h.n_skips && st->skips[j].record < end; j++)
+        if (st->skips[j].record >= (uint64_t)from) data_note_skip(ds, st->skips[j].line, (int)st->skips[j].reason);
+    ds->n_records = (long)(end > (uint64_t)from ? end - (uint64_t)from : 0);
+    if (ds->n_samples == 0) {
+        char list[256] = "";
+        for (long i = 0; i < ds->n_skipped && i < DATA_SKIP_LIST; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%sline %ld: %s", i ? "; " : ": ", ds->skip_line[i], skip_reason_names[ds->skip_reason[i]]);
+        long skipped = ds->n_skipped, recs = ds->n_records;
+        dataset_free(ds);
+        return data_fail(ds, "%s: no samples to train on (%ld records selected%s%s, %ld skipped%s)", path, recs,
+                         o->slice && o->slice[0] ? " by slice " : "", o->slice ? o->slice : "", skipped, list);
+    }
+    dataset_build_rows(ds);
+    dataset_report(ds, path);
+    return 0;
+}
+
+// Splits all's samples into a validation set of ceil(val_fraction * n) samples
+// drawn with seed and a training set of the rest, both in file order and
+// disjoint; each is then packed (or padded) on its own. all stays valid (free
+// all three). 0 ok, -1 with an error printed.
+static int dataset_split(Dataset *all, double val_fraction, uint64_t seed, Dataset *train, Dataset *val) {
+    memset(train, 0, sizeof *train);
+    memset(val, 0, sizeof *val);
+    train->quiet = val->quiet = all->quiet;
+    const char *path = all->store ? all->store->path : "?";
+    long n = all->n_samples, n_val = (long)ceil(val_fraction * (double)n - 1e-9);
+    if (!(val_fraction > 0 && val_fraction < 1)) return data_fail(train, "%s: the validation fraction must be in (0, 1), got %g", path, val_fraction);
+    if (n_val < 1 || n_val > n - 1)
+        return data_fail(train, "%s: a validation fraction of %g of %ld samples leaves %ld for validation and %ld for training", path,
+                         val_fraction, n, n_val, n - n_val);
+    // a seeded permutation of the sample positions; its first n_val are validation
+    int32_t *perm = (int32_t *)mallocCheck((size_t)n * sizeof(int32_t));
+    uint8_t *is_val = (uint8_t *)callocCheck((size_t)n, 1);
+    for (long i = 0; i < n; i++) perm[i] = (int32_t)i;
+    uint64_t state = splitmix64(seed ^ 0x76616C5F73706C74ull); // "val_splt"
+    for (long i = n - 1; i > 0; i--) {
+        long k = (long)(rng_next(&state) % (uint64_t)(i + 1));
+        int32_t t = perm[i]; perm[i] = perm[k]; perm[k] = t;
+    }
+    for (long i = 0; i < n_val; i++) is_val[perm[i]] = 1;
+    Dataset *half[2] = {train, val};
+    for (int h = 0; h < 2; h++) {
+        Dataset *d = half[h];
+        *d = *all;
+        d->samples = (int32_t *)mallocCheck((size_t)n * sizeof(int32_t));
+        d->row_labels = NULL;
+        d->cum = NULL;
+        d->n_samples = 0;
+        for (long i = 0; i < n; i++)
+            if (is_val[i] == h) d->samples[d->n_samples++] = all->samples[i];
+        d->store->refs++;
+        dataset_build_rows(d);
+    }
+    free(perm); free(is_val);
+    if (!all->quiet)
+        printf("data: %s: validation split %g: %ld training samples (%ld rows), %ld validation samples (%ld rows)\n", path,
+               val_fraction, train->n_samples, train->n_rows, val->n_samples, val->n_rows);
+    return 0;
+}
+
+// the longest row (the trainer allocates B x this)
+static int dataset_max_len(const Dataset *ds) {
+    if (ds->packing) return ds->n_rows > 1 ? ds->max_seq_len : ds->last_row_len;
+    long m = 0;
+    for (long r = 0; r < ds->n_rows; r++) { long l = dataset_row_len(ds, r); m = l > m ? l : m; }
+    return (int)m;
+}
+
+// Rows [first, first + n) in dataset order (no shuffling, no wrap: first + n
+// <= n_rows), padded to the longest of them (*T); tokens and targets hold
+// n x *T. Returns the label count. For evaluation, where the last batch may
+// have fewer rows.
+static long dataset_get_rows(const Dataset *ds, long first, int n, int pad_id, int *tokens, int *targets, int *T) {
+    if (first < 0 || n < 0 || first + n > ds->n_rows) die("dataset_get_rows: rows [%ld, %ld) outside [0, %ld)", first, first + n, ds->n_rows);
+    long maxlen = 0, labels = 0;
+    for (int b = 0; b < n; b++) { long l = dataset_row_len(ds, first + b); maxlen = l > maxlen ? l : maxlen; }
+    for (int b = 0; b < n; b++) labels += dataset_fill_row(ds, first + b, (int)maxlen, pad_id, tokens + (size_t)b * maxlen, targets + (size_t)b * maxlen);
+    *T = (int)maxlen;
+    return labels;
+}
+
+// ----------------------------------------------------------------------------
+// DataLoader: rows in order, or shuffled every epoch with a seed mixed with
+// the epoch (the same seed gives the same order; each epoch a new one). The
+// stream runs on across epochs, so every optimizer step gets full batches and
+// no row is dropped. With world size W and B rows per rank, each call draws a
+// global micro-batch of W*B rows exactly as world size 1 with W*B rows would,
+// and rank r gets rows [r*B, (r+1)*B) of it.
+
 typedef struct {
     const Dataset *ds;
-    int *order;      // (n_rows) row order of the current epoch
-    int pos;         // next index into order
-    int epoch;
     int shuffle;
     uint64_t seed;
+    int rank, world;
+    int32_t *order;        // (n_rows) row order of the current epoch
+    long epoch, pos;       // the position: the next row is order[pos] of epoch `epoch` (for resuming)
+    long global_labels;    // label count of the last global micro-batch (all ranks)
+    long global_rows;      // its row count (W*B)
+    long batch_tokens;     // real (not padding) tokens in this rank's last batch, for tokens/s
+    int32_t *rows;         // scratch: the rows of the global micro-batch
+    int rows_cap;
 } DataLoader;
 
 static void dataloader_shuffle(DataLoader *dl) {
-    for (int i = 0; i < dl->ds->n_rows; i++) dl->order[i] = i;
+    long n = dl->ds->n_rows;
+    for (long i = 0; i < n; i++) dl->order[i] = (int32_t)i;
     if (!dl->shuffle) return;
-    uint64_t state = splitmix64(dl->seed ^ (0xDA7Aull << 32) ^ (uint64_t)dl->epoch);
-    for (int i = dl->ds->n_rows - 1; i > 0; i--) { // Fisher-Yates
-        int j = (int)(rng_next(&state) % (uint64_t)(i + 1));
-        int t = dl->order[i]; dl->order[i] = dl->order[j]; dl->order[j] = t;
+    uint64_t state = splitmix64(splitmix64(dl->seed ^ 0x53485546464C45ull) + (uint64_t)dl->epoch); // "SHUFFLE"
+    for (long i = n - 1; i > 0; i--) { // Fisher-Yates
+        long j = (long)(rng_next(&state) % (uint64_t)(i + 1));
+        int32_t t = dl->order[i]; dl->order[i] = dl->order[j]; dl->order[j] = t;
     }
 }
 
-static void dataloader_init(DataLoader *dl, const Dataset *ds, int shuffle, uint64_t seed) {
-    dl->ds = ds; dl->shuffle = shuffle; dl->seed = seed; dl->epoch = 0; dl->pos = 0;
-    dl->order = (int *)mallocCheck((size_t)ds->n_rows * sizeof(int));
+static void dataloader_init(DataLoader *dl, const Dataset *ds, int shuffle, uint64_t seed, int rank, int world) {
+    if (world < 1 || rank < 0 || rank >= world) die("dataloader_init: rank %d of world size %d", rank, world);
+    if (ds->n_rows < 1) die("dataloader_init: the dataset has no rows");
+    memset(dl, 0, sizeof *dl);
+    dl->ds = ds;
+    dl->shuffle = shuffle;
+    dl->seed = seed;
+    dl->rank = rank;
+    dl->world = world;
+    dl->order = (int32_t *)mallocCheck((size_t)ds->n_rows * sizeof(int32_t));
     dataloader_shuffle(dl);
 }
-static void dataloader_free(DataLoader *dl) { free(dl->order); }
 
-// Fills tokens and targets (B, *T) with the next B rows, *T being the longest of
-// them. Returns the number of label positions (targets != -100).
+// restores a position saved from dl->epoch and dl->pos
+static void dataloader_seek(DataLoader *dl, long epoch, long pos) {
+    if (epoch < 0 || pos < 0 || pos > dl->ds->n_rows) die("dataloader_seek: position (%ld, %ld) outside the dataset", epoch, pos);
+    dl->epoch = epoch;
+    dl->pos = pos;
+    dataloader_shuffle(dl);
+}
+
+static void dataloader_free(DataLoader *dl) {
+    free(dl->order); free(dl->rows);
+    memset(dl, 0, sizeof *dl);
+}
+
+// Fills tokens and targets (B x *T; the caller allocates B x dataset_max_len)
+// with this rank's B rows of the next global micro-batch, *T being the
+// longest of them. Returns this rank's label count; dataloader_global_labels
+// then gives the whole global micro-batch's.
 static long dataloader_next_batch(DataLoader *dl, int B, int pad_id, int *tokens, int *targets, int *T) {
-    int *rows = (int *)mallocCheck((size_t)B * sizeof(int));
-    int maxlen = 0;
-    for (int b = 0; b < B; b++) {
+    int G = B * dl->world;
+    if (G > dl->rows_cap) { free(dl->rows); dl->rows = (int32_t *)mallocCheck((size_t)G * sizeof(int32_t)); dl->rows_cap = G; }
+    dl->global_labels = 0;
+    dl->global_rows = G;
+    for (int g = 0; g < G; g++) {
         if (dl->pos == dl->ds->n_rows) { dl->epoch++; dl->pos = 0; dataloader_shuffle(dl); }
-        rows[b] = dl->order[dl->pos++];
-        if (dl->ds->len[rows[b]] > maxlen) maxlen = dl->ds->len[rows[b]];
+        dl->rows[g] = dl->order[dl->pos++];
+        dl->global_labels += dl->ds->row_labels[dl->rows[g]];
     }
-    long labels = 0;
+    const int32_t *mine = dl->rows + (size_t)dl->rank * B;
+    long maxlen = 0, labels = 0;
+    dl->batch_tokens = 0;
     for (int b = 0; b < B; b++) {
-        const int *src = dl->ds->tokens + dl->ds->start[rows[b]];
-        int n = dl->ds->len[rows[b]];
-        for (int t = 0; t < maxlen; t++) {
-            tokens[b * maxlen + t] = t < n ? src[t] : pad_id;
-            targets[b * maxlen + t] = t + 1 < n ? src[t + 1] : -100;
-        }
-        labels += n > 0 ? n - 1 : 0;
+        long l = dataset_row_len(dl->ds, mine[b]);
+        maxlen = l > maxlen ? l : maxlen;
+        dl->batch_tokens += l;
     }
-    free(rows);
-    *T = maxlen;
+    for (int b = 0; b < B; b++)
+        labels += dataset_fill_row(dl->ds, mine[b], (int)maxlen, pad_id, tokens + (size_t)b * maxlen, targets + (size_t)b * maxlen);
+    *T = (int)maxlen;
     return labels;
 }
+
+// the label count of the global micro-batch (all ranks' rows) the last
+// dataloader_next_batch drew: the loss is normalised by it (summed over the
+// micro-batches of a step), with no communication needed
+static long dataloader_global_labels(const DataLoader *dl) { return dl->global_labels; }
 #endif
