@@ -1,0 +1,41 @@
+// The CPU twins of the CUDA kernels, exported from train_llama2.c by cpu_ref.c
+// for the dev/cuda checks. Same arguments as the twins, except that a Chunk is
+// passed as its four numbers (B, T, t0, len) and the optimizer as its arrays.
+#ifndef CPU_REF_H
+#define CPU_REF_H
+#include <stddef.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void ref_matmul_forward(float *out, const float *inp, const float *weight, int N, int I, int O, float alpha,
+                        int accumulate);
+void ref_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight, int N,
+                         int I, int O, float alpha);
+void ref_embedding_forward(float *out, const int *tokens, const float *embed, int N, int D);
+void ref_embedding_backward(float *dembed, const float *dout, const int *tokens, int N, int D);
+void ref_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int D, float eps);
+void ref_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                          const float *rstd, int N, int D);
+void ref_rope_tables(float *cosb, float *sinb, int T, int hd, float theta);
+void ref_rope_forward(float *x, const float *cosb, const float *sinb, int B, int T, int t0, int len, int nh, int hd,
+                      int inverse);
+void ref_rope_backward(float *dx, const float *cosb, const float *sinb, int B, int T, int t0, int len, int nh, int hd);
+void ref_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                           int t0, int len, int NH, int NKV, int hd);
+void ref_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                            const float *q, const float *k, const float *v, int B, int T, int t0, int len, int NH,
+                            int NKV, int hd);
+double ref_crossentropy_forward_backward(float *logits, const int *targets, int n, int V, float grad_scale);
+void ref_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void ref_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+// t: the step number after this update (1 for the first), as Optimizer.t after adamw_update's increment
+void ref_adamw_update(float *params, float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
+                      float beta2, float eps, float wd);
+double ref_grad_norm(const float *g, size_t n);
+void ref_clip_grads(float *g, size_t n, double norm, float max_norm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,41 @@
+// grad_norm and clip_grads (layers.cuh) against train_llama2.c's. The GPU sums
+// in fp64 like the CPU, in a fixed order, so the norm agrees to ~1e-12.
+#include "common.cuh"
+#include "../../layers.cuh"
+
+void check_grad_norm(size_t n, bool timed) {
+    char shape[32];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    std::vector<float> g = random_vector(n, -0.01f, 0.01f);
+    float *d_g = to_device<float>(g);
+    double *d_norm = device_alloc<double>(1), norm, ref = ref_grad_norm(g.data(), n);
+    grad_norm(d_norm, d_g, n, 0);
+    cudaCheck(cudaMemcpy(&norm, d_norm, sizeof norm, cudaMemcpyDeviceToHost));
+    check("grad_norm", "fp32", "norm", shape, {(float)norm}, {(float)ref}, 1e-6);
+    // max_norm above the norm leaves g alone; below, scales it
+    for (double ratio : {2.0, 0.5}) {
+        float max_norm = (float)(ref * ratio);
+        std::vector<float> clipped = g;
+        ref_clip_grads(clipped.data(), n, ref, max_norm);
+        clip_grads(d_g, n, d_norm, max_norm, 0);
+        check("clip_grads", "fp32", ratio > 1 ? "unclipped" : "clipped", shape, to_host(d_g, n), clipped, 1e-6);
+        g = clipped;
+    }
+    if (timed) {
+        float ms = time_ms([&] { grad_norm(d_norm, d_g, n, 0); });
+        report_time("grad_norm", "fp32", shape, ms, n * sizeof(float));
+        float max_norm = (float)(ref * 0.999); // scales every time, by little (never time on zeros)
+        ms = time_ms([&] { clip_grads(d_g, n, d_norm, max_norm, 0); });
+        report_time("clip_grads", "fp32", shape, ms, 2.0 * n * sizeof(float));
+    }
+    free_device();
+}
+
+int main(int argc, char **argv) {
+    bool quick = quick_mode(argc, argv);
+    check_grad_norm(1, false);
+    check_grad_norm(1001, false);
+    check_grad_norm(((size_t)1 << 24) + 7, false);
+    if (!quick) check_grad_norm((size_t)1 << 27, true); // 134M gradients
+    return finish("grad_norm");
+}

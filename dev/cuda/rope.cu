@@ -1,0 +1,55 @@
+// rope_tables, rope_forward / rope_backward (layers.cuh) against train_llama2.c's.
+// The tables are computed on the host with the CPU's float arithmetic, so they
+// must match exactly (tolerance 0); rotations run on chunks (t0 > 0).
+#include "common.cuh"
+#include "../../layers.cuh"
+
+void check_tables(int T, int hd, float theta) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "T=%d hd=%d theta=%g", T, hd, theta);
+    size_t n = (size_t)T * hd / 2;
+    std::vector<float> c(n), s(n);
+    float *d_c = device_poisoned<float>(n), *d_s = device_poisoned<float>(n);
+    ref_rope_tables(c.data(), s.data(), T, hd, theta);
+    rope_tables(d_c, d_s, T, hd, theta);
+    check("rope_tables", "fp32", "cos", shape, to_host(d_c, n), c, 0.0);
+    check("rope_tables", "fp32", "sin", shape, to_host(d_s, n), s, 0.0);
+    free_device();
+}
+
+template <typename T> void check_rope(int B, int Tn, int t0, int len, int nh, int hd, bool timed) {
+    char shape[96];
+    snprintf(shape, sizeof shape, "B=%d T=%d t0=%d len=%d nh=%d hd=%d", B, Tn, t0, len, nh, hd);
+    Chunk ch = {B, Tn, t0, len};
+    size_t n = (size_t)B * len * nh * hd, nt = (size_t)Tn * hd / 2;
+    std::vector<float> cosb(nt), sinb(nt), x = rounded<T>(random_vector(n)), dx = rounded<T>(random_vector(n));
+    ref_rope_tables(cosb.data(), sinb.data(), Tn, hd, 10000.0f);
+    float *d_cos = to_device<float>(cosb), *d_sin = to_device<float>(sinb);
+    T *d_x = to_device<T>(x), *d_dx = to_device<T>(dx);
+    ref_rope_forward(x.data(), cosb.data(), sinb.data(), B, Tn, t0, len, nh, hd, 0);
+    ref_rope_backward(dx.data(), cosb.data(), sinb.data(), B, Tn, t0, len, nh, hd);
+    rope_forward(d_x, d_cos, d_sin, &ch, nh, hd, 0, 0);
+    rope_backward(d_dx, d_cos, d_sin, &ch, nh, hd, 0);
+    check("rope_forward", type_name<T>(), "x", shape, to_host(d_x, n), x, tol<T>(1e-5, 4e-3));
+    check("rope_backward", type_name<T>(), "dx", shape, to_host(d_dx, n), dx, tol<T>(1e-5, 4e-3));
+    if (timed) {
+        float ms = time_ms([&] { rope_forward(d_x, d_cos, d_sin, &ch, nh, hd, 0, 0); });
+        report_time("rope_forward", type_name<T>(), shape, ms, 2.0 * n * sizeof(T));
+    }
+    free_device();
+}
+
+template <typename T> void check_all(bool quick) {
+    check_rope<T>(2, 40, 0, 40, 4, 16, false);
+    check_rope<T>(2, 100, 37, 29, 3, 64, false);
+    if (!quick) check_rope<T>(4, 4096, 1024, 1024, 32, 128, true); // Llama-2-7B's q, the second of 4 chunks
+}
+
+int main(int argc, char **argv) {
+    bool quick = quick_mode(argc, argv);
+    check_tables(128, 16, 10000.0f);
+    check_tables(4096, 128, 500000.0f);
+    check_all<float>(quick);
+    check_all<__nv_bfloat16>(quick);
+    return finish("rope");
+}

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Everything a short GPU lease should run, in one command (about 5-10 minutes):
+# the device, a build for the GPU that is present, every dev/cuda check
+# (validation against the CPU twins, then timing), compute-sanitizer on the
+# small shapes (memcheck on every check; racecheck and synccheck on attention),
+# and a summary table: kernel, variant, worst error, tolerance, result, time.
+#
+#   dev/gpu_check.sh [RESULTS.md]    default: $OUT/gpu_check.md if $OUT is set, else gpu_check.md
+#
+# The table goes to RESULTS.md (and the end of stdout), the full output to
+# RESULTS.log. Exits 1 when anything failed. (test_llama2cu joins the list
+# of programs when the CUDA trainer lands.)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/cuda/bin" # nvcc and compute-sanitizer, where the image keeps them
+results=${1:-${OUT:+$OUT/gpu_check.md}}
+results=${results:-gpu_check.md}
+log=${results%.md}.log
+budget=${GPU_CHECK_SECONDS:-540} # sanitizer runs that would start later than this are skipped
+checks="matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm"
+t_start=$(date +%s)
+: >"$log"
+steps=() # "name|result|seconds" for the table
+
+# step NAME LIMIT COMMAND...: runs it with its output in the log, records ok / FAIL / TIMEOUT
+step() {
+    local name=$1 limit=$2 start rc result
+    shift 2
+    start=$(date +%s)
+    echo "== $name: $*" | tee -a "$log"
+    timeout "$limit" "$@" >>"$log" 2>&1
+    rc=$?
+    result=ok
+    [ $rc -ne 0 ] && result="FAIL (exit $rc)"
+    [ $rc -eq 124 ] && result="TIMEOUT (${limit} s)"
+    echo "   $result" | tee -a "$log"
+    steps+=("$name|$result|$(( $(date +%s) - start ))")
+}
+elapsed() { echo $(( $(date +%s) - t_start )); }
+
+{
+    echo "# dev/gpu_check.sh"
+    echo
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    rev=$(git rev-parse --short HEAD 2>/dev/null) && { git diff --quiet HEAD || rev="$rev + uncommitted changes"; }
+    echo "- commit: ${rev:-unknown (not a git checkout)}"
+    echo "- device: $(nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1 | head -1)"
+    echo "- nvcc: $(nvcc --version 2>&1 | grep -o 'release [0-9.]*' || echo 'not found')"
+} | tee "$results"
+nvidia-smi >>"$log" 2>&1
+
+# build for the GPU that is here (CI compiles sm_80 and sm_90 separately)
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
+arch=${cc:+-gencode arch=compute_$cc,code=sm_$cc}
+step build 300 make -B -j"$(nproc)" cuda ${arch:+CUDA_ARCHS="$arch"}
+
+for c in $checks; do step "$c" 180 "dev/cuda/$c"; done
+checks_end=$(wc -l <"$log") # the table reads the checks above, not their repeats under the sanitizer
+for c in $checks; do
+    if [ "$(elapsed)" -gt "$budget" ]; then steps+=("memcheck $c|skipped (time)|0"); continue; fi
+    step "memcheck $c" 180 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 "dev/cuda/$c" --quick
+done
+for tool in racecheck synccheck; do
+    if [ "$(elapsed)" -gt "$budget" ]; then steps+=("$tool attention|skipped (time)|0"); continue; fi
+    step "$tool attention" 240 compute-sanitizer --tool $tool --error-exitcode 1 dev/cuda/attention --quick
+done
+
+# the table: per kernel and variant, the check nearest its tolerance and the time at the largest shape
+table=$(head -n "$checks_end" "$log" | grep -E '^(ok|FAIL|time) ' | awk '
+    $1 != "time" {
+        key = $2 " " $3
+        if (!(key in worst)) order[++n] = key
+        ratio = $8 > 0 ? $6 / $8 : ($6 > 0 ? 1e30 : 0)
+        if (!(key in worst) || ratio > worst[key]) { worst[key] = ratio; err[key] = $6; tol[key] = $8 }
+        if ($1 == "FAIL") failed[key]++
+        checks[key]++
+    }
+    $1 == "time" { t[$2 " " $3] = $4 " ms, " $6 " " $7 }
+    END {
+        print "| kernel | variant | checks | worst error | tolerance | result | time (largest shape) |"
+        print "| --- | --- | --- | --- | --- | --- | --- |"
+        for (i = 1; i <= n; i++) {
+            k = order[i]; split(k, kv, " ")
+            printf "| %s | %s | %d | %s | %s | %s | %s |\n", kv[1], kv[2], checks[k], err[k], tol[k],
+                   failed[k] ? "FAIL (" failed[k] ")" : "pass", (k in t) ? t[k] : "-"
+        }
+    }')
+{
+    echo
+    echo "## kernels"
+    echo
+    echo "$table"
+    echo
+    echo "## steps"
+    echo
+    echo "| step | result | seconds |"
+    echo "| --- | --- | --- |"
+    for s in "${steps[@]}"; do echo "| ${s//|/ | } |"; done
+    echo
+    echo "total $(elapsed) s; full output in $(basename "$log")"
+} | tee -a "$results"
+
+printf '%s\n' "${steps[@]}" | grep -qE '\|(FAIL|TIMEOUT)' && exit 1
+echo "$table" | grep -q 'FAIL' && exit 1
+exit 0

@@ -1,0 +1,341 @@
+// The layers of the CUDA trainer, forward and backward, with the names and the
+// semantics of their CPU twins in train_llama2.c (dev/cuda/ checks each against
+// its twin). Tensors are float or __nv_bfloat16 (template T); every kernel reads
+// them into fp32 registers, so statistics, softmax and the loss are fp32
+// (DESIGN section 6). Gradients of trainable parameters are always fp32.
+// Every launcher takes the stream it runs on, and no kernel uses atomics: each
+// output is summed in a fixed order, so results repeat bit for bit.
+//
+// Shapes: N rows (tokens), D = hidden size, V = vocabulary, n = elements.
+#pragma once
+#include <vector>
+#include "cuda_common.cuh"
+
+constexpr int ELEMENTWISE_THREADS = 256;
+
+// ----------------------------------------------------------------------------
+// embedding
+
+// out (N, D) = embed (V, D) rows of tokens (N)
+template <typename T>
+__global__ void embedding_forward_kernel(T *out, const int *tokens, const T *embed, int N, int D) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)N * D) return;
+    size_t i = idx / D, d = idx % D;
+    out[idx] = embed[(size_t)tokens[i] * D + d];
+}
+template <typename T>
+void embedding_forward(T *out, const int *tokens, const T *embed, int N, int D, cudaStream_t stream) {
+    embedding_forward_kernel<<<ceil_div((size_t)N * D, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
+        out, tokens, embed, N, D);
+    cudaLaunchCheck();
+}
+
+// dembed (V, D) += dout (N, D) scattered to the rows of tokens. One thread per
+// column adds the N rows in token order, exactly as the CPU does: repeated tokens
+// need no atomics and the fp32 sums match the CPU's bit for bit. Only D threads
+// run, but this runs once per micro-batch and only in full fine-tuning.
+template <typename T>
+__global__ void embedding_backward_kernel(float *dembed, const T *dout, const int *tokens, int N, int D) {
+    int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= D) return;
+    for (int i = 0; i < N; i++) dembed[(size_t)tokens[i] * D + d] += to_float(dout[(size_t)i * D + d]);
+}
+template <typename T>
+void embedding_backward(float *dembed, const T *dout, const int *tokens, int N, int D, cudaStream_t stream) {
+    embedding_backward_kernel<<<ceil_div(D, 128), 128, 0, stream>>>(dembed, dout, tokens, N, D);
+    cudaLaunchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// RMSNorm: out = x * rsqrt(mean(x^2) + eps) * w, one warp per row of D
+
+constexpr int RMSNORM_WARPS = 8; // rows per block
+
+template <typename T>
+__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int D, float eps) {
+    int row = blockIdx.x * RMSNORM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const T *x = inp + (size_t)row * D;
+    float ss = 0.0f;
+    for (int d = lane; d < D; d += 32) ss += to_float(x[d]) * to_float(x[d]);
+    ss = warp_sum(ss);
+    float r = 1.0f / sqrtf(ss / D + eps); // correctly rounded, unlike rsqrtf
+    if (lane == 0) rstd[row] = r;
+    for (int d = lane; d < D; d += 32) out[(size_t)row * D + d] = from_float<T>(to_float(x[d]) * r * to_float(w[d]));
+}
+// out (N, D), rstd (N) saved for the backward, inp (N, D), w (D)
+template <typename T>
+void rmsnorm_forward(T *out, float *rstd, const T *inp, const T *w, int N, int D, float eps, cudaStream_t stream) {
+    rmsnorm_forward_kernel<<<ceil_div(N, RMSNORM_WARPS), RMSNORM_WARPS * 32, 0, stream>>>(out, rstd, inp, w, N, D, eps);
+    cudaLaunchCheck();
+}
+
+// dinp += rstd * (w dout - x rstd^2 mean(w dout x)), one warp per row
+template <typename T>
+__global__ void rmsnorm_backward_kernel(T *dinp, const T *dout, const T *inp, const T *w, const float *rstd,
+                                        int N, int D) {
+    int row = blockIdx.x * RMSNORM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    size_t off = (size_t)row * D;
+    float dot = 0.0f;
+    for (int d = lane; d < D; d += 32) dot += to_float(w[d]) * to_float(dout[off + d]) * to_float(inp[off + d]);
+    dot = warp_sum(dot);
+    float r = rstd[row], c = dot / D * r * r;
+    for (int d = lane; d < D; d += 32) {
+        float g = r * (to_float(w[d]) * to_float(dout[off + d]) - to_float(inp[off + d]) * c);
+        dinp[off + d] = from_float<T>(to_float(dinp[off + d]) + g);
+    }
+}
+// dw (D) += sum over rows of dout x rstd. A block owns 32 columns and its 32 rows
+// of threads take every 32nd row, then the 32 partial sums are added in order:
+// deterministic, with no atomics and no scratch buffer.
+template <typename T>
+__global__ void rmsnorm_backward_dw_kernel(float *dw, const T *dout, const T *inp, const float *rstd, int N, int D) {
+    __shared__ float partial[32][33]; // +1: the column sums below read down a column without bank conflicts
+    int d = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (d < D)
+        for (int i = threadIdx.y; i < N; i += 32)
+            s += to_float(dout[(size_t)i * D + d]) * to_float(inp[(size_t)i * D + d]) * rstd[i];
+    partial[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || d >= D) return;
+    float total = 0.0f;
+    for (int y = 0; y < 32; y++) total += partial[y][threadIdx.x];
+    dw[d] += total;
+}
+// dinp (N, D) += d/dinp, dw (D, fp32; NULL when the norm weight is frozen) += d/dw
+template <typename T>
+void rmsnorm_backward(T *dinp, float *dw, const T *dout, const T *inp, const T *w, const float *rstd, int N, int D,
+                      cudaStream_t stream) {
+    rmsnorm_backward_kernel<<<ceil_div(N, RMSNORM_WARPS), RMSNORM_WARPS * 32, 0, stream>>>(dinp, dout, inp, w, rstd,
+                                                                                           N, D);
+    cudaLaunchCheck();
+    if (dw) {
+        rmsnorm_backward_dw_kernel<<<ceil_div(D, 32), dim3(32, 32), 0, stream>>>(dw, dout, inp, rstd, N, D);
+        cudaLaunchCheck();
+    }
+}
+
+// ----------------------------------------------------------------------------
+// RoPE in Hugging Face's rotate_half layout: pairs are (j, j + hd/2)
+
+// The cos and sin tables (T, hd/2), computed on the host with the float
+// arithmetic of train_llama2.c's rope_tables (the angle rounded to float as
+// transformers does), so both trainers rotate by identical numbers; then copied
+// to cosb and sinb on the device.
+inline void rope_tables(float *cosb, float *sinb, int T, int hd, float theta) {
+    int half = hd / 2;
+    std::vector<float> c((size_t)T * half), s((size_t)T * half);
+    for (int i = 0; i < half; i++) {
+        float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+        for (int t = 0; t < T; t++) {
+            c[(size_t)t * half + i] = cosf((float)t * inv_freq);
+            s[(size_t)t * half + i] = sinf((float)t * inv_freq);
+        }
+    }
+    cudaCheck(cudaMemcpy(cosb, c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(sinb, s.data(), s.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+// one thread per pair; sgn = -1 rotates backwards (the transpose)
+template <typename T>
+__global__ void rope_kernel(T *x, const float *cosb, const float *sinb, Chunk ch, int nh, int hd, float sgn) {
+    int half = hd / 2;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)ch.B * ch.len * nh * half) return;
+    int j = idx % half;
+    size_t row_head = idx / half, row = row_head / nh; // x is (B * len, nh, hd)
+    size_t pos = ch.t0 + row % ch.len;
+    float c = cosb[pos * half + j], s = sinb[pos * half + j];
+    T *v = x + row_head * hd;
+    float x1 = to_float(v[j]), x2 = to_float(v[j + half]);
+    v[j] = from_float<T>(x1 * c - sgn * x2 * s);
+    v[j + half] = from_float<T>(x2 * c + sgn * x1 * s);
+}
+// rotates x (B, len, nh, hd) of chunk ch in place, row n at position t0 + n % len;
+// inverse = 1 applies the transpose (the backward)
+template <typename T>
+void rope_forward(T *x, const float *cosb, const float *sinb, const Chunk *ch, int nh, int hd, int inverse,
+                  cudaStream_t stream) {
+    size_t pairs = (size_t)ch->B * ch->len * nh * (hd / 2);
+    rope_kernel<<<ceil_div(pairs, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
+        x, cosb, sinb, *ch, nh, hd, inverse ? -1.0f : 1.0f);
+    cudaLaunchCheck();
+}
+template <typename T>
+void rope_backward(T *dx, const float *cosb, const float *sinb, const Chunk *ch, int nh, int hd, cudaStream_t stream) {
+    rope_forward(dx, cosb, sinb, ch, nh, hd, 1, stream);
+}
+
+// ----------------------------------------------------------------------------
+// SwiGLU: out = silu(gate) * up, elementwise over n
+
+template <typename T>
+__global__ void swiglu_forward_kernel(T *out, const T *gate, const T *up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = to_float(gate[i]);
+    out[i] = from_float<T>(g / (1.0f + expf(-g)) * to_float(up[i]));
+}
+template <typename T>
+void swiglu_forward(T *out, const T *gate, const T *up, size_t n, cudaStream_t stream) {
+    swiglu_forward_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(out, gate, up, n);
+    cudaLaunchCheck();
+}
+
+// dgate, dup are overwritten
+template <typename T>
+__global__ void swiglu_backward_kernel(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = to_float(gate[i]), dy = to_float(dout[i]), sig = 1.0f / (1.0f + expf(-g));
+    dup[i] = from_float<T>(dy * g * sig);
+    dgate[i] = from_float<T>(dy * to_float(up[i]) * sig * (1.0f + g * (1.0f - sig)));
+}
+template <typename T>
+void swiglu_backward(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n, cudaStream_t stream) {
+    swiglu_backward_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(dgate, dup, dout,
+                                                                                               gate, up, n);
+    cudaLaunchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// cross-entropy, fused with its gradient: one block per row of V logits
+
+constexpr int CROSSENTROPY_THREADS = 512;
+
+// (m, s) summarises a set of logits as its max m and sum of exp(z - m); merging
+// two sets rescales both sums to the larger max (an empty set is (-inf, 0))
+__device__ inline void softmax_merge(float &m, float &s, float m2, float s2) {
+    float mm = fmaxf(m, m2);
+    if (mm == -INFINITY) return; // both empty
+    s = s * expf(m - mm) + s2 * expf(m2 - mm);
+    m = mm;
+}
+
+// One pass over the row finds (max, sum of exp) online; a second writes the
+// gradient grad_scale * (softmax - onehot) over the logits. The probabilities
+// are never stored. Rows with a target < 0 get loss 0 and gradient 0.
+template <typename T>
+__global__ void crossentropy_kernel(T *logits, float *losses, const int *targets, int V, float grad_scale) {
+    __shared__ float warp_m[CROSSENTROPY_THREADS / 32], warp_s[CROSSENTROPY_THREADS / 32];
+    T *z = logits + (size_t)blockIdx.x * V;
+    int y = targets[blockIdx.x], warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (y < 0) {
+        if (grad_scale != 0.0f)
+            for (int j = threadIdx.x; j < V; j += blockDim.x) z[j] = from_float<T>(0.0f);
+        if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
+        return;
+    }
+    float zy = to_float(z[y]); // read before any thread overwrites the row
+    float m = -INFINITY, s = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) softmax_merge(m, s, to_float(z[j]), 1.0f);
+    for (int offset = 16; offset > 0; offset /= 2)
+        softmax_merge(m, s, __shfl_xor_sync(0xffffffff, m, offset), __shfl_xor_sync(0xffffffff, s, offset));
+    if (lane == 0) { warp_m[warp] = m; warp_s[warp] = s; }
+    __syncthreads();
+    m = warp_m[0]; s = warp_s[0];
+    for (int w = 1; w < CROSSENTROPY_THREADS / 32; w++) softmax_merge(m, s, warp_m[w], warp_s[w]);
+    if (threadIdx.x == 0) losses[blockIdx.x] = m + logf(s) - zy;
+    if (grad_scale == 0.0f) return;
+    float sc = grad_scale / s;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float g = expf(to_float(z[j]) - m) * sc;
+        z[j] = from_float<T>(j == y ? g - grad_scale : g);
+    }
+}
+// For each of n rows of logits (n, V) with its target (-100: none): losses[i] =
+// its cross-entropy (fp32; 0 without a target). With grad_scale != 0 the logits
+// are replaced by d(grad_scale * loss)/d(logits). The CPU twin returns the sum;
+// here the per-row losses stay on the device, so a step sums them once, with
+// global_sum (deterministic), instead of synchronising per piece.
+template <typename T>
+void crossentropy_forward_backward(T *logits, float *losses, const int *targets, int n, int V, float grad_scale,
+                                   cudaStream_t stream) {
+    crossentropy_kernel<<<n, CROSSENTROPY_THREADS, 0, stream>>>(logits, losses, targets, V, grad_scale);
+    cudaLaunchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// reductions over flat fp32 buffers: the loss sum and the gradient norm
+
+// A fixed grid (not the device's SM count) so the summation order, and with it
+// the result, is the same on every GPU. Each block writes a partial sum (fp64,
+// as the CPU sums) and one block adds the partials in order.
+constexpr int SUM_BLOCKS = 512, SUM_THREADS = 512;
+__device__ double sum_partials[SUM_BLOCKS]; // used by one reduction at a time (keep them on one stream)
+
+template <bool SQUARES>
+__global__ void sum_partials_kernel(const float *x, size_t n) {
+    double acc = 0.0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc += SQUARES ? (double)x[i] * x[i] : (double)x[i];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) sum_partials[blockIdx.x] = acc;
+}
+__global__ void sum_final_kernel(double *out, bool take_sqrt) {
+    double acc = block_sum(sum_partials[threadIdx.x]);
+    if (threadIdx.x == 0) *out = take_sqrt ? sqrt(acc) : acc;
+}
+
+// *out (device) = sum of x (n); e.g. crossentropy_forward_backward's losses
+inline void global_sum(double *out, const float *x, size_t n, cudaStream_t stream) {
+    sum_partials_kernel<false><<<SUM_BLOCKS, SUM_THREADS, 0, stream>>>(x, n);
+    cudaLaunchCheck();
+    sum_final_kernel<<<1, SUM_BLOCKS, 0, stream>>>(out, false);
+    cudaLaunchCheck();
+}
+
+// *norm (device) = the global L2 norm of g (n). It stays on the device: clip_grads
+// reads it there, so the step never waits for the host.
+inline void grad_norm(double *norm, const float *g, size_t n, cudaStream_t stream) {
+    sum_partials_kernel<true><<<SUM_BLOCKS, SUM_THREADS, 0, stream>>>(g, n);
+    cudaLaunchCheck();
+    sum_final_kernel<<<1, SUM_BLOCKS, 0, stream>>>(norm, true);
+    cudaLaunchCheck();
+}
+
+__global__ void clip_grads_kernel(float *g, size_t n, const double *norm, float max_norm) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    double coef = max_norm / (*norm + 1e-6);
+    if (i < n && coef < 1.0) g[i] = (float)(g[i] * coef);
+}
+// torch.nn.utils.clip_grad_norm_: scale g (n) by max_norm / (norm + 1e-6) when that is
+// below 1; norm is grad_norm's device value; max_norm <= 0: no clipping
+inline void clip_grads(float *g, size_t n, const double *norm, float max_norm, cudaStream_t stream) {
+    if (max_norm <= 0) return;
+    clip_grads_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(g, n, norm, max_norm);
+    cudaLaunchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// AdamW as torch.optim.AdamW: decoupled weight decay, bias-corrected moments
+
+__global__ void adamw_kernel(float *params, const float *grads, float *m, float *v, size_t n, float lr, float beta1,
+                             float beta2, float eps, float wd, float step_size, float bc2_sqrt,
+                             __nv_bfloat16 *params_bf16) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = grads[i];
+    float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+    float p = params[i] * (1.0f - lr * wd);
+    p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    params[i] = p;
+    if (params_bf16) params_bf16[i] = __float2bfloat16(p);
+}
+// One step over n fp32 parameters with their fp32 moments m, v; t is the step
+// number, 1 for the first (the CPU's Optimizer.t after its increment). The bias
+// corrections are computed on the host in double, as the CPU does. params_bf16,
+// when not NULL, receives the updated parameters rounded to bf16: the copy the
+// bf16 forward reads, written in the same pass.
+inline void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
+                         float beta2, float eps, float wd, __nv_bfloat16 *params_bf16, cudaStream_t stream) {
+    double bc1 = 1.0 - pow(beta1, t), bc2 = 1.0 - pow(beta2, t);
+    float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    adamw_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
+        params, grads, m, v, n, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, params_bf16);
+    cudaLaunchCheck();
+}
