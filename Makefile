@@ -23,7 +23,7 @@ CUDA_LDLIBS = -lcublasLt -lm
 CUDA_HEADERS = cuda_common.cuh layers.cuh matmul.cuh attention.cuh dev/cuda/common.cuh dev/cuda/cpu_ref.h
 CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm)
 
-HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h dataloader.h
+HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h dataloader.h checkpoint.h
 TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked test/test_dataloader
 
 .PHONY: all test run clean cuda cuda-compile-check
@@ -56,7 +56,7 @@ cuda: $(CUDA_CHECKS)
 cuda-compile-check: cuda
 
 test: train_llama2 $(TESTS)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} test/run.sh $(TESTS) test/test_cli.sh dev/cuda/compile_check.sh
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} test/run.sh $(TESTS) test/test_cli.sh test/test_resume.sh dev/cuda/compile_check.sh
 
 run: train_llama2
 	./train_llama2 --model test/fixtures/tiny_gqa --data test/fixtures/data.jsonl --max_seq_len 64 \

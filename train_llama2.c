@@ -21,6 +21,8 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include <unistd.h>
 #include <sys/stat.h>
 #include <sys/resource.h>
+#include <signal.h>
+#include <limits.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -28,6 +30,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "json.h"
 #include "safetensors.h"
 #include "tokenizer.h"
+#include "checkpoint.h"
 
 // ----------------------------------------------------------------------------
 // matmul: one packed, register-tiled GEMM behind every linear layer.
@@ -367,6 +370,7 @@ typedef struct {
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     float *rope_cos, *rope_sin; // (T, hd/2)
     uint64_t dropout_key;     // set per micro-batch by the training loop
+    int pad_id;               // the token padding rows (the tokenizer's EOS)
 } Model;
 
 // ----------------------------------------------------------------------------
@@ -1078,21 +1082,39 @@ static float lr_at(const char *sched, float base, int s, int warmup, int total) 
 // ----------------------------------------------------------------------------
 // command line
 
+#define MAX_LIST 16
+typedef struct { const char *v[MAX_LIST]; int n; } StrList; // a repeatable option's values
+
 typedef struct {
     const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
     int max_seq_len, batch_size, grad_accum, max_steps, num_epochs, warmup_steps, seed, shuffle;
     int eval_every, full_finetune, lora_r, use_rslora, threads, chunk_size, num_output_chunks;
     float lr, weight_decay, grad_clip, beta1, beta2, eps, lora_alpha, lora_dropout;
     const char *lr_scheduler, *lora_target_modules, *chunk_memory;
+    const char *resume;
+    int save_every, keep_checkpoints;
+    const char *data_format, *batching, *data_slice, *data_cache_dir;
+    int train_on_prompt, max_samples;
+    float val_split;
+    StrList sample_prompt;
+    int sample_every, max_new_tokens;
+    float temperature, top_p;
 } TrainConfig;
 
-enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG };
+enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG, OPT_LIST };
 typedef struct { const char *name; int type; void *ptr; const char *def, *help; double lo, hi; } Option;
 
 #define OPTIONS(tc) { \
     {"model", OPT_STR, &(tc)->model, "", "Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.model)", 0, 0}, \
-    {"data", OPT_STR, &(tc)->data, "", "training data: JSONL, one {\"text\": ...} per line", 0, 0}, \
-    {"val_data", OPT_STR, &(tc)->val_data, "", "validation data in the same format (evaluated at the end and every --eval_every steps)", 0, 0}, \
+    {"data", OPT_STR, &(tc)->data, "", "training data: JSONL or a JSON array of records (see --data_format)", 0, 0}, \
+    {"data_format", OPT_STR, &(tc)->data_format, "auto", "auto | text | prompt_response | alpaca | samsum | chat (auto: from the first record's keys)", 0, 0}, \
+    {"train_on_prompt", OPT_INT, &(tc)->train_on_prompt, "0", "1: prompt tokens carry loss too; 0: only the response does", 0, 1}, \
+    {"batching", OPT_STR, &(tc)->batching, "padding", "padding: one sample per row; packing: samples concatenated into full --max_seq_len rows", 0, 0}, \
+    {"max_samples", OPT_INT, &(tc)->max_samples, "0", "use only the first N samples (0: all)", 0, 2147483647}, \
+    {"data_slice", OPT_STR, &(tc)->data_slice, "", "records to use, HF datasets style: [:10%], [10%:20%], [:100], [50:]", 0, 0}, \
+    {"data_cache_dir", OPT_STR, &(tc)->data_cache_dir, "", "where the token cache goes (default: next to the data file)", 0, 0}, \
+    {"val_data", OPT_STR, &(tc)->val_data, "", "validation data (same format options; evaluated at the end and every --eval_every steps)", 0, 0}, \
+    {"val_split", OPT_FLOAT, &(tc)->val_split, "0", "hold out this fraction of --data's samples for validation (seeded)", 0, 0.99}, \
     {"output_dir", OPT_STR, &(tc)->output_dir, "output", "where the PEFT adapter (or the full model) is written at the end", 0, 0}, \
     {"tokenizer", OPT_STR, &(tc)->tokenizer, "", "tokenizer.model to use (default: the one in --model)", 0, 0}, \
     {"metrics_file", OPT_STR, &(tc)->metrics_file, "", "write one JSON object per step and per evaluation to this file", 0, 0}, \
@@ -1123,6 +1145,14 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
     {"num_output_chunks", OPT_INT, &(tc)->num_output_chunks, "1", "run the output head and loss in this many pieces of a chunk", 1, 1 << 20}, \
     {"threads", OPT_INT, &(tc)->threads, "0", "OpenMP threads (0: OpenMP's default)", 0, 4096}, \
+    {"save_every", OPT_INT, &(tc)->save_every, "0", "write a checkpoint every N steps (and at the end; 0: only at the end)", 0, 1 << 30}, \
+    {"keep_checkpoints", OPT_INT, &(tc)->keep_checkpoints, "2", "keep the newest K checkpoints (0: all)", 0, 1 << 20}, \
+    {"resume", OPT_STR, &(tc)->resume, "", "continue from a checkpoint folder, or the newest checkpoint in an --output_dir", 0, 0}, \
+    {"sample_prompt", OPT_LIST, &(tc)->sample_prompt, "", "print a continuation of this prompt before and after training (repeatable)", 0, 0}, \
+    {"sample_every", OPT_INT, &(tc)->sample_every, "0", "also print the samples every N steps (0: only before and after)", 0, 1 << 30}, \
+    {"max_new_tokens", OPT_INT, &(tc)->max_new_tokens, "48", "tokens to generate per sample", 1, 1 << 20}, \
+    {"temperature", OPT_FLOAT, &(tc)->temperature, "0", "sampling temperature (0: greedy)", 0, 100}, \
+    {"top_p", OPT_FLOAT, &(tc)->top_p, "0.9", "nucleus sampling: draw from the smallest set of tokens with this much probability", 0, 1}, \
 }
 
 static void print_help(const Option *opts, int n) {
@@ -1136,6 +1166,13 @@ static int set_option(const Option *o, const char *val) {
     char *end;
     errno = 0;
     if (o->type == OPT_STR) { *(const char **)o->ptr = val; return 0; }
+    if (o->type == OPT_LIST) {
+        StrList *l = (StrList *)o->ptr;
+        if (!*val) { l->n = 0; return 0; } // the default: empty
+        if (l->n == MAX_LIST) { fprintf(stderr, "error: --%s given more than %d times\n", o->name, MAX_LIST); return -1; }
+        l->v[l->n++] = val;
+        return 0;
+    }
     if (o->type == OPT_INT || o->type == OPT_FLAG) {
         long v = strtol(val, &end, 10);
         if (*val == 0 || *end != 0 || errno || v < o->lo || v > o->hi) {
@@ -1181,6 +1218,20 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --lr_scheduler: '%s' is not one of constant, linear, cosine\n", sched);
         return -1;
     }
+    if (strcmp(tc->batching, "padding") && strcmp(tc->batching, "packing")) {
+        fprintf(stderr, "error: --batching: '%s' is not one of padding, packing\n", tc->batching);
+        return -1;
+    }
+    int fmt_ok = 0;
+    for (size_t i = 0; i < sizeof data_format_names / sizeof data_format_names[0]; i++) fmt_ok |= !strcmp(tc->data_format, data_format_names[i]);
+    if (!fmt_ok) {
+        fprintf(stderr, "error: --data_format: '%s' is not one of auto, text, prompt_response, alpaca, samsum, chat\n", tc->data_format);
+        return -1;
+    }
+    if (tc->val_data[0] && tc->val_split > 0) {
+        fprintf(stderr, "error: --val_data and --val_split do not go together (one validation set)\n");
+        return -1;
+    }
     if (strcmp(tc->chunk_memory, "keep") && strcmp(tc->chunk_memory, "recompute")) {
         fprintf(stderr, "error: --chunk_memory: '%s' is not one of keep, recompute\n", tc->chunk_memory);
         return -1;
@@ -1222,17 +1273,19 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-// sets up the model for training as tc says: LoRA adapters (fresh or from a PEFT folder) or full fine-tuning
-static int model_setup(Model *m, const TrainConfig *tc, int B, int T) {
+// sets up the model for training as tc says: LoRA adapters (fresh or from a PEFT folder) or full
+// fine-tuning; resume_dir, when given, is a checkpoint whose trained weights replace the starting ones
+static int model_setup(Model *m, const TrainConfig *tc, int B, int T, const char *resume_dir) {
     memset(m, 0, sizeof *m);
-    if (model_load(m, tc->model) != 0) return -1;
+    if (model_load(m, resume_dir && tc->full_finetune ? resume_dir : tc->model) != 0) return -1;
     m->full_finetune = tc->full_finetune;
     m->use_lora = !tc->full_finetune;
     if (m->use_lora) {
         int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
         lora_shapes(&m->config, in, out);
-        if (tc->from_peft_checkpoint[0]) {
-            if (lora_load_peft(&m->lora, tc->from_peft_checkpoint, m->config.n_layers, in, out) != 0) return -1;
+        const char *adapter = resume_dir ? resume_dir : tc->from_peft_checkpoint;
+        if (adapter[0]) {
+            if (lora_load_peft(&m->lora, adapter, m->config.n_layers, in, out) != 0) return -1;
         } else {
             unsigned targets;
             lora_parse_targets(tc->lora_target_modules, &targets);
@@ -1256,20 +1309,17 @@ static void optimizer_init(Optimizer *o, Model *m) {
 
 // mean cross-entropy over every label token of a dataset, in file order
 static double evaluate(Model *m, const Dataset *ds, int B, int pad_id) {
-    DataLoader dl;
-    dataloader_init(&dl, ds, 0, 0);
     int *tokens = (int *)mallocCheck((size_t)B * m->T * sizeof(int)), *targets = (int *)mallocCheck((size_t)B * m->T * sizeof(int));
     double loss = 0;
     long count = 0;
     m->lora.training = 0;
-    for (int r = 0; r < ds->n_rows; r += B) {
-        int rows = ds->n_rows - r < B ? ds->n_rows - r : B, T;
-        count += dataloader_next_batch(&dl, rows, pad_id, tokens, targets, &T);
+    for (long r = 0; r < ds->n_rows; r += B) {
+        int rows = ds->n_rows - r < B ? (int)(ds->n_rows - r) : B, T;
+        count += dataset_get_rows(ds, r, rows, pad_id, tokens, targets, &T);
         loss += model_forward(m, tokens, targets, rows, T, NULL);
     }
     m->lora.training = 1;
     free(tokens); free(targets);
-    dataloader_free(&dl);
     return count ? loss / count : 0.0;
 }
 
@@ -1331,8 +1381,218 @@ static int model_save_hf(const Model *m, const char *dir, const char *model_dir,
     return rc;
 }
 
+// ----------------------------------------------------------------------------
+// checkpoints and exact resume (checkpoint.h makes each checkpoint folder atomic)
+//
+// A checkpoint holds everything the rest of the run depends on: the trainable
+// weights (a PEFT adapter, or the whole model for full fine-tuning, in F32),
+// the AdamW moments and step count, the optimizer step and the data position.
+// Dropout masks and the shuffle order are functions of --seed, the step and
+// the epoch, so no RNG state needs saving: a resumed run is bit-identical.
+
+static volatile sig_atomic_t stop_requested = 0;
+static void on_stop_signal(int sig) { (void)sig; stop_requested = 1; }
+
+// Fault injection for the tests: LLAMA2TUNE_FAULT=<point>:<step> kills the
+// process (SIGKILL, no cleanup) when it reaches <point> at optimizer step <step>.
+static void fault_point(const char *point, int step) {
+    const char *f = getenv("LLAMA2TUNE_FAULT");
+    size_t n = strlen(point);
+    if (f && strncmp(f, point, n) == 0 && f[n] == ':' && atoi(f + n + 1) == step) raise(SIGKILL);
+}
+
+// the options that shape the training trajectory: a resumed run must use the same
+// (--max_steps and --num_epochs may change, to train longer; the schedule then
+// spans the new length, so such a run differs from one planned that long)
+static const char *resume_must_match[] = {
+    "model", "data", "max_seq_len", "batch_size", "gradient_accumulation_steps", "lr",
+    "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
+    "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
+    "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split"};
+
+static void option_value(const Option *o, char *buf, size_t n) {
+    switch (o->type) {
+    case OPT_STR: snprintf(buf, n, "%s", *(const char **)o->ptr); break;
+    case OPT_FLOAT: snprintf(buf, n, "%.9g", *(float *)o->ptr); break;
+    case OPT_LIST: snprintf(buf, n, "(%d values)", ((StrList *)o->ptr)->n); break;
+    default: snprintf(buf, n, "%d", *(int *)o->ptr);
+    }
+}
+
+// a file's identity for resume: size, modification time and a hash of its first and last MiB
+static void file_fingerprint(const char *path, char *out, size_t n) {
+    struct stat st;
+    FILE *f = fopen(path, "rb");
+    if (!f || fstat(fileno(f), &st) != 0) { snprintf(out, n, "unreadable"); if (f) fclose(f); return; }
+    uint64_t h = 0xcbf29ce484222325ull; // FNV-1a
+    static unsigned char buf[1 << 20];
+    for (int part = 0; part < 2; part++) {
+        if (part == 1 && fseeko(f, st.st_size > (off_t)sizeof buf ? st.st_size - (off_t)sizeof buf : 0, SEEK_SET) != 0) break;
+        size_t got = fread(buf, 1, sizeof buf, f);
+        for (size_t i = 0; i < got; i++) h = (h ^ buf[i]) * 0x100000001b3ull;
+    }
+    fclose(f);
+    snprintf(out, n, "%lld:%lld:%016llx", (long long)st.st_size, (long long)st.st_mtime, (unsigned long long)h);
+}
+
+typedef struct { int step, opt_t, data_epoch, data_pos; } TrainState;
+
+static int save_checkpoint(TrainConfig *tc, Model *m, Optimizer *o, const TrainState *ts, const char *tokpath) {
+    char dir[PATH_MAX], path[PATH_MAX + 64];
+    if (checkpoint_begin(tc->output_dir, ts->step, dir, sizeof dir) != 0) return -1;
+    int rc = m->use_lora ? lora_save_peft(&m->lora, dir, tc->model) : model_save_hf(m, dir, tc->model, tokpath);
+    fault_point("checkpoint", ts->step); // the tests kill the run here, halfway through a checkpoint
+    StWriteTensor moments[2] = {{"exp_avg", ST_F32, 1, {(int64_t)o->n}, o->m}, {"exp_avg_sq", ST_F32, 1, {(int64_t)o->n}, o->v}};
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if (rc == 0) rc = st_write(path, moments, 2, NULL, 0);
+    // trainer_state.json: the position, and the options and data it belongs to
+    char *js, val[4096], fp[128];
+    size_t len;
+    FILE *f = open_memstream(&js, &len);
+    if (!f) die("out of memory");
+    file_fingerprint(tc->data, fp, sizeof fp);
+    fprintf(f, "{\n  \"step\": %d,\n  \"optimizer_step\": %d,\n  \"data_epoch\": %d,\n  \"data_position\": %d,\n"
+            "  \"data_fingerprint\": \"%s\",\n  \"options\": {", ts->step, ts->opt_t, ts->data_epoch, ts->data_pos, fp);
+    Option opts[] = OPTIONS(tc);
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        option_value(&opts[i], val, sizeof val);
+        fprintf(f, "%s\n    \"%s\": ", i ? "," : "", opts[i].name);
+        json_write_string(f, val);
+    }
+    fprintf(f, "\n  }\n}\n");
+    fclose(f);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    if (rc == 0) rc = write_bytes_atomic(path, js, len);
+    free(js);
+    if (rc != 0) {
+        fprintf(stderr, "error: writing checkpoint step %d failed; the previous checkpoints are intact\n", ts->step);
+        remove_tree(dir);
+        return -1;
+    }
+    return checkpoint_commit(tc->output_dir, ts->step, tc->keep_checkpoints);
+}
+
+// Reads a checkpoint's state and optimizer moments, after checking that it
+// belongs to this run (same trajectory-shaping options, same data file).
+static int load_checkpoint(TrainConfig *tc, const char *dir, Optimizer *o, TrainState *ts) {
+    char path[PATH_MAX + 64], val[4096], fp[128];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    JsonValue st;
+    if (json_load_file(path, &st) != 0) return -1;
+    int rc = -1;
+    long long v[4];
+    const char *keys[4] = {"step", "optimizer_step", "data_epoch", "data_position"}, *saved;
+    const JsonValue *opts_saved = json_get(&st, "options");
+    for (int i = 0; i < 4; i++)
+        if (json_get_int(&st, keys[i], &v[i]) != 0 || v[i] < 0 || v[i] > INT32_MAX) {
+            fprintf(stderr, "error: %s: '%s' missing or not a non-negative integer\n", path, keys[i]); goto done;
+        }
+    if (!opts_saved || opts_saved->type != JSON_OBJECT) { fprintf(stderr, "error: %s: no \"options\" object\n", path); goto done; }
+    Option opts[] = OPTIONS(tc);
+    for (size_t k = 0; k < sizeof resume_must_match / sizeof resume_must_match[0]; k++)
+        for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+            if (strcmp(opts[i].name, resume_must_match[k])) continue;
+            option_value(&opts[i], val, sizeof val);
+            if (json_get_string(opts_saved, opts[i].name, &saved, NULL) != 0 || strcmp(saved, val) != 0) {
+                fprintf(stderr, "error: --resume %s: --%s was '%s' in the checkpoint but is '%s' now; resume with the same value\n",
+                        dir, opts[i].name, json_get_string(opts_saved, opts[i].name, &saved, NULL) == 0 ? saved : "(missing)", val);
+                goto done;
+            }
+        }
+    file_fingerprint(tc->data, fp, sizeof fp);
+    if (json_get_string(&st, "data_fingerprint", &saved, NULL) != 0 || strcmp(saved, fp) != 0) {
+        fprintf(stderr, "error: --resume %s: the data file '%s' has changed since the checkpoint (size, time or contents)\n", dir, tc->data);
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    StFile sf;
+    if (st_open(&sf, path) != 0) goto done;
+    const StTensor *tm = st_find(&sf, "exp_avg"), *tv = st_find(&sf, "exp_avg_sq");
+    if (!tm || !tv || tm->numel != o->n || tv->numel != o->n || tm->dtype != ST_F32 || tv->dtype != ST_F32) {
+        fprintf(stderr, "error: %s: expected F32 tensors exp_avg and exp_avg_sq of %zu elements\n", path, o->n);
+        st_close(&sf); goto done;
+    }
+    rc = st_read_f32(&sf, tm, 0, o->n, o->m) | st_read_f32(&sf, tv, 0, o->n, o->v);
+    st_close(&sf);
+    ts->step = (int)v[0]; ts->opt_t = (int)v[1]; ts->data_epoch = (int)v[2]; ts->data_pos = (int)v[3];
+    o->t = ts->opt_t;
+done:
+    json_free(&st);
+    return rc;
+}
+
+// on resume the metrics file keeps only its records up to the checkpoint's step
+// (a killed run may have logged steps after its last checkpoint)
+static int metrics_truncate(const char *path, int step) {
+    size_t len, kept = 0;
+    char *text = read_file(path, &len);
+    if (!text) return errno == ENOENT ? 0 : -1;
+    for (size_t pos = 0; pos < len;) {
+        char *nl = memchr(text + pos, '\n', len - pos);
+        size_t end = nl ? (size_t)(nl - text) + 1 : len;
+        JsonValue rec;
+        long long s;
+        char err[8];
+        if (json_parse(text + pos, end - pos, &rec, err, sizeof err) == 0) {
+            if (json_get_int(&rec, "step", &s) == 0 && s <= step) {
+                memmove(text + kept, text + pos, end - pos);
+                kept += end - pos;
+            }
+            json_free(&rec);
+        }
+        pos = end;
+    }
+    int rc = write_bytes_atomic(path, text, kept);
+    free(text);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// the training loop
+
+static void print_samples(Model *m, const TrainConfig *tc, const Tokenizer *tok, int step) {
+    for (int i = 0; i < tc->sample_prompt.n; i++) {
+        const char *p = tc->sample_prompt.v[i];
+        int n, k;
+        int *ids = tokenizer_encode(tok, p, strlen(p), 1, 0, &n);
+        if (!ids) die("--sample_prompt: cannot tokenize '%s'", p);
+        int *gen = generate(m, ids, n, tc->max_new_tokens, tc->temperature, tc->top_p, (uint64_t)tc->seed + i, tok->eos_id, &k);
+        if (k > 0 && gen[k - 1] == tok->eos_id) k--;
+        char *text = tokenizer_decode(tok, gen, k, NULL);
+        printf("sample at step %d | %s|%s\n", step, p, text ? text : "");
+        free(text); free(gen); free(ids);
+    }
+    fflush(stdout);
+}
+
+// One optimizer step: GA micro-batches, the loss normalised by the label count
+// of the whole step, clipping, AdamW. Returns the mean loss.
+static double train_step(Model *m, Optimizer *opt, DataLoader *dl, const TrainConfig *tc, int step, int total,
+                         int *tokens, int *targets, int *Ts, long *n_tokens, double *norm, float *lr) {
+    int B = tc->batch_size, GA = tc->grad_accum, T = m->T;
+    long labels = 0;
+    *n_tokens = 0;
+    for (int g = 0; g < GA; g++) { // the whole step's batches first: the loss is normalised by their label count
+        dataloader_next_batch(dl, B, m->pad_id, tokens + (size_t)g * B * T, targets + (size_t)g * B * T, &Ts[g]);
+        labels += dataloader_global_labels(dl);
+        *n_tokens += dl->batch_tokens;
+    }
+    memset(opt->grads, 0, opt->n * sizeof(float));
+    double loss = 0;
+    float scale = labels ? 1.0f / (float)labels : 0.0f;
+    for (int g = 0; g < GA; g++) {
+        m->dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
+        loss += model_forward_backward(m, tokens + (size_t)g * B * T, targets + (size_t)g * B * T, B, Ts[g], scale);
+    }
+    *norm = grad_norm(opt->grads, opt->n);
+    clip_grads(opt->grads, opt->n, *norm, tc->grad_clip);
+    *lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
+    adamw_update(opt, *lr, tc->beta1, tc->beta2, tc->eps, tc->weight_decay);
+    return labels ? loss / labels : 0.0;
+}
+
 // trains and saves; returns the process exit code
-static int train(const TrainConfig *tc) {
+static int train(TrainConfig *tc) {
 #ifdef _OPENMP
     if (tc->threads > 0) omp_set_num_threads(tc->threads);
 #endif
@@ -1340,84 +1600,111 @@ static int train(const TrainConfig *tc) {
         fprintf(stderr, "error: cannot create --output_dir '%s': %s\n", tc->output_dir, strerror(errno));
         return 1;
     }
-    char tokpath[4096];
+    char tokpath[4096], resume_dir[PATH_MAX];
+    if (tc->resume[0] && checkpoint_resolve(tc->resume, resume_dir, sizeof resume_dir) != 0) return 1;
     if (tc->tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", tc->tokenizer);
     else snprintf(tokpath, sizeof tokpath, "%s/tokenizer.model", tc->model);
     Tokenizer tok;
     if (tokenizer_load(&tok, tokpath) != 0) return 1;
-    Dataset train_ds, val_ds;
-    int have_val = tc->val_data[0] != 0;
-    if (dataset_load_text_jsonl(&train_ds, tc->data, &tok, tc->max_seq_len) != 0) return 1;
-    if (have_val && dataset_load_text_jsonl(&val_ds, tc->val_data, &tok, tc->max_seq_len) != 0) return 1;
-    int pad_id = tok.eos_id;
-    int B = tc->batch_size, GA = tc->grad_accum, T = 0;
-    for (int i = 0; i < train_ds.n_rows; i++) T = train_ds.len[i] > T ? train_ds.len[i] : T;
-    for (int i = 0; have_val && i < val_ds.n_rows; i++) T = val_ds.len[i] > T ? val_ds.len[i] : T;
+    Dataset all_ds, train_ds, val_ds;
+    int have_val = tc->val_data[0] || tc->val_split > 0;
+    DataOptions dopt = {tc->data_format, tc->train_on_prompt, !strcmp(tc->batching, "packing"), tc->max_seq_len,
+                        tc->max_samples, tc->data_slice, tc->data_cache_dir, 0};
+    if (dataset_load(&all_ds, tc->data, &tok, tokpath, &dopt) != 0) return 1;
+    if (tc->val_split > 0) {
+        if (dataset_split(&all_ds, tc->val_split, (uint64_t)tc->seed, &train_ds, &val_ds) != 0) return 1;
+    } else {
+        train_ds = all_ds; // no split: the training set is the whole file
+        memset(&all_ds, 0, sizeof all_ds);
+        DataOptions vopt = dopt; // a separate validation file takes all its samples
+        vopt.max_samples = 0; vopt.slice = "";
+        if (tc->val_data[0] && dataset_load(&val_ds, tc->val_data, &tok, tokpath, &vopt) != 0) return 1;
+    }
+    int B = tc->batch_size, GA = tc->grad_accum, T = dataset_max_len(&train_ds);
+    if (have_val && dataset_max_len(&val_ds) > T) T = dataset_max_len(&val_ds);
+    int sample_len = 0; // room for the samples' prompts and continuations
+    for (int i = 0; i < tc->sample_prompt.n; i++) {
+        int n = (int)strlen(tc->sample_prompt.v[i]) + 1 + tc->max_new_tokens; // a token has at least one byte
+        sample_len = n > sample_len ? n : sample_len;
+    }
+    if (sample_len > T) T = sample_len < tc->max_seq_len ? sample_len : tc->max_seq_len;
 
     Model m;
-    if (model_setup(&m, tc, B, T) != 0) return 1;
+    if (model_setup(&m, tc, B, T, tc->resume[0] ? resume_dir : NULL) != 0) return 1;
     if (tok.vocab_size > m.config.vocab_size) {
         fprintf(stderr, "error: %s has %d pieces but the model's vocab_size is %d\n", tokpath, tok.vocab_size, m.config.vocab_size);
         return 1;
     }
+    m.pad_id = tok.eos_id;
     Optimizer opt;
     optimizer_init(&opt, &m);
+    TrainState ts = {0};
+    if (tc->resume[0] && load_checkpoint(tc, resume_dir, &opt, &ts) != 0) return 1;
     long rows_per_step = (long)B * GA;
     int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)train_ds.n_rows + rows_per_step - 1) / rows_per_step);
     printf("model %s: %d layers, dim %d, %d heads (%d kv), vocab %d, %.2fM parameters\n", tc->model, m.config.n_layers,
            m.config.dim, m.config.n_heads, m.config.n_kv_heads, m.config.vocab_size, m.num_params / 1e6);
-    printf("training %s: %zu trainable parameters, %d rows, %d steps of %d x %d rows, T <= %d\n",
+    printf("training %s: %zu trainable parameters, %ld rows, %d steps of %d x %d rows, T <= %d\n",
            m.use_lora ? "LoRA" : "all weights", opt.n, train_ds.n_rows, total, GA, B, T);
     double act_mb = m.a.act_bytes / 1048576.0, carry_mb = m.a.carry_bytes / 1048576.0;
     printf("memory: weights %.1f MiB, activations %.1f MiB (chunks of %d, %s), KV and dKV carry %.1f MiB\n",
            m.num_params * 4 / 1048576.0, act_mb, m.chunk_size, m.recompute ? "recompute" : "keep", carry_mb);
+    if (tc->resume[0]) printf("resumed from %s at step %d\n", resume_dir, ts.step);
 
     FILE *metrics = NULL;
-    if (tc->metrics_file[0]) metrics = fopenCheck(tc->metrics_file, "w");
+    if (tc->metrics_file[0] && tc->resume[0] && metrics_truncate(tc->metrics_file, ts.step) != 0) {
+        fprintf(stderr, "error: cannot rewrite --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
+        return 1;
+    }
+    if (tc->metrics_file[0]) metrics = fopenCheck(tc->metrics_file, tc->resume[0] ? "a" : "w");
     DataLoader dl;
-    dataloader_init(&dl, &train_ds, tc->shuffle, (uint64_t)tc->seed);
+    dataloader_init(&dl, &train_ds, tc->shuffle, (uint64_t)tc->seed, 0, 1);
+    if (ts.data_pos > train_ds.n_rows) { fprintf(stderr, "error: --resume %s: data position %d is past the %ld rows\n", resume_dir, ts.data_pos, train_ds.n_rows); return 1; }
+    dataloader_seek(&dl, ts.data_epoch, ts.data_pos);
     int *tokens = (int *)mallocCheck((size_t)GA * B * T * sizeof(int)), *targets = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
     int *Ts = (int *)mallocCheck(GA * sizeof(int));
-    for (int step = 0; step < total; step++) {
-        double t0 = now_ms();
-        // the whole step's batches first: the loss is normalised by its total label count
-        long label_count = 0;
-        for (int g = 0; g < GA; g++)
-            label_count += dataloader_next_batch(&dl, B, pad_id, tokens + (size_t)g * B * T, targets + (size_t)g * B * T, &Ts[g]);
-        long token_count = label_count + rows_per_step; // a row of n tokens has n - 1 labels
-        memset(opt.grads, 0, opt.n * sizeof(float));
-        double loss = 0;
-        float scale = label_count ? 1.0f / (float)label_count : 0.0f;
-        for (int g = 0; g < GA; g++) {
-            m.dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
-            loss += model_forward_backward(&m, tokens + (size_t)g * B * T, targets + (size_t)g * B * T, B, Ts[g], scale);
-        }
-        loss = label_count ? loss / label_count : 0.0;
-        double norm = grad_norm(opt.grads, opt.n);
-        clip_grads(opt.grads, opt.n, norm, tc->grad_clip);
-        float lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
-        adamw_update(&opt, lr, tc->beta1, tc->beta2, tc->eps, tc->weight_decay);
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
+    if (ts.step == 0) print_samples(&m, tc, &tok, 0);
+    int rc = 0;
+    while (ts.step < total && !stop_requested) {
+        double t0 = now_ms(), norm;
+        long n_tokens;
+        float lr;
+        double loss = train_step(&m, &opt, &dl, tc, ts.step, total, tokens, targets, Ts, &n_tokens, &norm, &lr);
         double ms = now_ms() - t0;
-        printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s\n", step + 1, total, loss, lr,
-               norm, ms, token_count / (ms / 1e3));
+        ts.step++;
+        ts.opt_t = opt.t; ts.data_epoch = (int)dl.epoch; ts.data_pos = (int)dl.pos;
+        printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s\n", ts.step, total, loss, lr,
+               norm, ms, n_tokens / (ms / 1e3));
         if (metrics) {
             fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, "
                     "\"ms\": %.3f, \"tok_per_s\": %.3f, \"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n",
-                    step + 1, loss, lr, norm, token_count, ms, token_count / (ms / 1e3), peak_rss_mb(), act_mb, carry_mb);
+                    ts.step, loss, lr, norm, n_tokens, ms, n_tokens / (ms / 1e3), peak_rss_mb(), act_mb, carry_mb);
             fflush(metrics);
         }
-        if (have_val && tc->eval_every > 0 && (step + 1) % tc->eval_every == 0 && step + 1 < total)
-            report_eval(&m, &val_ds, B, pad_id, step + 1, metrics);
+        fault_point("step", ts.step);
+        if (have_val && tc->eval_every > 0 && ts.step % tc->eval_every == 0 && ts.step < total)
+            report_eval(&m, &val_ds, B, m.pad_id, ts.step, metrics);
+        if (tc->sample_every > 0 && ts.step % tc->sample_every == 0 && ts.step < total) print_samples(&m, tc, &tok, ts.step);
+        int last = ts.step == total || stop_requested;
+        if ((tc->save_every > 0 && ts.step % tc->save_every == 0) || last) {
+            if (save_checkpoint(tc, &m, &opt, &ts, tokpath) != 0) { rc = 1; break; }
+            printf("saved checkpoint %s/checkpoint-%d\n", tc->output_dir, ts.step);
+        }
     }
-    if (have_val) report_eval(&m, &val_ds, B, pad_id, total, metrics); // also with --max_steps 0: evaluates the start
-    printf("peak memory %.1f MiB (activations %.1f MiB, carry %.1f MiB)\n", peak_rss_mb(), act_mb, carry_mb);
-    int rc = 0;
-    if (m.use_lora) {
-        rc = lora_save_peft(&m.lora, tc->output_dir, tc->model);
-        if (rc == 0) printf("saved the PEFT adapter to %s/\n", tc->output_dir);
-    } else {
-        rc = model_save_hf(&m, tc->output_dir, tc->model, tokpath);
-        if (rc == 0) printf("saved the model to %s/\n", tc->output_dir);
+    if (stop_requested && rc == 0) printf("stopped by a signal after step %d; continue with --resume %s\n", ts.step, tc->output_dir);
+    if (!stop_requested && rc == 0) {
+        if (have_val) report_eval(&m, &val_ds, B, m.pad_id, total, metrics); // also with --max_steps 0: evaluates the start
+        print_samples(&m, tc, &tok, ts.step);
+        printf("peak memory %.1f MiB (activations %.1f MiB, carry %.1f MiB)\n", peak_rss_mb(), act_mb, carry_mb);
+        if (m.use_lora) {
+            rc = lora_save_peft(&m.lora, tc->output_dir, tc->model);
+            if (rc == 0) printf("saved the PEFT adapter to %s/\n", tc->output_dir);
+        } else {
+            rc = model_save_hf(&m, tc->output_dir, tc->model, tokpath);
+            if (rc == 0) printf("saved the model to %s/\n", tc->output_dir);
+        }
     }
     if (metrics) fclose(metrics);
     free(tokens); free(targets); free(Ts); free(opt.m); free(opt.v);
@@ -1425,6 +1712,7 @@ static int train(const TrainConfig *tc) {
     model_free(&m);
     dataset_free(&train_ds);
     if (have_val) dataset_free(&val_ds);
+    dataset_free(&all_ds);
     tokenizer_free(&tok);
     return rc ? 1 : 0;
 }

@@ -29,8 +29,14 @@ static void *calloc_check(size_t n, size_t size, const char *file, int line) {
     if (!p) die("%s:%d: out of memory allocating %zu x %zu bytes", file, line, n, size);
     return p;
 }
+static void *realloc_check(void *p, size_t size, const char *file, int line) {
+    p = realloc(p, size ? size : 1);
+    if (!p) die("%s:%d: out of memory growing a buffer to %zu bytes", file, line, size);
+    return p;
+}
 #define mallocCheck(size) malloc_check((size), __FILE__, __LINE__)
 #define callocCheck(n, size) calloc_check((n), (size), __FILE__, __LINE__)
+#define reallocCheck(p, size) realloc_check((p), (size), __FILE__, __LINE__)
 
 static FILE *fopen_check(const char *path, const char *mode, const char *file, int line) {
     FILE *f = fopen(path, mode);

@@ -41,6 +41,10 @@ expect_error "negative chunk size" "--chunk_size: '-4' is not an integer" --mode
 expect_error "bad chunk memory mode" "--chunk_memory: 'lazy' is not one of keep, recompute" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_memory lazy
 expect_error "zero output chunks" "--num_output_chunks: '0' is not an integer" --model $FIX/tiny_gqa "${RUN[@]}" --num_output_chunks 0
 expect_error "more output chunks than tokens" "--num_output_chunks 9 is more than the 8 tokens" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_size 8 --num_output_chunks 9
+expect_error "bad batching" "--batching: 'pack' is not one of padding, packing" --model $FIX/tiny_gqa "${RUN[@]}" --batching pack
+expect_error "bad data format" "--data_format: 'csv' is not one of" --model $FIX/tiny_gqa "${RUN[@]}" --data_format csv
+expect_error "val_data with val_split" "--val_data and --val_split do not go together" --model $FIX/tiny_gqa "${RUN[@]}" --val_data "$DATA" --val_split 0.1
+expect_error "bad val_split" "--val_split: '1.5' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --val_split 1.5
 if "$BIN" --help | grep -q -- "--gradient_accumulation_steps"; then echo "ok cli: --help lists the options"; else echo "FAIL cli: --help"; fails=$((fails + 1)); fi
 
 # checkpoints
@@ -77,9 +81,9 @@ expect_error "garbage tokenizer.model" "tokenizer" --model "$TMP/m" "${RUN[@]}"
 printf '{"text": "fine"}\n{"text": oops}\n' > "$TMP/bad.jsonl"
 expect_error "invalid JSON line" "bad.jsonl:2: invalid JSON" --model $FIX/tiny_gqa --data "$TMP/bad.jsonl" --max_steps 1
 printf '{"text": "fine"}\n\n{"txt": "no"}\n' > "$TMP/bad2.jsonl"
-expect_error "line without text" "bad2.jsonl:3: expected an object with a string field" --model $FIX/tiny_gqa --data "$TMP/bad2.jsonl" --max_steps 1
+expect_error "line without text" "bad2.jsonl:3: missing field \"text\"" --model $FIX/tiny_gqa --data "$TMP/bad2.jsonl" --max_steps 1
 printf '\n\n' > "$TMP/empty.jsonl"
-expect_error "empty data" "empty.jsonl: no rows" --model $FIX/tiny_gqa --data "$TMP/empty.jsonl" --max_steps 1
+expect_error "empty data" "empty.jsonl: empty file" --model $FIX/tiny_gqa --data "$TMP/empty.jsonl" --max_steps 1
 expect_error "missing data" "nothere.jsonl: cannot read" --model $FIX/tiny_gqa --data "$TMP/nothere.jsonl" --max_steps 1
 
 # adapters

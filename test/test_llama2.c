@@ -141,9 +141,11 @@ static void test_model(const char *model, int full) {
     snprintf(path, sizeof path, "test/fixtures/%s/tokenizer.model", model);
     if (tokenizer_load(&tok, path) != 0) die("cannot load %s", path);
     Dataset ds;
-    if (dataset_load_text_jsonl(&ds, tc.data, &tok, tc.max_seq_len) != 0) die("cannot load data");
+    DataOptions dopt = {.max_seq_len = tc.max_seq_len, .quiet = 1};
+    snprintf(path, sizeof path, "test/fixtures/%s/tokenizer.model", model);
+    if (dataset_load(&ds, tc.data, &tok, path, &dopt) != 0) die("cannot load data");
     DataLoader dl;
-    dataloader_init(&dl, &ds, 0, 0);
+    dataloader_init(&dl, &ds, 0, 0, 0, 1);
     snprintf(path, sizeof path, "test/fixtures/%s/ref/batch.safetensors", model);
     StFile bf;
     if (st_open(&bf, path) != 0) die("cannot open %s", path);
@@ -171,7 +173,7 @@ static void test_model(const char *model, int full) {
 
     // one forward/backward over the step's two micro-batches
     Model m;
-    if (model_setup(&m, &tc, B, T) != 0) die("model setup failed for %s", model);
+    if (model_setup(&m, &tc, B, T, NULL) != 0) die("model setup failed for %s", model);
     StFile ef;
     snprintf(path, sizeof path, "test/fixtures/%s/ref/expected.safetensors", model);
     if (st_open(&ef, path) != 0) die("cannot open %s", path);
@@ -260,12 +262,13 @@ static void test_dropout(void) {
     Dataset ds;
     DataLoader dl;
     if (tokenizer_load(&tok, "test/fixtures/tiny_gqa/tokenizer.model") != 0 ||
-        dataset_load_text_jsonl(&ds, tc.data, &tok, tc.max_seq_len) != 0) die("dropout test data");
-    dataloader_init(&dl, &ds, 0, 0);
+        dataset_load(&ds, tc.data, &tok, "test/fixtures/tiny_gqa/tokenizer.model", &(DataOptions){.max_seq_len = 24, .quiet = 1}) != 0)
+        die("dropout test data");
+    dataloader_init(&dl, &ds, 0, 0, 0, 1);
     int B = 2, T, tokens[48], targets[48];
     long labels = dataloader_next_batch(&dl, B, tok.eos_id, tokens, targets, &T);
     Model m;
-    if (model_setup(&m, &tc, B, 24) != 0) die("dropout test model");
+    if (model_setup(&m, &tc, B, 24, NULL) != 0) die("dropout test model");
     uint64_t state = 7;
     for (int i = 0; i < m.lora.n_layers; i++) // B = 0 would give A no gradient
         for (int t = 0; t < LORA_N_TARGETS; t++) {

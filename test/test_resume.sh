@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Checkpoints and resume: a run that is killed (at chosen points, in the middle
+# of writing a checkpoint, and at random moments) and resumed ends with exactly
+# the weights and the loss trajectory of a run that was never interrupted, bit
+# for bit; SIGTERM finishes the step, saves and exits 0; a resume with changed
+# options or data is refused.
+set -u
+BIN=${BIN:-./train_llama2}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+FIX=test/fixtures
+fails=0
+check() { # check NAME CONDITION-EXIT-CODE DETAIL
+    if [ "$2" -eq 0 ]; then echo "ok resume: $1"; else echo "FAIL resume: $1: $3"; fails=$((fails + 1)); fi
+}
+
+# LoRA with dropout, shuffling over several epochs and gradient accumulation:
+# everything a resume has to restore
+ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --gradient_accumulation_steps 2
+      --lr 5e-3 --warmup_steps 2 --lora_dropout 0.1 --lora_target_modules all-linear --save_every 3 --keep_checkpoints 2
+      --threads 1) # tiny matrices: one thread, and no spinning OpenMP threads when the machine is busy
+run() { # run DIR STEPS [extra args]: output in DIR, metrics in DIR.jsonl
+    local dir=$1 steps=$2; shift 2
+    "$BIN" "${ARGS[@]}" --max_steps "$steps" --output_dir "$dir" --metrics_file "$dir.jsonl" "$@" >"$dir.log" 2>&1
+}
+start() { # start DIR STEPS [extra args]: like run, in the background; $pid is the trainer's
+    local dir=$1 steps=$2; shift 2
+    "$BIN" "${ARGS[@]}" --max_steps "$steps" --output_dir "$dir" --metrics_file "$dir.jsonl" "$@" >"$dir.log" 2>&1 &
+    pid=$!
+}
+# the deterministic part of each metrics record (times and memory differ between runs)
+trajectory() { sed -E 's/, "ms".*//' "$1"; }
+same_result() { # same_result NAME REF DIR WEIGHTS_FILE
+    cmp -s "$2/$4" "$3/$4" && diff -q <(trajectory "$2.jsonl") <(trajectory "$3.jsonl") >/dev/null
+    check "$1" $? "$(cmp "$2/$4" "$3/$4" 2>&1 | head -1); $(diff <(trajectory "$2.jsonl") <(trajectory "$3.jsonl") | head -4)"
+}
+
+run "$TMP/ref" 12
+check "an uninterrupted run finishes" $? "$(tail -3 "$TMP/ref.log")"
+
+# killed right after step 7 (checkpoint 6 is the newest), resumed from the output folder
+LLAMA2TUNE_FAULT=step:7 run "$TMP/a" 12
+rc=$?
+[ $rc -eq 137 ] && [ -d "$TMP/a/checkpoint-6" ] && [ -d "$TMP/a/checkpoint-3" ] && [ "$(ls "$TMP/ref" | grep -c '^checkpoint-')" -eq 2 ]
+check "SIGKILL after step 7 leaves checkpoints 3 and 6 (a finished run keeps only 2)" $? "exit $rc; $(ls "$TMP/a"); $(ls "$TMP/ref")"
+run "$TMP/a" 12 --resume "$TMP/a"
+check "resume after a kill exits 0" $? "$(tail -3 "$TMP/a.log")"
+same_result "killed after step 7 and resumed == uninterrupted, bit for bit" "$TMP/ref" "$TMP/a" adapter_model.safetensors
+
+# killed halfway through writing checkpoint 9: checkpoint 6 stays valid
+LLAMA2TUNE_FAULT=checkpoint:9 run "$TMP/b" 12
+[ -d "$TMP/b/checkpoint-9.tmp" ] && [ ! -e "$TMP/b/checkpoint-9" ] && [ -f "$TMP/b/checkpoint-6/trainer_state.json" ]
+check "a kill inside a checkpoint leaves only a .tmp folder" $? "$(ls "$TMP/b")"
+run "$TMP/b" 12 --resume "$TMP/b"
+check "resume after a kill inside a checkpoint exits 0" $? "$(tail -3 "$TMP/b.log")"
+[ ! -e "$TMP/b/checkpoint-9.tmp" ] && grep -q "resumed from $TMP/b/checkpoint-6 at step 6" "$TMP/b.log"
+check "the resume starts from checkpoint 6 and clears the .tmp" $? "$(grep resumed "$TMP/b.log"; ls "$TMP/b")"
+same_result "killed inside a checkpoint and resumed == uninterrupted" "$TMP/ref" "$TMP/b" adapter_model.safetensors
+
+# SIGKILL at random moments (sometimes during a checkpoint), resuming each time
+run "$TMP/long" 300 --save_every 4
+for i in $(seq 1 40); do
+    resume=() # killed before its first checkpoint: start again
+    if ls "$TMP/c" 2>/dev/null | grep -q '^checkpoint-[0-9]*$'; then resume=(--resume "$TMP/c"); fi
+    start "$TMP/c" 300 --save_every 4 "${resume[@]}"
+    sleep "0.$(( (RANDOM % 25) + 5 ))"
+    kill -9 $pid 2>/dev/null
+    wait $pid 2>/dev/null
+    [ -f "$TMP/c/adapter_model.safetensors" ] && break
+done
+kills=$i
+[ -f "$TMP/c/adapter_model.safetensors" ] || { run "$TMP/c" 300 --save_every 4 --resume "$TMP/c"; }
+same_result "$kills runs killed at random moments and resumed == uninterrupted (300 steps)" "$TMP/long" "$TMP/c" adapter_model.safetensors
+
+# SIGTERM: finish the step, save, exit 0
+start "$TMP/d" 100000 --save_every 0
+sleep 0.5
+kill -TERM $pid
+wait $pid
+rc=$?
+steps=$(ls "$TMP/d" | grep -c '^checkpoint-[0-9]*$')
+[ $rc -eq 0 ] && [ "$steps" -eq 1 ] && grep -q "stopped by a signal" "$TMP/d.log"
+check "SIGTERM saves a checkpoint and exits 0" $? "exit $rc, $steps checkpoints, $(tail -2 "$TMP/d.log")"
+
+# full fine-tuning: the model and the moments round-trip exactly too
+run "$TMP/fref" 6 --full_finetune
+LLAMA2TUNE_FAULT=step:4 run "$TMP/f" 6 --full_finetune
+run "$TMP/f" 6 --full_finetune --resume "$TMP/f"
+same_result "full fine-tuning killed and resumed == uninterrupted" "$TMP/fref" "$TMP/f" model.safetensors
+
+# a resume that would not continue the same run is refused, naming the reason
+run "$TMP/e" 12 --resume "$TMP/ref/checkpoint-12" --lr 1e-3
+rc=$?
+[ $rc -eq 1 ] && grep -q -- "--lr was '0.00499999989' in the checkpoint but is '0.00100000005' now" "$TMP/e.log"
+check "resume with another --lr is refused" $? "exit $rc: $(tail -2 "$TMP/e.log")"
+cp $FIX/data.jsonl "$TMP/data.jsonl"
+LLAMA2TUNE_FAULT=step:4 run "$TMP/g" 6 --data "$TMP/data.jsonl"
+echo '{"text": "one more line"}' >>"$TMP/data.jsonl"
+run "$TMP/g" 6 --data "$TMP/data.jsonl" --resume "$TMP/g"
+rc=$?
+[ $rc -eq 1 ] && grep -q "data file '$TMP/data.jsonl' has changed since the checkpoint" "$TMP/g.log"
+check "resume after the data changed is refused" $? "exit $rc: $(tail -2 "$TMP/g.log")"
+run "$TMP/h" 3 --resume "$TMP/nothing_here"
+rc=$?
+[ $rc -eq 1 ] && grep -q "neither a checkpoint" "$TMP/h.log"
+check "resume from a folder without checkpoints is refused" $? "exit $rc: $(tail -2 "$TMP/h.log")"
+printf '{"step": 3, "optimizer_step": 3' >"$TMP/g/checkpoint-3/trainer_state.json"
+run "$TMP/i" 6 --data "$TMP/data.jsonl" --resume "$TMP/g/checkpoint-3"
+rc=$?
+[ $rc -eq 1 ] && grep -q "trainer_state.json" "$TMP/i.log"
+check "a corrupt trainer_state.json is refused, naming the file" $? "exit $rc: $(tail -2 "$TMP/i.log")"
+exit $((fails > 0))
