@@ -56,7 +56,7 @@ cuda: $(CUDA_CHECKS)
 cuda-compile-check: cuda
 
 test: train_llama2 $(TESTS)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} test/run.sh $(TESTS) test/test_cli.sh test/test_resume.sh dev/cuda/compile_check.sh
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} test/run.sh $(TESTS) test/test_cli.sh test/test_resume.sh test/test_real_data.sh dev/cuda/compile_check.sh
 
 run: train_llama2
 	./train_llama2 --model test/fixtures/tiny_gqa --data test/fixtures/data.jsonl --max_seq_len 64 \
