@@ -24,7 +24,7 @@ CUDA_HEADERS = cuda_common.cuh layers.cuh matmul.cuh attention.cuh dev/cuda/comm
 CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm)
 
 HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h dataloader.h checkpoint.h
-TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked test/test_dataloader
+TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked test/test_trainer test/test_dataloader
 
 .PHONY: all test run clean cuda cuda-compile-check
 all: train_llama2
@@ -32,7 +32,7 @@ all: train_llama2
 train_llama2: train_llama2.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-test/test_llama2 test/test_chunked: test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
+test/test_llama2 test/test_chunked test/test_trainer: test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 test/%: test/%.c $(HEADERS) test/test_common.h

@@ -1099,6 +1099,8 @@ typedef struct {
     StrList sample_prompt;
     int sample_every, max_new_tokens;
     float temperature, top_p;
+    int dry_run, merge_adapter;
+    float peak_tflops;
 } TrainConfig;
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG, OPT_LIST };
@@ -1152,6 +1154,9 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"sample_every", OPT_INT, &(tc)->sample_every, "0", "also print the samples every N steps (0: only before and after)", 0, 1 << 30}, \
     {"max_new_tokens", OPT_INT, &(tc)->max_new_tokens, "48", "tokens to generate per sample", 1, 1 << 20}, \
     {"temperature", OPT_FLOAT, &(tc)->temperature, "0", "sampling temperature (0: greedy)", 0, 100}, \
+    {"dry_run", OPT_FLAG, &(tc)->dry_run, "0", "print the configuration and the memory plan, then exit", 0, 1}, \
+    {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
+    {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
     {"top_p", OPT_FLOAT, &(tc)->top_p, "0.9", "nucleus sampling: draw from the smallest set of tokens with this much probability", 0, 1}, \
 }
 
@@ -1250,6 +1255,10 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     if (lora_parse_targets(tc->lora_target_modules, &mask) != 0) return -1;
     if (!tc->model[0]) { fprintf(stderr, "error: --model is required (see --help)\n"); return -1; }
     if (!tc->data[0]) { fprintf(stderr, "error: --data is required (see --help)\n"); return -1; }
+    if (tc->full_finetune && tc->merge_adapter) {
+        fprintf(stderr, "error: --merge_adapter folds a LoRA adapter in; with --full_finetune there is none\n");
+        return -1;
+    }
     if (tc->full_finetune && tc->from_peft_checkpoint[0]) {
         fprintf(stderr, "error: --from_peft_checkpoint and --full_finetune do not go together\n");
         return -1;
@@ -1306,6 +1315,8 @@ static void optimizer_init(Optimizer *o, Model *m) {
     o->m = (float *)callocCheck(o->n, sizeof(float));
     o->v = (float *)callocCheck(o->n, sizeof(float));
 }
+
+static void optimizer_free(Optimizer *o) { free(o->m); free(o->v); }
 
 // mean cross-entropy over every label token of a dataset, in file order
 static double evaluate(Model *m, const Dataset *ds, int B, int pad_id) {
@@ -1521,6 +1532,85 @@ done:
     return rc;
 }
 
+// ----------------------------------------------------------------------------
+// FLOPs, memory plan, merged export
+
+// Model FLOPs of one sequence of T tokens, forward and backward (DESIGN section 9):
+// a matmul with W (O, I) costs 2 O I per token forward; the backward costs the
+// same again for dX, and again for dW when W trains. So full fine-tuning is
+// 6 N T and LoRA 4 N T (plus its small adapters), N = the matmul parameters
+// (the head included, the embedding lookup not). Causal attention adds
+// 2 L NH hd T^2 forward (QK^T and PV over half the T x T scores) and twice
+// that backward. Recomputed forwards (--chunk_memory recompute) are not counted.
+static double flops_per_sequence(const Model *m, int T) {
+    const Config *c = &m->config;
+    double D = c->dim, H = c->hidden_dim, Q = (double)c->n_heads * c->head_dim, KV = (double)c->n_kv_heads * c->head_dim;
+    double per_layer = D * Q * 2 + D * KV * 2 + 3 * D * H, N = c->n_layers * per_layer + (double)c->vocab_size * D;
+    double lora = 0;
+    if (m->use_lora) {
+        int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
+        lora_shapes(c, in, out);
+        for (int t = 0; t < LORA_N_TARGETS; t++)
+            if (m->lora.targets & (1u << t)) lora += c->n_layers * (double)m->lora.r * (in[t] + out[t]);
+    }
+    double attn = 2.0 * c->n_layers * Q * (double)T * T;
+    return (m->full_finetune ? 6 * N : 4 * N + 6 * lora) * T + 3 * attn;
+}
+
+// What training holds, known before it starts: printed as the memory plan
+// (and alone with --dry_run). Per process; this trainer runs one rank.
+static double memory_plan(const Model *m, const Optimizer *o, const Dataset *train, const Dataset *val, int print) {
+    const double MiB = 1048576.0;
+    double weights = m->num_params * 4.0, trainable = o->n * 4.0, grads = o->n * 4.0, moments = o->n * 8.0;
+    if (m->full_finetune) trainable = 0; // the weights are the trainable parameters
+    double data = 0;
+    for (int i = 0; i < 2; i++) {
+        const Dataset *d = i ? val : train;
+        if (d && d->store) data += d->n_tokens * 5.0 + d->n_rows * 8.0; // tokens and label flags (mapped cache)
+    }
+    double total = weights + trainable + grads + moments + m->a.act_bytes + m->a.carry_bytes + data;
+    if (print) {
+        printf("memory plan (this process):\n");
+        printf("  %-34s %10.1f MiB\n", "base weights (fp32)", weights / MiB);
+        if (trainable) printf("  %-34s %10.1f MiB\n", "LoRA parameters", trainable / MiB);
+        printf("  %-34s %10.1f MiB\n", "gradients", grads / MiB);
+        printf("  %-34s %10.1f MiB\n", "AdamW moments", moments / MiB);
+        printf("  %-34s %10.1f MiB   (chunks of %d, %s)\n", "activations and scratch", m->a.act_bytes / MiB,
+               m->chunk_size, m->recompute ? "recompute" : "keep");
+        printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->a.carry_bytes / MiB);
+        printf("  %-34s %10.1f MiB\n", "tokenized data", data / MiB);
+        printf("  %-34s %10.1f MiB\n", "total", total / MiB);
+    }
+    return total;
+}
+
+// base + LoRA as one Hugging Face model: W += scale * B @ A in every adapted layer
+static int model_save_merged(Model *m, const char *dir, const char *model_dir, const char *tokpath) {
+    Config *c = &m->config;
+    LoRA *l = &m->lora;
+    float *w[NUM_PARAM_TENSORS];
+    param_tensors(&m->w, w);
+    int map[LORA_N_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
+    size_t total = m->num_params;
+    float *saved = (float *)mallocCheck(total * sizeof(float));
+    memcpy(saved, m->params, total * sizeof(float));
+    for (int i = 0; i < c->n_layers; i++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            if (!(l->targets & (1u << t))) continue;
+            // W (out, in) += scale * B (out, r) @ A (r, in), i.e. matmul_forward with inp = B, weight = A^T
+            float *W = w[map[t]] + (size_t)i * l->out[t] * l->in[t], *At = (float *)mallocCheck((size_t)l->r * l->in[t] * sizeof(float));
+            const float *A = lora_A(l, l->params, i, t);
+            for (int r = 0; r < l->r; r++)
+                for (int k = 0; k < l->in[t]; k++) At[(size_t)k * l->r + r] = A[(size_t)r * l->in[t] + k];
+            matmul_forward(W, lora_B(l, l->params, i, t), At, l->out[t], l->r, l->in[t], l->scale, 1);
+            free(At);
+        }
+    int rc = model_save_hf(m, dir, model_dir, tokpath);
+    memcpy(m->params, saved, total * sizeof(float));
+    free(saved);
+    return rc;
+}
+
 // on resume the metrics file keeps only its records up to the checkpoint's step
 // (a killed run may have logged steps after its last checkpoint)
 static int metrics_truncate(const char *path, int step) {
@@ -1647,8 +1737,16 @@ static int train(TrainConfig *tc) {
     printf("training %s: %zu trainable parameters, %ld rows, %d steps of %d x %d rows, T <= %d\n",
            m.use_lora ? "LoRA" : "all weights", opt.n, train_ds.n_rows, total, GA, B, T);
     double act_mb = m.a.act_bytes / 1048576.0, carry_mb = m.a.carry_bytes / 1048576.0;
-    printf("memory: weights %.1f MiB, activations %.1f MiB (chunks of %d, %s), KV and dKV carry %.1f MiB\n",
-           m.num_params * 4 / 1048576.0, act_mb, m.chunk_size, m.recompute ? "recompute" : "keep", carry_mb);
+    memory_plan(&m, &opt, &train_ds, have_val ? &val_ds : NULL, 1);
+    if (tc->dry_run) {
+        optimizer_free(&opt);
+        model_free(&m);
+        dataset_free(&train_ds);
+        if (have_val) dataset_free(&val_ds);
+        dataset_free(&all_ds);
+        tokenizer_free(&tok);
+        return 0;
+    }
     if (tc->resume[0]) printf("resumed from %s at step %d\n", resume_dir, ts.step);
 
     FILE *metrics = NULL;
@@ -1666,21 +1764,30 @@ static int train(TrainConfig *tc) {
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
     if (ts.step == 0) print_samples(&m, tc, &tok, 0);
-    int rc = 0;
+    int rc = 0, first_step = ts.step;
+    double run_ms = 0;
     while (ts.step < total && !stop_requested) {
         double t0 = now_ms(), norm;
         long n_tokens;
         float lr;
         double loss = train_step(&m, &opt, &dl, tc, ts.step, total, tokens, targets, Ts, &n_tokens, &norm, &lr);
-        double ms = now_ms() - t0;
+        double ms = now_ms() - t0, flops = 0;
+        for (int g = 0; g < GA; g++) flops += B * flops_per_sequence(&m, Ts[g]);
+        double tflops = flops / (ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / tc->peak_tflops : -1;
+        run_ms += ms;
         ts.step++;
         ts.opt_t = opt.t; ts.data_epoch = (int)dl.epoch; ts.data_pos = (int)dl.pos;
-        printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s\n", ts.step, total, loss, lr,
-               norm, ms, n_tokens / (ms / 1e3));
+        double eta_s = run_ms / (ts.step - first_step) * (total - ts.step) / 1e3;
+        printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s", ts.step, total,
+               loss, lr, norm, ms, n_tokens / (ms / 1e3), tflops);
+        if (mfu >= 0) printf(" | MFU %.1f%%", 100 * mfu);
+        printf(" | ETA %dm%02ds\n", (int)(eta_s / 60), (int)eta_s % 60);
         if (metrics) {
             fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, "
-                    "\"ms\": %.3f, \"tok_per_s\": %.3f, \"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n",
-                    ts.step, loss, lr, norm, n_tokens, ms, n_tokens / (ms / 1e3), peak_rss_mb(), act_mb, carry_mb);
+                    "\"ms\": %.3f, \"tok_per_s\": %.3f, \"tflops\": %.6g, ", ts.step, loss, lr, norm, n_tokens, ms,
+                    n_tokens / (ms / 1e3), tflops);
+            if (mfu >= 0) fprintf(metrics, "\"mfu\": %.6g, ", mfu);
+            fprintf(metrics, "\"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n", peak_rss_mb(), act_mb, carry_mb);
             fflush(metrics);
         }
         fault_point("step", ts.step);
@@ -1701,13 +1808,20 @@ static int train(TrainConfig *tc) {
         if (m.use_lora) {
             rc = lora_save_peft(&m.lora, tc->output_dir, tc->model);
             if (rc == 0) printf("saved the PEFT adapter to %s/\n", tc->output_dir);
+            char merged[PATH_MAX + 16];
+            snprintf(merged, sizeof merged, "%s/merged", tc->output_dir);
+            if (rc == 0 && tc->merge_adapter) {
+                rc = model_save_merged(&m, merged, tc->model, tokpath);
+                if (rc == 0) printf("saved the model with the adapter merged in to %s/\n", merged);
+            }
         } else {
             rc = model_save_hf(&m, tc->output_dir, tc->model, tokpath);
             if (rc == 0) printf("saved the model to %s/\n", tc->output_dir);
         }
     }
     if (metrics) fclose(metrics);
-    free(tokens); free(targets); free(Ts); free(opt.m); free(opt.v);
+    free(tokens); free(targets); free(Ts);
+    optimizer_free(&opt);
     dataloader_free(&dl);
     model_free(&m);
     dataset_free(&train_ds);
