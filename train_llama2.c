@@ -1421,10 +1421,11 @@ static const char *resume_must_match[] = {
     "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
     "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split"};
 
-static void option_value(const Option *o, char *buf, size_t n) {
+// an option's value as text; exact: floats with every digit (for resume checks)
+static void option_value(const Option *o, char *buf, size_t n, int exact) {
     switch (o->type) {
     case OPT_STR: snprintf(buf, n, "%s", *(const char **)o->ptr); break;
-    case OPT_FLOAT: snprintf(buf, n, "%.9g", *(float *)o->ptr); break;
+    case OPT_FLOAT: snprintf(buf, n, exact ? "%.9g" : "%g", *(float *)o->ptr); break;
     case OPT_LIST: snprintf(buf, n, "(%d values)", ((StrList *)o->ptr)->n); break;
     default: snprintf(buf, n, "%d", *(int *)o->ptr);
     }
@@ -1466,7 +1467,7 @@ static int save_checkpoint(TrainConfig *tc, Model *m, Optimizer *o, const TrainS
             "  \"data_fingerprint\": \"%s\",\n  \"options\": {", ts->step, ts->opt_t, ts->data_epoch, ts->data_pos, fp);
     Option opts[] = OPTIONS(tc);
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
-        option_value(&opts[i], val, sizeof val);
+        option_value(&opts[i], val, sizeof val, 1);
         fprintf(f, "%s\n    \"%s\": ", i ? "," : "", opts[i].name);
         json_write_string(f, val);
     }
@@ -1503,7 +1504,7 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, Optimizer *o, Train
     for (size_t k = 0; k < sizeof resume_must_match / sizeof resume_must_match[0]; k++)
         for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
             if (strcmp(opts[i].name, resume_must_match[k])) continue;
-            option_value(&opts[i], val, sizeof val);
+            option_value(&opts[i], val, sizeof val, 1);
             if (json_get_string(opts_saved, opts[i].name, &saved, NULL) != 0 || strcmp(saved, val) != 0) {
                 fprintf(stderr, "error: --resume %s: --%s was '%s' in the checkpoint but is '%s' now; resume with the same value\n",
                         dir, opts[i].name, json_get_string(opts_saved, opts[i].name, &saved, NULL) == 0 ? saved : "(missing)", val);
@@ -1611,6 +1612,18 @@ static int model_save_merged(Model *m, const char *dir, const char *model_dir, c
     return rc;
 }
 
+// the start-up table: every option with its value, three to a line
+static void print_config(TrainConfig *tc) {
+    Option opts[] = OPTIONS(tc);
+    int n = (int)(sizeof opts / sizeof opts[0]);
+    char val[4096];
+    printf("configuration:\n");
+    for (int i = 0; i < n; i++) {
+        option_value(&opts[i], val, sizeof val, 0);
+        printf("  %-27s %-14.60s%s", opts[i].name, val[0] ? val : "-", i % 3 == 2 || i == n - 1 ? "\n" : "");
+    }
+}
+
 // on resume the metrics file keeps only its records up to the checkpoint's step
 // (a killed run may have logged steps after its last checkpoint)
 static int metrics_truncate(const char *path, int step) {
@@ -1690,6 +1703,7 @@ static int train(TrainConfig *tc) {
         fprintf(stderr, "error: cannot create --output_dir '%s': %s\n", tc->output_dir, strerror(errno));
         return 1;
     }
+    print_config(tc);
     char tokpath[4096], resume_dir[PATH_MAX];
     if (tc->resume[0] && checkpoint_resolve(tc->resume, resume_dir, sizeof resume_dir) != 0) return 1;
     if (tc->tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", tc->tokenizer);

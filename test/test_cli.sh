@@ -45,6 +45,13 @@ expect_error "bad batching" "--batching: 'pack' is not one of padding, packing" 
 expect_error "bad data format" "--data_format: 'csv' is not one of" --model $FIX/tiny_gqa "${RUN[@]}" --data_format csv
 expect_error "val_data with val_split" "--val_data and --val_split do not go together" --model $FIX/tiny_gqa "${RUN[@]}" --val_data "$DATA" --val_split 0.1
 expect_error "bad val_split" "--val_split: '1.5' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --val_split 1.5
+"$BIN" --model $FIX/tiny_gqa --data "$DATA" --max_seq_len 24 --dry_run --output_dir "$TMP/dry" >"$TMP/dry.log" 2>&1
+if [ $? -eq 0 ] && grep -q "memory plan" "$TMP/dry.log" && grep -q "lr_scheduler" "$TMP/dry.log" && ! grep -q "^step 1" "$TMP/dry.log"; then
+    echo "ok cli: --dry_run prints the configuration and the memory plan, and trains nothing"
+else
+    echo "FAIL cli: --dry_run: $(tail -3 "$TMP/dry.log")"; fails=$((fails + 1))
+fi
+expect_error "merge with full fine-tuning" "--merge_adapter folds a LoRA adapter in" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --merge_adapter
 if "$BIN" --help | grep -q -- "--gradient_accumulation_steps"; then echo "ok cli: --help lists the options"; else echo "FAIL cli: --help"; fails=$((fails + 1)); fi
 
 # checkpoints
