@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""--merge_adapter's export loads in transformers and gives the logits of base + adapter.
+
+  make train_llama2 && python3 dev/reference/check_merged_export.py
+
+train_llama2 trains a LoRA adapter (all-linear) on the tiny fixture model for a few
+steps with --merge_adapter. transformers then loads OUTPUT/merged as a plain
+LlamaForCausalLM, and the base model with the adapter through PeftModel; both run
+in float64 on the same random tokens. Tolerance: 1e-5 of the logits' scale (the
+merged weights are fp32 sums W + s B A; the float64 PeftModel path computes
+W x + s B (A x) exactly). The adapter must move the logits by far more than that.
+Needs torch, transformers, peft (not needed by CI).
+"""
+import os, subprocess, sys, tempfile
+import torch
+from transformers import LlamaForCausalLM
+from peft import PeftModel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = os.path.join(ROOT, "test/fixtures/tiny_gqa")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out")
+        subprocess.run([os.path.join(ROOT, "train_llama2"), "--model", MODEL, "--data",
+                        os.path.join(ROOT, "test/fixtures/data.jsonl"), "--max_seq_len", "24", "--max_steps", "8",
+                        "--lr", "1e-2", "--lora_target_modules", "all-linear", "--lora_dropout", "0", "--threads", "1",
+                        "--data_cache_dir", tmp, "--output_dir", out, "--merge_adapter"],
+                       check=True, stdout=subprocess.DEVNULL)
+        torch.manual_seed(0)
+        ids = torch.randint(0, 512, (2, 24))
+        with torch.no_grad():
+            merged = LlamaForCausalLM.from_pretrained(os.path.join(out, "merged"), dtype=torch.float64).eval()
+            base = LlamaForCausalLM.from_pretrained(MODEL, dtype=torch.float64)
+            peft = PeftModel.from_pretrained(base, out).double().eval()
+            a, b = merged(ids).logits, peft(ids).logits
+            plain = LlamaForCausalLM.from_pretrained(MODEL, dtype=torch.float64).eval()(ids).logits
+        err, scale, effect = (a - b).abs().max().item(), b.abs().max().item(), (b - plain).abs().max().item()
+        ok = err <= 1e-5 * scale and effect > 1e3 * err
+        print(f"merged vs base + adapter (transformers, float64): max err {err:.3e} of scale {scale:.3e}; "
+              f"the adapter moves logits by {effect:.3e}: {'ok' if ok else 'FAIL'}")
+        sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
