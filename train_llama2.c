@@ -17,6 +17,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <float.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -212,21 +213,22 @@ static int config_load(Config *c, const char *model_dir) {
         goto done;
     }
     c->norm_eps = 1e-6f;
-    if (json_get_number(&j, "rms_norm_eps", &d) == 0) c->norm_eps = (float)d;
+    // out-of-range doubles become -1 (refused below): converting them to float is undefined
+    if (json_get_number(&j, "rms_norm_eps", &d) == 0) c->norm_eps = d > 0 && d <= FLT_MAX ? (float)d : -1.0f;
     // transformers < 5 writes rope_theta at the top; transformers 5 inside rope_parameters
     c->rope_theta = 10000.0f;
     if ((v = json_get(&j, "rope_parameters")) && v->type == JSON_OBJECT) rope = v;
     if ((v = json_get(&j, "rope_scaling")) && v->type != JSON_NULL) rope = v;
-    if (json_get_number(&j, "rope_theta", &d) == 0) c->rope_theta = (float)d;
+    if (json_get_number(&j, "rope_theta", &d) == 0) c->rope_theta = d > 0 && d <= FLT_MAX ? (float)d : -1.0f;
     if (rope) {
-        if (json_get_number(rope, "rope_theta", &d) == 0) c->rope_theta = (float)d;
+        if (json_get_number(rope, "rope_theta", &d) == 0) c->rope_theta = d > 0 && d <= FLT_MAX ? (float)d : -1.0f;
         if ((json_get_string(rope, "rope_type", &s, NULL) == 0 || json_get_string(rope, "type", &s, NULL) == 0) &&
             strcmp(s, "default") != 0) {
             fprintf(stderr, "error: %s: rope scaling type \"%s\" is not supported yet (only plain RoPE)\n", path, s);
             goto done;
         }
     }
-    if (!(c->rope_theta > 0) || !(c->norm_eps > 0)) { fprintf(stderr, "error: %s: rope_theta and rms_norm_eps must be positive\n", path); goto done; }
+    if (!(c->rope_theta > 0) || !(c->norm_eps > 0)) { fprintf(stderr, "error: %s: rope_theta and rms_norm_eps must be positive finite numbers\n", path); goto done; }
     if (json_get_string(&j, "hidden_act", &s, NULL) == 0 && strcmp(s, "silu") != 0) {
         fprintf(stderr, "error: %s: hidden_act \"%s\" is not supported (Llama uses silu)\n", path, s); goto done;
     }
@@ -381,40 +383,46 @@ static int model_load(Model *m, const char *dir) {
     Config *c = &m->config;
     StModel sm;
     if (st_model_open(&sm, dir) != 0) return -1;
+    // pass 0 checks every tensor's presence, shape and dtype; only then pass 1
+    // allocates and reads, so a config.json claiming terabytes allocates nothing
     m->num_params = param_layout(c, &m->w, NULL);
-    m->params = (float *)mallocCheck(m->num_params * sizeof(float));
-    param_layout(c, &m->w, m->params);
     float *ptrs[NUM_PARAM_TENSORS];
-    param_tensors(&m->w, ptrs);
     char name[256];
     int rc = 0;
-    for (int p = 0; p < NUM_PARAM_TENSORS && rc == 0; p++) {
-        if (p == P_HEAD && c->tied) continue;
-        int64_t rows, cols;
-        param_shape(c, p, &rows, &cols);
-        int nl = param_per_layer(p) ? c->n_layers : 1;
-        for (int l = 0; l < nl && rc == 0; l++) {
-            param_name(p, l, name, sizeof name);
-            StFile *f;
-            const StTensor *t = st_model_find(&sm, name, &f);
-            int vec = rows == 1;
-            if (!t) {
-                fprintf(stderr, "error: %s: tensor '%s' is missing from the checkpoint%s\n", dir, name,
-                        p == P_HEAD ? " (config.json says tie_word_embeddings is false)" : "");
-                rc = -1;
-            } else if (t->ndim != (vec ? 1 : 2) || t->shape[0] != (vec ? cols : rows) || (!vec && t->shape[1] != cols)) {
-                char got[128], want[64];
-                st_format_shape(t->shape, t->ndim, got, sizeof got);
-                if (vec) snprintf(want, sizeof want, "[%lld]", (long long)cols);
-                else snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
-                fprintf(stderr, "error: %s: tensor '%s' has shape %s but config.json implies %s\n", f->path, name, got, want);
-                rc = -1;
-            } else if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) {
-                fprintf(stderr, "error: %s: tensor '%s' has dtype %s; only F32, BF16 and F16 weights are supported\n",
-                        f->path, name, st_dtype_name(t->dtype));
-                rc = -1;
-            } else {
-                rc = st_read_f32(f, t, 0, t->numel, ptrs[p] + (size_t)l * rows * cols);
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        if (pass == 1) {
+            m->params = (float *)mallocCheck(m->num_params * sizeof(float));
+            param_layout(c, &m->w, m->params);
+            param_tensors(&m->w, ptrs);
+        }
+        for (int p = 0; p < NUM_PARAM_TENSORS && rc == 0; p++) {
+            if (p == P_HEAD && c->tied) continue;
+            int64_t rows, cols;
+            param_shape(c, p, &rows, &cols);
+            int nl = param_per_layer(p) ? c->n_layers : 1;
+            for (int l = 0; l < nl && rc == 0; l++) {
+                param_name(p, l, name, sizeof name);
+                StFile *f;
+                const StTensor *t = st_model_find(&sm, name, &f);
+                int vec = rows == 1;
+                if (!t) {
+                    fprintf(stderr, "error: %s: tensor '%s' is missing from the checkpoint%s\n", dir, name,
+                            p == P_HEAD ? " (config.json says tie_word_embeddings is false)" : "");
+                    rc = -1;
+                } else if (t->ndim != (vec ? 1 : 2) || t->shape[0] != (vec ? cols : rows) || (!vec && t->shape[1] != cols)) {
+                    char got[128], want[64];
+                    st_format_shape(t->shape, t->ndim, got, sizeof got);
+                    if (vec) snprintf(want, sizeof want, "[%lld]", (long long)cols);
+                    else snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
+                    fprintf(stderr, "error: %s: tensor '%s' has shape %s but config.json implies %s\n", f->path, name, got, want);
+                    rc = -1;
+                } else if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) {
+                    fprintf(stderr, "error: %s: tensor '%s' has dtype %s; only F32, BF16 and F16 weights are supported\n",
+                            f->path, name, st_dtype_name(t->dtype));
+                    rc = -1;
+                } else if (pass == 1) {
+                    rc = st_read_f32(f, t, 0, t->numel, ptrs[p] + (size_t)l * rows * cols);
+                }
             }
         }
     }
@@ -1128,7 +1136,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"lr", OPT_FLOAT, &(tc)->lr, "1e-4", "peak learning rate", 0, 1e3}, \
     {"weight_decay", OPT_FLOAT, &(tc)->weight_decay, "0.0", "AdamW decoupled weight decay (applied to every trainable tensor)", 0, 1e3}, \
     {"adam_beta1", OPT_FLOAT, &(tc)->beta1, "0.9", "AdamW beta1", 0, 0.999999}, \
-    {"adam_beta2", OPT_FLOAT, &(tc)->beta2, "0.999", "AdamW beta2", 0, 0.999999999}, \
+    {"adam_beta2", OPT_FLOAT, &(tc)->beta2, "0.999", "AdamW beta2", 0, 0.9999999}, \
     {"adam_epsilon", OPT_FLOAT, &(tc)->eps, "1e-8", "AdamW epsilon", 0, 1}, \
     {"lr_scheduler", OPT_STR, &(tc)->lr_scheduler, "cosine", "constant | linear | cosine (each after --warmup_steps of linear warmup)", 0, 0}, \
     {"warmup_steps", OPT_INT, &(tc)->warmup_steps, "0", "linear warmup steps", 0, 1 << 30}, \

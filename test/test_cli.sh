@@ -34,6 +34,7 @@ expect_error "bad integer" "--batch_size: '2.5' is not an integer" --model $FIX/
 expect_error "out of range" "--lora_dropout" --model $FIX/tiny_gqa "${RUN[@]}" --lora_dropout 1.5
 expect_error "missing value" "--lr needs a value" --model $FIX/tiny_gqa "${RUN[@]}" --lr
 expect_error "missing --model" "--model is required" "${RUN[@]}"
+expect_error "adam_beta2 that rounds to 1" "--adam_beta2: '0.99999999' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --adam_beta2 0.99999999
 expect_error "bad scheduler" "--lr_scheduler: 'step'" --model $FIX/tiny_gqa "${RUN[@]}" --lr_scheduler step
 expect_error "bad target module" "unknown module 'qq_proj'" --model $FIX/tiny_gqa "${RUN[@]}" --lora_target_modules q_proj,qq_proj
 expect_error "chunk larger than the sequence" "--chunk_size 32 is larger than --max_seq_len 24" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_size 32
@@ -73,6 +74,10 @@ expect_error "malformed safetensors header" "model.safetensors" --model "$TMP/m"
 # same byte count, so only the shape is wrong: [512,64] -> [64,512] for the embedding
 model_copy tiny_gqa; perl -0pi -e 's/("model\.embed_tokens\.weight":\{"dtype":"F32","shape":)\[512,64\]/${1}[64,512]/' "$TMP/m/model.safetensors"
 expect_error "tensor of the wrong shape" "embed_tokens.weight' has shape \[64, 512\]" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_gqa; sed -i 's/"rope_theta": 10000.0/"rope_theta": 1e39/' "$TMP/m/config.json"
+expect_error "rope_theta beyond float" "rope_theta and rms_norm_eps must be positive finite" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_gqa; sed -i 's/"hidden_size": 64/"hidden_size": 65536/; s/"intermediate_size": 96/"intermediate_size": 262144/; s/"vocab_size": 512/"vocab_size": 16777216/' "$TMP/m/config.json"
+expect_error "config claiming terabytes of weights (checked before allocating)" "has shape .* but config.json implies" --model "$TMP/m" "${RUN[@]}"
 model_copy tiny_tied; rm "$TMP/m/model-00002-of-00002.safetensors"
 expect_error "missing shard" "model-00002-of-00002.safetensors" --model "$TMP/m" "${RUN[@]}"
 model_copy tiny_gqa; sed -i 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$TMP/m/config.json"
