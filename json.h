@@ -10,8 +10,10 @@
 //     hex, no NaN/Infinity) and become doubles; integer literals that fit in
 //     a long long are also kept exactly (JsonValue.integer), so offsets above
 //     2^53 are not silently rounded
-//   - nesting is limited to JSON_MAX_DEPTH (stack safety); trailing garbage,
-//     trailing commas and empty input are errors
+//   - nesting is limited to JSON_MAX_DEPTH (stack safety) and a document to
+//     JSON_MAX_VALUES values (memory: a value takes ~80 bytes of DOM for as
+//     little as 2 bytes of text, so "[0,0,..." would otherwise grow ~40x);
+//     trailing garbage, trailing commas and empty input are errors
 // Errors read like "offset 17 (line 2, column 5): expected ':' after object key".
 // Duplicate object keys are kept (json_get returns the first); callers that
 // must refuse them (safetensors) call json_find_duplicate_key.
@@ -27,6 +29,9 @@
 
 #ifndef JSON_MAX_DEPTH
 #define JSON_MAX_DEPTH 64
+#endif
+#ifndef JSON_MAX_VALUES
+#define JSON_MAX_VALUES (1 << 22) // 4M values: at most ~0.5 GB of DOM
 #endif
 
 #if defined(__GNUC__)
@@ -75,6 +80,7 @@ typedef struct {
     const unsigned char *s;
     size_t len, pos;
     int depth;
+    long values;   // values started so far (bounded by JSON_MAX_VALUES)
     char *err;
     size_t errlen;
 } JsonParser;
@@ -429,6 +435,7 @@ static inline int json__parse_value(JsonParser *p, JsonValue *out) {
     memset(out, 0, sizeof *out);
     json__skip_ws(p);
     if (p->pos >= p->len) return json__fail_at(p, p->pos, "unexpected end of input, expected a value");
+    if (++p->values > JSON_MAX_VALUES) return json__fail_at(p, p->pos, "more than %d values in one document", JSON_MAX_VALUES);
     int r;
     unsigned char c = p->s[p->pos];
     char d[32];
@@ -463,6 +470,7 @@ static inline int json_parse(const char *text, size_t len, JsonValue *out, char 
     p.len = text ? len : 0;
     p.pos = 0;
     p.depth = 0;
+    p.values = 0;
     p.err = err;
     p.errlen = errlen;
     if (err && errlen) err[0] = 0;

@@ -14,6 +14,7 @@
 #ifndef LORA_H
 #define LORA_H
 #include <math.h>
+#include <float.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include "utils.h"
@@ -61,6 +62,8 @@ static int lora_parse_targets(const char *s, unsigned *mask) {
         p += n;
         if (*p == ',') p++;
     }
+    if (!*mask) fprintf(stderr, "error: --lora_target_modules: no module named (known: q_proj,k_proj,v_proj,o_proj,"
+                        "gate_proj,up_proj,down_proj or all-linear)\n");
     return *mask ? 0 : -1;
 }
 
@@ -237,8 +240,11 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
         fprintf(stderr, "error: %s: peft_type must be \"LORA\"\n", path); goto done;
     }
     if (json_get_int(&cfg, "r", &r) != 0 || r < 1 || r > 65536) { fprintf(stderr, "error: %s: 'r' must be an integer in [1, 65536]\n", path); goto done; }
-    if (json_get_number(&cfg, "lora_alpha", &alpha) != 0) { fprintf(stderr, "error: %s: 'lora_alpha' must be a number\n", path); goto done; }
-    if (json_get_number(&cfg, "lora_dropout", &dropout) == -2 || dropout < 0 || dropout >= 1) {
+    // alpha and dropout are kept as floats: check what they become (1e39 is inf, 0.99999999 is 1)
+    if (json_get_number(&cfg, "lora_alpha", &alpha) != 0 || !(alpha >= -FLT_MAX && alpha <= FLT_MAX)) {
+        fprintf(stderr, "error: %s: 'lora_alpha' must be a number in the float range\n", path); goto done;
+    }
+    if (json_get_number(&cfg, "lora_dropout", &dropout) == -2 || dropout < 0 || (float)dropout >= 1.0f) {
         fprintf(stderr, "error: %s: 'lora_dropout' must be a number in [0, 1)\n", path); goto done;
     }
     if (json_get_bool(&cfg, "use_rslora", &b) == 0) rslora = b;
@@ -266,40 +272,50 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
             targets |= m;
         }
     } else { fprintf(stderr, "error: %s: 'target_modules' must be a list of module names\n", path); goto done; }
-    lora_alloc(l, n_layers, in, out, (int)r, (float)alpha, (float)dropout, rslora, targets);
-
+    // the tensors are checked against the config and the model before anything is
+    // allocated for them (r alone, up to 65536, could ask for gigabytes), then read
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     StFile sf;
-    if (st_open(&sf, path) != 0) { lora_free(l); goto done; }
-    int found = 0;
+    if (st_open(&sf, path) != 0) goto done;
+    int found = 0, allocated = 0;
     char key[160];
-    for (int i = 0; i < n_layers && found >= 0; i++)
-        for (int t = 0; t < LORA_N_TARGETS && found >= 0; t++) {
-            if (!(targets & (1u << t))) continue;
-            for (int ab = 0; ab < 2; ab++) {
-                lora_key(key, sizeof key, i, t, ab ? 'B' : 'A');
-                const StTensor *st = st_find(&sf, key);
-                int64_t d0 = ab ? out[t] : r, d1 = ab ? r : in[t];
-                if (!st) { fprintf(stderr, "error: %s: tensor '%s' is missing\n", path, key); found = -1; break; }
-                if (st->ndim != 2 || st->shape[0] != d0 || st->shape[1] != d1) {
-                    char got[128];
-                    st_format_shape(st->shape, st->ndim, got, sizeof got);
-                    fprintf(stderr, "error: %s: tensor '%s' has shape %s, expected [%lld, %lld] from the model and "
-                            "adapter_config.json\n", path, key, got, (long long)d0, (long long)d1);
-                    found = -1; break;
-                }
-                float *dst = ab ? lora_B(l, l->params, i, t) : lora_A(l, l->params, i, t);
-                if (st_read_f32(&sf, st, 0, st->numel, dst) != 0) { found = -1; break; }
-                found++;
+    for (int pass = 0; pass < 2 && found >= 0; pass++) { // 0: check, 1: allocate and read
+        if (pass == 1) {
+            if (found != sf.n_tensors) {
+                fprintf(stderr, "error: %s: holds %d tensors but the adapter config implies %d (layers beyond the model, "
+                        "or modules we do not adapt)\n", path, sf.n_tensors, found);
+                found = -1;
+                break;
             }
+            lora_alloc(l, n_layers, in, out, (int)r, (float)alpha, (float)dropout, rslora, targets);
+            allocated = 1;
         }
-    if (found >= 0 && found != sf.n_tensors) {
-        fprintf(stderr, "error: %s: holds %d tensors but the adapter config implies %d (layers beyond the model, "
-                "or modules we do not adapt)\n", path, sf.n_tensors, found);
-        found = -1;
+        for (int i = 0; i < n_layers && found >= 0; i++)
+            for (int t = 0; t < LORA_N_TARGETS && found >= 0; t++) {
+                if (!(targets & (1u << t))) continue;
+                for (int ab = 0; ab < 2; ab++) {
+                    lora_key(key, sizeof key, i, t, ab ? 'B' : 'A');
+                    const StTensor *st = st_find(&sf, key);
+                    int64_t d0 = ab ? out[t] : r, d1 = ab ? r : in[t];
+                    if (pass == 1) {
+                        float *dst = ab ? lora_B(l, l->params, i, t) : lora_A(l, l->params, i, t);
+                        if (st_read_f32(&sf, st, 0, st->numel, dst) != 0) { found = -1; break; }
+                        continue;
+                    }
+                    if (!st) { fprintf(stderr, "error: %s: tensor '%s' is missing\n", path, key); found = -1; break; }
+                    if (st->ndim != 2 || st->shape[0] != d0 || st->shape[1] != d1) {
+                        char got[128];
+                        st_format_shape(st->shape, st->ndim, got, sizeof got);
+                        fprintf(stderr, "error: %s: tensor '%s' has shape %s, expected [%lld, %lld] from the model and "
+                                "adapter_config.json\n", path, key, got, (long long)d0, (long long)d1);
+                        found = -1; break;
+                    }
+                    found++;
+                }
+            }
     }
     st_close(&sf);
-    if (found < 0) { lora_free(l); goto done; }
+    if (found < 0) { if (allocated) lora_free(l); goto done; }
     rc = 0;
 done:
     json_free(&cfg);

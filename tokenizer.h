@@ -31,6 +31,7 @@
 #include <string.h>
 #include <stdint.h>
 #include <errno.h>
+#include <sys/stat.h> // fstat: the file size is checked before reading (POSIX, like fileno)
 
 // Limits on what a model file may claim. Llama-2 has 32000 pieces of at most
 // 16 bytes (48 with the ▁ encoding); these leave plenty of room.
@@ -595,6 +596,14 @@ static inline int tokenizer_load(Tokenizer *t, const char *path) {
     t->bos_id = t->eos_id = t->unk_id = t->pad_id = -1;
     FILE *fp = fopen(path, "rb");
     if (!fp) { fprintf(stderr, "error: tokenizer %s: cannot open: %s\n", path, strerror(errno)); return -1; }
+    // a regular file that is too large is refused before anything is allocated for it
+    struct stat st;
+    if (fstat(fileno(fp), &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > TOKENIZER_MAX_FILE_SIZE) {
+        fprintf(stderr, "error: tokenizer %s: file is %llu bytes, larger than the 256 MiB allowed\n", path,
+                (unsigned long long)st.st_size);
+        fclose(fp);
+        return -1;
+    }
     // read in chunks rather than trusting ftell: works for pipes and stops at the size limit
     size_t cap = 1 << 16, n = 0;
     unsigned char *buf = (unsigned char *)malloc(cap);

@@ -45,27 +45,37 @@ static FILE *fopen_check(const char *path, const char *mode, const char *file, i
 }
 #define fopenCheck(path, mode) fopen_check((path), (mode), __FILE__, __LINE__)
 
-// reads a whole file into a NUL-terminated buffer; NULL (errno set) on failure
-static char *read_file(const char *path, size_t *len) {
+// reads a whole file into a NUL-terminated buffer; NULL (errno set) on failure.
+// A file of more than max bytes is refused (errno EFBIG): before reading when it
+// is a regular file, else once that much has been read.
+#include <sys/stat.h>
+static char *read_file_max(const char *path, size_t *len, size_t max) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (unsigned long long)st.st_size > max) {
+        fclose(f);
+        errno = EFBIG;
+        return NULL;
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     while (buf) {
         n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n > max) { free(buf); buf = NULL; errno = EFBIG; break; }
         if (n < cap - 1) break;
         char *nb = realloc(buf, cap *= 2);
         if (!nb) { free(buf); buf = NULL; errno = ENOMEM; }
         else buf = nb;
     }
-    int err = ferror(f);
+    int err = !buf ? (errno ? errno : ENOMEM) : ferror(f) ? (errno ? errno : EIO) : 0; // e.g. EISDIR for a directory
     fclose(f);
-    if (!buf) return NULL;
-    if (err) { free(buf); errno = EIO; return NULL; }
+    if (err) { free(buf); errno = err; return NULL; }
     buf[n] = 0;
     if (len) *len = n;
     return buf;
 }
+static char *read_file(const char *path, size_t *len) { return read_file_max(path, len, (size_t)-1); }
 
 // temporary file, flush, fsync, rename: a reader never sees a half-written file
 static int write_bytes_atomic(const char *path, const void *data, size_t n) {
@@ -85,12 +95,15 @@ static int write_bytes_atomic(const char *path, const void *data, size_t n) {
     return 0;
 }
 
-// reads and parses a JSON file: 0 ok, -1 with an error naming the file printed
+// reads and parses a JSON file (a config: at most JSON_FILE_MAX bytes):
+// 0 ok, -1 with an error naming the file printed
 #include "json.h"
+#define JSON_FILE_MAX ((size_t)64 << 20)
 static int json_load_file(const char *path, JsonValue *out) {
     size_t len;
     char err[256];
-    char *text = read_file(path, &len);
+    char *text = read_file_max(path, &len, JSON_FILE_MAX);
+    if (!text && errno == EFBIG) { fprintf(stderr, "error: %s: larger than the %zu bytes allowed\n", path, JSON_FILE_MAX); return -1; }
     if (!text) { fprintf(stderr, "error: %s: cannot read: %s\n", path, strerror(errno)); return -1; }
     int rc = json_parse(text, len, out, err, sizeof err);
     free(text);
@@ -99,7 +112,6 @@ static int json_load_file(const char *path, JsonValue *out) {
 }
 
 // mkdir -p: 0 ok, -1 with errno set
-#include <sys/stat.h>
 static int mkdir_p(const char *path) {
     char buf[4096];
     size_t n = strlen(path);

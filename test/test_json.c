@@ -1,9 +1,13 @@
 // Tests for json.h: valid documents, every rejection with its message, the
-// typed getters, duplicate keys, the string writer, and a small mutation fuzz.
-//   gcc -O2 -Wall -Wextra -std=c11 -o /tmp/test_json test/test_json.c -lm && /tmp/test_json
+// typed getters, duplicate keys, the string writer, a small mutation fuzz, and
+// the size limits (values per document; json_load_file's file size, utils.h).
+//   gcc -O2 -Wall -Wextra -Wno-unused-function -std=c11 -o /tmp/test_json test/test_json.c -lm && /tmp/test_json
+#define _POSIX_C_SOURCE 200809L // mkstemp, ftruncate, dup2 for the file-size limit test
 #include "../json.h"
+#include "../utils.h" // json_load_file, read_file_max
 #include "test_common.h"
 #include <stdint.h>
+#include <fcntl.h>
 
 static JsonValue parse_ok(const char *what, const char *text, size_t len) {
     JsonValue v;
@@ -316,10 +320,67 @@ static void test_mutations(void) {
     CHECK(bad == 0, "200000 mutated documents: parse or fail with a message", "%d of %d bad (%d parsed)", bad, n, ok);
 }
 
+// size bombs: a document of many tiny values (each ~80 bytes of DOM for 2 bytes
+// of text) is refused at JSON_MAX_VALUES; json_load_file refuses a file over
+// JSON_FILE_MAX before reading it
+static void test_limits(void) {
+    size_t n = (size_t)JSON_MAX_VALUES; // the array itself is one value: n - 1 zeros fit
+    char *text = (char *)malloc(2 * n + 2);
+    size_t k = 0;
+    text[k++] = '[';
+    for (size_t i = 0; i + 1 < n; i++) { text[k++] = '0'; text[k++] = ','; }
+    text[k - 1] = ']'; // the last comma closes the array
+    JsonValue v;
+    char err[256];
+    int r = json_parse(text, k, &v, err, sizeof err);
+    CHECK(r == 0 && v.type == JSON_ARRAY && v.count == JSON_MAX_VALUES - 1, "array of JSON_MAX_VALUES - 1 numbers parses",
+          "r=%d count=%d %s", r, v.count, r ? err : "");
+    json_free(&v);
+    text[k - 1] = ',';
+    text[k++] = '0';
+    text[k++] = ']';
+    r = json_parse(text, k, &v, err, sizeof err);
+    char want[64];
+    snprintf(want, sizeof want, "more than %d values in one document", JSON_MAX_VALUES);
+    CHECK(r == -1 && v.type == JSON_NULL && strstr(err, want), "one value more is refused", "r=%d err='%s'", r, err);
+    free(text);
+
+    // a sparse file just over the limit: refused before any of it is read
+    char path[64] = "/tmp/test_json_big_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0 && ftruncate(fd, (off_t)JSON_FILE_MAX + 1) == 0, "sparse file for json_load_file", "cannot create it");
+    if (fd >= 0) close(fd);
+    fflush(stderr);
+    int saved = dup(2), null = open("/dev/null", O_WRONLY);
+    dup2(null, 2);
+    errno = 0;
+    size_t len = 0;
+    char *big = read_file_max(path, &len, JSON_FILE_MAX);
+    int big_errno = errno;
+    r = json_load_file(path, &v);
+    dup2(saved, 2);
+    close(saved);
+    close(null);
+    CHECK(big == NULL && big_errno == EFBIG && r == -1 && v.type == JSON_NULL, "json_load_file refuses a file over JSON_FILE_MAX",
+          "errno %d r=%d", big_errno, r);
+    free(big);
+    unlink(path);
+    // and a small one still loads
+    strcpy(path, "/tmp/test_json_small_XXXXXX");
+    fd = mkstemp(path);
+    CHECK(fd >= 0 && write(fd, "{\"a\": 1}", 8) == 8, "small file for json_load_file", "cannot create it");
+    if (fd >= 0) close(fd);
+    r = json_load_file(path, &v);
+    CHECK(r == 0 && json_get(&v, "a") != NULL, "json_load_file reads a small file", "r=%d", r);
+    json_free(&v);
+    unlink(path);
+}
+
 int main(void) {
     test_valid();
     test_invalid();
     test_write();
     test_mutations();
+    test_limits();
     return test_summary();
 }

@@ -191,6 +191,18 @@ static void test_header_rejections(void) {
     bad_header("name with NUL", "{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "contains a NUL character");
     bad_header("name with escape sequence is quoted", "{\"\\u001b[31mred\":{\"dtype\":\"X\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
                "tensor '\\x1b[31mred': unknown");
+    {
+        // a header of tiny values (~80 bytes of DOM per 2 bytes of text) is refused at JSON_MAX_VALUES
+        size_t n = (size_t)JSON_MAX_VALUES + 1, k = 0;
+        char *h = (char *)malloc(2 * n + 16);
+        h[k++] = '{'; h[k++] = '"'; h[k++] = 'a'; h[k++] = '"'; h[k++] = ':'; h[k++] = '[';
+        for (size_t i = 0; i < n; i++) { h[k++] = '0'; h[k++] = ','; }
+        h[k - 1] = ']'; h[k++] = '}'; h[k] = 0;
+        char want[64];
+        snprintf(want, sizeof want, "more than %d values", JSON_MAX_VALUES);
+        bad_header("header with more than JSON_MAX_VALUES values", h, 0, want);
+        free(h);
+    }
     bad_header("deeply nested header", "{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}", 0,
                "nesting deeper than 64");
 }
@@ -639,6 +651,11 @@ static void test_model(void) {
     snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", dir);
     write_st(p, 1ULL << 40, "{}", 0);
     expect_model_fail("corrupt shard", dir, "cannot open shard \"model-00002-of-00002.safetensors\"");
+    make_model_dir(dir, sizeof dir, "m_huge_index", NULL);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    write_bytes(p, "{}", 2);
+    if (truncate(p, (off_t)ST_MAX_INDEX_LEN + 1) != 0) exit(2); // sparse: nothing is written
+    expect_model_fail("index file over the size limit", dir, "index file size 100000001 is not sane");
     make_model_dir(dir, sizeof dir, "m_empty", NULL);
     expect_model_fail("no model files", dir, "no model.safetensors or model.safetensors.index.json");
 }

@@ -263,6 +263,14 @@ static void bad_inputs(void) {
     remove(empty_path);
     expect(try_load(NULL, 0), -1, "NULL/empty buffer -> -1");
     expect(load_captured(&t, "test", NULL, 0), -1, "a directory -> -1");
+    // a (sparse) file over TOKENIZER_MAX_FILE_SIZE: refused from its size, before anything is read
+    const char *big_path = "/tmp/llama2tune_test_tokenizer_big.model";
+    f = fopen(big_path, "wb");
+    int made = f && fclose(f) == 0 && truncate(big_path, (off_t)TOKENIZER_MAX_FILE_SIZE + 1) == 0;
+    int rc_big = load_captured(&t, big_path, NULL, 0);
+    CHECK(made && rc_big == -1 && strstr(last_msg, "larger than the 256 MiB allowed"), "file over 256 MiB -> -1 before reading",
+          "made=%d rc=%d [%s]", made, rc_big, last_msg);
+    remove(big_path);
 
     size_t n;
     unsigned char *model = (unsigned char *)slurp(FIXTURES "tok512.model", &n);
