@@ -1,0 +1,165 @@
+// Shared helpers of the fuzz targets in dev/fuzz/. Include it after the
+// project headers (they set the feature macros that must come first).
+//
+// Each target is one file with one entry point, written FUZZ_TARGET(name):
+//   - built with clang -fsanitize=fuzzer (make fuzz), it is libFuzzer's
+//     LLVMFuzzerTestOneInput;
+//   - built with -DFUZZ_REPLAY, it is fuzz_<name>, and test/test_fuzz_replay.c
+//     links every target into one program that `make test` runs over the seed
+//     corpora (dev/fuzz/corpus/<name>/) and the crash regressions (test/fuzz_regress/<name>/).
+// Targets that need files on disk write them into a private temporary
+// directory (fuzz_tmpdir), removed at exit. Fixtures are read relative to the
+// repo root, or to $FUZZ_ROOT when set.
+#ifndef FUZZ_H
+#define FUZZ_H
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#ifdef FUZZ_REPLAY
+#define FUZZ_TARGET(name) int fuzz_##name(const uint8_t *data, size_t size)
+#else
+#define FUZZ_TARGET(name) int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+#endif
+
+// FUZZ_KNOWN_BUGS=1 turns on the checks for bugs that are reported but not
+// fixed yet in code these harnesses do not own (see dev/fuzz_results.md); off,
+// the harness steps around them so fuzzing can go on past them.
+static int fuzz_known_bugs(void) {
+    static int known = -1;
+    if (known < 0) { const char *k = getenv("FUZZ_KNOWN_BUGS"); known = k && k[0] == '1'; }
+    return known;
+}
+
+// a harness bug or a broken invariant: stop loudly (libFuzzer reports it as a crash)
+#define FUZZ_ASSERT(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: fuzz invariant failed: %s\n", __FILE__, __LINE__, #cond); abort(); } } while (0)
+
+static void fuzz__rm_rf(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        while (d && (e = readdir(d)) != NULL) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char sub[4096];
+            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+            fuzz__rm_rf(sub);
+        }
+        if (d) closedir(d);
+        rmdir(path);
+    } else unlink(path);
+}
+
+// one temporary directory per target per process, made on first use
+static char fuzz__dir[512];
+static void fuzz__cleanup(void) { if (fuzz__dir[0]) fuzz__rm_rf(fuzz__dir); }
+static const char *fuzz_tmpdir(void) {
+    if (!fuzz__dir[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(fuzz__dir, sizeof fuzz__dir, "%s/llama2tune_fuzz_XXXXXX", base && base[0] ? base : "/tmp");
+        FUZZ_ASSERT(mkdtemp(fuzz__dir) != NULL);
+        atexit(fuzz__cleanup);
+    }
+    return fuzz__dir;
+}
+
+// tmpdir/name, in a static buffer per call site's choice
+static void fuzz_path(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", fuzz_tmpdir(), name); }
+
+static void fuzz_write(const char *path, const void *data, size_t n) {
+    unlink(path); // may be a symlink to a fixture: never write through it
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    FUZZ_ASSERT(fd >= 0);
+    const char *p = (const char *)data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        FUZZ_ASSERT(w > 0);
+        p += w; n -= (size_t)w;
+    }
+    close(fd);
+}
+
+// the absolute path of a fixture (relative to the repo root or $FUZZ_ROOT); aborts if absent
+static void fuzz_fixture(char *out, size_t n, const char *rel) {
+    const char *root = getenv("FUZZ_ROOT");
+    char cwd[2048];
+    if (!root || !root[0]) root = ".";
+    if (root[0] == '/') snprintf(out, n, "%s/%s", root, rel);
+    else {
+        FUZZ_ASSERT(getcwd(cwd, sizeof cwd) != NULL);
+        snprintf(out, n, "%s/%s/%s", cwd, root, rel);
+    }
+    if (access(out, R_OK) != 0) { fprintf(stderr, "fuzz: fixture %s not found (run from the repo root or set FUZZ_ROOT)\n", out); abort(); }
+}
+
+// stderr into a file while a parser runs, to check that a refusal says why
+// (every reader prints "error: <file>: <problem>" before returning -1)
+static int fuzz__err_fd = -1, fuzz__saved_err = -1;
+static void fuzz_stderr_begin(void) {
+    if (fuzz__err_fd < 0) {
+        char p[4096];
+        fuzz_path(p, sizeof p, "stderr.txt");
+        int fd = open(p, O_RDWR | O_CREAT | O_TRUNC, 0600);
+        FUZZ_ASSERT(fd >= 0);
+        // above 2 even when libFuzzer has closed stdout/stderr (-close_fd_mask)
+        fuzz__err_fd = fcntl(fd, F_DUPFD, 10);
+        FUZZ_ASSERT(fuzz__err_fd >= 10);
+        close(fd);
+    }
+    FUZZ_ASSERT(ftruncate(fuzz__err_fd, 0) == 0 && lseek(fuzz__err_fd, 0, SEEK_SET) == 0); // (the offset is shared with fd 2)
+    fflush(stderr);
+    fuzz__saved_err = fcntl(2, F_DUPFD, 10); // -1 if stderr is closed: then it is closed again after
+    FUZZ_ASSERT(dup2(fuzz__err_fd, 2) == 2);
+}
+// ends the capture; 1 if what was printed has a line starting "error: " that contains `names` (NULL: anything)
+static int fuzz_stderr_end(const char *names) {
+    static char buf[8192];
+    fflush(stderr);
+    if (fuzz__saved_err >= 0) { dup2(fuzz__saved_err, 2); close(fuzz__saved_err); }
+    else close(2);
+    ssize_t n = pread(fuzz__err_fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    for (char *line = buf; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        char *end = strchr(line, '\n');
+        if (end) *end = 0;
+        int ok = strncmp(line, "error: ", 7) == 0 && (!names || strstr(line, names));
+        if (end) *end = '\n';
+        if (ok) return 1;
+    }
+    return 0;
+}
+
+// points tmpdir/name at a fixture (a symlink, so nothing is copied per input)
+static void fuzz_link_fixture(const char *name, const char *rel) {
+    char target[4096], link[4096];
+    fuzz_fixture(target, sizeof target, rel);
+    fuzz_path(link, sizeof link, name);
+    unlink(link);
+    FUZZ_ASSERT(symlink(target, link) == 0);
+}
+
+// a whole fixture file in memory
+static unsigned char *fuzz_slurp_fixture(const char *rel, size_t *n) {
+    char p[4096];
+    fuzz_fixture(p, sizeof p, rel);
+    FILE *f = fopen(p, "rb");
+    FUZZ_ASSERT(f != NULL);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    rewind(f);
+    unsigned char *b = (unsigned char *)malloc((size_t)len + 1);
+    FUZZ_ASSERT(b != NULL && fread(b, 1, (size_t)len, f) == (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return b;
+}
+#endif

@@ -1,0 +1,30 @@
+// config.json from arbitrary bytes: config_load (train_llama2.c) on a folder
+// holding it. What it accepts must be a configuration the trainer can size
+// buffers from: every field in its range, heads divisible, head_dim even.
+#define TESTING
+#include "../../train_llama2.c"
+#include "fuzz.h"
+
+FUZZ_TARGET(config) {
+    char p[4096];
+    fuzz_path(p, sizeof p, "config.json");
+    fuzz_write(p, data, size);
+    Config c;
+    memset(&c, 0, sizeof c);
+    fuzz_stderr_begin();
+    int r = config_load(&c, fuzz_tmpdir());
+    int said = fuzz_stderr_end("config.json");
+    if (r != 0) {
+        FUZZ_ASSERT(said); // "error: <dir>/config.json: ..."
+        return 0;
+    }
+    FUZZ_ASSERT(c.dim >= 1 && c.hidden_dim >= 1 && c.n_layers >= 1 && c.vocab_size >= 1 && c.max_pos >= 1);
+    FUZZ_ASSERT(c.n_heads >= 1 && c.n_kv_heads >= 1 && c.n_heads % c.n_kv_heads == 0);
+    FUZZ_ASSERT(c.head_dim >= 2 && c.head_dim % 2 == 0);
+    FUZZ_ASSERT(c.norm_eps > 0 && c.rope_theta > 0);
+    // known bug (reported): a rope_theta or rms_norm_eps beyond the float range
+    // (e.g. 1e39) is accepted as infinity
+    if (fuzz_known_bugs()) FUZZ_ASSERT(isfinite(c.rope_theta) && isfinite(c.norm_eps));
+    FUZZ_ASSERT(c.tied == 0 || c.tied == 1);
+    return 0;
+}
