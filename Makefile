@@ -35,10 +35,6 @@ CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-rec
 TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     LSAN_OPTIONS=suppressions=$(CURDIR)/dev/fuzz/lsan.supp:print_suppressions=0:$${LSAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
-# left out under the sanitizers until fixed (dev/fuzz_results.md): test_trainer calls
-# param_layout(&c, NULL, NULL) (UBSan: member access within a null pointer) and
-# checks its memory plan against the peak RSS, which ASan inflates
-SAN_SKIP = test/test_trainer
 endif
 
 HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h dataloader.h checkpoint.h
