@@ -38,7 +38,7 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
 endif
 
 HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h dataloader.h checkpoint.h
-TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked test/test_trainer test/test_dataloader test/test_fuzz_replay
+TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked test/test_trainer test/test_dataloader test/test_default test/test_fuzz_replay
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
 # the committed seeds and crash regressions, as part of `make test`
@@ -52,9 +52,10 @@ $(B)train_llama2: train_llama2.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-$(addprefix $(B),test/test_llama2 test/test_chunked test/test_trainer): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
+$(addprefix $(B),test/test_llama2 test/test_chunked test/test_trainer test/test_default): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+$(B)test/test_default: default_model.h
 
 $(B)test/test_fuzz_replay: test/test_fuzz_replay.c $(FUZZ_SRCS) dev/fuzz/fuzz.h train_llama2.c $(HEADERS) test/test_common.h
 	@mkdir -p $(@D)
@@ -68,6 +69,10 @@ dev/bench_tokenizer: dev/bench_tokenizer.c tokenizer.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 dev/bench_dataloader: dev/bench_dataloader.c $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# the built-in default run's model and data (default_model.h), written into a folder
+dev/make_default: dev/make_default.c default_model.h utils.h json.h safetensors.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 dev/cuda/cpu_ref.o: dev/cuda/cpu_ref.c dev/cuda/cpu_ref.h train_llama2.c $(HEADERS)
@@ -106,5 +111,5 @@ run: train_llama2
 	    --warmup_steps 3 --output_dir out/tiny_lora --metrics_file out/tiny_lora/metrics.jsonl
 
 clean:
-	rm -f train_llama2 $(TESTS) dev/bench_tokenizer $(CUDA_CHECKS) dev/cuda/cpu_ref.o
+	rm -f train_llama2 $(TESTS) dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o
 	rm -rf build-san build-fuzz build-vg
