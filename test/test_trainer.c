@@ -16,8 +16,12 @@
 #include "test_common.h"
 #include <sys/wait.h>
 
+// every path under one folder of this process, so concurrent test runs do not collide
+static char tmpdir[64];
+
 static void test_merge(void) {
-    const char *out = "/tmp/llama2tune_test_merge";
+    char out[128];
+    snprintf(out, sizeof out, "%s/merge", tmpdir);
     char *argv[] = {"x", "--model", "test/fixtures/tiny_gqa", "--data", "test/fixtures/data.jsonl", "--max_seq_len", "24",
                     "--max_steps", "5", "--lr", "1e-2", "--lora_target_modules", "all-linear", "--lora_dropout", "0",
                     "--threads", "1", "--output_dir", (char *)out, "--merge_adapter"};
@@ -53,9 +57,6 @@ static void test_merge(void) {
           "max err %.3e of scale %.3e (tol 1e-5); the adapter moves logits by up to %.3e", err, scale, lora_effect);
     free(a); free(b); free(base);
     model_free(&lora); model_free(&merged); model_free(&plain);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", out);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", out);
 }
 
 // a random Llama checkpoint (F32) with the fixture tokenizer's vocabulary
@@ -88,7 +89,8 @@ static void write_random_model(const char *dir, int D, int H, int L, int NH) {
 
 // runs the trainer in a child process; returns its peak RSS (MiB) and the plan it printed
 static double child_peak(char **argv, int argc, double *plan_mib) {
-    char log[] = "/tmp/llama2tune_plan_XXXXXX";
+    char log[128];
+    snprintf(log, sizeof log, "%s/plan_log_XXXXXX", tmpdir);
     int fd = mkstemp(log);
     if (fd < 0) die("mkstemp");
     pid_t pid = fork();
@@ -105,7 +107,7 @@ static double child_peak(char **argv, int argc, double *plan_mib) {
     char *text = read_file(log, &len), *t = text ? strstr(text, "  total ") : NULL;
     *plan_mib = t ? strtod(t + 8, NULL) : -1;
     free(text);
-    if (!getenv("KEEP")) unlink(log);
+    unlink(log);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fprintf(stderr, "trainer child: %s %d\n", WIFEXITED(status) ? "exit" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
         return -1;
@@ -118,7 +120,10 @@ static void test_memory_plan(void) {
     test_skip("memory plan against peak RSS", "AddressSanitizer's shadow memory and quarantine inflate the RSS");
     return;
 #endif
-    const char *model = "/tmp/llama2tune_test_plan_model", *data = "/tmp/llama2tune_test_plan_data.jsonl";
+    char model[128], data[128], outdir[128];
+    snprintf(model, sizeof model, "%s/plan_model", tmpdir);
+    snprintf(data, sizeof data, "%s/plan_data.jsonl", tmpdir);
+    snprintf(outdir, sizeof outdir, "%s/plan_out", tmpdir);
     write_random_model(model, 256, 688, 4, 4);
     FILE *f = fopenCheck(data, "w");
     for (int r = 0; r < 4; r++) {
@@ -134,8 +139,8 @@ static void test_memory_plan(void) {
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         char *argv[] = {"x", "--model", (char *)model, "--data", (char *)data, "--max_seq_len", (char *)cases[k].seq,
                         "--batch_size", "2", "--max_steps", "1", "--chunk_size", (char *)cases[k].chunk, "--chunk_memory",
-                        (char *)cases[k].mem, "--threads", "2", "--data_cache_dir", "/tmp", "--output_dir",
-                        "/tmp/llama2tune_test_plan_out", (char *)cases[k].full};
+                        (char *)cases[k].mem, "--threads", "2", "--data_cache_dir", tmpdir, "--output_dir",
+                        outdir, (char *)cases[k].full};
         int argc = (int)(sizeof argv / sizeof argv[0]) - (cases[k].full ? 0 : 1);
         double plan, peak = child_peak(argv, argc, &plan);
         char what[200];
@@ -143,9 +148,6 @@ static void test_memory_plan(void) {
         CHECK(peak > 0 && plan > 0 && fabs(plan - peak) <= 0.1 * peak, what, "plan %.1f MiB, peak RSS %.1f MiB (%+.1f%%)",
               plan, peak, 100 * (plan - peak) / peak);
     }
-    if (getenv("KEEP")) return;
-    if (system("rm -rf /tmp/llama2tune_test_plan_model /tmp/llama2tune_test_plan_out /tmp/llama2tune_test_plan_data*") != 0)
-        fprintf(stderr, "warning: could not clean up\n");
 }
 
 static void test_flops(void) {
@@ -163,8 +165,13 @@ static void test_flops(void) {
 }
 
 int main(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/llama2tune_test_trainer_XXXXXX");
+    if (!mkdtemp(tmpdir)) die("mkdtemp: %s", strerror(errno));
     test_merge();
     test_flops();
     test_memory_plan();
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tmpdir);
     return test_summary();
 }
