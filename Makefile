@@ -37,7 +37,7 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h dataloader.h checkpoint.h
+HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h dataloader.h checkpoint.h default_model.h
 TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked test/test_trainer test/test_dataloader test/test_default test/test_fuzz_replay
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
@@ -106,9 +106,7 @@ fuzz: $(FUZZ_TARGETS:%=build-fuzz/fuzz_%)
 	FUZZ_SECONDS=$(FUZZ_SECONDS) dev/fuzz/run.sh $(FUZZ_TARGETS)
 
 run: train_llama2
-	./train_llama2 --model test/fixtures/tiny_gqa --data test/fixtures/data.jsonl --max_seq_len 64 \
-	    --batch_size 4 --max_steps 30 --lr 1e-2 --lora_r 8 --lora_target_modules all-linear \
-	    --warmup_steps 3 --output_dir out/tiny_lora --metrics_file out/tiny_lora/metrics.jsonl
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} ./train_llama2
 
 clean:
 	rm -f train_llama2 $(TESTS) dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o

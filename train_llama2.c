@@ -32,6 +32,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "safetensors.h"
 #include "tokenizer.h"
 #include "checkpoint.h"
+#include "default_model.h"
 
 // ----------------------------------------------------------------------------
 // matmul: one packed, register-tiled GEMM behind every linear layer.
@@ -1855,8 +1856,27 @@ static int train(TrainConfig *tc) {
 
 #ifndef TESTING
 int main(int argc, char **argv) {
+    // no --model and no --data: the built-in default run (default_model.h), the
+    // user's own options after its defaults so that they win
+    int given = 0;
+    for (int i = 1; i < argc; i++)
+        given |= !strncmp(argv[i], "--model", 7) || !strncmp(argv[i], "--data", 6) || !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+    char model_dir[4096], data_path[4096];
+    int n_def = (int)(sizeof default_run_args / sizeof default_run_args[0]);
+    char **args = argv;
+    if (!given) {
+        if (default_setup(DEFAULT_RUN_DIR, model_dir, sizeof model_dir, data_path, sizeof data_path) != 0) return 1;
+        printf("no --model or --data: the built-in default run (a small model and data generated in %s/; delete it to regenerate)\n", DEFAULT_RUN_DIR);
+        args = (char **)mallocCheck((size_t)(argc + n_def + 5) * sizeof(char *));
+        int n = 0;
+        args[n++] = argv[0];
+        for (int i = 0; i < n_def; i++) args[n++] = (char *)default_run_args[i];
+        args[n++] = "--model"; args[n++] = model_dir; args[n++] = "--data"; args[n++] = data_path;
+        for (int i = 1; i < argc; i++) args[n++] = argv[i];
+        argc = n;
+    }
     TrainConfig tc;
-    int rc = parse_args(&tc, argc, argv);
+    int rc = parse_args(&tc, argc, args);
     if (rc != 0) return rc > 0 ? 0 : 2;
     return train(&tc);
 }
