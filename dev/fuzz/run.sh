@@ -12,8 +12,13 @@ set -u
 cd "$(dirname "$0")/../.."
 secs=${FUZZ_SECONDS:-60}
 jobs=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
-# the targets write their temp files per input: keep that in memory when we can
-if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi
+# the targets write their temp files per input: keep that in memory when we can,
+# in a folder of this run's own (libFuzzer's time limit exits without atexit cleanup)
+base=${TMPDIR:-/tmp}
+if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then base=/dev/shm; fi
+TMPDIR=$(mktemp -d "$base/llama2tune_fuzz_run.XXXXXX") || exit 1
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
 mkdir -p build-fuzz/logs
 
 dict_for() {
