@@ -8,24 +8,29 @@
 // leftover .tmp folder is removed by the next attempt.
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
-#define _GNU_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <unistd.h>
 #include <sys/stat.h>
 #include "utils.h"
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st; (void)flag; (void)ftw;
-    return remove(path);
-}
-// rm -rf path (a missing path is fine)
+// rm -rf path (a missing path is fine); symbolic links are removed, not followed
 static int remove_tree(const char *path) {
     struct stat st;
     if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
-    return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (!S_ISDIR(st.st_mode)) return unlink(path);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int rc = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char sub[PATH_MAX];
+        snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+        rc |= remove_tree(sub);
+    }
+    closedir(d);
+    return rc | rmdir(path);
 }
 
 static int fsync_path(const char *path) {

@@ -6,6 +6,7 @@
 //   gcc -O2 -Wall -Wextra -std=c11 -o /tmp/test_safetensors test/test_safetensors.c -lm && /tmp/test_safetensors
 #include "../safetensors.h" // first: it sets the POSIX feature macros
 #include "test_common.h"
+#include "../checkpoint.h" // remove_tree
 #include <dirent.h>
 #include <stdint.h>
 
@@ -19,22 +20,6 @@ static char capture_path[300];
 
 static void path_in(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", tmpdir, name); }
 
-static void rm_rf(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d)) != NULL) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char sub[1024];
-            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-            rm_rf(sub);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else unlink(path);
-}
 
 static void write_bytes(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
@@ -674,6 +659,6 @@ int main(void) {
     test_roundtrip();
     test_atomic_write();
     test_model();
-    rm_rf(tmpdir);
+    remove_tree(tmpdir);
     return test_summary();
 }

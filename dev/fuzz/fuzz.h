@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include "../../checkpoint.h" // remove_tree
 
 #ifdef FUZZ_REPLAY
 #define FUZZ_TARGET(name) int fuzz_##name(const uint8_t *data, size_t size)
@@ -41,26 +42,10 @@ static int fuzz_known_bugs(void) {
 // a harness bug or a broken invariant: stop loudly (libFuzzer reports it as a crash)
 #define FUZZ_ASSERT(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: fuzz invariant failed: %s\n", __FILE__, __LINE__, #cond); abort(); } } while (0)
 
-static void fuzz__rm_rf(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d)) != NULL) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char sub[4096];
-            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-            fuzz__rm_rf(sub);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else unlink(path);
-}
 
 // one temporary directory per target per process, made on first use
 static char fuzz__dir[512];
-static void fuzz__cleanup(void) { if (fuzz__dir[0]) fuzz__rm_rf(fuzz__dir); }
+static void fuzz__cleanup(void) { if (fuzz__dir[0]) remove_tree(fuzz__dir); }
 static const char *fuzz_tmpdir(void) {
     if (!fuzz__dir[0]) {
         const char *base = getenv("TMPDIR");
