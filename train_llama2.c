@@ -1440,20 +1440,14 @@ static void option_value(const Option *o, char *buf, size_t n, int exact) {
     }
 }
 
-// a file's identity for resume: size, modification time and a hash of its first and last MiB
+// a file's identity for resume: the one the token cache keys on (dataloader.h's
+// data_identity: size, modification time and a hash of its first and last MiB)
 static void file_fingerprint(const char *path, char *out, size_t n) {
-    struct stat st;
-    FILE *f = fopen(path, "rb");
-    if (!f || fstat(fileno(f), &st) != 0) { snprintf(out, n, "unreadable"); if (f) fclose(f); return; }
-    uint64_t h = 0xcbf29ce484222325ull; // FNV-1a
-    static unsigned char buf[1 << 20];
-    for (int part = 0; part < 2; part++) {
-        if (part == 1 && fseeko(f, st.st_size > (off_t)sizeof buf ? st.st_size - (off_t)sizeof buf : 0, SEEK_SET) != 0) break;
-        size_t got = fread(buf, 1, sizeof buf, f);
-        for (size_t i = 0; i < got; i++) h = (h ^ buf[i]) * 0x100000001b3ull;
-    }
-    fclose(f);
-    snprintf(out, n, "%lld:%lld:%016llx", (long long)st.st_size, (long long)st.st_mtime, (unsigned long long)h);
+    CacheHeader h;
+    memset(&h, 0, sizeof h);
+    if (data_identity(path, &h) != 0) { snprintf(out, n, "unreadable"); return; }
+    snprintf(out, n, "%llu:%lld:%016llx", (unsigned long long)h.data_size, (long long)h.data_mtime_ns,
+             (unsigned long long)h.data_hash);
 }
 
 typedef struct { int step, opt_t, data_epoch, data_pos; } TrainState;
