@@ -38,7 +38,7 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
 endif
 
 HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h dataloader.h checkpoint.h default_model.h
-TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked test/test_trainer test/test_dataloader test/test_default test/test_fuzz_replay
+TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_default test/test_fuzz_replay
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
 # the committed seeds and crash regressions, as part of `make test`
@@ -52,7 +52,7 @@ $(B)train_llama2: train_llama2.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-$(addprefix $(B),test/test_llama2 test/test_chunked test/test_trainer test/test_default): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
+$(addprefix $(B),test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_default): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 $(B)test/test_default: default_model.h
@@ -69,6 +69,9 @@ dev/bench_tokenizer: dev/bench_tokenizer.c tokenizer.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 dev/bench_dataloader: dev/bench_dataloader.c $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+dev/bench_attention: dev/bench_attention.c train_llama2.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 # the built-in default run's model and data (default_model.h), written into a folder
