@@ -565,15 +565,15 @@ static void rope_backward(float *dx, const float *cosb, const float *sinb, const
 #define ATT_QT 64 // queries per tile, a multiple of GEMM_NR (vectors run across queries)
 #define ATT_KT 64 // keys per tile
 
-// x[j][i] = e^(x[j][i] - sub[i]) for rows j of ATT_QT floats (vector-aligned), for
+// x[j][i] = e^(x[j][i] - sub[i]) for rows j of w floats (vector-aligned), for
 // arguments <= 88, within 2 ulp (test/test_attention.c). libm's expf does not
 // vectorize, and once per score it would cost more than the products. y = k ln2 + r
 // with |r| <= ln2/2; e^r by its Taylor series to r^7 (the rest is < 1e-8 relative);
 // 2^k is written into the exponent bits. Below -87 (e^y < FLT_MIN) the result is
 // 0, so masked scores (-inf) give exactly 0; e^0 is exactly 1.
 typedef int32_t vint __attribute__((vector_size(GEMM_VLEN * sizeof(int32_t))));
-static void attention_exp(float *x, int rows, const float *sub) {
-    enum { NV = ATT_QT / GEMM_VLEN };
+static void attention_exp(float *x, int rows, int w, const float *sub) {
+    int NV = w / GEMM_VLEN;
     vfloat *xv = (vfloat *)x;
     const vfloat *subv = (const vfloat *)sub;
     for (int j = 0; j < rows; j++)
@@ -607,11 +607,10 @@ static void attention_load_rows(float *dst, int w, const float *src, size_t stri
         memset(o + (valid ? hd : 0), 0, (w - (valid ? hd : 0)) * sizeof(float));
     }
 }
-// dst (hd, ATT_QT) <- scale * rows r0 .. r0 + ATT_QT - 1 of such a tensor, transposed
-static void attention_load_cols(float *dst, const float *src, size_t stride, int r0, int n, int hd, float scale) {
-    for (int i = 0; i < ATT_QT; i++)
-        for (int d = 0; d < hd; d++)
-            dst[(size_t)d * ATT_QT + i] = r0 + i < n ? scale * src[(size_t)(r0 + i) * stride + d] : 0.0f;
+// dst (hd, w) <- scale * rows r0 .. r0 + w - 1 of such a tensor, transposed
+static void attention_load_cols(float *dst, int w, const float *src, size_t stride, int r0, int n, int hd, float scale) {
+    for (int i = 0; i < w; i++)
+        for (int d = 0; d < hd; d++) dst[(size_t)d * w + i] = r0 + i < n ? scale * src[(size_t)(r0 + i) * stride + d] : 0.0f;
 }
 
 // C (M, N) = [C +] A (M, n) @ B (n, N) in register tiles; N a multiple of GEMM_NR, rows of
@@ -631,23 +630,28 @@ static void attention_matmul(float *c, int ldc, const float *a, int ars, int aks
         }
 }
 
-// The query tile at row i0 of the chunk: qpos, each query's position (rows past
-// len, the padding, repeat the last query); returns the last key it sees.
-static int attention_query_tile(int qpos[ATT_QT], const Chunk *ch, int i0) {
-    for (int i = 0; i < ATT_QT; i++) qpos[i] = ch->t0 + (i0 + i < ch->len ? i0 + i : ch->len - 1);
-    return qpos[ATT_QT - 1];
+// The width of the query tiles: ATT_QT, or for a short chunk (generation runs one
+// query at a time) the fewest vectors that hold it.
+static int attention_tile_width(int len) {
+    return len < ATT_QT ? (len + GEMM_NR - 1) / GEMM_NR * GEMM_NR : ATT_QT;
+}
+// The query tile at row i0 of the chunk, w wide: qpos, each query's position (rows
+// past len, the padding, repeat the last query); returns the last key it sees.
+static int attention_query_tile(int *qpos, int w, const Chunk *ch, int i0) {
+    for (int i = 0; i < w; i++) qpos[i] = ch->t0 + (i0 + i < ch->len ? i0 + i : ch->len - 1);
+    return qpos[w - 1];
 }
 
-// st (ATT_KT, ATT_QT) = S^T: the scores of the key tile at position s0 (kt: its
-// rows, (ATT_KT, hdp)) against a query tile (qt: scale * its rows transposed,
-// (hd, ATT_QT)), -inf where the key comes after the query
-static void attention_scores(float *st, const float *kt, const float *qt, int hd, int hdp, int s0,
-                             const int qpos[ATT_QT]) {
-    attention_matmul(st, ATT_QT, kt, hdp, 1, qt, ATT_QT, ATT_KT, ATT_QT, hd, 0);
+// st (ATT_KT, w) = S^T: the scores of the key tile at position s0 (kt: its rows,
+// (ATT_KT, hdp)) against a query tile (qt: scale * its rows transposed, (hd, w)),
+// -inf where the key comes after the query
+static void attention_scores(float *st, const float *kt, const float *qt, int w, int hd, int hdp, int s0,
+                             const int *qpos) {
+    attention_matmul(st, w, kt, hdp, 1, qt, w, ATT_KT, w, hd, 0);
     if (s0 + ATT_KT - 1 <= qpos[0]) return; // every query sees every key
     for (int j = 0; j < ATT_KT; j++)
-        for (int i = 0; i < ATT_QT; i++) // a select, not a conditional store: that would vectorize as a scatter
-            st[j * ATT_QT + i] = s0 + j > qpos[i] ? -INFINITY : st[j * ATT_QT + i];
+        for (int i = 0; i < w; i++) // a select, not a conditional store: that would vectorize as a scatter
+            st[j * w + i] = s0 + j > qpos[i] ? -INFINITY : st[j * w + i];
 }
 
 // Each query tile walks its key tiles with an online softmax: m, the running
@@ -657,54 +661,54 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
                               const Chunk *ch, int NH, int NKV, int hd) {
     float scale = 1.0f / sqrtf((float)hd);
     int B = ch->B, len = ch->len, T = ch->T, group = NH / NKV, kv_end = ch->t0 + len;
-    int hdp = (hd + GEMM_NR - 1) / GEMM_NR * GEMM_NR, ntiles = (len + ATT_QT - 1) / ATT_QT;
+    int w = attention_tile_width(len), ntiles = (len + w - 1) / w, hdp = (hd + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
     #pragma omp parallel
     {
-        float *qt = attention_scratch((size_t)(hd + ATT_KT + 2) * ATT_QT + (size_t)(ATT_QT + 2 * ATT_KT) * hdp);
-        float *st = qt + (size_t)hd * ATT_QT;      // (ATT_KT, ATT_QT) scores, then probabilities
-        float *alpha = st + (size_t)ATT_KT * ATT_QT; // (ATT_QT) how much o shrinks for this tile
-        float *mnew = alpha + ATT_QT;              // (ATT_QT)
-        float *o = mnew + ATT_QT;                  // (ATT_QT, hdp)
-        float *kt = o + (size_t)ATT_QT * hdp;      // (ATT_KT, hdp)
-        float *vt = kt + (size_t)ATT_KT * hdp;     // (ATT_KT, hdp)
+        float *qt = attention_scratch((size_t)(hd + ATT_KT + 4) * w + (size_t)(w + 2 * ATT_KT) * hdp);
+        float *st = qt + (size_t)hd * w;         // (ATT_KT, w) scores, then probabilities
+        float *m = st + (size_t)ATT_KT * w;      // (w) the running max
+        float *mnew = m + w, *alpha = mnew + w;  // (w) the max with this tile; how much o shrinks
+        float *l = alpha + w;                    // (w) the running sum
+        float *o = l + w;                        // (w, hdp)
+        float *kt = o + (size_t)w * hdp;         // (ATT_KT, hdp)
+        float *vt = kt + (size_t)ATT_KT * hdp;   // (ATT_KT, hdp)
+        int *qpos = (int *)mallocCheck(w * sizeof(int));
         #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < NH; h++)
                 for (int tile = ntiles - 1; tile >= 0; tile--) { // the last tiles see the most keys: start them first
-                    int i0 = tile * ATT_QT, qpos[ATT_QT];
+                    int i0 = tile * w, last = attention_query_tile(qpos, w, ch, i0);
                     const float *qb = q + ((size_t)b * len * NH + h) * hd;
                     const float *kb = k + ((size_t)b * T * NKV + h / group) * hd, *vb = v + (kb - k);
-                    int last = attention_query_tile(qpos, ch, i0);
-                    attention_load_cols(qt, qb, (size_t)NH * hd, i0, len, hd, scale);
-                    float m[ATT_QT], l[ATT_QT];
-                    for (int i = 0; i < ATT_QT; i++) m[i] = -INFINITY, l[i] = 0.0f;
-                    memset(o, 0, (size_t)ATT_QT * hdp * sizeof(float));
+                    attention_load_cols(qt, w, qb, (size_t)NH * hd, i0, len, hd, scale);
+                    for (int i = 0; i < w; i++) m[i] = -INFINITY, l[i] = 0.0f;
+                    memset(o, 0, (size_t)w * hdp * sizeof(float));
                     for (int s0 = 0; s0 <= last; s0 += ATT_KT) {
                         attention_load_rows(kt, hdp, kb, (size_t)NKV * hd, s0, ATT_KT, kv_end, hd);
                         attention_load_rows(vt, hdp, vb, (size_t)NKV * hd, s0, ATT_KT, kv_end, hd);
-                        attention_scores(st, kt, qt, hd, hdp, s0, qpos);
-                        for (int i = 0; i < ATT_QT; i++) mnew[i] = m[i];
+                        attention_scores(st, kt, qt, w, hd, hdp, s0, qpos);
+                        for (int i = 0; i < w; i++) mnew[i] = m[i];
                         for (int j = 0; j < ATT_KT; j++)
-                            for (int i = 0; i < ATT_QT; i++) mnew[i] = st[j * ATT_QT + i] > mnew[i] ? st[j * ATT_QT + i] : mnew[i];
-                        memcpy(alpha, m, sizeof m);
-                        attention_exp(alpha, 1, mnew);
-                        attention_exp(st, ATT_KT, mnew); // P^T, for the new max
-                        memcpy(m, mnew, sizeof m);
-                        for (int i = 0; i < ATT_QT; i++) l[i] *= alpha[i];
+                            for (int i = 0; i < w; i++) mnew[i] = st[j * w + i] > mnew[i] ? st[j * w + i] : mnew[i];
+                        memcpy(alpha, m, w * sizeof(float));
+                        attention_exp(alpha, 1, w, mnew);
+                        attention_exp(st, ATT_KT, w, mnew); // P^T, for the new max
+                        memcpy(m, mnew, w * sizeof(float));
+                        for (int i = 0; i < w; i++) l[i] *= alpha[i];
                         for (int j = 0; j < ATT_KT; j++)
-                            for (int i = 0; i < ATT_QT; i++) l[i] += st[j * ATT_QT + i];
-                        for (int i = 0; i < ATT_QT; i++)
+                            for (int i = 0; i < w; i++) l[i] += st[j * w + i];
+                        for (int i = 0; i < w; i++)
                             for (int d = 0; d < hdp; d++) o[(size_t)i * hdp + d] *= alpha[i];
-                        // o (ATT_QT, hdp) += P (ATT_QT, ATT_KT) @ the value rows; P(i, j) = st[j * ATT_QT + i]
-                        attention_matmul(o, hdp, st, 1, ATT_QT, vt, hdp, ATT_QT, hdp, ATT_KT, 1);
+                        // o (w, hdp) += P (w, ATT_KT) @ the value rows; P(i, j) = st[j * w + i]
+                        attention_matmul(o, hdp, st, 1, w, vt, hdp, w, hdp, ATT_KT, 1);
                     }
-                    for (int i = 0; i < ATT_QT && i0 + i < len; i++) {
+                    for (int i = 0; i < w && i0 + i < len; i++) {
                         float *oi = out + (((size_t)b * len + i0 + i) * NH + h) * hd;
                         for (int d = 0; d < hd; d++) oi[d] = o[(size_t)i * hdp + d] / l[i];
                         lse[((size_t)b * NH + h) * len + i0 + i] = m[i] + logf(l[i]);
                     }
                 }
-        free(qt);
+        free(qt), free(qpos);
     }
 }
 
@@ -719,64 +723,64 @@ static void attention_backward(float *dq, float *dk, float *dv, const float *dou
                                const float *q, const float *k, const float *v, const Chunk *ch, int NH, int NKV, int hd) {
     float scale = 1.0f / sqrtf((float)hd);
     int B = ch->B, len = ch->len, T = ch->T, group = NH / NKV, kv_end = ch->t0 + len;
-    int hdp = (hd + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+    int w = attention_tile_width(len), hdp = (hd + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
     size_t q_stride = (size_t)NH * hd, kv_stride = (size_t)NKV * hd;
     #pragma omp parallel
     {
-        float *qt = attention_scratch((size_t)(2 * hd + 2 * ATT_KT) * ATT_QT + (size_t)(3 * ATT_QT + 4 * ATT_KT) * hdp);
-        float *dot = qt + (size_t)hd * ATT_QT;      // (hd, ATT_QT) dout transposed
-        float *st = dot + (size_t)hd * ATT_QT;      // (ATT_KT, ATT_QT) scores, then P^T
-        float *dst = st + (size_t)ATT_KT * ATT_QT;  // (ATT_KT, ATT_QT) dP^T, then scale * dS^T
-        float *qr = dst + (size_t)ATT_KT * ATT_QT;  // (ATT_QT, hdp) the queries, rows
-        float *dor = qr + (size_t)ATT_QT * hdp;     // (ATT_QT, hdp) dout, rows
-        float *dqt = dor + (size_t)ATT_QT * hdp;    // (ATT_QT, hdp)
-        float *kt = dqt + (size_t)ATT_QT * hdp;     // (ATT_KT, hdp) each: keys, values, their gradients
+        float *qt = attention_scratch((size_t)(2 * hd + 2 * ATT_KT + 2) * w + (size_t)(3 * w + 4 * ATT_KT) * hdp);
+        float *dot = qt + (size_t)hd * w;          // (hd, w) dout transposed
+        float *st = dot + (size_t)hd * w;          // (ATT_KT, w) scores, then P^T
+        float *dst = st + (size_t)ATT_KT * w;      // (ATT_KT, w) dP^T, then scale * dS^T
+        float *lsei = dst + (size_t)ATT_KT * w;    // (w) each query's lse
+        float *D = lsei + w;                       // (w) each query's dout . out
+        float *qr = D + w;                         // (w, hdp) the queries, rows
+        float *dor = qr + (size_t)w * hdp;         // (w, hdp) dout, rows
+        float *dqt = dor + (size_t)w * hdp;        // (w, hdp)
+        float *kt = dqt + (size_t)w * hdp;         // (ATT_KT, hdp) each: keys, values, their gradients
         float *vt = kt + (size_t)ATT_KT * hdp, *dkt = vt + (size_t)ATT_KT * hdp, *dvt = dkt + (size_t)ATT_KT * hdp;
+        int *qpos = (int *)mallocCheck(w * sizeof(int));
         #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < B; b++)
             for (int kh = 0; kh < NKV; kh++) {
                 size_t kv0 = ((size_t)b * T * NKV + kh) * hd;
                 for (int h = kh * group; h < (kh + 1) * group; h++)
-                    for (int i0 = 0; i0 < len; i0 += ATT_QT) {
+                    for (int i0 = 0; i0 < len; i0 += w) {
                         size_t q0 = ((size_t)b * len * NH + h) * hd;
-                        int qpos[ATT_QT];
-                        float lsei[ATT_QT] __attribute__((aligned(64))), D[ATT_QT];
-                        int last = attention_query_tile(qpos, ch, i0);
-                        attention_load_cols(qt, q + q0, q_stride, i0, len, hd, scale);
-                        attention_load_cols(dot, dout + q0, q_stride, i0, len, hd, 1.0f);
-                        attention_load_rows(qr, hdp, q + q0, q_stride, i0, ATT_QT, len, hd);
-                        attention_load_rows(dor, hdp, dout + q0, q_stride, i0, ATT_QT, len, hd);
-                        for (int i = 0; i < ATT_QT; i++) { // the padding rows (dout = 0) get D = 0, lse = 0
+                        int last = attention_query_tile(qpos, w, ch, i0);
+                        attention_load_cols(qt, w, q + q0, q_stride, i0, len, hd, scale);
+                        attention_load_cols(dot, w, dout + q0, q_stride, i0, len, hd, 1.0f);
+                        attention_load_rows(qr, hdp, q + q0, q_stride, i0, w, len, hd);
+                        attention_load_rows(dor, hdp, dout + q0, q_stride, i0, w, len, hd);
+                        for (int i = 0; i < w; i++) { // the padding rows (dout = 0) get D = 0, lse = 0
                             D[i] = 0.0f, lsei[i] = 0.0f;
                             if (i0 + i >= len) continue;
                             const float *oi = out + q0 + (size_t)(i0 + i) * q_stride;
                             for (int d = 0; d < hd; d++) D[i] += dor[(size_t)i * hdp + d] * oi[d];
                             lsei[i] = lse[((size_t)b * NH + h) * len + i0 + i];
                         }
-                        memset(dqt, 0, (size_t)ATT_QT * hdp * sizeof(float));
+                        memset(dqt, 0, (size_t)w * hdp * sizeof(float));
                         for (int s0 = 0; s0 <= last; s0 += ATT_KT) {
                             attention_load_rows(kt, hdp, k + kv0, kv_stride, s0, ATT_KT, kv_end, hd);
                             attention_load_rows(vt, hdp, v + kv0, kv_stride, s0, ATT_KT, kv_end, hd);
-                            attention_scores(st, kt, qt, hd, hdp, s0, qpos);
-                            attention_exp(st, ATT_KT, lsei); // P^T
-                            attention_matmul(dst, ATT_QT, vt, hdp, 1, dot, ATT_QT, ATT_KT, ATT_QT, hd, 0); // dP^T = V dout^T
+                            attention_scores(st, kt, qt, w, hd, hdp, s0, qpos);
+                            attention_exp(st, ATT_KT, w, lsei); // P^T
+                            attention_matmul(dst, w, vt, hdp, 1, dot, w, ATT_KT, w, hd, 0); // dP^T = V dout^T
                             for (int j = 0; j < ATT_KT; j++)
-                                for (int i = 0; i < ATT_QT; i++)
-                                    dst[j * ATT_QT + i] = st[j * ATT_QT + i] * (dst[j * ATT_QT + i] - D[i]) * scale;
+                                for (int i = 0; i < w; i++) dst[j * w + i] = st[j * w + i] * (dst[j * w + i] - D[i]) * scale;
                             // dV tile = P^T dout, dK tile = dS^T q (keys, hdp); dq += dS K (queries, hdp)
-                            attention_matmul(dvt, hdp, st, ATT_QT, 1, dor, hdp, ATT_KT, hdp, ATT_QT, 0);
-                            attention_matmul(dkt, hdp, dst, ATT_QT, 1, qr, hdp, ATT_KT, hdp, ATT_QT, 0);
-                            attention_matmul(dqt, hdp, dst, 1, ATT_QT, kt, hdp, ATT_QT, hdp, ATT_KT, 1);
+                            attention_matmul(dvt, hdp, st, w, 1, dor, hdp, ATT_KT, hdp, w, 0);
+                            attention_matmul(dkt, hdp, dst, w, 1, qr, hdp, ATT_KT, hdp, w, 0);
+                            attention_matmul(dqt, hdp, dst, 1, w, kt, hdp, w, hdp, ATT_KT, 1);
                             for (int j = 0; j < ATT_KT && s0 + j < kv_end; j++) {
                                 float *dks = dk + kv0 + (size_t)(s0 + j) * kv_stride, *dvs = dv + kv0 + (size_t)(s0 + j) * kv_stride;
                                 for (int d = 0; d < hd; d++) dks[d] += dkt[(size_t)j * hdp + d], dvs[d] += dvt[(size_t)j * hdp + d];
                             }
                         }
-                        for (int i = 0; i < ATT_QT && i0 + i < len; i++)
+                        for (int i = 0; i < w && i0 + i < len; i++)
                             memcpy(dq + q0 + (size_t)(i0 + i) * q_stride, dqt + (size_t)i * hdp, hd * sizeof(float));
                     }
             }
-        free(qt);
+        free(qt), free(qpos);
     }
 }
 

@@ -33,6 +33,7 @@ int main(void) {
         {1, 2048, 0, 2048, 8, 2, 128},     // GQA, 4 query heads per KV head
         {1, 4096, 3840, 256, 32, 8, 128},  // a Llama-2-70B-like layer: the last chunk of 4k
         {2, 2048, 1792, 256, 16, 4, 64},
+        {1, 4096, 4095, 1, 32, 8, 128},    // generation: one query against a 4k KV cache
     };
     int threads = 1;
 #ifdef _OPENMP
