@@ -32,6 +32,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "safetensors.h"
 #include "tokenizer.h"
 #include "checkpoint.h"
+#include "progress.h"
 #include "default_model.h"
 
 // ----------------------------------------------------------------------------
@@ -401,11 +402,14 @@ static int model_load(Model *m, const char *dir) {
     float *ptrs[NUM_PARAM_TENSORS];
     char name[256];
     int rc = 0;
+    Progress bar;
+    double loaded = 0; // parameters read so far
     for (int pass = 0; pass < 2 && rc == 0; pass++) {
         if (pass == 1) {
             m->params = (float *)mallocCheck(m->num_params * sizeof(float));
             param_layout(c, &m->w, m->params);
             param_tensors(&m->w, ptrs);
+            bar = progress_begin(stderr, "loading the weights", m->num_params / 1e6, "M params");
         }
         for (int p = 0; p < NUM_PARAM_TENSORS && rc == 0; p++) {
             if (p == P_HEAD && c->tied) continue;
@@ -434,9 +438,11 @@ static int model_load(Model *m, const char *dir) {
                     rc = -1;
                 } else if (pass == 1) {
                     rc = st_read_f32(f, t, 0, t->numel, ptrs[p] + (size_t)l * rows * cols);
+                    progress_update(&bar, (loaded += (double)rows * cols) / 1e6);
                 }
             }
         }
+        if (pass == 1 && rc == 0) progress_end(&bar, m->num_params / 1e6);
     }
     // a tied config with a stored head that is not the embedding would silently train another model
     StFile *hf;
@@ -1447,12 +1453,6 @@ static double peak_rss_mb(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_maxrss / 1024.0;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 // sets up the model for training as tc says: LoRA adapters (fresh or from a PEFT folder) or full

@@ -145,4 +145,12 @@ static inline uint64_t rng_next(uint64_t *state) { return splitmix64(*state += 0
 // uniform in [0, 1) with 24 bits, exactly representable as float
 static inline float rng_uniform(uint64_t *state) { return (float)(rng_next(state) >> 40) / 16777216.0f; }
 static inline float hash_uniform(uint64_t key, uint64_t i) { return (float)(splitmix64(key ^ splitmix64(i)) >> 40) / 16777216.0f; }
+
+// a monotonic clock in milliseconds, for durations
+#include <time.h>
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
 #endif
