@@ -5,8 +5,10 @@ fine-tuning of a Hugging Face checkpoint, in fp32 with OpenMP.
 It is the judge of everything else in this repository: the CUDA trainer is
 compared with it, and it is compared with Hugging Face transformers + peft
 (test/test_llama2.c, fixtures from dev/reference/). So it favours plain loops
-that read like the math; the one place that is tuned is matmul, which every
-linear layer uses for its forward and both backward products.
+that read like the math; the places that are tuned are matmul, which every
+linear layer uses for its forward and both backward products, and attention,
+which dominates long sequences (both are checked against plain definitions:
+test/test_llama2.c, test/test_attention.c).
 
 Shapes: B rows of T tokens, D = hidden_size, H = intermediate_size,
 NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
@@ -564,10 +566,10 @@ static void rope_backward(float *dx, const float *cosb, const float *sinb, const
 // transposed, S^T (keys, queries), so that a query's softmax runs down a column:
 // the loops vectorize across queries, and each query's max and sum take its keys
 // in order. Key tiles start at multiples of ATT_KT from position 0, so a query
-// meets the same tiles in the same order wherever its chunk starts or ends, and
-// the keys it must not see (and tiles it does not reach) add exact zeros and
-// scale by exactly 1: chunked attention equals whole-sequence attention bit for
-// bit (test/test_attention.c, test/test_chunked.c).
+// meets the same tiles in the same order wherever its chunk starts or ends; the
+// keys after it (in its last tile, or in whole tiles that later queries of its
+// tile need) add exact zeros and scale by exactly 1. So chunked attention equals
+// whole-sequence attention bit for bit (test/test_attention.c, test_chunked.c).
 #define ATT_QT 64 // queries per tile, a multiple of GEMM_NR (vectors run across queries)
 #define ATT_KT 64 // keys per tile
 
