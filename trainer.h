@@ -204,6 +204,16 @@ static int set_option(const Option *o, const char *val) {
     return 0;
 }
 
+// an option's value as text; exact: floats with every digit (for resume checks)
+static void option_value(const Option *o, char *buf, size_t n, int exact) {
+    switch (o->type) {
+    case OPT_STR: snprintf(buf, n, "%s", *(const char **)o->ptr); break;
+    case OPT_FLOAT: snprintf(buf, n, exact ? "%.9g" : "%g", *(float *)o->ptr); break;
+    case OPT_LIST: snprintf(buf, n, "(%d values)", ((StrList *)o->ptr)->n); break;
+    default: snprintf(buf, n, "%d", *(int *)o->ptr);
+    }
+}
+
 // 0: parsed, 1: --help printed, -1: error (message printed)
 static int parse_args(TrainConfig *tc, int argc, char **argv) {
     Option opts[] = OPTIONS(tc);
@@ -274,21 +284,20 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     return 0;
 }
 
+// the start-up table: every option with its value, three to a line
+static void print_config(TrainConfig *tc) {
+    Option opts[] = OPTIONS(tc);
+    int n = (int)(sizeof opts / sizeof opts[0]);
+    char val[4096];
+    printf("configuration:\n");
+    for (int i = 0; i < n; i++) {
+        option_value(&opts[i], val, sizeof val, 0);
+        printf("  %-27s %-14.60s%s", opts[i].name, val[0] ? val : "-", i % 3 == 2 || i == n - 1 ? "\n" : "");
+    }
+}
+
 // ----------------------------------------------------------------------------
-// training
-
-// the most resident memory this process has had, in MiB (Linux reports KiB)
-static double peak_rss_mb(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_maxrss / 1024.0;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+// setting up the model
 
 // sets up the model for training as tc says: LoRA adapters (fresh or from a PEFT folder) or full
 // fine-tuning; resume_dir, when given, is a checkpoint whose trained weights replace the starting ones.
@@ -381,6 +390,9 @@ static int *generate(Model *m, const int *prompt, int n_prompt, int max_new, flo
     return out;
 }
 
+// ----------------------------------------------------------------------------
+// evaluation (LoRA dropout off)
+
 // mean cross-entropy over every label token of a dataset, in file order
 static double evaluate(Model *m, const Dataset *ds, int B, int pad_id) {
     int *tokens = (int *)mallocCheck((size_t)B * m->T * sizeof(int)), *targets = (int *)mallocCheck((size_t)B * m->T * sizeof(int));
@@ -434,16 +446,6 @@ static const char *resume_must_match[] = {
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
     "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split"};
-
-// an option's value as text; exact: floats with every digit (for resume checks)
-static void option_value(const Option *o, char *buf, size_t n, int exact) {
-    switch (o->type) {
-    case OPT_STR: snprintf(buf, n, "%s", *(const char **)o->ptr); break;
-    case OPT_FLOAT: snprintf(buf, n, exact ? "%.9g" : "%g", *(float *)o->ptr); break;
-    case OPT_LIST: snprintf(buf, n, "(%d values)", ((StrList *)o->ptr)->n); break;
-    default: snprintf(buf, n, "%d", *(int *)o->ptr);
-    }
-}
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's
 // data_identity: size, modification time and a hash of its first and last MiB)
@@ -596,16 +598,20 @@ static double memory_plan(const Model *m, const Optimizer *o, const Dataset *tra
     return total;
 }
 
-// the start-up table: every option with its value, three to a line
-static void print_config(TrainConfig *tc) {
-    Option opts[] = OPTIONS(tc);
-    int n = (int)(sizeof opts / sizeof opts[0]);
-    char val[4096];
-    printf("configuration:\n");
-    for (int i = 0; i < n; i++) {
-        option_value(&opts[i], val, sizeof val, 0);
-        printf("  %-27s %-14.60s%s", opts[i].name, val[0] ? val : "-", i % 3 == 2 || i == n - 1 ? "\n" : "");
-    }
+// ----------------------------------------------------------------------------
+// the training loop
+
+// the most resident memory this process has had, in MiB (Linux reports KiB)
+static double peak_rss_mb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 // on resume the metrics file keeps only its records up to the checkpoint's step
@@ -633,9 +639,6 @@ static int metrics_truncate(const char *path, int step) {
     free(text);
     return rc;
 }
-
-// ----------------------------------------------------------------------------
-// the training loop
 
 static void print_samples(Model *m, const TrainConfig *tc, const Tokenizer *tok, int step) {
     for (int i = 0; i < tc->sample_prompt.n; i++) {
