@@ -23,7 +23,7 @@ CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_ARCHS) --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror $(if $(OPENMP),-Xcompiler -fopenmp)
 CUDA_LDLIBS = -lcublasLt -lm
 CUDA_HEADERS = cuda_common.cuh layers.cuh matmul.cuh attention.cuh dev/cuda/common.cuh dev/cuda/cpu_ref.h
-CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm)
+CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm elementwise)
 
 # SANITIZE=1: the trainer and every test built with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build-san/ (B), so the two builds never mix.
