@@ -109,6 +109,7 @@ typedef struct {
     Buffers<bf16> b16;
     // the trainable parameters, flat (LoRA's layout, or param_layout's), fp32 in either precision
     float *params, *grads;    // (n_train) masters and gradients
+    float *adam_m, *adam_v;   // (n_train) AdamW moments (the Optimizer's; here so the fit check counts them)
     size_t n_train;
     bf16 *params_bf16;        // bf16: the copy of params the matmuls read (in b16.weights or b16.lora_w)
     Tensors<float> g;         // full fine-tuning: the base weights' gradients, in grads
@@ -118,6 +119,7 @@ typedef struct {
     float *logits;            // (ceil(C / num_output_chunks), V) one piece of one row at a time
     float *losses;            // (B, T) each position's cross-entropy (0 without a target)
     double *loss_sum;         // the micro-batch's summed loss
+    double *grad_norm;        // the step's gradient norm
     float *next_logits;       // (V) host: model_next_logits' result
     int *tokens, *targets;    // (B, T) the micro-batch
     int *chunk_tokens;        // (B, C)
@@ -155,8 +157,8 @@ template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C,
 }
 
 // Lays out every device buffer in four allocations: w the base weights, p the
-// trainable parameters (masters, gradients, bf16 copies), a the activations and
-// scratch, k the KV and dKV carries. Called once to count, once to place.
+// trainable parameters (masters, gradients, moments, bf16 copy), a the
+// activations and scratch, k the KV and dKV carries. Called once to count, once to place.
 template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k) {
     const HostModel *h = &m->host;
     const Config *c = &h->config;
@@ -169,6 +171,8 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     // trainable: fp32 masters and gradients; in bf16 the matmuls read a bf16 copy
     p->place(m->params, m->n_train);
     p->place(m->grads, m->n_train);
+    p->place(m->adam_m, m->n_train);
+    p->place(m->adam_v, m->n_train);
     if (!fp32) p->place(m->params_bf16, m->n_train);
     // frozen base weights (LoRA); trained ones are the masters or their bf16 copy (model_alloc)
     if (!h->full_finetune) w->place(d.weights, h->num_params);
@@ -181,7 +185,7 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     a->place(d.dgate, N * H); a->place(d.dup, N * H); a->place(d.dhmlp, N * H);
     a->place(d.lora_dh, N * r); a->place(d.xdrop, h->use_lora ? N * widest : 0);
     a->place(m->rstdf, N); a->place(m->logits, piece * V);
-    a->place(m->losses, (size_t)m->B * m->T); a->place(m->loss_sum, 1);
+    a->place(m->losses, (size_t)m->B * m->T); a->place(m->loss_sum, 1); a->place(m->grad_norm, 1);
     a->place(m->tokens, (size_t)m->B * m->T); a->place(m->targets, (size_t)m->B * m->T); a->place(m->chunk_tokens, N);
     a->place(m->rope_cos, (size_t)m->T * c->head_dim / 2); a->place(m->rope_sin, (size_t)m->T * c->head_dim / 2);
     // the carries hold the whole sequence
@@ -253,6 +257,8 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         cudaStream_t st = m->stream;
         upload(m->params, h->use_lora ? h->lora.params : h->params, m->n_train, st);
         cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
+        cudaCheck(cudaMemsetAsync(m->adam_m, 0, m->n_train * sizeof(float), st));
+        cudaCheck(cudaMemsetAsync(m->adam_v, 0, m->n_train * sizeof(float), st));
         if (h->full_finetune) {
             m->g = tensors_at(h, m->grads);
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
@@ -563,31 +569,24 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 // on the device (layers.cuh); the host holds the moments only for checkpoints
 
 typedef struct {
-    Model *model;           // its trainable parameters and gradients (device)
+    Model *model;           // its trainable parameters, gradients and moments (device)
     size_t n;
     float *m, *v;           // AdamW moments: host copies for checkpoints (model_sync_host, optimizer_sync_device)
-    float *d_m, *d_v;       // the moments the step uses (device)
-    double *d_norm;         // the gradient norm (device)
     int t;                  // optimizer steps taken
 } Optimizer;
 
+// the moments are the model's (model_alloc zeroed them); the host keeps copies
 static void optimizer_init(Optimizer *o, Model *m) {
     memset(o, 0, sizeof *o);
     o->model = m;
     o->n = m->n_train;
     o->m = (float *)callocCheck(o->n, sizeof(float));
     o->v = (float *)callocCheck(o->n, sizeof(float));
-    o->d_m = (float *)cudaMallocCheck(o->n * sizeof(float) + 1);
-    o->d_v = (float *)cudaMallocCheck(o->n * sizeof(float) + 1);
-    o->d_norm = (double *)cudaMallocCheck(sizeof(double));
-    m->train_bytes += 2 * o->n * sizeof(float);
-    cudaCheck(cudaMemsetAsync(o->d_m, 0, o->n * sizeof(float), m->stream));
-    cudaCheck(cudaMemsetAsync(o->d_v, 0, o->n * sizeof(float), m->stream));
 }
 
 static void optimizer_free(Optimizer *o) {
-    free(o->m); free(o->v);
-    cudaCheck(cudaFree(o->d_m)); cudaCheck(cudaFree(o->d_v)); cudaCheck(cudaFree(o->d_norm));
+    free(o->m);
+    free(o->v);
     memset(o, 0, sizeof *o);
 }
 
@@ -601,12 +600,12 @@ static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, f
                              float grad_clip) {
     Model *m = o->model;
     double norm;
-    grad_norm(o->d_norm, m->grads, o->n, m->stream);
-    clip_grads(m->grads, o->n, o->d_norm, grad_clip, m->stream);
+    grad_norm(m->grad_norm, m->grads, o->n, m->stream);
+    clip_grads(m->grads, o->n, m->grad_norm, grad_clip, m->stream);
     o->t++;
-    adamw_update(m->params, m->grads, o->d_m, o->d_v, o->n, o->t, lr, beta1, beta2, eps, weight_decay,
+    adamw_update(m->params, m->grads, m->adam_m, m->adam_v, o->n, o->t, lr, beta1, beta2, eps, weight_decay,
                  m->params_bf16, m->stream);
-    cudaCheck(cudaMemcpyAsync(&norm, o->d_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+    cudaCheck(cudaMemcpyAsync(&norm, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
     return norm;
 }
@@ -618,16 +617,16 @@ static void model_sync_host(Model *m, Optimizer *o) {
     float *dst = h->use_lora ? h->lora.params : h->params;
     cudaCheck(cudaMemcpyAsync(dst, m->params, m->n_train * sizeof(float), cudaMemcpyDeviceToHost, st));
     if (o) {
-        cudaCheck(cudaMemcpyAsync(o->m, o->d_m, o->n * sizeof(float), cudaMemcpyDeviceToHost, st));
-        cudaCheck(cudaMemcpyAsync(o->v, o->d_v, o->n * sizeof(float), cudaMemcpyDeviceToHost, st));
+        cudaCheck(cudaMemcpyAsync(o->m, m->adam_m, o->n * sizeof(float), cudaMemcpyDeviceToHost, st));
+        cudaCheck(cudaMemcpyAsync(o->v, m->adam_v, o->n * sizeof(float), cudaMemcpyDeviceToHost, st));
     }
     cudaCheck(cudaStreamSynchronize(st));
 }
 
 // the moments a resumed run read from its checkpoint, onto the device
 static void optimizer_sync_device(Optimizer *o) {
-    cudaStream_t st = o->model->stream;
-    cudaCheck(cudaMemcpyAsync(o->d_m, o->m, o->n * sizeof(float), cudaMemcpyHostToDevice, st));
-    cudaCheck(cudaMemcpyAsync(o->d_v, o->v, o->n * sizeof(float), cudaMemcpyHostToDevice, st));
-    cudaCheck(cudaStreamSynchronize(st));
+    Model *m = o->model;
+    cudaCheck(cudaMemcpyAsync(m->adam_m, o->m, o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    cudaCheck(cudaMemcpyAsync(m->adam_v, o->v, o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    cudaCheck(cudaStreamSynchronize(m->stream));
 }
