@@ -23,7 +23,7 @@ static int remove_tree(const char *path) {
     DIR *d = opendir(path);
     if (!d) return -1;
     int rc = 0;
-    for (struct dirent *e; (e = readdir(d));) {
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         char sub[PATH_MAX];
         snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
@@ -62,7 +62,7 @@ static long *checkpoint_list(const char *out_dir, int *n) {
     int cap = 16;
     long *steps = (long *)mallocCheck(cap * sizeof(long));
     *n = 0;
-    for (struct dirent *e; (e = readdir(d));) {
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
         long s = checkpoint_step(e->d_name);
         if (s < 0) continue;
         if (*n == cap) steps = (long *)reallocCheck(steps, (cap *= 2) * sizeof(long));
