@@ -128,8 +128,9 @@ typedef struct {
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     int n_slots;
-    size_t weight_bytes, train_bytes, act_bytes, carry_bytes; // device memory by purpose
+    size_t weight_bytes, param_bytes, act_bytes, carry_bytes; // device memory by purpose (the memory plan)
     void *alloc[4];           // the four allocations behind them
+    double peak_mb;           // the most device memory seen in use (model_peak_mb)
     uint64_t dropout_key;     // set per micro-batch by the training loop
     cudaStream_t stream;      // everything runs on this one stream, in order
 } Model;
@@ -252,7 +253,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             lay[i] = Layout{(char *)m->alloc[i], 0};
         }
         model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
-        m->weight_bytes = lay[0].bytes; m->train_bytes = lay[1].bytes; m->act_bytes = lay[2].bytes; m->carry_bytes = lay[3].bytes;
+        m->weight_bytes = lay[0].bytes; m->param_bytes = lay[1].bytes; m->act_bytes = lay[2].bytes; m->carry_bytes = lay[3].bytes;
         // the trainable masters, then the weights the matmuls read
         cudaStream_t st = m->stream;
         upload(m->params, h->use_lora ? h->lora.params : h->params, m->n_train, st);
@@ -274,8 +275,10 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     });
 }
 
+// (a model whose setup failed before model_alloc has no device memory: no CUDA call then)
 static void model_free(Model *m) {
-    for (int i = 0; i < 4; i++) cudaCheck(cudaFree(m->alloc[i]));
+    for (int i = 0; i < 4; i++)
+        if (m->alloc[i]) cudaCheck(cudaFree(m->alloc[i]));
     if (m->stream) cudaCheck(cudaStreamDestroy(m->stream));
     free(m->f32.chunk);
     free(m->b16.chunk);
@@ -630,3 +633,25 @@ static void optimizer_sync_device(Optimizer *o) {
     cudaCheck(cudaMemcpyAsync(m->adam_v, o->v, o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
 }
+
+// Device memory in use, in MiB, the most seen so far: cudaMemGetInfo's view,
+// this process's allocations and its CUDA context (and any other process on the
+// GPU). The model allocates everything before the first step, so after one
+// step this is the run's peak.
+static double model_peak_mb(Model *m) {
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    m->peak_mb = std::max(m->peak_mb, (total_bytes - free_bytes) / 1048576.0);
+    return m->peak_mb;
+}
+static const char *const backend_memory = "GPU memory";
+static const char *const backend_precisions[] = {"bf16", "fp32"};
+
+// ----------------------------------------------------------------------------
+// the host side: options, loading, the training loop, checkpoints, main
+
+#include "trainer.h"
+
+#ifndef TESTING
+int main(int argc, char **argv) { return train_main(argc, argv); }
+#endif
