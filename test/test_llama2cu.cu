@@ -4,8 +4,9 @@
 // logits and the loss, every trainable gradient, and 10 optimizer steps of
 // losses and gradient norms; for LoRA (with dropout, whose masks are the same
 // hash on both) and full fine-tuning, whole sequences and chunks (keep and
-// recompute, the head in pieces), GQA (tiny_gqa) and tied (tiny_tied) models,
-// in --precision fp32 and bf16. Each comparison prints the worst element of
+// recompute, the head in pieces), GQA (tiny_gqa) and tied (tiny_tied) models
+// and a random one with head_dim 64 and GQA (bf16 attention then runs on tensor
+// cores), in --precision fp32 and bf16. Each comparison prints the worst element of
 // what it compares; the program exits 1 when any check fails.
 //
 // Without a GPU it prints a SKIP line and exits 0. --quick runs a few cases
@@ -31,6 +32,7 @@
 #include "twin.h"
 #include "cpu_twin.h"
 #include "test_common.h"
+#include "random_model.h"
 #include <string>
 #include <vector>
 
@@ -40,7 +42,7 @@ struct Tol { double logits, loss, grads, steps; };
 const Tol FP32_TOL = {1e-5, 1e-5, 1e-4, 1e-4}, BF16_TOL = {3e-2, 1e-2, 1e-1, 1e-2};
 
 struct Case {
-    const char *model;
+    const char *model;     // a checkpoint folder
     bool full;             // full fine-tuning (else LoRA from the fixture's PEFT adapter, dropout 0.1)
     const char *precision; // fp32 | bf16 (the CUDA trainer's; the CPU computes fp32 either way)
     int chunk;             // --chunk_size (0: whole sequences)
@@ -51,27 +53,32 @@ struct Case {
 // the case in words, for the check lines
 std::string describe(const Case &c) {
     char buf[200];
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d", c.model, c.full ? "full" : "lora", c.precision, c.chunk,
+    const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d", model, c.full ? "full" : "lora", c.precision, c.chunk,
              c.mem, c.out_chunks);
     return buf;
 }
 
-// both backends, set up from the same arguments (which must outlive them: the options point into them)
+// both backends, set up from the same arguments but for --precision (the CPU
+// judges in fp32); the arguments must outlive them: the options point into them
 struct Pair {
-    std::vector<std::string> args;
-    std::vector<char *> argv;
+    std::vector<std::string> args[2]; // cpu, gpu
+    std::vector<char *> argv[2];
     void *cpu, *gpu;
     Pair(const Case &c) {
-        std::string model = std::string("test/fixtures/") + c.model;
-        args = {"test_llama2cu", "--model", model, "--data", "unused", "--max_seq_len", std::to_string(T),
-                "--chunk_size", std::to_string(c.chunk), "--chunk_memory", c.mem, "--num_output_chunks",
-                std::to_string(c.out_chunks), "--precision", c.precision, "--lr", c.full ? "1e-3" : "5e-3",
-                "--weight_decay", "0.01", "--seed", "3"};
-        if (c.full) args.push_back("--full_finetune");
-        else args.insert(args.end(), {"--from_peft_checkpoint", model + "/peft_init"}); // B != 0: A gets gradients
-        for (std::string &a : args) argv.push_back(&a[0]);
-        cpu = cpu_new((int)argv.size(), argv.data(), B, T);
-        gpu = gpu_new((int)argv.size(), argv.data(), B, T);
+        std::string model = c.model;
+        for (int side = 0; side < 2; side++) {
+            std::vector<std::string> &a = args[side];
+            a = {"test_llama2cu", "--model", model, "--data", "unused", "--max_seq_len", std::to_string(T),
+                 "--chunk_size", std::to_string(c.chunk), "--chunk_memory", c.mem, "--num_output_chunks",
+                 std::to_string(c.out_chunks), "--precision", side ? c.precision : "fp32", "--lr",
+                 c.full ? "1e-3" : "5e-3", "--weight_decay", "0.01", "--seed", "3"};
+            if (c.full) a.push_back("--full_finetune");
+            else a.insert(a.end(), {"--from_peft_checkpoint", model + "/peft_init"}); // B != 0: A gets gradients too
+            for (std::string &arg : a) argv[side].push_back(&arg[0]);
+        }
+        cpu = cpu_new((int)argv[0].size(), argv[0].data(), B, T);
+        gpu = gpu_new((int)argv[1].size(), argv[1].data(), B, T);
         if (!c.full) {
             cpu_set_lora_dropout(cpu, 0.1f);
             gpu_set_lora_dropout(gpu, 0.1f);
@@ -220,6 +227,29 @@ void check_steps(const Case &c, int steps) {
     CHECK(worst_norm <= tol.grads, line, "%s", "out of tolerance");
 }
 
+// A model with head_dim 64 (2 query heads, 1 KV head: GQA) and an adapter for it
+// with every B != 0, as the fixtures have: bf16 attention runs on tensor cores
+// for head_dim 64 or 128 only, and the fixtures' is 16.
+void write_hd64_model(const char *dir) {
+    write_random_model(dir, 128, 256, 2, 2, 1);
+    HostModel h;
+    memset(&h, 0, sizeof h);
+    if (model_load(&h, dir) != 0) die("cannot read back %s", dir);
+    int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
+    lora_shapes(&h.config, in, out);
+    LoRA l;
+    lora_alloc(&l, h.config.n_layers, in, out, 4, 8.0f, 0.0f, 0, (1u << LORA_N_TARGETS) - 1);
+    lora_init(&l, 5);
+    uint64_t state = 9;
+    for (int i = 0; i < l.n_layers; i++)
+        for (int t = 0; t < LORA_N_TARGETS; t++)
+            for (int k = 0; k < l.r * l.out[t]; k++) lora_B(&l, l.params, i, t)[k] = 0.2f * (rng_uniform(&state) - 0.5f);
+    std::string adapter = std::string(dir) + "/peft_init";
+    if (lora_save_peft(&l, adapter.c_str(), dir) != 0) die("cannot write %s", adapter.c_str());
+    lora_free(&l);
+    host_model_free(&h);
+}
+
 int main(int argc, char **argv) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -227,12 +257,18 @@ int main(int argc, char **argv) {
         return 0;
     }
     bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    const char *models[] = {"tiny_gqa", "tiny_tied"}, *precisions[] = {"fp32", "bf16"};
+    char tmp[] = "/tmp/llama2tune_test_llama2cu_XXXXXX";
+    if (!mkdtemp(tmp)) die("mkdtemp: %s", strerror(errno));
+    std::string hd64 = std::string(tmp) + "/hd64";
+    write_hd64_model(hd64.c_str());
+    std::vector<const char *> models = {"test/fixtures/tiny_gqa", hd64.c_str()};
+    if (!quick) models.push_back("test/fixtures/tiny_tied");
+    const char *precisions[] = {"fp32", "bf16"};
     // whole sequences; chunks that divide T and one that does not; one position at a time
     Case chunkings[] = {{NULL, false, NULL, 0, "keep", 1}, {NULL, false, NULL, 8, "keep", 1},
                         {NULL, false, NULL, 7, "recompute", 3}, {NULL, false, NULL, 1, "recompute", 1}};
-    int n_models = quick ? 1 : 2, n_chunkings = quick ? 2 : 4, steps = quick ? 3 : 10;
-    for (int mi = 0; mi < n_models; mi++)
+    int n_chunkings = quick ? 2 : 4, steps = quick ? 3 : 10;
+    for (size_t mi = 0; mi < models.size(); mi++)
         for (const char *precision : precisions)
             for (int full = 0; full < 2; full++) {
                 for (int k = 0; k < n_chunkings; k++) {
@@ -245,6 +281,7 @@ int main(int argc, char **argv) {
                 check_steps(whole, steps);
                 check_steps(chunked, steps);
             }
+    remove_tree(tmp);
     printf("test_llama2cu: %d passed, %d failed\n", test_passed, test_failed);
     return test_summary();
 }
