@@ -24,6 +24,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <sys/resource.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -212,6 +213,8 @@ typedef struct {
     int chunk_size;           // C (== T: whole sequence)
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
+    int fp32;                 // --precision fp32: the only one the CPU runs
+    size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and moments
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
     float *rope_cos, *rope_sin; // (T, hd/2)
     uint64_t dropout_key;     // set per micro-batch by the training loop
@@ -641,6 +644,11 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         m->grads = (float *)callocCheck(m->host.num_params, sizeof(float));
         param_layout(c, &m->g, m->grads);
     }
+    // fp32 weights; the trainable ones have a gradient and two moments (optimizer_init), and
+    // LoRA's live apart from the base weights
+    size_t n = m->host.use_lora ? m->host.lora.num_params : m->host.num_params;
+    m->weight_bytes = m->host.num_params * sizeof(float);
+    m->param_bytes = n * sizeof(float) * (m->host.use_lora ? 4 : 3);
 }
 
 // frees what model_alloc made and the host model; safe on a zeroed Model and
@@ -960,6 +968,16 @@ static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, f
 // the weights and moments live in host memory already
 static void model_sync_host(Model *m, Optimizer *o) { (void)m; (void)o; }
 static void optimizer_sync_device(Optimizer *o) { (void)o; }
+
+// the most resident memory this process has had, in MiB (Linux reports KiB)
+static double model_peak_mb(Model *m) {
+    (void)m;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+static const char *const backend_memory = "resident memory";
+static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main
