@@ -86,6 +86,10 @@ $(B)test/%: test/%.c $(HEADERS) test/test_common.h
 dev/bench_tokenizer: dev/bench_tokenizer.c tokenizer.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
+# peak memory of rank-local loading (dev/bench_fsdp.sh)
+dev/bench_fsdp: dev/bench_fsdp.c fsdp.h train_llama2.c $(HEADERS)
+	$(MPI_CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
 dev/bench_dataloader: dev/bench_dataloader.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
