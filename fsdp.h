@@ -266,6 +266,13 @@ static inline void fsdp_abort(const FsdpComm *c, const char *fmt, ...) {
     fsdp_abort((c), "%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); } while (0)
 #endif
 
+// the NCCL backend's form of a collective: the NCCL call on the communicator's stream
+#ifdef FSDP_NCCL
+#define FSDP__NCCL(c, call) do { if ((c)->backend == FSDP_BACKEND_NCCL) { fsdp_ncclCheck((c), call); return; } } while (0)
+#else
+#define FSDP__NCCL(c, call) do { } while (0)
+#endif
+
 // Every process's communicator: MPI_COMM_WORLD (MPI_Init here; a program started
 // without mpirun is a world of one), or without MPI a world of one.
 static inline void fsdp_world_init(FsdpComm *c) {
@@ -334,35 +341,36 @@ static inline void *fsdp__scratch(FsdpComm *c, size_t bytes) {
 
 // out[i] = ((in_0[i] + in_1[i]) + in_2[i]) + ..., in_r = in + r * S: rank order
 static inline void fsdp__sum_blocks(void *out, const void *in, size_t S, int n, FsdpDtype t) {
-    if (t == FSDP_F64) {
-        const double *x = (const double *)in;
-        double *y = (double *)out;
+    const float *xf = (const float *)in;
+    const double *xd = (const double *)in;
 #pragma omp parallel for if (S > 65536)
-        for (size_t i = 0; i < S; i++) {
-            double acc = x[i];
-            for (int r = 1; r < n; r++) acc += x[(size_t)r * S + i];
-            y[i] = acc;
-        }
-    } else {
-        const float *x = (const float *)in;
-        float *y = (float *)out;
-#pragma omp parallel for if (S > 65536)
-        for (size_t i = 0; i < S; i++) {
-            float acc = x[i];
-            for (int r = 1; r < n; r++) acc += x[(size_t)r * S + i];
-            y[i] = acc;
+    for (size_t i = 0; i < S; i++) {
+        if (t == FSDP_F64) {
+            double acc = xd[i];
+            for (int r = 1; r < n; r++) acc += xd[(size_t)r * S + i];
+            ((double *)out)[i] = acc;
+        } else {
+            float acc = xf[i];
+            for (int r = 1; r < n; r++) acc += xf[(size_t)r * S + i];
+            ((float *)out)[i] = acc;
         }
     }
 }
 
+#ifdef USE_MPI
+// out (S) = the sum over ranks of their in[rank * S .. (rank + 1) * S): each rank
+// receives every rank's block of its shard (MPI_Alltoall), then sums them in rank order
+static inline void fsdp__mpi_reduce_scatter(FsdpComm *c, void *out, const void *in, size_t S, FsdpDtype t) {
+    fsdp__check_count(c, S, "reduce-scatter");
+    void *recv = fsdp__scratch(c, (size_t)c->size * S * fsdp_dtype_size(t));
+    MPI_Alltoall(in, (int)S, fsdp__mpi_type(t), recv, (int)S, fsdp__mpi_type(t), c->mpi);
+    fsdp__sum_blocks(out, recv, S, c->size, t);
+}
+#endif
+
 // full (size * S) = every rank's shard (S) in rank order
 static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard, size_t S) {
-#ifdef FSDP_NCCL
-    if (c->backend == FSDP_BACKEND_NCCL) {
-        fsdp_ncclCheck(c, ncclAllGather(shard, full, S, ncclFloat, c->nccl, c->stream));
-        return;
-    }
-#endif
+    FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclFloat, c->nccl, c->stream));
 #ifdef USE_MPI
     fsdp__check_count(c, S, "all-gather");
     if (shard == full + (size_t)c->rank * S) MPI_Allgather(MPI_IN_PLACE, 0, MPI_FLOAT, full, (int)S, MPI_FLOAT, c->mpi);
@@ -375,18 +383,9 @@ static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard,
 
 // shard (S) = the sum over ranks of their full[rank * S .. (rank + 1) * S)
 static inline void fsdp_reduce_scatter(FsdpComm *c, float *shard, const float *full, size_t S) {
-#ifdef FSDP_NCCL
-    if (c->backend == FSDP_BACKEND_NCCL) {
-        fsdp_ncclCheck(c, ncclReduceScatter(full, shard, S, ncclFloat, ncclSum, c->nccl, c->stream));
-        return;
-    }
-#endif
+    FSDP__NCCL(c, ncclReduceScatter(full, shard, S, ncclFloat, ncclSum, c->nccl, c->stream));
 #ifdef USE_MPI
-    // each rank receives every rank's block of its shard, then sums them in rank order
-    fsdp__check_count(c, S, "reduce-scatter");
-    float *recv = (float *)fsdp__scratch(c, (size_t)c->size * S * sizeof(float));
-    MPI_Alltoall(full, (int)S, MPI_FLOAT, recv, (int)S, MPI_FLOAT, c->mpi);
-    fsdp__sum_blocks(shard, recv, S, c->size, FSDP_F32);
+    fsdp__mpi_reduce_scatter(c, shard, full, S, FSDP_F32);
 #else
     (void)c;
     if (shard != full) memmove(shard, full, S * sizeof(float));
@@ -395,22 +394,14 @@ static inline void fsdp_reduce_scatter(FsdpComm *c, float *shard, const float *f
 
 // buf (n) = the sum over ranks of their buf, in place; every rank gets the same bits
 static inline void fsdp_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpDtype t) {
-#ifdef FSDP_NCCL
-    if (c->backend == FSDP_BACKEND_NCCL) {
-        fsdp_ncclCheck(c, ncclAllReduce(buf, buf, n, t == FSDP_F64 ? ncclDouble : ncclFloat, ncclSum, c->nccl, c->stream));
-        return;
-    }
-#endif
+    FSDP__NCCL(c, ncclAllReduce(buf, buf, n, t == FSDP_F64 ? ncclDouble : ncclFloat, ncclSum, c->nccl, c->stream));
 #ifdef USE_MPI
     if (c->size == 1) return;
     // reduce-scatter of the zero-padded buffer (sums in rank order), then all-gather
     size_t es = fsdp_dtype_size(t), S = fsdp_shard_size(n, c->size), W = (size_t)c->size;
-    fsdp__check_count(c, S, "all-reduce");
     char *padded = (char *)callocCheck(W * S + S, es), *mine = padded + W * S * es;
     memcpy(padded, buf, n * es);
-    char *recv = (char *)fsdp__scratch(c, W * S * es);
-    MPI_Alltoall(padded, (int)S, fsdp__mpi_type(t), recv, (int)S, fsdp__mpi_type(t), c->mpi);
-    fsdp__sum_blocks(mine, recv, S, c->size, t);
+    fsdp__mpi_reduce_scatter(c, mine, padded, S, t);
     MPI_Allgather(mine, (int)S, fsdp__mpi_type(t), padded, (int)S, fsdp__mpi_type(t), c->mpi);
     memcpy(buf, padded, n * es);
     free(padded);
@@ -421,12 +412,7 @@ static inline void fsdp_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpDtype t
 
 // buf (bytes) = root's buf
 static inline void fsdp_broadcast(FsdpComm *c, void *buf, size_t bytes, int root) {
-#ifdef FSDP_NCCL
-    if (c->backend == FSDP_BACKEND_NCCL) {
-        fsdp_ncclCheck(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->nccl, c->stream));
-        return;
-    }
-#endif
+    FSDP__NCCL(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->nccl, c->stream));
 #ifdef USE_MPI
     for (size_t done = 0; done < bytes;) { // in pieces: MPI counts are ints
         size_t k = bytes - done < (size_t)1 << 30 ? bytes - done : (size_t)1 << 30;

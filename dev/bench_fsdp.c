@@ -15,14 +15,12 @@
 enum { LAYERS = 12, DIM = 1024, HIDDEN = 2816, HEADS = 16, VOCAB = 32000 };
 
 static int make_model(const char *dir) {
-    char path[FSDP_PATH_MAX], file[64];
-    if (mkdir_p(dir) != 0) { fprintf(stderr, "error: cannot create %s\n", dir); return 1; }
+    char path[FSDP_PATH_MAX], file[64], config[512];
+    int n = snprintf(config, sizeof config, "{\"model_type\": \"llama\", \"hidden_size\": %d, \"intermediate_size\": %d, "
+                     "\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"vocab_size\": %d, "
+                     "\"rms_norm_eps\": 1e-05, \"tie_word_embeddings\": false}\n", DIM, HIDDEN, LAYERS, HEADS, HEADS, VOCAB);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopenCheck(path, "w");
-    fprintf(f, "{\"model_type\": \"llama\", \"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, "
-            "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"vocab_size\": %d, \"rms_norm_eps\": 1e-05, "
-            "\"tie_word_embeddings\": false}\n", DIM, HIDDEN, LAYERS, HEADS, HEADS, VOCAB);
-    fclose(f);
+    if (mkdir_p(dir) != 0 || write_bytes_atomic(path, config, (size_t)n) != 0) { fprintf(stderr, "error: cannot write %s\n", path); return 1; }
     FsdpUnits u;
     fsdp_units_llama(&u, LAYERS, DIM, HIDDEN, DIM, DIM, VOCAB, 0, 1);
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
