@@ -39,6 +39,29 @@
 // agrees with every rank on the failure (fsdp_any) or calls fsdp_abort, which
 // ends every rank (MPI_Abort), so no rank waits forever in a collective. MPI's
 // own errors are fatal by MPI's default error handler (it prints and aborts).
+//
+// In a trainer (u: the units; f: the Fsdp; p, g, m, v: the rank's flat shard
+// buffers of parameters, gradients and AdamW moments, u.shard_numel each; buf,
+// gbuf: room for one unit whole, shard.size * unit.shard floats):
+//   load      fsdp_check_model, allocate p, fsdp_load_model(&u, &sm, f.shard.rank, p)
+//   forward   per unit: w = fsdp_gather(&f, unit, p, buf), run it; keep w until the
+//             unit's backward unless info->reshard_after_forward (then gather again)
+//   backward  per unit, in reverse: its gradient into gbuf (zeroed, padding too),
+//             then fsdp_reduce_grads(&f, unit, g, gbuf). Tied embeddings: the
+//             embedding unit serves the output projection too; its gbuf collects
+//             both uses and is reduced after the embedding's backward
+//   optimizer AdamW on p, g, m, v as they are (each rank its own shard); the
+//             gradient norm's sum of squares: fsdp_all_reduce over f.shard (replica
+//             groups hold the same shards)
+//   LoRA      base units frozen (gathered as above, no gradients); the adapters
+//             whole on every rank, their gradients fsdp_all_reduce over f.world
+//   loss      the label count of the whole step, fsdp_all_reduce over f.world
+//             (FSDP_F64) before the backward, as the gradients' 1/N
+//   data      dataloader_init(&dl, &ds, shuffle, seed, f.world.rank, f.world.size)
+//   stop      fsdp_any(&f.world, stop_requested) at each step, so all ranks stop together
+//   save      rank 0 checkpoint_begin; fsdp_save into its .tmp with {"params", p},
+//             {"exp_avg", m}, {"exp_avg_sq", v}; rank 0 checkpoint_commit;
+//             fsdp_any on each step's failure. Resume: fsdp_load at any world size
 #ifndef FSDP_H
 #define FSDP_H
 #include "safetensors.h" // first: it sets the POSIX feature macros
@@ -231,14 +254,14 @@ typedef struct {
 } FsdpComm;
 
 #if defined(__GNUC__)
-#define FSDP__NORETURN __attribute__((noreturn, format(printf, 2, 3)))
+#define FSDP__ABORT_ATTRS __attribute__((noreturn, format(printf, 2, 3)))
 #else
-#define FSDP__NORETURN
+#define FSDP__ABORT_ATTRS
 #endif
 
 // Prints "error: rank R: <message>" and ends every rank of the job (MPI_Abort),
 // so none is left waiting in a collective; in a single process, exit(1).
-static inline void fsdp_abort(const FsdpComm *c, const char *fmt, ...) FSDP__NORETURN;
+static inline void fsdp_abort(const FsdpComm *c, const char *fmt, ...) FSDP__ABORT_ATTRS;
 static inline void fsdp_abort(const FsdpComm *c, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
