@@ -501,12 +501,13 @@ static void test_collectives(void) {
     check_all(!any_none && any_last, "fsdp_any: set on the last rank only, every rank sees it; set nowhere, none does", "%d %d", any_none, any_last);
 }
 
-// every strategy, and HYBRID_SHARD with every group size that divides W: (strategy, --shard_group) pairs
+// every strategy, and HYBRID_SHARD with every group size that divides W and with
+// 0 (the ranks of a node: all of them here): (strategy, --shard_group) pairs
 static int strategy_configs(int W, int strategy[], int group[]) {
     int n = 0;
     for (int s = 0; s < FSDP_N_STRATEGIES; s++)
-        for (int G = 1; G <= W; G++)
-            if (s == FSDP_HYBRID_SHARD ? W % G == 0 : G == 1) {
+        for (int G = 0; G <= W; G++)
+            if (s == FSDP_HYBRID_SHARD ? G == 0 || W % G == 0 : G == 1) {
                 strategy[n] = s;
                 group[n++] = s == FSDP_HYBRID_SHARD ? G : 0;
             }
@@ -548,9 +549,9 @@ static void test_strategies(void) {
             }
             bad |= gshard[k] != total;
         }
-        snprintf(what, sizeof what, "%s at W = %d (groups of %d): gather equals the unit, reduced gradients equal the ordered sums",
-                 fsdp_strategies[s].name, W, g);
-        check_all(!bad && g == (s == FSDP_NO_SHARD ? 1 : s == FSDP_HYBRID_SHARD ? G : W) && f.replica.size == W / g, what,
+        snprintf(what, sizeof what, "%s at W = %d (groups of %d%s): gather equals the unit, reduced gradients equal the ordered sums",
+                 fsdp_strategies[s].name, W, g, s == FSDP_HYBRID_SHARD && !G ? ", one per node" : "");
+        check_all(!bad && g == (s == FSDP_NO_SHARD ? 1 : s == FSDP_HYBRID_SHARD && G ? G : W) && f.replica.size == W / g, what,
                   "mismatch (group size %d, replicas %d)", g, f.replica.size);
         free(grad);
         free(gshard);
@@ -618,8 +619,8 @@ static void test_save_distributed(const char *out_dir) {
         int rc = save_collective(&f, out_dir, &u, bufs, fp);
         snprintf(dir, sizeof dir, "%s/checkpoint-1", out_dir);
         int ok = rc == 0 && ckpt_matches(dir, &u, f.shard.rank, fp);
-        snprintf(what, sizeof what, "%s at W = %d: sharded checkpoint (%d shards) saved by the ranks, loaded back bit for bit",
-                 fsdp_strategies[strategy[c]].name, world.size, f.shard.size);
+        snprintf(what, sizeof what, "%s (shard_group %d) at W = %d: sharded checkpoint (%d shards) saved by the ranks, loaded back bit for bit",
+                 fsdp_strategies[strategy[c]].name, group[c], world.size, f.shard.size);
         check_all(ok, what, "rc %d", rc);
         free_buffers(bufs);
         fsdp_units_free(&u);
