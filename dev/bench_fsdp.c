@@ -4,7 +4,7 @@
 //   dev/bench_fsdp make DIR                  a random Llama (dim 1024, 12 layers, vocab 32000:
 //                                            220 M parameters) in BF16, one safetensors file per unit
 //   mpirun -np W dev/bench_fsdp load DIR     FULL_SHARD rank-local load; rank 0 prints a row per rank
-//   dev/bench_fsdp whole DIR                 model_load (train_llama2.c), all of it in one process
+//   dev/bench_fsdp whole DIR                 model_load (model.h), all of it in one process
 // Memory is the process's peak resident set (getrusage), so it includes the
 // program and, under MPI, the MPI runtime: the "before" column is what the
 // process held before loading.
@@ -85,12 +85,12 @@ static int load_sharded(const char *dir) {
 }
 
 static int load_whole(const char *dir) {
-    Model m = {0};
+    HostModel m = {0};
     double before = peak_rss_mb(), t0 = now_ms();
     if (model_load(&m, dir) != 0) return 1;
     printf("| model_load | - | %.0f | %.0f | %.0f | %.0f | %.2f |\n", m.num_params * 4 / 1048576.0, before, peak_rss_mb(),
            peak_rss_mb() - before, (now_ms() - t0) / 1000);
-    free(m.params);
+    host_model_free(&m);
     return 0;
 }
 

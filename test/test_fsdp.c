@@ -42,7 +42,7 @@ static void units_of(FsdpUnits *u, const Config *c, int n) {
 }
 
 // the trainer's copy of a tensor (model_load's layout: all layers of a kind together), and its numel
-static const float *trainer_tensor(const Model *m, const char *name, size_t *numel) {
+static const float *trainer_tensor(const HostModel *m, const char *name, size_t *numel) {
     float *ptrs[NUM_PARAM_TENSORS];
     param_tensors(&m->w, ptrs);
     char buf[256];
@@ -60,7 +60,7 @@ static const float *trainer_tensor(const Model *m, const char *name, size_t *num
 }
 
 // unit i whole, from model_load's weights (numel floats, malloc'd)
-static float *reference_unit(const Model *m, const FsdpUnit *un) {
+static float *reference_unit(const HostModel *m, const FsdpUnit *un) {
     float *x = (float *)mallocCheck(un->numel * sizeof(float));
     for (int j = 0; j < un->n_tensors; j++) {
         size_t n;
@@ -95,7 +95,7 @@ static void test_shard_arithmetic(void) {
 
 // every parameter of the trainer in exactly one unit, with its shape; units contiguous
 static void test_units(const char *dir) {
-    Model m = {0};
+    HostModel m = {0};
     if (model_load(&m, dir) != 0) { CHECK(0, "units: model_load", "%s", dir); return; }
     FsdpUnits u;
     units_of(&u, &m.config, 3);
@@ -133,7 +133,7 @@ static void test_units(const char *dir) {
           what, "%d parameters not found once, %d unit tensors for %d parameters, %d gaps, %zu elements for %zu", missing,
           tensors, count, gaps, total, m.num_params);
     fsdp_units_free(&u);
-    free(m.params);
+    host_model_free(&m);
 }
 
 // ----------------------------------------------------------------------------
@@ -192,7 +192,7 @@ static unsigned char **byte_owners(const FsdpUnits *u, const StModel *sm) {
 }
 
 static void test_load(const char *dir) {
-    Model m = {0};
+    HostModel m = {0};
     if (model_load(&m, dir) != 0) { CHECK(0, "load: model_load", "%s", dir); return; }
     char what[300];
     for (int n = 1; n <= 5; n++) {
@@ -239,7 +239,7 @@ static void test_load(const char *dir) {
         free(shards);
         fsdp_units_free(&u);
     }
-    free(m.params);
+    host_model_free(&m);
 }
 
 // ----------------------------------------------------------------------------
@@ -563,7 +563,7 @@ static void test_strategies(void) {
 
 // each rank loads its own shards, the units are gathered: model_load's units
 static void test_load_distributed(const char *dir) {
-    Model m = {0};
+    HostModel m = {0};
     if (model_load(&m, dir) != 0) exit(2);
     FsdpUnits u;
     units_of(&u, &m.config, world.size);
@@ -584,7 +584,7 @@ static void test_load_distributed(const char *dir) {
     st_model_close(&sm);
     free(shards);
     fsdp_units_free(&u);
-    free(m.params);
+    host_model_free(&m);
 }
 
 // the trainer's sequence: rank 0 makes the .tmp folder, every rank writes, rank 0 commits
