@@ -17,6 +17,19 @@ ifeq ($(OPENMP),)
 $(info OpenMP not found: building single-threaded)
 endif
 
+# MPI (optional): with mpicc, the trainer and test/test_fsdp are built with it and
+# -DUSE_MPI (mpirun -np W runs W ranks; alone, a world of one), and
+# test/test_fsdp.sh runs the multi-process tests; without it everything builds
+# and runs at world size 1. OMPI_CC / MPICH_CC keep $(CC) as the compiler.
+MPICC := $(shell command -v mpicc 2>/dev/null)
+ifneq ($(MPICC),)
+MPI_CC = OMPI_CC=$(CC) MPICH_CC=$(CC) $(MPICC) -DUSE_MPI
+NVCC_MPI = -DUSE_MPI $(shell $(MPICC) --showme:compile 2>/dev/null)
+NVCC_MPI_LIBS = $(shell $(MPICC) --showme:link 2>/dev/null)
+else
+MPI_CC = $(CC)
+endif
+
 # CUDA: the trainer, its test against the CPU twin, and the kernel checks in
 # dev/cuda/ (each built with the CPU twins of train_llama2.c, dev/cuda/cpu_ref.o),
 # for A100 (sm_80) and H100 (sm_90). Only cuBLASLt is linked: it does every matmul
@@ -54,7 +67,12 @@ all: train_llama2
 
 $(B)train_llama2: train_llama2.c $(HEADERS)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+	$(MPI_CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# fsdp.h's tests (test/test_fsdp.sh runs them alone and under mpirun)
+$(B)test/test_fsdp: test/test_fsdp.c fsdp.h train_llama2.c $(HEADERS) test/test_common.h
+	@mkdir -p $(@D)
+	$(MPI_CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 $(addprefix $(B),test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_default): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
 	@mkdir -p $(@D)
@@ -72,6 +90,10 @@ $(B)test/%: test/%.c $(HEADERS) test/test_common.h
 
 dev/bench_tokenizer: dev/bench_tokenizer.c tokenizer.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# peak memory of rank-local loading (dev/bench_fsdp.sh)
+dev/bench_fsdp: dev/bench_fsdp.c fsdp.h train_llama2.c $(HEADERS)
+	$(MPI_CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 dev/bench_dataloader: dev/bench_dataloader.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
@@ -103,17 +125,22 @@ test/test_llama2cu: test/test_llama2cu.cu test/cpu_twin.o test/twin.h test/cpu_t
     test/random_model.h $(CUDA_TRAINER)
 	$(NVCC) $(NVCCFLAGS) -diag-suppress 177 -Xcompiler -Wno-unused-function -o $@ $< test/cpu_twin.o $(CUDA_LDLIBS)
 
+# fsdp.h's NCCL backend against plain loops, on one GPU per rank (mpirun -np N);
+# utils.h's helpers are static functions that not every program uses
+dev/cuda/fsdp_nccl: dev/cuda/fsdp_nccl.cu fsdp.h utils.h json.h safetensors.h
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -Wno-unused-function -DFSDP_NCCL $(NVCC_MPI) -o $@ $< -lnccl $(NVCC_MPI_LIBS)
+
 # every CUDA target; cuda-compile-check (CI, no GPU needed) builds them all for
 # sm_80 and sm_90 with warnings as errors; dev/gpu_check.sh runs them on a GPU
-cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu
+cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu dev/cuda/fsdp_nccl
 cuda-compile-check: cuda
 
 # (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out)
 RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
-test: $(B)train_llama2 $(RUN_TESTS)
+test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh $(RUN_TESTS) \
-	    test/test_cli.sh test/test_resume.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh)
+	    test/test_fsdp.sh test/test_cli.sh test/test_resume.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh)
 
 # libFuzzer builds: clang with -fsanitize=fuzzer (Debian: clang and libclang-rt-14-dev)
 FUZZ_CC ?= clang
@@ -131,6 +158,6 @@ run: train_llama2
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} ./train_llama2
 
 clean:
-	rm -f train_llama2 train_llama2cu $(TESTS) dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
-	    test/test_llama2cu test/cpu_twin.o
+	rm -f train_llama2 train_llama2cu $(TESTS) test/test_fsdp dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
+	    test/test_llama2cu test/cpu_twin.o dev/cuda/fsdp_nccl dev/bench_fsdp
 	rm -rf build-san build-fuzz build-vg
