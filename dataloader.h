@@ -1388,7 +1388,9 @@ static void dataloader_free(DataLoader *dl) {
 
 // Fills tokens and targets (B x *T; the caller allocates B x dataset_max_len)
 // with this rank's B rows of the next global micro-batch, *T being the
-// longest of them. Returns this rank's label count; dataloader_global_labels
+// longest row of the global micro-batch: every rank gets the same shape (the
+// ranks of a sharded model run their collectives in step) and pads as world
+// size 1 would. Returns this rank's label count; dataloader_global_labels
 // then gives the whole global micro-batch's.
 static long dataloader_next_batch(DataLoader *dl, int B, int pad_id, int *tokens, int *targets, int *T) {
     int G = B * dl->world;
@@ -1403,10 +1405,10 @@ static long dataloader_next_batch(DataLoader *dl, int B, int pad_id, int *tokens
     const int32_t *mine = dl->rows + (size_t)dl->rank * B;
     long maxlen = 0, labels = 0;
     dl->batch_tokens = 0;
-    for (int b = 0; b < B; b++) {
-        long l = dataset_row_len(dl->ds, mine[b]);
+    for (int g = 0; g < G; g++) {
+        long l = dataset_row_len(dl->ds, dl->rows[g]);
         maxlen = l > maxlen ? l : maxlen;
-        dl->batch_tokens += l;
+        if (g / B == dl->rank) dl->batch_tokens += l;
     }
     for (int b = 0; b < B; b++)
         labels += dataset_fill_row(dl->ds, mine[b], (int)maxlen, pad_id, tokens + (size_t)b * maxlen, targets + (size_t)b * maxlen);

@@ -2,7 +2,9 @@
 // loading and sharded checkpoints (DESIGN section 5). C99 + POSIX, and C++ for
 // the CUDA trainer. Build with -DUSE_MPI (mpicc) for several processes, and
 // with -DFSDP_NCCL (nvcc, -lnccl) for the GPU backend; without either it is a
-// world of one process and every collective is a copy.
+// world of one process and every collective is a copy. An MPI build started
+// without a launcher (no mpirun or srun) is a world of one too, and never
+// calls MPI: it runs where MPI is not set up.
 //
 // Units. A Llama model is cut into units: the embedding, one per decoder layer,
 // and the head (the final norm and lm_head; with tied embeddings only the norm,
@@ -296,19 +298,32 @@ static inline void fsdp_abort(const FsdpComm *c, const char *fmt, ...) {
 #define FSDP__NCCL(c, call) do { } while (0)
 #endif
 
-// Every process's communicator: MPI_COMM_WORLD (MPI_Init here; a program started
-// without mpirun is a world of one), or without MPI a world of one.
+// 1 if an MPI launcher started this process: mpirun / mpiexec (OpenMPI, MPICH's
+// Hydra) or srun (Slurm's PMI or PMIx), each of which sets one of these
+static inline int fsdp_launched_by_mpi(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}
+
+// Every process's communicator: MPI_COMM_WORLD (MPI_Init here) when an MPI
+// launcher started the process; else a world of one that never calls MPI.
+// A communicator of one rank does every collective locally, MPI or not.
 static inline void fsdp_world_init(FsdpComm *c) {
     memset(c, 0, sizeof *c);
     c->size = 1;
 #ifdef USE_MPI
+    c->mpi = MPI_COMM_NULL;
     int up;
     MPI_Initialized(&up);
-    if (!up) MPI_Init(NULL, NULL);
-    c->backend = FSDP_BACKEND_MPI;
-    c->mpi = MPI_COMM_WORLD;
-    MPI_Comm_rank(c->mpi, &c->rank);
-    MPI_Comm_size(c->mpi, &c->size);
+    if (up || fsdp_launched_by_mpi()) {
+        if (!up) MPI_Init(NULL, NULL);
+        c->backend = FSDP_BACKEND_MPI;
+        c->mpi = MPI_COMM_WORLD;
+        MPI_Comm_rank(c->mpi, &c->rank);
+        MPI_Comm_size(c->mpi, &c->size);
+    }
 #endif
     c->world_rank = c->rank;
 }
@@ -319,13 +334,15 @@ static inline void fsdp_comm_split(FsdpComm *out, const FsdpComm *c, int color, 
     out->size = 1;
     out->world_rank = c->world_rank;
 #ifdef USE_MPI
-    out->backend = FSDP_BACKEND_MPI;
-    MPI_Comm_split(c->mpi, color, key, &out->mpi);
-    MPI_Comm_rank(out->mpi, &out->rank);
-    MPI_Comm_size(out->mpi, &out->size);
-#else
-    (void)color, (void)key;
+    out->mpi = MPI_COMM_NULL;
+    if (c->backend != FSDP_BACKEND_SINGLE) {
+        out->backend = FSDP_BACKEND_MPI;
+        MPI_Comm_split(c->mpi, color, key, &out->mpi);
+        MPI_Comm_rank(out->mpi, &out->rank);
+        MPI_Comm_size(out->mpi, &out->size);
+    }
 #endif
+    (void)color, (void)key;
 }
 
 static inline void fsdp_comm_free(FsdpComm *c) {
@@ -333,7 +350,7 @@ static inline void fsdp_comm_free(FsdpComm *c) {
     if (c->backend == FSDP_BACKEND_NCCL) ncclCommDestroy(c->nccl);
 #endif
 #ifdef USE_MPI
-    if (c->mpi != MPI_COMM_WORLD && c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);
+    if (c->backend != FSDP_BACKEND_SINGLE && c->mpi != MPI_COMM_WORLD && c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);
 #endif
     free(c->scratch);
     memset(c, 0, sizeof *c);
@@ -342,7 +359,10 @@ static inline void fsdp_comm_free(FsdpComm *c) {
 // ends MPI (call once, after every communicator is freed)
 static inline void fsdp_world_finalize(void) {
 #ifdef USE_MPI
-    MPI_Finalize();
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down) MPI_Finalize();
 #endif
 }
 
@@ -395,24 +415,25 @@ static inline void fsdp__mpi_reduce_scatter(FsdpComm *c, void *out, const void *
 static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard, size_t S) {
     FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclFloat, c->nccl, c->stream));
 #ifdef USE_MPI
-    fsdp__check_count(c, S, "all-gather");
-    if (shard == full + (size_t)c->rank * S) MPI_Allgather(MPI_IN_PLACE, 0, MPI_FLOAT, full, (int)S, MPI_FLOAT, c->mpi);
-    else MPI_Allgather(shard, (int)S, MPI_FLOAT, full, (int)S, MPI_FLOAT, c->mpi);
-#else
+    if (c->size > 1) {
+        fsdp__check_count(c, S, "all-gather");
+        if (shard == full + (size_t)c->rank * S) MPI_Allgather(MPI_IN_PLACE, 0, MPI_FLOAT, full, (int)S, MPI_FLOAT, c->mpi);
+        else MPI_Allgather(shard, (int)S, MPI_FLOAT, full, (int)S, MPI_FLOAT, c->mpi);
+        return;
+    }
+#endif
     (void)c;
     if (full != shard) memmove(full, shard, S * sizeof(float));
-#endif
 }
 
 // shard (S) = the sum over ranks of their full[rank * S .. (rank + 1) * S)
 static inline void fsdp_reduce_scatter(FsdpComm *c, float *shard, const float *full, size_t S) {
     FSDP__NCCL(c, ncclReduceScatter(full, shard, S, ncclFloat, ncclSum, c->nccl, c->stream));
 #ifdef USE_MPI
-    fsdp__mpi_reduce_scatter(c, shard, full, S, FSDP_F32);
-#else
+    if (c->size > 1) { fsdp__mpi_reduce_scatter(c, shard, full, S, FSDP_F32); return; }
+#endif
     (void)c;
     if (shard != full) memmove(shard, full, S * sizeof(float));
-#endif
 }
 
 // buf (n) = the sum over ranks of their buf, in place; every rank gets the same bits
@@ -437,7 +458,7 @@ static inline void fsdp_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpDtype t
 static inline void fsdp_broadcast(FsdpComm *c, void *buf, size_t bytes, int root) {
     FSDP__NCCL(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->nccl, c->stream));
 #ifdef USE_MPI
-    for (size_t done = 0; done < bytes;) { // in pieces: MPI counts are ints
+    for (size_t done = 0; c->size > 1 && done < bytes;) { // in pieces: MPI counts are ints
         size_t k = bytes - done < (size_t)1 << 30 ? bytes - done : (size_t)1 << 30;
         MPI_Bcast((char *)buf + done, (int)k, MPI_BYTE, root, c->mpi);
         done += k;
@@ -453,7 +474,7 @@ static inline void fsdp_barrier(FsdpComm *c) {
     if (c->backend == FSDP_BACKEND_NCCL) fsdp_cudaCheck(c, cudaStreamSynchronize(c->stream));
 #endif
 #ifdef USE_MPI
-    MPI_Barrier(c->mpi);
+    if (c->size > 1) MPI_Barrier(c->mpi);
 #else
     (void)c;
 #endif
@@ -464,7 +485,7 @@ static inline void fsdp_barrier(FsdpComm *c) {
 static inline int fsdp_any(FsdpComm *c, int flag) {
     int any = flag != 0;
 #ifdef USE_MPI
-    MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_LOR, c->mpi);
+    if (c->size > 1) MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_LOR, c->mpi);
 #else
     (void)c;
 #endif
@@ -534,6 +555,7 @@ static inline int fsdp_init(Fsdp *f, FsdpStrategy s, int shard_group) {
     }
     if (f->info->shard_over == FSDP_OVER_WORLD) G = W;
     if (f->info->shard_over == FSDP_OVER_NONE) G = 1;
+    if (G == 0 && W == 1) G = 1;
     if (G == 0) { // one group per node; every node must hold as many ranks
 #ifdef USE_MPI
         MPI_Comm node;
@@ -636,6 +658,24 @@ static inline int fsdp_check_model(const FsdpUnits *u, const StModel *sm) {
     return 0;
 }
 
+// A tied model's stored lm_head, if there is one, must equal the embedding (else
+// the run would silently train another model): elements [begin, begin + count)
+// of it against those of the embedding, embed. 0 ok, -1 with a message.
+static inline int fsdp_check_tied_head(StModel *sm, size_t begin, size_t count, const float *embed) {
+    StFile *hf;
+    const StTensor *head = st_model_find(sm, "lm_head.weight", &hf); // its shape: fsdp_check_model
+    if (!head || !count) return 0;
+    float *mine = (float *)mallocCheck(count * sizeof(float));
+    int rc = st_read_f32(hf, head, begin, count, mine);
+    if (rc == 0 && memcmp(mine, embed, count * sizeof(float)) != 0) {
+        fprintf(stderr, "error: %s: tensor 'lm_head.weight' differs from model.embed_tokens.weight but config.json "
+                "says tie_word_embeddings is true\n", hf->path);
+        rc = -1;
+    }
+    free(mine);
+    return rc;
+}
+
 // Reads shard `rank` of every unit (u->n_shards shards) into out (u->shard_numel
 // floats, padding zeroed), converting BF16 and F16 exactly to float. Only the
 // bytes of those elements are read (st_read_f32 reads exactly the elements asked
@@ -657,21 +697,9 @@ static inline int fsdp_load_model(const FsdpUnits *u, StModel *sm, int rank, flo
             if (lo < hi && st_read_f32(f, st, lo - t->offset, hi - lo, dst + (lo - begin)) != 0) return -1;
         }
     }
-    StFile *hf;
-    const StTensor *head = u->tied ? st_model_find(sm, "lm_head.weight", &hf) : NULL;
-    if (head) { // a tied config with a stored head that is not the embedding would silently train another model
-        size_t begin, count = fsdp_shard_range(head->numel, u->n_shards, rank, &begin);
-        float *mine = (float *)mallocCheck(count * sizeof(float));
-        int rc = st_read_f32(hf, head, begin, count, mine);
-        if (rc == 0 && memcmp(mine, out + u->units[0].shard_offset, count * sizeof(float)) != 0) {
-            fprintf(stderr, "error: %s: tensor 'lm_head.weight' differs from model.embed_tokens.weight but config.json "
-                    "says tie_word_embeddings is true\n", hf->path);
-            rc = -1;
-        }
-        free(mine);
-        if (rc) return -1;
-    }
-    return 0;
+    if (!u->tied) return 0;
+    size_t begin, count = fsdp_shard_range(u->units[0].numel, u->n_shards, rank, &begin);
+    return fsdp_check_tied_head(sm, begin, count, out + u->units[0].shard_offset);
 }
 
 // ----------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include "utils.h"
 #include "json.h"
 #include "safetensors.h"
+#include "fsdp.h"
 #include "lora.h"
 #include "progress.h"
 
@@ -177,6 +178,35 @@ static size_t param_layout(const Config *c, ParameterTensors *t, float *base) {
     return off;
 }
 
+// ----------------------------------------------------------------------------
+// units (fsdp.h): the embedding, one per decoder layer, the head. A layer unit
+// holds P_ATTN_NORM .. P_WDOWN in enum order; the head unit the final norm and
+// (untied) lm_head.
+
+#define LAYER_TENSORS (P_WDOWN - P_ATTN_NORM + 1)
+
+static void model_units(const Config *c, FsdpUnits *u, int n_shards) {
+    fsdp_units_llama(u, c->n_layers, c->dim, c->hidden_dim, c->n_heads * c->head_dim, c->n_kv_heads * c->head_dim,
+                     c->vocab_size, c->tied, n_shards);
+}
+
+// where tensor j of unit u starts in the whole model's flat layout (param_layout's):
+// the map between a unit's flat buffer and the whole model's weights, gradients, moments
+static size_t model_tensor_offset(const Config *c, int u, int j) {
+    int p = u == 0 ? P_EMBED : u > c->n_layers ? (j ? P_HEAD : P_NORM) : P_ATTN_NORM + j;
+    size_t off = 0;
+    for (int q = 0; q < p; q++) off += q == P_HEAD && c->tied ? 0 : param_numel(c, q);
+    if (param_per_layer(p)) off += (size_t)(u - 1) * (param_numel(c, p) / c->n_layers);
+    return off;
+}
+
+// one decoder layer's tensors, wherever they are: in the whole model, or in its unit gathered whole
+typedef struct { float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown; } LayerWeights;
+static LayerWeights layer_weights(float *const t[LAYER_TENSORS]) {
+    LayerWeights w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
+    return w;
+}
+
 // the shapes of the seven linear layers peft can adapt, in LORA_* order
 static void lora_shapes(const Config *c, int in[LORA_N_TARGETS], int out[LORA_N_TARGETS]) {
     int D = c->dim, H = c->hidden_dim, Q = c->n_heads * c->head_dim, KV = c->n_kv_heads * c->head_dim;
@@ -192,9 +222,12 @@ static void lora_shapes(const Config *c, int in[LORA_N_TARGETS], int out[LORA_N_
 
 typedef struct {
     Config config;
-    ParameterTensors w;       // base weights (fp32), pointers into params
-    float *params;
-    size_t num_params;
+    ParameterTensors w;       // base weights (fp32), pointers into params: the whole model
+    float *params;            // (NULL when sharded)
+    size_t num_params;        // every base weight (the whole model's, sharded or not)
+    FsdpUnits units;          // the model's units, sharded units.n_shards ways
+    float *shards;            // sharded (units.n_shards > 1): this rank's shard of every unit
+                              // (units.shard_numel, fsdp.h's layout); NULL when whole
     int full_finetune;        // train every weight (else LoRA on frozen weights)
     int use_lora;
     LoRA lora;                // adapters: shapes, targets, dropout flag, params (and grads)
@@ -202,6 +235,8 @@ typedef struct {
 
 static void host_model_free(HostModel *h) {
     free(h->params);
+    free(h->shards);
+    fsdp_units_free(&h->units);
     lora_free(&h->lora); // a zeroed LoRA frees nothing
     memset(h, 0, sizeof *h);
 }
@@ -209,86 +244,65 @@ static void host_model_free(HostModel *h) {
 // ----------------------------------------------------------------------------
 // loading a Hugging Face checkpoint
 
-// config.json and the base weights of a checkpoint folder into h (h->params is
-// allocated only once every tensor checked out; the caller frees it, also after
-// a failure). 0 ok, -1 with a message naming the file.
-static int model_load(HostModel *m, const char *dir) {
+// config.json, and the checkpoint's tensors opened and checked against the
+// model's units (sharded n ways): every tensor present with its shape and a
+// float dtype, nothing beyond them (fsdp_check_model). Reads no weights, so
+// a config.json claiming terabytes allocates nothing. 0 ok, -1 with a message.
+static int model_open(HostModel *m, const char *dir, StModel *sm, int n_shards) {
     if (config_load(&m->config, dir) != 0) return -1;
-    Config *c = &m->config;
+    model_units(&m->config, &m->units, n_shards);
+    m->num_params = m->units.numel;
+    if (st_model_open(sm, dir) != 0) return -1;
+    if (fsdp_check_model(&m->units, sm) == 0) return 0;
+    st_model_close(sm);
+    return -1;
+}
+
+// config.json and the base weights of a checkpoint folder into h, whole: the
+// case of one shard of model_load_shard, in the layout of ParameterTensors.
+// (h->params is allocated only once every tensor checked out; the caller frees
+// h, also after a failure.) 0 ok, -1 with a message naming the file.
+static int model_load(HostModel *m, const char *dir) {
     StModel sm;
-    if (st_model_open(&sm, dir) != 0) return -1;
-    // pass 0 checks every tensor's presence, shape and dtype; only then pass 1
-    // allocates and reads, so a config.json claiming terabytes allocates nothing
-    m->num_params = param_layout(c, &m->w, NULL);
-    float *ptrs[NUM_PARAM_TENSORS];
-    char name[256];
-    int rc = 0;
-    Progress bar;
+    if (model_open(m, dir, &sm, 1) != 0) return -1;
+    const Config *c = &m->config;
+    m->params = (float *)mallocCheck(m->num_params * sizeof(float));
+    param_layout(c, &m->w, m->params);
+    Progress bar = progress_begin(stderr, "loading the weights", m->num_params / 1e6, "M params");
     double loaded = 0; // parameters read so far
-    for (int pass = 0; pass < 2 && rc == 0; pass++) {
-        if (pass == 1) {
-            m->params = (float *)mallocCheck(m->num_params * sizeof(float));
-            param_layout(c, &m->w, m->params);
-            param_tensors(&m->w, ptrs);
-            bar = progress_begin(stderr, "loading the weights", m->num_params / 1e6, "M params");
+    int rc = 0;
+    for (int i = 0; i < m->units.n_units && rc == 0; i++)
+        for (int j = 0; j < m->units.units[i].n_tensors && rc == 0; j++) {
+            const FsdpTensor *t = &m->units.units[i].tensors[j];
+            StFile *f = NULL;
+            const StTensor *st = st_model_find(&sm, t->name, &f); // present: model_open checked
+            rc = st_read_f32(f, st, 0, t->numel, m->params + model_tensor_offset(c, i, j));
+            progress_update(&bar, (loaded += (double)t->numel) / 1e6);
         }
-        for (int p = 0; p < NUM_PARAM_TENSORS && rc == 0; p++) {
-            if (p == P_HEAD && c->tied) continue;
-            int64_t rows, cols;
-            param_shape(c, p, &rows, &cols);
-            int nl = param_per_layer(p) ? c->n_layers : 1;
-            for (int l = 0; l < nl && rc == 0; l++) {
-                param_name(p, l, name, sizeof name);
-                StFile *f;
-                const StTensor *t = st_model_find(&sm, name, &f);
-                int vec = rows == 1;
-                if (!t) {
-                    fprintf(stderr, "error: %s: tensor '%s' is missing from the checkpoint%s\n", dir, name,
-                            p == P_HEAD ? " (config.json says tie_word_embeddings is false)" : "");
-                    rc = -1;
-                } else if (t->ndim != (vec ? 1 : 2) || t->shape[0] != (vec ? cols : rows) || (!vec && t->shape[1] != cols)) {
-                    char got[128], want[64];
-                    st_format_shape(t->shape, t->ndim, got, sizeof got);
-                    if (vec) snprintf(want, sizeof want, "[%lld]", (long long)cols);
-                    else snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
-                    fprintf(stderr, "error: %s: tensor '%s' has shape %s but config.json implies %s\n", f->path, name, got, want);
-                    rc = -1;
-                } else if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) {
-                    fprintf(stderr, "error: %s: tensor '%s' has dtype %s; only F32, BF16 and F16 weights are supported\n",
-                            f->path, name, st_dtype_name(t->dtype));
-                    rc = -1;
-                } else if (pass == 1) {
-                    rc = st_read_f32(f, t, 0, t->numel, ptrs[p] + (size_t)l * rows * cols);
-                    progress_update(&bar, (loaded += (double)rows * cols) / 1e6);
-                }
-            }
-        }
-        if (pass == 1 && rc == 0) progress_end(&bar, m->num_params / 1e6);
-    }
-    // a tied config with a stored head that is not the embedding would silently train another model
-    StFile *hf;
-    const StTensor *ht = c->tied ? st_model_find(&sm, "lm_head.weight", &hf) : NULL;
-    if (ht && rc == 0) {
-        size_t n = (size_t)c->vocab_size * c->dim;
-        float *head = (float *)mallocCheck(n * sizeof(float));
-        if (ht->numel != n || st_read_f32(hf, ht, 0, n, head) != 0 || memcmp(head, m->w.embed, n * sizeof(float)) != 0) {
-            fprintf(stderr, "error: %s: tensor 'lm_head.weight' differs from model.embed_tokens.weight but config.json "
-                    "says tie_word_embeddings is true\n", hf->path);
-            rc = -1;
-        }
-        free(head);
-    }
-    // a checkpoint with more layers than the config does not match it
-    for (int i = 0; i < sm.n_entries && rc == 0; i++) {
-        const char *n = sm.entries[i].name;
-        int layer;
-        if (sscanf(n, "model.layers.%d.", &layer) == 1 && (layer < 0 || layer >= c->n_layers)) {
-            fprintf(stderr, "error: %s: checkpoint has tensor '%s' but config.json says num_hidden_layers = %d\n", dir, n, c->n_layers);
-            rc = -1;
-        }
-    }
+    if (rc == 0) progress_end(&bar, m->num_params / 1e6);
+    if (rc == 0 && c->tied) rc = fsdp_check_tied_head(&sm, 0, m->units.units[0].numel, m->w.embed);
     st_model_close(&sm);
     return rc;
+}
+
+// config.json and shard `rank` of n of every unit of a checkpoint folder into
+// h->shards: only those bytes are read, so no rank ever holds the whole model.
+// 0 ok, -1 with a message naming the file.
+static int model_load_shard(HostModel *m, const char *dir, int rank, int n) {
+    StModel sm;
+    if (model_open(m, dir, &sm, n) != 0) return -1;
+    m->shards = (float *)mallocCheck(m->units.shard_numel * sizeof(float));
+    int rc = fsdp_load_model(&m->units, &sm, rank, m->shards);
+    st_model_close(&sm);
+    return rc;
+}
+
+// unit u, whole (unit, its flat buffer) into the whole model's flat layout dst
+// (weights, gradients or moments: param_layout's order)
+static void model_put_unit(const HostModel *m, int u, const float *unit, float *dst) {
+    const FsdpUnit *un = &m->units.units[u];
+    for (int j = 0; j < un->n_tensors; j++)
+        memcpy(dst + model_tensor_offset(&m->config, u, j), unit + un->tensors[j].offset, un->tensors[j].numel * sizeof(float));
 }
 
 // full fine-tuning output: a Hugging Face folder (config.json and tokenizer.model

@@ -206,8 +206,17 @@ typedef struct {
 // the CPU backend's model (trainer.h lists what every backend's Model holds)
 typedef struct {
     HostModel host;           // config, weights, LoRA: on the CPU the only copy
-    ParameterTensors g;       // gradients of the base weights (full fine-tuning only)
-    float *grads;
+    Fsdp *fsdp;               // the ranks (set by the trainer before model_alloc; NULL: one process)
+    int sharded;              // the base weights are host.shards, sharded over fsdp->shard
+    ParameterTensors g;       // gradients of the base weights (full fine-tuning, whole model)
+    float *grads;             // full fine-tuning: the whole model's gradients (param_layout's order),
+                              // or when sharded this rank's shard of them (host.units.shard_numel)
+    float **slot;             // (n_slots) units gathered whole: two (the embedding's, and one the
+    int *slot_unit;           // others share) when the strategy reshards after the forward, else one
+    int n_slots;              // per unit; slot_unit: the unit each slot holds (-1: none)
+    float *unit_grad[2];      // full fine-tuning, sharded: a unit's gradient whole (the embedding's,
+    int grad_open[2];         // the others'), and the unit it is open for (-1: none)
+    float *grad_part;         // a unit's gradient reduced to this rank's shard
     Activations a;
     int B, T;                 // activation capacity
     int chunk_size;           // C (== T: whole sequence)
@@ -579,6 +588,72 @@ static void swiglu_backward(float *dgate, float *dup, const float *dout, const f
 }
 
 // ----------------------------------------------------------------------------
+// where the base weights are (DESIGN section 5): the whole model in host.params
+// (one process, or a shard group of one: NO_SHARD), or sharded over the shard
+// group, each unit gathered whole into a slot when the forward or backward
+// needs it and resharded (the slot emptied) when the forward-backward ends
+
+static int unit_slot(const Model *m, int u) { return m->n_slots == 2 ? u != 0 : u; }
+
+// unit u's parameters, whole: gathered from the shards unless its slot holds them
+static float *unit_gather(Model *m, int u) {
+    int s = unit_slot(m, u);
+    if (m->slot_unit[s] != u) {
+        fsdp_gather(m->fsdp, &m->host.units.units[u], m->host.shards, m->slot[s]); // collective
+        m->slot_unit[s] = u;
+    }
+    return m->slot[s];
+}
+
+static void units_reshard(Model *m) {
+    for (int s = 0; s < m->n_slots; s++) m->slot_unit[s] = -1;
+}
+
+// tensor j of unit u (fsdp_units_llama's order), where the forward reads it
+static float *param_at(Model *m, int u, int j) {
+    if (!m->sharded) return m->host.params + model_tensor_offset(&m->host.config, u, j);
+    return unit_gather(m, u) + m->host.units.units[u].tensors[j].offset;
+}
+// the output projection: lm_head, or with tied embeddings the embedding
+static float *head_weight(Model *m) {
+    return m->host.config.tied ? param_at(m, 0, 0) : param_at(m, fsdp_head_unit(&m->host.units), 1);
+}
+static LayerWeights layer_params(Model *m, int l) {
+    float *t[LAYER_TENSORS];
+    for (int j = 0; j < LAYER_TENSORS; j++) t[j] = param_at(m, fsdp_layer_unit(l), j);
+    return layer_weights(t);
+}
+
+// Full fine-tuning's gradients. Whole: added straight into m->grads over the
+// step's chunks and micro-batches. Sharded: a unit's backward adds into the
+// unit's gradient, whole, zeroed when it opens; grads_done then reduce-scatters
+// it over the shard group and adds this rank's shard into m->grads. (Tied
+// embeddings: the embedding's stays open from the head to the embedding's backward.)
+static float *grad_at(Model *m, int u, int j) {
+    if (!m->sharded) return m->grads + model_tensor_offset(&m->host.config, u, j);
+    const FsdpUnit *un = &m->host.units.units[u];
+    int b = u != 0;
+    if (m->grad_open[b] != u) {
+        memset(m->unit_grad[b], 0, (size_t)m->fsdp->shard.size * un->shard * sizeof(float)); // the padding too
+        m->grad_open[b] = u;
+    }
+    return m->unit_grad[b] + un->tensors[j].offset;
+}
+static void grads_done(Model *m, int u) {
+    if (!m->sharded) return;
+    const FsdpUnit *un = &m->host.units.units[u];
+    fsdp_reduce_scatter(&m->fsdp->shard, m->grad_part, m->unit_grad[u != 0], un->shard); // collective
+    float *mine = m->grads + un->shard_offset;
+    for (size_t i = 0; i < un->shard; i++) mine[i] += m->grad_part[i];
+    m->grad_open[u != 0] = -1;
+}
+static LayerWeights layer_grads(Model *m, int l) {
+    float *t[LAYER_TENSORS];
+    for (int j = 0; j < LAYER_TENSORS; j++) t[j] = grad_at(m, fsdp_layer_unit(l), j);
+    return layer_weights(t);
+}
+
+// ----------------------------------------------------------------------------
 // building the model's buffers
 
 // lays out one chunk's activations from base (or only counts them when base is
@@ -599,6 +674,34 @@ static size_t chunk_acts_layout(const Config *c, int B, int C, int r, ChunkActs 
 }
 
 static void *alloc_counted(size_t bytes, size_t *total) { *total += bytes; return mallocCheck(bytes); }
+
+// The sharded model's buffers: the slots that hold gathered units (a slot as
+// big as the biggest unit it holds), and for full fine-tuning a unit's gradient
+// whole (the embedding's, the others') and this rank's shard of every gradient.
+static void model_alloc_sharded(Model *m) {
+    const FsdpUnits *u = &m->host.units;
+    size_t G = (size_t)m->fsdp->shard.size, widest = 0;
+    m->n_slots = m->fsdp->info->reshard_after_forward ? 2 : u->n_units;
+    m->slot = (float **)callocCheck(m->n_slots, sizeof(float *));
+    m->slot_unit = (int *)mallocCheck(m->n_slots * sizeof(int));
+    size_t *need = (size_t *)callocCheck(m->n_slots, sizeof(size_t)), grad[2] = {0, 0};
+    for (int i = 0; i < u->n_units; i++) {
+        size_t whole = G * u->units[i].shard, s = unit_slot(m, i); // padding included
+        need[s] = whole > need[s] ? whole : need[s];
+        grad[i != 0] = whole > grad[i != 0] ? whole : grad[i != 0];
+        widest = u->units[i].shard > widest ? u->units[i].shard : widest;
+    }
+    for (int s = 0; s < m->n_slots; s++) m->slot[s] = (float *)alloc_counted(need[s] * sizeof(float), &m->weight_bytes);
+    free(need);
+    units_reshard(m);
+    if (!m->host.full_finetune) return;
+    for (int b = 0; b < 2; b++) {
+        m->unit_grad[b] = (float *)alloc_counted(grad[b] * sizeof(float), &m->param_bytes);
+        m->grad_open[b] = -1;
+    }
+    m->grad_part = (float *)alloc_counted(widest * sizeof(float), &m->param_bytes);
+    m->grads = (float *)callocCheck(u->shard_numel, sizeof(float));
+}
 
 // Buffers for micro-batches of up to B rows of T tokens, run in chunks of C
 // positions (C = 0: T); recompute selects the memory mode.
@@ -640,15 +743,18 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
     m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
     rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
-    if (m->host.full_finetune) {
-        m->grads = (float *)callocCheck(m->host.num_params, sizeof(float));
-        param_layout(c, &m->g, m->grads);
-    }
     // fp32 weights; the trainable ones have a gradient and two moments (optimizer_init), and
     // LoRA's live apart from the base weights
-    size_t n = m->host.use_lora ? m->host.lora.num_params : m->host.num_params;
-    m->weight_bytes = m->host.num_params * sizeof(float);
-    m->param_bytes = n * sizeof(float) * (m->host.use_lora ? 4 : 3);
+    m->weight_bytes = m->param_bytes = 0;
+    m->sharded = m->host.shards != NULL;
+    size_t n = m->host.use_lora ? m->host.lora.num_params : m->sharded ? m->host.units.shard_numel : m->host.num_params;
+    if (m->sharded) model_alloc_sharded(m);
+    else if (m->host.full_finetune) {
+        m->grads = (float *)callocCheck(n, sizeof(float));
+        param_layout(c, &m->g, m->grads);
+    }
+    m->weight_bytes += (m->sharded ? m->host.units.shard_numel : m->host.num_params) * sizeof(float);
+    m->param_bytes += n * sizeof(float) * (m->host.use_lora ? 4 : 3);
 }
 
 // frees what model_alloc made and the host model; safe on a zeroed Model and
@@ -657,8 +763,10 @@ static void model_free(Model *m) {
     Activations *a = &m->a;
     void *bufs[] = {a->chunk ? a->chunk[0].resid : NULL, a->chunk, a->k, a->v, a->dk, a->dv, a->tokens, a->lnf, a->rstdf, a->logits,
                     a->kv, a->dresid, a->dln, a->dq, a->datty, a->dgate, a->dup, a->dhmlp, a->lora_dh, a->xdrop,
-                    m->rope_cos, m->rope_sin, m->grads};
+                    m->rope_cos, m->rope_sin, m->grads, m->unit_grad[0], m->unit_grad[1], m->grad_part, m->slot_unit};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    for (int s = 0; s < m->n_slots; s++) free(m->slot[s]);
+    free(m->slot);
     host_model_free(&m->host);
     memset(m, 0, sizeof *m);
 }
@@ -715,30 +823,30 @@ static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk
     int N = ch->B * ch->len, D = c->dim, H = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * H;
     size_t carry = (size_t)ch->B * ch->T * KV;
-    ParameterTensors *w = &m->host.w;
     chunk_tokens(a->tokens, tokens, ch);
-    embedding_forward(s->resid, a->tokens, w->embed, N, D);
+    embedding_forward(s->resid, a->tokens, param_at(m, 0, 0), N, D);
     for (int l = 0; l < c->n_layers; l++) {
+        LayerWeights w = layer_params(m, l);
         float *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
         float *atty = LAYER(s->atty, l, N * Q), *mid = LAYER(s->resid_mid, l, ND), *ln2 = LAYER(s->ln2, l, ND);
         float *gate = LAYER(s->gate, l, NHd), *up = LAYER(s->up, l, NHd), *hm = LAYER(s->hmlp, l, NHd);
         float *out = LAYER(s->resid, l + 1, ND), *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
-        rmsnorm_forward(ln1, LAYER(s->rstd1, l, N), x, LAYER(w->attn_norm, l, D), N, D, c->norm_eps);
-        linear_forward(m, s, ch, l, LORA_Q, q, ln1, LAYER(w->wq, l, Q * D));
+        rmsnorm_forward(ln1, LAYER(s->rstd1, l, N), x, w.attn_norm, N, D, c->norm_eps);
+        linear_forward(m, s, ch, l, LORA_Q, q, ln1, w.wq);
         rope_forward(q, m->rope_cos, m->rope_sin, ch, NH, hd, 0);
-        linear_forward(m, s, ch, l, LORA_K, a->kv, ln1, LAYER(w->wk, l, KV * D));
+        linear_forward(m, s, ch, l, LORA_K, a->kv, ln1, w.wk);
         rope_forward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd, 0);
         carry_copy(kc, a->kv, ch, KV, 1);
-        linear_forward(m, s, ch, l, LORA_V, a->kv, ln1, LAYER(w->wv, l, KV * D));
+        linear_forward(m, s, ch, l, LORA_V, a->kv, ln1, w.wv);
         carry_copy(vc, a->kv, ch, KV, 1);
         attention_forward(atty, LAYER(s->lse, l, (size_t)N * NH), q, kc, vc, ch, NH, NKV, hd);
-        linear_forward(m, s, ch, l, LORA_O, mid, atty, LAYER(w->wo, l, D * Q));
+        linear_forward(m, s, ch, l, LORA_O, mid, atty, w.wo);
         for (size_t i = 0; i < ND; i++) mid[i] += x[i];
-        rmsnorm_forward(ln2, LAYER(s->rstd2, l, N), mid, LAYER(w->mlp_norm, l, D), N, D, c->norm_eps);
-        linear_forward(m, s, ch, l, LORA_GATE, gate, ln2, LAYER(w->wgate, l, (size_t)H * D));
-        linear_forward(m, s, ch, l, LORA_UP, up, ln2, LAYER(w->wup, l, (size_t)H * D));
+        rmsnorm_forward(ln2, LAYER(s->rstd2, l, N), mid, w.mlp_norm, N, D, c->norm_eps);
+        linear_forward(m, s, ch, l, LORA_GATE, gate, ln2, w.wgate);
+        linear_forward(m, s, ch, l, LORA_UP, up, ln2, w.wup);
         swiglu_forward(hm, gate, up, NHd);
-        linear_forward(m, s, ch, l, LORA_DOWN, out, hm, LAYER(w->wdown, l, (size_t)D * H));
+        linear_forward(m, s, ch, l, LORA_DOWN, out, hm, w.wdown);
         for (size_t i = 0; i < ND; i++) out[i] += mid[i];
     }
 }
@@ -757,7 +865,10 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
     int N = ch->B * ch->len, D = c->dim, V = c->vocab_size;
     int piece = (ch->len + m->num_output_chunks - 1) / m->num_output_chunks;
     const float *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
-    rmsnorm_forward(a->lnf, a->rstdf, xL, m->host.w.norm, N, D, c->norm_eps);
+    int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
+    float *norm = param_at(m, hu, 0), *head = head_weight(m);
+    float *dnorm = full ? grad_at(m, hu, 0) : NULL, *dhead = full ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : NULL;
+    rmsnorm_forward(a->lnf, a->rstdf, xL, norm, N, D, c->norm_eps);
     if (grad_scale != 0.0f) memset(a->dln, 0, (size_t)N * D * sizeof(float));
     double loss = 0;
     for (int b = 0; b < ch->B; b++)
@@ -766,16 +877,17 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
             size_t row = (size_t)b * ch->len + p0, pos = (size_t)b * ch->T + ch->t0 + p0; // in the chunk, in the batch
             const float *xf = a->lnf + row * D;
             float *lg = a->logits; // (n, V)
-            matmul_forward(lg, xf, m->host.w.head, n, D, V, 1.0f, 0);
+            matmul_forward(lg, xf, head, n, D, V, 1.0f, 0);
             if (logits_out) memcpy(logits_out + pos * V, lg, (size_t)n * V * sizeof(float));
             loss += crossentropy_forward_backward(lg, targets + pos, n, V, grad_scale);
             if (grad_scale != 0.0f)
-                matmul_backward(a->dln + row * D, m->host.full_finetune ? m->g.head : NULL, lg, xf, m->host.w.head, n, D, V, 1.0f);
+                matmul_backward(a->dln + row * D, dhead, lg, xf, head, n, D, V, 1.0f);
         }
     if (grad_scale != 0.0f) {
         memset(a->dresid, 0, (size_t)N * D * sizeof(float));
-        rmsnorm_backward(a->dresid, m->host.full_finetune ? m->g.norm : NULL, a->dln, xL, m->host.w.norm, a->rstdf, N, D);
+        rmsnorm_backward(a->dresid, dnorm, a->dln, xL, norm, a->rstdf, N, D);
     }
+    if (full) grads_done(m, hu); // tied: the embedding's gradient stays open for the embedding's backward
     return loss;
 }
 
@@ -790,8 +902,9 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * H;
     size_t carry = (size_t)ch->B * ch->T * KV;
     int full = m->host.full_finetune;
-    ParameterTensors *g = &m->g, *w = &m->host.w;
     for (int l = c->n_layers - 1; l >= 0; l--) {
+        LayerWeights w = layer_params(m, l), g = {0};
+        if (full) g = layer_grads(m, l);
         float *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
         float *atty = LAYER(s->atty, l, N * Q), *mid = LAYER(s->resid_mid, l, ND), *ln2 = LAYER(s->ln2, l, ND);
         float *gate = LAYER(s->gate, l, NHd), *up = LAYER(s->up, l, NHd), *hm = LAYER(s->hmlp, l, NHd);
@@ -799,38 +912,31 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         float *dkc = LAYER(a->dk, l, carry), *dvc = LAYER(a->dv, l, carry);
         // MLP block; the residual passes dresid through unchanged
         memset(a->dhmlp, 0, NHd * sizeof(float));
-        linear_backward(m, s, ch, l, LORA_DOWN, a->dhmlp, full ? LAYER(g->wdown, l, (size_t)D * H) : NULL, a->dresid,
-                        hm, LAYER(w->wdown, l, (size_t)D * H));
+        linear_backward(m, s, ch, l, LORA_DOWN, a->dhmlp, g.wdown, a->dresid, hm, w.wdown);
         swiglu_backward(a->dgate, a->dup, a->dhmlp, gate, up, NHd);
         memset(a->dln, 0, ND * sizeof(float));
-        linear_backward(m, s, ch, l, LORA_GATE, a->dln, full ? LAYER(g->wgate, l, (size_t)H * D) : NULL, a->dgate,
-                        ln2, LAYER(w->wgate, l, (size_t)H * D));
-        linear_backward(m, s, ch, l, LORA_UP, a->dln, full ? LAYER(g->wup, l, (size_t)H * D) : NULL, a->dup, ln2,
-                        LAYER(w->wup, l, (size_t)H * D));
-        rmsnorm_backward(a->dresid, full ? LAYER(g->mlp_norm, l, D) : NULL, a->dln, mid, LAYER(w->mlp_norm, l, D),
-                         LAYER(s->rstd2, l, N), N, D);
+        linear_backward(m, s, ch, l, LORA_GATE, a->dln, g.wgate, a->dgate, ln2, w.wgate);
+        linear_backward(m, s, ch, l, LORA_UP, a->dln, g.wup, a->dup, ln2, w.wup);
+        rmsnorm_backward(a->dresid, g.mlp_norm, a->dln, mid, w.mlp_norm, LAYER(s->rstd2, l, N), N, D);
         // attention block
         memset(a->datty, 0, (size_t)N * Q * sizeof(float));
-        linear_backward(m, s, ch, l, LORA_O, a->datty, full ? LAYER(g->wo, l, D * Q) : NULL, a->dresid, atty,
-                        LAYER(w->wo, l, D * Q));
+        linear_backward(m, s, ch, l, LORA_O, a->datty, g.wo, a->dresid, atty, w.wo);
         attention_backward(a->dq, dkc, dvc, a->datty, atty, LAYER(s->lse, l, (size_t)N * NH), q, kc, vc, ch, NH, NKV, hd);
         rope_backward(a->dq, m->rope_cos, m->rope_sin, ch, NH, hd);
         memset(a->dln, 0, ND * sizeof(float));
-        linear_backward(m, s, ch, l, LORA_Q, a->dln, full ? LAYER(g->wq, l, Q * D) : NULL, a->dq, ln1,
-                        LAYER(w->wq, l, Q * D));
+        linear_backward(m, s, ch, l, LORA_Q, a->dln, g.wq, a->dq, ln1, w.wq);
         carry_copy(dkc, a->kv, ch, KV, -1);
         rope_backward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd);
-        linear_backward(m, s, ch, l, LORA_K, a->dln, full ? LAYER(g->wk, l, KV * D) : NULL, a->kv, ln1,
-                        LAYER(w->wk, l, KV * D));
+        linear_backward(m, s, ch, l, LORA_K, a->dln, g.wk, a->kv, ln1, w.wk);
         carry_copy(dvc, a->kv, ch, KV, -1);
-        linear_backward(m, s, ch, l, LORA_V, a->dln, full ? LAYER(g->wv, l, KV * D) : NULL, a->kv, ln1,
-                        LAYER(w->wv, l, KV * D));
-        rmsnorm_backward(a->dresid, full ? LAYER(g->attn_norm, l, D) : NULL, a->dln, x, LAYER(w->attn_norm, l, D),
-                         LAYER(s->rstd1, l, N), N, D);
+        linear_backward(m, s, ch, l, LORA_V, a->dln, g.wv, a->kv, ln1, w.wv);
+        rmsnorm_backward(a->dresid, g.attn_norm, a->dln, x, w.attn_norm, LAYER(s->rstd1, l, N), N, D);
+        if (full) grads_done(m, fsdp_layer_unit(l));
     }
     if (full) {
         chunk_tokens(a->tokens, tokens, ch);
-        embedding_backward(g->embed, a->dresid, a->tokens, N, D);
+        embedding_backward(grad_at(m, 0, 0), a->dresid, a->tokens, N, D);
+        grads_done(m, 0);
     }
 }
 
@@ -857,6 +963,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
         chunk_forward(m, &m->a.chunk[0], tokens, &ch);
         loss += chunk_head(m, &m->a.chunk[0], targets, &ch, 0.0f, logits_out);
     }
+    units_reshard(m);
     return loss;
 }
 
@@ -884,6 +991,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         loss += chunk_head(m, s, targets, &ch, grad_scale, NULL);
         chunk_backward(m, s, tokens, &ch);
     }
+    units_reshard(m);
     return loss;
 }
 
@@ -898,8 +1006,9 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
     Activations *a = &m->a;
     chunk_forward(m, &a->chunk[0], seq, ch);
     const float *x = LAYER(a->chunk[0].resid, c->n_layers, (size_t)ch->len * c->dim) + (size_t)(ch->len - 1) * c->dim;
-    rmsnorm_forward(a->lnf, a->rstdf, x, m->host.w.norm, 1, c->dim, c->norm_eps);
-    matmul_forward(a->logits, a->lnf, m->host.w.head, 1, c->dim, c->vocab_size, 1.0f, 0);
+    rmsnorm_forward(a->lnf, a->rstdf, x, param_at(m, fsdp_head_unit(&m->host.units), 0), 1, c->dim, c->norm_eps);
+    matmul_forward(a->logits, a->lnf, head_weight(m), 1, c->dim, c->vocab_size, 1.0f, 0);
+    units_reshard(m);
     return a->logits;
 }
 
@@ -907,10 +1016,12 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 // optimizer: AdamW as torch.optim.AdamW, clipping as torch.nn.utils.clip_grad_norm_
 
 typedef struct {
-    float *params, *grads;  // the trainable parameters, flat
+    float *params, *grads;  // the trainable parameters, flat (sharded: this rank's shard of them)
     size_t n;
     float *m, *v;           // AdamW moments
     int t;                  // optimizer steps taken
+    FsdpComm *grad_sum;     // the ranks whose gradients of these parameters are summed before the step
+    FsdpComm *norm_sum;     // the ranks whose squared norms make up the global norm (NULL: this rank's is)
 } Optimizer;
 
 // p -= lr * wd * p; then the bias-corrected Adam step (torch's decoupled weight decay)
@@ -928,12 +1039,13 @@ static void adamw_update(Optimizer *o, float lr, float beta1, float beta2, float
     }
 }
 
-static double grad_norm(const float *g, size_t n) {
+static double grad_sumsq(const float *g, size_t n) {
     double s = 0;
     #pragma omp parallel for reduction(+ : s)
     for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
-    return sqrt(s);
+    return s;
 }
+static double grad_norm(const float *g, size_t n) { return sqrt(grad_sumsq(g, n)); }
 
 // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1
 static void clip_grads(float *g, size_t n, double norm, float max_norm) {
@@ -943,13 +1055,22 @@ static void clip_grads(float *g, size_t n, double norm, float max_norm) {
     for (size_t i = 0; i < n; i++) g[i] = (float)(g[i] * coef);
 }
 
+// The trainable parameters: LoRA's (every rank holds them whole), or every base
+// weight, whole or this rank's shard. Replicated parameters sum their gradients
+// over every rank; shards over the ranks that hold the same shard (the replica
+// group), and their norm over the shard group.
 static void optimizer_init(Optimizer *o, Model *m) {
     memset(o, 0, sizeof *o);
-    o->params = m->host.use_lora ? m->host.lora.params : m->host.params;
+    int shard = m->sharded && !m->host.use_lora;
+    o->params = m->host.use_lora ? m->host.lora.params : shard ? m->host.shards : m->host.params;
     o->grads = m->host.use_lora ? m->host.lora.grads : m->grads;
-    o->n = m->host.use_lora ? m->host.lora.num_params : m->host.num_params;
+    o->n = m->host.use_lora ? m->host.lora.num_params : shard ? m->host.units.shard_numel : m->host.num_params;
     o->m = (float *)callocCheck(o->n, sizeof(float));
     o->v = (float *)callocCheck(o->n, sizeof(float));
+    if (m->fsdp) {
+        o->grad_sum = shard ? &m->fsdp->replica : &m->fsdp->world;
+        o->norm_sum = shard ? &m->fsdp->shard : NULL;
+    }
 }
 
 static void optimizer_free(Optimizer *o) { free(o->m); free(o->v); memset(o, 0, sizeof *o); }
@@ -959,7 +1080,10 @@ static void optimizer_zero_grad(Optimizer *o) { memset(o->grads, 0, o->n * sizeo
 // the global gradient norm (returned, before clipping), clipping, then AdamW
 static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay,
                              float grad_clip) {
-    double norm = grad_norm(o->grads, o->n);
+    if (o->grad_sum) fsdp_all_reduce(o->grad_sum, o->grads, o->n, FSDP_F32);
+    double sumsq = grad_sumsq(o->grads, o->n);
+    if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
+    double norm = sqrt(sumsq);
     clip_grads(o->grads, o->n, norm, grad_clip);
     adamw_update(o, lr, beta1, beta2, eps, weight_decay);
     return norm;

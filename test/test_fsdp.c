@@ -36,11 +36,6 @@ static void check_all(int cond, const char *what, const char *fmt, ...) {
     else if (bad) test_failed++;
 }
 
-static void units_of(FsdpUnits *u, const Config *c, int n) {
-    fsdp_units_llama(u, c->n_layers, c->dim, c->hidden_dim, c->n_heads * c->head_dim, c->n_kv_heads * c->head_dim,
-                     c->vocab_size, c->tied, n);
-}
-
 // the trainer's copy of a tensor (model_load's layout: all layers of a kind together), and its numel
 static const float *trainer_tensor(const HostModel *m, const char *name, size_t *numel) {
     float *ptrs[NUM_PARAM_TENSORS];
@@ -98,7 +93,7 @@ static void test_units(const char *dir) {
     HostModel m = {0};
     if (model_load(&m, dir) != 0) { CHECK(0, "units: model_load", "%s", dir); return; }
     FsdpUnits u;
-    units_of(&u, &m.config, 3);
+    model_units(&m.config, &u, 3);
     char what[300], name[256];
     int missing = 0, count = 0;
     for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
@@ -197,7 +192,7 @@ static void test_load(const char *dir) {
     char what[300];
     for (int n = 1; n <= 5; n++) {
         FsdpUnits u;
-        units_of(&u, &m.config, n);
+        model_units(&m.config, &u, n);
         StModel sm;
         if (st_model_open(&sm, dir) != 0) exit(2);
         float *shards = (float *)mallocCheck((size_t)n * u.shard_numel * sizeof(float)); // rank r's at r * shard_numel
@@ -296,7 +291,7 @@ static void test_load_refusals(void) {
     copy_model(models[0], dir, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
     c.tied = 1;
     FsdpUnits u;
-    units_of(&u, &c, 2);
+    model_units(&c, &u, 2);
     float *out = (float *)mallocCheck(u.shard_numel * sizeof(float));
     FsdpBuffer b = {"params", out};
     int refused = 0;
@@ -310,7 +305,7 @@ static void test_load_refusals(void) {
     snprintf(dir, sizeof dir, "%s/more_layers", tmpdir);
     copy_model(models[0], dir, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
     if (config_load(&c, dir) != 0) exit(2);
-    units_of(&u, &c, 2);
+    model_units(&c, &u, 2);
     b.data = (float *)reallocCheck(out, u.shard_numel * sizeof(float));
     LoadArgs a = {dir, &u, &b, 1, 1, ""};
     int rc = capture(load_model_args, &a, msg, sizeof msg);
@@ -356,7 +351,7 @@ static int ckpt_matches(const char *dir, const FsdpUnits *u, int rank, const cha
 // every rank of n writes its shard, then the index: what fsdp_save does over n processes
 static void save_all_ranks(const char *dir, const Config *c, int n, const char *fp) {
     FsdpUnits u;
-    units_of(&u, c, n);
+    model_units(c, &u, n);
     mkdir_p(dir);
     for (int r = 0; r < n; r++) {
         FsdpBuffer bufs[NBUF];
@@ -373,14 +368,14 @@ static void test_checkpoints(void) {
     if (config_load(&c, models[0]) != 0) exit(2);
     FsdpUnits u;
     char fp[17], dir[300], what[200];
-    units_of(&u, &c, 1);
+    model_units(&c, &u, 1);
     fsdp_fingerprint(&u, "", fp);
     fsdp_units_free(&u);
     for (int saved = 1; saved <= 4; saved++) {
         snprintf(dir, sizeof dir, "%s/ckpt%d", tmpdir, saved);
         save_all_ranks(dir, &c, saved, fp);
         for (int n = 1; n <= 4; n++) {
-            units_of(&u, &c, n);
+            model_units(&c, &u, n);
             int ok = 1;
             for (int r = 0; r < n; r++) ok &= ckpt_matches(dir, &u, r, fp);
             snprintf(what, sizeof what, "checkpoint saved at n = %d, loaded at n = %d: every rank's buffers bit-identical", saved, n);
@@ -392,7 +387,7 @@ static void test_checkpoints(void) {
     char ref[300], msg[4096];
     snprintf(ref, sizeof ref, "%s/ckpt3", tmpdir);
     snprintf(dir, sizeof dir, "%s/bad", tmpdir);
-    units_of(&u, &c, 2);
+    model_units(&c, &u, 2);
     FsdpBuffer bufs[NBUF];
     fill_buffers(&u, 1, bufs);
     LoadArgs a = {dir, &u, bufs, NBUF, 1, fp};
@@ -421,7 +416,7 @@ static void test_checkpoints(void) {
     FsdpUnits other;
     Config oc;
     if (config_load(&oc, models[1]) != 0) exit(2);
-    units_of(&other, &oc, 2);
+    model_units(&oc, &other, 2);
     char ofp[17], xfp[17];
     fsdp_fingerprint(&other, "", ofp);
     FsdpBuffer obufs[NBUF];
@@ -566,7 +561,7 @@ static void test_load_distributed(const char *dir) {
     HostModel m = {0};
     if (model_load(&m, dir) != 0) exit(2);
     FsdpUnits u;
-    units_of(&u, &m.config, world.size);
+    model_units(&m.config, &u, world.size);
     StModel sm;
     if (st_model_open(&sm, dir) != 0) exit(2);
     float *shards = (float *)mallocCheck(u.shard_numel * sizeof(float));
@@ -601,7 +596,7 @@ static int save_collective(Fsdp *f, const char *out_dir, const FsdpUnits *u, Fsd
 static void ckpt_units(FsdpUnits *u, int n, char fp[17]) {
     Config c;
     if (config_load(&c, models[0]) != 0) exit(2);
-    units_of(u, &c, n);
+    model_units(&c, u, n);
     fsdp_fingerprint(u, "", fp);
 }
 
