@@ -137,10 +137,10 @@ cuda-compile-check: cuda
 
 # (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out)
 RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
-test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp
+test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh $(RUN_TESTS) \
-	    test/test_fsdp.sh test/test_cli.sh test/test_resume.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh)
+	    test/test_fsdp.sh test/test_sharded.sh test/test_cli.sh test/test_resume.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh)
 
 # libFuzzer builds: clang with -fsanitize=fuzzer (Debian: clang and libclang-rt-14-dev)
 FUZZ_CC ?= clang
@@ -158,6 +158,6 @@ run: train_llama2
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} ./train_llama2
 
 clean:
-	rm -f train_llama2 train_llama2cu $(TESTS) test/test_fsdp dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
+	rm -f train_llama2 train_llama2cu $(TESTS) test/test_fsdp test/st_compare dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
 	    test/test_llama2cu test/cpu_twin.o dev/cuda/fsdp_nccl dev/bench_fsdp
 	rm -rf build-san build-fuzz build-vg

@@ -115,6 +115,16 @@ typedef struct { int B, T, t0, len; } Chunk;
 // the dropout mask's key for one module of one layer, from the micro-batch's key
 static uint64_t lora_dropout_key(uint64_t key, int layer, int t) { return splitmix64(key ^ (uint64_t)(layer * LORA_N_TARGETS + t + 1)); }
 
+// The chunk as the dropout masks see it. Masks are drawn per position of the
+// global micro-batch (every rank's rows), so that any number of ranks drops what
+// one process would: this rank's rows start at row row0 of it (the rows of the
+// ranks before it come first), row0 * T positions further on.
+static Chunk lora_dropout_chunk(const Chunk *ch, int row0) {
+    Chunk d = *ch;
+    d.t0 += row0 * ch->T;
+    return d;
+}
+
 #ifndef __CUDACC__ // the CPU's pieces; lora.cuh has the GPU's
 // dropout as torch's nn.Dropout: zero with probability p, scale survivors by 1/(1-p).
 // The mask is a hash of (key, absolute position, feature), so forward and backward

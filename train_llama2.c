@@ -227,6 +227,7 @@ typedef struct {
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
     float *rope_cos, *rope_sin; // (T, hd/2)
     uint64_t dropout_key;     // set per micro-batch by the training loop
+    int row0;                 // set by the trainer: this rank's first row in the global micro-batch
 } Model;
 
 // ----------------------------------------------------------------------------
@@ -783,7 +784,8 @@ static void linear_forward(Model *m, ChunkActs *s, const Chunk *ch, int layer, i
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
     if (m->host.use_lora && (l->targets & (1u << t))) {
         float *h = s->lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
-        lora_forward(l, layer, t, out, inp, h, m->a.xdrop, ch, m->dropout_key);
+        Chunk dc = lora_dropout_chunk(ch, m->row0);
+        lora_forward(l, layer, t, out, inp, h, m->a.xdrop, &dc, m->dropout_key);
     }
 }
 // dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
@@ -795,7 +797,8 @@ static void linear_backward(Model *m, ChunkActs *s, const Chunk *ch, int layer, 
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
     if (m->host.use_lora && (l->targets & (1u << t))) {
         const float *h = s->lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
-        lora_backward(l, layer, t, dinp, dout, inp, h, m->a.lora_dh, m->a.xdrop, ch, m->dropout_key);
+        Chunk dc = lora_dropout_chunk(ch, m->row0);
+        lora_backward(l, layer, t, dinp, dout, inp, h, m->a.lora_dh, m->a.xdrop, &dc, m->dropout_key);
     }
 }
 
@@ -1102,6 +1105,7 @@ static double model_peak_mb(Model *m) {
 }
 static const char *const backend_memory = "resident memory";
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
+static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

@@ -132,6 +132,8 @@ typedef struct {
     void *alloc[4];           // the four allocations behind them
     double peak_mb;           // the most device memory seen in use (model_peak_mb)
     uint64_t dropout_key;     // set per micro-batch by the training loop
+    int row0;                 // set by the trainer: this rank's first row in the global micro-batch
+    Fsdp *fsdp;               // set by the trainer (this backend runs one process: backend_sharding)
     cudaStream_t stream;      // everything runs on this one stream, in order
 } Model;
 
@@ -301,7 +303,8 @@ void linear_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int layer, 
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0, m->stream);
     if (m->host.use_lora && (l->targets & (1u << t))) {
         floatX *h = s->lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
-        lora_forward(l, d.lora_w, layer, t, out, inp, h, d.xdrop, ch, m->dropout_key, m->stream);
+        Chunk dc = lora_dropout_chunk(ch, m->row0);
+        lora_forward(l, d.lora_w, layer, t, out, inp, h, d.xdrop, &dc, m->dropout_key, m->stream);
     }
 }
 // dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
@@ -315,7 +318,8 @@ void linear_backward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int layer,
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f, m->stream);
     if (m->host.use_lora && (l->targets & (1u << t))) {
         const floatX *h = s->lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
-        lora_backward(l, d.lora_w, m->grads, layer, t, dinp, dout, inp, h, d.lora_dh, d.xdrop, ch, m->dropout_key,
+        Chunk dc = lora_dropout_chunk(ch, m->row0);
+        lora_backward(l, d.lora_w, m->grads, layer, t, dinp, dout, inp, h, d.lora_dh, d.xdrop, &dc, m->dropout_key,
                       m->stream);
     }
 }
@@ -646,6 +650,7 @@ static double model_peak_mb(Model *m) {
 }
 static const char *const backend_memory = "GPU memory";
 static const char *const backend_precisions[] = {"bf16", "fp32"};
+static const int backend_sharding = 0; // one process (one GPU) for now: NCCL sharding comes next
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

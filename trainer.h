@@ -21,6 +21,15 @@
 //       size_t act_bytes;      bytes of activations and scratch           } memory plan
 //       size_t carry_bytes;    bytes of the KV and dKV carries            }
 //       uint64_t dropout_key;  set by the trainer before each model_forward_backward
+//       int row0;              set by the trainer: this rank's first row in the global
+//                              micro-batch (LoRA dropout: lora_dropout_chunk)
+//       Fsdp *fsdp;            set by the trainer before model_alloc: the ranks and the
+//                              sharding strategy; m->host.shards (rather than
+//                              m->host.params) means the base weights are sharded
+//   static const int backend_sharding;  1: the backend runs any number of ranks (a
+//                              sharded host model, the collectives in its forward and
+//                              backward, the gradient sums in optimizer_step); 0: one
+//                              process only
 //   static const char *const backend_precisions[];  the --precision values it runs,
 //                              its default first
 //   static const char *const backend_memory;        where the memory plan's memory
@@ -55,8 +64,8 @@
 //       the global gradient norm (returned, before clipping), clipping as
 //       torch.nn.utils.clip_grad_norm_ (grad_clip 0: off), then one AdamW step
 //   void model_sync_host(Model *m, Optimizer *o);
-//       before a save: the trainable weights into m->host, the moments into
-//       o->m, o->v (the CPU backend: nothing to do)
+//       before a save: the trainable weights into m->host (sharded: host.shards),
+//       the moments into o->m, o->v (the CPU backend: nothing to do)
 //   void optimizer_sync_device(Optimizer *o);
 //       after a checkpoint's moments and t were read into o (the CPU: nothing)
 //
@@ -121,6 +130,8 @@ typedef struct {
     int dry_run, merge_adapter;
     float peak_tflops;
     const char *precision;
+    const char *sharding_strategy, *export_hf;
+    int shard_group;
 } TrainConfig;
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG, OPT_LIST };
@@ -178,6 +189,9 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
     {"top_p", OPT_FLOAT, &(tc)->top_p, "0.9", "nucleus sampling: draw from the smallest set of tokens with this much probability", 0, 1}, \
+    {"sharding_strategy", OPT_STR, &(tc)->sharding_strategy, "FULL_SHARD", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD: how the ranks of mpirun -np W share the model (one process: no effect)", 0, 0}, \
+    {"shard_group", OPT_INT, &(tc)->shard_group, "0", "HYBRID_SHARD: ranks per shard group, a divisor of the world size (0: the ranks of one node)", 0, 1 << 20}, \
+    {"export_hf", OPT_STR, &(tc)->export_hf, "", "with --resume: write that checkpoint as a Hugging Face model (full fine-tuning) or PEFT adapter (LoRA) into this folder, then exit", 0, 0}, \
     {"precision", OPT_STR, &(tc)->precision, backend_precisions[0], "bf16 | fp32: how weights and activations are stored (fp32: all of it, e.g. to compare with the CPU trainer, which runs fp32 only)", 0, 0}, \
 }
 
@@ -293,6 +307,12 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     }
     unsigned mask;
     if (lora_parse_targets(tc->lora_target_modules, &mask) != 0) return -1;
+    FsdpStrategy strategy;
+    if (fsdp_strategy_parse(tc->sharding_strategy, &strategy) != 0) return -1;
+    if (tc->export_hf[0] && !tc->resume[0]) {
+        fprintf(stderr, "error: --export_hf writes a checkpoint out: give it with --resume CHECKPOINT\n");
+        return -1;
+    }
     if (!tc->model[0]) { fprintf(stderr, "error: --model is required (see --help)\n"); return -1; }
     if (!tc->data[0]) { fprintf(stderr, "error: --data is required (see --help)\n"); return -1; }
     if (tc->full_finetune && tc->merge_adapter) {
@@ -321,14 +341,25 @@ static void print_config(TrainConfig *tc) {
 // ----------------------------------------------------------------------------
 // setting up the model
 
+// a checkpoint written by sharded full fine-tuning: fsdp.h's shards and index, no model.safetensors
+static int checkpoint_is_sharded(const char *dir) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/%s", dir, FSDP_INDEX_NAME);
+    return access(path, F_OK) == 0;
+}
+
 // sets up the model for training as tc says: LoRA adapters (fresh or from a PEFT folder) or full
-// fine-tuning; resume_dir, when given, is a checkpoint whose trained weights replace the starting ones.
-// The host model is set up here, then the backend's model_alloc takes it from there. -1 (nothing left
-// allocated) on failure.
-static int model_setup(Model *m, const TrainConfig *tc, int B, int T, const char *resume_dir) {
+// fine-tuning; resume_dir, when given, is a checkpoint whose trained weights replace the starting ones
+// (a sharded one's in load_checkpoint). The base weights are whole, or with a shard group of more than
+// one rank (f) this rank's shards. The host model is set up here, then the backend's model_alloc takes
+// it from there. -1 (nothing left allocated) on failure.
+static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, const char *resume_dir) {
     memset(m, 0, sizeof *m);
+    m->fsdp = f;
     HostModel *h = &m->host;
-    if (model_load(h, resume_dir && tc->full_finetune ? resume_dir : tc->model) != 0) { host_model_free(h); return -1; }
+    const char *weights = resume_dir && tc->full_finetune && !checkpoint_is_sharded(resume_dir) ? resume_dir : tc->model;
+    int G = f ? f->shard.size : 1;
+    if ((G > 1 ? model_load_shard(h, weights, f->shard.rank, G) : model_load(h, weights)) != 0) { host_model_free(h); return -1; }
     h->full_finetune = tc->full_finetune;
     h->use_lora = !tc->full_finetune;
     if (h->use_lora) {
@@ -464,8 +495,9 @@ static void fault_point(const char *point, int step) {
 // the options that shape the training trajectory: a resumed run must use the same
 // (--max_steps and --num_epochs may change, to train longer; the schedule then
 // spans the new length, so such a run differs from one planned that long)
+// (and the global batch, --batch_size times the world size: the world size may change)
 static const char *resume_must_match[] = {
-    "model", "data", "max_seq_len", "batch_size", "gradient_accumulation_steps", "lr",
+    "model", "data", "max_seq_len", "gradient_accumulation_steps", "lr",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
     "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split"};
@@ -482,23 +514,24 @@ static void file_fingerprint(const char *path, char *out, size_t n) {
 
 typedef struct { int step, opt_t, data_epoch, data_pos; } TrainState;
 
-static int save_checkpoint(TrainConfig *tc, Model *m, Optimizer *o, const TrainState *ts, const char *tokpath) {
-    char dir[PATH_MAX], path[PATH_MAX + 64];
-    if (checkpoint_begin(tc->output_dir, ts->step, dir, sizeof dir) != 0) return -1;
-    model_sync_host(m, o);
-    int rc = m->host.use_lora ? lora_save_peft(&m->host.lora, dir, tc->model) : model_save_hf(&m->host, dir, tc->model, tokpath);
-    fault_point("checkpoint", ts->step); // the tests kill the run here, halfway through a checkpoint
-    StWriteTensor moments[2] = {{"exp_avg", ST_F32, 1, {(int64_t)o->n}, o->m}, {"exp_avg_sq", ST_F32, 1, {(int64_t)o->n}, o->v}};
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if (rc == 0) rc = st_write(path, moments, 2, NULL, 0);
-    // trainer_state.json: the position, and the options and data it belongs to
-    char *js, val[4096], fp[128];
+// the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights and moments
+static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[3], char fingerprint[17]) {
+    FsdpBuffer b[3] = {{"params", m->host.shards}, {"exp_avg", o->m}, {"exp_avg_sq", o->v}};
+    memcpy(bufs, b, sizeof b);
+    fsdp_fingerprint(&m->host.units, "", fingerprint);
+    return 3;
+}
+
+// trainer_state.json: the position, and the options, data and world size it belongs to
+static int save_trainer_state(TrainConfig *tc, const TrainState *ts, int world, const char *dir) {
+    char *js, val[4096], fp[128], path[PATH_MAX + 64];
     size_t len;
     FILE *f = open_memstream(&js, &len);
     if (!f) die("out of memory");
     file_fingerprint(tc->data, fp, sizeof fp);
     fprintf(f, "{\n  \"step\": %d,\n  \"optimizer_step\": %d,\n  \"data_epoch\": %d,\n  \"data_position\": %d,\n"
-            "  \"data_fingerprint\": \"%s\",\n  \"options\": {", ts->step, ts->opt_t, ts->data_epoch, ts->data_pos, fp);
+            "  \"data_fingerprint\": \"%s\",\n  \"world_size\": %d,\n  \"options\": {", ts->step, ts->opt_t, ts->data_epoch,
+            ts->data_pos, fp, world);
     Option opts[] = OPTIONS(tc);
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
         option_value(&opts[i], val, sizeof val, 1);
@@ -508,30 +541,107 @@ static int save_checkpoint(TrainConfig *tc, Model *m, Optimizer *o, const TrainS
     fprintf(f, "\n  }\n}\n");
     fclose(f);
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-    if (rc == 0) rc = write_bytes_atomic(path, js, len);
+    int rc = write_bytes_atomic(path, js, len);
     free(js);
-    if (rc != 0) {
-        fprintf(stderr, "error: writing checkpoint step %d failed; the previous checkpoints are intact\n", ts->step);
-        remove_tree(dir);
-        return -1;
-    }
-    return checkpoint_commit(tc->output_dir, ts->step, tc->keep_checkpoints);
+    return rc;
 }
 
-// Reads a checkpoint's state and optimizer moments, after checking that it
-// belongs to this run (same trajectory-shaping options, same data file).
-static int load_checkpoint(TrainConfig *tc, const char *dir, Optimizer *o, TrainState *ts) {
+// Collective: rank 0 makes the .tmp folder, the trainable state goes in (each
+// rank its shards in sharded full fine-tuning; else rank 0 writes the adapter
+// or the model, and the moments), rank 0 commits. The ranks agree after each
+// part, so a failure on any rank is a failure on every rank.
+static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, const TrainState *ts, const char *tokpath) {
+    char dir[PATH_MAX], path[PATH_MAX + 64];
+    int rank0 = fs->world.rank == 0, rc = rank0 ? checkpoint_begin(tc->output_dir, ts->step, dir, sizeof dir) : 0;
+    if (fsdp_any(&fs->world, rc != 0)) return -1;
+    snprintf(dir, sizeof dir, "%s/checkpoint-%d.tmp", tc->output_dir, ts->step);
+    model_sync_host(m, o);
+    if (m->host.shards && !m->host.use_lora) {
+        FsdpBuffer bufs[3];
+        char fp[17];
+        rc = fsdp_save(fs, dir, &m->host.units, bufs, sharded_buffers(m, o, bufs, fp), fp);
+    } else if (rank0) {
+        rc = m->host.use_lora ? lora_save_peft(&m->host.lora, dir, tc->model) : model_save_hf(&m->host, dir, tc->model, tokpath);
+        StWriteTensor moments[2] = {{"exp_avg", ST_F32, 1, {(int64_t)o->n}, o->m}, {"exp_avg_sq", ST_F32, 1, {(int64_t)o->n}, o->v}};
+        snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+        if (rc == 0) rc = st_write(path, moments, 2, NULL, 0);
+    }
+    fault_point("checkpoint", ts->step); // the tests kill the run here, halfway through a checkpoint
+    if (rank0 && rc == 0) rc = save_trainer_state(tc, ts, fs->world.size, dir);
+    if (fsdp_any(&fs->world, rc != 0)) {
+        if (rank0) {
+            fprintf(stderr, "error: writing checkpoint step %d failed; the previous checkpoints are intact\n", ts->step);
+            remove_tree(dir);
+        }
+        return -1;
+    }
+    rc = rank0 ? checkpoint_commit(tc->output_dir, ts->step, tc->keep_checkpoints) : 0;
+    return fsdp_any(&fs->world, rc != 0) ? -1 : 0;
+}
+
+// A sharded checkpoint's weights and moments into a whole model (one process,
+// or NO_SHARD): each buffer read as one shard, in the units' order, then put
+// into the whole model's layout; it costs one more copy of the model meanwhile.
+static int load_sharded_whole(const char *dir, Model *m, Optimizer *o) {
+    FsdpUnits one;
+    model_units(&m->host.config, &one, 1);
+    FsdpBuffer bufs[3];
+    char fp[17];
+    int nb = sharded_buffers(m, o, bufs, fp), rc = 0;
+    float *whole[3] = {m->host.params, o->m, o->v}, *buf = (float *)mallocCheck(one.shard_numel * sizeof(float));
+    for (int b = 0; b < nb && rc == 0; b++) {
+        FsdpBuffer one_buf = {bufs[b].name, buf};
+        rc = fsdp_load(dir, &one, &one_buf, 1, 0, fp);
+        for (int i = 0; i < one.n_units && rc == 0; i++) model_put_unit(&m->host, i, buf + one.units[i].shard_offset, whole[b]);
+    }
+    free(buf);
+    fsdp_units_free(&one);
+    return rc;
+}
+
+// The checkpoint's AdamW moments (and a sharded checkpoint's weights) into o
+// (and m): a sharded checkpoint at any shard count (fsdp.h), or
+// optimizer.safetensors of a whole one. 0 ok, -1 with a message.
+static int load_trainable(const char *dir, Model *m, Optimizer *o) {
+    if (checkpoint_is_sharded(dir)) {
+        if (m->host.use_lora) { fprintf(stderr, "error: --resume %s: a full fine-tuning checkpoint, and this run trains LoRA\n", dir); return -1; }
+        if (!m->host.shards) return load_sharded_whole(dir, m, o);
+        FsdpBuffer bufs[3];
+        char fp[17];
+        int nb = sharded_buffers(m, o, bufs, fp);
+        return fsdp_load(dir, &m->host.units, bufs, nb, m->fsdp->shard.rank, fp);
+    }
+    if (m->host.shards && !m->host.use_lora) {
+        fprintf(stderr, "error: --resume %s: a checkpoint of unsharded full fine-tuning (one process or NO_SHARD) "
+                "resumes with a shard group of one: one process, or --sharding_strategy NO_SHARD\n", dir);
+        return -1;
+    }
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    StFile sf;
+    if (st_open(&sf, path) != 0) return -1;
+    const StTensor *tm = st_find(&sf, "exp_avg"), *tv = st_find(&sf, "exp_avg_sq");
+    int rc = -1;
+    if (!tm || !tv || tm->numel != o->n || tv->numel != o->n || tm->dtype != ST_F32 || tv->dtype != ST_F32)
+        fprintf(stderr, "error: %s: expected F32 tensors exp_avg and exp_avg_sq of %zu elements\n", path, o->n);
+    else rc = st_read_f32(&sf, tm, 0, o->n, o->m) | st_read_f32(&sf, tv, 0, o->n, o->v);
+    st_close(&sf);
+    return rc;
+}
+
+// Reads a checkpoint's state, moments (and sharded weights), after checking
+// that it belongs to this run (same trajectory-shaping options, same global
+// batch, same data file).
+static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m, Optimizer *o, TrainState *ts) {
     char path[PATH_MAX + 64], val[4096], fp[128];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     JsonValue st;
     if (json_load_file(path, &st) != 0) return -1;
     int rc = -1;
-    long long v[4];
+    long long v[4], saved_world = 1, saved_batch;
     const char *keys[4] = {"step", "optimizer_step", "data_epoch", "data_position"}, *saved;
     const JsonValue *opts_saved = json_get(&st, "options");
     Option opts[] = OPTIONS(tc);
-    StFile sf;
-    const StTensor *tm, *tv;
     for (int i = 0; i < 4; i++)
         if (json_get_int(&st, keys[i], &v[i]) != 0 || v[i] < 0 || v[i] > INT32_MAX) {
             fprintf(stderr, "error: %s: '%s' missing or not a non-negative integer\n", path, keys[i]); goto done;
@@ -547,23 +657,27 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, Optimizer *o, Train
                 goto done;
             }
         }
+    if (json_get(&st, "world_size") && (json_get_int(&st, "world_size", &saved_world) != 0 || saved_world < 1)) {
+        fprintf(stderr, "error: %s: 'world_size' is not a positive integer\n", path); goto done;
+    }
+    if (json_get_string(opts_saved, "batch_size", &saved, NULL) != 0 || (saved_batch = atoll(saved)) < 1) {
+        fprintf(stderr, "error: %s: no --batch_size in \"options\"\n", path); goto done;
+    }
+    if (saved_batch * saved_world != (long long)tc->batch_size * world) {
+        fprintf(stderr, "error: --resume %s: the global batch was %lld rank(s) x %lld rows in the checkpoint and is %d x %d now; "
+                "resume with the same rows per micro-batch over all ranks (--batch_size times the ranks)\n", dir, saved_world,
+                saved_batch, world, tc->batch_size);
+        goto done;
+    }
     file_fingerprint(tc->data, fp, sizeof fp);
     if (json_get_string(&st, "data_fingerprint", &saved, NULL) != 0 || strcmp(saved, fp) != 0) {
         fprintf(stderr, "error: --resume %s: the data file '%s' has changed since the checkpoint (size, time or contents)\n", dir, tc->data);
         goto done;
     }
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if (st_open(&sf, path) != 0) goto done;
-    tm = st_find(&sf, "exp_avg");
-    tv = st_find(&sf, "exp_avg_sq");
-    if (!tm || !tv || tm->numel != o->n || tv->numel != o->n || tm->dtype != ST_F32 || tv->dtype != ST_F32) {
-        fprintf(stderr, "error: %s: expected F32 tensors exp_avg and exp_avg_sq of %zu elements\n", path, o->n);
-        st_close(&sf); goto done;
-    }
-    rc = st_read_f32(&sf, tm, 0, o->n, o->m) | st_read_f32(&sf, tv, 0, o->n, o->v);
-    st_close(&sf);
+    if (load_trainable(dir, m, o) != 0) goto done;
     ts->step = (int)v[0]; ts->opt_t = (int)v[1]; ts->data_epoch = (int)v[2]; ts->data_pos = (int)v[3];
     o->t = ts->opt_t;
+    rc = 0;
 done:
     json_free(&st);
     return rc;
@@ -664,112 +778,195 @@ static void print_samples(Model *m, const TrainConfig *tc, const Tokenizer *tok,
 // everything a run loads and allocates: train() frees it on one path, however
 // far train_run got
 typedef struct {
+    Fsdp fsdp;              // the ranks (a world of one without an MPI launcher) and the strategy
     Tokenizer tok;
     Dataset all_ds, train_ds, val_ds; // all_ds: the file when --val_split cuts it in two
     Model m;
     Optimizer opt;
     DataLoader dl;
     FILE *metrics;
-    int *tokens, *targets;  // (GA, B, T) a step's micro-batches
+    int *tokens, *targets;  // (GA, B, T) a step's micro-batches (this rank's rows)
     int *Ts;                // (GA) their lengths
 } Trainer;
 
-// One optimizer step: GA micro-batches, the loss normalised by the label count
-// of the whole step, clipping, AdamW. Returns the mean loss.
+// Collective: 1 if a phase failed on any rank (a failing rank has said why), so
+// that every rank leaves together and none waits in a collective for one gone.
+static int failed_anywhere(Trainer *r, int failed) {
+    int any = fsdp_any(&r->fsdp.world, failed);
+    if (any && !failed && r->fsdp.world.rank == 0) fprintf(stderr, "error: stopping every rank: another rank failed (its message is above)\n");
+    return any;
+}
+
+// One optimizer step: GA micro-batches of every rank's rows, the loss normalised
+// by the label count of the whole global step, clipping, AdamW. Returns the mean
+// loss over every rank; *n_tokens counts every rank's tokens.
 static double train_step(Trainer *r, const TrainConfig *tc, int step, int total, long *n_tokens, double *norm, float *lr) {
     Model *m = &r->m;
     int B = tc->batch_size, GA = tc->grad_accum, T = m->T;
     long labels = 0;
-    *n_tokens = 0;
+    double sums[2] = {0, 0}; // loss, tokens: this rank's, then every rank's
     for (int g = 0; g < GA; g++) { // the whole step's batches first: the loss is normalised by their label count
         dataloader_next_batch(&r->dl, B, r->tok.eos_id, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, &r->Ts[g]);
         labels += dataloader_global_labels(&r->dl);
-        *n_tokens += r->dl.batch_tokens;
+        sums[1] += r->dl.batch_tokens;
     }
     optimizer_zero_grad(&r->opt);
-    double loss = 0;
     float scale = labels ? 1.0f / (float)labels : 0.0f;
     for (int g = 0; g < GA; g++) {
         m->dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
-        loss += model_forward_backward(m, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, B, r->Ts[g], scale);
+        sums[0] += model_forward_backward(m, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, B, r->Ts[g], scale);
     }
     *lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
     *norm = optimizer_step(&r->opt, *lr, tc->beta1, tc->beta2, tc->eps, tc->weight_decay, tc->grad_clip);
-    return labels ? loss / labels : 0.0;
+    fsdp_all_reduce(&r->fsdp.world, sums, 2, FSDP_F64);
+    *n_tokens = (long)sums[1];
+    return labels ? sums[0] / labels : 0.0;
 }
 
-// loads, trains and saves into r; returns the process exit code (train frees r)
-static int train_run(TrainConfig *tc, Trainer *r) {
-#ifdef _OPENMP
-    if (tc->threads > 0) omp_set_num_threads(tc->threads);
-#endif
-    if (mkdir_p(tc->output_dir) != 0) {
-        fprintf(stderr, "error: cannot create --output_dir '%s': %s\n", tc->output_dir, strerror(errno));
-        return 1;
-    }
-    print_config(tc);
-    char tokpath[4096], resume_dir[PATH_MAX];
-    if (tc->resume[0] && checkpoint_resolve(tc->resume, resume_dir, sizeof resume_dir) != 0) return 1;
-    if (tc->tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", tc->tokenizer);
-    else snprintf(tokpath, sizeof tokpath, "%s/tokenizer.model", tc->model);
+// The tokenizer and the data into r, and *T, the longest row (or sample) there
+// is room for. Local to this rank. 0 ok, -1 with a message.
+static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int *T) {
     Tokenizer *tok = &r->tok;
-    if (tokenizer_load(tok, tokpath) != 0) return 1;
+    if (tokenizer_load(tok, tokpath) != 0) return -1;
     Dataset *train_ds = &r->train_ds, *val_ds = &r->val_ds;
-    int have_val = tc->val_data[0] || tc->val_split > 0;
     DataOptions dopt = {tc->data_format, tc->train_on_prompt, !strcmp(tc->batching, "packing"), tc->max_seq_len,
                         tc->max_samples, tc->data_slice, tc->data_cache_dir, 0};
-    if (dataset_load(&r->all_ds, tc->data, tok, tokpath, &dopt) != 0) return 1;
+    if (dataset_load(&r->all_ds, tc->data, tok, tokpath, &dopt) != 0) return -1;
     if (tc->val_split > 0) {
-        if (dataset_split(&r->all_ds, tc->val_split, (uint64_t)tc->seed, train_ds, val_ds) != 0) return 1;
+        if (dataset_split(&r->all_ds, tc->val_split, (uint64_t)tc->seed, train_ds, val_ds) != 0) return -1;
     } else {
         *train_ds = r->all_ds; // no split: the training set is the whole file
         memset(&r->all_ds, 0, sizeof r->all_ds);
         DataOptions vopt = dopt; // a separate validation file takes all its samples
         vopt.max_samples = 0; vopt.slice = "";
-        if (tc->val_data[0] && dataset_load(val_ds, tc->val_data, tok, tokpath, &vopt) != 0) return 1;
+        if (tc->val_data[0] && dataset_load(val_ds, tc->val_data, tok, tokpath, &vopt) != 0) return -1;
     }
-    int B = tc->batch_size, GA = tc->grad_accum, T = dataset_max_len(train_ds);
-    if (have_val && dataset_max_len(val_ds) > T) T = dataset_max_len(val_ds);
+    *T = dataset_max_len(train_ds);
+    if ((tc->val_data[0] || tc->val_split > 0) && dataset_max_len(val_ds) > *T) *T = dataset_max_len(val_ds);
     int sample_len = 0; // room for the samples' prompts and continuations
     for (int i = 0; i < tc->sample_prompt.n; i++) {
         int n = (int)strlen(tc->sample_prompt.v[i]) + 1 + tc->max_new_tokens; // a token has at least one byte
         sample_len = n > sample_len ? n : sample_len;
     }
-    if (sample_len > T) T = sample_len < tc->max_seq_len ? sample_len : tc->max_seq_len;
+    if (sample_len > *T) *T = sample_len < tc->max_seq_len ? sample_len : tc->max_seq_len;
+    return 0;
+}
 
+// The trained model into dir: the PEFT adapter (and with --merge_adapter the
+// merged model in dir/merged), or the Hugging Face model of full fine-tuning.
+// Collective when the base weights are sharded and rank 0 needs them whole (it
+// then holds the whole model, as PyTorch's full state dict on rank 0); the
+// files are rank 0's. Returns the exit code.
+static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, const char *tokpath) {
     Model *m = &r->m;
-    if (model_setup(m, tc, B, T, tc->resume[0] ? resume_dir : NULL) != 0) return 1;
-    const Config *c = &m->host.config;
-    if (tok->vocab_size > c->vocab_size) {
-        fprintf(stderr, "error: %s has %d pieces but the model's vocab_size is %d\n", tokpath, tok->vocab_size, c->vocab_size);
+    model_sync_host(m, &r->opt);
+    HostModel *h = &m->host;
+    int rank0 = r->fsdp.world.rank == 0;
+    if (h->shards && (!h->use_lora || tc->merge_adapter)) { // every unit gathered in turn, rank 0 keeps it
+        if (rank0) {
+            h->params = (float *)mallocCheck(h->num_params * sizeof(float));
+            param_layout(&h->config, &h->w, h->params);
+        }
+        size_t biggest = 0;
+        for (int i = 0; i < h->units.n_units; i++) biggest = h->units.units[i].shard > biggest ? h->units.units[i].shard : biggest;
+        float *unit = (float *)mallocCheck(biggest * r->fsdp.shard.size * sizeof(float));
+        for (int i = 0; i < h->units.n_units; i++) {
+            fsdp_gather(&r->fsdp, &h->units.units[i], h->shards, unit);
+            if (rank0) model_put_unit(h, i, unit, h->params);
+        }
+        free(unit);
+    }
+    if (!rank0) return 0;
+    if (!h->use_lora) {
+        if (model_save_hf(h, dir, tc->model, tokpath) != 0) return 1;
+        printf("saved the model to %s/\n", dir);
+        return 0;
+    }
+    if (lora_save_peft(&h->lora, dir, tc->model) != 0) return 1;
+    printf("saved the PEFT adapter to %s/\n", dir);
+    if (tc->merge_adapter) {
+        char merged[PATH_MAX + 16];
+        snprintf(merged, sizeof merged, "%s/merged", dir);
+        if (model_save_merged(h, merged, tc->model, tokpath) != 0) return 1;
+        printf("saved the model with the adapter merged in to %s/\n", merged);
+    }
+    return 0;
+}
+
+// loads, trains and saves into r; returns the process exit code (train frees r).
+// Every rank runs it in step: the phases that can fail on one rank end with
+// failed_anywhere, and every collective sees the same shapes on every rank.
+static int train_run(TrainConfig *tc, Trainer *r) {
+#ifdef _OPENMP
+    if (tc->threads > 0) omp_set_num_threads(tc->threads);
+#endif
+    Fsdp *f = &r->fsdp;
+    int W = f->world.size, rank0 = f->world.rank == 0;
+    if (W > 1 && !backend_sharding) {
+        if (rank0) fprintf(stderr, "error: this trainer runs one process; %d were started (the CPU trainer train_llama2 runs several)\n", W);
         return 1;
     }
+    int failed = mkdir_p(tc->output_dir) != 0;
+    if (failed) fprintf(stderr, "error: cannot create --output_dir '%s': %s\n", tc->output_dir, strerror(errno));
+    print_config(tc);
+    if (W > 1)
+        printf("%d ranks, %s: shard groups of %d, %d replica(s)\n", W, f->info->name, f->shard.size, f->replica.size);
+    char tokpath[4096], resume_dir[PATH_MAX];
+    failed = failed || (tc->resume[0] && checkpoint_resolve(tc->resume, resume_dir, sizeof resume_dir) != 0);
+    if (tc->tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", tc->tokenizer);
+    else snprintf(tokpath, sizeof tokpath, "%s/tokenizer.model", tc->model);
+    int B = tc->batch_size, GA = tc->grad_accum, T = 0;
+    if (failed_anywhere(r, failed || load_data(tc, r, tokpath, &T) != 0)) return 1;
+    Tokenizer *tok = &r->tok;
+    Dataset *train_ds = &r->train_ds, *val_ds = &r->val_ds;
+    int have_val = tc->val_data[0] || tc->val_split > 0;
+
+    Model *m = &r->m;
+    failed = model_setup(m, f, tc, B, T, tc->resume[0] ? resume_dir : NULL) != 0;
+    const Config *c = &m->host.config;
+    if (!failed && tok->vocab_size > c->vocab_size) {
+        fprintf(stderr, "error: %s has %d pieces but the model's vocab_size is %d\n", tokpath, tok->vocab_size, c->vocab_size);
+        failed = 1;
+    }
+    if (failed_anywhere(r, failed)) return 1;
+    m->row0 = f->world.rank * B;
     Optimizer *opt = &r->opt;
     optimizer_init(opt, m);
     TrainState ts = {0, 0, 0, 0};
     if (tc->resume[0]) {
-        if (load_checkpoint(tc, resume_dir, opt, &ts) != 0) return 1;
+        failed = load_checkpoint(tc, resume_dir, W, m, opt, &ts) != 0;
+        if (!failed && ts.data_pos > train_ds->n_rows) {
+            fprintf(stderr, "error: --resume %s: data position %d is past the %ld rows\n", resume_dir, ts.data_pos, train_ds->n_rows);
+            failed = 1;
+        }
+        if (failed_anywhere(r, failed)) return 1;
         optimizer_sync_device(opt);
     }
-    long rows_per_step = (long)B * GA;
+    if (tc->export_hf[0]) {
+        printf("exporting %s (step %d) to %s/\n", resume_dir, ts.step, tc->export_hf);
+        return save_outputs(tc, r, tc->export_hf, tokpath);
+    }
+    long rows_per_step = (long)B * GA * W; // every rank's rows
     int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)train_ds->n_rows + rows_per_step - 1) / rows_per_step);
     printf("model %s: %d layers, dim %d, %d heads (%d kv), vocab %d, %.2fM parameters\n", tc->model, c->n_layers,
            c->dim, c->n_heads, c->n_kv_heads, c->vocab_size, m->host.num_params / 1e6);
-    printf("training %s: %zu trainable parameters, %ld rows, %d steps of %d x %d rows, T <= %d\n",
-           m->host.use_lora ? "LoRA" : "all weights", opt->n, train_ds->n_rows, total, GA, B, T);
+    printf("training %s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
+           m->host.use_lora ? "LoRA" : "all weights", opt->n, m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
+           train_ds->n_rows, total, GA, W, B, T);
     double act_mb = m->act_bytes / 1048576.0, carry_mb = m->carry_bytes / 1048576.0;
     memory_plan(m, train_ds, have_val ? val_ds : NULL, 1);
     if (tc->dry_run) return 0;
     if (tc->resume[0]) printf("resumed from %s at step %d\n", resume_dir, ts.step);
 
-    if (tc->metrics_file[0] && tc->resume[0] && metrics_truncate(tc->metrics_file, ts.step) != 0) {
-        fprintf(stderr, "error: cannot rewrite --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
-        return 1;
+    failed = rank0 && tc->metrics_file[0] && tc->resume[0] && metrics_truncate(tc->metrics_file, ts.step) != 0;
+    if (failed) fprintf(stderr, "error: cannot rewrite --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
+    if (!failed && rank0 && tc->metrics_file[0] && !(r->metrics = fopen(tc->metrics_file, tc->resume[0] ? "a" : "w"))) {
+        fprintf(stderr, "error: cannot open --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
+        failed = 1;
     }
-    if (tc->metrics_file[0]) r->metrics = fopenCheck(tc->metrics_file, tc->resume[0] ? "a" : "w");
+    if (failed_anywhere(r, failed)) return 1;
     FILE *metrics = r->metrics;
-    dataloader_init(&r->dl, train_ds, tc->shuffle, (uint64_t)tc->seed, 0, 1);
-    if (ts.data_pos > train_ds->n_rows) { fprintf(stderr, "error: --resume %s: data position %d is past the %ld rows\n", resume_dir, ts.data_pos, train_ds->n_rows); return 1; }
+    dataloader_init(&r->dl, train_ds, tc->shuffle, (uint64_t)tc->seed, f->world.rank, W);
     dataloader_seek(&r->dl, ts.data_epoch, ts.data_pos);
     r->tokens = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
     r->targets = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
@@ -777,16 +974,16 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
     if (ts.step == 0) print_samples(m, tc, tok, 0);
-    int first_step = ts.step;
+    int first_step = ts.step, stop = fsdp_any(&f->world, stop_requested);
     double run_ms = 0;
-    while (ts.step < total && !stop_requested) {
+    while (ts.step < total && !stop) {
         double t0 = now_ms(), norm;
         long n_tokens;
         float lr;
         double loss = train_step(r, tc, ts.step, total, &n_tokens, &norm, &lr);
         double ms = now_ms() - t0, flops = 0;
-        for (int g = 0; g < GA; g++) flops += B * flops_per_sequence(&m->host, r->Ts[g]);
-        double tflops = flops / (ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / tc->peak_tflops : -1;
+        for (int g = 0; g < GA; g++) flops += (double)B * W * flops_per_sequence(&m->host, r->Ts[g]);
+        double tflops = flops / (ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / (tc->peak_tflops * W) : -1;
         run_ms += ms;
         ts.step++;
         ts.opt_t = opt->t; ts.data_epoch = (int)r->dl.epoch; ts.data_pos = (int)r->dl.pos;
@@ -807,42 +1004,34 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         if (have_val && tc->eval_every > 0 && ts.step % tc->eval_every == 0 && ts.step < total)
             report_eval(m, val_ds, B, tok->eos_id, ts.step, metrics);
         if (tc->sample_every > 0 && ts.step % tc->sample_every == 0 && ts.step < total) print_samples(m, tc, tok, ts.step);
-        int last = ts.step == total || stop_requested;
-        if ((tc->save_every > 0 && ts.step % tc->save_every == 0) || last) {
-            if (save_checkpoint(tc, m, opt, &ts, tokpath) != 0) return 1;
+        stop = fsdp_any(&f->world, stop_requested); // a signal to any rank stops every rank after this step
+        if ((tc->save_every > 0 && ts.step % tc->save_every == 0) || ts.step == total || stop) {
+            if (save_checkpoint(tc, f, m, opt, &ts, tokpath) != 0) return 1;
             printf("saved checkpoint %s/checkpoint-%d\n", tc->output_dir, ts.step);
         }
     }
-    if (stop_requested) {
+    if (stop) {
         printf("stopped by a signal after step %d; continue with --resume %s\n", ts.step, tc->output_dir);
         return 0;
     }
     if (have_val) report_eval(m, val_ds, B, tok->eos_id, total, metrics); // also with --max_steps 0: evaluates the start
     print_samples(m, tc, tok, ts.step);
     printf("peak %s %.1f MiB (activations %.1f MiB, carry %.1f MiB)\n", backend_memory, model_peak_mb(m), act_mb, carry_mb);
-    model_sync_host(m, opt);
-    if (!m->host.use_lora) {
-        if (model_save_hf(&m->host, tc->output_dir, tc->model, tokpath) != 0) return 1;
-        printf("saved the model to %s/\n", tc->output_dir);
-        return 0;
-    }
-    if (lora_save_peft(&m->host.lora, tc->output_dir, tc->model) != 0) return 1;
-    printf("saved the PEFT adapter to %s/\n", tc->output_dir);
-    if (tc->merge_adapter) {
-        char merged[PATH_MAX + 16];
-        snprintf(merged, sizeof merged, "%s/merged", tc->output_dir);
-        if (model_save_merged(&m->host, merged, tc->model, tokpath) != 0) return 1;
-        printf("saved the model with the adapter merged in to %s/\n", merged);
-    }
-    return 0;
+    return save_outputs(tc, r, tc->output_dir, tokpath);
 }
 
 // trains and saves; returns the process exit code. Every exit of train_run,
-// early errors included, comes back here to free what it had loaded.
+// early errors included, comes back here to free what it had loaded. Under an
+// MPI launcher every rank runs it; rank 0 prints and writes the metrics.
 static int train(TrainConfig *tc) {
     Trainer r;
     memset(&r, 0, sizeof r);
-    int rc = train_run(tc, &r);
+    FsdpStrategy strategy = FSDP_FULL_SHARD;
+    fsdp_strategy_parse(tc->sharding_strategy, &strategy); // parse_args checked it
+    int rc = fsdp_init(&r.fsdp, strategy, tc->shard_group) != 0;
+    int quiet = !rc && r.fsdp.world.rank != 0; // the other ranks' output would repeat rank 0's
+    if (quiet) fflush(stdout), rc = freopen("/dev/null", "w", stdout) == NULL;
+    if (!rc) rc = train_run(tc, &r);
     if (r.metrics) fclose(r.metrics);
     free(r.tokens); free(r.targets); free(r.Ts);
     optimizer_free(&r.opt);
@@ -852,6 +1041,8 @@ static int train(TrainConfig *tc) {
     dataset_free(&r.val_ds);
     dataset_free(&r.all_ds); // last: the split sets share its token store
     tokenizer_free(&r.tok);
+    fsdp_free(&r.fsdp);
+    fsdp_world_finalize();
     return rc;
 }
 

@@ -32,7 +32,7 @@ static void setup(Model *m, const char *model, int full, int chunk, const char *
                     "--lora_target_modules", "all-linear", "--lora_dropout", "0.2", "--chunk_size", cs,
                     "--chunk_memory", (char *)mem, "--num_output_chunks", oc, full ? "--full_finetune" : "--seed=3"};
     if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("test arguments rejected");
-    if (model_setup(m, &tc, B, T, NULL) != 0) die("cannot set up %s", model);
+    if (model_setup(m, NULL, &tc, B, T, NULL) != 0) die("cannot set up %s", model);
     if (m->host.use_lora) { // B = 0 would leave A without gradient
         uint64_t state = 11;
         for (int i = 0; i < m->host.lora.n_layers; i++)

@@ -173,7 +173,7 @@ static void test_model(const char *model, int full) {
 
     // one forward/backward over the step's two micro-batches
     Model m;
-    if (model_setup(&m, &tc, B, T, NULL) != 0) die("model setup failed for %s", model);
+    if (model_setup(&m, NULL, &tc, B, T, NULL) != 0) die("model setup failed for %s", model);
     StFile ef;
     snprintf(path, sizeof path, "test/fixtures/%s/ref/expected.safetensors", model);
     if (st_open(&ef, path) != 0) die("cannot open %s", path);
@@ -268,7 +268,7 @@ static void test_dropout(void) {
     int B = 2, T, tokens[48], targets[48];
     long labels = dataloader_next_batch(&dl, B, tok.eos_id, tokens, targets, &T);
     Model m;
-    if (model_setup(&m, &tc, B, 24, NULL) != 0) die("dropout test model");
+    if (model_setup(&m, NULL, &tc, B, 24, NULL) != 0) die("dropout test model");
     uint64_t state = 7;
     for (int i = 0; i < m.host.lora.n_layers; i++) // B = 0 would give A no gradient
         for (int t = 0; t < LORA_N_TARGETS; t++) {

@@ -32,7 +32,7 @@ static void test_merge(void) {
     Model lora, merged;
     char *argv2[] = {"x", "--model", "test/fixtures/tiny_gqa", "--data", "unused", "--max_seq_len", "24",
                      "--from_peft_checkpoint", (char *)out};
-    if (parse_args(&tc, sizeof argv2 / sizeof argv2[0], argv2) != 0 || model_setup(&lora, &tc, 2, 24, NULL) != 0) die("adapter");
+    if (parse_args(&tc, sizeof argv2 / sizeof argv2[0], argv2) != 0 || model_setup(&lora, NULL, &tc, 2, 24, NULL) != 0) die("adapter");
     memset(&merged, 0, sizeof merged);
     char dir[256];
     snprintf(dir, sizeof dir, "%s/merged", out);

@@ -14,7 +14,7 @@ typedef struct { Model m; Optimizer opt; TrainConfig tc; } Twin;
 void *TWIN(new)(int argc, char **argv, int B, int T) {
     Twin *t = (Twin *)callocCheck(1, sizeof(Twin));
     if (parse_args(&t->tc, argc, argv) != 0) die("test arguments rejected");
-    if (model_setup(&t->m, &t->tc, B, T, NULL) != 0) die("cannot set up %s", t->tc.model);
+    if (model_setup(&t->m, NULL, &t->tc, B, T, NULL) != 0) die("cannot set up %s", t->tc.model);
     optimizer_init(&t->opt, &t->m);
     return t;
 }
