@@ -123,6 +123,96 @@ static int checkpoint_commit(const char *out_dir, long step, int keep) {
     return 0;
 }
 
+// A checkpoint's trainer_state.json lists the other files of the folder with
+// their size and a hash of their bytes ("files"), and a resume checks them
+// before reading anything: a file damaged or changed after it was saved
+// (flipped bytes, a truncation, a copy that did not finish) is refused, not
+// trained on.
+
+// "<size>:<hash>" of a file's bytes; 0 ok, -1 with errno set
+static int checkpoint_file_digest(const char *path, char *out, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t block = 1 << 20, got;
+    unsigned char *buf = (unsigned char *)mallocCheck(block);
+    uint64_t h = DATA_HASH_SEED, size = 0;
+    while ((got = fread(buf, 1, block, f)) > 0) { h = data_hash_bytes(h, buf, got); size += got; }
+    int err = ferror(f) ? (errno ? errno : EIO) : 0; // e.g. EISDIR
+    fclose(f);
+    free(buf);
+    if (err) { errno = err; return -1; }
+    snprintf(out, n, "%llu:%016llx", (unsigned long long)size, (unsigned long long)h);
+    return 0;
+}
+
+// writes the JSON object {"<file>": "<digest>", ...} of every file in dir but
+// trainer_state.json (at most CHECKPOINT_MAX_FILES: the trainer writes four), in
+// name order; 0 ok, -1 with a message
+#define CHECKPOINT_MAX_FILES 16
+static int cmp_name(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
+static int checkpoint_write_digests(FILE *json, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) { fprintf(stderr, "error: cannot list checkpoint folder '%s': %s\n", dir, strerror(errno)); return -1; }
+    char names[CHECKPOINT_MAX_FILES][256], path[2 * PATH_MAX], digest[64];
+    int n = 0, rc = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "trainer_state.json")) continue;
+        if (n == CHECKPOINT_MAX_FILES) { fprintf(stderr, "error: checkpoint folder '%s' has more than %d files\n", dir, n); rc = -1; break; }
+        snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+    }
+    closedir(d);
+    qsort(names, n, sizeof names[0], cmp_name);
+    fprintf(json, "{");
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (rc == 0 && checkpoint_file_digest(path, digest, sizeof digest) != 0) {
+            fprintf(stderr, "error: cannot read back '%s': %s\n", path, strerror(errno));
+            rc = -1;
+        }
+        fprintf(json, "%s\n    ", i ? "," : "");
+        json_write_string(json, names[i]);
+        fprintf(json, ": \"%s\"", rc == 0 ? digest : "");
+    }
+    fprintf(json, "\n  }");
+    return rc;
+}
+
+// checks every file that dir/trainer_state.json lists against its digest;
+// 0 ok, -1 with a message naming the file
+static int checkpoint_verify(const char *dir) {
+    char path[2 * PATH_MAX], digest[64];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    JsonValue st;
+    if (json_load_file(path, &st) != 0) return -1;
+    const JsonValue *files = json_get(&st, "files");
+    int rc = 0;
+    if (!files || files->type != JSON_OBJECT || files->count == 0) {
+        fprintf(stderr, "error: %s: no \"files\" object listing the checkpoint's files and their digests\n", path);
+        rc = -1;
+    }
+    for (int i = 0; rc == 0 && i < files->count; i++) {
+        const char *name = files->keys[i];
+        const JsonValue *want = &files->items[i];
+        if (!name[0] || strlen(name) != files->key_lens[i] || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..") ||
+            want->type != JSON_STRING) {
+            fprintf(stderr, "error: %s: \"files\" entry %d is not a file name with a digest string\n", path, i);
+            rc = -1;
+            break;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (checkpoint_file_digest(path, digest, sizeof digest) != 0) {
+            fprintf(stderr, "error: %s: cannot read: %s (the checkpoint is incomplete)\n", path, strerror(errno));
+            rc = -1;
+        } else if (strcmp(digest, want->string) != 0) {
+            fprintf(stderr, "error: %s: its size or contents are not what trainer_state.json recorded when the checkpoint was "
+                    "saved (%s now, %s then): it was damaged or changed since; not resuming from it\n", path, digest, want->string);
+            rc = -1;
+        }
+    }
+    json_free(&st);
+    return rc;
+}
+
 // --resume PATH: a checkpoint folder (it has trainer_state.json), or an output
 // folder, meaning its newest complete checkpoint. 0 ok, -1 with a message.
 static int checkpoint_resolve(const char *path, char *dir, size_t n) {

@@ -181,29 +181,6 @@ typedef struct {
 } Dataset;
 
 // ----------------------------------------------------------------------------
-// hashing (cache keys and the cache checksum); not cryptographic
-
-#define DATA_HASH_SEED 0x6C6C616D61327475ull
-// n must be a multiple of 8: the cache is written in 8-byte words
-static uint64_t data_hash_words(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = (const unsigned char *)p;
-    for (size_t i = 0; i < n; i += 8) {
-        uint64_t w;
-        memcpy(&w, b + i, 8);
-        h = (h ^ w) * 0x9E3779B97F4A7C15ull; // each step is a bijection of h: one changed word always changes the result
-        h ^= h >> 29;
-    }
-    return h;
-}
-static uint64_t data_hash_bytes(uint64_t h, const void *p, size_t n) {
-    size_t whole = n & ~(size_t)7;
-    h = data_hash_words(h, p, whole);
-    uint64_t tail[2] = {0, (uint64_t)n};
-    memcpy(tail, (const unsigned char *)p + whole, n - whole);
-    return splitmix64(data_hash_words(h, tail, sizeof tail));
-}
-
-// ----------------------------------------------------------------------------
 // small text helpers
 
 typedef struct { const char *s; size_t n; } Str;
