@@ -41,20 +41,21 @@ static int fsync_path(const char *path) {
     return rc;
 }
 
-// the step of a folder named checkpoint-<step> (exactly), else -1
+// the step of a folder named checkpoint-<step> (exactly, as the trainer writes
+// it: no sign, no leading zero), else -1
 static long checkpoint_step(const char *name) {
-    if (strncmp(name, "checkpoint-", 11) != 0 || !name[11]) return -1;
+    if (strncmp(name, "checkpoint-", 11) != 0 || name[11] < '0' || name[11] > '9' || (name[11] == '0' && name[12])) return -1;
     char *end;
     errno = 0;
     long step = strtol(name + 11, &end, 10);
-    return *end || errno || step < 0 || name[11] == '-' || name[11] == '+' ? -1 : step;
+    return *end || errno ? -1 : step;
 }
 
 static int cmp_long(const void *a, const void *b) {
     long x = *(const long *)a, y = *(const long *)b;
     return (x > y) - (x < y);
 }
-// the steps of the complete checkpoints in out_dir, ascending (malloc'd); *n = how many, -1 if unreadable
+// the steps of the complete checkpoints (folders) in out_dir, ascending (malloc'd); *n = how many, -1 if unreadable
 static long *checkpoint_list(const char *out_dir, int *n) {
     *n = -1;
     DIR *d = opendir(out_dir);
@@ -64,7 +65,10 @@ static long *checkpoint_list(const char *out_dir, int *n) {
     *n = 0;
     for (struct dirent *e; (e = readdir(d));) {
         long s = checkpoint_step(e->d_name);
-        if (s < 0) continue;
+        char path[2 * PATH_MAX];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", out_dir, e->d_name);
+        if (s < 0 || stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
         if (*n == cap) steps = (long *)reallocCheck(steps, (cap *= 2) * sizeof(long));
         steps[(*n)++] = s;
     }
