@@ -113,7 +113,8 @@ static int checkpoint_commit(const char *out_dir, long step, int keep) {
         fprintf(stderr, "error: could not complete checkpoint '%s': %s (the previous checkpoints are intact)\n", dir,
                 strerror(errno));
         remove_tree(tmp);
-        if (had_old) rename(old, dir);
+        if (had_old && rename(old, dir) != 0) // (the old checkpoint of this step is still whole, under its .old name)
+            fprintf(stderr, "error: could not move '%s' back to '%s': %s\n", old, dir, strerror(errno));
         return -1;
     }
     if (had_old) remove_tree(old);

@@ -1417,7 +1417,7 @@ static void on_stop_signal(int sig) { (void)sig; stop_requested = 1; }
 // Fault injection for the tests: LLAMA2TUNE_FAULT=<point>:<step> (or
 // <point>:<first>-<last>, a range of steps) is on at <point> for those steps.
 // At "step" and "checkpoint" the process is killed (SIGKILL, no cleanup); at
-// "nan" train_step poisons one gradient element.
+// "nan" and "huge" train_step poisons one gradient element (NaN, 1e30).
 static int fault_at(const char *point, int step) {
     const char *f = getenv("LLAMA2TUNE_FAULT");
     size_t n = strlen(point);
@@ -1460,8 +1460,20 @@ static void file_fingerprint(const char *path, char *out, size_t n) {
 // opt_t < step when steps were skipped (non-finite loss or gradient); bad_in_row counts the latest run of them
 typedef struct { int step, opt_t, data_epoch, data_pos, bad_in_row; } TrainState;
 
+static int all_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
 static int save_checkpoint(TrainConfig *tc, Model *m, Optimizer *o, const TrainState *ts, const char *tokpath) {
     char dir[PATH_MAX], path[PATH_MAX + 64];
+    // finite losses and gradients can still overflow the update (AdamW's g^2 above FLT_MAX without --grad_clip): never save that
+    if (!all_finite(o->params, o->n) || !all_finite(o->m, o->n) || !all_finite(o->v, o->n)) {
+        fprintf(stderr, "error: not saving checkpoint %d: the trainable weights or AdamW moments hold NaN or inf (an update "
+                "overflowed: a gradient above 1e19; keep --grad_clip on, lower --lr); the checkpoints before it are intact\n", ts->step);
+        return -1;
+    }
     if (checkpoint_begin(tc->output_dir, ts->step, dir, sizeof dir) != 0) return -1;
     int rc = m->use_lora ? lora_save_peft(&m->lora, dir, tc->model) : model_save_hf(m, dir, tc->model, tokpath);
     fault_point("checkpoint", ts->step); // the tests kill the run here, halfway through a checkpoint
@@ -1714,7 +1726,9 @@ static double train_step(Model *m, Optimizer *opt, DataLoader *dl, const TrainCo
         m->dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
         loss += model_forward_backward(m, tokens + (size_t)g * B * T, targets + (size_t)g * B * T, B, Ts[g], scale);
     }
-    if (fault_at("nan", step + 1)) opt->grads[opt->n / 2] = NAN; // the tests' injected fault (1-based steps, as printed)
+    // the tests' injected faults (1-based steps, as printed): a NaN, or a finite gradient whose square overflows
+    if (fault_at("nan", step + 1)) opt->grads[opt->n / 2] = NAN;
+    if (fault_at("huge", step + 1)) opt->grads[opt->n / 2] = 1e30f;
     *norm = grad_norm(opt->grads, opt->n);
     *lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
     loss = labels ? loss / labels : 0.0;

@@ -9,7 +9,8 @@
 #     is refused by --resume, naming the file;
 #   - NaN gradients (injected with LLAMA2TUNE_FAULT=nan:<steps>): the step is
 #     skipped with the weights, the AdamW moments and step count unchanged, and
-#     reported; --max_bad_steps in a row stop the run, saving nothing.
+#     reported; --max_bad_steps in a row stop the run, saving nothing; an
+#     optimizer state that overflowed (a 1e30 gradient, injected) is not saved.
 set -u
 BIN=${BIN:-./train_llama2}
 TMP=$(mktemp -d)
@@ -112,4 +113,11 @@ run "$TMP/m" 8 --save_every 2 --max_bad_steps 3 --resume "$TMP/m"
 rc=$?
 [ $rc -eq 0 ] && grep -q "resumed from $TMP/m/checkpoint-6 at step 6" "$TMP/m.log" && [ -f "$TMP/m/adapter_model.safetensors" ]
 check "the last checkpoint resumes and finishes once the fault is gone" $? "exit $rc: $(tail -3 "$TMP/m.log")"
+
+# --- a finite gradient of 1e30 without clipping: AdamW's second moment (g^2) overflows to inf, which is never saved
+LLAMA2TUNE_FAULT=huge:3 run "$TMP/w" 6 --grad_clip 0
+rc=$?
+[ $rc -eq 1 ] && grep -q "error: not saving checkpoint 3: the trainable weights or AdamW moments hold NaN or inf" "$TMP/w.log" &&
+    [ "$(ls "$TMP/w" | tr '\n' ' ')" = "checkpoint-1 checkpoint-2 " ]
+check "an overflowed AdamW state is not saved: the run stops at step 3 (exit 1), checkpoints 1-2 intact" $? "exit $rc: $(grep error "$TMP/w.log"); $(ls "$TMP/w")"
 exit $((fails > 0))
