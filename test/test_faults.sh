@@ -12,12 +12,8 @@
 #     reported; --max_bad_steps in a row stop the run, saving nothing; an
 #     optimizer state that overflowed (a 1e30 gradient, injected) is not saved.
 set -u
-BIN=${BIN:-./train_llama2}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-FIX=test/fixtures
 SUITE=faults
-source test/train_helpers.sh # check, run, start, trajectory, same_result
+source test/train_helpers.sh # BIN, TMP, FIX; check, run, start, trajectory, same_result
 
 cp $FIX/data.jsonl "$TMP/data.jsonl" # its token cache goes next to it, in TMP
 ARGS=(--model $FIX/tiny_gqa --data "$TMP/data.jsonl" --max_seq_len 24 --batch_size 2 --lr 5e-3 --lora_dropout 0.1

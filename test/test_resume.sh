@@ -5,12 +5,8 @@
 # for bit; SIGTERM finishes the step, saves and exits 0; a resume with changed
 # options or data is refused.
 set -u
-BIN=${BIN:-./train_llama2}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-FIX=test/fixtures
 SUITE=resume
-source test/train_helpers.sh # check, run, start, trajectory, same_result
+source test/train_helpers.sh # BIN, TMP, FIX; check, run, start, trajectory, same_result
 
 # LoRA with dropout, shuffling over several epochs and gradient accumulation:
 # everything a resume has to restore

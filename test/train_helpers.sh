@@ -1,7 +1,12 @@
 # Helpers for the shell tests that train and compare runs (sourced, not run).
-# The caller sets BIN (the trainer), TMP (a scratch folder), ARGS (the options
-# every run shares) and SUITE (the name in its ok/FAIL lines); fails counts the
-# failed checks.
+# The caller sets SUITE (the name in its ok/FAIL lines) before, and ARGS (the
+# options every run shares) after sourcing; this sets BIN (the trainer, from the
+# environment or ./train_llama2), TMP (a scratch folder, removed at exit), FIX
+# (the fixtures) and fails (the count of failed checks).
+BIN=${BIN:-./train_llama2}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+FIX=test/fixtures
 fails=0
 check() { # check NAME CONDITION-EXIT-CODE DETAIL
     if [ "$2" -eq 0 ]; then echo "ok $SUITE: $1"; else echo "FAIL $SUITE: $1: $3"; fails=$((fails + 1)); fi
