@@ -32,6 +32,13 @@ static int next_section(const uint8_t **p, const uint8_t *end, const uint8_t **s
     return 1;
 }
 
+// writes a file where the names allow it (a folder of that name may be there already)
+static void write_if_free(const char *path, const void *data, size_t n) {
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) return;
+    fuzz_write(path, data, n);
+}
+
 static int is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -80,7 +87,7 @@ FUZZ_TARGET(checkpoint) {
                 name[len - 1] = 0;
                 snprintf(path, sizeof path, "%s/%s", out, name);
                 if (strcmp(name, ".") && strcmp(name, "..")) {
-                    if (line[0] == 'f') fuzz_write(path, "", 0);
+                    if (line[0] == 'f') write_if_free(path, "", 0);
                     else mkdir(path, 0755);
                 }
             }
@@ -108,7 +115,7 @@ FUZZ_TARGET(checkpoint) {
     static const char *const files[] = {"trainer_state.json", "optimizer.safetensors", "adapter_model.safetensors", "adapter_config.json"};
     for (int f = 0; f < 4 && next_section(&p, end, &s, &n); f++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[f]);
-        if (f > 0) { fuzz_write(path, s, n); continue; }
+        if (f > 0) { write_if_free(path, s, n); continue; }
         // trainer_state.json: @DATA@ -> the data file's path
         char *text = (char *)malloc(n * (strlen(data_path) + 1) + 1), *t = text;
         FUZZ_ASSERT(text != NULL);
@@ -116,7 +123,7 @@ FUZZ_TARGET(checkpoint) {
             if (n - i >= 6 && !memcmp(s + i, "@DATA@", 6)) { t += sprintf(t, "%s", data_path); i += 6; }
             else *t++ = (char)s[i++];
         }
-        fuzz_write(path, text, (size_t)(t - text));
+        write_if_free(path, text, (size_t)(t - text));
         free(text);
     }
     fuzz_stderr_begin();
