@@ -1680,7 +1680,7 @@ static int metrics_truncate(const char *path, int step) {
 // the training loop
 
 // a value for the metrics file: JSON has no NaN or infinity, so those are null
-static const char *json_num(char *buf, size_t n, double v) {
+static const char *metrics_num(char *buf, size_t n, double v) {
     if (isfinite(v)) snprintf(buf, n, "%.9g", v);
     else snprintf(buf, n, "null");
     return buf;
@@ -1848,7 +1848,7 @@ static int train(TrainConfig *tc) {
             char lb[32], nb[32];
             fprintf(metrics, "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens\": %ld, \"skipped\": %d, "
                     "\"skipped_total\": %d, \"ms\": %.3f, \"tok_per_s\": %.3f, \"tflops\": %.6g, ", ts.step,
-                    json_num(lb, sizeof lb, loss), lr, json_num(nb, sizeof nb, norm), n_tokens, skipped, ts.step - ts.opt_t, ms,
+                    metrics_num(lb, sizeof lb, loss), lr, metrics_num(nb, sizeof nb, norm), n_tokens, skipped, ts.step - ts.opt_t, ms,
                     n_tokens / (ms / 1e3), tflops);
             if (mfu >= 0) fprintf(metrics, "\"mfu\": %.6g, ", mfu);
             fprintf(metrics, "\"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n", peak_rss_mb(), act_mb, carry_mb);
