@@ -37,7 +37,7 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h dataloader.h checkpoint.h default_model.h
+HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h model.h dataloader.h checkpoint.h default_model.h trainer.h
 TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked test/test_trainer test/test_dataloader test/test_default test/test_fuzz_replay
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
@@ -81,9 +81,14 @@ dev/cuda/cpu_ref.o: dev/cuda/cpu_ref.c dev/cuda/cpu_ref.h train_llama2.c $(HEADE
 $(CUDA_CHECKS): dev/cuda/%: dev/cuda/%.cu dev/cuda/cpu_ref.o $(CUDA_HEADERS)
 	$(NVCC) $(NVCCFLAGS) -o $@ $< dev/cuda/cpu_ref.o $(CUDA_LDLIBS)
 
+# the host headers train_llama2.cu shares with train_llama2.c, compiled as C++17
+# with the same flags (an object only: it checks that they compile)
+dev/cuda/host_headers.o: dev/cuda/host_headers.cu $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
 # every CUDA target; cuda-compile-check (CI, no GPU needed) builds them all for
 # sm_80 and sm_90 with warnings as errors; dev/gpu_check.sh runs them on a GPU
-cuda: $(CUDA_CHECKS)
+cuda: $(CUDA_CHECKS) dev/cuda/host_headers.o
 cuda-compile-check: cuda
 
 # (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out)
@@ -109,5 +114,5 @@ run: train_llama2
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} ./train_llama2
 
 clean:
-	rm -f train_llama2 $(TESTS) dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o
+	rm -f train_llama2 $(TESTS) dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o dev/cuda/host_headers.o
 	rm -rf build-san build-fuzz build-vg

@@ -23,7 +23,7 @@ static int remove_tree(const char *path) {
     DIR *d = opendir(path);
     if (!d) return -1;
     int rc = 0;
-    for (struct dirent *e; (e = readdir(d));) {
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         char sub[PATH_MAX];
         snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
@@ -63,7 +63,7 @@ static long *checkpoint_list(const char *out_dir, int *n) {
     int cap = 16;
     long *steps = (long *)mallocCheck(cap * sizeof(long));
     *n = 0;
-    for (struct dirent *e; (e = readdir(d));) {
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
         long s = checkpoint_step(e->d_name);
         char path[2 * PATH_MAX];
         struct stat st;
@@ -160,7 +160,7 @@ static int checkpoint_write_digests(FILE *json, const char *dir) {
     if (!d) { fprintf(stderr, "error: cannot list checkpoint folder '%s': %s\n", dir, strerror(errno)); return -1; }
     char names[CHECKPOINT_MAX_FILES][256], path[2 * PATH_MAX], digest[64];
     int n = 0, rc = 0;
-    for (struct dirent *e; (e = readdir(d));) {
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
         if (e->d_name[0] == '.' || !strcmp(e->d_name, "trainer_state.json")) continue;
         if (n == CHECKPOINT_MAX_FILES) { fprintf(stderr, "error: checkpoint folder '%s' has more than %d files\n", dir, n); rc = -1; break; }
         snprintf(names[n++], sizeof names[0], "%s", e->d_name);

@@ -307,7 +307,7 @@ static void default_pb_float(DefaultBuf *b, int num, float f) {
 
 // ModelProto.pieces (field 1): SentencePiece {piece = 1, score = 2, type = 3}
 static void default_pb_piece(DefaultBuf *b, const char *piece, float score, int type) {
-    DefaultBuf m = {0};
+    DefaultBuf m = {NULL, 0, 0};
     default_pb_bytes(&m, 1, piece, strlen(piece));
     default_pb_float(&m, 2, score);
     default_pb_int(&m, 3, (uint64_t)type);
@@ -317,7 +317,7 @@ static void default_pb_piece(DefaultBuf *b, const char *piece, float score, int 
 
 static int default_write_tokenizer(const char *path) {
     enum { NORMAL = 1, UNKNOWN = 2, CONTROL = 3 }; // SentencePiece.Type
-    DefaultBuf b = {0}, m = {0};
+    DefaultBuf b = {NULL, 0, 0}, m = {NULL, 0, 0};
     char piece[2] = {0};
     default_pb_piece(&b, "<unk>", 0.0f, UNKNOWN);
     default_pb_piece(&b, "<s>", 0.0f, CONTROL);
@@ -351,7 +351,7 @@ static int default_write_tokenizer(const char *path) {
 // data.jsonl
 
 static int default_write_data(const char *path) {
-    DefaultBuf b = {0};
+    DefaultBuf b = {NULL, 0, 0};
     for (size_t i = 0; i < sizeof default_facts / sizeof default_facts[0]; i++) {
         char q[256];
         default_put(&b, "{\"prompt\": ", 11);

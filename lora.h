@@ -234,7 +234,7 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
     const char *s;
     long long r = 0;
     double alpha = 0, dropout = 0;
-    int rslora = 0, b;
+    int rslora = 0, b, found = 0, allocated = 0;
     unsigned targets = 0;
     if (cfg.type != JSON_OBJECT) { fprintf(stderr, "error: %s: not a JSON object\n", path); goto done; }
     if (json_get_string(&cfg, "peft_type", &s, NULL) != 0 || strcmp(s, "LORA") != 0) {
@@ -278,7 +278,6 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     StFile sf;
     if (st_open(&sf, path) != 0) goto done;
-    int found = 0, allocated = 0;
     char key[160];
     for (int pass = 0; pass < 2 && found >= 0; pass++) { // 0: check, 1: allocate and read
         if (pass == 1) {

@@ -59,12 +59,12 @@ static char *read_file_max(const char *path, size_t *len, size_t max) {
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
+    char *buf = (char *)malloc(cap);
     while (buf) {
         n += fread(buf + n, 1, cap - 1 - n, f);
         if (n > max) { free(buf); buf = NULL; errno = EFBIG; break; }
         if (n < cap - 1) break;
-        char *nb = realloc(buf, cap *= 2);
+        char *nb = (char *)realloc(buf, cap *= 2);
         if (!nb) { free(buf); buf = NULL; errno = ENOMEM; }
         else buf = nb;
     }

@@ -33,35 +33,35 @@ static void setup(Model *m, const char *model, int full, int chunk, const char *
                     "--chunk_memory", (char *)mem, "--num_output_chunks", oc, full ? "--full_finetune" : "--seed=3"};
     if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("test arguments rejected");
     if (model_setup(m, &tc, B, T, NULL) != 0) die("cannot set up %s", model);
-    if (m->use_lora) { // B = 0 would leave A without gradient
+    if (m->host.use_lora) { // B = 0 would leave A without gradient
         uint64_t state = 11;
-        for (int i = 0; i < m->lora.n_layers; i++)
+        for (int i = 0; i < m->host.lora.n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++) {
-                float *b = lora_B(&m->lora, m->lora.params, i, t);
-                for (int k = 0; k < m->lora.r * m->lora.out[t]; k++) b[k] = 0.2f * (rng_uniform(&state) - 0.5f);
+                float *b = lora_B(&m->host.lora, m->host.lora.params, i, t);
+                for (int k = 0; k < m->host.lora.r * m->host.lora.out[t]; k++) b[k] = 0.2f * (rng_uniform(&state) - 0.5f);
             }
     }
     m->dropout_key = 99;
 }
 
 static float *trainable_grads(Model *m, size_t *n) {
-    *n = m->use_lora ? m->lora.num_params : m->num_params;
-    return m->use_lora ? m->lora.grads : m->grads;
+    *n = m->host.use_lora ? m->host.lora.num_params : m->host.num_params;
+    return m->host.use_lora ? m->host.lora.grads : m->grads;
 }
 
 typedef struct { double loss; float *logits, *grads; size_t n; } Run;
 
 static Run run(Model *m, const int *tokens, const int *targets) {
     Run r;
-    r.logits = (float *)mallocCheck((size_t)B * T * m->config.vocab_size * sizeof(float));
+    r.logits = (float *)mallocCheck((size_t)B * T * m->host.config.vocab_size * sizeof(float));
     float *g = trainable_grads(m, &r.n);
     memset(g, 0, r.n * sizeof(float));
     r.loss = model_forward_backward(m, tokens, targets, B, T, 1.0f / 37);
     r.grads = (float *)mallocCheck(r.n * sizeof(float));
     memcpy(r.grads, g, r.n * sizeof(float));
-    m->lora.training = 0; // logits without dropout, as evaluation sees them
+    m->host.lora.training = 0; // logits without dropout, as evaluation sees them
     double eval = model_forward(m, tokens, targets, B, T, r.logits);
-    m->lora.training = 1;
+    m->host.lora.training = 1;
     (void)eval;
     return r;
 }
@@ -80,8 +80,8 @@ static double normwise(const float *got, const float *want, size_t n) {
 // every trainable tensor separately: LoRA A/B per layer and target, or each base weight
 static double worst_tensor(Model *m, const float *got, const float *want, char *name, size_t namelen) {
     double worst = 0;
-    if (m->use_lora) {
-        LoRA *l = &m->lora;
+    if (m->host.use_lora) {
+        LoRA *l = &m->host.lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++)
                 for (int ab = 0; ab < 2; ab++) {
@@ -91,7 +91,7 @@ static double worst_tensor(Model *m, const float *got, const float *want, char *
                 }
         return worst;
     }
-    Config *c = &m->config;
+    Config *c = &m->host.config;
     size_t off = 0;
     for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
         int64_t rows, cols;
@@ -204,10 +204,10 @@ static void test_memory(void) {
         for (int i = 0; i < 2; i++) {
             Model m;
             memset(&m, 0, sizeof m);
-            if (model_load(&m, "test/fixtures/tiny_gqa") != 0) die("load");
+            if (model_load(&m.host, "test/fixtures/tiny_gqa") != 0) die("load");
             model_alloc(&m, 2, Ts[i], 16, mode, 1);
-            act[mode][i] = m.a.act_bytes;
-            carry[mode][i] = m.a.carry_bytes;
+            act[mode][i] = m.act_bytes;
+            carry[mode][i] = m.carry_bytes;
             model_free(&m);
         }
     CHECK(act[1][0] == act[1][1], "recompute: activation memory is flat in T", "%zu bytes at T=64, %zu at T=128", act[1][0], act[1][1]);
@@ -222,12 +222,12 @@ static void test_greedy_generation(void) {
     setup(&m, "tiny_gqa", 0, 5, "recompute", 1);
     int prompt[7] = {1, 40, 300, 22, 7, 90, 5}, n_new;
     int *gen = generate(&m, prompt, 7, 12, 0.0f, 1.0f, 1, -1, &n_new);
-    int seq[B * T], targets[B * T], V = m.config.vocab_size, len = 7 + n_new, bad = -1;
+    int seq[B * T], targets[B * T], V = m.host.config.vocab_size, len = 7 + n_new, bad = -1;
     memcpy(seq, prompt, sizeof prompt);
     memcpy(seq + 7, gen, n_new * sizeof(int));
     for (int i = 0; i < len; i++) targets[i] = -100;
     float *logits = (float *)mallocCheck((size_t)len * V * sizeof(float));
-    m.lora.training = 0;
+    m.host.lora.training = 0;
     model_forward(&m, seq, targets, 1, len, logits);
     for (int i = 0; i < n_new && bad < 0; i++) {
         const float *z = logits + (size_t)(6 + i) * V;

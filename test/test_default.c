@@ -137,10 +137,10 @@ int main(void) {
     // model.safetensors: names, shapes, init; and the trainer loads it against the config
     if (cfg_ok) {
         check_weights(model_a, &c);
-        Model m;
+        HostModel m;
         memset(&m, 0, sizeof m);
         CHECK(model_load(&m, model_a) == 0, "the trainer loads the model", "");
-        free(m.params); // (model_load allocates only these; model_free expects a whole model)
+        host_model_free(&m);
     }
 
     // the same bytes again, in another folder

@@ -92,8 +92,8 @@ typedef struct { char name[200]; float *data; float *grad; size_t n; } Trainable
 
 static int list_trainables(Model *m, Trainable *out) {
     int n = 0;
-    if (m->use_lora) {
-        LoRA *l = &m->lora;
+    if (m->host.use_lora) {
+        LoRA *l = &m->host.lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++) {
                 if (!(l->targets & (1u << t))) continue;
@@ -106,9 +106,9 @@ static int list_trainables(Model *m, Trainable *out) {
             }
         return n;
     }
-    Config *c = &m->config;
+    Config *c = &m->host.config;
     float *w[NUM_PARAM_TENSORS], *g[NUM_PARAM_TENSORS];
-    param_tensors(&m->w, w);
+    param_tensors(&m->host.w, w);
     param_tensors(&m->g, g);
     for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
         if (p == P_HEAD && c->tied) continue;
@@ -177,7 +177,7 @@ static void test_model(const char *model, int full) {
     StFile ef;
     snprintf(path, sizeof path, "test/fixtures/%s/ref/expected.safetensors", model);
     if (st_open(&ef, path) != 0) die("cannot open %s", path);
-    int V = m.config.vocab_size;
+    int V = m.host.config.vocab_size;
     float *logits = (float *)mallocCheck((size_t)B * Ts[0] * V * sizeof(float));
     Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
     int ntr = list_trainables(&m, tr);
@@ -270,29 +270,29 @@ static void test_dropout(void) {
     Model m;
     if (model_setup(&m, &tc, B, 24, NULL) != 0) die("dropout test model");
     uint64_t state = 7;
-    for (int i = 0; i < m.lora.n_layers; i++) // B = 0 would give A no gradient
+    for (int i = 0; i < m.host.lora.n_layers; i++) // B = 0 would give A no gradient
         for (int t = 0; t < LORA_N_TARGETS; t++) {
-            float *b = lora_B(&m.lora, m.lora.params, i, t);
-            for (int k = 0; k < m.lora.r * m.lora.out[t]; k++) b[k] = 0.1f * (rng_uniform(&state) - 0.5f);
+            float *b = lora_B(&m.host.lora, m.host.lora.params, i, t);
+            for (int k = 0; k < m.host.lora.r * m.host.lora.out[t]; k++) b[k] = 0.1f * (rng_uniform(&state) - 0.5f);
         }
     m.dropout_key = 12345;
     float scale = 1.0f / labels;
-    memset(m.lora.grads, 0, m.lora.num_params * sizeof(float));
+    memset(m.host.lora.grads, 0, m.host.lora.num_params * sizeof(float));
     double loss = model_forward_backward(&m, tokens, targets, B, T, scale) * scale;
     double again = model_forward(&m, tokens, targets, B, T, NULL) * scale;
     CHECK(loss == again, "dropout: the same key gives the same mask", "%.9g vs %.9g", loss, again);
-    m.lora.training = 0;
+    m.host.lora.training = 0;
     double nodrop = model_forward(&m, tokens, targets, B, T, NULL) * scale;
-    m.lora.training = 1;
+    m.host.lora.training = 1;
     CHECK(fabs(nodrop - loss) > 1e-4, "dropout: changes the training loss, not evaluation", "%.9g vs %.9g without", loss, nodrop);
     int checks[4][2] = {{0, LORA_Q}, {1, LORA_V}, {0, LORA_DOWN}, {1, LORA_GATE}};
     double worst = 0;
     for (int c = 0; c < 4; c++)
         for (int ab = 0; ab < 2; ab++) {
             int layer = checks[c][0], t = checks[c][1];
-            float *p = ab ? lora_B(&m.lora, m.lora.params, layer, t) : lora_A(&m.lora, m.lora.params, layer, t);
-            float *g = ab ? lora_B(&m.lora, m.lora.grads, layer, t) : lora_A(&m.lora, m.lora.grads, layer, t);
-            int n = m.lora.r * (ab ? m.lora.out[t] : m.lora.in[t]);
+            float *p = ab ? lora_B(&m.host.lora, m.host.lora.params, layer, t) : lora_A(&m.host.lora, m.host.lora.params, layer, t);
+            float *g = ab ? lora_B(&m.host.lora, m.host.lora.grads, layer, t) : lora_A(&m.host.lora, m.host.lora.grads, layer, t);
+            int n = m.host.lora.r * (ab ? m.host.lora.out[t] : m.host.lora.in[t]);
             for (int pick = 0; pick < 5; pick++) {
                 int best = 0; // the largest |g| not yet checked (checked ones are marked NaN)
                 for (int k = 0; k < n; k++) if (!isnan(g[k]) && (isnan(g[best]) || fabsf(g[k]) > fabsf(g[best]))) best = k;

@@ -35,13 +35,13 @@ static void test_merge(void) {
     memset(&merged, 0, sizeof merged);
     char dir[256];
     snprintf(dir, sizeof dir, "%s/merged", out);
-    if (model_load(&merged, dir) != 0) die("cannot load %s", dir);
+    if (model_load(&merged.host, dir) != 0) die("cannot load %s", dir);
     model_alloc(&merged, 2, 24, 0, 0, 1);
-    int tokens[48], targets[48], V = lora.config.vocab_size;
+    int tokens[48], targets[48], V = lora.host.config.vocab_size;
     uint64_t st = 9;
     for (int i = 0; i < 48; i++) { tokens[i] = (int)(rng_next(&st) % V); targets[i] = -100; }
     float *a = (float *)mallocCheck(48 * V * sizeof(float)), *b = (float *)mallocCheck(48 * V * sizeof(float));
-    lora.lora.training = 0;
+    lora.host.lora.training = 0;
     model_forward(&lora, tokens, targets, 2, 24, a);
     model_forward(&merged, tokens, targets, 2, 24, b);
     double err = 0, scale = 0, lora_effect = 0;
@@ -49,7 +49,7 @@ static void test_merge(void) {
     float *base = (float *)mallocCheck(48 * V * sizeof(float));
     Model plain;
     memset(&plain, 0, sizeof plain);
-    if (model_load(&plain, "test/fixtures/tiny_gqa") != 0) die("base");
+    if (model_load(&plain.host, "test/fixtures/tiny_gqa") != 0) die("base");
     model_alloc(&plain, 2, 24, 0, 0, 1);
     model_forward(&plain, tokens, targets, 2, 24, base);
     for (int i = 0; i < 48 * V; i++) lora_effect = fmax(lora_effect, fabs(a[i] - base[i]));
@@ -76,7 +76,7 @@ static void write_random_model(const char *dir, int D, int H, int L, int NH) {
     float *w = (float *)mallocCheck(n * sizeof(float));
     uint64_t st = 1;
     for (size_t i = 0; i < n; i++) w[i] = 0.04f * (rng_uniform(&st) - 0.5f);
-    Model m;
+    HostModel m;
     memset(&m, 0, sizeof m);
     m.config = c;
     m.params = w;
@@ -151,7 +151,7 @@ static void test_memory_plan(void) {
 }
 
 static void test_flops(void) {
-    Model m;
+    HostModel m;
     memset(&m, 0, sizeof m);
     if (model_load(&m, "test/fixtures/tiny_gqa") != 0) die("load");
     // tiny_gqa: D 64, H 96, L 2, 4 heads of 16, 2 kv heads, V 512
@@ -161,7 +161,7 @@ static void test_flops(void) {
     double full = flops_per_sequence(&m, 24);
     CHECK(fabs(full - (6 * N * T + 3 * attn)) < 1e-6 * full, "FLOPs: full fine-tuning = 6 N T + 3 x attention",
           "%.6g vs %.6g", full, 6 * N * T + 3 * attn);
-    free(m.params);
+    host_model_free(&m);
 }
 
 int main(void) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make test's CUDA step: compiles every CUDA target for sm_80 and sm_90 with
+# make test's CUDA step: compiles every CUDA target (the kernel checks, and the
+# host headers train_llama2.cu shares, as C++: host_headers.cu) for sm_80 and sm_90 with
 # warnings as errors (make cuda-compile-check; no GPU needed), so a compile break
 # cannot land. Prints one ok / FAIL / SKIP line for test/run.sh to count.
 cd "$(dirname "$0")/../.."

@@ -1,4 +1,4 @@
-// config.json from arbitrary bytes: config_load (train_llama2.c) on a folder
+// config.json from arbitrary bytes: config_load (model.h) on a folder
 // holding it. What it accepts must be a configuration the trainer can size
 // buffers from: every field in its range, heads divisible, head_dim even,
 // rope_theta and rms_norm_eps positive and finite.

@@ -1,5 +1,5 @@
 // A checkpoint folder whose config.json is arbitrary bytes and whose weights
-// are the tiny GQA model of test/fixtures: model_load (train_llama2.c) must
+// are the tiny GQA model of test/fixtures: model_load (model.h) must
 // either refuse it with a message or load a model whose shapes match the file.
 // Nothing is allocated for the weights before every tensor has been checked
 // against the config (a config claiming terabytes once made model_load try to
@@ -18,7 +18,7 @@ FUZZ_TARGET(model) {
     char p[4096];
     fuzz_path(p, sizeof p, "config.json");
     fuzz_write(p, data, size);
-    Model m;
+    HostModel m;
     memset(&m, 0, sizeof m);
     fuzz_stderr_begin();
     int r = model_load(&m, fuzz_tmpdir());
@@ -29,6 +29,6 @@ FUZZ_TARGET(model) {
         FUZZ_ASSERT(m.config.dim == 64 && m.config.n_layers == 2 && m.config.vocab_size == 512);
         FUZZ_ASSERT(m.num_params == param_layout(&m.config, &m.w, NULL) && m.params != NULL);
     }
-    free(m.params); // all that model_load allocates (also after a failure); model_free needs model_alloc
+    host_model_free(&m); // all that model_load allocates (also after a failure)
     return 0;
 }

@@ -1,0 +1,377 @@
+// The model as files and host arrays, shared by both trainers: the config,
+// the base weights' layout, names and shapes (Hugging Face Llama conventions),
+// loading a checkpoint folder into host fp32 arrays, and saving one (full
+// fine-tuning, and base + adapter merged). Nothing here computes a forward;
+// a backend's Model embeds a HostModel (train_llama2.c, train_llama2.cu).
+//
+// Include after the backend's matmul_forward / matmul_backward (lora.h calls them).
+#ifndef MODEL_H
+#define MODEL_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+#include <float.h>
+#include "utils.h"
+#include "json.h"
+#include "safetensors.h"
+#include "lora.h"
+
+// ----------------------------------------------------------------------------
+// model configuration, read from the checkpoint's config.json
+
+typedef struct {
+    int dim;          // hidden_size D
+    int hidden_dim;   // intermediate_size H
+    int n_layers;     // num_hidden_layers L
+    int n_heads;      // num_attention_heads NH
+    int n_kv_heads;   // num_key_value_heads NKV (GQA), defaults to NH
+    int head_dim;     // hd, defaults to D / NH
+    int vocab_size;   // V
+    int max_pos;      // max_position_embeddings
+    float norm_eps;   // rms_norm_eps
+    float rope_theta;
+    int tied;         // tie_word_embeddings
+} Config;
+
+static int config_int(const JsonValue *cfg, const char *path, const char *key, int *out, int required, int lo, int hi) {
+    long long v;
+    int rc = json_get_int(cfg, key, &v);
+    if (rc == -1 && !required) return 0;
+    if (rc != 0 || v < lo || v > hi) {
+        fprintf(stderr, "error: %s: '%s' must be an integer in [%d, %d]%s\n", path, key, lo, hi, rc == -1 ? " (missing)" : "");
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int config_load(Config *c, const char *model_dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    JsonValue j;
+    if (json_load_file(path, &j) != 0) return -1;
+    int rc = -1;
+    const char *s;
+    double d;
+    int b;
+    const JsonValue *v, *rope = NULL;
+    if (j.type != JSON_OBJECT) { fprintf(stderr, "error: %s: not a JSON object\n", path); goto done; }
+    if (json_get_string(&j, "model_type", &s, NULL) == 0 && strcmp(s, "llama") != 0)
+        fprintf(stderr, "warning: %s: model_type is \"%s\", reading it as a Llama model\n", path, s);
+    if (config_int(&j, path, "hidden_size", &c->dim, 1, 1, 1 << 16) ||
+        config_int(&j, path, "intermediate_size", &c->hidden_dim, 1, 1, 1 << 18) ||
+        config_int(&j, path, "num_hidden_layers", &c->n_layers, 1, 1, 1024) ||
+        config_int(&j, path, "num_attention_heads", &c->n_heads, 1, 1, 1024) ||
+        config_int(&j, path, "vocab_size", &c->vocab_size, 1, 1, 1 << 24)) goto done;
+    c->n_kv_heads = c->n_heads;
+    c->head_dim = c->dim / c->n_heads;
+    c->max_pos = 4096;
+    if (config_int(&j, path, "num_key_value_heads", &c->n_kv_heads, 0, 1, c->n_heads) ||
+        config_int(&j, path, "head_dim", &c->head_dim, 0, 2, 1 << 12) ||
+        config_int(&j, path, "max_position_embeddings", &c->max_pos, 0, 1, 1 << 24)) goto done;
+    if (c->n_heads % c->n_kv_heads != 0) {
+        fprintf(stderr, "error: %s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)\n",
+                path, c->n_heads, c->n_kv_heads);
+        goto done;
+    }
+    if (c->head_dim % 2 != 0 || (json_get(&j, "head_dim") == NULL && c->dim % c->n_heads != 0)) {
+        fprintf(stderr, "error: %s: head dimension must be even and hidden_size divisible by num_attention_heads\n", path);
+        goto done;
+    }
+    c->norm_eps = 1e-6f;
+    // out-of-range doubles become -1 (refused below): converting them to float is undefined
+    if (json_get_number(&j, "rms_norm_eps", &d) == 0) c->norm_eps = d > 0 && d <= FLT_MAX ? (float)d : -1.0f;
+    // transformers < 5 writes rope_theta at the top; transformers 5 inside rope_parameters
+    c->rope_theta = 10000.0f;
+    if ((v = json_get(&j, "rope_parameters")) && v->type == JSON_OBJECT) rope = v;
+    if ((v = json_get(&j, "rope_scaling")) && v->type != JSON_NULL) rope = v;
+    if (json_get_number(&j, "rope_theta", &d) == 0) c->rope_theta = d > 0 && d <= FLT_MAX ? (float)d : -1.0f;
+    if (rope) {
+        if (json_get_number(rope, "rope_theta", &d) == 0) c->rope_theta = d > 0 && d <= FLT_MAX ? (float)d : -1.0f;
+        if ((json_get_string(rope, "rope_type", &s, NULL) == 0 || json_get_string(rope, "type", &s, NULL) == 0) &&
+            strcmp(s, "default") != 0) {
+            fprintf(stderr, "error: %s: rope scaling type \"%s\" is not supported yet (only plain RoPE)\n", path, s);
+            goto done;
+        }
+    }
+    if (!(c->rope_theta > 0) || !(c->norm_eps > 0)) { fprintf(stderr, "error: %s: rope_theta and rms_norm_eps must be positive finite numbers\n", path); goto done; }
+    if (json_get_string(&j, "hidden_act", &s, NULL) == 0 && strcmp(s, "silu") != 0) {
+        fprintf(stderr, "error: %s: hidden_act \"%s\" is not supported (Llama uses silu)\n", path, s); goto done;
+    }
+    if ((json_get_bool(&j, "attention_bias", &b) == 0 && b) || (json_get_bool(&j, "mlp_bias", &b) == 0 && b)) {
+        fprintf(stderr, "error: %s: attention_bias / mlp_bias are not supported (Llama has no biases)\n", path); goto done;
+    }
+    c->tied = 0;
+    if (json_get_bool(&j, "tie_word_embeddings", &b) == 0) c->tied = b;
+    rc = 0;
+done:
+    json_free(&j);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// parameters: every base weight in one flat buffer, in Hugging Face order
+
+enum { P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_MLP_NORM, P_WGATE, P_WUP, P_WDOWN, P_NORM, P_HEAD, NUM_PARAM_TENSORS };
+
+typedef struct {
+    float *embed;      // (V, D)
+    float *attn_norm;  // (L, D)
+    float *wq;         // (L, NH*hd, D)
+    float *wk;         // (L, NKV*hd, D)
+    float *wv;         // (L, NKV*hd, D)
+    float *wo;         // (L, D, NH*hd)
+    float *mlp_norm;   // (L, D)
+    float *wgate;      // (L, H, D)
+    float *wup;        // (L, H, D)
+    float *wdown;      // (L, D, H)
+    float *norm;       // (D)
+    float *head;       // (V, D); points at embed when tied
+} ParameterTensors;
+
+// per-layer shape (rows, cols) of each tensor; rows = 1 for vectors
+static void param_shape(const Config *c, int p, int64_t *rows, int64_t *cols) {
+    int64_t D = c->dim, H = c->hidden_dim, Q = (int64_t)c->n_heads * c->head_dim, KV = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t shapes[NUM_PARAM_TENSORS][2] = {
+        {c->vocab_size, D}, {1, D}, {Q, D}, {KV, D}, {KV, D}, {D, Q}, {1, D}, {H, D}, {H, D}, {D, H}, {1, D}, {c->vocab_size, D}};
+    *rows = shapes[p][0];
+    *cols = shapes[p][1];
+}
+static int param_per_layer(int p) { return p != P_EMBED && p != P_NORM && p != P_HEAD; }
+static size_t param_numel(const Config *c, int p) {
+    int64_t r, k;
+    param_shape(c, p, &r, &k);
+    return (size_t)(r * k) * (param_per_layer(p) ? (size_t)c->n_layers : 1);
+}
+
+static void param_name(int p, int layer, char *buf, size_t n) {
+    static const char *fmt[NUM_PARAM_TENSORS] = {
+        "model.embed_tokens.weight", "model.layers.%d.input_layernorm.weight",
+        "model.layers.%d.self_attn.q_proj.weight", "model.layers.%d.self_attn.k_proj.weight",
+        "model.layers.%d.self_attn.v_proj.weight", "model.layers.%d.self_attn.o_proj.weight",
+        "model.layers.%d.post_attention_layernorm.weight", "model.layers.%d.mlp.gate_proj.weight",
+        "model.layers.%d.mlp.up_proj.weight", "model.layers.%d.mlp.down_proj.weight", "model.norm.weight",
+        "lm_head.weight"};
+    snprintf(buf, n, fmt[p], layer);
+}
+
+// the tensors' pointers in enum order, for loops over all of them
+static void param_tensors(const ParameterTensors *t, float *out[NUM_PARAM_TENSORS]) {
+    float *p[NUM_PARAM_TENSORS] = {t->embed, t->attn_norm, t->wq, t->wk, t->wv, t->wo,
+                                   t->mlp_norm, t->wgate, t->wup, t->wdown, t->norm, t->head};
+    memcpy(out, p, sizeof p);
+}
+
+// points the tensors into a flat buffer laid out in enum order; returns its size
+static size_t param_layout(const Config *c, ParameterTensors *t, float *base) {
+    float **ptrs[NUM_PARAM_TENSORS] = {&t->embed, &t->attn_norm, &t->wq, &t->wk, &t->wv, &t->wo,
+                                       &t->mlp_norm, &t->wgate, &t->wup, &t->wdown, &t->norm, &t->head};
+    size_t off = 0;
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        if (p == P_HEAD && c->tied) { t->head = t->embed; continue; }
+        if (base) *ptrs[p] = base + off;
+        off += param_numel(c, p);
+    }
+    return off;
+}
+
+// the shapes of the seven linear layers peft can adapt, in LORA_* order
+static void lora_shapes(const Config *c, int in[LORA_N_TARGETS], int out[LORA_N_TARGETS]) {
+    int D = c->dim, H = c->hidden_dim, Q = c->n_heads * c->head_dim, KV = c->n_kv_heads * c->head_dim;
+    int ins[LORA_N_TARGETS] = {D, D, D, Q, D, D, H}, outs[LORA_N_TARGETS] = {Q, KV, KV, D, H, H, D};
+    memcpy(in, ins, sizeof ins);
+    memcpy(out, outs, sizeof outs);
+}
+
+// ----------------------------------------------------------------------------
+// the host model: what both backends keep in host memory. On the CPU it is the
+// only copy; the CUDA trainer uploads it and copies the trainable part back
+// before a save (model_sync_host in trainer.h's contract).
+
+typedef struct {
+    Config config;
+    ParameterTensors w;       // base weights (fp32), pointers into params
+    float *params;
+    size_t num_params;
+    int full_finetune;        // train every weight (else LoRA on frozen weights)
+    int use_lora;
+    LoRA lora;                // adapters: shapes, targets, dropout flag, params (and grads)
+} HostModel;
+
+static void host_model_free(HostModel *h) {
+    free(h->params);
+    lora_free(&h->lora); // a zeroed LoRA frees nothing
+    memset(h, 0, sizeof *h);
+}
+
+// ----------------------------------------------------------------------------
+// loading a Hugging Face checkpoint
+
+// config.json and the base weights of a checkpoint folder into h (h->params is
+// allocated only once every tensor checked out; the caller frees it, also after
+// a failure). 0 ok, -1 with a message naming the file.
+static int model_load(HostModel *m, const char *dir) {
+    if (config_load(&m->config, dir) != 0) return -1;
+    Config *c = &m->config;
+    StModel sm;
+    if (st_model_open(&sm, dir) != 0) return -1;
+    // pass 0 checks every tensor's presence, shape and dtype; only then pass 1
+    // allocates and reads, so a config.json claiming terabytes allocates nothing
+    m->num_params = param_layout(c, &m->w, NULL);
+    float *ptrs[NUM_PARAM_TENSORS];
+    char name[256];
+    int rc = 0;
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        if (pass == 1) {
+            m->params = (float *)mallocCheck(m->num_params * sizeof(float));
+            param_layout(c, &m->w, m->params);
+            param_tensors(&m->w, ptrs);
+        }
+        for (int p = 0; p < NUM_PARAM_TENSORS && rc == 0; p++) {
+            if (p == P_HEAD && c->tied) continue;
+            int64_t rows, cols;
+            param_shape(c, p, &rows, &cols);
+            int nl = param_per_layer(p) ? c->n_layers : 1;
+            for (int l = 0; l < nl && rc == 0; l++) {
+                param_name(p, l, name, sizeof name);
+                StFile *f;
+                const StTensor *t = st_model_find(&sm, name, &f);
+                int vec = rows == 1;
+                if (!t) {
+                    fprintf(stderr, "error: %s: tensor '%s' is missing from the checkpoint%s\n", dir, name,
+                            p == P_HEAD ? " (config.json says tie_word_embeddings is false)" : "");
+                    rc = -1;
+                } else if (t->ndim != (vec ? 1 : 2) || t->shape[0] != (vec ? cols : rows) || (!vec && t->shape[1] != cols)) {
+                    char got[128], want[64];
+                    st_format_shape(t->shape, t->ndim, got, sizeof got);
+                    if (vec) snprintf(want, sizeof want, "[%lld]", (long long)cols);
+                    else snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
+                    fprintf(stderr, "error: %s: tensor '%s' has shape %s but config.json implies %s\n", f->path, name, got, want);
+                    rc = -1;
+                } else if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) {
+                    fprintf(stderr, "error: %s: tensor '%s' has dtype %s; only F32, BF16 and F16 weights are supported\n",
+                            f->path, name, st_dtype_name(t->dtype));
+                    rc = -1;
+                } else if (pass == 1) {
+                    rc = st_read_f32(f, t, 0, t->numel, ptrs[p] + (size_t)l * rows * cols);
+                }
+            }
+        }
+    }
+    // a tied config with a stored head that is not the embedding would silently train another model
+    StFile *hf;
+    const StTensor *ht = c->tied ? st_model_find(&sm, "lm_head.weight", &hf) : NULL;
+    if (ht && rc == 0) {
+        size_t n = (size_t)c->vocab_size * c->dim;
+        float *head = (float *)mallocCheck(n * sizeof(float));
+        if (ht->numel != n || st_read_f32(hf, ht, 0, n, head) != 0 || memcmp(head, m->w.embed, n * sizeof(float)) != 0) {
+            fprintf(stderr, "error: %s: tensor 'lm_head.weight' differs from model.embed_tokens.weight but config.json "
+                    "says tie_word_embeddings is true\n", hf->path);
+            rc = -1;
+        }
+        free(head);
+    }
+    // a checkpoint with more layers than the config does not match it
+    for (int i = 0; i < sm.n_entries && rc == 0; i++) {
+        const char *n = sm.entries[i].name;
+        int layer;
+        if (sscanf(n, "model.layers.%d.", &layer) == 1 && (layer < 0 || layer >= c->n_layers)) {
+            fprintf(stderr, "error: %s: checkpoint has tensor '%s' but config.json says num_hidden_layers = %d\n", dir, n, c->n_layers);
+            rc = -1;
+        }
+    }
+    st_model_close(&sm);
+    return rc;
+}
+
+// full fine-tuning output: a Hugging Face folder (config.json and tokenizer.model
+// copied from the inputs, model.safetensors in F32 with the standard names)
+static int copy_file(const char *from, const char *to) {
+    size_t len;
+    char *buf = read_file(from, &len);
+    if (!buf) { fprintf(stderr, "error: cannot read '%s': %s\n", from, strerror(errno)); return -1; }
+    int rc = write_bytes_atomic(to, buf, len);
+    free(buf);
+    return rc;
+}
+
+static int model_save_hf(const HostModel *m, const char *dir, const char *model_dir, const char *tokpath) {
+    if (mkdir_p(dir) != 0) {
+        fprintf(stderr, "error: cannot create output directory '%s': %s\n", dir, strerror(errno));
+        return -1;
+    }
+    const Config *c = &m->config;
+    float *ptrs[NUM_PARAM_TENSORS];
+    param_tensors(&m->w, ptrs);
+    int cap = NUM_PARAM_TENSORS * c->n_layers, n = 0;
+    StWriteTensor *ts = (StWriteTensor *)callocCheck(cap, sizeof(StWriteTensor));
+    char (*names)[128] = (char (*)[128])mallocCheck((size_t)cap * 128);
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        if (p == P_HEAD && c->tied) continue;
+        int64_t rows, cols;
+        param_shape(c, p, &rows, &cols);
+        for (int l = 0; l < (param_per_layer(p) ? c->n_layers : 1); l++, n++) {
+            param_name(p, l, names[n], 128);
+            ts[n].name = names[n];
+            ts[n].dtype = ST_F32;
+            ts[n].ndim = rows == 1 ? 1 : 2;
+            ts[n].shape[0] = rows == 1 ? cols : rows;
+            ts[n].shape[1] = cols;
+            ts[n].data = ptrs[p] + (size_t)l * rows * cols;
+        }
+    }
+    char path[4096], from[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const char *meta[2] = {"format", "pt"};
+    int rc = st_write(path, ts, n, meta, 1);
+    free(ts); free(names);
+    snprintf(from, sizeof from, "%s/config.json", model_dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (rc == 0) rc = copy_file(from, path);
+    snprintf(path, sizeof path, "%s/tokenizer.model", dir);
+    if (rc == 0) rc = copy_file(tokpath, path);
+    return rc;
+}
+
+// base + LoRA as one Hugging Face model: W += scale * B @ A in every adapted
+// layer, on the host (it runs once, after training). Each element sums its r
+// products in order from zero and is then added to W, as the CPU matmul does.
+static int model_save_merged(HostModel *m, const char *dir, const char *model_dir, const char *tokpath) {
+    Config *c = &m->config;
+    LoRA *l = &m->lora;
+    float *w[NUM_PARAM_TENSORS];
+    param_tensors(&m->w, w);
+    int map[LORA_N_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
+    size_t total = m->num_params;
+    float *saved = (float *)mallocCheck(total * sizeof(float));
+    memcpy(saved, m->params, total * sizeof(float));
+    for (int i = 0; i < c->n_layers; i++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            if (!(l->targets & (1u << t))) continue;
+            int in = l->in[t], r = l->r;
+            float *W = w[map[t]] + (size_t)i * l->out[t] * in;   // (out, in)
+            const float *A = lora_A(l, l->params, i, t);         // (r, in)
+            const float *Bm = lora_B(l, l->params, i, t);        // (out, r)
+            #pragma omp parallel
+            {
+                float *acc = (float *)mallocCheck((size_t)in * sizeof(float)); // one row of scale * B A
+                #pragma omp for
+                for (int o = 0; o < l->out[t]; o++) {
+                    memset(acc, 0, (size_t)in * sizeof(float));
+                    for (int j = 0; j < r; j++) {
+                        float b = l->scale * Bm[(size_t)o * r + j];
+                        const float *Aj = A + (size_t)j * in;
+                        for (int k = 0; k < in; k++) acc[k] += b * Aj[k];
+                    }
+                    for (int k = 0; k < in; k++) W[(size_t)o * in + k] += acc[k];
+                }
+                free(acc);
+            }
+        }
+    int rc = model_save_hf(m, dir, model_dir, tokpath);
+    memcpy(m->params, saved, total * sizeof(float));
+    free(saved);
+    return rc;
+}
+#endif

@@ -1,0 +1,940 @@
+// The host side of both trainers: the command line, setting up the model,
+// the training loop, evaluation, sampling, checkpoints and exact resume, the
+// metrics, FLOPs and the memory plan, and main's built-in default run. It
+// computes nothing itself: a backend does, through the functions below.
+//
+// The backend contract. A trainer (train_llama2.c on the CPU, train_llama2.cu
+// on the GPU) defines these with the same names, then includes this file:
+//
+//   typedef struct { ... } Model; with at least these members:
+//       HostModel host;        config, host weights, LoRA (model.h). The trainer
+//                              fills it before model_alloc; host.lora.training
+//                              says whether LoRA dropout applies (off to evaluate).
+//       int B, T;              capacity: micro-batches of up to B rows of T tokens
+//       int chunk_size;        C, positions per chunk (== T: whole sequences)
+//       int recompute;         chunk memory mode: 1 recompute, 0 keep
+//       size_t act_bytes;      bytes of activations and scratch  } for the
+//       size_t carry_bytes;    bytes of the KV and dKV carries   } memory plan
+//       uint64_t dropout_key;  set by the trainer before each model_forward_backward
+//   void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks);
+//       everything but m->host, for chunks of C positions (C <= 0 or > T: T);
+//       a GPU backend uploads m->host here
+//   void model_free(Model *m);
+//       all of it, m->host included; safe on a zeroed Model and after a failed load
+//   double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out);
+//       summed cross-entropy of B rows of T tokens over targets != -100, no
+//       gradients; tokens, targets (B, T) in host memory; logits_out (B, T, V)
+//       host memory, or NULL
+//   double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale);
+//       the same loss, and adds grad_scale * d(loss)/d(trainable) into the gradients
+//   float *model_next_logits(Model *m, const int *seq, const Chunk *ch);
+//       runs positions ch->t0 .. ch->t0 + ch->len - 1 of one sequence (ch->B = 1,
+//       ch->T = m->T, ch->len <= m->B * m->chunk_size) through the model,
+//       adding their keys and values to the KV carry; returns the last
+//       position's logits (V) in host memory, valid until the next call
+//   typedef struct { ... } Optimizer; with at least these members:
+//       size_t n;              trainable parameters (LoRA's, or every weight)
+//       int t;                 optimizer steps taken
+//       float *m, *v;          AdamW moments (n each), host memory: what
+//                              checkpoints save and load
+//   void optimizer_init(Optimizer *o, Model *m);   moments at zero, t = 0
+//   void optimizer_free(Optimizer *o);             safe on a zeroed Optimizer
+//   void optimizer_zero_grad(Optimizer *o);
+//   double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
+//                         int update);
+//       the global gradient norm (returned, before clipping); then, if update
+//       and the norm is finite, clipping as torch.nn.utils.clip_grad_norm_
+//       (grad_clip 0: off) and one AdamW step; else nothing (t and the moments stay)
+//   void model_sync_host(Model *m, Optimizer *o);
+//       before a save: the trainable weights into m->host, the moments into
+//       o->m, o->v (the CPU backend: nothing to do)
+//   void optimizer_sync_device(Optimizer *o);
+//       after a checkpoint's moments and t were read into o (the CPU: nothing)
+//
+// A test or tool can include the trainer with -DTESTING and call any of it;
+// main is the trainer's own, a call to train_main.
+#ifndef TRAINER_H
+#define TRAINER_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <errno.h>
+#include <time.h>
+#include <signal.h>
+#include <limits.h>
+#include <sys/resource.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "utils.h"
+#include "json.h"
+#include "safetensors.h"
+#include "tokenizer.h"
+#include "dataloader.h"
+#include "checkpoint.h"
+#include "default_model.h"
+#include "model.h"
+
+// ----------------------------------------------------------------------------
+// learning-rate schedules as transformers'
+
+// learning rate for optimizer step s (0-based), as transformers' get_*_schedule_with_warmup
+static float lr_at(const char *sched, float base, int s, int warmup, int total) {
+    if (s < warmup) return base * (float)s / (float)(warmup > 1 ? warmup : 1);
+    if (strcmp(sched, "constant") == 0) return base;
+    double progress = (double)(s - warmup) / (double)(total - warmup > 1 ? total - warmup : 1);
+    if (strcmp(sched, "linear") == 0) return (float)(base * fmax(0.0, (double)(total - s) / fmax(1.0, total - warmup)));
+    return (float)(base * fmax(0.0, 0.5 * (1.0 + cos(M_PI * progress)))); // cosine, half a cycle
+}
+
+// ----------------------------------------------------------------------------
+// command line
+
+#define MAX_LIST 16
+typedef struct { const char *v[MAX_LIST]; int n; } StrList; // a repeatable option's values
+
+typedef struct {
+    const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
+    int max_seq_len, batch_size, grad_accum, max_steps, num_epochs, warmup_steps, seed, shuffle;
+    int eval_every, full_finetune, lora_r, use_rslora, threads, chunk_size, num_output_chunks;
+    float lr, weight_decay, grad_clip, beta1, beta2, eps, lora_alpha, lora_dropout;
+    const char *lr_scheduler, *lora_target_modules, *chunk_memory;
+    const char *resume;
+    int save_every, keep_checkpoints, max_bad_steps;
+    const char *data_format, *batching, *data_slice, *data_cache_dir;
+    int train_on_prompt, max_samples;
+    float val_split;
+    StrList sample_prompt;
+    int sample_every, max_new_tokens;
+    float temperature, top_p;
+    int dry_run, merge_adapter;
+    float peak_tflops;
+} TrainConfig;
+
+enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG, OPT_LIST };
+typedef struct { const char *name; int type; void *ptr; const char *def, *help; double lo, hi; } Option;
+
+#define OPTIONS(tc) { \
+    {"model", OPT_STR, &(tc)->model, "", "Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.model)", 0, 0}, \
+    {"data", OPT_STR, &(tc)->data, "", "training data: JSONL or a JSON array of records (see --data_format)", 0, 0}, \
+    {"data_format", OPT_STR, &(tc)->data_format, "auto", "auto | text | prompt_response | alpaca | samsum | chat (auto: from the first record's keys)", 0, 0}, \
+    {"train_on_prompt", OPT_INT, &(tc)->train_on_prompt, "0", "1: prompt tokens carry loss too; 0: only the response does", 0, 1}, \
+    {"batching", OPT_STR, &(tc)->batching, "padding", "padding: one sample per row; packing: samples concatenated into full --max_seq_len rows", 0, 0}, \
+    {"max_samples", OPT_INT, &(tc)->max_samples, "0", "use only the first N samples (0: all)", 0, 2147483647}, \
+    {"data_slice", OPT_STR, &(tc)->data_slice, "", "records to use, HF datasets style: [:10%], [10%:20%], [:100], [50:]", 0, 0}, \
+    {"data_cache_dir", OPT_STR, &(tc)->data_cache_dir, "", "where the token cache goes (default: next to the data file)", 0, 0}, \
+    {"val_data", OPT_STR, &(tc)->val_data, "", "validation data (same format options; evaluated at the end and every --eval_every steps)", 0, 0}, \
+    {"val_split", OPT_FLOAT, &(tc)->val_split, "0", "hold out this fraction of --data's samples for validation (seeded)", 0, 0.99}, \
+    {"output_dir", OPT_STR, &(tc)->output_dir, "output", "where the PEFT adapter (or the full model) is written at the end", 0, 0}, \
+    {"tokenizer", OPT_STR, &(tc)->tokenizer, "", "tokenizer.model to use (default: the one in --model)", 0, 0}, \
+    {"metrics_file", OPT_STR, &(tc)->metrics_file, "", "write one JSON object per step and per evaluation to this file", 0, 0}, \
+    {"max_seq_len", OPT_INT, &(tc)->max_seq_len, "512", "sequences are truncated to this many tokens", 2, 1 << 20}, \
+    {"batch_size", OPT_INT, &(tc)->batch_size, "4", "rows per micro-batch", 1, 1 << 16}, \
+    {"gradient_accumulation_steps", OPT_INT, &(tc)->grad_accum, "1", "micro-batches per optimizer step", 1, 1 << 16}, \
+    {"max_steps", OPT_INT, &(tc)->max_steps, "-1", "optimizer steps (-1: as many as --num_epochs needs)", -1, 1 << 30}, \
+    {"num_epochs", OPT_INT, &(tc)->num_epochs, "1", "passes over the data when --max_steps is -1", 1, 1 << 20}, \
+    {"lr", OPT_FLOAT, &(tc)->lr, "1e-4", "peak learning rate", 0, 1e3}, \
+    {"weight_decay", OPT_FLOAT, &(tc)->weight_decay, "0.0", "AdamW decoupled weight decay (applied to every trainable tensor)", 0, 1e3}, \
+    {"adam_beta1", OPT_FLOAT, &(tc)->beta1, "0.9", "AdamW beta1", 0, 0.999999}, \
+    {"adam_beta2", OPT_FLOAT, &(tc)->beta2, "0.999", "AdamW beta2", 0, 0.9999999}, \
+    {"adam_epsilon", OPT_FLOAT, &(tc)->eps, "1e-8", "AdamW epsilon", 0, 1}, \
+    {"lr_scheduler", OPT_STR, &(tc)->lr_scheduler, "cosine", "constant | linear | cosine (each after --warmup_steps of linear warmup)", 0, 0}, \
+    {"warmup_steps", OPT_INT, &(tc)->warmup_steps, "0", "linear warmup steps", 0, 1 << 30}, \
+    {"grad_clip", OPT_FLOAT, &(tc)->grad_clip, "1.0", "clip the global gradient norm to this (0: off)", 0, 1e9}, \
+    {"seed", OPT_INT, &(tc)->seed, "42", "seed for LoRA init, dropout and shuffling", 0, 2147483647}, \
+    {"shuffle", OPT_INT, &(tc)->shuffle, "1", "1: shuffle rows every epoch, 0: file order", 0, 1}, \
+    {"eval_every", OPT_INT, &(tc)->eval_every, "0", "evaluate --val_data every N steps (0: only at the end)", 0, 1 << 30}, \
+    {"full_finetune", OPT_FLAG, &(tc)->full_finetune, "0", "train every weight instead of LoRA adapters", 0, 1}, \
+    {"lora_r", OPT_INT, &(tc)->lora_r, "8", "LoRA rank", 1, 65536}, \
+    {"lora_alpha", OPT_FLOAT, &(tc)->lora_alpha, "16", "LoRA alpha (scale = alpha / r)", 0, 1e6}, \
+    {"lora_dropout", OPT_FLOAT, &(tc)->lora_dropout, "0.05", "dropout on the LoRA input", 0, 0.99}, \
+    {"lora_target_modules", OPT_STR, &(tc)->lora_target_modules, "q_proj,v_proj", "comma-separated peft module names, or all-linear", 0, 0}, \
+    {"use_rslora", OPT_INT, &(tc)->use_rslora, "0", "1: scale = alpha / sqrt(r) (rank-stabilised LoRA)", 0, 1}, \
+    {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (its r, alpha, targets)", 0, 0}, \
+    {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
+    {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
+    {"num_output_chunks", OPT_INT, &(tc)->num_output_chunks, "1", "run the output head and loss in this many pieces of a chunk", 1, 1 << 20}, \
+    {"threads", OPT_INT, &(tc)->threads, "0", "OpenMP threads (0: OpenMP's default)", 0, 4096}, \
+    {"save_every", OPT_INT, &(tc)->save_every, "0", "write a checkpoint every N steps (and at the end; 0: only at the end)", 0, 1 << 30}, \
+    {"keep_checkpoints", OPT_INT, &(tc)->keep_checkpoints, "2", "keep the newest K checkpoints (0: all)", 0, 1 << 20}, \
+    {"max_bad_steps", OPT_INT, &(tc)->max_bad_steps, "5", "stop when this many steps in a row have a NaN or infinite loss or gradient norm (each is skipped)", 1, 1 << 30}, \
+    {"resume", OPT_STR, &(tc)->resume, "", "continue from a checkpoint folder, or the newest checkpoint in an --output_dir", 0, 0}, \
+    {"sample_prompt", OPT_LIST, &(tc)->sample_prompt, "", "print a continuation of this prompt before and after training (repeatable)", 0, 0}, \
+    {"sample_every", OPT_INT, &(tc)->sample_every, "0", "also print the samples every N steps (0: only before and after)", 0, 1 << 30}, \
+    {"max_new_tokens", OPT_INT, &(tc)->max_new_tokens, "48", "tokens to generate per sample", 1, 1 << 20}, \
+    {"temperature", OPT_FLOAT, &(tc)->temperature, "0", "sampling temperature (0: greedy)", 0, 100}, \
+    {"dry_run", OPT_FLAG, &(tc)->dry_run, "0", "print the configuration and the memory plan, then exit", 0, 1}, \
+    {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
+    {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
+    {"top_p", OPT_FLOAT, &(tc)->top_p, "0.9", "nucleus sampling: draw from the smallest set of tokens with this much probability", 0, 1}, \
+}
+
+static void print_help(const Option *opts, int n) {
+    printf("usage: train_llama2 --model DIR --data FILE.jsonl [options]\n\n");
+    for (int i = 0; i < n; i++)
+        printf("  --%-28s %s (default: %s)\n", opts[i].name, opts[i].help, opts[i].def[0] ? opts[i].def : "none");
+    printf("  --%-28s %s\n", "help", "print this and exit");
+}
+
+static int set_option(const Option *o, const char *val) {
+    char *end;
+    errno = 0;
+    if (o->type == OPT_STR) { *(const char **)o->ptr = val; return 0; }
+    if (o->type == OPT_LIST) {
+        StrList *l = (StrList *)o->ptr;
+        if (!*val) { l->n = 0; return 0; } // the default: empty
+        if (l->n == MAX_LIST) { fprintf(stderr, "error: --%s given more than %d times\n", o->name, MAX_LIST); return -1; }
+        l->v[l->n++] = val;
+        return 0;
+    }
+    if (o->type == OPT_INT || o->type == OPT_FLAG) {
+        long v = strtol(val, &end, 10);
+        if (*val == 0 || *end != 0 || errno || v < o->lo || v > o->hi) {
+            fprintf(stderr, "error: --%s: '%s' is not an integer in [%g, %g]\n", o->name, val, o->lo, o->hi);
+            return -1;
+        }
+        *(int *)o->ptr = (int)v;
+        return 0;
+    }
+    double v = strtod(val, &end);
+    if (*val == 0 || *end != 0 || errno || !(v >= o->lo && v <= o->hi)) {
+        fprintf(stderr, "error: --%s: '%s' is not a number in [%g, %g]\n", o->name, val, o->lo, o->hi);
+        return -1;
+    }
+    *(float *)o->ptr = (float)v;
+    return 0;
+}
+
+// an option's value as text; exact: floats with every digit (for resume checks)
+static void option_value(const Option *o, char *buf, size_t n, int exact) {
+    switch (o->type) {
+    case OPT_STR: snprintf(buf, n, "%s", *(const char **)o->ptr); break;
+    case OPT_FLOAT: snprintf(buf, n, exact ? "%.9g" : "%g", *(float *)o->ptr); break;
+    case OPT_LIST: snprintf(buf, n, "(%d values)", ((StrList *)o->ptr)->n); break;
+    default: snprintf(buf, n, "%d", *(int *)o->ptr);
+    }
+}
+
+// 0: parsed, 1: --help printed, -1: error (message printed)
+static int parse_args(TrainConfig *tc, int argc, char **argv) {
+    Option opts[] = OPTIONS(tc);
+    int n = (int)(sizeof opts / sizeof opts[0]);
+    for (int i = 0; i < n; i++) set_option(&opts[i], opts[i].def);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) { print_help(opts, n); return 1; }
+        if (strncmp(arg, "--", 2) != 0) { fprintf(stderr, "error: unexpected argument '%s' (options start with --; see --help)\n", arg); return -1; }
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const Option *o = NULL;
+        for (int k = 0; k < n; k++)
+            if (strlen(opts[k].name) == len && strncmp(opts[k].name, name, len) == 0) o = &opts[k];
+        if (!o) { fprintf(stderr, "error: unknown option '--%.*s' (see --help)\n", (int)len, name); return -1; }
+        const char *val;
+        if (eq) val = eq + 1;
+        else if (o->type == OPT_FLAG) val = "1";
+        else if (i + 1 < argc) val = argv[++i];
+        else { fprintf(stderr, "error: --%s needs a value\n", o->name); return -1; }
+        if (set_option(o, val) != 0) return -1;
+    }
+    const char *sched = tc->lr_scheduler;
+    if (strcmp(sched, "constant") && strcmp(sched, "linear") && strcmp(sched, "cosine")) {
+        fprintf(stderr, "error: --lr_scheduler: '%s' is not one of constant, linear, cosine\n", sched);
+        return -1;
+    }
+    if (strcmp(tc->batching, "padding") && strcmp(tc->batching, "packing")) {
+        fprintf(stderr, "error: --batching: '%s' is not one of padding, packing\n", tc->batching);
+        return -1;
+    }
+    int fmt_ok = 0;
+    for (size_t i = 0; i < sizeof data_format_names / sizeof data_format_names[0]; i++) fmt_ok |= !strcmp(tc->data_format, data_format_names[i]);
+    if (!fmt_ok) {
+        fprintf(stderr, "error: --data_format: '%s' is not one of auto, text, prompt_response, alpaca, samsum, chat\n", tc->data_format);
+        return -1;
+    }
+    if (tc->val_data[0] && tc->val_split > 0) {
+        fprintf(stderr, "error: --val_data and --val_split do not go together (one validation set)\n");
+        return -1;
+    }
+    if (strcmp(tc->chunk_memory, "keep") && strcmp(tc->chunk_memory, "recompute")) {
+        fprintf(stderr, "error: --chunk_memory: '%s' is not one of keep, recompute\n", tc->chunk_memory);
+        return -1;
+    }
+    if (tc->chunk_size > tc->max_seq_len) {
+        fprintf(stderr, "error: --chunk_size %d is larger than --max_seq_len %d (use 0 for whole sequences)\n",
+                tc->chunk_size, tc->max_seq_len);
+        return -1;
+    }
+    int chunk = tc->chunk_size ? tc->chunk_size : tc->max_seq_len;
+    if (tc->num_output_chunks > chunk) {
+        fprintf(stderr, "error: --num_output_chunks %d is more than the %d tokens of a chunk\n", tc->num_output_chunks, chunk);
+        return -1;
+    }
+    unsigned mask;
+    if (lora_parse_targets(tc->lora_target_modules, &mask) != 0) return -1;
+    if (!tc->model[0]) { fprintf(stderr, "error: --model is required (see --help)\n"); return -1; }
+    if (!tc->data[0]) { fprintf(stderr, "error: --data is required (see --help)\n"); return -1; }
+    if (tc->full_finetune && tc->merge_adapter) {
+        fprintf(stderr, "error: --merge_adapter folds a LoRA adapter in; with --full_finetune there is none\n");
+        return -1;
+    }
+    if (tc->full_finetune && tc->from_peft_checkpoint[0]) {
+        fprintf(stderr, "error: --from_peft_checkpoint and --full_finetune do not go together\n");
+        return -1;
+    }
+    return 0;
+}
+
+// the start-up table: every option with its value, three to a line
+static void print_config(TrainConfig *tc) {
+    Option opts[] = OPTIONS(tc);
+    int n = (int)(sizeof opts / sizeof opts[0]);
+    char val[4096];
+    printf("configuration:\n");
+    for (int i = 0; i < n; i++) {
+        option_value(&opts[i], val, sizeof val, 0);
+        printf("  %-27s %-14.60s%s", opts[i].name, val[0] ? val : "-", i % 3 == 2 || i == n - 1 ? "\n" : "");
+    }
+}
+
+// ----------------------------------------------------------------------------
+// setting up the model
+
+// sets up the model for training as tc says: LoRA adapters (fresh or from a PEFT folder) or full
+// fine-tuning; resume_dir, when given, is a checkpoint whose trained weights replace the starting ones.
+// The host model is set up here, then the backend's model_alloc takes it from there. -1 (nothing left
+// allocated) on failure.
+static int model_setup(Model *m, const TrainConfig *tc, int B, int T, const char *resume_dir) {
+    memset(m, 0, sizeof *m);
+    HostModel *h = &m->host;
+    if (model_load(h, resume_dir && tc->full_finetune ? resume_dir : tc->model) != 0) { host_model_free(h); return -1; }
+    h->full_finetune = tc->full_finetune;
+    h->use_lora = !tc->full_finetune;
+    if (h->use_lora) {
+        int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
+        lora_shapes(&h->config, in, out);
+        const char *adapter = resume_dir ? resume_dir : tc->from_peft_checkpoint;
+        if (adapter[0]) {
+            if (lora_load_peft(&h->lora, adapter, h->config.n_layers, in, out) != 0) { host_model_free(h); return -1; }
+        } else {
+            unsigned targets;
+            lora_parse_targets(tc->lora_target_modules, &targets);
+            lora_alloc(&h->lora, h->config.n_layers, in, out, tc->lora_r, tc->lora_alpha, tc->lora_dropout,
+                       tc->use_rslora, targets);
+            lora_init(&h->lora, (uint64_t)tc->seed);
+        }
+    }
+    model_alloc(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// sampling: one sequence, with the KV carry as the cache
+
+static int cmp_prob_desc(const void *a, const void *b) {
+    float x = ((const float *)a)[0], y = ((const float *)b)[0];
+    return (x < y) - (x > y);
+}
+
+// the next token from logits z (V): argmax at temperature 0, else a draw from
+// softmax(z / temperature) restricted to the smallest set of tokens whose
+// probability adds up to top_p (nucleus sampling). Ties go to the lower id.
+static int sample_token(float *z, int V, float temperature, float top_p, uint64_t *rng) {
+    int best = 0;
+    for (int i = 1; i < V; i++) if (z[i] > z[best]) best = i;
+    if (temperature <= 0.0f) return best;
+    float (*pi)[2] = (float (*)[2])mallocCheck((size_t)V * sizeof *pi); // (probability, id) pairs
+    double sum = 0;
+    for (int i = 0; i < V; i++) { pi[i][0] = expf((z[i] - z[best]) / temperature); pi[i][1] = (float)i; sum += pi[i][0]; }
+    qsort(pi, V, sizeof *pi, cmp_prob_desc);
+    int n = 0;
+    double kept = 0;
+    while (n < V && (n == 0 || kept < top_p * sum)) kept += pi[n++][0];
+    double r = rng_uniform(rng) * kept, acc = 0;
+    int tok = (int)pi[n - 1][1];
+    for (int i = 0; i < n; i++) if ((acc += pi[i][0]) > r) { tok = (int)pi[i][1]; break; }
+    free(pi);
+    return tok;
+}
+
+// Continues prompt (n_prompt >= 1 ids) by up to max_new tokens, stopping after eos.
+// The prompt runs in chunks of the model's chunk size, then one token at a time,
+// each step attending to the KV carry of everything before it. Returns the new
+// tokens (malloc'd, *n_new of them); the length is capped by the model's T.
+static int *generate(Model *m, const int *prompt, int n_prompt, int max_new, float temperature, float top_p,
+                     uint64_t seed, int eos, int *n_new) {
+    int T = m->T, cap = m->B * m->chunk_size; // positions the carry / a chunk's activations hold
+    if (n_prompt > T - 1) n_prompt = T - 1;   // keep the end of a long prompt's room for one token
+    if (max_new > T - n_prompt) max_new = T - n_prompt;
+    int *seq = (int *)callocCheck(T, sizeof(int)), *out = (int *)mallocCheck((max_new + 1) * sizeof(int));
+    memcpy(seq, prompt, n_prompt * sizeof(int));
+    int training = m->host.lora.training;
+    m->host.lora.training = 0; // no dropout
+    uint64_t rng = seed;
+    Chunk ch = {1, T, 0, 0};
+    float *logits = NULL; // (V) of the last position run so far
+    for (ch.t0 = 0; ch.t0 < n_prompt; ch.t0 += ch.len) {
+        ch.len = n_prompt - ch.t0 < cap ? n_prompt - ch.t0 : cap;
+        logits = model_next_logits(m, seq, &ch);
+    }
+    *n_new = 0;
+    for (int pos = n_prompt; *n_new < max_new; pos++) {
+        int tok = sample_token(logits, m->host.config.vocab_size, temperature, top_p, &rng);
+        out[(*n_new)++] = tok;
+        if (tok == eos || pos + 1 >= T) break;
+        seq[pos] = tok;
+        ch.t0 = pos; ch.len = 1;
+        logits = model_next_logits(m, seq, &ch);
+    }
+    m->host.lora.training = training;
+    free(seq);
+    return out;
+}
+
+// ----------------------------------------------------------------------------
+// evaluation (LoRA dropout off)
+
+// mean cross-entropy over every label token of a dataset, in file order
+static double evaluate(Model *m, const Dataset *ds, int B, int pad_id) {
+    int *tokens = (int *)mallocCheck((size_t)B * m->T * sizeof(int)), *targets = (int *)mallocCheck((size_t)B * m->T * sizeof(int));
+    double loss = 0;
+    long count = 0;
+    m->host.lora.training = 0;
+    for (long r = 0; r < ds->n_rows; r += B) {
+        int rows = ds->n_rows - r < B ? (int)(ds->n_rows - r) : B, T;
+        count += dataset_get_rows(ds, r, rows, pad_id, tokens, targets, &T);
+        loss += model_forward(m, tokens, targets, rows, T, NULL);
+    }
+    m->host.lora.training = 1;
+    free(tokens); free(targets);
+    return count ? loss / count : 0.0;
+}
+
+static void report_eval(Model *m, const Dataset *ds, int B, int pad_id, int step, FILE *metrics) {
+    double vl = evaluate(m, ds, B, pad_id);
+    printf("step %d | val loss %.6f | val ppl %.4f\n", step, vl, exp(vl));
+    if (metrics) {
+        fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g, \"val_ppl\": %.9g}\n", step, vl, exp(vl));
+        fflush(metrics);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints and exact resume (checkpoint.h makes each checkpoint folder atomic)
+//
+// A checkpoint holds everything the rest of the run depends on: the trainable
+// weights (a PEFT adapter, or the whole model for full fine-tuning, in F32),
+// the AdamW moments and step count, the optimizer step and the data position.
+// Dropout masks and the shuffle order are functions of --seed, the step and
+// the epoch, so no RNG state needs saving: a resumed run is bit-identical.
+
+static volatile sig_atomic_t stop_requested = 0;
+static void on_stop_signal(int sig) { (void)sig; stop_requested = 1; }
+
+// Fault injection for the tests: LLAMA2TUNE_FAULT=<point>:<step> (or
+// <point>:<first>-<last>, a range of steps) is on at <point> for those steps.
+// At "step" and "checkpoint" the process is killed (SIGKILL, no cleanup); at
+// "nan" and "huge" train_step scales the step's gradients by NaN or by 1e30.
+static int fault_at(const char *point, int step) {
+    const char *f = getenv("LLAMA2TUNE_FAULT");
+    size_t n = strlen(point);
+    if (!f || strncmp(f, point, n) != 0 || f[n] != ':') return 0;
+    char *end;
+    long first = strtol(f + n + 1, &end, 10), last = *end == '-' ? strtol(end + 1, NULL, 10) : first;
+    return step >= first && step <= last;
+}
+static void fault_point(const char *point, int step) { if (fault_at(point, step)) raise(SIGKILL); }
+
+// the options that shape the training trajectory: a resumed run must use the same
+// (--max_steps and --num_epochs may change, to train longer; the schedule then
+// spans the new length, so such a run differs from one planned that long)
+static const char *resume_must_match[] = {
+    "model", "data", "max_seq_len", "batch_size", "gradient_accumulation_steps", "lr",
+    "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
+    "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
+    "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split"};
+
+// a file's identity for resume: the one the token cache keys on (dataloader.h's
+// data_identity: size, modification time and a hash of its first and last MiB)
+static void file_fingerprint(const char *path, char *out, size_t n) {
+    CacheHeader h;
+    memset(&h, 0, sizeof h);
+    if (data_identity(path, &h) != 0) { snprintf(out, n, "unreadable"); return; }
+    snprintf(out, n, "%llu:%lld:%016llx", (unsigned long long)h.data_size, (long long)h.data_mtime_ns,
+             (unsigned long long)h.data_hash);
+}
+
+// opt_t < step when steps were skipped (non-finite loss or gradient); bad_in_row counts the latest run of them
+typedef struct { int step, opt_t, data_epoch, data_pos, bad_in_row; } TrainState;
+
+static int all_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+static int save_checkpoint(TrainConfig *tc, Model *m, Optimizer *o, const TrainState *ts, const char *tokpath) {
+    char dir[PATH_MAX], path[PATH_MAX + 64];
+    model_sync_host(m, o);
+    // finite losses and gradients can still overflow the update (AdamW's g^2 above FLT_MAX without --grad_clip): never save that
+    const float *w = m->host.use_lora ? m->host.lora.params : m->host.params;
+    size_t nw = m->host.use_lora ? m->host.lora.num_params : m->host.num_params;
+    if (!all_finite(w, nw) || !all_finite(o->m, o->n) || !all_finite(o->v, o->n)) {
+        fprintf(stderr, "error: not saving checkpoint %d: the trainable weights or AdamW moments hold NaN or inf (an update "
+                "overflowed: a gradient above 1e19; keep --grad_clip on, lower --lr); the checkpoints before it are intact\n", ts->step);
+        return -1;
+    }
+    if (checkpoint_begin(tc->output_dir, ts->step, dir, sizeof dir) != 0) return -1;
+    int rc = m->host.use_lora ? lora_save_peft(&m->host.lora, dir, tc->model) : model_save_hf(&m->host, dir, tc->model, tokpath);
+    fault_point("checkpoint", ts->step); // the tests kill the run here, halfway through a checkpoint
+    StWriteTensor moments[2] = {{"exp_avg", ST_F32, 1, {(int64_t)o->n}, o->m}, {"exp_avg_sq", ST_F32, 1, {(int64_t)o->n}, o->v}};
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if (rc == 0) rc = st_write(path, moments, 2, NULL, 0);
+    // trainer_state.json: the position, and the options and data it belongs to
+    char *js, val[4096], fp[128];
+    size_t len;
+    FILE *f = open_memstream(&js, &len);
+    if (!f) die("out of memory");
+    file_fingerprint(tc->data, fp, sizeof fp);
+    fprintf(f, "{\n  \"step\": %d,\n  \"optimizer_step\": %d,\n  \"data_epoch\": %d,\n  \"data_position\": %d,\n"
+            "  \"bad_steps_in_row\": %d,\n  \"data_fingerprint\": \"%s\",\n  \"files\": ", ts->step, ts->opt_t, ts->data_epoch,
+            ts->data_pos, ts->bad_in_row, fp);
+    if (rc == 0) rc = checkpoint_write_digests(f, dir); // what a resume checks before reading them
+    fprintf(f, ",\n  \"options\": {");
+    Option opts[] = OPTIONS(tc);
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        option_value(&opts[i], val, sizeof val, 1);
+        fprintf(f, "%s\n    \"%s\": ", i ? "," : "", opts[i].name);
+        json_write_string(f, val);
+    }
+    fprintf(f, "\n  }\n}\n");
+    if (fclose(f) != 0) die("out of memory writing trainer_state.json");
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    if (rc == 0) rc = write_bytes_atomic(path, js, len);
+    free(js);
+    if (rc != 0) {
+        fprintf(stderr, "error: writing checkpoint step %d failed; the previous checkpoints are intact\n", ts->step);
+        remove_tree(dir);
+        return -1;
+    }
+    return checkpoint_commit(tc->output_dir, ts->step, tc->keep_checkpoints);
+}
+
+// Reads a checkpoint's state and optimizer moments, after checking that it
+// belongs to this run (same trajectory-shaping options, same data file).
+static int load_checkpoint(TrainConfig *tc, const char *dir, Optimizer *o, TrainState *ts) {
+    char path[PATH_MAX + 64], val[4096], fp[128];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    JsonValue st;
+    if (json_load_file(path, &st) != 0) return -1;
+    int rc = -1;
+    long long v[5];
+    const char *keys[5] = {"step", "optimizer_step", "data_epoch", "data_position", "bad_steps_in_row"}, *saved;
+    const JsonValue *opts_saved = json_get(&st, "options");
+    Option opts[] = OPTIONS(tc);
+    StFile sf;
+    const StTensor *tm, *tv;
+    for (int i = 0; i < 5; i++)
+        if (json_get_int(&st, keys[i], &v[i]) != 0 || v[i] < 0 || v[i] > INT32_MAX) {
+            fprintf(stderr, "error: %s: '%s' missing or not a non-negative integer\n", path, keys[i]); goto done;
+        }
+    if (!opts_saved || opts_saved->type != JSON_OBJECT) { fprintf(stderr, "error: %s: no \"options\" object\n", path); goto done; }
+    for (size_t k = 0; k < sizeof resume_must_match / sizeof resume_must_match[0]; k++)
+        for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+            if (strcmp(opts[i].name, resume_must_match[k])) continue;
+            option_value(&opts[i], val, sizeof val, 1);
+            if (json_get_string(opts_saved, opts[i].name, &saved, NULL) != 0 || strcmp(saved, val) != 0) {
+                fprintf(stderr, "error: --resume %s: --%s was '%s' in the checkpoint but is '%s' now; resume with the same value\n",
+                        dir, opts[i].name, json_get_string(opts_saved, opts[i].name, &saved, NULL) == 0 ? saved : "(missing)", val);
+                goto done;
+            }
+        }
+    file_fingerprint(tc->data, fp, sizeof fp);
+    if (json_get_string(&st, "data_fingerprint", &saved, NULL) != 0 || strcmp(saved, fp) != 0) {
+        fprintf(stderr, "error: --resume %s: the data file '%s' has changed since the checkpoint (size, time or contents)\n", dir, tc->data);
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if (st_open(&sf, path) != 0) goto done;
+    tm = st_find(&sf, "exp_avg");
+    tv = st_find(&sf, "exp_avg_sq");
+    if (!tm || !tv || tm->numel != o->n || tv->numel != o->n || tm->dtype != ST_F32 || tv->dtype != ST_F32) {
+        fprintf(stderr, "error: %s: expected F32 tensors exp_avg and exp_avg_sq of %zu elements\n", path, o->n);
+        st_close(&sf); goto done;
+    }
+    rc = st_read_f32(&sf, tm, 0, o->n, o->m) | st_read_f32(&sf, tv, 0, o->n, o->v);
+    st_close(&sf);
+    ts->step = (int)v[0]; ts->opt_t = (int)v[1]; ts->data_epoch = (int)v[2]; ts->data_pos = (int)v[3]; ts->bad_in_row = (int)v[4];
+    o->t = ts->opt_t;
+done:
+    json_free(&st);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// FLOPs and the memory plan
+
+// Model FLOPs of one sequence of T tokens, forward and backward (DESIGN section 9):
+// a matmul with W (O, I) costs 2 O I per token forward; the backward costs the
+// same again for dX, and again for dW when W trains. So full fine-tuning is
+// 6 N T and LoRA 4 N T (plus its small adapters), N = the matmul parameters
+// (the head included, the embedding lookup not). Causal attention adds
+// 2 L NH hd T^2 forward (QK^T and PV over half the T x T scores) and twice
+// that backward. Recomputed forwards (--chunk_memory recompute) are not counted.
+static double flops_per_sequence(const HostModel *m, int T) {
+    const Config *c = &m->config;
+    double D = c->dim, H = c->hidden_dim, Q = (double)c->n_heads * c->head_dim, KV = (double)c->n_kv_heads * c->head_dim;
+    double per_layer = D * Q * 2 + D * KV * 2 + 3 * D * H, N = c->n_layers * per_layer + (double)c->vocab_size * D;
+    double lora = 0;
+    if (m->use_lora) {
+        int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
+        lora_shapes(c, in, out);
+        for (int t = 0; t < LORA_N_TARGETS; t++)
+            if (m->lora.targets & (1u << t)) lora += c->n_layers * (double)m->lora.r * (in[t] + out[t]);
+    }
+    double attn = 2.0 * c->n_layers * Q * (double)T * T;
+    return (m->full_finetune ? 6 * N : 4 * N + 6 * lora) * T + 3 * attn;
+}
+
+// What training holds, known before it starts: printed as the memory plan
+// (and alone with --dry_run). Per process; this trainer runs one rank.
+static double memory_plan(const Model *m, const Optimizer *o, const Dataset *train, const Dataset *val, int print) {
+    const double MiB = 1048576.0;
+    double weights = m->host.num_params * 4.0, trainable = o->n * 4.0, grads = o->n * 4.0, moments = o->n * 8.0;
+    if (m->host.full_finetune) trainable = 0; // the weights are the trainable parameters
+    double data = 0;
+    for (int i = 0; i < 2; i++) {
+        const Dataset *d = i ? val : train;
+        if (d && d->store) data += d->n_tokens * 5.0 + d->n_rows * 8.0; // tokens and label flags (mapped cache)
+    }
+    double total = weights + trainable + grads + moments + m->act_bytes + m->carry_bytes + data;
+    if (print) {
+        printf("memory plan (this process):\n");
+        printf("  %-34s %10.1f MiB\n", "base weights (fp32)", weights / MiB);
+        if (trainable) printf("  %-34s %10.1f MiB\n", "LoRA parameters", trainable / MiB);
+        printf("  %-34s %10.1f MiB\n", "gradients", grads / MiB);
+        printf("  %-34s %10.1f MiB\n", "AdamW moments", moments / MiB);
+        printf("  %-34s %10.1f MiB   (chunks of %d, %s)\n", "activations and scratch", m->act_bytes / MiB,
+               m->chunk_size, m->recompute ? "recompute" : "keep");
+        printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->carry_bytes / MiB);
+        printf("  %-34s %10.1f MiB\n", "tokenized data", data / MiB);
+        printf("  %-34s %10.1f MiB\n", "total", total / MiB);
+    }
+    return total;
+}
+
+// ----------------------------------------------------------------------------
+// the training loop
+
+// the most resident memory this process has had, in MiB (Linux reports KiB)
+static double peak_rss_mb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+// on resume the metrics file keeps only its records up to the checkpoint's step
+// (a killed run may have logged steps after its last checkpoint)
+static int metrics_truncate(const char *path, int step) {
+    size_t len, kept = 0;
+    char *text = read_file(path, &len);
+    if (!text) return errno == ENOENT ? 0 : -1;
+    for (size_t pos = 0; pos < len;) {
+        char *nl = (char *)memchr(text + pos, '\n', len - pos);
+        size_t end = nl ? (size_t)(nl - text) + 1 : len;
+        JsonValue rec;
+        long long s;
+        char err[8];
+        if (json_parse(text + pos, end - pos, &rec, err, sizeof err) == 0) {
+            if (json_get_int(&rec, "step", &s) == 0 && s <= step) {
+                memmove(text + kept, text + pos, end - pos);
+                kept += end - pos;
+            }
+            json_free(&rec);
+        }
+        pos = end;
+    }
+    int rc = write_bytes_atomic(path, text, kept);
+    free(text);
+    return rc;
+}
+
+static void print_samples(Model *m, const TrainConfig *tc, const Tokenizer *tok, int step) {
+    for (int i = 0; i < tc->sample_prompt.n; i++) {
+        const char *p = tc->sample_prompt.v[i];
+        int n, k;
+        int *ids = tokenizer_encode(tok, p, strlen(p), 1, 0, &n);
+        if (!ids) die("--sample_prompt: cannot tokenize '%s'", p);
+        int *gen = generate(m, ids, n, tc->max_new_tokens, tc->temperature, tc->top_p, (uint64_t)tc->seed + i, tok->eos_id, &k);
+        if (k > 0 && gen[k - 1] == tok->eos_id) k--;
+        char *text = tokenizer_decode(tok, gen, k, NULL);
+        printf("sample at step %d | %s|%s\n", step, p, text ? text : "");
+        free(text); free(gen); free(ids);
+    }
+    fflush(stdout);
+}
+
+// a value for the metrics file: JSON has no NaN or infinity, so those are null
+static const char *metrics_num(char *buf, size_t n, double v) {
+    if (isfinite(v)) snprintf(buf, n, "%.9g", v);
+    else snprintf(buf, n, "null");
+    return buf;
+}
+static int metrics_error(const char *path) {
+    fprintf(stderr, "error: --metrics_file '%s': writing failed: %s (the checkpoints are intact)\n", path, strerror(errno));
+    return 1;
+}
+
+// everything a run loads and allocates: train() frees it on one path, however
+// far train_run got
+typedef struct {
+    Tokenizer tok;
+    Dataset all_ds, train_ds, val_ds; // all_ds: the file when --val_split cuts it in two
+    Model m;
+    Optimizer opt;
+    DataLoader dl;
+    FILE *metrics;
+    int *tokens, *targets;  // (GA, B, T) a step's micro-batches
+    int *Ts;                // (GA) their lengths
+} Trainer;
+
+// One optimizer step: GA micro-batches, the loss normalised by the label count
+// of the whole step, clipping, AdamW. Returns the mean loss. A NaN or infinite
+// loss or gradient norm skips the update (*skipped = 1): the weights, the
+// moments and AdamW's t stay as they were; the data moves on.
+static double train_step(Trainer *r, const TrainConfig *tc, int step, int total, long *n_tokens, double *norm, float *lr,
+                         int *skipped) {
+    Model *m = &r->m;
+    int B = tc->batch_size, GA = tc->grad_accum, T = m->T;
+    long labels = 0;
+    *n_tokens = 0;
+    for (int g = 0; g < GA; g++) { // the whole step's batches first: the loss is normalised by their label count
+        dataloader_next_batch(&r->dl, B, r->tok.eos_id, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, &r->Ts[g]);
+        labels += dataloader_global_labels(&r->dl);
+        *n_tokens += r->dl.batch_tokens;
+    }
+    optimizer_zero_grad(&r->opt);
+    double loss = 0;
+    float scale = labels ? 1.0f / (float)labels : 0.0f;
+    // the tests' injected faults (1-based steps, as printed): NaN gradients, or finite ones whose squares overflow
+    if (fault_at("nan", step + 1)) scale = NAN;
+    if (fault_at("huge", step + 1)) scale *= 1e30f;
+    for (int g = 0; g < GA; g++) {
+        m->dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
+        loss += model_forward_backward(m, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, B, r->Ts[g], scale);
+    }
+    loss = labels ? loss / labels : 0.0;
+    *lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
+    *norm = optimizer_step(&r->opt, *lr, tc->beta1, tc->beta2, tc->eps, tc->weight_decay, tc->grad_clip, isfinite(loss));
+    *skipped = !isfinite(loss) || !isfinite(*norm);
+    return loss;
+}
+
+// loads, trains and saves into r; returns the process exit code (train frees r)
+static int train_run(TrainConfig *tc, Trainer *r) {
+#ifdef _OPENMP
+    if (tc->threads > 0) omp_set_num_threads(tc->threads);
+#endif
+    if (mkdir_p(tc->output_dir) != 0) {
+        fprintf(stderr, "error: cannot create --output_dir '%s': %s\n", tc->output_dir, strerror(errno));
+        return 1;
+    }
+    print_config(tc);
+    char tokpath[4096], resume_dir[PATH_MAX];
+    if (tc->resume[0] && (checkpoint_resolve(tc->resume, resume_dir, sizeof resume_dir) != 0 || checkpoint_verify(resume_dir) != 0)) return 1;
+    if (tc->tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", tc->tokenizer);
+    else snprintf(tokpath, sizeof tokpath, "%s/tokenizer.model", tc->model);
+    Tokenizer *tok = &r->tok;
+    if (tokenizer_load(tok, tokpath) != 0) return 1;
+    Dataset *train_ds = &r->train_ds, *val_ds = &r->val_ds;
+    int have_val = tc->val_data[0] || tc->val_split > 0;
+    DataOptions dopt = {tc->data_format, tc->train_on_prompt, !strcmp(tc->batching, "packing"), tc->max_seq_len,
+                        tc->max_samples, tc->data_slice, tc->data_cache_dir, 0};
+    if (dataset_load(&r->all_ds, tc->data, tok, tokpath, &dopt) != 0) return 1;
+    if (tc->val_split > 0) {
+        if (dataset_split(&r->all_ds, tc->val_split, (uint64_t)tc->seed, train_ds, val_ds) != 0) return 1;
+    } else {
+        *train_ds = r->all_ds; // no split: the training set is the whole file
+        memset(&r->all_ds, 0, sizeof r->all_ds);
+        DataOptions vopt = dopt; // a separate validation file takes all its samples
+        vopt.max_samples = 0; vopt.slice = "";
+        if (tc->val_data[0] && dataset_load(val_ds, tc->val_data, tok, tokpath, &vopt) != 0) return 1;
+    }
+    int B = tc->batch_size, GA = tc->grad_accum, T = dataset_max_len(train_ds);
+    if (have_val && dataset_max_len(val_ds) > T) T = dataset_max_len(val_ds);
+    int sample_len = 0; // room for the samples' prompts and continuations
+    for (int i = 0; i < tc->sample_prompt.n; i++) {
+        int n = (int)strlen(tc->sample_prompt.v[i]) + 1 + tc->max_new_tokens; // a token has at least one byte
+        sample_len = n > sample_len ? n : sample_len;
+    }
+    if (sample_len > T) T = sample_len < tc->max_seq_len ? sample_len : tc->max_seq_len;
+
+    Model *m = &r->m;
+    if (model_setup(m, tc, B, T, tc->resume[0] ? resume_dir : NULL) != 0) return 1;
+    const Config *c = &m->host.config;
+    if (tok->vocab_size > c->vocab_size) {
+        fprintf(stderr, "error: %s has %d pieces but the model's vocab_size is %d\n", tokpath, tok->vocab_size, c->vocab_size);
+        return 1;
+    }
+    Optimizer *opt = &r->opt;
+    optimizer_init(opt, m);
+    TrainState ts = {0, 0, 0, 0, 0};
+    if (tc->resume[0]) {
+        if (load_checkpoint(tc, resume_dir, opt, &ts) != 0) return 1;
+        optimizer_sync_device(opt);
+    }
+    long rows_per_step = (long)B * GA;
+    int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)train_ds->n_rows + rows_per_step - 1) / rows_per_step);
+    printf("model %s: %d layers, dim %d, %d heads (%d kv), vocab %d, %.2fM parameters\n", tc->model, c->n_layers,
+           c->dim, c->n_heads, c->n_kv_heads, c->vocab_size, m->host.num_params / 1e6);
+    printf("training %s: %zu trainable parameters, %ld rows, %d steps of %d x %d rows, T <= %d\n",
+           m->host.use_lora ? "LoRA" : "all weights", opt->n, train_ds->n_rows, total, GA, B, T);
+    double act_mb = m->act_bytes / 1048576.0, carry_mb = m->carry_bytes / 1048576.0;
+    memory_plan(m, opt, train_ds, have_val ? val_ds : NULL, 1);
+    if (tc->dry_run) return 0;
+    if (tc->resume[0]) printf("resumed from %s at step %d\n", resume_dir, ts.step);
+
+    if (tc->metrics_file[0] && tc->resume[0] && metrics_truncate(tc->metrics_file, ts.step) != 0) {
+        fprintf(stderr, "error: cannot rewrite --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
+        return 1;
+    }
+    if (tc->metrics_file[0]) r->metrics = fopenCheck(tc->metrics_file, tc->resume[0] ? "a" : "w");
+    FILE *metrics = r->metrics;
+    dataloader_init(&r->dl, train_ds, tc->shuffle, (uint64_t)tc->seed, 0, 1);
+    if (ts.data_pos > train_ds->n_rows) { fprintf(stderr, "error: --resume %s: data position %d is past the %ld rows\n", resume_dir, ts.data_pos, train_ds->n_rows); return 1; }
+    dataloader_seek(&r->dl, ts.data_epoch, ts.data_pos);
+    r->tokens = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
+    r->targets = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
+    r->Ts = (int *)mallocCheck(GA * sizeof(int));
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
+    if (ts.step == 0) print_samples(m, tc, tok, 0);
+    int first_step = ts.step;
+    double run_ms = 0;
+    while (ts.step < total && !stop_requested) {
+        double t0 = now_ms(), norm;
+        long n_tokens;
+        float lr;
+        int skipped;
+        double loss = train_step(r, tc, ts.step, total, &n_tokens, &norm, &lr, &skipped);
+        double ms = now_ms() - t0, flops = 0;
+        for (int g = 0; g < GA; g++) flops += B * flops_per_sequence(&m->host, r->Ts[g]);
+        double tflops = flops / (ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / tc->peak_tflops : -1;
+        run_ms += ms;
+        ts.step++;
+        ts.opt_t = opt->t; ts.data_epoch = (int)r->dl.epoch; ts.data_pos = (int)r->dl.pos;
+        ts.bad_in_row = skipped ? ts.bad_in_row + 1 : 0;
+        double eta_s = run_ms / (ts.step - first_step) * (total - ts.step) / 1e3;
+        printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s", ts.step, total,
+               loss, lr, norm, ms, n_tokens / (ms / 1e3), tflops);
+        if (mfu >= 0) printf(" | MFU %.1f%%", 100 * mfu);
+        if (skipped) printf(" | skipped: NaN or inf loss or grad norm (%d skipped so far)", ts.step - ts.opt_t);
+        printf(" | ETA %dm%02ds\n", (int)(eta_s / 60), (int)eta_s % 60);
+        if (metrics) {
+            char lb[32], nb[32];
+            fprintf(metrics, "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens\": %ld, \"skipped\": %d, "
+                    "\"skipped_total\": %d, \"ms\": %.3f, \"tok_per_s\": %.3f, \"tflops\": %.6g, ", ts.step,
+                    metrics_num(lb, sizeof lb, loss), lr, metrics_num(nb, sizeof nb, norm), n_tokens, skipped, ts.step - ts.opt_t, ms,
+                    n_tokens / (ms / 1e3), tflops);
+            if (mfu >= 0) fprintf(metrics, "\"mfu\": %.6g, ", mfu);
+            fprintf(metrics, "\"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n", peak_rss_mb(), act_mb, carry_mb);
+            if (fflush(metrics) != 0 || ferror(metrics)) return metrics_error(tc->metrics_file);
+        }
+        fault_point("step", ts.step);
+        if (ts.bad_in_row >= tc->max_bad_steps) { // nothing is saved: the checkpoints so far stay the last good ones
+            fprintf(stderr, "error: %d steps in a row (up to step %d) had a NaN or infinite loss or gradient norm (--max_bad_steps %d); "
+                    "stopping without saving. Likely causes: a learning rate too high (lower --lr, more --warmup_steps, keep "
+                    "--grad_clip on), overflow in low precision (fp16/bf16), or bad data (a sample with a huge loss). The "
+                    "checkpoints in %s are intact: fix the cause and --resume from there.\n", ts.bad_in_row, ts.step,
+                    tc->max_bad_steps, tc->output_dir);
+            return 1;
+        }
+        if (have_val && tc->eval_every > 0 && ts.step % tc->eval_every == 0 && ts.step < total)
+            report_eval(m, val_ds, B, tok->eos_id, ts.step, metrics);
+        if (tc->sample_every > 0 && ts.step % tc->sample_every == 0 && ts.step < total) print_samples(m, tc, tok, ts.step);
+        int last = ts.step == total || stop_requested;
+        if ((tc->save_every > 0 && ts.step % tc->save_every == 0) || last) {
+            if (save_checkpoint(tc, m, opt, &ts, tokpath) != 0) return 1;
+            printf("saved checkpoint %s/checkpoint-%d\n", tc->output_dir, ts.step);
+        }
+    }
+    if (stop_requested) {
+        printf("stopped by a signal after step %d; continue with --resume %s\n", ts.step, tc->output_dir);
+        return 0;
+    }
+    if (have_val) report_eval(m, val_ds, B, tok->eos_id, total, metrics); // also with --max_steps 0: evaluates the start
+    print_samples(m, tc, tok, ts.step);
+    printf("peak memory %.1f MiB (activations %.1f MiB, carry %.1f MiB)\n", peak_rss_mb(), act_mb, carry_mb);
+    model_sync_host(m, opt);
+    if (!m->host.use_lora) {
+        if (model_save_hf(&m->host, tc->output_dir, tc->model, tokpath) != 0) return 1;
+        printf("saved the model to %s/\n", tc->output_dir);
+        return 0;
+    }
+    if (lora_save_peft(&m->host.lora, tc->output_dir, tc->model) != 0) return 1;
+    printf("saved the PEFT adapter to %s/\n", tc->output_dir);
+    if (tc->merge_adapter) {
+        char merged[PATH_MAX + 16];
+        snprintf(merged, sizeof merged, "%s/merged", tc->output_dir);
+        if (model_save_merged(&m->host, merged, tc->model, tokpath) != 0) return 1;
+        printf("saved the model with the adapter merged in to %s/\n", merged);
+    }
+    return 0;
+}
+
+// trains and saves; returns the process exit code. Every exit of train_run,
+// early errors included, comes back here to free what it had loaded.
+static int train(TrainConfig *tc) {
+    Trainer r;
+    memset(&r, 0, sizeof r);
+    int rc = train_run(tc, &r);
+    if (r.metrics) {
+        int bad = ferror(r.metrics);
+        if ((fclose(r.metrics) != 0 || bad) && rc == 0) rc = metrics_error(tc->metrics_file);
+    }
+    free(r.tokens); free(r.targets); free(r.Ts);
+    optimizer_free(&r.opt);
+    dataloader_free(&r.dl);
+    model_free(&r.m);
+    dataset_free(&r.train_ds);
+    dataset_free(&r.val_ds);
+    dataset_free(&r.all_ds); // last: the split sets share its token store
+    tokenizer_free(&r.tok);
+    return rc;
+}
+
+// main of both trainers. No --model and no --data: the built-in default run
+// (default_model.h), the user's own options after its defaults so that they win.
+static int train_main(int argc, char **argv) {
+    int given = 0;
+    for (int i = 1; i < argc; i++)
+        given |= !strncmp(argv[i], "--model", 7) || !strncmp(argv[i], "--data", 6) || !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+    char model_dir[4096], data_path[4096];
+    int n_def = (int)(sizeof default_run_args / sizeof default_run_args[0]);
+    char **args = NULL;
+    if (!given) {
+        if (default_setup(DEFAULT_RUN_DIR, model_dir, sizeof model_dir, data_path, sizeof data_path) != 0) return 1;
+        printf("no --model or --data: the built-in default run (a small model and data generated in %s/; delete it to regenerate)\n", DEFAULT_RUN_DIR);
+        args = (char **)mallocCheck((size_t)(argc + n_def + 5) * sizeof(char *));
+        int n = 0;
+        args[n++] = argv[0];
+        for (int i = 0; i < n_def; i++) args[n++] = (char *)default_run_args[i];
+        args[n++] = (char *)"--model"; args[n++] = model_dir; args[n++] = (char *)"--data"; args[n++] = data_path;
+        for (int i = 1; i < argc; i++) args[n++] = argv[i];
+        argc = n;
+    }
+    TrainConfig tc;
+    int rc = parse_args(&tc, argc, args ? args : argv);
+    rc = rc != 0 ? (rc > 0 ? 0 : 2) : train(&tc);
+    free(args);
+    return rc;
+}
+#endif
