@@ -10,7 +10,7 @@
 #   - NaN gradients (injected with LLAMA2TUNE_FAULT=nan:<steps>): the step is
 #     skipped with the weights, the AdamW moments and step count unchanged, and
 #     reported; --max_bad_steps in a row stop the run, saving nothing; an
-#     optimizer state that overflowed (a 1e30 gradient, injected) is not saved.
+#     optimizer state that overflowed (gradients scaled by 1e30, injected) is not saved.
 set -u
 SUITE=faults
 source test/train_helpers.sh # BIN, TMP, FIX; check, run, start, trajectory, same_result
@@ -110,7 +110,7 @@ rc=$?
 [ $rc -eq 0 ] && grep -q "resumed from $TMP/m/checkpoint-6 at step 6" "$TMP/m.log" && [ -f "$TMP/m/adapter_model.safetensors" ]
 check "the last checkpoint resumes and finishes once the fault is gone" $? "exit $rc: $(tail -3 "$TMP/m.log")"
 
-# --- a finite gradient of 1e30 without clipping: AdamW's second moment (g^2) overflows to inf, which is never saved
+# --- gradients scaled by 1e30 without clipping: AdamW's second moment (g^2) overflows to inf, which is never saved
 LLAMA2TUNE_FAULT=huge:3 run "$TMP/w" 6 --grad_clip 0
 rc=$?
 [ $rc -eq 1 ] && grep -q "error: not saving checkpoint 3: the trainable weights or AdamW moments hold NaN or inf" "$TMP/w.log" &&
