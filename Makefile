@@ -1,5 +1,6 @@
 # llama2.tune
 #   make train_llama2     CPU trainer (fp32, OpenMP when the compiler has it)
+#   make train_llama2cu   CUDA trainer (nvcc, cuBLASLt; compiled, not yet run on a GPU)
 #   make test             build and run every test; ends with "N passed, N failed"
 #   make run              a short LoRA run on the tiny model shipped in test/fixtures
 #   make test SANITIZE=1  the same tests built with ASan + UBSan (into build-san/)
@@ -16,14 +17,17 @@ ifeq ($(OPENMP),)
 $(info OpenMP not found: building single-threaded)
 endif
 
-# CUDA: the kernel checks in dev/cuda/ (each built with the CPU twins of
-# train_llama2.c, dev/cuda/cpu_ref.o), for A100 (sm_80) and H100 (sm_90)
+# CUDA: the trainer, its test against the CPU twin, and the kernel checks in
+# dev/cuda/ (each built with the CPU twins of train_llama2.c, dev/cuda/cpu_ref.o),
+# for A100 (sm_80) and H100 (sm_90). Only cuBLASLt is linked: it does every matmul
+# (NCCL comes with sharding).
 NVCC ?= nvcc
 CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_ARCHS) --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror $(if $(OPENMP),-Xcompiler -fopenmp)
 CUDA_LDLIBS = -lcublasLt -lm
-CUDA_HEADERS = cuda_common.cuh layers.cuh matmul.cuh attention.cuh dev/cuda/common.cuh dev/cuda/cpu_ref.h
-CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm)
+CUDA_HEADERS = cuda_common.cuh layers.cuh matmul.cuh attention.cuh lora.cuh lora.h utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
+CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm elementwise lora)
+CUDA_TRAINER = train_llama2.cu $(HEADERS) cuda_common.cuh layers.cuh matmul.cuh attention.cuh lora.cuh
 
 # SANITIZE=1: the trainer and every test built with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build-san/ (B), so the two builds never mix.
@@ -37,8 +41,8 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h model.h dataloader.h checkpoint.h default_model.h trainer.h
-TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_chunked test/test_trainer test/test_dataloader test/test_default test/test_fuzz_replay
+HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h model.h dataloader.h checkpoint.h default_model.h trainer.h progress.h
+TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
 # the committed seeds and crash regressions, as part of `make test`
@@ -52,10 +56,11 @@ $(B)train_llama2: train_llama2.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-$(addprefix $(B),test/test_llama2 test/test_chunked test/test_trainer test/test_default): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
+$(addprefix $(B),test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_default): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 $(B)test/test_default: default_model.h
+$(B)test/test_trainer: test/random_model.h
 
 $(B)test/test_fuzz_replay: test/test_fuzz_replay.c $(FUZZ_SRCS) dev/fuzz/fuzz.h train_llama2.c $(HEADERS) test/test_common.h
 	@mkdir -p $(@D)
@@ -71,6 +76,9 @@ dev/bench_tokenizer: dev/bench_tokenizer.c tokenizer.h
 dev/bench_dataloader: dev/bench_dataloader.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
+dev/bench_attention: dev/bench_attention.c train_llama2.c $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
 # the built-in default run's model and data (default_model.h), written into a folder
 dev/make_default: dev/make_default.c default_model.h utils.h json.h safetensors.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
@@ -81,14 +89,23 @@ dev/cuda/cpu_ref.o: dev/cuda/cpu_ref.c dev/cuda/cpu_ref.h train_llama2.c $(HEADE
 $(CUDA_CHECKS): dev/cuda/%: dev/cuda/%.cu dev/cuda/cpu_ref.o $(CUDA_HEADERS)
 	$(NVCC) $(NVCCFLAGS) -o $@ $< dev/cuda/cpu_ref.o $(CUDA_LDLIBS)
 
-# the host headers train_llama2.cu shares with train_llama2.c, compiled as C++17
-# with the same flags (an object only: it checks that they compile)
-dev/cuda/host_headers.o: dev/cuda/host_headers.cu $(HEADERS)
-	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+# the CUDA trainer: its backend and every host header it shares with train_llama2.c,
+# compiled as C++17 with warnings as errors
+train_llama2cu: $(CUDA_TRAINER)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(CUDA_LDLIBS)
+
+# test_llama2cu: the CUDA trainer and the CPU twin (test/cpu_twin.o) in one process.
+# A whole trainer in a test leaves some of its functions unused, which is no error
+# here (as -Wno-unused-function in CFLAGS for the C tests).
+test/cpu_twin.o: test/cpu_twin.c test/twin.h test/cpu_twin.h train_llama2.c $(HEADERS)
+	$(CC) $(CFLAGS) -c -o $@ $<
+test/test_llama2cu: test/test_llama2cu.cu test/cpu_twin.o test/twin.h test/cpu_twin.h test/test_common.h \
+    test/random_model.h $(CUDA_TRAINER)
+	$(NVCC) $(NVCCFLAGS) -diag-suppress 177 -Xcompiler -Wno-unused-function -o $@ $< test/cpu_twin.o $(CUDA_LDLIBS)
 
 # every CUDA target; cuda-compile-check (CI, no GPU needed) builds them all for
 # sm_80 and sm_90 with warnings as errors; dev/gpu_check.sh runs them on a GPU
-cuda: $(CUDA_CHECKS) dev/cuda/host_headers.o
+cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu
 cuda-compile-check: cuda
 
 # (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out)
@@ -96,7 +113,7 @@ RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
 test: $(B)train_llama2 $(RUN_TESTS)
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh $(RUN_TESTS) \
-	    test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh)
+	    test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh)
 
 # libFuzzer builds: clang with -fsanitize=fuzzer (Debian: clang and libclang-rt-14-dev)
 FUZZ_CC ?= clang
@@ -114,5 +131,6 @@ run: train_llama2
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} ./train_llama2
 
 clean:
-	rm -f train_llama2 $(TESTS) dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o dev/cuda/host_headers.o
+	rm -f train_llama2 train_llama2cu $(TESTS) dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
+	    test/test_llama2cu test/cpu_twin.o
 	rm -rf build-san build-fuzz build-vg

@@ -89,8 +89,9 @@ template <> __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(f
 }
 
 // lora.h's Chunk: row n of a chunk is position t0 + n % len of sequence n / len of
-// B sequences of T tokens. Defined here only when lora.h is not included first.
-#ifndef LORA_H
+// B sequences of T tokens. Defined by whichever of the two comes first.
+#ifndef CHUNK_DEFINED
+#define CHUNK_DEFINED
 typedef struct { int B, T, t0, len; } Chunk;
 #endif
 

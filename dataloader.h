@@ -96,6 +96,7 @@
 #include "utils.h"
 #include "json.h"
 #include "tokenizer.h"
+#include "progress.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -840,6 +841,12 @@ static DataStore *data_build(Dataset *ds, const char *path, const char *cache_pa
     int format = (int)key->requested_format, rc = 0, more = 1;
     unsigned char *blob = NULL;
     size_t blob_cap = 0;
+    char what[300];
+    struct stat fst;
+    snprintf(what, sizeof what, "tokenizing %s", path);
+    Progress bar = progress_begin(stderr, what, fstat(fileno(rr.f), &fst) == 0 ? fst.st_size / 1e6 : 0, "MB");
+    if (ds->quiet) bar.quiet_ms = INFINITY;
+    double done = 0; // bytes of records read
     while (more && rc == 0) {
         // read and parse a batch of records (serially: the file is read in order)
         int n = 0;
@@ -883,6 +890,7 @@ static DataStore *data_build(Dataset *ds, const char *path, const char *cache_pa
         }
         // tokenize in parallel, write in order
         if (rc == 0) data_tokenize_batch(batch, n, tok);
+        progress_update(&bar, (done += bytes) / 1e6);
         for (int i = 0; i < n; i++) {
             Pending *p = &batch[i];
             if (rc == 0 && p->skip) {
@@ -910,6 +918,7 @@ static DataStore *data_build(Dataset *ds, const char *path, const char *cache_pa
         if (w.failed && rc == 0) rc = data_fail(ds, "%s: writing the token cache failed: %s (set --data_cache_dir elsewhere)", w.tmp, strerror(errno));
     }
     rr_close(&rr);
+    if (rc == 0) progress_end(&bar, done / 1e6);
     free(batch); free(blob);
     if (rc == 0 && h.n_records == 0) rc = data_fail(ds, "%s: no records (an empty JSON array)", path);
     if (rc == 0 && h.n_samples > INT32_MAX) rc = data_fail(ds, "%s: more than %d samples", path, INT32_MAX);

@@ -202,6 +202,35 @@ void swiglu_backward(T *dgate, T *dup, const T *dout, const T *gate, const T *up
 }
 
 // ----------------------------------------------------------------------------
+// elementwise: sums into a buffer, and storage conversion
+
+template <typename T>
+__global__ void accumulate_kernel(T *out, const T *x, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_float<T>(to_float(out[i]) + to_float(x[i]));
+}
+// out (n) += x (n): the residual connections (the CPU's `mid[i] += x[i]` loops) and
+// the LoRA dropout's input gradient
+template <typename T>
+void accumulate(T *out, const T *x, size_t n, cudaStream_t stream) {
+    accumulate_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(out, x, n);
+    cudaLaunchCheck();
+}
+
+template <typename TO, typename TI>
+__global__ void convert_kernel(TO *out, const TI *x, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_float<TO>(to_float(x[i]));
+}
+// out (n) = x (n) in another storage type (fp32 -> bf16 rounds to nearest even):
+// weights uploaded in fp32 into the bf16 model, fp32 logit gradients for a bf16 matmul
+template <typename TO, typename TI>
+void convert(TO *out, const TI *x, size_t n, cudaStream_t stream) {
+    convert_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(out, x, n);
+    cudaLaunchCheck();
+}
+
+// ----------------------------------------------------------------------------
 // cross-entropy, fused with its gradient: one block per row of V logits
 
 constexpr int CROSSENTROPY_THREADS = 512;

@@ -8,9 +8,9 @@
 // live in one flat buffer (params, grads), so the optimizer, the gradient norm
 // and the checkpoint code treat LoRA and full fine-tuning alike.
 //
-// The forward and backward pieces call matmul_forward / matmul_backward, which
-// the including trainer defines (train_llama2.c on the CPU, train_llama2.cu on
-// the GPU, same names and semantics).
+// The forward and backward pieces here are the CPU's (their GPU twins, with the
+// same names, are in lora.cuh, so nvcc leaves these out); they call
+// matmul_forward / matmul_backward, which train_llama2.c defines first.
 #ifndef LORA_H
 #define LORA_H
 #include <math.h>
@@ -107,8 +107,15 @@ static void lora_init(LoRA *l, uint64_t seed) {
 // Where the N rows of a layer's input sit in the batch: the trainer runs a
 // batch of B sequences of T tokens in chunks, and row n of a chunk is position
 // t0 + n % len of sequence n / len. Whole-sequence training is t0 = 0, len = T.
+#ifndef CHUNK_DEFINED // cuda_common.cuh has the same, for the kernels that need no LoRA
+#define CHUNK_DEFINED
 typedef struct { int B, T, t0, len; } Chunk;
+#endif
 
+// the dropout mask's key for one module of one layer, from the micro-batch's key
+static uint64_t lora_dropout_key(uint64_t key, int layer, int t) { return splitmix64(key ^ (uint64_t)(layer * LORA_N_TARGETS + t + 1)); }
+
+#ifndef __CUDACC__ // the CPU's pieces; lora.cuh has the GPU's
 // dropout as torch's nn.Dropout: zero with probability p, scale survivors by 1/(1-p).
 // The mask is a hash of (key, absolute position, feature), so forward and backward
 // regenerate it instead of storing it, it is the same for any number of threads,
@@ -125,7 +132,6 @@ static void lora_dropout(const LoRA *l, float *out, const float *inp, int in, co
         }
     }
 }
-static uint64_t lora_dropout_key(uint64_t key, int layer, int t) { return splitmix64(key ^ (uint64_t)(layer * LORA_N_TARGETS + t + 1)); }
 
 // out (N, out) += scale * (dropout(inp) (N, in) @ A^T) @ B^T with N = B * len rows;
 // h (N, r) is kept for the backward. xdrop is scratch of N * in floats, used only when dropout > 0.
@@ -161,6 +167,8 @@ static void lora_backward(LoRA *l, int layer, int t, float *dinp, const float *d
     lora_dropout(l, xdrop, inp, in, ch, dkey);
     matmul_backward(NULL, lora_A(l, l->grads, layer, t), dh, xdrop, NULL, N, in, r, 1.0f);
 }
+
+#endif
 
 // ----------------------------------------------------------------------------
 // PEFT adapter files: adapter_model.safetensors + adapter_config.json

@@ -16,6 +16,7 @@
 #include "json.h"
 #include "safetensors.h"
 #include "lora.h"
+#include "progress.h"
 
 // ----------------------------------------------------------------------------
 // model configuration, read from the checkpoint's config.json
@@ -222,11 +223,14 @@ static int model_load(HostModel *m, const char *dir) {
     float *ptrs[NUM_PARAM_TENSORS];
     char name[256];
     int rc = 0;
+    Progress bar;
+    double loaded = 0; // parameters read so far
     for (int pass = 0; pass < 2 && rc == 0; pass++) {
         if (pass == 1) {
             m->params = (float *)mallocCheck(m->num_params * sizeof(float));
             param_layout(c, &m->w, m->params);
             param_tensors(&m->w, ptrs);
+            bar = progress_begin(stderr, "loading the weights", m->num_params / 1e6, "M params");
         }
         for (int p = 0; p < NUM_PARAM_TENSORS && rc == 0; p++) {
             if (p == P_HEAD && c->tied) continue;
@@ -255,9 +259,11 @@ static int model_load(HostModel *m, const char *dir) {
                     rc = -1;
                 } else if (pass == 1) {
                     rc = st_read_f32(f, t, 0, t->numel, ptrs[p] + (size_t)l * rows * cols);
+                    progress_update(&bar, (loaded += (double)rows * cols) / 1e6);
                 }
             }
         }
+        if (pass == 1 && rc == 0) progress_end(&bar, m->num_params / 1e6);
     }
     // a tied config with a stored head that is not the embedding would silently train another model
     StFile *hf;

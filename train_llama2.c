@@ -5,8 +5,10 @@ fine-tuning of a Hugging Face checkpoint, in fp32 with OpenMP.
 It is the judge of everything else in this repository: the CUDA trainer is
 compared with it, and it is compared with Hugging Face transformers + peft
 (test/test_llama2.c, fixtures from dev/reference/). So it favours plain loops
-that read like the math; the one place that is tuned is matmul, which every
-linear layer uses for its forward and both backward products.
+that read like the math; the places that are tuned are matmul, which every
+linear layer uses for its forward and both backward products, and attention,
+which dominates long sequences (both are checked against plain definitions:
+test/test_llama2.c, test/test_attention.c).
 
 This file is the CPU backend: the layers, the Model with its forward and
 backward, AdamW, and the few functions trainer.h's contract asks for. The
@@ -22,6 +24,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <sys/resource.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -53,18 +56,29 @@ typedef float vfloat __attribute__((vector_size(GEMM_VLEN * sizeof(float))));
 static float *gemm_scratch = NULL;
 static size_t gemm_scratch_size = 0;
 
-// C (mr, nr) += a (kc, MR strip) @ b (kc, NR strip), both packed
-static inline void gemm_kernel(int kc, const float *a, const float *b, float *C, int ldc, int mr, int nr) {
-    vfloat c[GEMM_MR][2];
-    memset(c, 0, sizeof c);
-    for (int k = 0; k < kc; k++) {
-        vfloat b0 = *(const vfloat *)(b + k * GEMM_NR), b1 = *(const vfloat *)(b + k * GEMM_NR + GEMM_VLEN);
+// c (MR, NR) = A (MR, n) @ B (n, NR) in registers, each element summed over k in order.
+// A(i, k) = a[i * ars + k * aks] (a packed strip: ars = 1, aks = MR; or a plain matrix
+// either way round, for attention); row k of B at b + k * ldb, vector-aligned.
+// Rows i >= rows of A are not read (they repeat the last row), and their c is not used.
+static inline void gemm_tile(vfloat c[GEMM_MR][2], int rows, int n, const float *a, int ars, int aks, const float *b,
+                             int ldb) {
+    const float *ar[GEMM_MR];
+    for (int i = 0; i < GEMM_MR; i++) ar[i] = a + (size_t)(i < rows ? i : rows - 1) * ars;
+    memset(c, 0, GEMM_MR * sizeof c[0]);
+    for (int k = 0; k < n; k++) {
+        vfloat b0 = *(const vfloat *)(b + (size_t)k * ldb), b1 = *(const vfloat *)(b + (size_t)k * ldb + GEMM_VLEN);
         for (int i = 0; i < GEMM_MR; i++) {
-            float av = a[k * GEMM_MR + i];
+            float av = ar[i][(size_t)k * aks];
             c[i][0] += av * b0;
             c[i][1] += av * b1;
         }
     }
+}
+
+// C (mr, nr) += a (kc, MR strip) @ b (kc, NR strip), both packed
+static inline void gemm_kernel(int kc, const float *a, const float *b, float *C, int ldc, int mr, int nr) {
+    vfloat c[GEMM_MR][2];
+    gemm_tile(c, GEMM_MR, kc, a, 1, GEMM_MR, b, GEMM_NR);
     float tile[GEMM_MR][GEMM_NR];
     memcpy(tile, c, sizeof tile);
     for (int i = 0; i < mr; i++)
@@ -199,6 +213,8 @@ typedef struct {
     int chunk_size;           // C (== T: whole sequence)
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
+    int fp32;                 // --precision fp32: the only one the CPU runs
+    size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and moments
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
     float *rope_cos, *rope_sin; // (T, hd/2)
     uint64_t dropout_key;     // set per micro-batch by the training loop
@@ -288,87 +304,240 @@ static void rope_backward(float *dx, const float *cosb, const float *sinb, const
 // Attention of a chunk of queries against the KV carry, causal with the mask
 // aligned bottom-right: query i of the chunk sits at position t0 + i and sees
 // keys 0 .. t0 + i. GQA: query head h reads key/value head h / (NH / NKV).
-// Like flash attention it keeps only each row's log-sum-exp, not the (C, T)
+// Like flash attention it keeps only each row's log-sum-exp, not the (len, t0 + len)
 // probabilities, and the backward recomputes them (attention.cuh mirrors this).
-//   q (B, len, NH, hd); k, v (B, T, NKV, hd) with rows < t0 + len filled
-//   -> out (B, len, NH, hd), lse (B, NH, len)
-static float attention_dot(const float *a, const float *b, int hd) {
-    float dot = 0;
-    #pragma omp simd reduction(+ : dot) // a fixed vector order: deterministic
-    for (int d = 0; d < hd; d++) dot += a[d] * b[d];
-    return dot;
-}
-// y += a x; restrict tells the compiler the rows do not overlap, so it vectorizes
-static void attention_axpy(float *restrict y, float a, const float *restrict x, int hd) {
-    #pragma omp simd
-    for (int d = 0; d < hd; d++) y[d] += a * x[d];
+//   q (B, len, NH, hd); k, v (B, T, NKV, hd) with rows < t0 + len filled (the
+//   rest is never read) -> out (B, len, NH, hd), lse (B, NH, len)
+//
+// Tiled for the caches and the vector units: ATT_QT queries of one head meet
+// ATT_KT keys at a time, and every product is a gemm_tile. The scores are kept
+// transposed, S^T (keys, queries), so that a query's softmax runs down a column:
+// the loops vectorize across queries, and each query's max and sum take its keys
+// in order. Key tiles start at multiples of ATT_KT from position 0, so a query
+// meets the same tiles in the same order wherever its chunk starts or ends; the
+// keys after it (in its last tile, or in whole tiles that later queries of its
+// tile need) add exact zeros and scale by exactly 1. So chunked attention equals
+// whole-sequence attention bit for bit (test/test_attention.c, test_chunked.c).
+#define ATT_QT 64 // queries per tile, a multiple of GEMM_NR (vectors run across queries)
+#define ATT_KT 64 // keys per tile
+
+// x[j][i] = e^(x[j][i] - sub[i]) for rows j of w floats (vector-aligned), for
+// arguments <= 88, within 2 ulp (test/test_attention.c). libm's expf does not
+// vectorize, and once per score it would cost more than the products. y = k ln2 + r
+// with |r| <= ln2/2; e^r by its Taylor series to r^7 (the rest is < 1e-8 relative);
+// 2^k is written into the exponent bits. Below -87 (e^y < FLT_MIN) the result is
+// 0, so masked scores (-inf) give exactly 0; e^0 is exactly 1.
+typedef int32_t vint __attribute__((vector_size(GEMM_VLEN * sizeof(int32_t))));
+static void attention_exp(float *x, int rows, int w, const float *sub) {
+    int NV = w / GEMM_VLEN;
+    vfloat *xv = (vfloat *)x;
+    const vfloat *subv = (const vfloat *)sub;
+    for (int j = 0; j < rows; j++)
+        for (int v = 0; v < NV; v++) {
+            vfloat y = xv[j * NV + v] - subv[v];
+            vint under = y < -87.0f;
+            y = (vfloat)((~under & (vint)y) | (under & (vint)((vfloat){0} - 87.0f))); // keeps k in range
+            vfloat k = (y * 1.44269504f + 12582912.0f) - 12582912.0f; // y / ln2 rounded: 1.5 * 2^23 has no fraction bits
+            vfloat r = y - k * 0.693145751953125f - k * 1.42860677e-6f; // ln2 in two parts: k * the first is exact
+            vfloat e = (vfloat){0} + 1.0f / 5040;
+            e = e * r + 1.0f / 720, e = e * r + 1.0f / 120, e = e * r + 1.0f / 24, e = e * r + 1.0f / 6;
+            e = e * r + 0.5f, e = e * r + 1.0f, e = e * r + 1.0f;
+            vint two_k = (__builtin_convertvector(k, vint) + 127) << 23;
+            xv[j * NV + v] = (vfloat)((vint)(e * (vfloat)two_k) & ~under);
+        }
 }
 
+static float *attention_scratch(size_t n) {
+    float *p = (float *)aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); // vector loads and stores
+    if (!p) die("out of memory for attention scratch (%zu floats)", n);
+    return p;
+}
+
+// dst (rows, w) <- rows r0 .. r0 + rows - 1 of a tensor whose row r is hd floats at
+// src + r * stride; zero past row n and past column hd
+static void attention_load_rows(float *dst, int w, const float *src, size_t stride, int r0, int rows, int n, int hd) {
+    for (int r = 0; r < rows; r++) {
+        float *o = dst + (size_t)r * w;
+        int valid = r0 + r < n;
+        if (valid) memcpy(o, src + (size_t)(r0 + r) * stride, hd * sizeof(float));
+        memset(o + (valid ? hd : 0), 0, (w - (valid ? hd : 0)) * sizeof(float));
+    }
+}
+// dst (hd, w) <- scale * rows r0 .. r0 + w - 1 of such a tensor, transposed
+static void attention_load_cols(float *dst, int w, const float *src, size_t stride, int r0, int n, int hd, float scale) {
+    for (int i = 0; i < w; i++)
+        for (int d = 0; d < hd; d++) dst[(size_t)d * w + i] = r0 + i < n ? scale * src[(size_t)(r0 + i) * stride + d] : 0.0f;
+}
+
+// C (M, N) = [C +] A (M, n) @ B (n, N) in register tiles; N a multiple of GEMM_NR, rows of
+// B and C vector-aligned; A(i, k) = a[i * ars + k * aks] as in gemm_tile
+static void attention_matmul(float *c, int ldc, const float *a, int ars, int aks, const float *b, int ldb, int M, int N,
+                             int n, int accumulate) {
+    for (int i = 0; i < M; i += GEMM_MR)
+        for (int j = 0; j < N; j += GEMM_NR) {
+            vfloat t[GEMM_MR][2];
+            int rows = M - i < GEMM_MR ? M - i : GEMM_MR;
+            gemm_tile(t, rows, n, a + (size_t)i * ars, ars, aks, b + j, ldb);
+            for (int r = 0; r < rows; r++) {
+                vfloat *cr = (vfloat *)(c + (size_t)(i + r) * ldc + j);
+                cr[0] = accumulate ? cr[0] + t[r][0] : t[r][0];
+                cr[1] = accumulate ? cr[1] + t[r][1] : t[r][1];
+            }
+        }
+}
+
+// The width of the query tiles: ATT_QT, or for a short chunk (generation runs one
+// query at a time) the fewest vectors that hold it.
+static int attention_tile_width(int len) {
+    return len < ATT_QT ? (len + GEMM_NR - 1) / GEMM_NR * GEMM_NR : ATT_QT;
+}
+// The query tile at row i0 of the chunk, w wide: qpos, each query's position (rows
+// past len, the padding, repeat the last query); returns the last key it sees.
+static int attention_query_tile(int *qpos, int w, const Chunk *ch, int i0) {
+    for (int i = 0; i < w; i++) qpos[i] = ch->t0 + (i0 + i < ch->len ? i0 + i : ch->len - 1);
+    return qpos[w - 1];
+}
+
+// st (ATT_KT, w) = S^T: the scores of the key tile at position s0 (kt: its rows,
+// (ATT_KT, hdp)) against a query tile (qt: scale * its rows transposed, (hd, w)),
+// -inf where the key comes after the query
+static void attention_scores(float *st, const float *kt, const float *qt, int w, int hd, int hdp, int s0,
+                             const int *qpos) {
+    attention_matmul(st, w, kt, hdp, 1, qt, w, ATT_KT, w, hd, 0);
+    if (s0 + ATT_KT - 1 <= qpos[0]) return; // every query sees every key
+    for (int j = 0; j < ATT_KT; j++)
+        for (int i = 0; i < w; i++) // a select, not a conditional store: that would vectorize as a scatter
+            st[j * w + i] = s0 + j > qpos[i] ? -INFINITY : st[j * w + i];
+}
+
+// Each query tile walks its key tiles with an online softmax: m, the running
+// max, and l, the running sum of e^(s - m); o, the running sum of e^(s - m) v,
+// is rescaled whenever m grows. One thread owns each (b, h, query tile).
 static void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                               const Chunk *ch, int NH, int NKV, int hd) {
     float scale = 1.0f / sqrtf((float)hd);
-    int B = ch->B, len = ch->len, T = ch->T, t0 = ch->t0, group = NH / NKV;
+    int B = ch->B, len = ch->len, T = ch->T, group = NH / NKV, kv_end = ch->t0 + len;
+    int w = attention_tile_width(len), ntiles = (len + w - 1) / w, hdp = (hd + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
     #pragma omp parallel
     {
-        float *p = (float *)mallocCheck((size_t)(t0 + len) * sizeof(float)); // one row of scores
-        #pragma omp for collapse(3)
+        float *qt = attention_scratch((size_t)(hd + ATT_KT + 4) * w + (size_t)(w + 2 * ATT_KT) * hdp);
+        float *st = qt + (size_t)hd * w;         // (ATT_KT, w) scores, then probabilities
+        float *m = st + (size_t)ATT_KT * w;      // (w) the running max
+        float *mnew = m + w, *alpha = mnew + w;  // (w) the max with this tile; how much o shrinks
+        float *l = alpha + w;                    // (w) the running sum
+        float *o = l + w;                        // (w, hdp)
+        float *kt = o + (size_t)w * hdp;         // (ATT_KT, hdp)
+        float *vt = kt + (size_t)ATT_KT * hdp;   // (ATT_KT, hdp)
+        int *qpos = (int *)mallocCheck(w * sizeof(int));
+        #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < NH; h++)
-                for (int i = 0; i < len; i++) {
-                    const float *qi = q + (((size_t)b * len + i) * NH + h) * hd;
-                    const float *kb = k + (size_t)b * T * NKV * hd + (h / group) * hd;
-                    const float *vb = v + (size_t)b * T * NKV * hd + (h / group) * hd;
-                    int n = t0 + i + 1; // keys this query sees
-                    float maxv = -INFINITY;
-                    for (int s = 0; s < n; s++) {
-                        p[s] = attention_dot(qi, kb + (size_t)s * NKV * hd, hd) * scale;
-                        if (p[s] > maxv) maxv = p[s];
+                for (int tile = ntiles - 1; tile >= 0; tile--) { // the last tiles see the most keys: start them first
+                    int i0 = tile * w, last = attention_query_tile(qpos, w, ch, i0);
+                    const float *qb = q + ((size_t)b * len * NH + h) * hd;
+                    const float *kb = k + ((size_t)b * T * NKV + h / group) * hd, *vb = v + (kb - k);
+                    attention_load_cols(qt, w, qb, (size_t)NH * hd, i0, len, hd, scale);
+                    for (int i = 0; i < w; i++) m[i] = -INFINITY, l[i] = 0.0f;
+                    memset(o, 0, (size_t)w * hdp * sizeof(float));
+                    for (int s0 = 0; s0 <= last; s0 += ATT_KT) {
+                        attention_load_rows(kt, hdp, kb, (size_t)NKV * hd, s0, ATT_KT, kv_end, hd);
+                        attention_load_rows(vt, hdp, vb, (size_t)NKV * hd, s0, ATT_KT, kv_end, hd);
+                        attention_scores(st, kt, qt, w, hd, hdp, s0, qpos);
+                        for (int i = 0; i < w; i++) mnew[i] = m[i];
+                        for (int j = 0; j < ATT_KT; j++)
+                            for (int i = 0; i < w; i++) mnew[i] = st[j * w + i] > mnew[i] ? st[j * w + i] : mnew[i];
+                        memcpy(alpha, m, w * sizeof(float));
+                        attention_exp(alpha, 1, w, mnew);
+                        attention_exp(st, ATT_KT, w, mnew); // P^T, for the new max
+                        memcpy(m, mnew, w * sizeof(float));
+                        for (int i = 0; i < w; i++) l[i] *= alpha[i];
+                        for (int j = 0; j < ATT_KT; j++)
+                            for (int i = 0; i < w; i++) l[i] += st[j * w + i];
+                        for (int i = 0; i < w; i++)
+                            for (int d = 0; d < hdp; d++) o[(size_t)i * hdp + d] *= alpha[i];
+                        // o (w, hdp) += P (w, ATT_KT) @ the value rows; P(i, j) = st[j * w + i]
+                        attention_matmul(o, hdp, st, 1, w, vt, hdp, w, hdp, ATT_KT, 1);
                     }
-                    double sum = 0;
-                    for (int s = 0; s < n; s++) { p[s] = expf(p[s] - maxv); sum += p[s]; }
-                    lse[((size_t)b * NH + h) * len + i] = maxv + (float)log(sum);
-                    float inv = (float)(1.0 / sum), *o = out + (((size_t)b * len + i) * NH + h) * hd;
-                    for (int d = 0; d < hd; d++) o[d] = 0.0f;
-                    for (int s = 0; s < n; s++) attention_axpy(o, p[s] * inv, vb + (size_t)s * NKV * hd, hd);
+                    for (int i = 0; i < w && i0 + i < len; i++) {
+                        float *oi = out + (((size_t)b * len + i0 + i) * NH + h) * hd;
+                        for (int d = 0; d < hd; d++) oi[d] = o[(size_t)i * hdp + d] / l[i];
+                        lse[((size_t)b * NH + h) * len + i0 + i] = m[i] + logf(l[i]);
+                    }
                 }
-        free(p);
+        free(qt), free(qpos);
     }
 }
 
-// With P = exp(scores - lse) recomputed and Di = dout_i . out_i (= sum_s P_is dP_is):
-// dV_s += P_is dout_i, dS_is = P_is (dout_i . v_s - Di), dq_i = scale sum_s dS_is k_s,
+// With P = exp(S - lse) recomputed and D_i = dout_i . out_i (= sum_s P_is dP_is):
+// dV_s += P_is dout_i, dS_is = P_is (dout_i . v_s - D_i), dq_i = scale sum_s dS_is k_s,
 // dK_s += scale dS_is q_i. dq (B, len, NH, hd) is overwritten; dk, dv (B, T, NKV, hd)
 // are added into for every position < t0 + len: the chunk's own rows and the
-// dKV carry of earlier chunks. One thread owns each (b, kv head), so the query
-// heads of a group add into the shared dk/dv without races.
+// dKV carry of earlier chunks. One thread owns each (b, kv head) and walks the
+// query tiles of every head of its group, so dk, dv need no reduction across
+// threads (the price: the work splits B * NKV ways).
 static void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                                const float *q, const float *k, const float *v, const Chunk *ch, int NH, int NKV, int hd) {
     float scale = 1.0f / sqrtf((float)hd);
-    int B = ch->B, len = ch->len, T = ch->T, t0 = ch->t0, group = NH / NKV;
-    #pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++)
-        for (int kh = 0; kh < NKV; kh++) {
-            size_t kv0 = (size_t)b * T * NKV * hd + kh * hd;
-            const float *kb = k + kv0, *vb = v + kv0;
-            float *dkb = dk + kv0, *dvb = dv + kv0;
-            for (int h = kh * group; h < (kh + 1) * group; h++)
-                for (int i = 0; i < len; i++) {
-                    size_t qi_off = (((size_t)b * len + i) * NH + h) * hd;
-                    const float *qi = q + qi_off, *doi = dout + qi_off;
-                    float *dqi = dq + qi_off, l = lse[((size_t)b * NH + h) * len + i];
-                    float Di = attention_dot(doi, out + qi_off, hd);
-                    for (int d = 0; d < hd; d++) dqi[d] = 0.0f;
-                    for (int s = 0; s <= t0 + i; s++) {
-                        const float *ks = kb + (size_t)s * NKV * hd, *vs = vb + (size_t)s * NKV * hd;
-                        float *dks = dkb + (size_t)s * NKV * hd, *dvs = dvb + (size_t)s * NKV * hd;
-                        float p = expf(attention_dot(qi, ks, hd) * scale - l);
-                        float ds = p * (attention_dot(doi, vs, hd) - Di) * scale;
-                        attention_axpy(dvs, p, doi, hd);
-                        attention_axpy(dqi, ds, ks, hd);
-                        attention_axpy(dks, ds, qi, hd);
+    int B = ch->B, len = ch->len, T = ch->T, group = NH / NKV, kv_end = ch->t0 + len;
+    int w = attention_tile_width(len), hdp = (hd + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+    size_t q_stride = (size_t)NH * hd, kv_stride = (size_t)NKV * hd;
+    #pragma omp parallel
+    {
+        float *qt = attention_scratch((size_t)(2 * hd + 2 * ATT_KT + 2) * w + (size_t)(3 * w + 4 * ATT_KT) * hdp);
+        float *dot = qt + (size_t)hd * w;          // (hd, w) dout transposed
+        float *st = dot + (size_t)hd * w;          // (ATT_KT, w) scores, then P^T
+        float *dst = st + (size_t)ATT_KT * w;      // (ATT_KT, w) dP^T, then scale * dS^T
+        float *lsei = dst + (size_t)ATT_KT * w;    // (w) each query's lse
+        float *D = lsei + w;                       // (w) each query's dout . out
+        float *qr = D + w;                         // (w, hdp) the queries, rows
+        float *dor = qr + (size_t)w * hdp;         // (w, hdp) dout, rows
+        float *dqt = dor + (size_t)w * hdp;        // (w, hdp)
+        float *kt = dqt + (size_t)w * hdp;         // (ATT_KT, hdp) each: keys, values, their gradients
+        float *vt = kt + (size_t)ATT_KT * hdp, *dkt = vt + (size_t)ATT_KT * hdp, *dvt = dkt + (size_t)ATT_KT * hdp;
+        int *qpos = (int *)mallocCheck(w * sizeof(int));
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (int b = 0; b < B; b++)
+            for (int kh = 0; kh < NKV; kh++) {
+                size_t kv0 = ((size_t)b * T * NKV + kh) * hd;
+                for (int h = kh * group; h < (kh + 1) * group; h++)
+                    for (int i0 = 0; i0 < len; i0 += w) {
+                        size_t q0 = ((size_t)b * len * NH + h) * hd;
+                        int last = attention_query_tile(qpos, w, ch, i0);
+                        attention_load_cols(qt, w, q + q0, q_stride, i0, len, hd, scale);
+                        attention_load_cols(dot, w, dout + q0, q_stride, i0, len, hd, 1.0f);
+                        attention_load_rows(qr, hdp, q + q0, q_stride, i0, w, len, hd);
+                        attention_load_rows(dor, hdp, dout + q0, q_stride, i0, w, len, hd);
+                        for (int i = 0; i < w; i++) { // the padding rows (dout = 0) get D = 0, lse = 0
+                            D[i] = 0.0f, lsei[i] = 0.0f;
+                            if (i0 + i >= len) continue;
+                            const float *oi = out + q0 + (size_t)(i0 + i) * q_stride;
+                            for (int d = 0; d < hd; d++) D[i] += dor[(size_t)i * hdp + d] * oi[d];
+                            lsei[i] = lse[((size_t)b * NH + h) * len + i0 + i];
+                        }
+                        memset(dqt, 0, (size_t)w * hdp * sizeof(float));
+                        for (int s0 = 0; s0 <= last; s0 += ATT_KT) {
+                            attention_load_rows(kt, hdp, k + kv0, kv_stride, s0, ATT_KT, kv_end, hd);
+                            attention_load_rows(vt, hdp, v + kv0, kv_stride, s0, ATT_KT, kv_end, hd);
+                            attention_scores(st, kt, qt, w, hd, hdp, s0, qpos);
+                            attention_exp(st, ATT_KT, w, lsei); // P^T
+                            attention_matmul(dst, w, vt, hdp, 1, dot, w, ATT_KT, w, hd, 0); // dP^T = V dout^T
+                            for (int j = 0; j < ATT_KT; j++)
+                                for (int i = 0; i < w; i++) dst[j * w + i] = st[j * w + i] * (dst[j * w + i] - D[i]) * scale;
+                            // dV tile = P^T dout, dK tile = dS^T q (keys, hdp); dq += dS K (queries, hdp)
+                            attention_matmul(dvt, hdp, st, w, 1, dor, hdp, ATT_KT, hdp, w, 0);
+                            attention_matmul(dkt, hdp, dst, w, 1, qr, hdp, ATT_KT, hdp, w, 0);
+                            attention_matmul(dqt, hdp, dst, 1, w, kt, hdp, w, hdp, ATT_KT, 1);
+                            for (int j = 0; j < ATT_KT && s0 + j < kv_end; j++) {
+                                float *dks = dk + kv0 + (size_t)(s0 + j) * kv_stride, *dvs = dv + kv0 + (size_t)(s0 + j) * kv_stride;
+                                for (int d = 0; d < hd; d++) dks[d] += dkt[(size_t)j * hdp + d], dvs[d] += dvt[(size_t)j * hdp + d];
+                            }
+                        }
+                        for (int i = 0; i < w && i0 + i < len; i++)
+                            memcpy(dq + q0 + (size_t)(i0 + i) * q_stride, dqt + (size_t)i * hdp, hd * sizeof(float));
                     }
-                }
-        }
+            }
+        free(qt), free(qpos);
+    }
 }
 
 // Summed cross-entropy of n rows of logits (n, V) against targets (-100: no
@@ -475,6 +644,11 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         m->grads = (float *)callocCheck(m->host.num_params, sizeof(float));
         param_layout(c, &m->g, m->grads);
     }
+    // fp32 weights; the trainable ones have a gradient and two moments (optimizer_init), and
+    // LoRA's live apart from the base weights
+    size_t n = m->host.use_lora ? m->host.lora.num_params : m->host.num_params;
+    m->weight_bytes = m->host.num_params * sizeof(float);
+    m->param_bytes = n * sizeof(float) * (m->host.use_lora ? 4 : 3);
 }
 
 // frees what model_alloc made and the host model; safe on a zeroed Model and
@@ -795,6 +969,16 @@ static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, f
 // the weights and moments live in host memory already
 static void model_sync_host(Model *m, Optimizer *o) { (void)m; (void)o; }
 static void optimizer_sync_device(Optimizer *o) { (void)o; }
+
+// the most resident memory this process has had, in MiB (Linux reports KiB)
+static double model_peak_mb(Model *m) {
+    (void)m;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+static const char *const backend_memory = "resident memory";
+static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

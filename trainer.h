@@ -13,9 +13,20 @@
 //       int B, T;              capacity: micro-batches of up to B rows of T tokens
 //       int chunk_size;        C, positions per chunk (== T: whole sequences)
 //       int recompute;         chunk memory mode: 1 recompute, 0 keep
-//       size_t act_bytes;      bytes of activations and scratch  } for the
-//       size_t carry_bytes;    bytes of the KV and dKV carries   } memory plan
+//       int fp32;              set by the trainer before model_alloc: --precision fp32
+//                              (else bf16: weights and activations stored in bf16)
+//       size_t weight_bytes;   bytes of the base weights as stored        }
+//       size_t param_bytes;    bytes of the trainable parameters, their   }
+//                              gradients, AdamW moments and any copies    } for the
+//       size_t act_bytes;      bytes of activations and scratch           } memory plan
+//       size_t carry_bytes;    bytes of the KV and dKV carries            }
 //       uint64_t dropout_key;  set by the trainer before each model_forward_backward
+//   static const char *const backend_precisions[];  the --precision values it runs,
+//                              its default first
+//   static const char *const backend_memory;        where the memory plan's memory
+//                              is ("resident memory", "GPU memory")
+//   double model_peak_mb(Model *m);
+//       the most memory the run has held so far, in MiB (of backend_memory)
 //   void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks);
 //       everything but m->host, for chunks of C positions (C <= 0 or > T: T);
 //       a GPU backend uploads m->host here
@@ -111,6 +122,7 @@ typedef struct {
     float temperature, top_p;
     int dry_run, merge_adapter;
     float peak_tflops;
+    const char *precision;
 } TrainConfig;
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG, OPT_LIST };
@@ -169,6 +181,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
     {"top_p", OPT_FLOAT, &(tc)->top_p, "0.9", "nucleus sampling: draw from the smallest set of tokens with this much probability", 0, 1}, \
+    {"precision", OPT_STR, &(tc)->precision, backend_precisions[0], "bf16 | fp32: how weights and activations are stored (fp32: all of it, e.g. to compare with the CPU trainer, which runs fp32 only)", 0, 0}, \
 }
 
 static void print_help(const Option *opts, int n) {
@@ -258,6 +271,15 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --val_data and --val_split do not go together (one validation set)\n");
         return -1;
     }
+    int precision_ok = 0;
+    for (size_t i = 0; i < sizeof backend_precisions / sizeof backend_precisions[0]; i++) precision_ok |= !strcmp(tc->precision, backend_precisions[i]);
+    if (!precision_ok) {
+        fprintf(stderr, "error: --precision: '%s' is not one this trainer runs (", tc->precision);
+        for (size_t i = 0; i < sizeof backend_precisions / sizeof backend_precisions[0]; i++)
+            fprintf(stderr, "%s%s", i ? ", " : "", backend_precisions[i]);
+        fprintf(stderr, ")\n");
+        return -1;
+    }
     if (strcmp(tc->chunk_memory, "keep") && strcmp(tc->chunk_memory, "recompute")) {
         fprintf(stderr, "error: --chunk_memory: '%s' is not one of keep, recompute\n", tc->chunk_memory);
         return -1;
@@ -326,6 +348,7 @@ static int model_setup(Model *m, const TrainConfig *tc, int B, int T, const char
             lora_init(&h->lora, (uint64_t)tc->seed);
         }
     }
+    m->fp32 = !strcmp(tc->precision, "fp32");
     model_alloc(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     return 0;
 }
@@ -600,26 +623,22 @@ static double flops_per_sequence(const HostModel *m, int T) {
 
 // What training holds, known before it starts: printed as the memory plan
 // (and alone with --dry_run). Per process; this trainer runs one rank.
-static double memory_plan(const Model *m, const Optimizer *o, const Dataset *train, const Dataset *val, int print) {
+static double memory_plan(const Model *m, const Dataset *train, const Dataset *val, int print) {
     const double MiB = 1048576.0;
-    double weights = m->host.num_params * 4.0, trainable = o->n * 4.0, grads = o->n * 4.0, moments = o->n * 8.0;
-    if (m->host.full_finetune) trainable = 0; // the weights are the trainable parameters
-    double data = 0;
+    double weights = m->weight_bytes, trainable = m->param_bytes, data = 0;
     for (int i = 0; i < 2; i++) {
         const Dataset *d = i ? val : train;
         if (d && d->store) data += d->n_tokens * 5.0 + d->n_rows * 8.0; // tokens and label flags (mapped cache)
     }
-    double total = weights + trainable + grads + moments + m->act_bytes + m->carry_bytes + data;
+    double total = weights + trainable + m->act_bytes + m->carry_bytes + data;
     if (print) {
-        printf("memory plan (this process):\n");
-        printf("  %-34s %10.1f MiB\n", "base weights (fp32)", weights / MiB);
-        if (trainable) printf("  %-34s %10.1f MiB\n", "LoRA parameters", trainable / MiB);
-        printf("  %-34s %10.1f MiB\n", "gradients", grads / MiB);
-        printf("  %-34s %10.1f MiB\n", "AdamW moments", moments / MiB);
+        printf("memory plan (%s of this process):\n", backend_memory);
+        printf("  %-34s %10.1f MiB\n", m->fp32 ? "base weights (fp32)" : "base weights (bf16)", weights / MiB);
+        printf("  %-34s %10.1f MiB\n", "trainable: weights, grads, AdamW", trainable / MiB);
         printf("  %-34s %10.1f MiB   (chunks of %d, %s)\n", "activations and scratch", m->act_bytes / MiB,
                m->chunk_size, m->recompute ? "recompute" : "keep");
         printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->carry_bytes / MiB);
-        printf("  %-34s %10.1f MiB\n", "tokenized data", data / MiB);
+        printf("  %-34s %10.1f MiB\n", "tokenized data (host memory)", data / MiB);
         printf("  %-34s %10.1f MiB\n", "total", total / MiB);
     }
     return total;
@@ -627,19 +646,6 @@ static double memory_plan(const Model *m, const Optimizer *o, const Dataset *tra
 
 // ----------------------------------------------------------------------------
 // the training loop
-
-// the most resident memory this process has had, in MiB (Linux reports KiB)
-static double peak_rss_mb(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_maxrss / 1024.0;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 // on resume the metrics file keeps only its records up to the checkpoint's step
 // (a killed run may have logged steps after its last checkpoint)
@@ -798,7 +804,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     printf("training %s: %zu trainable parameters, %ld rows, %d steps of %d x %d rows, T <= %d\n",
            m->host.use_lora ? "LoRA" : "all weights", opt->n, train_ds->n_rows, total, GA, B, T);
     double act_mb = m->act_bytes / 1048576.0, carry_mb = m->carry_bytes / 1048576.0;
-    memory_plan(m, opt, train_ds, have_val ? val_ds : NULL, 1);
+    memory_plan(m, train_ds, have_val ? val_ds : NULL, 1);
     if (tc->dry_run) return 0;
     if (tc->resume[0]) printf("resumed from %s at step %d\n", resume_dir, ts.step);
 
@@ -837,7 +843,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
                loss, lr, norm, ms, n_tokens / (ms / 1e3), tflops);
         if (mfu >= 0) printf(" | MFU %.1f%%", 100 * mfu);
         if (skipped) printf(" | skipped: NaN or inf loss or grad norm (%d skipped so far)", ts.step - ts.opt_t);
-        printf(" | ETA %dm%02ds\n", (int)(eta_s / 60), (int)eta_s % 60);
+        printf(" | %.0f MiB | ETA %dm%02ds\n", model_peak_mb(m), (int)(eta_s / 60), (int)eta_s % 60);
         if (metrics) {
             char lb[32], nb[32];
             fprintf(metrics, "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens\": %ld, \"skipped\": %d, "
@@ -845,7 +851,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
                     metrics_num(lb, sizeof lb, loss), lr, metrics_num(nb, sizeof nb, norm), n_tokens, skipped, ts.step - ts.opt_t, ms,
                     n_tokens / (ms / 1e3), tflops);
             if (mfu >= 0) fprintf(metrics, "\"mfu\": %.6g, ", mfu);
-            fprintf(metrics, "\"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n", peak_rss_mb(), act_mb, carry_mb);
+            fprintf(metrics, "\"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n", model_peak_mb(m), act_mb, carry_mb);
             if (fflush(metrics) != 0 || ferror(metrics)) return metrics_error(tc->metrics_file);
         }
         fault_point("step", ts.step);
@@ -872,7 +878,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     }
     if (have_val) report_eval(m, val_ds, B, tok->eos_id, total, metrics); // also with --max_steps 0: evaluates the start
     print_samples(m, tc, tok, ts.step);
-    printf("peak memory %.1f MiB (activations %.1f MiB, carry %.1f MiB)\n", peak_rss_mb(), act_mb, carry_mb);
+    printf("peak %s %.1f MiB (activations %.1f MiB, carry %.1f MiB)\n", backend_memory, model_peak_mb(m), act_mb, carry_mb);
     model_sync_host(m, opt);
     if (!m->host.use_lora) {
         if (model_save_hf(&m->host, tc->output_dir, tc->model, tokpath) != 0) return 1;

@@ -135,7 +135,13 @@ static int mkdir_p(const char *path) {
 // counter-based hash (dropout masks), so results never depend on thread count.
 
 #include <stdint.h>
-static inline uint64_t splitmix64(uint64_t x) {
+// the hash also runs on the GPU (LoRA dropout masks in lora.cuh): one definition for both trainers
+#ifdef __CUDACC__
+#define HOST_DEVICE __host__ __device__
+#else
+#define HOST_DEVICE
+#endif
+static inline HOST_DEVICE uint64_t splitmix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
@@ -144,8 +150,15 @@ static inline uint64_t splitmix64(uint64_t x) {
 static inline uint64_t rng_next(uint64_t *state) { return splitmix64(*state += 0x9E3779B97F4A7C15ull); }
 // uniform in [0, 1) with 24 bits, exactly representable as float
 static inline float rng_uniform(uint64_t *state) { return (float)(rng_next(state) >> 40) / 16777216.0f; }
-static inline float hash_uniform(uint64_t key, uint64_t i) { return (float)(splitmix64(key ^ splitmix64(i)) >> 40) / 16777216.0f; }
+static inline HOST_DEVICE float hash_uniform(uint64_t key, uint64_t i) { return (float)(splitmix64(key ^ splitmix64(i)) >> 40) / 16777216.0f; }
 
+// a monotonic clock in milliseconds, for durations
+#include <time.h>
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
 // hashing (the token cache's keys and checksum, checkpoint file digests); not
 // cryptographic: it catches damage and change, not forgery
 

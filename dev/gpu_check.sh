@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Everything a short GPU lease should run, in one command (about 5-10 minutes):
 # the device, a build for the GPU that is present, every dev/cuda check
-# (validation against the CPU twins, then timing), compute-sanitizer on the
-# small shapes (memcheck on every check; racecheck and synccheck on attention),
-# and a summary table: kernel, variant, worst error, tolerance, result, time.
+# (validation against the CPU twins, then timing), test_llama2cu (the CUDA
+# trainer against the CPU twin), compute-sanitizer on the small shapes
+# (memcheck on every check and on test_llama2cu --quick; racecheck on
+# attention and test_llama2cu; synccheck on attention), a short run of the
+# built-in default through train_llama2cu, and a summary table: kernel,
+# variant, worst error, tolerance, result, time.
 #
 #   dev/gpu_check.sh [RESULTS.md]    default: $OUT/gpu_check.md if $OUT is set, else gpu_check.md
 #
 # The table goes to RESULTS.md (and the end of stdout), the full output to
-# RESULTS.log. Exits 1 when anything failed. (test_llama2cu joins the list
-# of programs when the CUDA trainer lands.)
+# RESULTS.log. Exits 1 when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/cuda/bin" # nvcc and compute-sanitizer, where the image keeps them
@@ -17,7 +19,7 @@ results=${1:-${OUT:+$OUT/gpu_check.md}}
 results=${results:-gpu_check.md}
 log=${results%.md}.log
 budget=${GPU_CHECK_SECONDS:-540} # sanitizer runs that would start later than this are skipped
-checks="matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm"
+checks="matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm elementwise"
 t_start=$(date +%s)
 : >"$log"
 steps=() # "name|result|seconds" for the table
@@ -52,10 +54,14 @@ nvidia-smi >>"$log" 2>&1
 # build for the GPU that is here (CI compiles sm_80 and sm_90 separately)
 cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
 arch=${cc:+-gencode arch=compute_$cc,code=sm_$cc}
-step build 300 make -B -j"$(nproc)" cuda ${arch:+CUDA_ARCHS="$arch"}
+step build 400 make -B -j"$(nproc)" cuda ${arch:+CUDA_ARCHS="$arch"}
 
 for c in $checks; do step "$c" 180 "dev/cuda/$c"; done
 checks_end=$(wc -l <"$log") # the table reads the checks above, not their repeats under the sanitizer
+step test_llama2cu 300 test/test_llama2cu
+# the built-in default (a small generated model and data, LoRA), 50 steps: it trains and samples
+step "train_llama2cu default" 300 ./train_llama2cu --max_steps 50 --output_dir out/gpu_check \
+    --metrics_file out/gpu_check/metrics.jsonl
 for c in $checks; do
     if [ "$(elapsed)" -gt "$budget" ]; then steps+=("memcheck $c|skipped (time)|0"); continue; fi
     step "memcheck $c" 180 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 "dev/cuda/$c" --quick
@@ -63,6 +69,10 @@ done
 for tool in racecheck synccheck; do
     if [ "$(elapsed)" -gt "$budget" ]; then steps+=("$tool attention|skipped (time)|0"); continue; fi
     step "$tool attention" 240 compute-sanitizer --tool $tool --error-exitcode 1 dev/cuda/attention --quick
+done
+for tool in memcheck racecheck; do
+    if [ "$(elapsed)" -gt "$budget" ]; then steps+=("$tool test_llama2cu|skipped (time)|0"); continue; fi
+    step "$tool test_llama2cu" 300 compute-sanitizer --tool $tool --error-exitcode 1 test/test_llama2cu --quick
 done
 
 # the table: per kernel and variant, the check nearest its tolerance and the time at the largest shape

@@ -14,6 +14,7 @@
 #define TESTING
 #include "../train_llama2.c"
 #include "test_common.h"
+#include "random_model.h"
 #include <sys/wait.h>
 
 // every path under one folder of this process, so concurrent test runs do not collide
@@ -59,34 +60,6 @@ static void test_merge(void) {
     model_free(&lora); model_free(&merged); model_free(&plain);
 }
 
-// a random Llama checkpoint (F32) with the fixture tokenizer's vocabulary
-static void write_random_model(const char *dir, int D, int H, int L, int NH) {
-    int V = 512;
-    char path[512];
-    if (mkdir_p(dir) != 0) die("mkdir %s", dir);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopenCheck(path, "w");
-    fprintf(f, "{\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
-            "\"num_key_value_heads\": %d, \"vocab_size\": %d, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
-            "\"max_position_embeddings\": 4096, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}\n", D, H, L, NH, NH, V);
-    fclose(f);
-    Config c = {D, H, L, NH, NH, D / NH, V, 4096, 1e-5f, 10000.0f, 0};
-    ParameterTensors sizes;
-    size_t n = param_layout(&c, &sizes, NULL);
-    float *w = (float *)mallocCheck(n * sizeof(float));
-    uint64_t st = 1;
-    for (size_t i = 0; i < n; i++) w[i] = 0.04f * (rng_uniform(&st) - 0.5f);
-    HostModel m;
-    memset(&m, 0, sizeof m);
-    m.config = c;
-    m.params = w;
-    m.num_params = n;
-    param_layout(&c, &m.w, w);
-    for (int l = 0; l < L; l++) for (int d = 0; d < D; d++) m.w.attn_norm[l * D + d] = m.w.mlp_norm[l * D + d] = 1.0f;
-    if (model_save_hf(&m, dir, dir, "test/fixtures/tiny_gqa/tokenizer.model") != 0) die("cannot write %s", dir);
-    free(w);
-}
-
 // runs the trainer in a child process; returns its peak RSS (MiB) and the plan it printed
 static double child_peak(char **argv, int argc, double *plan_mib) {
     char log[128];
@@ -124,7 +97,7 @@ static void test_memory_plan(void) {
     snprintf(model, sizeof model, "%s/plan_model", tmpdir);
     snprintf(data, sizeof data, "%s/plan_data.jsonl", tmpdir);
     snprintf(outdir, sizeof outdir, "%s/plan_out", tmpdir);
-    write_random_model(model, 256, 688, 4, 4);
+    write_random_model(model, 256, 688, 4, 4, 4);
     FILE *f = fopenCheck(data, "w");
     for (int r = 0; r < 4; r++) {
         fprintf(f, "{\"text\": \"");

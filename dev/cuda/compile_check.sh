@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# make test's CUDA step: compiles every CUDA target (the kernel checks, and the
-# host headers train_llama2.cu shares, as C++: host_headers.cu) for sm_80 and sm_90 with
-# warnings as errors (make cuda-compile-check; no GPU needed), so a compile break
-# cannot land. Prints one ok / FAIL / SKIP line for test/run.sh to count.
+# make test's CUDA step: compiles every CUDA target (the CUDA trainer, which
+# includes every host header it shares with train_llama2.c, test_llama2cu, and the
+# kernel checks) for sm_80 and sm_90 with warnings as errors (make
+# cuda-compile-check; no GPU needed), so a compile break cannot land. Prints one
+# ok / FAIL / SKIP line for test/run.sh to count.
 cd "$(dirname "$0")/../.."
 nvcc=${NVCC:-nvcc}
 if ! command -v "$nvcc" >/dev/null; then

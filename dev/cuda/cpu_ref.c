@@ -61,3 +61,44 @@ void ref_adamw_update(float *params, float *grads, float *m, float *v, size_t n,
 }
 double ref_grad_norm(const float *g, size_t n) { return grad_norm(g, n); }
 void ref_clip_grads(float *g, size_t n, double norm, float max_norm) { clip_grads(g, n, norm, max_norm); }
+
+// an adapter of one module (layer 0, q_proj) holding A (r, in) and B (out, r): the
+// key passed to ref_lora_forward / ref_lora_backward is the per-micro-batch key
+// that lora_dropout_key turns into the module's own
+static LoRA one_module(const float *A, const float *Bw, int r, int in, int out_dim, float alpha, float p) {
+    int ins[LORA_N_TARGETS] = {in}, outs[LORA_N_TARGETS] = {out_dim};
+    LoRA l;
+    lora_alloc(&l, 1, ins, outs, r, alpha, p, 0, 1u << LORA_Q);
+    memcpy(lora_A(&l, l.params, 0, LORA_Q), A, (size_t)r * in * sizeof(float));
+    memcpy(lora_B(&l, l.params, 0, LORA_Q), Bw, (size_t)out_dim * r * sizeof(float));
+    return l;
+}
+void ref_lora_dropout(float *out, const float *inp, int in, int B, int T, int t0, int len, uint64_t key, float p) {
+    LoRA l = {.dropout = p};
+    Chunk ch = {B, T, t0, len};
+    lora_dropout(&l, out, inp, in, &ch, key);
+}
+void ref_lora_forward(float *out, const float *inp, float *h, const float *A, const float *Bw, int r, int in, int out_dim,
+                      float alpha, float p, int B, int T, int t0, int len, uint64_t key) {
+    LoRA l = one_module(A, Bw, r, in, out_dim, alpha, p);
+    Chunk ch = {B, T, t0, len};
+    float *xdrop = (float *)mallocCheck((size_t)B * len * in * sizeof(float));
+    lora_forward(&l, 0, LORA_Q, out, inp, h, xdrop, &ch, key);
+    free(xdrop);
+    lora_free(&l);
+}
+void ref_lora_backward(float *dinp, float *dA, float *dB, const float *dout, const float *inp, const float *h,
+                       const float *A, const float *Bw, int r, int in, int out_dim, float alpha, float p, int B, int T,
+                       int t0, int len, uint64_t key) {
+    LoRA l = one_module(A, Bw, r, in, out_dim, alpha, p);
+    Chunk ch = {B, T, t0, len};
+    size_t N = (size_t)B * len;
+    float *dh = (float *)mallocCheck(N * r * sizeof(float)), *xdrop = (float *)mallocCheck(N * in * sizeof(float));
+    memcpy(lora_A(&l, l.grads, 0, LORA_Q), dA, (size_t)r * in * sizeof(float)); // the gradients are added into
+    memcpy(lora_B(&l, l.grads, 0, LORA_Q), dB, (size_t)out_dim * r * sizeof(float));
+    lora_backward(&l, 0, LORA_Q, dinp, dout, inp, h, dh, xdrop, &ch, key);
+    memcpy(dA, lora_A(&l, l.grads, 0, LORA_Q), (size_t)r * in * sizeof(float));
+    memcpy(dB, lora_B(&l, l.grads, 0, LORA_Q), (size_t)out_dim * r * sizeof(float));
+    free(dh); free(xdrop);
+    lora_free(&l);
+}

@@ -4,6 +4,7 @@
 #ifndef CPU_REF_H
 #define CPU_REF_H
 #include <stddef.h>
+#include <stdint.h>
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -34,6 +35,14 @@ void ref_adamw_update(float *params, float *grads, float *m, float *v, size_t n,
                       float beta2, float eps, float wd);
 double ref_grad_norm(const float *g, size_t n);
 void ref_clip_grads(float *g, size_t n, double norm, float max_norm);
+// lora.h's pieces for an adapter of one module (layer 0, q_proj): A (r, in), B (out, r),
+// scale alpha / r, dropout p (while training), rows of the chunk (B, T, t0, len)
+void ref_lora_dropout(float *out, const float *inp, int in, int B, int T, int t0, int len, uint64_t key, float p);
+void ref_lora_forward(float *out, const float *inp, float *h, const float *A, const float *Bw, int r, int in, int out_dim,
+                      float alpha, float p, int B, int T, int t0, int len, uint64_t key);
+void ref_lora_backward(float *dinp, float *dA, float *dB, const float *dout, const float *inp, const float *h,
+                       const float *A, const float *Bw, int r, int in, int out_dim, float alpha, float p, int B, int T,
+                       int t0, int len, uint64_t key);
 
 #ifdef __cplusplus
 }

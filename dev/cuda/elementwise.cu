@@ -1,0 +1,52 @@
+// accumulate and convert (layers.cuh). Their CPU twins are one-line loops in
+// train_llama2.c (the residual adds `mid[i] += x[i]`), so the reference is that
+// loop here, with the same fp32 arithmetic and the same rounding to bf16
+// (round to nearest even on both sides): results must be equal (tolerance 0).
+#include "common.cuh"
+#include "../../layers.cuh"
+
+template <typename T> void check_accumulate(size_t n, bool timed) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    std::vector<float> out = rounded<T>(random_vector(n)), x = rounded<T>(random_vector(n));
+    T *d_out = to_device<T>(out), *d_x = to_device<T>(x);
+    for (size_t i = 0; i < n; i++) out[i] = to_float(from_float<T>(out[i] + x[i]));
+    accumulate(d_out, d_x, n, 0);
+    check("accumulate", type_name<T>(), "out", shape, to_host(d_out, n), out, 0.0);
+    if (timed) {
+        float ms = time_ms([&] { accumulate(d_out, d_x, n, 0); });
+        report_time("accumulate", type_name<T>(), shape, ms, 3.0 * n * sizeof(T));
+    }
+    free_device();
+}
+
+// fp32 -> bf16 (the weights' upload, the logits' gradient) and back
+void check_convert(size_t n, bool timed) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    std::vector<float> x = random_vector(n, -100.0f, 100.0f), want = rounded<__nv_bfloat16>(x);
+    float *d_x = to_device<float>(x), *d_back = device_poisoned<float>(n);
+    __nv_bfloat16 *d_y = device_poisoned<__nv_bfloat16>(n);
+    convert(d_y, d_x, n, 0);
+    check("convert", "fp32>bf16", "out", shape, to_host(d_y, n), want, 0.0);
+    convert(d_back, d_y, n, 0);
+    check("convert", "bf16>fp32", "out", shape, to_host(d_back, n), want, 0.0);
+    if (timed) {
+        float ms = time_ms([&] { convert(d_y, d_x, n, 0); });
+        report_time("convert", "fp32>bf16", shape, ms, 6.0 * n);
+    }
+    free_device();
+}
+
+int main(int argc, char **argv) {
+    bool quick = quick_mode(argc, argv);
+    size_t sizes[] = {1, 1000, (size_t)1 << 20, (size_t)1 << 26};
+    int n = quick ? 3 : 4;
+    for (int i = 0; i < n; i++) {
+        bool timed = i == 3;
+        check_accumulate<float>(sizes[i], timed);
+        check_accumulate<__nv_bfloat16>(sizes[i], timed);
+        check_convert(sizes[i], timed);
+    }
+    return finish("elementwise");
+}

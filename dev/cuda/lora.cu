@@ -1,0 +1,132 @@
+// lora_dropout, lora_forward and lora_backward (lora.cuh) against lora.h's, for
+// one adapted module (layer 0, q_proj) over a chunk of rows (B, T, t0, len),
+// with and without dropout. The dropout mask is lora.h's counter hash on both
+// sides, so in fp32 lora_dropout must equal the CPU exactly (tolerance 0): the
+// same mask and the same fp32 product per element.
+#include "common.cuh"
+#include "../../lora.cuh"
+
+// an adapter of one module with A (r, in) then B (out, r) in one flat buffer, as lora.h lays it out
+LoRA one_module(int r, int in, int out, float alpha, float p) {
+    int ins[LORA_N_TARGETS] = {in}, outs[LORA_N_TARGETS] = {out};
+    LoRA l;
+    lora_alloc(&l, 1, ins, outs, r, alpha, p, 0, 1u << LORA_Q);
+    return l;
+}
+
+struct Shape { int B, T, t0, len, in, out, r; };
+const uint64_t KEY = 0x5eed;
+
+void describe(char *buf, size_t n, const Shape &s, float p) {
+    snprintf(buf, n, "B=%d T=%d t0=%d len=%d in=%d out=%d r=%d p=%g", s.B, s.T, s.t0, s.len, s.in, s.out, s.r, p);
+}
+
+template <typename T> void check_dropout(const Shape &s, float p, bool timed) {
+    char shape[128];
+    describe(shape, sizeof shape, s, p);
+    size_t n = (size_t)s.B * s.len * s.in;
+    std::vector<float> inp = rounded<T>(random_vector(n)), ref(n);
+    ref_lora_dropout(ref.data(), inp.data(), s.in, s.B, s.T, s.t0, s.len, KEY, p);
+    LoRA l = {};
+    l.dropout = p;
+    Chunk ch = {s.B, s.T, s.t0, s.len};
+    T *d_inp = to_device<T>(inp), *out = device_poisoned<T>(n);
+    lora_dropout(&l, out, d_inp, s.in, &ch, KEY, 0);
+    // fp32: exact (above); bf16: the product rounded once, within 2^-9 of the largest value
+    check("lora_dropout", type_name<T>(), "out", shape, to_host(out, n), ref, tol<T>(0.0, 4e-3));
+    if (timed) {
+        float ms = time_ms([&] { lora_dropout(&l, out, d_inp, s.in, &ch, KEY, 0); });
+        report_time("lora_dropout", type_name<T>(), shape, ms, 2.0 * n * sizeof(T));
+    }
+    free_device();
+}
+
+// fp32: cuBLASLt and the CPU's gemm sum in different orders (as in matmul.cu, 1e-5).
+// bf16: h, dh and the outputs are rounded to bf16 (2^-9 each), and the products
+// of rounded intermediates add a few such errors: 1e-2 of the largest value.
+template <typename T> double lora_tol() { return tol<T>(1e-5, 1e-2); }
+
+template <typename T> void check_forward(const Shape &s, float p, bool timed) {
+    char shape[128];
+    describe(shape, sizeof shape, s, p);
+    size_t N = (size_t)s.B * s.len;
+    float alpha = 16.0f;
+    std::vector<float> inp = rounded<T>(random_vector(N * s.in)), A = rounded<T>(random_vector((size_t)s.r * s.in));
+    std::vector<float> Bw = rounded<T>(random_vector((size_t)s.out * s.r)), out = rounded<T>(random_vector(N * s.out));
+    std::vector<float> h(N * s.r), w(A);
+    w.insert(w.end(), Bw.begin(), Bw.end()); // lora.h's layout: A, then B
+    T *d_out = to_device<T>(out), *d_inp = to_device<T>(inp), *d_w = to_device<T>(w);
+    T *d_h = device_poisoned<T>(N * s.r), *d_xdrop = device_alloc<T>(N * s.in);
+    ref_lora_forward(out.data(), inp.data(), h.data(), A.data(), Bw.data(), s.r, s.in, s.out, alpha, p, s.B, s.T, s.t0,
+                     s.len, KEY);
+    LoRA l = one_module(s.r, s.in, s.out, alpha, p);
+    Chunk ch = {s.B, s.T, s.t0, s.len};
+    auto run = [&] { lora_forward(&l, (const T *)d_w, 0, LORA_Q, d_out, d_inp, d_h, d_xdrop, &ch, KEY, 0); };
+    run();
+    check("lora_forward", type_name<T>(), "out", shape, to_host(d_out, N * s.out), out, lora_tol<T>());
+    check("lora_forward", type_name<T>(), "h", shape, to_host(d_h, N * s.r), h, lora_tol<T>());
+    if (timed) {
+        float ms = time_ms(run);
+        report_time("lora_forward", type_name<T>(), shape, ms, 0, 2.0 * N * s.r * (s.in + s.out));
+    }
+    lora_free(&l);
+    free_device();
+}
+
+template <typename T> void check_backward(const Shape &s, float p, bool timed) {
+    char shape[128];
+    describe(shape, sizeof shape, s, p);
+    size_t N = (size_t)s.B * s.len;
+    float alpha = 16.0f;
+    std::vector<float> dout = rounded<T>(random_vector(N * s.out)), inp = rounded<T>(random_vector(N * s.in));
+    std::vector<float> h = rounded<T>(random_vector(N * s.r)), A = rounded<T>(random_vector((size_t)s.r * s.in));
+    std::vector<float> Bw = rounded<T>(random_vector((size_t)s.out * s.r)), dinp = rounded<T>(random_vector(N * s.in));
+    std::vector<float> dA = random_vector((size_t)s.r * s.in), dB = random_vector((size_t)s.out * s.r); // added into
+    std::vector<float> w(A), g(dA);
+    w.insert(w.end(), Bw.begin(), Bw.end());
+    g.insert(g.end(), dB.begin(), dB.end());
+    T *d_dinp = to_device<T>(dinp), *d_dout = to_device<T>(dout), *d_inp = to_device<T>(inp), *d_h = to_device<T>(h);
+    T *d_w = to_device<T>(w), *d_dh = device_alloc<T>(N * s.r), *d_xdrop = device_alloc<T>(N * s.in);
+    float *d_g = to_device<float>(g);
+    ref_lora_backward(dinp.data(), dA.data(), dB.data(), dout.data(), inp.data(), h.data(), A.data(), Bw.data(), s.r,
+                      s.in, s.out, alpha, p, s.B, s.T, s.t0, s.len, KEY);
+    LoRA l = one_module(s.r, s.in, s.out, alpha, p);
+    Chunk ch = {s.B, s.T, s.t0, s.len};
+    auto run = [&] {
+        lora_backward(&l, (const T *)d_w, d_g, 0, LORA_Q, d_dinp, d_dout, d_inp, d_h, d_dh, d_xdrop, &ch, KEY, 0);
+    };
+    run();
+    std::vector<float> got_g = to_host(d_g, g.size());
+    check("lora_backward", type_name<T>(), "dinp", shape, to_host(d_dinp, N * s.in), dinp, lora_tol<T>());
+    check("lora_backward", type_name<T>(), "dA", shape, std::vector<float>(got_g.begin(), got_g.begin() + dA.size()),
+          dA, lora_tol<T>());
+    check("lora_backward", type_name<T>(), "dB", shape, std::vector<float>(got_g.begin() + dA.size(), got_g.end()),
+          dB, lora_tol<T>());
+    if (timed) {
+        float ms = time_ms(run);
+        report_time("lora_backward", type_name<T>(), shape, ms, 0, 4.0 * N * s.r * (s.in + s.out));
+    }
+    lora_free(&l);
+    free_device();
+}
+
+template <typename T> void check_all(bool quick) {
+    // a chunk in the middle of its rows, a whole sequence, then Llama-2-7B's q_proj
+    // with r = 16 over 4 x 1024 tokens (timed)
+    Shape shapes[] = {{2, 24, 5, 7, 64, 48, 4}, {1, 40, 0, 40, 96, 80, 8}, {4, 1024, 0, 1024, 4096, 4096, 16}};
+    int n = quick ? 2 : 3;
+    for (int i = 0; i < n; i++)
+        for (float p : {0.0f, 0.1f}) {
+            bool timed = i == 2 && p > 0;
+            if (p > 0) check_dropout<T>(shapes[i], p, timed);
+            check_forward<T>(shapes[i], p, timed);
+            check_backward<T>(shapes[i], p, timed);
+        }
+}
+
+int main(int argc, char **argv) {
+    bool quick = quick_mode(argc, argv);
+    check_all<float>(quick);
+    check_all<__nv_bfloat16>(quick);
+    return finish("lora");
+}

@@ -1,0 +1,287 @@
+// The CUDA trainer (train_llama2.cu) against its judge, the CPU twin
+// (train_llama2.c, itself checked against transformers + peft by test_llama2),
+// set up from the same arguments on the same checkpoint and batches: the
+// logits and the loss, every trainable gradient, and 10 optimizer steps of
+// losses and gradient norms; for LoRA (with dropout, whose masks are the same
+// hash on both) and full fine-tuning, whole sequences and chunks (keep and
+// recompute, the head in pieces), GQA (tiny_gqa) and tied (tiny_tied) models
+// and a random one with head_dim 64 and GQA (bf16 attention then runs on tensor
+// cores), in --precision fp32 and bf16. Each comparison prints the worst element of
+// what it compares; the program exits 1 when any check fails.
+//
+// Without a GPU it prints a SKIP line and exits 0. --quick runs a few cases
+// with 3 steps (for compute-sanitizer, which makes every kernel slow).
+//
+// Tolerances, each relative to the largest magnitude of what it compares
+// (the whole logits, one gradient tensor at a time, each step's loss):
+// - fp32: the GPU sums in other orders than the CPU (cuBLASLt's tiles, the
+//   attention's key tiles, warp reductions; the CPU's RMSNorm statistics are
+//   double), about 1e-7 per operation and a few 1e-6 through the two layers
+//   and back: 1e-5 for the forward, 1e-4 for the gradients and for 10 steps of
+//   AdamW (whose m / sqrt(v) turns gradient rounding into parameter changes).
+// - bf16, against the fp32 CPU: weights and activations rounded to bf16 (8
+//   significant bits, 2^-9 relative) at every layer boundary, and the dKV carry
+//   added in bf16 once per later chunk: logits within 3e-2 of the largest,
+//   losses within 1e-2, gradients within 1e-1 of each tensor's largest element.
+// These are estimates from the rounding above: nothing here has run on a GPU
+// yet. The first run (dev/gpu_check.sh) measures the real errors, and the
+// tolerances should then come down to a few times what it measures.
+#define TESTING
+#include "../train_llama2.cu"
+#define TWIN_PREFIX gpu_
+#include "twin.h"
+#include "cpu_twin.h"
+#include "test_common.h"
+#include "random_model.h"
+#include <string>
+#include <vector>
+
+enum { B = 2, T = 24 };
+
+struct Tol { double logits, loss, grads, steps; };
+const Tol FP32_TOL = {1e-5, 1e-5, 1e-4, 1e-4}, BF16_TOL = {3e-2, 1e-2, 1e-1, 1e-2};
+
+struct Case {
+    const char *model;     // a checkpoint folder
+    bool full;             // full fine-tuning (else LoRA from the fixture's PEFT adapter, dropout 0.1)
+    const char *precision; // fp32 | bf16 (the CUDA trainer's; the CPU computes fp32 either way)
+    int chunk;             // --chunk_size (0: whole sequences)
+    const char *mem;       // --chunk_memory
+    int out_chunks;        // --num_output_chunks
+};
+
+// the case in words, for the check lines
+std::string describe(const Case &c) {
+    char buf[200];
+    const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d", model, c.full ? "full" : "lora", c.precision, c.chunk,
+             c.mem, c.out_chunks);
+    return buf;
+}
+
+// both backends, set up from the same arguments but for --precision (the CPU
+// judges in fp32); the arguments must outlive them: the options point into them
+struct Pair {
+    std::vector<std::string> args[2]; // cpu, gpu
+    std::vector<char *> argv[2];
+    void *cpu, *gpu;
+    Pair(const Case &c) {
+        std::string model = c.model;
+        for (int side = 0; side < 2; side++) {
+            std::vector<std::string> &a = args[side];
+            a = {"test_llama2cu", "--model", model, "--data", "unused", "--max_seq_len", std::to_string(T),
+                 "--chunk_size", std::to_string(c.chunk), "--chunk_memory", c.mem, "--num_output_chunks",
+                 std::to_string(c.out_chunks), "--precision", side ? c.precision : "fp32", "--lr",
+                 c.full ? "1e-3" : "5e-3", "--weight_decay", "0.01", "--seed", "3"};
+            if (c.full) a.push_back("--full_finetune");
+            else a.insert(a.end(), {"--from_peft_checkpoint", model + "/peft_init"}); // B != 0: A gets gradients too
+            for (std::string &arg : a) argv[side].push_back(&arg[0]);
+        }
+        cpu = cpu_new((int)argv[0].size(), argv[0].data(), B, T);
+        gpu = gpu_new((int)argv[1].size(), argv[1].data(), B, T);
+        if (!c.full) {
+            cpu_set_lora_dropout(cpu, 0.1f);
+            gpu_set_lora_dropout(gpu, 0.1f);
+        }
+    }
+    ~Pair() { cpu_free(cpu); gpu_free(gpu); }
+    const HostModel *host() const { return &((Twin *)gpu)->m.host; }
+};
+
+// B rows of T tokens from seed; targets are the next token, with none at each
+// row's end and at every 7th position (the holes a padded, masked batch has).
+// Returns the number of targets.
+int make_batch(uint64_t seed, int V, int *tokens, int *targets) {
+    uint64_t state = seed;
+    int labels = 0;
+    for (int i = 0; i < B * T; i++) tokens[i] = (int)(rng_next(&state) % V);
+    for (int i = 0; i < B * T; i++) {
+        targets[i] = (i % T == T - 1 || i % 7 == 3) ? -100 : tokens[i + 1];
+        labels += targets[i] >= 0;
+    }
+    return labels;
+}
+
+// max |got - want| over max |want| for n elements, and the element where |got - want| is largest
+struct Diff { double rel, scale; size_t at; float got, want; };
+Diff diff(const float *got, const float *want, size_t n) {
+    Diff d = {0, 0, 0, 0, 0};
+    double err = 0;
+    for (size_t i = 0; i < n; i++) {
+        d.scale = std::max(d.scale, (double)fabsf(want[i]));
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= err)) { err = e; d.at = i; } // NaN counts as the worst
+    }
+    if (n) { d.got = got[d.at]; d.want = want[d.at]; }
+    d.rel = err / std::max(d.scale, 1e-30);
+    if (err != err) d.rel = INFINITY;
+    return d;
+}
+
+void check_tensor(const std::string &what, const float *got, const float *want, size_t n, double tol) {
+    Diff d = diff(got, want, n);
+    char line[512];
+    snprintf(line, sizeof line, "%s: worst at %zu: gpu %.7g cpu %.7g, err %.2e of max %.3g (tol %.0e)", what.c_str(),
+             d.at, d.got, d.want, d.rel, d.scale, tol);
+    CHECK(d.rel <= tol, line, "%s", "out of tolerance");
+}
+
+void check_scalar(const std::string &what, double got, double want, double tol) {
+    double rel = fabs(got - want) / std::max(fabs(want), 1e-30);
+    char line[512];
+    snprintf(line, sizeof line, "%s: gpu %.9g cpu %.9g, rel err %.2e (tol %.0e)", what.c_str(), got, want, rel, tol);
+    CHECK(rel <= tol, line, "%s", "out of tolerance");
+}
+
+// calls f(name, offset, count) for every trainable tensor of the flat gradient
+// buffer: LoRA's A and B per layer and module, or each base weight per layer
+template <typename F> void for_each_trainable(const HostModel *h, F f) {
+    char name[200];
+    if (h->use_lora) {
+        const LoRA *l = &h->lora;
+        for (int i = 0; i < l->n_layers; i++)
+            for (int t = 0; t < LORA_N_TARGETS; t++)
+                for (int ab = 0; ab < 2 && (l->targets & (1u << t)); ab++) {
+                    lora_key(name, sizeof name, i, t, ab ? 'B' : 'A');
+                    size_t off = l->offset[i * LORA_N_TARGETS + t] + (ab ? (size_t)l->r * l->in[t] : 0);
+                    f(name, off, (size_t)l->r * (ab ? l->out[t] : l->in[t]));
+                }
+        return;
+    }
+    float *hp[NUM_PARAM_TENSORS];
+    param_tensors(&h->w, hp);
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        if (p == P_HEAD && h->config.tied) continue; // the head is the embedding
+        int64_t rows, cols;
+        param_shape(&h->config, p, &rows, &cols);
+        for (int l = 0; l < (param_per_layer(p) ? h->config.n_layers : 1); l++) {
+            param_name(p, l, name, sizeof name);
+            f(name, (size_t)(hp[p] - h->params) + (size_t)l * rows * cols, (size_t)(rows * cols));
+        }
+    }
+}
+
+// logits and loss (no dropout), then the loss and every gradient of a training micro-batch
+void check_case(const Case &c) {
+    const Tol &tol = strcmp(c.precision, "fp32") ? BF16_TOL : FP32_TOL;
+    std::string name = describe(c);
+    Pair pair(c);
+    int V = pair.host()->config.vocab_size;
+    std::vector<int> tokens(B * T), targets(B * T);
+    int labels = make_batch(7, V, tokens.data(), targets.data());
+    std::vector<float> logits_cpu((size_t)B * T * V), logits_gpu((size_t)B * T * V);
+    double loss_cpu = cpu_forward(pair.cpu, tokens.data(), targets.data(), B, T, logits_cpu.data());
+    double loss_gpu = gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, logits_gpu.data());
+    check_scalar(name + ": evaluation loss", loss_gpu, loss_cpu, tol.loss);
+    check_tensor(name + ": logits", logits_gpu.data(), logits_cpu.data(), logits_cpu.size(), tol.logits);
+    float scale = 1.0f / labels;
+    loss_cpu = cpu_forward_backward(pair.cpu, tokens.data(), targets.data(), B, T, scale, 99);
+    loss_gpu = gpu_forward_backward(pair.gpu, tokens.data(), targets.data(), B, T, scale, 99);
+    check_scalar(name + ": training loss", loss_gpu, loss_cpu, tol.loss);
+    size_t n = cpu_grads(pair.cpu, NULL);
+    std::vector<float> grads_cpu(n), grads_gpu(n);
+    cpu_grads(pair.cpu, grads_cpu.data());
+    if (gpu_grads(pair.gpu, grads_gpu.data()) != n) die("the backends disagree on the number of trainable parameters");
+    // every tensor's worst element on a line of its own; one check for the worst tensor
+    double worst = -1;
+    std::string worst_name;
+    for_each_trainable(pair.host(), [&](const char *tensor, size_t off, size_t count) {
+        Diff d = diff(grads_gpu.data() + off, grads_cpu.data() + off, count);
+        printf("    %s grad %s: worst at %zu: gpu %.7g cpu %.7g, err %.2e of max %.3g\n", name.c_str(), tensor, d.at,
+               d.got, d.want, d.rel, d.scale);
+        if (!(d.rel <= worst)) { worst = d.rel; worst_name = tensor; }
+    });
+    char line[512];
+    snprintf(line, sizeof line, "%s: every gradient (worst %s: err %.2e of its max, tol %.0e)", name.c_str(),
+             worst_name.c_str(), worst, tol.grads);
+    CHECK(worst <= tol.grads, line, "%s", "out of tolerance");
+}
+
+// optimizer steps, each on a batch of its own: losses and gradient norms
+void check_steps(const Case &c, int steps) {
+    const Tol &tol = strcmp(c.precision, "fp32") ? BF16_TOL : FP32_TOL;
+    std::string name = describe(c);
+    Pair pair(c);
+    int V = pair.host()->config.vocab_size;
+    std::vector<int> tokens(B * T), targets(B * T);
+    double worst_loss = 0, worst_norm = 0;
+    int at_loss = 0, at_norm = 0;
+    std::vector<double> loss_cpu(steps), loss_gpu(steps);
+    for (int s = 0; s < steps; s++) {
+        int labels = make_batch(100 + s, V, tokens.data(), targets.data());
+        double norm_cpu, norm_gpu;
+        loss_cpu[s] = cpu_step(pair.cpu, tokens.data(), targets.data(), B, T, 1.0f / labels, 1000 + s, &norm_cpu);
+        loss_gpu[s] = gpu_step(pair.gpu, tokens.data(), targets.data(), B, T, 1.0f / labels, 1000 + s, &norm_gpu);
+        double el = fabs(loss_gpu[s] - loss_cpu[s]) / fabs(loss_cpu[s]), en = fabs(norm_gpu - norm_cpu) / norm_cpu;
+        printf("    %s step %d: loss gpu %.9g cpu %.9g, grad norm gpu %.9g cpu %.9g\n", name.c_str(), s + 1,
+               loss_gpu[s], loss_cpu[s], norm_gpu, norm_cpu);
+        if (!(el <= worst_loss)) { worst_loss = el; at_loss = s; }
+        if (!(en <= worst_norm)) { worst_norm = en; at_norm = s; }
+    }
+    char line[512];
+    snprintf(line, sizeof line, "%s: %d steps of losses (worst step %d: gpu %.9g cpu %.9g, rel err %.2e, tol %.0e)",
+             name.c_str(), steps, at_loss + 1, loss_gpu[at_loss], loss_cpu[at_loss], worst_loss, tol.steps);
+    CHECK(worst_loss <= tol.steps, line, "%s", "out of tolerance");
+    snprintf(line, sizeof line, "%s: %d steps of gradient norms (worst step %d: rel err %.2e, tol %.0e)", name.c_str(),
+             steps, at_norm + 1, worst_norm, tol.grads);
+    CHECK(worst_norm <= tol.grads, line, "%s", "out of tolerance");
+}
+
+// A model with head_dim 64 (2 query heads, 1 KV head: GQA) and an adapter for it
+// with every B != 0, as the fixtures have: bf16 attention runs on tensor cores
+// for head_dim 64 or 128 only, and the fixtures' is 16.
+void write_hd64_model(const char *dir) {
+    write_random_model(dir, 128, 256, 2, 2, 1);
+    HostModel h;
+    memset(&h, 0, sizeof h);
+    if (model_load(&h, dir) != 0) die("cannot read back %s", dir);
+    int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
+    lora_shapes(&h.config, in, out);
+    LoRA l;
+    lora_alloc(&l, h.config.n_layers, in, out, 4, 8.0f, 0.0f, 0, (1u << LORA_N_TARGETS) - 1);
+    lora_init(&l, 5);
+    uint64_t state = 9;
+    for (int i = 0; i < l.n_layers; i++)
+        for (int t = 0; t < LORA_N_TARGETS; t++)
+            for (int k = 0; k < l.r * l.out[t]; k++) lora_B(&l, l.params, i, t)[k] = 0.2f * (rng_uniform(&state) - 0.5f);
+    std::string adapter = std::string(dir) + "/peft_init";
+    if (lora_save_peft(&l, adapter.c_str(), dir) != 0) die("cannot write %s", adapter.c_str());
+    lora_free(&l);
+    host_model_free(&h);
+}
+
+int main(int argc, char **argv) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        printf("SKIP test_llama2cu: no GPU\n");
+        return 0;
+    }
+    bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    char tmp[] = "/tmp/llama2tune_test_llama2cu_XXXXXX";
+    if (!mkdtemp(tmp)) die("mkdtemp: %s", strerror(errno));
+    std::string hd64 = std::string(tmp) + "/hd64";
+    write_hd64_model(hd64.c_str());
+    std::vector<const char *> models = {"test/fixtures/tiny_gqa", hd64.c_str()};
+    if (!quick) models.push_back("test/fixtures/tiny_tied");
+    const char *precisions[] = {"fp32", "bf16"};
+    // whole sequences; chunks that divide T and one that does not; one position at a time
+    Case chunkings[] = {{NULL, false, NULL, 0, "keep", 1}, {NULL, false, NULL, 8, "keep", 1},
+                        {NULL, false, NULL, 7, "recompute", 3}, {NULL, false, NULL, 1, "recompute", 1}};
+    int n_chunkings = quick ? 2 : 4, steps = quick ? 3 : 10;
+    for (size_t mi = 0; mi < models.size(); mi++)
+        for (const char *precision : precisions)
+            for (int full = 0; full < 2; full++) {
+                for (int k = 0; k < n_chunkings; k++) {
+                    Case c = chunkings[k];
+                    c.model = models[mi]; c.full = full; c.precision = precision;
+                    check_case(c);
+                }
+                Case whole = {models[mi], (bool)full, precision, 0, "keep", 1};
+                Case chunked = {models[mi], (bool)full, precision, 5, "recompute", 1};
+                check_steps(whole, steps);
+                check_steps(chunked, steps);
+            }
+    remove_tree(tmp);
+    printf("test_llama2cu: %d passed, %d failed\n", test_passed, test_failed);
+    return test_summary();
+}

@@ -1,0 +1,70 @@
+// One trainer backend behind the few calls test/test_llama2cu.cu makes, written
+// once and compiled twice: test/cpu_twin.c binds it to train_llama2.c (names
+// cpu_*), test_llama2cu.cu to train_llama2.cu (names gpu_*), so the CPU twin and
+// the CUDA trainer run the same sequence of calls, set up from the same
+// arguments, in one process. Include after the trainer, with TWIN_PREFIX defined.
+#define TWIN_CAT2(a, b) a##b
+#define TWIN_CAT(a, b) TWIN_CAT2(a, b)
+#define TWIN(name) TWIN_CAT(TWIN_PREFIX, name)
+
+typedef struct { Model m; Optimizer opt; TrainConfig tc; } Twin;
+
+// a backend set up as the trainer sets itself up from these arguments, for
+// micro-batches of up to B rows of T tokens
+void *TWIN(new)(int argc, char **argv, int B, int T) {
+    Twin *t = (Twin *)callocCheck(1, sizeof(Twin));
+    if (parse_args(&t->tc, argc, argv) != 0) die("test arguments rejected");
+    if (model_setup(&t->m, &t->tc, B, T, NULL) != 0) die("cannot set up %s", t->tc.model);
+    optimizer_init(&t->opt, &t->m);
+    return t;
+}
+
+void TWIN(free)(void *p) {
+    Twin *t = (Twin *)p;
+    optimizer_free(&t->opt);
+    model_free(&t->m);
+    free(t);
+}
+
+// LoRA dropout from now on (an adapter read from a PEFT folder brings its own)
+void TWIN(set_lora_dropout)(void *p, float dropout) { ((Twin *)p)->m.host.lora.dropout = dropout; }
+
+// the summed loss as evaluation computes it (no dropout) and the logits (B, T, V)
+double TWIN(forward)(void *p, const int *tokens, const int *targets, int B, int T, float *logits) {
+    Twin *t = (Twin *)p;
+    t->m.host.lora.training = 0;
+    double loss = model_forward(&t->m, tokens, targets, B, T, logits);
+    t->m.host.lora.training = 1;
+    return loss;
+}
+
+// the summed loss with dropout masks from key, and the gradients of grad_scale * loss
+double TWIN(forward_backward)(void *p, const int *tokens, const int *targets, int B, int T, float grad_scale,
+                              uint64_t key) {
+    Twin *t = (Twin *)p;
+    optimizer_zero_grad(&t->opt);
+    t->m.dropout_key = key;
+    return model_forward_backward(&t->m, tokens, targets, B, T, grad_scale);
+}
+
+// one optimizer step of one micro-batch with the arguments' AdamW settings, --lr
+// (constant) and clipping; returns the loss, *norm the gradient norm
+double TWIN(step)(void *p, const int *tokens, const int *targets, int B, int T, float grad_scale, uint64_t key,
+                  double *norm) {
+    Twin *t = (Twin *)p;
+    double loss = TWIN(forward_backward)(p, tokens, targets, B, T, grad_scale, key);
+    *norm = optimizer_step(&t->opt, t->tc.lr, t->tc.beta1, t->tc.beta2, t->tc.eps, t->tc.weight_decay, t->tc.grad_clip, 1);
+    return loss;
+}
+
+// the trainable gradients into out (host, n of them; NULL: only count them)
+size_t TWIN(grads)(void *p, float *out) {
+    Twin *t = (Twin *)p;
+    size_t n = t->opt.n;
+#ifdef __CUDACC__
+    if (out) cudaCheck(cudaMemcpy(out, t->m.grads, n * sizeof(float), cudaMemcpyDeviceToHost));
+#else
+    if (out) memcpy(out, t->opt.grads, n * sizeof(float));
+#endif
+    return n;
+}
