@@ -59,7 +59,7 @@ TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
 # the committed seeds and crash regressions, as part of `make test`
-FUZZ_TARGETS = json safetensors st_index config model adapter tokenizer_load tokenizer_encode cli
+FUZZ_TARGETS = json safetensors st_index config model adapter tokenizer_load tokenizer_encode cli data tokcache checkpoint
 FUZZ_SRCS = $(FUZZ_TARGETS:%=dev/fuzz/fuzz_%.c)
 
 .PHONY: all test run clean cuda cuda-compile-check fuzz
@@ -140,7 +140,7 @@ RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
 test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh $(RUN_TESTS) \
-	    test/test_fsdp.sh test/test_cli.sh test/test_resume.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh)
+	    test/test_fsdp.sh test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh)
 
 # libFuzzer builds: clang with -fsanitize=fuzzer (Debian: clang and libclang-rt-14-dev)
 FUZZ_CC ?= clang

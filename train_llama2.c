@@ -956,10 +956,11 @@ static void optimizer_free(Optimizer *o) { free(o->m); free(o->v); memset(o, 0, 
 
 static void optimizer_zero_grad(Optimizer *o) { memset(o->grads, 0, o->n * sizeof(float)); }
 
-// the global gradient norm (returned, before clipping), clipping, then AdamW
+// the global gradient norm (returned, before clipping); if update and the norm is finite, clipping, then AdamW
 static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay,
-                             float grad_clip) {
+                             float grad_clip, int update) {
     double norm = grad_norm(o->grads, o->n);
+    if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
     clip_grads(o->grads, o->n, norm, grad_clip);
     adamw_update(o, lr, beta1, beta2, eps, weight_decay);
     return norm;
