@@ -59,7 +59,7 @@ TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
 # the committed seeds and crash regressions, as part of `make test`
-FUZZ_TARGETS = json safetensors st_index config model adapter tokenizer_load tokenizer_encode cli
+FUZZ_TARGETS = json safetensors st_index config model adapter tokenizer_load tokenizer_encode cli data tokcache checkpoint fsdp_index
 FUZZ_SRCS = $(FUZZ_TARGETS:%=dev/fuzz/fuzz_%.c)
 
 .PHONY: all test run clean cuda cuda-compile-check fuzz
@@ -80,7 +80,7 @@ $(addprefix $(B),test/test_llama2 test/test_attention test/test_chunked test/tes
 $(B)test/test_default: default_model.h
 $(B)test/test_trainer: test/random_model.h
 
-$(B)test/test_fuzz_replay: test/test_fuzz_replay.c $(FUZZ_SRCS) dev/fuzz/fuzz.h train_llama2.c $(HEADERS) test/test_common.h
+$(B)test/test_fuzz_replay: test/test_fuzz_replay.c $(FUZZ_SRCS) dev/fuzz/fuzz.h train_llama2.c $(HEADERS) test/test_common.h fsdp.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -DFUZZ_REPLAY -D'FUZZ_LIST(X)=$(foreach t,$(FUZZ_TARGETS),X($(t)))' -o $@ test/test_fuzz_replay.c $(FUZZ_SRCS) $(LDLIBS)
 
@@ -140,14 +140,14 @@ RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
 test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh $(RUN_TESTS) \
-	    test/test_fsdp.sh test/test_sharded.sh test/test_cli.sh test/test_resume.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh)
+	    test/test_fsdp.sh test/test_sharded.sh test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh)
 
 # libFuzzer builds: clang with -fsanitize=fuzzer (Debian: clang and libclang-rt-14-dev)
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS = -g -O1 -std=gnu11 -Wall -Wextra -Wno-unused-function \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-build-fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz.h train_llama2.c $(HEADERS)
+build-fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz.h train_llama2.c $(HEADERS) fsdp.h
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< -lm
 

@@ -41,20 +41,21 @@ static int fsync_path(const char *path) {
     return rc;
 }
 
-// the step of a folder named checkpoint-<step> (exactly), else -1
+// the step of a folder named checkpoint-<step> (exactly, as the trainer writes
+// it: no sign, no leading zero), else -1
 static long checkpoint_step(const char *name) {
-    if (strncmp(name, "checkpoint-", 11) != 0 || !name[11]) return -1;
+    if (strncmp(name, "checkpoint-", 11) != 0 || name[11] < '0' || name[11] > '9' || (name[11] == '0' && name[12])) return -1;
     char *end;
     errno = 0;
     long step = strtol(name + 11, &end, 10);
-    return *end || errno || step < 0 || name[11] == '-' || name[11] == '+' ? -1 : step;
+    return *end || errno ? -1 : step;
 }
 
 static int cmp_long(const void *a, const void *b) {
     long x = *(const long *)a, y = *(const long *)b;
     return (x > y) - (x < y);
 }
-// the steps of the complete checkpoints in out_dir, ascending (malloc'd); *n = how many, -1 if unreadable
+// the steps of the complete checkpoints (folders) in out_dir, ascending (malloc'd); *n = how many, -1 if unreadable
 static long *checkpoint_list(const char *out_dir, int *n) {
     *n = -1;
     DIR *d = opendir(out_dir);
@@ -64,7 +65,10 @@ static long *checkpoint_list(const char *out_dir, int *n) {
     *n = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
         long s = checkpoint_step(e->d_name);
-        if (s < 0) continue;
+        char path[2 * PATH_MAX];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", out_dir, e->d_name);
+        if (s < 0 || stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
         if (*n == cap) steps = (long *)reallocCheck(steps, (cap *= 2) * sizeof(long));
         steps[(*n)++] = s;
     }
@@ -109,7 +113,8 @@ static int checkpoint_commit(const char *out_dir, long step, int keep) {
         fprintf(stderr, "error: could not complete checkpoint '%s': %s (the previous checkpoints are intact)\n", dir,
                 strerror(errno));
         remove_tree(tmp);
-        if (had_old) rename(old, dir);
+        if (had_old && rename(old, dir) != 0) // (the old checkpoint of this step is still whole, under its .old name)
+            fprintf(stderr, "error: could not move '%s' back to '%s': %s\n", old, dir, strerror(errno));
         return -1;
     }
     if (had_old) remove_tree(old);
@@ -121,6 +126,97 @@ static int checkpoint_commit(const char *out_dir, long step, int keep) {
     }
     free(steps);
     return 0;
+}
+
+// A checkpoint's trainer_state.json lists the other files of the folder with
+// their size and a hash of their bytes ("files"), and a resume checks them
+// before reading anything: a file damaged or changed after it was saved
+// (flipped bytes, a truncation, a copy that did not finish) is refused, not
+// trained on.
+
+// "<size>:<hash>" of a file's bytes; 0 ok, -1 with errno set
+static int checkpoint_file_digest(const char *path, char *out, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t block = 1 << 20, got;
+    unsigned char *buf = (unsigned char *)mallocCheck(block);
+    uint64_t h = DATA_HASH_SEED, size = 0;
+    while ((got = fread(buf, 1, block, f)) > 0) { h = data_hash_bytes(h, buf, got); size += got; }
+    int err = ferror(f) ? (errno ? errno : EIO) : 0; // e.g. EISDIR
+    fclose(f);
+    free(buf);
+    if (err) { errno = err; return -1; }
+    snprintf(out, n, "%llu:%016llx", (unsigned long long)size, (unsigned long long)h);
+    return 0;
+}
+
+// writes the JSON object {"<file>": "<digest>", ...} of every file in dir but
+// trainer_state.json (at most CHECKPOINT_MAX_FILES: the trainer writes four, or a
+// sharded checkpoint a file per shard and the index), in
+// name order; 0 ok, -1 with a message
+#define CHECKPOINT_MAX_FILES 1024
+static int cmp_name(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
+static int checkpoint_write_digests(FILE *json, const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) { fprintf(stderr, "error: cannot list checkpoint folder '%s': %s\n", dir, strerror(errno)); return -1; }
+    char names[CHECKPOINT_MAX_FILES][256], path[2 * PATH_MAX], digest[64];
+    int n = 0, rc = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "trainer_state.json")) continue;
+        if (n == CHECKPOINT_MAX_FILES) { fprintf(stderr, "error: checkpoint folder '%s' has more than %d files\n", dir, n); rc = -1; break; }
+        snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+    }
+    closedir(d);
+    qsort(names, n, sizeof names[0], cmp_name);
+    fprintf(json, "{");
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (rc == 0 && checkpoint_file_digest(path, digest, sizeof digest) != 0) {
+            fprintf(stderr, "error: cannot read back '%s': %s\n", path, strerror(errno));
+            rc = -1;
+        }
+        fprintf(json, "%s\n    ", i ? "," : "");
+        json_write_string(json, names[i]);
+        fprintf(json, ": \"%s\"", rc == 0 ? digest : "");
+    }
+    fprintf(json, "\n  }");
+    return rc;
+}
+
+// checks every file that dir/trainer_state.json lists against its digest;
+// 0 ok, -1 with a message naming the file
+static int checkpoint_verify(const char *dir) {
+    char path[2 * PATH_MAX], digest[64];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    JsonValue st;
+    if (json_load_file(path, &st) != 0) return -1;
+    const JsonValue *files = json_get(&st, "files");
+    int rc = 0;
+    if (!files || files->type != JSON_OBJECT || files->count == 0) {
+        fprintf(stderr, "error: %s: no \"files\" object listing the checkpoint's files and their digests\n", path);
+        rc = -1;
+    }
+    for (int i = 0; rc == 0 && i < files->count; i++) {
+        const char *name = files->keys[i];
+        const JsonValue *want = &files->items[i];
+        if (!name[0] || strlen(name) != files->key_lens[i] || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..") ||
+            want->type != JSON_STRING) {
+            fprintf(stderr, "error: %s: \"files\" entry %d is not a file name with a digest string\n", path, i);
+            rc = -1;
+            break;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (checkpoint_file_digest(path, digest, sizeof digest) != 0) {
+            fprintf(stderr, "error: %s: cannot read: %s (the checkpoint is incomplete)\n", path, strerror(errno));
+            rc = -1;
+        } else if (strcmp(digest, want->string) != 0) {
+            fprintf(stderr, "error: %s: its size or contents are not what trainer_state.json recorded when the checkpoint was "
+                    "saved (%s now, %s then): it was damaged or changed since; not resuming from it\n", path, digest, want->string);
+            rc = -1;
+        }
+    }
+    json_free(&st);
+    return rc;
 }
 
 // --resume PATH: a checkpoint folder (it has trainer_state.json), or an output

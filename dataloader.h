@@ -182,29 +182,6 @@ typedef struct {
 } Dataset;
 
 // ----------------------------------------------------------------------------
-// hashing (cache keys and the cache checksum); not cryptographic
-
-#define DATA_HASH_SEED 0x6C6C616D61327475ull
-// n must be a multiple of 8: the cache is written in 8-byte words
-static uint64_t data_hash_words(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = (const unsigned char *)p;
-    for (size_t i = 0; i < n; i += 8) {
-        uint64_t w;
-        memcpy(&w, b + i, 8);
-        h = (h ^ w) * 0x9E3779B97F4A7C15ull; // each step is a bijection of h: one changed word always changes the result
-        h ^= h >> 29;
-    }
-    return h;
-}
-static uint64_t data_hash_bytes(uint64_t h, const void *p, size_t n) {
-    size_t whole = n & ~(size_t)7;
-    h = data_hash_words(h, p, whole);
-    uint64_t tail[2] = {0, (uint64_t)n};
-    memcpy(tail, (const unsigned char *)p + whole, n - whole);
-    return splitmix64(data_hash_words(h, tail, sizeof tail));
-}
-
-// ----------------------------------------------------------------------------
 // small text helpers
 
 typedef struct { const char *s; size_t n; } Str;
@@ -756,16 +733,30 @@ static DataStore *cache_open(const char *path, const CacheHeader *want, char *wh
     s->skips = (const CacheSkip *)(s->base + h.skips_offset);
     uint64_t body = data_hash_words(DATA_HASH_SEED, s->base + sizeof h, s->size - sizeof h);
     if (cache_checksum(&h, body) != h.checksum) bad = "checksum mismatch";
-    // the index must tile the sample area exactly, in order (cheap, and no sample can point outside the file)
+    // the index must tile the sample area exactly, in order (so no sample can point outside the file),
+    // and each sample's label flags be 0 or 1 and add up to its n_labels (a forged checksum must not
+    // make the loss normaliser disagree with the targets)
     uint64_t at = sizeof h, tokens = 0;
     for (uint64_t i = 0; !bad && i < h.n_samples; i++) {
         const CacheSample *e = &s->index[i];
-        if (e->offset != at || e->n_tokens == 0 || e->n_labels > e->n_tokens) bad = "bad index";
+        if (e->offset != at || e->n_tokens == 0 || e->n_labels > e->n_tokens || cache_blob_size(e->n_tokens) > h.index_offset - at ||
+            e->record >= h.n_records || (i > 0 && e->record <= s->index[i - 1].record)) {
+            bad = "bad index";
+            break;
+        }
+        const uint8_t *lab = store_labels(s, (long)i);
+        uint32_t labels = 0, flags_ok = 1;
+        for (uint32_t t = 0; t < e->n_tokens; t++) { labels += lab[t]; flags_ok &= lab[t] <= 1; }
+        if (!flags_ok || labels != e->n_labels) bad = "bad label flags";
         at += cache_blob_size(e->n_tokens);
         tokens += e->n_tokens;
-        if (at > h.index_offset) bad = "bad index";
     }
     if (!bad && (at != h.index_offset || tokens != h.n_tokens)) bad = "bad index";
+    for (uint64_t i = 0; !bad && i < h.n_skips; i++) { // in record order, with a reason a record can have
+        const CacheSkip *k = &s->skips[i];
+        if (k->reason < SKIP_EMPTY_RESPONSE || k->reason > SKIP_NO_PAIR || k->record >= h.n_records || (i > 0 && k->record <= s->skips[i - 1].record))
+            bad = "bad skip list";
+    }
     if (bad) { snprintf(why, whyn, "%s", bad); store_release(s); return NULL; }
     return s;
 }
@@ -1224,10 +1215,12 @@ static int dataset_load(Dataset *ds, const char *path, const Tokenizer *tok, con
     snprintf(st->path, sizeof st->path, "%s", path);
     ds->store = st;
     ds->format = (int)st->h.format;
-    if (tok && st->h.n_tokens) { // a cache from the right tokenizer file cannot hold other ids, but check the first
-        int32_t id0 = store_tokens(st, 0)[0];
-        if (id0 < 0 || id0 >= tok->vocab_size) { dataset_free(ds); return data_fail(ds, "%s: token id %d out of range", ds->cache_path, id0); }
-    }
+    // a cache from the right tokenizer file holds no other ids, but one with a forged checksum could
+    for (uint64_t i = 0; tok && i < st->h.n_samples; i++)
+        for (uint32_t t = 0; t < st->index[i].n_tokens; t++) {
+            int32_t id = store_tokens(st, (long)i)[t];
+            if (id < 0 || id >= tok->vocab_size) { dataset_free(ds); return data_fail(ds, "%s: token id %d out of range", ds->cache_path, id); }
+        }
 
     // selection: slice of records, skips, max_samples
     char err[256];

@@ -225,8 +225,9 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
         }
     char *base_json = NULL; size_t blen = 0;
     FILE *mf = open_memstream(&base_json, &blen);
+    if (!mf) die("out of memory writing adapter_config.json");
     json_write_string(mf, base_model ? base_model : "");
-    fclose(mf);
+    if (fclose(mf) != 0) die("out of memory writing adapter_config.json");
     snprintf(cfg, sizeof cfg,
              "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
              "  \"r\": %d,\n  \"lora_alpha\": %.9g,\n  \"lora_dropout\": %.9g,\n  \"target_modules\": [%s],\n"

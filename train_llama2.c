@@ -1080,13 +1080,14 @@ static void optimizer_free(Optimizer *o) { free(o->m); free(o->v); memset(o, 0, 
 
 static void optimizer_zero_grad(Optimizer *o) { memset(o->grads, 0, o->n * sizeof(float)); }
 
-// the global gradient norm (returned, before clipping), clipping, then AdamW
+// the global gradient norm (returned, before clipping); if update and the norm is finite, clipping, then AdamW
 static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay,
-                             float grad_clip) {
+                             float grad_clip, int update) {
     if (o->grad_sum) fsdp_all_reduce(o->grad_sum, o->grads, o->n, FSDP_F32);
     double sumsq = grad_sumsq(o->grads, o->n);
     if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
-    double norm = sqrt(sumsq);
+    double norm = sqrt(sumsq); // the same on every rank
+    if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
     clip_grads(o->grads, o->n, norm, grad_clip);
     adamw_update(o, lr, beta1, beta2, eps, weight_decay);
     return norm;

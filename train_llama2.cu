@@ -601,19 +601,21 @@ static void optimizer_zero_grad(Optimizer *o) {
     cudaCheck(cudaMemsetAsync(o->model->grads, 0, o->n * sizeof(float), o->model->stream));
 }
 
-// the global gradient norm (returned, before clipping), clipping, then AdamW,
-// which also writes the bf16 copy of the parameters the next forward reads
+// the global gradient norm (returned, before clipping); if update and the norm
+// is finite, clipping, then AdamW, which also writes the bf16 copy of the
+// parameters the next forward reads
 static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay,
-                             float grad_clip) {
+                             float grad_clip, int update) {
     Model *m = o->model;
     double norm;
     grad_norm(m->grad_norm, m->grads, o->n, m->stream);
+    cudaCheck(cudaMemcpyAsync(&norm, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
     clip_grads(m->grads, o->n, m->grad_norm, grad_clip, m->stream);
     o->t++;
     adamw_update(m->params, m->grads, m->adam_m, m->adam_v, o->n, o->t, lr, beta1, beta2, eps, weight_decay,
                  m->params_bf16, m->stream);
-    cudaCheck(cudaMemcpyAsync(&norm, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
-    cudaCheck(cudaStreamSynchronize(m->stream));
     return norm;
 }
 

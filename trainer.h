@@ -60,9 +60,11 @@
 //   void optimizer_init(Optimizer *o, Model *m);   moments at zero, t = 0
 //   void optimizer_free(Optimizer *o);             safe on a zeroed Optimizer
 //   void optimizer_zero_grad(Optimizer *o);
-//   double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip);
-//       the global gradient norm (returned, before clipping), clipping as
-//       torch.nn.utils.clip_grad_norm_ (grad_clip 0: off), then one AdamW step
+//   double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
+//                         int update);
+//       the global gradient norm (returned, before clipping); then, if update
+//       and the norm is finite, clipping as torch.nn.utils.clip_grad_norm_
+//       (grad_clip 0: off) and one AdamW step; else nothing (t and the moments stay)
 //   void model_sync_host(Model *m, Optimizer *o);
 //       before a save: the trainable weights into m->host (sharded: host.shards),
 //       the moments into o->m, o->v (the CPU backend: nothing to do)
@@ -120,7 +122,7 @@ typedef struct {
     float lr, weight_decay, grad_clip, beta1, beta2, eps, lora_alpha, lora_dropout;
     const char *lr_scheduler, *lora_target_modules, *chunk_memory;
     const char *resume;
-    int save_every, keep_checkpoints;
+    int save_every, keep_checkpoints, max_bad_steps;
     const char *data_format, *batching, *data_slice, *data_cache_dir;
     int train_on_prompt, max_samples;
     float val_split;
@@ -180,6 +182,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"threads", OPT_INT, &(tc)->threads, "0", "OpenMP threads (0: OpenMP's default)", 0, 4096}, \
     {"save_every", OPT_INT, &(tc)->save_every, "0", "write a checkpoint every N steps (and at the end; 0: only at the end)", 0, 1 << 30}, \
     {"keep_checkpoints", OPT_INT, &(tc)->keep_checkpoints, "2", "keep the newest K checkpoints (0: all)", 0, 1 << 20}, \
+    {"max_bad_steps", OPT_INT, &(tc)->max_bad_steps, "5", "stop when this many steps in a row have a NaN or infinite loss or gradient norm (each is skipped)", 1, 1 << 30}, \
     {"resume", OPT_STR, &(tc)->resume, "", "continue from a checkpoint folder, or the newest checkpoint in an --output_dir", 0, 0}, \
     {"sample_prompt", OPT_LIST, &(tc)->sample_prompt, "", "print a continuation of this prompt before and after training (repeatable)", 0, 0}, \
     {"sample_every", OPT_INT, &(tc)->sample_every, "0", "also print the samples every N steps (0: only before and after)", 0, 1 << 30}, \
@@ -484,13 +487,19 @@ static void report_eval(Model *m, const Dataset *ds, int B, int pad_id, int step
 static volatile sig_atomic_t stop_requested = 0;
 static void on_stop_signal(int sig) { (void)sig; stop_requested = 1; }
 
-// Fault injection for the tests: LLAMA2TUNE_FAULT=<point>:<step> kills the
-// process (SIGKILL, no cleanup) when it reaches <point> at optimizer step <step>.
-static void fault_point(const char *point, int step) {
+// Fault injection for the tests: LLAMA2TUNE_FAULT=<point>:<step> (or
+// <point>:<first>-<last>, a range of steps) is on at <point> for those steps.
+// At "step" and "checkpoint" the process is killed (SIGKILL, no cleanup); at
+// "nan" and "huge" train_step scales the step's gradients by NaN or by 1e30.
+static int fault_at(const char *point, int step) {
     const char *f = getenv("LLAMA2TUNE_FAULT");
     size_t n = strlen(point);
-    if (f && strncmp(f, point, n) == 0 && f[n] == ':' && atoi(f + n + 1) == step) raise(SIGKILL);
+    if (!f || strncmp(f, point, n) != 0 || f[n] != ':') return 0;
+    char *end;
+    long first = strtol(f + n + 1, &end, 10), last = *end == '-' ? strtol(end + 1, NULL, 10) : first;
+    return step >= first && step <= last;
 }
+static void fault_point(const char *point, int step) { if (fault_at(point, step)) raise(SIGKILL); }
 
 // the options that shape the training trajectory: a resumed run must use the same
 // (--max_steps and --num_epochs may change, to train longer; the schedule then
@@ -512,7 +521,14 @@ static void file_fingerprint(const char *path, char *out, size_t n) {
              (unsigned long long)h.data_hash);
 }
 
-typedef struct { int step, opt_t, data_epoch, data_pos; } TrainState;
+// opt_t < step when steps were skipped (non-finite loss or gradient); bad_in_row counts the latest run of them
+typedef struct { int step, opt_t, data_epoch, data_pos, bad_in_row; } TrainState;
+
+static int all_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
 
 // the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights and moments
 static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[3], char fingerprint[17]) {
@@ -522,7 +538,8 @@ static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[3], char fing
     return 3;
 }
 
-// trainer_state.json: the position, and the options, data and world size it belongs to
+// trainer_state.json: the position, the digests of the checkpoint's files, and the
+// options, data and world size it belongs to
 static int save_trainer_state(TrainConfig *tc, const TrainState *ts, int world, const char *dir) {
     char *js, val[4096], fp[128], path[PATH_MAX + 64];
     size_t len;
@@ -530,8 +547,10 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, int world, 
     if (!f) die("out of memory");
     file_fingerprint(tc->data, fp, sizeof fp);
     fprintf(f, "{\n  \"step\": %d,\n  \"optimizer_step\": %d,\n  \"data_epoch\": %d,\n  \"data_position\": %d,\n"
-            "  \"data_fingerprint\": \"%s\",\n  \"world_size\": %d,\n  \"options\": {", ts->step, ts->opt_t, ts->data_epoch,
-            ts->data_pos, fp, world);
+            "  \"bad_steps_in_row\": %d,\n  \"data_fingerprint\": \"%s\",\n  \"world_size\": %d,\n  \"files\": ", ts->step,
+            ts->opt_t, ts->data_epoch, ts->data_pos, ts->bad_in_row, fp, world);
+    int rc = checkpoint_write_digests(f, dir); // what a resume checks before reading them
+    fprintf(f, ",\n  \"options\": {");
     Option opts[] = OPTIONS(tc);
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
         option_value(&opts[i], val, sizeof val, 1);
@@ -539,9 +558,9 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, int world, 
         json_write_string(f, val);
     }
     fprintf(f, "\n  }\n}\n");
-    fclose(f);
+    if (fclose(f) != 0) die("out of memory writing trainer_state.json");
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-    int rc = write_bytes_atomic(path, js, len);
+    if (rc == 0) rc = write_bytes_atomic(path, js, len);
     free(js);
     return rc;
 }
@@ -552,10 +571,21 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, int world, 
 // part, so a failure on any rank is a failure on every rank.
 static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, const TrainState *ts, const char *tokpath) {
     char dir[PATH_MAX], path[PATH_MAX + 64];
+    model_sync_host(m, o);
+    // finite losses and gradients can still overflow the update (AdamW's g^2 above FLT_MAX without --grad_clip): never save that
+    const HostModel *h = &m->host;
+    const float *w = h->use_lora ? h->lora.params : h->shards ? h->shards : h->params;
+    size_t nw = h->use_lora ? h->lora.num_params : h->shards ? h->units.shard_numel : h->num_params;
+    int bad = !all_finite(w, nw) || !all_finite(o->m, o->n) || !all_finite(o->v, o->n);
+    if (fsdp_any(&fs->world, bad)) {
+        if (fs->world.rank == 0)
+            fprintf(stderr, "error: not saving checkpoint %d: the trainable weights or AdamW moments hold NaN or inf (an update "
+                    "overflowed: a gradient above 1e19; keep --grad_clip on, lower --lr); the checkpoints before it are intact\n", ts->step);
+        return -1;
+    }
     int rank0 = fs->world.rank == 0, rc = rank0 ? checkpoint_begin(tc->output_dir, ts->step, dir, sizeof dir) : 0;
     if (fsdp_any(&fs->world, rc != 0)) return -1;
     snprintf(dir, sizeof dir, "%s/checkpoint-%d.tmp", tc->output_dir, ts->step);
-    model_sync_host(m, o);
     if (m->host.shards && !m->host.use_lora) {
         FsdpBuffer bufs[3];
         char fp[17];
@@ -638,11 +668,11 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m
     JsonValue st;
     if (json_load_file(path, &st) != 0) return -1;
     int rc = -1;
-    long long v[4], saved_world = 1, saved_batch;
-    const char *keys[4] = {"step", "optimizer_step", "data_epoch", "data_position"}, *saved;
+    long long v[5], saved_world = 1, saved_batch;
+    const char *keys[5] = {"step", "optimizer_step", "data_epoch", "data_position", "bad_steps_in_row"}, *saved;
     const JsonValue *opts_saved = json_get(&st, "options");
     Option opts[] = OPTIONS(tc);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (json_get_int(&st, keys[i], &v[i]) != 0 || v[i] < 0 || v[i] > INT32_MAX) {
             fprintf(stderr, "error: %s: '%s' missing or not a non-negative integer\n", path, keys[i]); goto done;
         }
@@ -675,7 +705,7 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m
         goto done;
     }
     if (load_trainable(dir, m, o) != 0) goto done;
-    ts->step = (int)v[0]; ts->opt_t = (int)v[1]; ts->data_epoch = (int)v[2]; ts->data_pos = (int)v[3];
+    ts->step = (int)v[0]; ts->opt_t = (int)v[1]; ts->data_epoch = (int)v[2]; ts->data_pos = (int)v[3]; ts->bad_in_row = (int)v[4];
     o->t = ts->opt_t;
     rc = 0;
 done:
@@ -775,6 +805,17 @@ static void print_samples(Model *m, const TrainConfig *tc, const Tokenizer *tok,
     fflush(stdout);
 }
 
+// a value for the metrics file: JSON has no NaN or infinity, so those are null
+static const char *metrics_num(char *buf, size_t n, double v) {
+    if (isfinite(v)) snprintf(buf, n, "%.9g", v);
+    else snprintf(buf, n, "null");
+    return buf;
+}
+static int metrics_error(const char *path) {
+    fprintf(stderr, "error: --metrics_file '%s': writing failed: %s (the checkpoints are intact)\n", path, strerror(errno));
+    return 1;
+}
+
 // everything a run loads and allocates: train() frees it on one path, however
 // far train_run got
 typedef struct {
@@ -799,8 +840,11 @@ static int failed_anywhere(Trainer *r, int failed) {
 
 // One optimizer step: GA micro-batches of every rank's rows, the loss normalised
 // by the label count of the whole global step, clipping, AdamW. Returns the mean
-// loss over every rank; *n_tokens counts every rank's tokens.
-static double train_step(Trainer *r, const TrainConfig *tc, int step, int total, long *n_tokens, double *norm, float *lr) {
+// loss over every rank; *n_tokens counts every rank's tokens. A NaN or infinite
+// loss or gradient norm (the same on every rank) skips the update (*skipped = 1):
+// the weights, the moments and AdamW's t stay as they were; the data moves on.
+static double train_step(Trainer *r, const TrainConfig *tc, int step, int total, long *n_tokens, double *norm, float *lr,
+                         int *skipped) {
     Model *m = &r->m;
     int B = tc->batch_size, GA = tc->grad_accum, T = m->T;
     long labels = 0;
@@ -812,15 +856,20 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     }
     optimizer_zero_grad(&r->opt);
     float scale = labels ? 1.0f / (float)labels : 0.0f;
+    // the tests' injected faults (1-based steps, as printed): NaN gradients, or finite ones whose squares overflow
+    if (fault_at("nan", step + 1)) scale = NAN;
+    if (fault_at("huge", step + 1)) scale *= 1e30f;
     for (int g = 0; g < GA; g++) {
         m->dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
         sums[0] += model_forward_backward(m, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, B, r->Ts[g], scale);
     }
     *lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
-    *norm = optimizer_step(&r->opt, *lr, tc->beta1, tc->beta2, tc->eps, tc->weight_decay, tc->grad_clip);
     fsdp_all_reduce(&r->fsdp.world, sums, 2, FSDP_F64);
     *n_tokens = (long)sums[1];
-    return labels ? sums[0] / labels : 0.0;
+    double loss = labels ? sums[0] / labels : 0.0;
+    *norm = optimizer_step(&r->opt, *lr, tc->beta1, tc->beta2, tc->eps, tc->weight_decay, tc->grad_clip, isfinite(loss));
+    *skipped = !isfinite(loss) || !isfinite(*norm);
+    return loss;
 }
 
 // The tokenizer and the data into r, and *T, the longest row (or sample) there
@@ -913,6 +962,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         printf("%d ranks, %s: shard groups of %d, %d replica(s)\n", W, f->info->name, f->shard.size, f->replica.size);
     char tokpath[4096], resume_dir[PATH_MAX];
     failed = failed || (tc->resume[0] && checkpoint_resolve(tc->resume, resume_dir, sizeof resume_dir) != 0);
+    failed = failed || (tc->resume[0] && rank0 && checkpoint_verify(resume_dir) != 0); // one rank reads every file
     if (tc->tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", tc->tokenizer);
     else snprintf(tokpath, sizeof tokpath, "%s/tokenizer.model", tc->model);
     int B = tc->batch_size, GA = tc->grad_accum, T = 0;
@@ -932,7 +982,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     m->row0 = f->world.rank * B;
     Optimizer *opt = &r->opt;
     optimizer_init(opt, m);
-    TrainState ts = {0, 0, 0, 0};
+    TrainState ts = {0, 0, 0, 0, 0};
     if (tc->resume[0]) {
         failed = load_checkpoint(tc, resume_dir, W, m, opt, &ts) != 0;
         if (!failed && ts.data_pos > train_ds->n_rows) {
@@ -980,27 +1030,42 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         double t0 = now_ms(), norm;
         long n_tokens;
         float lr;
-        double loss = train_step(r, tc, ts.step, total, &n_tokens, &norm, &lr);
+        int skipped;
+        double loss = train_step(r, tc, ts.step, total, &n_tokens, &norm, &lr, &skipped);
         double ms = now_ms() - t0, flops = 0;
         for (int g = 0; g < GA; g++) flops += (double)B * W * flops_per_sequence(&m->host, r->Ts[g]);
         double tflops = flops / (ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / (tc->peak_tflops * W) : -1;
         run_ms += ms;
         ts.step++;
         ts.opt_t = opt->t; ts.data_epoch = (int)r->dl.epoch; ts.data_pos = (int)r->dl.pos;
+        ts.bad_in_row = skipped ? ts.bad_in_row + 1 : 0;
         double eta_s = run_ms / (ts.step - first_step) * (total - ts.step) / 1e3;
         printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s", ts.step, total,
                loss, lr, norm, ms, n_tokens / (ms / 1e3), tflops);
         if (mfu >= 0) printf(" | MFU %.1f%%", 100 * mfu);
+        if (skipped) printf(" | skipped: NaN or inf loss or grad norm (%d skipped so far)", ts.step - ts.opt_t);
         printf(" | %.0f MiB | ETA %dm%02ds\n", model_peak_mb(m), (int)(eta_s / 60), (int)eta_s % 60);
+        failed = 0;
         if (metrics) {
-            fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, "
-                    "\"ms\": %.3f, \"tok_per_s\": %.3f, \"tflops\": %.6g, ", ts.step, loss, lr, norm, n_tokens, ms,
+            char lb[32], nb[32];
+            fprintf(metrics, "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens\": %ld, \"skipped\": %d, "
+                    "\"skipped_total\": %d, \"ms\": %.3f, \"tok_per_s\": %.3f, \"tflops\": %.6g, ", ts.step,
+                    metrics_num(lb, sizeof lb, loss), lr, metrics_num(nb, sizeof nb, norm), n_tokens, skipped, ts.step - ts.opt_t, ms,
                     n_tokens / (ms / 1e3), tflops);
             if (mfu >= 0) fprintf(metrics, "\"mfu\": %.6g, ", mfu);
             fprintf(metrics, "\"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n", model_peak_mb(m), act_mb, carry_mb);
-            fflush(metrics);
+            failed = (fflush(metrics) != 0 || ferror(metrics)) && metrics_error(tc->metrics_file);
         }
+        if (failed_anywhere(r, failed)) return 1;
         fault_point("step", ts.step);
+        if (ts.bad_in_row >= tc->max_bad_steps) { // nothing is saved: the checkpoints so far stay the last good ones
+            fprintf(stderr, "error: %d steps in a row (up to step %d) had a NaN or infinite loss or gradient norm (--max_bad_steps %d); "
+                    "stopping without saving. Likely causes: a learning rate too high (lower --lr, more --warmup_steps, keep "
+                    "--grad_clip on), overflow in low precision (fp16/bf16), or bad data (a sample with a huge loss). The "
+                    "checkpoints in %s are intact: fix the cause and --resume from there.\n", ts.bad_in_row, ts.step,
+                    tc->max_bad_steps, tc->output_dir);
+            return 1; // every rank: the loss and the norm are the same on all
+        }
         if (have_val && tc->eval_every > 0 && ts.step % tc->eval_every == 0 && ts.step < total)
             report_eval(m, val_ds, B, tok->eos_id, ts.step, metrics);
         if (tc->sample_every > 0 && ts.step % tc->sample_every == 0 && ts.step < total) print_samples(m, tc, tok, ts.step);
@@ -1032,7 +1097,10 @@ static int train(TrainConfig *tc) {
     int quiet = !rc && r.fsdp.world.rank != 0; // the other ranks' output would repeat rank 0's
     if (quiet) fflush(stdout), rc = freopen("/dev/null", "w", stdout) == NULL;
     if (!rc) rc = train_run(tc, &r);
-    if (r.metrics) fclose(r.metrics);
+    if (r.metrics) {
+        int bad = ferror(r.metrics);
+        if ((fclose(r.metrics) != 0 || bad) && rc == 0) rc = metrics_error(tc->metrics_file);
+    }
     free(r.tokens); free(r.targets); free(r.Ts);
     optimizer_free(&r.opt);
     dataloader_free(&r.dl);

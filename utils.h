@@ -159,4 +159,26 @@ static double now_ms(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
+// hashing (the token cache's keys and checksum, checkpoint file digests); not
+// cryptographic: it catches damage and change, not forgery
+
+#define DATA_HASH_SEED 0x6C6C616D61327475ull
+// n must be a multiple of 8 (the token cache is written in 8-byte words); data_hash_bytes takes any n
+static uint64_t data_hash_words(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ull; // each step is a bijection of h: one changed word always changes the result
+        h ^= h >> 29;
+    }
+    return h;
+}
+static uint64_t data_hash_bytes(uint64_t h, const void *p, size_t n) {
+    size_t whole = n & ~(size_t)7;
+    h = data_hash_words(h, p, whole);
+    uint64_t tail[2] = {0, (uint64_t)n};
+    memcpy(tail, (const unsigned char *)p + whole, n - whole);
+    return splitmix64(data_hash_words(h, tail, sizeof tail));
+}
 #endif

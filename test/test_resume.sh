@@ -5,36 +5,14 @@
 # for bit; SIGTERM finishes the step, saves and exits 0; a resume with changed
 # options or data is refused.
 set -u
-BIN=${BIN:-./train_llama2}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-FIX=test/fixtures
-fails=0
-check() { # check NAME CONDITION-EXIT-CODE DETAIL
-    if [ "$2" -eq 0 ]; then echo "ok resume: $1"; else echo "FAIL resume: $1: $3"; fails=$((fails + 1)); fi
-}
+SUITE=resume
+source test/train_helpers.sh # BIN, TMP, FIX; check, run, start, trajectory, same_result
 
 # LoRA with dropout, shuffling over several epochs and gradient accumulation:
 # everything a resume has to restore
 ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --gradient_accumulation_steps 2
       --lr 5e-3 --warmup_steps 2 --lora_dropout 0.1 --lora_target_modules all-linear --save_every 3 --keep_checkpoints 2
       --threads 1) # tiny matrices: one thread, and no spinning OpenMP threads when the machine is busy
-run() { # run DIR STEPS [extra args]: output in DIR, metrics in DIR.jsonl
-    local dir=$1 steps=$2; shift 2
-    "$BIN" "${ARGS[@]}" --max_steps "$steps" --output_dir "$dir" --metrics_file "$dir.jsonl" "$@" >"$dir.log" 2>&1
-}
-start() { # start DIR STEPS [extra args]: like run, in the background; $pid is the trainer's
-    local dir=$1 steps=$2; shift 2
-    "$BIN" "${ARGS[@]}" --max_steps "$steps" --output_dir "$dir" --metrics_file "$dir.jsonl" "$@" >"$dir.log" 2>&1 &
-    pid=$!
-}
-# the deterministic part of each metrics record (times and memory differ between runs)
-trajectory() { sed -E 's/, "ms".*//' "$1"; }
-same_result() { # same_result NAME REF DIR WEIGHTS_FILE
-    cmp -s "$2/$4" "$3/$4" && diff -q <(trajectory "$2.jsonl") <(trajectory "$3.jsonl") >/dev/null
-    check "$1" $? "$(cmp "$2/$4" "$3/$4" 2>&1 | head -1); $(diff <(trajectory "$2.jsonl") <(trajectory "$3.jsonl") | head -4)"
-}
-
 run "$TMP/ref" 12
 check "an uninterrupted run finishes" $? "$(tail -3 "$TMP/ref.log")"
 

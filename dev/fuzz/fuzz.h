@@ -148,4 +148,27 @@ static unsigned char *fuzz_slurp_fixture(const char *rel, size_t *n) {
     *n = (size_t)len;
     return b;
 }
+
+#ifdef DATALOADER_H
+// every row of a loaded dataset against its own counts: tokens in the
+// vocabulary, targets -100 or the next token, label counts adding up
+// (tokens and targets have room for max_seq_len)
+static void fuzz_check_rows(const Dataset *ds, const Tokenizer *tok, int *tokens, int *targets) {
+    long total = 0;
+    FUZZ_ASSERT(ds->n_rows >= 1 && dataset_max_len(ds) >= 1 && dataset_max_len(ds) <= ds->max_seq_len);
+    for (long r = 0; r < ds->n_rows; r++) {
+        int T;
+        long labels = dataset_get_rows(ds, r, 1, tok->eos_id, tokens, targets, &T), counted = 0;
+        FUZZ_ASSERT(T >= 1 && T <= ds->max_seq_len && labels == ds->row_labels[r]);
+        for (int t = 0; t < T; t++) {
+            FUZZ_ASSERT(tokens[t] >= 0 && tokens[t] < tok->vocab_size);
+            FUZZ_ASSERT(targets[t] == -100 || (t + 1 < T && targets[t] == tokens[t + 1]));
+            counted += targets[t] != -100;
+        }
+        FUZZ_ASSERT(counted == labels);
+        total += labels;
+    }
+    FUZZ_ASSERT(total == ds->n_labels);
+}
+#endif
 #endif
