@@ -676,13 +676,13 @@ static inline int fsdp_check_tied_head(StModel *sm, size_t begin, size_t count, 
     return rc;
 }
 
-// Reads shard `rank` of every unit (u->n_shards shards) into out (u->shard_numel
-// floats, padding zeroed), converting BF16 and F16 exactly to float. Only the
-// bytes of those elements are read (st_read_f32 reads exactly the elements asked
-// for), so a rank holds 1/n of the model. A tied model's stored lm_head must
-// equal the embedding (each rank checks its own range). 0 ok, -1 with a message.
-static inline int fsdp_load_model(const FsdpUnits *u, StModel *sm, int rank, float *out) {
-    if (fsdp_check_model(u, sm) != 0) return -1;
+// Fills shard `rank` of every unit (u->n_shards shards) into out (u->shard_numel
+// floats, padding zeroed) piece by piece, a piece being the part of one tensor
+// inside the shard: read(ctx, unit, tensor, first, count, dst) reads elements
+// [first, first + count) of tensor `tensor` of unit `unit` into dst, wherever the
+// caller keeps it. 0 ok, -1 when a read failed (it has said why).
+typedef int (*FsdpReadFn)(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst);
+static inline int fsdp_read_shard(const FsdpUnits *u, int rank, float *out, FsdpReadFn read, void *ctx) {
     for (int i = 0; i < u->n_units; i++) {
         const FsdpUnit *un = &u->units[i];
         float *dst = out + un->shard_offset;
@@ -692,11 +692,29 @@ static inline int fsdp_load_model(const FsdpUnits *u, StModel *sm, int rank, flo
             const FsdpTensor *t = &un->tensors[j];
             size_t lo = begin > t->offset ? begin : t->offset;
             size_t hi = begin + count < t->offset + t->numel ? begin + count : t->offset + t->numel;
-            StFile *f = NULL;
-            const StTensor *st = st_model_find(sm, t->name, &f); // present: fsdp_check_model said so
-            if (lo < hi && st_read_f32(f, st, lo - t->offset, hi - lo, dst + (lo - begin)) != 0) return -1;
+            if (lo < hi && read(ctx, i, j, lo - t->offset, hi - lo, dst + (lo - begin)) != 0) return -1;
         }
     }
+    return 0;
+}
+
+typedef struct { const FsdpUnits *u; StModel *sm; } Fsdp__Checkpoint;
+static inline int fsdp__read_tensor(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
+    const Fsdp__Checkpoint *c = (const Fsdp__Checkpoint *)ctx;
+    StFile *f = NULL;
+    const StTensor *st = st_model_find(c->sm, c->u->units[unit].tensors[tensor].name, &f); // present: fsdp_check_model said so
+    return st_read_f32(f, st, first, count, dst);
+}
+
+// Reads shard `rank` of every unit (u->n_shards shards) into out (u->shard_numel
+// floats, padding zeroed), converting BF16 and F16 exactly to float. Only the
+// bytes of those elements are read (st_read_f32 reads exactly the elements asked
+// for), so a rank holds 1/n of the model. A tied model's stored lm_head must
+// equal the embedding (each rank checks its own range). 0 ok, -1 with a message.
+static inline int fsdp_load_model(const FsdpUnits *u, StModel *sm, int rank, float *out) {
+    if (fsdp_check_model(u, sm) != 0) return -1;
+    Fsdp__Checkpoint c = {u, sm};
+    if (fsdp_read_shard(u, rank, out, fsdp__read_tensor, &c) != 0) return -1;
     if (!u->tied) return 0;
     size_t begin, count = fsdp_shard_range(u->units[0].numel, u->n_shards, rank, &begin);
     return fsdp_check_tied_head(sm, begin, count, out + u->units[0].shard_offset);

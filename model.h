@@ -200,13 +200,6 @@ static size_t model_tensor_offset(const Config *c, int u, int j) {
     return off;
 }
 
-// one decoder layer's tensors, wherever they are: in the whole model, or in its unit gathered whole
-typedef struct { float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown; } LayerWeights;
-static LayerWeights layer_weights(float *const t[LAYER_TENSORS]) {
-    LayerWeights w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
-    return w;
-}
-
 // the shapes of the seven linear layers peft can adapt, in LORA_* order
 static void lora_shapes(const Config *c, int in[LORA_N_TARGETS], int out[LORA_N_TARGETS]) {
     int D = c->dim, H = c->hidden_dim, Q = c->n_heads * c->head_dim, KV = c->n_kv_heads * c->head_dim;

@@ -596,6 +596,13 @@ static void swiglu_backward(float *dgate, float *dup, const float *dout, const f
 
 static int unit_slot(const Model *m, int u) { return m->n_slots == 2 ? u != 0 : u; }
 
+// one decoder layer's tensors (a layer unit's, P_ATTN_NORM .. P_WDOWN), wherever they are
+typedef struct { float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown; } LayerWeights;
+static LayerWeights layer_weights(float *const t[LAYER_TENSORS]) {
+    LayerWeights w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
+    return w;
+}
+
 // unit u's parameters, whole: gathered from the shards unless its slot holds them
 static float *unit_gather(Model *m, int u) {
     int s = unit_slot(m, u);
@@ -702,6 +709,9 @@ static void model_alloc_sharded(Model *m) {
     }
     m->grad_part = (float *)alloc_counted(widest * sizeof(float), &m->param_bytes);
     m->grads = (float *)callocCheck(u->shard_numel, sizeof(float));
+    // fsdp.h's reduce-scatter receives every rank's block of a unit: the shard communicator
+    // keeps room for the biggest (counted here, allocated at its first use)
+    m->param_bytes += (grad[0] > grad[1] ? grad[0] : grad[1]) * sizeof(float);
 }
 
 // Buffers for micro-batches of up to B rows of T tokens, run in chunks of C

@@ -629,9 +629,17 @@ static int load_sharded_whole(const char *dir, Model *m, Optimizer *o) {
     return rc;
 }
 
+// a flat moment tensor of an unsharded full fine-tuning checkpoint (param_layout's order), read by unit
+typedef struct { StFile *sf; const StTensor *t; const Config *c; } MomentsFile;
+static int read_moments(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
+    const MomentsFile *mf = (const MomentsFile *)ctx;
+    return st_read_f32(mf->sf, mf->t, model_tensor_offset(mf->c, unit, tensor) + first, count, dst);
+}
+
 // The checkpoint's AdamW moments (and a sharded checkpoint's weights) into o
 // (and m): a sharded checkpoint at any shard count (fsdp.h), or
-// optimizer.safetensors of a whole one. 0 ok, -1 with a message.
+// optimizer.safetensors of a whole one (into a sharded model: this rank's
+// shard of it). 0 ok, -1 with a message.
 static int load_trainable(const char *dir, Model *m, Optimizer *o) {
     if (checkpoint_is_sharded(dir)) {
         if (m->host.use_lora) { fprintf(stderr, "error: --resume %s: a full fine-tuning checkpoint, and this run trains LoRA\n", dir); return -1; }
@@ -641,20 +649,22 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
         int nb = sharded_buffers(m, o, bufs, fp);
         return fsdp_load(dir, &m->host.units, bufs, nb, m->fsdp->shard.rank, fp);
     }
-    if (m->host.shards && !m->host.use_lora) {
-        fprintf(stderr, "error: --resume %s: a checkpoint of unsharded full fine-tuning (one process or NO_SHARD) "
-                "resumes with a shard group of one: one process, or --sharding_strategy NO_SHARD\n", dir);
-        return -1;
-    }
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     StFile sf;
     if (st_open(&sf, path) != 0) return -1;
     const StTensor *tm = st_find(&sf, "exp_avg"), *tv = st_find(&sf, "exp_avg_sq");
-    int rc = -1;
-    if (!tm || !tv || tm->numel != o->n || tv->numel != o->n || tm->dtype != ST_F32 || tv->dtype != ST_F32)
-        fprintf(stderr, "error: %s: expected F32 tensors exp_avg and exp_avg_sq of %zu elements\n", path, o->n);
-    else rc = st_read_f32(&sf, tm, 0, o->n, o->m) | st_read_f32(&sf, tv, 0, o->n, o->v);
+    int shard = m->host.shards && !m->host.use_lora, rc = -1;
+    size_t n = shard ? m->host.num_params : o->n; // an unsharded checkpoint holds the whole model's moments
+    if (!tm || !tv || tm->numel != n || tv->numel != n || tm->dtype != ST_F32 || tv->dtype != ST_F32)
+        fprintf(stderr, "error: %s: expected F32 tensors exp_avg and exp_avg_sq of %zu elements\n", path, n);
+    else if (!shard) rc = st_read_f32(&sf, tm, 0, n, o->m) | st_read_f32(&sf, tv, 0, n, o->v);
+    else { // this rank's shard of them, tensor by tensor out of the whole model's layout
+        MomentsFile mf = {&sf, tm, &m->host.config};
+        rc = fsdp_read_shard(&m->host.units, m->fsdp->shard.rank, o->m, read_moments, &mf);
+        mf.t = tv;
+        rc = rc ? rc : fsdp_read_shard(&m->host.units, m->fsdp->shard.rank, o->v, read_moments, &mf);
+    }
     st_close(&sf);
     return rc;
 }
@@ -1010,11 +1020,8 @@ static int train_run(TrainConfig *tc, Trainer *r) {
 
     failed = rank0 && tc->metrics_file[0] && tc->resume[0] && metrics_truncate(tc->metrics_file, ts.step) != 0;
     if (failed) fprintf(stderr, "error: cannot rewrite --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
-    if (!failed && rank0 && tc->metrics_file[0] && !(r->metrics = fopen(tc->metrics_file, tc->resume[0] ? "a" : "w"))) {
-        fprintf(stderr, "error: cannot open --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
-        failed = 1;
-    }
     if (failed_anywhere(r, failed)) return 1;
+    if (rank0 && tc->metrics_file[0]) r->metrics = fopenCheck(tc->metrics_file, tc->resume[0] ? "a" : "w");
     FILE *metrics = r->metrics;
     dataloader_init(&r->dl, train_ds, tc->shuffle, (uint64_t)tc->seed, f->world.rank, W);
     dataloader_seek(&r->dl, ts.data_epoch, ts.data_pos);
@@ -1081,7 +1088,12 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     }
     if (have_val) report_eval(m, val_ds, B, tok->eos_id, total, metrics); // also with --max_steps 0: evaluates the start
     print_samples(m, tc, tok, ts.step);
-    printf("peak %s %.1f MiB (activations %.1f MiB, carry %.1f MiB)\n", backend_memory, model_peak_mb(m), act_mb, carry_mb);
+    printf("peak %s %.1f MiB (activations %.1f MiB, carry %.1f MiB)", backend_memory, model_peak_mb(m), act_mb, carry_mb);
+    float peak = (float)model_peak_mb(m), *peaks = (float *)mallocCheck((size_t)W * sizeof(float));
+    fsdp_all_gather(&f->world, peaks, &peak, 1); // every rank's, before the saves (which gather the model on rank 0)
+    for (int i = 0; W > 1 && i < W; i++) printf("%s%.0f", i ? " " : "; per rank, MiB: ", peaks[i]);
+    printf("\n");
+    free(peaks);
     return save_outputs(tc, r, tc->output_dir, tokpath);
 }
 

@@ -3,9 +3,9 @@
 // dev/bench_fsdp.sh runs it all and prints the table of dev/bench_fsdp.md.
 //   dev/bench_fsdp make DIR                  a random Llama (dim 1024, 12 layers, vocab 32000:
 //                                            220 M parameters) in BF16, one safetensors file per unit
-//   mpirun -np W dev/bench_fsdp load DIR     FULL_SHARD rank-local load; rank 0 prints a row per rank
+//   mpirun -np W dev/bench_fsdp load DIR     rank-local load (model_load_shard); rank 0 prints a row per rank
 //   dev/bench_fsdp whole DIR                 model_load (model.h), all of it in one process
-// Memory is the process's peak resident set (getrusage), so it includes the
+// Memory is the process's peak resident set (model_peak_mb: getrusage), so it includes the
 // program and, under MPI, the MPI runtime: the "before" column is what the
 // process held before loading.
 #define TESTING
@@ -57,19 +57,12 @@ static int make_model(const char *dir) {
 static int load_sharded(const char *dir) {
     Fsdp f;
     if (fsdp_init(&f, FSDP_FULL_SHARD, 0) != 0) return 1;
-    Config c;
-    if (config_load(&c, dir) != 0) fsdp_abort(&f.world, "cannot read %s/config.json", dir);
-    FsdpUnits u;
-    fsdp_units_llama(&u, c.n_layers, c.dim, c.hidden_dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.vocab_size,
-                     c.tied, f.world.size);
-    float row[4] = {(float)peak_rss_mb(), (float)(u.shard_numel * 4 / 1048576.0), 0, 0}; // before, shard, peak, seconds
+    HostModel m = {0};
+    float row[4] = {(float)model_peak_mb(NULL), 0, 0, 0}; // before, shard, peak, seconds
     double t0 = now_ms();
-    StModel sm;
-    if (st_model_open(&sm, dir) != 0) fsdp_abort(&f.world, "cannot open %s", dir);
-    float *shards = (float *)mallocCheck(u.shard_numel * sizeof(float));
-    if (fsdp_load_model(&u, &sm, f.world.rank, shards) != 0) fsdp_abort(&f.world, "loading %s failed", dir);
-    st_model_close(&sm);
-    row[2] = (float)peak_rss_mb();
+    if (model_load_shard(&m, dir, f.world.rank, f.world.size) != 0) fsdp_abort(&f.world, "loading %s failed", dir);
+    row[1] = (float)(m.units.shard_numel * 4 / 1048576.0);
+    row[2] = (float)model_peak_mb(NULL);
     row[3] = (float)((now_ms() - t0) / 1000);
     float *rows = (float *)mallocCheck((size_t)f.world.size * sizeof row);
     fsdp_all_gather(&f.world, rows, row, 4);
@@ -77,8 +70,7 @@ static int load_sharded(const char *dir) {
         printf("| %d | %d | %.0f | %.0f | %.0f | %.0f | %.2f |\n", f.world.size, r, rows[4 * r + 1], rows[4 * r],
                rows[4 * r + 2], rows[4 * r + 2] - rows[4 * r], rows[4 * r + 3]);
     free(rows);
-    free(shards);
-    fsdp_units_free(&u);
+    host_model_free(&m);
     fsdp_free(&f);
     fsdp_world_finalize();
     return 0;
@@ -86,10 +78,10 @@ static int load_sharded(const char *dir) {
 
 static int load_whole(const char *dir) {
     HostModel m = {0};
-    double before = peak_rss_mb(), t0 = now_ms();
+    double before = model_peak_mb(NULL), t0 = now_ms();
     if (model_load(&m, dir) != 0) return 1;
-    printf("| model_load | - | %.0f | %.0f | %.0f | %.0f | %.2f |\n", m.num_params * 4 / 1048576.0, before, peak_rss_mb(),
-           peak_rss_mb() - before, (now_ms() - t0) / 1000);
+    printf("| model_load | - | %.0f | %.0f | %.0f | %.0f | %.2f |\n", m.num_params * 4 / 1048576.0, before, model_peak_mb(NULL),
+           model_peak_mb(NULL) - before, (now_ms() - t0) / 1000);
     host_model_free(&m);
     return 0;
 }

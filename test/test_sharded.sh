@@ -5,7 +5,8 @@
 # chunks of 7 with a KV carry): with the same global batch (12 rows = W ranks x
 # 12/W, 2 micro-batches a step) the 10-step trajectory and the final trainable
 # weights equal one process's. Then a checkpoint saved at W = 3 resumed at W = 2
-# and W = 1 continues the uninterrupted trajectory; --export_hf; a corrupt shard
+# and W = 1 (and one process's at W = 3) continues the uninterrupted trajectory;
+# --export_hf; a corrupt shard
 # is refused; and faults: a rank with bad input, a rank that dies, SIGTERM to
 # one rank. Without mpirun or an MPI build it says SKIP.
 #
@@ -106,6 +107,11 @@ for w in 2 1; do
     check "the W = 3 checkpoint resumes at W = $w" $? "$(tail -3 "$out.log")"
     same_run "resumed at W = $w == the uninterrupted W = 3 run (steps 6-10, final weights)" "$TMP/save3" "$out" model.safetensors 6
 done
+run 0 "$TMP/save1" "${FULL[@]}" --batch_size 12 --save_every 5 --keep_checkpoints 0 # an unsharded checkpoint
+out="$TMP/resume-sharded"
+mkdir -p "$out" && cp -r "$TMP/save1/checkpoint-5" "$out/" && head -5 "$TMP/save1.jsonl" >"$out.jsonl"
+run 3 "$out" "${FULL[@]}" --batch_size 4 --resume "$out"
+same_run "one process's checkpoint resumed sharded at W = 3 == uninterrupted (steps 6-10, final weights)" "$TMP/save1" "$out" model.safetensors 6
 run 3 "$TMP/lora-save3" "${LORA[@]}" --batch_size 4 --save_every 5 --keep_checkpoints 0
 out="$TMP/lora-resume2"
 mkdir -p "$out" && cp -r "$TMP/lora-save3/checkpoint-5" "$out/" && head -5 "$TMP/lora-save3.jsonl" >"$out.jsonl"
