@@ -38,6 +38,10 @@ expect_error "adam_beta2 that rounds to 1" "--adam_beta2: '0.99999999' is not a 
 expect_error "bad scheduler" "--lr_scheduler: 'step'" --model $FIX/tiny_gqa "${RUN[@]}" --lr_scheduler step
 expect_error "bad target module" "unknown module 'qq_proj'" --model $FIX/tiny_gqa "${RUN[@]}" --lora_target_modules q_proj,qq_proj
 expect_error "chunk larger than the sequence" "--chunk_size 32 is larger than --max_seq_len 24" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_size 32
+expect_error "bad sharding strategy" "--sharding_strategy: unknown strategy 'ZERO3'" --model $FIX/tiny_gqa "${RUN[@]}" --sharding_strategy ZERO3
+expect_error "--shard_group without HYBRID_SHARD" "--shard_group applies to HYBRID_SHARD only" --model $FIX/tiny_gqa "${RUN[@]}" --shard_group 2
+expect_error "--shard_group that does not divide the ranks" "--shard_group 2 does not divide the world size 1" --model $FIX/tiny_gqa "${RUN[@]}" --sharding_strategy HYBRID_SHARD --shard_group 2
+expect_error "--export_hf without --resume" "--export_hf writes a checkpoint out: give it with --resume" --model $FIX/tiny_gqa "${RUN[@]}" --export_hf "$TMP/hf"
 expect_error "negative chunk size" "--chunk_size: '-4' is not an integer" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_size -4
 expect_error "bad chunk memory mode" "--chunk_memory: 'lazy' is not one of keep, recompute" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_memory lazy
 expect_error "zero output chunks" "--num_output_chunks: '0' is not an integer" --model $FIX/tiny_gqa "${RUN[@]}" --num_output_chunks 0
