@@ -44,7 +44,8 @@
 //
 // In a trainer (u: the units; f: the Fsdp; p, g, m, v: the rank's flat shard
 // buffers of parameters, gradients and AdamW moments, u.shard_numel each; buf,
-// gbuf: room for one unit whole, shard.size * unit.shard floats):
+// gbuf: room for one unit whole, shard.size * unit.shard floats). trainer.h,
+// model.h and train_llama2.c (the CPU backend) do this:
 //   load      fsdp_check_model, allocate p, fsdp_load_model(&u, &sm, f.shard.rank, p)
 //   forward   per unit: w = fsdp_gather(&f, unit, p, buf), run it; keep w until the
 //             unit's backward unless info->reshard_after_forward (then gather again)
@@ -57,8 +58,8 @@
 //             groups hold the same shards)
 //   LoRA      base units frozen (gathered as above, no gradients); the adapters
 //             whole on every rank, their gradients fsdp_all_reduce over f.world
-//   loss      the label count of the whole step, fsdp_all_reduce over f.world
-//             (FSDP_F64) before the backward, as the gradients' 1/N
+//   loss      the label count of the whole global step as the gradients' 1/N (the
+//             dataloader knows every rank's rows: dataloader_global_labels)
 //   data      dataloader_init(&dl, &ds, shuffle, seed, f.world.rank, f.world.size)
 //   stop      fsdp_any(&f.world, stop_requested) at each step, so all ranks stop together
 //   save      rank 0 checkpoint_begin; fsdp_save into its .tmp with {"params", p},
