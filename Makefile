@@ -32,9 +32,15 @@ endif
 
 # CUDA: the trainer, its test against the CPU twin, and the kernel checks in
 # dev/cuda/ (each built with the CPU twins of train_llama2.c, dev/cuda/cpu_ref.o),
-# for A100 (sm_80) and H100 (sm_90). Only cuBLASLt is linked: it does every matmul
-# (NCCL comes with sharding).
+# for A100 (sm_80) and H100 (sm_90). cuBLASLt does every matmul; with NCCL and MPI
+# both present the trainer shards over one GPU per rank (-DFSDP_NCCL, NCCL's
+# unique id broadcast over MPI), without them it runs one process.
 NVCC ?= nvcc
+NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/local/cuda/include/nccl.h /usr/include/nccl.h))
+ifneq ($(and $(NCCL_H),$(MPICC)),)
+NVCC_FSDP = -DFSDP_NCCL $(NVCC_MPI)
+NVCC_FSDP_LIBS = -lnccl $(NVCC_MPI_LIBS)
+endif
 CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_ARCHS) --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror $(if $(OPENMP),-Xcompiler -fopenmp)
 CUDA_LDLIBS = -lcublasLt -lm
@@ -114,7 +120,7 @@ $(CUDA_CHECKS): dev/cuda/%: dev/cuda/%.cu dev/cuda/cpu_ref.o $(CUDA_HEADERS)
 # the CUDA trainer: its backend and every host header it shares with train_llama2.c,
 # compiled as C++17 with warnings as errors
 train_llama2cu: $(CUDA_TRAINER)
-	$(NVCC) $(NVCCFLAGS) -o $@ $< $(CUDA_LDLIBS)
+	$(NVCC) $(NVCCFLAGS) $(NVCC_FSDP) -o $@ $< $(CUDA_LDLIBS) $(NVCC_FSDP_LIBS)
 
 # test_llama2cu: the CUDA trainer and the CPU twin (test/cpu_twin.o) in one process.
 # A whole trainer in a test leaves some of its functions unused, which is no error
@@ -123,7 +129,8 @@ test/cpu_twin.o: test/cpu_twin.c test/twin.h test/cpu_twin.h train_llama2.c $(HE
 	$(CC) $(CFLAGS) -c -o $@ $<
 test/test_llama2cu: test/test_llama2cu.cu test/cpu_twin.o test/twin.h test/cpu_twin.h test/test_common.h \
     test/random_model.h $(CUDA_TRAINER)
-	$(NVCC) $(NVCCFLAGS) -diag-suppress 177 -Xcompiler -Wno-unused-function -o $@ $< test/cpu_twin.o $(CUDA_LDLIBS)
+	$(NVCC) $(NVCCFLAGS) $(NVCC_FSDP) -diag-suppress 177 -Xcompiler -Wno-unused-function -o $@ $< test/cpu_twin.o \
+	    $(CUDA_LDLIBS) $(NVCC_FSDP_LIBS)
 
 # fsdp.h's NCCL backend against plain loops, on one GPU per rank (mpirun -np N);
 # utils.h's helpers are static functions that not every program uses

@@ -427,6 +427,14 @@ static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard,
     if (full != shard) memmove(full, shard, S * sizeof(float));
 }
 
+// the same for bf16 elements: the CUDA trainer's bf16 base weights (device buffers,
+// so the NCCL backend only)
+static inline void fsdp_all_gather_bf16(FsdpComm *c, void *full, const void *shard, size_t S) {
+    FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclBfloat16, c->nccl, c->stream));
+    fsdp_abort(c, "internal: a bf16 all-gather needs the NCCL backend (device buffers), not %s", c->size > 1 ? "MPI" : "one process");
+    (void)full, (void)shard, (void)S;
+}
+
 // shard (S) = the sum over ranks of their full[rank * S .. (rank + 1) * S)
 static inline void fsdp_reduce_scatter(FsdpComm *c, float *shard, const float *full, size_t S) {
     FSDP__NCCL(c, ncclReduceScatter(full, shard, S, ncclFloat, ncclSum, c->nccl, c->stream));

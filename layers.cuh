@@ -317,14 +317,17 @@ inline void global_sum(double *out, const float *x, size_t n, cudaStream_t strea
     cudaLaunchCheck();
 }
 
-// *norm (device) = the global L2 norm of g (n). It stays on the device: clip_grads
-// reads it there, so the step never waits for the host.
-inline void grad_norm(double *norm, const float *g, size_t n, cudaStream_t stream) {
+// *out (device) = the sum of squares of g (n), or with take_sqrt its L2 norm
+// (a sharded trainer adds the ranks' sums of squares before the root)
+inline void grad_sumsq(double *out, const float *g, size_t n, bool take_sqrt, cudaStream_t stream) {
     sum_partials_kernel<true><<<SUM_BLOCKS, SUM_THREADS, 0, stream>>>(g, n);
     cudaLaunchCheck();
-    sum_final_kernel<<<1, SUM_BLOCKS, 0, stream>>>(norm, true);
+    sum_final_kernel<<<1, SUM_BLOCKS, 0, stream>>>(out, take_sqrt);
     cudaLaunchCheck();
 }
+// *norm (device) = the global L2 norm of g (n). It stays on the device: clip_grads
+// reads it there, so the step never waits for the host.
+inline void grad_norm(double *norm, const float *g, size_t n, cudaStream_t stream) { grad_sumsq(norm, g, n, true, stream); }
 
 __global__ void clip_grads_kernel(float *g, size_t n, const double *norm, float max_norm) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

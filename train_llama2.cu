@@ -18,10 +18,19 @@ chunk_head and chunk_backward per chunk, the KV carry and the dKV carry, the
 keep and recompute memory modes, the output head in --num_output_chunks pieces.
 Whole-sequence training is the chunk C = T.
 
-Sharding (fsdp.h, NCCL) is not here yet: this backend runs one rank (W = 1).
-The seam is the trainable flat buffers (Model.params, Model.grads): with W > 1
-the gradients are reduced between model_forward_backward and optimizer_step,
-and the frozen base weights (Buffers.weights) are gathered per unit before use.
+Sharding (DESIGN section 5, fsdp.h) as on the CPU: one process per GPU
+(launched by mpirun or srun; cudaSetDevice(local rank)), the trainer's host
+communicators (MPI) for what the host adds up, and NCCL copies of them for the
+device buffers. With a shard group of more than one rank the base weights are
+this rank's shard of every unit (bf16 or fp32, as the compute type), gathered
+whole into a slot when a forward or backward needs the unit; full fine-tuning
+keeps fp32 masters, gradients and AdamW moments for the shard only, and
+reduce-scatters each unit's gradient after its backward. LoRA's gradients are
+all-reduced over every rank, a shard's over its replica group, and the
+gradient norm's sum of squares over the shard group. The collectives run on
+their own stream, ordered against the compute stream by events; a gather waits
+for the compute that last read its slot, so it does not yet overlap compute
+(no prefetch). Compiled, not yet run on GPUs.
 
 Shapes: B rows of T tokens in chunks of C, D = hidden_size, H = intermediate_size,
 NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
@@ -50,19 +59,6 @@ struct Layout {
     }
 };
 
-// the base weights' tensors in a flat buffer, P_* order (model.h)
-template <typename E> struct Tensors { E *t[NUM_PARAM_TENSORS]; };
-
-// the tensors of a device buffer laid out as the host's params (param_layout's
-// order, the head at the embedding when tied): each at its host offset
-template <typename E> Tensors<E> tensors_at(const HostModel *h, E *base) {
-    float *hp[NUM_PARAM_TENSORS];
-    param_tensors(&h->w, hp);
-    Tensors<E> t;
-    for (int p = 0; p < NUM_PARAM_TENSORS; p++) t.t[p] = base + (hp[p] - h->params);
-    return t;
-}
-
 // one chunk's activations, kept from its forward for its backward
 template <typename floatX> struct ChunkActs {
     floatX *resid;      // (L+1, B, C, D) input of each layer, and the final residual
@@ -82,9 +78,10 @@ template <typename floatX> struct ChunkActs {
 
 // everything on the device that is stored in the compute type
 template <typename floatX> struct Buffers {
-    floatX *weights;    // (num_params) base weights, param_layout's order: frozen (LoRA), or the
-                        // trainable ones (the fp32 masters themselves, or AdamW's bf16 copy)
-    Tensors<floatX> w;  // their tensors
+    floatX *weights;    // base weights: whole (num_params, param_layout's order) or this rank's
+                        // shard of them (units.shard_numel, fsdp.h's layout); frozen (LoRA), or
+                        // the trainable ones (the fp32 masters themselves, or AdamW's bf16 copy)
+    floatX **slot;      // (n_slots) sharded: units gathered whole, each as big as the biggest it holds
     floatX *lora_w;     // (LoRA num_params) A and B for the matmuls (the masters, or AdamW's bf16 copy)
     ChunkActs<floatX> *chunk; // (n_slots) one per chunk in keep mode, one in all in recompute mode
     floatX *k, *v;      // (L, B, T, NKV*hd) the KV carry (keys after RoPE)
@@ -112,7 +109,16 @@ typedef struct {
     float *adam_m, *adam_v;   // (n_train) AdamW moments (the Optimizer's; here so the fit check counts them)
     size_t n_train;
     bf16 *params_bf16;        // bf16: the copy of params the matmuls read (in b16.weights or b16.lora_w)
-    Tensors<float> g;         // full fine-tuning: the base weights' gradients, in grads
+    // sharded (host.shards): the units in the slots, and full fine-tuning's gradients of a unit
+    int sharded;              // the base weights are this rank's shards, over fsdp->shard
+    int n_unit_slots;         // units gathered at once: 2 (reshard after the forward), or every unit
+    int *slot_unit;           // (n_slots) host: the unit each slot holds (-1: none)
+    float *unit_grad[2];      // a unit's gradient whole (the embedding's, the others')
+    int grad_open[2];         // the unit each is open for (-1: none)
+    float *grad_part;         // a unit's gradient reduced to this rank's shard
+    FsdpComm nccl_world, nccl_shard, nccl_replica; // fsdp's communicators over NCCL (W > 1)
+    cudaStream_t comm_stream; // the collectives' stream
+    cudaEvent_t computed, communicated; // orders the two streams (stream_after)
     // fp32 in either precision
     float *rope_cos, *rope_sin; // (T, hd/2)
     float *rstdf;             // (B, C) the final norm's statistics
@@ -133,8 +139,8 @@ typedef struct {
     double peak_mb;           // the most device memory seen in use (model_peak_mb)
     uint64_t dropout_key;     // set per micro-batch by the training loop
     int row0;                 // set by the trainer: this rank's first row in the global micro-batch
-    Fsdp *fsdp;               // set by the trainer (this backend runs one process: backend_sharding)
-    cudaStream_t stream;      // everything runs on this one stream, in order
+    Fsdp *fsdp;               // set by the trainer before model_alloc: the ranks (host side, MPI)
+    cudaStream_t stream;      // the compute stream: everything but the collectives, in order
 } Model;
 
 template <typename floatX> Buffers<floatX> &buffers(Model *m);
@@ -146,8 +152,38 @@ template <typename F> auto with_precision(const Model *m, F f) {
     return m->fp32 ? f(type_identity<float>()) : f(type_identity<bf16>());
 }
 
+// the slot that holds unit u when gathered: the embedding and the rest share two
+// (a strategy that reshards after the forward), or every unit has its own
+static int unit_slot(const Model *m, int u) { return m->n_unit_slots == 2 ? u != 0 : u; }
+// empties the slots (the forward-backward's end): the next use gathers again
+static void units_reshard(Model *m) {
+    for (int s = 0; s < m->n_unit_slots; s++) m->slot_unit[s] = -1;
+}
+
 // ----------------------------------------------------------------------------
 // building the model's buffers
+
+// The sharded model's buffers: the slots (a slot as big as the biggest unit it
+// holds, padding included), and for full fine-tuning a unit's gradient whole
+// (the embedding's, the others') and its reduced shard.
+template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Layout *w, Layout *p) {
+    const FsdpUnits *u = &m->host.units;
+    size_t G = (size_t)m->fsdp->shard.size, widest = 0, grad[2] = {0, 0};
+    for (int s = 0; s < m->n_unit_slots; s++) {
+        size_t need = 0;
+        for (int i = 0; i < u->n_units; i++)
+            if (unit_slot(m, i) == s) need = std::max(need, G * u->units[i].shard);
+        w->place(d.slot[s], need);
+    }
+    if (!m->host.full_finetune) return;
+    for (int i = 0; i < u->n_units; i++) {
+        grad[i != 0] = std::max(grad[i != 0], G * u->units[i].shard);
+        widest = std::max(widest, u->units[i].shard);
+    }
+    p->place(m->unit_grad[0], grad[0]);
+    p->place(m->unit_grad[1], grad[1]);
+    p->place(m->grad_part, widest);
+}
 
 // lays out one chunk's activations
 template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C, int r, ChunkActs<floatX> *s, Layout *a) {
@@ -178,7 +214,8 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     p->place(m->adam_v, m->n_train);
     if (!fp32) p->place(m->params_bf16, m->n_train);
     // frozen base weights (LoRA); trained ones are the masters or their bf16 copy (model_alloc)
-    if (!h->full_finetune) w->place(d.weights, h->num_params);
+    if (!h->full_finetune) w->place(d.weights, m->sharded ? h->units.shard_numel : h->num_params);
+    if (m->sharded) sharded_layout(m, d, w, p);
     // activations: one slot per chunk (keep) or one (recompute), then one chunk's scratch
     for (int i = 0; i < m->n_slots; i++) chunk_acts_layout(c, m->B, m->chunk_size, (int)r, &d.chunk[i], a);
     a->place(d.lnf, N * D);
@@ -231,6 +268,65 @@ static void check_fits(const Model *m, size_t w, size_t p, size_t a, size_t k) {
     exit(EXIT_FAILURE);
 }
 
+// ----------------------------------------------------------------------------
+// the ranks (DESIGN section 5): one process per GPU, NCCL for the device buffers
+
+#ifdef FSDP_NCCL
+// Makes this process use its GPU: its rank on its node, as the launcher tells
+// it (Open MPI, Slurm, MPICH's Hydra), else its world rank. One process per GPU:
+// NCCL refuses two ranks on one device.
+static void set_device(const Fsdp *f) {
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"};
+    int local = f->world.rank, devices;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) { local = atoi(getenv(vars[i])); break; }
+    cudaCheck(cudaGetDeviceCount(&devices));
+    if (local < 0 || local >= devices)
+        die("rank %d is process %d on its node, which has %d GPU(s)\n  hint: start one process per GPU "
+            "(mpirun -np <GPUs per node> per node, or srun --ntasks-per-node=<GPUs>)", f->world.rank, local, devices);
+    cudaCheck(cudaSetDevice(local));
+}
+
+// Gives the world, shard and replica groups an NCCL communicator each, on the
+// collectives' stream (collective: every rank calls it, in this order). The
+// trainer's communicators stay MPI for the host side.
+static void comms_init(Model *m) {
+    FsdpComm *dev[3] = {&m->nccl_world, &m->nccl_shard, &m->nccl_replica};
+    const FsdpComm *host[3] = {&m->fsdp->world, &m->fsdp->shard, &m->fsdp->replica};
+    for (int i = 0; i < 3; i++) {
+        *dev[i] = *host[i];
+        dev[i]->scratch = NULL, dev[i]->scratch_bytes = 0; // the host communicator's own
+        fsdp_nccl_init(dev[i], m->comm_stream);
+    }
+}
+static void comms_free(Model *m) {
+    FsdpComm *dev[3] = {&m->nccl_world, &m->nccl_shard, &m->nccl_replica};
+    for (int i = 0; i < 3; i++)
+        if (dev[i]->backend == FSDP_BACKEND_NCCL) ncclCommDestroy(dev[i]->nccl); // the MPI side is the trainer's
+}
+static const int backend_sharding = 1; // any number of ranks, one GPU each, every strategy
+#else
+// built without NCCL: one process (backend_sharding), so no communicators
+static void set_device(const Fsdp *f) { (void)f; }
+static void comms_init(Model *m) { (void)m; }
+static void comms_free(Model *m) { (void)m; }
+static const int backend_sharding = 0;
+#endif
+
+// c, one of the model's NCCL communicators, made at the first device collective:
+// every rank reaches that in step, after the trainer agreed that every rank's
+// load went well (model_alloc is too early: a rank whose load failed never calls it)
+static FsdpComm *nccl(Model *m, FsdpComm *c) {
+    if (m->nccl_world.backend != FSDP_BACKEND_NCCL) comms_init(m);
+    return c;
+}
+
+// the stream waiter waits for the work enqueued on stream so far (event: one of the model's)
+static void stream_after(cudaStream_t waiter, cudaStream_t stream, cudaEvent_t event) {
+    cudaCheck(cudaEventRecord(event, stream));
+    cudaCheck(cudaStreamWaitEvent(waiter, event, 0));
+}
+
 // Device buffers for micro-batches of up to B rows of T tokens, run in chunks of
 // C positions (C = 0: T), and the host model (loaded by model_setup) uploaded.
 static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
@@ -239,14 +335,31 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     if (C <= 0 || C > T) C = T;
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
     m->n_slots = recompute ? 1 : (T + C - 1) / C;
-    m->n_train = h->use_lora ? h->lora.num_params : h->num_params;
+    m->sharded = h->shards != NULL;
+    size_t n_base = m->sharded ? h->units.shard_numel : h->num_params; // the base weights this rank holds
+    const float *base = m->sharded ? h->shards : h->params;
+    m->n_train = h->use_lora ? h->lora.num_params : n_base;
+    const char *torchrun = getenv("WORLD_SIZE");
+    if ((!m->fsdp || m->fsdp->world.size == 1) && torchrun && atoi(torchrun) > 1)
+        die("WORLD_SIZE=%s but this process is a world of one: ranks start with mpirun or srun (not torchrun)", torchrun);
+    if (m->fsdp && m->fsdp->world.size > 1) set_device(m->fsdp); // before any allocation
     cudaCheck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&m->computed, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&m->communicated, cudaEventDisableTiming));
+    if (m->sharded) {
+        m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 2 : h->units.n_units;
+        m->slot_unit = (int *)mallocCheck(m->n_unit_slots * sizeof(int));
+        for (int b = 0; b < 2; b++) m->grad_open[b] = -1;
+        units_reshard(m);
+    }
     matmul_setup();
     m->next_logits = (float *)mallocCheck((size_t)c->vocab_size * sizeof(float));
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
         d.chunk = (ChunkActs<floatX> *)callocCheck(m->n_slots, sizeof(ChunkActs<floatX>));
+        d.slot = (floatX **)callocCheck(m->n_unit_slots + 1, sizeof(floatX *)); // + 1: not empty when whole
         Layout lay[4]; // weights, trainable, activations, carry
         model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
         check_fits(m, lay[0].bytes, lay[1].bytes, lay[2].bytes, lay[3].bytes);
@@ -258,20 +371,18 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         m->weight_bytes = lay[0].bytes; m->param_bytes = lay[1].bytes; m->act_bytes = lay[2].bytes; m->carry_bytes = lay[3].bytes;
         // the trainable masters, then the weights the matmuls read
         cudaStream_t st = m->stream;
-        upload(m->params, h->use_lora ? h->lora.params : h->params, m->n_train, st);
+        upload(m->params, h->use_lora ? h->lora.params : base, m->n_train, st);
         cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
         cudaCheck(cudaMemsetAsync(m->adam_m, 0, m->n_train * sizeof(float), st));
         cudaCheck(cudaMemsetAsync(m->adam_v, 0, m->n_train * sizeof(float), st));
         if (h->full_finetune) {
-            m->g = tensors_at(h, m->grads);
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
             else { d.weights = m->params_bf16; convert(d.weights, m->params, m->n_train, st); }
         } else {
-            upload(d.weights, h->params, h->num_params, st);
+            upload(d.weights, base, n_base, st);
             if constexpr (std::is_same<floatX, float>::value) d.lora_w = m->params;
             else { d.lora_w = m->params_bf16; convert(d.lora_w, m->params, m->n_train, st); }
         }
-        d.w = tensors_at(h, d.weights);
         rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
         cudaCheck(cudaDeviceSynchronize()); // rope_tables copies on the legacy stream, which st does not wait for
     });
@@ -282,11 +393,90 @@ static void model_free(Model *m) {
     for (int i = 0; i < 4; i++)
         if (m->alloc[i]) cudaCheck(cudaFree(m->alloc[i]));
     if (m->stream) cudaCheck(cudaStreamDestroy(m->stream));
+    if (m->comm_stream) cudaCheck(cudaStreamDestroy(m->comm_stream));
+    if (m->computed) cudaCheck(cudaEventDestroy(m->computed));
+    if (m->communicated) cudaCheck(cudaEventDestroy(m->communicated));
+    comms_free(m);
     free(m->f32.chunk);
     free(m->b16.chunk);
+    free(m->f32.slot);
+    free(m->b16.slot);
+    free(m->slot_unit);
     free(m->next_logits);
     host_model_free(&m->host);
     memset(m, 0, sizeof *m);
+}
+
+// ----------------------------------------------------------------------------
+// where the base weights are (DESIGN section 5), as on the CPU: whole in
+// d.weights, or sharded over the shard group, each unit gathered whole into a
+// slot when the forward or backward needs it (collective)
+
+// one decoder layer's tensors (a layer unit's, P_ATTN_NORM .. P_WDOWN), wherever they are
+template <typename E> struct LayerWeights { E *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown; };
+template <typename E> LayerWeights<E> layer_weights(E *const t[LAYER_TENSORS]) {
+    return LayerWeights<E>{t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
+}
+
+// unit u's parameters, whole: gathered from the shards unless its slot holds them.
+// The gather waits for the compute that last read the slot, and the compute for the gather.
+template <typename floatX> floatX *unit_gather(Model *m, int u) {
+    Buffers<floatX> &d = buffers<floatX>(m);
+    int s = unit_slot(m, u);
+    if (m->slot_unit[s] != u) {
+        const FsdpUnit *un = &m->host.units.units[u];
+        stream_after(m->comm_stream, m->stream, m->computed);
+        if constexpr (std::is_same<floatX, float>::value)
+            fsdp_all_gather(nccl(m, &m->nccl_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
+        else fsdp_all_gather_bf16(nccl(m, &m->nccl_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
+        stream_after(m->stream, m->comm_stream, m->communicated);
+        m->slot_unit[s] = u;
+    }
+    return d.slot[s];
+}
+
+// tensor j of unit u (fsdp_units_llama's order), where the forward reads it
+template <typename floatX> floatX *param_at(Model *m, int u, int j) {
+    if (!m->sharded) return buffers<floatX>(m).weights + model_tensor_offset(&m->host.config, u, j);
+    return unit_gather<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
+}
+// the output projection: lm_head, or with tied embeddings the embedding
+template <typename floatX> floatX *head_weight(Model *m) {
+    return m->host.config.tied ? param_at<floatX>(m, 0, 0) : param_at<floatX>(m, fsdp_head_unit(&m->host.units), 1);
+}
+template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
+    floatX *t[LAYER_TENSORS];
+    for (int j = 0; j < LAYER_TENSORS; j++) t[j] = param_at<floatX>(m, fsdp_layer_unit(l), j);
+    return layer_weights(t);
+}
+
+// Full fine-tuning's gradients (fp32), as in train_llama2.c: whole, straight in
+// m->grads; sharded, a unit's gradient whole (zeroed as it opens), reduce-scattered
+// by grads_done into this rank's shard of m->grads, on the collectives' stream.
+static float *grad_at(Model *m, int u, int j) {
+    if (!m->sharded) return m->grads + model_tensor_offset(&m->host.config, u, j);
+    const FsdpUnit *un = &m->host.units.units[u];
+    int b = u != 0;
+    if (m->grad_open[b] != u) {
+        size_t n = (size_t)m->fsdp->shard.size * un->shard; // the padding too
+        cudaCheck(cudaMemsetAsync(m->unit_grad[b], 0, n * sizeof(float), m->stream));
+        m->grad_open[b] = u;
+    }
+    return m->unit_grad[b] + un->tensors[j].offset;
+}
+static void grads_done(Model *m, int u) {
+    if (!m->sharded) return;
+    const FsdpUnit *un = &m->host.units.units[u];
+    stream_after(m->comm_stream, m->stream, m->computed);
+    fsdp_reduce_scatter(nccl(m, &m->nccl_shard), m->grad_part, m->unit_grad[u != 0], un->shard);
+    accumulate(m->grads + un->shard_offset, m->grad_part, un->shard, m->comm_stream);
+    stream_after(m->stream, m->comm_stream, m->communicated); // before the unit's gradient is zeroed again
+    m->grad_open[u != 0] = -1;
+}
+static LayerWeights<float> layer_grads(Model *m, int l) {
+    float *t[LAYER_TENSORS];
+    for (int j = 0; j < LAYER_TENSORS; j++) t[j] = grad_at(m, fsdp_layer_unit(l), j);
+    return layer_weights(t);
 }
 
 // ----------------------------------------------------------------------------
@@ -345,34 +535,34 @@ template <typename floatX> void carry_copy(floatX *carry, floatX *x, const Chunk
 template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch) {
     Config *c = &m->host.config;
     Buffers<floatX> &d = buffers<floatX>(m);
-    Tensors<floatX> &w = d.w;
     cudaStream_t st = m->stream;
     int N = ch->B * ch->len, D = c->dim, H = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * H;
     size_t carry = (size_t)ch->B * ch->T * KV;
     chunk_tokens(m->chunk_tokens, m->tokens, ch, st);
-    embedding_forward(s->resid, m->chunk_tokens, w.t[P_EMBED], N, D, st);
+    embedding_forward(s->resid, m->chunk_tokens, param_at<floatX>(m, 0, 0), N, D, st);
     for (int l = 0; l < c->n_layers; l++) {
+        LayerWeights<floatX> w = layer_params<floatX>(m, l);
         floatX *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
         floatX *atty = LAYER(s->atty, l, N * Q), *mid = LAYER(s->resid_mid, l, ND), *ln2 = LAYER(s->ln2, l, ND);
         floatX *gate = LAYER(s->gate, l, NHd), *up = LAYER(s->up, l, NHd), *hm = LAYER(s->hmlp, l, NHd);
         floatX *out = LAYER(s->resid, l + 1, ND), *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
-        rmsnorm_forward(ln1, LAYER(s->rstd1, l, N), x, LAYER(w.t[P_ATTN_NORM], l, D), N, D, c->norm_eps, st);
-        linear_forward(m, s, ch, l, LORA_Q, q, ln1, LAYER(w.t[P_WQ], l, Q * D));
+        rmsnorm_forward(ln1, LAYER(s->rstd1, l, N), x, w.attn_norm, N, D, c->norm_eps, st);
+        linear_forward(m, s, ch, l, LORA_Q, q, ln1, w.wq);
         rope_forward(q, m->rope_cos, m->rope_sin, ch, NH, hd, 0, st);
-        linear_forward(m, s, ch, l, LORA_K, d.kv, ln1, LAYER(w.t[P_WK], l, KV * D));
+        linear_forward(m, s, ch, l, LORA_K, d.kv, ln1, w.wk);
         rope_forward(d.kv, m->rope_cos, m->rope_sin, ch, NKV, hd, 0, st);
         carry_copy(kc, d.kv, ch, KV, 1, st);
-        linear_forward(m, s, ch, l, LORA_V, d.kv, ln1, LAYER(w.t[P_WV], l, KV * D));
+        linear_forward(m, s, ch, l, LORA_V, d.kv, ln1, w.wv);
         carry_copy(vc, d.kv, ch, KV, 1, st);
         attention_forward(atty, LAYER(s->lse, l, (size_t)N * NH), q, kc, vc, ch, NH, NKV, hd, st);
-        linear_forward(m, s, ch, l, LORA_O, mid, atty, LAYER(w.t[P_WO], l, D * Q));
+        linear_forward(m, s, ch, l, LORA_O, mid, atty, w.wo);
         accumulate(mid, x, ND, st);
-        rmsnorm_forward(ln2, LAYER(s->rstd2, l, N), mid, LAYER(w.t[P_MLP_NORM], l, D), N, D, c->norm_eps, st);
-        linear_forward(m, s, ch, l, LORA_GATE, gate, ln2, LAYER(w.t[P_WGATE], l, (size_t)H * D));
-        linear_forward(m, s, ch, l, LORA_UP, up, ln2, LAYER(w.t[P_WUP], l, (size_t)H * D));
+        rmsnorm_forward(ln2, LAYER(s->rstd2, l, N), mid, w.mlp_norm, N, D, c->norm_eps, st);
+        linear_forward(m, s, ch, l, LORA_GATE, gate, ln2, w.wgate);
+        linear_forward(m, s, ch, l, LORA_UP, up, ln2, w.wup);
         swiglu_forward(hm, gate, up, NHd, st);
-        linear_forward(m, s, ch, l, LORA_DOWN, out, hm, LAYER(w.t[P_WDOWN], l, (size_t)D * H));
+        linear_forward(m, s, ch, l, LORA_DOWN, out, hm, w.wdown);
         accumulate(out, mid, ND, st);
     }
 }
@@ -389,10 +579,13 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
     Config *c = &m->host.config;
     Buffers<floatX> &d = buffers<floatX>(m);
     cudaStream_t st = m->stream;
-    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size, full = m->host.full_finetune;
+    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size;
     int piece = (ch->len + m->num_output_chunks - 1) / m->num_output_chunks;
-    const floatX *xL = LAYER(s->resid, c->n_layers, (size_t)N * D), *head = d.w.t[P_HEAD];
-    rmsnorm_forward(d.lnf, m->rstdf, xL, d.w.t[P_NORM], N, D, c->norm_eps, st);
+    int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
+    const floatX *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
+    floatX *norm = param_at<floatX>(m, hu, 0), *head = head_weight<floatX>(m);
+    float *dnorm = full ? grad_at(m, hu, 0) : NULL, *dhead = full ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : NULL;
+    rmsnorm_forward(d.lnf, m->rstdf, xL, norm, N, D, c->norm_eps, st);
     if (grad_scale != 0.0f) cudaCheck(cudaMemsetAsync(d.dln, 0, (size_t)N * D * sizeof(floatX), st));
     for (int b = 0; b < ch->B; b++)
         for (int p0 = 0; p0 < ch->len; p0 += piece) {
@@ -408,12 +601,13 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
             const floatX *dlogits;
             if constexpr (std::is_same<floatX, float>::value) dlogits = m->logits;
             else { convert(d.dlogits, m->logits, (size_t)n * V, st); dlogits = d.dlogits; }
-            matmul_backward(d.dln + row * D, full ? m->g.t[P_HEAD] : NULL, dlogits, xf, head, n, D, V, 1.0f, st);
+            matmul_backward(d.dln + row * D, dhead, dlogits, xf, head, n, D, V, 1.0f, st);
         }
     if (grad_scale != 0.0f) {
         cudaCheck(cudaMemsetAsync(d.dresid, 0, (size_t)N * D * sizeof(floatX), st));
-        rmsnorm_backward(d.dresid, full ? m->g.t[P_NORM] : NULL, d.dln, xL, d.w.t[P_NORM], m->rstdf, N, D, st);
+        rmsnorm_backward(d.dresid, dnorm, d.dln, xL, norm, m->rstdf, N, D, st);
     }
+    if (full) grads_done(m, hu); // tied: the embedding's gradient stays open for the embedding's backward
 }
 
 // Backward of one chunk through every decoder layer, from d.dresid (chunk_head's).
@@ -423,14 +617,15 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
 template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, const Chunk *ch) {
     Config *c = &m->host.config;
     Buffers<floatX> &d = buffers<floatX>(m);
-    Tensors<floatX> &w = d.w;
-    Tensors<float> &g = m->g;
     cudaStream_t st = m->stream;
     int N = ch->B * ch->len, D = c->dim, H = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * H;
     size_t carry = (size_t)ch->B * ch->T * KV;
     int full = m->host.full_finetune;
     for (int l = c->n_layers - 1; l >= 0; l--) {
+        LayerWeights<floatX> w = layer_params<floatX>(m, l);
+        LayerWeights<float> g = {};
+        if (full) g = layer_grads(m, l);
         floatX *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
         floatX *atty = LAYER(s->atty, l, N * Q), *mid = LAYER(s->resid_mid, l, ND), *ln2 = LAYER(s->ln2, l, ND);
         floatX *gate = LAYER(s->gate, l, NHd), *up = LAYER(s->up, l, NHd), *hm = LAYER(s->hmlp, l, NHd);
@@ -438,39 +633,32 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         floatX *dkc = LAYER(d.dk, l, carry), *dvc = LAYER(d.dv, l, carry);
         // MLP block; the residual passes dresid through unchanged
         cudaCheck(cudaMemsetAsync(d.dhmlp, 0, NHd * sizeof(floatX), st));
-        linear_backward(m, s, ch, l, LORA_DOWN, d.dhmlp, full ? LAYER(g.t[P_WDOWN], l, (size_t)D * H) : NULL, d.dresid,
-                        hm, LAYER(w.t[P_WDOWN], l, (size_t)D * H));
+        linear_backward(m, s, ch, l, LORA_DOWN, d.dhmlp, g.wdown, d.dresid, hm, w.wdown);
         swiglu_backward(d.dgate, d.dup, d.dhmlp, gate, up, NHd, st);
         cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
-        linear_backward(m, s, ch, l, LORA_GATE, d.dln, full ? LAYER(g.t[P_WGATE], l, (size_t)H * D) : NULL, d.dgate,
-                        ln2, LAYER(w.t[P_WGATE], l, (size_t)H * D));
-        linear_backward(m, s, ch, l, LORA_UP, d.dln, full ? LAYER(g.t[P_WUP], l, (size_t)H * D) : NULL, d.dup, ln2,
-                        LAYER(w.t[P_WUP], l, (size_t)H * D));
-        rmsnorm_backward(d.dresid, full ? LAYER(g.t[P_MLP_NORM], l, D) : NULL, d.dln, mid,
-                         LAYER(w.t[P_MLP_NORM], l, D), LAYER(s->rstd2, l, N), N, D, st);
+        linear_backward(m, s, ch, l, LORA_GATE, d.dln, g.wgate, d.dgate, ln2, w.wgate);
+        linear_backward(m, s, ch, l, LORA_UP, d.dln, g.wup, d.dup, ln2, w.wup);
+        rmsnorm_backward(d.dresid, g.mlp_norm, d.dln, mid, w.mlp_norm, LAYER(s->rstd2, l, N), N, D, st);
         // attention block
         cudaCheck(cudaMemsetAsync(d.datty, 0, (size_t)N * Q * sizeof(floatX), st));
-        linear_backward(m, s, ch, l, LORA_O, d.datty, full ? LAYER(g.t[P_WO], l, D * Q) : NULL, d.dresid, atty,
-                        LAYER(w.t[P_WO], l, D * Q));
+        linear_backward(m, s, ch, l, LORA_O, d.datty, g.wo, d.dresid, atty, w.wo);
         attention_backward(d.dq, dkc, dvc, d.datty, atty, LAYER(s->lse, l, (size_t)N * NH), q, kc, vc, ch, NH, NKV, hd,
                            st);
         rope_backward(d.dq, m->rope_cos, m->rope_sin, ch, NH, hd, st);
         cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
-        linear_backward(m, s, ch, l, LORA_Q, d.dln, full ? LAYER(g.t[P_WQ], l, Q * D) : NULL, d.dq, ln1,
-                        LAYER(w.t[P_WQ], l, Q * D));
+        linear_backward(m, s, ch, l, LORA_Q, d.dln, g.wq, d.dq, ln1, w.wq);
         carry_copy(dkc, d.kv, ch, KV, -1, st);
         rope_backward(d.kv, m->rope_cos, m->rope_sin, ch, NKV, hd, st);
-        linear_backward(m, s, ch, l, LORA_K, d.dln, full ? LAYER(g.t[P_WK], l, KV * D) : NULL, d.kv, ln1,
-                        LAYER(w.t[P_WK], l, KV * D));
+        linear_backward(m, s, ch, l, LORA_K, d.dln, g.wk, d.kv, ln1, w.wk);
         carry_copy(dvc, d.kv, ch, KV, -1, st);
-        linear_backward(m, s, ch, l, LORA_V, d.dln, full ? LAYER(g.t[P_WV], l, KV * D) : NULL, d.kv, ln1,
-                        LAYER(w.t[P_WV], l, KV * D));
-        rmsnorm_backward(d.dresid, full ? LAYER(g.t[P_ATTN_NORM], l, D) : NULL, d.dln, x,
-                         LAYER(w.t[P_ATTN_NORM], l, D), LAYER(s->rstd1, l, N), N, D, st);
+        linear_backward(m, s, ch, l, LORA_V, d.dln, g.wv, d.kv, ln1, w.wv);
+        rmsnorm_backward(d.dresid, g.attn_norm, d.dln, x, w.attn_norm, LAYER(s->rstd1, l, N), N, D, st);
+        if (full) grads_done(m, fsdp_layer_unit(l));
     }
     if (full) {
         chunk_tokens(m->chunk_tokens, m->tokens, ch, st); // a later chunk's forward replaced them (keep mode)
-        embedding_backward(g.t[P_EMBED], d.dresid, m->chunk_tokens, N, D, st);
+        embedding_backward(grad_at(m, 0, 0), d.dresid, m->chunk_tokens, N, D, st);
+        grads_done(m, 0);
     }
 }
 
@@ -515,6 +703,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
             chunk_head(m, s, &ch, 0.0f, logits_out);
         }
     });
+    units_reshard(m);
     return losses_sum(m, B, T);
 }
 
@@ -545,6 +734,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
             chunk_backward(m, s, &ch);
         }
     });
+    units_reshard(m);
     return losses_sum(m, B, T);
 }
 
@@ -563,9 +753,11 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
         Buffers<floatX> &d = buffers<floatX>(m);
         chunk_forward(m, &d.chunk[0], ch);
         const floatX *x = LAYER(d.chunk[0].resid, c->n_layers, (size_t)ch->len * c->dim) + (size_t)(ch->len - 1) * c->dim;
-        rmsnorm_forward(d.lnf, m->rstdf, x, d.w.t[P_NORM], 1, c->dim, c->norm_eps, st);
-        matmul_forward(m->logits, d.lnf, d.w.t[P_HEAD], 1, c->dim, c->vocab_size, 1.0f, 0, st);
+        rmsnorm_forward(d.lnf, m->rstdf, x, param_at<floatX>(m, fsdp_head_unit(&m->host.units), 0), 1, c->dim,
+                        c->norm_eps, st);
+        matmul_forward(m->logits, d.lnf, head_weight<floatX>(m), 1, c->dim, c->vocab_size, 1.0f, 0, st);
     });
+    units_reshard(m);
     cudaCheck(cudaMemcpyAsync(m->next_logits, m->logits, c->vocab_size * sizeof(float), cudaMemcpyDeviceToHost, st));
     cudaCheck(cudaStreamSynchronize(st));
     return m->next_logits;
@@ -580,15 +772,25 @@ typedef struct {
     size_t n;
     float *m, *v;           // AdamW moments: host copies for checkpoints (model_sync_host, optimizer_sync_device)
     int t;                  // optimizer steps taken
+    FsdpComm *grad_sum;     // NCCL: the ranks whose gradients of these parameters are summed before the step
+    FsdpComm *norm_sum;     // host (MPI): the ranks whose squared norms make up the global norm (NULL: this rank's is)
 } Optimizer;
 
-// the moments are the model's (model_alloc zeroed them); the host keeps copies
+// The moments are the model's (model_alloc zeroed them); the host keeps copies.
+// As on the CPU: replicated parameters (LoRA's, or every weight with a shard
+// group of one) sum their gradients over every rank; shards over the ranks that
+// hold the same shard (the replica group), and their norm over the shard group.
 static void optimizer_init(Optimizer *o, Model *m) {
     memset(o, 0, sizeof *o);
     o->model = m;
     o->n = m->n_train;
     o->m = (float *)callocCheck(o->n, sizeof(float));
     o->v = (float *)callocCheck(o->n, sizeof(float));
+    int shard = m->sharded && !m->host.use_lora;
+    if (m->fsdp && m->fsdp->world.size > 1) {
+        o->grad_sum = shard ? &m->nccl_replica : &m->nccl_world;
+        o->norm_sum = shard ? &m->fsdp->shard : NULL;
+    }
 }
 
 static void optimizer_free(Optimizer *o) {
@@ -607,11 +809,20 @@ static void optimizer_zero_grad(Optimizer *o) {
 static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay,
                              float grad_clip, int update) {
     Model *m = o->model;
-    double norm;
-    grad_norm(m->grad_norm, m->grads, o->n, m->stream);
-    cudaCheck(cudaMemcpyAsync(&norm, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+    if (o->grad_sum) {
+        stream_after(m->comm_stream, m->stream, m->computed);
+        fsdp_all_reduce(nccl(m, o->grad_sum), m->grads, o->n, FSDP_F32);
+        stream_after(m->stream, m->comm_stream, m->communicated);
+    }
+    double sumsq, norm;
+    grad_sumsq(m->grad_norm, m->grads, o->n, false, m->stream);
+    cudaCheck(cudaMemcpyAsync(&sumsq, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
+    if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
+    norm = sqrt(sumsq); // the same on every rank
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
+    // clip_grads reads it there (a pageable source: the call returns once it is copied)
+    cudaCheck(cudaMemcpyAsync(m->grad_norm, &norm, sizeof(double), cudaMemcpyHostToDevice, m->stream));
     clip_grads(m->grads, o->n, m->grad_norm, grad_clip, m->stream);
     o->t++;
     adamw_update(m->params, m->grads, m->adam_m, m->adam_v, o->n, o->t, lr, beta1, beta2, eps, weight_decay,
@@ -623,7 +834,7 @@ static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, f
 static void model_sync_host(Model *m, Optimizer *o) {
     HostModel *h = &m->host;
     cudaStream_t st = m->stream;
-    float *dst = h->use_lora ? h->lora.params : h->params;
+    float *dst = h->use_lora ? h->lora.params : m->sharded ? h->shards : h->params;
     cudaCheck(cudaMemcpyAsync(dst, m->params, m->n_train * sizeof(float), cudaMemcpyDeviceToHost, st));
     if (o) {
         cudaCheck(cudaMemcpyAsync(o->m, m->adam_m, o->n * sizeof(float), cudaMemcpyDeviceToHost, st));
@@ -632,9 +843,16 @@ static void model_sync_host(Model *m, Optimizer *o) {
     cudaCheck(cudaStreamSynchronize(st));
 }
 
-// the moments a resumed run read from its checkpoint, onto the device
+// the moments a resumed run read from its checkpoint, onto the device, and full
+// fine-tuning's weights (a sharded checkpoint's are read after model_alloc)
+// with the copy the matmuls read
 static void optimizer_sync_device(Optimizer *o) {
     Model *m = o->model;
+    const HostModel *h = &m->host;
+    if (h->full_finetune) {
+        upload(m->params, m->sharded ? h->shards : h->params, o->n, m->stream);
+        if (!m->fp32) convert(m->params_bf16, m->params, o->n, m->stream);
+    }
     cudaCheck(cudaMemcpyAsync(m->adam_m, o->m, o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaMemcpyAsync(m->adam_v, o->v, o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
@@ -652,7 +870,6 @@ static double model_peak_mb(Model *m) {
 }
 static const char *const backend_memory = "GPU memory";
 static const char *const backend_precisions[] = {"bf16", "fp32"};
-static const int backend_sharding = 0; // one process (one GPU) for now: NCCL sharding comes next
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main
