@@ -69,7 +69,8 @@
 //       before a save: the trainable weights into m->host (sharded: host.shards),
 //       the moments into o->m, o->v (the CPU backend: nothing to do)
 //   void optimizer_sync_device(Optimizer *o);
-//       after a checkpoint's moments and t were read into o (the CPU: nothing)
+//       after a checkpoint's moments and t (and a sharded one's weights, into
+//       m->host.shards) were read into o and m (the CPU: nothing)
 //
 // A test or tool can include the trainer with -DTESTING and call any of it;
 // main is the trainer's own, a call to train_main.
