@@ -28,9 +28,9 @@ keeps fp32 masters, gradients and AdamW moments for the shard only, and
 reduce-scatters each unit's gradient after its backward. LoRA's gradients are
 all-reduced over every rank, a shard's over its replica group, and the
 gradient norm's sum of squares over the shard group. The collectives run on
-their own stream, ordered against the compute stream by events; a gather waits
-for the compute that last read its slot, so it does not yet overlap compute
-(no prefetch). Compiled, not yet run on GPUs.
+their own stream, ordered against the compute stream by events: the next
+layer's gather overlaps this layer's compute (unit_prefetch), the reduce-scatter
+of full fine-tuning's gradients does not. Compiled, not yet run on GPUs.
 
 Shapes: B rows of T tokens in chunks of C, D = hidden_size, H = intermediate_size,
 NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
@@ -111,8 +111,9 @@ typedef struct {
     bf16 *params_bf16;        // bf16: the copy of params the matmuls read (in b16.weights or b16.lora_w)
     // sharded (host.shards): the units in the slots, and full fine-tuning's gradients of a unit
     int sharded;              // the base weights are this rank's shards, over fsdp->shard
-    int n_unit_slots;         // units gathered at once: 2 (reshard after the forward), or every unit
-    int *slot_unit;           // (n_slots) host: the unit each slot holds (-1: none)
+    int n_unit_slots;         // units gathered at once: 3 (reshard after the forward), or every unit
+    int *slot_unit;           // (n_unit_slots) host: the unit each slot holds (-1: none)
+    cudaEvent_t *gathered;    // (n_unit_slots) each slot's last gather, on the collectives' stream
     float *unit_grad[2];      // a unit's gradient whole (the embedding's, the others')
     int grad_open[2];         // the unit each is open for (-1: none)
     float *grad_part;         // a unit's gradient reduced to this rank's shard
@@ -152,9 +153,11 @@ template <typename F> auto with_precision(const Model *m, F f) {
     return m->fp32 ? f(type_identity<float>()) : f(type_identity<bf16>());
 }
 
-// the slot that holds unit u when gathered: the embedding and the rest share two
-// (a strategy that reshards after the forward), or every unit has its own
-static int unit_slot(const Model *m, int u) { return m->n_unit_slots == 2 ? u != 0 : u; }
+// the slot that holds unit u when gathered: a strategy that reshards after the
+// forward has three, the embedding's and two that the other units take in turn
+// (so the next unit is gathered while this one computes: unit_prefetch); else
+// every unit has its own
+static int unit_slot(const Model *m, int u) { return m->fsdp->info->reshard_after_forward ? (u ? 1 + (u & 1) : 0) : u; }
 // empties the slots (the forward-backward's end): the next use gathers again
 static void units_reshard(Model *m) {
     for (int s = 0; s < m->n_unit_slots; s++) m->slot_unit[s] = -1;
@@ -348,8 +351,11 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     cudaCheck(cudaEventCreateWithFlags(&m->computed, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&m->communicated, cudaEventDisableTiming));
     if (m->sharded) {
-        m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 2 : h->units.n_units;
+        m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
         m->slot_unit = (int *)mallocCheck(m->n_unit_slots * sizeof(int));
+        m->gathered = (cudaEvent_t *)callocCheck(m->n_unit_slots, sizeof(cudaEvent_t));
+        for (int s = 0; s < m->n_unit_slots; s++)
+            cudaCheck(cudaEventCreateWithFlags(&m->gathered[s], cudaEventDisableTiming));
         for (int b = 0; b < 2; b++) m->grad_open[b] = -1;
         units_reshard(m);
     }
@@ -401,6 +407,8 @@ static void model_free(Model *m) {
     free(m->b16.chunk);
     free(m->f32.slot);
     free(m->b16.slot);
+    for (int s = 0; m->gathered && s < m->n_unit_slots; s++) cudaCheck(cudaEventDestroy(m->gathered[s]));
+    free(m->gathered);
     free(m->slot_unit);
     free(m->next_logits);
     host_model_free(&m->host);
@@ -418,21 +426,32 @@ template <typename E> LayerWeights<E> layer_weights(E *const t[LAYER_TENSORS]) {
     return LayerWeights<E>{t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
 }
 
-// unit u's parameters, whole: gathered from the shards unless its slot holds them.
-// The gather waits for the compute that last read the slot, and the compute for the gather.
-template <typename floatX> floatX *unit_gather(Model *m, int u) {
+// Starts gathering unit u (0 .. n_units - 1; sharded) into its slot from the
+// shards, unless the slot holds it (collective). The gather waits for the
+// compute enqueued so far, which holds the last reads of the slot's old unit;
+// what is enqueued after it may overlap it.
+template <typename floatX> void unit_prefetch(Model *m, int u) {
     Buffers<floatX> &d = buffers<floatX>(m);
     int s = unit_slot(m, u);
-    if (m->slot_unit[s] != u) {
-        const FsdpUnit *un = &m->host.units.units[u];
-        stream_after(m->comm_stream, m->stream, m->computed);
-        if constexpr (std::is_same<floatX, float>::value)
-            fsdp_all_gather(nccl(m, &m->nccl_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
-        else fsdp_all_gather_bf16(nccl(m, &m->nccl_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
-        stream_after(m->stream, m->comm_stream, m->communicated);
-        m->slot_unit[s] = u;
-    }
-    return d.slot[s];
+    if (m->slot_unit[s] == u) return;
+    const FsdpUnit *un = &m->host.units.units[u];
+    stream_after(m->comm_stream, m->stream, m->computed);
+    if constexpr (std::is_same<floatX, float>::value)
+        fsdp_all_gather(nccl(m, &m->nccl_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
+    else fsdp_all_gather_bf16(nccl(m, &m->nccl_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
+    cudaCheck(cudaEventRecord(m->gathered[s], m->comm_stream));
+    m->slot_unit[s] = u;
+}
+// unit u's parameters, whole, for the compute stream, which waits for their gather
+template <typename floatX> floatX *unit_gather(Model *m, int u) {
+    unit_prefetch<floatX>(m, u);
+    int s = unit_slot(m, u);
+    cudaCheck(cudaStreamWaitEvent(m->stream, m->gathered[s], 0));
+    return buffers<floatX>(m).slot[s];
+}
+// the unit a forward (dir 1) or backward (-1) needs after unit u, gathered while u computes
+template <typename floatX> void prefetch_next(Model *m, int u, int dir) {
+    if (m->sharded) unit_prefetch<floatX>(m, u + dir);
 }
 
 // tensor j of unit u (fsdp_units_llama's order), where the forward reads it
@@ -540,9 +559,12 @@ template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, co
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * H;
     size_t carry = (size_t)ch->B * ch->T * KV;
     chunk_tokens(m->chunk_tokens, m->tokens, ch, st);
-    embedding_forward(s->resid, m->chunk_tokens, param_at<floatX>(m, 0, 0), N, D, st);
+    floatX *embed = param_at<floatX>(m, 0, 0);
+    prefetch_next<floatX>(m, 0, 1); // layer 0
+    embedding_forward(s->resid, m->chunk_tokens, embed, N, D, st);
     for (int l = 0; l < c->n_layers; l++) {
         LayerWeights<floatX> w = layer_params<floatX>(m, l);
+        if (l + 1 < c->n_layers) prefetch_next<floatX>(m, fsdp_layer_unit(l), 1); // (the head: when chunk_head needs it)
         floatX *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
         floatX *atty = LAYER(s->atty, l, N * Q), *mid = LAYER(s->resid_mid, l, ND), *ln2 = LAYER(s->ln2, l, ND);
         floatX *gate = LAYER(s->gate, l, NHd), *up = LAYER(s->up, l, NHd), *hm = LAYER(s->hmlp, l, NHd);
@@ -624,6 +646,7 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     int full = m->host.full_finetune;
     for (int l = c->n_layers - 1; l >= 0; l--) {
         LayerWeights<floatX> w = layer_params<floatX>(m, l);
+        if (l > 0) prefetch_next<floatX>(m, fsdp_layer_unit(l), -1); // (the embedding's backward needs no weights)
         LayerWeights<float> g = {};
         if (full) g = layer_grads(m, l);
         floatX *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
@@ -788,7 +811,8 @@ static void optimizer_init(Optimizer *o, Model *m) {
     o->v = (float *)callocCheck(o->n, sizeof(float));
     int shard = m->sharded && !m->host.use_lora;
     if (m->fsdp && m->fsdp->world.size > 1) {
-        o->grad_sum = shard ? &m->nccl_replica : &m->nccl_world;
+        const FsdpComm *sum_over = shard ? &m->fsdp->replica : &m->fsdp->world; // its host side: the size
+        o->grad_sum = sum_over->size == 1 ? NULL : shard ? &m->nccl_replica : &m->nccl_world;
         o->norm_sum = shard ? &m->fsdp->shard : NULL;
     }
 }
