@@ -801,6 +801,18 @@ static int metrics_truncate(const char *path, int step) {
     return rc;
 }
 
+// writes s with its control bytes escaped (\n, \t, \xHH), so that a sample stays one
+// line and a model's output can never move the cursor or recolour the user's terminal
+static void fputs_escaped(const char *s, FILE *f) {
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '\n') fputs("\\n", f);
+        else if (*c == '\t') fputs("\\t", f);
+        else if (*c == '\\') fputs("\\\\", f);
+        else if (*c < 0x20 || *c == 0x7f) fprintf(f, "\\x%02x", *c);
+        else fputc(*c, f);
+    }
+}
+
 static void print_samples(Model *m, const TrainConfig *tc, const Tokenizer *tok, int step) {
     for (int i = 0; i < tc->sample_prompt.n; i++) {
         const char *p = tc->sample_prompt.v[i];
@@ -810,7 +822,11 @@ static void print_samples(Model *m, const TrainConfig *tc, const Tokenizer *tok,
         int *gen = generate(m, ids, n, tc->max_new_tokens, tc->temperature, tc->top_p, (uint64_t)tc->seed + i, tok->eos_id, &k);
         if (k > 0 && gen[k - 1] == tok->eos_id) k--;
         char *text = tokenizer_decode(tok, gen, k, NULL);
-        printf("sample at step %d | %s|%s\n", step, p, text ? text : "");
+        printf("sample at step %d | ", step);
+        fputs_escaped(p, stdout);
+        fputc('|', stdout);
+        fputs_escaped(text ? text : "", stdout);
+        fputc('\n', stdout);
         free(text); free(gen); free(ids);
     }
     fflush(stdout);

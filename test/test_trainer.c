@@ -137,11 +137,24 @@ static void test_flops(void) {
     host_model_free(&m);
 }
 
+// samples are printed with control bytes escaped: one line each, nothing a terminal obeys
+static void test_sample_escaping(void) {
+    char *buf;
+    size_t len;
+    FILE *f = open_memstream(&buf, &len);
+    fputs_escaped("a\nb\tc\x1b[31md\\e\x7f\xc3\xa9", f);
+    fclose(f);
+    const char *want = "a\\nb\\tc\\x1b[31md\\\\e\\x7f\xc3\xa9"; // UTF-8 (é) passes through
+    CHECK(strcmp(buf, want) == 0, "samples: control bytes escaped", "got '%s', want '%s'", buf, want);
+    free(buf);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/llama2tune_test_trainer_XXXXXX");
     if (!mkdtemp(tmpdir)) die("mkdtemp: %s", strerror(errno));
     test_merge();
     test_flops();
+    test_sample_escaping();
     test_memory_plan();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
