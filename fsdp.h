@@ -207,28 +207,17 @@ static inline const FsdpTensor *fsdp_find_tensor(const FsdpUnits *u, const char 
     return NULL;
 }
 
-// splitmix64 over 8-byte words (the tail zero-padded): checksums and fingerprints
-static inline uint64_t fsdp__hash(uint64_t h, const void *p, size_t n) {
-    const unsigned char *s = (const unsigned char *)p;
-    for (size_t i = 0; i < n; i += 8) {
-        uint64_t w = 0;
-        memcpy(&w, s + i, n - i < 8 ? n - i : 8);
-        h = splitmix64(h ^ w);
-    }
-    return splitmix64(h ^ n);
-}
-
 // A model's identity for its checkpoints (16 hex digits): every unit's name and
 // every tensor's name and shape, and `extra` (what else must match, e.g. the base
 // model's identity for LoRA; "" if nothing).
 static inline void fsdp_fingerprint(const FsdpUnits *u, const char *extra, char out[17]) {
-    uint64_t h = fsdp__hash(0, extra, strlen(extra));
+    uint64_t h = data_hash_bytes(0, extra, strlen(extra));
     for (int i = 0; i < u->n_units; i++) {
-        h = fsdp__hash(h, u->units[i].name, strlen(u->units[i].name));
+        h = data_hash_bytes(h, u->units[i].name, strlen(u->units[i].name));
         for (int j = 0; j < u->units[i].n_tensors; j++) {
             const FsdpTensor *t = &u->units[i].tensors[j];
-            h = fsdp__hash(h, t->name, strlen(t->name));
-            h = fsdp__hash(h, t->shape, sizeof t->shape);
+            h = data_hash_bytes(h, t->name, strlen(t->name));
+            h = data_hash_bytes(h, t->shape, sizeof t->shape);
         }
     }
     snprintf(out, 17, "%016llx", (unsigned long long)h);
@@ -769,7 +758,7 @@ static inline char *fsdp__checksums(const float *x, size_t n) {
     char *s = (char *)callocCheck(blocks ? blocks * 17 : 1, 1);
     for (size_t b = 0; b < blocks; b++) {
         size_t lo = b * FSDP_CKPT_BLOCK, k = n - lo < FSDP_CKPT_BLOCK ? n - lo : FSDP_CKPT_BLOCK;
-        snprintf(s + b * 17, 18, b + 1 < blocks ? "%016llx," : "%016llx", (unsigned long long)fsdp__hash(0, x + lo, k * sizeof(float)));
+        snprintf(s + b * 17, 18, b + 1 < blocks ? "%016llx," : "%016llx", (unsigned long long)data_hash_bytes(0, x + lo, k * sizeof(float)));
     }
     return s;
 }
@@ -934,7 +923,7 @@ static inline int fsdp__read_verified(StFile *sf, const char *name, size_t S, si
         size_t lo = b * FSDP_CKPT_BLOCK, k = S - lo < FSDP_CKPT_BLOCK ? S - lo : FSDP_CKPT_BLOCK;
         if (st_read_f32(sf, t, lo, k, block) != 0) return -1;
         char got[17];
-        snprintf(got, sizeof got, "%016llx", (unsigned long long)fsdp__hash(0, block, k * sizeof(float)));
+        snprintf(got, sizeof got, "%016llx", (unsigned long long)data_hash_bytes(0, block, k * sizeof(float)));
         if (memcmp(got, sums + b * 17, 16) != 0) {
             fprintf(stderr, "error: %s: tensor '%s': elements [%zu, %zu) do not match their checksum (corrupt file)\n",
                     sf->path, name, lo, lo + k);

@@ -40,7 +40,7 @@ static int check(FsdpComm *c, FsdpComm *host_comm, size_t S, float *dev_a, float
         if (i / S == (size_t)me) bad |= fabs(got[i - (size_t)me * S] - sum) > tol;
     }
     // every rank holds the same all-reduce bits: compare a checksum with rank 0's
-    uint64_t h = fsdp__hash(0, host, full_n * sizeof(float)), h0 = h;
+    uint64_t h = data_hash_bytes(0, host, full_n * sizeof(float)), h0 = h;
     fsdp_broadcast(host_comm, &h0, sizeof h0, 0);
     bad |= h != h0;
     free(host);
