@@ -32,12 +32,13 @@ endif
 
 # CUDA: the trainer, its test against the CPU twin, and the kernel checks in
 # dev/cuda/ (each built with the CPU twins of train_llama2.c, dev/cuda/cpu_ref.o),
-# for A100 (sm_80) and H100 (sm_90). cuBLASLt does every matmul; with NCCL and MPI
-# both present the trainer shards over one GPU per rank (-DFSDP_NCCL, NCCL's
-# unique id broadcast over MPI), without them it runs one process.
+# for A100 (sm_80) and H100 (sm_90). cuBLASLt does every matmul; with NCCL the
+# trainer shards over one GPU per rank (-DFSDP_NCCL; NCCL's unique id goes over
+# MPI under mpirun or srun, over TCP under torchrun or dev/launch.sh), without it
+# it runs one process.
 NVCC ?= nvcc
 NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/local/cuda/include/nccl.h /usr/include/nccl.h))
-ifneq ($(and $(NCCL_H),$(MPICC)),)
+ifneq ($(NCCL_H),)
 NVCC_FSDP = -DFSDP_NCCL $(NVCC_MPI)
 NVCC_FSDP_LIBS = -lnccl $(NVCC_MPI_LIBS)
 endif
@@ -60,12 +61,12 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h model.h dataloader.h checkpoint.h default_model.h trainer.h progress.h
+HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h model.h dataloader.h checkpoint.h default_model.h trainer.h progress.h fsdp.h tcp.h
 TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
 # the committed seeds and crash regressions, as part of `make test`
-FUZZ_TARGETS = json safetensors st_index config model adapter tokenizer_load tokenizer_encode cli data tokcache checkpoint fsdp_index
+FUZZ_TARGETS = json safetensors st_index config model adapter tokenizer_load tokenizer_encode cli data tokcache checkpoint fsdp_index tcp_hello
 FUZZ_SRCS = $(FUZZ_TARGETS:%=dev/fuzz/fuzz_%.c)
 
 .PHONY: all test run clean cuda cuda-compile-check fuzz
@@ -132,14 +133,17 @@ test/test_llama2cu: test/test_llama2cu.cu test/cpu_twin.o test/twin.h test/cpu_t
 	$(NVCC) $(NVCCFLAGS) $(NVCC_FSDP) -diag-suppress 177 -Xcompiler -Wno-unused-function -o $@ $< test/cpu_twin.o \
 	    $(CUDA_LDLIBS) $(NVCC_FSDP_LIBS)
 
-# fsdp.h's NCCL backend against plain loops, on one GPU per rank (mpirun -np N);
+# fsdp.h's NCCL backend against plain loops, on one GPU per rank (mpirun -np N, dev/launch.sh N);
 # utils.h's helpers are static functions that not every program uses
-dev/cuda/fsdp_nccl: dev/cuda/fsdp_nccl.cu fsdp.h utils.h json.h safetensors.h
+dev/cuda/fsdp_nccl: dev/cuda/fsdp_nccl.cu fsdp.h tcp.h utils.h json.h safetensors.h
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -Wno-unused-function -DFSDP_NCCL $(NVCC_MPI) -o $@ $< -lnccl $(NVCC_MPI_LIBS)
+# the same without MPI, whose host side is TCP alone (what a build without mpicc gets)
+dev/cuda/fsdp_nccl_tcp: dev/cuda/fsdp_nccl.cu fsdp.h tcp.h utils.h json.h safetensors.h
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -Wno-unused-function -DFSDP_NCCL -o $@ $< -lnccl
 
 # every CUDA target; cuda-compile-check (CI, no GPU needed) builds them all for
 # sm_80 and sm_90 with warnings as errors; dev/gpu_check.sh runs them on a GPU
-cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu dev/cuda/fsdp_nccl
+cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp
 cuda-compile-check: cuda
 
 # (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out)
@@ -166,5 +170,5 @@ run: train_llama2
 
 clean:
 	rm -f train_llama2 train_llama2cu $(TESTS) test/test_fsdp test/st_compare dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
-	    test/test_llama2cu test/cpu_twin.o dev/cuda/fsdp_nccl dev/bench_fsdp
+	    test/test_llama2cu test/cpu_twin.o dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp dev/bench_fsdp
 	rm -rf build-san build-fuzz build-vg

@@ -1,10 +1,12 @@
 // fsdp.h: sharded parameters, the collectives that move them, rank-local
 // loading and sharded checkpoints (DESIGN section 5). C99 + POSIX, and C++ for
-// the CUDA trainer. Build with -DUSE_MPI (mpicc) for several processes, and
-// with -DFSDP_NCCL (nvcc, -lnccl) for the GPU backend; without either it is a
-// world of one process and every collective is a copy. An MPI build started
-// without a launcher (no mpirun or srun) is a world of one too, and never
-// calls MPI: it runs where MPI is not set up.
+// the CUDA trainer. Processes become ranks in one of two ways: an MPI launcher
+// (mpirun, srun; a build with -DUSE_MPI, mpicc), or the environment a launcher
+// such as torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: the TCP
+// backend, in every build, tcp.h). -DFSDP_NCCL (nvcc, -lnccl) adds the GPU
+// backend for device buffers. A process started by neither is a world of one,
+// where every collective is a copy, and never calls MPI: it runs where MPI is
+// not set up.
 //
 // Units. A Llama model is cut into units: the embedding, one per decoder layer,
 // and the head (the final norm and lm_head; with tied embeddings only the norm,
@@ -18,12 +20,13 @@
 //
 // Collectives (FsdpComm): all-gather, reduce-scatter, all-reduce, broadcast,
 // barrier, "any" (do all ranks agree nothing failed) and abort, with one
-// backend per build: a single process, MPI (the CPU twin, host buffers) or
-// NCCL (device buffers, enqueued on the communicator's stream). Sums are in
-// fp32 (or fp64 where asked). Order, MPI backend: every element is summed in
-// rank order, ((x_0 + x_1) + x_2) + ..., whatever algorithm MPI would pick,
-// so a result is the same on every rank and in every run; it differs from a
-// single process only by where fp32 rounding falls. NCCL's order is its own
+// backend per communicator: a single process, MPI or TCP (host buffers: the
+// CPU twin, and the host side of every backend), or NCCL (device buffers,
+// enqueued on the communicator's stream). Sums are in fp32 (or fp64 where
+// asked). Order, MPI and TCP backends: every element is summed in rank order,
+// ((x_0 + x_1) + x_2) + ..., whatever algorithm MPI would pick, so a result is
+// the same on every rank, in every run and with either backend; it differs from
+// a single process only by where fp32 rounding falls. NCCL's order is its own
 // (ring or tree): deterministic for a fixed NCCL version, topology and
 // NCCL_ALGO, and the same on every rank.
 //
@@ -39,8 +42,9 @@
 // Faults: a library function that fails prints what failed (naming the file)
 // and returns -1 without entering another collective; the caller then either
 // agrees with every rank on the failure (fsdp_any) or calls fsdp_abort, which
-// ends every rank (MPI_Abort), so no rank waits forever in a collective. MPI's
-// own errors are fatal by MPI's default error handler (it prints and aborts).
+// ends every rank (MPI_Abort; over TCP the ranks waiting on it see its
+// connections close), so no rank waits forever in a collective. MPI's own
+// errors are fatal by MPI's default error handler (it prints and aborts).
 //
 // In a trainer (u: the units; f: the Fsdp; p, g, m, v: the rank's flat shard
 // buffers of parameters, gradients and AdamW moments, u.shard_numel each; buf,
@@ -226,18 +230,21 @@ static inline void fsdp_fingerprint(const FsdpUnits *u, const char *extra, char 
 // ----------------------------------------------------------------------------
 // collectives
 
-typedef enum { FSDP_BACKEND_SINGLE, FSDP_BACKEND_MPI, FSDP_BACKEND_NCCL } FsdpBackend;
+typedef enum { FSDP_BACKEND_SINGLE, FSDP_BACKEND_MPI, FSDP_BACKEND_TCP, FSDP_BACKEND_NCCL } FsdpBackend;
 typedef enum { FSDP_F32, FSDP_F64 } FsdpDtype;
 static inline size_t fsdp_dtype_size(FsdpDtype t) { return t == FSDP_F64 ? 8 : 4; }
 
 typedef struct {
-    FsdpBackend backend;
+    FsdpBackend backend;      // where the data collectives run
+    FsdpBackend host;         // where the host side runs (any, barrier, the NCCL id): SINGLE, MPI or TCP
     int rank, size;           // this rank's index in the communicator, and its size
     int world_rank;           // for messages
-    void *scratch;            // MPI: the ranks' contributions to a reduction (grown as needed)
+    void *scratch;            // MPI and TCP: the ranks' contributions to a reduction (grown as needed)
     size_t scratch_bytes;
+    int *fd;                  // TCP, (size): rank 0 holds a connection to every other rank r in fd[r];
+    int *peer;                //   the others one to rank 0 in fd[0]; peer: the world rank at each end
 #ifdef USE_MPI
-    MPI_Comm mpi;             // host side: every backend with more than one process has it
+    MPI_Comm mpi;             // the MPI host side
 #endif
 #ifdef FSDP_NCCL
     ncclComm_t nccl;          // the NCCL backend: device buffers, enqueued on stream
@@ -251,8 +258,10 @@ typedef struct {
 #define FSDP__ABORT_ATTRS
 #endif
 
-// Prints "error: rank R: <message>" and ends every rank of the job (MPI_Abort),
-// so none is left waiting in a collective; in a single process, exit(1).
+// Prints "error: rank R: <message>" and ends every rank of the job, so none is
+// left waiting in a collective: MPI_Abort; over TCP this rank's exit closes its
+// connections, and every rank waiting on it stops when it sees that; in a
+// single process, exit(1).
 static inline void fsdp_abort(const FsdpComm *c, const char *fmt, ...) FSDP__ABORT_ATTRS;
 static inline void fsdp_abort(const FsdpComm *c, const char *fmt, ...) {
     va_list ap;
@@ -288,6 +297,370 @@ static inline void fsdp_abort(const FsdpComm *c, const char *fmt, ...) {
 #define FSDP__NCCL(c, call) do { } while (0)
 #endif
 
+static inline void *fsdp__scratch(FsdpComm *c, size_t bytes) {
+    if (bytes > c->scratch_bytes) {
+        c->scratch = reallocCheck(c->scratch, bytes);
+        c->scratch_bytes = bytes;
+    }
+    return c->scratch;
+}
+
+// acc (n) += x (n): called once per rank in rank order, it sums every element as
+// ((x_0 + x_1) + x_2) + ..., the order both MPI and TCP promise
+static inline void fsdp__add(void *acc, const void *x, size_t n, FsdpDtype t) {
+#pragma omp parallel for if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        if (t == FSDP_F64) ((double *)acc)[i] += ((const double *)x)[i];
+        else ((float *)acc)[i] += ((const float *)x)[i];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the TCP backend: a launch without MPI
+//
+// A launcher such as torchrun starts the processes and gives each RANK,
+// WORLD_SIZE, MASTER_ADDR and MASTER_PORT (and LOCAL_RANK, LOCAL_WORLD_SIZE).
+// Rendezvous: rank 0 listens at MASTER_PORT, every other rank connects to
+// MASTER_ADDR there and says who it is (a hello: the protocol, WORLD_SIZE, its
+// RANK and the port of its own listener); rank 0 checks every hello and answers
+// each rank with the table of where every rank listens, which the split
+// communicators connect through. Under torchrun's agent store
+// (TORCHELASTIC_USE_AGENT_STORE=True) the agent already holds MASTER_PORT, so
+// rank 0 listens at MASTER_PORT + 1. LLAMA2TUNE_TIMEOUT (seconds, default 600)
+// bounds the wait for every rank to arrive.
+//
+// Every communicator is a star around its rank 0. A reduction sends every
+// rank's buffer to rank 0, which adds them in rank order (fsdp__add: the same
+// bits as the MPI backend) and sends back each rank's part or the whole. Every
+// message starts with a header naming the collective and its size, so ranks
+// that disagree about what they are doing stop, naming both sides, instead of
+// reading each other's data as something else. A rank that exits closes its
+// connections; a rank waiting on it sees that and stops, naming it.
+
+#include "tcp.h"
+#define FSDP_TCP_MAGIC 0x4c32546eu // "L2Tn"
+#define FSDP_TCP_VERSION 1u
+#define FSDP_TCP_HOST 64           // a numeric IPv4 or IPv6 address fits
+#define FSDP_TCP_HELLO_WAIT 10.0   // seconds a new connection has to say who it is
+#define FSDP_MAX_RANKS 65536       // as many as a checkpoint may have shards
+
+enum { FSDP__HELLO_WORLD = 1, FSDP__HELLO_SPLIT = 2 };
+enum { FSDP__TCP_GATHER = 1, FSDP__TCP_REDUCE, FSDP__TCP_SCATTER, FSDP__TCP_RESULT, FSDP__TCP_BCAST_UP, FSDP__TCP_BARRIER };
+static const char *const fsdp__tcp_ops[] = {"?", "all-gather", "reduction", "reduce-scatter's result", "result",
+                                            "broadcast", "barrier"};
+
+// the process's side of the launch: the world's connections, its listener and
+// where every rank's is
+typedef struct {
+    int rank, size;                 // in the world
+    int *fd, *peer;                 // the world's connections (FsdpComm's), lent to every world communicator
+    int listen_fd;                  // this rank's listener, for split communicators (-1: none)
+    int splits;                     // communicators split so far: the same count on every rank
+    double timeout;                 // LLAMA2TUNE_TIMEOUT
+    char master[256];               // MASTER_ADDR
+    char (*host)[FSDP_TCP_HOST];    // (W) each rank's address as rank 0 saw it ("": MASTER_ADDR)
+    int *port;                      // (W) the port of each rank's listener
+} FsdpTcp;
+static FsdpTcp fsdp__tcp = {0, 0, NULL, NULL, -1, 0, 0, {0}, NULL, NULL};
+
+// hellos and headers are 32-bit words in network byte order
+static inline void fsdp__put(uint32_t *w, const uint32_t *v, int n) { for (int i = 0; i < n; i++) w[i] = htonl(v[i]); }
+static inline void fsdp__get(uint32_t *v, const uint32_t *w, int n) { for (int i = 0; i < n; i++) v[i] = ntohl(w[i]); }
+
+static inline void fsdp__tcp_send(FsdpComm *c, int r, uint32_t op, const void *buf, size_t bytes) {
+    uint32_t h[4] = {FSDP_TCP_MAGIC, op, (uint32_t)((uint64_t)bytes >> 32), (uint32_t)bytes}, w[4];
+    char err[256];
+    fsdp__put(w, h, 4);
+    if (tcp_send(c->fd[r], w, sizeof w, err, sizeof err) != 0 || tcp_send(c->fd[r], buf, bytes, err, sizeof err) != 0)
+        fsdp_abort(c, "lost the connection to rank %d during a %s: %s (rank %d has stopped; its output says why)",
+                   c->peer[r], fsdp__tcp_ops[op], err, c->peer[r]);
+}
+
+// receives what rank r of c sent, which must be op of bytes: anything else means
+// the ranks are in different collectives, and stops this one
+static inline void fsdp__tcp_recv(FsdpComm *c, int r, uint32_t op, void *buf, size_t bytes) {
+    uint32_t w[4], h[4];
+    char err[256];
+    if (tcp_recv(c->fd[r], w, sizeof w, 0, err, sizeof err) != 0)
+        fsdp_abort(c, "lost the connection to rank %d waiting for a %s: %s (rank %d has stopped; its output says why)",
+                   c->peer[r], fsdp__tcp_ops[op], err, c->peer[r]);
+    fsdp__get(h, w, 4);
+    uint64_t got = (uint64_t)h[2] << 32 | h[3];
+    if (h[0] != FSDP_TCP_MAGIC || h[1] != op || got != bytes)
+        fsdp_abort(c, "rank %d sent %s of %llu bytes where this rank is in a %s of %zu bytes: the ranks are not running "
+                   "the same collectives (were they started with the same options?)", c->peer[r],
+                   h[0] == FSDP_TCP_MAGIC && h[1] >= 1 && h[1] <= FSDP__TCP_BARRIER ? fsdp__tcp_ops[h[1]] : "a message that is no collective",
+                   (unsigned long long)got, fsdp__tcp_ops[op], bytes);
+    if (tcp_recv(c->fd[r], buf, bytes, 0, err, sizeof err) != 0)
+        fsdp_abort(c, "lost the connection to rank %d during a %s: %s", c->peer[r], fsdp__tcp_ops[op], err);
+}
+
+// rank 0 sends buf to every other rank, which receives it (op: what it is)
+static inline void fsdp__tcp_fan_out(FsdpComm *c, uint32_t op, void *buf, size_t bytes) {
+    if (c->rank != 0) { fsdp__tcp_recv(c, 0, op, buf, bytes); return; }
+    for (int r = 1; r < c->size; r++) fsdp__tcp_send(c, r, op, buf, bytes);
+}
+
+// full (size * bytes) = every rank's part (bytes), in rank order
+static inline void fsdp__tcp_all_gather(FsdpComm *c, void *full, const void *part, size_t bytes) {
+    if (c->rank != 0) fsdp__tcp_send(c, 0, FSDP__TCP_GATHER, part, bytes);
+    else {
+        if (full != part) memmove(full, part, bytes);
+        for (int r = 1; r < c->size; r++) fsdp__tcp_recv(c, r, FSDP__TCP_GATHER, (char *)full + r * bytes, bytes);
+    }
+    fsdp__tcp_fan_out(c, FSDP__TCP_RESULT, full, (size_t)c->size * bytes);
+}
+
+// rank 0: acc (n) = the sum over ranks of their in (n), in rank order (acc may be
+// in); the other ranks send their in. x: room for n elements on rank 0
+static inline void fsdp__tcp_reduce(FsdpComm *c, void *acc, const void *in, void *x, size_t n, FsdpDtype t) {
+    size_t bytes = n * fsdp_dtype_size(t);
+    if (c->rank != 0) { fsdp__tcp_send(c, 0, FSDP__TCP_REDUCE, in, bytes); return; }
+    if (acc != in) memcpy(acc, in, bytes);
+    for (int r = 1; r < c->size; r++) {
+        fsdp__tcp_recv(c, r, FSDP__TCP_REDUCE, x, bytes);
+        fsdp__add(acc, x, n, t);
+    }
+}
+
+// shard (S) = the sum over ranks of their full[rank * S .. (rank + 1) * S)
+static inline void fsdp__tcp_reduce_scatter(FsdpComm *c, float *shard, const float *full, size_t S) {
+    size_t n = (size_t)c->size * S;
+    float *acc = c->rank == 0 ? (float *)fsdp__scratch(c, 2 * n * sizeof(float)) : NULL; // the sum, then room for one rank's
+    fsdp__tcp_reduce(c, acc, full, acc ? acc + n : NULL, n, FSDP_F32);
+    if (c->rank != 0) { fsdp__tcp_recv(c, 0, FSDP__TCP_SCATTER, shard, S * sizeof(float)); return; }
+    for (int r = 1; r < c->size; r++) fsdp__tcp_send(c, r, FSDP__TCP_SCATTER, acc + r * S, S * sizeof(float));
+    memcpy(shard, acc, S * sizeof(float));
+}
+
+static inline void fsdp__tcp_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpDtype t) {
+    void *x = c->rank == 0 ? fsdp__scratch(c, n * fsdp_dtype_size(t)) : NULL;
+    fsdp__tcp_reduce(c, buf, buf, x, n, t);
+    fsdp__tcp_fan_out(c, FSDP__TCP_RESULT, buf, n * fsdp_dtype_size(t));
+}
+
+static inline void fsdp__tcp_broadcast(FsdpComm *c, void *buf, size_t bytes, int root) {
+    if (root != 0 && c->rank == root) fsdp__tcp_send(c, 0, FSDP__TCP_BCAST_UP, buf, bytes);
+    if (root != 0 && c->rank == 0) fsdp__tcp_recv(c, root, FSDP__TCP_BCAST_UP, buf, bytes);
+    if (c->rank != 0 && c->rank != root) fsdp__tcp_recv(c, 0, FSDP__TCP_RESULT, buf, bytes);
+    for (int r = 1; c->rank == 0 && r < c->size; r++)
+        if (r != root) fsdp__tcp_send(c, r, FSDP__TCP_RESULT, buf, bytes);
+}
+
+static inline void fsdp__tcp_barrier(FsdpComm *c) {
+    for (int r = 1; c->rank == 0 && r < c->size; r++) fsdp__tcp_recv(c, r, FSDP__TCP_BARRIER, NULL, 0);
+    if (c->rank != 0) fsdp__tcp_send(c, 0, FSDP__TCP_BARRIER, NULL, 0);
+    fsdp__tcp_fan_out(c, FSDP__TCP_BARRIER, NULL, 0);
+}
+
+// an integer environment variable in [lo, hi]; -1 with a message when it is
+// something else (a launcher's variables are input like any other)
+static inline int fsdp__env_int(const char *name, int lo, int hi, int *out) {
+    const char *s = getenv(name);
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "error: the environment variable %s%s%s%s must be an integer from %d to %d (RANK, WORLD_SIZE, "
+                "MASTER_ADDR and MASTER_PORT start ranks without MPI, as torchrun sets them)\n",
+                name, s ? "='" : " is not set: it", s ? s : "", s ? "'" : "", lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+// frees the sockets and tables of the launch by environment
+static inline void fsdp__tcp_end(void) {
+    for (int r = 0; fsdp__tcp.fd && r < fsdp__tcp.size; r++)
+        if (fsdp__tcp.fd[r] >= 0) close(fsdp__tcp.fd[r]);
+    free(fsdp__tcp.fd);
+    free(fsdp__tcp.peer);
+    if (fsdp__tcp.listen_fd >= 0) close(fsdp__tcp.listen_fd);
+    free(fsdp__tcp.host);
+    free(fsdp__tcp.port);
+    memset(&fsdp__tcp, 0, sizeof fsdp__tcp);
+    fsdp__tcp.listen_fd = -1;
+}
+
+// What is wrong with the hello h (host byte order) that rank 0 of c receives
+// while connecting a communicator of this kind and tag (want: as for
+// fsdp__tcp_connect; c->fd: the ranks arrived so far): NULL if nothing, or
+// fsdp__stranger if it comes from no rank of this job at all.
+static const char fsdp__stranger[] = "is not a rank of this job";
+static inline const char *fsdp__hello_problem(const uint32_t h[6], uint32_t kind, uint32_t tag, const FsdpComm *c,
+                                              const int *want) {
+    return h[0] != FSDP_TCP_MAGIC ? fsdp__stranger
+           : h[1] != FSDP_TCP_VERSION ? "runs another version of llama2.tune"
+           : h[2] != kind ? "is at another step of starting up"
+           : h[3] != tag ? (kind == FSDP__HELLO_WORLD ? "has another WORLD_SIZE" : "split other communicators")
+           : h[4] < 1 || h[4] >= (uint32_t)c->size ? "has a RANK out of range"
+           : c->fd[h[4]] >= 0 ? "has the RANK of another process (each process needs its own)"
+           : kind == FSDP__HELLO_SPLIT && h[5] != (uint32_t)want[h[4]] ? "is not the rank this one expects"
+           : kind == FSDP__HELLO_WORLD && (h[5] < 1 || h[5] > 65535) ? "gave no valid port" : NULL;
+}
+
+// c (rank, size set) gets its connections: rank 0 accepts the other ranks on
+// lfd, each of which must say hello {magic, version, kind, tag, its rank, and
+// want[rank]: its world rank (a split) or its listener's port (the world)};
+// the others connect to host:port and say theirs. A connection that says
+// nothing valid in time is not a rank of this job and is closed; a hello that
+// is valid but wrong (another world size, a rank twice) stops the run.
+static inline int fsdp__tcp_connect(FsdpComm *c, int lfd, const char *host, int port, uint32_t kind, uint32_t tag,
+                                    uint32_t mine, const int *want) {
+    char err[300];
+    double deadline = tcp__now() + fsdp__tcp.timeout;
+    c->fd = (int *)mallocCheck((size_t)c->size * sizeof(int));
+    c->peer = (int *)mallocCheck((size_t)c->size * sizeof(int));
+    for (int r = 0; r < c->size; r++) c->fd[r] = -1;
+    uint32_t h[6], w[6];
+    if (c->rank != 0) {
+        c->peer[0] = kind == FSDP__HELLO_WORLD ? 0 : want[0];
+        uint32_t me[6] = {FSDP_TCP_MAGIC, FSDP_TCP_VERSION, kind, tag, (uint32_t)c->rank, mine};
+        fsdp__put(w, me, 6);
+        if (tcp_connect(host, port, deadline, &c->fd[0], err, sizeof err) != 0 ||
+            tcp_send(c->fd[0], w, sizeof w, err, sizeof err) != 0) {
+            fprintf(stderr, "error: rank %d: cannot reach rank %d at %s:%d: %s (is it running? LLAMA2TUNE_TIMEOUT=%g s)\n",
+                    c->world_rank, c->peer[0], host, port, err, fsdp__tcp.timeout);
+            return -1;
+        }
+        return 0;
+    }
+    c->peer[0] = c->world_rank;
+    for (int arrived = 1; arrived < c->size;) {
+        int fd;
+        char from[FSDP_TCP_HOST];
+        if (tcp_accept(lfd, deadline, &fd, from, sizeof from, err, sizeof err) != 0) {
+            fprintf(stderr, "error: rank %d: only %d of %d ranks arrived within %g s (LLAMA2TUNE_TIMEOUT); missing:",
+                    c->world_rank, arrived, c->size, fsdp__tcp.timeout);
+            for (int r = 1; r < c->size; r++)
+                if (c->fd[r] < 0) fprintf(stderr, " %d", kind == FSDP__HELLO_WORLD ? r : want[r]);
+            fprintf(stderr, " (%s)\n", err);
+            return -1;
+        }
+        double wait = tcp__now() + FSDP_TCP_HELLO_WAIT;
+        const char *bad = tcp_recv(fd, w, sizeof w, wait < deadline ? wait : deadline, err, sizeof err) != 0
+                              ? fsdp__stranger : (fsdp__get(h, w, 6), fsdp__hello_problem(h, kind, tag, c, want));
+        if (bad == fsdp__stranger) {
+            fprintf(stderr, "warning: rank %d: ignored a connection from %s that %s\n", c->world_rank, from, bad);
+            close(fd);
+            continue;
+        }
+        if (bad) {
+            fprintf(stderr, "error: rank %d: the process at %s that says it is rank %u %s\n", c->world_rank, from, h[4], bad);
+            close(fd);
+            return -1;
+        }
+        c->fd[h[4]] = fd;
+        c->peer[h[4]] = kind == FSDP__HELLO_WORLD ? (int)h[4] : want[h[4]];
+        if (kind == FSDP__HELLO_WORLD) {
+            snprintf(fsdp__tcp.host[h[4]], FSDP_TCP_HOST, "%s", from);
+            fsdp__tcp.port[h[4]] = (int)h[5];
+        }
+        arrived++;
+    }
+    return 0;
+}
+
+// The world of a launch by environment (WORLD_SIZE > 1): the rendezvous, then
+// every rank learns where the others listen; once per process, as MPI_Init,
+// and every later world communicator borrows the connections. 0, or -1 with a
+// message.
+static inline int fsdp__tcp_world(FsdpComm *c) {
+    c->backend = c->host = FSDP_BACKEND_TCP;
+    if (fsdp__tcp.fd) {
+        c->rank = c->world_rank = fsdp__tcp.rank;
+        c->size = fsdp__tcp.size;
+        c->fd = fsdp__tcp.fd, c->peer = fsdp__tcp.peer;
+        return 0;
+    }
+    int W, rank, port;
+    if (fsdp__env_int("WORLD_SIZE", 1, FSDP_MAX_RANKS, &W) != 0 || fsdp__env_int("RANK", 0, W - 1, &rank) != 0 ||
+        fsdp__env_int("MASTER_PORT", 1, 65534, &port) != 0)
+        return -1;
+    const char *addr = getenv("MASTER_ADDR"), *wait = getenv("LLAMA2TUNE_TIMEOUT");
+    if (!addr || !*addr || strlen(addr) >= sizeof fsdp__tcp.master) {
+        fprintf(stderr, "error: MASTER_ADDR (rank 0's host name or address) %s\n", addr && *addr ? "is too long" : "is not set");
+        return -1;
+    }
+    char *end;
+    fsdp__tcp.timeout = wait ? strtod(wait, &end) : 600;
+    if (wait && (!*wait || *end || !(fsdp__tcp.timeout > 0 && fsdp__tcp.timeout <= 1e6))) {
+        fprintf(stderr, "error: LLAMA2TUNE_TIMEOUT='%s' must be the seconds to wait for the ranks, above 0 and up to 1e6\n", wait);
+        return -1;
+    }
+    snprintf(fsdp__tcp.master, sizeof fsdp__tcp.master, "%s", addr);
+    const char *agent_store = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    int agent = agent_store && !strcmp(agent_store, "True");
+    port += agent; // the agent's store holds MASTER_PORT
+    c->rank = c->world_rank = rank;
+    c->size = W;
+    fsdp__tcp.host = (char (*)[FSDP_TCP_HOST])callocCheck((size_t)W, FSDP_TCP_HOST);
+    fsdp__tcp.port = (int *)callocCheck((size_t)W, sizeof(int));
+    char err[300];
+    int master = -1, bound, mine;
+    if (tcp_listen(0, &fsdp__tcp.listen_fd, &mine, err, sizeof err) != 0 ||
+        (rank == 0 && tcp_listen(port, &master, &bound, err, sizeof err) != 0)) {
+        fprintf(stderr, "error: rank %d: %s%s%s\n", rank, err, master < 0 && rank == 0 ? " (MASTER_PORT" : "",
+                master < 0 && rank == 0 ? (agent ? " + 1, under torchrun's agent store, must be free on rank 0's host)"
+                                                 : " must be a port free on rank 0's host)") : "");
+        return -1;
+    }
+    int rc = fsdp__tcp_connect(c, master, fsdp__tcp.master, port, FSDP__HELLO_WORLD, (uint32_t)W, (uint32_t)mine, NULL);
+    if (master >= 0) close(master);
+    if (rc != 0) return -1;
+    fsdp__tcp.port[0] = mine;
+    // the table: rank 0 is reached at MASTER_ADDR, the others where rank 0 saw them
+    size_t table = (size_t)W * (FSDP_TCP_HOST + sizeof(int));
+    char *t = (char *)mallocCheck(table);
+    if (rank == 0) {
+        memcpy(t, fsdp__tcp.host, (size_t)W * FSDP_TCP_HOST);
+        memcpy(t + (size_t)W * FSDP_TCP_HOST, fsdp__tcp.port, (size_t)W * sizeof(int));
+    }
+    fsdp__tcp_fan_out(c, FSDP__TCP_RESULT, t, table);
+    memcpy(fsdp__tcp.host, t, (size_t)W * FSDP_TCP_HOST);
+    memcpy(fsdp__tcp.port, t + (size_t)W * FSDP_TCP_HOST, (size_t)W * sizeof(int));
+    free(t);
+    for (int r = 0; r < W; r++) fsdp__tcp.host[r][FSDP_TCP_HOST - 1] = '\0';
+    fsdp__tcp.rank = rank, fsdp__tcp.size = W, fsdp__tcp.fd = c->fd, fsdp__tcp.peer = c->peer;
+    return 0;
+}
+
+// out: the ranks of c with this color, ordered by (key, rank in c), connected
+// around the first of them. The connections of one split are all made before
+// any rank goes on (a barrier over c), so two splits' hellos never mix.
+static inline void fsdp__tcp_split(FsdpComm *out, FsdpComm *c, int color, int key) {
+    int me[3] = {color, key, c->world_rank}, *all = (int *)mallocCheck((size_t)c->size * sizeof me);
+    int *members = (int *)mallocCheck((size_t)c->size * sizeof(int)), n = 0;
+    fsdp__tcp_all_gather(c, all, me, sizeof me);
+    for (int r = 0; r < c->size; r++) { // insertion sort: a stable order by key
+        if (all[3 * r] != color) continue;
+        int i = n++;
+        for (; i > 0 && all[3 * members[i - 1] + 1] > all[3 * r + 1]; i--) members[i] = members[i - 1];
+        members[i] = r;
+    }
+    for (int i = 0; i < n; i++) {
+        if (members[i] == c->rank) out->rank = i;
+        members[i] = all[3 * members[i] + 2]; // now world ranks
+    }
+    out->size = n;
+    uint32_t tag = (uint32_t)++fsdp__tcp.splits;
+    int rc = 0;
+    if (n > 1) {
+        out->backend = out->host = FSDP_BACKEND_TCP;
+        const char *host = fsdp__tcp.host[members[0]][0] ? fsdp__tcp.host[members[0]] : fsdp__tcp.master;
+        rc = fsdp__tcp_connect(out, fsdp__tcp.listen_fd, host, fsdp__tcp.port[members[0]], FSDP__HELLO_SPLIT, tag,
+                               (uint32_t)c->world_rank, members);
+    }
+    free(all);
+    free(members);
+    if (rc != 0) fsdp_abort(c, "cannot connect a communicator of %d ranks (see above)", n);
+    fsdp__tcp_barrier(c);
+}
+
+// ----------------------------------------------------------------------------
+// the world and its communicators
+
 // 1 if an MPI launcher started this process: mpirun / mpiexec (OpenMPI, MPICH's
 // Hydra) or srun (Slurm's PMI or PMIx), each of which sets one of these
 static inline int fsdp_launched_by_mpi(void) {
@@ -298,35 +671,55 @@ static inline int fsdp_launched_by_mpi(void) {
 }
 
 // Every process's communicator: MPI_COMM_WORLD (MPI_Init here) when an MPI
-// launcher started the process; else a world of one that never calls MPI.
-// A communicator of one rank does every collective locally, MPI or not.
-static inline void fsdp_world_init(FsdpComm *c) {
+// launcher started the process; else, with WORLD_SIZE above 1 in the
+// environment, the TCP world of a launch such as torchrun's; else a world of one
+// that never calls MPI. A communicator of one rank does every collective
+// locally. 0, or -1 with a message (a bad launch environment, a rendezvous
+// that failed).
+static inline int fsdp_world_init(FsdpComm *c) {
     memset(c, 0, sizeof *c);
     c->size = 1;
+    const char *ws = getenv("WORLD_SIZE");
 #ifdef USE_MPI
     c->mpi = MPI_COMM_NULL;
     int up;
     MPI_Initialized(&up);
     if (up || fsdp_launched_by_mpi()) {
         if (!up) MPI_Init(NULL, NULL);
-        c->backend = FSDP_BACKEND_MPI;
+        c->backend = c->host = FSDP_BACKEND_MPI;
         c->mpi = MPI_COMM_WORLD;
         MPI_Comm_rank(c->mpi, &c->rank);
         MPI_Comm_size(c->mpi, &c->size);
+        c->world_rank = c->rank;
+        return 0;
+    }
+#else
+    const char *np = getenv("OMPI_COMM_WORLD_SIZE") ? getenv("OMPI_COMM_WORLD_SIZE") : getenv("PMI_SIZE");
+    if (np && atoi(np) > 1) {
+        fprintf(stderr, "error: an MPI launcher started %s processes, but this program was built without MPI (no mpicc "
+                "when it was built): install OpenMPI and rebuild, or start the ranks with RANK, WORLD_SIZE, "
+                "MASTER_ADDR and MASTER_PORT set (torchrun --no-python)\n", np);
+        return -1;
     }
 #endif
-    c->world_rank = c->rank;
+    if (ws && strcmp(ws, "1") != 0) return fsdp__tcp_world(c);
+    return 0;
 }
 
-// Splits c: ranks of the same color form a communicator, ordered by key.
-static inline void fsdp_comm_split(FsdpComm *out, const FsdpComm *c, int color, int key) {
+// Splits c: ranks of the same color form a communicator, ordered by key
+// (collective over c).
+static inline void fsdp_comm_split(FsdpComm *out, FsdpComm *c, int color, int key) {
     memset(out, 0, sizeof *out);
     out->size = 1;
     out->world_rank = c->world_rank;
+    if (c->host == FSDP_BACKEND_TCP && c->size > 1) {
+        fsdp__tcp_split(out, c, color, key);
+        return;
+    }
 #ifdef USE_MPI
     out->mpi = MPI_COMM_NULL;
-    if (c->backend != FSDP_BACKEND_SINGLE) {
-        out->backend = FSDP_BACKEND_MPI;
+    if (c->host == FSDP_BACKEND_MPI) {
+        out->backend = out->host = FSDP_BACKEND_MPI;
         MPI_Comm_split(c->mpi, color, key, &out->mpi);
         MPI_Comm_rank(out->mpi, &out->rank);
         MPI_Comm_size(out->mpi, &out->size);
@@ -340,14 +733,18 @@ static inline void fsdp_comm_free(FsdpComm *c) {
     if (c->backend == FSDP_BACKEND_NCCL) ncclCommDestroy(c->nccl);
 #endif
 #ifdef USE_MPI
-    if (c->backend != FSDP_BACKEND_SINGLE && c->mpi != MPI_COMM_WORLD && c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);
+    if (c->host == FSDP_BACKEND_MPI && c->mpi != MPI_COMM_WORLD && c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);
 #endif
+    for (int r = 0; c->fd && c->fd != fsdp__tcp.fd && r < c->size; r++) // the world's are fsdp_world_finalize's
+        if (c->fd[r] >= 0) close(c->fd[r]);
+    if (c->fd != fsdp__tcp.fd) free(c->fd), free(c->peer);
     free(c->scratch);
     memset(c, 0, sizeof *c);
 }
 
-// ends MPI (call once, after every communicator is freed)
+// ends MPI, or the launch by environment (call once, after every communicator is freed)
 static inline void fsdp_world_finalize(void) {
+    fsdp__tcp_end();
 #ifdef USE_MPI
     int up = 0, down = 0;
     MPI_Initialized(&up);
@@ -356,6 +753,9 @@ static inline void fsdp_world_finalize(void) {
 #endif
 }
 
+// ----------------------------------------------------------------------------
+// the collectives, for every backend
+
 #ifdef USE_MPI
 static inline MPI_Datatype fsdp__mpi_type(FsdpDtype t) { return t == FSDP_F64 ? MPI_DOUBLE : MPI_FLOAT; }
 // MPI counts are ints
@@ -363,47 +763,23 @@ static inline void fsdp__check_count(const FsdpComm *c, size_t n, const char *wh
     if (n > (size_t)INT_MAX)
         fsdp_abort(c, "%s of %zu elements per rank is more than MPI can send at once (%d): use more ranks", what, n, INT_MAX);
 }
-static inline void *fsdp__scratch(FsdpComm *c, size_t bytes) {
-    if (bytes > c->scratch_bytes) {
-        c->scratch = reallocCheck(c->scratch, bytes);
-        c->scratch_bytes = bytes;
-    }
-    return c->scratch;
-}
-#endif
 
-// out[i] = ((in_0[i] + in_1[i]) + in_2[i]) + ..., in_r = in + r * S: rank order
-static inline void fsdp__sum_blocks(void *out, const void *in, size_t S, int n, FsdpDtype t) {
-    const float *xf = (const float *)in;
-    const double *xd = (const double *)in;
-#pragma omp parallel for if (S > 65536)
-    for (size_t i = 0; i < S; i++) {
-        if (t == FSDP_F64) {
-            double acc = xd[i];
-            for (int r = 1; r < n; r++) acc += xd[(size_t)r * S + i];
-            ((double *)out)[i] = acc;
-        } else {
-            float acc = xf[i];
-            for (int r = 1; r < n; r++) acc += xf[(size_t)r * S + i];
-            ((float *)out)[i] = acc;
-        }
-    }
-}
-
-#ifdef USE_MPI
 // out (S) = the sum over ranks of their in[rank * S .. (rank + 1) * S): each rank
-// receives every rank's block of its shard (MPI_Alltoall), then sums them in rank order
+// receives every rank's block of its shard (MPI_Alltoall), then adds them in rank order
 static inline void fsdp__mpi_reduce_scatter(FsdpComm *c, void *out, const void *in, size_t S, FsdpDtype t) {
     fsdp__check_count(c, S, "reduce-scatter");
-    void *recv = fsdp__scratch(c, (size_t)c->size * S * fsdp_dtype_size(t));
+    size_t es = fsdp_dtype_size(t);
+    char *recv = (char *)fsdp__scratch(c, (size_t)c->size * S * es);
     MPI_Alltoall(in, (int)S, fsdp__mpi_type(t), recv, (int)S, fsdp__mpi_type(t), c->mpi);
-    fsdp__sum_blocks(out, recv, S, c->size, t);
+    memcpy(out, recv, S * es);
+    for (int r = 1; r < c->size; r++) fsdp__add(out, recv + (size_t)r * S * es, S, t);
 }
 #endif
 
 // full (size * S) = every rank's shard (S) in rank order
 static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard, size_t S) {
     FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclFloat, c->nccl, c->stream));
+    if (c->size > 1 && c->host == FSDP_BACKEND_TCP) { fsdp__tcp_all_gather(c, full, shard, S * sizeof(float)); return; }
 #ifdef USE_MPI
     if (c->size > 1) {
         fsdp__check_count(c, S, "all-gather");
@@ -412,7 +788,6 @@ static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard,
         return;
     }
 #endif
-    (void)c;
     if (full != shard) memmove(full, shard, S * sizeof(float));
 }
 
@@ -420,25 +795,26 @@ static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard,
 // so the NCCL backend only)
 static inline void fsdp_all_gather_bf16(FsdpComm *c, void *full, const void *shard, size_t S) {
     FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclBfloat16, c->nccl, c->stream));
-    fsdp_abort(c, "internal: a bf16 all-gather needs the NCCL backend (device buffers), not %s", c->size > 1 ? "MPI" : "one process");
+    fsdp_abort(c, "internal: a bf16 all-gather needs the NCCL backend (device buffers), not %s", c->size > 1 ? "a host one" : "one process");
     (void)full, (void)shard, (void)S;
 }
 
 // shard (S) = the sum over ranks of their full[rank * S .. (rank + 1) * S)
 static inline void fsdp_reduce_scatter(FsdpComm *c, float *shard, const float *full, size_t S) {
     FSDP__NCCL(c, ncclReduceScatter(full, shard, S, ncclFloat, ncclSum, c->nccl, c->stream));
+    if (c->size > 1 && c->host == FSDP_BACKEND_TCP) { fsdp__tcp_reduce_scatter(c, shard, full, S); return; }
 #ifdef USE_MPI
     if (c->size > 1) { fsdp__mpi_reduce_scatter(c, shard, full, S, FSDP_F32); return; }
 #endif
-    (void)c;
     if (shard != full) memmove(shard, full, S * sizeof(float));
 }
 
 // buf (n) = the sum over ranks of their buf, in place; every rank gets the same bits
 static inline void fsdp_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpDtype t) {
     FSDP__NCCL(c, ncclAllReduce(buf, buf, n, t == FSDP_F64 ? ncclDouble : ncclFloat, ncclSum, c->nccl, c->stream));
-#ifdef USE_MPI
     if (c->size == 1) return;
+    if (c->host == FSDP_BACKEND_TCP) { fsdp__tcp_all_reduce(c, buf, n, t); return; }
+#ifdef USE_MPI
     // reduce-scatter of the zero-padded buffer (sums in rank order), then all-gather
     size_t es = fsdp_dtype_size(t), S = fsdp_shard_size(n, c->size), W = (size_t)c->size;
     char *padded = (char *)callocCheck(W * S + S, es), *mine = padded + W * S * es;
@@ -447,14 +823,13 @@ static inline void fsdp_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpDtype t
     MPI_Allgather(mine, (int)S, fsdp__mpi_type(t), padded, (int)S, fsdp__mpi_type(t), c->mpi);
     memcpy(buf, padded, n * es);
     free(padded);
-#else
-    (void)c, (void)buf, (void)n, (void)t;
 #endif
 }
 
 // buf (bytes) = root's buf
 static inline void fsdp_broadcast(FsdpComm *c, void *buf, size_t bytes, int root) {
     FSDP__NCCL(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->nccl, c->stream));
+    if (c->size > 1 && c->host == FSDP_BACKEND_TCP) { fsdp__tcp_broadcast(c, buf, bytes, root); return; }
 #ifdef USE_MPI
     for (size_t done = 0; c->size > 1 && done < bytes;) { // in pieces: MPI counts are ints
         size_t k = bytes - done < (size_t)1 << 30 ? bytes - done : (size_t)1 << 30;
@@ -462,7 +837,7 @@ static inline void fsdp_broadcast(FsdpComm *c, void *buf, size_t bytes, int root
         done += k;
     }
 #else
-    (void)c, (void)buf, (void)bytes, (void)root;
+    (void)buf, (void)bytes, (void)root;
 #endif
 }
 
@@ -471,10 +846,9 @@ static inline void fsdp_barrier(FsdpComm *c) {
 #ifdef FSDP_NCCL
     if (c->backend == FSDP_BACKEND_NCCL) fsdp_cudaCheck(c, cudaStreamSynchronize(c->stream));
 #endif
+    if (c->size > 1 && c->host == FSDP_BACKEND_TCP) fsdp__tcp_barrier(c);
 #ifdef USE_MPI
-    if (c->size > 1) MPI_Barrier(c->mpi);
-#else
-    (void)c;
+    if (c->size > 1 && c->host == FSDP_BACKEND_MPI) MPI_Barrier(c->mpi);
 #endif
 }
 
@@ -482,17 +856,21 @@ static inline void fsdp_barrier(FsdpComm *c) {
 // a step failed, or that a stop was requested, before the next collective
 static inline int fsdp_any(FsdpComm *c, int flag) {
     int any = flag != 0;
+    if (c->size > 1 && c->host == FSDP_BACKEND_TCP) {
+        double x = any;
+        fsdp__tcp_all_reduce(c, &x, 1, FSDP_F64);
+        return x > 0;
+    }
 #ifdef USE_MPI
     if (c->size > 1) MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_LOR, c->mpi);
-#else
-    (void)c;
 #endif
     return any;
 }
 
 #ifdef FSDP_NCCL
 // Makes c (a host communicator) use NCCL for its data collectives, on stream:
-// rank 0 makes NCCL's unique id and broadcasts it over c. Call cudaSetDevice first.
+// rank 0 makes NCCL's unique id and broadcasts it over c's host side (MPI or
+// TCP). Call cudaSetDevice first.
 static inline void fsdp_nccl_init(FsdpComm *c, cudaStream_t stream) {
     ncclUniqueId id;
     if (c->rank == 0) fsdp_ncclCheck(c, ncclGetUniqueId(&id));
@@ -545,7 +923,7 @@ static inline int fsdp_init(Fsdp *f, FsdpStrategy s, int shard_group) {
     memset(f, 0, sizeof *f);
     f->strategy = s;
     f->info = &fsdp_strategies[s];
-    fsdp_world_init(&f->world);
+    if (fsdp_world_init(&f->world) != 0) return -1;
     int W = f->world.size, rank = f->world.rank, G = shard_group;
     if (G != 0 && f->info->shard_over != FSDP_OVER_GROUP) {
         fprintf(stderr, "error: --shard_group applies to HYBRID_SHARD only, not %s\n", f->info->name);
@@ -555,28 +933,31 @@ static inline int fsdp_init(Fsdp *f, FsdpStrategy s, int shard_group) {
     if (f->info->shard_over == FSDP_OVER_NONE) G = 1;
     if (G == 0 && W == 1) G = 1;
     if (G == 0) { // one group per node; every node must hold as many ranks
+        int local = 1, lo = W, hi = 0;
+        if (f->world.host == FSDP_BACKEND_TCP && fsdp__env_int("LOCAL_WORLD_SIZE", 1, W, &local) != 0) return -1;
 #ifdef USE_MPI
-        MPI_Comm node;
-        MPI_Comm_split_type(f->world.mpi, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-        int local, lo, hi;
-        MPI_Comm_size(node, &local);
-        MPI_Comm_free(&node);
-        MPI_Allreduce(&local, &lo, 1, MPI_INT, MPI_MIN, f->world.mpi);
-        MPI_Allreduce(&local, &hi, 1, MPI_INT, MPI_MAX, f->world.mpi);
+        if (f->world.host == FSDP_BACKEND_MPI) {
+            MPI_Comm node;
+            MPI_Comm_split_type(f->world.mpi, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+            MPI_Comm_size(node, &local);
+            MPI_Comm_free(&node);
+        }
+#endif
+        float mine = (float)local, *all = (float *)mallocCheck((size_t)W * sizeof(float)); // exact: W < 2^24
+        fsdp_all_gather(&f->world, all, &mine, 1);
+        for (int r = 0; r < W; r++) lo = (int)all[r] < lo ? (int)all[r] : lo, hi = (int)all[r] > hi ? (int)all[r] : hi;
+        free(all);
         if (lo != hi) {
             fprintf(stderr, "error: HYBRID_SHARD: the nodes hold %d to %d ranks; give --shard_group\n", lo, hi);
             return -1;
         }
         G = local;
-#else
-        G = 1;
-#endif
     }
     if (G < 1 || W % G != 0) {
         fprintf(stderr, "error: --shard_group %d does not divide the world size %d\n", G, W);
         return -1;
     }
-    // groups of G consecutive ranks (mpirun places consecutive ranks on one node)
+    // groups of G consecutive ranks (mpirun and torchrun place consecutive ranks on one node)
     fsdp_comm_split(&f->shard, &f->world, rank / G, rank);
     fsdp_comm_split(&f->replica, &f->world, rank % G, rank);
     return 0;
@@ -737,7 +1118,7 @@ static inline int fsdp_load_model(const FsdpUnits *u, StModel *sm, int rank, flo
 #define FSDP_CKPT_VERSION 1
 #define FSDP_INDEX_NAME "fsdp_index.json"
 #define FSDP_CKPT_BLOCK ((size_t)1 << 20) // elements per checksum (4 MiB): what a reader reads beyond its range at most twice per tensor
-#define FSDP_MAX_SHARDS 65536
+#define FSDP_MAX_SHARDS FSDP_MAX_RANKS
 
 // one of a rank's flat shard buffers (u->shard_numel floats): {"params", p}, {"exp_avg", m}, ...
 typedef struct { const char *name; float *data; } FsdpBuffer;

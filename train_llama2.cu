@@ -19,9 +19,9 @@ keep and recompute memory modes, the output head in --num_output_chunks pieces.
 Whole-sequence training is the chunk C = T.
 
 Sharding (DESIGN section 5, fsdp.h) as on the CPU: one process per GPU
-(launched by mpirun or srun; cudaSetDevice(local rank)), the trainer's host
-communicators (MPI) for what the host adds up, and NCCL copies of them for the
-device buffers. With a shard group of more than one rank the base weights are
+(launched by mpirun, srun or torchrun; cudaSetDevice(local rank)), the trainer's
+host communicators (MPI, or TCP without it) for what the host adds up, and NCCL
+copies of them for the device buffers. With a shard group of more than one rank the base weights are
 this rank's shard of every unit (bf16 or fp32, as the compute type), gathered
 whole into a slot when a forward or backward needs the unit; full fine-tuning
 keeps fp32 masters, gradients and AdamW moments for the shard only, and
@@ -140,7 +140,7 @@ typedef struct {
     double peak_mb;           // the most device memory seen in use (model_peak_mb)
     uint64_t dropout_key;     // set per micro-batch by the training loop
     int row0;                 // set by the trainer: this rank's first row in the global micro-batch
-    Fsdp *fsdp;               // set by the trainer before model_alloc: the ranks (host side, MPI)
+    Fsdp *fsdp;               // set by the trainer before model_alloc: the ranks (host side: MPI or TCP)
     cudaStream_t stream;      // the compute stream: everything but the collectives, in order
 } Model;
 
@@ -276,23 +276,24 @@ static void check_fits(const Model *m, size_t w, size_t p, size_t a, size_t k) {
 
 #ifdef FSDP_NCCL
 // Makes this process use its GPU: its rank on its node, as the launcher tells
-// it (Open MPI, Slurm, MPICH's Hydra), else its world rank. One process per GPU:
-// NCCL refuses two ranks on one device.
+// it (Open MPI, Slurm, MPICH's Hydra, torchrun), else its world rank. One process
+// per GPU: NCCL refuses two ranks on one device.
 static void set_device(const Fsdp *f) {
-    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"};
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"};
     int local = f->world.rank, devices;
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         if (getenv(vars[i])) { local = atoi(getenv(vars[i])); break; }
     cudaCheck(cudaGetDeviceCount(&devices));
     if (local < 0 || local >= devices)
         die("rank %d is process %d on its node, which has %d GPU(s)\n  hint: start one process per GPU "
-            "(mpirun -np <GPUs per node> per node, or srun --ntasks-per-node=<GPUs>)", f->world.rank, local, devices);
+            "(mpirun -np <GPUs per node> per node, srun --ntasks-per-node=<GPUs>, or torchrun --nproc_per_node=<GPUs>)",
+            f->world.rank, local, devices);
     cudaCheck(cudaSetDevice(local));
 }
 
 // Gives the world, shard and replica groups an NCCL communicator each, on the
 // collectives' stream (collective: every rank calls it, in this order). The
-// trainer's communicators stay MPI for the host side.
+// trainer's communicators stay as they are (MPI or TCP) for the host side.
 static void comms_init(Model *m) {
     FsdpComm *dev[3] = {&m->nccl_world, &m->nccl_shard, &m->nccl_replica};
     const FsdpComm *host[3] = {&m->fsdp->world, &m->fsdp->shard, &m->fsdp->replica};
@@ -305,7 +306,7 @@ static void comms_init(Model *m) {
 static void comms_free(Model *m) {
     FsdpComm *dev[3] = {&m->nccl_world, &m->nccl_shard, &m->nccl_replica};
     for (int i = 0; i < 3; i++)
-        if (dev[i]->backend == FSDP_BACKEND_NCCL) ncclCommDestroy(dev[i]->nccl); // the MPI side is the trainer's
+        if (dev[i]->backend == FSDP_BACKEND_NCCL) ncclCommDestroy(dev[i]->nccl); // the host side is the trainer's
 }
 static const int backend_sharding = 1; // any number of ranks, one GPU each, every strategy
 #else
@@ -342,9 +343,6 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     size_t n_base = m->sharded ? h->units.shard_numel : h->num_params; // the base weights this rank holds
     const float *base = m->sharded ? h->shards : h->params;
     m->n_train = h->use_lora ? h->lora.num_params : n_base;
-    const char *torchrun = getenv("WORLD_SIZE");
-    if ((!m->fsdp || m->fsdp->world.size == 1) && torchrun && atoi(torchrun) > 1)
-        die("WORLD_SIZE=%s but this process is a world of one: ranks start with mpirun or srun (not torchrun)", torchrun);
     if (m->fsdp && m->fsdp->world.size > 1) set_device(m->fsdp); // before any allocation
     cudaCheck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
@@ -796,7 +794,7 @@ typedef struct {
     float *m, *v;           // AdamW moments: host copies for checkpoints (model_sync_host, optimizer_sync_device)
     int t;                  // optimizer steps taken
     FsdpComm *grad_sum;     // NCCL: the ranks whose gradients of these parameters are summed before the step
-    FsdpComm *norm_sum;     // host (MPI): the ranks whose squared norms make up the global norm (NULL: this rank's is)
+    FsdpComm *norm_sum;     // host side: the ranks whose squared norms make up the global norm (NULL: this rank's is)
 } Optimizer;
 
 // The moments are the model's (model_alloc zeroed them); the host keeps copies.

@@ -193,7 +193,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
     {"top_p", OPT_FLOAT, &(tc)->top_p, "0.9", "nucleus sampling: draw from the smallest set of tokens with this much probability", 0, 1}, \
-    {"sharding_strategy", OPT_STR, &(tc)->sharding_strategy, "FULL_SHARD", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD: how the ranks of mpirun -np W share the model (one process: no effect)", 0, 0}, \
+    {"sharding_strategy", OPT_STR, &(tc)->sharding_strategy, "FULL_SHARD", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD: how the ranks (mpirun -np W, torchrun, dev/launch.sh W) share the model (one process: no effect)", 0, 0}, \
     {"shard_group", OPT_INT, &(tc)->shard_group, "0", "HYBRID_SHARD: ranks per shard group, a divisor of the world size (0: the ranks of one node)", 0, 1 << 20}, \
     {"export_hf", OPT_STR, &(tc)->export_hf, "", "with --resume: write that checkpoint as a Hugging Face model (full fine-tuning) or PEFT adapter (LoRA) into this folder, then exit", 0, 0}, \
     {"precision", OPT_STR, &(tc)->precision, backend_precisions[0], "bf16 | fp32: how weights and activations are stored (fp32: all of it, e.g. to compare with the CPU trainer, which runs fp32 only)", 0, 0}, \
@@ -846,7 +846,7 @@ static int metrics_error(const char *path) {
 // everything a run loads and allocates: train() frees it on one path, however
 // far train_run got
 typedef struct {
-    Fsdp fsdp;              // the ranks (a world of one without an MPI launcher) and the strategy
+    Fsdp fsdp;              // the ranks (a world of one without a launcher) and the strategy
     Tokenizer tok;
     Dataset all_ds, train_ds, val_ds; // all_ds: the file when --val_split cuts it in two
     Model m;
@@ -1115,8 +1115,8 @@ static int train_run(TrainConfig *tc, Trainer *r) {
 }
 
 // trains and saves; returns the process exit code. Every exit of train_run,
-// early errors included, comes back here to free what it had loaded. Under an
-// MPI launcher every rank runs it; rank 0 prints and writes the metrics.
+// early errors included, comes back here to free what it had loaded. Under a
+// launcher (mpirun, srun, torchrun) every rank runs it; rank 0 prints and writes the metrics.
 static int train(TrainConfig *tc) {
     Trainer r;
     memset(&r, 0, sizeof r);

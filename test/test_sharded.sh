@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The trainer sharded over real ranks (DESIGN section 5): under mpirun -np 1, 2,
+# The trainer sharded over real ranks (DESIGN section 5), first launched by
+# mpirun, then by the environment as torchrun does (dev/launch.sh: the TCP
+# backend). Under mpirun -np 1, 2,
 # 3 (and 4 for HYBRID_SHARD with two groups of two), every strategy, LoRA
 # (whole sequences, dropout, all-linear) and full fine-tuning (tied embeddings,
 # chunks of 7 with a KV carry): with the same global batch (12 rows = W ranks x
@@ -8,7 +10,12 @@
 # and W = 1 (and one process's at W = 3) continues the uninterrupted trajectory;
 # --export_hf; a corrupt shard
 # is refused; and faults: a rank with bad input, a rank that dies, SIGTERM to
-# one rank. Without mpirun or an MPI build it says SKIP.
+# one rank. Without mpirun or an MPI build that part says SKIP. Launched by the
+# environment (MPI or not): W = 2, 3 and 4 against one process as above, and bit
+# for bit the same as mpirun's run of the same configuration (both sum in rank
+# order); a sharded checkpoint resumed at another W; the same faults; and bad
+# launches (a variable out of range, a rank missing or twice, a stranger on the
+# port) refused with a message, never a hang.
 #
 # Tolerances. Sums over ranks run in rank order (fsdp.h), so a W-rank run differs
 # from one process only where fp32 rounding falls: each rank sums its own rows'
@@ -26,9 +33,10 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-./train_llama2}
 dir_of_bin=$(dirname "$BIN")
 compare="$dir_of_bin/test/st_compare"
+have_mpi=1
 if ! command -v mpirun >/dev/null || ! "$dir_of_bin/test/test_fsdp" --mpi-build 2>/dev/null; then
-    echo "SKIP sharded training: $(command -v mpirun >/dev/null && echo "the trainer was built without MPI" || echo "no mpirun (install OpenMPI: libopenmpi-dev openmpi-bin)")"
-    exit 0
+    echo "SKIP sharded training under mpirun: $(command -v mpirun >/dev/null && echo "the trainer was built without MPI" || echo "no mpirun (install OpenMPI: libopenmpi-dev openmpi-bin)")"
+    have_mpi=0
 fi
 if [ -n "${ASAN_OPTIONS:-}" ]; then # SANITIZE=1: leaks are checked, except OpenMPI's own (see the file)
     export ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" LSAN_OPTIONS="${LSAN_OPTIONS:-}:suppressions=$PWD/test/lsan_mpi.supp"
@@ -47,10 +55,13 @@ LORA=(--model test/fixtures/tiny_gqa --lora_dropout 0.1 --lora_target_modules al
 FULL=(--model test/fixtures/tiny_tied --full_finetune --chunk_size 7)
 COMMON=(--data test/fixtures/data.jsonl --max_seq_len 24 --gradient_accumulation_steps 2 --max_steps 10 --lr 5e-3
         --warmup_steps 2 --weight_decay 0.01 --threads 1)
-run() { # run W OUT [args]: W ranks (0: one process, no mpirun), output in OUT, metrics in OUT.jsonl, log in OUT.log
+LAUNCHER=mpirun
+export LAUNCH_GRACE=20 # dev/launch.sh: seconds before the ranks left after a failure are killed
+run() { # run W OUT [args]: W ranks (0: one process, no launcher) started by $LAUNCHER, output in OUT, metrics in OUT.jsonl, log in OUT.log
     local w=$1 out=$2; shift 2
     local launch=(timeout $TIMEOUT)
-    [ "$w" -gt 0 ] && launch+=(mpirun -np "$w")
+    [ "$w" -gt 0 ] && [ $LAUNCHER = mpirun ] && launch+=(mpirun -np "$w")
+    [ "$w" -gt 0 ] && [ $LAUNCHER = env ] && launch+=(dev/launch.sh "$w")
     "${launch[@]}" "$BIN" "${COMMON[@]}" --output_dir "$out" --metrics_file "$out.jsonl" "$@" >"$out.log" 2>&1
 }
 # the largest relative difference of loss and grad_norm over the steps two metrics files share (steps >= FROM)
@@ -79,6 +90,37 @@ check "LoRA reference run (one process)" $? "$(tail -3 "$TMP/lora1.log")"
 run 0 "$TMP/full1" "${FULL[@]}" --batch_size 12
 check "full fine-tuning reference run (one process)" $? "$(tail -3 "$TMP/full1.log")"
 
+# faults: every rank ends, non-zero, within the timeout, with a message; nothing is left running
+FARGS=("${COMMON[@]}" "${FULL[@]}" --batch_size 4 --output_dir "$TMP/fault-out")
+fault() { # fault NAME EXPECT LAUNCH...: runs the launch command (mpirun or dev/launch.sh with the ranks' commands)
+    local name=$1 expect=$2 start rc
+    shift 2
+    start=$(date +%s)
+    timeout 60 "$@" >"$TMP/fault.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$expect" "$TMP/fault.log" && ! pgrep -f "$TMP/fault-out" >/dev/null
+    local ok=$? # before any command substitution below, which would reset $?
+    local took=$(( $(date +%s) - start ))
+    check "$name: every rank exits non-zero ($took s), saying '$expect'" $ok "status $rc (124: hung); $(tail -5 "$TMP/fault.log")"
+}
+# SIGTERM to one rank: every rank finishes the step, they save together and exit 0
+sigterm_one() { # sigterm_one NAME LAUNCH...: the launch command for 3 ranks
+    local name=$1 out="$TMP/term-$LAUNCHER" rc last status
+    shift
+    timeout 120 "$@" "$BIN" "${COMMON[@]}" "${FULL[@]}" --batch_size 4 --max_steps 100000 --output_dir "$out" \
+        --metrics_file "$out.jsonl" >"$out.log" 2>&1 &
+    local launcher=$!
+    for _ in $(seq 600); do [ -f "$out.jsonl" ] && [ "$(wc -l <"$out.jsonl")" -ge 2 ] && break; sleep 0.1; done
+    kill -TERM "$(pgrep -f -- "^$BIN .*--output_dir $out" | tail -1)" # one rank (the trainer's own command line)
+    wait $launcher
+    status=$?
+    last=$(ls -d "$out"/checkpoint-* 2>/dev/null | tail -1)
+    [ $status -eq 0 ] && [ -f "$last/fsdp_index.json" ] && grep -q "stopped by a signal" "$out.log"
+    rc=$?
+    check "$name: SIGTERM to one of 3 ranks: all save ($(basename "${last:-none}")) and exit 0" $rc "status $status; $(tail -3 "$out.log")"
+}
+
+mpi_tests() {
 for w in 1 2 3; do
     for s in FULL_SHARD SHARD_GRAD_OP NO_SHARD HYBRID_SHARD; do
         run $w "$TMP/lora-$w-$s" "${LORA[@]}" --batch_size $((12 / w)) --sharding_strategy $s
@@ -139,33 +181,95 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "fsdp-00001-of-00003.safetensors: its size or contents are not what" "$out.log"
 check "a corrupt shard is refused (every rank exits, the file named)" $? "status $rc; $(tail -3 "$out.log")"
 
-# faults: every rank ends, non-zero, within the timeout, with a message; nothing is left running
-fault() { # fault NAME EXPECT MPIRUN-ARGS...: runs mpirun with the given app contexts
-    local name=$1 expect=$2 start rc
-    shift 2
-    start=$(date +%s)
-    timeout 60 mpirun "$@" >"$TMP/fault.log" 2>&1
-    rc=$?
-    [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$expect" "$TMP/fault.log" && ! pgrep -f "$TMP/fault-out" >/dev/null
-    check "$name: every rank exits non-zero ($(( $(date +%s) - start )) s), saying '$expect'" $? "status $rc (124: hung); $(tail -5 "$TMP/fault.log")"
-}
-ARGS=("${COMMON[@]}" "${FULL[@]}" --batch_size 4 --output_dir "$TMP/fault-out")
 fault "a data file only rank 2 cannot read" "stopping every rank: another rank failed" \
-    -np 2 "$BIN" "${ARGS[@]}" : -np 1 "$BIN" "${ARGS[@]}" --data "$TMP/missing.jsonl"
+    mpirun -np 2 "$BIN" "${FARGS[@]}" : -np 1 "$BIN" "${FARGS[@]}" --data "$TMP/missing.jsonl"
 grep -q "missing.jsonl" "$TMP/fault.log"
 check "the failing rank names the file it cannot read" $? "$(tail -5 "$TMP/fault.log")"
 fault "rank 2 killed (SIGKILL) after step 3" "" \
-    -np 2 "$BIN" "${ARGS[@]}" : -np 1 env LLAMA2TUNE_FAULT=step:3 "$BIN" "${ARGS[@]}"
+    mpirun -np 2 "$BIN" "${FARGS[@]}" : -np 1 env LLAMA2TUNE_FAULT=step:3 "$BIN" "${FARGS[@]}"
+sigterm_one mpirun mpirun -np 3
+}
+[ $have_mpi = 1 ] && mpi_tests
 
-# SIGTERM to one rank: every rank finishes the step, they save together and exit 0
-timeout 120 mpirun -np 3 "$BIN" "${COMMON[@]}" "${FULL[@]}" --batch_size 4 --max_steps 100000 --output_dir "$TMP/term" \
-    --metrics_file "$TMP/term.jsonl" >"$TMP/term.log" 2>&1 &
-launcher=$!
-for _ in $(seq 600); do [ -f "$TMP/term.jsonl" ] && [ "$(wc -l <"$TMP/term.jsonl")" -ge 2 ] && break; sleep 0.1; done
-kill -TERM "$(pgrep -P $launcher | tail -1)"
-wait $launcher
-rc=$?
-last=$(ls -d "$TMP/term"/checkpoint-* 2>/dev/null | tail -1)
-[ $rc -eq 0 ] && [ -f "$last/fsdp_index.json" ] && grep -q "stopped by a signal" "$TMP/term.log"
-check "SIGTERM to one of 3 ranks: all save ($(basename "${last:-none}")) and exit 0" $? "status $rc; $(tail -3 "$TMP/term.log")"
+# ---- launched by the environment (dev/launch.sh sets RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+# as torchrun does): fsdp.h's TCP backend, with or without MPI
+LAUNCHER=env
+export LLAMA2TUNE_TIMEOUT=30 # seconds the rendezvous waits for every rank
+same_bits() { # same_bits NAME REF OUT WEIGHTS_FILE: OUT's trajectory and weights are REF's, bit for bit
+    local t w rc
+    t=$(trajectory_diff "$3.jsonl" "$2.jsonl")
+    w=$(cmp -s "$2/$4" "$3/$4" && echo identical || echo different)
+    [ "$t" = 0 ] && [ $w = identical ]
+    rc=$?
+    check "$1 (largest trajectory difference $t, weights $w)" $rc "$(tail -3 "$3.log")"
+}
+# W STRATEGY MPI-TWIN [args]: LoRA and full fine-tuning on W ranks == one process, and == mpirun's run MPI-TWIN bit for bit
+env_case() {
+    local w=$1 st=$2 twin=$3 what=$2; shift 3
+    [ $# -gt 0 ] && what="$st $*"
+    run $w "$TMP/env-lora-$w-$st" "${LORA[@]}" --batch_size $((12 / w)) --sharding_strategy $st "$@"
+    same_run "launched by the environment: LoRA, W = $w, $what == one process" "$TMP/lora1" "$TMP/env-lora-$w-$st" adapter_model.safetensors
+    run $w "$TMP/env-full-$w-$st" "${FULL[@]}" --batch_size $((12 / w)) --sharding_strategy $st "$@"
+    same_run "launched by the environment: full fine-tuning, W = $w, $what == one process" "$TMP/full1" "$TMP/env-full-$w-$st" model.safetensors
+    [ $have_mpi = 1 ] || return
+    same_bits "W = $w, $what: TCP and MPI sum alike (LoRA)" "$TMP/lora-$twin" "$TMP/env-lora-$w-$st" adapter_model.safetensors
+    same_bits "W = $w, $what: TCP and MPI sum alike (full fine-tuning)" "$TMP/full-$twin" "$TMP/env-full-$w-$st" model.safetensors
+}
+env_case 2 FULL_SHARD 2-FULL_SHARD
+env_case 3 HYBRID_SHARD 3-HYBRID_SHARD # one group per node: LOCAL_WORLD_SIZE = 3
+env_case 4 HYBRID_SHARD 4-hybrid --shard_group 2
+grep -q "4 ranks, HYBRID_SHARD: shard groups of 2, 2 replica(s)" "$TMP/env-full-4-HYBRID_SHARD.log"
+check "launched by the environment: W = 4 HYBRID_SHARD says its groups" $? "$(head -3 "$TMP/env-full-4-HYBRID_SHARD.log")"
+
+run 3 "$TMP/env-save3" "${FULL[@]}" --batch_size 4 --save_every 5 --keep_checkpoints 0
+out="$TMP/env-resume2"
+mkdir -p "$out" && cp -r "$TMP/env-save3/checkpoint-5" "$out/" && head -5 "$TMP/env-save3.jsonl" >"$out.jsonl"
+run 2 "$out" "${FULL[@]}" --batch_size 6 --resume "$out"
+same_run "launched by the environment: saved at W = 3, resumed at W = 2 == uninterrupted (steps 6-10, final weights)" \
+    "$TMP/env-save3" "$out" model.safetensors 6
+
+# the same faults; a rank's own changes to its command come through bash -c (RANK is its rank)
+export MISSING="$TMP/missing.jsonl"
+fault "launched by the environment: a data file only rank 2 cannot read" "stopping every rank: another rank failed" \
+    dev/launch.sh 3 bash -c '[ "$RANK" = 2 ] && set -- "$@" --data "$MISSING"; exec "$@"' rank "$BIN" "${FARGS[@]}"
+grep -q "missing.jsonl" "$TMP/fault.log"
+check "launched by the environment: the failing rank names the file it cannot read" $? "$(tail -5 "$TMP/fault.log")"
+fault "launched by the environment: rank 2 killed (SIGKILL) after step 3" "lost the connection to rank" \
+    dev/launch.sh 3 bash -c '[ "$RANK" = 2 ] && export LLAMA2TUNE_FAULT=step:3; exec "$@"' rank "$BIN" "${FARGS[@]}"
+sigterm_one "launched by the environment" dev/launch.sh 3
+
+# bad launches: each rank started by hand, every one must exit non-zero with the message, never hang
+port=$(( 20000 + RANDOM % 40000 ))
+rank() { # rank R W NAME [args]: one rank of W at $port, in the background, log in $TMP/NAME-R.log
+    local r=$1 w=$2 name=$3; shift 3
+    RANK=$r WORLD_SIZE=$w MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$BIN" "${FARGS[@]}" --max_steps 2 \
+        --output_dir "$TMP/$name" "$@" >"$TMP/$name-$r.log" 2>&1 &
+}
+refused() { # refused NAME EXPECT-IN-RANK-0'S-LOG: waits for the ranks started, all must fail
+    local name=$1 expect=$2 bad=0 p rc
+    for p in $(jobs -p); do wait "$p"; rc=$?; { [ $rc -eq 0 ] || [ $rc -eq 124 ]; } && bad=1; done
+    ! [ $bad = 1 ] && grep -q -- "$expect" "$TMP/$name-0.log"
+    check "bad launch, $name: every rank exits non-zero, rank 0 says '$expect'" $? "$(tail -n 3 "$TMP/$name-"*.log)"
+}
+RANK=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$BIN" "${FARGS[@]}" --output_dir "$TMP/x" >"$TMP/badrank-0.log" 2>&1
+[ $? -ne 0 ] && grep -q "RANK='2' must be an integer from 0 to 1" "$TMP/badrank-0.log"
+check "bad launch: RANK=2 of WORLD_SIZE=2 is refused, naming the variable" $? "$(tail -2 "$TMP/badrank-0.log")"
+RANK=0 WORLD_SIZE=2 MASTER_PORT=$port "$BIN" "${FARGS[@]}" --output_dir "$TMP/x" >"$TMP/noaddr.log" 2>&1
+[ $? -ne 0 ] && grep -q "MASTER_ADDR (rank 0's host name or address) is not set" "$TMP/noaddr.log"
+check "bad launch: no MASTER_ADDR is refused" $? "$(tail -2 "$TMP/noaddr.log")"
+LLAMA2TUNE_TIMEOUT=2 rank 0 3 missing; LLAMA2TUNE_TIMEOUT=2 rank 1 3 missing
+refused missing "only 2 of 3 ranks arrived within 2 s (LLAMA2TUNE_TIMEOUT); missing: 2"
+rank 0 3 twice; rank 1 3 twice; rank 1 3 twice
+refused twice "has the RANK of another process"
+# a stranger on the port (here: probes that say nothing, then one that says something else) is ignored
+rank 0 2 stranger
+for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+(exec 3<>"/dev/tcp/127.0.0.1/$port"; echo "GET / HTTP/1.0" >&3; sleep 1) 2>/dev/null
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$BIN" "${FARGS[@]}" --output_dir "$TMP/x" >"$TMP/inuse.log" 2>&1
+[ $? -ne 0 ] && grep -q "cannot listen on port $port" "$TMP/inuse.log"
+check "bad launch: a second rank 0 on a port in use is refused" $? "$(tail -2 "$TMP/inuse.log")"
+rank 1 2 stranger
+ok=1; for p in $(jobs -p); do wait "$p" || ok=0; done
+[ $ok = 1 ] && grep -q "ignored a connection from .* that is not a rank of this job" "$TMP/stranger-0.log"
+check "launched by the environment: connections that are not ranks are ignored, the run goes on" $? "$(tail -n 3 "$TMP/stranger-"*.log)"
 exit $((fails > 0))

@@ -1,5 +1,5 @@
 // fsdp.h's NCCL backend on the GPU, against plain loops on the host, then timed:
-//   make dev/cuda/fsdp_nccl && mpirun -np <GPUs> dev/cuda/fsdp_nccl   (or alone: one GPU)
+//   make dev/cuda/fsdp_nccl && mpirun -np <GPUs> dev/cuda/fsdp_nccl   (or dev/launch.sh <GPUs> ..., or alone: one GPU)
 // Each rank uses GPU (rank % device count). Checks, on sizes that do not divide
 // by W: all-gather and broadcast exact; reduce-scatter and all-reduce against a
 // float64 sum, within (W - 1) * 2^-24 * sum|x| per element, the bound on fp32
@@ -11,7 +11,7 @@
 
 static float value(int rank, size_t i) { return hash_uniform((uint64_t)rank, i) - 0.5f; }
 
-// c: the NCCL communicator; host: the same ranks on the host side (MPI)
+// c: the NCCL communicator; host: the same ranks on the host side (MPI or TCP)
 static int check(FsdpComm *c, FsdpComm *host_comm, size_t S, float *dev_a, float *dev_b) {
     int W = c->size, me = c->rank, bad = 0;
     size_t full_n = (size_t)W * S;
@@ -56,7 +56,7 @@ int main(void) {
     fsdp_cudaCheck(&f.world, cudaSetDevice(f.world.rank % devices));
     cudaStream_t stream;
     fsdp_cudaCheck(&f.world, cudaStreamCreate(&stream));
-    FsdpComm host = f.world; // a copy keeps the host side (MPI) for the checks' own broadcast
+    FsdpComm host = f.world; // a copy keeps the host side (MPI or TCP) for the checks' own broadcast
     fsdp_nccl_init(&f.world, stream);
     int W = f.world.size, bad = 0;
     // a 7B decoder layer: 4 * 4096^2 attention + 3 * 4096 * 11008 MLP + 2 * 4096 norms
