@@ -32,9 +32,10 @@ endif
 
 # CUDA: the trainer, its test against the CPU twin, and the kernel checks in
 # dev/cuda/ (each built with the CPU twins of train_llama2.c, dev/cuda/cpu_ref.o),
-# for A100 (sm_80) and H100 (sm_90). cuBLASLt does every matmul; with NCCL and MPI
-# both present the trainer shards over one GPU per rank (-DFSDP_NCCL, NCCL's
-# unique id broadcast over MPI), without them it runs one process.
+# for A100 (sm_80) and H100 (sm_90). cuBLASLt does the matmuls (cuBLAS the few it
+# has no kernel for, matmul.cuh); with NCCL and MPI both present the trainer
+# shards over one GPU per rank (-DFSDP_NCCL, NCCL's unique id broadcast over
+# MPI), without them it runs one process.
 NVCC ?= nvcc
 NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/local/cuda/include/nccl.h /usr/include/nccl.h))
 ifneq ($(and $(NCCL_H),$(MPICC)),)
@@ -43,7 +44,7 @@ NVCC_FSDP_LIBS = -lnccl $(NVCC_MPI_LIBS)
 endif
 CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_ARCHS) --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror $(if $(OPENMP),-Xcompiler -fopenmp)
-CUDA_LDLIBS = -lcublasLt -lm
+CUDA_LDLIBS = -lcublasLt -lcublas -lm
 CUDA_HEADERS = cuda_common.cuh layers.cuh matmul.cuh attention.cuh lora.cuh lora.h utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
 CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm elementwise lora)
 CUDA_TRAINER = train_llama2.cu $(HEADERS) cuda_common.cuh layers.cuh matmul.cuh attention.cuh lora.cuh
