@@ -102,6 +102,7 @@ template <typename floatX> struct Buffers {
 typedef struct {
     HostModel host;           // config, fp32 weights, LoRA layout: loaded here, uploaded, saved from here
     int fp32;                 // --precision fp32: every tensor fp32 (else bf16 storage)
+    int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), touches no GPU
     Buffers<float> f32;       // the buffers of the run's precision (the other stays empty)
     Buffers<bf16> b16;
     // the trainable parameters, flat (LoRA's layout, or param_layout's), fp32 in either precision
@@ -254,10 +255,10 @@ template <typename floatX> void upload(floatX *dst, const float *src, size_t n, 
     }
 }
 
-// Before anything is allocated: does the run fit? If not, say what it needs, by
-// purpose, against what is free, and what to change.
-static void check_fits(const Model *m, size_t w, size_t p, size_t a, size_t k) {
-    size_t free_bytes, total_bytes;
+// Before anything is allocated: does the run (model_plan's bytes) fit? If not,
+// say what it needs, by purpose, against what is free, and what to change.
+static void check_fits(const Model *m) {
+    size_t free_bytes, total_bytes, w = m->weight_bytes, p = m->param_bytes, a = m->act_bytes, k = m->carry_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     size_t need = w + p + a + k + CUBLASLT_WORKSPACE_BYTES;
     if (need <= free_bytes) return;
@@ -330,28 +331,47 @@ static void stream_after(cudaStream_t waiter, cudaStream_t stream, cudaEvent_t e
     cudaCheck(cudaStreamWaitEvent(waiter, event, 0));
 }
 
-// Device buffers for micro-batches of up to B rows of T tokens, run in chunks of
-// C positions (C = 0: T), and the host model (loaded by model_setup) uploaded.
-static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
-    HostModel *h = &m->host;
-    const Config *c = &h->config;
+// The memory plan, on the host alone: the capacity, the slots and chunks, and
+// the bytes of the four allocations (model_layout's counting pass). It makes
+// no CUDA call, so --dry_run, which stops here, runs without a GPU.
+static void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
+    const HostModel *h = &m->host;
     if (C <= 0 || C > T) C = T;
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
     m->n_slots = recompute ? 1 : (T + C - 1) / C;
     m->sharded = h->shards != NULL;
+    m->n_train = h->use_lora ? h->lora.num_params : m->sharded ? h->units.shard_numel : h->num_params;
+    if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        Buffers<floatX> &d = buffers<floatX>(m);
+        d.chunk = (ChunkActs<floatX> *)callocCheck(m->n_slots, sizeof(ChunkActs<floatX>));
+        d.slot = (floatX **)callocCheck(m->n_unit_slots + 1, sizeof(floatX *)); // + 1: not empty when whole
+        Layout lay[4]; // weights, trainable, activations, carry
+        model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
+        m->weight_bytes = lay[0].bytes; m->param_bytes = lay[1].bytes; m->act_bytes = lay[2].bytes; m->carry_bytes = lay[3].bytes;
+    });
+}
+
+// Device buffers for micro-batches of up to B rows of T tokens, run in chunks of
+// C positions (C = 0: T), and the host model (loaded by model_setup) uploaded.
+// A dry run stops after the plan.
+static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
+    HostModel *h = &m->host;
+    const Config *c = &h->config;
+    model_plan(m, B, T, C, recompute, num_output_chunks);
     size_t n_base = m->sharded ? h->units.shard_numel : h->num_params; // the base weights this rank holds
     const float *base = m->sharded ? h->shards : h->params;
-    m->n_train = h->use_lora ? h->lora.num_params : n_base;
     const char *torchrun = getenv("WORLD_SIZE");
     if ((!m->fsdp || m->fsdp->world.size == 1) && torchrun && atoi(torchrun) > 1)
         die("WORLD_SIZE=%s but this process is a world of one: ranks start with mpirun or srun (not torchrun)", torchrun);
+    if (m->dry_run) return;
     if (m->fsdp && m->fsdp->world.size > 1) set_device(m->fsdp); // before any allocation
     cudaCheck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&m->computed, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&m->communicated, cudaEventDisableTiming));
     if (m->sharded) {
-        m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
         m->slot_unit = (int *)mallocCheck(m->n_unit_slots * sizeof(int));
         m->gathered = (cudaEvent_t *)callocCheck(m->n_unit_slots, sizeof(cudaEvent_t));
         for (int s = 0; s < m->n_unit_slots; s++)
@@ -364,17 +384,14 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
-        d.chunk = (ChunkActs<floatX> *)callocCheck(m->n_slots, sizeof(ChunkActs<floatX>));
-        d.slot = (floatX **)callocCheck(m->n_unit_slots + 1, sizeof(floatX *)); // + 1: not empty when whole
-        Layout lay[4]; // weights, trainable, activations, carry
-        model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
-        check_fits(m, lay[0].bytes, lay[1].bytes, lay[2].bytes, lay[3].bytes);
+        check_fits(m);
+        size_t bytes[4] = {m->weight_bytes, m->param_bytes, m->act_bytes, m->carry_bytes};
+        Layout lay[4]; // weights, trainable, activations, carry: model_layout places what model_plan counted
         for (int i = 0; i < 4; i++) {
-            m->alloc[i] = cudaMallocCheck(lay[i].bytes + 1); // + 1: a valid pointer also when empty
+            m->alloc[i] = cudaMallocCheck(bytes[i] + 1); // + 1: a valid pointer also when empty
             lay[i] = Layout{(char *)m->alloc[i], 0};
         }
         model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
-        m->weight_bytes = lay[0].bytes; m->param_bytes = lay[1].bytes; m->act_bytes = lay[2].bytes; m->carry_bytes = lay[3].bytes;
         // the trainable masters, then the weights the matmuls read
         cudaStream_t st = m->stream;
         upload(m->params, h->use_lora ? h->lora.params : base, m->n_train, st);
