@@ -241,12 +241,13 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
 }
 
 // dst (n, floatX) on the device = src (n, fp32) on the host; bf16 is converted on
-// the device in pieces, so the model never needs an fp32 copy of itself there
+// the device in pieces of UPLOAD_PIECE, so the model never needs an fp32 copy of itself there
+constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements: a 64 MiB staging buffer
 template <typename floatX> void upload(floatX *dst, const float *src, size_t n, cudaStream_t stream) {
     if constexpr (std::is_same<floatX, float>::value) {
         cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream));
     } else {
-        size_t piece = std::min(n, (size_t)1 << 24);
+        size_t piece = std::min(n, UPLOAD_PIECE);
         float *stage = (float *)cudaMallocCheck(piece * sizeof(float));
         for (size_t i = 0; i < n; i += piece) { // in stream order: a piece's convert runs before the next copy
             size_t k = std::min(piece, n - i);
@@ -258,19 +259,22 @@ template <typename floatX> void upload(floatX *dst, const float *src, size_t n, 
     }
 }
 
-// Before anything is allocated: does the run (model_plan's bytes) fit? If not,
-// say what it needs, by purpose, against what is free, and what to change.
+// Before the model's buffers are allocated (the cuBLASLt workspace already is):
+// does the run (model_plan's bytes, and bf16's upload staging) fit? If not, say
+// what it needs, by purpose, against what is free, and what to change.
 static void check_fits(const Model *m) {
     size_t free_bytes, total_bytes, w = m->weight_bytes, p = m->param_bytes, a = m->act_bytes, k = m->carry_bytes;
+    size_t stage = m->fp32 ? 0 : UPLOAD_PIECE * sizeof(float);
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    size_t need = w + p + a + k + CUBLASLT_WORKSPACE_BYTES;
+    size_t need = w + p + a + k + stage;
     if (need <= free_bytes) return;
     const double MiB = 1048576.0;
     fprintf(stderr, "error: out of GPU memory: this run needs %.1f MiB but %.1f of %.1f MiB are free:\n"
             "  base weights (%s) %.1f MiB, trainable parameters and gradients %.1f MiB,\n"
-            "  activations and scratch %.1f MiB (B = %d, chunks of %d, %s), KV and dKV carry %.1f MiB (T = %d)\n"
+            "  activations and scratch %.1f MiB (B = %d, chunks of %d, %s), KV and dKV carry %.1f MiB (T = %d),\n"
+            "  staging the upload %.1f MiB\n"
             "  hint: %s\n", need / MiB, free_bytes / MiB, total_bytes / MiB, m->fp32 ? "fp32" : "bf16", w / MiB,
-            p / MiB, a / MiB, m->B, m->chunk_size, m->recompute ? "recompute" : "keep", k / MiB, m->T,
+            p / MiB, a / MiB, m->B, m->chunk_size, m->recompute ? "recompute" : "keep", k / MiB, m->T, stage / MiB,
             cuda_error_hint(cudaErrorMemoryAllocation));
     exit(EXIT_FAILURE);
 }

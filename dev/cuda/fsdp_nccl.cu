@@ -1,7 +1,7 @@
 // fsdp.h's NCCL backend on the GPU, against plain loops on the host, then timed:
 //   make dev/cuda/fsdp_nccl && mpirun -np <GPUs> dev/cuda/fsdp_nccl   (or alone: one GPU)
 // Each rank uses GPU (rank % device count). Checks, on sizes that do not divide
-// by W: all-gather and broadcast exact; reduce-scatter and all-reduce against a
+// by W: all-gather (fp32, and bf16 as the CUDA trainer's bf16 weights) exact; reduce-scatter and all-reduce against a
 // float64 sum, within (W - 1) * 2^-24 * sum|x| per element, the bound on fp32
 // rounding for W terms added in any order (NCCL picks its own order); and every
 // rank gets the same bits from all-reduce. Then the bandwidth of all-gather and
@@ -10,6 +10,13 @@
 #include <math.h>
 
 static float value(int rank, size_t i) { return hash_uniform((uint64_t)rank, i) - 0.5f; }
+// a bf16 of it (its top 16 bits: any bits do, the gather moves them unchanged)
+static uint16_t value_bf16(int rank, size_t i) {
+    float x = value(rank, i);
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)(u >> 16);
+}
 
 // c: the NCCL communicator; host: the same ranks on the host side (MPI)
 static int check(FsdpComm *c, FsdpComm *host_comm, size_t S, float *dev_a, float *dev_b) {
@@ -24,6 +31,15 @@ static int check(FsdpComm *c, FsdpComm *host_comm, size_t S, float *dev_a, float
     fsdp_barrier(c);
     for (int q = 0; q < W; q++)
         for (size_t i = 0; i < S; i++) bad |= got[(size_t)q * S + i] != value(q, i);
+    // all-gather of bf16 elements (the buffers' first halves)
+    uint16_t *bits = (uint16_t *)host, *got_bits = (uint16_t *)got;
+    for (size_t i = 0; i < S; i++) bits[i] = value_bf16(me, i);
+    fsdp_cudaCheck(c, cudaMemcpy(dev_a, bits, S * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    fsdp_all_gather_bf16(c, dev_b, dev_a, S);
+    fsdp_cudaCheck(c, cudaMemcpyAsync(got_bits, dev_b, full_n * sizeof(uint16_t), cudaMemcpyDeviceToHost, c->stream));
+    fsdp_barrier(c);
+    for (int q = 0; q < W; q++)
+        for (size_t i = 0; i < S; i++) bad |= got_bits[(size_t)q * S + i] != value_bf16(q, i);
     // reduce-scatter and all-reduce: rank q holds value(q, i) at element i of the full buffer
     for (size_t i = 0; i < full_n; i++) host[i] = value(me, i);
     fsdp_cudaCheck(c, cudaMemcpy(dev_b, host, full_n * sizeof(float), cudaMemcpyHostToDevice));
@@ -90,8 +106,8 @@ int main(void) {
             printf("%s of a 7B layer (%.0f MB fp32) at W = %d: %.2f ms, bus bandwidth %.1f GB/s\n", op ? "reduce-scatter" : "all-gather",
                    layer * 4.0 / 1e6, W, ms / reps, bytes / (ms / reps * 1e6));
     }
-    cudaFree(dev_a);
-    cudaFree(dev_b);
+    fsdp_cudaCheck(&f.world, cudaFree(dev_a));
+    fsdp_cudaCheck(&f.world, cudaFree(dev_b));
     fsdp_free(&f);
     fsdp_world_finalize();
     return bad;
