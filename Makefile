@@ -32,10 +32,10 @@ endif
 
 # CUDA: the trainer, its test against the CPU twin, and the kernel checks in
 # dev/cuda/ (each built with the CPU twins of train_llama2.c, dev/cuda/cpu_ref.o),
-# for A100 (sm_80) and H100 (sm_90). cuBLASLt does every matmul; with NCCL the
-# trainer shards over one GPU per rank (-DFSDP_NCCL; NCCL's unique id goes over
-# MPI under mpirun or srun, over TCP under torchrun or dev/launch.sh), without it
-# it runs one process.
+# for A100 (sm_80) and H100 (sm_90). cuBLASLt does the matmuls (cuBLAS the few it
+# has no kernel for, matmul.cuh); with NCCL the trainer shards over one GPU per
+# rank (-DFSDP_NCCL; NCCL's unique id goes over MPI under mpirun or srun, over
+# TCP under torchrun or dev/launch.sh), without it it runs one process.
 NVCC ?= nvcc
 NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/local/cuda/include/nccl.h /usr/include/nccl.h))
 ifneq ($(NCCL_H),)
@@ -44,7 +44,7 @@ NVCC_FSDP_LIBS = -lnccl $(NVCC_MPI_LIBS)
 endif
 CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_ARCHS) --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror $(if $(OPENMP),-Xcompiler -fopenmp)
-CUDA_LDLIBS = -lcublasLt -lm
+CUDA_LDLIBS = -lcublasLt -lcublas -lm
 CUDA_HEADERS = cuda_common.cuh layers.cuh matmul.cuh attention.cuh lora.cuh lora.h utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
 CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm elementwise lora)
 CUDA_TRAINER = train_llama2.cu $(HEADERS) cuda_common.cuh layers.cuh matmul.cuh attention.cuh lora.cuh
@@ -141,9 +141,10 @@ dev/cuda/fsdp_nccl: dev/cuda/fsdp_nccl.cu fsdp.h tcp.h utils.h json.h safetensor
 dev/cuda/fsdp_nccl_tcp: dev/cuda/fsdp_nccl.cu fsdp.h tcp.h utils.h json.h safetensors.h
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -Wno-unused-function -DFSDP_NCCL -o $@ $< -lnccl
 
-# every CUDA target; cuda-compile-check (CI, no GPU needed) builds them all for
-# sm_80 and sm_90 with warnings as errors; dev/gpu_check.sh runs them on a GPU
-cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp
+# every CUDA target (fsdp_nccl where nccl.h is); cuda-compile-check (CI, no GPU
+# needed) builds them all for sm_80 and sm_90 with warnings as errors;
+# dev/gpu_check.sh runs them on a GPU
+cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu $(if $(NCCL_H),dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp)
 cuda-compile-check: cuda
 
 # (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out)

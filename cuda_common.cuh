@@ -66,9 +66,10 @@ inline void *cuda_malloc_check(size_t bytes, const char *file, int line) {
     if (err == cudaErrorMemoryAllocation) {
         size_t free_bytes = 0, total_bytes = 0;
         cudaGetLastError(); // clear it, so the query below can run
-        cudaMemGetInfo(&free_bytes, &total_bytes);
-        fprintf(stderr, "[CUDA ERROR] at %s:%d: out of GPU memory allocating %.1f MiB (%.1f of %.1f MiB free)\n",
-                file, line, bytes / 1048576.0, free_bytes / 1048576.0, total_bytes / 1048576.0);
+        fprintf(stderr, "[CUDA ERROR] at %s:%d: out of GPU memory allocating %.1f MiB", file, line, bytes / 1048576.0);
+        if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+            fprintf(stderr, " (%.1f of %.1f MiB free)", free_bytes / 1048576.0, total_bytes / 1048576.0);
+        fprintf(stderr, "\n");
         fprintf(stderr, "  hint: %s\n", cuda_error_hint(err));
         exit(EXIT_FAILURE);
     }

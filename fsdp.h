@@ -730,7 +730,7 @@ static inline void fsdp_comm_split(FsdpComm *out, FsdpComm *c, int color, int ke
 
 static inline void fsdp_comm_free(FsdpComm *c) {
 #ifdef FSDP_NCCL
-    if (c->backend == FSDP_BACKEND_NCCL) ncclCommDestroy(c->nccl);
+    if (c->backend == FSDP_BACKEND_NCCL) fsdp_ncclCheck(c, ncclCommDestroy(c->nccl));
 #endif
 #ifdef USE_MPI
     if (c->host == FSDP_BACKEND_MPI && c->mpi != MPI_COMM_WORLD && c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);

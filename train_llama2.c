@@ -223,6 +223,7 @@ typedef struct {
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     int fp32;                 // --precision fp32: the only one the CPU runs
+    int dry_run;              // --dry_run: the CPU allocates as usual (pages never touched take no memory)
     size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and moments
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
     float *rope_cos, *rope_sin; // (T, hd/2)

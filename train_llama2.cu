@@ -88,7 +88,7 @@ template <typename floatX> struct Buffers {
     floatX *dk, *dv;    // (L, B, T, NKV*hd) the dKV carry: gradients for earlier positions
     // scratch for one chunk
     floatX *lnf;        // (B, C, D)
-    floatX *dlogits;    // (ceil(C / num_output_chunks), V) bf16: the logits' gradient for the head's backward
+    floatX *dlogits;    // (ceil(B * C / num_output_chunks), V) bf16: the logits' gradient for the head's backward
     floatX *kv;         // (B, C, NKV*hd) a chunk's keys or values before they enter the carry
     floatX *dresid;     // (B, C, D)
     floatX *dln;        // (B, C, D)
@@ -102,6 +102,7 @@ template <typename floatX> struct Buffers {
 typedef struct {
     HostModel host;           // config, fp32 weights, LoRA layout: loaded here, uploaded, saved from here
     int fp32;                 // --precision fp32: every tensor fp32 (else bf16 storage)
+    int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), touches no GPU
     Buffers<float> f32;       // the buffers of the run's precision (the other stays empty)
     Buffers<bf16> b16;
     // the trainable parameters, flat (LoRA's layout, or param_layout's), fp32 in either precision
@@ -123,13 +124,15 @@ typedef struct {
     // fp32 in either precision
     float *rope_cos, *rope_sin; // (T, hd/2)
     float *rstdf;             // (B, C) the final norm's statistics
-    float *logits;            // (ceil(C / num_output_chunks), V) one piece of one row at a time
+    float *logits;            // (ceil(B * C / num_output_chunks), V) one piece of a chunk's rows at a time
     float *losses;            // (B, T) each position's cross-entropy (0 without a target)
     double *loss_sum;         // the micro-batch's summed loss
     double *grad_norm;        // the step's gradient norm
     float *next_logits;       // (V) host: model_next_logits' result
     int *tokens, *targets;    // (B, T) the micro-batch
     int *chunk_tokens;        // (B, C)
+    int *chunk_targets;       // (B, C) a chunk's targets, and its positions' losses, in the
+    float *chunk_losses;      // (B, C) order of its rows (the head's pieces run over them)
     int B, T;                 // activation capacity
     int chunk_size;           // C (== T: whole sequence)
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
@@ -209,7 +212,7 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     size_t L = c->n_layers, N = (size_t)m->B * m->chunk_size, D = c->dim, H = c->hidden_dim, V = c->vocab_size;
     size_t Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
     size_t r = h->use_lora ? h->lora.r : 0, widest = std::max(std::max(D, H), Q);
-    size_t piece = (m->chunk_size + m->num_output_chunks - 1) / m->num_output_chunks;
+    size_t piece = (N + m->num_output_chunks - 1) / m->num_output_chunks; // the head's rows at a time
     // trainable: fp32 masters and gradients; in bf16 the matmuls read a bf16 copy
     p->place(m->params, m->n_train);
     p->place(m->grads, m->n_train);
@@ -230,6 +233,7 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     a->place(m->rstdf, N); a->place(m->logits, piece * V);
     a->place(m->losses, (size_t)m->B * m->T); a->place(m->loss_sum, 1); a->place(m->grad_norm, 1);
     a->place(m->tokens, (size_t)m->B * m->T); a->place(m->targets, (size_t)m->B * m->T); a->place(m->chunk_tokens, N);
+    a->place(m->chunk_targets, N); a->place(m->chunk_losses, N);
     a->place(m->rope_cos, (size_t)m->T * c->head_dim / 2); a->place(m->rope_sin, (size_t)m->T * c->head_dim / 2);
     // the carries hold the whole sequence
     size_t carry = L * m->B * (size_t)m->T * KV;
@@ -237,12 +241,13 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
 }
 
 // dst (n, floatX) on the device = src (n, fp32) on the host; bf16 is converted on
-// the device in pieces, so the model never needs an fp32 copy of itself there
+// the device in pieces of UPLOAD_PIECE, so the model never needs an fp32 copy of itself there
+constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements: a 64 MiB staging buffer
 template <typename floatX> void upload(floatX *dst, const float *src, size_t n, cudaStream_t stream) {
     if constexpr (std::is_same<floatX, float>::value) {
         cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream));
     } else {
-        size_t piece = std::min(n, (size_t)1 << 24);
+        size_t piece = std::min(n, UPLOAD_PIECE);
         float *stage = (float *)cudaMallocCheck(piece * sizeof(float));
         for (size_t i = 0; i < n; i += piece) { // in stream order: a piece's convert runs before the next copy
             size_t k = std::min(piece, n - i);
@@ -254,19 +259,22 @@ template <typename floatX> void upload(floatX *dst, const float *src, size_t n, 
     }
 }
 
-// Before anything is allocated: does the run fit? If not, say what it needs, by
-// purpose, against what is free, and what to change.
-static void check_fits(const Model *m, size_t w, size_t p, size_t a, size_t k) {
-    size_t free_bytes, total_bytes;
+// Before the model's buffers are allocated (the cuBLASLt workspace already is):
+// does the run (model_plan's bytes, and bf16's upload staging) fit? If not, say
+// what it needs, by purpose, against what is free, and what to change.
+static void check_fits(const Model *m) {
+    size_t free_bytes, total_bytes, w = m->weight_bytes, p = m->param_bytes, a = m->act_bytes, k = m->carry_bytes;
+    size_t stage = m->fp32 ? 0 : UPLOAD_PIECE * sizeof(float);
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    size_t need = w + p + a + k + CUBLASLT_WORKSPACE_BYTES;
+    size_t need = w + p + a + k + stage;
     if (need <= free_bytes) return;
     const double MiB = 1048576.0;
     fprintf(stderr, "error: out of GPU memory: this run needs %.1f MiB but %.1f of %.1f MiB are free:\n"
             "  base weights (%s) %.1f MiB, trainable parameters and gradients %.1f MiB,\n"
-            "  activations and scratch %.1f MiB (B = %d, chunks of %d, %s), KV and dKV carry %.1f MiB (T = %d)\n"
+            "  activations and scratch %.1f MiB (B = %d, chunks of %d, %s), KV and dKV carry %.1f MiB (T = %d),\n"
+            "  staging the upload %.1f MiB\n"
             "  hint: %s\n", need / MiB, free_bytes / MiB, total_bytes / MiB, m->fp32 ? "fp32" : "bf16", w / MiB,
-            p / MiB, a / MiB, m->B, m->chunk_size, m->recompute ? "recompute" : "keep", k / MiB, m->T,
+            p / MiB, a / MiB, m->B, m->chunk_size, m->recompute ? "recompute" : "keep", k / MiB, m->T, stage / MiB,
             cuda_error_hint(cudaErrorMemoryAllocation));
     exit(EXIT_FAILURE);
 }
@@ -306,7 +314,7 @@ static void comms_init(Model *m) {
 static void comms_free(Model *m) {
     FsdpComm *dev[3] = {&m->nccl_world, &m->nccl_shard, &m->nccl_replica};
     for (int i = 0; i < 3; i++)
-        if (dev[i]->backend == FSDP_BACKEND_NCCL) ncclCommDestroy(dev[i]->nccl); // the host side is the trainer's
+        if (dev[i]->backend == FSDP_BACKEND_NCCL) fsdp_ncclCheck(dev[i], ncclCommDestroy(dev[i]->nccl)); // the host side is the trainer's
 }
 static const int backend_sharding = 1; // any number of ranks, one GPU each, every strategy
 #else
@@ -331,25 +339,44 @@ static void stream_after(cudaStream_t waiter, cudaStream_t stream, cudaEvent_t e
     cudaCheck(cudaStreamWaitEvent(waiter, event, 0));
 }
 
-// Device buffers for micro-batches of up to B rows of T tokens, run in chunks of
-// C positions (C = 0: T), and the host model (loaded by model_setup) uploaded.
-static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
-    HostModel *h = &m->host;
-    const Config *c = &h->config;
+// The memory plan, on the host alone: the capacity, the slots and chunks, and
+// the bytes of the four allocations (model_layout's counting pass). It makes
+// no CUDA call, so --dry_run, which stops here, runs without a GPU.
+static void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
+    const HostModel *h = &m->host;
     if (C <= 0 || C > T) C = T;
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
     m->n_slots = recompute ? 1 : (T + C - 1) / C;
     m->sharded = h->shards != NULL;
+    m->n_train = h->use_lora ? h->lora.num_params : m->sharded ? h->units.shard_numel : h->num_params;
+    if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        Buffers<floatX> &d = buffers<floatX>(m);
+        d.chunk = (ChunkActs<floatX> *)callocCheck(m->n_slots, sizeof(ChunkActs<floatX>));
+        d.slot = (floatX **)callocCheck(m->n_unit_slots + 1, sizeof(floatX *)); // + 1: not empty when whole
+        Layout lay[4]; // weights, trainable, activations, carry
+        model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
+        m->weight_bytes = lay[0].bytes; m->param_bytes = lay[1].bytes; m->act_bytes = lay[2].bytes; m->carry_bytes = lay[3].bytes;
+    });
+}
+
+// Device buffers for micro-batches of up to B rows of T tokens, run in chunks of
+// C positions (C = 0: T), and the host model (loaded by model_setup) uploaded.
+// A dry run stops after the plan.
+static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
+    HostModel *h = &m->host;
+    const Config *c = &h->config;
+    model_plan(m, B, T, C, recompute, num_output_chunks);
     size_t n_base = m->sharded ? h->units.shard_numel : h->num_params; // the base weights this rank holds
     const float *base = m->sharded ? h->shards : h->params;
-    m->n_train = h->use_lora ? h->lora.num_params : n_base;
+    if (m->dry_run) return;
     if (m->fsdp && m->fsdp->world.size > 1) set_device(m->fsdp); // before any allocation
     cudaCheck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&m->computed, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&m->communicated, cudaEventDisableTiming));
     if (m->sharded) {
-        m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
         m->slot_unit = (int *)mallocCheck(m->n_unit_slots * sizeof(int));
         m->gathered = (cudaEvent_t *)callocCheck(m->n_unit_slots, sizeof(cudaEvent_t));
         for (int s = 0; s < m->n_unit_slots; s++)
@@ -362,17 +389,14 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
-        d.chunk = (ChunkActs<floatX> *)callocCheck(m->n_slots, sizeof(ChunkActs<floatX>));
-        d.slot = (floatX **)callocCheck(m->n_unit_slots + 1, sizeof(floatX *)); // + 1: not empty when whole
-        Layout lay[4]; // weights, trainable, activations, carry
-        model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
-        check_fits(m, lay[0].bytes, lay[1].bytes, lay[2].bytes, lay[3].bytes);
+        check_fits(m);
+        size_t bytes[4] = {m->weight_bytes, m->param_bytes, m->act_bytes, m->carry_bytes};
+        Layout lay[4]; // weights, trainable, activations, carry: model_layout places what model_plan counted
         for (int i = 0; i < 4; i++) {
-            m->alloc[i] = cudaMallocCheck(lay[i].bytes + 1); // + 1: a valid pointer also when empty
+            m->alloc[i] = cudaMallocCheck(bytes[i] + 1); // + 1: a valid pointer also when empty
             lay[i] = Layout{(char *)m->alloc[i], 0};
         }
         model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
-        m->weight_bytes = lay[0].bytes; m->param_bytes = lay[1].bytes; m->act_bytes = lay[2].bytes; m->carry_bytes = lay[3].bytes;
         // the trainable masters, then the weights the matmuls read
         cudaStream_t st = m->stream;
         upload(m->params, h->use_lora ? h->lora.params : base, m->n_train, st);
@@ -537,11 +561,11 @@ static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch, cudaStrea
     cudaCheck(cudaMemcpy2DAsync(dst, row, tokens + ch->t0, ch->T * sizeof(int), row, ch->B, cudaMemcpyDeviceToDevice,
                                 stream));
 }
-// a chunk's rows x (B, len, w) into the carry (B, T, w), or back out (dir = -1)
-template <typename floatX> void carry_copy(floatX *carry, floatX *x, const Chunk *ch, size_t w, int dir,
-                                           cudaStream_t stream) {
-    size_t row = ch->len * w * sizeof(floatX), pitch = ch->T * w * sizeof(floatX);
-    floatX *c = carry + ch->t0 * w;
+// a chunk's rows x (B, len, w) into the carry (B, T, w), or back out (dir = -1);
+// also a chunk's targets out of the micro-batch's and its losses into them (w = 1)
+template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w, int dir, cudaStream_t stream) {
+    size_t row = ch->len * w * sizeof(E), pitch = ch->T * w * sizeof(E);
+    E *c = carry + ch->t0 * w;
     if (dir > 0) cudaCheck(cudaMemcpy2DAsync(c, pitch, x, row, row, ch->B, cudaMemcpyDeviceToDevice, stream));
     else cudaCheck(cudaMemcpy2DAsync(x, row, c, pitch, row, ch->B, cudaMemcpyDeviceToDevice, stream));
 }
@@ -587,42 +611,56 @@ template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, co
     }
 }
 
+// rows r0 .. r0 + n - 1 of a chunk's logits (n, V; device) to their positions
+// in logits_out (B, T, V; host): a run of rows of one sequence per copy
+static void logits_to_host(float *logits_out, const float *logits, const Chunk *ch, int r0, int n, int V,
+                           cudaStream_t stream) {
+    for (int r = r0; r < r0 + n;) {
+        int b = r / ch->len, i = r % ch->len, rows = std::min(ch->len - i, r0 + n - r);
+        size_t pos = (size_t)b * ch->T + ch->t0 + i;
+        cudaCheck(cudaMemcpyAsync(logits_out + pos * V, logits + (size_t)(r - r0) * V, (size_t)rows * V * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream));
+        r += rows;
+    }
+}
+
 // Final norm, output head and cross-entropy of one chunk: each position's loss
 // goes to m->losses (the micro-batch sums them once at its end). The head runs
-// on pieces of ceil(len / num_output_chunks) positions of one row at a time, so
-// full-vocabulary logits (fp32) exist only for a piece. With grad_scale != 0
-// each piece's d(grad_scale * loss)/d(logits) is formed in place while its
-// logits are at hand, and d.dresid ends up holding d loss / d(final residual)
-// for the chunk. logits_out (B, T, V, host), when given, receives the logits.
+// on pieces of ceil(B * len / num_output_chunks) of the chunk's B * len rows
+// (a piece may span sequences: the targets and losses go through chunk-ordered
+// copies), so full-vocabulary logits (fp32) exist only for a piece. With
+// grad_scale != 0 each piece's d(grad_scale * loss)/d(logits) is formed in place
+// while its logits are at hand, and d.dresid ends up holding d loss / d(final
+// residual) for the chunk. logits_out (B, T, V, host), when given, receives the logits.
+// (train_llama2.c's twin runs its pieces within one sequence at a time: the
+// same rows and losses, the head's gradient summed in another order.)
 template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const Chunk *ch, float grad_scale,
                                            float *logits_out) {
     Config *c = &m->host.config;
     Buffers<floatX> &d = buffers<floatX>(m);
     cudaStream_t st = m->stream;
     int N = ch->B * ch->len, D = c->dim, V = c->vocab_size;
-    int piece = (ch->len + m->num_output_chunks - 1) / m->num_output_chunks;
+    int piece = (N + m->num_output_chunks - 1) / m->num_output_chunks;
     int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
     const floatX *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
     floatX *norm = param_at<floatX>(m, hu, 0), *head = head_weight<floatX>(m);
     float *dnorm = full ? grad_at(m, hu, 0) : NULL, *dhead = full ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : NULL;
     rmsnorm_forward(d.lnf, m->rstdf, xL, norm, N, D, c->norm_eps, st);
     if (grad_scale != 0.0f) cudaCheck(cudaMemsetAsync(d.dln, 0, (size_t)N * D * sizeof(floatX), st));
-    for (int b = 0; b < ch->B; b++)
-        for (int p0 = 0; p0 < ch->len; p0 += piece) {
-            int n = std::min(ch->len - p0, piece);
-            size_t row = (size_t)b * ch->len + p0, pos = (size_t)b * ch->T + ch->t0 + p0; // in the chunk, in the batch
-            const floatX *xf = d.lnf + row * D;
-            matmul_forward(m->logits, xf, head, n, D, V, 1.0f, 0, st); // (n, V) in fp32
-            if (logits_out)
-                cudaCheck(cudaMemcpyAsync(logits_out + pos * V, m->logits, (size_t)n * V * sizeof(float),
-                                          cudaMemcpyDeviceToHost, st));
-            crossentropy_forward_backward(m->logits, m->losses + pos, m->targets + pos, n, V, grad_scale, st);
-            if (grad_scale == 0.0f) continue;
-            const floatX *dlogits;
-            if constexpr (std::is_same<floatX, float>::value) dlogits = m->logits;
-            else { convert(d.dlogits, m->logits, (size_t)n * V, st); dlogits = d.dlogits; }
-            matmul_backward(d.dln + row * D, dhead, dlogits, xf, head, n, D, V, 1.0f, st);
-        }
+    carry_copy(m->targets, m->chunk_targets, ch, 1, -1, st);
+    for (int r0 = 0; r0 < N; r0 += piece) { // rows r0 .. r0 + n - 1 of the chunk
+        int n = std::min(N - r0, piece);
+        const floatX *xf = d.lnf + (size_t)r0 * D;
+        matmul_forward(m->logits, xf, head, n, D, V, 1.0f, 0, st); // (n, V) in fp32
+        if (logits_out) logits_to_host(logits_out, m->logits, ch, r0, n, V, st);
+        crossentropy_forward_backward(m->logits, m->chunk_losses + r0, m->chunk_targets + r0, n, V, grad_scale, st);
+        if (grad_scale == 0.0f) continue;
+        const floatX *dlogits;
+        if constexpr (std::is_same<floatX, float>::value) dlogits = m->logits;
+        else { convert(d.dlogits, m->logits, (size_t)n * V, st); dlogits = d.dlogits; }
+        matmul_backward(d.dln + (size_t)r0 * D, dhead, dlogits, xf, head, n, D, V, 1.0f, st);
+    }
+    carry_copy(m->losses, m->chunk_losses, ch, 1, 1, st);
     if (grad_scale != 0.0f) {
         cudaCheck(cudaMemsetAsync(d.dresid, 0, (size_t)N * D * sizeof(floatX), st));
         rmsnorm_backward(d.dresid, dnorm, d.dln, xL, norm, m->rstdf, N, D, st);

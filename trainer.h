@@ -15,6 +15,10 @@
 //       int recompute;         chunk memory mode: 1 recompute, 0 keep
 //       int fp32;              set by the trainer before model_alloc: --precision fp32
 //                              (else bf16: weights and activations stored in bf16)
+//       int dry_run;           set by the trainer before model_alloc: --dry_run, after
+//                              which only the memory plan is read and model_free
+//                              called; model_alloc may then count the bytes and
+//                              allocate nothing (the GPU backend touches no GPU)
 //       size_t weight_bytes;   bytes of the base weights as stored        }
 //       size_t param_bytes;    bytes of the trainable parameters, their   }
 //                              gradients, AdamW moments and any copies    } for the
@@ -381,6 +385,7 @@ static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, c
         }
     }
     m->fp32 = !strcmp(tc->precision, "fp32");
+    m->dry_run = tc->dry_run;
     model_alloc(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     return 0;
 }
@@ -1017,9 +1022,9 @@ static int train_run(TrainConfig *tc, Trainer *r) {
             failed = 1;
         }
         if (failed_anywhere(r, failed)) return 1;
-        optimizer_sync_device(opt);
+        if (!tc->dry_run) optimizer_sync_device(opt); // (a dry run's model has no device side)
     }
-    if (tc->export_hf[0]) {
+    if (tc->export_hf[0] && !tc->dry_run) {
         printf("exporting %s (step %d) to %s/\n", resume_dir, ts.step, tc->export_hf);
         return save_outputs(tc, r, tc->export_hf, tokpath);
     }

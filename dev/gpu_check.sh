@@ -2,7 +2,8 @@
 # Everything a short GPU lease should run, in one command (about 5-10 minutes):
 # the device, a build for the GPU that is present, every dev/cuda check
 # (validation against the CPU twins, then timing), test_llama2cu (the CUDA
-# trainer against the CPU twin), compute-sanitizer on the small shapes
+# trainer against the CPU twin), dev/cuda/fsdp_nccl as one rank (where it is
+# built), compute-sanitizer on the small shapes
 # (memcheck on every check and on test_llama2cu --quick; racecheck on
 # attention and test_llama2cu; synccheck on attention), a short run of the
 # built-in default through train_llama2cu, and a summary table: kernel,
@@ -19,7 +20,7 @@ results=${1:-${OUT:+$OUT/gpu_check.md}}
 results=${results:-gpu_check.md}
 log=${results%.md}.log
 budget=${GPU_CHECK_SECONDS:-540} # sanitizer runs that would start later than this are skipped
-checks="matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm elementwise"
+checks="matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm elementwise lora"
 t_start=$(date +%s)
 : >"$log"
 steps=() # "name|result|seconds" for the table
@@ -59,6 +60,8 @@ step build 400 make -B -j"$(nproc)" cuda ${arch:+CUDA_ARCHS="$arch"}
 for c in $checks; do step "$c" 180 "dev/cuda/$c"; done
 checks_end=$(wc -l <"$log") # the table reads the checks above, not their repeats under the sanitizer
 step test_llama2cu 300 test/test_llama2cu
+# fsdp.h's NCCL backend as one rank (built where nccl.h is): the collectives' checks and the bf16 gather
+[ -x dev/cuda/fsdp_nccl ] && step "fsdp_nccl (one rank)" 120 dev/cuda/fsdp_nccl
 # the built-in default (a small generated model and data, LoRA), 50 steps: it trains and samples
 step "train_llama2cu default" 300 ./train_llama2cu --max_steps 50 --output_dir out/gpu_check \
     --metrics_file out/gpu_check/metrics.jsonl

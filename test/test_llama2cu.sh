@@ -1,10 +1,51 @@
 #!/usr/bin/env bash
-# make test's run of test_llama2cu (the CUDA trainer against the CPU twin), after
-# dev/cuda/compile_check.sh built it: without nvcc there is no binary, and
-# without a GPU the binary itself says SKIP.
+# make test's runs of the CUDA binaries, after dev/cuda/compile_check.sh built
+# them (without nvcc there are none: SKIP).
+# 1. train_llama2cu --dry_run touches no GPU, so it runs here and in CI: it must
+#    print the configuration and the memory plan, train nothing and exit 0 (LoRA,
+#    full fine-tuning in chunks, and a resume from a CPU checkpoint); in
+#    --precision fp32 its base weights and KV carry must be the CPU trainer's
+#    (the same bytes, counted by train_llama2.c's allocations).
+# 2. test_llama2cu, the CUDA trainer against the CPU twin; without a GPU it says SKIP.
 cd "$(dirname "$0")/.."
-if [ ! -x test/test_llama2cu ]; then
-    echo "SKIP test_llama2cu: not built (no nvcc; see the cuda compile check above)"
+if [ ! -x train_llama2cu ] || [ ! -x test/test_llama2cu ]; then
+    echo "SKIP train_llama2cu --dry_run, test_llama2cu: not built (no nvcc; see the cuda compile check above)"
     exit 0
 fi
-exec test/test_llama2cu
+CPU=${BIN:-./train_llama2}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+ARGS=(--model test/fixtures/tiny_gqa --data test/fixtures/data.jsonl --max_seq_len 24 --threads 1)
+fails=0
+check() { # check NAME CONDITION-EXIT-CODE DETAIL
+    if [ "$2" -eq 0 ]; then echo "ok train_llama2cu --dry_run: $1"; else echo "FAIL train_llama2cu --dry_run: $1: $3"; fails=$((fails + 1)); fi
+}
+dry() { # dry NAME ARGS...: exit 0, the configuration and the plan printed, no step, no CUDA call failed
+    local name=$1; shift
+    ./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" "$@" >"$TMP/$name.log" 2>&1
+    local rc=$?
+    [ $rc -eq 0 ] && grep -q "lr_scheduler" "$TMP/$name.log" && grep -q "memory plan (GPU memory" "$TMP/$name.log" &&
+        ! grep -qE "^step 1|CUDA ERROR|cuBLAS ERROR" "$TMP/$name.log"
+    check "$name" $? "exit $rc: $(tail -3 "$TMP/$name.log")"
+}
+plan_line() { grep -E "^  ($2) " "$1"; } # plan_line LOG NAME: that line of the memory plan
+
+dry "LoRA, bf16, without a GPU" --batch_size 64
+dry "full fine-tuning in chunks (recompute), without a GPU" --full_finetune --chunk_size 8 --chunk_memory recompute
+# 0.5 MiB of weights and 1.5 MiB of carry (B = 64): whole multiples of the 256 bytes the GPU rounds each buffer to
+dry "LoRA, fp32" --batch_size 64 --precision fp32
+"$CPU" "${ARGS[@]}" --batch_size 64 --dry_run --output_dir "$TMP/out" >"$TMP/cpu.log" 2>&1
+for line in "base weights \(fp32\)" "KV and dKV carry"; do
+    gpu=$(plan_line "$TMP/LoRA, fp32.log" "$line") cpu=$(plan_line "$TMP/cpu.log" "$line")
+    [ -n "$gpu" ] && [ "$gpu" = "$cpu" ]
+    check "fp32 plan's '${line//\\/}' is the CPU trainer's" $? "gpu '$gpu', cpu '$cpu'"
+done
+# a checkpoint of the CPU trainer (the format is shared): read back, nothing uploaded
+"$CPU" "${ARGS[@]}" --batch_size 4 --max_steps 1 --save_every 1 --output_dir "$TMP/ckpt" >"$TMP/ckpt.log" 2>&1
+check "a CPU checkpoint to resume from" $? "$(tail -3 "$TMP/ckpt.log")"
+dry "resume from a CPU checkpoint, without a GPU" --batch_size 4 --resume "$TMP/ckpt"
+
+test/test_llama2cu
+rc=$?
+[ $fails -eq 0 ] && exit $rc
+exit 1

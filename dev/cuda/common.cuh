@@ -80,7 +80,7 @@ inline int *to_device(const std::vector<int> &x) {
     cudaCheck(cudaMemcpy(d, x.data(), x.size() * sizeof(int), cudaMemcpyHostToDevice));
     return d;
 }
-// n elements of T, every byte 0xFF: NaN in float and in bf16
+// n elements of T, every byte 0xFF: NaN in float, bf16 and double
 template <typename T> T *device_poisoned(size_t n) {
     T *d = device_alloc<T>(n);
     cudaCheck(cudaMemset(d, 0xFF, n * sizeof(T)));

@@ -14,7 +14,7 @@ template <typename T> void check_crossentropy(int n, int V, float grad_scale, bo
     T *d_logits = to_device<T>(logits);
     int *d_targets = to_device(targets);
     float *d_losses = device_poisoned<float>(n);
-    double *d_sum = device_alloc<double>(1), sum;
+    double *d_sum = device_poisoned<double>(1), sum;
     std::vector<float> all = logits;
     double total = ref_crossentropy_forward_backward(all.data(), targets.data(), n, V, grad_scale);
     for (int i = 0; i < n; i++) // each row alone, for its loss; the gradient is the same either way

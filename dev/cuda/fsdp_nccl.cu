@@ -1,29 +1,50 @@
 // fsdp.h's NCCL backend on the GPU, against plain loops on the host, then timed:
 //   make dev/cuda/fsdp_nccl && mpirun -np <GPUs> dev/cuda/fsdp_nccl   (or dev/launch.sh <GPUs> ..., or alone: one GPU)
 // Each rank uses GPU (rank % device count). Checks, on sizes that do not divide
-// by W: all-gather and broadcast exact; reduce-scatter and all-reduce against a
+// by W: all-gather exact (fp32, and bf16 as the CUDA trainer's bf16 weights);
+// reduce-scatter and all-reduce against a
 // float64 sum, within (W - 1) * 2^-24 * sum|x| per element, the bound on fp32
 // rounding for W terms added in any order (NCCL picks its own order); and every
 // rank gets the same bits from all-reduce. Then the bandwidth of all-gather and
 // reduce-scatter of a Llama-2-7B decoder layer (202 M parameters, fp32).
 #include "../../fsdp.h"
 #include <math.h>
+#include <vector>
 
 static float value(int rank, size_t i) { return hash_uniform((uint64_t)rank, i) - 0.5f; }
+// a bf16 of it (its top 16 bits: any bits do, the gather moves them unchanged)
+static uint16_t value_bf16(int rank, size_t i) {
+    float x = value(rank, i);
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)(u >> 16);
+}
+
+// all-gather of E elements through gather (fp32, or bf16 bits): every rank gets
+// every rank's shard value_of(rank, 0 .. S - 1), in rank order, exactly; 1 if not
+template <typename E, typename Value, typename Gather>
+static int gather_bad(FsdpComm *c, size_t S, void *dev_a, void *dev_b, Value value_of, Gather gather) {
+    std::vector<E> mine(S), got((size_t)c->size * S);
+    for (size_t i = 0; i < S; i++) mine[i] = value_of(c->rank, i);
+    fsdp_cudaCheck(c, cudaMemcpy(dev_a, mine.data(), S * sizeof(E), cudaMemcpyHostToDevice));
+    gather(c, dev_b, dev_a, S);
+    fsdp_cudaCheck(c, cudaMemcpyAsync(got.data(), dev_b, got.size() * sizeof(E), cudaMemcpyDeviceToHost, c->stream));
+    fsdp_barrier(c);
+    int bad = 0;
+    for (int q = 0; q < c->size; q++)
+        for (size_t i = 0; i < S; i++) bad |= got[(size_t)q * S + i] != value_of(q, i);
+    return bad;
+}
 
 // c: the NCCL communicator; host: the same ranks on the host side (MPI or TCP)
 static int check(FsdpComm *c, FsdpComm *host_comm, size_t S, float *dev_a, float *dev_b) {
-    int W = c->size, me = c->rank, bad = 0;
+    int W = c->size, me = c->rank;
     size_t full_n = (size_t)W * S;
     float *host = (float *)mallocCheck(full_n * sizeof(float)), *got = (float *)mallocCheck(full_n * sizeof(float));
-    // all-gather
-    for (size_t i = 0; i < S; i++) host[i] = value(me, i);
-    fsdp_cudaCheck(c, cudaMemcpy(dev_a, host, S * sizeof(float), cudaMemcpyHostToDevice));
-    fsdp_all_gather(c, dev_b, dev_a, S);
-    fsdp_cudaCheck(c, cudaMemcpyAsync(got, dev_b, full_n * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
-    fsdp_barrier(c);
-    for (int q = 0; q < W; q++)
-        for (size_t i = 0; i < S; i++) bad |= got[(size_t)q * S + i] != value(q, i);
+    int bad = gather_bad<float>(c, S, dev_a, dev_b, value, [](FsdpComm *cc, void *full, const void *shard, size_t n) {
+        fsdp_all_gather(cc, (float *)full, (const float *)shard, n);
+    });
+    bad |= gather_bad<uint16_t>(c, S, dev_a, dev_b, value_bf16, fsdp_all_gather_bf16);
     // reduce-scatter and all-reduce: rank q holds value(q, i) at element i of the full buffer
     for (size_t i = 0; i < full_n; i++) host[i] = value(me, i);
     fsdp_cudaCheck(c, cudaMemcpy(dev_b, host, full_n * sizeof(float), cudaMemcpyHostToDevice));
@@ -90,8 +111,8 @@ int main(void) {
             printf("%s of a 7B layer (%.0f MB fp32) at W = %d: %.2f ms, bus bandwidth %.1f GB/s\n", op ? "reduce-scatter" : "all-gather",
                    layer * 4.0 / 1e6, W, ms / reps, bytes / (ms / reps * 1e6));
     }
-    cudaFree(dev_a);
-    cudaFree(dev_b);
+    fsdp_cudaCheck(&f.world, cudaFree(dev_a));
+    fsdp_cudaCheck(&f.world, cudaFree(dev_b));
     fsdp_free(&f);
     fsdp_world_finalize();
     return bad;

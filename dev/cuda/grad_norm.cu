@@ -1,5 +1,6 @@
-// grad_norm and clip_grads (layers.cuh) against train_llama2.c's. The GPU sums
-// in fp64 like the CPU, in a fixed order, so the norm agrees to ~1e-12.
+// grad_norm, grad_sumsq (its square, which sharded ranks add up) and clip_grads
+// (layers.cuh) against train_llama2.c's. The GPU sums in fp64 like the CPU, in a
+// fixed order, so the norm agrees to ~1e-12; compared as floats, to 1e-6.
 #include "common.cuh"
 #include "../../layers.cuh"
 
@@ -8,7 +9,11 @@ void check_grad_norm(size_t n, bool timed) {
     snprintf(shape, sizeof shape, "n=%zu", n);
     std::vector<float> g = random_vector(n, -0.01f, 0.01f);
     float *d_g = to_device<float>(g);
-    double *d_norm = device_alloc<double>(1), norm, ref = ref_grad_norm(g.data(), n);
+    double *d_norm = device_poisoned<double>(1), norm, ref = ref_grad_norm(g.data(), n);
+    grad_sumsq(d_norm, d_g, n, false, 0);
+    cudaCheck(cudaMemcpy(&norm, d_norm, sizeof norm, cudaMemcpyDeviceToHost));
+    check("grad_sumsq", "fp32", "sumsq", shape, {(float)norm}, {(float)(ref * ref)}, 1e-6);
+    cudaCheck(cudaMemset(d_norm, 0xFF, sizeof(double))); // NaN again
     grad_norm(d_norm, d_g, n, 0);
     cudaCheck(cudaMemcpy(&norm, d_norm, sizeof norm, cudaMemcpyDeviceToHost));
     check("grad_norm", "fp32", "norm", shape, {(float)norm}, {(float)ref}, 1e-6);

@@ -128,5 +128,6 @@ int main(int argc, char **argv) {
     bool quick = quick_mode(argc, argv);
     check_all<float>(quick);
     check_all<__nv_bfloat16>(quick);
+    matmul_free();
     return finish("lora");
 }
