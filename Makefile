@@ -76,6 +76,12 @@ $(B)train_llama2: train_llama2.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(MPI_CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
+# the trainer without MPI, where the one above has it: test/test_sharded.sh checks that it
+# launches by the environment with the same bits, and refuses to be mpirun's several processes
+$(B)test/train_llama2_nompi: train_llama2.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
 # fsdp.h's tests (test/test_fsdp.sh runs them alone and under mpirun)
 $(B)test/test_fsdp: test/test_fsdp.c fsdp.h train_llama2.c $(HEADERS) test/test_common.h
 	@mkdir -p $(@D)
@@ -149,7 +155,7 @@ cuda-compile-check: cuda
 
 # (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out)
 RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
-test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare
+test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if $(MPICC),$(B)test/train_llama2_nompi)
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh $(RUN_TESTS) \
 	    test/test_fsdp.sh test/test_sharded.sh test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh)
@@ -170,6 +176,6 @@ run: train_llama2
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} ./train_llama2
 
 clean:
-	rm -f train_llama2 train_llama2cu $(TESTS) test/test_fsdp test/st_compare dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
+	rm -f train_llama2 train_llama2cu $(TESTS) test/test_fsdp test/st_compare test/train_llama2_nompi dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
 	    test/test_llama2cu test/cpu_twin.o dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp dev/bench_fsdp
 	rm -rf build-san build-fuzz build-vg

@@ -221,12 +221,32 @@ env_case 4 HYBRID_SHARD 4-hybrid --shard_group 2
 grep -q "4 ranks, HYBRID_SHARD: shard groups of 2, 2 replica(s)" "$TMP/env-full-4-HYBRID_SHARD.log"
 check "launched by the environment: W = 4 HYBRID_SHARD says its groups" $? "$(head -3 "$TMP/env-full-4-HYBRID_SHARD.log")"
 
+# torchrun itself, where it is installed: its agent holds MASTER_PORT, so rank 0 listens at the next port
+if command -v torchrun >/dev/null && torchrun --help >/dev/null 2>&1; then
+    timeout $TIMEOUT torchrun --nproc_per_node 2 --no-python "$BIN" "${COMMON[@]}" "${LORA[@]}" --batch_size 6 \
+        --sharding_strategy FULL_SHARD --output_dir "$TMP/torchrun" --metrics_file "$TMP/torchrun.jsonl" >"$TMP/torchrun.log" 2>&1
+    same_bits "torchrun --nproc_per_node 2 --no-python == dev/launch.sh 2 (LoRA, FULL_SHARD)" "$TMP/env-lora-2-FULL_SHARD" "$TMP/torchrun" adapter_model.safetensors
+else
+    echo "SKIP sharded training under torchrun: no torchrun (it comes with PyTorch)"
+fi
+
 run 3 "$TMP/env-save3" "${FULL[@]}" --batch_size 4 --save_every 5 --keep_checkpoints 0
 out="$TMP/env-resume2"
 mkdir -p "$out" && cp -r "$TMP/env-save3/checkpoint-5" "$out/" && head -5 "$TMP/env-save3.jsonl" >"$out.jsonl"
 run 2 "$out" "${FULL[@]}" --batch_size 6 --resume "$out"
 same_run "launched by the environment: saved at W = 3, resumed at W = 2 == uninterrupted (steps 6-10, final weights)" \
     "$TMP/env-save3" "$out" model.safetensors 6
+
+# a build without MPI (make test builds one where the trainer has MPI) launches the same way with the same bits,
+# and refuses to run as mpirun's several processes, each of which would train alone
+nompi="$dir_of_bin/test/train_llama2_nompi"
+if [ -x "$nompi" ]; then
+    BIN=$nompi run 2 "$TMP/nompi-lora" "${LORA[@]}" --batch_size 6 --sharding_strategy FULL_SHARD
+    same_bits "a build without MPI, launched by the environment == the MPI build (LoRA, W = 2)" "$TMP/env-lora-2-FULL_SHARD" "$TMP/nompi-lora" adapter_model.safetensors
+    OMPI_COMM_WORLD_SIZE=2 "$nompi" "${FARGS[@]}" >"$TMP/nompi-mpirun.log" 2>&1
+    [ $? -ne 0 ] && grep -q "an MPI launcher started 2 processes, but this program was built without MPI" "$TMP/nompi-mpirun.log"
+    check "a build without MPI started by an MPI launcher as 2 processes says so and stops" $? "$(tail -2 "$TMP/nompi-mpirun.log")"
+fi
 
 # the same faults; a rank's own changes to its command come through bash -c (RANK is its rank)
 export MISSING="$TMP/missing.jsonl"
