@@ -34,17 +34,24 @@ static inline void tcp__nodelay(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-// Listens on every interface at port (0: a free one the system picks); *fd is
-// the listening socket and *bound its port.
-static inline int tcp_listen(int port, int *fd, int *bound, char *err, size_t errn) {
+// the stream sockets of host:port, IPv4 or IPv6 (host NULL: every interface, to
+// listen on); getaddrinfo's result
+static inline int tcp__resolve(const char *host, int port, struct addrinfo **res) {
     char service[16];
     snprintf(service, sizeof service, "%d", port);
-    struct addrinfo hints, *res;
+    struct addrinfo hints;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    int rc = getaddrinfo(NULL, service, &hints, &res);
+    hints.ai_flags = host ? 0 : AI_PASSIVE;
+    return getaddrinfo(host, service, &hints, res);
+}
+
+// Listens on every interface at port (0: a free one the system picks); *fd is
+// the listening socket and *bound its port.
+static inline int tcp_listen(int port, int *fd, int *bound, char *err, size_t errn) {
+    struct addrinfo *res;
+    int rc = tcp__resolve(NULL, port, &res);
     if (rc != 0) {
         snprintf(err, errn, "cannot listen on port %d: %s", port, gai_strerror(rc));
         return -1;
@@ -74,14 +81,9 @@ static inline int tcp_listen(int port, int *fd, int *bound, char *err, size_t er
 // seconds): the peer may not be listening yet. A host that does not resolve is
 // an error at once.
 static inline int tcp_connect(const char *host, int port, double deadline, int *fd, char *err, size_t errn) {
-    char service[16];
-    snprintf(service, sizeof service, "%d", port);
-    struct addrinfo hints, *res;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
+    struct addrinfo *res;
     for (;;) {
-        int rc = getaddrinfo(host, service, &hints, &res), last = 0;
+        int rc = tcp__resolve(host, port, &res), last = 0;
         if (rc != 0 && rc != EAI_AGAIN) {
             snprintf(err, errn, "cannot resolve '%s': %s", host, gai_strerror(rc));
             return -1;
