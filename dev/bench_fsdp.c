@@ -5,6 +5,7 @@
 //                                            220 M parameters) in BF16, one safetensors file per unit
 //   mpirun -np W dev/bench_fsdp load DIR     rank-local load (model_load_shard); rank 0 prints a row per rank
 //   dev/bench_fsdp whole DIR                 model_load (model.h), all of it in one process
+//   mpirun -np W dev/bench_fsdp collectives  the collectives' time and bandwidth (also under dev/launch.sh W)
 // Memory is the process's peak resident set (model_peak_mb: getrusage), so it includes the
 // program and, under MPI, the MPI runtime: the "before" column is what the
 // process held before loading.
@@ -86,10 +87,57 @@ static int load_whole(const char *dir) {
     return 0;
 }
 
+// The collectives' speed at this world size, over whichever host backend
+// started it (MPI under mpirun, TCP under dev/launch.sh): all-gather,
+// reduce-scatter (the shard is S floats, a rank's part of a unit) and
+// all-reduce (S floats), each timed over enough repetitions to take about a
+// second, after one warm-up. Rank 0 prints a row per collective and size: the
+// bandwidth is the unit's bytes (W * S floats, or S for the all-reduce) over the time.
+static int collectives(void) {
+    Fsdp f;
+    if (fsdp_init(&f, FSDP_FULL_SHARD, 0) != 0) return 1;
+    FsdpComm *c = &f.world;
+    int W = c->size;
+    const char *launch = c->host == FSDP_BACKEND_MPI ? "mpirun" : c->host == FSDP_BACKEND_TCP ? "TCP (dev/launch.sh)" : "one process";
+    size_t sizes[] = {(size_t)1 << 14, (size_t)1 << 20, (size_t)1 << 24}; // 64 KiB, 4 MiB, 64 MiB of fp32 per rank
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t S = sizes[k];
+        float *full = (float *)callocCheck((size_t)W * S, sizeof(float)), *shard = (float *)callocCheck(S, sizeof(float));
+        const char *names[3] = {"all-gather", "reduce-scatter", "all-reduce"};
+        for (int op = 0; op < 3; op++) {
+            int reps = 1;
+            double ms = 0;
+            for (int round = 0; round < 2; round++) { // a warm-up round sizes the repetitions, then the timed one
+                fsdp_barrier(c);
+                double t0 = now_ms();
+                for (int i = 0; i < reps; i++) {
+                    if (op == 0) fsdp_all_gather(c, full, shard, S);
+                    else if (op == 1) fsdp_reduce_scatter(c, shard, full, S);
+                    else fsdp_all_reduce(c, shard, S, FSDP_F32);
+                }
+                double t = now_ms() - t0;
+                fsdp_broadcast(c, &t, sizeof t, 0); // every rank the same repetitions
+                if (round == 0) reps = t > 1000 ? 1 : (int)(1000 / (t + 1e-3)) + 1;
+                else ms = t / reps;
+            }
+            double bytes = (op == 2 ? 1.0 : (double)W) * S * sizeof(float);
+            if (c->rank == 0)
+                printf("| %s | %d | %s | %.2f | %.3f | %.2f |\n", launch, W, names[op], S * sizeof(float) / 1048576.0, ms,
+                       bytes / (ms * 1e-3) / 1e9);
+        }
+        free(full);
+        free(shard);
+    }
+    fsdp_free(&f);
+    fsdp_world_finalize();
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "collectives")) return collectives();
     if (argc == 3 && !strcmp(argv[1], "make")) return make_model(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "load")) return load_sharded(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "whole")) return load_whole(argv[2]);
-    fprintf(stderr, "usage: %s make|load|whole DIR\n", argv[0]);
+    fprintf(stderr, "usage: %s make|load|whole DIR | collectives\n", argv[0]);
     return 2;
 }

@@ -4,7 +4,8 @@
 # trainer itself, FULL_SHARD, LoRA and full fine-tuning: a --dry_run (loading
 # and the memory plan) and two training steps. Prints the tables of
 # dev/bench_fsdp.md. The model is made in a temporary folder (MODEL_DIR to keep
-# one) and is not committed.
+# one) and is not committed. Then the collectives' speed under mpirun and under
+# dev/launch.sh (TCP).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make -s dev/bench_fsdp train_llama2
@@ -45,3 +46,13 @@ for mode in lora full; do
 done
 rm -rf "$out"
 [ -n "${MODEL_DIR:-}" ] || rm -rf "$dir"
+
+# The collectives' speed launched both ways: MPI (shared memory between the ranks of a node)
+# and the TCP backend of a launch by environment (loopback sockets, every communicator a star)
+echo
+echo "| launch | W | collective | MiB per rank | ms | GB/s |"
+echo "| --- | --- | --- | --- | --- | --- |"
+for w in 2 4; do
+    mpirun -np $w dev/bench_fsdp collectives
+    dev/launch.sh $w dev/bench_fsdp collectives
+done
