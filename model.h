@@ -34,6 +34,7 @@ typedef struct {
     float norm_eps;   // rms_norm_eps
     float rope_theta;
     int tied;         // tie_word_embeddings
+    float init_std;   // initializer_range: the std of --random_init's weights
 } Config;
 
 static int config_int(const JsonValue *cfg, const char *path, const char *key, int *out, int required, int lo, int hi) {
@@ -97,6 +98,9 @@ static int config_load(Config *c, const char *model_dir) {
             goto done;
         }
     }
+    c->init_std = 0.02f; // transformers' LlamaConfig default
+    if (json_get_number(&j, "initializer_range", &d) == 0) c->init_std = d > 0 && d <= 1e3 ? (float)d : -1.0f;
+    if (!(c->init_std > 0)) { fprintf(stderr, "error: %s: initializer_range must be a number in (0, 1000]\n", path); goto done; }
     if (!(c->rope_theta > 0) || !(c->norm_eps > 0)) { fprintf(stderr, "error: %s: rope_theta and rms_norm_eps must be positive finite numbers\n", path); goto done; }
     if (json_get_string(&j, "hidden_act", &s, NULL) == 0 && strcmp(s, "silu") != 0) {
         fprintf(stderr, "error: %s: hidden_act \"%s\" is not supported (Llama uses silu)\n", path, s); goto done;
@@ -251,6 +255,34 @@ static int model_open(HostModel *m, const char *dir, StModel *sm, int n_shards) 
     return -1;
 }
 
+// every tensor of the whole model into m->params (allocated here, in the layout
+// of ParameterTensors), tensor by tensor through read (fsdp.h's FsdpReadFn: the
+// checkpoint's bytes, or random weights), with a progress bar saying what
+static int model_fill(HostModel *m, const char *what, FsdpReadFn read, void *ctx) {
+    const Config *c = &m->config;
+    m->params = (float *)mallocCheck(m->num_params * sizeof(float));
+    param_layout(c, &m->w, m->params);
+    Progress bar = progress_begin(stderr, what, m->num_params / 1e6, "M params");
+    double done = 0; // parameters filled so far
+    int rc = 0;
+    for (int i = 0; i < m->units.n_units && rc == 0; i++)
+        for (int j = 0; j < m->units.units[i].n_tensors && rc == 0; j++) {
+            size_t n = m->units.units[i].tensors[j].numel;
+            rc = read(ctx, i, j, 0, n, m->params + model_tensor_offset(c, i, j));
+            progress_update(&bar, (done += (double)n) / 1e6);
+        }
+    if (rc == 0) progress_end(&bar, m->num_params / 1e6);
+    return rc;
+}
+
+typedef struct { const FsdpUnits *u; StModel *sm; } CheckpointReader;
+static int read_checkpoint_tensor(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
+    const CheckpointReader *r = (const CheckpointReader *)ctx;
+    StFile *f = NULL;
+    const StTensor *st = st_model_find(r->sm, r->u->units[unit].tensors[tensor].name, &f); // present: model_open checked
+    return st_read_f32(f, st, first, count, dst);
+}
+
 // config.json and the base weights of a checkpoint folder into h, whole: the
 // case of one shard of model_load_shard, in the layout of ParameterTensors.
 // (h->params is allocated only once every tensor checked out; the caller frees
@@ -258,22 +290,9 @@ static int model_open(HostModel *m, const char *dir, StModel *sm, int n_shards) 
 static int model_load(HostModel *m, const char *dir) {
     StModel sm;
     if (model_open(m, dir, &sm, 1) != 0) return -1;
-    const Config *c = &m->config;
-    m->params = (float *)mallocCheck(m->num_params * sizeof(float));
-    param_layout(c, &m->w, m->params);
-    Progress bar = progress_begin(stderr, "loading the weights", m->num_params / 1e6, "M params");
-    double loaded = 0; // parameters read so far
-    int rc = 0;
-    for (int i = 0; i < m->units.n_units && rc == 0; i++)
-        for (int j = 0; j < m->units.units[i].n_tensors && rc == 0; j++) {
-            const FsdpTensor *t = &m->units.units[i].tensors[j];
-            StFile *f = NULL;
-            const StTensor *st = st_model_find(&sm, t->name, &f); // present: model_open checked
-            rc = st_read_f32(f, st, 0, t->numel, m->params + model_tensor_offset(c, i, j));
-            progress_update(&bar, (loaded += (double)t->numel) / 1e6);
-        }
-    if (rc == 0) progress_end(&bar, m->num_params / 1e6);
-    if (rc == 0 && c->tied) rc = fsdp_check_tied_head(&sm, 0, m->units.units[0].numel, m->w.embed);
+    CheckpointReader r = {&m->units, &sm};
+    int rc = model_fill(m, "loading the weights", read_checkpoint_tensor, &r);
+    if (rc == 0 && m->config.tied) rc = fsdp_check_tied_head(&sm, 0, m->units.units[0].numel, m->w.embed);
     st_model_close(&sm);
     return rc;
 }
@@ -288,6 +307,47 @@ static int model_load_shard(HostModel *m, const char *dir, int rank, int n) {
     int rc = fsdp_load_model(&m->units, &sm, rank, m->shards);
     st_model_close(&sm);
     return rc;
+}
+
+// ----------------------------------------------------------------------------
+// random weights (--random_init): a model's shape from its config.json alone,
+// for benchmarks, where speed depends on the shape and not on the values (and
+// a GPU machine may have no 13 GB checkpoint and no way to download one)
+//
+// As transformers initialises LlamaForCausalLM: the embedding and every linear
+// layer N(0, initializer_range), the RMSNorm weights 1. Element e of tensor j of
+// unit u is a hash of (seed, u, j, e), so the weights are the same whole or
+// sharded at any world size and thread count.
+
+typedef struct { const FsdpUnits *u; uint64_t seed; float std; } RandomWeights;
+static int random_tensor(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
+    const RandomWeights *r = (const RandomWeights *)ctx;
+    if (r->u->units[unit].tensors[tensor].ndim == 1) { // an RMSNorm weight
+        for (size_t i = 0; i < count; i++) dst[i] = 1.0f;
+        return 0;
+    }
+    uint64_t key = splitmix64(r->seed ^ splitmix64(((uint64_t)unit << 8) | (uint64_t)tensor));
+    #pragma omp parallel for schedule(static)
+    for (long long i = 0; i < (long long)count; i++) dst[i] = r->std * hash_normal(key, first + (size_t)i);
+    return 0;
+}
+
+// config.json of dir into h, and its weights drawn as above: whole (n = 1, into
+// h->params) or shard `rank` of n of every unit (into h->shards), as model_load
+// and model_load_shard would read a checkpoint. With draw 0 (a dry run, whose
+// plan needs only the shapes) nothing is drawn, and a whole model's weights are
+// not even allocated (a sharded one's shards are: they tell the backends that
+// the model is sharded): a whole 7B model's plan takes no memory. 0 ok, -1 with a message.
+static int model_init_random(HostModel *m, const char *dir, uint64_t seed, int rank, int n, int draw) {
+    if (config_load(&m->config, dir) != 0) return -1;
+    model_units(&m->config, &m->units, n);
+    m->num_params = m->units.numel;
+    RandomWeights r = {&m->units, seed, m->config.init_std};
+    if (n > 1) {
+        m->shards = (float *)mallocCheck(m->units.shard_numel * sizeof(float));
+        return draw ? fsdp_read_shard(&m->units, rank, m->shards, random_tensor, &r) : 0;
+    }
+    return draw ? model_fill(m, "drawing random weights", random_tensor, &r) : 0;
 }
 
 // unit u, whole (unit, its flat buffer) into the whole model's flat layout dst

@@ -139,6 +139,7 @@ typedef struct {
     const char *precision;
     const char *sharding_strategy, *export_hf;
     int shard_group;
+    int random_init;
 } TrainConfig;
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG, OPT_LIST };
@@ -201,6 +202,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"shard_group", OPT_INT, &(tc)->shard_group, "0", "HYBRID_SHARD: ranks per shard group, a divisor of the world size (0: the ranks of one node)", 0, 1 << 20}, \
     {"export_hf", OPT_STR, &(tc)->export_hf, "", "with --resume: write that checkpoint as a Hugging Face model (full fine-tuning) or PEFT adapter (LoRA) into this folder, then exit", 0, 0}, \
     {"precision", OPT_STR, &(tc)->precision, backend_precisions[0], "bf16 | fp32: how weights and activations are stored (fp32: all of it, e.g. to compare with the CPU trainer, which runs fp32 only)", 0, 0}, \
+    {"random_init", OPT_FLAG, &(tc)->random_init, "0", "for benchmarks only: random weights N(0, initializer_range) drawn from --seed, with --model holding just config.json and tokenizer.model", 0, 1}, \
 }
 
 static void print_help(const Option *opts, int n) {
@@ -317,6 +319,10 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     if (lora_parse_targets(tc->lora_target_modules, &mask) != 0) return -1;
     FsdpStrategy strategy;
     if (fsdp_strategy_parse(tc->sharding_strategy, &strategy) != 0) return -1;
+    if (tc->random_init && tc->resume[0]) {
+        fprintf(stderr, "error: --random_init is for benchmarks, which start fresh: it does not go with --resume\n");
+        return -1;
+    }
     if (tc->export_hf[0] && !tc->resume[0]) {
         fprintf(stderr, "error: --export_hf writes a checkpoint out: give it with --resume CHECKPOINT\n");
         return -1;
@@ -366,8 +372,10 @@ static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, c
     m->fsdp = f;
     HostModel *h = &m->host;
     const char *weights = resume_dir && tc->full_finetune && !checkpoint_is_sharded(resume_dir) ? resume_dir : tc->model;
-    int G = f ? f->shard.size : 1;
-    if ((G > 1 ? model_load_shard(h, weights, f->shard.rank, G) : model_load(h, weights)) != 0) { host_model_free(h); return -1; }
+    int G = f ? f->shard.size : 1, rc;
+    if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, !tc->dry_run);
+    else rc = G > 1 ? model_load_shard(h, weights, f->shard.rank, G) : model_load(h, weights);
+    if (rc != 0) { host_model_free(h); return -1; }
     h->full_finetune = tc->full_finetune;
     h->use_lora = !tc->full_finetune;
     if (h->use_lora) {

@@ -151,6 +151,13 @@ static inline uint64_t rng_next(uint64_t *state) { return splitmix64(*state += 0
 // uniform in [0, 1) with 24 bits, exactly representable as float
 static inline float rng_uniform(uint64_t *state) { return (float)(rng_next(state) >> 40) / 16777216.0f; }
 static inline HOST_DEVICE float hash_uniform(uint64_t key, uint64_t i) { return (float)(splitmix64(key ^ splitmix64(i)) >> 40) / 16777216.0f; }
+// standard normal: Box-Muller on the two 24-bit uniforms of one hash (|z| <= 5.8, all a weight init needs)
+#include <math.h>
+static inline float hash_normal(uint64_t key, uint64_t i) {
+    uint64_t h = splitmix64(key ^ splitmix64(i));
+    float u1 = (float)(h >> 40) / 16777216.0f, u2 = (float)((h >> 16) & 0xFFFFFF) / 16777216.0f;
+    return sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.28318531f * u2); // 1 - u1 in (0, 1]: the log is finite
+}
 
 // a monotonic clock in milliseconds, for durations
 #include <time.h>

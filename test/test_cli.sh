@@ -56,6 +56,10 @@ if [ $? -eq 0 ] && grep -q "memory plan" "$TMP/dry.log" && grep -q "lr_scheduler
 else
     echo "FAIL cli: --dry_run: $(tail -3 "$TMP/dry.log")"; fails=$((fails + 1))
 fi
+expect_error "--random_init with --resume" "--random_init is for benchmarks.*--resume" --model $FIX/tiny_gqa "${RUN[@]}" --random_init --resume "$TMP/none"
+expect_error "--random_init without config.json" "$TMP/nope/config.json" --model "$TMP/nope" --tokenizer $FIX/tiny_gqa/tokenizer.model "${RUN[@]}" --random_init
+model_copy tiny_gqa; sed -i 's/"initializer_range": 0.1/"initializer_range": -0.1/' "$TMP/m/config.json"
+expect_error "--random_init: negative initializer_range" "config.json: initializer_range must be a number in \(0, 1000\]" --model "$TMP/m" "${RUN[@]}" --random_init
 expect_error "merge with full fine-tuning" "--merge_adapter folds a LoRA adapter in" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --merge_adapter
 if "$BIN" --help | grep -q -- "--gradient_accumulation_steps"; then echo "ok cli: --help lists the options"; else echo "FAIL cli: --help"; fails=$((fails + 1)); fi
 
