@@ -5,10 +5,21 @@
 // value rows past t0 + len are NaN on both sides: a kernel that reads them fails.
 // dk, dv start from small random values (the dKV carry) that the backward must
 // add to; rows past t0 + len must come back unchanged, to the bit.
+//
+// --bench: after the small shapes' checks, the issue's shapes timed (no CPU twin:
+// it would take minutes there), as markdown rows beside dev/bench_sdpa.py's.
 #include "common.cuh"
 #include "../../attention.cuh"
 
 struct Shape { int B, T, t0, len, NH, NKV, hd; };
+
+// Useful forward FLOPs: each (b, h) scores len * t0 + len (len + 1) / 2 query-key
+// pairs, each costing 2 products of 2 hd FLOPs. The backward counts 2.5 times that
+// (5 products; our deterministic split does 7). dev/bench_sdpa.py counts the same.
+double attention_flops(Shape sh) {
+    double pairs = (double)sh.B * sh.NH * ((double)sh.len * sh.t0 + 0.5 * sh.len * (sh.len + 1));
+    return 4.0 * pairs * sh.hd;
+}
 
 // inputs and the CPU twin's outputs for one shape, shared by every variant: the
 // inputs are bf16 values (exact in fp32 too), and the backward of both sides
@@ -93,9 +104,7 @@ void check_attention(Shape sh, const Reference &r, bool tensor_cores, bool timed
     }
 
     if (timed) {
-        // useful work: each (b, h) scores len * t0 + len (len + 1) / 2 query-key pairs; the forward
-        // does 2 products of 2 hd FLOPs per pair, the backward 5 (our deterministic split does 7)
-        double pairs = (double)B * NH * ((double)len * t0 + 0.5 * len * (len + 1)), flops = 4.0 * pairs * hd;
+        double flops = attention_flops(sh);
         float ms = time_ms([&] { attention_forward(out, lse, q, k, v, &ch, NH, NKV, hd, 0); });
         report_time("attention_forward", variant, shape, ms, 0, flops);
         ms = time_ms([&] { attention_backward(dq, dk, dv, dout, out_in, lse_in, q, k, v, &ch, NH, NKV, hd, 0); });
@@ -112,8 +121,34 @@ void check_shape(Shape sh, bool timed) {
     if (sh.hd == 64 || sh.hd == 128) check_attention<__nv_bfloat16>(sh, r, true, timed);
 }
 
+// one markdown row of the forward and backward times at a shape too large for the
+// CPU twin: random bf16 inputs, the path the trainer takes (tensor cores at hd 64, 128)
+void bench_shape(Shape sh) {
+    typedef __nv_bfloat16 bf16;
+    size_t nq = (size_t)sh.B * sh.len * sh.NH * sh.hd, nkv = (size_t)sh.B * sh.T * sh.NKV * sh.hd;
+    Chunk ch = {sh.B, sh.T, sh.t0, sh.len};
+    bf16 *q = to_device<bf16>(random_vector(nq)), *k = to_device<bf16>(random_vector(nkv));
+    bf16 *v = to_device<bf16>(random_vector(nkv)), *dout = to_device<bf16>(random_vector(nq));
+    bf16 *out = device_poisoned<bf16>(nq), *dq = device_poisoned<bf16>(nq);
+    bf16 *dk = to_device<bf16>(std::vector<float>(nkv)), *dv = to_device<bf16>(std::vector<float>(nkv));
+    float *lse = device_poisoned<float>((size_t)sh.B * sh.NH * sh.len);
+    float fwd = time_ms([&] { attention_forward(out, lse, q, k, v, &ch, sh.NH, sh.NKV, sh.hd, 0); });
+    float bwd = time_ms([&] { attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &ch, sh.NH, sh.NKV, sh.hd, 0); });
+    std::vector<float> outs[3] = {to_host(out, nq), to_host(dq, nq), to_host(dk, nkv)};
+    size_t bad = 0; // unwritten (still NaN) or overflowed
+    for (auto &x : outs) bad += std::count_if(x.begin(), x.end(), [](float f) { return !std::isfinite(f); });
+    double flops = attention_flops(sh);
+    printf("| attention.cuh | %s | %d | %d | %d | %d | %d | %.3f | %.1f | %.3f | %.1f | %.1f |%s\n",
+           attention_tensor_cores<bf16>(sh.hd, out, q, k, v) ? "bf16 tensor cores" : "bf16 simt", sh.B, sh.NH, sh.len,
+           sh.t0 + sh.len, sh.hd, fwd, flops / fwd / 1e9, bwd, 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9,
+           bad ? " NaN or inf in the outputs" : "");
+    if (bad) failures++;
+    free_device();
+}
+
 int main(int argc, char **argv) {
-    bool quick = quick_mode(argc, argv);
+    bool bench = argc > 1 && strcmp(argv[1], "--bench") == 0;
+    bool quick = quick_mode(argc, argv) || bench;
     Shape small[] = {
         {2, 40, 0, 40, 4, 2, 16},    // test/fixtures/tiny_gqa's heads, whole sequence
         {2, 40, 24, 16, 3, 3, 16},   // tiny_tied's heads, the last chunk of 16
@@ -127,6 +162,14 @@ int main(int argc, char **argv) {
         {2, 1024, 512, 512, 8, 2, 128},  // the second of two chunks of 512
     };
     for (Shape sh : small) check_shape(sh, false);
+    if (bench) {
+        // Llama-2-7B's attention (32 heads of 128): square causal at 16k tokens a batch, then a chunk of
+        // 1024 queries against a longer KV prefix (the last chunk of a sequence); dev/bench_sdpa.py's shapes
+        printf("| impl | variant | B | NH | q len | kv len | hd | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd+bwd TFLOP/s |\n");
+        printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        for (int T : {512, 1024, 2048, 4096}) bench_shape({16384 / T, T, 0, T, 32, 32, 128});
+        for (int T : {4096, 8192, 16384, 32768}) bench_shape({1, T, T - 1024, 1024, 32, 32, 128});
+    }
     if (!quick) {
         for (Shape sh : larger) check_shape(sh, false);
         // Llama-2-7B's attention (32 heads of 128): 4 x 1024 tokens whole, and the last of 4 chunks of 1024
