@@ -71,12 +71,9 @@ def row(r):
                               fmt(r.get("alloc_mib"), ".0f"), fmt(r.get("used_mib"), ".0f"), r.get("note", "")]) + " |"
 
 
-def emit(r, md_path, json_path):
-    """Prints the row, and appends it to the markdown file and the JSON-lines file (either may be None)."""
+def emit(r, json_path):
+    """Prints the row, and appends it to the JSON-lines file (if any)."""
     print(row(r), flush=True)
-    if md_path:
-        with open(md_path, "a") as f:
-            f.write(row(r) + "\n")
     if json_path:
         with open(json_path, "a") as f:
             f.write(json.dumps(r) + "\n")

@@ -10,8 +10,8 @@ sequence length: the largest batch that fits (doubling from 1, then bisecting; -
 it), then --steps steps after --warmup, timed with the device synchronised. --long instead
 trains one sequence at a time with gradient checkpointing, doubling the length from --long_from
 until it runs out of memory or --long_budget seconds. Each result is a markdown row
-(dev/bench_common.py's columns) on stdout, appended to --out (markdown) and --json (one
-object per row, which dev/bench_ours.py reads for its equal-settings runs).
+(dev/bench_common.py's columns) on stdout, and a JSON object appended to --json (which
+dev/bench_ours.py reads for its equal-settings runs).
 
 - tokens/s: batch x seq x steps over their time (a step: forward with labels, backward,
   clip_grad_norm_ 1.0 as our trainer's default, AdamW, zero_grad); bf16 autocast over the
@@ -154,13 +154,15 @@ def throughput(args, dev, dtype, cfg, peak):
             while B > 0 and r is None:  # a batch that fitted one step may not fit the timed ones
                 r = measure(model, params, opt, B, T, args, dev, dtype, cfg, lora_name, peak, note)
                 B = B - max(1, B // 8) if r is None else B
-            emit(r or dict(impl="transformers+peft", lora=lora_name, seq=T, note="batch 1 does not fit"), args.out, args.json)
+            emit(r or dict(impl="transformers+peft", lora=lora_name, seq=T, note="batch 1 does not fit"), args.json)
         del model, params, opt
         free_memory(dev)
 
 
 def long_context(args, dev, dtype, cfg, peak):
-    """One sequence per step, gradient checkpointing: lengths doubling until out of memory or out of time."""
+    """One sequence per step, gradient checkpointing: lengths doubling until out of memory or out of
+    time. Each length: one step to warm up, one timed (a step at 64k tokens takes most of a minute)."""
+    args.warmup, args.steps = 1, 1
     for lora_name in args.lora.split(","):
         model, params, opt = make_model(args.config, lora_name, dev, dtype, True)
         start, T, longest, last_s = time.perf_counter(), args.long_from, 0, 0.0
@@ -168,14 +170,14 @@ def long_context(args, dev, dtype, cfg, peak):
             # attention grows as T^2: the next step takes up to 4x the last one; stop before the budget would run out
             if longest and time.perf_counter() - start + 4 * last_s * (args.warmup + args.steps) > args.long_budget:
                 emit(dict(impl="transformers+peft", lora=lora_name, seq=T, batch=1,
-                          note=f"not tried: --long_budget {args.long_budget:.0f} s"), args.out, args.json)
+                          note=f"not tried: --long_budget {args.long_budget:.0f} s"), args.json)
                 break
             r = measure(model, params, opt, 1, T, args, dev, dtype, cfg, lora_name, peak, "gradient checkpointing")
             if r is None:
                 emit(dict(impl="transformers+peft", lora=lora_name, seq=T, batch=1,
-                          note="gradient checkpointing: out of memory"), args.out, args.json)
+                          note="gradient checkpointing: out of memory"), args.json)
                 break
-            emit(r, args.out, args.json)
+            emit(r, args.json)
             longest, last_s = T, T / r["tok_per_s"]
             T *= 2
         print(f"transformers+peft {lora_name}, gradient checkpointing: longest sequence that trained {longest}", flush=True)
@@ -204,7 +206,6 @@ def main():
     ap.add_argument("--peak_tflops", type=float, default=None, help="for MFU (default: the GPU's datasheet bf16 peak)")
     ap.add_argument("--simulate_oom_above", type=int, default=0, metavar="TOKENS",
                     help="for trying the script on a CPU: a step of more tokens fails as if out of memory")
-    ap.add_argument("--out", help="append the markdown rows to this file")
     ap.add_argument("--json", help="append the rows as JSON lines to this file")
     args = ap.parse_args()
     global SIMULATED_LIMIT

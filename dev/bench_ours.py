@@ -19,7 +19,7 @@ model (--random_init: config.json and tokenizer.model, no weights), read from --
   (cudaMemGetInfo's view), allocated = the plan's device memory.
 - --long: one sequence per step, the longest --seq whose plan fits, whole (the head in
   pieces of --chunk) and in chunks of --chunk with --chunk_memory recompute; each confirmed
-  by a short run.
+  by a run of two steps, the second timed (as dev/bench_hf.py --long).
 
 BIN=./train_llama2 (or --bin) runs all of it on the CPU trainer with --gpu_mib standing for
 the memory, to try the script without a GPU; its numbers mean nothing then.
@@ -100,17 +100,17 @@ class Trainer:
             return f"failed (exit {p.returncode}): {last[-1][:200] if last else ''}"
         return [r for r in map(json.loads, open(metrics)) if "loss" in r]
 
-    def row(self, lora, T, B, extra, note, steps):
-        """A result row for batch B, stepping down an eighth while out of memory."""
+    def row(self, lora, T, B, extra, note, warmup, steps):
+        """A result row for batch B (warmup steps, then steps timed), stepping down an eighth while out of memory."""
         for _ in range(4):
-            recs = self.run(lora, T, B, extra, steps)
+            recs = self.run(lora, T, B, extra, warmup + steps)
             if recs != "oom" or B == 1:
                 break
             B -= max(1, B // 8)
         base = dict(impl=os.path.basename(self.args.bin), lora=lora, seq=T, batch=B)
         if not isinstance(recs, list):
             return dict(base, note=f"{note}: {'out of memory' if recs == 'oom' else recs}")
-        timed = recs[self.args.warmup:] or recs[-1:]
+        timed = recs[warmup:]
         ms = sum(r["ms"] for r in timed)
         tflops = sum(r["tflops"] * r["ms"] for r in timed) / ms
         # the trainer's FLOPs per step against dev/bench_common.py's (dev/bench_hf.py's MFU): the same formula
@@ -156,12 +156,12 @@ def throughput(t, args):
             B = args.batch or largest(lambda b: t.fits(lora, T, b, []), 1, args.max_tokens // T, 1)
             note = "batch given" if args.batch else "largest batch by plan"
             if B == 0:
-                emit(dict(impl=os.path.basename(args.bin), lora=lora, seq=T, note="batch 1 does not fit"), args.out, args.json)
+                emit(dict(impl=os.path.basename(args.bin), lora=lora, seq=T, note="batch 1 does not fit"), args.json)
                 continue
-            emit(t.row(lora, T, B, [], note, args.warmup + args.steps), args.out, args.json)
+            emit(t.row(lora, T, B, [], note, args.warmup, args.steps), args.json)
             B_hf = hf.get((lora, T))
             if B_hf and B_hf != B and t.fits(lora, T, B_hf, []):
-                emit(t.row(lora, T, B_hf, [], "transformers+peft's batch", args.warmup + args.steps), args.out, args.json)
+                emit(t.row(lora, T, B_hf, [], "transformers+peft's batch", args.warmup, args.steps), args.json)
 
 
 def long_context(t, args):
@@ -176,15 +176,15 @@ def long_context(t, args):
             note += f" (the cap, --long_max {args.long_max})" if T + C > args.long_max else ""
             if T == 0:
                 emit(dict(impl=os.path.basename(args.bin), lora=lora, seq=args.long_from, batch=1, note=f"{mode}: does not fit"),
-                     args.out, args.json)
+                     args.json)
                 continue
             r = None
             for _ in range(3):  # a length whose plan fits but whose run does not: an eighth shorter
-                r = t.row(lora, T, 1, extra(T), note, args.warmup_long + 1)
+                r = t.row(lora, T, 1, extra(T), note, 1, 1)
                 if "out of memory" not in r["note"] or T <= C:
                     break
                 T -= max(C, T // 8 // C * C)
-            emit(r, args.out, args.json)
+            emit(r, args.json)
 
 
 def main():
@@ -202,15 +202,15 @@ def main():
     ap.add_argument("--long", action="store_true", help="the long-context runs instead (batch 1, whole and chunked)")
     ap.add_argument("--long_from", type=int, default=4096)
     ap.add_argument("--long_max", type=int, default=262144)
-    ap.add_argument("--warmup_long", type=int, default=1, help="--long: steps before the one timed")
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--gpu_mib", type=float, default=None, help="memory to fill (default: nvidia-smi's memory.free)")
     ap.add_argument("--reserve_mib", type=float, default=2048, help="of it, what the plan does not count")
     ap.add_argument("--peak_tflops", type=float, default=None, help="for MFU (default: the GPU's datasheet bf16 peak)")
     ap.add_argument("--run_timeout", type=int, default=300, help="seconds for one training run")
-    ap.add_argument("--out", help="append the markdown rows to this file")
     ap.add_argument("--json", help="append the rows as JSON lines to this file")
     args = ap.parse_args()
+    if args.long_from % args.chunk:
+        sys.exit(f"error: --long_from {args.long_from} is not a multiple of --chunk {args.chunk}")
     if not os.access(args.bin, os.X_OK):
         sys.exit(f"error: {args.bin} is not an executable (make train_llama2cu, or --bin / BIN=)")
     if args.gpu_mib is None:
