@@ -15,9 +15,10 @@
 # Each part writes RESULTS/bench_PART.md (device, date, commit and versions, then the rows),
 # RESULTS/bench_PART.log (all output) and, but for attention, RESULTS/bench_PART.jsonl;
 # RESULTS is $OUT when set (the folder a GPU lease sends back), else out/bench. The tables
-# are printed again at the end. Both sides train a Llama-2-7B-shaped model with random weights
-# (RESULTS/model-7b: config.json and tokenizer.model, from dev/bench_hf.py --write_config). MFU
-# uses the GPU's datasheet bf16 peak (dev/bench_common.py), or PEAK_TFLOPS.
+# are printed again at the end (a lease sends back 8 files a call: three parts fit). Both sides
+# train a Llama-2-7B-shaped model with random weights (config.json and tokenizer.model from
+# dev/bench_hf.py --write_config, in /tmp). MFU uses the GPU's datasheet bf16 peak
+# (dev/bench_common.py), or PEAK_TFLOPS.
 #
 # Without a GPU (no nvidia-smi, or it lists none) it stops with an error. To try the scripts
 # on a CPU, put a stand-in nvidia-smi first on the PATH (its memory.free is what the CPU
@@ -46,7 +47,7 @@ gpu=$(echo "$gpu" | head -1)
 SHAPE=${SHAPE:-7b} DEVICE=${DEVICE:-cuda} SEQ=${SEQ:-512,2048,4096} LORA=${LORA:-qv8,all16}
 RESULTS=${OUT:-out/bench}
 limit=${PART_SECONDS:-$((570 / $#))} # the parts of one call share its 10 minutes
-model=$RESULTS/model-$SHAPE
+model=${TMPDIR:-/tmp}/llama2tune_bench_model-$SHAPE
 hf_dtype=bf16
 [ "$DEVICE" = cpu ] && hf_dtype=fp32 # (a CPU try: bf16 matmuls are slow there)
 common=(${PEAK_TFLOPS:+--peak_tflops $PEAK_TFLOPS} ${BATCH:+--batch $BATCH})
@@ -94,6 +95,7 @@ build() {
     cc=$(echo "$gpu" | awk -F', ' '{print $5}' | tr -d '.')
     make -j"$(nproc)" "$1" ${cc:+CUDA_ARCHS="-gencode arch=compute_$cc,code=sm_$cc"} >"$RESULTS/build.log" 2>&1 ||
         { echo "error: make $1 failed; the end of $RESULTS/build.log:" >&2; tail -20 "$RESULTS/build.log" >&2; return 1; }
+    rm -f "$RESULTS/build.log" # (only a failed build's log is worth one of the files a lease sends back)
 }
 
 [ -f "$model/config.json" ] || python3 dev/bench_hf.py --write_config "$model" --shape "$SHAPE" || exit 1
