@@ -259,7 +259,10 @@ fault "launched by the environment: rank 2 killed (SIGKILL) after step 3" "lost 
 sigterm_one "launched by the environment" dev/launch.sh 3
 
 # bad launches: each rank started by hand, every one must exit non-zero with the message, never hang
-port=$(( 20000 + RANDOM % 40000 ))
+for _ in $(seq 50); do # a port nobody answers on, as dev/launch.sh picks one
+    port=$(( 20000 + RANDOM % 40000 ))
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || break
+done
 rank() { # rank R W NAME [args]: one rank of W at $port, in the background, log in $TMP/NAME-R.log
     local r=$1 w=$2 name=$3; shift 3
     RANK=$r WORLD_SIZE=$w MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$BIN" "${FARGS[@]}" --max_steps 2 \
