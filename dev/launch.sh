@@ -15,9 +15,9 @@ if [ $# -lt 2 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
     exit 2
 fi
 n=$1; shift
-if [ -z "${MASTER_PORT:-}" ]; then # a port nobody answers on: free, as far as we can tell
-    for _ in $(seq 50); do
-        MASTER_PORT=$(( 20000 + RANDOM % 40000 ))
+if [ -z "${MASTER_PORT:-}" ]; then # a port nobody answers on, below Linux's ephemeral ports (32768-60999), which
+    for _ in $(seq 50); do            # outgoing connections take without listening
+        MASTER_PORT=$(( 20000 + RANDOM % 12768 ))
         (exec 3<>"/dev/tcp/127.0.0.1/$MASTER_PORT") 2>/dev/null || break
     done
 fi

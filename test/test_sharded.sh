@@ -231,6 +231,8 @@ else
 fi
 
 run 3 "$TMP/env-save3" "${FULL[@]}" --batch_size 4 --save_every 5 --keep_checkpoints 0
+[ $? -eq 0 ] && [ -f "$TMP/env-save3/checkpoint-5/fsdp_index.json" ]
+check "launched by the environment: W = 3 writes a sharded checkpoint" $? "$(tail -5 "$TMP/env-save3.log")"
 out="$TMP/env-resume2"
 mkdir -p "$out" && cp -r "$TMP/env-save3/checkpoint-5" "$out/" && head -5 "$TMP/env-save3.jsonl" >"$out.jsonl"
 run 2 "$out" "${FULL[@]}" --batch_size 6 --resume "$out"
@@ -260,7 +262,7 @@ sigterm_one "launched by the environment" dev/launch.sh 3
 
 # bad launches: each rank started by hand, every one must exit non-zero with the message, never hang
 for _ in $(seq 50); do # a port nobody answers on, as dev/launch.sh picks one
-    port=$(( 20000 + RANDOM % 40000 ))
+    port=$(( 20000 + RANDOM % 12768 ))
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || break
 done
 rank() { # rank R W NAME [args]: one rank of W at $port, in the background, log in $TMP/NAME-R.log
