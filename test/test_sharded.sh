@@ -216,6 +216,8 @@ env_case() {
     same_bits "W = $w, $what: TCP and MPI sum alike (full fine-tuning)" "$TMP/full-$twin" "$TMP/env-full-$w-$st" model.safetensors
 }
 env_case 2 FULL_SHARD 2-FULL_SHARD
+run 2 "$TMP/env-full-2-ckpt" "${FULL[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --activation_checkpointing
+same_bits "W = 2 FULL_SHARD --activation_checkpointing == without it (full fine-tuning)" "$TMP/env-full-2-FULL_SHARD" "$TMP/env-full-2-ckpt" model.safetensors
 env_case 3 HYBRID_SHARD 3-HYBRID_SHARD # one group per node: LOCAL_WORLD_SIZE = 3
 env_case 4 HYBRID_SHARD 4-hybrid --shard_group 2
 grep -q "4 ranks, HYBRID_SHARD: shard groups of 2, 2 replica(s)" "$TMP/env-full-4-HYBRID_SHARD.log"
