@@ -17,7 +17,7 @@ inline const char *cuda_error_hint(cudaError_t err) {
     switch (err) {
     case cudaErrorMemoryAllocation:
         return "out of GPU memory: try a smaller --batch_size, --chunk_size with --chunk_memory recompute, "
-               "or sharding over more GPUs";
+               "--activation_checkpointing, or sharding over more GPUs";
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:
         return "no usable GPU: check nvidia-smi, and that the driver is as new as this CUDA toolkit";

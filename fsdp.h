@@ -358,7 +358,7 @@ typedef struct {
     int splits;                     // communicators split so far: the same count on every rank
     double timeout;                 // LLAMA2TUNE_TIMEOUT
     char master[256];               // MASTER_ADDR
-    char (*host)[FSDP_TCP_HOST];    // (W) each rank's address as rank 0 saw it ("": MASTER_ADDR)
+    char (*host)[FSDP_TCP_HOST];    // (W) each rank's address as rank 0 saw it ("": rank 0's host, MASTER_ADDR)
     int *port;                      // (W) the port of each rank's listener
 } FsdpTcp;
 static FsdpTcp fsdp__tcp = {0, 0, NULL, NULL, -1, 0, 0, {0}, NULL, NULL};
@@ -553,8 +553,9 @@ static inline int fsdp__tcp_connect(FsdpComm *c, int lfd, const char *host, int 
         }
         c->fd[h[4]] = fd;
         c->peer[h[4]] = kind == FSDP__HELLO_WORLD ? (int)h[4] : want[h[4]];
-        if (kind == FSDP__HELLO_WORLD) {
-            snprintf(fsdp__tcp.host[h[4]], FSDP_TCP_HOST, "%s", from);
+        if (kind == FSDP__HELLO_WORLD) { // a loopback address: rank 0's host, which every rank reaches as MASTER_ADDR
+            int loopback = !strncmp(from, "127.", 4) || !strncmp(from, "::ffff:127.", 11) || !strcmp(from, "::1");
+            snprintf(fsdp__tcp.host[h[4]], FSDP_TCP_HOST, "%s", loopback ? "" : from);
             fsdp__tcp.port[h[4]] = (int)h[5];
         }
         arrived++;

@@ -167,25 +167,31 @@ static void matmul_backward(float *dinp, float *dweight, const float *dout, cons
 // backward needs is kept per chunk: for every chunk until its backward ("keep"),
 // or for one chunk at a time, re-running its forward just before its backward
 // ("recompute"), so activation memory grows with C, not with T.
+//
+// Activation checkpointing (HF's gradient_checkpointing) goes further inside a
+// chunk: only each layer's input, resid, is kept for every layer; the other
+// arrays hold Lk = 1 layer (else Lk = L), which every layer overwrites in turn,
+// and a layer's backward first re-runs its forward from its input to refill it.
 
 typedef struct {
     float *resid;      // (L+1, B, C, D) input of each layer, and the final residual
-    float *ln1;        // (L, B, C, D)
-    float *rstd1;      // (L, B, C)
-    float *q;          // (L, B, C, NH*hd) after RoPE
-    float *lse;        // (L, B, NH, C) log-sum-exp of each query's attention scores
-    float *atty;       // (L, B, C, NH*hd) attention output
-    float *resid_mid;  // (L, B, C, D) after the attention block
-    float *ln2;        // (L, B, C, D)
-    float *rstd2;      // (L, B, C)
-    float *gate;       // (L, B, C, H) pre-activation
-    float *up;         // (L, B, C, H)
-    float *hmlp;       // (L, B, C, H) silu(gate) * up
-    float *lora_h;     // (L, 7, B, C, r) LoRA A-projections
+    float *ln1;        // (Lk, B, C, D)
+    float *rstd1;      // (Lk, B, C)
+    float *q;          // (Lk, B, C, NH*hd) after RoPE
+    float *lse;        // (Lk, B, NH, C) log-sum-exp of each query's attention scores
+    float *atty;       // (Lk, B, C, NH*hd) attention output
+    float *resid_mid;  // (Lk, B, C, D) after the attention block
+    float *ln2;        // (Lk, B, C, D)
+    float *rstd2;      // (Lk, B, C)
+    float *gate;       // (Lk, B, C, H) pre-activation
+    float *up;         // (Lk, B, C, H)
+    float *hmlp;       // (Lk, B, C, H) silu(gate) * up
+    float *lora_h;     // (Lk, 7, B, C, r) LoRA A-projections
 } ChunkActs;
 
 typedef struct {
     ChunkActs *chunk;  // (n_slots) one per chunk in keep mode, one in all in recompute mode
+                       // (with activation checkpointing they share all but their resid)
     int n_slots;
     float *k, *v;      // (L, B, T, NKV*hd) the KV carry (keys after RoPE)
     float *dk, *dv;    // (L, B, T, NKV*hd) the dKV carry: gradients for earlier positions
@@ -221,6 +227,7 @@ typedef struct {
     int B, T;                 // activation capacity
     int chunk_size;           // C (== T: whole sequence)
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
+    int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     int fp32;                 // --precision fp32: the only one the CPU runs
     int dry_run;              // --dry_run: the CPU allocates as usual (pages never touched take no memory)
@@ -665,12 +672,12 @@ static LayerWeights layer_grads(Model *m, int l) {
 // ----------------------------------------------------------------------------
 // building the model's buffers
 
-// lays out one chunk's activations from base (or only counts them when base is
-// NULL); returns the number of floats
-static size_t chunk_acts_layout(const Config *c, int B, int C, int r, ChunkActs *s, float *base) {
-    size_t L = c->n_layers, N = (size_t)B * C, D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
+// lays out one chunk's activations but its residuals, for Lk layers, from base
+// (or only counts them when base is NULL); returns the number of floats
+static size_t chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, ChunkActs *s, float *base) {
+    size_t L = Lk, N = (size_t)B * C, D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
     struct { float **ptr; size_t n; } parts[] = {
-        {&s->resid, (L + 1) * N * D}, {&s->ln1, L * N * D}, {&s->rstd1, L * N}, {&s->q, L * N * Q},
+        {&s->ln1, L * N * D}, {&s->rstd1, L * N}, {&s->q, L * N * Q},
         {&s->lse, L * N * c->n_heads}, {&s->atty, L * N * Q}, {&s->resid_mid, L * N * D}, {&s->ln2, L * N * D},
         {&s->rstd2, L * N}, {&s->gate, L * N * H}, {&s->up, L * N * H}, {&s->hmlp, L * N * H},
         {&s->lora_h, L * LORA_N_TARGETS * N * r}};
@@ -729,9 +736,17 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     m->act_bytes = m->carry_bytes = 0;
     a->n_slots = recompute ? 1 : (T + C - 1) / C;
     a->chunk = (ChunkActs *)callocCheck(a->n_slots, sizeof(ChunkActs));
-    size_t per_slot = chunk_acts_layout(c, B, C, r, &a->chunk[0], NULL);
-    float *slots = (float *)alloc_counted(a->n_slots * per_slot * sizeof(float), &m->act_bytes);
-    for (int i = 0; i < a->n_slots; i++) chunk_acts_layout(c, B, C, r, &a->chunk[i], slots + i * per_slot);
+    // Every slot keeps its chunk's residuals. The rest is each slot's own, for every layer;
+    // or with activation checkpointing one layer's worth that all slots share: only the
+    // layer running (forward, or recomputed for its backward) uses it.
+    int ckpt = m->activation_checkpointing, Lk = ckpt ? 1 : (int)L, owners = ckpt ? 1 : a->n_slots;
+    size_t resid = (L + 1) * N * D, acts = chunk_acts_layout(c, B, C, r, Lk, &a->chunk[0], NULL);
+    float *slots = (float *)alloc_counted((a->n_slots * resid + owners * acts) * sizeof(float), &m->act_bytes);
+    for (int i = 0; i < a->n_slots; i++) {
+        if (i < owners) chunk_acts_layout(c, B, C, r, Lk, &a->chunk[i], slots + a->n_slots * resid + i * acts);
+        else a->chunk[i] = a->chunk[0];
+        a->chunk[i].resid = slots + i * resid;
+    }
     size_t carry = L * B * (size_t)T * KV * sizeof(float);
     a->k = (float *)alloc_counted(carry, &m->carry_bytes);
     a->v = (float *)alloc_counted(carry, &m->carry_bytes);
@@ -786,34 +801,61 @@ static void model_free(Model *m) {
 // ----------------------------------------------------------------------------
 // forward and backward of one micro-batch, chunk by chunk (DESIGN section 4)
 
-// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
-static void linear_forward(Model *m, ChunkActs *s, const Chunk *ch, int layer, int t, float *out, const float *inp,
+#define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
+
+// Layer l's activations within a chunk's (s): its input and output residuals, and
+// the rest at layer l, or with activation checkpointing in the one layer's worth
+// that every layer shares. len is the chunk's length: a layer's arrays are packed
+// for it (the last chunk may be shorter than C).
+typedef struct {
+    float *x, *out;         // (B, len, D) the layer's input resid[l] and output resid[l + 1]
+    float *ln1, *mid, *ln2; // (B, len, D) mid: the residual after the attention block
+    float *rstd1, *rstd2;   // (B, len)
+    float *q, *atty;        // (B, len, NH*hd) the queries after RoPE, the attention output
+    float *lse;             // (B, NH, len)
+    float *gate, *up, *hm;  // (B, len, H) hm = silu(gate) * up
+    float *lora_h;          // (7, B, len, r) LoRA A-projections
+} LayerActs;
+
+static LayerActs layer_acts(const Model *m, ChunkActs *s, const Chunk *ch, int l) {
+    const Config *c = &m->host.config;
+    size_t N = (size_t)ch->B * ch->len, ND = N * c->dim, NQ = N * c->n_heads * c->head_dim, NH = N * c->hidden_dim;
+    size_t r = m->host.use_lora ? m->host.lora.r : 0;
+    int k = m->activation_checkpointing ? 0 : l;
+    LayerActs act = {LAYER(s->resid, l, ND), LAYER(s->resid, l + 1, ND), LAYER(s->ln1, k, ND),
+                     LAYER(s->resid_mid, k, ND), LAYER(s->ln2, k, ND), LAYER(s->rstd1, k, N), LAYER(s->rstd2, k, N),
+                     LAYER(s->q, k, NQ), LAYER(s->atty, k, NQ), LAYER(s->lse, k, N * c->n_heads),
+                     LAYER(s->gate, k, NH), LAYER(s->up, k, NH), LAYER(s->hmlp, k, NH),
+                     LAYER(s->lora_h, k, LORA_N_TARGETS * N * r)};
+    return act;
+}
+
+// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len;
+// lora_h: the layer's LoRA A-projections (7, N, r)
+static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, int t, float *out, const float *inp,
                            const float *w) {
     LoRA *l = &m->host.lora;
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
     if (m->host.use_lora && (l->targets & (1u << t))) {
-        float *h = s->lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
         Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_forward(l, layer, t, out, inp, h, m->a.xdrop, &dc, m->dropout_key);
+        lora_forward(l, layer, t, out, inp, lora_h + (size_t)t * N * l->r, m->a.xdrop, &dc, m->dropout_key);
     }
 }
 // dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
-static void linear_backward(Model *m, ChunkActs *s, const Chunk *ch, int layer, int t, float *dinp, float *dw,
+static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int layer, int t, float *dinp, float *dw,
                             const float *dout, const float *inp, const float *w) {
     LoRA *l = &m->host.lora;
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
     if (m->host.use_lora && (l->targets & (1u << t))) {
-        const float *h = s->lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
         Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_backward(l, layer, t, dinp, dout, inp, h, m->a.lora_dh, m->a.xdrop, &dc, m->dropout_key);
+        lora_backward(l, layer, t, dinp, dout, inp, lora_h + (size_t)t * N * l->r, m->a.lora_dh, m->a.xdrop, &dc,
+                      m->dropout_key);
     }
 }
-
-#define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
 
 // the chunk's tokens (B, len) out of the batch's (B, T)
 static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch) {
@@ -829,40 +871,45 @@ static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int di
     }
 }
 
+// Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
+// its activations into layer_acts' place and its keys and values into the KV carry.
+// chunk_backward calls it again with activation checkpointing: the same operations
+// on the same input (LoRA dropout masks hash the absolute position) give the same
+// bits, the carry's rows included.
+static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
+    Config *c = &m->host.config;
+    Activations *a = &m->a;
+    int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)ch->B * ch->T * KV;
+    LayerWeights w = layer_params(m, l);
+    LayerActs act = layer_acts(m, s, ch, l);
+    float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
+    rmsnorm_forward(act.ln1, act.rstd1, act.x, w.attn_norm, N, D, c->norm_eps);
+    linear_forward(m, act.lora_h, ch, l, LORA_Q, act.q, act.ln1, w.wq);
+    rope_forward(act.q, m->rope_cos, m->rope_sin, ch, NH, hd, 0);
+    linear_forward(m, act.lora_h, ch, l, LORA_K, a->kv, act.ln1, w.wk);
+    rope_forward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd, 0);
+    carry_copy(kc, a->kv, ch, KV, 1);
+    linear_forward(m, act.lora_h, ch, l, LORA_V, a->kv, act.ln1, w.wv);
+    carry_copy(vc, a->kv, ch, KV, 1);
+    attention_forward(act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
+    linear_forward(m, act.lora_h, ch, l, LORA_O, act.mid, act.atty, w.wo);
+    for (size_t i = 0; i < ND; i++) act.mid[i] += act.x[i];
+    rmsnorm_forward(act.ln2, act.rstd2, act.mid, w.mlp_norm, N, D, c->norm_eps);
+    linear_forward(m, act.lora_h, ch, l, LORA_GATE, act.gate, act.ln2, w.wgate);
+    linear_forward(m, act.lora_h, ch, l, LORA_UP, act.up, act.ln2, w.wup);
+    swiglu_forward(act.hm, act.gate, act.up, (size_t)N * c->hidden_dim);
+    linear_forward(m, act.lora_h, ch, l, LORA_DOWN, act.out, act.hm, w.wdown);
+    for (size_t i = 0; i < ND; i++) act.out[i] += act.mid[i];
+}
+
 // Forward of one chunk through every decoder layer into the activations s,
 // appending the chunk's keys and values to the KV carry.
 static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
     Config *c = &m->host.config;
-    Activations *a = &m->a;
-    int N = ch->B * ch->len, D = c->dim, H = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * H;
-    size_t carry = (size_t)ch->B * ch->T * KV;
-    chunk_tokens(a->tokens, tokens, ch);
-    embedding_forward(s->resid, a->tokens, param_at(m, 0, 0), N, D);
-    for (int l = 0; l < c->n_layers; l++) {
-        LayerWeights w = layer_params(m, l);
-        float *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
-        float *atty = LAYER(s->atty, l, N * Q), *mid = LAYER(s->resid_mid, l, ND), *ln2 = LAYER(s->ln2, l, ND);
-        float *gate = LAYER(s->gate, l, NHd), *up = LAYER(s->up, l, NHd), *hm = LAYER(s->hmlp, l, NHd);
-        float *out = LAYER(s->resid, l + 1, ND), *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
-        rmsnorm_forward(ln1, LAYER(s->rstd1, l, N), x, w.attn_norm, N, D, c->norm_eps);
-        linear_forward(m, s, ch, l, LORA_Q, q, ln1, w.wq);
-        rope_forward(q, m->rope_cos, m->rope_sin, ch, NH, hd, 0);
-        linear_forward(m, s, ch, l, LORA_K, a->kv, ln1, w.wk);
-        rope_forward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd, 0);
-        carry_copy(kc, a->kv, ch, KV, 1);
-        linear_forward(m, s, ch, l, LORA_V, a->kv, ln1, w.wv);
-        carry_copy(vc, a->kv, ch, KV, 1);
-        attention_forward(atty, LAYER(s->lse, l, (size_t)N * NH), q, kc, vc, ch, NH, NKV, hd);
-        linear_forward(m, s, ch, l, LORA_O, mid, atty, w.wo);
-        for (size_t i = 0; i < ND; i++) mid[i] += x[i];
-        rmsnorm_forward(ln2, LAYER(s->rstd2, l, N), mid, w.mlp_norm, N, D, c->norm_eps);
-        linear_forward(m, s, ch, l, LORA_GATE, gate, ln2, w.wgate);
-        linear_forward(m, s, ch, l, LORA_UP, up, ln2, w.wup);
-        swiglu_forward(hm, gate, up, NHd);
-        linear_forward(m, s, ch, l, LORA_DOWN, out, hm, w.wdown);
-        for (size_t i = 0; i < ND; i++) out[i] += mid[i];
-    }
+    chunk_tokens(m->a.tokens, tokens, ch);
+    embedding_forward(s->resid, m->a.tokens, param_at(m, 0, 0), ch->B * ch->len, c->dim);
+    for (int l = 0; l < c->n_layers; l++) layer_forward(m, s, ch, l);
 }
 
 // Final norm, output head and cross-entropy of one chunk; returns the summed loss
@@ -908,43 +955,43 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
 // Backward of one chunk through every decoder layer, from a->dresid (chunk_head's).
 // At each layer's attention the chunk adds dK, dV for every position before its
 // end into the dKV carry; its own rows are complete then (later chunks ran
-// first), so they flow on through its key and value projections at once.
+// first), so they flow on through its key and value projections at once. With
+// activation checkpointing each layer first re-runs its forward from its input.
 static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
     Config *c = &m->host.config;
     Activations *a = &m->a;
-    int N = ch->B * ch->len, D = c->dim, H = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * H;
+    int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
+    size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
     size_t carry = (size_t)ch->B * ch->T * KV;
     int full = m->host.full_finetune;
     for (int l = c->n_layers - 1; l >= 0; l--) {
+        if (m->activation_checkpointing) layer_forward(m, s, ch, l);
         LayerWeights w = layer_params(m, l), g = {0};
         if (full) g = layer_grads(m, l);
-        float *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
-        float *atty = LAYER(s->atty, l, N * Q), *mid = LAYER(s->resid_mid, l, ND), *ln2 = LAYER(s->ln2, l, ND);
-        float *gate = LAYER(s->gate, l, NHd), *up = LAYER(s->up, l, NHd), *hm = LAYER(s->hmlp, l, NHd);
+        LayerActs act = layer_acts(m, s, ch, l);
         float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
         float *dkc = LAYER(a->dk, l, carry), *dvc = LAYER(a->dv, l, carry);
         // MLP block; the residual passes dresid through unchanged
         memset(a->dhmlp, 0, NHd * sizeof(float));
-        linear_backward(m, s, ch, l, LORA_DOWN, a->dhmlp, g.wdown, a->dresid, hm, w.wdown);
-        swiglu_backward(a->dgate, a->dup, a->dhmlp, gate, up, NHd);
+        linear_backward(m, act.lora_h, ch, l, LORA_DOWN, a->dhmlp, g.wdown, a->dresid, act.hm, w.wdown);
+        swiglu_backward(a->dgate, a->dup, a->dhmlp, act.gate, act.up, NHd);
         memset(a->dln, 0, ND * sizeof(float));
-        linear_backward(m, s, ch, l, LORA_GATE, a->dln, g.wgate, a->dgate, ln2, w.wgate);
-        linear_backward(m, s, ch, l, LORA_UP, a->dln, g.wup, a->dup, ln2, w.wup);
-        rmsnorm_backward(a->dresid, g.mlp_norm, a->dln, mid, w.mlp_norm, LAYER(s->rstd2, l, N), N, D);
+        linear_backward(m, act.lora_h, ch, l, LORA_GATE, a->dln, g.wgate, a->dgate, act.ln2, w.wgate);
+        linear_backward(m, act.lora_h, ch, l, LORA_UP, a->dln, g.wup, a->dup, act.ln2, w.wup);
+        rmsnorm_backward(a->dresid, g.mlp_norm, a->dln, act.mid, w.mlp_norm, act.rstd2, N, D);
         // attention block
         memset(a->datty, 0, (size_t)N * Q * sizeof(float));
-        linear_backward(m, s, ch, l, LORA_O, a->datty, g.wo, a->dresid, atty, w.wo);
-        attention_backward(a->dq, dkc, dvc, a->datty, atty, LAYER(s->lse, l, (size_t)N * NH), q, kc, vc, ch, NH, NKV, hd);
+        linear_backward(m, act.lora_h, ch, l, LORA_O, a->datty, g.wo, a->dresid, act.atty, w.wo);
+        attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
         rope_backward(a->dq, m->rope_cos, m->rope_sin, ch, NH, hd);
         memset(a->dln, 0, ND * sizeof(float));
-        linear_backward(m, s, ch, l, LORA_Q, a->dln, g.wq, a->dq, ln1, w.wq);
+        linear_backward(m, act.lora_h, ch, l, LORA_Q, a->dln, g.wq, a->dq, act.ln1, w.wq);
         carry_copy(dkc, a->kv, ch, KV, -1);
         rope_backward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd);
-        linear_backward(m, s, ch, l, LORA_K, a->dln, g.wk, a->kv, ln1, w.wk);
+        linear_backward(m, act.lora_h, ch, l, LORA_K, a->dln, g.wk, a->kv, act.ln1, w.wk);
         carry_copy(dvc, a->kv, ch, KV, -1);
-        linear_backward(m, s, ch, l, LORA_V, a->dln, g.wv, a->kv, ln1, w.wv);
-        rmsnorm_backward(a->dresid, g.attn_norm, a->dln, x, w.attn_norm, LAYER(s->rstd1, l, N), N, D);
+        linear_backward(m, act.lora_h, ch, l, LORA_V, a->dln, g.wv, a->kv, act.ln1, w.wv);
+        rmsnorm_backward(a->dresid, g.attn_norm, a->dln, act.x, w.attn_norm, act.rstd1, N, D);
         if (full) grads_done(m, fsdp_layer_unit(l));
     }
     if (full) {

@@ -15,7 +15,8 @@ entry points pick floatX once (with_precision).
 
 Chunked training (DESIGN section 4) runs exactly as on the CPU: chunk_forward,
 chunk_head and chunk_backward per chunk, the KV carry and the dKV carry, the
-keep and recompute memory modes, the output head in --num_output_chunks pieces.
+keep and recompute memory modes, the output head in --num_output_chunks pieces,
+and --activation_checkpointing (layer_forward re-run before each layer's backward).
 Whole-sequence training is the chunk C = T.
 
 Sharding (DESIGN section 5, fsdp.h) as on the CPU: one process per GPU
@@ -47,6 +48,13 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 // ----------------------------------------------------------------------------
 // device buffers
 
+// A layer's slice of n elements in a per-layer activation array (Lk, n) starts
+// 256-byte aligned too: cuBLASLt's plans depend on the operands' alignment, so
+// a layer's products then get the same kernels whichever layer it is, with
+// activation checkpointing (every layer at slice 0) or without (the same bits).
+template <typename E> size_t layer_stride(size_t n) { return (n * sizeof(E) + 255) / 256 * 256 / sizeof(E); }
+template <typename E> E *layer_slice(E *buf, int l, size_t n) { return buf + (size_t)l * layer_stride<E>(n); }
+
 // hands out consecutive pieces of one allocation; a first pass with base NULL
 // only counts the bytes. Each piece starts 256-byte aligned (cuBLASLt and the
 // tensor-core attention want aligned rows).
@@ -57,23 +65,27 @@ struct Layout {
         if (base) p = (E *)(base + bytes);
         bytes += (n * sizeof(E) + 255) / 256 * 256;
     }
+    // an activation array of `layers` slices of n (layer_slice)
+    template <typename E> void place_layers(E *&p, size_t layers, size_t n) { place(p, layers * layer_stride<E>(n)); }
 };
 
-// one chunk's activations, kept from its forward for its backward
+// one chunk's activations, kept from its forward for its backward; with
+// activation checkpointing all but resid hold Lk = 1 layer (else Lk = L), which
+// every layer overwrites in turn and its backward refills (as on the CPU)
 template <typename floatX> struct ChunkActs {
     floatX *resid;      // (L+1, B, C, D) input of each layer, and the final residual
-    floatX *ln1;        // (L, B, C, D)
-    float *rstd1;       // (L, B, C)
-    floatX *q;          // (L, B, C, NH*hd) after RoPE
-    float *lse;         // (L, B, NH, C) log-sum-exp of each query's attention scores
-    floatX *atty;       // (L, B, C, NH*hd) attention output
-    floatX *resid_mid;  // (L, B, C, D) after the attention block
-    floatX *ln2;        // (L, B, C, D)
-    float *rstd2;       // (L, B, C)
-    floatX *gate;       // (L, B, C, H) pre-activation
-    floatX *up;         // (L, B, C, H)
-    floatX *hmlp;       // (L, B, C, H) silu(gate) * up
-    floatX *lora_h;     // (L, 7, B, C, r) LoRA A-projections
+    floatX *ln1;        // (Lk, B, C, D)
+    float *rstd1;       // (Lk, B, C)
+    floatX *q;          // (Lk, B, C, NH*hd) after RoPE
+    float *lse;         // (Lk, B, NH, C) log-sum-exp of each query's attention scores
+    floatX *atty;       // (Lk, B, C, NH*hd) attention output
+    floatX *resid_mid;  // (Lk, B, C, D) after the attention block
+    floatX *ln2;        // (Lk, B, C, D)
+    float *rstd2;       // (Lk, B, C)
+    floatX *gate;       // (Lk, B, C, H) pre-activation
+    floatX *up;         // (Lk, B, C, H)
+    floatX *hmlp;       // (Lk, B, C, H) silu(gate) * up
+    floatX *lora_h;     // (Lk, 7, B, C, r) LoRA A-projections
 };
 
 // everything on the device that is stored in the compute type
@@ -84,6 +96,7 @@ template <typename floatX> struct Buffers {
     floatX **slot;      // (n_slots) sharded: units gathered whole, each as big as the biggest it holds
     floatX *lora_w;     // (LoRA num_params) A and B for the matmuls (the masters, or AdamW's bf16 copy)
     ChunkActs<floatX> *chunk; // (n_slots) one per chunk in keep mode, one in all in recompute mode
+                        // (with activation checkpointing they share all but their resid)
     floatX *k, *v;      // (L, B, T, NKV*hd) the KV carry (keys after RoPE)
     floatX *dk, *dv;    // (L, B, T, NKV*hd) the dKV carry: gradients for earlier positions
     // scratch for one chunk
@@ -136,6 +149,7 @@ typedef struct {
     int B, T;                 // activation capacity
     int chunk_size;           // C (== T: whole sequence)
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
+    int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     int n_slots;
     size_t weight_bytes, param_bytes, act_bytes, carry_bytes; // device memory by purpose (the memory plan)
@@ -191,14 +205,15 @@ template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Lay
     p->place(m->grad_part, widest);
 }
 
-// lays out one chunk's activations
-template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C, int r, ChunkActs<floatX> *s, Layout *a) {
-    size_t L = c->n_layers, N = (size_t)B * C, D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
-    a->place(s->resid, (L + 1) * N * D); a->place(s->ln1, L * N * D); a->place(s->rstd1, L * N);
-    a->place(s->q, L * N * Q); a->place(s->lse, L * N * c->n_heads); a->place(s->atty, L * N * Q);
-    a->place(s->resid_mid, L * N * D); a->place(s->ln2, L * N * D); a->place(s->rstd2, L * N);
-    a->place(s->gate, L * N * H); a->place(s->up, L * N * H); a->place(s->hmlp, L * N * H);
-    a->place(s->lora_h, L * LORA_N_TARGETS * N * r);
+// lays out one chunk's activations but its residuals, for Lk layers
+template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, ChunkActs<floatX> *s,
+                                                  Layout *a) {
+    size_t N = (size_t)B * C, D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
+    a->place_layers(s->ln1, Lk, N * D); a->place_layers(s->rstd1, Lk, N);
+    a->place_layers(s->q, Lk, N * Q); a->place_layers(s->lse, Lk, N * c->n_heads); a->place_layers(s->atty, Lk, N * Q);
+    a->place_layers(s->resid_mid, Lk, N * D); a->place_layers(s->ln2, Lk, N * D); a->place_layers(s->rstd2, Lk, N);
+    a->place_layers(s->gate, Lk, N * H); a->place_layers(s->up, Lk, N * H); a->place_layers(s->hmlp, Lk, N * H);
+    a->place_layers(s->lora_h, Lk, LORA_N_TARGETS * N * r);
 }
 
 // Lays out every device buffer in four allocations: w the base weights, p the
@@ -222,8 +237,15 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     // frozen base weights (LoRA); trained ones are the masters or their bf16 copy (model_alloc)
     if (!h->full_finetune) w->place(d.weights, m->sharded ? h->units.shard_numel : h->num_params);
     if (m->sharded) sharded_layout(m, d, w, p);
-    // activations: one slot per chunk (keep) or one (recompute), then one chunk's scratch
-    for (int i = 0; i < m->n_slots; i++) chunk_acts_layout(c, m->B, m->chunk_size, (int)r, &d.chunk[i], a);
+    // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
+    // the rest for every layer; or with activation checkpointing one layer's worth of the
+    // rest that all slots share (only the layer running uses it). Then one chunk's scratch.
+    int ckpt = m->activation_checkpointing, owners = ckpt ? 1 : m->n_slots;
+    for (int i = 0; i < m->n_slots; i++) {
+        if (i < owners) chunk_acts_layout(c, m->B, m->chunk_size, (int)r, ckpt ? 1 : (int)L, &d.chunk[i], a);
+        else d.chunk[i] = d.chunk[0];
+        a->place(d.chunk[i].resid, (L + 1) * N * D);
+    }
     a->place(d.lnf, N * D);
     if (!fp32) a->place(d.dlogits, piece * V);
     a->place(d.kv, N * KV); a->place(d.dresid, N * D); a->place(d.dln, N * D);
@@ -271,10 +293,11 @@ static void check_fits(const Model *m) {
     const double MiB = 1048576.0;
     fprintf(stderr, "error: out of GPU memory: this run needs %.1f MiB but %.1f of %.1f MiB are free:\n"
             "  base weights (%s) %.1f MiB, trainable parameters and gradients %.1f MiB,\n"
-            "  activations and scratch %.1f MiB (B = %d, chunks of %d, %s), KV and dKV carry %.1f MiB (T = %d),\n"
+            "  activations and scratch %.1f MiB (B = %d, chunks of %d, %s%s), KV and dKV carry %.1f MiB (T = %d),\n"
             "  staging the upload %.1f MiB\n"
             "  hint: %s\n", need / MiB, free_bytes / MiB, total_bytes / MiB, m->fp32 ? "fp32" : "bf16", w / MiB,
-            p / MiB, a / MiB, m->B, m->chunk_size, m->recompute ? "recompute" : "keep", k / MiB, m->T, stage / MiB,
+            p / MiB, a / MiB, m->B, m->chunk_size, m->recompute ? "recompute" : "keep",
+            m->activation_checkpointing ? ", activation checkpointing" : "", k / MiB, m->T, stage / MiB,
             cuda_error_hint(cudaErrorMemoryAllocation));
     exit(EXIT_FAILURE);
 }
@@ -523,9 +546,36 @@ static LayerWeights<float> layer_grads(Model *m, int l) {
 // ----------------------------------------------------------------------------
 // forward and backward of one micro-batch, chunk by chunk (DESIGN section 4)
 
-// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
+// Layer l's activations within a chunk's (s), as on the CPU: its input and output
+// residuals, and the rest at layer l, or with activation checkpointing in the one
+// layer's worth that every layer shares; packed for the chunk's length len
+template <typename floatX> struct LayerActs {
+    floatX *x, *out;         // (B, len, D) the layer's input resid[l] and output resid[l + 1]
+    floatX *ln1, *mid, *ln2; // (B, len, D) mid: the residual after the attention block
+    float *rstd1, *rstd2;    // (B, len)
+    floatX *q, *atty;        // (B, len, NH*hd) the queries after RoPE, the attention output
+    float *lse;              // (B, NH, len)
+    floatX *gate, *up, *hm;  // (B, len, H) hm = silu(gate) * up
+    floatX *lora_h;          // (7, B, len, r) LoRA A-projections
+};
+
+template <typename floatX> LayerActs<floatX> layer_acts(const Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l) {
+    const Config *c = &m->host.config;
+    size_t N = (size_t)ch->B * ch->len, ND = N * c->dim, NQ = N * c->n_heads * c->head_dim, NH = N * c->hidden_dim;
+    size_t r = m->host.use_lora ? m->host.lora.r : 0;
+    int k = m->activation_checkpointing ? 0 : l;
+    return LayerActs<floatX>{LAYER(s->resid, l, ND), LAYER(s->resid, l + 1, ND), layer_slice(s->ln1, k, ND),
+                             layer_slice(s->resid_mid, k, ND), layer_slice(s->ln2, k, ND), layer_slice(s->rstd1, k, N),
+                             layer_slice(s->rstd2, k, N), layer_slice(s->q, k, NQ), layer_slice(s->atty, k, NQ),
+                             layer_slice(s->lse, k, N * c->n_heads), layer_slice(s->gate, k, NH),
+                             layer_slice(s->up, k, NH), layer_slice(s->hmlp, k, NH),
+                             layer_slice(s->lora_h, k, LORA_N_TARGETS * N * r)};
+}
+
+// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len;
+// lora_h: the layer's LoRA A-projections (7, N, r)
 template <typename floatX>
-void linear_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int layer, int t, floatX *out, const floatX *inp,
+void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t, floatX *out, const floatX *inp,
                     const floatX *w) {
     LoRA *l = &m->host.lora;
     Buffers<floatX> &d = buffers<floatX>(m);
@@ -533,14 +583,14 @@ void linear_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int layer, 
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0, m->stream);
     if (m->host.use_lora && (l->targets & (1u << t))) {
-        floatX *h = s->lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
         Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_forward(l, d.lora_w, layer, t, out, inp, h, d.xdrop, &dc, m->dropout_key, m->stream);
+        lora_forward(l, d.lora_w, layer, t, out, inp, lora_h + (size_t)t * N * l->r, d.xdrop, &dc, m->dropout_key,
+                     m->stream);
     }
 }
 // dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
 template <typename floatX>
-void linear_backward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int layer, int t, floatX *dinp, float *dw,
+void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer, int t, floatX *dinp, float *dw,
                      const floatX *dout, const floatX *inp, const floatX *w) {
     LoRA *l = &m->host.lora;
     Buffers<floatX> &d = buffers<floatX>(m);
@@ -548,10 +598,9 @@ void linear_backward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int layer,
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f, m->stream);
     if (m->host.use_lora && (l->targets & (1u << t))) {
-        const floatX *h = s->lora_h + ((size_t)layer * LORA_N_TARGETS + t) * N * l->r;
         Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_backward(l, d.lora_w, m->grads, layer, t, dinp, dout, inp, h, d.lora_dh, d.xdrop, &dc, m->dropout_key,
-                      m->stream);
+        lora_backward(l, d.lora_w, m->grads, layer, t, dinp, dout, inp, lora_h + (size_t)t * N * l->r, d.lora_dh,
+                      d.xdrop, &dc, m->dropout_key, m->stream);
     }
 }
 
@@ -570,44 +619,54 @@ template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w,
     else cudaCheck(cudaMemcpy2DAsync(x, row, c, pitch, row, ch->B, cudaMemcpyDeviceToDevice, stream));
 }
 
-// Forward of one chunk through every decoder layer into the activations s,
-// appending the chunk's keys and values to the KV carry. The micro-batch's
-// tokens are in m->tokens.
-template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch) {
+// Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
+// its activations into layer_acts' place and its keys and values into the KV carry.
+// chunk_backward calls it again with activation checkpointing: the same kernels on
+// the same input (LoRA dropout masks hash the absolute position) give the same
+// bits, the carry's rows included. The layer's unit is gathered (sharded) by the
+// caller's prefetch, or here: the recompute finds it in its slot.
+template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l) {
     Config *c = &m->host.config;
     Buffers<floatX> &d = buffers<floatX>(m);
     cudaStream_t st = m->stream;
-    int N = ch->B * ch->len, D = c->dim, H = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * H;
-    size_t carry = (size_t)ch->B * ch->T * KV;
+    int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)ch->B * ch->T * KV;
+    LayerWeights<floatX> w = layer_params<floatX>(m, l);
+    LayerActs<floatX> act = layer_acts(m, s, ch, l);
+    floatX *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
+    rmsnorm_forward(act.ln1, act.rstd1, act.x, w.attn_norm, N, D, c->norm_eps, st);
+    linear_forward(m, act.lora_h, ch, l, LORA_Q, act.q, act.ln1, w.wq);
+    rope_forward(act.q, m->rope_cos, m->rope_sin, ch, NH, hd, 0, st);
+    linear_forward(m, act.lora_h, ch, l, LORA_K, d.kv, act.ln1, w.wk);
+    rope_forward(d.kv, m->rope_cos, m->rope_sin, ch, NKV, hd, 0, st);
+    carry_copy(kc, d.kv, ch, KV, 1, st);
+    linear_forward(m, act.lora_h, ch, l, LORA_V, d.kv, act.ln1, w.wv);
+    carry_copy(vc, d.kv, ch, KV, 1, st);
+    attention_forward(act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd, st);
+    linear_forward(m, act.lora_h, ch, l, LORA_O, act.mid, act.atty, w.wo);
+    accumulate(act.mid, act.x, ND, st);
+    rmsnorm_forward(act.ln2, act.rstd2, act.mid, w.mlp_norm, N, D, c->norm_eps, st);
+    linear_forward(m, act.lora_h, ch, l, LORA_GATE, act.gate, act.ln2, w.wgate);
+    linear_forward(m, act.lora_h, ch, l, LORA_UP, act.up, act.ln2, w.wup);
+    swiglu_forward(act.hm, act.gate, act.up, (size_t)N * c->hidden_dim, st);
+    linear_forward(m, act.lora_h, ch, l, LORA_DOWN, act.out, act.hm, w.wdown);
+    accumulate(act.out, act.mid, ND, st);
+}
+
+// Forward of one chunk through every decoder layer into the activations s,
+// appending the chunk's keys and values to the KV carry. The micro-batch's
+// tokens are in m->tokens. Each layer's unit was prefetched while the one before
+// it computed (sharded), and the next one's gather starts before it computes.
+template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch) {
+    Config *c = &m->host.config;
+    cudaStream_t st = m->stream;
     chunk_tokens(m->chunk_tokens, m->tokens, ch, st);
     floatX *embed = param_at<floatX>(m, 0, 0);
     prefetch_next<floatX>(m, 0, 1); // layer 0
-    embedding_forward(s->resid, m->chunk_tokens, embed, N, D, st);
+    embedding_forward(s->resid, m->chunk_tokens, embed, ch->B * ch->len, c->dim, st);
     for (int l = 0; l < c->n_layers; l++) {
-        LayerWeights<floatX> w = layer_params<floatX>(m, l);
         if (l + 1 < c->n_layers) prefetch_next<floatX>(m, fsdp_layer_unit(l), 1); // (the head: when chunk_head needs it)
-        floatX *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
-        floatX *atty = LAYER(s->atty, l, N * Q), *mid = LAYER(s->resid_mid, l, ND), *ln2 = LAYER(s->ln2, l, ND);
-        floatX *gate = LAYER(s->gate, l, NHd), *up = LAYER(s->up, l, NHd), *hm = LAYER(s->hmlp, l, NHd);
-        floatX *out = LAYER(s->resid, l + 1, ND), *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
-        rmsnorm_forward(ln1, LAYER(s->rstd1, l, N), x, w.attn_norm, N, D, c->norm_eps, st);
-        linear_forward(m, s, ch, l, LORA_Q, q, ln1, w.wq);
-        rope_forward(q, m->rope_cos, m->rope_sin, ch, NH, hd, 0, st);
-        linear_forward(m, s, ch, l, LORA_K, d.kv, ln1, w.wk);
-        rope_forward(d.kv, m->rope_cos, m->rope_sin, ch, NKV, hd, 0, st);
-        carry_copy(kc, d.kv, ch, KV, 1, st);
-        linear_forward(m, s, ch, l, LORA_V, d.kv, ln1, w.wv);
-        carry_copy(vc, d.kv, ch, KV, 1, st);
-        attention_forward(atty, LAYER(s->lse, l, (size_t)N * NH), q, kc, vc, ch, NH, NKV, hd, st);
-        linear_forward(m, s, ch, l, LORA_O, mid, atty, w.wo);
-        accumulate(mid, x, ND, st);
-        rmsnorm_forward(ln2, LAYER(s->rstd2, l, N), mid, w.mlp_norm, N, D, c->norm_eps, st);
-        linear_forward(m, s, ch, l, LORA_GATE, gate, ln2, w.wgate);
-        linear_forward(m, s, ch, l, LORA_UP, up, ln2, w.wup);
-        swiglu_forward(hm, gate, up, NHd, st);
-        linear_forward(m, s, ch, l, LORA_DOWN, out, hm, w.wdown);
-        accumulate(out, mid, ND, st);
+        layer_forward(m, s, ch, l);
     }
 }
 
@@ -671,47 +730,47 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
 // Backward of one chunk through every decoder layer, from d.dresid (chunk_head's).
 // At each layer's attention the chunk adds dK, dV for every position before its
 // end into the dKV carry; its own rows are complete then (later chunks ran
-// first), so they flow on through its key and value projections at once.
+// first), so they flow on through its key and value projections at once. With
+// activation checkpointing each layer first re-runs its forward from its input,
+// with the unit gathered for its backward (the next one's gather overlaps both).
 template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, const Chunk *ch) {
     Config *c = &m->host.config;
     Buffers<floatX> &d = buffers<floatX>(m);
     cudaStream_t st = m->stream;
-    int N = ch->B * ch->len, D = c->dim, H = c->hidden_dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * H;
+    int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
+    size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
     size_t carry = (size_t)ch->B * ch->T * KV;
     int full = m->host.full_finetune;
     for (int l = c->n_layers - 1; l >= 0; l--) {
         LayerWeights<floatX> w = layer_params<floatX>(m, l);
         if (l > 0) prefetch_next<floatX>(m, fsdp_layer_unit(l), -1); // (the embedding's backward needs no weights)
+        if (m->activation_checkpointing) layer_forward(m, s, ch, l);
         LayerWeights<float> g = {};
         if (full) g = layer_grads(m, l);
-        floatX *x = LAYER(s->resid, l, ND), *ln1 = LAYER(s->ln1, l, ND), *q = LAYER(s->q, l, N * Q);
-        floatX *atty = LAYER(s->atty, l, N * Q), *mid = LAYER(s->resid_mid, l, ND), *ln2 = LAYER(s->ln2, l, ND);
-        floatX *gate = LAYER(s->gate, l, NHd), *up = LAYER(s->up, l, NHd), *hm = LAYER(s->hmlp, l, NHd);
+        LayerActs<floatX> act = layer_acts(m, s, ch, l);
         floatX *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
         floatX *dkc = LAYER(d.dk, l, carry), *dvc = LAYER(d.dv, l, carry);
         // MLP block; the residual passes dresid through unchanged
         cudaCheck(cudaMemsetAsync(d.dhmlp, 0, NHd * sizeof(floatX), st));
-        linear_backward(m, s, ch, l, LORA_DOWN, d.dhmlp, g.wdown, d.dresid, hm, w.wdown);
-        swiglu_backward(d.dgate, d.dup, d.dhmlp, gate, up, NHd, st);
+        linear_backward(m, act.lora_h, ch, l, LORA_DOWN, d.dhmlp, g.wdown, d.dresid, act.hm, w.wdown);
+        swiglu_backward(d.dgate, d.dup, d.dhmlp, act.gate, act.up, NHd, st);
         cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
-        linear_backward(m, s, ch, l, LORA_GATE, d.dln, g.wgate, d.dgate, ln2, w.wgate);
-        linear_backward(m, s, ch, l, LORA_UP, d.dln, g.wup, d.dup, ln2, w.wup);
-        rmsnorm_backward(d.dresid, g.mlp_norm, d.dln, mid, w.mlp_norm, LAYER(s->rstd2, l, N), N, D, st);
+        linear_backward(m, act.lora_h, ch, l, LORA_GATE, d.dln, g.wgate, d.dgate, act.ln2, w.wgate);
+        linear_backward(m, act.lora_h, ch, l, LORA_UP, d.dln, g.wup, d.dup, act.ln2, w.wup);
+        rmsnorm_backward(d.dresid, g.mlp_norm, d.dln, act.mid, w.mlp_norm, act.rstd2, N, D, st);
         // attention block
         cudaCheck(cudaMemsetAsync(d.datty, 0, (size_t)N * Q * sizeof(floatX), st));
-        linear_backward(m, s, ch, l, LORA_O, d.datty, g.wo, d.dresid, atty, w.wo);
-        attention_backward(d.dq, dkc, dvc, d.datty, atty, LAYER(s->lse, l, (size_t)N * NH), q, kc, vc, ch, NH, NKV, hd,
-                           st);
+        linear_backward(m, act.lora_h, ch, l, LORA_O, d.datty, g.wo, d.dresid, act.atty, w.wo);
+        attention_backward(d.dq, dkc, dvc, d.datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd, st);
         rope_backward(d.dq, m->rope_cos, m->rope_sin, ch, NH, hd, st);
         cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
-        linear_backward(m, s, ch, l, LORA_Q, d.dln, g.wq, d.dq, ln1, w.wq);
+        linear_backward(m, act.lora_h, ch, l, LORA_Q, d.dln, g.wq, d.dq, act.ln1, w.wq);
         carry_copy(dkc, d.kv, ch, KV, -1, st);
         rope_backward(d.kv, m->rope_cos, m->rope_sin, ch, NKV, hd, st);
-        linear_backward(m, s, ch, l, LORA_K, d.dln, g.wk, d.kv, ln1, w.wk);
+        linear_backward(m, act.lora_h, ch, l, LORA_K, d.dln, g.wk, d.kv, act.ln1, w.wk);
         carry_copy(dvc, d.kv, ch, KV, -1, st);
-        linear_backward(m, s, ch, l, LORA_V, d.dln, g.wv, d.kv, ln1, w.wv);
-        rmsnorm_backward(d.dresid, g.attn_norm, d.dln, x, w.attn_norm, LAYER(s->rstd1, l, N), N, D, st);
+        linear_backward(m, act.lora_h, ch, l, LORA_V, d.dln, g.wv, d.kv, act.ln1, w.wv);
+        rmsnorm_backward(d.dresid, g.attn_norm, d.dln, act.x, w.attn_norm, act.rstd1, N, D, st);
         if (full) grads_done(m, fsdp_layer_unit(l));
     }
     if (full) {

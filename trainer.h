@@ -13,6 +13,10 @@
 //       int B, T;              capacity: micro-batches of up to B rows of T tokens
 //       int chunk_size;        C, positions per chunk (== T: whole sequences)
 //       int recompute;         chunk memory mode: 1 recompute, 0 keep
+//       int activation_checkpointing;  set by the trainer before model_alloc:
+//                              keep only each layer's input per chunk and re-run
+//                              a layer's forward before its backward (the same
+//                              results, bit for bit, in less memory)
 //       int fp32;              set by the trainer before model_alloc: --precision fp32
 //                              (else bf16: weights and activations stored in bf16)
 //       int dry_run;           set by the trainer before model_alloc: --dry_run, after
@@ -123,7 +127,7 @@ typedef struct { const char *v[MAX_LIST]; int n; } StrList; // a repeatable opti
 typedef struct {
     const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
     int max_seq_len, batch_size, grad_accum, max_steps, num_epochs, warmup_steps, seed, shuffle;
-    int eval_every, full_finetune, lora_r, use_rslora, threads, chunk_size, num_output_chunks;
+    int eval_every, full_finetune, lora_r, use_rslora, threads, chunk_size, num_output_chunks, activation_checkpointing;
     float lr, weight_decay, grad_clip, beta1, beta2, eps, lora_alpha, lora_dropout;
     const char *lr_scheduler, *lora_target_modules, *chunk_memory;
     const char *resume;
@@ -184,6 +188,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (its r, alpha, targets)", 0, 0}, \
     {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
+    {"activation_checkpointing", OPT_FLAG, &(tc)->activation_checkpointing, "0", "keep only each layer's input and re-run the layer's forward before its backward: less activation memory, the same results (HF's gradient_checkpointing, torchtune's enable_activation_checkpointing)", 0, 1}, \
     {"num_output_chunks", OPT_INT, &(tc)->num_output_chunks, "1", "run the output head and loss in this many pieces of a chunk", 1, 1 << 20}, \
     {"threads", OPT_INT, &(tc)->threads, "0", "OpenMP threads (0: OpenMP's default)", 0, 4096}, \
     {"save_every", OPT_INT, &(tc)->save_every, "0", "write a checkpoint every N steps (and at the end; 0: only at the end)", 0, 1 << 30}, \
@@ -394,6 +399,7 @@ static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, c
     }
     m->fp32 = !strcmp(tc->precision, "fp32");
     m->dry_run = tc->dry_run;
+    m->activation_checkpointing = tc->activation_checkpointing;
     model_alloc(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     return 0;
 }
@@ -746,7 +752,8 @@ done:
 // 6 N T and LoRA 4 N T (plus its small adapters), N = the matmul parameters
 // (the head included, the embedding lookup not). Causal attention adds
 // 2 L NH hd T^2 forward (QK^T and PV over half the T x T scores) and twice
-// that backward. Recomputed forwards (--chunk_memory recompute) are not counted.
+// that backward. Recomputed forwards (--chunk_memory recompute,
+// --activation_checkpointing) are not counted.
 static double flops_per_sequence(const HostModel *m, int T) {
     const Config *c = &m->config;
     double D = c->dim, H = c->hidden_dim, Q = (double)c->n_heads * c->head_dim, KV = (double)c->n_kv_heads * c->head_dim;
@@ -776,8 +783,8 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
         printf("memory plan (%s of this process):\n", backend_memory);
         printf("  %-34s %10.1f MiB\n", m->fp32 ? "base weights (fp32)" : "base weights (bf16)", weights / MiB);
         printf("  %-34s %10.1f MiB\n", "trainable: weights, grads, AdamW", trainable / MiB);
-        printf("  %-34s %10.1f MiB   (chunks of %d, %s)\n", "activations and scratch", m->act_bytes / MiB,
-               m->chunk_size, m->recompute ? "recompute" : "keep");
+        printf("  %-34s %10.1f MiB   (chunks of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
+               m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
         printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->carry_bytes / MiB);
         printf("  %-34s %10.1f MiB\n", "tokenized data (host memory)", data / MiB);
         printf("  %-34s %10.1f MiB\n", "total", total / MiB);

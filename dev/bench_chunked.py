@@ -4,10 +4,12 @@
   make train_llama2 && python3 dev/bench_chunked.py [--threads 1] [--lengths 1024,4096,16384]
 
 For each sequence length: whole-sequence training, then chunks of 256 in
-"keep" and in "recompute" mode. Each configuration runs twice, for one step and
+"keep" and in "recompute" mode, each without and with --activation_checkpointing
+(--no_checkpointing: without only). Each configuration runs twice, for one step and
 for two; the step's time is the second step: the difference of the two runs'
 process CPU time (user + sys), which holds on a machine shared with other work,
-and the trainer's own wall-clock ms for it. Memory: the trainer's accounting of
+and the trainer's own wall-clock ms for it. --repeat N runs each pair N times and
+reports the smallest of each (other work on the machine only ever adds time). Memory: the trainer's accounting of
 activations and carry, and the process's peak resident memory. A benchmark,
 not a test: standard library only, writes a random checkpoint (vocab 512, so
 the test tokenizer fits) under /tmp.
@@ -60,7 +62,7 @@ def write_data(path, tokens):
         f.write(json.dumps({"text": text}) + "\n")
 
 
-def run(model, data, T, chunk, mode, threads, tmp, steps):
+def run(model, data, T, chunk, mode, ckpt, threads, tmp, steps):
     """One training run; returns its process CPU seconds, wall seconds and the last metrics line."""
     metrics = os.path.join(tmp, "m.jsonl")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -68,7 +70,8 @@ def run(model, data, T, chunk, mode, threads, tmp, steps):
     subprocess.run([os.path.join(ROOT, "train_llama2"), "--model", model, "--data", data, "--max_seq_len", str(T),
                     "--batch_size", "1", "--max_steps", str(steps), "--lora_r", "8", "--lora_dropout", "0",
                     "--lora_target_modules", "q_proj,v_proj", "--chunk_size", str(chunk), "--chunk_memory", mode,
-                    "--output_dir", os.path.join(tmp, "out"), "--metrics_file", metrics],
+                    "--activation_checkpointing=" + str(ckpt), "--output_dir", os.path.join(tmp, "out"),
+                    "--metrics_file", metrics],
                    check=True, env=env, capture_output=True, text=True)
     wall, after = time.perf_counter() - wall, resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -80,6 +83,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lengths", default="1024,4096,16384")
     ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--no_checkpointing", action="store_true", help="skip the --activation_checkpointing runs")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration; the fastest is reported")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,11 +98,16 @@ def main():
         for T in lengths:
             data = os.path.join(tmp, f"data{T}.jsonl")
             write_data(data, T)
-            for chunk, mode in [(0, "keep"), (args.chunk, "keep"), (args.chunk, "recompute")]:
-                cpu1, _, _ = run(model, data, T, chunk, mode, args.threads, tmp, 1)
-                cpu2, wall2, last = run(model, data, T, chunk, mode, args.threads, tmp, 2)
-                label = "whole" if chunk == 0 else f"C={chunk} {mode}"
-                print(f"| {T} | {label} | {cpu2 - cpu1:.2f} | {last['ms'] / 1e3:.2f} | {cpu2:.1f} ({wall2:.1f}) "
+            for chunk, mode, ckpt in [(c, m, k) for c, m in [(0, "keep"), (args.chunk, "keep"), (args.chunk, "recompute")]
+                                      for k in ([0] if args.no_checkpointing else [0, 1])]:
+                step_cpu = step_wall = run_cpu = run_wall = float("inf")
+                for _ in range(args.repeat):
+                    cpu1, _, _ = run(model, data, T, chunk, mode, ckpt, args.threads, tmp, 1)
+                    cpu2, wall2, last = run(model, data, T, chunk, mode, ckpt, args.threads, tmp, 2)
+                    step_cpu, step_wall = min(step_cpu, cpu2 - cpu1), min(step_wall, last["ms"] / 1e3)
+                    run_cpu, run_wall = min(run_cpu, cpu2), min(run_wall, wall2)
+                label = ("whole" if chunk == 0 else f"C={chunk} {mode}") + (" + ckpt" if ckpt else "")
+                print(f"| {T} | {label} | {step_cpu:.2f} | {step_wall:.2f} | {run_cpu:.1f} ({run_wall:.1f}) "
                       f"| {last['act_mb']:.1f} | {last['carry_mb']:.1f} | {last['mem_mb']:.0f} |", flush=True)
 
 

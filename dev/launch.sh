@@ -5,7 +5,7 @@
 # MASTER_PORT (the environment's, else a free one), and the ranks meet over TCP
 # (fsdp.h). For one node; across nodes use torchrun, srun or mpirun.
 #   dev/launch.sh 2 ./train_llama2cu --model ... --data ...
-# Exits with the first non-zero status of any rank, else 0. When a rank fails
+# Exits with the first non-zero status it sees among the ranks, else 0. When a rank fails
 # the others normally stop on their own (they see its connection close); any
 # still running LAUNCH_GRACE seconds later (default 30) are killed. SIGINT and
 # SIGTERM are passed on to every rank.
@@ -15,9 +15,9 @@ if [ $# -lt 2 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
     exit 2
 fi
 n=$1; shift
-if [ -z "${MASTER_PORT:-}" ]; then # a port nobody answers on: free, as far as we can tell
-    for _ in $(seq 50); do
-        MASTER_PORT=$(( 20000 + RANDOM % 40000 ))
+if [ -z "${MASTER_PORT:-}" ]; then # a port nobody answers on, below Linux's ephemeral ports (32768-60999), which
+    for _ in $(seq 50); do            # outgoing connections take without listening
+        MASTER_PORT=$(( 20000 + RANDOM % 12768 ))
         (exec 3<>"/dev/tcp/127.0.0.1/$MASTER_PORT") 2>/dev/null || break
     done
 fi
@@ -28,18 +28,24 @@ for ((r = 0; r < n; r++)); do
     pids+=($!)
 done
 trap 'kill -TERM "${pids[@]}" 2>/dev/null' INT TERM
+# Polls rather than `wait -n`: bash may reap a rank killed by a signal on its own
+# (it reports "Killed"), after which `wait -n` no longer knows it; `wait PID` still
+# returns its status.
 status=0 live=("${pids[@]}")
 while [ ${#live[@]} -gt 0 ]; do
-    done_pid=
-    wait -n -p done_pid "${live[@]}"
-    rc=$?
-    [ -z "$done_pid" ] && continue # a signal we trapped and passed on, not an exit
-    live=($(printf '%s\n' "${live[@]}" | grep -vx "$done_pid"))
-    if [ $rc -ne 0 ] && [ $status -eq 0 ]; then
-        status=$rc
-        ( sleep "${LAUNCH_GRACE:-30}"; kill -KILL "${pids[@]}" ) >/dev/null 2>&1 &
-        killer=$!
-    fi
+    still=()
+    for p in "${live[@]}"; do
+        if kill -0 "$p" 2>/dev/null; then still+=("$p"); continue; fi
+        wait "$p"
+        rc=$?
+        if [ $rc -ne 0 ] && [ $status -eq 0 ]; then
+            status=$rc
+            ( sleep "${LAUNCH_GRACE:-30}"; kill -KILL "${pids[@]}" ) >/dev/null 2>&1 &
+            killer=$!
+        fi
+    done
+    live=("${still[@]}")
+    [ ${#live[@]} -gt 0 ] && sleep 0.1
 done
 [ -n "${killer:-}" ] && pkill -P "$killer" 2>/dev/null # its sleep
 exit $status

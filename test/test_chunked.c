@@ -5,7 +5,12 @@
 // the loss, the logits and every trainable gradient, for several chunk sizes
 // (1, sizes that do not divide T, T itself), both memory modes, GQA and tied
 // models, LoRA (with dropout, whose masks must not depend on the chunking) and
-// full fine-tuning; then 30 training steps whole against chunked.
+// full fine-tuning; then 30 training steps whole against chunked. Each of those
+// runs again with --activation_checkpointing (every layer's forward re-run from
+// its input before its backward), which must give the same bits: the same
+// operations in the same order, so no tolerance (loss, logits, every gradient,
+// the 30 losses and the trained adapter file); and its activation bytes must
+// shrink by what the formula in test_checkpointing_memory says.
 //
 // Tolerances. A chunked run does the same arithmetic in a different order only
 // where it sums over positions: weight gradients add up chunk by chunk, and
@@ -22,7 +27,7 @@
 
 enum { B = 2, T = 24 };
 
-static void setup(Model *m, const char *model, int full, int chunk, const char *mem, int out_chunks) {
+static void setup(Model *m, const char *model, int full, int chunk, const char *mem, int out_chunks, int ckpt) {
     TrainConfig tc;
     char path[256], cs[16], oc[16];
     snprintf(path, sizeof path, "test/fixtures/%s", model);
@@ -30,7 +35,8 @@ static void setup(Model *m, const char *model, int full, int chunk, const char *
     snprintf(oc, sizeof oc, "%d", out_chunks);
     char *argv[] = {"x", "--model", path, "--data", "unused", "--max_seq_len", "24", "--lora_r", "4",
                     "--lora_target_modules", "all-linear", "--lora_dropout", "0.2", "--chunk_size", cs,
-                    "--chunk_memory", (char *)mem, "--num_output_chunks", oc, full ? "--full_finetune" : "--seed=3"};
+                    "--chunk_memory", (char *)mem, "--num_output_chunks", oc, full ? "--full_finetune" : "--seed=3",
+                    ckpt ? "--activation_checkpointing" : "--activation_checkpointing=0"};
     if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("test arguments rejected");
     if (model_setup(m, NULL, &tc, B, T, NULL) != 0) die("cannot set up %s", model);
     if (m->host.use_lora) { // B = 0 would leave A without gradient
@@ -77,6 +83,13 @@ static double normwise(const float *got, const float *want, size_t n) {
     return err / fmax(scale, 1e-30);
 }
 
+// how many of n floats differ from want in their bits
+static size_t bits_differ(const float *got, const float *want, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    return k;
+}
+
 // every trainable tensor separately: LoRA A/B per layer and target, or each base weight
 static double worst_tensor(Model *m, const float *got, const float *want, char *name, size_t namelen) {
     double worst = 0;
@@ -113,38 +126,52 @@ static void test_equal(const char *model, int full) {
     for (int i = 0; i < B * T; i++) tokens[i] = (int)(rng_next(&state) % V);
     for (int i = 0; i < B * T; i++) targets[i] = (i % T == T - 1 || i % 7 == 3) ? -100 : tokens[i + 1];
     Model whole;
-    setup(&whole, model, full, 0, "keep", 1);
+    setup(&whole, model, full, 0, "keep", 1, 0);
     Run ref = run(&whole, tokens, targets);
     struct { int chunk; const char *mem; int out_chunks; } cases[] = {
         {1, "keep", 1}, {1, "recompute", 1}, {5, "keep", 1}, {5, "recompute", 3}, {7, "recompute", 1},
         {8, "keep", 2}, {23, "recompute", 1}, {24, "recompute", 1}, {0, "keep", 5}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        Model m;
-        setup(&m, model, full, cases[k].chunk, cases[k].mem, cases[k].out_chunks);
+        Model m, mc;
+        setup(&m, model, full, cases[k].chunk, cases[k].mem, cases[k].out_chunks, 0);
         Run got = run(&m, tokens, targets);
         char what[256], name[200] = "";
-        snprintf(what, sizeof what, "%s %s C=%d %s output_chunks=%d vs whole", model, full ? "full" : "lora",
+        snprintf(what, sizeof what, "%s %s C=%d %s output_chunks=%d", model, full ? "full" : "lora",
                  cases[k].chunk, cases[k].mem, cases[k].out_chunks);
-        char w[300];
-        snprintf(w, sizeof w, "%s: loss", what);
+        char w[400];
+        snprintf(w, sizeof w, "%s vs whole: loss", what);
         CHECK(fabs(got.loss - ref.loss) <= 1e-6 * fabs(ref.loss), w, "%.10g vs %.10g", got.loss, ref.loss);
-        snprintf(w, sizeof w, "%s: logits", what);
+        snprintf(w, sizeof w, "%s vs whole: logits", what);
         double e = normwise(got.logits, ref.logits, (size_t)B * T * V);
         CHECK(e <= 1e-6, w, "max err %.3e of max|ref|", e);
-        snprintf(w, sizeof w, "%s: every gradient", what);
+        snprintf(w, sizeof w, "%s vs whole: every gradient", what);
         e = worst_tensor(&m, got.grads, ref.grads, name, sizeof name);
         CHECK(e <= 1e-5, w, "worst %s: max err %.3e of max|ref| (tol 1e-5)", name, e);
-        free(got.logits); free(got.grads);
+        // activation checkpointing runs the same operations in the same order: the same bits
+        setup(&mc, model, full, cases[k].chunk, cases[k].mem, cases[k].out_chunks, 1);
+        Run ck = run(&mc, tokens, targets);
+        size_t dl = bits_differ(ck.logits, got.logits, (size_t)B * T * V), dg = bits_differ(ck.grads, got.grads, got.n);
+        e = worst_tensor(&m, ck.grads, got.grads, name, sizeof name);
+        snprintf(w, sizeof w, "%s --activation_checkpointing: loss, logits and every gradient bit-identical", what);
+        CHECK(ck.loss == got.loss && dl == 0 && dg == 0, w, "loss %.17g vs %.17g; %zu logits and %zu of %zu gradients differ "
+              "(worst %s: %.3e of max|ref|)", ck.loss, got.loss, dl, dg, got.n, name, e);
+        free(got.logits); free(got.grads); free(ck.logits); free(ck.grads);
         model_free(&m);
+        model_free(&mc);
     }
     free(ref.logits); free(ref.grads);
     model_free(&whole);
 }
 
-// the seed's check: 30 consecutive training steps, whole against chunked
-static double *train_losses(const char *model, const char *chunk, const char *mem, int steps) {
+// the seed's check: 30 consecutive training steps, whole against chunked; and
+// each with --activation_checkpointing, which must train the same bits
+
+// a training run's losses, one per step, and the trained weights as saved
+typedef struct { double *loss; char *saved; size_t saved_len; } Trajectory;
+
+static Trajectory train_losses(const char *model, const char *chunk, const char *mem, int ckpt, int steps) {
     char metrics[300], out[256], st[16];
-    snprintf(out, sizeof out, "/tmp/llama2tune_chunk_%d_%s_%s", (int)getpid(), chunk, mem);
+    snprintf(out, sizeof out, "/tmp/llama2tune_chunk_%d_%s_%s_%d", (int)getpid(), chunk, mem, ckpt);
     snprintf(metrics, sizeof metrics, "%s.jsonl", out);
     snprintf(st, sizeof st, "%d", steps);
     char path[256];
@@ -153,11 +180,12 @@ static double *train_losses(const char *model, const char *chunk, const char *me
                     "--batch_size", "2", "--gradient_accumulation_steps", "2", "--max_steps", st, "--lr", "5e-3",
                     "--lora_target_modules", "all-linear", "--lora_dropout", "0.1", "--warmup_steps", "3",
                     "--chunk_size", (char *)chunk, "--chunk_memory", (char *)mem, "--output_dir", out,
-                    "--metrics_file", metrics};
+                    "--metrics_file", metrics, ckpt ? "--activation_checkpointing" : "--activation_checkpointing=0"};
     TrainConfig tc;
     if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("trajectory arguments");
     if (train(&tc) != 0) die("training failed");
-    double *loss = (double *)callocCheck(steps, sizeof(double));
+    Trajectory r;
+    r.loss = (double *)callocCheck(steps, sizeof(double));
     size_t len;
     char *text = read_file(metrics, &len);
     int i = 0;
@@ -165,35 +193,51 @@ static double *train_losses(const char *model, const char *chunk, const char *me
         e = strchr(p, '\n');
         JsonValue rec;
         char err[128];
-        if (!e || json_parse(p, e - p, &rec, err, sizeof err) != 0 || json_get_number(&rec, "loss", &loss[i]) != 0)
+        if (!e || json_parse(p, e - p, &rec, err, sizeof err) != 0 || json_get_number(&rec, "loss", &r.loss[i]) != 0)
             die("%s: bad metrics line %d", metrics, i + 1);
         json_free(&rec);
     }
     free(text);
+    char adapter[300];
+    snprintf(adapter, sizeof adapter, "%s/adapter_model.safetensors", out);
+    if (!(r.saved = read_file(adapter, &r.saved_len))) die("cannot read %s", adapter);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", out, metrics);
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", out);
-    return loss;
+    return r;
 }
 
 static void test_trajectory(void) {
     int steps = 30;
-    double *whole = train_losses("tiny_gqa", "0", "keep", steps);
-    const char *chunks[2][2] = {{"5", "recompute"}, {"1", "keep"}};
-    for (int k = 0; k < 2; k++) {
-        double *got = train_losses("tiny_gqa", chunks[k][0], chunks[k][1], steps), worst = 0;
+    const char *runs[3][2] = {{"0", "keep"}, {"5", "recompute"}, {"1", "keep"}};
+    Trajectory plain[3];
+    for (int k = 0; k < 3; k++) plain[k] = train_losses("tiny_gqa", runs[k][0], runs[k][1], 0, steps);
+    double *whole = plain[0].loss;
+    for (int k = 1; k < 3; k++) {
+        double *got = plain[k].loss, worst = 0;
         int at = 0;
         for (int i = 0; i < steps; i++) {
             double e = fabs(got[i] - whole[i]) / fabs(whole[i]);
             if (e > worst) { worst = e; at = i; }
         }
         char what[200];
-        snprintf(what, sizeof what, "30 LoRA steps: C=%s %s has the whole-sequence loss trajectory", chunks[k][0], chunks[k][1]);
+        snprintf(what, sizeof what, "30 LoRA steps: C=%s %s has the whole-sequence loss trajectory", runs[k][0], runs[k][1]);
         CHECK(worst <= 1e-5 && whole[steps - 1] < whole[0], what, "worst rel diff %.3e at step %d (%.9g vs %.9g); loss %.4f -> %.4f",
               worst, at + 1, got[at], whole[at], whole[0], whole[steps - 1]);
-        free(got);
     }
-    free(whole);
+    for (int k = 0; k < 3; k++) {
+        Trajectory ck = train_losses("tiny_gqa", runs[k][0], runs[k][1], 1, steps);
+        int first = -1;
+        for (int i = steps - 1; i >= 0; i--)
+            if (ck.loss[i] != plain[k].loss[i]) first = i;
+        int same = ck.saved_len == plain[k].saved_len && memcmp(ck.saved, plain[k].saved, ck.saved_len) == 0;
+        char what[200];
+        snprintf(what, sizeof what, "30 LoRA steps: C=%s %s with --activation_checkpointing: the same losses and adapter, "
+                 "bit for bit", runs[k][0], runs[k][1]);
+        CHECK(first < 0 && same, what, "first loss to differ: step %d; adapter files %s", first + 1, same ? "equal" : "differ");
+        free(ck.loss); free(ck.saved);
+    }
+    for (int k = 0; k < 3; k++) { free(plain[k].loss); free(plain[k].saved); }
 }
 
 // recompute mode: activation memory does not grow with T (only the carry does)
@@ -215,11 +259,37 @@ static void test_memory(void) {
     CHECK(carry[1][1] == 2 * carry[1][0], "the KV carry grows linearly with T", "%zu, %zu bytes", carry[1][0], carry[1][1]);
 }
 
+// Activation checkpointing keeps every chunk slot's residuals (L+1, B, C, D) and one
+// layer's worth of the rest, which all slots share, instead of L layers' worth per
+// slot. Per position a layer holds ln1, resid_mid and ln2 (3 D floats), q and atty
+// (2 NH hd), lse (NH), rstd1 and rstd2 (2), gate, up and silu(gate) * up (3 H) and the
+// seven LoRA A-projections (7 r): that many floats fewer for (slots L - 1) layers.
+static void test_checkpointing_memory(void) {
+    struct { int chunk; const char *mem; } cases[] = {{0, "keep"}, {5, "keep"}, {5, "recompute"}, {8, "keep"}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Model plain, ckpt;
+        setup(&plain, "tiny_gqa", 0, cases[k].chunk, cases[k].mem, 1, 0);
+        setup(&ckpt, "tiny_gqa", 0, cases[k].chunk, cases[k].mem, 1, 1);
+        const Config *c = &plain.host.config;
+        size_t C = cases[k].chunk ? cases[k].chunk : T, slots = strcmp(cases[k].mem, "recompute") ? (T + C - 1) / C : 1;
+        size_t per_position = 3 * c->dim + 2 * c->n_heads * c->head_dim + c->n_heads + 2 + 3 * c->hidden_dim +
+                              7 * plain.host.lora.r;
+        size_t want = (slots * c->n_layers - 1) * B * C * per_position * sizeof(float), got = plain.act_bytes - ckpt.act_bytes;
+        char what[200];
+        snprintf(what, sizeof what, "--activation_checkpointing, C=%d %s: activations shrink by (slots L - 1) layers' worth",
+                 cases[k].chunk, cases[k].mem);
+        CHECK(ckpt.act_bytes < plain.act_bytes && got == want, what, "%zu -> %zu bytes: %zu fewer, expected %zu",
+              plain.act_bytes, ckpt.act_bytes, got, want);
+        model_free(&plain);
+        model_free(&ckpt);
+    }
+}
+
 // generation reuses the KV carry as its cache: with temperature 0 every new token
 // must be the argmax of a whole-sequence forward's logits at the position before
 static void test_greedy_generation(void) {
     Model m;
-    setup(&m, "tiny_gqa", 0, 5, "recompute", 1);
+    setup(&m, "tiny_gqa", 0, 5, "recompute", 1, 0);
     int prompt[7] = {1, 40, 300, 22, 7, 90, 5}, n_new;
     int *gen = generate(&m, prompt, 7, 12, 0.0f, 1.0f, 1, -1, &n_new);
     int seq[B * T], targets[B * T], V = m.host.config.vocab_size, len = 7 + n_new, bad = -1;
@@ -260,6 +330,7 @@ int main(void) {
         for (int full = 0; full < 2; full++) test_equal(models[i], full);
     test_trajectory();
     test_memory();
+    test_checkpointing_memory();
     test_greedy_generation();
     return test_summary();
 }

@@ -4,10 +4,15 @@
 // logits and the loss, every trainable gradient, and 10 optimizer steps of
 // losses and gradient norms; for LoRA (with dropout, whose masks are the same
 // hash on both) and full fine-tuning, whole sequences and chunks (keep and
-// recompute, the head in pieces), GQA (tiny_gqa) and tied (tiny_tied) models
-// and a random one with head_dim 64 and GQA (bf16 attention then runs on tensor
-// cores), in --precision fp32 and bf16. Each comparison prints the worst element of
-// what it compares; the program exits 1 when any check fails.
+// recompute, the head in pieces, --activation_checkpointing), GQA (tiny_gqa) and
+// tied (tiny_tied) models and a random one with head_dim 64 and GQA (bf16
+// attention then runs on tensor cores), in --precision fp32 and bf16. Each
+// comparison prints the worst element of what it compares; the program exits 1
+// when any check fails. A run with --activation_checkpointing must also give the
+// bits of the same CUDA run without it (logits, losses, every gradient): it runs
+// the same kernels on the same inputs in the same order, and each layer's slice
+// of the activations is 256-byte aligned either way, so cuBLASLt, whose plans
+// depend on alignment, picks the same kernels too.
 //
 // Without a GPU it prints a SKIP line and exits 0. --quick runs a few cases
 // with 3 steps (for compute-sanitizer, which makes every kernel slow).
@@ -48,14 +53,15 @@ struct Case {
     int chunk;             // --chunk_size (0: whole sequences)
     const char *mem;       // --chunk_memory
     int out_chunks;        // --num_output_chunks
+    bool ckpt;             // --activation_checkpointing
 };
 
 // the case in words, for the check lines
 std::string describe(const Case &c) {
     char buf[200];
     const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d", model, c.full ? "full" : "lora", c.precision, c.chunk,
-             c.mem, c.out_chunks);
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s", model, c.full ? "full" : "lora", c.precision, c.chunk,
+             c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "");
     return buf;
 }
 
@@ -72,7 +78,8 @@ struct Pair {
             a = {"test_llama2cu", "--model", model, "--data", "unused", "--max_seq_len", std::to_string(T),
                  "--chunk_size", std::to_string(c.chunk), "--chunk_memory", c.mem, "--num_output_chunks",
                  std::to_string(c.out_chunks), "--precision", side ? c.precision : "fp32", "--lr",
-                 c.full ? "1e-3" : "5e-3", "--weight_decay", "0.01", "--seed", "3"};
+                 c.full ? "1e-3" : "5e-3", "--weight_decay", "0.01", "--seed", "3",
+                 c.ckpt ? "--activation_checkpointing=1" : "--activation_checkpointing=0"};
             if (c.full) a.push_back("--full_finetune");
             else a.insert(a.end(), {"--from_peft_checkpoint", model + "/peft_init"}); // B != 0: A gets gradients too
             for (std::string &arg : a) argv[side].push_back(&arg[0]);
@@ -171,7 +178,7 @@ void check_case(const Case &c) {
     int labels = make_batch(7, V, tokens.data(), targets.data());
     std::vector<float> logits_cpu((size_t)B * T * V), logits_gpu((size_t)B * T * V);
     double loss_cpu = cpu_forward(pair.cpu, tokens.data(), targets.data(), B, T, logits_cpu.data());
-    double loss_gpu = gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, logits_gpu.data());
+    double loss_gpu = gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, logits_gpu.data()), eval_gpu = loss_gpu;
     check_scalar(name + ": evaluation loss", loss_gpu, loss_cpu, tol.loss);
     check_tensor(name + ": logits", logits_gpu.data(), logits_cpu.data(), logits_cpu.size(), tol.logits);
     float scale = 1.0f / labels;
@@ -195,6 +202,22 @@ void check_case(const Case &c) {
     snprintf(line, sizeof line, "%s: every gradient (worst %s: err %.2e of its max, tol %.0e)", name.c_str(),
              worst_name.c_str(), worst, tol.grads);
     CHECK(worst <= tol.grads, line, "%s", "out of tolerance");
+    if (c.ckpt) { // the same CUDA run without activation checkpointing: the same bits
+        Case plain = c;
+        plain.ckpt = false;
+        Pair ref(plain);
+        std::vector<float> logits_ref((size_t)B * T * V), grads_ref(n);
+        double eval_ref = gpu_forward(ref.gpu, tokens.data(), targets.data(), B, T, logits_ref.data());
+        double train_ref = gpu_forward_backward(ref.gpu, tokens.data(), targets.data(), B, T, scale, 99);
+        gpu_grads(ref.gpu, grads_ref.data());
+        bool same_loss = !memcmp(&eval_ref, &eval_gpu, sizeof eval_ref) && !memcmp(&train_ref, &loss_gpu, sizeof train_ref);
+        size_t dl = 0, dg = 0;
+        for (size_t i = 0; i < logits_ref.size(); i++) dl += memcmp(&logits_ref[i], &logits_gpu[i], sizeof(float)) != 0;
+        for (size_t i = 0; i < n; i++) dg += memcmp(&grads_ref[i], &grads_gpu[i], sizeof(float)) != 0;
+        snprintf(line, sizeof line, "%s: the bits of the run without it (losses %s, %zu logits and %zu of %zu gradients differ)",
+                 name.c_str(), same_loss ? "equal" : "differ", dl, dg, n);
+        CHECK(same_loss && dl == 0 && dg == 0, line, "%s", "not bit-identical");
+    }
 }
 
 // optimizer steps, each on a batch of its own: losses and gradient norms
@@ -264,10 +287,13 @@ int main(int argc, char **argv) {
     std::vector<const char *> models = {"test/fixtures/tiny_gqa", hd64.c_str()};
     if (!quick) models.push_back("test/fixtures/tiny_tied");
     const char *precisions[] = {"fp32", "bf16"};
-    // whole sequences; chunks that divide T and one that does not; one position at a time
-    Case chunkings[] = {{NULL, false, NULL, 0, "keep", 1}, {NULL, false, NULL, 8, "keep", 1},
-                        {NULL, false, NULL, 7, "recompute", 3}, {NULL, false, NULL, 1, "recompute", 1}};
-    int n_chunkings = quick ? 2 : 4, steps = quick ? 3 : 10;
+    // whole sequences; chunks that divide T and one that does not; one position at a time;
+    // activation checkpointing with each memory mode (--quick: the first two)
+    Case chunkings[] = {{NULL, false, NULL, 0, "keep", 1, false}, {NULL, false, NULL, 7, "recompute", 3, true},
+                        {NULL, false, NULL, 8, "keep", 1, false}, {NULL, false, NULL, 7, "recompute", 3, false},
+                        {NULL, false, NULL, 1, "recompute", 1, false}, {NULL, false, NULL, 0, "keep", 1, true},
+                        {NULL, false, NULL, 5, "keep", 2, true}};
+    int n_chunkings = quick ? 2 : 7, steps = quick ? 3 : 10;
     for (size_t mi = 0; mi < models.size(); mi++)
         for (const char *precision : precisions)
             for (int full = 0; full < 2; full++) {
@@ -276,10 +302,12 @@ int main(int argc, char **argv) {
                     c.model = models[mi]; c.full = full; c.precision = precision;
                     check_case(c);
                 }
-                Case whole = {models[mi], (bool)full, precision, 0, "keep", 1};
-                Case chunked = {models[mi], (bool)full, precision, 5, "recompute", 1};
+                Case whole = {models[mi], (bool)full, precision, 0, "keep", 1, false};
+                Case chunked = {models[mi], (bool)full, precision, 5, "recompute", 1, false};
+                Case checkpointed = {models[mi], (bool)full, precision, 5, "keep", 1, true};
                 check_steps(whole, steps);
                 check_steps(chunked, steps);
+                check_steps(checkpointed, steps);
             }
     remove_tree(tmp);
     printf("test_llama2cu: %d passed, %d failed\n", test_passed, test_failed);

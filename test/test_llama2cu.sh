@@ -5,7 +5,8 @@
 #    print the configuration and the memory plan, train nothing and exit 0 (LoRA,
 #    full fine-tuning in chunks, and a resume from a CPU checkpoint); in
 #    --precision fp32 its base weights and KV carry must be the CPU trainer's
-#    (the same bytes, counted by train_llama2.c's allocations).
+#    (the same bytes, counted by train_llama2.c's allocations), and
+#    --activation_checkpointing must save it the activation bytes it saves the CPU trainer.
 # 2. test_llama2cu, the CUDA trainer against the CPU twin; without a GPU it says SKIP.
 cd "$(dirname "$0")/.."
 if [ ! -x train_llama2cu ] || [ ! -x test/test_llama2cu ]; then
@@ -40,6 +41,24 @@ for line in "base weights \(fp32\)" "KV and dKV carry"; do
     [ -n "$gpu" ] && [ "$gpu" = "$cpu" ]
     check "fp32 plan's '${line//\\/}' is the CPU trainer's" $? "gpu '$gpu', cpu '$cpu'"
 done
+# --activation_checkpointing keeps one layer's worth of activations instead of one per layer and
+# chunk: in fp32 the same arrays on both trainers (B = 64, chunks of 8: every layer's slice a whole
+# multiple of the 256 bytes the GPU aligns it to), so the plans must shrink by the same bytes, to
+# the plan's printed resolution (each total is rounded to 0.1 MiB, so their difference to +-0.1)
+act_mb() { plan_line "$1" "activations and scratch" | awk '{print $4}'; }
+for ck in 0 1; do
+    dry "LoRA, fp32, chunks of 8 (keep), --activation_checkpointing=$ck" --batch_size 64 --precision fp32 \
+        --chunk_size 8 --activation_checkpointing=$ck
+    "$CPU" "${ARGS[@]}" --batch_size 64 --chunk_size 8 --activation_checkpointing=$ck --dry_run --output_dir "$TMP/out" \
+        >"$TMP/cpu_ck$ck.log" 2>&1
+done
+gpu0=$(act_mb "$TMP/LoRA, fp32, chunks of 8 (keep), --activation_checkpointing=0.log")
+gpu1=$(act_mb "$TMP/LoRA, fp32, chunks of 8 (keep), --activation_checkpointing=1.log")
+cpu0=$(act_mb "$TMP/cpu_ck0.log") cpu1=$(act_mb "$TMP/cpu_ck1.log")
+awk -v g0="$gpu0" -v g1="$gpu1" -v c0="$cpu0" -v c1="$cpu1" \
+    'BEGIN { d = (g0 - g1) - (c0 - c1); exit !(g0 != "" && c0 != "" && g1 < g0 && d <= 0.1001 && d >= -0.1001) }'
+check "--activation_checkpointing saves the activations the CPU trainer's saves" $? \
+    "GPU $gpu0 -> $gpu1 MiB, CPU $cpu0 -> $cpu1 MiB"
 # a checkpoint of the CPU trainer (the format is shared): read back, nothing uploaded
 "$CPU" "${ARGS[@]}" --batch_size 4 --max_steps 1 --save_every 1 --output_dir "$TMP/ckpt" >"$TMP/ckpt.log" 2>&1
 check "a CPU checkpoint to resume from" $? "$(tail -3 "$TMP/ckpt.log")"

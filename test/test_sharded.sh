@@ -216,6 +216,8 @@ env_case() {
     same_bits "W = $w, $what: TCP and MPI sum alike (full fine-tuning)" "$TMP/full-$twin" "$TMP/env-full-$w-$st" model.safetensors
 }
 env_case 2 FULL_SHARD 2-FULL_SHARD
+run 2 "$TMP/env-full-2-ckpt" "${FULL[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --activation_checkpointing
+same_bits "W = 2 FULL_SHARD --activation_checkpointing == without it (full fine-tuning)" "$TMP/env-full-2-FULL_SHARD" "$TMP/env-full-2-ckpt" model.safetensors
 env_case 3 HYBRID_SHARD 3-HYBRID_SHARD # one group per node: LOCAL_WORLD_SIZE = 3
 env_case 4 HYBRID_SHARD 4-hybrid --shard_group 2
 grep -q "4 ranks, HYBRID_SHARD: shard groups of 2, 2 replica(s)" "$TMP/env-full-4-HYBRID_SHARD.log"
@@ -231,6 +233,8 @@ else
 fi
 
 run 3 "$TMP/env-save3" "${FULL[@]}" --batch_size 4 --save_every 5 --keep_checkpoints 0
+[ $? -eq 0 ] && [ -f "$TMP/env-save3/checkpoint-5/fsdp_index.json" ]
+check "launched by the environment: W = 3 writes a sharded checkpoint" $? "$(tail -5 "$TMP/env-save3.log")"
 out="$TMP/env-resume2"
 mkdir -p "$out" && cp -r "$TMP/env-save3/checkpoint-5" "$out/" && head -5 "$TMP/env-save3.jsonl" >"$out.jsonl"
 run 2 "$out" "${FULL[@]}" --batch_size 6 --resume "$out"
@@ -259,7 +263,10 @@ fault "launched by the environment: rank 2 killed (SIGKILL) after step 3" "lost 
 sigterm_one "launched by the environment" dev/launch.sh 3
 
 # bad launches: each rank started by hand, every one must exit non-zero with the message, never hang
-port=$(( 20000 + RANDOM % 40000 ))
+for _ in $(seq 50); do # a port nobody answers on, as dev/launch.sh picks one
+    port=$(( 20000 + RANDOM % 12768 ))
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || break
+done
 rank() { # rank R W NAME [args]: one rank of W at $port, in the background, log in $TMP/NAME-R.log
     local r=$1 w=$2 name=$3; shift 3
     RANK=$r WORLD_SIZE=$w MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$BIN" "${FARGS[@]}" --max_steps 2 \
