@@ -18,8 +18,9 @@ model (--random_init: config.json and tokenizer.model, no weights), read from --
   dev/bench_common.py's, which dev/bench_hf.py uses), GPU used = the metrics' mem_mb
   (cudaMemGetInfo's view), allocated = the plan's device memory.
 - --long: one sequence per step, the longest --seq whose plan fits, whole (the head in
-  pieces of --chunk) and in chunks of --chunk with --chunk_memory recompute; each confirmed
-  by a run of two steps, the second timed (as dev/bench_hf.py --long).
+  pieces of --chunk), the same with --activation_checkpointing, and in chunks of --chunk
+  with --chunk_memory recompute; each confirmed by a run of two steps, the second timed (as
+  dev/bench_hf.py --long).
 
 BIN=./train_llama2 (or --bin) runs all of it on the CPU trainer with --gpu_mib standing for
 the memory, to try the script without a GPU; its numbers mean nothing then.
@@ -166,14 +167,18 @@ def throughput(t, args):
 
 def long_context(t, args):
     C = args.chunk
-    modes = {"whole": lambda T: ["--num_output_chunks", str(max(1, T // C))],
-             "chunked": lambda T: ["--chunk_size", str(C), "--chunk_memory", "recompute"]}
+    # (name, options for length T): whole sequences, with the head in pieces of C so that full-vocabulary
+    # logits never bound the length; the same with activation checkpointing, like transformers' side;
+    # chunks of C with recompute, the issue's mode
+    modes = [(f"whole, head in pieces of {C}", lambda T: ["--num_output_chunks", str(max(1, T // C))]),
+             (f"whole, head in pieces of {C}, activation checkpointing",
+              lambda T: ["--num_output_chunks", str(max(1, T // C)), "--activation_checkpointing"]),
+             (f"chunks of {C}, recompute", lambda T: ["--chunk_size", str(C), "--chunk_memory", "recompute"])]
     for lora in args.lora.split(","):
-        for mode, extra in modes.items():
+        for mode, extra in modes:
             # the largest length (a multiple of C) whose plan, with its own options, fits
             T = largest(lambda n: t.fits(lora, n, 1, extra(n)), args.long_from, args.long_max, C)
-            note = f"{mode}{f', chunks of {C}, recompute' if mode == 'chunked' else f', head in pieces of {C}'}: longest by plan"
-            note += f" (the cap, --long_max {args.long_max})" if T + C > args.long_max else ""
+            note = f"{mode}: longest by plan" + (f" (the cap, --long_max {args.long_max})" if T + C > args.long_max else "")
             if T == 0:
                 emit(dict(impl=os.path.basename(args.bin), lora=lora, seq=args.long_from, batch=1, note=f"{mode}: does not fit"),
                      args.json)
