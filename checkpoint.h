@@ -150,43 +150,59 @@ static int checkpoint_file_digest(const char *path, char *out, size_t n) {
     return 0;
 }
 
-// writes the JSON object {"<file>": "<digest>", ...} of every file in dir but
-// trainer_state.json (at most CHECKPOINT_MAX_FILES: the trainer writes four, or a
-// sharded checkpoint a file per shard and the index), in
-// name order; 0 ok, -1 with a message
+// The files of checkpoint folder dir but trainer_state.json, in name order:
+// *n names into names (room for CHECKPOINT_MAX_FILES: the trainer writes four,
+// or a sharded checkpoint a file per shard and the index). 0 ok, -1 with a message.
 #define CHECKPOINT_MAX_FILES 1024
+#define CHECKPOINT_DIGEST 64 // "<size>:<hash>" and its NUL fit
+typedef char CheckpointName[256];
+typedef char CheckpointDigest[CHECKPOINT_DIGEST];
 static int cmp_name(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
-static int checkpoint_write_digests(FILE *json, const char *dir) {
+static int checkpoint_files(const char *dir, CheckpointName *names, int *n) {
     DIR *d = opendir(dir);
     if (!d) { fprintf(stderr, "error: cannot list checkpoint folder '%s': %s\n", dir, strerror(errno)); return -1; }
-    char names[CHECKPOINT_MAX_FILES][256], path[2 * PATH_MAX], digest[64];
-    int n = 0, rc = 0;
+    int rc = 0;
+    *n = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
         if (e->d_name[0] == '.' || !strcmp(e->d_name, "trainer_state.json")) continue;
-        if (n == CHECKPOINT_MAX_FILES) { fprintf(stderr, "error: checkpoint folder '%s' has more than %d files\n", dir, n); rc = -1; break; }
-        snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+        if (*n == CHECKPOINT_MAX_FILES) { fprintf(stderr, "error: checkpoint folder '%s' has more than %d files\n", dir, *n); rc = -1; break; }
+        snprintf(names[(*n)++], sizeof names[0], "%s", e->d_name);
     }
     closedir(d);
-    qsort(names, n, sizeof names[0], cmp_name);
-    fprintf(json, "{");
-    for (int i = 0; i < n; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (rc == 0 && checkpoint_file_digest(path, digest, sizeof digest) != 0) {
-            fprintf(stderr, "error: cannot read back '%s': %s\n", path, strerror(errno));
-            rc = -1;
-        }
-        fprintf(json, "%s\n    ", i ? "," : "");
-        json_write_string(json, names[i]);
-        fprintf(json, ": \"%s\"", rc == 0 ? digest : "");
-    }
-    fprintf(json, "\n  }");
+    qsort(names, *n, sizeof names[0], cmp_name);
     return rc;
 }
 
-// checks every file that dir/trainer_state.json lists against its digest;
-// 0 ok, -1 with a message naming the file
-static int checkpoint_verify(const char *dir) {
-    char path[2 * PATH_MAX], digest[64];
+// digests[i] = the digest of dir/names[i] for the i of one part of parts (i %
+// parts == part: each rank of a sharded save its share); 0 ok, -1 with a message
+static int checkpoint_digest_part(const char *dir, CheckpointName *names, CheckpointDigest *digests, int n, int part, int parts) {
+    char path[2 * PATH_MAX];
+    for (int i = part; i < n; i += parts) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (checkpoint_file_digest(path, digests[i], sizeof digests[i]) != 0) {
+            fprintf(stderr, "error: cannot read back '%s': %s\n", path, strerror(errno));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+// writes the JSON object {"<file>": "<digest>", ...} of the n files
+static void checkpoint_write_digests(FILE *json, CheckpointName *names, CheckpointDigest *digests, int n) {
+    fprintf(json, "{");
+    for (int i = 0; i < n; i++) {
+        fprintf(json, "%s\n    ", i ? "," : "");
+        json_write_string(json, names[i]);
+        fprintf(json, ": \"%s\"", digests[i]);
+    }
+    fprintf(json, "\n  }");
+}
+
+// checks the files that dir/trainer_state.json lists against their digests, those
+// of index i % parts == part (each rank of a sharded resume its share; 0 of 1:
+// all of them); 0 ok, -1 with a message naming the file
+static int checkpoint_verify(const char *dir, int part, int parts) {
+    char path[2 * PATH_MAX], digest[CHECKPOINT_DIGEST];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     JsonValue st;
     if (json_load_file(path, &st) != 0) return -1;
@@ -205,6 +221,7 @@ static int checkpoint_verify(const char *dir) {
             rc = -1;
             break;
         }
+        if (i % parts != part) continue;
         snprintf(path, sizeof path, "%s/%s", dir, name);
         if (checkpoint_file_digest(path, digest, sizeof digest) != 0) {
             fprintf(stderr, "error: %s: cannot read: %s (the checkpoint is incomplete)\n", path, strerror(errno));

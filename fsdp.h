@@ -777,19 +777,33 @@ static inline void fsdp__mpi_reduce_scatter(FsdpComm *c, void *out, const void *
 }
 #endif
 
+// full (size * bytes) = every rank's part (bytes) in rank order; host buffers
+// (any backend's host side: small things such as the checkpoint digests)
+static inline void fsdp_all_gather_bytes(FsdpComm *c, void *full, const void *part, size_t bytes) {
+    if (c->size > 1 && c->host == FSDP_BACKEND_TCP) { fsdp__tcp_all_gather(c, full, part, bytes); return; }
+#ifdef USE_MPI
+    if (c->size > 1) {
+        fsdp__check_count(c, bytes, "all-gather");
+        if (part == (char *)full + (size_t)c->rank * bytes) MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, full, (int)bytes, MPI_BYTE, c->mpi);
+        else MPI_Allgather(part, (int)bytes, MPI_BYTE, full, (int)bytes, MPI_BYTE, c->mpi);
+        return;
+    }
+#endif
+    if (full != part) memmove(full, part, bytes);
+}
+
 // full (size * S) = every rank's shard (S) in rank order
 static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard, size_t S) {
     FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclFloat, c->nccl, c->stream));
-    if (c->size > 1 && c->host == FSDP_BACKEND_TCP) { fsdp__tcp_all_gather(c, full, shard, S * sizeof(float)); return; }
 #ifdef USE_MPI
-    if (c->size > 1) {
+    if (c->size > 1 && c->host == FSDP_BACKEND_MPI) { // in floats: MPI's counts are ints
         fsdp__check_count(c, S, "all-gather");
         if (shard == full + (size_t)c->rank * S) MPI_Allgather(MPI_IN_PLACE, 0, MPI_FLOAT, full, (int)S, MPI_FLOAT, c->mpi);
         else MPI_Allgather(shard, (int)S, MPI_FLOAT, full, (int)S, MPI_FLOAT, c->mpi);
         return;
     }
 #endif
-    if (full != shard) memmove(full, shard, S * sizeof(float));
+    fsdp_all_gather_bytes(c, full, shard, S * sizeof(float));
 }
 
 // the same for bf16 elements: the CUDA trainer's bf16 base weights (device buffers,

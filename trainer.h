@@ -558,9 +558,46 @@ static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[3], char fing
     return 3;
 }
 
+// Every file's digest, each rank digesting its share (file i on rank i % W), so a
+// sharded checkpoint's shards are read once and in parallel; every rank ends up
+// with all n of them (*digests, freed by the caller). Collective; 0 ok, -1 on
+// every rank when one failed (with its message).
+static int digest_files(Fsdp *fs, const char *dir, CheckpointName *names, int n, CheckpointDigest **digests) {
+    FsdpComm *w = &fs->world;
+    int W = w->size, k = (n + W - 1) / W, *counts = (int *)mallocCheck((size_t)W * sizeof(int)), same = 1; // k: files per rank
+    fsdp_all_gather_bytes(w, counts, &n, sizeof n);
+    for (int r = 0; r < W; r++) same &= counts[r] == n;
+    free(counts);
+    if (!same) { // every rank lists the folder its shards went into: it must be the same one
+        if (w->rank == 0) fprintf(stderr, "error: the ranks see different files in '%s': --output_dir must be on a filesystem every rank shares\n", dir);
+        return -1;
+    }
+    CheckpointDigest *all = (CheckpointDigest *)callocCheck((size_t)n + 1, sizeof *all);
+    CheckpointDigest *mine = (CheckpointDigest *)callocCheck((size_t)k + 1, sizeof *mine), *got = (CheckpointDigest *)callocCheck((size_t)W * k + 1, sizeof *got);
+    int rc = checkpoint_digest_part(dir, names, all, n, w->rank, W);
+    for (int j = 0; w->rank + j * W < n; j++) memcpy(mine[j], all[w->rank + j * W], sizeof *mine);
+    if (!fsdp_any(w, rc != 0)) {
+        fsdp_all_gather_bytes(w, got, mine, (size_t)k * sizeof *mine);
+        for (int i = 0; i < n; i++) memcpy(all[i], got[(size_t)(i % W) * k + i / W], sizeof *all);
+    } else rc = -1;
+    free(mine);
+    free(got);
+    *digests = all;
+    return rc;
+}
+
 // trainer_state.json: the position, the digests of the checkpoint's files, and the
-// options, data and world size it belongs to
-static int save_trainer_state(TrainConfig *tc, const TrainState *ts, int world, const char *dir) {
+// options, data and world size it belongs to. Collective (the digests); rank 0 writes.
+static int save_trainer_state(TrainConfig *tc, const TrainState *ts, Fsdp *fs, const char *dir) {
+    CheckpointName *names = (CheckpointName *)mallocCheck(CHECKPOINT_MAX_FILES * sizeof *names);
+    CheckpointDigest *digests = NULL;
+    int n = 0, rc = checkpoint_files(dir, names, &n);
+    rc = fsdp_any(&fs->world, rc != 0) ? -1 : digest_files(fs, dir, names, n, &digests);
+    if (rc != 0 || fs->world.rank != 0) {
+        free(names);
+        free(digests);
+        return rc;
+    }
     char *js, val[4096], fp[128], path[PATH_MAX + 64];
     size_t len;
     FILE *f = open_memstream(&js, &len);
@@ -568,8 +605,10 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, int world, 
     file_fingerprint(tc->data, fp, sizeof fp);
     fprintf(f, "{\n  \"step\": %d,\n  \"optimizer_step\": %d,\n  \"data_epoch\": %d,\n  \"data_position\": %d,\n"
             "  \"bad_steps_in_row\": %d,\n  \"data_fingerprint\": \"%s\",\n  \"world_size\": %d,\n  \"files\": ", ts->step,
-            ts->opt_t, ts->data_epoch, ts->data_pos, ts->bad_in_row, fp, world);
-    int rc = checkpoint_write_digests(f, dir); // what a resume checks before reading them
+            ts->opt_t, ts->data_epoch, ts->data_pos, ts->bad_in_row, fp, fs->world.size);
+    checkpoint_write_digests(f, names, digests, n); // what a resume checks before reading them
+    free(names);
+    free(digests);
     fprintf(f, ",\n  \"options\": {");
     Option opts[] = OPTIONS(tc);
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
@@ -617,7 +656,7 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
         if (rc == 0) rc = st_write(path, moments, 2, NULL, 0);
     }
     fault_point("checkpoint", ts->step); // the tests kill the run here, halfway through a checkpoint
-    if (rank0 && rc == 0) rc = save_trainer_state(tc, ts, fs->world.size, dir);
+    rc = fsdp_any(&fs->world, rc != 0) ? -1 : save_trainer_state(tc, ts, fs, dir); // every rank: the digests
     if (fsdp_any(&fs->world, rc != 0)) {
         if (rank0) {
             fprintf(stderr, "error: writing checkpoint step %d failed; the previous checkpoints are intact\n", ts->step);
@@ -1009,7 +1048,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         printf("%d ranks, %s: shard groups of %d, %d replica(s)\n", W, f->info->name, f->shard.size, f->replica.size);
     char tokpath[4096], resume_dir[PATH_MAX];
     failed = failed || (tc->resume[0] && checkpoint_resolve(tc->resume, resume_dir, sizeof resume_dir) != 0);
-    failed = failed || (tc->resume[0] && rank0 && checkpoint_verify(resume_dir) != 0); // one rank reads every file
+    failed = failed || (tc->resume[0] && checkpoint_verify(resume_dir, f->world.rank, W) != 0); // each rank its share of the files
     if (tc->tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", tc->tokenizer);
     else snprintf(tokpath, sizeof tokpath, "%s/tokenizer.model", tc->model);
     int B = tc->batch_size, GA = tc->grad_accum, T = 0;

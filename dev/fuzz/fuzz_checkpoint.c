@@ -129,7 +129,7 @@ FUZZ_TARGET(checkpoint) {
         free(text);
     }
     fuzz_stderr_begin();
-    r = checkpoint_verify(dir);
+    r = checkpoint_verify(dir, 0, 1);
     said = fuzz_stderr_end(dir);
     if (r != 0) {
         FUZZ_ASSERT(said);
