@@ -346,8 +346,8 @@ static inline void fsdp__add(void *acc, const void *x, size_t n, FsdpDtype t) {
 
 enum { FSDP__HELLO_WORLD = 1, FSDP__HELLO_SPLIT = 2 };
 enum { FSDP__TCP_GATHER = 1, FSDP__TCP_REDUCE, FSDP__TCP_SCATTER, FSDP__TCP_RESULT, FSDP__TCP_BCAST_UP, FSDP__TCP_BARRIER };
-static const char *const fsdp__tcp_ops[] = {"?", "all-gather", "reduction", "reduce-scatter's result", "result",
-                                            "broadcast", "barrier"};
+static const char *const fsdp__tcp_ops[] = {"?", "an all-gather", "a reduction", "a reduce-scatter's result", "a result",
+                                            "a broadcast", "a barrier"};
 
 // the process's side of the launch: the world's connections, its listener and
 // where every rank's is
@@ -372,7 +372,7 @@ static inline void fsdp__tcp_send(FsdpComm *c, int r, uint32_t op, const void *b
     char err[256];
     fsdp__put(w, h, 4);
     if (tcp_send(c->fd[r], w, sizeof w, err, sizeof err) != 0 || tcp_send(c->fd[r], buf, bytes, err, sizeof err) != 0)
-        fsdp_abort(c, "lost the connection to rank %d during a %s: %s (rank %d has stopped; its output says why)",
+        fsdp_abort(c, "lost the connection to rank %d during %s: %s (rank %d has stopped; its output says why)",
                    c->peer[r], fsdp__tcp_ops[op], err, c->peer[r]);
 }
 
@@ -382,17 +382,17 @@ static inline void fsdp__tcp_recv(FsdpComm *c, int r, uint32_t op, void *buf, si
     uint32_t w[4], h[4];
     char err[256];
     if (tcp_recv(c->fd[r], w, sizeof w, 0, err, sizeof err) != 0)
-        fsdp_abort(c, "lost the connection to rank %d waiting for a %s: %s (rank %d has stopped; its output says why)",
+        fsdp_abort(c, "lost the connection to rank %d waiting for %s: %s (rank %d has stopped; its output says why)",
                    c->peer[r], fsdp__tcp_ops[op], err, c->peer[r]);
     fsdp__get(h, w, 4);
     uint64_t got = (uint64_t)h[2] << 32 | h[3];
     if (h[0] != FSDP_TCP_MAGIC || h[1] != op || got != bytes)
-        fsdp_abort(c, "rank %d sent %s of %llu bytes where this rank is in a %s of %zu bytes: the ranks are not running "
+        fsdp_abort(c, "rank %d sent %s of %llu bytes where this rank is in %s of %zu bytes: the ranks are not running "
                    "the same collectives (were they started with the same options?)", c->peer[r],
                    h[0] == FSDP_TCP_MAGIC && h[1] >= 1 && h[1] <= FSDP__TCP_BARRIER ? fsdp__tcp_ops[h[1]] : "a message that is no collective",
                    (unsigned long long)got, fsdp__tcp_ops[op], bytes);
     if (tcp_recv(c->fd[r], buf, bytes, 0, err, sizeof err) != 0)
-        fsdp_abort(c, "lost the connection to rank %d during a %s: %s", c->peer[r], fsdp__tcp_ops[op], err);
+        fsdp_abort(c, "lost the connection to rank %d during %s: %s", c->peer[r], fsdp__tcp_ops[op], err);
 }
 
 // rank 0 sends buf to every other rank, which receives it (op: what it is)

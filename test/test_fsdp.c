@@ -9,7 +9,9 @@
 //   test_fsdp save DIR      writes a sharded checkpoint of known values at this world size
 //   test_fsdp load DIR      loads it at this world size: must be those values, bit for bit
 //   test_fsdp fault KIND    rank 1 fails (abort: bad input and fsdp_abort; exit: die();
-//                           kill: SIGKILL) while the others wait in a barrier
+//                           kill: SIGKILL) while the others wait in a barrier; mismatch:
+//                           rank 1 enters an all-gather of another size (the TCP
+//                           backend's message headers catch it)
 // The references are independent of fsdp.h: model_load of the trainer (which
 // test_llama2 checks against transformers), element-by-element ownership, and
 // sums written out as loops. Every comparison is exact (memcmp or ==): sharding
@@ -680,6 +682,11 @@ int main(int argc, char **argv) {
         fsdp_units_free(&u);
         fsdp_free(&f);
     } else if (!strcmp(mode, "fault") && argc == 3) {
+        if (!strcmp(argv[2], "mismatch")) { // rank 1 gathers 3 floats where the others gather 2
+            float part[3] = {0}, full[3 * 64];
+            if (world.size > 64) return 2;
+            fsdp_all_gather(&world, full, part, world.rank == 1 ? 3 : 2);
+        }
         if (world.rank == 1) {
             if (!strcmp(argv[2], "kill")) raise(SIGKILL);
             if (!strcmp(argv[2], "exit")) die("rank 1 gives up (test_fsdp fault exit)");
@@ -688,7 +695,7 @@ int main(int argc, char **argv) {
         }
         fsdp_barrier(&world); // the other ranks wait here: only the abort path can free them
     } else {
-        fprintf(stderr, "usage: %s [collectives | save DIR | load DIR | fault abort|exit|kill]\n", argv[0]);
+        fprintf(stderr, "usage: %s [collectives | save DIR | load DIR | fault abort|exit|kill|mismatch]\n", argv[0]);
         return 2;
     }
     fsdp_world_finalize();

@@ -21,9 +21,10 @@ export OMP_NUM_THREADS=1
 status=0
 FAULT_TIMEOUT=60 # seconds; a clean abort takes about one
 # multi LAUNCH...: the multi-process tests with LAUNCH N as the launcher: collectives at W = 1-4, checkpoints
-# saved and loaded at other W, and faults on rank 1 of 3 (EXPECT-KILL: what a killed rank's end looks like)
+# saved and loaded at other W, and faults on rank 1 of 3 (EXPECT-KILL: what a killed rank's end looks like;
+# $extra_fault: another kind of fault to try, where the launch's backend names it)
 multi() {
-    local expect_kill=$1; shift
+    local expect_kill=$1 extra_fault=${extra_fault:-}; shift
     run() { # run NP ARGS...: under a timeout so a hang fails
         local np=$1; shift
         timeout 120 "$@" "$np" "$bin" "${args[@]}" || { echo "FAIL $* $np $bin ${args[*]} exited with status $?"; status=1; }
@@ -34,16 +35,18 @@ multi() {
     args=(save "$dir/w3"); run 3 "$@"; args=(load "$dir/w3"); run 2 "$@"; run 1 "$@"
     args=(save "$dir/w2"); run 2 "$@"; args=(load "$dir/w2"); run 3 "$@"
     rm -rf "$dir"
-    for kind in abort exit kill; do
+    for kind in abort exit kill $extra_fault; do
         start=$(date +%s)
         out=$(timeout $FAULT_TIMEOUT "$@" 3 "$bin" fault $kind 2>&1)
         rc=$?
         took=$(( $(date +%s) - start ))
         what="$*: fault '$kind' on rank 1 of 3 while ranks 0 and 2 wait in a barrier: every rank ends, non-zero ($took s)"
+        [ $kind = mismatch ] && what="$*: rank 1 of 3 enters an all-gather of another size: every rank ends, non-zero, the sizes named ($took s)"
         case $kind in
             abort) expect="error: rank 1: cannot load the model" ;;
             exit) expect="error: rank 1 gives up" ;;
             kill) expect=$expect_kill ;;
+            mismatch) expect="error: rank 0: rank 1 sent an all-gather of 12 bytes where this rank is in an all-gather of 8 bytes" ;;
         esac
         if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [[ "$out" == *"$expect"* ]] && ! pgrep -f "$bin fault" >/dev/null; then
             echo "ok $what"
@@ -62,5 +65,5 @@ else
     multi "signal 9" mpirun -np
 fi
 # the same launched by the environment as torchrun does (the TCP backend), MPI or not
-LAUNCH_GRACE=20 LLAMA2TUNE_TIMEOUT=30 multi "lost the connection to rank 1" dev/launch.sh
+LAUNCH_GRACE=20 LLAMA2TUNE_TIMEOUT=30 extra_fault=mismatch multi "lost the connection to rank 1" dev/launch.sh
 exit $status
