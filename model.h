@@ -332,22 +332,31 @@ static int random_tensor(void *ctx, int unit, int tensor, size_t first, size_t c
     return 0;
 }
 
+// config.json of dir into h and the model's shape, with room for its weights
+// but nothing read into them: a sharded model's shards (n > 1, h->shards: they
+// also tell the backends that the model is sharded), and with whole a whole
+// model's weights (zeroed, in ParameterTensors' layout). For weights that come
+// from elsewhere: random ones, or a sharded checkpoint that a resume reads.
+// 0 ok, -1 with a message.
+static int model_shape(HostModel *m, const char *dir, int n, int whole) {
+    if (config_load(&m->config, dir) != 0) return -1;
+    model_units(&m->config, &m->units, n);
+    m->num_params = m->units.numel;
+    if (n > 1) m->shards = (float *)callocCheck(m->units.shard_numel, sizeof(float));
+    else if (whole) param_layout(&m->config, &m->w, m->params = (float *)callocCheck(m->num_params, sizeof(float)));
+    return 0;
+}
+
 // config.json of dir into h, and its weights drawn as above: whole (n = 1, into
 // h->params) or shard `rank` of n of every unit (into h->shards), as model_load
 // and model_load_shard would read a checkpoint. With draw 0 (a dry run, whose
 // plan needs only the shapes) nothing is drawn, and a whole model's weights are
-// not even allocated (a sharded one's shards are: they tell the backends that
-// the model is sharded): a whole 7B model's plan takes no memory. 0 ok, -1 with a message.
+// not even allocated: a whole 7B model's plan takes no memory. 0 ok, -1 with a message.
 static int model_init_random(HostModel *m, const char *dir, uint64_t seed, int rank, int n, int draw) {
-    if (config_load(&m->config, dir) != 0) return -1;
-    model_units(&m->config, &m->units, n);
-    m->num_params = m->units.numel;
+    if (model_shape(m, dir, n, 0) != 0) return -1;
     RandomWeights r = {&m->units, seed, m->config.init_std};
-    if (n > 1) {
-        m->shards = (float *)mallocCheck(m->units.shard_numel * sizeof(float));
-        return draw ? fsdp_read_shard(&m->units, rank, m->shards, random_tensor, &r) : 0;
-    }
-    return draw ? model_fill(m, "drawing random weights", random_tensor, &r) : 0;
+    if (!draw) return 0;
+    return n > 1 ? fsdp_read_shard(&m->units, rank, m->shards, random_tensor, &r) : model_fill(m, "drawing random weights", random_tensor, &r);
 }
 
 // unit u, whole (unit, its flat buffer) into the whole model's flat layout dst

@@ -369,16 +369,18 @@ static int checkpoint_is_sharded(const char *dir) {
 
 // sets up the model for training as tc says: LoRA adapters (fresh or from a PEFT folder) or full
 // fine-tuning; resume_dir, when given, is a checkpoint whose trained weights replace the starting ones
-// (a sharded one's in load_checkpoint). The base weights are whole, or with a shard group of more than
+// (a sharded one's in load_checkpoint, so then nothing is read from --model but config.json). The base weights are whole, or with a shard group of more than
 // one rank (f) this rank's shards. The host model is set up here, then the backend's model_alloc takes
 // it from there. -1 (nothing left allocated) on failure.
 static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, const char *resume_dir) {
     memset(m, 0, sizeof *m);
     m->fsdp = f;
     HostModel *h = &m->host;
-    const char *weights = resume_dir && tc->full_finetune && !checkpoint_is_sharded(resume_dir) ? resume_dir : tc->model;
+    int resume_sharded = resume_dir && tc->full_finetune && checkpoint_is_sharded(resume_dir);
+    const char *weights = resume_dir && tc->full_finetune ? resume_dir : tc->model;
     int G = f ? f->shard.size : 1, rc;
     if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, !tc->dry_run);
+    else if (resume_sharded) rc = model_shape(h, tc->model, G, 1); // load_checkpoint reads every weight: none from --model
     else rc = G > 1 ? model_load_shard(h, weights, f->shard.rank, G) : model_load(h, weights);
     if (rc != 0) { host_model_free(h); return -1; }
     h->full_finetune = tc->full_finetune;

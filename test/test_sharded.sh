@@ -241,6 +241,16 @@ run 2 "$out" "${FULL[@]}" --batch_size 6 --resume "$out"
 same_run "launched by the environment: saved at W = 3, resumed at W = 2 == uninterrupted (steps 6-10, final weights)" \
     "$TMP/env-save3" "$out" model.safetensors 6
 
+# resuming a sharded checkpoint reads every weight from it and none from --model: its weights may be gone
+mkdir -p "$TMP/m" && cp test/fixtures/tiny_tied/config.json test/fixtures/tiny_tied/tokenizer.model test/fixtures/tiny_tied/*.safetensors* "$TMP/m/"
+run 2 "$TMP/env-save2m" "${FULL[@]}" --model "$TMP/m" --batch_size 6 --save_every 5 --keep_checkpoints 0
+rm "$TMP/m"/*.safetensors*
+out="$TMP/env-resume2m"
+mkdir -p "$out" && cp -r "$TMP/env-save2m/checkpoint-5" "$out/" && head -5 "$TMP/env-save2m.jsonl" >"$out.jsonl"
+run 2 "$out" "${FULL[@]}" --model "$TMP/m" --batch_size 6 --resume "$out"
+same_run "a sharded checkpoint resumes with --model holding only config.json and tokenizer.model (steps 6-10, final weights)" \
+    "$TMP/env-save2m" "$out" model.safetensors 6
+
 # a build without MPI (make test builds one where the trainer has MPI) launches the same way with the same bits,
 # and refuses to run as mpirun's several processes, each of which would train alone
 nompi="$dir_of_bin/test/train_llama2_nompi"
