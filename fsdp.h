@@ -792,6 +792,16 @@ static inline void fsdp_all_gather_bytes(FsdpComm *c, void *full, const void *pa
     if (full != part) memmove(full, part, bytes);
 }
 
+// *lo, *hi = the smallest and the largest v over the ranks (host side): how
+// ranks check that they agree on a number
+static inline void fsdp_int_range(FsdpComm *c, int v, int *lo, int *hi) {
+    int *all = (int *)mallocCheck((size_t)c->size * sizeof(int));
+    fsdp_all_gather_bytes(c, all, &v, sizeof v);
+    *lo = *hi = v;
+    for (int r = 0; r < c->size; r++) *lo = all[r] < *lo ? all[r] : *lo, *hi = all[r] > *hi ? all[r] : *hi;
+    free(all);
+}
+
 // full (size * S) = every rank's shard (S) in rank order
 static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard, size_t S) {
     FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclFloat, c->nccl, c->stream));
@@ -948,7 +958,7 @@ static inline int fsdp_init(Fsdp *f, FsdpStrategy s, int shard_group) {
     if (f->info->shard_over == FSDP_OVER_NONE) G = 1;
     if (G == 0 && W == 1) G = 1;
     if (G == 0) { // one group per node; every node must hold as many ranks
-        int local = 1, lo = W, hi = 0;
+        int local = 1, lo, hi;
         if (f->world.host == FSDP_BACKEND_TCP && fsdp__env_int("LOCAL_WORLD_SIZE", 1, W, &local) != 0) return -1;
 #ifdef USE_MPI
         if (f->world.host == FSDP_BACKEND_MPI) {
@@ -958,10 +968,7 @@ static inline int fsdp_init(Fsdp *f, FsdpStrategy s, int shard_group) {
             MPI_Comm_free(&node);
         }
 #endif
-        float mine = (float)local, *all = (float *)mallocCheck((size_t)W * sizeof(float)); // exact: W < 2^24
-        fsdp_all_gather(&f->world, all, &mine, 1);
-        for (int r = 0; r < W; r++) lo = (int)all[r] < lo ? (int)all[r] : lo, hi = (int)all[r] > hi ? (int)all[r] : hi;
-        free(all);
+        fsdp_int_range(&f->world, local, &lo, &hi);
         if (lo != hi) {
             fprintf(stderr, "error: HYBRID_SHARD: the nodes hold %d to %d ranks; give --shard_group\n", lo, hi);
             return -1;

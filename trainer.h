@@ -566,11 +566,9 @@ static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[3], char fing
 // every rank when one failed (with its message).
 static int digest_files(Fsdp *fs, const char *dir, CheckpointName *names, int n, CheckpointDigest **digests) {
     FsdpComm *w = &fs->world;
-    int W = w->size, k = (n + W - 1) / W, *counts = (int *)mallocCheck((size_t)W * sizeof(int)), same = 1; // k: files per rank
-    fsdp_all_gather_bytes(w, counts, &n, sizeof n);
-    for (int r = 0; r < W; r++) same &= counts[r] == n;
-    free(counts);
-    if (!same) { // every rank lists the folder its shards went into: it must be the same one
+    int W = w->size, k = (n + W - 1) / W, lo, hi; // k: files per rank
+    fsdp_int_range(w, n, &lo, &hi);
+    if (lo != hi) { // every rank lists the folder its shards went into: it must be the same one
         if (w->rank == 0) fprintf(stderr, "error: the ranks see different files in '%s': --output_dir must be on a filesystem every rank shares\n", dir);
         return -1;
     }

@@ -271,6 +271,8 @@ check "launched by the environment: the failing rank names the file it cannot re
 fault "launched by the environment: rank 2 killed (SIGKILL) after step 3" "lost the connection to rank" \
     dev/launch.sh 3 bash -c '[ "$RANK" = 2 ] && export LLAMA2TUNE_FAULT=step:3; exec "$@"' rank "$BIN" "${FARGS[@]}"
 sigterm_one "launched by the environment" dev/launch.sh 3
+fault "launched by the environment: HYBRID_SHARD by node, the ranks disagreeing on LOCAL_WORLD_SIZE" "HYBRID_SHARD: the nodes hold 1 to 2 ranks" \
+    dev/launch.sh 2 bash -c '[ "$RANK" = 1 ] && export LOCAL_WORLD_SIZE=1; exec "$@"' rank "$BIN" "${FARGS[@]}" --sharding_strategy HYBRID_SHARD
 
 # bad launches: each rank started by hand, every one must exit non-zero with the message, never hang
 for _ in $(seq 50); do # a port nobody answers on, as dev/launch.sh picks one
