@@ -33,7 +33,7 @@ endif
 # CUDA: the trainer, its test against the CPU twin, and the kernel checks in
 # dev/cuda/ (each built with the CPU twins of train_llama2.c, dev/cuda/cpu_ref.o),
 # for A100 (sm_80) and H100 (sm_90). cuBLASLt does the matmuls (cuBLAS the few it
-# has no kernel for, matmul.cuh); with NCCL the trainer shards over one GPU per
+# has no kernel for, support/matmul.cuh); with NCCL the trainer shards over one GPU per
 # rank (-DFSDP_NCCL; NCCL's unique id goes over MPI under mpirun or srun, over
 # TCP under torchrun or dev/launch.sh), without it it runs one process.
 NVCC ?= nvcc
@@ -45,9 +45,9 @@ endif
 CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_ARCHS) --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror $(if $(OPENMP),-Xcompiler -fopenmp)
 CUDA_LDLIBS = -lcublasLt -lcublas -lm
-CUDA_HEADERS = cuda_common.cuh layers.cuh matmul.cuh attention.cuh lora.cuh lora.h utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
+CUDA_HEADERS = support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh lora.h support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
 CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm elementwise lora)
-CUDA_TRAINER = train_llama2.cu $(HEADERS) cuda_common.cuh layers.cuh matmul.cuh attention.cuh lora.cuh
+CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh
 
 # SANITIZE=1: the trainer and every test built with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build-san/ (B), so the two builds never mix.
@@ -61,7 +61,7 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = utils.h json.h safetensors.h tokenizer.h lora.h model.h dataloader.h checkpoint.h default_model.h trainer.h progress.h fsdp.h tcp.h
+HEADERS = support/utils.h support/json.h support/safetensors.h tokenizer.h lora.h model.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h
 TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
@@ -90,7 +90,7 @@ $(B)test/test_fsdp: test/test_fsdp.c fsdp.h train_llama2.c $(HEADERS) test/test_
 $(addprefix $(B),test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_default): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
-$(B)test/test_default: default_model.h
+$(B)test/test_default: support/default_model.h
 $(B)test/test_trainer: test/random_model.h
 
 $(B)test/test_fuzz_replay: test/test_fuzz_replay.c $(FUZZ_SRCS) dev/fuzz/fuzz.h train_llama2.c $(HEADERS) test/test_common.h fsdp.h
@@ -114,8 +114,8 @@ dev/bench_dataloader: dev/bench_dataloader.c $(HEADERS)
 dev/bench_attention: dev/bench_attention.c train_llama2.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-# the built-in default run's model and data (default_model.h), written into a folder
-dev/make_default: dev/make_default.c default_model.h utils.h json.h safetensors.h
+# the built-in default run's model and data (support/default_model.h), written into a folder
+dev/make_default: dev/make_default.c support/default_model.h support/utils.h support/json.h support/safetensors.h
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 dev/cuda/cpu_ref.o: dev/cuda/cpu_ref.c dev/cuda/cpu_ref.h train_llama2.c $(HEADERS)
@@ -140,11 +140,11 @@ test/test_llama2cu: test/test_llama2cu.cu test/cpu_twin.o test/twin.h test/cpu_t
 	    $(CUDA_LDLIBS) $(NVCC_FSDP_LIBS)
 
 # fsdp.h's NCCL backend against plain loops, on one GPU per rank (mpirun -np N, dev/launch.sh N);
-# utils.h's helpers are static functions that not every program uses
-dev/cuda/fsdp_nccl: dev/cuda/fsdp_nccl.cu fsdp.h tcp.h utils.h json.h safetensors.h
+# support/utils.h's helpers are static functions that not every program uses
+dev/cuda/fsdp_nccl: dev/cuda/fsdp_nccl.cu fsdp.h support/tcp.h support/utils.h support/json.h support/safetensors.h
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -Wno-unused-function -DFSDP_NCCL $(NVCC_MPI) -o $@ $< -lnccl $(NVCC_MPI_LIBS)
 # the same without MPI, whose host side is TCP alone (what a build without mpicc gets)
-dev/cuda/fsdp_nccl_tcp: dev/cuda/fsdp_nccl.cu fsdp.h tcp.h utils.h json.h safetensors.h
+dev/cuda/fsdp_nccl_tcp: dev/cuda/fsdp_nccl.cu fsdp.h support/tcp.h support/utils.h support/json.h support/safetensors.h
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -Wno-unused-function -DFSDP_NCCL -o $@ $< -lnccl
 
 # every CUDA target (fsdp_nccl where nccl.h is); cuda-compile-check (CI, no GPU

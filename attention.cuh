@@ -33,7 +33,7 @@
 #pragma once
 #include <type_traits>
 #include <mma.h>
-#include "cuda_common.cuh"
+#include "support/cuda_common.cuh"
 
 // set to run the SIMT kernels also where the tensor-core ones would (checks, debugging)
 inline bool attention_force_simt = false;

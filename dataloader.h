@@ -93,10 +93,10 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include "utils.h"
-#include "json.h"
+#include "support/utils.h"
+#include "support/json.h"
 #include "tokenizer.h"
-#include "progress.h"
+#include "support/progress.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif

@@ -71,11 +71,11 @@
 //             fsdp_any on each step's failure. Resume: fsdp_load at any world size
 #ifndef FSDP_H
 #define FSDP_H
-#include "safetensors.h" // first: it sets the POSIX feature macros
+#include "support/safetensors.h" // first: it sets the POSIX feature macros
 #include <limits.h>
 #include <stdint.h>
-#include "json.h"
-#include "utils.h"
+#include "support/json.h"
+#include "support/utils.h"
 #ifdef USE_MPI
 #define OMPI_SKIP_MPICXX 1  // the C API only, also in C++
 #define MPICH_SKIP_MPICXX 1
@@ -337,7 +337,7 @@ static inline void fsdp__add(void *acc, const void *x, size_t n, FsdpDtype t) {
 // reading each other's data as something else. A rank that exits closes its
 // connections; a rank waiting on it sees that and stops, naming it.
 
-#include "tcp.h"
+#include "support/tcp.h"
 #define FSDP_TCP_MAGIC 0x4c32546eu // "L2Tn"
 #define FSDP_TCP_VERSION 1u
 #define FSDP_TCP_HOST 64           // a numeric IPv4 or IPv6 address fits

@@ -9,7 +9,7 @@
 // Shapes: N rows (tokens), D = hidden size, V = vocabulary, n = elements.
 #pragma once
 #include <vector>
-#include "cuda_common.cuh"
+#include "support/cuda_common.cuh"
 
 constexpr int ELEMENTWISE_THREADS = 256;
 

@@ -11,7 +11,7 @@
 // (key, absolute position, feature), so the GPU drops exactly what the CPU drops.
 #pragma once
 #include "lora.h"
-#include "matmul.cuh"
+#include "support/matmul.cuh"
 #include "layers.cuh"
 
 // lora.h's lora_A / lora_B for a buffer of any element type (the bf16 weights)

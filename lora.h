@@ -17,9 +17,9 @@
 #include <float.h>
 #include <stdint.h>
 #include <sys/stat.h>
-#include "utils.h"
-#include "json.h"
-#include "safetensors.h"
+#include "support/utils.h"
+#include "support/json.h"
+#include "support/safetensors.h"
 
 // peft's module names, in the order they appear in a decoder layer
 enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_N_TARGETS };

@@ -12,12 +12,12 @@
 #include <stdint.h>
 #include <string.h>
 #include <float.h>
-#include "utils.h"
-#include "json.h"
-#include "safetensors.h"
+#include "support/utils.h"
+#include "support/json.h"
+#include "support/safetensors.h"
 #include "fsdp.h"
 #include "lora.h"
-#include "progress.h"
+#include "support/progress.h"
 
 // ----------------------------------------------------------------------------
 // model configuration, read from the checkpoint's config.json

@@ -28,7 +28,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#include "utils.h"
+#include "support/utils.h"
 
 // ----------------------------------------------------------------------------
 // matmul: one packed, register-tiled GEMM behind every linear layer.

@@ -37,8 +37,8 @@ Shapes: B rows of T tokens in chunks of C, D = hidden_size, H = intermediate_siz
 NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 */
 #include "model.h"
-#include "cuda_common.cuh"
-#include "matmul.cuh"
+#include "support/cuda_common.cuh"
+#include "support/matmul.cuh"
 #include "layers.cuh"
 #include "attention.cuh"
 #include "lora.cuh"

@@ -97,13 +97,13 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#include "utils.h"
-#include "json.h"
-#include "safetensors.h"
+#include "support/utils.h"
+#include "support/json.h"
+#include "support/safetensors.h"
 #include "tokenizer.h"
 #include "dataloader.h"
-#include "checkpoint.h"
-#include "default_model.h"
+#include "support/checkpoint.h"
+#include "support/default_model.h"
 #include "model.h"
 
 // ----------------------------------------------------------------------------

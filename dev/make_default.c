@@ -3,7 +3,7 @@
 // with explicit options:
 //   make dev/make_default && dev/make_default out/default
 //   ./train_llama2 --model out/default/model --data out/default/data.jsonl ...
-#include "../default_model.h"
+#include "../support/default_model.h"
 
 int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: %s DIR\n", argv[0]); return 2; }

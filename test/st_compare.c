@@ -4,8 +4,8 @@
 // judges weights by). Prints the worst tensor and its error; exits 0 when all
 // are within TOL, 1 when one is not or the tensors differ, 2 when a file is bad.
 // test/test_sharded.sh uses it to judge runs at several world sizes.
-#include "../safetensors.h"
-#include "../utils.h"
+#include "../support/safetensors.h"
+#include "../support/utils.h"
 #include <math.h>
 
 int main(int argc, char **argv) {

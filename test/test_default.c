@@ -7,7 +7,7 @@
 // directory, removed at the end.
 #define TESTING
 #include "../train_llama2.c"
-#include "../default_model.h"
+#include "../support/default_model.h"
 #include "test_common.h"
 
 static int same_file(const char *a, const char *b) {

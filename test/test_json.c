@@ -3,8 +3,8 @@
 // the size limits (values per document; json_load_file's file size, utils.h).
 //   gcc -O2 -Wall -Wextra -Wno-unused-function -std=c11 -o /tmp/test_json test/test_json.c -lm && /tmp/test_json
 #define _POSIX_C_SOURCE 200809L // mkstemp, ftruncate, dup2 for the file-size limit test
-#include "../json.h"
-#include "../utils.h" // json_load_file, read_file_max
+#include "../support/json.h"
+#include "../support/utils.h" // json_load_file, read_file_max
 #include "test_common.h"
 #include <stdint.h>
 #include <fcntl.h>

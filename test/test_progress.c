@@ -3,7 +3,7 @@
 // nothing at all for a phase shorter than quiet_ms.
 #define _GNU_SOURCE
 #include <fcntl.h>
-#include "../progress.h"
+#include "../support/progress.h"
 #include "test_common.h"
 
 // runs a phase of 10 steps of 10 MB on out; quiet_ms < 0 keeps the default

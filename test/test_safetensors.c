@@ -4,9 +4,9 @@
 // write -> read round trips, byte-identical output to Python's writer, atomic
 // writes, and sharded models. Run from the repo root:
 //   gcc -O2 -Wall -Wextra -std=c11 -o /tmp/test_safetensors test/test_safetensors.c -lm && /tmp/test_safetensors
-#include "../safetensors.h" // first: it sets the POSIX feature macros
+#include "../support/safetensors.h" // first: it sets the POSIX feature macros
 #include "test_common.h"
-#include "../checkpoint.h" // remove_tree
+#include "../support/checkpoint.h" // remove_tree
 #include <dirent.h>
 #include <stdint.h>
 

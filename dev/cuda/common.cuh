@@ -15,7 +15,7 @@
 #include <vector>
 #include <algorithm>
 #include <type_traits>
-#include "../../cuda_common.cuh"
+#include "../../support/cuda_common.cuh"
 #include "cpu_ref.h"
 
 // ----------------------------------------------------------------------------

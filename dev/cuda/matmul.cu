@@ -7,7 +7,7 @@
 // operands one element off alignment, where that may happen; each line's shape
 // ends with the path its products took unforced: path=cublasLt, gemmex or both.
 #include "common.cuh"
-#include "../../matmul.cuh"
+#include "../../support/matmul.cuh"
 
 struct Shape { int N, I, O, offset; }; // offset: operands placed this many elements past an aligned address
 

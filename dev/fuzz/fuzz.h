@@ -21,7 +21,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/stat.h>
-#include "../../checkpoint.h" // remove_tree
+#include "../../support/checkpoint.h" // remove_tree
 
 #ifdef FUZZ_REPLAY
 #define FUZZ_TARGET(name) int fuzz_##name(const uint8_t *data, size_t size)

@@ -2,7 +2,7 @@
 // (strings through json_escape_string, numbers exactly) and parsed again: the
 // two trees must be identical. The getters and json_find_duplicate_key run on
 // every object.
-#include "../../json.h"
+#include "../../support/json.h"
 #include "fuzz.h"
 #include <math.h>
 

@@ -4,7 +4,7 @@
 // its dtype allows) and the file written again with st_write and reopened: the
 // tensors must come back with the same dtype, shape and bytes. st_parse_header
 // on the same bytes must agree with st_open.
-#include "../../safetensors.h"
+#include "../../support/safetensors.h"
 #include "fuzz.h"
 
 static void check_parsed(const StFile *sf) {

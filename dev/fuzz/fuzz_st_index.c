@@ -3,7 +3,7 @@
 // (model-00001-of-00002.safetensors with tensors a and b, model-00002-of-00002
 // with c). When it opens, every tensor of the shards it names is mapped, and
 // every entry resolves to its shard and reads.
-#include "../../safetensors.h"
+#include "../../support/safetensors.h"
 #include "fuzz.h"
 
 static void make_shard(const char *file, const char *const *names, int n) {
