@@ -724,7 +724,7 @@ static inline int fsdp_world_init(FsdpComm *c) {
     if (np && atoi(np) > 1) {
         fprintf(stderr, "error: an MPI launcher started %s processes, but this program was built without MPI (no mpicc "
                 "when it was built): install OpenMPI and rebuild, or start the ranks with RANK, WORLD_SIZE, "
-                "MASTER_ADDR and MASTER_PORT set (torchrun --no-python)\n", np);
+                "MASTER_ADDR and MASTER_PORT set (torchrun --no_python)\n", np);
         return -1;
     }
 #endif
