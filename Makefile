@@ -62,7 +62,8 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
 endif
 
 HEADERS = support/utils.h support/json.h support/safetensors.h tokenizer.h lora.h model.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h
-TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay
+TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay \
+    test/test_emu_nccl
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
 # the committed seeds and crash regressions, as part of `make test`
@@ -96,6 +97,11 @@ $(B)test/test_trainer: test/random_model.h
 $(B)test/test_fuzz_replay: test/test_fuzz_replay.c $(FUZZ_SRCS) dev/fuzz/fuzz.h train_llama2.c $(HEADERS) test/test_common.h fsdp.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -DFUZZ_REPLAY -D'FUZZ_LIST(X)=$(foreach t,$(FUZZ_TARGETS),X($(t)))' -o $@ test/test_fuzz_replay.c $(FUZZ_SRCS) $(LDLIBS)
+
+# the emulated build's NCCL (dev/emu/nccl.h) on its own, in C++ as the execution layer is
+$(B)test/test_emu_nccl: test/test_emu_nccl.cc dev/emu/nccl.h dev/emu/types.h test/test_common.h
+	@mkdir -p $(@D)
+	$(CXX) $(filter-out -std=gnu11 -fopenmp,$(CFLAGS)) -std=c++17 -Idev/emu -o $@ $<
 
 $(B)test/%: test/%.c $(HEADERS) test/test_common.h
 	@mkdir -p $(@D)

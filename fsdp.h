@@ -3,8 +3,10 @@
 // the CUDA trainer. Processes become ranks in one of two ways: an MPI launcher
 // (mpirun, srun; a build with -DUSE_MPI, mpicc), or the environment a launcher
 // such as torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: the TCP
-// backend, in every build, tcp.h). -DFSDP_NCCL (nvcc, -lnccl) adds the GPU
-// backend for device buffers. A process started by neither is a world of one,
+// backend, in every build, tcp.h). -DFSDP_DEVICE (a CUDA program) adds the
+// staged backend for device buffers (through host memory and the host side's
+// collectives); -DFSDP_NCCL (nvcc, -lnccl; implies FSDP_DEVICE) adds NCCL's
+// for them too. A process started by neither is a world of one,
 // where every collective is a copy, and never calls MPI: it runs where MPI is
 // not set up.
 //
@@ -21,14 +23,20 @@
 // Collectives (FsdpComm): all-gather, reduce-scatter, all-reduce, broadcast,
 // barrier, "any" (do all ranks agree nothing failed) and abort, with one
 // backend per communicator: a single process, MPI or TCP (host buffers: the
-// CPU twin, and the host side of every backend), or NCCL (device buffers,
-// enqueued on the communicator's stream). Sums are in fp32 (or fp64 where
+// CPU twin, and the host side of every backend), or for device buffers NCCL
+// or staged, each enqueued on the communicator's stream. Staged (the CUDA
+// trainer's --collectives host: ranks that share a GPU, a build without NCCL,
+// the emulated build) copies the device buffer into pinned host memory on the
+// stream, waits for the stream, runs the host side's collective there and
+// copies the result back on the stream: the same sums as MPI and TCP, in rank
+// order, with the stream ordering NCCL's has. Sums are in fp32 (or fp64 where
 // asked). Order, MPI and TCP backends: every element is summed in rank order,
 // ((x_0 + x_1) + x_2) + ..., whatever algorithm MPI would pick, so a result is
 // the same on every rank, in every run and with either backend; it differs from
 // a single process only by where fp32 rounding falls. NCCL's order is its own
 // (ring or tree): deterministic for a fixed NCCL version, topology and
-// NCCL_ALGO, and the same on every rank.
+// NCCL_ALGO, and the same on every rank. Which of the two a run uses:
+// fsdp_device_backend.
 //
 // Strategies are data (fsdp_strategies): which ranks share one copy of the
 // parameters (the shard group, size G) and whether a unit gathered for its
@@ -81,8 +89,13 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #endif
-#ifdef FSDP_NCCL
+#if defined(FSDP_NCCL) && !defined(FSDP_DEVICE)
+#define FSDP_DEVICE 1
+#endif
+#ifdef FSDP_DEVICE
 #include <cuda_runtime.h>
+#endif
+#ifdef FSDP_NCCL
 #include <nccl.h>
 #endif
 
@@ -230,7 +243,7 @@ static inline void fsdp_fingerprint(const FsdpUnits *u, const char *extra, char 
 // ----------------------------------------------------------------------------
 // collectives
 
-typedef enum { FSDP_BACKEND_SINGLE, FSDP_BACKEND_MPI, FSDP_BACKEND_TCP, FSDP_BACKEND_NCCL } FsdpBackend;
+typedef enum { FSDP_BACKEND_SINGLE, FSDP_BACKEND_MPI, FSDP_BACKEND_TCP, FSDP_BACKEND_NCCL, FSDP_BACKEND_STAGED } FsdpBackend;
 typedef enum { FSDP_F32, FSDP_F64 } FsdpDtype;
 static inline size_t fsdp_dtype_size(FsdpDtype t) { return t == FSDP_F64 ? 8 : 4; }
 
@@ -247,8 +260,12 @@ typedef struct {
     MPI_Comm mpi;             // the MPI host side
 #endif
 #ifdef FSDP_NCCL
-    ncclComm_t nccl;          // the NCCL backend: device buffers, enqueued on stream
-    cudaStream_t stream;
+    ncclComm_t nccl;          // the NCCL backend
+#endif
+#ifdef FSDP_DEVICE
+    cudaStream_t stream;      // NCCL and staged: device buffers, enqueued on this stream
+    void *staging;            // staged: pinned host memory the buffers pass through (grown as needed)
+    size_t staging_bytes;
 #endif
 } FsdpComm;
 
@@ -286,15 +303,23 @@ static inline void fsdp_abort(const FsdpComm *c, const char *fmt, ...) {
 #ifdef FSDP_NCCL
 #define fsdp_ncclCheck(c, call) do { ncclResult_t r_ = (call); if (r_ != ncclSuccess) \
     fsdp_abort((c), "%s:%d: %s: %s (NCCL_DEBUG=INFO shows why)", __FILE__, __LINE__, #call, ncclGetErrorString(r_)); } while (0)
+#endif
+#ifdef FSDP_DEVICE
 #define fsdp_cudaCheck(c, call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) \
     fsdp_abort((c), "%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); } while (0)
 #endif
 
-// the NCCL backend's form of a collective: the NCCL call on the communicator's stream
+// the device backends' forms of a collective: the NCCL call on the communicator's
+// stream; the staged one (fsdp__staged_*: through host memory)
 #ifdef FSDP_NCCL
 #define FSDP__NCCL(c, call) do { if ((c)->backend == FSDP_BACKEND_NCCL) { fsdp_ncclCheck((c), call); return; } } while (0)
 #else
 #define FSDP__NCCL(c, call) do { } while (0)
+#endif
+#ifdef FSDP_DEVICE
+#define FSDP__STAGED(c, call) do { if ((c)->backend == FSDP_BACKEND_STAGED) { call; return; } } while (0)
+#else
+#define FSDP__STAGED(c, call) do { } while (0)
 #endif
 
 static inline void *fsdp__scratch(FsdpComm *c, size_t bytes) {
@@ -699,7 +724,7 @@ static inline int fsdp_world_init(FsdpComm *c) {
     if (np && atoi(np) > 1) {
         fprintf(stderr, "error: an MPI launcher started %s processes, but this program was built without MPI (no mpicc "
                 "when it was built): install OpenMPI and rebuild, or start the ranks with RANK, WORLD_SIZE, "
-                "MASTER_ADDR and MASTER_PORT set (torchrun --no-python)\n", np);
+                "MASTER_ADDR and MASTER_PORT set (torchrun --no_python)\n", np);
         return -1;
     }
 #endif
@@ -729,10 +754,24 @@ static inline void fsdp_comm_split(FsdpComm *out, FsdpComm *c, int color, int ke
     (void)color, (void)key;
 }
 
-static inline void fsdp_comm_free(FsdpComm *c) {
+// frees what a device backend (fsdp_nccl_init, fsdp_staged_init) added to c,
+// before its stream is destroyed; c's host side stays
+static inline void fsdp_device_free(FsdpComm *c) {
 #ifdef FSDP_NCCL
     if (c->backend == FSDP_BACKEND_NCCL) fsdp_ncclCheck(c, ncclCommDestroy(c->nccl));
 #endif
+#ifdef FSDP_DEVICE
+    if (c->staging) { // its last copy back may still be reading it
+        fsdp_cudaCheck(c, cudaStreamSynchronize(c->stream));
+        fsdp_cudaCheck(c, cudaFreeHost(c->staging));
+        c->staging = NULL, c->staging_bytes = 0;
+    }
+#endif
+    c->backend = c->host;
+}
+
+static inline void fsdp_comm_free(FsdpComm *c) {
+    fsdp_device_free(c);
 #ifdef USE_MPI
     if (c->host == FSDP_BACKEND_MPI && c->mpi != MPI_COMM_WORLD && c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);
 #endif
@@ -802,9 +841,10 @@ static inline void fsdp_int_range(FsdpComm *c, int v, int *lo, int *hi) {
     free(all);
 }
 
+// ---- the host side of the data collectives (host buffers: MPI, TCP, or one process)
+
 // full (size * S) = every rank's shard (S) in rank order
-static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard, size_t S) {
-    FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclFloat, c->nccl, c->stream));
+static inline void fsdp__host_all_gather(FsdpComm *c, float *full, const float *shard, size_t S) {
 #ifdef USE_MPI
     if (c->size > 1 && c->host == FSDP_BACKEND_MPI) { // in floats: MPI's counts are ints
         fsdp__check_count(c, S, "all-gather");
@@ -816,17 +856,8 @@ static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard,
     fsdp_all_gather_bytes(c, full, shard, S * sizeof(float));
 }
 
-// the same for bf16 elements: the CUDA trainer's bf16 base weights (device buffers,
-// so the NCCL backend only)
-static inline void fsdp_all_gather_bf16(FsdpComm *c, void *full, const void *shard, size_t S) {
-    FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclBfloat16, c->nccl, c->stream));
-    fsdp_abort(c, "internal: a bf16 all-gather needs the NCCL backend (device buffers), not %s", c->size > 1 ? "a host one" : "one process");
-    (void)full, (void)shard, (void)S;
-}
-
 // shard (S) = the sum over ranks of their full[rank * S .. (rank + 1) * S)
-static inline void fsdp_reduce_scatter(FsdpComm *c, float *shard, const float *full, size_t S) {
-    FSDP__NCCL(c, ncclReduceScatter(full, shard, S, ncclFloat, ncclSum, c->nccl, c->stream));
+static inline void fsdp__host_reduce_scatter(FsdpComm *c, float *shard, const float *full, size_t S) {
     if (c->size > 1 && c->host == FSDP_BACKEND_TCP) { fsdp__tcp_reduce_scatter(c, shard, full, S); return; }
 #ifdef USE_MPI
     if (c->size > 1) { fsdp__mpi_reduce_scatter(c, shard, full, S, FSDP_F32); return; }
@@ -834,9 +865,8 @@ static inline void fsdp_reduce_scatter(FsdpComm *c, float *shard, const float *f
     if (shard != full) memmove(shard, full, S * sizeof(float));
 }
 
-// buf (n) = the sum over ranks of their buf, in place; every rank gets the same bits
-static inline void fsdp_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpDtype t) {
-    FSDP__NCCL(c, ncclAllReduce(buf, buf, n, t == FSDP_F64 ? ncclDouble : ncclFloat, ncclSum, c->nccl, c->stream));
+// buf (n) = the sum over ranks of their buf, in place
+static inline void fsdp__host_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpDtype t) {
     if (c->size == 1) return;
     if (c->host == FSDP_BACKEND_TCP) { fsdp__tcp_all_reduce(c, buf, n, t); return; }
 #ifdef USE_MPI
@@ -852,8 +882,7 @@ static inline void fsdp_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpDtype t
 }
 
 // buf (bytes) = root's buf
-static inline void fsdp_broadcast(FsdpComm *c, void *buf, size_t bytes, int root) {
-    FSDP__NCCL(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->nccl, c->stream));
+static inline void fsdp__host_broadcast(FsdpComm *c, void *buf, size_t bytes, int root) {
     if (c->size > 1 && c->host == FSDP_BACKEND_TCP) { fsdp__tcp_broadcast(c, buf, bytes, root); return; }
 #ifdef USE_MPI
     for (size_t done = 0; c->size > 1 && done < bytes;) { // in pieces: MPI counts are ints
@@ -866,10 +895,115 @@ static inline void fsdp_broadcast(FsdpComm *c, void *buf, size_t bytes, int root
 #endif
 }
 
-// waits until every rank is here (NCCL: and its queued collectives have finished)
+#ifdef FSDP_DEVICE
+// ---- the staged backend: device buffers through pinned host memory, in c's stream's order
+//
+// A staged collective copies its input from the device into c->staging on c's
+// stream (so after everything the stream waits for, as NCCL's kernel would
+// start), waits for the stream, runs the host side's collective on the
+// staging buffer, and copies the result back to the device on the stream,
+// where what is enqueued later (events, the other stream's waits) follows it
+// as it follows NCCL's. The host writes the staging buffer only after a
+// synchronize of the stream, which the previous copy back is part of.
+
+// the staging buffer, room bytes at least, holding bytes of the device buffer
+// dev at offset at, copied on c's stream, which has then finished
+static inline char *fsdp__stage_in(FsdpComm *c, size_t room, size_t at, const void *dev, size_t bytes) {
+    if (room > c->staging_bytes) {
+        fsdp_cudaCheck(c, cudaStreamSynchronize(c->stream)); // the old buffer's last copy back is done
+        if (c->staging) fsdp_cudaCheck(c, cudaFreeHost(c->staging));
+        fsdp_cudaCheck(c, cudaMallocHost(&c->staging, room));
+        c->staging_bytes = room;
+    }
+    char *h = (char *)c->staging;
+    if (bytes) fsdp_cudaCheck(c, cudaMemcpyAsync(h + at, dev, bytes, cudaMemcpyDeviceToHost, c->stream));
+    fsdp_cudaCheck(c, cudaStreamSynchronize(c->stream));
+    return h;
+}
+
+// bytes of the staging buffer from offset at into the device buffer dev, on c's stream
+static inline void fsdp__stage_out(FsdpComm *c, void *dev, size_t at, size_t bytes) {
+    if (bytes) fsdp_cudaCheck(c, cudaMemcpyAsync(dev, (char *)c->staging + at, bytes, cudaMemcpyHostToDevice, c->stream));
+}
+
+// full (size * bytes) = every rank's part (bytes): fp32 or bf16 elements alike, moved as bytes
+static inline void fsdp__staged_all_gather(FsdpComm *c, void *full, const void *part, size_t bytes) {
+    size_t at = (size_t)c->rank * bytes, all = (size_t)c->size * bytes;
+    char *h = fsdp__stage_in(c, all, at, part, bytes);
+    fsdp_all_gather_bytes(c, h, h + at, bytes);
+    fsdp__stage_out(c, full, 0, all);
+}
+
+// shard (S) = the sum of the ranks' full[rank * S ..): full staged at 0, the shard after it
+static inline void fsdp__staged_reduce_scatter(FsdpComm *c, float *shard, const float *full, size_t S) {
+    size_t n = (size_t)c->size * S;
+    float *h = (float *)fsdp__stage_in(c, (n + S) * sizeof(float), 0, full, n * sizeof(float));
+    fsdp__host_reduce_scatter(c, h + n, h, S);
+    fsdp__stage_out(c, shard, n * sizeof(float), S * sizeof(float));
+}
+
+static inline void fsdp__staged_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpDtype t) {
+    size_t bytes = n * fsdp_dtype_size(t);
+    fsdp__host_all_reduce(c, fsdp__stage_in(c, bytes, 0, buf, bytes), n, t);
+    fsdp__stage_out(c, buf, 0, bytes);
+}
+
+static inline void fsdp__staged_broadcast(FsdpComm *c, void *buf, size_t bytes, int root) {
+    fsdp__host_broadcast(c, fsdp__stage_in(c, bytes, 0, buf, bytes), bytes, root);
+    fsdp__stage_out(c, buf, 0, bytes);
+}
+
+// Makes c (a host communicator) move device buffers through host memory, on
+// stream: no call to any other rank.
+static inline void fsdp_staged_init(FsdpComm *c, cudaStream_t stream) {
+    c->stream = stream;
+    c->backend = FSDP_BACKEND_STAGED;
+}
+#endif
+
+// ---- the data collectives, for every backend
+
+// full (size * S) = every rank's shard (S) in rank order
+static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard, size_t S) {
+    FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclFloat, c->nccl, c->stream));
+    FSDP__STAGED(c, fsdp__staged_all_gather(c, full, shard, S * sizeof(float)));
+    fsdp__host_all_gather(c, full, shard, S);
+}
+
+// the same for bf16 elements: the CUDA trainer's bf16 base weights (device buffers,
+// so a device backend only)
+static inline void fsdp_all_gather_bf16(FsdpComm *c, void *full, const void *shard, size_t S) {
+    FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclBfloat16, c->nccl, c->stream));
+    FSDP__STAGED(c, fsdp__staged_all_gather(c, full, shard, S * 2));
+    fsdp_abort(c, "internal: a bf16 all-gather needs a device backend (NCCL or staged), not %s", c->size > 1 ? "a host one" : "one process");
+    (void)full, (void)shard, (void)S;
+}
+
+// shard (S) = the sum over ranks of their full[rank * S .. (rank + 1) * S)
+static inline void fsdp_reduce_scatter(FsdpComm *c, float *shard, const float *full, size_t S) {
+    FSDP__NCCL(c, ncclReduceScatter(full, shard, S, ncclFloat, ncclSum, c->nccl, c->stream));
+    FSDP__STAGED(c, fsdp__staged_reduce_scatter(c, shard, full, S));
+    fsdp__host_reduce_scatter(c, shard, full, S);
+}
+
+// buf (n) = the sum over ranks of their buf, in place; every rank gets the same bits
+static inline void fsdp_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpDtype t) {
+    FSDP__NCCL(c, ncclAllReduce(buf, buf, n, t == FSDP_F64 ? ncclDouble : ncclFloat, ncclSum, c->nccl, c->stream));
+    FSDP__STAGED(c, fsdp__staged_all_reduce(c, buf, n, t));
+    fsdp__host_all_reduce(c, buf, n, t);
+}
+
+// buf (bytes) = root's buf
+static inline void fsdp_broadcast(FsdpComm *c, void *buf, size_t bytes, int root) {
+    FSDP__NCCL(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->nccl, c->stream));
+    FSDP__STAGED(c, fsdp__staged_broadcast(c, buf, bytes, root));
+    fsdp__host_broadcast(c, buf, bytes, root);
+}
+
+// waits until every rank is here (a device backend: and its queued collectives have finished)
 static inline void fsdp_barrier(FsdpComm *c) {
-#ifdef FSDP_NCCL
-    if (c->backend == FSDP_BACKEND_NCCL) fsdp_cudaCheck(c, cudaStreamSynchronize(c->stream));
+#ifdef FSDP_DEVICE
+    if (c->backend == FSDP_BACKEND_NCCL || c->backend == FSDP_BACKEND_STAGED) fsdp_cudaCheck(c, cudaStreamSynchronize(c->stream));
 #endif
     if (c->size > 1 && c->host == FSDP_BACKEND_TCP) fsdp__tcp_barrier(c);
 #ifdef USE_MPI
@@ -939,6 +1073,8 @@ typedef struct {
     FsdpComm world;   // every rank
     FsdpComm shard;   // the ranks sharing one copy of the parameters, each holding one shard (size G)
     FsdpComm replica; // the ranks holding the same shard index in the other groups (size W / G)
+    int local_size;   // the ranks on this rank's node: MPI's ranks that share its memory, or the
+                      // environment's LOCAL_WORLD_SIZE; 0 when a launch by environment does not say
 } Fsdp;
 
 // Starts the world and splits it for strategy s. shard_group (HYBRID_SHARD only):
@@ -954,26 +1090,30 @@ static inline int fsdp_init(Fsdp *f, FsdpStrategy s, int shard_group) {
         fprintf(stderr, "error: --shard_group applies to HYBRID_SHARD only, not %s\n", f->info->name);
         return -1;
     }
+    f->local_size = W == 1;
+    if (getenv("LOCAL_WORLD_SIZE") && f->world.host == FSDP_BACKEND_TCP &&
+        fsdp__env_int("LOCAL_WORLD_SIZE", 1, W, &f->local_size) != 0)
+        return -1;
+#ifdef USE_MPI
+    if (f->world.host == FSDP_BACKEND_MPI) {
+        MPI_Comm node;
+        MPI_Comm_split_type(f->world.mpi, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+        MPI_Comm_size(node, &f->local_size);
+        MPI_Comm_free(&node);
+    }
+#endif
     if (f->info->shard_over == FSDP_OVER_WORLD) G = W;
     if (f->info->shard_over == FSDP_OVER_NONE) G = 1;
     if (G == 0 && W == 1) G = 1;
     if (G == 0) { // one group per node; every node must hold as many ranks
-        int local = 1, lo, hi;
-        if (f->world.host == FSDP_BACKEND_TCP && fsdp__env_int("LOCAL_WORLD_SIZE", 1, W, &local) != 0) return -1;
-#ifdef USE_MPI
-        if (f->world.host == FSDP_BACKEND_MPI) {
-            MPI_Comm node;
-            MPI_Comm_split_type(f->world.mpi, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-            MPI_Comm_size(node, &local);
-            MPI_Comm_free(&node);
-        }
-#endif
-        fsdp_int_range(&f->world, local, &lo, &hi);
+        int lo, hi;
+        if (!f->local_size && fsdp__env_int("LOCAL_WORLD_SIZE", 1, W, &f->local_size) != 0) return -1; // (says it is not set)
+        fsdp_int_range(&f->world, f->local_size, &lo, &hi);
         if (lo != hi) {
             fprintf(stderr, "error: HYBRID_SHARD: the nodes hold %d to %d ranks; give --shard_group\n", lo, hi);
             return -1;
         }
-        G = local;
+        G = f->local_size;
     }
     if (G < 1 || W % G != 0) {
         fprintf(stderr, "error: --shard_group %d does not divide the world size %d\n", G, W);
@@ -983,6 +1123,36 @@ static inline int fsdp_init(Fsdp *f, FsdpStrategy s, int shard_group) {
     fsdp_comm_split(&f->shard, &f->world, rank / G, rank);
     fsdp_comm_split(&f->replica, &f->world, rank % G, rank);
     return 0;
+}
+
+// ----------------------------------------------------------------------------
+// which backend moves device buffers (the CUDA trainer's --collectives)
+
+// The device backend for requested ("auto", "nccl" or "host"), with world
+// ranks of which local run on this rank's node, which has devices GPUs (each
+// rank takes GPU local rank % devices); have_nccl: built with NCCL. NCCL
+// refuses two ranks on one device, so auto is NCCL when every rank of the node
+// has its own GPU and NCCL is built in, else staged (through host memory);
+// nccl where NCCL cannot run is refused. FSDP_BACKEND_NCCL or
+// FSDP_BACKEND_STAGED; -1 with the reason in err (n bytes). One rank has no
+// collectives: nothing is refused then.
+static inline int fsdp_device_backend(const char *requested, int world, int local, int devices, int have_nccl,
+                                      char *err, size_t n) {
+    int nccl_runs = have_nccl && local <= devices;
+    if (!strcmp(requested, "host")) return FSDP_BACKEND_STAGED;
+    if (!strcmp(requested, "auto")) return nccl_runs ? FSDP_BACKEND_NCCL : FSDP_BACKEND_STAGED;
+    if (strcmp(requested, "nccl")) {
+        snprintf(err, n, "--collectives: '%s' is not one of auto, nccl, host", requested);
+        return -1;
+    }
+    if (world == 1 || nccl_runs) return FSDP_BACKEND_NCCL;
+    if (!have_nccl)
+        snprintf(err, n, "--collectives nccl: this program was built without NCCL (no nccl.h when it was built), so its %d "
+                 "ranks need --collectives host (or install NCCL and rebuild)", world);
+    else
+        snprintf(err, n, "--collectives nccl: this node runs %d ranks on %d GPU(s), and NCCL refuses two ranks on one "
+                 "device: use --collectives host (or at most one rank per GPU)", local, devices);
+    return -1;
 }
 
 static inline void fsdp_free(Fsdp *f) {

@@ -231,6 +231,7 @@ typedef struct {
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     int fp32;                 // --precision fp32: the only one the CPU runs
     int dry_run;              // --dry_run: the CPU allocates as usual (pages never touched take no memory)
+    const char *collectives;  // --collectives: host, always (the contract's; nothing to choose here)
     size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and moments
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
     float *rope_cos, *rope_sin; // (T, hd/2)
@@ -1164,6 +1165,7 @@ static double model_peak_mb(Model *m) {
 }
 static const char *const backend_memory = "resident memory";
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
+static const char *const backend_collectives[] = {"host"}; // its buffers are host memory: MPI or TCP
 static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)
 
 // ----------------------------------------------------------------------------

@@ -19,10 +19,13 @@ keep and recompute memory modes, the output head in --num_output_chunks pieces,
 and --activation_checkpointing (layer_forward re-run before each layer's backward).
 Whole-sequence training is the chunk C = T.
 
-Sharding (DESIGN section 5, fsdp.h) as on the CPU: one process per GPU
-(launched by mpirun, srun or torchrun; cudaSetDevice(local rank)), the trainer's
-host communicators (MPI, or TCP without it) for what the host adds up, and NCCL
-copies of them for the device buffers. With a shard group of more than one rank the base weights are
+Sharding (DESIGN section 5, fsdp.h) as on the CPU: ranks launched by mpirun,
+srun or torchrun, each on GPU (local rank % the node's GPUs), the trainer's
+host communicators (MPI, or TCP without it) for what the host adds up, and
+device copies of them for the device buffers (--collectives): NCCL where every
+rank has its own GPU, else staged through host memory and the host
+communicators, which sum in rank order as on the CPU (ranks sharing a GPU, a
+build without NCCL, the emulated build). With a shard group of more than one rank the base weights are
 this rank's shard of every unit (bf16 or fp32, as the compute type), gathered
 whole into a slot when a forward or backward needs the unit; full fine-tuning
 keeps fp32 masters, gradients and AdamW moments for the shard only, and
@@ -36,6 +39,7 @@ of full fine-tuning's gradients does not. Compiled, not yet run on GPUs.
 Shapes: B rows of T tokens in chunks of C, D = hidden_size, H = intermediate_size,
 NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 */
+#define FSDP_DEVICE 1 // fsdp.h's backends for device buffers: staged, and NCCL with -DFSDP_NCCL
 #include "model.h"
 #include "support/cuda_common.cuh"
 #include "support/matmul.cuh"
@@ -131,7 +135,9 @@ typedef struct {
     float *unit_grad[2];      // a unit's gradient whole (the embedding's, the others')
     int grad_open[2];         // the unit each is open for (-1: none)
     float *grad_part;         // a unit's gradient reduced to this rank's shard
-    FsdpComm nccl_world, nccl_shard, nccl_replica; // fsdp's communicators over NCCL (W > 1)
+    const char *collectives;  // set by the trainer before model_alloc: --collectives (auto, nccl, host)
+    int device_backend;       // what set_device chose for it: FSDP_BACKEND_NCCL or FSDP_BACKEND_STAGED
+    FsdpComm dev_world, dev_shard, dev_replica; // fsdp's communicators for device buffers (W > 1; device_comm)
     cudaStream_t comm_stream; // the collectives' stream
     cudaEvent_t computed, communicated; // orders the two streams (stream_after)
     // fp32 in either precision
@@ -303,56 +309,68 @@ static void check_fits(const Model *m) {
 }
 
 // ----------------------------------------------------------------------------
-// the ranks (DESIGN section 5): one process per GPU, NCCL for the device buffers
+// the ranks (DESIGN section 5): the device buffers' collectives, NCCL or staged
 
 #ifdef FSDP_NCCL
-// Makes this process use its GPU: its rank on its node, as the launcher tells
-// it (Open MPI, Slurm, MPICH's Hydra, torchrun), else its world rank. One process
-// per GPU: NCCL refuses two ranks on one device.
-static void set_device(const Fsdp *f) {
+static const int have_nccl = 1;
+#else
+static const int have_nccl = 0;
+#endif
+static const int backend_sharding = 1; // any number of ranks, every strategy
+static const char *const backend_collectives[] = {"auto", "nccl", "host"};
+
+// Makes this process use its GPU, its rank on its node (as the launcher tells
+// it: Open MPI, Slurm, MPICH's Hydra, torchrun; else its world rank) modulo the
+// node's GPUs, and chooses how its device buffers meet the other ranks'
+// (--collectives, fsdp_device_backend): before any NCCL call, since NCCL
+// refuses two ranks on one device. Per rank: comms_init makes the ranks agree.
+static void set_device(Model *m) {
+    const Fsdp *f = m->fsdp;
     const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"};
     int local = f->world.rank, devices;
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         if (getenv(vars[i])) { local = atoi(getenv(vars[i])); break; }
     cudaCheck(cudaGetDeviceCount(&devices));
-    if (local < 0 || local >= devices)
-        die("rank %d is process %d on its node, which has %d GPU(s)\n  hint: start one process per GPU "
-            "(mpirun -np <GPUs per node> per node, srun --ntasks-per-node=<GPUs>, or torchrun --nproc_per_node=<GPUs>)",
-            f->world.rank, local, devices);
-    cudaCheck(cudaSetDevice(local));
+    int here = f->local_size ? f->local_size : f->world.size; // not told: every rank on this node
+    char err[320];
+    m->device_backend = fsdp_device_backend(m->collectives, f->world.size, here, devices, have_nccl, err, sizeof err);
+    if (m->device_backend < 0) die("rank %d: %s", f->world.rank, err);
+    if (local < 0) die("rank %d: its local rank is %d, not a GPU's (the launcher's environment)", f->world.rank, local);
+    cudaCheck(cudaSetDevice(local % devices));
 }
 
-// Gives the world, shard and replica groups an NCCL communicator each, on the
-// collectives' stream (collective: every rank calls it, in this order). The
-// trainer's communicators stay as they are (MPI or TCP) for the host side.
+// Gives the world, shard and replica groups a device communicator each, on the
+// collectives' stream (collective: every rank calls it, in this order): staged
+// when any rank's set_device chose that (auto can choose differently on nodes
+// with other GPU counts; the ranks must agree), else NCCL. The trainer's
+// communicators stay as they are (MPI or TCP) for the host side, which the
+// staged ones run their collectives over.
 static void comms_init(Model *m) {
-    FsdpComm *dev[3] = {&m->nccl_world, &m->nccl_shard, &m->nccl_replica};
+    int staged = fsdp_any(&m->fsdp->world, m->device_backend == FSDP_BACKEND_STAGED);
+    FsdpComm *dev[3] = {&m->dev_world, &m->dev_shard, &m->dev_replica};
     const FsdpComm *host[3] = {&m->fsdp->world, &m->fsdp->shard, &m->fsdp->replica};
     for (int i = 0; i < 3; i++) {
         *dev[i] = *host[i];
         dev[i]->scratch = NULL, dev[i]->scratch_bytes = 0; // the host communicator's own
-        fsdp_nccl_init(dev[i], m->comm_stream);
+        if (staged) fsdp_staged_init(dev[i], m->comm_stream);
+#ifdef FSDP_NCCL
+        else fsdp_nccl_init(dev[i], m->comm_stream);
+#endif
     }
 }
-static void comms_free(Model *m) {
-    FsdpComm *dev[3] = {&m->nccl_world, &m->nccl_shard, &m->nccl_replica};
-    for (int i = 0; i < 3; i++)
-        if (dev[i]->backend == FSDP_BACKEND_NCCL) fsdp_ncclCheck(dev[i], ncclCommDestroy(dev[i]->nccl)); // the host side is the trainer's
+static void comms_free(Model *m) { // (before the collectives' stream is destroyed)
+    FsdpComm *dev[3] = {&m->dev_world, &m->dev_shard, &m->dev_replica};
+    for (int i = 0; i < 3; i++) {
+        fsdp_device_free(dev[i]); // the host side is the trainer's
+        free(dev[i]->scratch);
+    }
 }
-static const int backend_sharding = 1; // any number of ranks, one GPU each, every strategy
-#else
-// built without NCCL: one process (backend_sharding), so no communicators
-static void set_device(const Fsdp *f) { (void)f; }
-static void comms_init(Model *m) { (void)m; }
-static void comms_free(Model *m) { (void)m; }
-static const int backend_sharding = 0;
-#endif
 
-// c, one of the model's NCCL communicators, made at the first device collective:
+// c, one of the model's device communicators, made at the first device collective:
 // every rank reaches that in step, after the trainer agreed that every rank's
 // load went well (model_alloc is too early: a rank whose load failed never calls it)
-static FsdpComm *nccl(Model *m, FsdpComm *c) {
-    if (m->nccl_world.backend != FSDP_BACKEND_NCCL) comms_init(m);
+static FsdpComm *device_comm(Model *m, FsdpComm *c) {
+    if (m->dev_world.backend != FSDP_BACKEND_NCCL && m->dev_world.backend != FSDP_BACKEND_STAGED) comms_init(m);
     return c;
 }
 
@@ -394,7 +412,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     size_t n_base = m->sharded ? h->units.shard_numel : h->num_params; // the base weights this rank holds
     const float *base = m->sharded ? h->shards : h->params;
     if (m->dry_run) return;
-    if (m->fsdp && m->fsdp->world.size > 1) set_device(m->fsdp); // before any allocation
+    if (m->fsdp && m->fsdp->world.size > 1) set_device(m); // before any allocation
     cudaCheck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&m->computed, cudaEventDisableTiming));
@@ -443,11 +461,11 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
 static void model_free(Model *m) {
     for (int i = 0; i < 4; i++)
         if (m->alloc[i]) cudaCheck(cudaFree(m->alloc[i]));
+    comms_free(m);
     if (m->stream) cudaCheck(cudaStreamDestroy(m->stream));
     if (m->comm_stream) cudaCheck(cudaStreamDestroy(m->comm_stream));
     if (m->computed) cudaCheck(cudaEventDestroy(m->computed));
     if (m->communicated) cudaCheck(cudaEventDestroy(m->communicated));
-    comms_free(m);
     free(m->f32.chunk);
     free(m->b16.chunk);
     free(m->f32.slot);
@@ -482,8 +500,8 @@ template <typename floatX> void unit_prefetch(Model *m, int u) {
     const FsdpUnit *un = &m->host.units.units[u];
     stream_after(m->comm_stream, m->stream, m->computed);
     if constexpr (std::is_same<floatX, float>::value)
-        fsdp_all_gather(nccl(m, &m->nccl_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
-    else fsdp_all_gather_bf16(nccl(m, &m->nccl_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
+        fsdp_all_gather(device_comm(m, &m->dev_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
+    else fsdp_all_gather_bf16(device_comm(m, &m->dev_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
     cudaCheck(cudaEventRecord(m->gathered[s], m->comm_stream));
     m->slot_unit[s] = u;
 }
@@ -532,7 +550,7 @@ static void grads_done(Model *m, int u) {
     if (!m->sharded) return;
     const FsdpUnit *un = &m->host.units.units[u];
     stream_after(m->comm_stream, m->stream, m->computed);
-    fsdp_reduce_scatter(nccl(m, &m->nccl_shard), m->grad_part, m->unit_grad[u != 0], un->shard);
+    fsdp_reduce_scatter(device_comm(m, &m->dev_shard), m->grad_part, m->unit_grad[u != 0], un->shard);
     accumulate(m->grads + un->shard_offset, m->grad_part, un->shard, m->comm_stream);
     stream_after(m->stream, m->comm_stream, m->communicated); // before the unit's gradient is zeroed again
     m->grad_open[u != 0] = -1;
@@ -890,7 +908,7 @@ typedef struct {
     size_t n;
     float *m, *v;           // AdamW moments: host copies for checkpoints (model_sync_host, optimizer_sync_device)
     int t;                  // optimizer steps taken
-    FsdpComm *grad_sum;     // NCCL: the ranks whose gradients of these parameters are summed before the step
+    FsdpComm *grad_sum;     // device: the ranks whose gradients of these parameters are summed before the step
     FsdpComm *norm_sum;     // host side: the ranks whose squared norms make up the global norm (NULL: this rank's is)
 } Optimizer;
 
@@ -907,7 +925,7 @@ static void optimizer_init(Optimizer *o, Model *m) {
     int shard = m->sharded && !m->host.use_lora;
     if (m->fsdp && m->fsdp->world.size > 1) {
         const FsdpComm *sum_over = shard ? &m->fsdp->replica : &m->fsdp->world; // its host side: the size
-        o->grad_sum = sum_over->size == 1 ? NULL : shard ? &m->nccl_replica : &m->nccl_world;
+        o->grad_sum = sum_over->size == 1 ? NULL : shard ? &m->dev_replica : &m->dev_world;
         o->norm_sum = shard ? &m->fsdp->shard : NULL;
     }
 }
@@ -930,7 +948,7 @@ static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, f
     Model *m = o->model;
     if (o->grad_sum) {
         stream_after(m->comm_stream, m->stream, m->computed);
-        fsdp_all_reduce(nccl(m, o->grad_sum), m->grads, o->n, FSDP_F32);
+        fsdp_all_reduce(device_comm(m, o->grad_sum), m->grads, o->n, FSDP_F32);
         stream_after(m->stream, m->comm_stream, m->communicated);
     }
     double sumsq, norm;

@@ -19,6 +19,8 @@
 //                              results, bit for bit, in less memory)
 //       int fp32;              set by the trainer before model_alloc: --precision fp32
 //                              (else bf16: weights and activations stored in bf16)
+//       const char *collectives;  set by the trainer before model_alloc: --collectives,
+//                              one of backend_collectives
 //       int dry_run;           set by the trainer before model_alloc: --dry_run, after
 //                              which only the memory plan is read and model_free
 //                              called; model_alloc may then count the bytes and
@@ -40,6 +42,8 @@
 //                              process only
 //   static const char *const backend_precisions[];  the --precision values it runs,
 //                              its default first
+//   static const char *const backend_collectives[]; the --collectives values it runs,
+//                              its default first (how its ranks' collectives move data)
 //   static const char *const backend_memory;        where the memory plan's memory
 //                              is ("resident memory", "GPU memory")
 //   double model_peak_mb(Model *m);
@@ -140,7 +144,7 @@ typedef struct {
     float temperature, top_p;
     int dry_run, merge_adapter;
     float peak_tflops;
-    const char *precision;
+    const char *precision, *collectives;
     const char *sharding_strategy, *export_hf;
     int shard_group;
     int random_init;
@@ -207,6 +211,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"shard_group", OPT_INT, &(tc)->shard_group, "0", "HYBRID_SHARD: ranks per shard group, a divisor of the world size (0: the ranks of one node)", 0, 1 << 20}, \
     {"export_hf", OPT_STR, &(tc)->export_hf, "", "with --resume: write that checkpoint as a Hugging Face model (full fine-tuning) or PEFT adapter (LoRA) into this folder, then exit", 0, 0}, \
     {"precision", OPT_STR, &(tc)->precision, backend_precisions[0], "bf16 | fp32: how weights and activations are stored (fp32: all of it, e.g. to compare with the CPU trainer, which runs fp32 only)", 0, 0}, \
+    {"collectives", OPT_STR, &(tc)->collectives, backend_collectives[0], "auto | nccl | host: how the ranks' device buffers are gathered and summed (train_llama2cu): nccl, or host: through host memory over MPI or TCP, summed in rank order as the CPU trainer sums (ranks may share a GPU); auto: nccl when every rank of a node has its own GPU, else host. The CPU trainer: host only", 0, 0}, \
     {"random_init", OPT_FLAG, &(tc)->random_init, "0", "for benchmarks only: random weights N(0, initializer_range) drawn from --seed, with --model holding just config.json and tokenizer.model", 0, 1}, \
 }
 
@@ -256,6 +261,16 @@ static void option_value(const Option *o, char *buf, size_t n, int exact) {
     }
 }
 
+// 1 if value is one of the n values the backend runs for --option, else 0 with a message
+static int backend_value_ok(const char *option, const char *value, const char *const *values, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(value, values[i])) return 1;
+    fprintf(stderr, "error: --%s: '%s' is not one this trainer runs (", option, value);
+    for (size_t i = 0; i < n; i++) fprintf(stderr, "%s%s", i ? ", " : "", values[i]);
+    fprintf(stderr, ")\n");
+    return 0;
+}
+
 // 0: parsed, 1: --help printed, -1: error (message printed)
 static int parse_args(TrainConfig *tc, int argc, char **argv) {
     Option opts[] = OPTIONS(tc);
@@ -297,15 +312,9 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --val_data and --val_split do not go together (one validation set)\n");
         return -1;
     }
-    int precision_ok = 0;
-    for (size_t i = 0; i < sizeof backend_precisions / sizeof backend_precisions[0]; i++) precision_ok |= !strcmp(tc->precision, backend_precisions[i]);
-    if (!precision_ok) {
-        fprintf(stderr, "error: --precision: '%s' is not one this trainer runs (", tc->precision);
-        for (size_t i = 0; i < sizeof backend_precisions / sizeof backend_precisions[0]; i++)
-            fprintf(stderr, "%s%s", i ? ", " : "", backend_precisions[i]);
-        fprintf(stderr, ")\n");
+    if (!backend_value_ok("precision", tc->precision, backend_precisions, sizeof backend_precisions / sizeof *backend_precisions) ||
+        !backend_value_ok("collectives", tc->collectives, backend_collectives, sizeof backend_collectives / sizeof *backend_collectives))
         return -1;
-    }
     if (strcmp(tc->chunk_memory, "keep") && strcmp(tc->chunk_memory, "recompute")) {
         fprintf(stderr, "error: --chunk_memory: '%s' is not one of keep, recompute\n", tc->chunk_memory);
         return -1;
@@ -345,15 +354,25 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     return 0;
 }
 
-// the start-up table: every option with its value, three to a line
+// The start-up table: every option with its value, three to a line in
+// columns as wide as the longest name and CONFIG_VALUE_WIDTH; a longer value
+// (a path, a list) comes after them, whole, on a line of its own.
+#define CONFIG_VALUE_WIDTH 14
 static void print_config(TrainConfig *tc) {
     Option opts[] = OPTIONS(tc);
-    int n = (int)(sizeof opts / sizeof opts[0]);
-    char val[4096];
+    int n = (int)(sizeof opts / sizeof opts[0]), name_width = 0, col = 0;
+    char val[PATH_MAX + 64];
+    for (int i = 0; i < n; i++) name_width = (int)fmax(name_width, strlen(opts[i].name));
     printf("configuration:\n");
-    for (int i = 0; i < n; i++) {
-        option_value(&opts[i], val, sizeof val, 0);
-        printf("  %-27s %-14.60s%s", opts[i].name, val[0] ? val : "-", i % 3 == 2 || i == n - 1 ? "\n" : "");
+    for (int pass = 0; pass < 2; pass++) { // the values that fit their column, then the longer ones
+        for (int i = 0; i < n; i++) {
+            option_value(&opts[i], val, sizeof val, 0);
+            if (!val[0]) snprintf(val, sizeof val, "-");
+            if ((strlen(val) > CONFIG_VALUE_WIDTH) != pass) continue;
+            int end = pass || ++col % 3 == 0;
+            printf("  %-*s %-*s%s", name_width, opts[i].name, end ? 0 : CONFIG_VALUE_WIDTH, val, end ? "\n" : "");
+        }
+        if (pass == 0 && col % 3) printf("\n");
     }
 }
 
@@ -400,6 +419,7 @@ static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, c
         }
     }
     m->fp32 = !strcmp(tc->precision, "fp32");
+    m->collectives = tc->collectives;
     m->dry_run = tc->dry_run;
     m->activation_checkpointing = tc->activation_checkpointing;
     model_alloc(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # dev/launch.sh N PROGRAM [ARGS...]: starts N ranks of PROGRAM on this machine the
-# way torchrun --no-python does, without MPI or Python: each gets RANK,
+# way torchrun --no_python does, without MPI or Python: each gets RANK,
 # WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (127.0.0.1) and
 # MASTER_PORT (the environment's, else a free one), and the ranks meet over TCP
 # (fsdp.h). For one node; across nodes use torchrun, srun or mpirun.

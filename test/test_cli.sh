@@ -56,6 +56,27 @@ if [ $? -eq 0 ] && grep -q "memory plan" "$TMP/dry.log" && grep -q "lr_scheduler
 else
     echo "FAIL cli: --dry_run: $(tail -3 "$TMP/dry.log")"; fails=$((fails + 1))
 fi
+# the configuration table stays aligned whatever the values: every option once, its name in one of
+# three columns that are the same on every line, and a long value (a path, a list) printed whole
+long_dir="$TMP/an_output_directory_whose_name_is_longer_than_any_column_of_the_table"
+targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+"$BIN" --model $FIX/tiny_gqa --data "$DATA" --max_seq_len 24 --dry_run --output_dir "$long_dir" \
+    --lora_target_modules $targets >"$TMP/table.log" 2>&1
+"$BIN" --help | sed -n 's/^  --\([a-z_0-9]*\) .*/\1/p' | grep -vx help >"$TMP/names"
+bad=$(awk 'FNR == NR { name[$1] = 1; n++; next }
+    /^configuration:/ { on = 1; next }
+    on && !/^  / { on = 0 }
+    on { line = $0; pos = 1
+        while (match(substr(line, pos), /[^ ]+/)) { # each word and the column it starts at
+            col = pos + RSTART - 1; word = substr(line, col, RLENGTH); pos = col + RLENGTH
+            if (word in name) { seen[word]++; cols[col] = 1 } } }
+    END { k = 0; for (c in cols) k++
+        for (w in name) if (seen[w] != 1) { printf "%s shown %d times; ", w, seen[w]; bad = 1 }
+        if (k != 3) printf "option names start at %d different columns, not 3", k }' "$TMP/names" "$TMP/table.log")
+grep -qE "^  output_dir +$long_dir\$" "$TMP/table.log" && grep -qE "^  lora_target_modules +$targets\$" "$TMP/table.log" && [ -z "$bad" ]
+if [ $? -eq 0 ]; then echo "ok cli: the configuration table is aligned with long values, which are shown whole"
+else echo "FAIL cli: the configuration table: ${bad:-a long value not whole}: $(sed -n '/^configuration:/,/^[^ ]/p' "$TMP/table.log" | head -30)"; fails=$((fails + 1)); fi
+expect_error "--collectives other than host on the CPU" "--collectives: 'nccl' is not one this trainer runs \(host\)" --model $FIX/tiny_gqa "${RUN[@]}" --collectives nccl
 expect_error "--random_init with --resume" "--random_init is for benchmarks.*--resume" --model $FIX/tiny_gqa "${RUN[@]}" --random_init --resume "$TMP/none"
 expect_error "--random_init without config.json" "$TMP/nope/config.json" --model "$TMP/nope" --tokenizer $FIX/tiny_gqa/tokenizer.model "${RUN[@]}" --random_init
 model_copy tiny_gqa; sed -i 's/"initializer_range": 0.1/"initializer_range": -0.1/' "$TMP/m/config.json"

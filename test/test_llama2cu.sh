@@ -7,6 +7,8 @@
 #    --precision fp32 its base weights and KV carry must be the CPU trainer's
 #    (the same bytes, counted by train_llama2.c's allocations), and
 #    --activation_checkpointing must save it the activation bytes it saves the CPU trainer.
+#    --collectives: auto (the default, shown in --help), nccl and host run; another
+#    value is refused naming the option; two ranks (dev/launch.sh 2) plan with host.
 # 2. test_llama2cu, the CUDA trainer against the CPU twin; without a GPU it says SKIP.
 cd "$(dirname "$0")/.."
 if [ ! -x train_llama2cu ] || [ ! -x test/test_llama2cu ]; then
@@ -63,6 +65,20 @@ check "--activation_checkpointing saves the activations the CPU trainer's saves"
 "$CPU" "${ARGS[@]}" --batch_size 4 --max_steps 1 --save_every 1 --output_dir "$TMP/ckpt" >"$TMP/ckpt.log" 2>&1
 check "a CPU checkpoint to resume from" $? "$(tail -3 "$TMP/ckpt.log")"
 dry "resume from a CPU checkpoint, without a GPU" --batch_size 4 --resume "$TMP/ckpt"
+
+# --collectives: the values it takes, the default --help shows, a bad one refused; two ranks without a GPU
+./train_llama2cu --help | grep -qE -- "--collectives .*\(default: auto\)"
+check "--help lists --collectives with its default, auto" $? "$(./train_llama2cu --help | grep -- --collectives)"
+for c in host nccl auto; do dry "--collectives $c" --collectives $c; done
+./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --collectives bogus >"$TMP/bogus.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q -- "--collectives: 'bogus' is not one this trainer runs (auto, nccl, host)" "$TMP/bogus.log"
+check "--collectives bogus is refused, naming the option" $? "exit $rc: $(tail -2 "$TMP/bogus.log")"
+dev/launch.sh 2 ./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --collectives host >"$TMP/w2.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "^2 ranks, FULL_SHARD" "$TMP/w2.log" && grep -q "memory plan (GPU memory" "$TMP/w2.log" &&
+    ! grep -qE "CUDA ERROR|^error" "$TMP/w2.log"
+check "two ranks (dev/launch.sh 2), --collectives host, without a GPU" $? "exit $rc: $(tail -3 "$TMP/w2.log")"
 
 test/test_llama2cu
 rc=$?

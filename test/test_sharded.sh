@@ -30,7 +30,8 @@
 # moves the loss by 1e-3 or more and the weights by whole steps.
 set -u
 cd "$(dirname "$0")/.."
-BIN=${BIN:-./train_llama2}
+SUITE=sharded
+source test/train_helpers.sh # BIN, TMP, check, trajectory_diff (its run is replaced below)
 dir_of_bin=$(dirname "$BIN")
 compare="$dir_of_bin/test/st_compare"
 have_mpi=1
@@ -42,15 +43,9 @@ if [ -n "${ASAN_OPTIONS:-}" ]; then # SANITIZE=1: leaks are checked, except Open
     export ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" LSAN_OPTIONS="${LSAN_OPTIONS:-}:suppressions=$PWD/test/lsan_mpi.supp"
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
-TMP=$(mktemp -d /tmp/test_sharded.XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
 TRAJ_TOL=1e-6
 WEIGHT_TOL=2e-4
 TIMEOUT=120 # seconds for one run: a hang fails
-fails=0
-check() { # check NAME STATUS DETAIL
-    if [ "$2" -eq 0 ]; then echo "ok sharded: $1"; else echo "FAIL sharded: $1: $3"; fails=$((fails + 1)); fi
-}
 LORA=(--model test/fixtures/tiny_gqa --lora_dropout 0.1 --lora_target_modules all-linear)
 FULL=(--model test/fixtures/tiny_tied --full_finetune --chunk_size 7)
 COMMON=(--data test/fixtures/data.jsonl --max_seq_len 24 --gradient_accumulation_steps 2 --max_steps 10 --lr 5e-3
@@ -63,17 +58,6 @@ run() { # run W OUT [args]: W ranks (0: one process, no launcher) started by $LA
     [ "$w" -gt 0 ] && [ $LAUNCHER = mpirun ] && launch+=(mpirun -np "$w")
     [ "$w" -gt 0 ] && [ $LAUNCHER = env ] && launch+=(dev/launch.sh "$w")
     "${launch[@]}" "$BIN" "${COMMON[@]}" --output_dir "$out" --metrics_file "$out.jsonl" "$@" >"$out.log" 2>&1
-}
-# the largest relative difference of loss and grad_norm over the steps two metrics files share (steps >= FROM)
-trajectory_diff() {
-    awk -v from="${3:-1}" 'function num(line, key,   m) { return match(line, "\"" key "\": [^,}]*") ? substr(line, RSTART + length(key) + 4, RLENGTH - length(key) - 4) + 0 : "x" }
-        function rel(a, b,   d, m) { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; return m > 0 ? d / m : d }
-        FNR == NR { if (index($0, "\"loss\"")) { loss[num($0, "step")] = num($0, "loss"); norm[num($0, "step")] = num($0, "grad_norm") } next }
-        index($0, "\"loss\"") { s = num($0, "step"); if (s < from) next; n++
-            if (!(s in loss)) { worst = 1e9; next }
-            e = rel(loss[s], num($0, "loss")); if (e > worst) worst = e
-            e = rel(norm[s], num($0, "grad_norm")); if (e > worst) worst = e }
-        END { if (n == 0) worst = 1e9; printf "%.3g", worst + 0 }' "$1" "$2"
 }
 same_run() { # same_run NAME REF OUT WEIGHTS_FILE [FROM]: trajectory and weights of OUT within tolerance of REF
     local t w rc
@@ -223,13 +207,18 @@ env_case 4 HYBRID_SHARD 4-hybrid --shard_group 2
 grep -q "4 ranks, HYBRID_SHARD: shard groups of 2, 2 replica(s)" "$TMP/env-full-4-HYBRID_SHARD.log"
 check "launched by the environment: W = 4 HYBRID_SHARD says its groups" $? "$(head -3 "$TMP/env-full-4-HYBRID_SHARD.log")"
 
-# torchrun itself, where it is installed: its agent holds MASTER_PORT, so rank 0 listens at the next port
-if command -v torchrun >/dev/null && torchrun --help >/dev/null 2>&1; then
-    timeout $TIMEOUT torchrun --nproc_per_node 2 --no-python "$BIN" "${COMMON[@]}" "${LORA[@]}" --batch_size 6 \
-        --sharding_strategy FULL_SHARD --output_dir "$TMP/torchrun" --metrics_file "$TMP/torchrun.jsonl" >"$TMP/torchrun.log" 2>&1
-    same_bits "torchrun --nproc_per_node 2 --no-python == dev/launch.sh 2 (LoRA, FULL_SHARD)" "$TMP/env-lora-2-FULL_SHARD" "$TMP/torchrun" adapter_model.safetensors
-else
+# torchrun itself, where it is installed: its agent holds MASTER_PORT, so rank 0 listens at the next port.
+# --no_python is the spelling every torchrun takes (torch 1.x knows only it, 2.x it and --no-python). A
+# torchrun that cannot start the binary at all (an old or broken install) is skipped, saying why.
+if ! command -v torchrun >/dev/null; then
     echo "SKIP sharded training under torchrun: no torchrun (it comes with PyTorch)"
+elif ! timeout 60 torchrun --nproc_per_node 1 --no_python "$BIN" --help >"$TMP/torchrun-probe.log" 2>&1 ||
+     ! grep -q -- "--sharding_strategy" "$TMP/torchrun-probe.log"; then
+    echo "SKIP sharded training under torchrun: 'torchrun --nproc_per_node 1 --no_python $BIN --help' does not run it: $(tail -2 "$TMP/torchrun-probe.log" | tr '\n' ' ')"
+else
+    timeout $TIMEOUT torchrun --nproc_per_node 2 --no_python "$BIN" "${COMMON[@]}" "${LORA[@]}" --batch_size 6 \
+        --sharding_strategy FULL_SHARD --output_dir "$TMP/torchrun" --metrics_file "$TMP/torchrun.jsonl" >"$TMP/torchrun.log" 2>&1
+    same_bits "torchrun --nproc_per_node 2 --no_python == dev/launch.sh 2 (LoRA, FULL_SHARD)" "$TMP/env-lora-2-FULL_SHARD" "$TMP/torchrun" adapter_model.safetensors
 fi
 
 run 3 "$TMP/env-save3" "${FULL[@]}" --batch_size 4 --save_every 5 --keep_checkpoints 0

@@ -12,6 +12,8 @@
 //   overhead (code, libc, tokenizer: ~4 MB) is small next to it.
 // - The FLOP count follows the formula in the README: checked against the
 //   same formula written out by hand for one small shape.
+// - --collectives: the CUDA trainer's choice of NCCL or host collectives for
+//   the world size, ranks per node, GPUs and build (a table of the README's rules).
 // - --random_init: every linear layer and the embedding drawn from
 //   N(0, initializer_range) (checked against the normal distribution's own
 //   numbers, at 5 standard errors), the norms 1; the same bits at any thread
@@ -316,12 +318,43 @@ static void test_sample_escaping(void) {
     free(buf);
 }
 
+// --collectives: which backend moves the CUDA trainer's device buffers (fsdp_device_backend), by the
+// rules of the README: NCCL needs a GPU per rank on every node (it refuses two ranks on one device)
+// and a build with NCCL; host (staged) runs anywhere; auto picks NCCL where it can run
+static void test_device_backend(void) {
+    const int NCCL = FSDP_BACKEND_NCCL, HOST = FSDP_BACKEND_STAGED;
+    struct { const char *requested; int world, local, devices, have_nccl, want; const char *error, *what; } cases[] = {
+        {"host", 2, 2, 2, 1, HOST, NULL, "host where NCCL could run"},
+        {"auto", 2, 2, 2, 1, NCCL, NULL, "auto, a GPU per rank"},
+        {"auto", 4, 2, 2, 1, NCCL, NULL, "auto, 2 nodes of 2 ranks on 2 GPUs each (W above the GPUs of a node)"},
+        {"auto", 2, 2, 1, 1, HOST, NULL, "auto, 2 ranks sharing 1 GPU"},
+        {"auto", 2, 2, 8, 0, HOST, NULL, "auto, built without NCCL"},
+        {"nccl", 2, 2, 2, 1, NCCL, NULL, "nccl, a GPU per rank"},
+        {"nccl", 1, 1, 1, 0, NCCL, NULL, "nccl, one rank without NCCL (no collectives to refuse)"},
+        {"nccl", 3, 3, 2, 1, -1, "--collectives nccl: this node runs 3 ranks on 2 GPU(s), and NCCL refuses two ranks on one device: use --collectives host",
+         "nccl, 3 ranks sharing 2 GPUs"},
+        {"nccl", 2, 2, 2, 0, -1, "--collectives nccl: this program was built without NCCL", "nccl, 2 ranks, built without NCCL"},
+        {"bogus", 2, 2, 2, 1, -1, "--collectives: 'bogus' is not one of auto, nccl, host", "a bad value"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[320] = "", what[200];
+        int got = fsdp_device_backend(cases[i].requested, cases[i].world, cases[i].local, cases[i].devices,
+                                      cases[i].have_nccl, err, sizeof err);
+        int ok = got == cases[i].want && (!cases[i].error || strstr(err, cases[i].error));
+        snprintf(what, sizeof what, "--collectives: %s -> %s", cases[i].what, cases[i].error ? "refused" : cases[i].want == NCCL ? "nccl" : "host");
+        CHECK(ok, what, "got %d (NCCL %d, host %d), message '%s'", got, NCCL, HOST, err);
+        if (cases[i].error && cases[i].error[0] == '-' && strstr(cases[i].error, "nccl:")) // a refusal says what to use instead
+            CHECK(strstr(err, "--collectives host") != NULL, "--collectives nccl refused: the message points to --collectives host", "'%s'", err);
+    }
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/llama2tune_test_trainer_XXXXXX");
     if (!mkdtemp(tmpdir)) die("mkdtemp: %s", strerror(errno));
     test_merge();
     test_flops();
     test_sample_escaping();
+    test_device_backend();
     test_memory_plan();
     test_random_init(); // last: it starts OpenMP threads, and a child forked after that (test_memory_plan's) hangs in libgomp
     char cmd[128];

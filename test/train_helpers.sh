@@ -26,3 +26,15 @@ same_result() { # same_result NAME REF DIR WEIGHTS_FILE
     cmp -s "$2/$4" "$3/$4" && diff -q <(trajectory "$2.jsonl") <(trajectory "$3.jsonl") >/dev/null
     check "$1" $? "$(cmp "$2/$4" "$3/$4" 2>&1 | head -1); $(diff <(trajectory "$2.jsonl") <(trajectory "$3.jsonl") | head -4)"
 }
+# the largest relative difference of loss and grad_norm over the steps two metrics files share
+# (steps >= FROM, default 1); 1e9 when the second has a step the first lacks, or none at all
+trajectory_diff() { # trajectory_diff METRICS REF-METRICS [FROM]
+    awk -v from="${3:-1}" 'function num(line, key,   m) { return match(line, "\"" key "\": [^,}]*") ? substr(line, RSTART + length(key) + 4, RLENGTH - length(key) - 4) + 0 : "x" }
+        function rel(a, b,   d, m) { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; return m > 0 ? d / m : d }
+        FNR == NR { if (index($0, "\"loss\"")) { loss[num($0, "step")] = num($0, "loss"); norm[num($0, "step")] = num($0, "grad_norm") } next }
+        index($0, "\"loss\"") { s = num($0, "step"); if (s < from) next; n++
+            if (!(s in loss)) { worst = 1e9; next }
+            e = rel(loss[s], num($0, "loss")); if (e > worst) worst = e
+            e = rel(norm[s], num($0, "grad_norm")); if (e > worst) worst = e }
+        END { if (n == 0) worst = 1e9; printf "%.3g", worst + 0 }' "$1" "$2"
+}

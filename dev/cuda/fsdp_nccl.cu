@@ -1,11 +1,15 @@
-// fsdp.h's NCCL backend on the GPU, against plain loops on the host, then timed:
+// fsdp.h's device backends on the GPU, NCCL and staged (through host memory:
+// --collectives host), against plain loops on the host, then NCCL timed:
 //   make dev/cuda/fsdp_nccl && mpirun -np <GPUs> dev/cuda/fsdp_nccl   (or dev/launch.sh <GPUs> ..., or alone: one GPU)
-// Each rank uses GPU (rank % device count). Checks, on sizes that do not divide
-// by W: all-gather exact (fp32, and bf16 as the CUDA trainer's bf16 weights);
-// reduce-scatter and all-reduce against a
-// float64 sum, within (W - 1) * 2^-24 * sum|x| per element, the bound on fp32
-// rounding for W terms added in any order (NCCL picks its own order); and every
-// rank gets the same bits from all-reduce. Then the bandwidth of all-gather and
+// Each rank uses GPU (rank % device count); NCCL is checked where every rank
+// has its own (fsdp_device_backend), the staged backend always (ranks may
+// share a GPU). Checks, on sizes that do not divide by W: all-gather exact
+// (fp32, and bf16 as the CUDA trainer's bf16 weights); reduce-scatter and
+// all-reduce against a float64 sum, within (W - 1) * 2^-24 * sum|x| per
+// element, the bound on fp32 rounding for W terms added in any order (NCCL
+// picks its own order), and staged exactly equal to the fp32 sum in rank order
+// ((x_0 + x_1) + x_2 ..., what the host side promises); every rank gets the
+// same bits from all-reduce. Then the bandwidth of NCCL's all-gather and
 // reduce-scatter of a Llama-2-7B decoder layer (202 M parameters, fp32).
 #include "../../fsdp.h"
 #include <math.h>
@@ -36,7 +40,7 @@ static int gather_bad(FsdpComm *c, size_t S, void *dev_a, void *dev_b, Value val
     return bad;
 }
 
-// c: the NCCL communicator; host: the same ranks on the host side (MPI or TCP)
+// c: a device communicator (NCCL or staged); host: the same ranks on the host side (MPI or TCP)
 static int check(FsdpComm *c, FsdpComm *host_comm, size_t S, float *dev_a, float *dev_b) {
     int W = c->size, me = c->rank;
     size_t full_n = (size_t)W * S;
@@ -55,8 +59,10 @@ static int check(FsdpComm *c, FsdpComm *host_comm, size_t S, float *dev_a, float
     fsdp_barrier(c);
     for (size_t i = 0; i < full_n; i++) {
         double sum = 0, mag = 0;
-        for (int q = 0; q < W; q++) sum += value(q, i), mag += fabs(value(q, i));
+        float ordered = 0; // the fp32 sum in rank order
+        for (int q = 0; q < W; q++) sum += value(q, i), mag += fabs(value(q, i)), ordered += value(q, i);
         double tol = (W - 1) * ldexp(mag, -24);
+        if (c->backend == FSDP_BACKEND_STAGED) sum = ordered, tol = 0;
         bad |= fabs(host[i] - sum) > tol;
         if (i / S == (size_t)me) bad |= fabs(got[i - (size_t)me * S] - sum) > tol;
     }
@@ -77,24 +83,35 @@ int main(void) {
     fsdp_cudaCheck(&f.world, cudaSetDevice(f.world.rank % devices));
     cudaStream_t stream;
     fsdp_cudaCheck(&f.world, cudaStreamCreate(&stream));
-    FsdpComm host = f.world; // a copy keeps the host side (MPI or TCP) for the checks' own broadcast
-    fsdp_nccl_init(&f.world, stream);
+    FsdpComm host = f.world, staged = f.world; // copies of the host side (MPI or TCP): the checks' own broadcast, and
+    staged.scratch = NULL;                     // the staged backend, which runs over it
+    fsdp_staged_init(&staged, stream);
     int W = f.world.size, bad = 0;
+    char why[320];
+    int here = f.local_size ? f.local_size : W; // the ranks on this node (not told: all)
+    int nccl_runs = fsdp_device_backend("auto", W, here, devices, 1, why, sizeof why) == FSDP_BACKEND_NCCL;
+    if (nccl_runs) fsdp_nccl_init(&f.world, stream);
+    else if (f.world.rank == 0) printf("SKIP NCCL collectives at W = %d: %d ranks share %d GPU(s) (NCCL refuses that)\n", W, here, devices);
     // a 7B decoder layer: 4 * 4096^2 attention + 3 * 4096 * 11008 MLP + 2 * 4096 norms
     size_t layer = 4ull * 4096 * 4096 + 3ull * 4096 * 11008 + 2 * 4096, S_big = fsdp_shard_size(layer, W);
     float *dev_a, *dev_b;
     fsdp_cudaCheck(&f.world, cudaMalloc(&dev_a, S_big * sizeof(float)));
     fsdp_cudaCheck(&f.world, cudaMalloc(&dev_b, (size_t)W * S_big * sizeof(float)));
     size_t sizes[] = {1, 3, 7, 1000, 4099, 1 << 20};
-    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
-        int b = check(&f.world, &host, sizes[k], dev_a, dev_b);
-        if (f.world.rank == 0) printf("%s NCCL collectives at W = %d, %zu elements per rank\n", b ? "FAIL" : "ok", W, sizes[k]);
-        bad |= b;
-    }
+    FsdpComm *comms[2] = {&staged, nccl_runs ? &f.world : NULL};
+    for (int i = 0; i < 2 && comms[i]; i++)
+        for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+            int b = check(comms[i], &host, sizes[k], dev_a, dev_b);
+            if (f.world.rank == 0)
+                printf("%s %s collectives at W = %d, %zu elements per rank\n", b ? "FAIL" : "ok", i ? "NCCL" : "staged", W, sizes[k]);
+            bad |= b;
+        }
+    fsdp_device_free(&staged);
+    free(staged.scratch);
     cudaEvent_t t0, t1;
     fsdp_cudaCheck(&f.world, cudaEventCreate(&t0));
     fsdp_cudaCheck(&f.world, cudaEventCreate(&t1));
-    for (int op = 0; op < 2; op++) {
+    for (int op = 0; nccl_runs && op < 2; op++) {
         const int reps = 10;
         for (int r = -1; r < reps; r++) { // r = -1 warms up
             if (r == 0) fsdp_cudaCheck(&f.world, cudaEventRecord(t0, stream));

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The CUDA trainer over several ranks, run by the emulated build ($EMU_BIN,
+# default ./train_llama2cu_emu; without it this says SKIP): W = 2 and 3 ranks
+# started by dev/launch.sh (TCP), and by mpirun where it is installed and the
+# binary was built with MPI, with --collectives host (each device collective
+# through host memory and fsdp.h's host side: the path ranks sharing a GPU
+# take) and --precision fp32, for every sharding strategy: LoRA (dropout,
+# all-linear) on the GQA fixture and full fine-tuning (chunks of 7 with a KV
+# carry) on the tied one. With the same global batch (6 rows = W ranks x 6/W)
+# each run's losses and gradient norms must equal one process of the same
+# binary, and the CPU trainer's (train_llama2, $BIN), and its final weights one
+# process's. MPI and TCP must give the same bits (both sum in rank order). The
+# default (auto) must pick host for two ranks on the emulated device, which
+# they share, and --collectives nccl there must be refused before any NCCL call.
+#
+# Tolerances (relative, each step's loss and gradient norm; the weights relative
+# to their scale, st_compare):
+# - W ranks against one process of the same binary: 1e-5. The ranks sum in rank
+#   order, so the runs differ only where fp32 rounding falls: each rank's products
+#   and reductions run over its own rows, then the ranks' partial sums are added.
+#   test_sharded.sh measures 2.3e-7 for this on the CPU; the CUDA kernels' own
+#   orders change with the rows per rank too (about 1e-7 an operation,
+#   test_llama2cu's estimate), over 4 steps. A real error (a row dropped, a unit
+#   gathered into the wrong slot, a gradient reduced before it was complete)
+#   moves the loss by 1e-3 or more. Weights: 2e-4, test_sharded.sh's (AdamW's
+#   m / sqrt(v) turns a rounding-sized difference in a near-zero gradient into a
+#   step-sized one).
+# - against the CPU trainer: 1e-4, test_llama2cu's fp32 tolerance for its steps
+#   (the GPU's summation orders against the CPU's).
+# These come from the CPU's measurements and test_llama2cu's estimates; the first
+# emulated runs should bring them down to a few times what they measure.
+set -u
+cd "$(dirname "$0")/.."
+SUITE="llama2cu sharded"
+source test/train_helpers.sh # BIN (the CPU trainer), TMP, check, trajectory_diff
+EMU_BIN=${EMU_BIN:-./train_llama2cu_emu}
+if [ ! -x "$EMU_BIN" ]; then
+    echo "SKIP train_llama2cu over several ranks: no emulated build at $EMU_BIN (make train_llama2cu_emu; or set EMU_BIN)"
+    exit 0
+fi
+compare="$(dirname "$BIN")/test/st_compare"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
+export LLAMA2TUNE_TIMEOUT=60 LAUNCH_GRACE=20
+SELF_TOL=1e-5
+CPU_TOL=1e-4
+WEIGHT_TOL=2e-4
+TIMEOUT=600 # seconds for one run: a hang fails
+LORA=(--model test/fixtures/tiny_gqa --lora_dropout 0.1 --lora_target_modules all-linear)
+FULL=(--model test/fixtures/tiny_tied --full_finetune --chunk_size 7)
+COMMON=(--data test/fixtures/data.jsonl --max_seq_len 24 --max_steps 4 --lr 5e-3 --warmup_steps 1 --weight_decay 0.01
+        --threads 1 --precision fp32)
+emu() { # emu LAUNCH OUT [args]: $EMU_BIN under LAUNCH (none, env W, mpi W), output in OUT, metrics OUT.jsonl, log OUT.log
+    local launch=(timeout $TIMEOUT) how=$1 out=$2
+    shift 2
+    case $how in
+    env*) launch+=(dev/launch.sh "${how#env }") ;;
+    mpi*) launch+=(mpirun -np "${how#mpi }") ;;
+    esac
+    "${launch[@]}" "$EMU_BIN" "${COMMON[@]}" --output_dir "$out" --metrics_file "$out.jsonl" "$@" >"$out.log" 2>&1
+}
+# close NAME OUT REF TOL [WEIGHTS]: OUT's losses and norms within TOL of REF's (and its weights, when named)
+close() {
+    local t w="" rc=0
+    t=$(trajectory_diff "$2.jsonl" "$3.jsonl")
+    if [ $# -ge 5 ]; then w=$("$compare" "$2/$5" "$3/$5" $WEIGHT_TOL 2>&1) || rc=1; fi
+    awk -v t="$t" -v tol="$4" 'BEGIN { exit !(t <= tol) }' && [ $rc -eq 0 ]
+    check "$1 (trajectory within $t, tolerance $4${w:+; $w})" $? "$(tail -3 "$2.log")"
+}
+same_bits() { # same_bits NAME OUT REF WEIGHTS
+    local t
+    t=$(trajectory_diff "$2.jsonl" "$3.jsonl")
+    [ "$t" = 0 ] && cmp -s "$2/$4" "$3/$4"
+    check "$1 (largest trajectory difference $t)" $? "$(tail -3 "$2.log")"
+}
+
+# the references: one process of the emulated binary, and the CPU trainer, 6 rows a step
+for mode in lora full; do
+    [ $mode = lora ] && args=("${LORA[@]}") || args=("${FULL[@]}")
+    emu none "$TMP/$mode-1" "${args[@]}" --batch_size 6
+    check "$mode: one process of the emulated build" $? "$(tail -3 "$TMP/$mode-1.log")"
+    "$BIN" "${COMMON[@]}" "${args[@]}" --batch_size 6 --output_dir "$TMP/$mode-cpu" --metrics_file "$TMP/$mode-cpu.jsonl" \
+        >"$TMP/$mode-cpu.log" 2>&1
+    check "$mode: the CPU trainer" $? "$(tail -3 "$TMP/$mode-cpu.log")"
+    close "$mode: one emulated process == the CPU trainer" "$TMP/$mode-1" "$TMP/$mode-cpu" $CPU_TOL
+done
+
+# mpirun: where it is installed and $EMU_BIN was built with MPI (a build without it says so and stops)
+launchers=(env)
+if command -v mpirun >/dev/null; then
+    timeout 120 mpirun -np 2 "$EMU_BIN" "${COMMON[@]}" "${LORA[@]}" --dry_run --output_dir "$TMP/probe" >"$TMP/probe.log" 2>&1
+    if grep -q "^2 ranks" "$TMP/probe.log"; then launchers+=(mpi)
+    else echo "SKIP the emulated build under mpirun: $EMU_BIN is not an MPI build ($(grep -m1 error "$TMP/probe.log"))"; fi
+else
+    echo "SKIP the emulated build under mpirun: no mpirun (install OpenMPI: libopenmpi-dev openmpi-bin)"
+fi
+
+for how in "${launchers[@]}"; do
+    for w in 2 3; do
+        for s in FULL_SHARD SHARD_GRAD_OP NO_SHARD HYBRID_SHARD; do
+            for mode in lora full; do
+                [ $mode = lora ] && args=("${LORA[@]}") weights=adapter_model.safetensors || args=("${FULL[@]}") weights=model.safetensors
+                out="$TMP/$mode-$how-$w-$s"
+                emu "$how $w" "$out" "${args[@]}" --batch_size $((6 / w)) --sharding_strategy $s --collectives host
+                check "$mode, W = $w ($how), $s, --collectives host: runs" $? "$(tail -3 "$out.log")"
+                close "$mode, W = $w ($how), $s == one process" "$out" "$TMP/$mode-1" $SELF_TOL $weights
+                close "$mode, W = $w ($how), $s == the CPU trainer" "$out" "$TMP/$mode-cpu" $CPU_TOL
+                [ $how = mpi ] && same_bits "$mode, W = $w, $s: MPI and TCP give the same bits" "$out" "$TMP/$mode-env-$w-$s" $weights
+            done
+        done
+    done
+done
+
+# the default on a device two ranks share: host, the same bits as asking for it
+emu "env 2" "$TMP/auto" "${LORA[@]}" --batch_size 3 --sharding_strategy FULL_SHARD
+same_bits "two ranks on the emulated device: the default (auto) is host" "$TMP/auto" "$TMP/lora-env-2-FULL_SHARD" adapter_model.safetensors
+# --collectives nccl there: refused before any NCCL call, pointing to host
+emu "env 2" "$TMP/nccl" "${LORA[@]}" --batch_size 3 --collectives nccl
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--collectives nccl: .*--collectives host" "$TMP/nccl.log" &&
+    ! grep -q "emu: NCCL" "$TMP/nccl.log"
+check "two ranks on the emulated device: --collectives nccl is refused before any NCCL call" $? "status $rc; $(tail -3 "$TMP/nccl.log")"
+exit $((fails > 0))
