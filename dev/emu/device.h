@@ -226,12 +226,13 @@ struct Block {
     std::vector<Stack> free_stacks;
     Context main; // the OS thread's own context: runs the scheduler between blocks
 
-    EMU_NO_TSAN void run(const Grid &grid, uint3 idx);
-    EMU_NO_TSAN void switch_from(Lane *from, bool from_ends);
-    EMU_NO_TSAN Lane *next_lane();
-    EMU_NO_TSAN void make_runnable(Lane *l);
-    EMU_NO_TSAN void *static_shared(const void *key, size_t bytes, size_t align);
-    [[noreturn]] EMU_NO_TSAN void report_stuck();
+    void run(const Grid &grid, uint3 idx);
+    Context *pass_on(Lane *from, bool from_ends);
+    void switch_from(Lane *from, bool from_ends);
+    Lane *next_lane();
+    void make_runnable(Lane *l);
+    void *static_shared(const void *key, size_t bytes, size_t align);
+    [[noreturn]] void report_stuck();
     std::string where() const;
 };
 
@@ -248,22 +249,27 @@ inline std::string Block::where() const {
     return s;
 }
 
-EMU_NO_TSAN inline void lane_entry() {
+inline void lane_entry() {
     context_started();
     Block *b = cur_block;
     Lane *l = cur_lane;
     sync_acquire((void *)&b->g->start_token);
     b->g->thunk(b->g->args);
-    sync_release((void *)&b->g->end_token);
-    l->state = Lane::DONE;
-    b->done++;
-    b->switch_from(l, true);
+    Context *next;
+    {
+        EMU_BOOKKEEPING; // ends before the last switch: TSan wants no ignore left on a finished fiber
+        sync_release((void *)&b->g->end_token);
+        l->state = Lane::DONE;
+        b->done++;
+        next = b->pass_on(l, true);
+    }
+    context_switch(&l->ctx, next, true);
     __builtin_unreachable();
 }
 
 // the next lane to run: a runnable one, else one not started yet (in thread
 // order), else none (the block is done, or stuck)
-EMU_NO_TSAN inline Lane *Block::next_lane() {
+inline Lane *Block::next_lane() {
     if (q_len) {
         Lane *l = &lanes[queue[q_head]];
         q_head = (q_head + 1) % n;
@@ -283,7 +289,7 @@ EMU_NO_TSAN inline Lane *Block::next_lane() {
     return l;
 }
 
-EMU_NO_TSAN inline void Block::make_runnable(Lane *l) {
+inline void Block::make_runnable(Lane *l) {
     l->state = Lane::RUNNABLE;
     queue[(q_head + q_len++) % n] = l->id;
 }
@@ -291,15 +297,21 @@ EMU_NO_TSAN inline void Block::make_runnable(Lane *l) {
 // `from` (a lane, or null: the scheduler) gives the CPU to the next lane, or back
 // to the scheduler when none can run. A lane that ends gives its stack back only
 // after the next lane took one, as it is still running on it.
-EMU_NO_TSAN inline void Block::switch_from(Lane *from, bool from_ends) {
+inline Context *Block::pass_on(Lane *from, bool from_ends) {
     Lane *to = next_lane();
     if (from_ends) free_stacks.push_back(from->stack);
     cur_lane = to;
-    if (to) to->state = Lane::RUNNING;
-    context_switch(from ? &from->ctx : &main, to ? &to->ctx : &main, from_ends);
+    if (!to) return &main;
+    to->state = Lane::RUNNING;
+    return &to->ctx;
+}
+inline void Block::switch_from(Lane *from, bool from_ends) {
+    Context *to = pass_on(from, from_ends);
+    context_switch(from ? &from->ctx : &main, to, from_ends);
 }
 
-EMU_NO_TSAN inline void Block::run(const Grid &grid, uint3 idx) {
+inline void Block::run(const Grid &grid, uint3 idx) {
+    EMU_BOOKKEEPING;
     g = &grid;
     block_idx = idx;
     n = grid.block.x * grid.block.y * grid.block.z;
@@ -349,7 +361,7 @@ EMU_NO_TSAN inline void Block::run(const Grid &grid, uint3 idx) {
 }
 
 // No thread of the block can go on: say who waits where.
-[[noreturn]] EMU_NO_TSAN inline void Block::report_stuck() {
+[[noreturn]] inline void Block::report_stuck() {
     auto state_of = [&](const Lane &l) {
         char s[300];
         if (l.state == Lane::DONE) snprintf(s, sizeof s, "exited");
@@ -386,16 +398,16 @@ inline Lane *this_lane(const char *what) {
 // ----------------------------------------------------------------------------
 // the built-in variables
 
-EMU_NO_TSAN inline uint3 thread_idx() { return this_lane("threadIdx")->thread_idx; }
-EMU_NO_TSAN inline uint3 block_idx() {
+inline uint3 thread_idx() { return this_lane("threadIdx")->thread_idx; }
+inline uint3 block_idx() {
     this_lane("blockIdx");
     return cur_block->block_idx;
 }
-EMU_NO_TSAN inline dim3 block_dim() {
+inline dim3 block_dim() {
     this_lane("blockDim");
     return cur_block->g->block;
 }
-EMU_NO_TSAN inline dim3 grid_dim() {
+inline dim3 grid_dim() {
     this_lane("gridDim");
     return cur_block->g->grid;
 }
@@ -403,7 +415,8 @@ EMU_NO_TSAN inline dim3 grid_dim() {
 // ----------------------------------------------------------------------------
 // __syncthreads
 
-EMU_NO_TSAN inline void barrier(const char *file, int line) {
+inline void barrier(const char *file, int line) {
+    EMU_BOOKKEEPING;
     Lane *l = this_lane("__syncthreads");
     Block *b = cur_block;
     sync_release(&b->barrier_arrive_token);
@@ -440,7 +453,7 @@ inline bool same_collective(const Collective &a, const Collective &b) {
 
 // The calling lane (its op filled in) waits until every lane of op.mask waits at
 // the same collective; the last to arrive runs op.complete for them all.
-EMU_NO_TSAN inline void warp_collective() {
+inline void warp_collective() {
     Lane *l = cur_lane;
     Block *b = cur_block;
     unsigned warp = l->id / WARP_SIZE, lane = l->id % WARP_SIZE, mask = l->op.mask;
@@ -481,7 +494,7 @@ EMU_NO_TSAN inline void warp_collective() {
 }
 
 // the calling lane's op, ready to fill in
-EMU_NO_TSAN inline Collective &collective(const char *name, unsigned mask, const char *file, int line,
+inline Collective &collective(const char *name, unsigned mask, const char *file, int line,
                               void (*complete)(Lane *, unsigned)) {
     Lane *l = this_lane(name);
     Collective &op = l->op;
@@ -512,7 +525,7 @@ inline unsigned shfl_source(int kind, unsigned j, int arg, int width) {
     }
 }
 
-EMU_NO_TSAN inline void shfl_complete(Lane *w, unsigned mask) {
+inline void shfl_complete(Lane *w, unsigned mask) {
     for (unsigned j = 0; j < WARP_SIZE; j++) {
         if (!(mask >> j & 1)) continue;
         Collective &op = w[j].op;
@@ -522,7 +535,7 @@ EMU_NO_TSAN inline void shfl_complete(Lane *w, unsigned mask) {
     }
 }
 
-EMU_NO_TSAN inline void vote_complete(Lane *w, unsigned mask) {
+inline void vote_complete(Lane *w, unsigned mask) {
     unsigned ballot = 0;
     for (unsigned j = 0; j < WARP_SIZE; j++)
         if ((mask >> j & 1) && w[j].op.arg) ballot |= 1u << j;
@@ -533,8 +546,9 @@ EMU_NO_TSAN inline void vote_complete(Lane *w, unsigned mask) {
     }
 }
 
-EMU_NO_TSAN inline uint64_t shfl_bits(const char *name, int kind, unsigned mask, uint64_t bits, int arg, int width,
+inline uint64_t shfl_bits(const char *name, int kind, unsigned mask, uint64_t bits, int arg, int width,
                                       const char *file, int line) {
+    EMU_BOOKKEEPING;
     if (width < 1 || width > WARP_SIZE || (width & (width - 1)))
         fail("%s at %s:%d: width %d is not a power of 2 from 1 to 32", name, file, line, width);
     Collective &op = collective(name, mask, file, line, shfl_complete);
@@ -556,7 +570,8 @@ template <typename T> T shfl(const char *name, int kind, unsigned mask, T var, i
     return r;
 }
 
-EMU_NO_TSAN inline unsigned vote(const char *name, int kind, unsigned mask, int predicate, const char *file, int line) {
+inline unsigned vote(const char *name, int kind, unsigned mask, int predicate, const char *file, int line) {
+    EMU_BOOKKEEPING;
     Collective &op = collective(name, mask, file, line, vote_complete);
     op.kind = kind;
     op.arg = predicate != 0;
@@ -571,7 +586,8 @@ EMU_NO_TSAN inline unsigned vote(const char *name, int kind, unsigned mask, int 
 // and declaration: `key` is a static variable of the declaring function, unique to
 // the declaration (and to each instance of a template). The first thread of the
 // block to reach the declaration allocates it.
-EMU_NO_TSAN inline void *Block::static_shared(const void *key, size_t bytes, size_t align) {
+inline void *Block::static_shared(const void *key, size_t bytes, size_t align) {
+    EMU_BOOKKEEPING;
     for (StaticVar &v : static_vars)
         if (v.key == key) return v.ptr;
     static_bytes += bytes;

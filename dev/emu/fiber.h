@@ -32,12 +32,34 @@
 #define EMU_TSAN 1
 #include <sanitizer/tsan_interface.h>
 extern "C" void AnnotateNewMemory(const char *file, int line, const volatile void *mem, size_t size);
-// the scheduler's own bookkeeping is touched by every fiber with no happens-before
-// between them (that is the point of no_sync switches): not instrumented
-#define EMU_NO_TSAN __attribute__((no_sanitize("thread"), noinline))
-#else
-#define EMU_NO_TSAN
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
 #endif
+
+namespace emu {
+// The scheduler's bookkeeping (lanes, queues, shared-memory tables, and the
+// std::vector and malloc calls that touch them) is written by every fiber with no
+// happens-before between them, which is the point of no_sync switches: under
+// ThreadSanitizer a function that writes it starts with EMU_BOOKKEEPING, so that
+// TSan ignores its memory accesses (not its happens-before edges) until it returns,
+// and EMU_CHECKED turns checking back on for the kernel's own accesses made there
+// (a wmma load or store). Elsewhere both are nothing.
+#ifdef EMU_TSAN
+struct IgnoreAccesses {
+    IgnoreAccesses() { __tsan_ignore_thread_begin(); }
+    ~IgnoreAccesses() { __tsan_ignore_thread_end(); }
+};
+struct CheckAccesses {
+    CheckAccesses() { __tsan_ignore_thread_end(); }
+    ~CheckAccesses() { __tsan_ignore_thread_begin(); }
+};
+#define EMU_BOOKKEEPING ::emu::IgnoreAccesses emu_ignore_accesses
+#define EMU_CHECKED ::emu::CheckAccesses emu_check_accesses
+#else
+#define EMU_BOOKKEEPING
+#define EMU_CHECKED
+#endif
+} // namespace emu
 
 #if !defined(__x86_64__) && !defined(EMU_UCONTEXT)
 #define EMU_UCONTEXT 1

@@ -61,6 +61,7 @@ template <typename Frag> void copy_to_lanes(emu::Lane *w, unsigned mask, const F
 }
 
 template <typename Frag> void load_complete(emu::Lane *w, unsigned mask) {
+    EMU_CHECKED; // the kernel's own access
     const emu::Collective &op = w[__builtin_ctz(mask)].op;
     typedef typename Frag::element_type T;
     Frag f;
@@ -90,6 +91,7 @@ template <typename Frag> const Frag &agreed_fragment(emu::Lane *w, unsigned mask
 }
 
 template <typename Frag> void store_complete(emu::Lane *w, unsigned mask) {
+    EMU_CHECKED; // the kernel's own access
     const emu::Collective &op = w[__builtin_ctz(mask)].op;
     const Frag &f = agreed_fragment<Frag>(w, mask, 0, "accumulators");
     for (int r = 0; r < Frag::rows; r++)
@@ -99,6 +101,7 @@ template <typename Frag> void store_complete(emu::Lane *w, unsigned mask) {
 }
 
 template <typename FragD, typename FragA, typename FragB, typename FragC> void mma_complete(emu::Lane *w, unsigned mask) {
+    EMU_CHECKED; // the fragments on the lanes' stacks
     const FragA &a = agreed_fragment<FragA>(w, mask, 0, "A fragments");
     const FragB &b = agreed_fragment<FragB>(w, mask, 1, "B fragments");
     const FragC &c = agreed_fragment<FragC>(w, mask, 2, "C fragments");
@@ -115,11 +118,11 @@ template <typename FragD, typename FragA, typename FragB, typename FragC> void m
 // ----------------------------------------------------------------------------
 // the collectives
 
-// waits at a wmma collective (the lane's record is written here only, uninstrumented
-// under ThreadSanitizer, like all of the scheduler's bookkeeping)
-EMU_NO_TSAN inline void wmma_wait(const char *name, const char *file, int line, void (*complete)(emu::Lane *, unsigned),
+// waits at a wmma collective (the lane's record is bookkeeping, fiber.h)
+inline void wmma_wait(const char *name, const char *file, int line, void (*complete)(emu::Lane *, unsigned),
                                   const void *ptr, unsigned ldm, int layout, const void *a, const void *b,
                                   const void *c, void *out) {
+    EMU_BOOKKEEPING;
     emu::Collective &op = emu::collective(name, 0xffffffffu, file, line, complete);
     op.ptr = ptr;
     op.ldm = ldm;
