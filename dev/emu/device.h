@@ -329,6 +329,10 @@ inline void Block::run(const Grid &grid, uint3 idx) {
         l.thread_idx = uint3{i % grid.block.x, i / grid.block.x % grid.block.y, i / (grid.block.x * grid.block.y)};
 #ifdef EMU_TSAN
         l.ctx.tsan_fiber = __tsan_create_fiber(0); // fresh: no history shared with another block's threads
+        char name[256];                            // what TSan's reports call it
+        snprintf(name, sizeof name, "%s block (%u,%u,%u) thread (%u,%u,%u)", grid.kernel->name.c_str(), idx.x, idx.y,
+                 idx.z, l.thread_idx.x, l.thread_idx.y, l.thread_idx.z);
+        __tsan_set_fiber_name(l.ctx.tsan_fiber, name);
 #endif
     }
     // dynamic shared memory: exactly the launch's bytes, NaN until written
@@ -621,6 +625,14 @@ inline unsigned env_unsigned(const char *name, unsigned dflt) {
     return s && *s ? (unsigned)strtoul(s, nullptr, 10) : dflt;
 }
 
+// how grids run, from the environment (a test may change them between launches)
+struct Settings {
+    bool shuffle = getenv("EMU_SHUFFLE") && *getenv("EMU_SHUFFLE"); // EMU_SHUFFLE=<seed>: blocks in a shuffled order
+    uint64_t seed = env_unsigned("EMU_SHUFFLE", 0);
+    unsigned threads = std::max(1u, env_unsigned("EMU_THREADS", 1)); // OS threads that run blocks
+};
+inline Settings settings;
+
 inline uint64_t mix64(uint64_t x) { // splitmix64's finalizer
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -677,25 +689,26 @@ struct BlockPool {
 };
 
 inline void run_grid(Grid &g) {
-    static const unsigned threads = std::max(1u, env_unsigned("EMU_THREADS", 1));
-    static const char *shuffle = getenv("EMU_SHUFFLE");
     static std::atomic<uint64_t> launches{0};
     size_t n_blocks = (size_t)g.grid.x * g.grid.y * g.grid.z;
     std::vector<unsigned> order(n_blocks);
     for (size_t i = 0; i < n_blocks; i++) order[i] = (unsigned)i;
-    if (shuffle && *shuffle) { // Fisher-Yates, a different order every launch
-        uint64_t state = mix64(strtoull(shuffle, nullptr, 10) ^ mix64(launches++));
+    if (settings.shuffle) { // Fisher-Yates, a different order every launch
+        uint64_t state = mix64(settings.seed ^ mix64(launches++));
         for (size_t i = n_blocks; i > 1; i--) std::swap(order[i - 1], order[(state = mix64(state)) % i]);
     }
     sync_release(&g.start_token);
-    if (threads == 1 || n_blocks == 1) {
+    unsigned threads = std::min<size_t>(settings.threads, n_blocks);
+    if (threads <= 1) {
         for (unsigned b : order)
             this_os_thread_block().run(g, uint3{b % g.grid.x, b / g.grid.x % g.grid.y, b / (g.grid.x * g.grid.y)});
     } else {
-        static BlockPool *pool = new BlockPool(threads - 1); // lives as long as the program
         static std::mutex one_launch_at_a_time;
         std::lock_guard<std::mutex> lock(one_launch_at_a_time);
-        pool->run(g, order, threads - 1);
+        static std::vector<BlockPool *> pools; // by size; they live as long as the program
+        if (pools.size() < threads) pools.resize(threads);
+        if (!pools[threads - 1]) pools[threads - 1] = new BlockPool(threads - 1);
+        pools[threads - 1]->run(g, order, threads - 1);
     }
     sync_acquire(&g.end_token);
 }

@@ -33,8 +33,11 @@ inline cudaError_t cudaGetLastError() {
     emu::stub_last_error = cudaSuccess;
     return err;
 }
-const char *cudaGetErrorString(cudaError_t err);
-const char *cudaGetErrorName(cudaError_t err);
+inline const char *cudaGetErrorName(cudaError_t err) {
+    return err == cudaSuccess ? "cudaSuccess" : err == cudaErrorInvalidConfiguration ? "cudaErrorInvalidConfiguration"
+         : err == cudaErrorInvalidValue ? "cudaErrorInvalidValue" : "(an error the stub does not name)";
+}
+inline const char *cudaGetErrorString(cudaError_t err) { return cudaGetErrorName(err); }
 cudaError_t cudaMalloc(void **p, size_t bytes);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
