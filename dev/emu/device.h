@@ -42,6 +42,7 @@
 #include <type_traits>
 #include <vector>
 #include <cxxabi.h>
+#include <deque>
 #include <dlfcn.h>
 #include <pthread.h>
 #include "types.h"
@@ -91,17 +92,6 @@ inline void sync_acquire(void *token) {
     (void)token;
 #endif
 }
-// TSan forgets what it saw of [p, p + bytes): memory the emulator fills or frees
-// itself, so that only the kernels' own accesses are checked for races
-inline void sync_forget(void *p, size_t bytes) {
-#ifdef EMU_TSAN
-    AnnotateNewMemory(__FILE__, __LINE__, p, bytes);
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
-
 // ----------------------------------------------------------------------------
 // kernels: their names and function attributes
 
@@ -135,12 +125,13 @@ inline std::string kernel_name(const void *fn, const char *text) {
 }
 
 inline std::mutex kernels_mutex;
+// a kernel's entry, by its pointer (null: by the launch site's text)
 inline KernelInfo &kernel_info(const void *fn, const char *text) {
     static std::map<const void *, KernelInfo> *kernels = new std::map<const void *, KernelInfo>; // never freed
     std::lock_guard<std::mutex> lock(kernels_mutex);
-    KernelInfo &k = (*kernels)[fn];
+    KernelInfo &k = (*kernels)[fn ? fn : text];
     if (k.name.empty()) {
-        k.name = kernel_name(fn, text);
+        k.name = fn ? kernel_name(fn, text) : text;
         k.what = "kernel " + k.name;
     }
     return k;
@@ -225,6 +216,10 @@ struct Block {
     void *dynamic = nullptr;
     std::vector<Stack> free_stacks;
     Context main; // the OS thread's own context: runs the scheduler between blocks
+#ifdef EMU_TSAN
+    static constexpr size_t TSAN_KEPT_FIBERS = 1024;
+    std::deque<void *> kept_fibers;
+#endif
 
     void run(const Grid &grid, uint3 idx);
     Context *pass_on(Lane *from, bool from_ends);
@@ -237,8 +232,8 @@ struct Block {
 };
 
 inline Block &this_os_thread_block() {
-    thread_local Block b;
-    return b;
+    thread_local Block *b = new Block; // never freed: the threads of a block may still be referenced at exit
+    return *b;
 }
 
 inline std::string Block::where() const {
@@ -338,7 +333,6 @@ inline void Block::run(const Grid &grid, uint3 idx) {
     // dynamic shared memory: exactly the launch's bytes, NaN until written
     if (posix_memalign(&dynamic, 128, grid.smem ? grid.smem : 1) != 0) fail("out of memory for shared memory");
     memset(dynamic, 0xFF, grid.smem);
-    sync_forget(dynamic, grid.smem);
     static_bytes = 0;
 #ifdef EMU_TSAN
     main.tsan_fiber = __tsan_get_current_fiber();
@@ -348,19 +342,19 @@ inline void Block::run(const Grid &grid, uint3 idx) {
     switch_from(nullptr, false); // runs the block's threads until none can go on
     cur_block = nullptr;
     if (done != n) report_stuck();
-    sync_forget(dynamic, grid.smem);
     free(dynamic);
-    for (StaticVar &v : static_vars) {
-        sync_forget(v.ptr, v.bytes);
-        free(v.ptr);
-    }
+    for (StaticVar &v : static_vars) free(v.ptr);
     static_vars.clear();
     {
         std::lock_guard<std::mutex> lock(kernels_mutex);
         grid.kernel->static_smem = std::max(grid.kernel->static_smem, static_bytes);
     }
 #ifdef EMU_TSAN
-    for (unsigned i = 0; i < n; i++) __tsan_destroy_fiber(lanes[i].ctx.tsan_fiber);
+    // A race report shows the stack of the earlier access only while its fiber
+    // exists: the last TSAN_KEPT_FIBERS threads' fibers are kept (a destroyed
+    // fiber's history is gone; TSan allows ~8000 at once).
+    for (unsigned i = 0; i < n; i++) kept_fibers.push_back(lanes[i].ctx.tsan_fiber);
+    for (; kept_fibers.size() > TSAN_KEPT_FIBERS; kept_fibers.pop_front()) __tsan_destroy_fiber(kept_fibers.front());
 #endif
 }
 
@@ -604,7 +598,6 @@ inline void *Block::static_shared(const void *key, size_t bytes, size_t align) {
     void *p = nullptr;
     if (posix_memalign(&p, std::max(align, sizeof(void *)), bytes) != 0) fail("out of memory for shared memory");
     memset(p, 0xFF, bytes);
-    sync_forget(p, bytes);
     static_vars.push_back(StaticVar{key, p, bytes});
     return p;
 }
@@ -754,21 +747,20 @@ inline bool launch_ok(const KernelInfo &k, const char *file, int line, dim3 grid
     return false;
 }
 
-template <typename... P> struct BoundKernel {
-    void (*kernel)(P...);
-    std::tuple<P...> args;
+// a kernel and the arguments of its launch: each thread calls f with its own
+// copies, as from the parameter space
+template <typename F, typename... A> struct BoundKernel {
+    F f;
+    std::tuple<A...> args;
     static void call(const void *self) {
         const BoundKernel *b = (const BoundKernel *)self;
-        std::apply(b->kernel, b->args); // each thread gets its own copies, as from the parameter space
+        std::apply(b->f, b->args);
     }
 };
 
-// emu::launch(kernel, "kernel", __FILE__, __LINE__, grid, block, smem, stream)(args...):
-// what rewrite.pl makes of kernel<<<grid, block, smem, stream>>>(args...). The
-// arguments convert to the kernel's parameter types as in a call, and are kept by
-// value until the grid runs, when its stream gets to it (emu::enqueue).
-template <typename... P> struct Launch {
-    void (*kernel)(P...);
+// A checked launch: the arguments are kept by value until the grid runs, when
+// its stream gets to it (emu::enqueue).
+struct LaunchConfig {
     KernelInfo *info;
     const char *file;
     int line;
@@ -777,19 +769,51 @@ template <typename... P> struct Launch {
     cudaStream_t stream;
     bool ok;
 
-    void operator()(P... args) const {
+    template <typename F, typename... A> void run(F f, A... args) const {
         if (!ok) return;
-        auto bound = std::make_shared<BoundKernel<P...>>(BoundKernel<P...>{kernel, std::tuple<P...>(args...)});
-        Grid g{info, file, line, grid, block, smem, BoundKernel<P...>::call, bound.get(), 0, 0};
+        auto bound = std::make_shared<BoundKernel<F, A...>>(BoundKernel<F, A...>{f, std::tuple<A...>(args...)});
+        Grid g{info, file, line, grid, block, smem, BoundKernel<F, A...>::call, bound.get(), 0, 0};
         enqueue(stream, info->what.c_str(), [g, bound]() mutable { run_grid(g); });
     }
 };
+// a kernel named by a pointer: the arguments convert to its parameter types at the launch
+template <typename... P> struct LaunchPointer : LaunchConfig {
+    void (*kernel)(P...);
+    void operator()(P... args) const { run(kernel, args...); }
+};
+// a kernel template whose arguments the launch deduces (as CUDA does, as for a
+// call): the arguments are kept as given, and each thread's call converts them
+template <typename Call> struct LaunchCall : LaunchConfig {
+    Call call;
+    template <typename... A> void operator()(A &&...args) const { run(call, std::decay_t<A>(args)...); }
+};
 
-template <typename... P>
-Launch<P...> launch(void (*kernel)(P...), const char *text, const char *file, int line, dim3 grid, dim3 block,
-                    size_t smem = 0, cudaStream_t stream = 0) {
-    KernelInfo &k = kernel_info((const void *)kernel, text);
-    return Launch<P...>{kernel, &k, file, line, grid, block, smem, stream, launch_ok(k, file, line, grid, block, smem)};
+template <typename T, typename... P> auto kernel_pointer(T, void (*kernel)(P...)) { return kernel; }
+template <typename... P> LaunchPointer<P...> launch_pointer(void (*kernel)(P...), const LaunchConfig &c) {
+    return LaunchPointer<P...>{c, kernel};
+}
+
+// What rewrite.pl makes of kernel<<<grid, block, smem, stream>>>(args):
+//   emu::launch([=](auto t) -> decltype(emu::kernel_pointer(t, kernel)) { return emu::kernel_pointer(t, kernel); },
+//               [=](const auto &...a) { kernel(a...); }, "kernel", __FILE__, __LINE__, grid, block, smem, stream)(args)
+// The first lambda gives the kernel's pointer where `kernel` names one (a function,
+// a template specialization, a variable): its symbol names it in reports and
+// cudaFuncSetAttribute's limits apply. For a template whose arguments only the call
+// deduces, it is not callable (the failed deduction is in its return type), and the
+// second lambda, a call, is the kernel; reports name it by its source text.
+template <typename Pointer, typename Call>
+auto launch(Pointer pointer, Call call, const char *text, const char *file, int line, dim3 grid, dim3 block,
+            size_t smem = 0, cudaStream_t stream = 0) {
+    if constexpr (std::is_invocable<Pointer, int>::value) {
+        auto kernel = pointer(0);
+        KernelInfo &k = kernel_info((const void *)kernel, text);
+        return launch_pointer(kernel, LaunchConfig{&k, file, line, grid, block, smem, stream,
+                                                   launch_ok(k, file, line, grid, block, smem)});
+    } else {
+        KernelInfo &k = kernel_info(nullptr, text); // one per launch site
+        return LaunchCall<Call>{{&k, file, line, grid, block, smem, stream, launch_ok(k, file, line, grid, block, smem)},
+                                call};
+    }
 }
 
 } // namespace emu

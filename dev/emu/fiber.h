@@ -23,15 +23,17 @@
 #include <pthread.h>
 #include <sys/mman.h>
 
-#if defined(__SANITIZE_ADDRESS__)
+#ifndef __has_feature // GCC says __SANITIZE_*__, clang __has_feature(*_sanitizer)
+#define __has_feature(x) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || __has_feature(address_sanitizer)
 #define EMU_ASAN 1
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || __has_feature(thread_sanitizer)
 #define EMU_TSAN 1
 #include <sanitizer/tsan_interface.h>
-extern "C" void AnnotateNewMemory(const char *file, int line, const volatile void *mem, size_t size);
 extern "C" void __tsan_ignore_thread_begin();
 extern "C" void __tsan_ignore_thread_end();
 #endif
@@ -43,7 +45,8 @@ namespace emu {
 // ThreadSanitizer a function that writes it starts with EMU_BOOKKEEPING, so that
 // TSan ignores its memory accesses (not its happens-before edges) until it returns,
 // and EMU_CHECKED turns checking back on for the kernel's own accesses made there
-// (a wmma load or store). Elsewhere both are nothing.
+// (a wmma load or store). Shared memory is allocated and freed there too: TSan
+// starts such memory with no history. Elsewhere both macros are nothing.
 #ifdef EMU_TSAN
 struct IgnoreAccesses {
     IgnoreAccesses() { __tsan_ignore_thread_begin(); }
@@ -72,8 +75,14 @@ namespace emu {
 
 // Kernel threads keep fragments and tiles in local arrays (attention's tensor-core
 // kernels hold ~24 KiB), and ASan pads every frame: 256 KiB a stack, of which only
-// the touched pages are ever backed by memory. A guard page below catches overflow.
-constexpr size_t STACK_BYTES = 256 * 1024, GUARD_BYTES = 4096;
+// the touched pages are ever backed by memory; 64 KiB under TSan, which pays for
+// every byte when a stack is reused (below). A guard page below catches overflow.
+#ifdef EMU_TSAN
+constexpr size_t STACK_BYTES = 64 * 1024;
+#else
+constexpr size_t STACK_BYTES = 256 * 1024;
+#endif
+constexpr size_t GUARD_BYTES = 4096;
 
 struct Stack {
     char *base = nullptr; // lowest usable address (the guard page is below it)
@@ -92,11 +101,16 @@ inline Stack stack_alloc() {
 
 // A stack that a finished thread used is clean for ASan (every frame returned or,
 // for the few outermost ones of the scheduler, holds no poisoned locals), but
-// ThreadSanitizer would take the next thread's accesses for a race with the old
-// one's: its history of the stack is forgotten.
+// ThreadSanitizer would take the next thread's accesses for races with the old
+// one's: under TSan the pages are mapped anew, which makes it forget them
+// (its AnnotateNewMemory does not, in GCC 12's runtime).
 inline void stack_reuse(const Stack &s) {
 #ifdef EMU_TSAN
-    AnnotateNewMemory(__FILE__, __LINE__, s.base, s.size);
+    if (munmap(s.base, s.size) != 0 || mmap(s.base, s.size, PROT_READ | PROT_WRITE,
+                                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) != s.base) {
+        fprintf(stderr, "emu: cannot map a stack for an emulated GPU thread anew\n");
+        abort();
+    }
 #else
     (void)s;
 #endif

@@ -7,8 +7,10 @@
 # compiler errors, sanitizer reports and __FILE__/__LINE__ name the original):
 #
 #   kernel<<<grid, block, smem, stream>>>(args)
-#     -> ::emu::launch(kernel, "kernel", __FILE__, __LINE__, grid, block, smem, stream)(args)
-#     (kernel: a name, a name<template, args> or a variable holding a kernel;
+#     -> ::emu::launch(<kernel as a pointer>, <kernel as a call>, "kernel", __FILE__, __LINE__,
+#                      grid, block, smem, stream)(args)
+#     (kernel: a name, a name<template, args> or a variable holding a kernel; a
+#     template whose arguments the call deduces is launched as a call, device.h;
 #     the configuration and the arguments may span lines)
 #   __shared__ T a[N][M], b[K];        (in a kernel or a __device__ function)
 #     -> static char key1; T (&a)[N][M] = ::emu::shared_variable<T[N][M]>(&key1); (and b)
@@ -45,7 +47,8 @@ my $targs = qr{<(?:[^<>;(){}]|<[^<>;(){}]*>)*>};
 $text =~ s{($name(?:\s*$targs)?)\s*<<<(.*?)>>>(\s*)\(}{
     my ($kernel, $config, $ws) = ($1, $2, $3);
     (my $quoted = $kernel) =~ s/\s+/ /g;
-    "::emu::launch($kernel, \"$quoted\", __FILE__, __LINE__, $config)$ws("
+    "::emu::launch([=](auto emu_t) -> decltype(::emu::kernel_pointer(emu_t, $kernel)) { return ::emu::kernel_pointer(emu_t, $kernel); }, "
+        . "[=](const auto &...emu_a) { $kernel(emu_a...); }, \"$quoted\", __FILE__, __LINE__, $config)$ws("
 }gse;
 fail_at($-[0], "a <<<...>>> launch it cannot parse (kernel<<<grid, block[, smem[, stream]]>>>(args))")
     if $text =~ /<<<|>>>\s*\(/;
