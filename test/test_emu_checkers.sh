@@ -46,15 +46,15 @@ expect_report "racecheck: a missing __syncthreads is reported with the write and
     "rotate_kernel block (0,0,0) thread"
 expect_report "barriers: threads waiting at different __syncthreads are reported with both lines" "$E/barrier_divergent" \
     "kernel halves_kernel" "threads of the block wait at different __syncthreads" \
-    "threads 0-31 wait at __syncthreads ($(planted barrier_divergent first))" \
-    "threads 32-63 wait at __syncthreads ($(planted barrier_divergent second))"
+    "threads 0-31: at __syncthreads ($(planted barrier_divergent first))" \
+    "threads 32-63: at __syncthreads ($(planted barrier_divergent second))"
 expect_report "barriers: part of a block exiting before a __syncthreads is reported" "$E/barrier_exit" \
     "kernel early_exit_kernel" "part of the block exited while the rest waits at __syncthreads" \
-    "threads 0-99 wait at __syncthreads ($(planted barrier_exit barrier))" "threads 100-127 exited"
+    "threads 0-99: at __syncthreads ($(planted barrier_exit barrier))" "threads 100-127: exited"
 expect_report "warp collectives: lanes at different __shfl_xor_sync are reported with both lines" "$E/warp_divergent" \
     "kernel branchy_kernel" "warp collectives that cannot complete" \
-    "thread 0 wait at __shfl_xor_sync with mask 0xffffffff ($(planted warp_divergent even))" \
-    "thread 1 wait at __shfl_xor_sync with mask 0xffffffff ($(planted warp_divergent odd))"
+    "thread 0: at __shfl_xor_sync with mask 0xffffffff ($(planted warp_divergent even))" \
+    "thread 1: at __shfl_xor_sync with mask 0xffffffff ($(planted warp_divergent odd))"
 
 # a block reading another block's output: right in grid order, wrong shuffled, a race for TSan
 if $E/race_between_blocks >/dev/null 2>&1; then

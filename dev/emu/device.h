@@ -363,24 +363,24 @@ inline void Block::run(const Grid &grid, uint3 idx) {
     auto state_of = [&](const Lane &l) {
         char s[300];
         if (l.state == Lane::DONE) snprintf(s, sizeof s, "exited");
-        else if (l.state == Lane::AT_BARRIER)
-            snprintf(s, sizeof s, "wait at __syncthreads (%s:%d)", l.op.file, l.op.line);
-        else
-            snprintf(s, sizeof s, "wait at %s with mask 0x%08x (%s:%d)", l.op.name, l.op.mask, l.op.file, l.op.line);
+        else if (l.state == Lane::AT_BARRIER) snprintf(s, sizeof s, "at __syncthreads (%s:%d)", l.op.file, l.op.line);
+        else snprintf(s, sizeof s, "at %s with mask 0x%08x (%s:%d)", l.op.name, l.op.mask, l.op.file, l.op.line);
         return std::string(s);
     };
     std::string list;
     bool all_at_barriers = true;
-    for (unsigned i = 0; i < n;) {
+    unsigned groups = 0;
+    for (unsigned i = 0; i < n;) { // runs of threads in the same state, the first 16 of them
         std::string s = state_of(lanes[i]);
         unsigned j = i + 1;
         while (j < n && state_of(lanes[j]) == s) j++;
         char range[64];
-        snprintf(range, sizeof range, j - i > 1 ? "\n  threads %u-%u " : "\n  thread %u ", i, j - 1);
-        list += range + s;
+        snprintf(range, sizeof range, j - i > 1 ? "\n  threads %u-%u: " : "\n  thread %u: ", i, j - 1);
+        if (++groups <= 16) list += range + s;
         for (unsigned k = i; k < j; k++) all_at_barriers &= lanes[k].state != Lane::AT_WARP;
         i = j;
     }
+    if (groups > 16) list += "\n  ... (" + std::to_string(groups - 16) + " more runs of threads)";
     const char *what = !all_at_barriers ? "warp collectives that cannot complete (lanes of one warp at different "
                                           "collectives, with different masks, or a lane of the mask exited)"
                      : !barrier_same ? "threads of the block wait at different __syncthreads"
