@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Shows each checker of the emulated build firing on a planted bug (the programs in
+# test/emu_planted/, built by `make test` into build-emu/ with ASan + UBSan and,
+# for the races, into build-emu-tsan/ with ThreadSanitizer). Each check wants the
+# program to fail and its report to name the kernel and the planted lines, which
+# the sources mark with "// PLANTED: <what>".
+set -u
+cd "$(dirname "$0")/.."
+E=build-emu/test/emu_planted
+T=build-emu-tsan/test/emu_planted
+P=test/emu_planted
+export ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1
+failed=0
+
+# file:line of the line of test/emu_planted/<program>.cu marked "PLANTED: <what>"
+planted() { echo "$P/$1.cu:$(grep -n "PLANTED: $2\$" "$P/$1.cu" | cut -d: -f1)"; }
+
+# expect_report <what> <command> <text>...: the command fails, and its output holds every text
+expect_report() {
+    local what=$1 cmd=$2 out rc text
+    shift 2
+    out=$(eval "$cmd" 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ]; then
+        echo "FAIL $what: '$cmd' exited 0, the checker did not fire"
+        failed=1
+        return
+    fi
+    for text in "$@"; do
+        if ! grep -qF -- "$text" <<<"$out"; then
+            echo "FAIL $what: the report of '$cmd' (status $rc) lacks \"$text\":"
+            sed 's/^/    /' <<<"$out" | head -30
+            failed=1
+            return
+        fi
+    done
+    echo "ok $what"
+}
+
+expect_report "ASan: an out-of-bounds read of a buffer is reported at its line" "$E/oob_global" \
+    "heap-buffer-overflow" "in shift_kernel" "$(planted oob_global 'reads x\[n\] in the last thread')"
+expect_report "ASan: a read past the launch's dynamic shared memory is reported at its line" "$E/oob_shared" \
+    "heap-buffer-overflow" "in tile_sum_kernel" "$(planted oob_shared '<= reads tile\[n\]')"
+expect_report "racecheck: a missing __syncthreads is reported with the write and the read" "$T/race_missing_sync" \
+    "ThreadSanitizer: data race" "$(planted race_missing_sync write)" "$(planted race_missing_sync read)" \
+    "rotate_kernel block (0,0,0) thread"
+expect_report "barriers: threads waiting at different __syncthreads are reported with both lines" "$E/barrier_divergent" \
+    "kernel halves_kernel" "threads of the block wait at different __syncthreads" \
+    "threads 0-31: at __syncthreads ($(planted barrier_divergent first))" \
+    "threads 32-63: at __syncthreads ($(planted barrier_divergent second))"
+expect_report "barriers: part of a block exiting before a __syncthreads is reported" "$E/barrier_exit" \
+    "kernel early_exit_kernel" "part of the block exited while the rest waits at __syncthreads" \
+    "threads 0-99: at __syncthreads ($(planted barrier_exit barrier))" "threads 100-127: exited"
+expect_report "warp collectives: lanes at different __shfl_xor_sync are reported with both lines" "$E/warp_divergent" \
+    "kernel branchy_kernel" "warp collectives that cannot complete" \
+    "thread 0: at __shfl_xor_sync with mask 0xffffffff ($(planted warp_divergent even))" \
+    "thread 1: at __shfl_xor_sync with mask 0xffffffff ($(planted warp_divergent odd))"
+
+# a block reading another block's output: right in grid order, wrong shuffled, a race for TSan
+if $E/race_between_blocks >/dev/null 2>&1; then
+    expect_report "shuffle: a block reading another block's output gives a wrong result in a shuffled order" \
+        "EMU_SHUFFLE=1 $E/race_between_blocks" "wrong result"
+else
+    echo "FAIL shuffle: race_between_blocks should pass in grid order (the bug the shuffle exposes stays hidden there)"
+    failed=1
+fi
+expect_report "racecheck: a block reading another block's output is reported with the write and the read" \
+    "$T/race_between_blocks" "ThreadSanitizer: data race" "$(planted race_between_blocks write)" \
+    "$(planted race_between_blocks read)"
+exit $failed
