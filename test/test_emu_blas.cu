@@ -115,7 +115,8 @@ static cublasStatus_t lt_matmul(const LtCall &c) {
     int found = 0;
     st = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, ld, pref, 1, &h, &found);
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmul(lt, desc, &c.alpha, c.A, la, c.B, lb, &c.beta, c.C, lc, c.D, ld, &h.algo, NULL, 0, c.stream);
+        st =
+            cublasLtMatmul(lt, desc, &c.alpha, c.A, la, c.B, lb, &c.beta, c.C, lc, c.D, ld, &h.algo, NULL, 0, c.stream);
     cublasLtMatmulPreferenceDestroy(pref);
     if (!shared) cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatrixLayoutDestroy(la);
@@ -160,8 +161,9 @@ static void check_transposes(void) {
             LtCall c = {ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, 2, 2, 3,
                         copy_of(ta ? A_T : A_N), ta ? 4 : 3, copy_of(tb ? B_T : B_N), tb ? 3 : 4, D, 3, D, 3};
             char what[128];
-            snprintf(what, sizeof what, "cublasLtMatmul TRANSA %s TRANSB %s, lda/ldb/ldd above the rows, beta 0 over NaN",
-                     ta ? "T" : "N", tb ? "T" : "N");
+            snprintf(what, sizeof what,
+                     "cublasLtMatmul TRANSA %s TRANSB %s, lda/ldb/ldd above the rows, beta 0 over NaN", ta ? "T" : "N",
+                     tb ? "T" : "N");
             cublasStatus_t st = lt_matmul(c);
             if (st) CHECK(0, what, "status %s", cublasLtGetStatusString(st));
             else check_floats(what, D, D_WANT);
@@ -170,11 +172,13 @@ static void check_transposes(void) {
 
 static void check_alpha_beta(void) {
     // alpha 2, beta 0.5, C (2, 2) = [1 2; 3 4] out of place, ldc 2 (C: 1 3 2 4), D ldd 3:
-    // (0, 0) = 2*58 + 0.5*1 = 116.5, (1, 0) = 2*139 + 0.5*3 = 279.5, (0, 1) = 2*64 + 0.5*2 = 129, (1, 1) = 2*154 + 0.5*4 = 310
+    // (0, 0) = 2*58 + 0.5*1 = 116.5, (1, 0) = 2*139 + 0.5*3 = 279.5,
+    // (0, 1) = 2*64 + 0.5*2 = 129,   (1, 1) = 2*154 + 0.5*4 = 310
     float *C = copy_of<float>({1, 3, 2, 4}), *D = copy_of<float>({P, P, S, P, P, S});
     LtCall c = {CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, copy_of(A_N), 3, copy_of(B_N), 4, C, 2, D, 3, 2.0f, 0.5f};
     lt_matmul(c);
-    check_floats("cublasLtMatmul alpha 2 beta 0.5, C out of place with its own ld: D", D, {116.5f, 279.5f, S, 129, 310, S});
+    check_floats("cublasLtMatmul alpha 2 beta 0.5, C out of place with its own ld: D", D,
+                 {116.5f, 279.5f, S, 129, 310, S});
     check_floats("cublasLtMatmul alpha 2 beta 0.5, C out of place: C is left as it was", C, {1, 3, 2, 4});
 
     // in place accumulation, beta 1: D = C + op(A) op(B) = [1+58 2+64; 3+139 4+154]
@@ -289,7 +293,8 @@ static void check_gemmex(void) {
     cublasCreate(&h);
     cudaStream_t s = (cudaStream_t)(uintptr_t)0x5200;
     void *workspace = aligned_alloc(256, 256);
-    CHECK(cublasSetWorkspace(h, workspace, 256) == CUBLAS_STATUS_SUCCESS && cublasSetStream(h, s) == CUBLAS_STATUS_SUCCESS,
+    CHECK(cublasSetWorkspace(h, workspace, 256) == CUBLAS_STATUS_SUCCESS &&
+              cublasSetStream(h, s) == CUBLAS_STATUS_SUCCESS,
           "cublasSetWorkspace and cublasSetStream", "a call failed");
     float alpha = 1.0f, beta = 0.0f;
     for (int ta = 0; ta < 2; ta++)
@@ -300,7 +305,8 @@ static void check_gemmex(void) {
                                              copy_of(tb ? B_T : B_N), CUDA_R_32F, tb ? 3 : 4, &beta, C, CUDA_R_32F, 3,
                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
             char what[128];
-            snprintf(what, sizeof what, "cublasGemmEx transa %s transb %s, beta 0 over NaN", ta ? "T" : "N", tb ? "T" : "N");
+            snprintf(what, sizeof what, "cublasGemmEx transa %s transb %s, beta 0 over NaN", ta ? "T" : "N",
+                     tb ? "T" : "N");
             if (st) CHECK(0, what, "status %s", cublasGetStatusString(st));
             else check_floats(what, C, D_WANT);
         }
@@ -325,7 +331,8 @@ static void check_gemmex(void) {
     check_refusal("cublasGemmEx refuses CUBLAS_OP_C by name", CUBLAS_STATUS_NOT_SUPPORTED, "transa CUBLAS_OP_C",
                   gemm(CUBLAS_OP_C, 3, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     check_refusal("cublasGemmEx refuses another compute type by name", CUBLAS_STATUS_NOT_SUPPORTED,
-                  "CUBLAS_COMPUTE_32F_FAST_TF32", gemm(CUBLAS_OP_N, 3, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+                  "CUBLAS_COMPUTE_32F_FAST_TF32",
+                  gemm(CUBLAS_OP_N, 3, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
     check_refusal("cublasGemmEx refuses another algorithm", CUBLAS_STATUS_NOT_SUPPORTED, "algo 99",
                   gemm(CUBLAS_OP_N, 3, CUDA_R_32F, CUBLAS_COMPUTE_32F, 99));
     check_refusal("cublasGemmEx refuses fp32 in, bf16 out", CUBLAS_STATUS_NOT_SUPPORTED, "C/D CUDA_R_16BF",
@@ -345,24 +352,30 @@ static void check_lt_refusals(void) {
     uint32_t epilogue = 1;
     int32_t op = CUBLAS_OP_C;
     int64_t wide = CUBLAS_OP_T;
-    check_refusal("cublasLtMatmulDescSetAttribute refuses CUBLASLT_MATMUL_DESC_EPILOGUE by name", CUBLAS_STATUS_NOT_SUPPORTED,
-                  "CUBLASLT_MATMUL_DESC_EPILOGUE", [&] {
-                      return cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
+    check_refusal("cublasLtMatmulDescSetAttribute refuses CUBLASLT_MATMUL_DESC_EPILOGUE by name",
+                  CUBLAS_STATUS_NOT_SUPPORTED, "CUBLASLT_MATMUL_DESC_EPILOGUE", [&] {
+                      return cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                            sizeof epilogue);
                   });
     check_refusal("cublasLtMatmulDescSetAttribute refuses TRANSA CUBLAS_OP_C by name", CUBLAS_STATUS_NOT_SUPPORTED,
-                  "CUBLAS_OP_C", [&] { return cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, sizeof op); });
+                  "CUBLAS_OP_C",
+                  [&] { return cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, sizeof op); });
     check_refusal("cublasLtMatmulDescSetAttribute refuses a value of the wrong size", CUBLAS_STATUS_INVALID_VALUE,
-                  "takes an int32_t", [&] { return cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &wide, sizeof wide); });
+                  "takes an int32_t", [&] {
+                      return cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &wide, sizeof wide);
+                  });
     cublasLtMatmulDescDestroy(desc);
     check_refusal("cublasLtMatmulDescCreate refuses CUBLAS_COMPUTE_32F_FAST_TF32 by name", CUBLAS_STATUS_NOT_SUPPORTED,
-                  "CUBLAS_COMPUTE_32F_FAST_TF32", [&] { return cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F); });
+                  "CUBLAS_COMPUTE_32F_FAST_TF32",
+                  [&] { return cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F); });
 
     cublasLtMatrixLayout_t layout;
     cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, 2, 2, 2);
     int32_t batches = 4;
     check_refusal("cublasLtMatrixLayoutSetAttribute refuses CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT by name",
                   CUBLAS_STATUS_NOT_SUPPORTED, "CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT", [&] {
-                      return cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batches, sizeof batches);
+                      return cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batches,
+                                                              sizeof batches);
                   });
     cublasLtMatrixLayoutDestroy(layout);
     cublasLtMatmulPreference_t pref;
@@ -370,7 +383,8 @@ static void check_lt_refusals(void) {
     uint32_t mode = 0;
     check_refusal("cublasLtMatmulPreferenceSetAttribute refuses CUBLASLT_MATMUL_PREF_SEARCH_MODE by name",
                   CUBLAS_STATUS_NOT_SUPPORTED, "CUBLASLT_MATMUL_PREF_SEARCH_MODE", [&] {
-                      return cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &mode, sizeof mode);
+                      return cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &mode,
+                                                                  sizeof mode);
                   });
     cublasLtMatmulPreferenceDestroy(pref);
 
@@ -403,8 +417,8 @@ static void check_lt_refusals(void) {
                       return st;
                   });
     c = good, c.lda = 1;
-    check_refusal("cublasLtMatmulAlgoGetHeuristic refuses a leading dimension below the rows", CUBLAS_STATUS_INVALID_VALUE,
-                  "A's leading dimension 1 is less than its 2 rows", run);
+    check_refusal("cublasLtMatmulAlgoGetHeuristic refuses a leading dimension below the rows",
+                  CUBLAS_STATUS_INVALID_VALUE, "A's leading dimension 1 is less than its 2 rows", run);
     c = good, c.tcd = CUDA_R_16BF;
     check_refusal("cublasLtMatmulAlgoGetHeuristic refuses fp32 in, bf16 out", CUBLAS_STATUS_NOT_SUPPORTED,
                   "A CUDA_R_32F, B CUDA_R_32F, C/D CUDA_R_16BF", run);
@@ -418,7 +432,8 @@ static void check_lt_refusals(void) {
                   CUBLAS_STATUS_NOT_SUPPORTED, "is not 256-byte aligned", run);
     float *D4 = copy_of<float>({P, P, S, P, P, S});
     c.align = 4, c.C = c.D = D4;
-    CHECK(lt_matmul(c) == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul takes a 4-byte aligned A under MIN_ALIGNMENT 4", "refused");
+    CHECK(lt_matmul(c) == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul takes a 4-byte aligned A under MIN_ALIGNMENT 4",
+          "refused");
     check_floats("cublasLtMatmul with a 4-byte aligned A", D4, D_WANT);
 
     // an algorithm used for another product, a workspace not 256-byte aligned, no algorithm requested
@@ -433,7 +448,8 @@ static void check_lt_refusals(void) {
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
     check_refusal("cublasLtMatmulAlgoGetHeuristic refuses requestedAlgoCount 0", CUBLAS_STATUS_INVALID_VALUE,
-                  "requestedAlgoCount 0", [&] { return cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, ld, ld, pref, 0, &h, &found); });
+                  "requestedAlgoCount 0",
+                  [&] { return cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, ld, ld, pref, 0, &h, &found); });
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, ld, ld, pref, 4, &h, &found);
     CHECK(st == CUBLAS_STATUS_SUCCESS && found == 1 && h.state == CUBLAS_STATUS_SUCCESS && h.workspaceSize == 0,
           "cublasLtMatmulAlgoGetHeuristic returns one algorithm needing no workspace", "status %s, %d found",
@@ -446,10 +462,12 @@ static void check_lt_refusals(void) {
                   });
     check_refusal("cublasLtMatmul refuses a workspace not 256-byte aligned", CUBLAS_STATUS_INVALID_VALUE,
                   "not 256-byte aligned", [&] {
-                      return cublasLtMatmul(lt, d, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &h.algo, (char *)D + 64, 64, NULL);
+                      return cublasLtMatmul(lt, d, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &h.algo, (char *)D + 64,
+                                            64, NULL);
                   });
-    check_refusal("cublasLtMatmul refuses algo NULL (an implicit heuristic query)", CUBLAS_STATUS_NOT_SUPPORTED,
-                  "algo NULL", [&] { return cublasLtMatmul(lt, d, &alpha, A, la, B, lb, &beta, D, ld, D, ld, NULL, NULL, 0, NULL); });
+    check_refusal(
+        "cublasLtMatmul refuses algo NULL (an implicit heuristic query)", CUBLAS_STATUS_NOT_SUPPORTED, "algo NULL",
+        [&] { return cublasLtMatmul(lt, d, &alpha, A, la, B, lb, &beta, D, ld, D, ld, NULL, NULL, 0, NULL); });
     // D over A: a race on the GPU, which no status reports; the layer stops (emu::fail)
     std::string err = stderr_of([&] {
         try {

@@ -134,12 +134,17 @@ namespace blas {
 // ----------------------------------------------------------------------------
 // names and refusals
 
-inline const char *name_of(cublasStatus_t v) { switch ((int)v) { EMU_CUBLAS_STATUS(EMU_BLAS_NAME_CASE) } return "(no cublasStatus_t)"; }
-inline const char *name_of(cublasOperation_t v) { switch ((int)v) { EMU_CUBLAS_OPERATION(EMU_BLAS_NAME_CASE) } return "(no cublasOperation_t)"; }
-inline const char *name_of(cublasComputeType_t v) { switch ((int)v) { EMU_CUBLAS_COMPUTE_TYPE(EMU_BLAS_NAME_CASE) } return "(no cublasComputeType_t)"; }
-inline const char *name_of(cublasLtMatmulDescAttributes_t v) { switch ((int)v) { EMU_CUBLASLT_MATMUL_DESC(EMU_BLAS_NAME_CASE) } return "(no cublasLtMatmulDescAttributes_t)"; }
-inline const char *name_of(cublasLtMatrixLayoutAttribute_t v) { switch ((int)v) { EMU_CUBLASLT_MATRIX_LAYOUT(EMU_BLAS_NAME_CASE) } return "(no cublasLtMatrixLayoutAttribute_t)"; }
-inline const char *name_of(cublasLtMatmulPreferenceAttributes_t v) { switch ((int)v) { EMU_CUBLASLT_MATMUL_PREF(EMU_BLAS_NAME_CASE) } return "(no cublasLtMatmulPreferenceAttributes_t)"; }
+#define EMU_BLAS_NAME_OF(type, list)                                                                               \
+    inline const char *name_of(type v) {                                                                           \
+        switch ((int)v) { list(EMU_BLAS_NAME_CASE) }                                                               \
+        return "(no " #type ")";                                                                                   \
+    }
+EMU_BLAS_NAME_OF(cublasStatus_t, EMU_CUBLAS_STATUS)
+EMU_BLAS_NAME_OF(cublasOperation_t, EMU_CUBLAS_OPERATION)
+EMU_BLAS_NAME_OF(cublasComputeType_t, EMU_CUBLAS_COMPUTE_TYPE)
+EMU_BLAS_NAME_OF(cublasLtMatmulDescAttributes_t, EMU_CUBLASLT_MATMUL_DESC)
+EMU_BLAS_NAME_OF(cublasLtMatrixLayoutAttribute_t, EMU_CUBLASLT_MATRIX_LAYOUT)
+EMU_BLAS_NAME_OF(cublasLtMatmulPreferenceAttributes_t, EMU_CUBLASLT_MATMUL_PREF)
 inline const char *name_of(cudaDataType_t v) {
     switch (v) {
     case CUDA_R_32F: return "CUDA_R_32F";
@@ -153,7 +158,8 @@ inline const char *name_of(cudaDataType_t v) {
 }
 
 // prints "emu: cuBLASLt: call: <message> (STATUS)" (cuBLAS for cuBLAS's calls) and returns status
-inline cublasStatus_t refuse(cublasStatus_t status, const char *call, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+inline cublasStatus_t refuse(cublasStatus_t status, const char *call, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 inline cublasStatus_t refuse(cublasStatus_t status, const char *call, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -175,7 +181,8 @@ struct Product {
     float alpha, beta;
 };
 
-inline size_t element_size(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; } // the two types check_types lets through
+// of the two types check_types lets through
+inline size_t element_size(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
 inline float load(const Operand &x, size_t i) {
     return x.type == CUDA_R_32F ? ((const float *)x.p)[i] : __bfloat162float(((const __nv_bfloat16 *)x.p)[i]);
 }
@@ -212,7 +219,8 @@ inline void run(const Product &p) {
 
 // the type combinations cuBLAS documents for CUBLAS_COMPUTE_32F that this file computes
 inline cublasStatus_t check_types(const char *call, cudaDataType_t ta, cudaDataType_t tb, cudaDataType_t tc) {
-    if (ta == tb && ((ta == CUDA_R_16BF && (tc == CUDA_R_16BF || tc == CUDA_R_32F)) || (ta == CUDA_R_32F && tc == CUDA_R_32F)))
+    if (ta == tb &&
+        ((ta == CUDA_R_16BF && (tc == CUDA_R_16BF || tc == CUDA_R_32F)) || (ta == CUDA_R_32F && tc == CUDA_R_32F)))
         return CUBLAS_STATUS_SUCCESS;
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call,
                   "A %s, B %s, C/D %s: the emulation computes A and B CUDA_R_16BF with C/D CUDA_R_16BF or CUDA_R_32F, "
@@ -278,9 +286,10 @@ inline cublasStatus_t lt_problem(const char *call, const MatmulDesc *desc, const
                       (unsigned long long)la->cols, name_of(desc->trans_a), (unsigned long long)lb->rows,
                       (unsigned long long)lb->cols, name_of(desc->trans_b));
     if (lc->rows != ld->rows || lc->cols != ld->cols || lc->type != ld->type)
-        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "C (%llu, %llu) %s and D (%llu, %llu) %s differ in shape or type",
-                      (unsigned long long)lc->rows, (unsigned long long)lc->cols, name_of(lc->type),
-                      (unsigned long long)ld->rows, (unsigned long long)ld->cols, name_of(ld->type));
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call,
+                      "C (%llu, %llu) %s and D (%llu, %llu) %s differ in shape or type", (unsigned long long)lc->rows,
+                      (unsigned long long)lc->cols, name_of(lc->type), (unsigned long long)ld->rows,
+                      (unsigned long long)ld->cols, name_of(ld->type));
     const Layout *ls[4] = {la, lb, lc, ld};
     const char *names = "ABCD";
     for (int i = 0; i < 4; i++) // column-major: ld at least the rows; C's may be 0 (one column for all)
@@ -334,8 +343,10 @@ inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, 
                                                      const void *buf, size_t size) {
     const char *call = "cublasLtMatmulDescSetAttribute";
     if (attr != CUBLASLT_MATMUL_DESC_TRANSA && attr != CUBLASLT_MATMUL_DESC_TRANSB)
-        return emu::blas::refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "%s (%d) is not implemented (the emulation "
-                                 "implements CUBLASLT_MATMUL_DESC_TRANSA and _TRANSB)", emu::blas::name_of(attr), (int)attr);
+        return emu::blas::refuse(CUBLAS_STATUS_NOT_SUPPORTED, call,
+                                 "%s (%d) is not implemented (the emulation "
+                                 "implements CUBLASLT_MATMUL_DESC_TRANSA and _TRANSB)",
+                                 emu::blas::name_of(attr), (int)attr);
     if (!desc || !buf || size != sizeof(int32_t))
         return emu::blas::refuse(CUBLAS_STATUS_INVALID_VALUE, call, "%s takes an int32_t: desc %p, buf %p, %zu bytes",
                                  emu::blas::name_of(attr), (void *)desc, buf, size);
@@ -349,7 +360,8 @@ inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, 
 
 inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *layout, cudaDataType_t type, uint64_t rows,
                                                  uint64_t cols, int64_t ld) {
-    if (!layout) return emu::blas::refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatrixLayoutCreate", "matLayout is NULL");
+    if (!layout)
+        return emu::blas::refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatrixLayoutCreate", "matLayout is NULL");
     *layout = new emu::blas::Layout{type, rows, cols, ld};
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -379,11 +391,14 @@ inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPrefere
                                                            cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
                                                            size_t size) {
     const char *call = "cublasLtMatmulPreferenceSetAttribute";
-    bool alignment = attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES;
+    bool alignment =
+        attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES;
     if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && !alignment)
-        return emu::blas::refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "%s (%d) is not implemented (the emulation "
-                                 "implements CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES and _MIN_ALIGNMENT_{A,B,C,D}_BYTES)",
-                                 emu::blas::name_of(attr), (int)attr);
+        return emu::blas::refuse(
+            CUBLAS_STATUS_NOT_SUPPORTED, call,
+            "%s (%d) is not implemented (the emulation "
+            "implements CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES and _MIN_ALIGNMENT_{A,B,C,D}_BYTES)",
+            emu::blas::name_of(attr), (int)attr);
     size_t want = alignment ? sizeof(uint32_t) : sizeof(uint64_t);
     if (!pref || !buf || size != want)
         return emu::blas::refuse(CUBLAS_STATUS_INVALID_VALUE, call, "%s takes %zu bytes: pref %p, buf %p, %zu bytes",
@@ -395,7 +410,8 @@ inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPrefere
     uint32_t a;
     memcpy(&a, buf, size);
     if (a == 0 || (a & (a - 1)))
-        return emu::blas::refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "%s %u is not a power of two", emu::blas::name_of(attr), a);
+        return emu::blas::refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "%s %u is not a power of two",
+                                 emu::blas::name_of(attr), a);
     pref->min_alignment[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = a;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -411,9 +427,12 @@ inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cu
     using namespace emu::blas;
     const char *call = "cublasLtMatmulAlgoGetHeuristic";
     if (!handle) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, call, "lightHandle is NULL");
-    if (!pref || !results || !returned) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "preference, heuristicResultsArray or returnAlgoCount is NULL");
+    if (!pref || !results || !returned)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call,
+                      "preference, heuristicResultsArray or returnAlgoCount is NULL");
     *returned = 0;
-    if (requested <= 0) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "requestedAlgoCount %d is not positive", requested);
+    if (requested <= 0)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "requestedAlgoCount %d is not positive", requested);
     Product p;
     cublasStatus_t status = lt_problem(call, desc, la, lb, lc, ld, &p);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
@@ -471,8 +490,9 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
                           ops[i]->p, (unsigned long long)want, names[i]);
     }
     if (reads_c && C == D && (lc->ld != ld->ld))
-        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "C == D (in place) needs C's layout to be D's: ld %lld and %lld",
-                      (long long)lc->ld, (long long)ld->ld);
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call,
+                      "C == D (in place) needs C's layout to be D's: ld %lld and %lld", (long long)lc->ld,
+                      (long long)ld->ld);
     check_no_overlap(call, "D", p.d, p.m, p.n, "A", p.a, (int64_t)la->rows, (int64_t)la->cols);
     check_no_overlap(call, "D", p.d, p.m, p.n, "B", p.b, (int64_t)lb->rows, (int64_t)lb->cols);
     if (reads_c && C != D) check_no_overlap(call, "D", p.d, p.m, p.n, "C", p.c, (int64_t)lc->rows, lc->ld ? p.n : 1);
