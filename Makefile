@@ -166,7 +166,7 @@ test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if 
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh $(RUN_TESTS) \
 	    test/test_fsdp.sh test/test_sharded.sh test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh \
-	    $(EMU)/test/test_emu_device test/test_emu_checkers.sh)
+	    $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas test/test_emu_checkers.sh)
 
 # ----------------------------------------------------------------------------
 # The emulated build (issue 17, dev/emu/): the CUDA sources compiled by the host
@@ -192,7 +192,7 @@ EMU_SRCS = $(wildcard *.h *.cu *.cuh support/*.h support/*.cuh dev/cuda/*.h dev/
     test/*.h test/*.cu test/emu_planted/*.cu)
 EMU_HEADERS = $(wildcard dev/emu/*.h dev/emu/stub/*.h)
 EMU_PLANTED = $(basename $(wildcard test/emu_planted/*.cu))
-EMU_TESTS = $(EMU)/test/test_emu_device $(EMU_PLANTED:%=$(EMU)/%) $(filter $(EMU)-tsan/test/emu_planted/race_%,$(EMU_PLANTED:%=$(EMU)-tsan/%))
+EMU_TESTS = $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas $(EMU_PLANTED:%=$(EMU)/%) $(filter $(EMU)-tsan/test/emu_planted/race_%,$(EMU_PLANTED:%=$(EMU)-tsan/%))
 $(EMU)/src/%: % dev/emu/rewrite.pl
 	@mkdir -p $(@D)
 	perl dev/emu/rewrite.pl $< $@
@@ -202,10 +202,18 @@ $(EMU)/%: $(EMU)/src/%.cu $(EMU_SRCS:%=$(EMU)/src/%) $(EMU_HEADERS)
 $(EMU)-tsan/%: $(EMU)/src/%.cu $(EMU_SRCS:%=$(EMU)/src/%) $(EMU_HEADERS)
 	@mkdir -p $(@D)
 	$(EMU_TSAN_CXX) $(EMU_FLAGS) $(EMU_TSAN) $(EMU_PRELUDE) -o $@ -x c++ $< -x none $(EMU_OBJS)
+# dev/emu/blas.h (cuBLAS and cuBLASLt) on its own, against products worked out by hand
+# from cuBLAS's documentation: plain C++ (no kernels, so no rewrite), with
+# dev/emu/blas_test_prelude.h standing in for the runtime (it holds enqueued work
+# until the test runs it, and emu::fail throws so the test sees a check fire)
+$(EMU)/test/test_emu_blas: test/test_emu_blas.cu dev/emu/blas.h dev/emu/blas_test_prelude.h dev/emu/library_types.h \
+    dev/emu/cuda_bf16.h dev/emu/types.h test/test_common.h
+	@mkdir -p $(@D)
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_ASAN) -include dev/emu/blas_test_prelude.h -o $@ -x c++ $<
 # the rewritten sources are inputs of the programs, not leftovers
 .SECONDARY: $(EMU_SRCS:%=$(EMU)/src/%)
 emu-test: $(EMU_TESTS)
-	test/run.sh $(EMU)/test/test_emu_device test/test_emu_checkers.sh
+	test/run.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas test/test_emu_checkers.sh
 
 # libFuzzer builds: clang with -fsanitize=fuzzer (Debian: clang and libclang-rt-14-dev)
 FUZZ_CC ?= clang
