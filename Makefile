@@ -175,9 +175,8 @@ test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if 
 # __shared__ declarations; `#line` keeps every report on the original file and
 # line); build-emu/<path> is then the program of build-emu/src/<path>.cu, built
 # with AddressSanitizer and UBSan, and build-emu-tsan/<path> the same with
-# ThreadSanitizer (the race check, with clang where there is one). EMU_PRELUDE is force-included first: the
-# execution layer's host side stubbed (dev/emu/stub/) for the device side's own
-# tests; the programs that need the real host side set it to -include dev/emu/cuda_runtime.h.
+# ThreadSanitizer (the race check, with clang where there is one). EMU_PRELUDE is
+# force-included first, as nvcc does CUDA's own cuda_runtime.h.
 # -rdynamic: launches name their kernel by its symbol (dladdr).
 EMU = build-emu
 EMU_CXX ?= g++
@@ -187,10 +186,10 @@ EMU_ASAN = -fsanitize=address,undefined -fno-sanitize-recover=all
 EMU_TSAN = -fsanitize=thread
 # clang's TSan runtime (14: "v3") creates a fiber in ~0.5 us; GCC 12's in ~500 us
 EMU_TSAN_CXX ?= $(if $(shell command -v clang++),clang++,$(EMU_CXX))
-EMU_PRELUDE = -Idev/emu/stub -include dev/emu/stub/cuda_runtime.h
+EMU_PRELUDE = -include dev/emu/cuda_runtime.h
 EMU_SRCS = $(wildcard *.h *.cu *.cuh support/*.h support/*.cuh dev/cuda/*.h dev/cuda/*.cu dev/cuda/*.cuh \
     test/*.h test/*.cu test/emu_planted/*.cu)
-EMU_HEADERS = $(wildcard dev/emu/*.h dev/emu/stub/*.h)
+EMU_HEADERS = $(wildcard dev/emu/*.h)
 EMU_PLANTED = $(basename $(wildcard test/emu_planted/*.cu))
 EMU_TESTS = $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas $(EMU_PLANTED:%=$(EMU)/%) $(filter $(EMU)-tsan/test/emu_planted/race_%,$(EMU_PLANTED:%=$(EMU)-tsan/%))
 $(EMU)/src/%: % dev/emu/rewrite.pl
@@ -198,7 +197,7 @@ $(EMU)/src/%: % dev/emu/rewrite.pl
 	perl dev/emu/rewrite.pl $< $@
 $(EMU)/%: $(EMU)/src/%.cu $(EMU_SRCS:%=$(EMU)/src/%) $(EMU_HEADERS)
 	@mkdir -p $(@D)
-	$(EMU_CXX) $(EMU_FLAGS) $(EMU_ASAN) $(EMU_PRELUDE) -o $@ -x c++ $< -x none $(EMU_OBJS)
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_ASAN) $(OPENMP) $(EMU_DEFS) $(EMU_PRELUDE) -o $@ -x c++ $< -x none $(EMU_OBJS)
 $(EMU)-tsan/%: $(EMU)/src/%.cu $(EMU_SRCS:%=$(EMU)/src/%) $(EMU_HEADERS)
 	@mkdir -p $(@D)
 	$(EMU_TSAN_CXX) $(EMU_FLAGS) $(EMU_TSAN) $(EMU_PRELUDE) -o $@ -x c++ $< -x none $(EMU_OBJS)
@@ -212,6 +211,18 @@ $(EMU)/test/test_emu_blas: test/test_emu_blas.cu dev/emu/blas.h dev/emu/blas_tes
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_ASAN) -include dev/emu/blas_test_prelude.h -o $@ -x c++ $<
 # the rewritten sources are inputs of the programs, not leftovers
 .SECONDARY: $(EMU_SRCS:%=$(EMU)/src/%)
+# the kernel checks of dev/cuda/, emulated: each against its CPU twin (--quick: the small shapes, no timing)
+EMU_CHECKS = $(CUDA_CHECKS:%=$(EMU)/%)
+$(EMU_CHECKS): EMU_OBJS = dev/cuda/cpu_ref.o
+$(EMU_CHECKS): dev/cuda/cpu_ref.o
+# The CUDA trainer and its test against the CPU twin, emulated: NCCL's calls for one
+# rank (dev/emu/nccl.h), MPI where mpicc is (several ranks take --collectives host)
+$(EMU)/train_llama2 $(EMU)/test/test_llama2cu: EMU_DEFS = -DFSDP_NCCL $(NVCC_MPI)
+$(EMU)/train_llama2: EMU_OBJS = $(NVCC_MPI_LIBS)
+$(EMU)/test/test_llama2cu: EMU_OBJS = test/cpu_twin.o $(NVCC_MPI_LIBS)
+$(EMU)/test/test_llama2cu: test/cpu_twin.o
+train_llama2cu_emu: $(EMU)/train_llama2
+	cp $< $@
 emu-test: $(EMU_TESTS)
 	test/run.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas test/test_emu_checkers.sh
 

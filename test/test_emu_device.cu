@@ -4,8 +4,8 @@
 // worked out by hand, every launch check with its message, shuffled and threaded
 // block orders, attention's tensor-core kernels against its SIMT ones, and
 // layers.cuh's two-kernel global_sum.
-// Built by rewrite.pl like any CUDA source, with the host side stubbed
-// (dev/emu/stub/: a launch runs at once, kernels read host memory). The checkers
+// Built by rewrite.pl like any CUDA source; its kernels read host memory, and
+// each launch runs at once (EMU_STREAMS=eager). The checkers
 // that stop a program (divergent barriers, races, overflows) are shown by
 // test/test_emu_checkers.sh on the programs in test/emu_planted/.
 #include <chrono>
@@ -513,6 +513,7 @@ void report_costs() {
 }
 
 int main() {
+    setenv("EMU_STREAMS", "eager", 1); // kernels here read host memory, right after their launch
     auto t0 = std::chrono::steady_clock::now();
     test_barriers();
     test_shuffles<int>("int");

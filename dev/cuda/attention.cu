@@ -23,10 +23,10 @@ double attention_flops(Shape sh) {
 
 // inputs and the CPU twin's outputs for one shape, shared by every variant: the
 // inputs are bf16 values (exact in fp32 too), and the backward of both sides
-// starts from the forward's out rounded to bf16, and its lse
+// starts from the forward's out rounded to bf16 (out_in), and its lse
 struct Reference {
     std::vector<float> q, k, v, dout, dk0, dv0; // dk0, dv0: the carry before the backward
-    std::vector<float> out, lse, dq, dk, dv;
+    std::vector<float> out, out_in, lse, dq, dk, dv;
 };
 
 Reference make_reference(Shape sh) {
@@ -48,10 +48,10 @@ Reference make_reference(Shape sh) {
     r.lse.resize((size_t)B * NH * len);
     r.dq.resize(nq);
     ref_attention_forward(r.out.data(), r.lse.data(), r.q.data(), r.k.data(), r.v.data(), B, Tn, t0, len, NH, NKV, hd);
-    r.out = rounded<bf16>(r.out);
+    r.out_in = rounded<bf16>(r.out); // (the fp32 forward is checked against out itself)
     r.dk = r.dk0;
     r.dv = r.dv0;
-    ref_attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), r.dout.data(), r.out.data(), r.lse.data(), r.q.data(),
+    ref_attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), r.dout.data(), r.out_in.data(), r.lse.data(), r.q.data(),
                            r.k.data(), r.v.data(), B, Tn, t0, len, NH, NKV, hd);
     return r;
 }
@@ -88,7 +88,7 @@ void check_attention(Shape sh, const Reference &r, bool tensor_cores, bool timed
     check("attention_forward", variant, "out", shape, to_host(out, nq), r.out, tol<T>(1e-5, 2e-2));
     check("attention_forward", variant, "lse", shape, to_host(lse, nlse), r.lse, 1e-5);
 
-    T *out_in = to_device<T>(r.out), *dk = to_device<T>(r.dk0), *dv = to_device<T>(r.dv0);
+    T *out_in = to_device<T>(r.out_in), *dk = to_device<T>(r.dk0), *dv = to_device<T>(r.dv0);
     float *lse_in = to_device<float>(r.lse);
     attention_backward(dq, dk, dv, dout, out_in, lse_in, q, k, v, &ch, NH, NKV, hd, 0);
     // bf16: dS and P are rounded to bf16 for their products, and dk, dv once more when added to the carry

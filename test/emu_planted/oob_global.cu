@@ -9,6 +9,7 @@ __global__ void shift_kernel(float *out, const float *x, int n) {
 }
 
 int main() {
+    setenv("EMU_STREAMS", "eager", 1); // kernels here read host memory, right after their launch
     int n = 100;
     std::vector<float> x(n, 1.0f), out(n);
     shift_kernel<<<(n + 31) / 32, 32>>>(out.data(), x.data(), n);

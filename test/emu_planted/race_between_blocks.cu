@@ -14,6 +14,7 @@ __global__ void carry_kernel(float *partial, const float *x) {
 }
 
 int main() {
+    setenv("EMU_STREAMS", "eager", 1); // kernels here read host memory, right after their launch
     int blocks = 16, threads = 64;
     std::vector<float> x(blocks * threads, 1.0f), partial(blocks, 0.0f);
     carry_kernel<<<blocks, threads>>>(partial.data(), x.data());

@@ -13,6 +13,7 @@ __global__ void rotate_kernel(float *out, const float *x) {
 }
 
 int main() {
+    setenv("EMU_STREAMS", "eager", 1); // kernels here read host memory, right after their launch
     int n = 128;
     std::vector<float> x(n, 1.0f), out(n);
     rotate_kernel<<<1, n>>>(out.data(), x.data());

@@ -12,6 +12,7 @@ __global__ void branchy_kernel(float *out) {
 }
 
 int main() {
+    setenv("EMU_STREAMS", "eager", 1); // kernels here read host memory, right after their launch
     std::vector<float> out(32);
     branchy_kernel<<<1, 32>>>(out.data());
     printf("out[0] = %g\n", out[0]);
