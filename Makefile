@@ -180,7 +180,7 @@ test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if 
 # -rdynamic: launches name their kernel by its symbol (dladdr).
 EMU = build-emu
 EMU_CXX ?= g++
-EMU_FLAGS = -std=c++17 -g -O1 -fno-strict-aliasing -fno-omit-frame-pointer -D__CUDACC__ -Wall -Wextra \
+EMU_FLAGS = -std=c++17 -g -O2 -march=native -fno-strict-aliasing -fno-omit-frame-pointer -D__CUDACC__ -Wall -Wextra \
     -Wno-unused-function -Wno-unknown-pragmas -Idev/emu -rdynamic
 EMU_ASAN = -fsanitize=address,undefined -fno-sanitize-recover=all
 EMU_TSAN = -fsanitize=thread

@@ -8,6 +8,7 @@
 //
 // Shapes: N rows (tokens), D = hidden size, V = vocabulary, n = elements.
 #pragma once
+#include <algorithm>
 #include <vector>
 #include "support/cuda_common.cuh"
 
@@ -290,9 +291,10 @@ void crossentropy_forward_backward(T *logits, float *losses, const int *targets,
 // ----------------------------------------------------------------------------
 // reductions over flat fp32 buffers: the loss sum and the gradient norm
 
-// A fixed grid (not the device's SM count) so the summation order, and with it
-// the result, is the same on every GPU. Each block writes a partial sum (fp64,
-// as the CPU sums) and one block adds the partials in order.
+// The grid depends on n alone (never on the device's SM count), so the summation
+// order, and with it the result, is the same on every GPU: as many blocks as the
+// data fills, up to SUM_BLOCKS. Each block writes a partial sum (fp64, as the CPU
+// sums) and one block adds the partials in order.
 constexpr int SUM_BLOCKS = 512, SUM_THREADS = 512;
 __device__ double sum_partials[SUM_BLOCKS]; // used by one reduction at a time (keep them on one stream)
 
@@ -304,26 +306,28 @@ __global__ void sum_partials_kernel(const float *x, size_t n) {
     acc = block_sum(acc);
     if (threadIdx.x == 0) sum_partials[blockIdx.x] = acc;
 }
-__global__ void sum_final_kernel(double *out, bool take_sqrt) {
-    double acc = block_sum(sum_partials[threadIdx.x]);
+// one thread a partial (blocks of them), in a block of whole warps
+__global__ void sum_final_kernel(double *out, int blocks, bool take_sqrt) {
+    double acc = block_sum((int)threadIdx.x < blocks ? sum_partials[threadIdx.x] : 0.0);
     if (threadIdx.x == 0) *out = take_sqrt ? sqrt(acc) : acc;
+}
+template <bool SQUARES> void sum_launch(double *out, const float *x, size_t n, bool take_sqrt, cudaStream_t stream) {
+    int blocks = (int)std::min<size_t>(SUM_BLOCKS, std::max<size_t>(1, (n + SUM_THREADS - 1) / SUM_THREADS));
+    sum_partials_kernel<SQUARES><<<blocks, SUM_THREADS, 0, stream>>>(x, n);
+    cudaLaunchCheck();
+    sum_final_kernel<<<1, ceil_div(blocks, 32) * 32, 0, stream>>>(out, blocks, take_sqrt);
+    cudaLaunchCheck();
 }
 
 // *out (device) = sum of x (n); e.g. crossentropy_forward_backward's losses
 inline void global_sum(double *out, const float *x, size_t n, cudaStream_t stream) {
-    sum_partials_kernel<false><<<SUM_BLOCKS, SUM_THREADS, 0, stream>>>(x, n);
-    cudaLaunchCheck();
-    sum_final_kernel<<<1, SUM_BLOCKS, 0, stream>>>(out, false);
-    cudaLaunchCheck();
+    sum_launch<false>(out, x, n, false, stream);
 }
 
 // *out (device) = the sum of squares of g (n), or with take_sqrt its L2 norm
 // (a sharded trainer adds the ranks' sums of squares before the root)
 inline void grad_sumsq(double *out, const float *g, size_t n, bool take_sqrt, cudaStream_t stream) {
-    sum_partials_kernel<true><<<SUM_BLOCKS, SUM_THREADS, 0, stream>>>(g, n);
-    cudaLaunchCheck();
-    sum_final_kernel<<<1, SUM_BLOCKS, 0, stream>>>(out, take_sqrt);
-    cudaLaunchCheck();
+    sum_launch<true>(out, g, n, take_sqrt, stream);
 }
 // *norm (device) = the global L2 norm of g (n). It stays on the device: clip_grads
 // reads it there, so the step never waits for the host.
