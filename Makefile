@@ -159,15 +159,6 @@ dev/cuda/fsdp_nccl_tcp: dev/cuda/fsdp_nccl.cu fsdp.h support/tcp.h support/utils
 cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu $(if $(NCCL_H),dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp)
 cuda-compile-check: cuda
 
-# (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out)
-RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
-test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if $(MPICC),$(B)test/train_llama2_nompi) \
-    $(if $(B),,$(EMU_TESTS))
-	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh $(RUN_TESTS) \
-	    test/test_fsdp.sh test/test_sharded.sh test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh \
-	    $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas test/test_emu_checkers.sh)
-
 # ----------------------------------------------------------------------------
 # The emulated build (issue 17, dev/emu/): the CUDA sources compiled by the host
 # C++ compiler and run on the CPU with CUDA's semantics. Every source is first
@@ -217,14 +208,23 @@ $(EMU_CHECKS): EMU_OBJS = dev/cuda/cpu_ref.o
 $(EMU_CHECKS): dev/cuda/cpu_ref.o
 # The CUDA trainer and its test against the CPU twin, emulated: NCCL's calls for one
 # rank (dev/emu/nccl.h), MPI where mpicc is (several ranks take --collectives host)
-$(EMU)/train_llama2 $(EMU)/test/test_llama2cu: EMU_DEFS = -DFSDP_NCCL $(NVCC_MPI)
-$(EMU)/train_llama2: EMU_OBJS = $(NVCC_MPI_LIBS)
+$(EMU)/train_llama2 $(EMU)/test/test_llama2cu $(EMU)/dev/cuda/fsdp_nccl: EMU_DEFS = -DFSDP_NCCL $(NVCC_MPI)
+$(EMU)/train_llama2 $(EMU)/dev/cuda/fsdp_nccl: EMU_OBJS = $(NVCC_MPI_LIBS)
 $(EMU)/test/test_llama2cu: EMU_OBJS = test/cpu_twin.o $(NVCC_MPI_LIBS)
 $(EMU)/test/test_llama2cu: test/cpu_twin.o
 train_llama2cu_emu: $(EMU)/train_llama2
 	cp $< $@
 emu-test: $(EMU_TESTS)
 	test/run.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas test/test_emu_checkers.sh
+
+# (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out)
+RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
+test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if $(MPICC),$(B)test/train_llama2_nompi) \
+    $(if $(B),,$(EMU_TESTS) $(EMU_CHECKS) $(EMU)/dev/cuda/fsdp_nccl $(EMU)/test/test_llama2cu train_llama2cu_emu)
+	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh $(RUN_TESTS) \
+	    test/test_fsdp.sh test/test_sharded.sh test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh \
+	    test/test_emu_cuda.sh test/test_llama2cu_sharded.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas test/test_emu_checkers.sh)
 
 # libFuzzer builds: clang with -fsanitize=fuzzer (Debian: clang and libclang-rt-14-dev)
 FUZZ_CC ?= clang
@@ -242,6 +242,6 @@ run: train_llama2
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} ./train_llama2
 
 clean:
-	rm -f train_llama2 train_llama2cu $(TESTS) test/test_fsdp test/st_compare test/train_llama2_nompi dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
+	rm -f train_llama2 train_llama2cu train_llama2cu_emu $(TESTS) test/test_fsdp test/st_compare test/train_llama2_nompi dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
 	    test/test_llama2cu test/cpu_twin.o dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp dev/bench_fsdp
 	rm -rf build-san build-fuzz build-vg $(EMU) $(EMU)-tsan

@@ -168,11 +168,10 @@ inline MatmulPlan *matmul_plan(const MatmulKey &key) {
 // another on one stream (the trainer's compute stream).
 template <typename TD, typename T>
 void gemm_fallback(TD *d, const T *a, const T *b, const MatmulKey &key, float alpha, float beta, cudaStream_t stream) {
-    if (!cublas_handle) {
-        cublasCheck(cublasCreate(&cublas_handle));
-        cublasCheck(cublasSetWorkspace(cublas_handle, cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
-    }
+    if (!cublas_handle) cublasCheck(cublasCreate(&cublas_handle));
+    // in this order: cublasSetStream puts the handle back on cuBLAS's own workspace pool
     cublasCheck(cublasSetStream(cublas_handle, stream));
+    cublasCheck(cublasSetWorkspace(cublas_handle, cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES));
     cublasOperation_t op_a = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasGemmEx(cublas_handle, op_a, op_b, key.m, key.n, key.k, &alpha, a, cuda_type<T>(),
                              key.trans_a ? key.k : key.m, b, cuda_type<T>(), key.trans_b ? key.n : key.k, &beta, d,

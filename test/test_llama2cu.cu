@@ -14,8 +14,10 @@
 // of the activations is 256-byte aligned either way, so cuBLASLt, whose plans
 // depend on alignment, picks the same kernels too.
 //
-// Without a GPU it prints a SKIP line and exits 0. --quick runs a few cases
-// with 3 steps (for compute-sanitizer, which makes every kernel slow).
+// Without a GPU it prints a SKIP line and exits 0; built by the execution layer
+// (dev/emu/, build-emu/test/test_llama2cu) it runs on the CPU. --quick runs a few
+// cases with 3 steps (for compute-sanitizer, which makes every kernel slow);
+// --part i/n a share of the cases (test/test_emu_cuda.sh runs two at once).
 //
 // Tolerances, each relative to the largest magnitude of what it compares
 // (the whole logits, one gradient tensor at a time, each step's loss):
@@ -279,7 +281,18 @@ int main(int argc, char **argv) {
         printf("SKIP test_llama2cu: no GPU\n");
         return 0;
     }
-    bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    // --quick: a few cases with 3 steps; --part i/n: every n-th case from the i-th
+    // (0-based), so that n processes share the cases (the emulated build's on n cores)
+    bool quick = false;
+    int part = 0, parts = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--part") && i + 1 < argc && sscanf(argv[i + 1], "%d/%d", &part, &parts) == 2 &&
+                 parts > 0 && part >= 0 && part < parts) i++;
+        else die("usage: test_llama2cu [--quick] [--part i/n]");
+    }
+    int case_index = 0;
+    auto mine = [&]() { return case_index++ % parts == part; };
     char tmp[] = "/tmp/llama2tune_test_llama2cu_XXXXXX";
     if (!mkdtemp(tmp)) die("mkdtemp: %s", strerror(errno));
     std::string hd64 = std::string(tmp) + "/hd64";
@@ -300,14 +313,14 @@ int main(int argc, char **argv) {
                 for (int k = 0; k < n_chunkings; k++) {
                     Case c = chunkings[k];
                     c.model = models[mi]; c.full = full; c.precision = precision;
-                    check_case(c);
+                    if (mine()) check_case(c);
                 }
                 Case whole = {models[mi], (bool)full, precision, 0, "keep", 1, false};
                 Case chunked = {models[mi], (bool)full, precision, 5, "recompute", 1, false};
                 Case checkpointed = {models[mi], (bool)full, precision, 5, "keep", 1, true};
-                check_steps(whole, steps);
-                check_steps(chunked, steps);
-                check_steps(checkpointed, steps);
+                if (mine()) check_steps(whole, steps);
+                if (mine()) check_steps(chunked, steps);
+                if (mine()) check_steps(checkpointed, steps);
             }
     remove_tree(tmp);
     printf("test_llama2cu: %d passed, %d failed\n", test_passed, test_failed);

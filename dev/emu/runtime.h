@@ -454,6 +454,9 @@ inline cudaError_t cudaFree(void *p) {
     return cudaSuccess;
 }
 
+// CUDA's C++ overloads for typed pointers
+template <typename T> inline cudaError_t cudaMalloc(T **p, size_t bytes) { return cudaMalloc((void **)p, bytes); }
+
 inline cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     *total_bytes = emu::device_total();
     *free_bytes = *total_bytes - emu::device_used;
@@ -466,6 +469,7 @@ inline cudaError_t cudaMallocHost(void **p, size_t bytes) {
     emu::pinned[(uintptr_t)*p] = bytes;
     return cudaSuccess;
 }
+template <typename T> inline cudaError_t cudaMallocHost(T **p, size_t bytes) { return cudaMallocHost((void **)p, bytes); }
 inline cudaError_t cudaFreeHost(void *p) {
     if (!p) return cudaSuccess;
     auto it = emu::pinned.find((uintptr_t)p);
