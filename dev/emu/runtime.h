@@ -12,7 +12,8 @@
 //     host's synchronizing calls. EMU_STREAMS says when work runs:
 //       lazy (the default)  each operation as late as the host allows: when it
 //                           synchronizes a stream, an event or the device, or
-//                           makes a synchronous copy; other streams' work only
+//                           makes a copy that CUDA completes before returning
+//                           (copy_2d says which); other streams' work only
 //                           when what was forced depends on it (an event wait)
 //       shuffle[:seed]      lazy, and the forced operations of different streams
 //                           interleaved in a random order
@@ -20,7 +21,8 @@
 //     So a missing cudaStreamWaitEvent, or a host read before the stream that
 //     writes it was synchronized, gives a wrong (stale, or NaN) result;
 //   - the device is an sm_90 with EMU_DEVICE_MEMORY GiB (default 80) of memory;
-//     EMU_DEVICE_COUNT devices (default 1).
+//     EMU_DEVICE_COUNT devices (default 1);
+//   - calls come from one host thread (host_call).
 // Calls that get bad arguments print "emu: <call>: <problem>" and return CUDA's
 // error code, which the sources' cudaCheck turns into a stop at their line.
 #pragma once
