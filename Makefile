@@ -182,7 +182,8 @@ EMU_SRCS = $(wildcard *.h *.cu *.cuh support/*.h support/*.cuh dev/cuda/*.h dev/
     test/*.h test/*.cu test/emu_planted/*.cu)
 EMU_HEADERS = $(wildcard dev/emu/*.h)
 EMU_PLANTED = $(basename $(wildcard test/emu_planted/*.cu))
-EMU_TESTS = $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas $(EMU_PLANTED:%=$(EMU)/%) $(filter $(EMU)-tsan/test/emu_planted/race_%,$(EMU_PLANTED:%=$(EMU)-tsan/%))
+EMU_TESTS = $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas $(EMU)/test/test_emu_runtime $(EMU)-tsan/test/test_emu_runtime \
+    $(EMU_PLANTED:%=$(EMU)/%) $(filter $(EMU)-tsan/test/emu_planted/race_%,$(EMU_PLANTED:%=$(EMU)-tsan/%))
 $(EMU)/src/%: % dev/emu/rewrite.pl
 	@mkdir -p $(@D)
 	perl dev/emu/rewrite.pl $< $@
@@ -215,7 +216,8 @@ $(EMU)/test/test_llama2cu: test/cpu_twin.o
 train_llama2cu_emu: $(EMU)/train_llama2
 	cp $< $@
 emu-test: $(EMU_TESTS)
-	test/run.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas test/test_emu_checkers.sh
+	test/run.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas $(EMU)/test/test_emu_runtime \
+	    $(EMU)-tsan/test/test_emu_runtime test/test_emu_checkers.sh
 
 # (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out)
 RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
@@ -224,7 +226,8 @@ test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if 
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh $(RUN_TESTS) \
 	    test/test_fsdp.sh test/test_sharded.sh test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh \
-	    test/test_emu_cuda.sh test/test_llama2cu_sharded.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas test/test_emu_checkers.sh)
+	    test/test_emu_cuda.sh test/test_llama2cu_sharded.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas \
+	    $(EMU)/test/test_emu_runtime $(EMU)-tsan/test/test_emu_runtime test/test_emu_checkers.sh)
 
 # libFuzzer builds: clang with -fsanitize=fuzzer (Debian: clang and libclang-rt-14-dev)
 FUZZ_CC ?= clang

@@ -12,7 +12,8 @@
 //     host's synchronizing calls. EMU_STREAMS says when work runs:
 //       lazy (the default)  each operation as late as the host allows: when it
 //                           synchronizes a stream, an event or the device, or
-//                           makes a synchronous copy; other streams' work only
+//                           makes a copy that CUDA completes before returning
+//                           (copy_2d says which); other streams' work only
 //                           when what was forced depends on it (an event wait)
 //       shuffle[:seed]      lazy, and the forced operations of different streams
 //                           interleaved in a random order
@@ -20,7 +21,8 @@
 //     So a missing cudaStreamWaitEvent, or a host read before the stream that
 //     writes it was synchronized, gives a wrong (stale, or NaN) result;
 //   - the device is an sm_90 with EMU_DEVICE_MEMORY GiB (default 80) of memory;
-//     EMU_DEVICE_COUNT devices (default 1).
+//     EMU_DEVICE_COUNT devices (default 1);
+//   - calls come from one host thread (host_call).
 // Calls that get bad arguments print "emu: <call>: <problem>" and return CUDA's
 // error code, which the sources' cudaCheck turns into a stop at their line.
 #pragma once
@@ -38,6 +40,7 @@
 #include <random>
 #include <string>
 #include <vector>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include "types.h"
@@ -154,25 +157,25 @@ inline void close_device() {
 }
 
 // SIGSEGV on an allocation: host code touched device memory, or device work ran
-// past an allocation's end into its guard page. Anything else goes on to the
-// handler that was there before (AddressSanitizer's, or the default).
+// past an allocation's end into its guard page; the report names the allocation
+// (and the operation running). Then, as for any other fault, the handler that was
+// there before takes it: the faulting access repeats under it. AddressSanitizer's
+// prints the stack of the access (its source line); the default ends the program.
 inline struct sigaction previous_segv;
-inline void on_segv(int sig, siginfo_t *info, void *context) {
+inline const char *running_what = nullptr; // the operation running ("kernel k", "cudaMemcpyAsync"), or NULL
+inline void on_segv(int, siginfo_t *info, void *) {
     const Allocation *a = allocation_at(info->si_addr);
     if (a) {
         size_t at = (size_t)((char *)info->si_addr - a->base);
-        char msg[400];
+        char msg[512];
         int n = at >= a->bytes
             ? snprintf(msg, sizeof msg, "emu: %s ran past the end of a device allocation of %zu bytes at %p (byte %zu)\n",
-                       device_open ? "device work (a kernel or a copy)" : "host code", a->bytes, (void *)a->base, at)
+                       running_what ? running_what : "host code", a->bytes, (void *)a->base, at)
             : snprintf(msg, sizeof msg, "emu: host code touched device memory: byte %zu of the allocation of %zu bytes at "
                        "%p (a device pointer used outside a kernel or a copy)\n", at, a->bytes, (void *)a->base);
-        if (write(2, msg, (size_t)n) < 0) {}
-        abort();
+        if (write(2, msg, (size_t)std::min(n, (int)sizeof msg - 1)) < 0) {}
     }
-    sigaction(SIGSEGV, &previous_segv, nullptr); // the faulting access repeats, now under the previous handler
-    (void)sig;
-    (void)context;
+    sigaction(SIGSEGV, &previous_segv, nullptr);
 }
 inline void install_segv_handler() {
     static bool installed = false;
@@ -245,10 +248,21 @@ struct Streams {
 };
 inline Streams &streams() { static Streams s; return s; }
 inline Stream *legacy_stream() { return streams().all[0].get(); }
+
+// Checks the calling context of a runtime call. Its state (allocations, streams)
+// has no locks: CUDA takes calls from any host thread, llama2.tune's programs make
+// them from one, and a call from a second thread stops the program instead of
+// racing. Operations (kernels, copies, cuBLAS) run inside a call and make none.
+inline void host_call(const char *call) {
+    static const pthread_t first = pthread_self();
+    if (!pthread_equal(first, pthread_self()))
+        fail("%s called from a second host thread: the emulated runtime takes calls from one", call);
+    if (streams().running) fail("%s called from inside a stream's operation", call);
+}
 inline Stream *stream_of(cudaStream_t s, const char *call) {
+    host_call(call);
     Stream *st = s ? s : legacy_stream();
     if (st->destroyed) fail("%s: stream %d was destroyed", call, st->id);
-    if (streams().running) fail("%s called from inside a stream's operation", call);
     return st;
 }
 
@@ -285,7 +299,9 @@ inline void run_until(Stream *target, uint64_t seq) {
         Op op = std::move(st->queue.front());
         st->queue.pop_front();
         ss.running = true;
+        running_what = op.what.c_str();
         op.run();
+        running_what = nullptr;
         ss.running = false;
         st->done = op.seq;
     }
@@ -298,13 +314,14 @@ inline void synchronize_all() {
 }
 
 // Queue an operation on a stream; returns its seq. The legacy default stream
-// waits for all earlier work of the blocking streams, and they for its.
+// waits for all earlier work of the blocking streams (destroyed ones too, whose
+// work still runs), and they for its.
 inline uint64_t enqueue_after(Stream *st, const char *what, std::function<void()> run,
                               std::vector<std::pair<Stream *, uint64_t>> after) {
     Streams &ss = streams();
     for (auto &owned : ss.all) {
         Stream *other = owned.get();
-        if (other == st || other->destroyed || !other->blocking || !st->blocking) continue;
+        if (other == st || other->done == other->enqueued || !other->blocking || !st->blocking) continue;
         if (st == legacy_stream() || other == legacy_stream()) after.push_back({other, other->enqueued});
     }
     st->queue.push_back(Op{++st->enqueued, what, std::move(run), std::move(after)});
@@ -406,7 +423,7 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
 }
 
 inline cudaError_t cudaDeviceSynchronize() {
-    emu::stream_of(nullptr, "cudaDeviceSynchronize");
+    emu::host_call("cudaDeviceSynchronize");
     emu::synchronize_all();
     return cudaSuccess;
 }
@@ -415,6 +432,7 @@ inline cudaError_t cudaDeviceSynchronize() {
 // memory
 
 inline cudaError_t cudaMalloc(void **p, size_t bytes) {
+    emu::host_call("cudaMalloc");
     *p = nullptr;
     if (bytes == 0) return cudaSuccess;
     if (bytes > emu::device_total() - emu::device_used)
@@ -439,6 +457,7 @@ inline cudaError_t cudaMalloc(void **p, size_t bytes) {
 }
 
 inline cudaError_t cudaFree(void *p) {
+    emu::host_call("cudaFree");
     if (!p) return cudaSuccess;
     auto it = emu::allocations.find((uintptr_t)p);
     if (it == emu::allocations.end())
@@ -464,6 +483,7 @@ inline cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
 }
 
 inline cudaError_t cudaMallocHost(void **p, size_t bytes) {
+    emu::host_call("cudaMallocHost");
     *p = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
     if (!*p) return emu::error(cudaErrorMemoryAllocation, "cudaMallocHost(%zu bytes): out of host memory", bytes);
     emu::pinned[(uintptr_t)*p] = bytes;
@@ -471,6 +491,7 @@ inline cudaError_t cudaMallocHost(void **p, size_t bytes) {
 }
 template <typename T> inline cudaError_t cudaMallocHost(T **p, size_t bytes) { return cudaMallocHost((void **)p, bytes); }
 inline cudaError_t cudaFreeHost(void *p) {
+    emu::host_call("cudaFreeHost");
     if (!p) return cudaSuccess;
     auto it = emu::pinned.find((uintptr_t)p);
     if (it == emu::pinned.end()) return emu::error(cudaErrorInvalidValue, "cudaFreeHost(%p): not from cudaMallocHost", p);
@@ -508,11 +529,11 @@ inline cudaError_t copy_2d(const char *call, void *dst, size_t dpitch, const voi
     cudaError_t err = check_side(call, kind, "destination", dst, dn, dst_dev);
     if (err == cudaSuccess) err = check_side(call, kind, "source", src, sn, src_dev);
     if (err != cudaSuccess) return err;
-    // Pageable host memory is staged as CUDA stages it: the source is read now;
-    // a copy into it completes before the call returns. Pinned memory is read
-    // and written when the stream gets there.
+    // Pageable host memory is staged as CUDA stages it: the source is read now.
+    // Pinned memory is read and written when the stream gets there.
+    bool pinned_src = !src_dev && is_pinned(src, sn), pinned_dst = !dst_dev && is_pinned(dst, dn);
     std::shared_ptr<std::vector<char>> staged;
-    if (!src_dev && !is_pinned(src, sn)) {
+    if (!src_dev && !pinned_src) {
         staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + sn);
         src = staged->data();
     }
@@ -521,16 +542,20 @@ inline cudaError_t copy_2d(const char *call, void *dst, size_t dpitch, const voi
         for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
         (void)staged;
     }, {});
-    if (sync || (!dst_dev && !is_pinned(dst, dn))) run_until(st, seq);
+    // Which copies are done when the call returns (CUDA's "API synchronization
+    // behavior"): into pageable host memory or between host buffers, always;
+    // cudaMemcpy into the host, or from pinned memory to the device. cudaMemcpy
+    // between device buffers, or from pageable memory (staged), returns before the
+    // device has the bytes: only its stream's order, or a synchronize, sees them.
+    if (dst_dev ? sync && pinned_src : !src_dev || sync || !pinned_dst) run_until(st, seq);
     return cudaSuccess;
 }
-inline cudaError_t memset_on(const char *call, void *p, int value, size_t n, cudaStream_t stream, bool sync) {
+// cudaMemset too returns before it runs (on device memory, CUDA's memsets all do)
+inline cudaError_t memset_on(const char *call, void *p, int value, size_t n, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
     if (!is_device_range(p, n))
         return error(cudaErrorInvalidValue, "%s(%p, %zu bytes): not inside one device allocation", call, p, n);
-    Stream *st = stream_of(stream, call);
-    uint64_t seq = enqueue_after(st, call, [=]() { memset(p, value, n); }, {});
-    if (sync) run_until(st, seq);
+    enqueue_after(stream_of(stream, call), call, [=]() { memset(p, value, n); }, {});
     return cudaSuccess;
 }
 } // namespace emu
@@ -546,10 +571,10 @@ inline cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, 
     return emu::copy_2d("cudaMemcpy2DAsync", dst, dpitch, src, spitch, width, height, kind, s, false);
 }
 inline cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s = 0) {
-    return emu::memset_on("cudaMemsetAsync", p, value, n, s, false);
+    return emu::memset_on("cudaMemsetAsync", p, value, n, s);
 }
 inline cudaError_t cudaMemset(void *p, int value, size_t n) {
-    return emu::memset_on("cudaMemset", p, value, n, nullptr, true);
+    return emu::memset_on("cudaMemset", p, value, n, nullptr);
 }
 
 // ----------------------------------------------------------------------------
@@ -568,12 +593,12 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     emu::run_until(st, st->enqueued);
     return cudaSuccess;
 }
-// its work still runs (CUDA lets it finish); the stream object stays, marked, so
-// that a later use is reported instead of reading freed memory
+// It returns at once and its work still runs (CUDA lets it finish), when another
+// stream's work or a synchronize needs it; the stream object stays, marked, so that
+// a later use is reported instead of reading freed memory.
 inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
     if (!s) return emu::error(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: the default stream");
-    cudaStreamSynchronize(s);
-    s->destroyed = true;
+    emu::stream_of(s, "cudaStreamDestroy")->destroyed = true;
     return cudaSuccess;
 }
 
@@ -595,8 +620,10 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0) {
     }, {});
     return cudaSuccess;
 }
+// (its stream may have been destroyed since the record)
 inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-    if (e->stream) emu::run_until(emu::stream_of(e->stream, "cudaEventSynchronize"), e->seq);
+    emu::host_call("cudaEventSynchronize");
+    if (e->stream) emu::run_until(e->stream, e->seq);
     return cudaSuccess;
 }
 // the stream's later work waits for the event's mark (none if never recorded)
@@ -609,7 +636,9 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f
 inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     if (!start->timing || !end->timing)
         return emu::error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event created with cudaEventDisableTiming");
-    if (!start->ran_at || !end->ran_at || *start->ran_at < 0 || *end->ran_at < 0) return cudaErrorNotReady;
+    if (!start->ran_at || !end->ran_at)
+        return emu::error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event never recorded");
+    if (*start->ran_at < 0 || *end->ran_at < 0) return cudaErrorNotReady; // recorded, not yet run
     *ms = (float)((*end->ran_at - *start->ran_at) * 1e3);
     return cudaSuccess;
 }
