@@ -1203,6 +1203,7 @@ static int data_options(Dataset *ds, const char *path, const DataOptions *o) {
 // needs it). 0 ok, -1 when the data file cannot be read (said)
 static int data_cache_key(Dataset *ds, const char *path, const char *tokenizer_path, int requested, CacheHeader *key, int *tokenizer_known) {
     memset(key, 0, sizeof *key);
+    *tokenizer_known = 0;
     key->requested_format = (uint32_t)requested;
     key->format = (uint32_t)requested;
     key->templates_hash = cache_templates_hash();
