@@ -762,7 +762,9 @@ static DataStore *cache_open(const char *path, const CacheHeader *want, char *wh
 }
 
 // writes the cache to a temporary file (renamed into place at the end) or,
-// when f is NULL, into memory; every write is a multiple of 8 bytes
+// when f is NULL, into memory; every write is a multiple of 8 bytes. The
+// samples go out as they come; their index and the list of skipped records
+// are kept here and written after them, then the header at the start.
 typedef struct {
     FILE *f;
     char tmp[4200];
@@ -770,6 +772,10 @@ typedef struct {
     size_t mem_cap;
     uint64_t size, hash;
     int failed;
+    CacheHeader h;                        // the identity fields, and the counts as records come
+    CacheSample *index; size_t cap_index; // (h.n_samples)
+    CacheSkip *skips; size_t cap_skips;   // (h.n_skips)
+    unsigned char *blob; size_t blob_cap; // one sample's bytes
 } CacheWriter;
 
 static void cw_write(CacheWriter *w, const void *p, size_t n) {
@@ -802,8 +808,158 @@ static int data_fail(Dataset *ds, const char *fmt, ...) {
     return -1;
 }
 
+// a writer for the cache of key (cache_path NULL: in memory), past a zeroed header; a
+// cache file that cannot be created keeps the tokens in memory (ds->cache_path then "")
+static void cw_begin(CacheWriter *w, Dataset *ds, const char *cache_path, const CacheHeader *key) {
+    memset(w, 0, sizeof *w);
+    w->hash = DATA_HASH_SEED;
+    if (cache_path) {
+        snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d", cache_path, (int)getpid());
+        w->f = fopen(w->tmp, "wb");
+        if (!w->f && !ds->quiet)
+            printf("data: cannot write the token cache %s (%s): keeping the tokens in memory\n", w->tmp, strerror(errno));
+        if (!w->f) ds->cache_path[0] = 0;
+    }
+    w->h = *key;
+    uint64_t zero_header[sizeof(CacheHeader) / 8] = {0};
+    if (w->f) { if (fwrite(zero_header, 1, sizeof w->h, w->f) != sizeof w->h) w->failed = 1; }
+    else { w->mem_cap = 1 << 20; w->mem = (unsigned char *)mallocCheck(w->mem_cap); memset(w->mem, 0, sizeof w->h); }
+    w->size = sizeof w->h;
+    w->cap_index = 1024;
+    w->cap_skips = 16;
+    w->index = (CacheSample *)mallocCheck(w->cap_index * sizeof(CacheSample));
+    w->skips = (CacheSkip *)mallocCheck(w->cap_skips * sizeof(CacheSkip));
+}
+
+// one tokenized record: a skipped one into the skip list, a sample's tokens and
+// labels into the file and its entry into the index
+static void cw_add(CacheWriter *w, const Pending *p) {
+    CacheHeader *h = &w->h;
+    if (p->skip) {
+        if (h->n_skips == w->cap_skips) w->skips = (CacheSkip *)realloc(w->skips, (w->cap_skips *= 2) * sizeof(CacheSkip));
+        if (!w->skips) die("out of memory");
+        CacheSkip s = {p->record, p->line, (uint32_t)p->skip, 0};
+        w->skips[h->n_skips++] = s;
+        return;
+    }
+    size_t sz = cache_blob_size((uint32_t)p->n);
+    if (sz > w->blob_cap) { w->blob_cap = 2 * sz; free(w->blob); w->blob = (unsigned char *)mallocCheck(w->blob_cap); }
+    memset(w->blob, 0, sz);
+    memcpy(w->blob, p->ids, (size_t)p->n * 4);
+    memcpy(w->blob + (size_t)p->n * 4, p->label, (size_t)p->n);
+    uint32_t labels = 0;
+    for (int t = 0; t < p->n; t++) labels += p->label[t];
+    if (h->n_samples == w->cap_index) w->index = (CacheSample *)realloc(w->index, (w->cap_index *= 2) * sizeof(CacheSample));
+    if (!w->index) die("out of memory");
+    CacheSample e = {w->size, p->record, p->line, (uint32_t)p->n, labels};
+    w->index[h->n_samples++] = e;
+    h->n_tokens += (uint64_t)p->n;
+    cw_write(w, w->blob, sz);
+}
+
+// the index and the skip list after the samples, then the header (offsets,
+// checksum) at the start: the cache file renamed to cache_path and read back
+// through cache_open, or the store in memory. NULL after an error (said)
+static DataStore *cw_finish(CacheWriter *w, Dataset *ds, const char *cache_path) {
+    CacheHeader *h = &w->h;
+    h->index_offset = w->size;
+    cw_write(w, w->index, h->n_samples * sizeof(CacheSample));
+    h->skips_offset = w->size;
+    cw_write(w, w->skips, h->n_skips * sizeof(CacheSkip));
+    h->file_size = w->size;
+    memcpy(h->magic, DATA_CACHE_MAGIC, 8);
+    h->version = DATA_CACHE_VERSION;
+    h->endian = 0x01020304u;
+    h->checksum = cache_checksum(h, w->hash);
+    if (w->f) {
+        int bad = w->failed || fseek(w->f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof *h, w->f) != sizeof *h;
+        bad |= fflush(w->f) != 0;
+        bad |= fsync(fileno(w->f)) != 0;
+        bad |= fclose(w->f) != 0;
+        w->f = NULL;
+        if (bad || rename(w->tmp, cache_path) != 0) {
+            data_fail(ds, "%s: writing the token cache failed: %s", cache_path, strerror(errno));
+            return NULL;
+        }
+        char why[256];
+        DataStore *s = cache_open(cache_path, h, why, sizeof why);
+        if (!s) data_fail(ds, "%s: the token cache just written does not read back: %s", cache_path, why);
+        return s;
+    }
+    memcpy(w->mem, h, sizeof *h);
+    DataStore *s = (DataStore *)callocCheck(1, sizeof *s);
+    s->refs = 1;
+    s->base = w->mem;
+    s->size = (size_t)w->size;
+    s->h = *h;
+    s->index = (const CacheSample *)(s->base + h->index_offset);
+    s->skips = (const CacheSkip *)(s->base + h->skips_offset);
+    w->mem = NULL;
+    return s;
+}
+
+static void cw_free(CacheWriter *w) {
+    if (w->f) fclose(w->f);
+    if (w->tmp[0]) remove(w->tmp); // (already renamed when all went well)
+    free(w->mem); free(w->index); free(w->skips); free(w->blob);
+}
+
 #define DATA_BATCH_RECORDS 1024
 #define DATA_BATCH_BYTES ((size_t)8 << 20)
+
+// the error for a record of an auto-detected file whose keys name no format
+static int data_unknown_format(Dataset *ds, const JsonValue *v, const char *path, uint64_t line) {
+    char keys[256] = "";
+    for (int i = 0; i < v->count && strlen(keys) < 200; i++)
+        snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%s\"%.40s\"", i ? ", " : "", v->keys[i]);
+    return data_fail(ds, "%s:%llu: cannot tell the data format from the keys {%s}: expected \"text\", \"prompt\"+\"response\", "
+                     "\"instruction\"+\"input\"+\"output\", \"dialogue\"+\"summary\" or \"messages\" (or set --data_format)",
+                     path, (unsigned long long)line, keys);
+}
+
+// the record in rr into p's segments, numbered by h's count of records; the first
+// record of an auto-detected file decides *format (and h->format). 0 ok, -1 failed (said; p empty)
+static int data_parse_record(Dataset *ds, const RecordReader *rr, const char *path, int *format, CacheHeader *h, Pending *p) {
+    JsonValue v;
+    char jerr[512], err[768];
+    if (json_parse(rr->rec, rr->rec_len, &v, jerr, sizeof jerr) != 0)
+        return data_fail(ds, "%s:%llu: invalid JSON: %s", path, (unsigned long long)rr->rec_line, jerr);
+    if (*format == FORMAT_AUTO) {
+        *format = v.type == JSON_OBJECT ? data_detect_format(&v) : FORMAT_AUTO;
+        if (*format == FORMAT_AUTO && v.type == JSON_OBJECT) {
+            data_unknown_format(ds, &v, path, rr->rec_line);
+            json_free(&v);
+            return -1;
+        }
+        h->format = (uint32_t)*format;
+    }
+    p->record = h->n_records++;
+    p->line = rr->rec_line;
+    int rc = data_record(&v, *format, p, err, sizeof err);
+    if (rc != 0) data_fail(ds, "%s:%llu: %s (format %s)", path, (unsigned long long)rr->rec_line, err, data_format_names[*format]);
+    json_free(&v);
+    if (rc != 0) pending_clear(p);
+    return rc;
+}
+
+// reads and parses the next records into batch[0..*n) (serially: the file is read in
+// order), up to a batch's count or bytes (*bytes). 1: there may be more, 0: the end
+// of the file, -1: failed (said; batch[0..*n) still holds the records before)
+static int data_read_batch(Dataset *ds, RecordReader *rr, const char *path, int *format, CacheHeader *h, Pending *batch, int *n,
+                           size_t *bytes) {
+    char err[768];
+    *n = 0;
+    *bytes = 0;
+    while (*n < DATA_BATCH_RECORDS && *bytes < DATA_BATCH_BYTES) {
+        int got = rr_next(rr, err, sizeof err);
+        if (got < 0) return data_fail(ds, "%s", err);
+        if (got == 0) return 0;
+        if (data_parse_record(ds, rr, path, format, h, &batch[*n]) != 0) return -1;
+        *bytes += rr->rec_len;
+        (*n)++;
+    }
+    return 1;
+}
 
 static void data_tokenize_batch(Pending *batch, int n, const Tokenizer *tok) {
 #ifdef _OPENMP
@@ -819,149 +975,34 @@ static DataStore *data_build(Dataset *ds, const char *path, const char *cache_pa
     RecordReader rr;
     if (rr_open(&rr, path, DATA_MAX_RECORD_BYTES, err, sizeof err) != 0) { rr_close(&rr); data_fail(ds, "%s", err); return NULL; }
     CacheWriter w;
-    memset(&w, 0, sizeof w);
-    w.hash = DATA_HASH_SEED;
-    if (cache_path) {
-        snprintf(w.tmp, sizeof w.tmp, "%s.tmp.%d", cache_path, (int)getpid());
-        w.f = fopen(w.tmp, "wb");
-        if (!w.f && !ds->quiet)
-            printf("data: cannot write the token cache %s (%s): keeping the tokens in memory\n", w.tmp, strerror(errno));
-        if (!w.f) ds->cache_path[0] = 0;
-    }
-    CacheHeader h = *key;
-    uint64_t zero_header[sizeof(CacheHeader) / 8] = {0};
-    if (w.f) { if (fwrite(zero_header, 1, sizeof h, w.f) != sizeof h) w.failed = 1; }
-    else { w.mem_cap = 1 << 20; w.mem = (unsigned char *)mallocCheck(w.mem_cap); memset(w.mem, 0, sizeof h); }
-    w.size = sizeof h;
-
-    size_t cap_index = 1024, cap_skips = 16;
-    CacheSample *index = (CacheSample *)mallocCheck(cap_index * sizeof(CacheSample));
-    CacheSkip *skips = (CacheSkip *)mallocCheck(cap_skips * sizeof(CacheSkip));
+    cw_begin(&w, ds, cache_path, key);
     Pending *batch = (Pending *)callocCheck(DATA_BATCH_RECORDS, sizeof(Pending));
-    int format = (int)key->requested_format, rc = 0, more = 1;
-    unsigned char *blob = NULL;
-    size_t blob_cap = 0;
+    int format = (int)key->requested_format, status = 1; // 1: records to read, 0: the end of the file, -1: failed (said)
     char what[300];
     struct stat fst;
     snprintf(what, sizeof what, "tokenizing %s", path);
     Progress bar = progress_begin(stderr, what, fstat(fileno(rr.f), &fst) == 0 ? fst.st_size / 1e6 : 0, "MB");
     if (ds->quiet) bar.quiet_ms = INFINITY;
     double done = 0; // bytes of records read
-    while (more && rc == 0) {
-        // read and parse a batch of records (serially: the file is read in order)
-        int n = 0;
-        size_t bytes = 0;
-        while (n < DATA_BATCH_RECORDS && bytes < DATA_BATCH_BYTES) {
-            int got = rr_next(&rr, err, sizeof err);
-            if (got < 0) { rc = data_fail(ds, "%s", err); break; }
-            if (got == 0) { more = 0; break; }
-            JsonValue v;
-            char jerr[512];
-            if (json_parse(rr.rec, rr.rec_len, &v, jerr, sizeof jerr) != 0) {
-                rc = data_fail(ds, "%s:%llu: invalid JSON: %s", path, (unsigned long long)rr.rec_line, jerr);
-                break;
-            }
-            if (format == FORMAT_AUTO) {
-                format = v.type == JSON_OBJECT ? data_detect_format(&v) : FORMAT_AUTO;
-                if (format == FORMAT_AUTO && v.type == JSON_OBJECT) {
-                    char keys[256] = "";
-                    for (int i = 0; i < v.count && strlen(keys) < 200; i++)
-                        snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%s\"%.40s\"", i ? ", " : "", v.keys[i]);
-                    rc = data_fail(ds, "%s:%llu: cannot tell the data format from the keys {%s}: expected \"text\", \"prompt\"+\"response\", "
-                                   "\"instruction\"+\"input\"+\"output\", \"dialogue\"+\"summary\" or \"messages\" (or set --data_format)",
-                                   path, (unsigned long long)rr.rec_line, keys);
-                    json_free(&v);
-                    break;
-                }
-                h.format = (uint32_t)format;
-            }
-            Pending *p = &batch[n];
-            p->record = h.n_records++;
-            p->line = rr.rec_line;
-            if (data_record(&v, format, p, err, sizeof err) != 0) {
-                rc = data_fail(ds, "%s:%llu: %s (format %s)", path, (unsigned long long)rr.rec_line, err, data_format_names[format]);
-                json_free(&v);
-                pending_clear(p);
-                break;
-            }
-            json_free(&v);
-            bytes += rr.rec_len;
-            n++;
-        }
-        // tokenize in parallel, write in order
-        if (rc == 0) data_tokenize_batch(batch, n, tok);
+    while (status > 0) {
+        int n;
+        size_t bytes;
+        status = data_read_batch(ds, &rr, path, &format, &w.h, batch, &n, &bytes);
+        if (status >= 0) data_tokenize_batch(batch, n, tok); // in parallel, then written in order
         progress_update(&bar, (done += bytes) / 1e6);
         for (int i = 0; i < n; i++) {
-            Pending *p = &batch[i];
-            if (rc == 0 && p->skip) {
-                if (h.n_skips == cap_skips) skips = (CacheSkip *)realloc(skips, (cap_skips *= 2) * sizeof(CacheSkip));
-                if (!skips) die("out of memory");
-                CacheSkip s = {p->record, p->line, (uint32_t)p->skip, 0};
-                skips[h.n_skips++] = s;
-            } else if (rc == 0) {
-                size_t sz = cache_blob_size((uint32_t)p->n);
-                if (sz > blob_cap) { blob_cap = 2 * sz; free(blob); blob = (unsigned char *)mallocCheck(blob_cap); }
-                memset(blob, 0, sz);
-                memcpy(blob, p->ids, (size_t)p->n * 4);
-                memcpy(blob + (size_t)p->n * 4, p->label, (size_t)p->n);
-                uint32_t labels = 0;
-                for (int t = 0; t < p->n; t++) labels += p->label[t];
-                if (h.n_samples == cap_index) index = (CacheSample *)realloc(index, (cap_index *= 2) * sizeof(CacheSample));
-                if (!index) die("out of memory");
-                CacheSample e = {w.size, p->record, p->line, (uint32_t)p->n, labels};
-                index[h.n_samples++] = e;
-                h.n_tokens += (uint64_t)p->n;
-                cw_write(&w, blob, sz);
-            }
-            pending_clear(p);
+            if (status >= 0) cw_add(&w, &batch[i]);
+            pending_clear(&batch[i]);
         }
-        if (w.failed && rc == 0) rc = data_fail(ds, "%s: writing the token cache failed: %s (set --data_cache_dir elsewhere)", w.tmp, strerror(errno));
+        if (w.failed && status >= 0) status = data_fail(ds, "%s: writing the token cache failed: %s (set --data_cache_dir elsewhere)", w.tmp, strerror(errno));
     }
     rr_close(&rr);
-    if (rc == 0) progress_end(&bar, done / 1e6);
-    free(batch); free(blob);
-    if (rc == 0 && h.n_records == 0) rc = data_fail(ds, "%s: no records (an empty JSON array)", path);
-    if (rc == 0 && h.n_samples > INT32_MAX) rc = data_fail(ds, "%s: more than %d samples", path, INT32_MAX);
-    DataStore *s = NULL;
-    if (rc == 0) {
-        h.index_offset = w.size;
-        cw_write(&w, index, h.n_samples * sizeof(CacheSample));
-        h.skips_offset = w.size;
-        cw_write(&w, skips, h.n_skips * sizeof(CacheSkip));
-        h.file_size = w.size;
-        memcpy(h.magic, DATA_CACHE_MAGIC, 8);
-        h.version = DATA_CACHE_VERSION;
-        h.endian = 0x01020304u;
-        h.checksum = cache_checksum(&h, w.hash);
-    }
-    free(index); free(skips);
-    if (rc == 0 && w.f) {
-        int bad = w.failed || fseek(w.f, 0, SEEK_SET) != 0 || fwrite(&h, 1, sizeof h, w.f) != sizeof h;
-        bad |= fflush(w.f) != 0;
-        bad |= fsync(fileno(w.f)) != 0;
-        bad |= fclose(w.f) != 0;
-        w.f = NULL;
-        if (bad || rename(w.tmp, cache_path) != 0) {
-            rc = data_fail(ds, "%s: writing the token cache failed: %s", cache_path, strerror(errno));
-        } else {
-            char why[256];
-            s = cache_open(cache_path, &h, why, sizeof why);
-            if (!s) rc = data_fail(ds, "%s: the token cache just written does not read back: %s", cache_path, why);
-        }
-    } else if (rc == 0) {
-        memcpy(w.mem, &h, sizeof h);
-        s = (DataStore *)callocCheck(1, sizeof *s);
-        s->refs = 1;
-        s->base = w.mem;
-        s->size = (size_t)w.size;
-        s->h = h;
-        s->index = (const CacheSample *)(s->base + h.index_offset);
-        s->skips = (const CacheSkip *)(s->base + h.skips_offset);
-        w.mem = NULL;
-    }
-    if (w.f) fclose(w.f);
-    if (w.tmp[0]) remove(w.tmp); // (already renamed when all went well)
-    free(w.mem);
+    if (status == 0) progress_end(&bar, done / 1e6);
+    free(batch);
+    if (status == 0 && w.h.n_records == 0) status = data_fail(ds, "%s: no records (an empty JSON array)", path);
+    if (status == 0 && w.h.n_samples > INT32_MAX) status = data_fail(ds, "%s: more than %d samples", path, INT32_MAX);
+    DataStore *s = status == 0 ? cw_finish(&w, ds, cache_path) : NULL;
+    cw_free(&w);
     return s;
 }
 
@@ -1138,12 +1179,9 @@ static void dataset_report(const Dataset *ds, const char *path) {
     }
 }
 
-// Loads (tokenizes or reads the cache of) the data file; 0 ok, -1 with an
-// error naming the file printed (and in ds->error).
-static int dataset_load(Dataset *ds, const char *path, const Tokenizer *tok, const char *tokenizer_path, const DataOptions *o) {
-    DataOptions dflt;
-    memset(&dflt, 0, sizeof dflt);
-    if (!o) o = &dflt;
+// ds reset and set from the options o, which are checked; the DataFormat asked
+// for (FORMAT_AUTO: detect it), or -1 with an error naming the file
+static int data_options(Dataset *ds, const char *path, const DataOptions *o) {
     memset(ds, 0, sizeof *ds);
     ds->quiet = o->quiet;
     ds->train_on_prompt = o->train_on_prompt != 0;
@@ -1157,26 +1195,36 @@ static int dataset_load(Dataset *ds, const char *path, const Tokenizer *tok, con
         if (strcmp(fmt, data_format_names[f]) == 0) requested = f;
     if (requested < 0)
         return data_fail(ds, "%s: unknown data format '%s' (expected auto, text, prompt_response, alpaca, samsum or chat)", path, fmt);
+    return requested;
+}
 
-    // what the tokens depend on
-    CacheHeader key;
-    memset(&key, 0, sizeof key);
-    key.requested_format = (uint32_t)requested;
-    key.format = (uint32_t)requested;
-    key.templates_hash = cache_templates_hash();
-    if (data_identity(path, &key) != 0) return data_fail(ds, "%s: cannot read: %s", path, strerror(errno));
-    int use_cache = 1;
-    const char *no_cache_why = "";
+// what the tokens depend on, into key: the format asked for, the templates, the data
+// file and the tokenizer file (*tokenizer_known: whether it could be read; the cache
+// needs it). 0 ok, -1 when the data file cannot be read (said)
+static int data_cache_key(Dataset *ds, const char *path, const char *tokenizer_path, int requested, CacheHeader *key, int *tokenizer_known) {
+    memset(key, 0, sizeof *key);
+    *tokenizer_known = 0;
+    key->requested_format = (uint32_t)requested;
+    key->format = (uint32_t)requested;
+    key->templates_hash = cache_templates_hash();
+    if (data_identity(path, key) != 0) return data_fail(ds, "%s: cannot read: %s", path, strerror(errno));
     size_t tlen;
     char *tbytes = tokenizer_path && tokenizer_path[0] ? read_file(tokenizer_path, &tlen) : NULL;
-    if (tbytes) key.tokenizer_hash = data_hash_bytes(DATA_HASH_SEED, tbytes, tlen);
-    else { use_cache = 0; no_cache_why = "the tokenizer file is not known"; }
+    *tokenizer_known = tbytes != NULL;
+    if (tbytes) key->tokenizer_hash = data_hash_bytes(DATA_HASH_SEED, tbytes, tlen);
     free(tbytes);
-    if (use_cache && o->cache_dir && o->cache_dir[0]) {
-        if (mkdir_p(o->cache_dir) != 0) { use_cache = 0; no_cache_why = strerror(errno); }
+    return 0;
+}
+
+// where the token cache of path goes, into ds->cache_path: in cache_dir (made if
+// need be), named by the data file's real path, or next to the file. NULL when it
+// can be written there, else why not
+static const char *data_cache_place(Dataset *ds, const char *path, const char *cache_dir) {
+    if (cache_dir && cache_dir[0]) {
+        if (mkdir_p(cache_dir) != 0) return strerror(errno);
         char real[4096];
         const char *name = realpath(path, real) ? real : path, *base = strrchr(path, '/');
-        snprintf(ds->cache_path, sizeof ds->cache_path, "%s/%s.%016llx.tokcache", o->cache_dir, base ? base + 1 : path,
+        snprintf(ds->cache_path, sizeof ds->cache_path, "%s/%s.%016llx.tokcache", cache_dir, base ? base + 1 : path,
                  (unsigned long long)data_hash_bytes(DATA_HASH_SEED, name, strlen(name)));
     } else {
         snprintf(ds->cache_path, sizeof ds->cache_path, "%s.tokcache", path);
@@ -1188,41 +1236,59 @@ static int dataset_load(Dataset *ds, const char *path, const Tokenizer *tok, con
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
     struct stat dst;
-    if (use_cache && (stat(dir[0] ? dir : "/", &dst) != 0 || (dst.st_mode & 0222) == 0 || access(dir[0] ? dir : "/", W_OK) != 0)) {
-        use_cache = 0;
-        no_cache_why = "its directory is not writable";
-    }
-    if (!use_cache) {
-        if (!o->quiet) printf("data: no token cache for %s (%s): tokenizing in memory\n", path, no_cache_why);
-        ds->cache_path[0] = 0;
-    }
+    if (stat(dir[0] ? dir : "/", &dst) != 0 || (dst.st_mode & 0222) == 0 || access(dir[0] ? dir : "/", W_OK) != 0)
+        return "its directory is not writable";
+    return NULL;
+}
 
+// the tokenized samples: the token cache when ds->cache_path holds one that
+// matches key, else the file tokenized now (into a new cache at ds->cache_path,
+// or into memory when it is ""). NULL after an error (said)
+static DataStore *data_store(Dataset *ds, const char *path, CacheHeader *key, const Tokenizer *tok) {
     DataStore *st = NULL;
+    int use_cache = ds->cache_path[0] != 0;
     if (use_cache) {
         char why[256];
-        st = cache_open(ds->cache_path, &key, why, sizeof why);
+        st = cache_open(ds->cache_path, key, why, sizeof why);
         if (st) ds->cache_status = CACHE_REUSED;
         else if (why[0]) {
             ds->cache_status = CACHE_REBUILT;
-            if (!o->quiet) printf("data: token cache %s is stale or corrupt (%s): rebuilding\n", ds->cache_path, why);
+            if (!ds->quiet) printf("data: token cache %s is stale or corrupt (%s): rebuilding\n", ds->cache_path, why);
         } else ds->cache_status = CACHE_BUILT;
     }
     if (!st) {
-        st = data_build(ds, path, use_cache ? ds->cache_path : NULL, &key, tok);
-        if (!st) return -1;
+        st = data_build(ds, path, use_cache ? ds->cache_path : NULL, key, tok);
+        if (!st) return NULL;
         if (!ds->cache_path[0]) ds->cache_status = CACHE_NONE;
     }
     snprintf(st->path, sizeof st->path, "%s", path);
-    ds->store = st;
-    ds->format = (int)st->h.format;
-    // a cache from the right tokenizer file holds no other ids, but one with a forged checksum could
+    return st;
+}
+
+// every token id within the tokenizer's vocabulary: a cache from the right
+// tokenizer file holds no other ids, but one with a forged checksum could
+static int data_check_ids(Dataset *ds, const Tokenizer *tok) {
+    const DataStore *st = ds->store;
     for (uint64_t i = 0; tok && i < st->h.n_samples; i++)
         for (uint32_t t = 0; t < st->index[i].n_tokens; t++) {
             int32_t id = store_tokens(st, (long)i)[t];
             if (id < 0 || id >= tok->vocab_size) { dataset_free(ds); return data_fail(ds, "%s: token id %d out of range", ds->cache_path, id); }
         }
+    return 0;
+}
 
-    // selection: slice of records, skips, max_samples
+// notes the skipped records in [from, before) from skips[*j] on (in record order)
+static void data_note_skips(Dataset *ds, uint64_t from, uint64_t before, uint64_t *j) {
+    const DataStore *st = ds->store;
+    for (; *j < st->h.n_skips && st->skips[*j].record < before; (*j)++)
+        if (st->skips[*j].record >= from) data_note_skip(ds, st->skips[*j].line, (int)st->skips[*j].reason);
+}
+
+// ds->samples: the samples of the records o->slice selects, at most o->max_samples
+// of them, leaving out (and noting) the skipped records and, padding, the samples
+// with no label within max_seq_len. -1 with an error naming path when none is left
+static int data_select(Dataset *ds, const char *path, const DataOptions *o) {
+    const DataStore *st = ds->store;
     char err[256];
     long from, to;
     if (data_parse_slice(o->slice, (long)st->h.n_records, &from, &to, err, sizeof err) != 0) { dataset_free(ds); return data_fail(ds, "%s: %s", path, err); }
@@ -1232,24 +1298,42 @@ static int dataset_load(Dataset *ds, const char *path, const Tokenizer *tok, con
         const CacheSample *e = &st->index[i];
         if (e->record < (uint64_t)from) continue;
         if (e->record >= end) break;
-        for (; j < st->h.n_skips && st->skips[j].record < e->record; j++)
-            if (st->skips[j].record >= (uint64_t)from) data_note_skip(ds, st->skips[j].line, (int)st->skips[j].reason);
+        data_note_skips(ds, (uint64_t)from, e->record, &j);
         if (!ds->packing && data_labels_within(ds, (long)i) == 0) { data_note_skip(ds, e->line, SKIP_TRUNCATED); continue; }
         ds->samples[ds->n_samples++] = (int32_t)i;
         if (o->max_samples && ds->n_samples == o->max_samples) { end = e->record + 1; break; }
     }
-    for (; j < st->h.n_skips && st->skips[j].record < end; j++)
-        if (st->skips[j].record >= (uint64_t)from) data_note_skip(ds, st->skips[j].line, (int)st->skips[j].reason);
+    data_note_skips(ds, (uint64_t)from, end, &j);
     ds->n_records = (long)(end > (uint64_t)from ? end - (uint64_t)from : 0);
-    if (ds->n_samples == 0) {
-        char list[256] = "";
-        for (long i = 0; i < ds->n_skipped && i < DATA_SKIP_LIST; i++)
-            snprintf(list + strlen(list), sizeof list - strlen(list), "%sline %ld: %s", i ? "; " : ": ", ds->skip_line[i], skip_reason_names[ds->skip_reason[i]]);
-        long skipped = ds->n_skipped, recs = ds->n_records;
-        dataset_free(ds);
-        return data_fail(ds, "%s: no samples to train on (%ld records selected%s%s, %ld skipped%s)", path, recs,
-                         o->slice && o->slice[0] ? " by slice " : "", o->slice ? o->slice : "", skipped, list);
+    if (ds->n_samples > 0) return 0;
+    char list[256] = "";
+    for (long i = 0; i < ds->n_skipped && i < DATA_SKIP_LIST; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%sline %ld: %s", i ? "; " : ": ", ds->skip_line[i], skip_reason_names[ds->skip_reason[i]]);
+    long skipped = ds->n_skipped, recs = ds->n_records;
+    dataset_free(ds);
+    return data_fail(ds, "%s: no samples to train on (%ld records selected%s%s, %ld skipped%s)", path, recs,
+                     o->slice && o->slice[0] ? " by slice " : "", o->slice ? o->slice : "", skipped, list);
+}
+
+// Loads (tokenizes or reads the cache of) the data file; 0 ok, -1 with an
+// error naming the file printed (and in ds->error).
+static int dataset_load(Dataset *ds, const char *path, const Tokenizer *tok, const char *tokenizer_path, const DataOptions *o) {
+    DataOptions dflt;
+    memset(&dflt, 0, sizeof dflt);
+    if (!o) o = &dflt;
+    int requested = data_options(ds, path, o), tokenizer_known;
+    if (requested < 0) return -1;
+    CacheHeader key;
+    if (data_cache_key(ds, path, tokenizer_path, requested, &key, &tokenizer_known) != 0) return -1;
+    const char *no_cache_why = tokenizer_known ? data_cache_place(ds, path, o->cache_dir) : "the tokenizer file is not known";
+    if (no_cache_why) {
+        if (!o->quiet) printf("data: no token cache for %s (%s): tokenizing in memory\n", path, no_cache_why);
+        ds->cache_path[0] = 0;
     }
+    ds->store = data_store(ds, path, &key, tok);
+    if (!ds->store) return -1;
+    ds->format = (int)ds->store->h.format;
+    if (data_check_ids(ds, tok) != 0 || data_select(ds, path, o) != 0) return -1;
     dataset_build_rows(ds);
     dataset_report(ds, path);
     return 0;

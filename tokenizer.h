@@ -353,33 +353,31 @@ static inline int tok_special_id(const Tokenizer *t, const unsigned char *name, 
     return (id >= 0 && t->types[id] == type) ? id : -1;
 }
 
-// the body of tokenizer_load_from_memory; on failure writes a message into err and returns -1
-static inline int tok_load(Tokenizer *t, const unsigned char *data, size_t len, char *err, size_t errn) {
-    char q[200];
-    if (len == 0) { snprintf(err, errn, "file is empty"); return -1; }
-    if (len > TOKENIZER_MAX_FILE_SIZE) { snprintf(err, errn, "file is %zu bytes, larger than the %zu allowed", len, TOKENIZER_MAX_FILE_SIZE); return -1; }
+// is a piece of this type in sentencepiece's pieces_ map (the ones BPE may merge into)?
+// UNKNOWN, CONTROL and BYTE pieces are in the reserved map instead
+static inline int tok_type_is_normal(int type) { return type == TOK_NORMAL || type == TOK_USER_DEFINED || type == TOK_UNUSED; }
 
-    // pass 1: walk ModelProto, count pieces, read the specs
-    TokSpec spec;
-    memset(&spec, 0, sizeof(spec));
-    spec.model_type = 1;
-    spec.add_dummy_prefix = spec.remove_extra_whitespaces = spec.escape_whitespaces = 1;
-    spec.unk_surface = (const unsigned char *)" \xE2\x81\x87 "; spec.unk_surface_len = 5;
+// pass 1: walks ModelProto, counts the pieces and reads the specs over sentencepiece's defaults
+static inline int tok_read_spec(TokSpec *spec, size_t *n_pieces, const unsigned char *data, size_t len, char *err, size_t errn) {
+    memset(spec, 0, sizeof(*spec));
+    spec->model_type = 1;
+    spec->add_dummy_prefix = spec->remove_extra_whitespaces = spec->escape_whitespaces = 1;
+    spec->unk_surface = (const unsigned char *)" \xE2\x81\x87 "; spec->unk_surface_len = 5;
     static const char *const default_names[4] = {"<unk>", "<s>", "</s>", "<pad>"};
-    for (int k = 0; k < 4; k++) { spec.name[k] = (const unsigned char *)default_names[k]; spec.name_len[k] = strlen(default_names[k]); }
-    size_t n_pieces = 0;
+    for (int k = 0; k < 4; k++) { spec->name[k] = (const unsigned char *)default_names[k]; spec->name_len[k] = strlen(default_names[k]); }
+    *n_pieces = 0;
     TokPB r; r.p = data; r.end = data + len;
     TokField f; int rc;
     while ((rc = tok_pb_next(&r, &f)) > 0) {
         if (f.wire != 2) continue;
         if (f.num == 1) {
-            if (++n_pieces > TOKENIZER_MAX_PIECES) {
+            if (++*n_pieces > TOKENIZER_MAX_PIECES) {
                 snprintf(err, errn, "more than %d pieces; not a tokenizer this code supports", TOKENIZER_MAX_PIECES);
                 return -1;
             }
-        } else if (f.num == 2) rc = tok_parse_trainer_spec(&spec, f.data, f.len);
-        else if (f.num == 3) rc = tok_parse_normalizer_spec(&spec, f.data, f.len, 0);
-        else if (f.num == 5) rc = tok_parse_normalizer_spec(&spec, f.data, f.len, 1);
+        } else if (f.num == 2) rc = tok_parse_trainer_spec(spec, f.data, f.len);
+        else if (f.num == 3) rc = tok_parse_normalizer_spec(spec, f.data, f.len, 0);
+        else if (f.num == 5) rc = tok_parse_normalizer_spec(spec, f.data, f.len, 1);
         if (rc < 0) break;
     }
     if (rc < 0) {
@@ -387,31 +385,38 @@ static inline int tok_load(Tokenizer *t, const unsigned char *data, size_t len, 
                  (size_t)(r.p - data), len);
         return -1;
     }
+    return 0;
+}
 
-    // what we can reproduce exactly
+// refuses a model this code cannot reproduce exactly
+static inline int tok_check_spec(const TokSpec *spec, size_t n_pieces, char *err, size_t errn) {
+    char q[200];
     static const char *const model_types[5] = {"?", "UNIGRAM", "BPE", "WORD", "CHAR"};
-    if (spec.model_type != 2) {
-        snprintf(err, errn, "model_type is %s; only BPE models (like Llama-2's) are supported", model_types[spec.model_type]);
+    if (spec->model_type != 2) {
+        snprintf(err, errn, "model_type is %s; only BPE models (like Llama-2's) are supported", model_types[spec->model_type]);
         return -1;
     }
-    if (spec.has_rule && !(spec.rule_len == 8 && memcmp(spec.rule, "identity", 8) == 0)) {
+    if (spec->has_rule && !(spec->rule_len == 8 && memcmp(spec->rule, "identity", 8) == 0)) {
         snprintf(err, errn, "normalization rule '%s' is not supported (only 'identity', as Llama-2 uses)",
-                 tok_quote(q, (const char *)spec.rule, spec.rule_len));
+                 tok_quote(q, (const char *)spec->rule, spec->rule_len));
         return -1;
     }
-    if (spec.charsmap_len > 0) {
+    if (spec->charsmap_len > 0) {
         snprintf(err, errn, "normalizer has a %zu-byte precompiled_charsmap; only identity normalization (none) is supported",
-                 spec.charsmap_len);
+                 spec->charsmap_len);
         return -1;
     }
-    if (spec.denorm_charsmap_len > 0) { snprintf(err, errn, "a denormalizer is not supported"); return -1; }
-    if (spec.treat_whitespace_as_suffix) { snprintf(err, errn, "treat_whitespace_as_suffix is not supported"); return -1; }
-    if (!spec.escape_whitespaces) { snprintf(err, errn, "escape_whitespaces=false is not supported"); return -1; }
+    if (spec->denorm_charsmap_len > 0) { snprintf(err, errn, "a denormalizer is not supported"); return -1; }
+    if (spec->treat_whitespace_as_suffix) { snprintf(err, errn, "treat_whitespace_as_suffix is not supported"); return -1; }
+    if (!spec->escape_whitespaces) { snprintf(err, errn, "escape_whitespaces=false is not supported"); return -1; }
     if (n_pieces == 0) { snprintf(err, errn, "model has no pieces"); return -1; }
+    return 0;
+}
 
-    // pass 2: the pieces. Their total size is bounded by the file size.
-    int n = (int)n_pieces;
-    t->vocab_size = n;
+// t's per-piece arrays and empty hash table for n_pieces pieces, and the spec's options.
+// The pieces' total size is bounded by the file size len.
+static inline int tok_alloc(Tokenizer *t, const TokSpec *spec, size_t n_pieces, size_t len, char *err, size_t errn) {
+    t->vocab_size = (int)n_pieces;
     t->pieces = (char **)calloc(n_pieces, sizeof(char *));
     t->piece_len = (int *)calloc(n_pieces, sizeof(int));
     t->scores = (float *)calloc(n_pieces, sizeof(float));
@@ -425,32 +430,57 @@ static inline int tok_load(Tokenizer *t, const unsigned char *data, size_t len, 
     while (table_size < 2 * n_pieces) table_size *= 2;
     t->table = (TokSlot *)malloc(table_size * sizeof(TokSlot));
     t->table_mask = table_size - 1;
-    t->unk_surface = (char *)malloc(spec.unk_surface_len + 1);
+    t->unk_surface = (char *)malloc(spec->unk_surface_len + 1);
     if (!t->pieces || !t->piece_len || !t->scores || !t->rank || !t->types || !t->canon || !t->unused_slot ||
         !t->byte_of || !t->strings || !t->table || !t->unk_surface) {
         snprintf(err, errn, "out of memory"); return -1;
     }
-    memcpy(t->unk_surface, spec.unk_surface, spec.unk_surface_len);
-    t->unk_surface[spec.unk_surface_len] = 0;
-    t->unk_surface_len = spec.unk_surface_len;
+    memcpy(t->unk_surface, spec->unk_surface, spec->unk_surface_len);
+    t->unk_surface[spec->unk_surface_len] = 0;
+    t->unk_surface_len = spec->unk_surface_len;
     memset(t->table, 0, table_size * sizeof(TokSlot));
     for (size_t i = 0; i < table_size; i++) t->table[i].normal = t->table[i].reserved = -1;
     for (int b = 0; b < 256; b++) t->byte_ids[b] = -1;
     t->unk_internal = -1;
-    t->byte_fallback = spec.byte_fallback;
-    t->add_dummy_prefix = spec.add_dummy_prefix;
-    t->remove_extra_whitespaces = spec.remove_extra_whitespaces;
+    t->byte_fallback = spec->byte_fallback;
+    t->add_dummy_prefix = spec->add_dummy_prefix;
+    t->remove_extra_whitespaces = spec->remove_extra_whitespaces;
+    return 0;
+}
 
+// BYTE piece id, s[0..sl): which byte it stands for (byte_ids, byte_of)
+static inline int tok_add_byte_piece(Tokenizer *t, int id, const unsigned char *s, size_t sl, char *err, size_t errn) {
+    char q[200];
+    if (!t->byte_fallback) {
+        snprintf(err, errn, "byte piece '%s' found although byte_fallback is false", tok_quote(q, (const char *)s, sl));
+        return -1;
+    }
+    // exactly "<0xXX>" with upper-case hex, as sentencepiece's PieceToByte
+    int hi = sl == 6 ? tok_hex_digit(s[3]) : -1, lo = sl == 6 ? tok_hex_digit(s[4]) : -1;
+    if (hi < 0 || lo < 0 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') {
+        snprintf(err, errn, "byte piece '%s' is invalid", tok_quote(q, (const char *)s, sl));
+        return -1;
+    }
+    int b = hi * 16 + lo;
+    t->byte_of[id] = (short)b;
+    t->byte_ids[b] = id; // unique: byte pieces are reserved, duplicates were refused before
+    return 0;
+}
+
+// pass 2: the pieces in file order (pass 1 checked the structure) into the arrays and
+// the hash table, with the checks of sentencepiece's ModelInterface::InitializePieces
+static inline int tok_read_pieces(Tokenizer *t, const unsigned char *data, size_t len, char *err, size_t errn) {
+    char q[200];
     size_t used = 0;
     int id = 0;
-    r.p = data; r.end = data + len;
-    while (tok_pb_next(&r, &f) > 0) { // pass 1 checked the structure
+    TokPB r; r.p = data; r.end = data + len;
+    TokField f;
+    while (tok_pb_next(&r, &f) > 0) {
         if (f.num != 1 || f.wire != 2) continue;
         const unsigned char *s; size_t sl; float score; int type;
         if (tok_parse_piece(f.data, f.len, &s, &sl, &score, &type) < 0) {
             snprintf(err, errn, "piece %d is malformed", id); return -1;
         }
-        // the checks of sentencepiece's ModelInterface::InitializePieces
         if (sl == 0) { snprintf(err, errn, "piece %d is empty", id); return -1; }
         if (sl > TOKENIZER_MAX_PIECE_LEN) {
             snprintf(err, errn, "piece %d is %zu bytes long, more than the %d allowed", id, sl, TOKENIZER_MAX_PIECE_LEN);
@@ -464,7 +494,7 @@ static inline int tok_load(Tokenizer *t, const unsigned char *data, size_t len, 
         t->scores[id] = score;
         t->types[id] = (unsigned char)type;
         t->byte_of[id] = -1;
-        int normal = type == TOK_NORMAL || type == TOK_USER_DEFINED || type == TOK_UNUSED;
+        // the string's slot, claimed when no piece before had it; the normal or reserved id in it must be free
         uint32_t h = tok_hash((const char *)s, sl);
         size_t i = h & t->table_mask;
         for (;; i = (i + 1) & t->table_mask) {
@@ -472,6 +502,7 @@ static inline int tok_load(Tokenizer *t, const unsigned char *data, size_t len, 
             if (e->normal < 0 && e->reserved < 0) { e->hash = h; e->len = (int)sl; e->str = t->pieces[id]; break; }
             if (e->hash == h && (size_t)e->len == sl && memcmp(e->str, s, sl) == 0) break;
         }
+        int normal = tok_type_is_normal(type);
         int *slot = normal ? &t->table[i].normal : &t->table[i].reserved;
         if (*slot >= 0) {
             snprintf(err, errn, "piece '%s' is defined twice (ids %d and %d)", tok_quote(q, (const char *)s, sl), *slot, id);
@@ -483,92 +514,95 @@ static inline int tok_load(Tokenizer *t, const unsigned char *data, size_t len, 
             if (t->unk_internal >= 0) { snprintf(err, errn, "more than one UNKNOWN piece (ids %d and %d)", t->unk_internal, id); return -1; }
             t->unk_internal = id;
         }
-        if (type == TOK_BYTE) {
-            if (!spec.byte_fallback) {
-                snprintf(err, errn, "byte piece '%s' found although byte_fallback is false", tok_quote(q, (const char *)s, sl));
-                return -1;
-            }
-            // exactly "<0xXX>" with upper-case hex, as sentencepiece's PieceToByte
-            int hi = sl == 6 ? tok_hex_digit(s[3]) : -1, lo = sl == 6 ? tok_hex_digit(s[4]) : -1;
-            if (hi < 0 || lo < 0 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') {
-                snprintf(err, errn, "byte piece '%s' is invalid", tok_quote(q, (const char *)s, sl));
-                return -1;
-            }
-            int b = hi * 16 + lo;
-            t->byte_of[id] = (short)b;
-            t->byte_ids[b] = id; // unique: byte pieces are reserved, duplicates were refused above
-        }
+        if (type == TOK_BYTE && tok_add_byte_piece(t, id, s, sl, err, errn) != 0) return -1;
         id++;
     }
     if (t->unk_internal < 0) { snprintf(err, errn, "no UNKNOWN piece (<unk>) defined"); return -1; }
-    if (spec.byte_fallback) {
+    if (t->byte_fallback) {
         for (int b = 0; b < 256; b++) if (t->byte_ids[b] < 0) {
             snprintf(err, errn, "byte_fallback is set but byte piece <0x%02X> is missing", b);
             return -1;
         }
     }
+    return 0;
+}
 
-    // derived tables
-    int n_ud = 0;
+// score ranks (rank), so that the BPE heap compares one integer
+static inline int tok_build_ranks(Tokenizer *t, char *err, size_t errn) {
+    int n = t->vocab_size;
+    TokScoreId *order = (TokScoreId *)malloc((size_t)n * sizeof(TokScoreId));
+    if (!order) { snprintf(err, errn, "out of memory"); return -1; }
+    for (int i = 0; i < n; i++) { order[i].score = t->scores[i]; order[i].id = i; }
+    qsort(order, (size_t)n, sizeof(TokScoreId), tok_cmp_score_desc);
+    uint32_t r = 0;
     for (int i = 0; i < n; i++) {
-        t->canon[i] = tok_piece_to_id(t, t->pieces[i], (size_t)t->piece_len[i]);
-        t->unused_slot[i] = t->types[i] == TOK_UNUSED ? t->n_unused++ : -1;
-        if (t->types[i] == TOK_USER_DEFINED) n_ud++;
+        if (i > 0 && tok_cmp_score_desc(&order[i - 1], &order[i]) != 0) r++;
+        t->rank[order[i].id] = r;
     }
-    {
-        // score ranks, so that the BPE heap compares one integer
-        TokScoreId *order = (TokScoreId *)malloc((size_t)n * sizeof(TokScoreId));
-        if (!order) { snprintf(err, errn, "out of memory"); return -1; }
-        for (int i = 0; i < n; i++) { order[i].score = t->scores[i]; order[i].id = i; }
-        qsort(order, (size_t)n, sizeof(TokScoreId), tok_cmp_score_desc);
-        uint32_t r = 0;
-        for (int i = 0; i < n; i++) {
-            if (i > 0 && tok_cmp_score_desc(&order[i - 1], &order[i]) != 0) r++;
-            t->rank[order[i].id] = r;
-        }
-        free(order);
-    }
-    {
-        // the edges set: proper prefixes/suffixes of 1-4 bytes of every piece in pieces_
-        size_t n_keys = 0;
-        for (int i = 0; i < n; i++) {
-            int ty = t->types[i];
-            if (ty == TOK_NORMAL || ty == TOK_USER_DEFINED || ty == TOK_UNUSED)
-                n_keys += (size_t)(2 * (t->piece_len[i] - 1 < 4 ? t->piece_len[i] - 1 : 4));
-        }
-        size_t size = 16;
-        while (size < 2 * n_keys) size *= 2;
-        t->edges = (uint64_t *)calloc(size, sizeof(uint64_t));
-        if (!t->edges) { snprintf(err, errn, "out of memory"); return -1; }
-        t->edges_mask = size - 1;
-        for (int i = 0; i < n; i++) {
-            int ty = t->types[i], l = t->piece_len[i];
-            if (!(ty == TOK_NORMAL || ty == TOK_USER_DEFINED || ty == TOK_UNUSED)) continue;
-            for (int k = 1; k < l && k <= 4; k++) {
-                uint64_t key[2] = {tok_edge_key(t->pieces[i], k), tok_edge_key(t->pieces[i] + l - k, k)};
-                for (int j = 0; j < 2; j++) {
-                    size_t e = tok_edge_slot(key[j], t->edges_mask);
-                    while (t->edges[e] != 0 && t->edges[e] != key[j]) e = (e + 1) & t->edges_mask;
-                    t->edges[e] = key[j];
-                }
+    free(order);
+    return 0;
+}
+
+// the edges set: proper prefixes/suffixes of 1-4 bytes of every piece in pieces_
+static inline int tok_build_edges(Tokenizer *t, char *err, size_t errn) {
+    int n = t->vocab_size;
+    size_t n_keys = 0;
+    for (int i = 0; i < n; i++)
+        if (tok_type_is_normal(t->types[i])) n_keys += (size_t)(2 * (t->piece_len[i] - 1 < 4 ? t->piece_len[i] - 1 : 4));
+    size_t size = 16;
+    while (size < 2 * n_keys) size *= 2;
+    t->edges = (uint64_t *)calloc(size, sizeof(uint64_t));
+    if (!t->edges) { snprintf(err, errn, "out of memory"); return -1; }
+    t->edges_mask = size - 1;
+    for (int i = 0; i < n; i++) {
+        int l = t->piece_len[i];
+        if (!tok_type_is_normal(t->types[i])) continue;
+        for (int k = 1; k < l && k <= 4; k++) {
+            uint64_t key[2] = {tok_edge_key(t->pieces[i], k), tok_edge_key(t->pieces[i] + l - k, k)};
+            for (int j = 0; j < 2; j++) {
+                size_t e = tok_edge_slot(key[j], t->edges_mask);
+                while (t->edges[e] != 0 && t->edges[e] != key[j]) e = (e + 1) & t->edges_mask;
+                t->edges[e] = key[j];
             }
         }
     }
-    if (n_ud > 0) {
-        // the distinct lengths of user-defined pieces, longest first, and their first bytes
-        t->ud_lens = (int *)malloc((size_t)n_ud * sizeof(int));
-        if (!t->ud_lens) { snprintf(err, errn, "out of memory"); return -1; }
-        for (int i = 0; i < n; i++) {
-            if (t->types[i] != TOK_USER_DEFINED) continue;
-            t->ud_first[(unsigned char)t->pieces[i][0]] = 1;
-            int l = t->piece_len[i], k = 0;
-            while (k < t->n_ud_lens && t->ud_lens[k] > l) k++;
-            if (k < t->n_ud_lens && t->ud_lens[k] == l) continue;
-            memmove(t->ud_lens + k + 1, t->ud_lens + k, (size_t)(t->n_ud_lens - k) * sizeof(int));
-            t->ud_lens[k] = l;
-            t->n_ud_lens++;
-        }
+    return 0;
+}
+
+// the distinct lengths of user-defined pieces, longest first (ud_lens), and their first bytes (ud_first)
+static inline int tok_build_user_defined(Tokenizer *t, char *err, size_t errn) {
+    int n = t->vocab_size, n_ud = 0;
+    for (int i = 0; i < n; i++) n_ud += t->types[i] == TOK_USER_DEFINED;
+    if (n_ud == 0) return 0;
+    t->ud_lens = (int *)malloc((size_t)n_ud * sizeof(int));
+    if (!t->ud_lens) { snprintf(err, errn, "out of memory"); return -1; }
+    for (int i = 0; i < n; i++) {
+        if (t->types[i] != TOK_USER_DEFINED) continue;
+        t->ud_first[(unsigned char)t->pieces[i][0]] = 1;
+        int l = t->piece_len[i], k = 0;
+        while (k < t->n_ud_lens && t->ud_lens[k] > l) k++;
+        if (k < t->n_ud_lens && t->ud_lens[k] == l) continue;
+        memmove(t->ud_lens + k + 1, t->ud_lens + k, (size_t)(t->n_ud_lens - k) * sizeof(int));
+        t->ud_lens[k] = l;
+        t->n_ud_lens++;
     }
+    return 0;
+}
+
+// the body of tokenizer_load_from_memory: the specs (pass 1), the pieces (pass 2), then
+// the tables derived from them; on failure writes a message into err and returns -1
+static inline int tok_load(Tokenizer *t, const unsigned char *data, size_t len, char *err, size_t errn) {
+    if (len == 0) { snprintf(err, errn, "file is empty"); return -1; }
+    if (len > TOKENIZER_MAX_FILE_SIZE) { snprintf(err, errn, "file is %zu bytes, larger than the %zu allowed", len, TOKENIZER_MAX_FILE_SIZE); return -1; }
+    TokSpec spec;
+    size_t n_pieces;
+    if (tok_read_spec(&spec, &n_pieces, data, len, err, errn) != 0 || tok_check_spec(&spec, n_pieces, err, errn) != 0) return -1;
+    if (tok_alloc(t, &spec, n_pieces, len, err, errn) != 0 || tok_read_pieces(t, data, len, err, errn) != 0) return -1;
+    for (int i = 0; i < t->vocab_size; i++) {
+        t->canon[i] = tok_piece_to_id(t, t->pieces[i], (size_t)t->piece_len[i]);
+        t->unused_slot[i] = t->types[i] == TOK_UNUSED ? t->n_unused++ : -1;
+    }
+    if (tok_build_ranks(t, err, errn) != 0 || tok_build_edges(t, err, errn) != 0 || tok_build_user_defined(t, err, errn) != 0) return -1;
     t->unk_id = tok_special_id(t, spec.name[0], spec.name_len[0], TOK_UNKNOWN);
     t->bos_id = tok_special_id(t, spec.name[1], spec.name_len[1], TOK_CONTROL);
     t->eos_id = tok_special_id(t, spec.name[2], spec.name_len[2], TOK_CONTROL);

@@ -926,6 +926,8 @@ static int metrics_error(const char *path) {
 // far train_run got
 typedef struct {
     Fsdp fsdp;              // the ranks (a world of one without a launcher) and the strategy
+    char tokpath[4096];     // the tokenizer file (--tokenizer, else the model's)
+    char resume_dir[PATH_MAX]; // the checkpoint --resume names, resolved
     Tokenizer tok;
     Dataset all_ds, train_ds, val_ds; // all_ds: the file when --val_split cuts it in two
     Model m;
@@ -978,6 +980,9 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     return loss;
 }
 
+// a validation set: --val_data, or --val_split cutting one off the training data
+static int has_validation(const TrainConfig *tc) { return tc->val_data[0] || tc->val_split > 0; }
+
 // The tokenizer and the data into r, and *T, the longest row (or sample) there
 // is room for. Local to this rank. 0 ok, -1 with a message.
 static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int *T) {
@@ -997,7 +1002,7 @@ static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int
         if (tc->val_data[0] && dataset_load(val_ds, tc->val_data, tok, tokpath, &vopt) != 0) return -1;
     }
     *T = dataset_max_len(train_ds);
-    if ((tc->val_data[0] || tc->val_split > 0) && dataset_max_len(val_ds) > *T) *T = dataset_max_len(val_ds);
+    if (has_validation(tc) && dataset_max_len(val_ds) > *T) *T = dataset_max_len(val_ds);
     int sample_len = 0; // room for the samples' prompts and continuations
     for (int i = 0; i < tc->sample_prompt.n; i++) {
         int n = (int)strlen(tc->sample_prompt.v[i]) + 1 + tc->max_new_tokens; // a token has at least one byte
@@ -1048,6 +1053,139 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
     return 0;
 }
 
+// Everything the run needs, on every rank: the output folder, the checkpoint to resume
+// from (each rank verifies its share of its files), the tokenizer and the data (*T: the
+// longest row), the model and its optimizer. Collective: 0 ok, 1 when a rank failed.
+static int train_load(TrainConfig *tc, Trainer *r, int *T) {
+    Fsdp *f = &r->fsdp;
+    int W = f->world.size;
+    int failed = mkdir_p(tc->output_dir) != 0;
+    if (failed) fprintf(stderr, "error: cannot create --output_dir '%s': %s\n", tc->output_dir, strerror(errno));
+    print_config(tc);
+    if (W > 1)
+        printf("%d ranks, %s: shard groups of %d, %d replica(s)\n", W, f->info->name, f->shard.size, f->replica.size);
+    failed = failed || (tc->resume[0] && checkpoint_resolve(tc->resume, r->resume_dir, sizeof r->resume_dir) != 0);
+    failed = failed || (tc->resume[0] && checkpoint_verify(r->resume_dir, f->world.rank, W) != 0); // each rank its share of the files
+    if (tc->tokenizer[0]) snprintf(r->tokpath, sizeof r->tokpath, "%s", tc->tokenizer);
+    else snprintf(r->tokpath, sizeof r->tokpath, "%s/tokenizer.model", tc->model);
+    if (failed_anywhere(r, failed || load_data(tc, r, r->tokpath, T) != 0)) return 1;
+    Model *m = &r->m;
+    failed = model_setup(m, f, tc, tc->batch_size, *T, tc->resume[0] ? r->resume_dir : NULL) != 0;
+    const Config *c = &m->host.config;
+    if (!failed && r->tok.vocab_size > c->vocab_size) {
+        fprintf(stderr, "error: %s has %d pieces but the model's vocab_size is %d\n", r->tokpath, r->tok.vocab_size, c->vocab_size);
+        failed = 1;
+    }
+    if (failed_anywhere(r, failed)) return 1;
+    m->row0 = f->world.rank * tc->batch_size;
+    optimizer_init(&r->opt, m);
+    return 0;
+}
+
+// --resume: the weights, the optimizer and where training stood (*ts) from the
+// checkpoint. Collective: 0 ok, 1 when a rank failed.
+static int train_resume(TrainConfig *tc, Trainer *r, TrainState *ts) {
+    int failed = load_checkpoint(tc, r->resume_dir, r->fsdp.world.size, &r->m, &r->opt, ts) != 0;
+    if (!failed && ts->data_pos > r->train_ds.n_rows) {
+        fprintf(stderr, "error: --resume %s: data position %d is past the %ld rows\n", r->resume_dir, ts->data_pos, r->train_ds.n_rows);
+        failed = 1;
+    }
+    if (failed_anywhere(r, failed)) return 1;
+    if (!tc->dry_run) optimizer_sync_device(&r->opt); // (a dry run's model has no device side)
+    return 0;
+}
+
+// what the run will do: the model, the steps and their rows, and the memory plan
+static void print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
+    const Model *m = &r->m;
+    const Config *c = &m->host.config;
+    printf("model %s: %d layers, dim %d, %d heads (%d kv), vocab %d, %.2fM parameters\n", tc->model, c->n_layers,
+           c->dim, c->n_heads, c->n_kv_heads, c->vocab_size, m->host.num_params / 1e6);
+    printf("training %s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
+           m->host.use_lora ? "LoRA" : "all weights", r->opt.n, m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
+           r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
+    memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, 1);
+}
+
+// What the steps need: the metrics file (rank 0; on resume cut back to the
+// checkpoint's step), the data loader at the resumed position, the buffers of a
+// step's micro-batches, and the signals that stop the run after a step.
+// Collective: 0 ok, 1 when a rank failed.
+static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts, int T) {
+    int rank0 = r->fsdp.world.rank == 0, B = tc->batch_size, GA = tc->grad_accum;
+    int failed = rank0 && tc->metrics_file[0] && tc->resume[0] && metrics_truncate(tc->metrics_file, ts->step) != 0;
+    if (failed) fprintf(stderr, "error: cannot rewrite --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
+    if (failed_anywhere(r, failed)) return 1;
+    if (rank0 && tc->metrics_file[0]) r->metrics = fopenCheck(tc->metrics_file, tc->resume[0] ? "a" : "w");
+    dataloader_init(&r->dl, &r->train_ds, tc->shuffle, (uint64_t)tc->seed, r->fsdp.world.rank, r->fsdp.world.size);
+    dataloader_seek(&r->dl, ts->data_epoch, ts->data_pos);
+    r->tokens = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
+    r->targets = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
+    r->Ts = (int *)mallocCheck(GA * sizeof(int));
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
+    return 0;
+}
+
+// one optimizer step as train_step returns it, and its time
+typedef struct {
+    double loss, norm, ms;
+    long n_tokens; // every rank's
+    float lr;
+    int skipped;   // NaN or infinite loss or norm: no update
+} StepStats;
+
+// The step's line on stdout and, with --metrics_file (rank 0), its JSON record, with
+// the speed: tokens/s, model TFLOP/s and MFU (against --peak_tflops). 1 when the
+// metrics file could not be written.
+static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, int total, const StepStats *s, double eta_s) {
+    Model *m = &r->m;
+    int W = r->fsdp.world.size;
+    double flops = 0;
+    for (int g = 0; g < tc->grad_accum; g++) flops += (double)tc->batch_size * W * flops_per_sequence(&m->host, r->Ts[g]);
+    double tflops = flops / (s->ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / (tc->peak_tflops * W) : -1;
+    printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s", ts->step, total,
+           s->loss, s->lr, s->norm, s->ms, s->n_tokens / (s->ms / 1e3), tflops);
+    if (mfu >= 0) printf(" | MFU %.1f%%", 100 * mfu);
+    if (s->skipped) printf(" | skipped: NaN or inf loss or grad norm (%d skipped so far)", ts->step - ts->opt_t);
+    printf(" | %.0f MiB | ETA %dm%02ds\n", model_peak_mb(m), (int)(eta_s / 60), (int)eta_s % 60);
+    FILE *metrics = r->metrics;
+    if (!metrics) return 0;
+    char lb[32], nb[32];
+    fprintf(metrics, "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens\": %ld, \"skipped\": %d, "
+            "\"skipped_total\": %d, \"ms\": %.3f, \"tok_per_s\": %.3f, \"tflops\": %.6g, ", ts->step,
+            metrics_num(lb, sizeof lb, s->loss), s->lr, metrics_num(nb, sizeof nb, s->norm), s->n_tokens, s->skipped,
+            ts->step - ts->opt_t, s->ms, s->n_tokens / (s->ms / 1e3), tflops);
+    if (mfu >= 0) fprintf(metrics, "\"mfu\": %.6g, ", mfu);
+    fprintf(metrics, "\"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n", model_peak_mb(m), m->act_bytes / 1048576.0,
+            m->carry_bytes / 1048576.0);
+    return (fflush(metrics) != 0 || ferror(metrics)) && metrics_error(tc->metrics_file);
+}
+
+// --max_bad_steps NaN or infinite steps in a row: says why the run stops and
+// returns the exit code (nothing is saved: the checkpoints so far stay the last good ones)
+static int stop_bad_steps(const TrainConfig *tc, const TrainState *ts) {
+    fprintf(stderr, "error: %d steps in a row (up to step %d) had a NaN or infinite loss or gradient norm (--max_bad_steps %d); "
+            "stopping without saving. Likely causes: a learning rate too high (lower --lr, more --warmup_steps, keep "
+            "--grad_clip on), overflow in low precision (fp16/bf16), or bad data (a sample with a huge loss). The "
+            "checkpoints in %s are intact: fix the cause and --resume from there.\n", ts->bad_in_row, ts->step,
+            tc->max_bad_steps, tc->output_dir);
+    return 1;
+}
+
+// the peak memory of the run, and with several ranks every rank's (collective)
+static void print_peak_memory(Trainer *r) {
+    Model *m = &r->m;
+    int W = r->fsdp.world.size;
+    printf("peak %s %.1f MiB (activations %.1f MiB, carry %.1f MiB)", backend_memory, model_peak_mb(m), m->act_bytes / 1048576.0,
+           m->carry_bytes / 1048576.0);
+    float peak = (float)model_peak_mb(m), *peaks = (float *)mallocCheck((size_t)W * sizeof(float));
+    fsdp_all_gather(&r->fsdp.world, peaks, &peak, 1);
+    for (int i = 0; W > 1 && i < W; i++) printf("%s%.0f", i ? " " : "; per rank, MiB: ", peaks[i]);
+    printf("\n");
+    free(peaks);
+}
+
 // loads, trains and saves into r; returns the process exit code (train frees r).
 // Every rank runs it in step: the phases that can fail on one rank end with
 // failed_anywhere, and every collective sees the same shapes on every rank.
@@ -1056,125 +1194,48 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     if (tc->threads > 0) omp_set_num_threads(tc->threads);
 #endif
     Fsdp *f = &r->fsdp;
-    int W = f->world.size, rank0 = f->world.rank == 0;
+    int W = f->world.size;
     if (W > 1 && !backend_sharding) {
-        if (rank0) fprintf(stderr, "error: this trainer runs one process; %d were started (the CPU trainer train_llama2 runs several)\n", W);
+        if (f->world.rank == 0) fprintf(stderr, "error: this trainer runs one process; %d were started (the CPU trainer train_llama2 runs several)\n", W);
         return 1;
     }
-    int failed = mkdir_p(tc->output_dir) != 0;
-    if (failed) fprintf(stderr, "error: cannot create --output_dir '%s': %s\n", tc->output_dir, strerror(errno));
-    print_config(tc);
-    if (W > 1)
-        printf("%d ranks, %s: shard groups of %d, %d replica(s)\n", W, f->info->name, f->shard.size, f->replica.size);
-    char tokpath[4096], resume_dir[PATH_MAX];
-    failed = failed || (tc->resume[0] && checkpoint_resolve(tc->resume, resume_dir, sizeof resume_dir) != 0);
-    failed = failed || (tc->resume[0] && checkpoint_verify(resume_dir, f->world.rank, W) != 0); // each rank its share of the files
-    if (tc->tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", tc->tokenizer);
-    else snprintf(tokpath, sizeof tokpath, "%s/tokenizer.model", tc->model);
     int B = tc->batch_size, GA = tc->grad_accum, T = 0;
-    if (failed_anywhere(r, failed || load_data(tc, r, tokpath, &T) != 0)) return 1;
-    Tokenizer *tok = &r->tok;
-    Dataset *train_ds = &r->train_ds, *val_ds = &r->val_ds;
-    int have_val = tc->val_data[0] || tc->val_split > 0;
-
-    Model *m = &r->m;
-    failed = model_setup(m, f, tc, B, T, tc->resume[0] ? resume_dir : NULL) != 0;
-    const Config *c = &m->host.config;
-    if (!failed && tok->vocab_size > c->vocab_size) {
-        fprintf(stderr, "error: %s has %d pieces but the model's vocab_size is %d\n", tokpath, tok->vocab_size, c->vocab_size);
-        failed = 1;
-    }
-    if (failed_anywhere(r, failed)) return 1;
-    m->row0 = f->world.rank * B;
-    Optimizer *opt = &r->opt;
-    optimizer_init(opt, m);
     TrainState ts = {0, 0, 0, 0, 0};
-    if (tc->resume[0]) {
-        failed = load_checkpoint(tc, resume_dir, W, m, opt, &ts) != 0;
-        if (!failed && ts.data_pos > train_ds->n_rows) {
-            fprintf(stderr, "error: --resume %s: data position %d is past the %ld rows\n", resume_dir, ts.data_pos, train_ds->n_rows);
-            failed = 1;
-        }
-        if (failed_anywhere(r, failed)) return 1;
-        if (!tc->dry_run) optimizer_sync_device(opt); // (a dry run's model has no device side)
-    }
+    if (train_load(tc, r, &T) != 0 || (tc->resume[0] && train_resume(tc, r, &ts) != 0)) return 1;
     if (tc->export_hf[0] && !tc->dry_run) {
-        printf("exporting %s (step %d) to %s/\n", resume_dir, ts.step, tc->export_hf);
-        return save_outputs(tc, r, tc->export_hf, tokpath);
+        printf("exporting %s (step %d) to %s/\n", r->resume_dir, ts.step, tc->export_hf);
+        return save_outputs(tc, r, tc->export_hf, r->tokpath);
     }
     long rows_per_step = (long)B * GA * W; // every rank's rows
-    int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)train_ds->n_rows + rows_per_step - 1) / rows_per_step);
-    printf("model %s: %d layers, dim %d, %d heads (%d kv), vocab %d, %.2fM parameters\n", tc->model, c->n_layers,
-           c->dim, c->n_heads, c->n_kv_heads, c->vocab_size, m->host.num_params / 1e6);
-    printf("training %s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
-           m->host.use_lora ? "LoRA" : "all weights", opt->n, m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
-           train_ds->n_rows, total, GA, W, B, T);
-    double act_mb = m->act_bytes / 1048576.0, carry_mb = m->carry_bytes / 1048576.0;
-    memory_plan(m, train_ds, have_val ? val_ds : NULL, 1);
+    int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)r->train_ds.n_rows + rows_per_step - 1) / rows_per_step);
+    print_plan(tc, r, T, total);
     if (tc->dry_run) return 0;
-    if (tc->resume[0]) printf("resumed from %s at step %d\n", resume_dir, ts.step);
+    if (tc->resume[0]) printf("resumed from %s at step %d\n", r->resume_dir, ts.step);
+    if (train_begin(tc, r, &ts, T) != 0) return 1;
 
-    failed = rank0 && tc->metrics_file[0] && tc->resume[0] && metrics_truncate(tc->metrics_file, ts.step) != 0;
-    if (failed) fprintf(stderr, "error: cannot rewrite --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
-    if (failed_anywhere(r, failed)) return 1;
-    if (rank0 && tc->metrics_file[0]) r->metrics = fopenCheck(tc->metrics_file, tc->resume[0] ? "a" : "w");
-    FILE *metrics = r->metrics;
-    dataloader_init(&r->dl, train_ds, tc->shuffle, (uint64_t)tc->seed, f->world.rank, W);
-    dataloader_seek(&r->dl, ts.data_epoch, ts.data_pos);
-    r->tokens = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
-    r->targets = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
-    r->Ts = (int *)mallocCheck(GA * sizeof(int));
-    signal(SIGINT, on_stop_signal);
-    signal(SIGTERM, on_stop_signal);
-    if (ts.step == 0) print_samples(m, tc, tok, 0);
+    Model *m = &r->m;
+    if (ts.step == 0) print_samples(m, tc, &r->tok, 0);
     int first_step = ts.step, stop = fsdp_any(&f->world, stop_requested);
     double run_ms = 0;
     while (ts.step < total && !stop) {
-        double t0 = now_ms(), norm;
-        long n_tokens;
-        float lr;
-        int skipped;
-        double loss = train_step(r, tc, ts.step, total, &n_tokens, &norm, &lr, &skipped);
-        double ms = now_ms() - t0, flops = 0;
-        for (int g = 0; g < GA; g++) flops += (double)B * W * flops_per_sequence(&m->host, r->Ts[g]);
-        double tflops = flops / (ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / (tc->peak_tflops * W) : -1;
-        run_ms += ms;
+        double t0 = now_ms();
+        StepStats s;
+        s.loss = train_step(r, tc, ts.step, total, &s.n_tokens, &s.norm, &s.lr, &s.skipped);
+        s.ms = now_ms() - t0;
+        run_ms += s.ms;
         ts.step++;
-        ts.opt_t = opt->t; ts.data_epoch = (int)r->dl.epoch; ts.data_pos = (int)r->dl.pos;
-        ts.bad_in_row = skipped ? ts.bad_in_row + 1 : 0;
+        ts.opt_t = r->opt.t; ts.data_epoch = (int)r->dl.epoch; ts.data_pos = (int)r->dl.pos;
+        ts.bad_in_row = s.skipped ? ts.bad_in_row + 1 : 0;
         double eta_s = run_ms / (ts.step - first_step) * (total - ts.step) / 1e3;
-        printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s", ts.step, total,
-               loss, lr, norm, ms, n_tokens / (ms / 1e3), tflops);
-        if (mfu >= 0) printf(" | MFU %.1f%%", 100 * mfu);
-        if (skipped) printf(" | skipped: NaN or inf loss or grad norm (%d skipped so far)", ts.step - ts.opt_t);
-        printf(" | %.0f MiB | ETA %dm%02ds\n", model_peak_mb(m), (int)(eta_s / 60), (int)eta_s % 60);
-        failed = 0;
-        if (metrics) {
-            char lb[32], nb[32];
-            fprintf(metrics, "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens\": %ld, \"skipped\": %d, "
-                    "\"skipped_total\": %d, \"ms\": %.3f, \"tok_per_s\": %.3f, \"tflops\": %.6g, ", ts.step,
-                    metrics_num(lb, sizeof lb, loss), lr, metrics_num(nb, sizeof nb, norm), n_tokens, skipped, ts.step - ts.opt_t, ms,
-                    n_tokens / (ms / 1e3), tflops);
-            if (mfu >= 0) fprintf(metrics, "\"mfu\": %.6g, ", mfu);
-            fprintf(metrics, "\"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n", model_peak_mb(m), act_mb, carry_mb);
-            failed = (fflush(metrics) != 0 || ferror(metrics)) && metrics_error(tc->metrics_file);
-        }
-        if (failed_anywhere(r, failed)) return 1;
+        if (failed_anywhere(r, report_step(tc, r, &ts, total, &s, eta_s))) return 1;
         fault_point("step", ts.step);
-        if (ts.bad_in_row >= tc->max_bad_steps) { // nothing is saved: the checkpoints so far stay the last good ones
-            fprintf(stderr, "error: %d steps in a row (up to step %d) had a NaN or infinite loss or gradient norm (--max_bad_steps %d); "
-                    "stopping without saving. Likely causes: a learning rate too high (lower --lr, more --warmup_steps, keep "
-                    "--grad_clip on), overflow in low precision (fp16/bf16), or bad data (a sample with a huge loss). The "
-                    "checkpoints in %s are intact: fix the cause and --resume from there.\n", ts.bad_in_row, ts.step,
-                    tc->max_bad_steps, tc->output_dir);
-            return 1; // every rank: the loss and the norm are the same on all
-        }
-        if (have_val && tc->eval_every > 0 && ts.step % tc->eval_every == 0 && ts.step < total)
-            report_eval(m, val_ds, B, tok->eos_id, ts.step, metrics);
-        if (tc->sample_every > 0 && ts.step % tc->sample_every == 0 && ts.step < total) print_samples(m, tc, tok, ts.step);
+        if (ts.bad_in_row >= tc->max_bad_steps) return stop_bad_steps(tc, &ts); // every rank: the loss and the norm are the same on all
+        if (has_validation(tc) && tc->eval_every > 0 && ts.step % tc->eval_every == 0 && ts.step < total)
+            report_eval(m, &r->val_ds, B, r->tok.eos_id, ts.step, r->metrics);
+        if (tc->sample_every > 0 && ts.step % tc->sample_every == 0 && ts.step < total) print_samples(m, tc, &r->tok, ts.step);
         stop = fsdp_any(&f->world, stop_requested); // a signal to any rank stops every rank after this step
         if ((tc->save_every > 0 && ts.step % tc->save_every == 0) || ts.step == total || stop) {
-            if (save_checkpoint(tc, f, m, opt, &ts, tokpath) != 0) return 1;
+            if (save_checkpoint(tc, f, m, &r->opt, &ts, r->tokpath) != 0) return 1;
             printf("saved checkpoint %s/checkpoint-%d\n", tc->output_dir, ts.step);
         }
     }
@@ -1182,15 +1243,10 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         printf("stopped by a signal after step %d; continue with --resume %s\n", ts.step, tc->output_dir);
         return 0;
     }
-    if (have_val) report_eval(m, val_ds, B, tok->eos_id, total, metrics); // also with --max_steps 0: evaluates the start
-    print_samples(m, tc, tok, ts.step);
-    printf("peak %s %.1f MiB (activations %.1f MiB, carry %.1f MiB)", backend_memory, model_peak_mb(m), act_mb, carry_mb);
-    float peak = (float)model_peak_mb(m), *peaks = (float *)mallocCheck((size_t)W * sizeof(float));
-    fsdp_all_gather(&f->world, peaks, &peak, 1); // every rank's, before the saves (which gather the model on rank 0)
-    for (int i = 0; W > 1 && i < W; i++) printf("%s%.0f", i ? " " : "; per rank, MiB: ", peaks[i]);
-    printf("\n");
-    free(peaks);
-    return save_outputs(tc, r, tc->output_dir, tokpath);
+    if (has_validation(tc)) report_eval(m, &r->val_ds, B, r->tok.eos_id, total, r->metrics); // also with --max_steps 0: evaluates the start
+    print_samples(m, tc, &r->tok, ts.step);
+    print_peak_memory(r); // every rank's, before the saves (which gather the model on rank 0)
+    return save_outputs(tc, r, tc->output_dir, r->tokpath);
 }
 
 // trains and saves; returns the process exit code. Every exit of train_run,

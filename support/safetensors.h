@@ -594,145 +594,166 @@ static inline int st__plain_filename(const JsonValue *v) {
     return 1;
 }
 
+// one file, dir/model.safetensors: its tensors (sorted by name already) are the entries
+static inline int st__model_open_single(StModel *m, const char *single) {
+    m->files = (StFile *)calloc(1, sizeof(StFile));
+    if (!m->files) { st__err(m->dir, NULL, "out of memory"); return -1; }
+    if (st_open(&m->files[0], single)) return -1;
+    m->n_files = 1;
+    StFile *sf = &m->files[0];
+    m->entries = (StModelEntry *)malloc((sf->n_tensors ? (size_t)sf->n_tensors : 1) * sizeof(StModelEntry));
+    if (!m->entries) { st__err(single, NULL, "out of memory"); return -1; }
+    for (int i = 0; i < sf->n_tensors; i++) {
+        m->entries[i].name = sf->tensors[i].name;
+        m->entries[i].file = 0;
+        m->entries[i].tensor = &sf->tensors[i];
+    }
+    m->n_entries = sf->n_tensors;
+    return 0;
+}
+
+// the index file ipath parsed into m->index (its size bounded first: it is untrusted too)
+static inline int st__read_index(StModel *m, const char *dir, const char *ipath) {
+    FILE *f = fopen(ipath, "rb");
+    if (!f) { st__err(dir, NULL, "no model.safetensors or model.safetensors.index.json (%s)", strerror(errno)); return -1; }
+    if (fseeko(f, 0, SEEK_END) != 0) { st__err(ipath, NULL, "cannot seek: %s", strerror(errno)); fclose(f); return -1; }
+    off_t len = ftello(f);
+    if (len < 0 || len > ST_MAX_INDEX_LEN) { st__err(ipath, NULL, "index file size %lld is not sane", (long long)len); fclose(f); return -1; }
+    rewind(f);
+    char err[256], *text = (char *)malloc((size_t)len + 1);
+    size_t got = text ? fread(text, 1, (size_t)len, f) : 0;
+    fclose(f);
+    int rc = -1;
+    if (!text) st__err(ipath, NULL, "out of memory");
+    else if (got != (size_t)len) st__err(ipath, NULL, "cannot read the index file");
+    else if (json_parse(text, (size_t)len, &m->index, err, sizeof err)) st__err(ipath, NULL, "not valid JSON: %s", err);
+    else rc = 0;
+    free(text);
+    return rc;
+}
+
+// the index's weight_map (and m->metadata), each the object it must be; NULL with a message
+static inline const JsonValue *st__weight_map(StModel *m, const char *ipath) {
+    const JsonValue *idx = &m->index;
+    if (idx->type != JSON_OBJECT) { st__err(ipath, NULL, "index is a JSON %s, expected an object", json_type_name(idx->type)); return NULL; }
+    const JsonValue *meta = json_get(idx, "metadata");
+    if (meta && meta->type != JSON_OBJECT) { st__err(ipath, NULL, "\"metadata\" is a JSON %s, expected an object", json_type_name(meta->type)); return NULL; }
+    m->metadata = meta;
+    const JsonValue *wm = json_get(idx, "weight_map");
+    if (!wm) { st__err(ipath, NULL, "missing \"weight_map\""); return NULL; }
+    if (wm->type != JSON_OBJECT) { st__err(ipath, NULL, "\"weight_map\" is a JSON %s, expected an object", json_type_name(wm->type)); return NULL; }
+    int dup = json_find_duplicate_key(wm);
+    if (dup >= 0) { st__err(ipath, wm->keys[dup], "listed twice in weight_map"); return NULL; }
+    if (json_find_duplicate_key(idx) >= 0) { st__err(ipath, NULL, "duplicate top-level key"); return NULL; }
+    return wm;
+}
+
+// the distinct shard file names of weight_map, sorted, into names[0..*nd), after
+// checking that each is a plain file name inside dir
+static inline int st__shard_names(const JsonValue *wm, const char *ipath, const char *dir, const char **names, int *nd) {
+    for (int i = 0; i < wm->count; i++) {
+        if (strlen(wm->keys[i]) != wm->key_lens[i]) { st__err(ipath, NULL, "a tensor name contains a NUL character"); return -1; }
+        if (!st__plain_filename(&wm->items[i])) {
+            char q[160];
+            if (wm->items[i].type == JSON_STRING)
+                st__err(ipath, wm->keys[i], "shard file \"%s\" is not a plain file name inside %s (no '/', '..')",
+                        st__quote(wm->items[i].string, q, sizeof q), dir);
+            else st__err(ipath, wm->keys[i], "shard file name is a JSON %s, expected a string", json_type_name(wm->items[i].type));
+            return -1;
+        }
+        names[i] = wm->items[i].string;
+    }
+    qsort(names, (size_t)wm->count, sizeof *names, st__cmp_str);
+    *nd = 0;
+    for (int i = 0; i < wm->count; i++)
+        if (*nd == 0 || strcmp(names[*nd - 1], names[i]) != 0) names[(*nd)++] = names[i];
+    return 0;
+}
+
+// opens the nd shards dir/names[i] into m->files; *total: the tensors they hold
+static inline int st__open_shards(StModel *m, const char *ipath, const char *const *names, int nd, int *total) {
+    m->files = (StFile *)calloc(nd ? (size_t)nd : 1, sizeof(StFile));
+    if (!m->files) { st__err(ipath, NULL, "out of memory"); return -1; }
+    *total = 0;
+    for (int i = 0; i < nd; i++) {
+        char *sp = st__join(m->dir, names[i]);
+        if (!sp) { st__err(ipath, NULL, "out of memory"); return -1; }
+        int r = st_open(&m->files[i], sp);
+        free(sp);
+        if (r) { st__err(ipath, NULL, "cannot open shard \"%s\" (see above)", names[i]); return -1; }
+        m->n_files = i + 1;
+        *total += m->files[i].n_tensors;
+    }
+    return 0;
+}
+
+// m->entries, sorted by name: each weight_map entry's tensor, which must exist in
+// its shard; and no shard may hold a tensor the map does not send to it
+static inline int st__map_entries(StModel *m, const char *ipath, const JsonValue *wm, const char *const *names, int nd, int total) {
+    m->entries = (StModelEntry *)malloc((wm->count ? (size_t)wm->count : 1) * sizeof(StModelEntry));
+    if (!m->entries) { st__err(ipath, NULL, "out of memory"); return -1; }
+    for (int i = 0; i < wm->count; i++) {
+        const char *fname = wm->items[i].string;
+        int lo = 0, hi = nd - 1, fi = -1;
+        while (lo <= hi) { // shard index by name (names[] is sorted)
+            int mid = lo + (hi - lo) / 2, c = strcmp(fname, names[mid]);
+            if (c == 0) { fi = mid; break; }
+            if (c < 0) hi = mid - 1; else lo = mid + 1;
+        }
+        const StTensor *t = fi >= 0 ? st_find(&m->files[fi], wm->keys[i]) : NULL;
+        if (!t) { st__err(ipath, wm->keys[i], "weight_map says shard \"%s\", but that shard has no such tensor", fname); return -1; }
+        m->entries[i].name = t->name;
+        m->entries[i].file = fi;
+        m->entries[i].tensor = t;
+    }
+    m->n_entries = wm->count;
+    // each tensor is mapped to one shard, so if the shards hold more tensors
+    // than the map names, some shard tensor is unmapped: find it for the message
+    if (total != wm->count) {
+        for (int i = 0; i < nd; i++)
+            for (int j = 0; j < m->files[i].n_tensors; j++) {
+                const StTensor *t = &m->files[i].tensors[j];
+                const JsonValue *v = json_get(wm, t->name);
+                if (!v || strcmp(v->string, names[i]) != 0) {
+                    st__err(ipath, t->name, "present in shard \"%s\" but not mapped to it in weight_map", names[i]);
+                    return -1;
+                }
+            }
+    }
+    qsort(m->entries, (size_t)m->n_entries, sizeof(StModelEntry), st__cmp_entry);
+    return 0;
+}
+
+// a sharded model: the index file ipath, every shard it names (each opened once)
+// and the entries that say which shard holds each tensor
+static inline int st__model_open_index(StModel *m, const char *dir, const char *ipath) {
+    if (st__read_index(m, dir, ipath) != 0) return -1;
+    const JsonValue *wm = st__weight_map(m, ipath);
+    if (!wm) return -1;
+    const char **names = (const char **)malloc((wm->count ? (size_t)wm->count : 1) * sizeof *names);
+    if (!names) { st__err(ipath, NULL, "out of memory"); return -1; }
+    int nd = 0, total = 0;
+    int rc = st__shard_names(wm, ipath, dir, names, &nd) != 0 || st__open_shards(m, ipath, names, nd, &total) != 0 ||
+             st__map_entries(m, ipath, wm, names, nd, total) != 0 ? -1 : 0;
+    free(names);
+    return rc;
+}
+
 // Opens dir/model.safetensors if it exists, else dir/model.safetensors.index.json
 // and every shard it names. Every weight_map entry must exist in its shard, and
 // every tensor of a shard must be in the weight_map (see the top of this file).
 static inline int st_model_open(StModel *m, const char *dir) {
     memset(m, 0, sizeof *m);
-    char err[256];
-    char *single = NULL, *ipath = NULL, *text = NULL;
-    const char **names = NULL;
-    FILE *f = NULL;
     m->dir = st__strdup(dir);
-    single = st__join(dir, "model.safetensors");
-    ipath = st__join(dir, "model.safetensors.index.json");
-    if (!m->dir || !single || !ipath) { st__err(dir, NULL, "out of memory"); goto fail; }
-    if (access(single, F_OK) == 0) {
-        m->files = (StFile *)calloc(1, sizeof(StFile));
-        if (!m->files) { st__err(dir, NULL, "out of memory"); goto fail; }
-        if (st_open(&m->files[0], single)) goto fail;
-        m->n_files = 1;
-        StFile *sf = &m->files[0];
-        m->entries = (StModelEntry *)malloc((sf->n_tensors ? (size_t)sf->n_tensors : 1) * sizeof(StModelEntry));
-        if (!m->entries) { st__err(single, NULL, "out of memory"); goto fail; }
-        for (int i = 0; i < sf->n_tensors; i++) {
-            m->entries[i].name = sf->tensors[i].name;
-            m->entries[i].file = 0;
-            m->entries[i].tensor = &sf->tensors[i];
-        }
-        m->n_entries = sf->n_tensors; // already sorted by name
-        free(single);
-        free(ipath);
-        return 0;
-    }
-    f = fopen(ipath, "rb");
-    if (!f) {
-        st__err(dir, NULL, "no model.safetensors or model.safetensors.index.json (%s)", strerror(errno));
-        goto fail;
-    }
-    {
-        // read the index file (bounded, it is untrusted too)
-        if (fseeko(f, 0, SEEK_END) != 0) { st__err(ipath, NULL, "cannot seek: %s", strerror(errno)); goto fail; }
-        off_t len = ftello(f);
-        if (len < 0 || len > ST_MAX_INDEX_LEN) { st__err(ipath, NULL, "index file size %lld is not sane", (long long)len); goto fail; }
-        rewind(f);
-        text = (char *)malloc((size_t)len + 1);
-        if (!text) { st__err(ipath, NULL, "out of memory"); goto fail; }
-        if (fread(text, 1, (size_t)len, f) != (size_t)len) { st__err(ipath, NULL, "cannot read the index file"); goto fail; }
-        fclose(f);
-        f = NULL;
-        if (json_parse(text, (size_t)len, &m->index, err, sizeof err)) { st__err(ipath, NULL, "not valid JSON: %s", err); goto fail; }
-        free(text);
-        text = NULL;
-    }
-    {
-        const JsonValue *idx = &m->index;
-        if (idx->type != JSON_OBJECT) { st__err(ipath, NULL, "index is a JSON %s, expected an object", json_type_name(idx->type)); goto fail; }
-        const JsonValue *meta = json_get(idx, "metadata");
-        if (meta && meta->type != JSON_OBJECT) { st__err(ipath, NULL, "\"metadata\" is a JSON %s, expected an object", json_type_name(meta->type)); goto fail; }
-        m->metadata = meta;
-        const JsonValue *wm = json_get(idx, "weight_map");
-        if (!wm) { st__err(ipath, NULL, "missing \"weight_map\""); goto fail; }
-        if (wm->type != JSON_OBJECT) { st__err(ipath, NULL, "\"weight_map\" is a JSON %s, expected an object", json_type_name(wm->type)); goto fail; }
-        int dup = json_find_duplicate_key(wm);
-        if (dup >= 0) { st__err(ipath, wm->keys[dup], "listed twice in weight_map"); goto fail; }
-        if (json_find_duplicate_key(idx) >= 0) { st__err(ipath, NULL, "duplicate top-level key"); goto fail; }
-        // validate the file names, then collect the distinct ones
-        names = (const char **)malloc((wm->count ? (size_t)wm->count : 1) * sizeof *names);
-        if (!names) { st__err(ipath, NULL, "out of memory"); goto fail; }
-        for (int i = 0; i < wm->count; i++) {
-            if (strlen(wm->keys[i]) != wm->key_lens[i]) { st__err(ipath, NULL, "a tensor name contains a NUL character"); goto fail; }
-            if (!st__plain_filename(&wm->items[i])) {
-                char q[160];
-                if (wm->items[i].type == JSON_STRING)
-                    st__err(ipath, wm->keys[i], "shard file \"%s\" is not a plain file name inside %s (no '/', '..')",
-                            st__quote(wm->items[i].string, q, sizeof q), dir);
-                else st__err(ipath, wm->keys[i], "shard file name is a JSON %s, expected a string", json_type_name(wm->items[i].type));
-                goto fail;
-            }
-            names[i] = wm->items[i].string;
-        }
-        qsort(names, (size_t)wm->count, sizeof *names, st__cmp_str);
-        int nd = 0;
-        for (int i = 0; i < wm->count; i++)
-            if (nd == 0 || strcmp(names[nd - 1], names[i]) != 0) names[nd++] = names[i];
-        m->files = (StFile *)calloc(nd ? (size_t)nd : 1, sizeof(StFile));
-        if (!m->files) { st__err(ipath, NULL, "out of memory"); goto fail; }
-        int total = 0;
-        for (int i = 0; i < nd; i++) {
-            char *sp = st__join(dir, names[i]);
-            if (!sp) { st__err(ipath, NULL, "out of memory"); goto fail; }
-            int r = st_open(&m->files[i], sp);
-            free(sp);
-            if (r) { st__err(ipath, NULL, "cannot open shard \"%s\" (see above)", names[i]); goto fail; }
-            m->n_files = i + 1;
-            total += m->files[i].n_tensors;
-        }
-        // every weight_map entry must exist in its shard
-        m->entries = (StModelEntry *)malloc((wm->count ? (size_t)wm->count : 1) * sizeof(StModelEntry));
-        if (!m->entries) { st__err(ipath, NULL, "out of memory"); goto fail; }
-        for (int i = 0; i < wm->count; i++) {
-            const char *fname = wm->items[i].string;
-            int lo = 0, hi = nd - 1, fi = -1;
-            while (lo <= hi) { // shard index by name (names[] is sorted)
-                int mid = lo + (hi - lo) / 2, c = strcmp(fname, names[mid]);
-                if (c == 0) { fi = mid; break; }
-                if (c < 0) hi = mid - 1; else lo = mid + 1;
-            }
-            const StTensor *t = fi >= 0 ? st_find(&m->files[fi], wm->keys[i]) : NULL;
-            if (!t) { st__err(ipath, wm->keys[i], "weight_map says shard \"%s\", but that shard has no such tensor", fname); goto fail; }
-            m->entries[i].name = t->name;
-            m->entries[i].file = fi;
-            m->entries[i].tensor = t;
-        }
-        m->n_entries = wm->count;
-        // each tensor is mapped to one shard, so if the shards hold more tensors
-        // than the map names, some shard tensor is unmapped: find it for the message
-        if (total != wm->count) {
-            for (int i = 0; i < nd; i++)
-                for (int j = 0; j < m->files[i].n_tensors; j++) {
-                    const StTensor *t = &m->files[i].tensors[j];
-                    const JsonValue *v = json_get(wm, t->name);
-                    if (!v || strcmp(v->string, names[i]) != 0) {
-                        st__err(ipath, t->name, "present in shard \"%s\" but not mapped to it in weight_map", names[i]);
-                        goto fail;
-                    }
-                }
-        }
-        qsort(m->entries, (size_t)m->n_entries, sizeof(StModelEntry), st__cmp_entry);
-    }
-    free(names);
+    char *single = st__join(dir, "model.safetensors"), *ipath = st__join(dir, "model.safetensors.index.json");
+    int rc = -1;
+    if (!m->dir || !single || !ipath) st__err(dir, NULL, "out of memory");
+    else if (access(single, F_OK) == 0) rc = st__model_open_single(m, single);
+    else rc = st__model_open_index(m, dir, ipath);
     free(single);
     free(ipath);
-    return 0;
-fail:
-    if (f) fclose(f);
-    free(text);
-    free(names);
-    free(single);
-    free(ipath);
-    st_model_close(m);
-    return -1;
+    if (rc != 0) st_model_close(m);
+    return rc;
 }
 
 // the tensor called name and (if file_out) the shard holding it; NULL if absent
@@ -813,129 +834,140 @@ static inline int st__fsync_dir(const char *path) {
     return r;
 }
 
+// checks the tensors and the metadata before anything touches the file system, and
+// puts the tensors in name order into order[0..n)
+static inline int st__write_check(const char *path, const StWriteTensor *tensors, int n, const char *const *meta_kv, int n_meta,
+                                  const StWriteTensor **order) {
+    for (int i = 0; i < n; i++) {
+        const StWriteTensor *t = &tensors[i];
+        order[i] = t;
+        if (!t->name || !t->name[0]) { st__err(path, NULL, "tensor %d has no name", i); return -1; }
+        if (strcmp(t->name, "__metadata__") == 0) { st__err(path, t->name, "reserved name"); return -1; }
+        if ((unsigned)t->dtype >= ST_NDTYPES) { st__err(path, t->name, "invalid dtype %d", (int)t->dtype); return -1; }
+        if (t->ndim < 0 || t->ndim > ST_MAX_DIMS) { st__err(path, t->name, "ndim %d not in [0, %d]", t->ndim, ST_MAX_DIMS); return -1; }
+        uint64_t numel = 1;
+        for (int d = 0; d < t->ndim; d++) {
+            if (t->shape[d] < 0) { st__err(path, t->name, "shape[%d] = %lld is negative", d, (long long)t->shape[d]); return -1; }
+            if (t->shape[d] && numel > UINT64_MAX / 64 / (uint64_t)t->shape[d]) { st__err(path, t->name, "shape too large"); return -1; }
+            numel *= (uint64_t)t->shape[d];
+        }
+        if (numel && !t->data) { st__err(path, t->name, "data is NULL"); return -1; }
+    }
+    qsort(order, (size_t)n, sizeof *order, st__cmp_wt);
+    for (int i = 1; i < n; i++)
+        if (strcmp(order[i]->name, order[i - 1]->name) == 0) { st__err(path, order[i]->name, "duplicate tensor name"); return -1; }
+    for (int i = 0; i < n_meta; i++) {
+        if (!meta_kv[2 * i] || !meta_kv[2 * i + 1]) { st__err(path, NULL, "metadata pair %d has a NULL key or value", i); return -1; }
+        for (int j = 0; j < i; j++)
+            if (strcmp(meta_kv[2 * i], meta_kv[2 * j]) == 0) { st__err(path, NULL, "duplicate metadata key \"%s\"", meta_kv[2 * i]); return -1; }
+    }
+    return 0;
+}
+
+// the header JSON into hb, compact like Python's:
+// {"__metadata__":{..},"name":{"dtype":..,"shape":[..],"data_offsets":[b,e]},..}, padded with
+// spaces so that the data starts 8-byte aligned (hb->oom when out of memory)
+static inline void st__write_header(St__Buf *hb, const StWriteTensor *const *order, int n, const char *const *meta_kv, int n_meta) {
+    uint64_t off = 0;
+    char num[64];
+    st__puts(hb, "{");
+    if (n_meta > 0) {
+        st__puts(hb, "\"__metadata__\":{");
+        for (int i = 0; i < n_meta; i++) {
+            if (i) st__puts(hb, ",");
+            st__put_json_string(hb, meta_kv[2 * i]);
+            st__puts(hb, ":");
+            st__put_json_string(hb, meta_kv[2 * i + 1]);
+        }
+        st__puts(hb, "}");
+    }
+    for (int i = 0; i < n; i++) {
+        const StWriteTensor *t = order[i];
+        uint64_t numel = 1;
+        if (n_meta > 0 || i > 0) st__puts(hb, ",");
+        st__put_json_string(hb, t->name);
+        st__puts(hb, ":{\"dtype\":\"");
+        st__puts(hb, st_dtype_name(t->dtype));
+        st__puts(hb, "\",\"shape\":[");
+        for (int d = 0; d < t->ndim; d++) {
+            snprintf(num, sizeof num, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+            st__puts(hb, num);
+            numel *= (uint64_t)t->shape[d];
+        }
+        uint64_t end = off + numel * (uint64_t)st_dtype_size(t->dtype);
+        snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)end);
+        st__puts(hb, num);
+        off = end;
+    }
+    st__puts(hb, "}");
+    while ((8 + hb->n) % 8) st__puts(hb, " ");
+}
+
+// the file's bytes into f (the temp file tmp): the header's length, the header and
+// each tensor's data in order, flushed and fsynced
+static inline int st__write_contents(FILE *f, const char *path, const char *tmp, const St__Buf *hb, const StWriteTensor *const *order, int n) {
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hb->n >> (8 * i));
+    if (fwrite(len8, 1, 8, f) != 8 || fwrite(hb->p, 1, hb->n, f) != hb->n) {
+        st__err(path, NULL, "cannot write %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        const StWriteTensor *t = order[i];
+        uint64_t bytes = (uint64_t)st_dtype_size(t->dtype);
+        for (int d = 0; d < t->ndim; d++) bytes *= (uint64_t)t->shape[d];
+        if (bytes > SIZE_MAX) { st__err(path, t->name, "too large for this platform"); return -1; }
+        if (bytes && fwrite(t->data, 1, (size_t)bytes, f) != (size_t)bytes) {
+            st__err(path, t->name, "cannot write data to %s: %s", tmp, strerror(errno));
+            return -1;
+        }
+    }
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) { st__err(path, NULL, "cannot flush %s: %s", tmp, strerror(errno)); return -1; }
+    return 0;
+}
+
+// the file written as path.tmp.<pid>, renamed over path, then the directory fsynced
+// (the rename is durable only then); on failure before the rename the temp file is removed
+static inline int st__write_file(const char *path, const St__Buf *hb, const StWriteTensor *const *order, int n) {
+    char pid[32];
+    snprintf(pid, sizeof pid, ".tmp.%ld", (long)getpid());
+    char *tmp = (char *)malloc(strlen(path) + strlen(pid) + 1);
+    if (!tmp) { st__err(path, NULL, "out of memory"); return -1; }
+    strcpy(tmp, path);
+    strcat(tmp, pid);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) { st__err(path, NULL, "cannot create temp file %s: %s", tmp, strerror(errno)); free(tmp); return -1; }
+    int rc = st__write_contents(f, path, tmp, hb, order, n);
+    int closed = fclose(f) == 0;
+    if (rc == 0 && !closed) { st__err(path, NULL, "cannot close %s: %s", tmp, strerror(errno)); rc = -1; }
+    if (rc == 0 && rename(tmp, path) != 0) { st__err(path, NULL, "cannot rename %s over it: %s", tmp, strerror(errno)); rc = -1; }
+    if (rc != 0) remove(tmp);
+    else if (st__fsync_dir(path) != 0) { st__err(path, NULL, "cannot fsync its directory: %s", strerror(errno)); rc = -1; }
+    free(tmp);
+    return rc;
+}
+
 // Writes tensors (sorted by name in header and data, as the Python library
 // does for same-size dtypes) and n_meta metadata pairs meta_kv[2i] -> meta_kv[2i+1]
 // to path, atomically: path.tmp.<pid> is written, flushed, fsynced and renamed
 // over path, then the directory is fsynced. On failure the temp file is
 // removed, path is untouched, and -1 is returned with a message.
 static inline int st_write(const char *path, const StWriteTensor *tensors, int n, const char *const *meta_kv, int n_meta) {
-    const StWriteTensor **order = NULL;
-    St__Buf hb;
-    memset(&hb, 0, sizeof hb);
-    char *tmp = NULL;
-    FILE *f = NULL;
-    int created = 0;
     if (!st__host_le()) { st__err(path, NULL, "writing safetensors on a big-endian host is not supported"); return -1; }
     if (n < 0 || n_meta < 0 || (n > 0 && !tensors) || (n_meta > 0 && !meta_kv)) { st__err(path, NULL, "bad arguments to st_write"); return -1; }
-    order = (const StWriteTensor **)malloc((n ? (size_t)n : 1) * sizeof *order);
+    const StWriteTensor **order = (const StWriteTensor **)malloc((n ? (size_t)n : 1) * sizeof *order);
     if (!order) { st__err(path, NULL, "out of memory"); return -1; }
-    // validate everything before touching the file system
-    for (int i = 0; i < n; i++) {
-        const StWriteTensor *t = &tensors[i];
-        order[i] = t;
-        if (!t->name || !t->name[0]) { st__err(path, NULL, "tensor %d has no name", i); goto fail; }
-        if (strcmp(t->name, "__metadata__") == 0) { st__err(path, t->name, "reserved name"); goto fail; }
-        if ((unsigned)t->dtype >= ST_NDTYPES) { st__err(path, t->name, "invalid dtype %d", (int)t->dtype); goto fail; }
-        if (t->ndim < 0 || t->ndim > ST_MAX_DIMS) { st__err(path, t->name, "ndim %d not in [0, %d]", t->ndim, ST_MAX_DIMS); goto fail; }
-        uint64_t numel = 1;
-        for (int d = 0; d < t->ndim; d++) {
-            if (t->shape[d] < 0) { st__err(path, t->name, "shape[%d] = %lld is negative", d, (long long)t->shape[d]); goto fail; }
-            if (t->shape[d] && numel > UINT64_MAX / 64 / (uint64_t)t->shape[d]) { st__err(path, t->name, "shape too large"); goto fail; }
-            numel *= (uint64_t)t->shape[d];
-        }
-        if (numel && !t->data) { st__err(path, t->name, "data is NULL"); goto fail; }
-    }
-    qsort(order, (size_t)n, sizeof *order, st__cmp_wt);
-    for (int i = 1; i < n; i++)
-        if (strcmp(order[i]->name, order[i - 1]->name) == 0) { st__err(path, order[i]->name, "duplicate tensor name"); goto fail; }
-    for (int i = 0; i < n_meta; i++) {
-        if (!meta_kv[2 * i] || !meta_kv[2 * i + 1]) { st__err(path, NULL, "metadata pair %d has a NULL key or value", i); goto fail; }
-        for (int j = 0; j < i; j++)
-            if (strcmp(meta_kv[2 * i], meta_kv[2 * j]) == 0) { st__err(path, NULL, "duplicate metadata key \"%s\"", meta_kv[2 * i]); goto fail; }
-    }
-    // header JSON, compact like Python's: {"__metadata__":{..},"name":{"dtype":..,"shape":[..],"data_offsets":[b,e]},..}
-    {
-        uint64_t off = 0;
-        char num[64];
-        st__puts(&hb, "{");
-        if (n_meta > 0) {
-            st__puts(&hb, "\"__metadata__\":{");
-            for (int i = 0; i < n_meta; i++) {
-                if (i) st__puts(&hb, ",");
-                st__put_json_string(&hb, meta_kv[2 * i]);
-                st__puts(&hb, ":");
-                st__put_json_string(&hb, meta_kv[2 * i + 1]);
-            }
-            st__puts(&hb, "}");
-        }
-        for (int i = 0; i < n; i++) {
-            const StWriteTensor *t = order[i];
-            uint64_t numel = 1;
-            if (n_meta > 0 || i > 0) st__puts(&hb, ",");
-            st__put_json_string(&hb, t->name);
-            st__puts(&hb, ":{\"dtype\":\"");
-            st__puts(&hb, st_dtype_name(t->dtype));
-            st__puts(&hb, "\",\"shape\":[");
-            for (int d = 0; d < t->ndim; d++) {
-                snprintf(num, sizeof num, d ? ",%lld" : "%lld", (long long)t->shape[d]);
-                st__puts(&hb, num);
-                numel *= (uint64_t)t->shape[d];
-            }
-            uint64_t end = off + numel * (uint64_t)st_dtype_size(t->dtype);
-            snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)end);
-            st__puts(&hb, num);
-            off = end;
-        }
-        st__puts(&hb, "}");
-        while ((8 + hb.n) % 8) st__puts(&hb, " "); // pad with spaces so the data starts 8-byte aligned
-        if (hb.oom) { st__err(path, NULL, "out of memory building the header"); goto fail; }
-    }
-    // write the temp file
-    {
-        char pid[32];
-        snprintf(pid, sizeof pid, ".tmp.%ld", (long)getpid());
-        tmp = (char *)malloc(strlen(path) + strlen(pid) + 1);
-        if (!tmp) { st__err(path, NULL, "out of memory"); goto fail; }
-        strcpy(tmp, path);
-        strcat(tmp, pid);
-        f = fopen(tmp, "wb");
-        if (!f) { st__err(path, NULL, "cannot create temp file %s: %s", tmp, strerror(errno)); goto fail; }
-        created = 1;
-        unsigned char len8[8];
-        for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hb.n >> (8 * i));
-        if (fwrite(len8, 1, 8, f) != 8 || fwrite(hb.p, 1, hb.n, f) != hb.n) {
-            st__err(path, NULL, "cannot write %s: %s", tmp, strerror(errno));
-            goto fail;
-        }
-        for (int i = 0; i < n; i++) {
-            const StWriteTensor *t = order[i];
-            uint64_t bytes = (uint64_t)st_dtype_size(t->dtype);
-            for (int d = 0; d < t->ndim; d++) bytes *= (uint64_t)t->shape[d];
-            if (bytes > SIZE_MAX) { st__err(path, t->name, "too large for this platform"); goto fail; }
-            if (bytes && fwrite(t->data, 1, (size_t)bytes, f) != (size_t)bytes) {
-                st__err(path, t->name, "cannot write data to %s: %s", tmp, strerror(errno));
-                goto fail;
-            }
-        }
-        if (fflush(f) != 0 || fsync(fileno(f)) != 0) { st__err(path, NULL, "cannot flush %s: %s", tmp, strerror(errno)); goto fail; }
-        int r = fclose(f);
-        f = NULL;
-        if (r != 0) { st__err(path, NULL, "cannot close %s: %s", tmp, strerror(errno)); goto fail; }
-        if (rename(tmp, path) != 0) { st__err(path, NULL, "cannot rename %s over it: %s", tmp, strerror(errno)); goto fail; }
-        created = 0; // the temp file is now path
-        if (st__fsync_dir(path) != 0) { st__err(path, NULL, "cannot fsync its directory: %s", strerror(errno)); goto fail; }
+    St__Buf hb;
+    memset(&hb, 0, sizeof hb);
+    int rc = -1;
+    if (st__write_check(path, tensors, n, meta_kv, n_meta, order) == 0) {
+        st__write_header(&hb, order, n, meta_kv, n_meta);
+        if (hb.oom) st__err(path, NULL, "out of memory building the header");
+        else rc = st__write_file(path, &hb, order, n);
     }
     free(order);
     free(hb.p);
-    free(tmp);
-    return 0;
-fail:
-    if (f) fclose(f);
-    if (created) remove(tmp);
-    free(order);
-    free(hb.p);
-    free(tmp);
-    return -1;
+    return rc;
 }
 
 #endif // SAFETENSORS_H
