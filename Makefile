@@ -99,7 +99,7 @@ $(B)test/test_fuzz_replay: test/test_fuzz_replay.c $(FUZZ_SRCS) dev/fuzz/fuzz.h 
 	$(CC) $(CFLAGS) -DFUZZ_REPLAY -D'FUZZ_LIST(X)=$(foreach t,$(FUZZ_TARGETS),X($(t)))' -o $@ test/test_fuzz_replay.c $(FUZZ_SRCS) $(LDLIBS)
 
 # the emulated build's NCCL (dev/emu/nccl.h) on its own, in C++ as the execution layer is
-$(B)test/test_emu_nccl: test/test_emu_nccl.cc dev/emu/nccl.h dev/emu/types.h test/test_common.h
+$(B)test/test_emu_nccl: test/test_emu_nccl.cc dev/emu/nccl.h dev/emu/types.h test/test_common.h test/stderr_of.h
 	@mkdir -p $(@D)
 	$(CXX) $(filter-out -std=gnu11 -fopenmp,$(CFLAGS)) -std=c++17 -Idev/emu -o $@ $<
 
@@ -197,7 +197,7 @@ $(EMU)-tsan/%: $(EMU)/src/%.cu $(EMU_SRCS:%=$(EMU)/src/%) $(EMU_HEADERS)
 # from cuBLAS's documentation: plain C++ (no kernels, so no rewrite), with
 # dev/emu/blas_test_prelude.h standing in for the runtime (it holds enqueued work
 # until the test runs it, and emu::fail throws so the test sees a check fire)
-$(EMU)/test/test_emu_blas: test/test_emu_blas.cu dev/emu/blas.h dev/emu/blas_test_prelude.h dev/emu/library_types.h \
+$(EMU)/test/test_emu_blas: test/test_emu_blas.cu test/stderr_of.h dev/emu/blas.h dev/emu/blas_test_prelude.h dev/emu/library_types.h \
     dev/emu/cuda_bf16.h dev/emu/types.h test/test_common.h
 	@mkdir -p $(@D)
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_ASAN) -include dev/emu/blas_test_prelude.h -o $@ -x c++ $<

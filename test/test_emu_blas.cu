@@ -8,6 +8,7 @@
 // in for the runtime: operations run at once, or are held until the test runs them.
 #include "blas.h"
 #include "test_common.h"
+#include "stderr_of.h"
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -29,26 +30,6 @@ static __nv_bfloat16 bf(uint16_t bits) {
     __nv_bfloat16 h;
     h.__x = bits;
     return h;
-}
-
-// what f printed to stderr
-static std::string stderr_of(const std::function<void()> &f) {
-    char path[] = "/tmp/test_emu_blas_XXXXXX";
-    int fd = mkstemp(path), saved = dup(2);
-    fflush(stderr);
-    dup2(fd, 2);
-    f();
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    std::string out;
-    char buf[512];
-    ssize_t n;
-    lseek(fd, 0, SEEK_SET);
-    while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, (size_t)n);
-    close(fd);
-    unlink(path);
-    return out;
 }
 
 // got[0 .. want.size()) equals want exactly (the values are exact in fp32)

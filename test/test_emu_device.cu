@@ -15,6 +15,7 @@
 #include "../attention.cuh"
 #include "../layers.cuh"
 #include "test_common.h"
+#include "stderr_of.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -306,26 +307,6 @@ __global__ void smem_kernel(int *count, size_t bytes) {
         smem_bytes[0] = smem_bytes[bytes - 1] = 1; // the first and last byte exist
         (*count)++;
     }
-}
-
-// what f printed on stderr
-template <typename F> std::string stderr_of(F f) {
-    fflush(stderr);
-    char path[] = "/tmp/test_emu_device_XXXXXX";
-    int fd = mkstemp(path), saved = dup(2);
-    dup2(fd, 2);
-    f();
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    std::string s;
-    char buf[512];
-    ssize_t n;
-    lseek(fd, 0, SEEK_SET);
-    while ((n = read(fd, buf, sizeof buf)) > 0) s.append(buf, n);
-    close(fd);
-    unlink(path);
-    return s;
 }
 
 void expect_refused(const char *what, const char *message_part, void (*launch)(int *)) {

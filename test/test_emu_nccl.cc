@@ -9,6 +9,7 @@
 // runtime is needed (or tested).
 #include "nccl.h"
 #include "test_common.h"
+#include "stderr_of.h"
 #include <functional>
 #include <string>
 #include <vector>
@@ -21,26 +22,6 @@ void emu::enqueue(cudaStream_t s, const char *what, std::function<void()> op) { 
 static void run_queued() {
     for (auto &q : queued) q.op();
     queued.clear();
-}
-
-// what f printed to stderr
-template <typename F> static std::string stderr_of(F f) {
-    char path[] = "/tmp/test_emu_nccl_XXXXXX";
-    int fd = mkstemp(path), saved = dup(2);
-    fflush(stderr);
-    dup2(fd, 2);
-    f();
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    std::string out;
-    char buf[512];
-    ssize_t n;
-    lseek(fd, 0, SEEK_SET);
-    while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, (size_t)n);
-    close(fd);
-    unlink(path);
-    return out;
 }
 
 int main() {

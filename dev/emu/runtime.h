@@ -79,13 +79,17 @@ namespace emu {
 // ----------------------------------------------------------------------------
 // reports and the last error
 
-[[noreturn]] inline void fail(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+// "emu: <message>" on stderr, after whatever the program has printed so far
+inline void report(const char *fmt, va_list ap) {
     fflush(stdout);
     fprintf(stderr, "emu: ");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
+}
+[[noreturn]] inline void fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    report(fmt, ap);
     va_end(ap);
     abort();
 }
@@ -98,10 +102,7 @@ inline cudaError_t error(cudaError_t err, const char *fmt, ...) __attribute__((f
 inline cudaError_t error(cudaError_t err, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fflush(stdout);
-    fprintf(stderr, "emu: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    report(fmt, ap);
     va_end(ap);
     set_last_error(err);
     return err;
