@@ -898,6 +898,7 @@ static DataStore *cw_finish(CacheWriter *w, Dataset *ds, const char *cache_path)
     return s;
 }
 
+// what the writer holds; a temporary file that was not renamed into place is removed
 static void cw_free(CacheWriter *w) {
     if (w->f) fclose(w->f);
     if (w->tmp[0]) remove(w->tmp); // (already renamed when all went well)
@@ -961,6 +962,7 @@ static int data_read_batch(Dataset *ds, RecordReader *rr, const char *path, int 
     return 1;
 }
 
+// the batch's records tokenized in parallel (each writes only its own Pending)
 static void data_tokenize_batch(Pending *batch, int n, const Tokenizer *tok) {
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1)
