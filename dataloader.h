@@ -127,6 +127,61 @@
 #define CHAT_RESPONSE "{assistant}"
 
 // ----------------------------------------------------------------------------
+// BOS and EOS as the model folder names them. transformers' tokenizer takes
+// bos_token / eos_token from tokenizer_config.json (a string, or an AddedToken
+// object {"content": ...}); the model's bos_token_id / eos_token_id are in
+// generation_config.json, else config.json, and eos_token_id may be a list
+// (generation stops at any of them; what a training sample ends with is the
+// first). Looked up in that order; when no file names one, the tokenizer file's
+// own id stays. A name that is not a token, or an id outside the vocabulary, is
+// an error naming the file and the key.
+
+// 1: *id set from key of j (a token's name when by_name, else its id), 0: j does not say
+// (absent or null), -1: an error (said)
+static int special_from_json(const Tokenizer *tok, const JsonValue *j, const char *path, const char *key, int by_name, int *id) {
+    const JsonValue *v = json_get(j, key);
+    if (v && v->type == JSON_OBJECT) v = json_get(v, "content"); // an AddedToken
+    if (!v || v->type == JSON_NULL) return 0;
+    if (v->type == JSON_ARRAY) {
+        if (v->count == 0) return 0;
+        v = &v->items[0];
+    }
+    long long n = -1;
+    if (by_name) {
+        if (v->type != JSON_STRING) { fprintf(stderr, "error: %s: %s must be a string (a token's name)\n", path, key); return -1; }
+        n = strlen(v->string) == v->string_len ? tokenizer_token_id(tok, v->string) : -1;
+        if (n < 0) { fprintf(stderr, "error: %s: %s \"%.64s\" is not a token of the tokenizer\n", path, key, v->string); return -1; }
+    } else if (json_as_int(v, &n) != JSON_OK || n < 0 || n >= tok->vocab_size) {
+        fprintf(stderr, "error: %s: %s must be a token id in [0, %d) (or a list of them)\n", path, key, tok->vocab_size);
+        return -1;
+    }
+    *id = (int)n;
+    return 1;
+}
+
+// sets tok->bos_id and tok->eos_id from the files of model_dir and tokenizer_dir.
+// 0 ok, -1 with a message
+static int tokenizer_resolve_special(Tokenizer *tok, const char *model_dir, const char *tokenizer_dir) {
+    const char *const dirs[3] = {tokenizer_dir, model_dir, model_dir};
+    static const char *const names[3] = {"tokenizer_config.json", "generation_config.json", "config.json"};
+    static const char *const keys[3][2] = {{"bos_token", "eos_token"}, {"bos_token_id", "eos_token_id"}, {"bos_token_id", "eos_token_id"}};
+    int found[2] = {0, 0}, *ids[2] = {&tok->bos_id, &tok->eos_id};
+    for (int f = 0; f < 3; f++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dirs[f], names[f]);
+        if (access(path, F_OK) != 0) continue;
+        JsonValue j;
+        if (json_load_file(path, &j) != 0) return -1;
+        int rc = 0;
+        for (int k = 0; k < 2 && rc >= 0; k++)
+            if (!found[k] && j.type == JSON_OBJECT && (rc = special_from_json(tok, &j, path, keys[f][k], f == 0, ids[k])) == 1) found[k] = 1;
+        json_free(&j);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 // options and the dataset
 
 typedef enum { FORMAT_AUTO, FORMAT_TEXT, FORMAT_PROMPT_RESPONSE, FORMAT_ALPACA, FORMAT_SAMSUM, FORMAT_CHAT } DataFormat;
@@ -614,7 +669,7 @@ typedef struct {
     uint32_t requested_format; // DataOptions.format (auto or forced)
     uint32_t format;           // the format used
     uint64_t templates_hash;   // the template strings: editing them invalidates every cache
-    uint64_t tokenizer_hash;   // the bytes of tokenizer.model
+    uint64_t tokenizer_hash;   // the bytes of the tokenizer file, then the BOS and EOS ids
     uint64_t data_size;        // the data file: size, mtime and its first and last MiB
     int64_t data_mtime_ns;
     uint64_t data_hash;
@@ -710,7 +765,7 @@ static DataStore *cache_open(const char *path, const CacheHeader *want, char *wh
     else if (h.version != DATA_CACHE_VERSION || h.endian != 0x01020304u) bad = "written by another version";
     else if (h.templates_hash != want->templates_hash) bad = "the prompt templates changed";
     else if (h.requested_format != want->requested_format) bad = "built for another --data_format";
-    else if (h.tokenizer_hash != want->tokenizer_hash) bad = "the tokenizer changed";
+    else if (h.tokenizer_hash != want->tokenizer_hash) bad = "the tokenizer (or its BOS or EOS) changed";
     else if (h.data_size != want->data_size || h.data_mtime_ns != want->data_mtime_ns || h.data_hash != want->data_hash)
         bad = "the data file changed";
     else if (h.file_size != (uint64_t)st.st_size) bad = "truncated or wrong size";
@@ -1201,9 +1256,10 @@ static int data_options(Dataset *ds, const char *path, const DataOptions *o) {
 }
 
 // what the tokens depend on, into key: the format asked for, the templates, the data
-// file and the tokenizer file (*tokenizer_known: whether it could be read; the cache
-// needs it). 0 ok, -1 when the data file cannot be read (said)
-static int data_cache_key(Dataset *ds, const char *path, const char *tokenizer_path, int requested, CacheHeader *key, int *tokenizer_known) {
+// file, the tokenizer file (*tokenizer_known: whether it could be read; the cache
+// needs it) and the BOS and EOS in use. 0 ok, -1 when the data file cannot be read (said)
+static int data_cache_key(Dataset *ds, const char *path, const Tokenizer *tok, const char *tokenizer_path, int requested,
+                          CacheHeader *key, int *tokenizer_known) {
     memset(key, 0, sizeof *key);
     *tokenizer_known = 0;
     key->requested_format = (uint32_t)requested;
@@ -1213,7 +1269,8 @@ static int data_cache_key(Dataset *ds, const char *path, const char *tokenizer_p
     size_t tlen;
     char *tbytes = tokenizer_path && tokenizer_path[0] ? read_file(tokenizer_path, &tlen) : NULL;
     *tokenizer_known = tbytes != NULL;
-    if (tbytes) key->tokenizer_hash = data_hash_bytes(DATA_HASH_SEED, tbytes, tlen);
+    int32_t special[2] = {tok->bos_id, tok->eos_id};
+    if (tbytes) key->tokenizer_hash = data_hash_bytes(data_hash_bytes(DATA_HASH_SEED, tbytes, tlen), special, sizeof special);
     free(tbytes);
     return 0;
 }
@@ -1326,7 +1383,7 @@ static int dataset_load(Dataset *ds, const char *path, const Tokenizer *tok, con
     int requested = data_options(ds, path, o), tokenizer_known;
     if (requested < 0) return -1;
     CacheHeader key;
-    if (data_cache_key(ds, path, tokenizer_path, requested, &key, &tokenizer_known) != 0) return -1;
+    if (data_cache_key(ds, path, tok, tokenizer_path, requested, &key, &tokenizer_known) != 0) return -1;
     const char *no_cache_why = tokenizer_known ? data_cache_place(ds, path, o->cache_dir) : "the tokenizer file is not known";
     if (no_cache_why) {
         if (!o->quiet) printf("data: no token cache for %s (%s): tokenizing in memory\n", path, no_cache_why);

@@ -112,6 +112,12 @@ static inline int tok_piece_to_id(const Tokenizer *t, const char *s, size_t n) {
     return e->reserved >= 0 ? e->reserved : e->normal;
 }
 
+// the id of a piece given by its exact string (a control token such as "</s>" included), -1 if there is none
+static inline int tokenizer_token_id(const Tokenizer *t, const char *s) {
+    const TokSlot *e = tok_find(t, s, strlen(s));
+    return !e ? -1 : e->reserved >= 0 ? e->reserved : e->normal;
+}
+
 // 1-4 bytes packed with their length into a nonzero key for the edges set
 static inline uint64_t tok_edge_key(const char *s, int n) {
     uint64_t k = (uint64_t)n << 32;

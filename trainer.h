@@ -987,7 +987,12 @@ static int has_validation(const TrainConfig *tc) { return tc->val_data[0] || tc-
 // is room for. Local to this rank. 0 ok, -1 with a message.
 static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int *T) {
     Tokenizer *tok = &r->tok;
-    if (tokenizer_load(tok, tokpath) != 0) return -1;
+    char tokdir[4096];
+    snprintf(tokdir, sizeof tokdir, "%s", tokpath);
+    char *slash = strrchr(tokdir, '/');
+    if (slash) *slash = 0;
+    else snprintf(tokdir, sizeof tokdir, ".");
+    if (tokenizer_load(tok, tokpath) != 0 || tokenizer_resolve_special(tok, tc->model, tokdir) != 0) return -1;
     Dataset *train_ds = &r->train_ds, *val_ds = &r->val_ds;
     DataOptions dopt = {tc->data_format, tc->train_on_prompt, !strcmp(tc->batching, "packing"), tc->max_seq_len,
                         tc->max_samples, tc->data_slice, tc->data_cache_dir, 0};

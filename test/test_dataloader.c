@@ -605,6 +605,43 @@ static void test_bad_input(void) {
     remove(tmp_path("big.json"));
 }
 
+// BOS and EOS from a model folder's files, in transformers' order of precedence
+static void test_special_ids(void) {
+    struct { const char *tok_config, *gen_config, *config; int rc, bos, eos; const char *what; } cases[] = {
+        {NULL, NULL, NULL, 0, 1, 2, "no file names them: the tokenizer's own"},
+        {NULL, NULL, "{\"bos_token_id\": 4, \"eos_token_id\": 3}", 0, 4, 3, "config.json"},
+        {NULL, "{\"eos_token_id\": [5, 6]}", "{\"bos_token_id\": 4, \"eos_token_id\": 3}", 0, 4, 5,
+         "generation_config.json before config.json; of a list, the first"},
+        {"{\"eos_token\": {\"content\": \"<unk>\", \"special\": true}, \"bos_token\": null}", "{\"eos_token_id\": 5, \"bos_token_id\": 7}", NULL, 0, 7, 0,
+         "tokenizer_config.json first (an AddedToken object); null says nothing"},
+        {"{\"eos_token\": \"</s>\"}", "{\"eos_token_id\": 5}", NULL, 0, 1, 2, "tokenizer_config.json's string"},
+        {"{\"bos_token\": \"<nope>\"}", NULL, NULL, -1, 0, 0, "a name that is not a token: an error"},
+        {NULL, NULL, "{\"eos_token_id\": 512}", -1, 0, 0, "an id outside the vocabulary: an error"},
+        {NULL, "{\"eos_token_id\": \"2\"}", NULL, -1, 0, 0, "an id of the wrong type: an error"},
+        {NULL, NULL, "{\"eos_token_id\": [", -1, 0, 0, "invalid JSON: an error"},
+        {"{\"eos_token\": 2}", NULL, NULL, -1, 0, 0, "tokenizer_config.json names tokens: an id is an error"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[300], cmd[400];
+        snprintf(dir, sizeof dir, "%s/special%zu", tmp, i);
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+        if (system(cmd) != 0) die("cannot make %s", dir);
+        const char *files[3] = {cases[i].tok_config, cases[i].gen_config, cases[i].config};
+        static const char *const names[3] = {"tokenizer_config.json", "generation_config.json", "config.json"};
+        for (int f = 0; f < 3; f++) {
+            char path[400];
+            snprintf(path, sizeof path, "%s/%s", dir, names[f]);
+            if (files[f]) write_text(path, files[f]);
+        }
+        Tokenizer t = tok; // the ids are all this changes
+        int rc = tokenizer_resolve_special(&t, dir, dir);
+        char what[200];
+        snprintf(what, sizeof what, "special ids: %s", cases[i].what);
+        CHECK(rc == cases[i].rc && (rc != 0 || (t.bos_id == cases[i].bos && t.eos_id == cases[i].eos)), what,
+              "rc %d, bos %d, eos %d", rc, t.bos_id, t.eos_id);
+    }
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/test_dataloader_XXXXXX");
     if (!mkdtemp(tmp)) die("mkdtemp: %s", strerror(errno));
@@ -626,6 +663,7 @@ int main(void) {
     test_ranks();
     test_cache();
     test_bad_input();
+    test_special_ids();
 
     tokenizer_free(&tok);
     char cmd[400];
