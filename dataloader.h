@@ -118,16 +118,27 @@
 #define ALPACA_RESPONSE "{output}"
 #define PROMPT_RESPONSE_PROMPT "{prompt}"
 #define PROMPT_RESPONSE_RESPONSE "{response}"
-// Llama-2 chat (Meta's llama/generation.py chat_completion): a leading system
-// message is folded into the first user turn with CHAT_SYSTEM, then that user
-// text is stripped (Python str.strip(), Unicode whitespace) and put in
-// CHAT_PROMPT; the assistant turn is stripped and is the response.
+// Chat: the family's own template, as transformers' apply_chat_template renders it
+// (the chat_template of the family's tokenizer_config.json), chosen by the
+// tokenizer: Llama-3 when it has the header tokens, else Llama-2. Special tokens
+// come only from the template: a token's name inside a message is text.
+// Llama-2 (Llama-2-chat): per (user, assistant) pair
+//   BOS CHAT_PROMPT CHAT_RESPONSE EOS
+// with a leading system message folded into the first user turn by CHAT_SYSTEM;
+// the user text (after folding) and the assistant text are stripped (Python's
+// str.strip()). The text after BOS gets no dummy prefix unless the tokenizer
+// config says "legacy": true (then it is Meta's llama/generation.py encoding).
 #define CHAT_SYSTEM "<<SYS>>\n{system}\n<</SYS>>\n\n{user}"
 #define CHAT_PROMPT "[INST] {user} [/INST]"
-#define CHAT_RESPONSE "{assistant}"
+#define CHAT_RESPONSE " {assistant} "
+// Llama-3 (Meta-Llama-3-Instruct): BOS, then per message
+//   <|start_header_id|> role <|end_header_id|> CHAT3_HEADER_END content <|eot_id|>
+// with the content stripped; the assistant's content and its <|eot_id|> carry the loss.
+#define CHAT3_HEADER_END "\n\n"
 
 // ----------------------------------------------------------------------------
-// BOS and EOS as the model folder names them. transformers' tokenizer takes
+// What the model folder's files say of the tokenizer: BOS, EOS and Llama-2's
+// "legacy" (see "Templates"). transformers' tokenizer takes
 // bos_token / eos_token from tokenizer_config.json (a string, or an AddedToken
 // object {"content": ...}); the model's bos_token_id / eos_token_id are in
 // generation_config.json, else config.json, and eos_token_id may be a list
@@ -159,9 +170,9 @@ static int special_from_json(const Tokenizer *tok, const JsonValue *j, const cha
     return 1;
 }
 
-// sets tok->bos_id and tok->eos_id from the files of model_dir and tokenizer_dir.
-// 0 ok, -1 with a message
-static int tokenizer_resolve_special(Tokenizer *tok, const char *model_dir, const char *tokenizer_dir) {
+// sets tok->bos_id, tok->eos_id and tok->legacy from the files of model_dir and
+// tokenizer_dir. 0 ok, -1 with a message
+static int tokenizer_configure(Tokenizer *tok, const char *model_dir, const char *tokenizer_dir) {
     const char *const dirs[3] = {tokenizer_dir, model_dir, model_dir};
     static const char *const names[3] = {"tokenizer_config.json", "generation_config.json", "config.json"};
     static const char *const keys[3][2] = {{"bos_token", "eos_token"}, {"bos_token_id", "eos_token_id"}, {"bos_token_id", "eos_token_id"}};
@@ -175,6 +186,10 @@ static int tokenizer_resolve_special(Tokenizer *tok, const char *model_dir, cons
         int rc = 0;
         for (int k = 0; k < 2 && rc >= 0; k++)
             if (!found[k] && j.type == JSON_OBJECT && (rc = special_from_json(tok, &j, path, keys[f][k], f == 0, ids[k])) == 1) found[k] = 1;
+        if (f == 0 && j.type == JSON_OBJECT && json_get(&j, "legacy") && json_get_bool(&j, "legacy", &tok->legacy) != JSON_OK) {
+            fprintf(stderr, "error: %s: legacy must be true or false\n", path);
+            rc = -1;
+        }
         json_free(&j);
         if (rc < 0) return -1;
     }
@@ -254,6 +269,10 @@ static uint32_t data_utf8_at(const unsigned char *s, int *len) {
     *len = 4;
     return ((s[0] & 0x07u) << 18) | ((s[1] & 0x3Fu) << 12) | ((s[2] & 0x3Fu) << 6) | (s[3] & 0x3F);
 }
+static Str data_str(const char *s, size_t n) {
+    Str r = {s, n};
+    return r;
+}
 // Python's str.strip(): Unicode whitespace off both ends
 static Str data_strip(Str x) {
     const unsigned char *s = (const unsigned char *)x.s;
@@ -306,7 +325,8 @@ static char *data_fill(const char *tpl, int n, const char *const *names, const S
 // ----------------------------------------------------------------------------
 // records: a sample as text segments, before tokenization
 
-enum { SEG_PROMPT, SEG_RESPONSE, SEG_TEXT };  // BOS + prompt (no loss) | response + EOS | BOS + text + EOS
+// BOS + prompt (no loss) | response + EOS | BOS + text + EOS | a chat's turns (their text as the record has it)
+enum { SEG_PROMPT, SEG_RESPONSE, SEG_TEXT, SEG_SYSTEM, SEG_USER, SEG_ASSISTANT };
 typedef struct { char *text; size_t len; int kind; } Segment;
 
 typedef struct {
@@ -332,6 +352,12 @@ static void pending_clear(Pending *p) {
     for (int i = 0; i < p->n_seg; i++) free(p->seg[i].text);
     free(p->seg); free(p->ids); free(p->label);
     memset(p, 0, sizeof *p);
+}
+static void pending_copy(Pending *p, int kind, Str x) {
+    char *text = (char *)mallocCheck(x.n + 1);
+    memcpy(text, x.s, x.n);
+    text[x.n] = 0;
+    pending_add(p, kind, text, x.n);
 }
 // a segment from a template and a record's fields
 static void pending_fill(Pending *p, int kind, const char *tpl, int n, const char *const *names, const Str *vals) {
@@ -389,21 +415,10 @@ static int data_chat(const JsonValue *rec, Pending *p, char *err, size_t errn) {
             return -1;
         }
         if (!user.s) { user = content; continue; }
-        // a complete (user, assistant) pair; the system message goes into the first user turn
-        char *folded = NULL;
-        if (system.s && p->n_seg == 0) {
-            static const char *const names[] = {"system", "user"};
-            Str vals[2] = {system, user};
-            size_t len;
-            folded = data_fill(CHAT_SYSTEM, 2, names, vals, &len);
-            user.s = folded;
-            user.n = len;
-        }
-        static const char *const un[] = {"user"}, *const an[] = {"assistant"};
-        Str u = data_strip(user), a = data_strip(content);
-        pending_fill(p, SEG_PROMPT, CHAT_PROMPT, 1, un, &u);
-        pending_fill(p, SEG_RESPONSE, CHAT_RESPONSE, 1, an, &a);
-        free(folded);
+        // a complete (user, assistant) pair: kept (the template is applied at tokenization)
+        if (system.s && p->n_seg == 0) pending_copy(p, SEG_SYSTEM, system);
+        pending_copy(p, SEG_USER, user);
+        pending_copy(p, SEG_ASSISTANT, content);
         user.s = NULL;
     }
     // a trailing user turn has no answer to learn and is dropped
@@ -419,13 +434,10 @@ static int data_record(const JsonValue *rec, int format, Pending *p, char *err, 
     }
     Str v[3];
     switch (format) {
-    case FORMAT_TEXT: {
+    case FORMAT_TEXT:
         if (data_field(rec, "text", 0, &v[0], err, errn)) return -1;
-        char *t = (char *)mallocCheck(v[0].n + 1);
-        memcpy(t, v[0].s, v[0].n);
-        pending_add(p, SEG_TEXT, t, v[0].n);
+        pending_copy(p, SEG_TEXT, v[0]);
         return 0;
-    }
     case FORMAT_PROMPT_RESPONSE: {
         static const char *const names[] = {"prompt", "response"};
         if (data_field(rec, "prompt", 0, &v[0], err, errn) || data_field(rec, "response", 0, &v[1], err, errn)) return -1;
@@ -455,12 +467,89 @@ static int data_record(const JsonValue *rec, int format, Pending *p, char *err, 
     return -1;
 }
 
+// appends ids[0..k) with their label to the sample's tokens
+static void pending_push(Pending *p, size_t *cap, const int *ids, int k, int label) {
+    if ((size_t)p->n + (size_t)k > INT32_MAX) die("record %llu has too many tokens", (unsigned long long)p->record);
+    while ((size_t)p->n + (size_t)k > *cap) {
+        *cap *= 2;
+        p->ids = (int32_t *)realloc(p->ids, *cap * sizeof(int32_t));
+        p->label = (uint8_t *)realloc(p->label, *cap);
+        if (!p->ids || !p->label) die("out of memory while tokenizing");
+    }
+    for (int i = 0; i < k; i++) { p->ids[p->n] = ids[i]; p->label[p->n++] = (uint8_t)label; }
+}
+static void pending_push_id(Pending *p, size_t *cap, int id, int label) {
+    if (id >= 0) pending_push(p, cap, &id, 1, label);
+}
+// text of a chat template, encoded as the rest of a sequence (after_token: it
+// follows a special token); the number of tokens it gave
+static int pending_push_text(Pending *p, size_t *cap, const Tokenizer *tok, Str text, int after_token, int label) {
+    int k;
+    int *ids = tok->legacy && after_token ? tokenizer_encode(tok, text.s, text.n, 0, 0, &k)
+                                          : tokenizer_encode_continued(tok, text.s, text.n, &k);
+    if (!ids) die("out of memory while tokenizing record %llu", (unsigned long long)p->record);
+    pending_push(p, cap, ids, k, label);
+    free(ids);
+    return k;
+}
+static void pending_push_filled(Pending *p, size_t *cap, const Tokenizer *tok, const char *tpl, const char *name, Str val,
+                                int after_token, int label) {
+    size_t len;
+    char *text = data_fill(tpl, 1, &name, &val, &len);
+    pending_push_text(p, cap, tok, data_str(text, len), after_token, label);
+    free(text);
+}
+
+// a chat's turns to tokens with the tokenizer's template family (see "Templates")
+static void pending_tokenize_chat(Pending *p, const Tokenizer *tok, size_t *cap) {
+    int header = tokenizer_token_id(tok, "<|start_header_id|>"), header_end = tokenizer_token_id(tok, "<|end_header_id|>"),
+        eot = tokenizer_token_id(tok, "<|eot_id|>");
+    for (int s = 0; s < p->n_seg; s++) // an empty answer is nothing to learn, as an empty response is
+        if (p->seg[s].kind == SEG_ASSISTANT && data_strip(data_str(p->seg[s].text, p->seg[s].len)).n == 0) { p->skip = SKIP_EMPTY_RESPONSE; return; }
+    if (header >= 0 && header_end >= 0 && eot >= 0) { // Llama-3
+        static const char *const roles[] = {"system", "user", "assistant"};
+        pending_push_id(p, cap, tok->bos_id, 0);
+        for (int s = 0; s < p->n_seg; s++) {
+            const Segment *g = &p->seg[s];
+            int label = g->kind == SEG_ASSISTANT;
+            pending_push_id(p, cap, header, 0);
+            pending_push_text(p, cap, tok, data_str(roles[g->kind - SEG_SYSTEM], strlen(roles[g->kind - SEG_SYSTEM])), 1, 0);
+            pending_push_id(p, cap, header_end, 0);
+            pending_push_text(p, cap, tok, data_str(CHAT3_HEADER_END, strlen(CHAT3_HEADER_END)), 1, 0);
+            pending_push_text(p, cap, tok, data_strip(data_str(g->text, g->len)), 0, label);
+            pending_push_id(p, cap, eot, label);
+        }
+        return;
+    }
+    int s = 0; // Llama-2
+    Str system = {NULL, 0};
+    if (p->seg[0].kind == SEG_SYSTEM) { system = data_str(p->seg[0].text, p->seg[0].len); s = 1; }
+    for (; s + 1 < p->n_seg; s += 2) {
+        Str user = {p->seg[s].text, p->seg[s].len}, answer = {p->seg[s + 1].text, p->seg[s + 1].len};
+        char *folded = NULL;
+        if (system.s) {
+            static const char *const names[] = {"system", "user"};
+            Str vals[2] = {system, user};
+            folded = data_fill(CHAT_SYSTEM, 2, names, vals, &user.n);
+            user.s = folded;
+            system.s = NULL;
+        }
+        pending_push_id(p, cap, tok->bos_id, 0);
+        pending_push_filled(p, cap, tok, CHAT_PROMPT, "user", data_strip(user), 1, 0);
+        pending_push_filled(p, cap, tok, CHAT_RESPONSE, "assistant", data_strip(answer), 0, 1);
+        pending_push_id(p, cap, tok->eos_id, 1);
+        free(folded);
+    }
+}
+
 // the segments to tokens and labels; sets p->skip when there is nothing to learn
 static void pending_tokenize(Pending *p, const Tokenizer *tok) {
     if (p->skip) return;
-    size_t cap = 64, n = 0;
+    size_t cap = 64;
     p->ids = (int32_t *)mallocCheck(cap * sizeof(int32_t));
     p->label = (uint8_t *)mallocCheck(cap);
+    p->n = 0;
+    if (p->n_seg > 0 && p->seg[0].kind >= SEG_SYSTEM) { pending_tokenize_chat(p, tok, &cap); return; }
     for (int s = 0; s < p->n_seg; s++) {
         const Segment *g = &p->seg[s];
         int k;
@@ -471,20 +560,12 @@ static void pending_tokenize(Pending *p, const Tokenizer *tok) {
             free(ids);
             return;
         }
-        while (n + (size_t)k + 2 > cap) {
-            cap *= 2;
-            p->ids = (int32_t *)realloc(p->ids, cap * sizeof(int32_t));
-            p->label = (uint8_t *)realloc(p->label, cap);
-            if (!p->ids || !p->label) die("out of memory while tokenizing");
-        }
         int labelled = g->kind != SEG_PROMPT;
-        if (g->kind != SEG_RESPONSE && tok->bos_id >= 0) { p->ids[n] = tok->bos_id; p->label[n++] = (uint8_t)labelled; }
-        for (int i = 0; i < k; i++) { p->ids[n] = ids[i]; p->label[n++] = (uint8_t)labelled; }
-        if (g->kind != SEG_PROMPT && tok->eos_id >= 0) { p->ids[n] = tok->eos_id; p->label[n++] = 1; }
+        if (g->kind != SEG_RESPONSE) pending_push_id(p, &cap, tok->bos_id, labelled);
+        pending_push(p, &cap, ids, k, labelled);
+        if (g->kind != SEG_PROMPT) pending_push_id(p, &cap, tok->eos_id, 1);
         free(ids);
     }
-    if (n > INT32_MAX) die("record %llu has too many tokens", (unsigned long long)p->record);
-    p->n = (int)n;
 }
 
 // ----------------------------------------------------------------------------
@@ -669,7 +750,7 @@ typedef struct {
     uint32_t requested_format; // DataOptions.format (auto or forced)
     uint32_t format;           // the format used
     uint64_t templates_hash;   // the template strings: editing them invalidates every cache
-    uint64_t tokenizer_hash;   // the bytes of the tokenizer file, then the BOS and EOS ids
+    uint64_t tokenizer_hash;   // the bytes of the tokenizer file, then BOS, EOS and legacy
     uint64_t data_size;        // the data file: size, mtime and its first and last MiB
     int64_t data_mtime_ns;
     uint64_t data_hash;
@@ -715,7 +796,7 @@ static void store_release(DataStore *s) {
 
 static uint64_t cache_templates_hash(void) {
     static const char *const t[] = {SAMSUM_PROMPT, SAMSUM_RESPONSE, ALPACA_PROMPT_INPUT, ALPACA_PROMPT_NO_INPUT, ALPACA_RESPONSE,
-                                    PROMPT_RESPONSE_PROMPT, PROMPT_RESPONSE_RESPONSE, CHAT_SYSTEM, CHAT_PROMPT, CHAT_RESPONSE};
+                                    PROMPT_RESPONSE_PROMPT, PROMPT_RESPONSE_RESPONSE, CHAT_SYSTEM, CHAT_PROMPT, CHAT_RESPONSE, CHAT3_HEADER_END};
     uint64_t h = DATA_HASH_SEED;
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) h = data_hash_bytes(h, t[i], strlen(t[i]) + 1);
     return h;
@@ -765,7 +846,7 @@ static DataStore *cache_open(const char *path, const CacheHeader *want, char *wh
     else if (h.version != DATA_CACHE_VERSION || h.endian != 0x01020304u) bad = "written by another version";
     else if (h.templates_hash != want->templates_hash) bad = "the prompt templates changed";
     else if (h.requested_format != want->requested_format) bad = "built for another --data_format";
-    else if (h.tokenizer_hash != want->tokenizer_hash) bad = "the tokenizer (or its BOS or EOS) changed";
+    else if (h.tokenizer_hash != want->tokenizer_hash) bad = "the tokenizer (or its configuration) changed";
     else if (h.data_size != want->data_size || h.data_mtime_ns != want->data_mtime_ns || h.data_hash != want->data_hash)
         bad = "the data file changed";
     else if (h.file_size != (uint64_t)st.st_size) bad = "truncated or wrong size";
@@ -1257,7 +1338,7 @@ static int data_options(Dataset *ds, const char *path, const DataOptions *o) {
 
 // what the tokens depend on, into key: the format asked for, the templates, the data
 // file, the tokenizer file (*tokenizer_known: whether it could be read; the cache
-// needs it) and the BOS and EOS in use. 0 ok, -1 when the data file cannot be read (said)
+// needs it) and what tokenizer_configure set: BOS, EOS, legacy. 0 ok, -1 when the data file cannot be read (said)
 static int data_cache_key(Dataset *ds, const char *path, const Tokenizer *tok, const char *tokenizer_path, int requested,
                           CacheHeader *key, int *tokenizer_known) {
     memset(key, 0, sizeof *key);
@@ -1269,7 +1350,7 @@ static int data_cache_key(Dataset *ds, const char *path, const Tokenizer *tok, c
     size_t tlen;
     char *tbytes = tokenizer_path && tokenizer_path[0] ? read_file(tokenizer_path, &tlen) : NULL;
     *tokenizer_known = tbytes != NULL;
-    int32_t special[2] = {tok->bos_id, tok->eos_id};
+    int32_t special[3] = {tok->bos_id, tok->eos_id, tok->legacy};
     if (tbytes) key->tokenizer_hash = data_hash_bytes(data_hash_bytes(DATA_HASH_SEED, tbytes, tlen), special, sizeof special);
     free(tbytes);
     return 0;

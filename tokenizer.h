@@ -83,6 +83,7 @@ typedef struct {
     unsigned char ud_first[256]; // 1 if some user-defined piece starts with this byte
     int *ud_lens; int n_ud_lens; // distinct lengths of user-defined pieces, descending
     int add_dummy_prefix, remove_extra_whitespaces, byte_fallback;
+    int legacy;             // tokenizer_config.json's "legacy" (set by the data loader): text after a special token gets the dummy prefix too
     char *unk_surface; size_t unk_surface_len; // what decode prints for <unk> (" ⁇ " by default)
 } Tokenizer;
 
@@ -678,7 +679,7 @@ static inline const char *tokenizer_piece(const Tokenizer *t, int id) {
 // sentencepiece's Normalizer::Normalize with an identity rule: user-defined
 // pieces pass through untouched, valid UTF-8 characters are copied, each byte
 // of malformed UTF-8 becomes U+FFFD, and ' ' becomes ▁. out needs 3 * len + 3 bytes.
-static inline size_t tok_normalize(const Tokenizer *t, const char *in, size_t len, char *out) {
+static inline size_t tok_normalize(const Tokenizer *t, const char *in, size_t len, int dummy_prefix, char *out) {
     size_t i = 0, o = 0;
     if (len == 0) return 0;
     // one normalized "prefix" of in+i: its text (p, pn) and the input bytes it consumed
@@ -697,7 +698,7 @@ static inline size_t tok_normalize(const Tokenizer *t, const char *in, size_t le
         }
         if (i == len) return 0; // all spaces: no dummy prefix either
     }
-    if (t->add_dummy_prefix) { memcpy(out, TOK_SPACE, 3); o = 3; }
+    if (dummy_prefix) { memcpy(out, TOK_SPACE, 3); o = 3; }
     int prev_space = t->remove_extra_whitespaces;
     while (i < len) {
         TOK_PREFIX(p, pn, consumed);
@@ -819,13 +820,13 @@ static inline int tok_emit(const Tokenizer *t, const char *norm, int pos, int le
 // encodes len bytes of text (any bytes) into a malloc'd array of ids, *n_out
 // of them; bos/eos prepend/append BOS/EOS when the model has them. Returns
 // NULL only when out of memory (or text is over TOKENIZER_MAX_TEXT bytes).
-static inline int *tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int bos, int eos, int *n_out) {
+static inline int *tok_encode(const Tokenizer *t, const char *text, size_t len, int bos, int eos, int dummy_prefix, int *n_out) {
     *n_out = 0;
     if (!text) len = 0;
     if (len > TOKENIZER_MAX_TEXT) return NULL;
     char *norm = (char *)malloc(3 * len + 4);
     if (!norm) return NULL;
-    int nn = (int)tok_normalize(t, text, len, norm);
+    int nn = (int)tok_normalize(t, text, len, dummy_prefix, norm);
 
     TokBPE b;
     memset(&b, 0, sizeof(b));
@@ -897,6 +898,17 @@ static inline int *tokenizer_encode(const Tokenizer *t, const char *text, size_t
     *n_out = n;
     int *shrunk = (int *)realloc(out, ((size_t)n + 1) * sizeof(int));
     return shrunk ? shrunk : out;
+}
+
+// text to ids (malloc'd; *n_out set), with BOS and EOS when asked; NULL when out of memory
+static inline int *tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int bos, int eos, int *n_out) {
+    return tok_encode(t, text, len, bos, eos, t->add_dummy_prefix, n_out);
+}
+
+// text that follows a special token within one sequence, as transformers encodes it
+// (Llama-2's tokenizer_config.json "legacy": false): without the dummy prefix
+static inline int *tokenizer_encode_continued(const Tokenizer *t, const char *text, size_t len, int *n_out) {
+    return tok_encode(t, text, len, 0, 0, 0, n_out);
 }
 
 // ----------------------------------------------------------------------------

@@ -992,7 +992,7 @@ static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int
     char *slash = strrchr(tokdir, '/');
     if (slash) *slash = 0;
     else snprintf(tokdir, sizeof tokdir, ".");
-    if (tokenizer_load(tok, tokpath) != 0 || tokenizer_resolve_special(tok, tc->model, tokdir) != 0) return -1;
+    if (tokenizer_load(tok, tokpath) != 0 || tokenizer_configure(tok, tc->model, tokdir) != 0) return -1;
     Dataset *train_ds = &r->train_ds, *val_ds = &r->val_ds;
     DataOptions dopt = {tc->data_format, tc->train_on_prompt, !strcmp(tc->batching, "packing"), tc->max_seq_len,
                         tc->max_samples, tc->data_slice, tc->data_cache_dir, 0};

@@ -134,6 +134,50 @@ static void run_cases(const char *expected_path, const Tokenizer *t, const char 
 }
 
 // ----------------------------------------------------------------------------
+// chat templates against transformers' apply_chat_template (make_chat_fixtures.py):
+// each family's folder holds its tokenizer and tokenizer_config.json
+
+static void test_chat_families(void) {
+    const char *dir = "test/fixtures/chat";
+    char path[400];
+    snprintf(path, sizeof path, "%s/expected.json", dir);
+    JsonValue exp;
+    if (json_load_file(path, &exp) != 0) die("cannot read %s", path);
+    const JsonValue *cases = json_get(&exp, "cases");
+    snprintf(path, sizeof path, "%s/chat.jsonl", dir);
+    for (int f = 0; f < cases->count; f++) {
+        const char *family = cases->keys[f];
+        const JsonValue *want = &cases->items[f];
+        char folder[300], tokpath[400], what[300], why[300] = "";
+        snprintf(folder, sizeof folder, "%s/%s", dir, family);
+        snprintf(tokpath, sizeof tokpath, "%s/tokenizer.model", folder);
+        if (access(tokpath, R_OK) != 0) snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", folder);
+        snprintf(what, sizeof what, "chat: %s's template == apply_chat_template (ids and assistant mask, %d chats)", family, want->count);
+        Tokenizer t;
+        Dataset ds;
+        if (tokenizer_load(&t, tokpath) != 0 || tokenizer_configure(&t, folder, folder) != 0) { CHECK(0, what, "cannot load %s", tokpath); continue; }
+        DataOptions o = opts("chat", 0, 0, 4096);
+        if (dataset_load(&ds, path, &t, tokpath, &o) != 0) { CHECK(0, what, "load failed: %s", ds.error); tokenizer_free(&t); continue; }
+        for (int r = 0; r < want->count && !why[0]; r++) {
+            const JsonValue *ids = json_get(&want->items[r], "ids"), *labels = json_get(&want->items[r], "labels");
+            int n = ids->count, T, tokens[4096], targets[4096];
+            if (ds.n_rows != want->count) { snprintf(why, sizeof why, "%ld rows, expected %d", ds.n_rows, want->count); break; }
+            dataset_get_rows(&ds, r, 1, t.eos_id, tokens, targets, &T);
+            if (T != n) { snprintf(why, sizeof why, "chat %d: %d tokens, expected %d", r, T, n); break; }
+            for (int i = 0; i < n && !why[0]; i++) {
+                int target = i + 1 < n && json_int_at(labels, i + 1) ? json_int_at(ids, i + 1) : -100;
+                if (tokens[i] != json_int_at(ids, i)) snprintf(why, sizeof why, "chat %d token %d: %d, expected %d", r, i, tokens[i], json_int_at(ids, i));
+                else if (targets[i] != target) snprintf(why, sizeof why, "chat %d target %d: %d, expected %d", r, i, targets[i], target);
+            }
+        }
+        CHECK(!why[0], what, "%s", why);
+        dataset_free(&ds);
+        tokenizer_free(&t);
+    }
+    json_free(&exp);
+}
+
+// ----------------------------------------------------------------------------
 // epochs and shuffling
 
 // the stream of rows (by index) that `batches` batches of B rows give
@@ -634,7 +678,7 @@ static void test_special_ids(void) {
             if (files[f]) write_text(path, files[f]);
         }
         Tokenizer t = tok; // the ids are all this changes
-        int rc = tokenizer_resolve_special(&t, dir, dir);
+        int rc = tokenizer_configure(&t, dir, dir);
         char what[200];
         snprintf(what, sizeof what, "special ids: %s", cases[i].what);
         CHECK(rc == cases[i].rc && (rc != 0 || (t.bos_id == cases[i].bos && t.eos_id == cases[i].eos)), what,
@@ -664,6 +708,7 @@ int main(void) {
     test_cache();
     test_bad_input();
     test_special_ids();
+    test_chat_families();
 
     tokenizer_free(&tok);
     char cmd[400];

@@ -17,7 +17,8 @@
 #
 # The rules, as dataloader.h documents them:
 #   prompt tokens: [BOS] + sp.encode(prompt); response tokens: sp.encode(response) + [EOS];
-#   text: [BOS] + sp.encode(text) + [EOS], all labelled; chat: the pairs concatenated.
+#   text: [BOS] + sp.encode(text) + [EOS], all labelled; chat: apply_chat_template's ids and
+#   assistant mask (make_chat_fixtures.py), after dropping a trailing user turn.
 #   targets[t] = tokens[t+1] if token t+1 is labelled (or train_on_prompt) else -100.
 #   padding: one sample per row, first max_seq_len tokens; a sample with no labelled
 #     target left is skipped ("no response token within max_seq_len").
@@ -29,6 +30,9 @@ import os
 import sys
 
 import sentencepiece as spm
+
+sys.path.insert(0, os.path.dirname(__file__))
+from make_chat_fixtures import chat_ids  # noqa: E402
 
 OUT = "test/fixtures/data"
 TOKENIZER = "test/fixtures/tiny_gqa/tokenizer.model"
@@ -47,8 +51,9 @@ ALPACA_PROMPT_NO_INPUT = (
     "Write a response that appropriately completes the request.\n\n"
     "### Instruction:\n{instruction}\n\n### Response:"
 )
-B_INST, E_INST = "[INST]", "[/INST]"
-B_SYS, E_SYS = "<<SYS>>\n", "\n<</SYS>>\n\n"
+# chat: Llama-2-chat's template through transformers, with TOKENIZER and "legacy": false
+# (make_chat_fixtures.py writes that folder)
+CHAT_TOKENIZER = "test/fixtures/chat/llama2"
 
 # ----------------------------------------------------------------------------
 # fixture records (each format; odd cases on purpose)
@@ -128,24 +133,19 @@ def segments(rec, fmt):
         return [("prompt", tpl.format(instruction=rec["instruction"], input=inp)), ("response", rec["output"])]
     if fmt == "chat":
         msgs = list(rec["messages"])
-        if msgs and msgs[0]["role"] == "system":
-            # Meta's chat_completion: fold the system prompt into the first user turn
-            if len(msgs) > 1:
-                msgs = [{"role": msgs[1]["role"], "content": B_SYS + msgs[0]["content"] + E_SYS + msgs[1]["content"]}] + msgs[2:]
-            else:
-                msgs = []
-        segs = []
-        for u, a in zip(msgs[::2], msgs[1::2]):
-            assert u["role"] == "user" and a["role"] == "assistant"
-            segs.append(("prompt", f"{B_INST} {u['content'].strip()} {E_INST}"))
-            segs.append(("response", a["content"].strip()))
-        if not segs:
+        if msgs and msgs[-1]["role"] == "user":
+            msgs = msgs[:-1]  # a trailing user turn has no answer: dropped
+        if not any(m["role"] == "assistant" for m in msgs):
             return "no user/assistant pair"
-        return segs
+        if any(m["role"] == "assistant" and not m["content"].strip() for m in msgs):
+            return "empty response"
+        return [("chat", msgs)]
     raise ValueError(fmt)
 
 
 def tokenize(sp, segs):
+    if segs[0][0] == "chat":  # the ids and loss mask of transformers' apply_chat_template
+        return chat_ids(CHAT_TOKENIZER, segs[0][1])
     ids, lab = [], []
     for kind, text in segs:
         enc = sp.encode(text)
