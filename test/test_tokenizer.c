@@ -1,6 +1,8 @@
 // Tests tokenizer.h against sentencepiece's own output, recorded by
 // dev/reference/make_tokenizer_fixtures.py in test/fixtures/tokenizer/, and
-// feeds it broken model files. Run from the repo root:
+// the tokenizer.json path against the `tokenizers` library's, recorded by
+// dev/reference/make_bpe_fixtures.py there, and feeds both broken files.
+// Run from the repo root:
 //   gcc -O2 -Wall -Wextra -std=c11 -o /tmp/test_tokenizer test/test_tokenizer.c -lm && /tmp/test_tokenizer
 #define _POSIX_C_SOURCE 200809L // dup/dup2, to catch the tokenizer's messages on stderr
 #include <stdio.h>
@@ -12,6 +14,8 @@
 
 #define FIXTURES "test/fixtures/tokenizer/"
 #define LLAMA_MODEL "../shared/data/llama2/tokenizer.model"
+#define SAMSUM "../shared/data/samsum/samsum_test_300.jsonl"
+#define ALPACA "../shared/data/alpaca/alpaca_1000.json"
 
 // whole file into memory (NUL-terminated); NULL if it can't be read
 static char *slurp(const char *path, size_t *len) {
@@ -91,6 +95,43 @@ static int first_diff(const int *a, int na, const int *b, int nb) {
     return -1;
 }
 
+// the shared SAMSum and Alpaca samples, as make_tokenizer_fixtures.py's
+// shared_samples() picks them: 10 dialogues, 5 summaries, 10 Alpaca records as
+// "instruction\ninput\noutput". NULL (n 0) when the files are absent.
+static char **shared_samples(int *n) {
+    static char *s[25];
+    static int count = -1;
+    if (count >= 0) { *n = count; return count ? s : NULL; }
+    count = 0;
+    size_t len;
+    char *samsum = slurp(SAMSUM, &len), *alpaca = slurp(ALPACA, NULL);
+    if (samsum && alpaca) {
+        int row = 0;
+        for (char *line = samsum, *next; line && *line && row < 15; line = next, row++) {
+            next = strchr(line, '\n');
+            if (next) *next++ = 0;
+            JsonValue v;
+            const char *text;
+            if (json_parse(line, strlen(line), &v, NULL, 0) == 0 && json_get_string(&v, row < 10 ? "dialogue" : "summary", &text, NULL) == JSON_OK)
+                s[count++] = strdup(text);
+            json_free(&v);
+        }
+        JsonValue a;
+        if (json_parse(alpaca, strlen(alpaca), &a, NULL, 0) == 0 && a.type == JSON_ARRAY)
+            for (int i = 0; i < 10 && i < a.count; i++) {
+                const char *in, *ins, *out;
+                if (json_get_string(&a.items[i], "instruction", &ins, NULL) != JSON_OK || json_get_string(&a.items[i], "input", &in, NULL) != JSON_OK ||
+                    json_get_string(&a.items[i], "output", &out, NULL) != JSON_OK) continue;
+                s[count] = (char *)malloc(strlen(ins) + strlen(in) + strlen(out) + 3);
+                sprintf(s[count++], "%s\n%s\n%s", ins, in, out);
+            }
+        json_free(&a);
+    }
+    free(samsum); free(alpaca);
+    *n = count;
+    return count ? s : NULL;
+}
+
 // runs one fixture file: every "encode" and "decode" line against the tokenizer
 static void run_fixture(const char *name, const char *fixture) {
     char what[256];
@@ -102,7 +143,10 @@ static void run_fixture(const char *name, const char *fixture) {
 
     Tokenizer tok;
     int loaded = 0, n_enc = 0, bad_enc = 0, bad_dec_of_enc = 0, n_dec = 0, bad_dec = 0, n_round = 0, bad_round = 0;
-    char first_enc[700] = "", first_dec[700] = "", first_round[400] = "";
+    int n_id = 0, bad_id = 0, n_sample = 0, bad_sample = 0, n_shared = 0;
+    char **shared = shared_samples(&n_shared);
+    const char *ref = "sentencepiece"; // the library the fixture comes from
+    char first_enc[700] = "", first_dec[700] = "", first_round[400] = "", first_id[300] = "", first_sample[300] = "";
     for (char *line = text, *next; line && *line; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = 0;
@@ -114,13 +158,15 @@ static void run_fixture(const char *name, const char *fixture) {
                 if (!probe) { test_skip("llama2 tokenizer cases", LLAMA_MODEL " not present"); break; }
                 fclose(probe);
             }
+            if (strcmp(name, "llama3") == 0) f1 = getenv("LLAMA3_TOKENIZER"); // the fixture was made from a copy somewhere
             snprintf(what, sizeof(what), "%s: load %s", name, f1);
             loaded = tokenizer_load(&tok, f1) == 0;
             CHECK(loaded, what, "tokenizer_load failed");
             if (!loaded) break;
+            if (tok.kind == TOKENIZER_BPE_JSON) ref = "tokenizers";
         } else if (strcmp(line, "meta") == 0 && f1 && loaded) {
             int n, *m = parse_ids(f1, &n);
-            snprintf(what, sizeof(what), "%s: vocab_size/bos/eos/unk/pad match sentencepiece", name);
+            snprintf(what, sizeof(what), "%s: vocab_size/bos/eos/unk/pad match %s", name, ref);
             CHECK(n == 5 && m[0] == tok.vocab_size && m[1] == tok.bos_id && m[2] == tok.eos_id && m[3] == tok.unk_id && m[4] == tok.pad_id,
                   what, "want %d %d %d %d %d, got %d %d %d %d %d", m[0], m[1], m[2], m[3], m[4],
                   tok.vocab_size, tok.bos_id, tok.eos_id, tok.unk_id, tok.pad_id);
@@ -162,25 +208,58 @@ static void run_fixture(const char *name, const char *fixture) {
                 if (bad_dec++ == 0) snprintf(first_dec, sizeof(first_dec), "ids [%s]: got '%s' want '%s'", f1, got ? show(got, gl) : "(null)", show(want, wl));
             }
             free(ids); free(want); free(got);
+        } else if (strcmp(line, "id") == 0 && f2 && loaded) { // tokenizers' token_to_id
+            size_t pl;
+            char *piece = unhex(f1, &pl);
+            int want = atoi(f2), got = tokenizer_token_id(&tok, piece);
+            n_id++;
+            if (got != want && bad_id++ == 0) snprintf(first_id, sizeof first_id, "'%s': got %d want %d", show(piece, pl), got, want);
+            free(piece);
+        } else if (strcmp(line, "sample") == 0 && f3 && loaded && shared) { // ids of a shared sample, read here
+            int k = atoi(f1), nw, ng, round_trips = atoi(f3);
+            int *want = parse_ids(f2, &nw);
+            const char *s = k < n_shared ? shared[k] : "";
+            int *got = tokenizer_encode(&tok, s, strlen(s), 0, 0, &ng);
+            size_t dl;
+            char *dec = got ? tokenizer_decode(&tok, got, ng, &dl) : NULL;
+            n_sample++;
+            int d = got ? first_diff(got, ng, want, nw) : 0;
+            int same = dec && dl == strlen(s) && memcmp(dec, s, dl) == 0;
+            if ((d >= 0 || !dec || same != round_trips) && bad_sample++ == 0)
+                snprintf(first_sample, sizeof first_sample, "sample %d: %d ids vs %d wanted, first difference at %d; decode %s",
+                         k, ng, nw, d, same ? "round-trips" : "differs");
+            free(want); free(got); free(dec);
         }
     }
     if (loaded) {
-        snprintf(what, sizeof(what), "%s: encode matches sentencepiece (%d cases)", name, n_enc);
+        snprintf(what, sizeof(what), "%s: encode matches %s (%d cases)", name, ref, n_enc);
         CHECK(bad_enc == 0 && n_enc > 0, what, "%d of %d differ; first: %s", bad_enc, n_enc, first_enc);
-        snprintf(what, sizeof(what), "%s: decode of sentencepiece's ids matches (%d cases)", name, n_enc);
+        snprintf(what, sizeof(what), "%s: decode of %s's ids matches (%d cases)", name, ref, n_enc);
         CHECK(bad_dec_of_enc == 0, what, "%d of %d differ", bad_dec_of_enc, n_enc);
-        snprintf(what, sizeof(what), "%s: decode(encode(x)) == x where sentencepiece round-trips (%d cases)", name, n_round);
+        snprintf(what, sizeof(what), "%s: decode(encode(x)) == x where %s round-trips (%d cases)", name, ref, n_round);
         CHECK(bad_round == 0, what, "%d of %d differ; first: %s", bad_round, n_round, first_round);
         snprintf(what, sizeof(what), "%s: decode of id sequences matches (%d cases)", name, n_dec);
         CHECK(bad_dec == 0 && n_dec > 0, what, "%d of %d differ; first: %s", bad_dec, n_dec, first_dec);
 
-        // BOS/EOS around the plain encoding
-        int n0, n1;
+        if (n_id > 0) {
+            snprintf(what, sizeof(what), "%s: tokenizer_token_id matches token_to_id (%d pieces)", name, n_id);
+            CHECK(bad_id == 0, what, "%d of %d differ; first: %s", bad_id, n_id, first_id);
+        }
+        if (n_sample > 0) {
+            snprintf(what, sizeof(what), "%s: the shared SAMSum/Alpaca samples encode as tokenizers, decode round-trips where it does (%d)", name, n_sample);
+            CHECK(bad_sample == 0 && n_sample == n_shared, what, "%d of %d differ (%d samples here); first: %s", bad_sample, n_sample, n_shared, first_sample);
+        } else if (tok.kind == TOKENIZER_BPE_JSON) {
+            snprintf(what, sizeof(what), "%s: shared SAMSum/Alpaca samples", name);
+            test_skip(what, shared ? "the fixture has no sample lines (made without ../shared)" : SAMSUM " or " ALPACA " not present");
+        }
+
+        // BOS/EOS around the plain encoding, where the model has them (a tokenizer.json has none of its own)
+        int n0, n1, has_bos = tok.bos_id >= 0, has_eos = tok.eos_id >= 0;
         int *a = tokenizer_encode(&tok, "Hello world", 11, 0, 0, &n0);
         int *b = tokenizer_encode(&tok, "Hello world", 11, 1, 1, &n1);
-        snprintf(what, sizeof(what), "%s: bos/eos added around the ids", name);
-        CHECK(a && b && n1 == n0 + 2 && b[0] == tok.bos_id && b[n1 - 1] == tok.eos_id && memcmp(a, b + 1, n0 * sizeof(int)) == 0,
-              what, "n %d vs %d, first %d last %d", n0, n1, b ? b[0] : -9, b ? b[n1 - 1] : -9);
+        snprintf(what, sizeof(what), "%s: bos/eos added around the ids%s", name, has_bos || has_eos ? "" : " (none: bos_id = eos_id = -1)");
+        CHECK(a && b && n1 == n0 + has_bos + has_eos && (!has_bos || b[0] == tok.bos_id) && (!has_eos || b[n1 - 1] == tok.eos_id) &&
+              memcmp(a, b + has_bos, n0 * sizeof(int)) == 0, what, "n %d vs %d, first %d last %d", n0, n1, b ? b[0] : -9, b ? b[n1 - 1] : -9);
         free(a); free(b);
         tokenizer_free(&tok);
     }
@@ -415,10 +494,20 @@ static void api_details(void) {
 }
 
 int main(void) {
-    static const char *const names[] = {"tok512", "tok1000", "tok4000", "variant", "unused", "llama2"};
+    static const char *const names[] = {"tok512", "tok1000", "tok4000", "variant", "unused", "llama2",
+                                        "bpe_llama3", "bpe_gpt2", "bpe_unk", "llama3"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char path[256];
         snprintf(path, sizeof(path), FIXTURES "%s_expected.txt", names[i]);
+        if (strcmp(names[i], "llama3") == 0 && !getenv("LLAMA3_TOKENIZER")) {
+            test_skip("llama3 tokenizer.json cases", "LLAMA3_TOKENIZER (the path of Meta's Llama-3 tokenizer.json) is not set");
+            continue;
+        }
+        if (strcmp(names[i], "llama3") == 0 && access(path, R_OK) != 0) {
+            test_skip("llama3 tokenizer.json cases", FIXTURES "llama3_expected.txt is missing: make it with "
+                      "python3 dev/reference/make_bpe_fixtures.py --llama3 $LLAMA3_TOKENIZER");
+            continue;
+        }
         run_fixture(names[i], path);
     }
     api_details();
