@@ -1073,7 +1073,7 @@ static inline const char *tok_json_show(char *buf, size_t n, const JsonValue *v)
     else if (v->type == JSON_STRING) snprintf(buf, n, "\"%s\"", tok_quote(q, v->string, v->string_len));
     else if (v->type == JSON_BOOL) snprintf(buf, n, "%s", v->boolean ? "true" : "false");
     else if (v->type == JSON_NUMBER) snprintf(buf, n, "%g", v->number);
-    else snprintf(buf, n, "%s", json_type_name(v->type));
+    else snprintf(buf, n, "%s", v->type == JSON_NULL ? "null" : v->type == JSON_ARRAY ? "an array" : "an object");
     return buf;
 }
 

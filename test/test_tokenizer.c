@@ -414,6 +414,14 @@ static void bad_inputs(void) {
         memcpy(buf, model, n); memcpy(buf + n, appended[k].bytes, appended[k].len);
         expect(try_load(buf, n + appended[k].len), appended[k].want, appended[k].what);
     }
+    // "<0x41>" as both a normal and a byte piece (appended[11]): PieceToId gives the byte piece (the reserved map first)
+    memcpy(buf, model, n); memcpy(buf + n, appended[11].bytes, appended[11].len);
+    if (tokenizer_load_from_memory(&t, buf, n + appended[11].len, "tok512") == 0) {
+        int id = tokenizer_token_id(&t, "<0x41>");
+        CHECK(id == t.byte_ids[0x41] && id != t.vocab_size - 1, "tokenizer_token_id of a string in both maps: the byte piece's",
+              "got %d, byte piece %d, normal piece %d", id, t.byte_ids[0x41], t.vocab_size - 1);
+        tokenizer_free(&t);
+    }
     // a duplicate of an existing normal piece
     {
         if (tokenizer_load_from_memory(&t, model, n, "tok512") == 0) {
@@ -466,12 +474,149 @@ static void bad_inputs(void) {
     free(model);
 }
 
+// a copy of d[0..n) with the first `old` after the first `after` replaced by
+// `new` (malloc'd, *m its length); NULL if not found
+static unsigned char *patched(const unsigned char *d, size_t n, const char *after, const char *old, const char *new_, size_t *m) {
+    char *text = (char *)malloc(n + 1);
+    memcpy(text, d, n);
+    text[n] = 0;
+    char *a = strstr(text, after), *o = a ? strstr(a, old) : NULL;
+    if (!o) { free(text); return NULL; }
+    size_t lo = strlen(old), ln = strlen(new_);
+    unsigned char *out = (unsigned char *)malloc(n - lo + ln);
+    size_t k = (size_t)(o - text);
+    memcpy(out, text, k); memcpy(out + k, new_, ln); memcpy(out + k + ln, text + k + lo, n - k - lo);
+    *m = n - lo + ln;
+    free(text);
+    return out;
+}
+
+// tokenizer.json: every refusal names the file and the field
+static void bad_json_inputs(void) {
+    size_t n, g;
+    unsigned char *doc = (unsigned char *)slurp(FIXTURES "bpe_llama3.json", &n), *gpt2 = (unsigned char *)slurp(FIXTURES "bpe_gpt2.json", &g);
+    CHECK(doc && gpt2, "bpe_llama3.json and bpe_gpt2.json readable", "missing");
+    if (!doc || !gpt2) return;
+    CHECK(try_load(doc, n) == 0 && try_load(gpt2, g) == 0, "bpe_llama3.json and bpe_gpt2.json load from memory (by content)", "failed");
+    // each case: a patch of one of the two files, and what the message must say
+    static const struct { int gpt2; const char *after, *old, *new_, *says; } cases[] = {
+        {0, "\"model\"", "\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model.type is \"WordPiece\"; only \"BPE\" is supported"},
+        {0, "\"model\"", "\"dropout\": null", "\"dropout\": 0.1", "model.dropout is 0.1; only null"},
+        {0, "\"model\"", "\"byte_fallback\": false", "\"byte_fallback\": true", "model.byte_fallback is true"},
+        {0, "\"model\"", "\"continuing_subword_prefix\": null", "\"continuing_subword_prefix\": \"##\"", "model.continuing_subword_prefix is \"##\""},
+        {0, "\"model\"", "\"end_of_word_suffix\": null", "\"end_of_word_suffix\": \"</w>\"", "model.end_of_word_suffix is \"</w>\""},
+        {0, "\"model\"", "\"ignore_merges\": true", "\"ignore_merges\": 1", "model.ignore_merges is 1, not true or false"},
+        {0, "\"model\"", "\"unk_token\": null", "\"unk_token\": \"<nope>\"", "model.unk_token \"<nope>\" is not in model.vocab"},
+        {0, "", "\"normalizer\": null", "\"normalizer\": {\"type\": \"NFC\"}", "normalizer is of type \"NFC\"; only null"},
+        {0, "", "\"truncation\": null", "\"truncation\": {\"max_length\": 8}", "truncation is an object; only null"},
+        {0, "", "\"padding\": null", "\"padding\": {}", "padding is an object; only null"},
+        {0, "", "\"version\": \"1.0\"", "\"version\": \"2.0\"", "version is \"2.0\"; only \"1.0\""},
+        {0, "\"Regex\"", "\\\\p{N}{1,3}", "\\\\p{N}+", "pre_tokenizer.pretokenizers[0].pattern.Regex is \"(?i:"},
+        {0, "\"pre_tokenizer\"", "\"Regex\"", "\"String\"", "pre_tokenizer.pretokenizers[0].pattern.Regex is missing"},
+        {0, "\"pre_tokenizer\"", "\"type\": \"Sequence\"", "\"type\": \"Metaspace\"", "pre_tokenizer.type is \"Metaspace\"; only Llama-3's"},
+        {0, "\"pre_tokenizer\"", "\"Isolated\"", "\"Removed\"", "pre_tokenizer.pretokenizers[0].behavior is \"Removed\""},
+        {0, "\"pre_tokenizer\"", "\"invert\": false", "\"invert\": true", "pre_tokenizer.pretokenizers[0].invert is true"},
+        {0, "\"pre_tokenizer\"", "\"add_prefix_space\": false", "\"add_prefix_space\": true", "pre_tokenizer.pretokenizers[1].add_prefix_space is true"},
+        {0, "\"pre_tokenizer\"", "\"use_regex\": false", "\"use_regex\": true", "pre_tokenizer.pretokenizers[1].use_regex is true; only false"},
+        {0, "", "\"pre_tokenizer\": {", "\"pre_tokenizer\": null, \"x\": {", "pre_tokenizer is null"},
+        {0, "\"decoder\"", "\"type\": \"ByteLevel\"", "\"type\": \"Metaspace\"", "decoder.type is \"Metaspace\"; only \"ByteLevel\""},
+        {0, "\"vocab\"", "\"!\": 0,", "\"!\": 99999,", "model.vocab[\"!\"] is 99999, outside 0..3297: the ids must number the 3298 entries without gaps"},
+        {0, "\"vocab\"", "\"!\": 0,", "\"!\": -1,", "model.vocab[\"!\"] is -1, outside"},
+        {0, "\"vocab\"", "\"!\": 0,", "\"!\": \"0\",", "model.vocab[\"!\"] is \"0\", not an integer id"},
+        {0, "\"vocab\"", "\"!\": 0,", "\"!\": 0.5,", "model.vocab[\"!\"] is 0.5, not an integer id"},
+        {0, "\"vocab\"", "\"#\": 2,", "\"#\": 0,", "model.vocab gives id 0 to both \"!\" and \"#\""},
+        {0, "\"vocab\"", "\"#\": 2,", "\"!\": 2,", "model.vocab has the key \"!\" twice"},
+        {0, "\"merges\"", "\"\xC4\xA0\",", "\"nope\",", "model.merges[0] (\"nope\", \"\\xC4\\xA0\"): the first is not in model.vocab"},
+        {0, "\"merges\"", "\"\xC4\xA0\"\n", "\"\xC3\xBF\"\n", "model.merges[0] (\"\\xC4\\xA0\", \"\\xC3\\xBF\"): their concatenation is not in model.vocab"},
+        {0, "\"merges\"", "[\n        \"\xC4\xA0\",\n        \"\xC4\xA0\"\n      ]", "\"\xC4\xA0 \xC4\xA0\"", "model.merges[1] is an array, but model.merges[0] is a string"},
+        {0, "\"merges\"", "[\n        \"\xC4\xA0\",\n        \"\xC4\xA0\"\n      ]", "[\"\xC4\xA0\"]", "model.merges[0] is an array, not a pair of strings"},
+        {1, "\"merges\"", "\"\xC4\xA0 \xC4\xA0\"", "\"\xC4\xA0  \xC4\xA0\"", "model.merges[0] \"\\xC4\\xA0  \\xC4\\xA0\" is not two tokens with one space between"},
+        {1, "\"merges\"", "\"\xC4\xA0 \xC4\xA0\"", "[\"\xC4\xA0\", \"\xC4\xA0\"]", "model.merges[1] is \"\\xC4\\xA0\\xC4\\xA0 \\xC4\\xA0\\xC4\\xA0\", not a pair of strings like model.merges[0]"},
+        {0, "\"added_tokens\"", "\"id\": 3298", "\"id\": 5", "added_tokens[0].id is 5 for \"<|begin_of_text|>\", but tokenizers gives it id 3298"},
+        {0, "\"added_tokens\"", "\"single_word\": false", "\"single_word\": true", "added_tokens[0].single_word is true"},
+        {0, "\"added_tokens\"", "\"special\": true", "\"specia\": true", "added_tokens[0].special is missing, not true or false"},
+        {0, "\"added_tokens\"", "\"content\": \"<|end_of_text|>\"", "\"content\": \"<|begin_of_text|>\"", "added_tokens[1].content \"<|begin_of_text|>\" is also an earlier added token's"},
+        {0, "\"added_tokens\"", "\"content\": \"<|begin_of_text|>\"", "\"content\": 7", "added_tokens[0].content is 7, not a string"},
+        {0, "", "\"added_tokens\": [", "\"added_tokens\": 3, \"x\": [", "added_tokens is 3, not an array"},
+        {0, "", "\"model\": {", "\"model\": [], \"x\": {", "model is an array, not an object"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        size_t m;
+        unsigned char *d = patched(cases[k].gpt2 ? gpt2 : doc, cases[k].gpt2 ? g : n, cases[k].after, cases[k].old, cases[k].new_, &m);
+        char what[400];
+        snprintf(what, sizeof what, "tokenizer.json refused: %s", cases[k].says);
+        if (!d) { CHECK(0, what, "the patch target '%s' is not in the fixture", cases[k].old); continue; }
+        int rc = try_load(d, m);
+        CHECK(rc == -1 && strstr(last_msg, cases[k].says), what, "rc %d, message [%s]", rc, last_msg);
+        free(d);
+    }
+    // the file's name: by it a .json is read as JSON whatever its content; the
+    // message names it (tokenizer_load prints the path it was given)
+    Tokenizer t;
+    expect(load_captured(&t, NULL, (const unsigned char *)"{}", 2), -1, "an empty JSON object -> -1");
+    const char *json_path = "/tmp/llama2tune_test_tokenizer.json";
+    FILE *f = fopen(json_path, "wb");
+    if (f) { fwrite("\n[1]", 1, 4, f); fclose(f); }
+    int rc = load_captured(&t, json_path, NULL, 0);
+    CHECK(rc == -1 && strstr(last_msg, "error: tokenizer /tmp/llama2tune_test_tokenizer.json: the top level is an array, not an object"),
+          "a .json file is read as JSON (leading whitespace, an array) and named in the message", "[%s]", last_msg);
+    remove(json_path);
+    // a vocab entry and an added token over TOKENIZER_MAX_PIECE_LEN
+    char *longkey = (char *)malloc(TOKENIZER_MAX_PIECE_LEN + 40);
+    memset(longkey, 'q', TOKENIZER_MAX_PIECE_LEN + 2); // a quote and 2049 bytes
+    strcpy(longkey + TOKENIZER_MAX_PIECE_LEN + 2, "\": 0,");
+    longkey[0] = '"';
+    size_t m;
+    unsigned char *d = patched(doc, n, "\"vocab\"", "\"!\": 0,", longkey, &m);
+    rc = try_load(d, m);
+    CHECK(rc == -1 && strstr(last_msg, "bytes long, more than the 2048 allowed"), "tokenizer.json: a vocab entry over 2048 bytes -> -1", "[%s]", last_msg);
+    free(d); free(longkey);
+    // more entries than TOKENIZER_MAX_PIECES: refused before anything is allocated per entry
+    {
+        const char *cut = strstr((const char *)doc, "\"vocab\": {");
+        size_t head = (size_t)(cut - (const char *)doc) + strlen("\"vocab\": {"), count = (size_t)TOKENIZER_MAX_PIECES + 1;
+        unsigned char *big = (unsigned char *)malloc(head + 6 * count + 8);
+        memcpy(big, doc, head);
+        size_t o = head;
+        for (size_t k = 0; k < count; k++) { memcpy(big + o, "\"a\":0,", 6); o += 6; }
+        memcpy(big + o - 1, "}}}", 3); o += 2;
+        rc = try_load(big, o);
+        CHECK(rc == -1 && strstr(last_msg, "more than 2097152 entries"), "tokenizer.json with more entries than the limit -> -1", "[%s]", last_msg);
+        free(big);
+    }
+    // truncations and random byte flips: each loads (and then works) or fails with a message
+    int weird = 0, ok = 0;
+    for (size_t k = 0; k < g; k += k < g - 300 ? 17 : 1) {
+        int r = try_load(gpt2, k);
+        weird += r == -2;
+        ok += r == 0;
+    }
+    CHECK(weird == 0 && ok == 0, "tokenizer.json: every 17th prefix and the last 300 are refused with a message", "%d left state behind, %d loaded", weird, ok);
+    unsigned char *buf = (unsigned char *)malloc(g);
+    int flips_ok = 0, flips_bad = 0;
+    for (int it = 0; it < 2000; it++) {
+        memcpy(buf, gpt2, g);
+        int k = 1 + (int)(rnd() % 4);
+        for (int j = 0; j < k; j++) buf[rnd() % g] ^= (unsigned char)(1 + rnd() % 255);
+        int r = try_load(buf, g);
+        if (r == 0) flips_ok++;
+        else if (r == -2) flips_bad++;
+    }
+    char what[200];
+    snprintf(what, sizeof(what), "2000 tokenizer.json files with flipped bytes handled (%d still load)", flips_ok);
+    CHECK(flips_bad == 0, what, "%d left state behind", flips_bad);
+    free(buf); free(doc); free(gpt2);
+}
+
 // API details that don't need sentencepiece
 static void api_details(void) {
     Tokenizer t;
     if (tokenizer_load(&t, FIXTURES "tok1000.model") != 0) { CHECK(0, "load tok1000", "failed"); return; }
     CHECK(tokenizer_piece(&t, -1) == NULL && tokenizer_piece(&t, t.vocab_size) == NULL, "tokenizer_piece out of range -> NULL", "not NULL");
     CHECK(tokenizer_piece(&t, t.bos_id) && strcmp(tokenizer_piece(&t, t.bos_id), "<s>") == 0, "tokenizer_piece(bos) == <s>", "got %s", tokenizer_piece(&t, t.bos_id));
+    CHECK(tokenizer_token_id(&t, "<s>") == t.bos_id && tokenizer_token_id(&t, "<unk>") == t.unk_id && tokenizer_token_id(&t, "not a piece") == -1 &&
+          tokenizer_token_id(&t, NULL) == -1 && t.kind == TOKENIZER_SENTENCEPIECE, "tokenizer_token_id: <s>, <unk>, absent; kind", "%d %d",
+          tokenizer_token_id(&t, "<s>"), tokenizer_token_id(&t, "not a piece"));
     int n;
     int *ids = tokenizer_encode(&t, "", 0, 1, 1, &n);
     CHECK(ids && n == 2 && ids[0] == t.bos_id && ids[1] == t.eos_id, "encode empty with bos/eos", "n=%d", n);
@@ -512,5 +657,6 @@ int main(void) {
     }
     api_details();
     bad_inputs();
+    bad_json_inputs();
     return test_summary();
 }
