@@ -1291,7 +1291,7 @@ static inline int tok_json_merges(Tokenizer *t, const JsonValue *merges, char *e
 
 // model: BPE with its options, the vocab (ids 0..n-1) and the merges
 static inline int tok_json_model(Tokenizer *t, const JsonValue *model, size_t *used, char *err, size_t errn) {
-    char q[200];
+    char s[260];
     int byte_fallback = 0;
     if (tok_json_object(model, "model.", err, errn) != 0 || tok_json_is(model, "model.", "type", "BPE", err, errn) != 0 ||
         tok_json_null(model, "model.", "dropout", "only null (no dropout) is supported", err, errn) != 0 ||
@@ -1304,13 +1304,13 @@ static inline int tok_json_model(Tokenizer *t, const JsonValue *model, size_t *u
     const JsonValue *vocab = json_get(model, "vocab"), *merges = json_get(model, "merges"), *unk = json_get(model, "unk_token");
     if (tok_json_object(vocab, "model.vocab.", err, errn) != 0) return -1;
     if (vocab->count == 0) return tok_fail(err, errn, "model.vocab is empty");
-    if (!merges || merges->type != JSON_ARRAY) return tok_fail(err, errn, "model.merges is %s, not an array", tok_json_show(q, sizeof q, merges));
+    if (!merges || merges->type != JSON_ARRAY) return tok_fail(err, errn, "model.merges is %s, not an array", tok_json_show(s, sizeof s, merges));
     if (tok_json_vocab(t, vocab, used, err, errn) != 0 || tok_json_merges(t, merges, err, errn) != 0) return -1;
     t->unk_internal = -1;
     if (unk && unk->type != JSON_NULL) {
-        if (unk->type != JSON_STRING) return tok_fail(err, errn, "model.unk_token is %s, not a string or null", tok_json_show(q, sizeof q, unk));
+        if (unk->type != JSON_STRING) return tok_fail(err, errn, "model.unk_token is %s, not a string or null", tok_json_show(s, sizeof s, unk));
         t->unk_internal = tok_vocab_id(t, unk->string, unk->string_len);
-        if (t->unk_internal < 0) return tok_fail(err, errn, "model.unk_token %s is not in model.vocab", tok_json_show(q, sizeof q, unk));
+        if (t->unk_internal < 0) return tok_fail(err, errn, "model.unk_token %s is not in model.vocab", tok_json_show(s, sizeof s, unk));
     }
     t->unk_id = t->unk_internal;
     return 0;

@@ -332,6 +332,24 @@ static void expect(int got, int want, const char *what) {
     CHECK(got == want, w, "got %d, want %d (%s)", got, want, last_msg);
 }
 
+// random byte flips (1 to max_flips per copy of d): each copy either loads (and then works) or returns -1
+static void flips(const unsigned char *d, size_t n, int copies, int max_flips, const char *what_files) {
+    unsigned char *buf = (unsigned char *)malloc(n);
+    int ok = 0, bad = 0;
+    for (int it = 0; it < copies; it++) {
+        memcpy(buf, d, n);
+        int k = 1 + (int)(rnd() % (unsigned)max_flips);
+        for (int j = 0; j < k; j++) buf[rnd() % n] ^= (unsigned char)(1 + rnd() % 255);
+        int rc = try_load(buf, n);
+        ok += rc == 0;
+        bad += rc == -2;
+    }
+    char what[200];
+    snprintf(what, sizeof(what), "%d %s with flipped bytes handled (%d still load)", copies, what_files, ok);
+    CHECK(bad == 0, what, "%d left state behind", bad);
+    free(buf);
+}
+
 static void bad_inputs(void) {
     Tokenizer t;
     expect(load_captured(&t, "test/fixtures/tokenizer/no_such_file.model", NULL, 0), -1, "nonexistent path -> -1");
@@ -458,18 +476,7 @@ static void bad_inputs(void) {
         expect(try_load(many, sz), -1, "more pieces than the limit -> -1");
         free(many);
     }
-    // random byte flips: each either loads (and then works) or returns -1
-    int flips_ok = 0, flips_bad = 0;
-    for (int it = 0; it < 3000; it++) {
-        memcpy(buf, model, n);
-        int k = 1 + (int)(rnd() % 8);
-        for (int j = 0; j < k; j++) buf[rnd() % n] ^= (unsigned char)(1 + rnd() % 255);
-        int rc = try_load(buf, n);
-        if (rc == 0) flips_ok++;
-        else if (rc == -2) flips_bad++;
-    }
-    snprintf(what, sizeof(what), "3000 models with flipped bytes handled (%d still load)", flips_ok);
-    CHECK(flips_bad == 0, what, "%d left state behind", flips_bad);
+    flips(model, n, 3000, 8, "models");
     free(buf);
     free(model);
 }
@@ -592,20 +599,8 @@ static void bad_json_inputs(void) {
         ok += r == 0;
     }
     CHECK(weird == 0 && ok == 0, "tokenizer.json: every 17th prefix and the last 300 are refused with a message", "%d left state behind, %d loaded", weird, ok);
-    unsigned char *buf = (unsigned char *)malloc(g);
-    int flips_ok = 0, flips_bad = 0;
-    for (int it = 0; it < 2000; it++) {
-        memcpy(buf, gpt2, g);
-        int k = 1 + (int)(rnd() % 4);
-        for (int j = 0; j < k; j++) buf[rnd() % g] ^= (unsigned char)(1 + rnd() % 255);
-        int r = try_load(buf, g);
-        if (r == 0) flips_ok++;
-        else if (r == -2) flips_bad++;
-    }
-    char what[200];
-    snprintf(what, sizeof(what), "2000 tokenizer.json files with flipped bytes handled (%d still load)", flips_ok);
-    CHECK(flips_bad == 0, what, "%d left state behind", flips_bad);
-    free(buf); free(doc); free(gpt2);
+    flips(gpt2, g, 2000, 4, "tokenizer.json files");
+    free(doc); free(gpt2);
 }
 
 // API details that don't need sentencepiece
