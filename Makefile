@@ -67,7 +67,7 @@ TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
 # the committed seeds and crash regressions, as part of `make test`
-FUZZ_TARGETS = json safetensors st_index config model adapter tokenizer_load tokenizer_encode cli data tokcache checkpoint fsdp_index tcp_hello
+FUZZ_TARGETS = json safetensors st_index config model adapter tokenizer_load tokenizer_encode tokenizer_json tokenizer_bpe cli data tokcache checkpoint fsdp_index tcp_hello
 FUZZ_SRCS = $(FUZZ_TARGETS:%=dev/fuzz/fuzz_%.c)
 
 .PHONY: all test run clean cuda cuda-compile-check fuzz emu-test

@@ -17,6 +17,7 @@
 #include "support/safetensors.h"
 #include "fsdp.h"
 #include "lora.h"
+#include "tokenizer.h" // model_save_hf names the tokenizer copy by its format
 #include "support/progress.h"
 
 // ----------------------------------------------------------------------------
@@ -367,8 +368,9 @@ static void model_put_unit(const HostModel *m, int u, const float *unit, float *
         memcpy(dst + model_tensor_offset(&m->config, u, j), unit + un->tensors[j].offset, un->tensors[j].numel * sizeof(float));
 }
 
-// full fine-tuning output: a Hugging Face folder (config.json and tokenizer.model
-// copied from the inputs, model.safetensors in F32 with the standard names)
+// full fine-tuning output: a Hugging Face folder (config.json and the tokenizer,
+// tokenizer.model or tokenizer.json, copied from the inputs, model.safetensors in
+// F32 with the standard names)
 static int copy_file(const char *from, const char *to) {
     size_t len;
     char *buf = read_file(from, &len);
@@ -411,7 +413,10 @@ static int model_save_hf(const HostModel *m, const char *dir, const char *model_
     snprintf(from, sizeof from, "%s/config.json", model_dir);
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (rc == 0) rc = copy_file(from, path);
-    snprintf(path, sizeof path, "%s/tokenizer.model", dir);
+    size_t tl;
+    char *tok = read_file(tokpath, &tl); // its format names the copy
+    snprintf(path, sizeof path, "%s/%s", dir, tok && tokenizer_is_json(tokpath, (unsigned char *)tok, tl) ? "tokenizer.json" : "tokenizer.model");
+    free(tok);
     if (rc == 0) rc = copy_file(tokpath, path);
     return rc;
 }

@@ -154,7 +154,7 @@ enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG, OPT_LIST };
 typedef struct { const char *name; int type; void *ptr; const char *def, *help; double lo, hi; } Option;
 
 #define OPTIONS(tc) { \
-    {"model", OPT_STR, &(tc)->model, "", "Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.model)", 0, 0}, \
+    {"model", OPT_STR, &(tc)->model, "", "Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.model or tokenizer.json)", 0, 0}, \
     {"data", OPT_STR, &(tc)->data, "", "training data: JSONL or a JSON array of records (see --data_format)", 0, 0}, \
     {"data_format", OPT_STR, &(tc)->data_format, "auto", "auto | text | prompt_response | alpaca | samsum | chat (auto: from the first record's keys)", 0, 0}, \
     {"train_on_prompt", OPT_INT, &(tc)->train_on_prompt, "0", "1: prompt tokens carry loss too; 0: only the response does", 0, 1}, \
@@ -165,7 +165,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"val_data", OPT_STR, &(tc)->val_data, "", "validation data (same format options; evaluated at the end and every --eval_every steps)", 0, 0}, \
     {"val_split", OPT_FLOAT, &(tc)->val_split, "0", "hold out this fraction of --data's samples for validation (seeded)", 0, 0.99}, \
     {"output_dir", OPT_STR, &(tc)->output_dir, "output", "where the PEFT adapter (or the full model) is written at the end", 0, 0}, \
-    {"tokenizer", OPT_STR, &(tc)->tokenizer, "", "tokenizer.model to use (default: the one in --model)", 0, 0}, \
+    {"tokenizer", OPT_STR, &(tc)->tokenizer, "", "tokenizer to use: a sentencepiece tokenizer.model or a Hugging Face tokenizer.json with a byte-level BPE (default: --model's tokenizer.model, else its tokenizer.json)", 0, 0}, \
     {"metrics_file", OPT_STR, &(tc)->metrics_file, "", "write one JSON object per step and per evaluation to this file", 0, 0}, \
     {"max_seq_len", OPT_INT, &(tc)->max_seq_len, "512", "sequences are truncated to this many tokens", 2, 1 << 20}, \
     {"batch_size", OPT_INT, &(tc)->batch_size, "4", "rows per micro-batch", 1, 1 << 16}, \
@@ -1072,7 +1072,11 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T) {
     failed = failed || (tc->resume[0] && checkpoint_resolve(tc->resume, r->resume_dir, sizeof r->resume_dir) != 0);
     failed = failed || (tc->resume[0] && checkpoint_verify(r->resume_dir, f->world.rank, W) != 0); // each rank its share of the files
     if (tc->tokenizer[0]) snprintf(r->tokpath, sizeof r->tokpath, "%s", tc->tokenizer);
-    else snprintf(r->tokpath, sizeof r->tokpath, "%s/tokenizer.model", tc->model);
+    else { // the folder's tokenizer.model (Llama-2 and the like), else its tokenizer.json (Llama-3)
+        snprintf(r->tokpath, sizeof r->tokpath, "%s/tokenizer.model", tc->model);
+        if (access(r->tokpath, F_OK) != 0) snprintf(r->tokpath, sizeof r->tokpath, "%s/tokenizer.json", tc->model);
+        if (access(r->tokpath, F_OK) != 0) snprintf(r->tokpath, sizeof r->tokpath, "%s/tokenizer.model", tc->model); // named in the error
+    }
     if (failed_anywhere(r, failed || load_data(tc, r, r->tokpath, T) != 0)) return 1;
     Model *m = &r->m;
     failed = model_setup(m, f, tc, tc->batch_size, *T, tc->resume[0] ? r->resume_dir : NULL) != 0;

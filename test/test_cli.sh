@@ -118,6 +118,22 @@ expect_error "truncated tokenizer.model" "tokenizer" --model "$TMP/m" "${RUN[@]}
 model_copy tiny_gqa; head -c 4000 /dev/urandom > "$TMP/m/tokenizer.model"
 expect_error "garbage tokenizer.model" "tokenizer" --model "$TMP/m" "${RUN[@]}"
 
+# a model folder with a tokenizer.json and no tokenizer.model (as Llama-3's): found, used, and copied into
+# the output as tokenizer.json (packed rows: a tokenizer.json has no EOS of its own to pad with)
+model_copy tiny_gqa; rm "$TMP/m/tokenizer.model"; cp $FIX/tokenizer/bpe_llama3.json "$TMP/m/tokenizer.json"
+sed -i 's/"vocab_size": 512/"vocab_size": 3328/' "$TMP/m/config.json"
+if "$BIN" --model "$TMP/m" --random_init --full_finetune --data "$DATA" --max_steps 1 --max_seq_len 16 --batching packing \
+        --batch_size 2 --output_dir "$TMP/out_json" >"$TMP/out" 2>&1 &&
+   cmp -s "$TMP/out_json/tokenizer.json" $FIX/tokenizer/bpe_llama3.json && [ ! -e "$TMP/out_json/tokenizer.model" ]; then
+    echo "ok cli: a folder with only tokenizer.json trains, and the saved model has its tokenizer.json"
+else
+    echo "FAIL cli: a folder with only tokenizer.json: $(tail -3 "$TMP/out")"; fails=$((fails + 1))
+fi
+head -c 5000 $FIX/tokenizer/bpe_llama3.json > "$TMP/m/tokenizer.json"
+expect_error "truncated tokenizer.json" "tokenizer $TMP/m/tokenizer.json: not valid JSON" --model "$TMP/m" "${RUN[@]}" --random_init
+model_copy tiny_gqa; rm "$TMP/m/tokenizer.model"; cp $FIX/tokenizer/bpe_llama3.json "$TMP/m/tokenizer.json"
+expect_error "tokenizer.json larger than the model's vocab" "tokenizer.json has 3326 pieces but the model's vocab_size is 512" --model "$TMP/m" "${RUN[@]}"
+
 # data
 printf '{"text": "fine"}\n{"text": oops}\n' > "$TMP/bad.jsonl"
 expect_error "invalid JSON line" "bad.jsonl:2: invalid JSON" --model $FIX/tiny_gqa --data "$TMP/bad.jsonl" --max_steps 1

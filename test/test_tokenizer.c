@@ -1,6 +1,8 @@
 // Tests tokenizer.h against sentencepiece's own output, recorded by
 // dev/reference/make_tokenizer_fixtures.py in test/fixtures/tokenizer/, and
-// feeds it broken model files. Run from the repo root:
+// the tokenizer.json path against the `tokenizers` library's, recorded by
+// dev/reference/make_bpe_fixtures.py there, and feeds both broken files.
+// Run from the repo root:
 //   gcc -O2 -Wall -Wextra -std=c11 -o /tmp/test_tokenizer test/test_tokenizer.c -lm && /tmp/test_tokenizer
 #define _POSIX_C_SOURCE 200809L // dup/dup2, to catch the tokenizer's messages on stderr
 #include <stdio.h>
@@ -12,6 +14,8 @@
 
 #define FIXTURES "test/fixtures/tokenizer/"
 #define LLAMA_MODEL "../shared/data/llama2/tokenizer.model"
+#define SAMSUM "../shared/data/samsum/samsum_test_300.jsonl"
+#define ALPACA "../shared/data/alpaca/alpaca_1000.json"
 
 // whole file into memory (NUL-terminated); NULL if it can't be read
 static char *slurp(const char *path, size_t *len) {
@@ -91,6 +95,43 @@ static int first_diff(const int *a, int na, const int *b, int nb) {
     return -1;
 }
 
+// the shared SAMSum and Alpaca samples, as make_tokenizer_fixtures.py's
+// shared_samples() picks them: 10 dialogues, 5 summaries, 10 Alpaca records as
+// "instruction\ninput\noutput". NULL (n 0) when the files are absent.
+static char **shared_samples(int *n) {
+    static char *s[25];
+    static int count = -1;
+    if (count >= 0) { *n = count; return count ? s : NULL; }
+    count = 0;
+    size_t len;
+    char *samsum = slurp(SAMSUM, &len), *alpaca = slurp(ALPACA, NULL);
+    if (samsum && alpaca) {
+        int row = 0;
+        for (char *line = samsum, *next; line && *line && row < 15; line = next, row++) {
+            next = strchr(line, '\n');
+            if (next) *next++ = 0;
+            JsonValue v;
+            const char *text;
+            if (json_parse(line, strlen(line), &v, NULL, 0) == 0 && json_get_string(&v, row < 10 ? "dialogue" : "summary", &text, NULL) == JSON_OK)
+                s[count++] = strdup(text);
+            json_free(&v);
+        }
+        JsonValue a;
+        if (json_parse(alpaca, strlen(alpaca), &a, NULL, 0) == 0 && a.type == JSON_ARRAY)
+            for (int i = 0; i < 10 && i < a.count; i++) {
+                const char *in, *ins, *out;
+                if (json_get_string(&a.items[i], "instruction", &ins, NULL) != JSON_OK || json_get_string(&a.items[i], "input", &in, NULL) != JSON_OK ||
+                    json_get_string(&a.items[i], "output", &out, NULL) != JSON_OK) continue;
+                s[count] = (char *)malloc(strlen(ins) + strlen(in) + strlen(out) + 3);
+                sprintf(s[count++], "%s\n%s\n%s", ins, in, out);
+            }
+        json_free(&a);
+    }
+    free(samsum); free(alpaca);
+    *n = count;
+    return count ? s : NULL;
+}
+
 // runs one fixture file: every "encode" and "decode" line against the tokenizer
 static void run_fixture(const char *name, const char *fixture) {
     char what[256];
@@ -102,7 +143,10 @@ static void run_fixture(const char *name, const char *fixture) {
 
     Tokenizer tok;
     int loaded = 0, n_enc = 0, bad_enc = 0, bad_dec_of_enc = 0, n_dec = 0, bad_dec = 0, n_round = 0, bad_round = 0;
-    char first_enc[700] = "", first_dec[700] = "", first_round[400] = "";
+    int n_id = 0, bad_id = 0, n_sample = 0, bad_sample = 0, n_shared = 0;
+    char **shared = shared_samples(&n_shared);
+    const char *ref = "sentencepiece"; // the library the fixture comes from
+    char first_enc[700] = "", first_dec[700] = "", first_round[400] = "", first_id[300] = "", first_sample[300] = "";
     for (char *line = text, *next; line && *line; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = 0;
@@ -114,13 +158,15 @@ static void run_fixture(const char *name, const char *fixture) {
                 if (!probe) { test_skip("llama2 tokenizer cases", LLAMA_MODEL " not present"); break; }
                 fclose(probe);
             }
+            if (strcmp(name, "llama3") == 0) f1 = getenv("LLAMA3_TOKENIZER"); // the fixture was made from a copy somewhere
             snprintf(what, sizeof(what), "%s: load %s", name, f1);
             loaded = tokenizer_load(&tok, f1) == 0;
             CHECK(loaded, what, "tokenizer_load failed");
             if (!loaded) break;
+            if (tok.kind == TOKENIZER_BPE_JSON) ref = "tokenizers";
         } else if (strcmp(line, "meta") == 0 && f1 && loaded) {
             int n, *m = parse_ids(f1, &n);
-            snprintf(what, sizeof(what), "%s: vocab_size/bos/eos/unk/pad match sentencepiece", name);
+            snprintf(what, sizeof(what), "%s: vocab_size/bos/eos/unk/pad match %s", name, ref);
             CHECK(n == 5 && m[0] == tok.vocab_size && m[1] == tok.bos_id && m[2] == tok.eos_id && m[3] == tok.unk_id && m[4] == tok.pad_id,
                   what, "want %d %d %d %d %d, got %d %d %d %d %d", m[0], m[1], m[2], m[3], m[4],
                   tok.vocab_size, tok.bos_id, tok.eos_id, tok.unk_id, tok.pad_id);
@@ -162,25 +208,58 @@ static void run_fixture(const char *name, const char *fixture) {
                 if (bad_dec++ == 0) snprintf(first_dec, sizeof(first_dec), "ids [%s]: got '%s' want '%s'", f1, got ? show(got, gl) : "(null)", show(want, wl));
             }
             free(ids); free(want); free(got);
+        } else if (strcmp(line, "id") == 0 && f2 && loaded) { // tokenizers' token_to_id
+            size_t pl;
+            char *piece = unhex(f1, &pl);
+            int want = atoi(f2), got = tokenizer_token_id(&tok, piece);
+            n_id++;
+            if (got != want && bad_id++ == 0) snprintf(first_id, sizeof first_id, "'%s': got %d want %d", show(piece, pl), got, want);
+            free(piece);
+        } else if (strcmp(line, "sample") == 0 && f3 && loaded && shared) { // ids of a shared sample, read here
+            int k = atoi(f1), nw, ng, round_trips = atoi(f3);
+            int *want = parse_ids(f2, &nw);
+            const char *s = k < n_shared ? shared[k] : "";
+            int *got = tokenizer_encode(&tok, s, strlen(s), 0, 0, &ng);
+            size_t dl;
+            char *dec = got ? tokenizer_decode(&tok, got, ng, &dl) : NULL;
+            n_sample++;
+            int d = got ? first_diff(got, ng, want, nw) : 0;
+            int same = dec && dl == strlen(s) && memcmp(dec, s, dl) == 0;
+            if ((d >= 0 || !dec || same != round_trips) && bad_sample++ == 0)
+                snprintf(first_sample, sizeof first_sample, "sample %d: %d ids vs %d wanted, first difference at %d; decode %s",
+                         k, ng, nw, d, same ? "round-trips" : "differs");
+            free(want); free(got); free(dec);
         }
     }
     if (loaded) {
-        snprintf(what, sizeof(what), "%s: encode matches sentencepiece (%d cases)", name, n_enc);
+        snprintf(what, sizeof(what), "%s: encode matches %s (%d cases)", name, ref, n_enc);
         CHECK(bad_enc == 0 && n_enc > 0, what, "%d of %d differ; first: %s", bad_enc, n_enc, first_enc);
-        snprintf(what, sizeof(what), "%s: decode of sentencepiece's ids matches (%d cases)", name, n_enc);
+        snprintf(what, sizeof(what), "%s: decode of %s's ids matches (%d cases)", name, ref, n_enc);
         CHECK(bad_dec_of_enc == 0, what, "%d of %d differ", bad_dec_of_enc, n_enc);
-        snprintf(what, sizeof(what), "%s: decode(encode(x)) == x where sentencepiece round-trips (%d cases)", name, n_round);
+        snprintf(what, sizeof(what), "%s: decode(encode(x)) == x where %s round-trips (%d cases)", name, ref, n_round);
         CHECK(bad_round == 0, what, "%d of %d differ; first: %s", bad_round, n_round, first_round);
         snprintf(what, sizeof(what), "%s: decode of id sequences matches (%d cases)", name, n_dec);
         CHECK(bad_dec == 0 && n_dec > 0, what, "%d of %d differ; first: %s", bad_dec, n_dec, first_dec);
 
-        // BOS/EOS around the plain encoding
-        int n0, n1;
+        if (n_id > 0) {
+            snprintf(what, sizeof(what), "%s: tokenizer_token_id matches token_to_id (%d pieces)", name, n_id);
+            CHECK(bad_id == 0, what, "%d of %d differ; first: %s", bad_id, n_id, first_id);
+        }
+        if (n_sample > 0) {
+            snprintf(what, sizeof(what), "%s: the shared SAMSum/Alpaca samples encode as tokenizers, decode round-trips where it does (%d)", name, n_sample);
+            CHECK(bad_sample == 0 && n_sample == n_shared, what, "%d of %d differ (%d samples here); first: %s", bad_sample, n_sample, n_shared, first_sample);
+        } else if (tok.kind == TOKENIZER_BPE_JSON) {
+            snprintf(what, sizeof(what), "%s: shared SAMSum/Alpaca samples", name);
+            test_skip(what, shared ? "the fixture has no sample lines (made without ../shared)" : SAMSUM " or " ALPACA " not present");
+        }
+
+        // BOS/EOS around the plain encoding, where the model has them (a tokenizer.json has none of its own)
+        int n0, n1, has_bos = tok.bos_id >= 0, has_eos = tok.eos_id >= 0;
         int *a = tokenizer_encode(&tok, "Hello world", 11, 0, 0, &n0);
         int *b = tokenizer_encode(&tok, "Hello world", 11, 1, 1, &n1);
-        snprintf(what, sizeof(what), "%s: bos/eos added around the ids", name);
-        CHECK(a && b && n1 == n0 + 2 && b[0] == tok.bos_id && b[n1 - 1] == tok.eos_id && memcmp(a, b + 1, n0 * sizeof(int)) == 0,
-              what, "n %d vs %d, first %d last %d", n0, n1, b ? b[0] : -9, b ? b[n1 - 1] : -9);
+        snprintf(what, sizeof(what), "%s: bos/eos added around the ids%s", name, has_bos || has_eos ? "" : " (none: bos_id = eos_id = -1)");
+        CHECK(a && b && n1 == n0 + has_bos + has_eos && (!has_bos || b[0] == tok.bos_id) && (!has_eos || b[n1 - 1] == tok.eos_id) &&
+              memcmp(a, b + has_bos, n0 * sizeof(int)) == 0, what, "n %d vs %d, first %d last %d", n0, n1, b ? b[0] : -9, b ? b[n1 - 1] : -9);
         free(a); free(b);
         tokenizer_free(&tok);
     }
@@ -251,6 +330,24 @@ static void expect(int got, int want, const char *what) {
     if (want == -1 && got == -1) snprintf(w, sizeof(w), "%s [%s]", what, last_msg);
     else snprintf(w, sizeof(w), "%s", what);
     CHECK(got == want, w, "got %d, want %d (%s)", got, want, last_msg);
+}
+
+// random byte flips (1 to max_flips per copy of d): each copy either loads (and then works) or returns -1
+static void flips(const unsigned char *d, size_t n, int copies, int max_flips, const char *what_files) {
+    unsigned char *buf = (unsigned char *)malloc(n);
+    int ok = 0, bad = 0;
+    for (int it = 0; it < copies; it++) {
+        memcpy(buf, d, n);
+        int k = 1 + (int)(rnd() % (unsigned)max_flips);
+        for (int j = 0; j < k; j++) buf[rnd() % n] ^= (unsigned char)(1 + rnd() % 255);
+        int rc = try_load(buf, n);
+        ok += rc == 0;
+        bad += rc == -2;
+    }
+    char what[200];
+    snprintf(what, sizeof(what), "%d %s with flipped bytes handled (%d still load)", copies, what_files, ok);
+    CHECK(bad == 0, what, "%d left state behind", bad);
+    free(buf);
 }
 
 static void bad_inputs(void) {
@@ -335,6 +432,14 @@ static void bad_inputs(void) {
         memcpy(buf, model, n); memcpy(buf + n, appended[k].bytes, appended[k].len);
         expect(try_load(buf, n + appended[k].len), appended[k].want, appended[k].what);
     }
+    // "<0x41>" as both a normal and a byte piece (appended[11]): PieceToId gives the byte piece (the reserved map first)
+    memcpy(buf, model, n); memcpy(buf + n, appended[11].bytes, appended[11].len);
+    if (tokenizer_load_from_memory(&t, buf, n + appended[11].len, "tok512") == 0) {
+        int id = tokenizer_token_id(&t, "<0x41>");
+        CHECK(id == t.byte_ids[0x41] && id != t.vocab_size - 1, "tokenizer_token_id of a string in both maps: the byte piece's",
+              "got %d, byte piece %d, normal piece %d", id, t.byte_ids[0x41], t.vocab_size - 1);
+        tokenizer_free(&t);
+    }
     // a duplicate of an existing normal piece
     {
         if (tokenizer_load_from_memory(&t, model, n, "tok512") == 0) {
@@ -371,20 +476,131 @@ static void bad_inputs(void) {
         expect(try_load(many, sz), -1, "more pieces than the limit -> -1");
         free(many);
     }
-    // random byte flips: each either loads (and then works) or returns -1
-    int flips_ok = 0, flips_bad = 0;
-    for (int it = 0; it < 3000; it++) {
-        memcpy(buf, model, n);
-        int k = 1 + (int)(rnd() % 8);
-        for (int j = 0; j < k; j++) buf[rnd() % n] ^= (unsigned char)(1 + rnd() % 255);
-        int rc = try_load(buf, n);
-        if (rc == 0) flips_ok++;
-        else if (rc == -2) flips_bad++;
-    }
-    snprintf(what, sizeof(what), "3000 models with flipped bytes handled (%d still load)", flips_ok);
-    CHECK(flips_bad == 0, what, "%d left state behind", flips_bad);
+    flips(model, n, 3000, 8, "models");
     free(buf);
     free(model);
+}
+
+// a copy of d[0..n) with the first `old` after the first `after` replaced by
+// `new` (malloc'd, *m its length); NULL if not found
+static unsigned char *patched(const unsigned char *d, size_t n, const char *after, const char *old, const char *new_, size_t *m) {
+    char *text = (char *)malloc(n + 1);
+    memcpy(text, d, n);
+    text[n] = 0;
+    char *a = strstr(text, after), *o = a ? strstr(a, old) : NULL;
+    if (!o) { free(text); return NULL; }
+    size_t lo = strlen(old), ln = strlen(new_);
+    unsigned char *out = (unsigned char *)malloc(n - lo + ln);
+    size_t k = (size_t)(o - text);
+    memcpy(out, text, k); memcpy(out + k, new_, ln); memcpy(out + k + ln, text + k + lo, n - k - lo);
+    *m = n - lo + ln;
+    free(text);
+    return out;
+}
+
+// tokenizer.json: every refusal names the file and the field
+static void bad_json_inputs(void) {
+    size_t n, g;
+    unsigned char *doc = (unsigned char *)slurp(FIXTURES "bpe_llama3.json", &n), *gpt2 = (unsigned char *)slurp(FIXTURES "bpe_gpt2.json", &g);
+    CHECK(doc && gpt2, "bpe_llama3.json and bpe_gpt2.json readable", "missing");
+    if (!doc || !gpt2) return;
+    CHECK(try_load(doc, n) == 0 && try_load(gpt2, g) == 0, "bpe_llama3.json and bpe_gpt2.json load from memory (by content)", "failed");
+    // each case: a patch of one of the two files, and what the message must say
+    static const struct { int gpt2; const char *after, *old, *new_, *says; } cases[] = {
+        {0, "\"model\"", "\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model.type is \"WordPiece\"; only \"BPE\" is supported"},
+        {0, "\"model\"", "\"dropout\": null", "\"dropout\": 0.1", "model.dropout is 0.1; only null"},
+        {0, "\"model\"", "\"byte_fallback\": false", "\"byte_fallback\": true", "model.byte_fallback is true"},
+        {0, "\"model\"", "\"continuing_subword_prefix\": null", "\"continuing_subword_prefix\": \"##\"", "model.continuing_subword_prefix is \"##\""},
+        {0, "\"model\"", "\"end_of_word_suffix\": null", "\"end_of_word_suffix\": \"</w>\"", "model.end_of_word_suffix is \"</w>\""},
+        {0, "\"model\"", "\"ignore_merges\": true", "\"ignore_merges\": 1", "model.ignore_merges is 1, not true or false"},
+        {0, "\"model\"", "\"unk_token\": null", "\"unk_token\": \"<nope>\"", "model.unk_token \"<nope>\" is not in model.vocab"},
+        {0, "", "\"normalizer\": null", "\"normalizer\": {\"type\": \"NFC\"}", "normalizer is of type \"NFC\"; only null"},
+        {0, "", "\"truncation\": null", "\"truncation\": {\"max_length\": 8}", "truncation is an object; only null"},
+        {0, "", "\"padding\": null", "\"padding\": {}", "padding is an object; only null"},
+        {0, "", "\"version\": \"1.0\"", "\"version\": \"2.0\"", "version is \"2.0\"; only \"1.0\""},
+        {0, "\"Regex\"", "\\\\p{N}{1,3}", "\\\\p{N}+", "pre_tokenizer.pretokenizers[0].pattern.Regex is \"(?i:"},
+        {0, "\"pre_tokenizer\"", "\"Regex\"", "\"String\"", "pre_tokenizer.pretokenizers[0].pattern.Regex is missing"},
+        {0, "\"pre_tokenizer\"", "\"type\": \"Sequence\"", "\"type\": \"Metaspace\"", "pre_tokenizer.type is \"Metaspace\"; only Llama-3's"},
+        {0, "\"pre_tokenizer\"", "\"Isolated\"", "\"Removed\"", "pre_tokenizer.pretokenizers[0].behavior is \"Removed\""},
+        {0, "\"pre_tokenizer\"", "\"invert\": false", "\"invert\": true", "pre_tokenizer.pretokenizers[0].invert is true"},
+        {0, "\"pre_tokenizer\"", "\"add_prefix_space\": false", "\"add_prefix_space\": true", "pre_tokenizer.pretokenizers[1].add_prefix_space is true"},
+        {0, "\"pre_tokenizer\"", "\"use_regex\": false", "\"use_regex\": true", "pre_tokenizer.pretokenizers[1].use_regex is true; only false"},
+        {0, "", "\"pre_tokenizer\": {", "\"pre_tokenizer\": null, \"x\": {", "pre_tokenizer is null"},
+        {0, "\"decoder\"", "\"type\": \"ByteLevel\"", "\"type\": \"Metaspace\"", "decoder.type is \"Metaspace\"; only \"ByteLevel\""},
+        {0, "\"vocab\"", "\"!\": 0,", "\"!\": 99999,", "model.vocab[\"!\"] is 99999, outside 0..3297: the ids must number the 3298 entries without gaps"},
+        {0, "\"vocab\"", "\"!\": 0,", "\"!\": -1,", "model.vocab[\"!\"] is -1, outside"},
+        {0, "\"vocab\"", "\"!\": 0,", "\"!\": \"0\",", "model.vocab[\"!\"] is \"0\", not an integer id"},
+        {0, "\"vocab\"", "\"!\": 0,", "\"!\": 0.5,", "model.vocab[\"!\"] is 0.5, not an integer id"},
+        {0, "\"vocab\"", "\"#\": 2,", "\"#\": 0,", "model.vocab gives id 0 to both \"!\" and \"#\""},
+        {0, "\"vocab\"", "\"#\": 2,", "\"!\": 2,", "model.vocab has the key \"!\" twice"},
+        {0, "\"merges\"", "\"\xC4\xA0\",", "\"nope\",", "model.merges[0] (\"nope\", \"\\xC4\\xA0\"): the first is not in model.vocab"},
+        {0, "\"merges\"", "\"\xC4\xA0\"\n", "\"\xC3\xBF\"\n", "model.merges[0] (\"\\xC4\\xA0\", \"\\xC3\\xBF\"): their concatenation is not in model.vocab"},
+        {0, "\"merges\"", "[\n        \"\xC4\xA0\",\n        \"\xC4\xA0\"\n      ]", "\"\xC4\xA0 \xC4\xA0\"", "model.merges[1] is an array, but model.merges[0] is a string"},
+        {0, "\"merges\"", "[\n        \"\xC4\xA0\",\n        \"\xC4\xA0\"\n      ]", "[\"\xC4\xA0\"]", "model.merges[0] is an array, not a pair of strings"},
+        {1, "\"merges\"", "\"\xC4\xA0 \xC4\xA0\"", "\"\xC4\xA0  \xC4\xA0\"", "model.merges[0] \"\\xC4\\xA0  \\xC4\\xA0\" is not two tokens with one space between"},
+        {1, "\"merges\"", "\"\xC4\xA0 \xC4\xA0\"", "[\"\xC4\xA0\", \"\xC4\xA0\"]", "model.merges[1] is \"\\xC4\\xA0\\xC4\\xA0 \\xC4\\xA0\\xC4\\xA0\", not a pair of strings like model.merges[0]"},
+        {0, "\"added_tokens\"", "\"id\": 3298", "\"id\": 5", "added_tokens[0].id is 5 for \"<|begin_of_text|>\", but tokenizers gives it id 3298"},
+        {0, "\"added_tokens\"", "\"single_word\": false", "\"single_word\": true", "added_tokens[0].single_word is true"},
+        {0, "\"added_tokens\"", "\"special\": true", "\"specia\": true", "added_tokens[0].special is missing, not true or false"},
+        {0, "\"added_tokens\"", "\"content\": \"<|end_of_text|>\"", "\"content\": \"<|begin_of_text|>\"", "added_tokens[1].content \"<|begin_of_text|>\" is also an earlier added token's"},
+        {0, "\"added_tokens\"", "\"content\": \"<|begin_of_text|>\"", "\"content\": 7", "added_tokens[0].content is 7, not a string"},
+        {0, "", "\"added_tokens\": [", "\"added_tokens\": 3, \"x\": [", "added_tokens is 3, not an array"},
+        {0, "", "\"model\": {", "\"model\": [], \"x\": {", "model is an array, not an object"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        size_t m;
+        unsigned char *d = patched(cases[k].gpt2 ? gpt2 : doc, cases[k].gpt2 ? g : n, cases[k].after, cases[k].old, cases[k].new_, &m);
+        char what[400];
+        snprintf(what, sizeof what, "tokenizer.json refused: %s", cases[k].says);
+        if (!d) { CHECK(0, what, "the patch target '%s' is not in the fixture", cases[k].old); continue; }
+        int rc = try_load(d, m);
+        CHECK(rc == -1 && strstr(last_msg, cases[k].says), what, "rc %d, message [%s]", rc, last_msg);
+        free(d);
+    }
+    // the file's name: by it a .json is read as JSON whatever its content; the
+    // message names it (tokenizer_load prints the path it was given)
+    Tokenizer t;
+    expect(load_captured(&t, NULL, (const unsigned char *)"{}", 2), -1, "an empty JSON object -> -1");
+    const char *json_path = "/tmp/llama2tune_test_tokenizer.json";
+    FILE *f = fopen(json_path, "wb");
+    if (f) { fwrite("\n[1]", 1, 4, f); fclose(f); }
+    int rc = load_captured(&t, json_path, NULL, 0);
+    CHECK(rc == -1 && strstr(last_msg, "error: tokenizer /tmp/llama2tune_test_tokenizer.json: the top level is an array, not an object"),
+          "a .json file is read as JSON (leading whitespace, an array) and named in the message", "[%s]", last_msg);
+    remove(json_path);
+    // a vocab entry and an added token over TOKENIZER_MAX_PIECE_LEN
+    char *longkey = (char *)malloc(TOKENIZER_MAX_PIECE_LEN + 40);
+    memset(longkey, 'q', TOKENIZER_MAX_PIECE_LEN + 2); // a quote and 2049 bytes
+    strcpy(longkey + TOKENIZER_MAX_PIECE_LEN + 2, "\": 0,");
+    longkey[0] = '"';
+    size_t m;
+    unsigned char *d = patched(doc, n, "\"vocab\"", "\"!\": 0,", longkey, &m);
+    rc = try_load(d, m);
+    CHECK(rc == -1 && strstr(last_msg, "bytes long, more than the 2048 allowed"), "tokenizer.json: a vocab entry over 2048 bytes -> -1", "[%s]", last_msg);
+    free(d); free(longkey);
+    // more entries than TOKENIZER_MAX_PIECES: refused before anything is allocated per entry
+    {
+        const char *cut = strstr((const char *)doc, "\"vocab\": {");
+        size_t head = (size_t)(cut - (const char *)doc) + strlen("\"vocab\": {"), count = (size_t)TOKENIZER_MAX_PIECES + 1;
+        unsigned char *big = (unsigned char *)malloc(head + 6 * count + 8);
+        memcpy(big, doc, head);
+        size_t o = head;
+        for (size_t k = 0; k < count; k++) { memcpy(big + o, "\"a\":0,", 6); o += 6; }
+        memcpy(big + o - 1, "}}}", 3); o += 2;
+        rc = try_load(big, o);
+        CHECK(rc == -1 && strstr(last_msg, "more than 2097152 entries"), "tokenizer.json with more entries than the limit -> -1", "[%s]", last_msg);
+        free(big);
+    }
+    // truncations and random byte flips: each loads (and then works) or fails with a message
+    int weird = 0, ok = 0;
+    for (size_t k = 0; k < g; k += k < g - 300 ? 17 : 1) {
+        int r = try_load(gpt2, k);
+        weird += r == -2;
+        ok += r == 0;
+    }
+    CHECK(weird == 0 && ok == 0, "tokenizer.json: every 17th prefix and the last 300 are refused with a message", "%d left state behind, %d loaded", weird, ok);
+    flips(gpt2, g, 2000, 4, "tokenizer.json files");
+    free(doc); free(gpt2);
 }
 
 // API details that don't need sentencepiece
@@ -393,6 +609,9 @@ static void api_details(void) {
     if (tokenizer_load(&t, FIXTURES "tok1000.model") != 0) { CHECK(0, "load tok1000", "failed"); return; }
     CHECK(tokenizer_piece(&t, -1) == NULL && tokenizer_piece(&t, t.vocab_size) == NULL, "tokenizer_piece out of range -> NULL", "not NULL");
     CHECK(tokenizer_piece(&t, t.bos_id) && strcmp(tokenizer_piece(&t, t.bos_id), "<s>") == 0, "tokenizer_piece(bos) == <s>", "got %s", tokenizer_piece(&t, t.bos_id));
+    CHECK(tokenizer_token_id(&t, "<s>") == t.bos_id && tokenizer_token_id(&t, "<unk>") == t.unk_id && tokenizer_token_id(&t, "not a piece") == -1 &&
+          tokenizer_token_id(&t, NULL) == -1 && t.kind == TOKENIZER_SENTENCEPIECE, "tokenizer_token_id: <s>, <unk>, absent; kind", "%d %d",
+          tokenizer_token_id(&t, "<s>"), tokenizer_token_id(&t, "not a piece"));
     int n;
     int *ids = tokenizer_encode(&t, "", 0, 1, 1, &n);
     CHECK(ids && n == 2 && ids[0] == t.bos_id && ids[1] == t.eos_id, "encode empty with bos/eos", "n=%d", n);
@@ -415,13 +634,24 @@ static void api_details(void) {
 }
 
 int main(void) {
-    static const char *const names[] = {"tok512", "tok1000", "tok4000", "variant", "unused", "llama2"};
+    static const char *const names[] = {"tok512", "tok1000", "tok4000", "variant", "unused", "llama2",
+                                        "bpe_llama3", "bpe_gpt2", "bpe_unk", "llama3"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char path[256];
         snprintf(path, sizeof(path), FIXTURES "%s_expected.txt", names[i]);
+        if (strcmp(names[i], "llama3") == 0 && !getenv("LLAMA3_TOKENIZER")) {
+            test_skip("llama3 tokenizer.json cases", "LLAMA3_TOKENIZER (the path of Meta's Llama-3 tokenizer.json) is not set");
+            continue;
+        }
+        if (strcmp(names[i], "llama3") == 0 && access(path, R_OK) != 0) {
+            test_skip("llama3 tokenizer.json cases", FIXTURES "llama3_expected.txt is missing: make it with "
+                      "python3 dev/reference/make_bpe_fixtures.py --llama3 $LLAMA3_TOKENIZER");
+            continue;
+        }
         run_fixture(names[i], path);
     }
     api_details();
     bad_inputs();
+    bad_json_inputs();
     return test_summary();
 }

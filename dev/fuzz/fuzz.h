@@ -149,6 +149,88 @@ static unsigned char *fuzz_slurp_fixture(const char *rel, size_t *n) {
     return b;
 }
 
+#ifdef TOKENIZER_H
+// text encoded (*n ids, every one in the vocabulary) and the ids decoded: the
+// decoded text (malloc'd, NUL-terminated), *dl its length
+static char *fuzz_encode_decode(const Tokenizer *t, const char *text, size_t len, int bos, int eos, int *n, size_t *dl) {
+    int *ids = tokenizer_encode(t, text, len, bos, eos, n);
+    FUZZ_ASSERT(ids != NULL && *n >= 0);
+    for (int i = 0; i < *n; i++) FUZZ_ASSERT(ids[i] >= 0 && ids[i] < t->vocab_size);
+    char *s = tokenizer_decode(t, ids, *n, dl);
+    FUZZ_ASSERT(s != NULL && s[*dl] == 0);
+    free(ids);
+    return s;
+}
+
+static void fuzz_use_tokenizer(const Tokenizer *t, const char *text, size_t len) {
+    int n;
+    size_t dl;
+    free(fuzz_encode_decode(t, text, len, 1, 1, &n, &dl));
+}
+
+// the fixture tokenizers at paths[0..n) into toks, once per process (the encode targets)
+static void fuzz_load_tokenizers(Tokenizer *toks, const char *const *paths, int n, int *loaded) {
+    if (*loaded) return;
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        unsigned char *b = fuzz_slurp_fixture(paths[i], &len);
+        FUZZ_ASSERT(tokenizer_load_from_memory(&toks[i], b, len, paths[i]) == 0);
+        free(b);
+    }
+    *loaded = 1;
+}
+
+// text's bytes read as little-endian int32 ids (any value, negative and out
+// of range included; mostly in range, so that decode has pieces to work with), decoded
+static void fuzz_decode_bytes_as_ids(const Tokenizer *t, const char *text, size_t len) {
+    int nid = (int)(len / 4);
+    int *raw = (int *)malloc((size_t)nid * sizeof(int) + 1);
+    FUZZ_ASSERT(raw != NULL);
+    for (int i = 0; i < nid; i++) {
+        uint32_t u = (uint32_t)(uint8_t)text[4 * i] | (uint32_t)(uint8_t)text[4 * i + 1] << 8 |
+                     (uint32_t)(uint8_t)text[4 * i + 2] << 16 | (uint32_t)(uint8_t)text[4 * i + 3] << 24;
+        raw[i] = (u >> 31) ? (int32_t)u : (int)(u % (uint32_t)(t->vocab_size + 2));
+    }
+    size_t dl;
+    char *s = tokenizer_decode(t, raw, nid, &dl);
+    FUZZ_ASSERT(s != NULL && s[dl] == 0);
+    free(s);
+    free(raw);
+}
+
+// every check of a tokenizer that loaded from `data`: its fields in range, a fixed
+// text and data's own first bytes encoded and decoded, the whole vocabulary (and
+// some ids out of range) decoded, each piece there and found again by its string
+static void fuzz_check_tokenizer(const Tokenizer *t, const uint8_t *data, size_t size) {
+    FUZZ_ASSERT(t->vocab_size > 0 && (t->kind == TOKENIZER_SENTENCEPIECE || t->kind == TOKENIZER_BPE_JSON));
+    FUZZ_ASSERT(t->kind == TOKENIZER_BPE_JSON ? t->unk_internal >= -1 : t->unk_internal >= 0);
+    FUZZ_ASSERT(t->unk_internal < t->vocab_size);
+    int special[4] = {t->bos_id, t->eos_id, t->unk_id, t->pad_id};
+    for (int k = 0; k < 4; k++) FUZZ_ASSERT(special[k] >= -1 && special[k] < t->vocab_size);
+    static const char sample[] = "Hello  world! \xE2\x96\x81 caf\xC3\xA9 \xF0\x9F\x98\x80 \xFF\xFE <s> <|eot_id|> I'M x\ty\n\n  12345";
+    fuzz_use_tokenizer(t, sample, sizeof sample - 1);
+    fuzz_use_tokenizer(t, (const char *)data, size < 512 ? size : 512);
+    fuzz_use_tokenizer(t, "", 0);
+    int nv = t->vocab_size < 70000 ? t->vocab_size + 3 : 70003;
+    int *all = (int *)malloc((size_t)nv * sizeof(int));
+    FUZZ_ASSERT(all != NULL);
+    for (int i = 0; i < nv - 3; i++) all[i] = i;
+    all[nv - 3] = -1; all[nv - 2] = t->vocab_size; all[nv - 1] = 0x7fffffff;
+    size_t dl;
+    char *s = tokenizer_decode(t, all, nv, &dl);
+    FUZZ_ASSERT(s != NULL);
+    free(s);
+    free(all);
+    for (int i = 0; i < t->vocab_size && i < 70000; i++) {
+        const char *p = tokenizer_piece(t, i);
+        FUZZ_ASSERT(p != NULL);
+        int id = tokenizer_token_id(t, p); // a piece with a NUL inside is found as its shorter C string, or not
+        FUZZ_ASSERT(id >= -1 && id < t->vocab_size);
+        if (strlen(p) == (size_t)t->piece_len[i]) FUZZ_ASSERT(id >= 0);
+    }
+}
+#endif
+
 #ifdef DATALOADER_H
 // every row of a loaded dataset against its own counts: tokens in the
 // vocabulary, targets -100 or the next token, label counts adding up
