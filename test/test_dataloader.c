@@ -135,7 +135,7 @@ static void run_cases(const char *expected_path, const Tokenizer *t, const char 
 
 // ----------------------------------------------------------------------------
 // chat templates against transformers' apply_chat_template (make_chat_fixtures.py):
-// each family's folder holds its tokenizer and tokenizer_config.json
+// each family's folder holds its tokenizer_config.json
 
 static void test_chat_families(void) {
     const char *dir = "test/fixtures/chat";
@@ -146,12 +146,11 @@ static void test_chat_families(void) {
     const JsonValue *cases = json_get(&exp, "cases");
     snprintf(path, sizeof path, "%s/chat.jsonl", dir);
     for (int f = 0; f < cases->count; f++) {
-        const char *family = cases->keys[f];
-        const JsonValue *want = &cases->items[f];
-        char folder[300], tokpath[400], what[300], why[300] = "";
+        const char *family = cases->keys[f], *tokpath;
+        const JsonValue *want = json_get(&cases->items[f], "chats");
+        char folder[300], what[300], why[300] = "";
         snprintf(folder, sizeof folder, "%s/%s", dir, family);
-        snprintf(tokpath, sizeof tokpath, "%s/tokenizer.model", folder);
-        if (access(tokpath, R_OK) != 0) snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", folder);
+        if (json_get_string(&cases->items[f], "tokenizer", &tokpath, NULL) != 0 || !want) die("%s: %s is malformed", dir, family);
         snprintf(what, sizeof what, "chat: %s's template == apply_chat_template (ids and assistant mask, %d chats)", family, want->count);
         Tokenizer t;
         Dataset ds;

@@ -9,28 +9,30 @@
 #                  transformers does with a Llama-2 folder that says nothing)
 #   llama2_legacy  the same with "legacy": true (text after a special token gets
 #                  the dummy prefix, as Meta's llama/generation.py encodes it)
-#   llama3         the byte-level BPE tokenizer.json of test/fixtures/tokenizer_bpe
-#                  with Llama-3's header tokens
+#   llama3         the byte-level BPE tokenizer.json test/fixtures/tokenizer/bpe_llama3.json
+#                  (make_bpe_fixtures.py) with Llama-3's special tokens
 # The templates are the families' published chat templates (Llama-2-chat's and
 # Meta-Llama-3-Instruct's tokenizer_config.json), written out below; a second
 # copy of each marks the assistant turns with {% generation %} so that
 # return_assistant_tokens_mask gives the tokens that carry the loss. The script
 # checks that both copies render the same text.
 #
-# Writes test/fixtures/chat/<family>/{tokenizer.model or tokenizer.json,
-# tokenizer_config.json} and test/fixtures/chat/expected.json:
-#   {"data": "chat.jsonl", "cases": {family: [{"ids": [...], "labels": [0/1 ...]}, ...]}}
-# one entry per record of test/fixtures/chat/chat.jsonl, in file order.
+# Writes test/fixtures/chat/chat.jsonl, test/fixtures/chat/<family>/tokenizer_config.json
+# and test/fixtures/chat/expected.json:
+#   {"cases": {family: {"tokenizer": file, "chats": [{"ids": [...], "labels": [0/1 ...]}, ...]}}}
+# one chat per record of chat.jsonl, in file order. (transformers reads the tokenizer
+# from a scratch folder holding both files.)
 import json
 import os
 import shutil
+import tempfile
 
 from transformers import AutoTokenizer
 import transformers
 
 OUT = "test/fixtures/chat"
 SP_MODEL = "test/fixtures/tiny_gqa/tokenizer.model"
-BPE_JSON = "test/fixtures/tokenizer_bpe/tokenizer.json"
+BPE_JSON = "test/fixtures/tokenizer/bpe_llama3.json"
 
 LLAMA2 = (
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
@@ -92,21 +94,32 @@ def family_dirs():
     return {
         "llama2": (SP_MODEL, dict(llama2_cfg, legacy=False, chat_template=LLAMA2), LLAMA2_MARKED),
         "llama2_legacy": (SP_MODEL, dict(llama2_cfg, legacy=True, chat_template=LLAMA2), LLAMA2_MARKED),
-        #"llama3": (BPE_JSON, dict(llama3_cfg, chat_template=LLAMA3), LLAMA3_MARKED),
+        "llama3": (BPE_JSON, dict(llama3_cfg, chat_template=LLAMA3), LLAMA3_MARKED),
     }
 
 
 _tokenizers = {}
 
 
-def chat_ids(folder, messages, marked_template=LLAMA2_MARKED):
-    """apply_chat_template's ids and assistant mask for messages with the tokenizer of folder"""
-    tok = _tokenizers.get(folder) or _tokenizers.setdefault(folder, AutoTokenizer.from_pretrained(folder))
+def hf_tokenizer(tok_file, config_dir):
+    """transformers' tokenizer for tok_file with config_dir's tokenizer_config.json (read from a scratch folder)"""
+    key = (tok_file, config_dir)
+    if key not in _tokenizers:
+        with tempfile.TemporaryDirectory() as scratch:
+            shutil.copy(os.path.join(config_dir, "tokenizer_config.json"), scratch)
+            shutil.copy(tok_file, os.path.join(scratch, "tokenizer.json" if tok_file.endswith(".json") else "tokenizer.model"))
+            _tokenizers[key] = AutoTokenizer.from_pretrained(scratch)
+    return _tokenizers[key]
+
+
+def chat_ids(tok_file, config_dir, messages, marked_template=LLAMA2_MARKED):
+    """apply_chat_template's ids and assistant mask for messages"""
+    tok = hf_tokenizer(tok_file, config_dir)
     text = tok.apply_chat_template(messages, tokenize=False)
-    assert text == tok.apply_chat_template(messages, tokenize=False, chat_template=marked_template), folder
+    assert text == tok.apply_chat_template(messages, tokenize=False, chat_template=marked_template), config_dir
     enc = tok.apply_chat_template(messages, tokenize=True, return_dict=True, chat_template=marked_template,
                                   return_assistant_tokens_mask=True)
-    assert enc["input_ids"] == tok(text, add_special_tokens=False)["input_ids"], folder
+    assert enc["input_ids"] == tok(text, add_special_tokens=False)["input_ids"], config_dir
     return enc["input_ids"], enc["assistant_masks"]
 
 
@@ -118,17 +131,16 @@ def main():
     for family, (tok_file, cfg, marked_template) in family_dirs().items():
         d = os.path.join(OUT, family)
         os.makedirs(d, exist_ok=True)
-        shutil.copy(tok_file, os.path.join(d, os.path.basename(tok_file)))
         with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
             json.dump(cfg, f, indent=2, ensure_ascii=False)
-        out = []
+        chats = []
         for c in CHATS:
-            ids, mask = chat_ids(d, c, marked_template)
-            out.append({"ids": ids, "labels": mask})
-        cases[family] = out
-        print(family, [len(o["ids"]) for o in out])
+            ids, mask = chat_ids(tok_file, d, c, marked_template)
+            chats.append({"ids": ids, "labels": mask})
+        cases[family] = {"tokenizer": tok_file, "chats": chats}
+        print(family, [len(c["ids"]) for c in chats])
     with open(os.path.join(OUT, "expected.json"), "w", encoding="utf-8") as f:
-        json.dump({"data": "chat.jsonl", "transformers": transformers.__version__, "cases": cases}, f, ensure_ascii=False)
+        json.dump({"transformers": transformers.__version__, "cases": cases}, f, ensure_ascii=False)
         f.write("\n")
 
 

@@ -53,7 +53,7 @@ ALPACA_PROMPT_NO_INPUT = (
 )
 # chat: Llama-2-chat's template through transformers, with TOKENIZER and "legacy": false
 # (make_chat_fixtures.py writes that folder)
-CHAT_TOKENIZER = "test/fixtures/chat/llama2"
+CHAT_CONFIG = "test/fixtures/chat/llama2"
 
 # ----------------------------------------------------------------------------
 # fixture records (each format; odd cases on purpose)
@@ -145,7 +145,7 @@ def segments(rec, fmt):
 
 def tokenize(sp, segs):
     if segs[0][0] == "chat":  # the ids and loss mask of transformers' apply_chat_template
-        return chat_ids(CHAT_TOKENIZER, segs[0][1])
+        return chat_ids(TOKENIZER, CHAT_CONFIG, segs[0][1])
     ids, lab = [], []
     for kind, text in segs:
         enc = sp.encode(text)
