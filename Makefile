@@ -62,7 +62,7 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
 endif
 
 HEADERS = support/utils.h support/json.h support/safetensors.h tokenizer.h lora.h model.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h
-TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay \
+TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay \
     test/test_emu_nccl
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
@@ -88,7 +88,7 @@ $(B)test/test_fsdp: test/test_fsdp.c fsdp.h train_llama2.c $(HEADERS) test/test_
 	@mkdir -p $(@D)
 	$(MPI_CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-$(addprefix $(B),test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_default): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
+$(addprefix $(B),test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_default): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 $(B)test/test_default: support/default_model.h

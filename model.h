@@ -36,20 +36,100 @@ typedef struct {
     float rope_theta;
     int tied;         // tie_word_embeddings
     float init_std;   // initializer_range: the std of --random_init's weights
+    // RoPE's frequency scaling (rope_type of rope_parameters or rope_scaling), its
+    // parameters as config.json has them (transformers reads them as Python floats)
+    int rope_type;              // ROPE_DEFAULT, ROPE_LINEAR or ROPE_LLAMA3
+    double rope_factor;         // linear and llama3: factor
+    double rope_low_freq_factor, rope_high_freq_factor; // llama3
+    int rope_original_max_pos;  // llama3: original_max_position_embeddings
 } Config;
 
+enum { ROPE_DEFAULT, ROPE_LINEAR, ROPE_LLAMA3 };
+static const char *rope_type_names[] = {"default", "linear", "llama3"};
+
+// an integer field; null is transformers' None, which means its default as a missing key does
 static int config_int(const JsonValue *cfg, const char *path, const char *key, int *out, int required, int lo, int hi) {
     long long v;
-    int rc = json_get_int(cfg, key, &v);
-    if (rc == -1 && !required) return 0;
+    const JsonValue *x = json_get(cfg, key);
+    int rc = x && x->type == JSON_NULL ? JSON_MISSING : json_get_int(cfg, key, &v);
+    if (rc == JSON_MISSING && !required) return 0;
     if (rc != 0 || v < lo || v > hi) {
-        fprintf(stderr, "error: %s: '%s' must be an integer in [%d, %d]%s\n", path, key, lo, hi, rc == -1 ? " (missing)" : "");
+        fprintf(stderr, "error: %s: '%s' must be an integer in [%d, %d]%s\n", path, key, lo, hi, rc == JSON_MISSING ? " (missing)" : "");
         return -1;
     }
     *out = (int)v;
     return 0;
 }
 
+// a positive number that float holds (a double beyond FLT_MAX would become inf);
+// 0 and *out untouched when it is missing and not required
+static int config_positive(const JsonValue *obj, const char *path, const char *where, const char *key, double *out, int required) {
+    double d;
+    int rc = json_get_number(obj, key, &d);
+    if (rc == JSON_MISSING && !required) return 0;
+    if (rc != 0 || !(d > 0 && d <= FLT_MAX)) {
+        fprintf(stderr, "error: %s: '%s%s' must be a positive finite number%s\n", path, where, key, rc == JSON_MISSING ? " (missing)" : "");
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+// RoPE's settings as transformers 5 reads them (RotaryEmbeddingConfigMixin): the
+// parameters from rope_scaling (transformers < 5) or else rope_parameters
+// (transformers 5); rope_theta from inside them, else the top level, else 10000;
+// the type from rope_type, else type, else "default". Types that change the
+// frequencies in ways not implemented here are refused by name.
+static int config_rope(Config *c, const JsonValue *j, const char *path) {
+    const JsonValue *rope = NULL, *v;
+    const char *in = "", *keys[2] = {"rope_scaling", "rope_parameters"}; // in: where rope is, for the messages
+    char where[32];
+    for (int k = 0; k < 2 && !rope; k++) {
+        if (!(v = json_get(j, keys[k])) || v->type == JSON_NULL || (v->type == JSON_OBJECT && v->count == 0)) continue;
+        if (v->type != JSON_OBJECT) { fprintf(stderr, "error: %s: '%s' must be an object or null\n", path, keys[k]); return -1; }
+        rope = v;
+        snprintf(where, sizeof where, "%s.", keys[k]);
+        in = where;
+    }
+    double theta = 10000.0, partial = 1.0;
+    if (config_positive(j, path, "", "rope_theta", &theta, 0) || config_positive(rope, path, in, "rope_theta", &theta, 0) ||
+        config_positive(j, path, "", "partial_rotary_factor", &partial, 0) ||
+        config_positive(rope, path, in, "partial_rotary_factor", &partial, 0)) return -1;
+    c->rope_theta = (float)theta;
+    if (partial != 1.0) { // RoPE on part of each head only (other architectures)
+        fprintf(stderr, "error: %s: partial_rotary_factor %g is not supported (RoPE over the whole head only)\n", path, partial);
+        return -1;
+    }
+    const char *type = "default";
+    int rc = json_get_string(rope, "rope_type", &type, NULL);
+    if (rc == JSON_MISSING) rc = json_get_string(rope, "type", &type, NULL);
+    if (rc == JSON_WRONG_TYPE) { fprintf(stderr, "error: %s: '%srope_type' must be a string\n", path, in); return -1; }
+    c->rope_type = -1;
+    for (int t = 0; t < (int)(sizeof rope_type_names / sizeof rope_type_names[0]); t++)
+        if (strcmp(type, rope_type_names[t]) == 0) c->rope_type = t;
+    if (c->rope_type < 0) {
+        fprintf(stderr, "error: %s: rope scaling type \"%s\" is not supported (default, linear and llama3 are)\n", path, type);
+        return -1;
+    }
+    if (c->rope_type == ROPE_DEFAULT) return 0;
+    if (config_positive(rope, path, in, "factor", &c->rope_factor, 1)) return -1;
+    if (c->rope_type == ROPE_LINEAR) return 0;
+    if (config_positive(rope, path, in, "low_freq_factor", &c->rope_low_freq_factor, 1) ||
+        config_positive(rope, path, in, "high_freq_factor", &c->rope_high_freq_factor, 1) ||
+        config_int(rope, path, "original_max_position_embeddings", &c->rope_original_max_pos, 1, 1, 1 << 24)) return -1;
+    if (!(c->rope_high_freq_factor > c->rope_low_freq_factor)) { // the blend divides by their difference
+        fprintf(stderr, "error: %s: %shigh_freq_factor (%g) must be greater than low_freq_factor (%g)\n", path, in,
+                c->rope_high_freq_factor, c->rope_low_freq_factor);
+        return -1;
+    }
+    return 0;
+}
+
+// The families read here are Llama's and Mistral's (transformers' LlamaConfig and
+// MistralConfig, whose models compute the same layers); any setting of theirs
+// that would change that computation beyond what this trainer implements is
+// refused by name, and so is any other model_type, whose keys these classes
+// would not even read (biases, norms of q and k, other activations...).
 static int config_load(Config *c, const char *model_dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
@@ -58,19 +138,26 @@ static int config_load(Config *c, const char *model_dir) {
     int rc = -1;
     const char *s;
     double d;
-    int b;
-    const JsonValue *v, *rope = NULL;
+    int b, mistral = 0;
+    memset(c, 0, sizeof *c);
     if (j.type != JSON_OBJECT) { fprintf(stderr, "error: %s: not a JSON object\n", path); goto done; }
-    if (json_get_string(&j, "model_type", &s, NULL) == 0 && strcmp(s, "llama") != 0)
-        fprintf(stderr, "warning: %s: model_type is \"%s\", reading it as a Llama model\n", path, s);
+    if (json_get(&j, "model_type")) { // (test configs without one are read as Llama's)
+        if (json_get_string(&j, "model_type", &s, NULL) != 0) { fprintf(stderr, "error: %s: 'model_type' must be a string\n", path); goto done; }
+        mistral = strcmp(s, "mistral") == 0;
+        if (!mistral && strcmp(s, "llama") != 0) {
+            fprintf(stderr, "error: %s: model_type \"%s\" is not supported (llama and mistral are)\n", path, s);
+            goto done;
+        }
+    }
     if (config_int(&j, path, "hidden_size", &c->dim, 1, 1, 1 << 16) ||
         config_int(&j, path, "intermediate_size", &c->hidden_dim, 1, 1, 1 << 18) ||
         config_int(&j, path, "num_hidden_layers", &c->n_layers, 1, 1, 1024) ||
         config_int(&j, path, "num_attention_heads", &c->n_heads, 1, 1, 1024) ||
         config_int(&j, path, "vocab_size", &c->vocab_size, 1, 1, 1 << 24)) goto done;
-    c->n_kv_heads = c->n_heads;
+    // the defaults of transformers' LlamaConfig and MistralConfig
+    c->n_kv_heads = mistral ? 8 : c->n_heads;
     c->head_dim = c->dim / c->n_heads;
-    c->max_pos = 4096;
+    c->max_pos = mistral ? 131072 : 2048;
     if (config_int(&j, path, "num_key_value_heads", &c->n_kv_heads, 0, 1, c->n_heads) ||
         config_int(&j, path, "head_dim", &c->head_dim, 0, 2, 1 << 12) ||
         config_int(&j, path, "max_position_embeddings", &c->max_pos, 0, 1, 1 << 24)) goto done;
@@ -86,28 +173,21 @@ static int config_load(Config *c, const char *model_dir) {
     c->norm_eps = 1e-6f;
     // out-of-range doubles become -1 (refused below): converting them to float is undefined
     if (json_get_number(&j, "rms_norm_eps", &d) == 0) c->norm_eps = d > 0 && d <= FLT_MAX ? (float)d : -1.0f;
-    // transformers < 5 writes rope_theta at the top; transformers 5 inside rope_parameters
-    c->rope_theta = 10000.0f;
-    if ((v = json_get(&j, "rope_parameters")) && v->type == JSON_OBJECT) rope = v;
-    if ((v = json_get(&j, "rope_scaling")) && v->type != JSON_NULL) rope = v;
-    if (json_get_number(&j, "rope_theta", &d) == 0) c->rope_theta = d > 0 && d <= FLT_MAX ? (float)d : -1.0f;
-    if (rope) {
-        if (json_get_number(rope, "rope_theta", &d) == 0) c->rope_theta = d > 0 && d <= FLT_MAX ? (float)d : -1.0f;
-        if ((json_get_string(rope, "rope_type", &s, NULL) == 0 || json_get_string(rope, "type", &s, NULL) == 0) &&
-            strcmp(s, "default") != 0) {
-            fprintf(stderr, "error: %s: rope scaling type \"%s\" is not supported yet (only plain RoPE)\n", path, s);
-            goto done;
-        }
-    }
+    if (config_rope(c, &j, path) != 0) goto done;
     c->init_std = 0.02f; // transformers' LlamaConfig default
     if (json_get_number(&j, "initializer_range", &d) == 0) c->init_std = d > 0 && d <= 1e3 ? (float)d : -1.0f;
     if (!(c->init_std > 0)) { fprintf(stderr, "error: %s: initializer_range must be a number in (0, 1000]\n", path); goto done; }
-    if (!(c->rope_theta > 0) || !(c->norm_eps > 0)) { fprintf(stderr, "error: %s: rope_theta and rms_norm_eps must be positive finite numbers\n", path); goto done; }
+    if (!(c->norm_eps > 0)) { fprintf(stderr, "error: %s: rms_norm_eps must be a positive finite number\n", path); goto done; }
     if (json_get_string(&j, "hidden_act", &s, NULL) == 0 && strcmp(s, "silu") != 0) {
         fprintf(stderr, "error: %s: hidden_act \"%s\" is not supported (Llama uses silu)\n", path, s); goto done;
     }
     if ((json_get_bool(&j, "attention_bias", &b) == 0 && b) || (json_get_bool(&j, "mlp_bias", &b) == 0 && b)) {
         fprintf(stderr, "error: %s: attention_bias / mlp_bias are not supported (Llama has no biases)\n", path); goto done;
+    }
+    // dropout on the attention probabilities while training: not implemented (peft's
+    // lora_dropout is); pretraining_tp, which transformers 5 ignores, is too
+    if (json_get_number(&j, "attention_dropout", &d) == 0 && d != 0) {
+        fprintf(stderr, "error: %s: attention_dropout %g is not supported (only 0)\n", path, d); goto done;
     }
     c->tied = 0;
     if (json_get_bool(&j, "tie_word_embeddings", &b) == 0) c->tied = b;
@@ -115,6 +195,34 @@ static int config_load(Config *c, const char *model_dir) {
 done:
     json_free(&j);
     return rc;
+}
+
+// RoPE's inverse frequencies (hd/2 of them), in float32 op by op as transformers
+// computes them (modeling_rope_utils.py), so that every angle is its angle. There a
+// Python number meeting a float32 tensor is rounded to float32 first, and
+// `number / tensor` is `number * (1 / tensor)`. The pow is libm's powf, correctly
+// rounded, where torch's is within an ulp: a frequency here and there differs from
+// torch's in its last bit (the 38th of 64 at theta 1e6: CodeLlama's, Mistral-v0.3's;
+// none of Llama-2's or Llama-3's). rope_scale, from there on, gives torch's bits
+// exactly (test/test_config.c), where each op rounds: rope_f32 keeps a product from
+// being fused with the next sum into one fma (GNU C's default -ffp-contract=fast).
+static float rope_f32(float x) { volatile float v = x; return v; }
+static float rope_scale(const Config *c, float f) {
+    float factor = (float)c->rope_factor;
+    if (c->rope_type == ROPE_LINEAR) return f / factor;
+    if (c->rope_type != ROPE_LLAMA3) return f;
+    // wavelengths above original / low_freq_factor are divided by factor, those below
+    // original / high_freq_factor kept, and those between blended smoothly
+    double old = c->rope_original_max_pos, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+    float wavelen = (1.0f / f) * (float)(2 * M_PI);
+    float scaled = wavelen > (float)(old / lo) ? f / factor : f;
+    float smooth = (rope_f32((float)old * (1.0f / wavelen)) - (float)lo) / (float)(hi - lo);
+    float blended = (1.0f - smooth) * scaled / factor + rope_f32(smooth * scaled);
+    return !(wavelen < (float)(old / hi)) && !(wavelen > (float)(old / lo)) ? blended : scaled;
+}
+static void rope_inv_freq(const Config *c, float *inv_freq) {
+    for (int i = 0; i < c->head_dim / 2; i++)
+        inv_freq[i] = rope_scale(c, 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim));
 }
 
 // ----------------------------------------------------------------------------

@@ -285,13 +285,13 @@ static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const fl
 }
 
 // Hugging Face's rotate_half layout: pairs are (i, i + hd/2). The angles are
-// computed in float32 as transformers does, so long positions round the same way.
-static void rope_tables(float *cosb, float *sinb, int T, int hd, float theta) {
+// computed in float32 as transformers does, so long positions round the same way,
+// from the inverse frequencies inv_freq (hd/2) of model.h's rope_inv_freq.
+static void rope_tables(float *cosb, float *sinb, int T, int hd, const float *inv_freq) {
     int half = hd / 2;
     for (int i = 0; i < half; i++) {
-        float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
         for (int t = 0; t < T; t++) {
-            float angle = (float)t * inv_freq;
+            float angle = (float)t * inv_freq[i];
             cosb[t * half + i] = cosf(angle);
             sinb[t * half + i] = sinf(angle);
         }
@@ -770,7 +770,10 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     a->xdrop = (float *)alloc_counted(N * widest * sizeof(float), &m->act_bytes);
     m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
     m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
-    rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
+    float *inv_freq = (float *)mallocCheck(c->head_dim / 2 * sizeof(float));
+    rope_inv_freq(c, inv_freq);
+    rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq);
+    free(inv_freq);
     // fp32 weights; the trainable ones have a gradient and two moments (optimizer_init), and
     // LoRA's live apart from the base weights
     m->weight_bytes = m->param_bytes = 0;

@@ -452,7 +452,9 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             if constexpr (std::is_same<floatX, float>::value) d.lora_w = m->params;
             else { d.lora_w = m->params_bf16; convert(d.lora_w, m->params, m->n_train, st); }
         }
-        rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, c->rope_theta);
+        std::vector<float> inv_freq(c->head_dim / 2);
+        rope_inv_freq(c, inv_freq.data());
+        rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq.data());
         cudaCheck(cudaDeviceSynchronize()); // rope_tables copies on the legacy stream, which st does not wait for
     });
 }

@@ -22,7 +22,10 @@
 #include "../fsdp.h"
 #include "test_common.h"
 
-static const char *models[] = {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"}; // F32 single file; BF16 in 2 shards, tied
+// F32 single file; BF16 in 2 shards, tied; BF16 with head_dim != hidden_size / heads, tied; BF16 with 32016 rows
+static const char *models[] = {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied", "test/fixtures/tiny_llama3",
+                               "test/fixtures/tiny_codellama"};
+enum { N_MODELS = sizeof models / sizeof models[0] };
 static FsdpComm world;
 
 // a check every rank takes part in: rank 0 prints it, failing ranks say why on stderr
@@ -649,14 +652,14 @@ int main(int argc, char **argv) {
         make_tmpdir();
         if (!strcmp(mode, "all")) {
             test_shard_arithmetic();
-            for (int i = 0; i < 2; i++) test_units(models[i]);
-            for (int i = 0; i < 2; i++) test_load(models[i]);
+            for (int i = 0; i < N_MODELS; i++) test_units(models[i]);
+            for (int i = 0; i < N_MODELS; i++) test_load(models[i]);
             test_load_refusals();
             test_checkpoints();
         }
         test_collectives();
         test_strategies();
-        for (int i = 0; i < 2; i++) test_load_distributed(models[i]);
+        for (int i = 0; i < N_MODELS; i++) test_load_distributed(models[i]);
         char out[300];
         snprintf(out, sizeof out, "%s/dist", tmpdir);
         test_save_distributed(out);

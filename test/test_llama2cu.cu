@@ -6,7 +6,9 @@
 // hash on both) and full fine-tuning, whole sequences and chunks (keep and
 // recompute, the head in pieces, --activation_checkpointing), GQA (tiny_gqa) and
 // tied (tiny_tied) models and a random one with head_dim 64 and GQA (bf16
-// attention then runs on tensor cores), in --precision fp32 and bf16. Each
+// attention then runs on tensor cores), in --precision fp32 and bf16; and a few
+// cases of two families' fixtures: Llama-3's RoPE scaling with head_dim 12, not
+// hidden_size / heads (tiny_llama3), and CodeLlama's 32016 rows. Each
 // comparison prints the worst element of what it compares; the program exits 1
 // when any check fails. A run with --activation_checkpointing must also give the
 // bits of the same CUDA run without it (logits, losses, every gradient): it runs
@@ -322,6 +324,16 @@ int main(int argc, char **argv) {
                 if (mine()) check_steps(chunked, steps);
                 if (mine()) check_steps(checkpointed, steps);
             }
+    // each family's fixture a few cases (the emulated suite runs them all)
+    Case families[] = {{"test/fixtures/tiny_llama3", false, "fp32", 0, "keep", 1, false},
+                       {"test/fixtures/tiny_llama3", true, "fp32", 7, "recompute", 3, true},
+                       {"test/fixtures/tiny_llama3", false, "bf16", 5, "keep", 1, false},
+                       {"test/fixtures/tiny_codellama", false, "fp32", 0, "keep", 1, false},
+                       {"test/fixtures/tiny_codellama", true, "bf16", 7, "recompute", 3, false}};
+    for (const Case &c : families)
+        if (!quick && mine()) check_case(c);
+    Case llama3_steps = {"test/fixtures/tiny_llama3", true, "fp32", 5, "recompute", 1, false};
+    if (!quick && mine()) check_steps(llama3_steps, steps);
     remove_tree(tmp);
     printf("test_llama2cu: %d passed, %d failed\n", test_passed, test_failed);
     return test_summary();

@@ -6,7 +6,7 @@
 # (whole sequences, dropout, all-linear) and full fine-tuning (tied embeddings,
 # chunks of 7 with a KV carry): with the same global batch (12 rows = W ranks x
 # 12/W, 2 micro-batches a step) the 10-step trajectory and the final trainable
-# weights equal one process's. Then a checkpoint saved at W = 3 resumed at W = 2
+# weights equal one process's; and so at W = 2 for each family's fixture. Then a checkpoint saved at W = 3 resumed at W = 2
 # and W = 1 (and one process's at W = 3) continues the uninterrupted trajectory;
 # --export_hf; a corrupt shard
 # is refused; and faults: a rank with bad input, a rank that dies, SIGTERM to
@@ -111,6 +111,19 @@ for w in 1 2 3; do
         same_run "LoRA, W = $w, $s == one process" "$TMP/lora1" "$TMP/lora-$w-$s" adapter_model.safetensors
         run $w "$TMP/full-$w-$s" "${FULL[@]}" --batch_size $((12 / w)) --sharding_strategy $s
         same_run "full fine-tuning, W = $w, $s == one process" "$TMP/full1" "$TMP/full-$w-$s" model.safetensors
+    done
+done
+# one fixture per family (llama3 and linear RoPE scaling, head_dim != hidden_size / heads, a
+# vocabulary of 32016): W = 2 FULL_SHARD == one process, LoRA and full fine-tuning in chunks
+# (tiny_mistral joins these once the trainer has Mistral's sliding window)
+for model in tiny_llama3 tiny_linear tiny_codellama; do
+    for mode in lora full; do
+        args=(--model test/fixtures/$model --lora_target_modules all-linear)
+        weights=adapter_model.safetensors
+        [ $mode = full ] && args+=(--full_finetune --chunk_size 7) && weights=model.safetensors
+        run 0 "$TMP/$model-$mode-1" "${args[@]}" --batch_size 12
+        run 2 "$TMP/$model-$mode-2" "${args[@]}" --batch_size 6 --sharding_strategy FULL_SHARD
+        same_run "$model, $mode, W = 2 FULL_SHARD == one process" "$TMP/$model-$mode-1" "$TMP/$model-$mode-2" $weights
     done
 done
 run 4 "$TMP/lora-4-hybrid" "${LORA[@]}" --batch_size 3 --sharding_strategy HYBRID_SHARD --shard_group 2

@@ -26,7 +26,18 @@ void ref_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float
                           const float *rstd, int N, int D) {
     rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, D);
 }
-void ref_rope_tables(float *cosb, float *sinb, int T, int hd, float theta) { rope_tables(cosb, sinb, T, hd, theta); }
+void ref_rope_inv_freq(float *inv_freq, int hd, float theta, const char *type, double factor, double low_freq_factor,
+                       double high_freq_factor, int original_max_pos) {
+    int t = ROPE_DEFAULT;
+    while (strcmp(rope_type_names[t], type) != 0) t++; // (the checks name only these types)
+    Config c = {.head_dim = hd, .rope_theta = theta, .rope_type = t, .rope_factor = factor,
+                .rope_low_freq_factor = low_freq_factor, .rope_high_freq_factor = high_freq_factor,
+                .rope_original_max_pos = original_max_pos};
+    rope_inv_freq(&c, inv_freq);
+}
+void ref_rope_tables(float *cosb, float *sinb, int T, int hd, const float *inv_freq) {
+    rope_tables(cosb, sinb, T, hd, inv_freq);
+}
 void ref_rope_forward(float *x, const float *cosb, const float *sinb, int B, int T, int t0, int len, int nh, int hd,
                       int inverse) {
     Chunk ch = {B, T, t0, len};

@@ -18,7 +18,10 @@ void ref_embedding_backward(float *dembed, const float *dout, const int *tokens,
 void ref_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int D, float eps);
 void ref_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                           const float *rstd, int N, int D);
-void ref_rope_tables(float *cosb, float *sinb, int T, int hd, float theta);
+// model.h's rope_inv_freq for a Config with these RoPE settings (type: "default", "linear" or "llama3")
+void ref_rope_inv_freq(float *inv_freq, int hd, float theta, const char *type, double factor, double low_freq_factor,
+                       double high_freq_factor, int original_max_pos);
+void ref_rope_tables(float *cosb, float *sinb, int T, int hd, const float *inv_freq);
 void ref_rope_forward(float *x, const float *cosb, const float *sinb, int B, int T, int t0, int len, int nh, int hd,
                       int inverse);
 void ref_rope_backward(float *dx, const float *cosb, const float *sinb, int B, int T, int t0, int len, int nh, int hd);

@@ -1,7 +1,8 @@
 // config.json from arbitrary bytes: config_load (model.h) on a folder
 // holding it. What it accepts must be a configuration the trainer can size
 // buffers from: every field in its range, heads divisible, head_dim even,
-// rope_theta and rms_norm_eps positive and finite.
+// rope_theta and rms_norm_eps positive and finite, and RoPE scaling's parameters
+// ones rope_inv_freq can compute with.
 #define TESTING
 #include "../../train_llama2.c"
 #include "fuzz.h"
@@ -25,5 +26,10 @@ FUZZ_TARGET(config) {
     // (a rope_theta or rms_norm_eps of 1e39 was once accepted as inf: test/fuzz_regress/config/)
     FUZZ_ASSERT(c.norm_eps > 0 && c.rope_theta > 0 && isfinite(c.rope_theta) && isfinite(c.norm_eps));
     FUZZ_ASSERT(c.tied == 0 || c.tied == 1);
+    FUZZ_ASSERT(c.rope_type >= ROPE_DEFAULT && c.rope_type <= ROPE_LLAMA3);
+    if (c.rope_type != ROPE_DEFAULT) FUZZ_ASSERT(c.rope_factor > 0 && c.rope_factor <= FLT_MAX);
+    if (c.rope_type == ROPE_LLAMA3)
+        FUZZ_ASSERT(c.rope_low_freq_factor > 0 && c.rope_high_freq_factor > c.rope_low_freq_factor &&
+                    c.rope_high_freq_factor <= FLT_MAX && c.rope_original_max_pos >= 1);
     return 0;
 }

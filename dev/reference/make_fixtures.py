@@ -3,18 +3,22 @@
 #
 #     python3 dev/reference/make_fixtures.py
 #
-# Writes test/fixtures/data.jsonl, test/fixtures/tiny_gqa/** and
-# test/fixtures/tiny_tied/**: a SentencePiece BPE tokenizer trained on a corpus
-# generated here, two tiny random Llama models (HF folders), an initial peft
-# LoRA adapter per model, and reference values (logits, gradients, 10 AdamW
-# steps) computed with transformers + peft in float64 on the CPU.
+# Writes test/fixtures/data.jsonl and test/fixtures/<model>/** for every model in
+# MODELS: a SentencePiece BPE tokenizer trained on a corpus generated here, tiny
+# random models of the Llama family (HF folders: tiny_gqa and tiny_tied as
+# Llama-2, then one per family with its own settings: tiny_llama3, tiny_linear,
+# tiny_codellama, tiny_mistral), an initial peft LoRA adapter per model, and
+# reference values (logits, gradients, 10 AdamW steps) computed with transformers
+# + peft in float64 on the CPU.
 # Everything is deterministic (fixed seeds, single-threaded torch).
 #
 # Note: transformers 5's Llama code casts to float32 inside RMSNorm, inside the
 # eager attention softmax and in RoPE (cos/sin), even when the model is float64.
 # To get a genuine float64 reference those three pieces are patched below to
-# compute in the input's dtype (same maths, more precision). An independent
-# plain-torch float64 forward checks the patched HF model (see check_forward).
+# compute in the input's dtype (same maths, more precision), in LlamaForCausalLM
+# and MistralForCausalLM alike. An independent plain-torch float64 forward checks
+# the patched HF model (see check_forward).
+import copy
 import io
 import json
 import math
@@ -35,8 +39,11 @@ import sentencepiece as spm
 import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM, get_cosine_schedule_with_warmup
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          get_cosine_schedule_with_warmup)
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama import modeling_llama as ml
+from transformers.models.mistral import modeling_mistral as mm
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIX = "test/fixtures"  # relative: it ends up in adapter_config.json's base_model_name_or_path
@@ -58,11 +65,20 @@ def _rmsnorm_forward(self, hidden_states):
     return self.weight * hidden_states
 
 
+def inv_freq_of(config):
+    """RoPE's inverse frequencies: plain ones in float64 (the formula, more precisely than
+    float32); scaled ones (llama3, linear) as transformers' own functions compute them, in
+    float32, the values the C code must reproduce (and whose scaling exists only in float32)."""
+    params = config.rope_parameters
+    if params["rope_type"] == "default":
+        theta = params["rope_theta"]
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    return ROPE_INIT_FUNCTIONS[params["rope_type"]](config)[0].to(torch.float64)
+
+
 def _rope_forward(self, x, position_ids):
-    theta = self.config.rope_parameters["rope_theta"]
-    dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    freqs = position_ids[..., None].to(torch.float64) * inv_freq
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq_of(self.config)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
@@ -79,9 +95,10 @@ def _eager_attention_forward(module, query, key, value, attention_mask, scaling,
     return attn_output.transpose(1, 2).contiguous(), attn_weights
 
 
-ml.LlamaRMSNorm.forward = _rmsnorm_forward
-ml.LlamaRotaryEmbedding.forward = _rope_forward
-ml.eager_attention_forward = _eager_attention_forward
+for module, prefix in ((ml, "Llama"), (mm, "Mistral")):
+    getattr(module, prefix + "RMSNorm").forward = _rmsnorm_forward
+    getattr(module, prefix + "RotaryEmbedding").forward = _rope_forward
+    module.eager_attention_forward = _eager_attention_forward
 
 # ---------------------------------------------------------------------------
 # corpus + tokenizer
@@ -184,6 +201,10 @@ def step_microbatches(rows, step):
 # ---------------------------------------------------------------------------
 # models
 
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# vocab_sample: the tensors with a vocabulary axis are stored in expected.safetensors for
+# the rows of vocab_index only (every vocab_sample-th row, the last, and every token the data
+# has), which keeps the files small (see vocab_rows)
 MODELS = {
     "tiny_gqa": dict(
         config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -191,8 +212,7 @@ MODELS = {
                     rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
                     initializer_range=0.1, bos_token_id=1, eos_token_id=2),
         seed=1001, save_dtype=torch.float32, max_shard_size=None,
-        lora=dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                      "up_proj", "down_proj"]),
+        lora=dict(r=4, lora_alpha=8, target_modules=ALL_LINEAR),
         lora_seed=2001,
         train=dict(lora=dict(lr=1e-2, grad_clip=1.1), full=dict(lr=3e-3, grad_clip=3.0)),
     ),
@@ -206,13 +226,68 @@ MODELS = {
         lora_seed=2002,
         train=dict(lora=dict(lr=1e-2, grad_clip=1.1), full=dict(lr=3e-3, grad_clip=2.4)),
     ),
+    # Llama-3.2 style: GQA, rope_theta 500000, tied embeddings and llama3 RoPE scaling, with
+    # factor, low/high_freq_factor and original_max_position_embeddings chosen so that the
+    # 6 frequencies of head_dim 12 fall in all three bands (print_rope shows them); and a
+    # head_dim that is not hidden_size / heads (12, not 32 / 4)
+    "tiny_llama3": dict(
+        config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=12, vocab_size=512, max_position_embeddings=4096,
+                    rms_norm_eps=1e-5, rope_theta=500000.0,
+                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=32.0,
+                                      original_max_position_embeddings=1024),
+                    tie_word_embeddings=True, attention_bias=False, mlp_bias=False, initializer_range=0.1,
+                    bos_token_id=1, eos_token_id=2),
+        seed=1003, save_dtype=torch.bfloat16, max_shard_size=None, vocab_sample=16,
+        lora=dict(r=4, lora_alpha=8, target_modules=ALL_LINEAR),
+        lora_seed=2003,
+        train=dict(lora=dict(lr=1e-2, grad_clip=0.66), full=dict(lr=3e-3, grad_clip=1.8)),
+    ),
+    # linear RoPE scaling (positions / factor)
+    "tiny_linear": dict(
+        config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=4, vocab_size=512, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                    rope_theta=10000.0, rope_scaling=dict(rope_type="linear", factor=4.0),
+                    tie_word_embeddings=False, attention_bias=False, mlp_bias=False, initializer_range=0.1,
+                    bos_token_id=1, eos_token_id=2),
+        seed=1004, save_dtype=torch.float32, max_shard_size=None, vocab_sample=16,
+        lora=dict(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]),
+        lora_seed=2004,
+        train=dict(lora=dict(lr=1e-2, grad_clip=0.35), full=dict(lr=3e-3, grad_clip=1.9)),
+    ),
+    # CodeLlama's vocabulary of 32016 rows (a small dim keeps the file small) and rope_theta 1e6
+    "tiny_codellama": dict(
+        config=dict(hidden_size=8, intermediate_size=24, num_hidden_layers=2, num_attention_heads=1,
+                    num_key_value_heads=1, vocab_size=32016, max_position_embeddings=16384, rms_norm_eps=1e-5,
+                    rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+                    initializer_range=0.1, bos_token_id=1, eos_token_id=2),
+        seed=1005, save_dtype=torch.bfloat16, max_shard_size=None, vocab_sample=127,
+        lora=dict(r=2, lora_alpha=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+        lora_seed=2005,
+        train=dict(lora=dict(lr=1e-2, grad_clip=0.2), full=dict(lr=3e-3, grad_clip=0.575)),
+    ),
+    # Mistral (MistralForCausalLM): GQA and a sliding window of 5 tokens, shorter than the
+    # sequences (24), so that it changes the result (make_model measures by how much)
+    "tiny_mistral": dict(
+        arch="mistral",
+        config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=512, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                    rope_theta=10000.0, sliding_window=5, tie_word_embeddings=False, initializer_range=0.1,
+                    bos_token_id=1, eos_token_id=2),
+        seed=1006, save_dtype=torch.bfloat16, max_shard_size=None, vocab_sample=16,
+        lora=dict(r=4, lora_alpha=8, target_modules=ALL_LINEAR),
+        lora_seed=2006,
+        train=dict(lora=dict(lr=1e-2, grad_clip=0.75), full=dict(lr=3e-3, grad_clip=1.8)),
+    ),
 }
+ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM)}
 
 
 def build_model(spec):
-    cfg = LlamaConfig(**spec["config"])
+    config_cls, model_cls = ARCHS[spec.get("arch", "llama")]
+    cfg = config_cls(**spec["config"])
     torch.manual_seed(spec["seed"])
-    model = LlamaForCausalLM(cfg).float()
+    model = model_cls(cfg).float()
     g = torch.Generator().manual_seed(spec["seed"])
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied lm_head is listed once (as embed_tokens)
@@ -222,9 +297,9 @@ def build_model(spec):
     return model
 
 
-def load_base(folder, dtype):
-    model, info = LlamaForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager",
-                                                   output_loading_info=True)
+def load_base(folder, dtype, arch="llama"):
+    model, info = ARCHS[arch][1].from_pretrained(folder, dtype=dtype, attn_implementation="eager",
+                                                 output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     assert model.config._attn_implementation == "eager"
     return model
@@ -299,16 +374,17 @@ def hparams(spec_train):
 def check_forward(model, tokens, logits):
     c = model.config
     sd = {k: v.detach() for k, v in model.state_dict().items()}
-    H, nh, nkv = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
-    hd = H // nh
+    H, nh, nkv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     Bn, T = tokens.shape
     theta = c.rope_parameters["rope_theta"]
+    # plain RoPE from its formula; scaled RoPE's frequencies are transformers' definition itself
+    scaled = None if c.rope_parameters["rope_type"] == "default" else inv_freq_of(c)
 
     def rms(x, w):
         return w * x / torch.sqrt((x * x).mean(-1, keepdim=True) + c.rms_norm_eps)
 
     def rope(x):  # x [B, h, T, hd], pairs (i, i + hd/2)
-        inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+        inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd) if scaled is None else scaled
         ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
         cos, sin = ang.cos(), ang.sin()
         x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
@@ -316,6 +392,8 @@ def check_forward(model, tokens, logits):
 
     x = sd["model.embed_tokens.weight"][tokens]
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    if getattr(c, "sliding_window", None):  # query i sees keys i - W + 1 .. i
+        mask |= torch.tril(torch.ones(T, T, dtype=torch.bool), -c.sliding_window)
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         h = rms(x, sd[p + "input_layernorm.weight"])
@@ -327,7 +405,7 @@ def check_forward(model, tokens, logits):
         v = v.repeat_interleave(nh // nkv, dim=1)
         a = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
         a = torch.softmax(a.masked_fill(mask, float("-inf")), -1)
-        o = (a @ v).transpose(1, 2).reshape(Bn, T, H)
+        o = (a @ v).transpose(1, 2).reshape(Bn, T, nh * hd)
         x = x + o @ sd[p + "self_attn.o_proj.weight"].T
         h = rms(x, sd[p + "post_attention_layernorm.weight"])
         g = h @ sd[p + "mlp.gate_proj.weight"].T
@@ -339,6 +417,58 @@ def check_forward(model, tokens, logits):
     err = (ref - logits).abs().max().item()
     print(f"    independent float64 forward vs HF: max abs diff {err:.3e}")
     assert err < 1e-10, err
+
+
+def vocab_rows(expected, rows, V, stride):
+    """The expected tensors with a vocabulary axis (the logits' last; the embedding's and
+    the head's first) at the rows of vocab_index only: every stride-th, the last, and every
+    token of the data; vocab_index (I32) says which, for the C test to pick the same."""
+    index = torch.tensor(sorted(set(range(0, V, stride)) | {V - 1} | {t for r in rows for t in r}), dtype=torch.int32)
+    out = {"vocab_index": index}
+    for k, v in expected.items():
+        if k.endswith(".logits"):
+            v = v[..., index.long()]
+        elif k.endswith(("embed_tokens.weight", "lm_head.weight")):
+            v = v[index.long()]
+        out[k] = v
+    print(f"    vocabulary axis stored at {len(index)} of {V} rows")
+    return out
+
+
+def print_rope(c):
+    """Each RoPE frequency with its band under llama3 scaling: high (kept), blended, low (divided)."""
+    p = c.rope_parameters
+    print(f"    rope: {json.dumps(p, sort_keys=True)}")
+    if p["rope_type"] != "llama3":
+        return
+    plain = ml.LlamaRotaryEmbedding.compute_default_rope_parameters(c)[0]
+    old = p["original_max_position_embeddings"]
+    bands = []
+    for f, g in zip(plain.tolist(), inv_freq_of(c).tolist()):
+        wavelen = 2 * math.pi / f
+        band = "high" if wavelen < old / p["high_freq_factor"] else "low" if wavelen > old / p["low_freq_factor"] else "blended"
+        bands.append(band)
+        print(f"      inv_freq {f:.6e} wavelength {wavelen:10.1f}: {band:7s} -> {g:.6e} (x{g / f:.4f})")
+    assert set(bands) == {"high", "blended", "low"}, bands
+
+
+def what_it_changes(base, tokens, logits):
+    """The largest change of the logits, relative to their largest, were the model's RoPE
+    scaling or sliding window ignored: what makes the fixture a test of them."""
+    c = copy.deepcopy(base.config)
+    if c.rope_parameters["rope_type"] != "default":
+        c.rope_parameters = {"rope_type": "default", "rope_theta": c.rope_parameters["rope_theta"]}
+    elif getattr(c, "sliding_window", None):
+        c.sliding_window = None
+    else:
+        return
+    c._attn_implementation = "eager"
+    plain = type(base)(c).to(torch.float64)
+    plain.load_state_dict(base.state_dict())
+    with torch.no_grad():
+        d = (forward_logits(plain, tokens) - logits).abs().max() / logits.abs().max()
+    print(f"    without its RoPE scaling / sliding window the logits would change by {d.item():.3e} of their largest")
+    assert d > 1e-2, d  # far beyond the C tests' tolerance of 1e-4
 
 
 # ---------------------------------------------------------------------------
@@ -379,13 +509,17 @@ def make_model(name, spec, sp_bytes, rows, versions):
     print("    config.json:", json.dumps(cfg_json, sort_keys=True))
 
     # float64 reference base model, loaded back from the folder
-    base = load_base(folder, torch.float64)
+    arch = spec.get("arch", "llama")
+    base = load_base(folder, torch.float64, arch)
+    print_rope(base.config)
     for k, p in base_state(base).items():
         assert torch.equal(p.detach(), ref_weights[k].double()), k
     if base.config.tie_word_embeddings:
         assert base.lm_head.weight is base.model.embed_tokens.weight
     assert base.config.rope_parameters["rope_theta"] == spec["config"]["rope_theta"]
     assert base.config.rms_norm_eps == spec["config"]["rms_norm_eps"]
+    assert base.config.rope_parameters["rope_type"] == spec["config"].get("rope_scaling", {}).get("rope_type", "default")
+    assert getattr(base.config, "sliding_window", None) == spec["config"].get("sliding_window")
 
     mbs0 = step_microbatches(rows, 0)
     batch = {}
@@ -403,6 +537,7 @@ def make_model(name, spec, sp_bytes, rows, versions):
     with torch.no_grad():
         full_logits = forward_logits(base, tok0)
     check_forward(base, tok0, full_logits)
+    what_it_changes(base, tok0, full_logits)
     expected["full.logits"] = full_logits
     named = list(base_state(base).items())
     for _, p in named:
@@ -421,7 +556,7 @@ def make_model(name, spec, sp_bytes, rows, versions):
     # ---- LoRA: create with peft (float32), save the initial adapter
     lcfg = LoraConfig(r=spec["lora"]["r"], lora_alpha=spec["lora"]["lora_alpha"], lora_dropout=0.0,
                       target_modules=spec["lora"]["target_modules"], bias="none", task_type="CAUSAL_LM")
-    base32 = load_base(folder, torch.float32)
+    base32 = load_base(folder, torch.float32, arch)
     torch.manual_seed(spec["lora_seed"])
     pm = get_peft_model(base32, lcfg)
     g = torch.Generator().manual_seed(spec["lora_seed"] + 1)
@@ -445,7 +580,7 @@ def make_model(name, spec, sp_bytes, rows, versions):
     assert len(adapter) == n_expect, sorted(adapter)
 
     # float64 LoRA reference: fresh float64 base from the folder + the saved adapter
-    base64 = load_base(folder, torch.float64)
+    base64 = load_base(folder, torch.float64, arch)
     lm = PeftModel.from_pretrained(base64, folder + "/peft_init", is_trainable=True)
     lm.double()
     lora_named = []  # (peft key, param)
@@ -483,18 +618,20 @@ def make_model(name, spec, sp_bytes, rows, versions):
     out["train"] = {"lora": hp_lora, "full": hp_full}
     out["versions"] = versions
 
-    save_file({k: v.detach().to(torch.float32).contiguous() for k, v in sorted(expected.items())},
-              folder + "/ref/expected.safetensors")
+    if spec.get("vocab_sample"):
+        expected = vocab_rows(expected, rows, spec["config"]["vocab_size"], spec["vocab_sample"])
+    save_file({k: v.detach().to(v.dtype if k == "vocab_index" else torch.float32).contiguous()
+               for k, v in sorted(expected.items())}, folder + "/ref/expected.safetensors")
     with open(folder + "/ref/expected.json", "w") as f:
         json.dump(out, f, indent=1)  # json writes floats with repr (shortest round-trip, full float64)
         f.write("\n")
 
     # ---- reload checks
-    r32 = load_base(folder, torch.float32)
+    r32 = load_base(folder, torch.float32, arch)
     with torch.no_grad():
         l32 = forward_logits(r32.double(), tok0)
     assert (l32 - full_logits).abs().max().item() < 1e-12
-    base64b = load_base(folder, torch.float64)
+    base64b = load_base(folder, torch.float64, arch)
     lm2 = PeftModel.from_pretrained(base64b, folder + "/peft_init").double()
     with torch.no_grad():
         l2 = forward_logits(lm2, tok0)
