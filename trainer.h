@@ -469,7 +469,7 @@ static int *generate(Model *m, const int *prompt, int n_prompt, int max_new, flo
     int training = m->host.lora.training;
     m->host.lora.training = 0; // no dropout
     uint64_t rng = seed;
-    Chunk ch = {1, T, 0, 0};
+    Chunk ch = {1, T, 0, 0, m->host.config.sliding_window};
     float *logits = NULL; // (V) of the last position run so far
     for (ch.t0 = 0; ch.t0 < n_prompt; ch.t0 += ch.len) {
         ch.len = n_prompt - ch.t0 < cap ? n_prompt - ch.t0 : cap;
