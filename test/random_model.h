@@ -14,7 +14,7 @@ static void write_random_model(const char *dir, int D, int H, int L, int NH, int
             "\"num_key_value_heads\": %d, \"vocab_size\": %d, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
             "\"max_position_embeddings\": 4096, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}\n", D, H, L, NH, NKV, V);
     fclose(f);
-    Config c = {D, H, L, NH, NKV, D / NH, V, 4096, 1e-5f, 10000.0f, 0, 0.02f};
+    Config c = {D, H, L, NH, NKV, D / NH, V, 4096, 1e-5f, 10000.0f, 0, 0.02f, 0};
     ParameterTensors sizes;
     size_t n = param_layout(&c, &sizes, NULL);
     float *w = (float *)mallocCheck(n * sizeof(float));

@@ -143,6 +143,12 @@ static void test_flops(void) {
     double full = flops_per_sequence(&m, 24);
     CHECK(fabs(full - (6 * N * T + 3 * attn)) < 1e-6 * full, "FLOPs: full fine-tuning = 6 N T + 3 x attention",
           "%.6g vs %.6g", full, 6 * N * T + 3 * attn);
+    // a sliding window of 8 keys: query i sees min(i + 1, 8) of them, 8 * 24 - 28 = 164 pairs, which
+    // the continuous count (as T^2 / 2 for causal) makes 24^2 / 2 - 16^2 / 2 = 160, not 24^2 / 2 = 288
+    m.config.sliding_window = 8;
+    double windowed = flops_per_sequence(&m, 24), wattn = 4 * 2 * 64.0 * 160;
+    CHECK(fabs(windowed - (6 * N * T + 3 * wattn)) < 1e-6 * windowed, "FLOPs: a sliding window counts only its scores",
+          "%.6g vs %.6g", windowed, 6 * N * T + 3 * wattn);
     host_model_free(&m);
 }
 
