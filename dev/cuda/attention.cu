@@ -181,6 +181,7 @@ int main(int argc, char **argv) {
         {1, 150, 0, 150, 4, 1, 64, 20},
         {1, 300, 171, 129, 4, 2, 64, 64},
         {1, 260, 190, 70, 2, 1, 128, 100},
+        {1, 300, 62, 238, 2, 1, 64, 128}, // the last query to see a key tile starts a query tile (W - t0 - 2 = 64)
     };
     Shape larger[] = {
         {1, 300, 0, 300, 4, 2, 128, 0},     // whole, a partial last tile
