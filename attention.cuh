@@ -3,12 +3,14 @@
 // with the same arguments (plus the stream) and the same meaning.
 //
 // Query i of the chunk sits at position t0 + i and sees keys 0 .. t0 + i (the
-// causal mask aligned bottom-right; C = T and t0 = 0 is whole-sequence attention).
+// causal mask aligned bottom-right; C = T and t0 = 0 is whole-sequence attention),
+// or with a sliding window W (ch->window, Mistral's) keys t0 + i - W + 1 .. t0 + i.
 // GQA: query head h reads key/value head h / (NH / NKV), in place, no copies.
 //   q (B, len, NH, hd); k, v (B, T, NKV, hd) with rows < t0 + len filled (the
 //   rest is never read) -> out (B, len, NH, hd), lse (B, NH, len) in fp32.
 // Backward: dq (B, len, NH, hd) is overwritten; dk, dv (B, T, NKV, hd) are ADDED
-// into for every position < t0 + len: the chunk's own rows and the dKV carry.
+// into for every position < t0 + len that a query sees: the chunk's own rows and
+// the dKV carry.
 //
 // Flash-attention style: the (len, t0 + len) score matrix never exists. The
 // forward walks key tiles with an online softmax and saves each row's
@@ -21,7 +23,10 @@
 // Each output element is thus summed by one thread in a fixed order: results
 // repeat bit for bit, and GQA needs no reduction across blocks. The price is
 // computing S and dP twice (7 tile products instead of the 5 of a fused
-// backward with atomic dq).
+// backward with atomic dq). With a window, every loop skips the tiles wholly
+// outside it: key tiles before the window of a query tile's first query, query
+// tiles after the window of a key tile's last key, and key tiles that no query
+// of the chunk sees get no block.
 //
 // Two implementations of the same tiling:
 //   SIMT (fp32 FMA, float or bf16 storage, any even hd up to 256): 32 x 32 tiles,
@@ -38,6 +43,20 @@
 // set to run the SIMT kernels also where the tensor-core ones would (checks, debugging)
 inline bool attention_force_simt = false;
 
+// the first key that query i of the chunk sees (the sliding window's start, or 0)
+__host__ __device__ inline int attention_first_key(const Chunk &ch, int i) {
+    return ch.window && ch.t0 + i >= ch.window ? ch.t0 + i - ch.window + 1 : 0;
+}
+// whether query i of the chunk sees key s: causal, and inside the window
+__device__ inline bool attention_sees(const Chunk &ch, int i, int s) {
+    return s <= ch.t0 + i && s >= attention_first_key(ch, i);
+}
+// one past the last query of the chunk that sees key s (the window's end, or len)
+__device__ inline int attention_query_end(const Chunk &ch, int s) {
+    long long end = (long long)s + ch.window - ch.t0; // the query at position s + W - 1 is the last
+    return ch.window && end < ch.len ? (int)end : ch.len;
+}
+
 // where the rows of batch row b, query head h (KV head kh) live: row i of q, out,
 // dq, dout at q(i); key s of k, v, dk, dv at kv(s); the lse of query i at lse(i)
 struct AttentionIndex {
@@ -53,13 +72,23 @@ struct AttentionIndex {
 // The query tile of a block of the forward and dq kernels: blockIdx = (tile,
 // head, batch row), tiles in reverse order, as the last see the most keys and
 // should start first. Rows i0 .. i0 + rows - 1 (those >= len are padding); keys
-// 0 .. kv_end - 1 are the ones its last valid row sees.
+// kv_begin .. kv_end - 1 hold the ones its rows see: kv_end - 1 is its last valid
+// row's last key, kv_begin the start of the key tile (rows wide, from 0) holding
+// its first row's first key.
 struct QueryTile : AttentionIndex {
-    int i0, kv_end;
+    int i0, kv_begin, kv_end;
     __device__ QueryTile(const Chunk &ch, int NH, int NKV, int hd, int rows)
         : AttentionIndex(ch, NH, NKV, hd, blockIdx.z, blockIdx.y, blockIdx.y / (NH / NKV)),
-          i0((gridDim.x - 1 - blockIdx.x) * rows), kv_end(ch.t0 + min(i0 + rows, ch.len)) {}
+          i0((gridDim.x - 1 - blockIdx.x) * rows), kv_begin(attention_first_key(ch, i0) / rows * rows),
+          kv_end(ch.t0 + min(i0 + rows, ch.len)) {}
 };
+
+// The key tile of a block of the dk, dv kernels: blockIdx.x counts the tiles (rows
+// wide, from 0) from the first that a query of the chunk sees (its first query's
+// first key's); the ones before get no block.
+__host__ __device__ inline int attention_first_key_tile(const Chunk &ch, int rows) {
+    return attention_first_key(ch, 0) / rows;
+}
 
 // ----------------------------------------------------------------------------
 // SIMT kernels
@@ -133,17 +162,18 @@ attention_forward_simt_kernel(T *out, float *lse, const T *q, const T *k, const 
         l[r] = 0.0f;
         for (int j = 0; j < DPL; j++) o[r][j] = 0.0f;
     }
-    for (int s0 = 0; s0 < ix.kv_end; s0 += ATT_TILE) {
+    for (int s0 = ix.kv_begin; s0 < ix.kv_end; s0 += ATT_TILE) {
         __syncthreads(); // qs is in; every warp is done with the last tile's ks, vs, ps
         load_rows_f32(ks, ld, k + ix.kv_head, ix.kv_stride, s0, ix.kv_end, hd);
         load_rows_f32(vs, ld, v + ix.kv_head, ix.kv_stride, s0, ix.kv_end, hd);
         __syncthreads();
         for (int r = 0; r < ATT_ROWS; r++) {
             int row = warp * ATT_ROWS + r, i = ix.i0 + row, s = s0 + lane;
-            float x = s <= ch.t0 + i ? row_dot(qs + row * ld, ks + lane * ld, hd) * scale : -INFINITY;
-            // key 0 is in the first tile and every query sees it, so m_new is finite
-            float m_new = fmaxf(m[r], warp_max(x));
-            float p = expf(x - m_new), corr = expf(m[r] - m_new);
+            float x = attention_sees(ch, i, s) ? row_dot(qs + row * ld, ks + lane * ld, hd) * scale : -INFINITY;
+            // m_new is -inf only while a row has seen no key (its window starts later):
+            // subtract 0 then, so p and corr are e^-inf = 0, not e^NaN
+            float m_new = fmaxf(m[r], warp_max(x)), m_sub = m_new == -INFINITY ? 0.0f : m_new;
+            float p = expf(x - m_sub), corr = expf(m[r] - m_sub);
             l[r] = l[r] * corr + warp_sum(p);
             m[r] = m_new;
             ps[row * ATT_TILE + lane] = p;
@@ -183,7 +213,7 @@ attention_backward_dq_simt_kernel(T *dq, const T *dout, const T *out, const floa
         row_lse[r] = i < ch.len ? lse[ix.lse(i)] : 0.0f;
         for (int j = 0; j < DPL; j++) acc[r][j] = 0.0f;
     }
-    for (int s0 = 0; s0 < ix.kv_end; s0 += ATT_TILE) {
+    for (int s0 = ix.kv_begin; s0 < ix.kv_end; s0 += ATT_TILE) {
         __syncthreads();
         load_rows_f32(ks, ld, k + ix.kv_head, ix.kv_stride, s0, ix.kv_end, hd);
         load_rows_f32(vs, ld, v + ix.kv_head, ix.kv_stride, s0, ix.kv_end, hd);
@@ -191,7 +221,7 @@ attention_backward_dq_simt_kernel(T *dq, const T *dout, const T *out, const floa
         for (int r = 0; r < ATT_ROWS; r++) {
             int row = warp * ATT_ROWS + r, i = ix.i0 + row, s = s0 + lane;
             float ds = 0.0f;
-            if (i < ch.len && s <= ch.t0 + i) {
+            if (i < ch.len && attention_sees(ch, i, s)) {
                 float p = expf(row_dot(qs + row * ld, ks + lane * ld, hd) * scale - row_lse[r]);
                 ds = p * (row_dot(dos + row * ld, vs + lane * ld, hd) - row_D[r]) * scale;
             }
@@ -215,17 +245,18 @@ attention_backward_dkv_simt_kernel(T *dk, T *dv, const T *dout, const T *out, co
     float *pts = dos + ATT_TILE * ld, *dsts = pts + ATT_TILE * ATT_TILE; // (keys, queries) P^T and dS^T
     float *tile_lse = dsts + ATT_TILE * ATT_TILE, *tile_D = tile_lse + ATT_TILE;
     int kh = blockIdx.y, b = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = NH / NKV;
-    int s0 = blockIdx.x * ATT_TILE, kv_valid = ch.t0 + ch.len;
+    int s0 = (blockIdx.x + attention_first_key_tile(ch, ATT_TILE)) * ATT_TILE, kv_valid = ch.t0 + ch.len;
     AttentionIndex kix(ch, NH, NKV, hd, b, kh * group, kh);
     load_rows_f32(ks, ld, k + kix.kv_head, kix.kv_stride, s0, kv_valid, hd);
     load_rows_f32(vs, ld, v + kix.kv_head, kix.kv_stride, s0, kv_valid, hd);
     float dk_acc[ATT_ROWS][DPL], dv_acc[ATT_ROWS][DPL];
     for (int r = 0; r < ATT_ROWS; r++)
         for (int j = 0; j < DPL; j++) dk_acc[r][j] = dv_acc[r][j] = 0.0f;
-    int first_i = max(0, s0 - ch.t0); // queries before this one see none of these keys
+    // queries before first_i see none of these keys, nor those from end_i on (the window)
+    int first_i = max(0, s0 - ch.t0), end_i = attention_query_end(ch, s0 + ATT_TILE - 1);
     for (int h = kh * group; h < (kh + 1) * group; h++) {
         AttentionIndex ix(ch, NH, NKV, hd, b, h, kh);
-        for (int i0 = first_i / ATT_TILE * ATT_TILE; i0 < ch.len; i0 += ATT_TILE) {
+        for (int i0 = first_i / ATT_TILE * ATT_TILE; i0 < end_i; i0 += ATT_TILE) {
             __syncthreads(); // ks, vs are in; every warp is done with the last query tile
             load_rows_f32(qs, ld, q + ix.q_head, ix.q_stride, i0, ch.len, hd);
             load_rows_f32(dos, ld, dout + ix.q_head, ix.q_stride, i0, ch.len, hd);
@@ -244,7 +275,7 @@ attention_backward_dkv_simt_kernel(T *dk, T *dv, const T *dout, const T *out, co
             for (int r = 0; r < ATT_ROWS; r++) {
                 int c = warp * ATT_ROWS + r, s = s0 + c, i = i0 + lane;
                 float p = 0.0f, ds = 0.0f;
-                if (i < ch.len && s <= ch.t0 + i) {
+                if (i < ch.len && attention_sees(ch, i, s)) {
                     p = expf(row_dot(qs + lane * ld, ks + c * ld, hd) * scale - tile_lse[lane]);
                     ds = p * (row_dot(dos + lane * ld, vs + c * ld, hd) - tile_D[lane]) * scale;
                 }
@@ -376,7 +407,7 @@ attention_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
     load_rows_bf16<HD>(qs, q + ix.q_head, ix.q_stride, ix.i0, ch.len);
     for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++) os[row * L::LDO + d] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int s0 = 0; s0 < ix.kv_end; s0 += TC_TILE) {
+    for (int s0 = ix.kv_begin; s0 < ix.kv_end; s0 += TC_TILE) {
         __syncthreads(); // qs is in; every warp is done with the last tile's ks, vs
         load_rows_bf16<HD>(ks, k + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
         load_rows_bf16<HD>(vs, v + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
@@ -387,14 +418,15 @@ attention_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
         #pragma unroll
         for (int c = 0; c < 32; c++) {
             int col = half * 32 + c;
-            x[c] = s0 + col <= ch.t0 + i ? ss[row * L::LDS + col] * scale : -INFINITY;
+            x[c] = attention_sees(ch, i, s0 + col) ? ss[row * L::LDS + col] * scale : -INFINITY;
             mx = fmaxf(mx, x[c]);
         }
-        float m_new = fmaxf(m, fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1))); // finite: key 0 is in tile 0
-        float corr = expf(m - m_new), sum = 0.0f;
+        // -inf while the row has seen no key (its window starts later): then subtract 0, as the SIMT kernel
+        float m_new = fmaxf(m, fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1))), m_sub = m_new == -INFINITY ? 0.0f : m_new;
+        float corr = expf(m - m_sub), sum = 0.0f;
         #pragma unroll
         for (int c = 0; c < 32; c++) {
-            float p = expf(x[c] - m_new);
+            float p = expf(x[c] - m_sub);
             sum += p;
             ps[row * L::LDP + half * 32 + c] = __float2bfloat16(p);
         }
@@ -446,7 +478,7 @@ attention_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *out, con
     float row_lse = i < ch.len ? lse[ix.lse(i)] : 0.0f;
     FragC acc[HD / 16];
     for (int n = 0; n < HD / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
-    for (int s0 = 0; s0 < ix.kv_end; s0 += TC_TILE) {
+    for (int s0 = ix.kv_begin; s0 < ix.kv_end; s0 += TC_TILE) {
         __syncthreads();
         load_rows_bf16<HD>(ks, k + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
         load_rows_bf16<HD>(vs, v + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
@@ -457,7 +489,7 @@ attention_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *out, con
         for (int c = 0; c < 32; c++) {
             int col = half * 32 + c;
             float ds = 0.0f;
-            if (i < ch.len && s0 + col <= ch.t0 + i) {
+            if (i < ch.len && attention_sees(ch, i, s0 + col)) {
                 float p = expf(ss[row * L::LDS + col] * scale - row_lse);
                 ds = p * (dps[row * L::LDS + col] - D) * scale;
             }
@@ -506,7 +538,7 @@ attention_backward_dkv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
     bf16 *pts = arena.take<bf16>(L::P), *dsts = arena.take<bf16>(L::P);
     float *tile_lse = arena.take<float>(L::STATS), *tile_D = arena.take<float>(L::STATS);
     int kh = blockIdx.y, b = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = NH / NKV;
-    int s0 = blockIdx.x * TC_TILE, kv_valid = ch.t0 + ch.len;
+    int s0 = (blockIdx.x + attention_first_key_tile(ch, TC_TILE)) * TC_TILE, kv_valid = ch.t0 + ch.len;
     int r0 = warp * 16, row = r0 + lane / 2, half = lane % 2, s = s0 + row; // this lane's key row and half
     AttentionIndex kix(ch, NH, NKV, HD, b, kh * group, kh);
     load_rows_bf16<HD>(ks, k + kix.kv_head, kix.kv_stride, s0, kv_valid);
@@ -516,10 +548,10 @@ attention_backward_dkv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
         wmma::fill_fragment(dk_acc[n], 0.0f);
         wmma::fill_fragment(dv_acc[n], 0.0f);
     }
-    int first_i = max(0, s0 - ch.t0);
+    int first_i = max(0, s0 - ch.t0), end_i = attention_query_end(ch, s0 + TC_TILE - 1);
     for (int h = kh * group; h < (kh + 1) * group; h++) {
         AttentionIndex ix(ch, NH, NKV, HD, b, h, kh);
-        for (int i0 = first_i / TC_TILE * TC_TILE; i0 < ch.len; i0 += TC_TILE) {
+        for (int i0 = first_i / TC_TILE * TC_TILE; i0 < end_i; i0 += TC_TILE) {
             __syncthreads();
             load_rows_bf16<HD>(qs, q + ix.q_head, ix.q_stride, i0, ch.len);
             load_rows_bf16<HD>(dos, dout + ix.q_head, ix.q_stride, i0, ch.len);
@@ -538,7 +570,7 @@ attention_backward_dkv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
             for (int c = 0; c < 32; c++) {
                 int col = half * 32 + c, i = i0 + col;
                 float p = 0.0f, ds = 0.0f;
-                if (i < ch.len && s <= ch.t0 + i) {
+                if (i < ch.len && attention_sees(ch, i, s)) {
                     p = expf(sts[row * L::LDS + col] * scale - tile_lse[col]);
                     ds = p * (dpts[row * L::LDS + col] - tile_D[col]) * scale;
                 }
@@ -562,11 +594,17 @@ attention_backward_dkv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
 
 inline void attention_check_args(const Chunk *ch, int NH, int NKV, int hd, const char *who) {
     if (NKV < 1 || NH % NKV != 0 || hd < 2 || hd % 2 != 0 || hd > 256 || ch->B < 0 || ch->len < 0 || ch->t0 < 0 ||
-        ch->t0 + ch->len > ch->T) {
-        fprintf(stderr, "error: %s: unsupported shape B=%d T=%d t0=%d len=%d NH=%d NKV=%d hd=%d (needs NH a multiple "
-                "of NKV, an even hd <= 256, t0 + len <= T)\n", who, ch->B, ch->T, ch->t0, ch->len, NH, NKV, hd);
+        ch->t0 + ch->len > ch->T || ch->window < 0) {
+        fprintf(stderr, "error: %s: unsupported shape B=%d T=%d t0=%d len=%d window=%d NH=%d NKV=%d hd=%d (needs NH a "
+                "multiple of NKV, an even hd <= 256, t0 + len <= T, a window >= 0)\n", who, ch->B, ch->T, ch->t0, ch->len,
+                ch->window, NH, NKV, hd);
         exit(EXIT_FAILURE);
     }
+}
+
+// key tiles of rows keys from the first that a query of the chunk sees to the last: the dk, dv grid
+inline int attention_key_tiles(const Chunk *ch, int rows) {
+    return ceil_div(ch->t0 + ch->len, rows) - attention_first_key_tile(*ch, rows);
 }
 
 // calls f(std::integral_constant<int, DPL>) with DPL = ceil(hd / 32) rounded up to 1, 2, 4 or 8
@@ -630,13 +668,13 @@ void attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *out, const 
     attention_check_args(ch, NH, NKV, hd, "attention_backward");
     if (ch->B == 0 || ch->len == 0) return;
     float scale = 1.0f / sqrtf((float)hd);
-    dim3 q_grid_simt(ceil_div(ch->len, ATT_TILE), NH, ch->B), kv_grid_simt(ceil_div(ch->t0 + ch->len, ATT_TILE), NKV, ch->B);
+    dim3 q_grid_simt(ceil_div(ch->len, ATT_TILE), NH, ch->B), kv_grid_simt(attention_key_tiles(ch, ATT_TILE), NKV, ch->B);
     if constexpr (std::is_same<T, bf16>::value) {
         if (attention_tensor_cores<T>(hd, dq, dout, q, k) && attention_tensor_cores<T>(hd, dk, dv, out, v)) {
             with_head_dim(hd, [&](auto head_dim) {
                 constexpr int HD = decltype(head_dim)::value;
                 using L = TcTiles<HD>;
-                dim3 q_grid(ceil_div(ch->len, TC_TILE), NH, ch->B), kv_grid(ceil_div(ch->t0 + ch->len, TC_TILE), NKV, ch->B);
+                dim3 q_grid(ceil_div(ch->len, TC_TILE), NH, ch->B), kv_grid(attention_key_tiles(ch, TC_TILE), NKV, ch->B);
                 size_t smem_dq = 4 * L::H + 2 * L::S + L::P, smem_dkv = 4 * L::H + 2 * L::S + 2 * L::P + 2 * L::STATS;
                 auto dq_kernel = attention_backward_dq_tc_kernel<HD>;
                 auto dkv_kernel = attention_backward_dkv_tc_kernel<HD>;

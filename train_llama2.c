@@ -322,7 +322,8 @@ static void rope_backward(float *dx, const float *cosb, const float *sinb, const
 
 // Attention of a chunk of queries against the KV carry, causal with the mask
 // aligned bottom-right: query i of the chunk sits at position t0 + i and sees
-// keys 0 .. t0 + i. GQA: query head h reads key/value head h / (NH / NKV).
+// keys 0 .. t0 + i, or with a sliding window W (ch->window, Mistral's) only keys
+// t0 + i - W + 1 .. t0 + i. GQA: query head h reads key/value head h / (NH / NKV).
 // Like flash attention it keeps only each row's log-sum-exp, not the (len, t0 + len)
 // probabilities, and the backward recomputes them (attention.cuh mirrors this).
 //   q (B, len, NH, hd); k, v (B, T, NKV, hd) with rows < t0 + len filled (the
@@ -334,9 +335,12 @@ static void rope_backward(float *dx, const float *cosb, const float *sinb, const
 // the loops vectorize across queries, and each query's max and sum take its keys
 // in order. Key tiles start at multiples of ATT_KT from position 0, so a query
 // meets the same tiles in the same order wherever its chunk starts or ends; the
-// keys after it (in its last tile, or in whole tiles that later queries of its
-// tile need) add exact zeros and scale by exactly 1. So chunked attention equals
-// whole-sequence attention bit for bit (test/test_attention.c, test_chunked.c).
+// keys it does not see (after it, or before its window, in its own tiles or in
+// whole tiles that other queries of its tile need) add exact zeros and scale by
+// exactly 1. So chunked attention equals whole-sequence attention bit for bit
+// (test/test_attention.c, test_chunked.c). Key tiles wholly before the window of
+// every query of a query tile are skipped: with a window, the work per query is
+// O(W), not O(position).
 #define ATT_QT 64 // queries per tile, a multiple of GEMM_NR (vectors run across queries)
 #define ATT_KT 64 // keys per tile
 
@@ -410,28 +414,36 @@ static void attention_matmul(float *c, int ldc, const float *a, int ars, int aks
 static int attention_tile_width(int len) {
     return len < ATT_QT ? (len + GEMM_NR - 1) / GEMM_NR * GEMM_NR : ATT_QT;
 }
-// The query tile at row i0 of the chunk, w wide: qpos, each query's position (rows
-// past len, the padding, repeat the last query); returns the last key it sees.
-static int attention_query_tile(int *qpos, int w, const Chunk *ch, int i0) {
-    for (int i = 0; i < w; i++) qpos[i] = ch->t0 + (i0 + i < ch->len ? i0 + i : ch->len - 1);
+// The query tile at row i0 of the chunk, w wide: qpos, each query's position, and
+// qlo, the first key it sees (rows past len, the padding, repeat the last query).
+// Returns the last key the tile sees, and in *first the start of the first key
+// tile it sees (the one holding the first query's first key).
+static int attention_query_tile(int *qpos, int *qlo, int w, const Chunk *ch, int i0, int *first) {
+    for (int i = 0; i < w; i++) {
+        qpos[i] = ch->t0 + (i0 + i < ch->len ? i0 + i : ch->len - 1);
+        qlo[i] = ch->window && qpos[i] >= ch->window ? qpos[i] - ch->window + 1 : 0;
+    }
+    *first = qlo[0] / ATT_KT * ATT_KT;
     return qpos[w - 1];
 }
 
 // st (ATT_KT, w) = S^T: the scores of the key tile at position s0 (kt: its rows,
 // (ATT_KT, hdp)) against a query tile (qt: scale * its rows transposed, (hd, w)),
-// -inf where the key comes after the query
+// -inf where the key comes after the query or before its window
 static void attention_scores(float *st, const float *kt, const float *qt, int w, int hd, int hdp, int s0,
-                             const int *qpos) {
+                             const int *qpos, const int *qlo) {
     attention_matmul(st, w, kt, hdp, 1, qt, w, ATT_KT, w, hd, 0);
-    if (s0 + ATT_KT - 1 <= qpos[0]) return; // every query sees every key
+    if (s0 + ATT_KT - 1 <= qpos[0] && s0 >= qlo[w - 1]) return; // every query sees every key
     for (int j = 0; j < ATT_KT; j++)
         for (int i = 0; i < w; i++) // a select, not a conditional store: that would vectorize as a scatter
-            st[j * w + i] = s0 + j > qpos[i] ? -INFINITY : st[j * w + i];
+            st[j * w + i] = s0 + j > qpos[i] || s0 + j < qlo[i] ? -INFINITY : st[j * w + i];
 }
 
 // Each query tile walks its key tiles with an online softmax: m, the running
 // max, and l, the running sum of e^(s - m); o, the running sum of e^(s - m) v,
-// is rescaled whenever m grows. One thread owns each (b, h, query tile).
+// is rescaled whenever m grows. One thread owns each (b, h, query tile). With a
+// window, a query may meet tiles before its first key: m stays -inf, and it
+// subtracts 0 instead (-inf - -inf would be NaN), so l and o stay exactly 0.
 static void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                               const Chunk *ch, int NH, int NKV, int hd) {
     float scale = 1.0f / sqrtf((float)hd);
@@ -439,35 +451,37 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
     int w = attention_tile_width(len), ntiles = (len + w - 1) / w, hdp = (hd + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
     #pragma omp parallel
     {
-        float *qt = attention_scratch((size_t)(hd + ATT_KT + 4) * w + (size_t)(w + 2 * ATT_KT) * hdp);
+        float *qt = attention_scratch((size_t)(hd + ATT_KT + 5) * w + (size_t)(w + 2 * ATT_KT) * hdp);
         float *st = qt + (size_t)hd * w;         // (ATT_KT, w) scores, then probabilities
         float *m = st + (size_t)ATT_KT * w;      // (w) the running max
         float *mnew = m + w, *alpha = mnew + w;  // (w) the max with this tile; how much o shrinks
-        float *l = alpha + w;                    // (w) the running sum
+        float *sub = alpha + w;                  // (w) mnew, or 0 where it is -inf
+        float *l = sub + w;                      // (w) the running sum
         float *o = l + w;                        // (w, hdp)
         float *kt = o + (size_t)w * hdp;         // (ATT_KT, hdp)
         float *vt = kt + (size_t)ATT_KT * hdp;   // (ATT_KT, hdp)
-        int *qpos = (int *)mallocCheck(w * sizeof(int));
+        int *qpos = (int *)mallocCheck(2 * w * sizeof(int)), *qlo = qpos + w;
         #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < NH; h++)
                 for (int tile = ntiles - 1; tile >= 0; tile--) { // the last tiles see the most keys: start them first
-                    int i0 = tile * w, last = attention_query_tile(qpos, w, ch, i0);
+                    int i0 = tile * w, first, last = attention_query_tile(qpos, qlo, w, ch, i0, &first);
                     const float *qb = q + ((size_t)b * len * NH + h) * hd;
                     const float *kb = k + ((size_t)b * T * NKV + h / group) * hd, *vb = v + (kb - k);
                     attention_load_cols(qt, w, qb, (size_t)NH * hd, i0, len, hd, scale);
                     for (int i = 0; i < w; i++) m[i] = -INFINITY, l[i] = 0.0f;
                     memset(o, 0, (size_t)w * hdp * sizeof(float));
-                    for (int s0 = 0; s0 <= last; s0 += ATT_KT) {
+                    for (int s0 = first; s0 <= last; s0 += ATT_KT) {
                         attention_load_rows(kt, hdp, kb, (size_t)NKV * hd, s0, ATT_KT, kv_end, hd);
                         attention_load_rows(vt, hdp, vb, (size_t)NKV * hd, s0, ATT_KT, kv_end, hd);
-                        attention_scores(st, kt, qt, w, hd, hdp, s0, qpos);
+                        attention_scores(st, kt, qt, w, hd, hdp, s0, qpos, qlo);
                         for (int i = 0; i < w; i++) mnew[i] = m[i];
                         for (int j = 0; j < ATT_KT; j++)
                             for (int i = 0; i < w; i++) mnew[i] = st[j * w + i] > mnew[i] ? st[j * w + i] : mnew[i];
+                        for (int i = 0; i < w; i++) sub[i] = mnew[i] == -INFINITY ? 0.0f : mnew[i];
                         memcpy(alpha, m, w * sizeof(float));
-                        attention_exp(alpha, 1, w, mnew);
-                        attention_exp(st, ATT_KT, w, mnew); // P^T, for the new max
+                        attention_exp(alpha, 1, w, sub);
+                        attention_exp(st, ATT_KT, w, sub); // P^T, for the new max
                         memcpy(m, mnew, w * sizeof(float));
                         for (int i = 0; i < w; i++) l[i] *= alpha[i];
                         for (int j = 0; j < ATT_KT; j++)
@@ -490,8 +504,10 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
 // With P = exp(S - lse) recomputed and D_i = dout_i . out_i (= sum_s P_is dP_is):
 // dV_s += P_is dout_i, dS_is = P_is (dout_i . v_s - D_i), dq_i = scale sum_s dS_is k_s,
 // dK_s += scale dS_is q_i. dq (B, len, NH, hd) is overwritten; dk, dv (B, T, NKV, hd)
-// are added into for every position < t0 + len: the chunk's own rows and the
-// dKV carry of earlier chunks. One thread owns each (b, kv head) and walks the
+// are added into for every position < t0 + len that a query of the chunk sees:
+// the chunk's own rows and the dKV carry of earlier chunks (key tiles wholly
+// before every window of a query tile are skipped: they would add exact zeros).
+// One thread owns each (b, kv head) and walks the
 // query tiles of every head of its group, so dk, dv need no reduction across
 // threads (the price: the work splits B * NKV ways).
 static void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
@@ -513,7 +529,7 @@ static void attention_backward(float *dq, float *dk, float *dv, const float *dou
         float *dqt = dor + (size_t)w * hdp;        // (w, hdp)
         float *kt = dqt + (size_t)w * hdp;         // (ATT_KT, hdp) each: keys, values, their gradients
         float *vt = kt + (size_t)ATT_KT * hdp, *dkt = vt + (size_t)ATT_KT * hdp, *dvt = dkt + (size_t)ATT_KT * hdp;
-        int *qpos = (int *)mallocCheck(w * sizeof(int));
+        int *qpos = (int *)mallocCheck(2 * w * sizeof(int)), *qlo = qpos + w;
         #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < B; b++)
             for (int kh = 0; kh < NKV; kh++) {
@@ -521,7 +537,7 @@ static void attention_backward(float *dq, float *dk, float *dv, const float *dou
                 for (int h = kh * group; h < (kh + 1) * group; h++)
                     for (int i0 = 0; i0 < len; i0 += w) {
                         size_t q0 = ((size_t)b * len * NH + h) * hd;
-                        int last = attention_query_tile(qpos, w, ch, i0);
+                        int first, last = attention_query_tile(qpos, qlo, w, ch, i0, &first);
                         attention_load_cols(qt, w, q + q0, q_stride, i0, len, hd, scale);
                         attention_load_cols(dot, w, dout + q0, q_stride, i0, len, hd, 1.0f);
                         attention_load_rows(qr, hdp, q + q0, q_stride, i0, w, len, hd);
@@ -534,10 +550,10 @@ static void attention_backward(float *dq, float *dk, float *dv, const float *dou
                             lsei[i] = lse[((size_t)b * NH + h) * len + i0 + i];
                         }
                         memset(dqt, 0, (size_t)w * hdp * sizeof(float));
-                        for (int s0 = 0; s0 <= last; s0 += ATT_KT) {
+                        for (int s0 = first; s0 <= last; s0 += ATT_KT) {
                             attention_load_rows(kt, hdp, k + kv0, kv_stride, s0, ATT_KT, kv_end, hd);
                             attention_load_rows(vt, hdp, v + kv0, kv_stride, s0, ATT_KT, kv_end, hd);
-                            attention_scores(st, kt, qt, w, hd, hdp, s0, qpos);
+                            attention_scores(st, kt, qt, w, hd, hdp, s0, qpos, qlo);
                             attention_exp(st, ATT_KT, w, lsei); // P^T
                             attention_matmul(dst, w, vt, hdp, 1, dot, w, ATT_KT, w, hd, 0); // dP^T = V dout^T
                             for (int j = 0; j < ATT_KT; j++)
@@ -1013,7 +1029,7 @@ static void check_batch(const Model *m, const int *tokens, int B, int T) {
 }
 
 static Chunk chunk_at(const Model *m, int B, int T, int j) {
-    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size};
+    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window};
     if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
     return ch;
 }

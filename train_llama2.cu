@@ -823,7 +823,7 @@ static double losses_sum(Model *m, int B, int T) {
 }
 
 static Chunk chunk_at(const Model *m, int B, int T, int j) {
-    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size};
+    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window};
     if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
     return ch;
 }

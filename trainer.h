@@ -469,7 +469,7 @@ static int *generate(Model *m, const int *prompt, int n_prompt, int max_new, flo
     int training = m->host.lora.training;
     m->host.lora.training = 0; // no dropout
     uint64_t rng = seed;
-    Chunk ch = {1, T, 0, 0};
+    Chunk ch = {1, T, 0, 0, m->host.config.sliding_window};
     float *logits = NULL; // (V) of the last position run so far
     for (ch.t0 = 0; ch.t0 < n_prompt; ch.t0 += ch.len) {
         ch.len = n_prompt - ch.t0 < cap ? n_prompt - ch.t0 : cap;
@@ -811,8 +811,9 @@ done:
 // 6 N T and LoRA 4 N T (plus its small adapters), N = the matmul parameters
 // (the head included, the embedding lookup not). Causal attention adds
 // 2 L NH hd T^2 forward (QK^T and PV over half the T x T scores) and twice
-// that backward. Recomputed forwards (--chunk_memory recompute,
-// --activation_checkpointing) are not counted.
+// that backward; with a sliding window of W < T keys only the scores inside
+// it count, T^2 / 2 - (T - W)^2 / 2 of them. Recomputed forwards
+// (--chunk_memory recompute, --activation_checkpointing) are not counted.
 static double flops_per_sequence(const HostModel *m, int T) {
     const Config *c = &m->config;
     double D = c->dim, H = c->hidden_dim, Q = (double)c->n_heads * c->head_dim, KV = (double)c->n_kv_heads * c->head_dim;
@@ -824,7 +825,8 @@ static double flops_per_sequence(const HostModel *m, int T) {
         for (int t = 0; t < LORA_N_TARGETS; t++)
             if (m->lora.targets & (1u << t)) lora += c->n_layers * (double)m->lora.r * (in[t] + out[t]);
     }
-    double attn = 2.0 * c->n_layers * Q * (double)T * T;
+    double outside = c->sliding_window && c->sliding_window < T ? (double)(T - c->sliding_window) : 0;
+    double attn = 2.0 * c->n_layers * Q * ((double)T * T - outside * outside);
     return (m->full_finetune ? 6 * N : 4 * N + 6 * lora) * T + 3 * attn;
 }
 

@@ -37,8 +37,8 @@ def peak_tflops(device_name):
 
 
 def flops_per_sequence(cfg, T, lora):
-    """trainer.h's flops_per_sequence for LoRA: (4 N + 6 N_lora) T + 3 x 2 L NH hd T^2.
-    cfg: config.json as a dict; lora: an entry of LORA."""
+    """trainer.h's flops_per_sequence for LoRA: (4 N + 6 N_lora) T + 3 x 2 L NH hd T^2, with a
+    sliding window W < T: T^2 - (T - W)^2 in place of T^2. cfg: config.json as a dict; lora: an entry of LORA."""
     D, H, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     NH = cfg["num_attention_heads"]
     NKV = cfg.get("num_key_value_heads") or NH
@@ -49,7 +49,9 @@ def flops_per_sequence(cfg, T, lora):
                   down_proj=(H, D))
     targets = ALL_LINEAR if lora["targets"] == "all-linear" else lora["targets"]
     n_lora = sum(L * lora["r"] * (shapes[t][0] + shapes[t][1]) for t in targets)
-    attn = 2.0 * L * Q * T * T
+    W = cfg.get("sliding_window") or 0
+    outside = T - W if 0 < W < T else 0
+    attn = 2.0 * L * Q * (T * T - outside * outside)
     return (4.0 * N + 6.0 * n_lora) * T + 3 * attn
 
 

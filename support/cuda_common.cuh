@@ -90,10 +90,11 @@ template <> __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(f
 }
 
 // lora.h's Chunk: row n of a chunk is position t0 + n % len of sequence n / len of
-// B sequences of T tokens. Defined by whichever of the two comes first.
+// B sequences of T tokens; window, attention's sliding window (0: none). Defined
+// by whichever of the two comes first.
 #ifndef CHUNK_DEFINED
 #define CHUNK_DEFINED
-typedef struct { int B, T, t0, len; } Chunk;
+typedef struct { int B, T, t0, len, window; } Chunk;
 #endif
 
 inline int ceil_div(size_t a, size_t b) { return (int)((a + b - 1) / b); }

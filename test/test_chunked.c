@@ -5,7 +5,9 @@
 // the loss, the logits and every trainable gradient, for several chunk sizes
 // (1, sizes that do not divide T, T itself), both memory modes, GQA and tied
 // models, LoRA (with dropout, whose masks must not depend on the chunking) and
-// full fine-tuning; then 30 training steps whole against chunked. Each of those
+// full fine-tuning, and with sliding windows (Mistral's sliding_window) of one
+// key, of a chunk's length and of more or fewer than a chunk's, so that windows
+// cross chunk boundaries; then 30 training steps whole against chunked. Each of those
 // runs again with --activation_checkpointing (every layer's forward re-run from
 // its input before its backward), which must give the same bits: the same
 // operations in the same order, so no tolerance (loss, logits, every gradient,
@@ -27,7 +29,8 @@
 
 enum { B = 2, T = 24 };
 
-static void setup(Model *m, const char *model, int full, int chunk, const char *mem, int out_chunks, int ckpt) {
+// window: the config's sliding_window, set after loading (-1: the fixture's own)
+static void setup(Model *m, const char *model, int full, int chunk, const char *mem, int out_chunks, int ckpt, int window) {
     TrainConfig tc;
     char path[256], cs[16], oc[16];
     snprintf(path, sizeof path, "test/fixtures/%s", model);
@@ -39,6 +42,7 @@ static void setup(Model *m, const char *model, int full, int chunk, const char *
                     ckpt ? "--activation_checkpointing" : "--activation_checkpointing=0"};
     if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("test arguments rejected");
     if (model_setup(m, NULL, &tc, B, T, NULL) != 0) die("cannot set up %s", model);
+    if (window >= 0) m->host.config.sliding_window = window; // else the config's
     if (m->host.use_lora) { // B = 0 would leave A without gradient
         uint64_t state = 11;
         for (int i = 0; i < m->host.lora.n_layers; i++)
@@ -120,25 +124,36 @@ static double worst_tensor(Model *m, const float *got, const float *want, char *
     return worst;
 }
 
-static void test_equal(const char *model, int full) {
+static void test_equal(const char *model, int full, int window) {
     int tokens[B * T], targets[B * T];
     uint64_t state = 5;
     for (int i = 0; i < B * T; i++) tokens[i] = (int)(rng_next(&state) % 512); // in every fixture's vocabulary
     for (int i = 0; i < B * T; i++) targets[i] = (i % T == T - 1 || i % 7 == 3) ? -100 : tokens[i + 1];
     Model whole;
-    setup(&whole, model, full, 0, "keep", 1, 0);
+    setup(&whole, model, full, 0, "keep", 1, 0, window);
     Run ref = run(&whole, tokens, targets);
     size_t n_logits = (size_t)B * T * whole.host.config.vocab_size;
+    if (whole.host.config.sliding_window > 0) { // the window binds: T = 24 tokens are longer than it
+        Model causal;
+        setup(&causal, model, full, 0, "keep", 1, 0, 0);
+        Run c = run(&causal, tokens, targets);
+        char w[200];
+        snprintf(w, sizeof w, "%s %s window %d: the loss differs from plain causal attention's", model,
+                 full ? "full" : "lora", whole.host.config.sliding_window);
+        CHECK(c.loss != ref.loss, w, "%.10g, causal %.10g", ref.loss, c.loss);
+        free(c.logits); free(c.grads);
+        model_free(&causal);
+    }
     struct { int chunk; const char *mem; int out_chunks; } cases[] = {
         {1, "keep", 1}, {1, "recompute", 1}, {5, "keep", 1}, {5, "recompute", 3}, {7, "recompute", 1},
         {8, "keep", 2}, {23, "recompute", 1}, {24, "recompute", 1}, {0, "keep", 5}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         Model m, mc;
-        setup(&m, model, full, cases[k].chunk, cases[k].mem, cases[k].out_chunks, 0);
+        setup(&m, model, full, cases[k].chunk, cases[k].mem, cases[k].out_chunks, 0, window);
         Run got = run(&m, tokens, targets);
         char what[256], name[200] = "";
-        snprintf(what, sizeof what, "%s %s C=%d %s output_chunks=%d", model, full ? "full" : "lora",
-                 cases[k].chunk, cases[k].mem, cases[k].out_chunks);
+        snprintf(what, sizeof what, "%s %s C=%d %s output_chunks=%d window=%d", model, full ? "full" : "lora",
+                 cases[k].chunk, cases[k].mem, cases[k].out_chunks, m.host.config.sliding_window);
         char w[400];
         snprintf(w, sizeof w, "%s vs whole: loss", what);
         CHECK(fabs(got.loss - ref.loss) <= 1e-6 * fabs(ref.loss), w, "%.10g vs %.10g", got.loss, ref.loss);
@@ -149,7 +164,7 @@ static void test_equal(const char *model, int full) {
         e = worst_tensor(&m, got.grads, ref.grads, name, sizeof name);
         CHECK(e <= 1e-5, w, "worst %s: max err %.3e of max|ref| (tol 1e-5)", name, e);
         // activation checkpointing runs the same operations in the same order: the same bits
-        setup(&mc, model, full, cases[k].chunk, cases[k].mem, cases[k].out_chunks, 1);
+        setup(&mc, model, full, cases[k].chunk, cases[k].mem, cases[k].out_chunks, 1, window);
         Run ck = run(&mc, tokens, targets);
         size_t dl = bits_differ(ck.logits, got.logits, n_logits), dg = bits_differ(ck.grads, got.grads, got.n);
         e = worst_tensor(&m, ck.grads, got.grads, name, sizeof name);
@@ -269,8 +284,8 @@ static void test_checkpointing_memory(void) {
     struct { int chunk; const char *mem; } cases[] = {{0, "keep"}, {5, "keep"}, {5, "recompute"}, {8, "keep"}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         Model plain, ckpt;
-        setup(&plain, "tiny_gqa", 0, cases[k].chunk, cases[k].mem, 1, 0);
-        setup(&ckpt, "tiny_gqa", 0, cases[k].chunk, cases[k].mem, 1, 1);
+        setup(&plain, "tiny_gqa", 0, cases[k].chunk, cases[k].mem, 1, 0, 0);
+        setup(&ckpt, "tiny_gqa", 0, cases[k].chunk, cases[k].mem, 1, 1, 0);
         const Config *c = &plain.host.config;
         size_t C = cases[k].chunk ? cases[k].chunk : T, slots = strcmp(cases[k].mem, "recompute") ? (T + C - 1) / C : 1;
         size_t per_position = 3 * c->dim + 2 * c->n_heads * c->head_dim + c->n_heads + 2 + 3 * c->hidden_dim +
@@ -288,9 +303,10 @@ static void test_checkpointing_memory(void) {
 
 // generation reuses the KV carry as its cache: with temperature 0 every new token
 // must be the argmax of a whole-sequence forward's logits at the position before
-static void test_greedy_generation(void) {
+// (with a sliding window too: the prompt runs in chunks, then one token at a time)
+static void test_greedy_generation(int window) {
     Model m;
-    setup(&m, "tiny_gqa", 0, 5, "recompute", 1, 0);
+    setup(&m, "tiny_gqa", 0, 5, "recompute", 1, 0, window);
     int prompt[7] = {1, 40, 300, 22, 7, 90, 5}, n_new;
     int *gen = generate(&m, prompt, 7, 12, 0.0f, 1.0f, 1, -1, &n_new);
     int seq[B * T], targets[B * T], V = m.host.config.vocab_size, len = 7 + n_new, bad = -1;
@@ -306,8 +322,14 @@ static void test_greedy_generation(void) {
         for (int v = 1; v < V; v++) if (z[v] > z[best]) best = v;
         if (best != gen[i]) bad = i;
     }
-    CHECK(n_new == 12 && bad < 0, "greedy generation with the KV cache equals argmax of the full forward",
-          "%d tokens, first mismatch at %d", n_new, bad);
+    char what[120];
+    snprintf(what, sizeof what, "greedy generation with the KV cache equals argmax of the full forward (window %d)", window);
+    CHECK(n_new == 12 && bad < 0, what, "%d tokens, first mismatch at %d", n_new, bad);
+    free(gen); free(logits);
+    model_free(&m);
+}
+
+static void test_top_p_sampling(void) {
     uint64_t r1 = 3, r2 = 3;
     float z[4] = {0.0f, 2.0f, 1.0f, -1.0f}, z2[4];
     int counts[4] = {0}, same = 1;
@@ -321,18 +343,22 @@ static void test_greedy_generation(void) {
     // draws: 2924 and 1076, binomial standard deviation 28, so +-150 is > 5 sigma
     CHECK(same && counts[0] == 0 && counts[3] == 0 && abs(counts[1] - 2924) < 150, "top-p sampling keeps the nucleus, in proportion",
           "counts %d %d %d %d (expected 0 ~2924 ~1076 0), reproducible %d", counts[0], counts[1], counts[2], counts[3], same);
-    free(gen); free(logits);
-    model_free(&m);
 }
 
 int main(void) {
-    // (tiny_mistral joins these once the trainer has Mistral's sliding window)
-    const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama"};
+    const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama", "tiny_mistral"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
-        for (int full = 0; full < 2; full++) test_equal(models[i], full);
+        for (int full = 0; full < 2; full++) test_equal(models[i], full, -1);
+    // windows of one key, of fewer keys than chunks of 7, 8, 23 (and as many as chunks of
+    // 5, more than chunks of 1), and more than chunks of 5, 7, 8
+    const int windows[] = {1, 5, 11};
+    for (int w = 0; w < 3; w++)
+        for (int full = 0; full < 2; full++) test_equal("tiny_gqa", full, windows[w]);
     test_trajectory();
     test_memory();
     test_checkpointing_memory();
-    test_greedy_generation();
+    test_greedy_generation(0);
+    test_greedy_generation(3);
+    test_top_p_sampling();
     return test_summary();
 }

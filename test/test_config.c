@@ -8,7 +8,7 @@
 // nulls, rope_parameters, rope_type over type, rope_theta inside over outside).
 // dev/reference/make_config_fixtures.py wrote what transformers' AutoConfig makes
 // of each (expected.json). For every one:
-// - config_load's fields are transformers' (sliding_window: see check_fields);
+// - config_load's fields are transformers' (sliding_window null is Config's 0);
 // - RoPE: rope_scale on transformers' plain frequencies gives transformers' scaled
 //   ones bit for bit, and rope_inv_freq is within one ulp of them (the pow, see
 //   model.h; the frequencies that differ are counted in the check's line);
@@ -78,8 +78,8 @@ static void check_fields(const char *name, const Config *c, const JsonValue *wan
         FIELD(c->rope_original_max_pos, "original_max_position_embeddings", num(want, "original_max_position_embeddings"));
     }
 #undef FIELD
-    // (expected.json has sliding_window too, 4096 for Mistral-7B-v0.1: compared here once
-    // Config has the field, with Mistral's sliding-window attention)
+    const JsonValue *win = json_get(want, "sliding_window"); // null (None): no window, which Config says with 0
+    FIELD(c->sliding_window, "sliding_window", win && win->type == JSON_NULL ? 0 : num(want, "sliding_window"));
     snprintf(what, sizeof what, "%s: config_load's fields are transformers'", name);
     CHECK(bad[0] == 0, what, "%s", bad);
 }

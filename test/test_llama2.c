@@ -361,8 +361,7 @@ static void test_dropout(void) {
 
 int main(void) {
     test_dropout();
-    // (tiny_mistral joins these once the trainer has Mistral's sliding window)
-    const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama"};
+    const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama", "tiny_mistral"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         for (int full = 0; full < 2; full++) test_model(models[i], full);
     return test_summary();

@@ -114,9 +114,9 @@ for w in 1 2 3; do
     done
 done
 # one fixture per family (llama3 and linear RoPE scaling, head_dim != hidden_size / heads, a
-# vocabulary of 32016): W = 2 FULL_SHARD == one process, LoRA and full fine-tuning in chunks
-# (tiny_mistral joins these once the trainer has Mistral's sliding window)
-for model in tiny_llama3 tiny_linear tiny_codellama; do
+# vocabulary of 32016, Mistral's sliding window): W = 2 FULL_SHARD == one process, LoRA and
+# full fine-tuning in chunks
+for model in tiny_llama3 tiny_linear tiny_codellama tiny_mistral; do
     for mode in lora full; do
         args=(--model test/fixtures/$model --lora_target_modules all-linear)
         weights=adapter_model.safetensors

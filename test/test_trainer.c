@@ -143,7 +143,38 @@ static void test_flops(void) {
     double full = flops_per_sequence(&m, 24);
     CHECK(fabs(full - (6 * N * T + 3 * attn)) < 1e-6 * full, "FLOPs: full fine-tuning = 6 N T + 3 x attention",
           "%.6g vs %.6g", full, 6 * N * T + 3 * attn);
+    // a sliding window of 8 keys: query i sees min(i + 1, 8) of them, 8 * 24 - 28 = 164 pairs, which
+    // the continuous count (as T^2 / 2 for causal) makes 24^2 / 2 - 16^2 / 2 = 160, not 24^2 / 2 = 288
+    m.config.sliding_window = 8;
+    double windowed = flops_per_sequence(&m, 24), wattn = 4 * 2 * 64.0 * 160;
+    CHECK(fabs(windowed - (6 * N * T + 3 * wattn)) < 1e-6 * windowed, "FLOPs: a sliding window counts only its scores",
+          "%.6g vs %.6g", windowed, 6 * N * T + 3 * wattn);
     host_model_free(&m);
+}
+
+// config.json's sliding_window as transformers reads it: an integer W (Mistral v0.1's
+// 4096) is the window; null (Mistral v0.2+) and absent (Llama) are none, 0. What is
+// not an integer >= 1 is refused (test/test_cli.sh checks the messages).
+static void test_config_sliding_window(void) {
+    const char *values[] = {"4096", "1", "null", NULL, "0", "-3", "2.5", "\"4096\"", "true"};
+    int want[] = {4096, 1, 0, 0, -1, -1, -1, -1, -1}; // -1: refused
+    for (int i = 0; i < 9; i++) {
+        char dir[300], path[320];
+        snprintf(dir, sizeof dir, "%s/window%d", tmpdir, i);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        if (mkdir_p(dir) != 0) die("mkdir %s", dir);
+        FILE *f = fopenCheck(path, "w");
+        fprintf(f, "{\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                "\"vocab_size\": 512%s%s}\n", values[i] ? ", \"sliding_window\": " : "", values[i] ? values[i] : "");
+        fclose(f);
+        Config c;
+        memset(&c, 0x55, sizeof c);
+        int rc = config_load(&c, dir), got = rc == 0 ? c.sliding_window : -1;
+        char what[120];
+        snprintf(what, sizeof what, "config.json \"sliding_window\": %s -> %s", values[i] ? values[i] : "(absent)",
+                 want[i] < 0 ? "refused" : want[i] ? "that window" : "none (0)");
+        CHECK(got == want[i] && (rc == 0) == (want[i] >= 0), what, "config_load %d, sliding_window %d", rc, got);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -353,6 +384,7 @@ int main(void) {
     if (!mkdtemp(tmpdir)) die("mkdtemp: %s", strerror(errno));
     test_merge();
     test_flops();
+    test_config_sliding_window();
     test_sample_escaping();
     test_device_backend();
     test_memory_plan();

@@ -1,25 +1,37 @@
 // attention_forward / attention_backward (attention.cuh) against train_llama2.c's,
 // for whole sequences and chunks (t0 > 0, not tile aligned), GQA groups of 1 to 4,
-// head dims from 16 to 256. Variants: fp32/simt, bf16/simt, bf16/tc (tensor cores).
-// Inputs are bf16 values, so one CPU result serves all three variants. Key and
-// value rows past t0 + len are NaN on both sides: a kernel that reads them fails.
+// head dims from 16 to 256, causal and with sliding windows (W: one key, fewer
+// than a tile's, a tile's, more; windows inside a long prefix). Variants:
+// fp32/simt, bf16/simt, bf16/tc (tensor cores). Inputs are bf16 values, so one
+// CPU result serves all three variants. Key and value rows past t0 + len are NaN
+// on both sides, and so are those of the 64-key tiles before the window of the
+// chunk's first query: a kernel that reads them (rather than skipping them) fails.
 // dk, dv start from small random values (the dKV carry) that the backward must
-// add to; rows past t0 + len must come back unchanged, to the bit.
+// add to; rows no query sees (past t0 + len, before the first query's window)
+// must come back unchanged, to the bit.
 //
 // --bench: after the small shapes' checks, the issue's shapes timed (no CPU twin:
 // it would take minutes there), as markdown rows beside dev/bench_sdpa.py's.
 #include "common.cuh"
 #include "../../attention.cuh"
 
-struct Shape { int B, T, t0, len, NH, NKV, hd; };
+struct Shape { int B, T, t0, len, NH, NKV, hd, W; }; // W: the sliding window (0: none)
 
-// Useful forward FLOPs: each (b, h) scores len * t0 + len (len + 1) / 2 query-key
-// pairs, each costing 2 products of 2 hd FLOPs. The backward counts 2.5 times that
-// (5 products; our deterministic split does 7). dev/bench_sdpa.py counts the same.
+Chunk chunk_of(Shape sh) { return {sh.B, sh.T, sh.t0, sh.len, sh.W}; }
+
+// Useful forward FLOPs: each (b, h) scores the visible query-key pairs (query i
+// sees t0 + i + 1 keys, at most W: len * t0 + len (len + 1) / 2 of them without a
+// window), each costing 2 products of 2 hd FLOPs. The backward counts 2.5 times
+// that (5 products; our deterministic split does 7). dev/bench_sdpa.py counts the
+// same (causal).
 double attention_flops(Shape sh) {
-    double pairs = (double)sh.B * sh.NH * ((double)sh.len * sh.t0 + 0.5 * sh.len * (sh.len + 1));
-    return 4.0 * pairs * sh.hd;
+    double pairs = 0;
+    for (int i = 0; i < sh.len; i++) pairs += sh.W && sh.t0 + i + 1 > sh.W ? sh.W : sh.t0 + i + 1;
+    return 4.0 * pairs * sh.B * sh.NH * sh.hd;
 }
+
+// the first key a query of the chunk sees: rows before it are no query's
+int first_seen(Shape sh) { return attention_first_key(chunk_of(sh), 0); }
 
 // inputs and the CPU twin's outputs for one shape, shared by every variant: the
 // inputs are bf16 values (exact in fp32 too), and the backward of both sides
@@ -41,28 +53,37 @@ Reference make_reference(Shape sh) {
     r.dout = rounded<bf16>(random_vector(nq));
     r.dk0 = rounded<bf16>(random_vector(nkv, -0.1f, 0.1f));
     r.dv0 = rounded<bf16>(random_vector(nkv, -0.1f, 0.1f));
-    for (int b = 0; b < B; b++) // rows past the valid prefix are never read
-        for (size_t i = ((size_t)b * Tn + t0 + len) * NKV * hd; i < (size_t)(b + 1) * Tn * NKV * hd; i++)
-            r.k[i] = r.v[i] = NAN;
+    // rows past the valid prefix are never read, nor the 64-key tiles (the CPU's, twice
+    // the SIMT kernels', the tensor cores') wholly before the first query's window
+    int skipped = first_seen(sh) / 64 * 64;
+    size_t row = (size_t)NKV * hd;
+    for (int b = 0; b < B; b++)
+        for (int s = 0; s < Tn; s++)
+            if (s < skipped || s >= t0 + len) {
+                std::fill_n(r.k.begin() + ((size_t)b * Tn + s) * row, row, NAN);
+                std::fill_n(r.v.begin() + ((size_t)b * Tn + s) * row, row, NAN);
+            }
     r.out.resize(nq);
     r.lse.resize((size_t)B * NH * len);
     r.dq.resize(nq);
-    ref_attention_forward(r.out.data(), r.lse.data(), r.q.data(), r.k.data(), r.v.data(), B, Tn, t0, len, NH, NKV, hd);
+    ref_attention_forward(r.out.data(), r.lse.data(), r.q.data(), r.k.data(), r.v.data(), B, Tn, t0, len, sh.W, NH, NKV,
+                          hd);
     r.out_in = rounded<bf16>(r.out); // (the fp32 forward is checked against out itself)
     r.dk = r.dk0;
     r.dv = r.dv0;
     ref_attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), r.dout.data(), r.out_in.data(), r.lse.data(), r.q.data(),
-                           r.k.data(), r.v.data(), B, Tn, t0, len, NH, NKV, hd);
+                           r.k.data(), r.v.data(), B, Tn, t0, len, sh.W, NH, NKV, hd);
     return r;
 }
 
-// the rows of a (B, T, NKV, hd) carry before t0 + len (prefix), or from there on
-std::vector<float> prefix_rows(const std::vector<float> &x, Shape sh, bool prefix) {
+// the rows of a (B, T, NKV, hd) carry that a query of the chunk sees (seen: from
+// the first query's first key to t0 + len), or the others
+std::vector<float> seen_rows(const std::vector<float> &x, Shape sh, bool seen) {
     std::vector<float> rows;
     size_t row = (size_t)sh.NKV * sh.hd;
     for (int b = 0; b < sh.B; b++)
         for (int s = 0; s < sh.T; s++)
-            if ((s < sh.t0 + sh.len) == prefix)
+            if ((s >= first_seen(sh) && s < sh.t0 + sh.len) == seen)
                 rows.insert(rows.end(), x.begin() + ((size_t)b * sh.T + s) * row, x.begin() + ((size_t)b * sh.T + s + 1) * row);
     return rows;
 }
@@ -70,9 +91,9 @@ std::vector<float> prefix_rows(const std::vector<float> &x, Shape sh, bool prefi
 template <typename T>
 void check_attention(Shape sh, const Reference &r, bool tensor_cores, bool timed) {
     int B = sh.B, Tn = sh.T, t0 = sh.t0, len = sh.len, NH = sh.NH, NKV = sh.NKV, hd = sh.hd;
-    Chunk ch = {B, Tn, t0, len};
+    Chunk ch = chunk_of(sh);
     char shape[128], variant[32];
-    snprintf(shape, sizeof shape, "B=%d T=%d t0=%d len=%d NH=%d NKV=%d hd=%d", B, Tn, t0, len, NH, NKV, hd);
+    snprintf(shape, sizeof shape, "B=%d T=%d t0=%d len=%d NH=%d NKV=%d hd=%d W=%d", B, Tn, t0, len, NH, NKV, hd, sh.W);
     snprintf(variant, sizeof variant, "%s/%s", type_name<T>(), tensor_cores ? "tc" : "simt");
     attention_force_simt = !tensor_cores;
     size_t nq = r.q.size(), nkv = r.k.size(), nlse = r.lse.size();
@@ -94,13 +115,13 @@ void check_attention(Shape sh, const Reference &r, bool tensor_cores, bool timed
     // bf16: dS and P are rounded to bf16 for their products, and dk, dv once more when added to the carry
     check("attention_backward", variant, "dq", shape, to_host(dq, nq), r.dq, tol<T>(1e-5, 2e-2));
     std::vector<float> gpu_dk = to_host(dk, nkv), gpu_dv = to_host(dv, nkv);
-    check("attention_backward", variant, "dk", shape, prefix_rows(gpu_dk, sh, true), prefix_rows(r.dk, sh, true),
+    check("attention_backward", variant, "dk", shape, seen_rows(gpu_dk, sh, true), seen_rows(r.dk, sh, true),
           tol<T>(1e-5, 2e-2));
-    check("attention_backward", variant, "dv", shape, prefix_rows(gpu_dv, sh, true), prefix_rows(r.dv, sh, true),
+    check("attention_backward", variant, "dv", shape, seen_rows(gpu_dv, sh, true), seen_rows(r.dv, sh, true),
           tol<T>(1e-5, 2e-2));
-    if (t0 + len < Tn) { // the carry's rows past the prefix are not the backward's: unchanged, to the bit
-        check("attention_backward", variant, "dk>", shape, prefix_rows(gpu_dk, sh, false), prefix_rows(r.dk, sh, false), 0);
-        check("attention_backward", variant, "dv>", shape, prefix_rows(gpu_dv, sh, false), prefix_rows(r.dv, sh, false), 0);
+    if (first_seen(sh) > 0 || t0 + len < Tn) { // the carry's rows no query sees are not the backward's: unchanged, to the bit
+        check("attention_backward", variant, "dk=", shape, seen_rows(gpu_dk, sh, false), seen_rows(r.dk, sh, false), 0);
+        check("attention_backward", variant, "dv=", shape, seen_rows(gpu_dv, sh, false), seen_rows(r.dv, sh, false), 0);
     }
 
     if (timed) {
@@ -126,7 +147,7 @@ void check_shape(Shape sh, bool timed) {
 void bench_shape(Shape sh) {
     typedef __nv_bfloat16 bf16;
     size_t nq = (size_t)sh.B * sh.len * sh.NH * sh.hd, nkv = (size_t)sh.B * sh.T * sh.NKV * sh.hd;
-    Chunk ch = {sh.B, sh.T, sh.t0, sh.len};
+    Chunk ch = chunk_of(sh);
     bf16 *q = to_device<bf16>(random_vector(nq)), *k = to_device<bf16>(random_vector(nkv));
     bf16 *v = to_device<bf16>(random_vector(nkv)), *dout = to_device<bf16>(random_vector(nq));
     bf16 *out = device_poisoned<bf16>(nq), *dq = device_poisoned<bf16>(nq);
@@ -138,9 +159,9 @@ void bench_shape(Shape sh) {
     size_t bad = 0; // unwritten (still NaN) or overflowed
     for (auto &x : outs) bad += std::count_if(x.begin(), x.end(), [](float f) { return !std::isfinite(f); });
     double flops = attention_flops(sh);
-    printf("| attention.cuh | %s | %d | %d | %d | %d | %d | %.3f | %.1f | %.3f | %.1f | %.1f |%s\n",
+    printf("| attention.cuh | %s | %d | %d | %d | %d | %d | %d | %.3f | %.1f | %.3f | %.1f | %.1f |%s\n",
            attention_tensor_cores<bf16>(sh.hd, out, q, k, v) ? "bf16 tensor cores" : "bf16 simt", sh.B, sh.NH, sh.len,
-           sh.t0 + sh.len, sh.hd, fwd, flops / fwd / 1e9, bwd, 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9,
+           sh.t0 + sh.len, sh.hd, sh.W, fwd, flops / fwd / 1e9, bwd, 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9,
            bad ? " NaN or inf in the outputs" : "");
     if (bad) failures++;
     free_device();
@@ -150,30 +171,47 @@ int main(int argc, char **argv) {
     bool bench = argc > 1 && strcmp(argv[1], "--bench") == 0;
     bool quick = quick_mode(argc, argv) || bench;
     Shape small[] = {
-        {2, 40, 0, 40, 4, 2, 16},    // test/fixtures/tiny_gqa's heads, whole sequence
-        {2, 40, 24, 16, 3, 3, 16},   // tiny_tied's heads, the last chunk of 16
-        {2, 100, 37, 29, 4, 1, 64},  // a chunk that starts and ends inside tiles, GQA group 4
-        {1, 200, 130, 70, 8, 2, 128} // a chunk over several key tiles, hd 128
+        {2, 40, 0, 40, 4, 2, 16, 0},    // test/fixtures/tiny_gqa's heads, whole sequence
+        {2, 40, 24, 16, 3, 3, 16, 0},   // tiny_tied's heads, the last chunk of 16
+        {2, 100, 37, 29, 4, 1, 64, 0},  // a chunk that starts and ends inside tiles, GQA group 4
+        {1, 200, 130, 70, 8, 2, 128, 0},// a chunk over several key tiles, hd 128
+        // sliding windows (tiles: 32 keys SIMT, 64 tensor cores): of one key; fewer keys than a
+        // tile's, whole; a tile's and more, in chunks whose first key tiles are skipped
+        {2, 100, 0, 100, 4, 2, 16, 1},
+        {1, 150, 0, 150, 4, 1, 64, 20},
+        {1, 300, 171, 129, 4, 2, 64, 64},
+        {1, 260, 190, 70, 2, 1, 128, 100},
+        {1, 300, 62, 238, 2, 1, 64, 128}, // the last query to see a key tile starts a query tile (W - t0 - 2 = 64)
     };
     Shape larger[] = {
-        {1, 300, 0, 300, 4, 2, 128},     // whole, a partial last tile
-        {1, 50, 10, 40, 2, 1, 80},       // hd 80: the generic SIMT path
-        {1, 64, 0, 64, 2, 2, 256},       // hd 256: the largest SIMT tiles
-        {2, 1024, 512, 512, 8, 2, 128},  // the second of two chunks of 512
+        {1, 300, 0, 300, 4, 2, 128, 0},     // whole, a partial last tile
+        {1, 50, 10, 40, 2, 1, 80, 0},       // hd 80: the generic SIMT path
+        {1, 64, 0, 64, 2, 2, 256, 0},       // hd 256: the largest SIMT tiles
+        {2, 1024, 512, 512, 8, 2, 128, 0},  // the second of two chunks of 512
+        {1, 400, 250, 150, 4, 2, 80, 33},   // a window on the generic SIMT path
+        {2, 1024, 512, 512, 8, 2, 128, 300},// a window of 300 in the second of two chunks of 512
+        {1, 1024, 1023, 1, 4, 4, 64, 200},  // one query (generation) with its window inside the prefix
     };
     for (Shape sh : small) check_shape(sh, false);
     if (bench) {
         // Llama-2-7B's attention (32 heads of 128): square causal at 16k tokens a batch, then a chunk of
         // 1024 queries against a longer KV prefix (the last chunk of a sequence); dev/bench_sdpa.py's shapes
-        printf("| impl | variant | B | NH | q len | kv len | hd | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd+bwd TFLOP/s |\n");
-        printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-        for (int T : {512, 1024, 2048, 4096}) bench_shape({16384 / T, T, 0, T, 32, 32, 128});
-        for (int T : {4096, 8192, 16384, 32768}) bench_shape({1, T, T - 1024, 1024, 32, 32, 128});
+        printf("| impl | variant | B | NH | q len | kv len | hd | W | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd+bwd TFLOP/s |\n");
+        printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        for (int T : {512, 1024, 2048, 4096}) bench_shape({16384 / T, T, 0, T, 32, 32, 128, 0});
+        for (int T : {4096, 8192, 16384, 32768}) bench_shape({1, T, T - 1024, 1024, 32, 32, 128, 0});
+        // Mistral-7B's window (4096) on a whole 16k sequence and on the last chunk of 32k:
+        // the time follows the window, not the position
+        bench_shape({1, 16384, 0, 16384, 32, 8, 128, 0});
+        bench_shape({1, 16384, 0, 16384, 32, 8, 128, 4096});
+        bench_shape({1, 32768, 31744, 1024, 32, 8, 128, 4096});
     }
     if (!quick) {
         for (Shape sh : larger) check_shape(sh, false);
-        // Llama-2-7B's attention (32 heads of 128): 4 x 1024 tokens whole, and the last of 4 chunks of 1024
-        Shape timed[] = {{4, 1024, 0, 1024, 32, 32, 128}, {2, 4096, 3072, 1024, 32, 32, 128}};
+        // Llama-2-7B's attention (32 heads of 128): 4 x 1024 tokens whole, and the last of 4 chunks of 1024;
+        // the latter with a window of 1024 (Mistral's heads: 32 of 128, 8 KV heads), against the same without
+        Shape timed[] = {{4, 1024, 0, 1024, 32, 32, 128, 0}, {2, 4096, 3072, 1024, 32, 32, 128, 0},
+                         {2, 4096, 3072, 1024, 32, 8, 128, 0}, {2, 4096, 3072, 1024, 32, 8, 128, 1024}};
         for (Shape sh : timed) check_shape(sh, true);
     }
     return finish("attention");
