@@ -171,7 +171,8 @@ static int special_from_json(const Tokenizer *tok, const JsonValue *j, const cha
 }
 
 // sets tok->bos_id, tok->eos_id and tok->legacy from the files of model_dir and
-// tokenizer_dir. 0 ok, -1 with a message
+// tokenizer_dir (model_dir NULL: a tokenizer from elsewhere, whose ids the model's
+// files do not describe: only its own tokenizer_config.json). 0 ok, -1 with a message
 static int tokenizer_configure(Tokenizer *tok, const char *model_dir, const char *tokenizer_dir) {
     const char *const dirs[3] = {tokenizer_dir, model_dir, model_dir};
     static const char *const names[3] = {"tokenizer_config.json", "generation_config.json", "config.json"};
@@ -179,6 +180,7 @@ static int tokenizer_configure(Tokenizer *tok, const char *model_dir, const char
     int found[2] = {0, 0}, *ids[2] = {&tok->bos_id, &tok->eos_id};
     for (int f = 0; f < 3; f++) {
         char path[4096];
+        if (!dirs[f]) continue;
         snprintf(path, sizeof path, "%s/%s", dirs[f], names[f]);
         if (access(path, F_OK) != 0) continue;
         JsonValue j;

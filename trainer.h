@@ -929,6 +929,7 @@ static int metrics_error(const char *path) {
 typedef struct {
     Fsdp fsdp;              // the ranks (a world of one without a launcher) and the strategy
     char tokpath[4096];     // the tokenizer file (--tokenizer, else the model's)
+    int pad_id;             // what pads a row: EOS, or 0 for a tokenizer without one (never a label, never attended)
     char resume_dir[PATH_MAX]; // the checkpoint --resume names, resolved
     Tokenizer tok;
     Dataset all_ds, train_ds, val_ds; // all_ds: the file when --val_split cuts it in two
@@ -960,7 +961,7 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     long labels = 0;
     double sums[2] = {0, 0}; // loss, tokens: this rank's, then every rank's
     for (int g = 0; g < GA; g++) { // the whole step's batches first: the loss is normalised by their label count
-        dataloader_next_batch(&r->dl, B, r->tok.eos_id, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, &r->Ts[g]);
+        dataloader_next_batch(&r->dl, B, r->pad_id, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, &r->Ts[g]);
         labels += dataloader_global_labels(&r->dl);
         sums[1] += r->dl.batch_tokens;
     }
@@ -994,7 +995,8 @@ static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int
     char *slash = strrchr(tokdir, '/');
     if (slash) *slash = 0;
     else snprintf(tokdir, sizeof tokdir, ".");
-    if (tokenizer_load(tok, tokpath) != 0 || tokenizer_configure(tok, tc->model, tokdir) != 0) return -1;
+    if (tokenizer_load(tok, tokpath) != 0 || tokenizer_configure(tok, tc->tokenizer[0] ? NULL : tc->model, tokdir) != 0) return -1;
+    r->pad_id = tok->eos_id >= 0 ? tok->eos_id : 0;
     Dataset *train_ds = &r->train_ds, *val_ds = &r->val_ds;
     DataOptions dopt = {tc->data_format, tc->train_on_prompt, !strcmp(tc->batching, "packing"), tc->max_seq_len,
                         tc->max_samples, tc->data_slice, tc->data_cache_dir, 0};
@@ -1242,7 +1244,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         fault_point("step", ts.step);
         if (ts.bad_in_row >= tc->max_bad_steps) return stop_bad_steps(tc, &ts); // every rank: the loss and the norm are the same on all
         if (has_validation(tc) && tc->eval_every > 0 && ts.step % tc->eval_every == 0 && ts.step < total)
-            report_eval(m, &r->val_ds, B, r->tok.eos_id, ts.step, r->metrics);
+            report_eval(m, &r->val_ds, B, r->pad_id, ts.step, r->metrics);
         if (tc->sample_every > 0 && ts.step % tc->sample_every == 0 && ts.step < total) print_samples(m, tc, &r->tok, ts.step);
         stop = fsdp_any(&f->world, stop_requested); // a signal to any rank stops every rank after this step
         if ((tc->save_every > 0 && ts.step % tc->save_every == 0) || ts.step == total || stop) {
@@ -1254,7 +1256,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         printf("stopped by a signal after step %d; continue with --resume %s\n", ts.step, tc->output_dir);
         return 0;
     }
-    if (has_validation(tc)) report_eval(m, &r->val_ds, B, r->tok.eos_id, total, r->metrics); // also with --max_steps 0: evaluates the start
+    if (has_validation(tc)) report_eval(m, &r->val_ds, B, r->pad_id, total, r->metrics); // also with --max_steps 0: evaluates the start
     print_samples(m, tc, &r->tok, ts.step);
     print_peak_memory(r); // every rank's, before the saves (which gather the model on rank 0)
     return save_outputs(tc, r, tc->output_dir, r->tokpath);
