@@ -15,7 +15,8 @@
 #       vocab entries, and Llama-3's
 #       special tokens added after the vocabulary (as Meta's file has them)
 #   test/fixtures/tokenizer/bpe_gpt2.json     GPT-2's pre-tokenizer (ByteLevel with its
-#       own regex), ignore_merges off, merges in the older "a b" string form, an
+#       own regex), ignore_merges off, merges in the older "a b" string form (one
+#       pair listed again at the end), an
 #       alphabet of only the bytes the corpus has (other bytes are dropped, as
 #       tokenizers drops a character its vocab lacks when there is no unk_token),
 #       and added tokens with lstrip, rstrip, normalized and overlapping contents
@@ -126,6 +127,7 @@ def make_gpt2():
     d = json.load(open(path, encoding="utf-8"))
     assert all(" " not in a and " " not in b for a, b in d["model"]["merges"])
     d["model"]["merges"] = ["%s %s" % (a, b) for a, b in d["model"]["merges"]]
+    d["model"]["merges"].append(d["model"]["merges"][3])  # listed twice: it ranks where it is listed last
     with open(path, "w", encoding="utf-8") as f:
         json.dump(d, f, ensure_ascii=False, indent=2)
     # the same with an unknown token: characters the vocab lacks become <unk>, runs fused
