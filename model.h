@@ -162,10 +162,10 @@ static int config_load(Config *c, const char *model_dir) {
     if (config_int(&j, path, "num_key_value_heads", &c->n_kv_heads, 0, 1, c->n_heads) ||
         config_int(&j, path, "head_dim", &c->head_dim, 0, 2, 1 << 12) ||
         config_int(&j, path, "max_position_embeddings", &c->max_pos, 0, 1, 1 << 24)) goto done;
-    // Mistral v0.1: "sliding_window": 4096; null (v0.2+) or absent (Llama): plain causal
-    c->sliding_window = 0;
-    if ((v = json_get(&j, "sliding_window")) && v->type != JSON_NULL &&
-        config_int(&j, path, "sliding_window", &c->sliding_window, 1, 1, 1 << 30)) goto done;
+    // Mistral v0.1: "sliding_window": 4096; null (v0.2+) or absent (Llama): plain causal.
+    // Absent from a Mistral config it is MistralConfig's default, 4096
+    c->sliding_window = mistral && !json_get(&j, "sliding_window") ? 4096 : 0;
+    if (config_int(&j, path, "sliding_window", &c->sliding_window, 0, 1, 1 << 30)) goto done;
     if (c->n_heads % c->n_kv_heads != 0) {
         fprintf(stderr, "error: %s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)\n",
                 path, c->n_heads, c->n_kv_heads);

@@ -77,9 +77,9 @@ static void check_fields(const char *name, const Config *c, const JsonValue *wan
         FIELD(c->rope_high_freq_factor, "high_freq_factor", num(want, "high_freq_factor"));
         FIELD(c->rope_original_max_pos, "original_max_position_embeddings", num(want, "original_max_position_embeddings"));
     }
-#undef FIELD
     const JsonValue *win = json_get(want, "sliding_window"); // null (None): no window, which Config says with 0
     FIELD(c->sliding_window, "sliding_window", win && win->type == JSON_NULL ? 0 : num(want, "sliding_window"));
+#undef FIELD
     snprintf(what, sizeof what, "%s: config_load's fields are transformers'", name);
     CHECK(bad[0] == 0, what, "%s", bad);
 }
