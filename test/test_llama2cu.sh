@@ -37,6 +37,11 @@ dry "LoRA, bf16, without a GPU" --batch_size 64
 dry "full fine-tuning in chunks (recompute), without a GPU" --full_finetune --chunk_size 8 --chunk_memory recompute
 # 0.5 MiB of weights and 1.5 MiB of carry (B = 64): whole multiples of the 256 bytes the GPU rounds each buffer to
 dry "LoRA, fp32" --batch_size 64 --precision fp32
+# issue 18's long context by plan: Llama-3.1-8B (8 KV heads) LoRA over 131072 tokens in chunks
+# of 1024 with recompute fits in 80e9 bytes, and Llama-2-7B (32 KV heads, 4x the carry) does not
+plan=$(dev/plan_long_context.sh test/fixtures/configs/llama-3.1-8b test/fixtures/configs/llama-2-7b 2>&1)
+grep -q "^| llama-3.1-8b | 131072 | 1024 | .* | yes |$" <<<"$plan" && grep -q "^| llama-2-7b | 131072 | 1024 | .* | no |$" <<<"$plan"
+check "Llama-3.1-8B LoRA at 131072 tokens in chunks fits 80 GB by plan; Llama-2-7B does not" $? "$(grep 131072 <<<"$plan")"
 "$CPU" "${ARGS[@]}" --batch_size 64 --dry_run --output_dir "$TMP/out" >"$TMP/cpu.log" 2>&1
 for line in "base weights \(fp32\)" "KV and dKV carry"; do
     gpu=$(plan_line "$TMP/LoRA, fp32.log" "$line") cpu=$(plan_line "$TMP/cpu.log" "$line")

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The long-context memory plan of the README: train_llama2cu --dry_run --random_init
+# (no GPU, no weights) on real models' config.json files, LoRA r = 8 on q_proj,v_proj,
+# batch 1, chunks with recompute, bf16. Prints a markdown table (GiB).
+#   dev/plan_long_context.sh [MODEL_DIR ...]   (folders with a config.json; default: Llama-2-7B and Llama-3.1-8B)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+configs=("$@")
+[ ${#configs[@]} -gt 0 ] || configs=(test/fixtures/configs/llama-2-7b test/fixtures/configs/llama-3.1-8b)
+[ -x ./train_llama2cu ] || { echo "error: build train_llama2cu first (make train_llama2cu)" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# text enough for one packed row of the longest T (the tiny test tokenizer: ids < every vocab)
+python3 - "$work/long.jsonl" <<'PY'
+import json, random, sys
+random.seed(0)
+words = "the cat sat on a mat and then it went home to sleep".split()
+with open(sys.argv[1], "w") as f:
+    for _ in range(12):
+        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(25000))}) + "\n")
+PY
+gib() { awk -v m="$1" 'BEGIN { printf "%.1f", m / 1024 }'; }
+echo "| model (config) | T | chunk | activations | carry | total | fits 80 GB |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
+for cfg in "${configs[@]}"; do
+    mkdir -p "$work/model"
+    cp "$cfg/config.json" "$work/model/config.json"
+    for T in 32768 65536 131072; do
+        for C in 1024 4096; do
+            log=$(./train_llama2cu --model "$work/model" --random_init --tokenizer test/fixtures/tiny_gqa/tokenizer.model \
+                --data "$work/long.jsonl" --data_format text --batching packing --data_cache_dir "$work" --max_seq_len $T \
+                --chunk_size $C --chunk_memory recompute --batch_size 1 --lora_r 8 --lora_target_modules q_proj,v_proj \
+                --dry_run --output_dir "$work/out")
+            grep -q "T <= $T" <<<"$log" || { echo "error: $cfg: the dry run did not plan rows of $T tokens" >&2; exit 1; }
+            act=$(awk '/activations and scratch/ { print $4 }' <<<"$log")
+            carry=$(awk '/KV and dKV carry/ { print $5 }' <<<"$log")
+            total=$(awk '/^  total/ { t = $2 } /tokenized data/ { d = $4 } END { print t - d }' <<<"$log")
+            fits=$(awk -v t="$total" 'BEGIN { print (t <= 80e9 / 1048576) ? "yes" : "no" }')
+            echo "| $(basename "$cfg") | $T | $C | $(gib "$act") | $(gib "$carry") | $(gib "$total") | $fits |"
+        done
+    done
+done
