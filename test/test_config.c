@@ -123,7 +123,9 @@ static void check_rope(const char *name, const Config *c, const JsonValue *want)
     free(plain); free(ref); free(got);
 }
 
-// the trainer plans a model of this config: --dry_run --random_init, the fixtures' tokenizer and data
+// the trainer plans a model of this config: --dry_run --random_init on a folder of it with
+// the fixtures' tokenizer (whose tokenizer_config.json names its own BOS and EOS: the
+// config's ids, 128000 and up for Llama-3, are beyond its 512 pieces) and data
 typedef struct { char *argv[32]; int argc; } Args;
 static int dry_run(void *p) {
     Args *a = (Args *)p;
@@ -132,11 +134,20 @@ static int dry_run(void *p) {
     return train(&tc);
 }
 static void check_plan(const char *name, const char *dir, const Config *c) {
-    char out[128];
+    char out[128], model[128], from[300], to[300];
     snprintf(out, sizeof out, "%s/out", tmpdir);
-    Args a = {{"x", "--model", (char *)dir, "--tokenizer", "test/fixtures/tiny_gqa/tokenizer.model", "--data",
-               "test/fixtures/data.jsonl", "--max_seq_len", "24", "--batch_size", "1", "--dry_run", "--random_init",
-               "--output_dir", out}, 15};
+    snprintf(model, sizeof model, "%s/model", tmpdir);
+    snprintf(from, sizeof from, "%s/config.json", dir);
+    snprintf(to, sizeof to, "%s/config.json", model);
+    if (mkdir_p(model) != 0 || copy_file(from, to) != 0) die("cannot copy %s", from);
+    snprintf(to, sizeof to, "%s/tokenizer.model", model);
+    if (copy_file("test/fixtures/tiny_gqa/tokenizer.model", to) != 0) die("cannot copy the tokenizer");
+    snprintf(to, sizeof to, "%s/tokenizer_config.json", model);
+    FILE *f = fopenCheck(to, "w");
+    fprintf(f, "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}\n");
+    fclose(f);
+    Args a = {{"x", "--model", model, "--data", "test/fixtures/data.jsonl", "--max_seq_len", "24", "--batch_size", "1",
+               "--dry_run", "--random_init", "--output_dir", out}, 13};
     char *printed;
     int rc = capture(1, dry_run, &a, &printed);
     char shape[256], what[160];
