@@ -4,8 +4,9 @@
 // v0.3 (vocab 32768), CodeLlama-7b (vocab 32016, rope_theta 1e6), TinyLlama-1.1B
 // and Vicuna-7B-v1.5-16k (linear scaling under the older key "type"), as their
 // model folders have them, and a few edge cases (edge-*: the defaults and
-// precedences transformers applies: a Mistral config without num_key_value_heads,
-// nulls, rope_parameters, rope_type over type, rope_theta inside over outside).
+// precedences transformers applies: a Mistral config without num_key_value_heads
+// and sliding_window (8 and 4096 there), nulls, rope_parameters, rope_type over
+// type, rope_theta inside over outside).
 // dev/reference/make_config_fixtures.py wrote what transformers' AutoConfig makes
 // of each (expected.json). For every one:
 // - config_load's fields are transformers' (sliding_window null is Config's 0);
