@@ -152,8 +152,8 @@ static void check_plan(const char *name, const char *dir, const Config *c) {
     char *printed;
     int rc = capture(1, dry_run, &a, &printed);
     char shape[256], what[160];
-    snprintf(shape, sizeof shape, ": %d layers, dim %d, %d heads (%d kv), vocab %d,", c->n_layers, c->dim, c->n_heads,
-             c->n_kv_heads, c->vocab_size);
+    snprintf(shape, sizeof shape, ": %d layers, dim %d, %d heads (%d kv) of %d, vocab %d, RoPE %s", c->n_layers, c->dim,
+             c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, rope_type_names[c->rope_type]);
     snprintf(what, sizeof what, "%s: --dry_run --random_init prints its shape and the memory plan", name);
     CHECK(rc == 0 && strstr(printed, shape) && strstr(printed, "memory plan"), what, "exit %d; printed: %.300s", rc, printed);
     free(printed);
