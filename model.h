@@ -183,16 +183,21 @@ static int config_load(Config *c, const char *model_dir) {
     if (json_get_number(&j, "initializer_range", &d) == 0) c->init_std = d > 0 && d <= 1e3 ? (float)d : -1.0f;
     if (!(c->init_std > 0)) { fprintf(stderr, "error: %s: initializer_range must be a number in (0, 1000]\n", path); goto done; }
     if (!(c->norm_eps > 0)) { fprintf(stderr, "error: %s: rms_norm_eps must be a positive finite number\n", path); goto done; }
-    if (json_get_string(&j, "hidden_act", &s, NULL) == 0 && strcmp(s, "silu") != 0) {
-        fprintf(stderr, "error: %s: hidden_act \"%s\" is not supported (Llama uses silu)\n", path, s); goto done;
+    // (a value of the wrong type is refused as a value other than the one implemented)
+    if (json_get(&j, "hidden_act") && (json_get_string(&j, "hidden_act", &s, NULL) != 0 || strcmp(s, "silu") != 0)) {
+        fprintf(stderr, "error: %s: hidden_act \"%s\" is not supported (Llama uses silu)\n", path,
+                json_get_string(&j, "hidden_act", &s, NULL) == 0 ? s : "(not a string)");
+        goto done;
     }
-    if ((json_get_bool(&j, "attention_bias", &b) == 0 && b) || (json_get_bool(&j, "mlp_bias", &b) == 0 && b)) {
+    if ((json_get(&j, "attention_bias") && (json_get_bool(&j, "attention_bias", &b) != 0 || b)) ||
+        (json_get(&j, "mlp_bias") && (json_get_bool(&j, "mlp_bias", &b) != 0 || b))) {
         fprintf(stderr, "error: %s: attention_bias / mlp_bias are not supported (Llama has no biases)\n", path); goto done;
     }
     // dropout on the attention probabilities while training: not implemented (peft's
-    // lora_dropout is); pretraining_tp, which transformers 5 ignores, is too
-    if (json_get_number(&j, "attention_dropout", &d) == 0 && d != 0) {
-        fprintf(stderr, "error: %s: attention_dropout %g is not supported (only 0)\n", path, d); goto done;
+    // lora_dropout is). pretraining_tp is ignored, as transformers 5 ignores it (4.x
+    // only split the matmuls by it: the same maths).
+    if (json_get(&j, "attention_dropout") && (json_get_number(&j, "attention_dropout", &d) != 0 || d != 0)) {
+        fprintf(stderr, "error: %s: attention_dropout is not supported (only 0)\n", path); goto done;
     }
     c->tied = 0;
     if (json_get_bool(&j, "tie_word_embeddings", &b) == 0) c->tied = b;
