@@ -47,14 +47,16 @@ inline bool attention_force_simt = false;
 __host__ __device__ inline int attention_first_key(const Chunk &ch, int i) {
     return ch.window && ch.t0 + i >= ch.window ? ch.t0 + i - ch.window + 1 : 0;
 }
-// whether query i of the chunk sees key s: causal, and inside the window
+// whether query i of the chunk sees key s, d = t0 + i - s positions back: 0 <= d < W, or
+// any d >= 0 without a window (one unsigned comparison: a negative d wraps above 2^31)
 __device__ inline bool attention_sees(const Chunk &ch, int i, int s) {
-    return s <= ch.t0 + i && s >= attention_first_key(ch, i);
+    return (unsigned)(ch.t0 + i - s) < (ch.window ? (unsigned)ch.window : 0x80000000u);
 }
-// one past the last query of the chunk that sees key s (the window's end, or len)
+// one past the last query of the chunk that sees key s: the one at position s + W - 1
+// (the window's end), or len; the first is query s - t0. (Compared as W < t0 + len - s,
+// which cannot overflow.) The key-major dk, dv kernels test a query against these bounds.
 __device__ inline int attention_query_end(const Chunk &ch, int s) {
-    long long end = (long long)s + ch.window - ch.t0; // the query at position s + W - 1 is the last
-    return ch.window && end < ch.len ? (int)end : ch.len;
+    return ch.window && ch.window < ch.t0 + ch.len - s ? s + ch.window - ch.t0 : ch.len;
 }
 
 // where the rows of batch row b, query head h (KV head kh) live: row i of q, out,
@@ -275,7 +277,7 @@ attention_backward_dkv_simt_kernel(T *dk, T *dv, const T *dout, const T *out, co
             for (int r = 0; r < ATT_ROWS; r++) {
                 int c = warp * ATT_ROWS + r, s = s0 + c, i = i0 + lane;
                 float p = 0.0f, ds = 0.0f;
-                if (i < ch.len && attention_sees(ch, i, s)) {
+                if (i >= s - ch.t0 && i < attention_query_end(ch, s)) {
                     p = expf(row_dot(qs + lane * ld, ks + c * ld, hd) * scale - tile_lse[lane]);
                     ds = p * (row_dot(dos + lane * ld, vs + c * ld, hd) - tile_D[lane]) * scale;
                 }
@@ -540,6 +542,7 @@ attention_backward_dkv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
     int kh = blockIdx.y, b = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = NH / NKV;
     int s0 = (blockIdx.x + attention_first_key_tile(ch, TC_TILE)) * TC_TILE, kv_valid = ch.t0 + ch.len;
     int r0 = warp * 16, row = r0 + lane / 2, half = lane % 2, s = s0 + row; // this lane's key row and half
+    int i_first = s - ch.t0, i_end = attention_query_end(ch, s);          // the queries that see key s
     AttentionIndex kix(ch, NH, NKV, HD, b, kh * group, kh);
     load_rows_bf16<HD>(ks, k + kix.kv_head, kix.kv_stride, s0, kv_valid);
     load_rows_bf16<HD>(vs, v + kix.kv_head, kix.kv_stride, s0, kv_valid);
@@ -570,7 +573,7 @@ attention_backward_dkv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
             for (int c = 0; c < 32; c++) {
                 int col = half * 32 + c, i = i0 + col;
                 float p = 0.0f, ds = 0.0f;
-                if (i < ch.len && attention_sees(ch, i, s)) {
+                if (i >= i_first && i < i_end) {
                     p = expf(sts[row * L::LDS + col] * scale - tile_lse[col]);
                     ds = p * (dpts[row * L::LDS + col] - tile_D[col]) * scale;
                 }

@@ -1112,9 +1112,11 @@ static int train_resume(TrainConfig *tc, Trainer *r, TrainState *ts) {
 static void print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
     const Model *m = &r->m;
     const Config *c = &m->host.config;
-    printf("model %s: %d layers, dim %d, %d heads (%d kv) of %d, vocab %d, RoPE %s theta %g, %.2fM parameters\n", tc->model,
+    printf("model %s: %d layers, dim %d, %d heads (%d kv) of %d, vocab %d, RoPE %s theta %g, %.2fM parameters", tc->model,
            c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, rope_type_names[c->rope_type],
            c->rope_theta, m->host.num_params / 1e6);
+    if (c->sliding_window) printf(", a sliding window of %d keys", c->sliding_window);
+    printf("\n");
     printf("training %s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
            m->host.use_lora ? "LoRA" : "all weights", r->opt.n, m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
            r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);

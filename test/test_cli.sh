@@ -107,6 +107,13 @@ model_copy tiny_gqa; sed -i 's/"vocab_size": 512/"vocab_size": 512, "sliding_win
 expect_error "sliding_window 0 (none is null)" "config.json: 'sliding_window' must be an integer in \[1, " --model "$TMP/m" "${RUN[@]}"
 model_copy tiny_gqa; sed -i 's/"vocab_size": 512/"vocab_size": 512, "sliding_window": "4096"/' "$TMP/m/config.json"
 expect_error "sliding_window as a string" "config.json: 'sliding_window' must be an integer" --model "$TMP/m" "${RUN[@]}"
+model_copy tiny_gqa; sed -i 's/"vocab_size": 512/"vocab_size": 512, "sliding_window": 5/' "$TMP/m/config.json"
+"$BIN" --model "$TMP/m" --data "$DATA" --max_seq_len 24 --dry_run --output_dir "$TMP/dry" >"$TMP/swa.log" 2>&1
+if [ $? -eq 0 ] && grep -q "^model .*, a sliding window of 5 keys$" "$TMP/swa.log"; then
+    echo "ok cli: a config.json with sliding_window 5: the plan names the window"
+else
+    echo "FAIL cli: sliding_window 5: $(grep -m1 "^model\|error" "$TMP/swa.log")"; fails=$((fails + 1))
+fi
 model_copy tiny_gqa; sed -i 's/"rope_theta": 10000.0/"rope_theta": 1e39/' "$TMP/m/config.json"
 expect_error "rope_theta beyond float" "rope_theta' must be a positive finite number" --model "$TMP/m" "${RUN[@]}"
 model_copy tiny_gqa; sed -i 's/"hidden_size": 64/"hidden_size": 65536/; s/"intermediate_size": 96/"intermediate_size": 262144/; s/"vocab_size": 512/"vocab_size": 16777216/' "$TMP/m/config.json"
