@@ -507,9 +507,9 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
 // are added into for every position < t0 + len that a query of the chunk sees:
 // the chunk's own rows and the dKV carry of earlier chunks (key tiles wholly
 // before every window of a query tile are skipped: they would add exact zeros).
-// One thread owns each (b, kv head) and walks the
-// query tiles of every head of its group, so dk, dv need no reduction across
-// threads (the price: the work splits B * NKV ways).
+// One thread owns each (b, kv head) and walks the query tiles of every head of
+// its group, so dk, dv need no reduction across threads (the price: the work
+// splits B * NKV ways).
 static void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                                const float *q, const float *k, const float *v, const Chunk *ch, int NH, int NKV, int hd) {
     float scale = 1.0f / sqrtf((float)hd);
