@@ -484,15 +484,14 @@ static void pending_push_id(Pending *p, size_t *cap, int id, int label) {
     if (id >= 0) pending_push(p, cap, &id, 1, label);
 }
 // text of a chat template, encoded as the rest of a sequence (after_token: it
-// follows a special token); the number of tokens it gave
-static int pending_push_text(Pending *p, size_t *cap, const Tokenizer *tok, Str text, int after_token, int label) {
+// follows a special token)
+static void pending_push_text(Pending *p, size_t *cap, const Tokenizer *tok, Str text, int after_token, int label) {
     int k;
     int *ids = tok->legacy && after_token ? tokenizer_encode(tok, text.s, text.n, 0, 0, &k)
                                           : tokenizer_encode_continued(tok, text.s, text.n, &k);
     if (!ids) die("out of memory while tokenizing record %llu", (unsigned long long)p->record);
     pending_push(p, cap, ids, k, label);
     free(ids);
-    return k;
 }
 static void pending_push_filled(Pending *p, size_t *cap, const Tokenizer *tok, const char *tpl, const char *name, Str val,
                                 int after_token, int label) {
