@@ -100,6 +100,11 @@ static void gemm_pack(float *dst, const float *X, int ld, int rowmajor, size_t i
     }
 }
 
+// the packing scratch of an (M, N) product: strips of A and of B, GEMM_KC deep
+static size_t gemm_scratch_floats(size_t M, size_t N) {
+    return ((M + GEMM_MR - 1) / GEMM_MR * GEMM_MR + (N + GEMM_NR - 1) / GEMM_NR * GEMM_NR) * GEMM_KC;
+}
+
 static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int transA,
                  const float *B, int ldb, int transB, float *C, int ldc, int accumulate) {
     if (!accumulate)
@@ -107,7 +112,7 @@ static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int 
     if (M == 0 || N == 0 || K == 0) return;
     size_t Mp = (size_t)(M + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
     size_t Np = (size_t)(N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-    size_t need = (Mp + Np) * GEMM_KC;
+    size_t need = gemm_scratch_floats(M, N);
     if (need > gemm_scratch_size) {
         free(gemm_scratch);
         gemm_scratch = (float *)aligned_alloc(64, need * sizeof(float)); // vector loads of packed B
@@ -706,17 +711,16 @@ static size_t chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, Ch
     return off;
 }
 
-static void *alloc_counted(size_t bytes, size_t *total) { *total += bytes; return mallocCheck(bytes); }
+// bytes counted into *total, and allocated unless only counting (model_plan): NULL then
+static void *alloc_counted(size_t bytes, size_t *total, int alloc) { *total += bytes; return alloc ? mallocCheck(bytes) : NULL; }
 
 // The sharded model's buffers: the slots that hold gathered units (a slot as
 // big as the biggest unit it holds), and for full fine-tuning a unit's gradient
 // whole (the embedding's, the others') and this rank's shard of every gradient.
-static void model_alloc_sharded(Model *m) {
+static void model_alloc_sharded(Model *m, int alloc) {
     const FsdpUnits *u = &m->host.units;
     size_t G = (size_t)m->fsdp->shard.size, widest = 0;
     m->n_slots = m->fsdp->info->reshard_after_forward ? 2 : u->n_units;
-    m->slot = (float **)callocCheck(m->n_slots, sizeof(float *));
-    m->slot_unit = (int *)mallocCheck(m->n_slots * sizeof(int));
     size_t *need = (size_t *)callocCheck(m->n_slots, sizeof(size_t)), grad[2] = {0, 0};
     for (int i = 0; i < u->n_units; i++) {
         size_t whole = G * u->units[i].shard, s = unit_slot(m, i); // padding included
@@ -724,24 +728,32 @@ static void model_alloc_sharded(Model *m) {
         grad[i != 0] = whole > grad[i != 0] ? whole : grad[i != 0];
         widest = u->units[i].shard > widest ? u->units[i].shard : widest;
     }
-    for (int s = 0; s < m->n_slots; s++) m->slot[s] = (float *)alloc_counted(need[s] * sizeof(float), &m->weight_bytes);
+    if (alloc) {
+        m->slot = (float **)callocCheck(m->n_slots, sizeof(float *));
+        m->slot_unit = (int *)mallocCheck(m->n_slots * sizeof(int));
+    }
+    for (int s = 0; s < m->n_slots; s++) {
+        float *slot = (float *)alloc_counted(need[s] * sizeof(float), &m->weight_bytes, alloc);
+        if (alloc) m->slot[s] = slot;
+    }
     free(need);
-    units_reshard(m);
+    if (alloc) units_reshard(m);
     if (!m->host.full_finetune) return;
     for (int b = 0; b < 2; b++) {
-        m->unit_grad[b] = (float *)alloc_counted(grad[b] * sizeof(float), &m->param_bytes);
+        m->unit_grad[b] = (float *)alloc_counted(grad[b] * sizeof(float), &m->param_bytes, alloc);
         m->grad_open[b] = -1;
     }
-    m->grad_part = (float *)alloc_counted(widest * sizeof(float), &m->param_bytes);
-    m->grads = (float *)callocCheck(u->shard_numel, sizeof(float));
+    m->grad_part = (float *)alloc_counted(widest * sizeof(float), &m->param_bytes, alloc);
+    if (alloc) m->grads = (float *)callocCheck(u->shard_numel, sizeof(float));
     // fsdp.h's reduce-scatter receives every rank's block of a unit: the shard communicator
     // keeps room for the biggest (counted here, allocated at its first use)
     m->param_bytes += (grad[0] > grad[1] ? grad[0] : grad[1]) * sizeof(float);
 }
 
 // Buffers for micro-batches of up to B rows of T tokens, run in chunks of C
-// positions (C = 0: T); recompute selects the memory mode.
-static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
+// positions (C = 0: T); recompute selects the memory mode. Counts their bytes
+// (the memory plan), and allocates them with alloc.
+static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_output_chunks, int alloc) {
     Config *c = &m->host.config;
     Activations *a = &m->a;
     if (C <= 0 || C > T) C = T;
@@ -752,56 +764,76 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     if (Q > widest) widest = Q;
     m->act_bytes = m->carry_bytes = 0;
     a->n_slots = recompute ? 1 : (T + C - 1) / C;
-    a->chunk = (ChunkActs *)callocCheck(a->n_slots, sizeof(ChunkActs));
     // Every slot keeps its chunk's residuals. The rest is each slot's own, for every layer;
     // or with activation checkpointing one layer's worth that all slots share: only the
     // layer running (forward, or recomputed for its backward) uses it.
     int ckpt = m->activation_checkpointing, Lk = ckpt ? 1 : (int)L, owners = ckpt ? 1 : a->n_slots;
-    size_t resid = (L + 1) * N * D, acts = chunk_acts_layout(c, B, C, r, Lk, &a->chunk[0], NULL);
-    float *slots = (float *)alloc_counted((a->n_slots * resid + owners * acts) * sizeof(float), &m->act_bytes);
-    for (int i = 0; i < a->n_slots; i++) {
-        if (i < owners) chunk_acts_layout(c, B, C, r, Lk, &a->chunk[i], slots + a->n_slots * resid + i * acts);
-        else a->chunk[i] = a->chunk[0];
-        a->chunk[i].resid = slots + i * resid;
+    ChunkActs layout;
+    size_t resid = (L + 1) * N * D, acts = chunk_acts_layout(c, B, C, r, Lk, &layout, NULL);
+    float *slots = (float *)alloc_counted((a->n_slots * resid + owners * acts) * sizeof(float), &m->act_bytes, alloc);
+    if (alloc) {
+        a->chunk = (ChunkActs *)callocCheck(a->n_slots, sizeof(ChunkActs));
+        for (int i = 0; i < a->n_slots; i++) {
+            if (i < owners) chunk_acts_layout(c, B, C, r, Lk, &a->chunk[i], slots + a->n_slots * resid + i * acts);
+            else a->chunk[i] = a->chunk[0];
+            a->chunk[i].resid = slots + i * resid;
+        }
     }
     size_t carry = L * B * (size_t)T * KV * sizeof(float);
-    a->k = (float *)alloc_counted(carry, &m->carry_bytes);
-    a->v = (float *)alloc_counted(carry, &m->carry_bytes);
-    a->dk = (float *)alloc_counted(carry, &m->carry_bytes);
-    a->dv = (float *)alloc_counted(carry, &m->carry_bytes);
+    a->k = (float *)alloc_counted(carry, &m->carry_bytes, alloc);
+    a->v = (float *)alloc_counted(carry, &m->carry_bytes, alloc);
+    a->dk = (float *)alloc_counted(carry, &m->carry_bytes, alloc);
+    a->dv = (float *)alloc_counted(carry, &m->carry_bytes, alloc);
     size_t piece = (C + num_output_chunks - 1) / num_output_chunks;
-    a->tokens = (int *)alloc_counted(N * sizeof(int), &m->act_bytes);
-    a->lnf = (float *)alloc_counted(N * D * sizeof(float), &m->act_bytes);
-    a->rstdf = (float *)alloc_counted(N * sizeof(float), &m->act_bytes);
-    a->logits = (float *)alloc_counted(piece * c->vocab_size * sizeof(float), &m->act_bytes);
-    a->kv = (float *)alloc_counted(N * KV * sizeof(float), &m->act_bytes);
-    a->dresid = (float *)alloc_counted(N * D * sizeof(float), &m->act_bytes);
-    a->dln = (float *)alloc_counted(N * D * sizeof(float), &m->act_bytes);
-    a->dq = (float *)alloc_counted(N * Q * sizeof(float), &m->act_bytes);
-    a->datty = (float *)alloc_counted(N * Q * sizeof(float), &m->act_bytes);
-    a->dgate = (float *)alloc_counted(N * H * sizeof(float), &m->act_bytes);
-    a->dup = (float *)alloc_counted(N * H * sizeof(float), &m->act_bytes);
-    a->dhmlp = (float *)alloc_counted(N * H * sizeof(float), &m->act_bytes);
-    a->lora_dh = (float *)alloc_counted(N * r * sizeof(float), &m->act_bytes);
-    a->xdrop = (float *)alloc_counted(N * widest * sizeof(float), &m->act_bytes);
-    m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
-    m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
-    float *inv_freq = (float *)mallocCheck(c->head_dim / 2 * sizeof(float));
-    rope_inv_freq(c, inv_freq);
-    rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq);
-    free(inv_freq);
+    a->tokens = (int *)alloc_counted(N * sizeof(int), &m->act_bytes, alloc);
+    a->lnf = (float *)alloc_counted(N * D * sizeof(float), &m->act_bytes, alloc);
+    a->rstdf = (float *)alloc_counted(N * sizeof(float), &m->act_bytes, alloc);
+    a->logits = (float *)alloc_counted(piece * c->vocab_size * sizeof(float), &m->act_bytes, alloc);
+    a->kv = (float *)alloc_counted(N * KV * sizeof(float), &m->act_bytes, alloc);
+    a->dresid = (float *)alloc_counted(N * D * sizeof(float), &m->act_bytes, alloc);
+    a->dln = (float *)alloc_counted(N * D * sizeof(float), &m->act_bytes, alloc);
+    a->dq = (float *)alloc_counted(N * Q * sizeof(float), &m->act_bytes, alloc);
+    a->datty = (float *)alloc_counted(N * Q * sizeof(float), &m->act_bytes, alloc);
+    a->dgate = (float *)alloc_counted(N * H * sizeof(float), &m->act_bytes, alloc);
+    a->dup = (float *)alloc_counted(N * H * sizeof(float), &m->act_bytes, alloc);
+    a->dhmlp = (float *)alloc_counted(N * H * sizeof(float), &m->act_bytes, alloc);
+    a->lora_dh = (float *)alloc_counted(N * r * sizeof(float), &m->act_bytes, alloc);
+    a->xdrop = (float *)alloc_counted(N * widest * sizeof(float), &m->act_bytes, alloc);
+    // gemm's packing scratch, allocated at its first use, as big as the biggest product needs:
+    // a layer's (rows x widest, widest x widest: the weight gradients) or the head's (a
+    // piece of a row x V forward, V x D for its weight gradient)
+    size_t V = c->vocab_size, pack = gemm_scratch_floats(N, widest);
+    size_t others[3] = {gemm_scratch_floats(widest, widest), gemm_scratch_floats(piece, V), gemm_scratch_floats(V, D)};
+    for (int i = 0; i < 3; i++) pack = others[i] > pack ? others[i] : pack;
+    m->act_bytes += pack * sizeof(float);
+    if (alloc) {
+        m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
+        m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
+        float *inv_freq = (float *)mallocCheck(c->head_dim / 2 * sizeof(float));
+        rope_inv_freq(c, inv_freq);
+        rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq);
+        free(inv_freq);
+    }
     // fp32 weights; the trainable ones have a gradient and two moments (optimizer_init), and
     // LoRA's live apart from the base weights
     m->weight_bytes = m->param_bytes = 0;
     m->sharded = m->host.shards != NULL;
     size_t n = m->host.use_lora ? m->host.lora.num_params : m->sharded ? m->host.units.shard_numel : m->host.num_params;
-    if (m->sharded) model_alloc_sharded(m);
-    else if (m->host.full_finetune) {
+    if (m->sharded) model_alloc_sharded(m, alloc);
+    else if (m->host.full_finetune && alloc) {
         m->grads = (float *)callocCheck(n, sizeof(float));
         param_layout(c, &m->g, m->grads);
     }
     m->weight_bytes += (m->sharded ? m->host.units.shard_numel : m->host.num_params) * sizeof(float);
     m->param_bytes += n * sizeof(float) * (m->host.use_lora ? 4 : 3);
+}
+
+// the memory plan's bytes for this capacity (weight_bytes .. carry_bytes), allocating nothing
+static void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
+    model_buffers(m, B, T, C, recompute, num_output_chunks, 0);
+}
+static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
+    model_buffers(m, B, T, C, recompute, num_output_chunks, 1);
 }
 
 // frees what model_alloc made and the host model; safe on a zeroed Model and
@@ -812,7 +844,7 @@ static void model_free(Model *m) {
                     a->kv, a->dresid, a->dln, a->dq, a->datty, a->dgate, a->dup, a->dhmlp, a->lora_dh, a->xdrop,
                     m->rope_cos, m->rope_sin, m->grads, m->unit_grad[0], m->unit_grad[1], m->grad_part, m->slot_unit};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    for (int s = 0; s < m->n_slots; s++) free(m->slot[s]);
+    for (int s = 0; m->slot && s < m->n_slots; s++) free(m->slot[s]);
     free(m->slot);
     host_model_free(&m->host);
     memset(m, 0, sizeof *m);
@@ -1181,6 +1213,20 @@ static double model_peak_mb(Model *m) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_maxrss / 1024.0;
+}
+// --batch_size auto: what the memory plan may take. The CPU cannot tell what is free, so
+// --memory_limit is required (backend_measures_free_memory 0); the plan must then fit in
+// it less the resident memory outside the plan now (the program, its libraries and MPI:
+// all but the base weights, which are loaded and which the plan counts already).
+static const int backend_measures_free_memory = 0;
+static double model_memory_budget(Model *m, double limit) {
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f && fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    if (f) fclose(f);
+    double weights = (m->host.shards ? m->host.units.shard_numel : m->host.num_params) * sizeof(float);
+    double outside = resident * (double)sysconf(_SC_PAGESIZE) - weights;
+    return limit - (outside > 0 ? outside : 0);
 }
 static const char *const backend_memory = "resident memory";
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only

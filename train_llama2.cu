@@ -394,12 +394,28 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
+        free(d.chunk); // a plan before (--batch_size auto tries several)
+        free(d.slot);
         d.chunk = (ChunkActs<floatX> *)callocCheck(m->n_slots, sizeof(ChunkActs<floatX>));
         d.slot = (floatX **)callocCheck(m->n_unit_slots + 1, sizeof(floatX *)); // + 1: not empty when whole
         Layout lay[4]; // weights, trainable, activations, carry
         model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
         m->weight_bytes = lay[0].bytes; m->param_bytes = lay[1].bytes; m->act_bytes = lay[2].bytes; m->carry_bytes = lay[3].bytes;
     });
+}
+
+// --batch_size auto: what the memory plan may take on this rank's GPU: its free memory
+// less a reserve for what the plan does not count (the CUDA context's growth, cuBLASLt's
+// workspace, bf16's upload staging, NCCL's buffers, fragmentation): 5% of the GPU, at
+// least 1 GiB; and no more than --memory_limit when given (a dry run: that alone).
+static const int backend_measures_free_memory = 1;
+static double model_memory_budget(Model *m, double limit) {
+    if (m->dry_run && limit > 0) return limit; // a dry run touches no GPU: the limit alone
+    if (m->fsdp && m->fsdp->world.size > 1) set_device(m); // this rank's GPU (model_alloc sets it again)
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    double budget = free_bytes - std::max(1073741824.0, 0.05 * total_bytes);
+    return limit > 0 ? std::min(limit, budget) : budget;
 }
 
 // Device buffers for micro-batches of up to B rows of T tokens, run in chunks of

@@ -48,9 +48,17 @@
 //                              is ("resident memory", "GPU memory")
 //   double model_peak_mb(Model *m);
 //       the most memory the run has held so far, in MiB (of backend_memory)
+//   void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks);
+//       before model_alloc: the bytes (weight_bytes .. carry_bytes) model_alloc would
+//       plan for this capacity, allocating nothing (--batch_size auto tries several)
 //   void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks);
 //       everything but m->host, for chunks of C positions (C <= 0 or > T: T);
 //       a GPU backend uploads m->host here
+//   static const int backend_measures_free_memory;  1: model_memory_budget knows what is
+//                              free without --memory_limit; 0: --batch_size auto needs it
+//   double model_memory_budget(Model *m, double limit);
+//       before model_alloc: the bytes the memory plan may total under --memory_limit
+//       (limit bytes; 0: none given)
 //   void model_free(Model *m);
 //       all of it, m->host included; safe on a zeroed Model and after a failed load
 //   double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out);
@@ -126,11 +134,13 @@ static float lr_at(const char *sched, float base, int s, int warmup, int total) 
 // command line
 
 #define MAX_LIST 16
+#define BATCH_SIZE_MAX (1 << 16) // --batch_size's largest, and --batch_size auto's
 typedef struct { const char *v[MAX_LIST]; int n; } StrList; // a repeatable option's values
 
 typedef struct {
     const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
-    int max_seq_len, batch_size, grad_accum, max_steps, num_epochs, warmup_steps, seed, shuffle;
+    int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
+    float memory_limit;
     int eval_every, full_finetune, lora_r, use_rslora, threads, chunk_size, num_output_chunks, activation_checkpointing;
     float lr, weight_decay, grad_clip, beta1, beta2, eps, lora_alpha, lora_dropout;
     const char *lr_scheduler, *lora_target_modules, *chunk_memory;
@@ -150,7 +160,7 @@ typedef struct {
     int random_init;
 } TrainConfig;
 
-enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG, OPT_LIST };
+enum { OPT_STR, OPT_INT, OPT_INT_AUTO, OPT_FLOAT, OPT_FLAG, OPT_LIST }; // OPT_INT_AUTO: an integer, or auto (stored as 0)
 typedef struct { const char *name; int type; void *ptr; const char *def, *help; double lo, hi; } Option;
 
 #define OPTIONS(tc) { \
@@ -168,8 +178,10 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"tokenizer", OPT_STR, &(tc)->tokenizer, "", "tokenizer to use: a sentencepiece tokenizer.model or a Hugging Face tokenizer.json with a byte-level BPE (default: --model's tokenizer.model, else its tokenizer.json)", 0, 0}, \
     {"metrics_file", OPT_STR, &(tc)->metrics_file, "", "write one JSON object per step and per evaluation to this file", 0, 0}, \
     {"max_seq_len", OPT_INT, &(tc)->max_seq_len, "512", "sequences are truncated to this many tokens", 2, 1 << 20}, \
-    {"batch_size", OPT_INT, &(tc)->batch_size, "4", "rows per micro-batch", 1, 1 << 16}, \
-    {"gradient_accumulation_steps", OPT_INT, &(tc)->grad_accum, "1", "micro-batches per optimizer step", 1, 1 << 16}, \
+    {"batch_size", OPT_INT_AUTO, &(tc)->batch_size, "4", "rows per micro-batch, or auto: the most that the memory plan fits in --memory_limit", 1, BATCH_SIZE_MAX}, \
+    {"memory_limit", OPT_FLOAT, &(tc)->memory_limit, "0", "GiB the memory plan may take per process with --batch_size auto (0: on the GPU its free memory less a reserve; the CPU trainer needs it given)", 0, 1 << 20}, \
+    {"gradient_accumulation_steps", OPT_INT, &(tc)->grad_accum, "0", "micro-batches per optimizer step (0: 1, or what --global_batch_size needs)", 0, 1 << 16}, \
+    {"global_batch_size", OPT_INT, &(tc)->global_batch_size, "0", "rows per optimizer step over every rank: --gradient_accumulation_steps becomes this / (--batch_size x ranks), so any world size trains alike (0: --batch_size x ranks x --gradient_accumulation_steps)", 0, 1 << 30}, \
     {"max_steps", OPT_INT, &(tc)->max_steps, "-1", "optimizer steps (-1: as many as --num_epochs needs)", -1, 1 << 30}, \
     {"num_epochs", OPT_INT, &(tc)->num_epochs, "1", "passes over the data when --max_steps is -1", 1, 1 << 20}, \
     {"lr", OPT_FLOAT, &(tc)->lr, "1e-4", "peak learning rate", 0, 1e3}, \
@@ -233,10 +245,12 @@ static int set_option(const Option *o, const char *val) {
         l->v[l->n++] = val;
         return 0;
     }
-    if (o->type == OPT_INT || o->type == OPT_FLAG) {
+    if (o->type == OPT_INT_AUTO && !strcmp(val, "auto")) { *(int *)o->ptr = 0; return 0; }
+    if (o->type == OPT_INT || o->type == OPT_INT_AUTO || o->type == OPT_FLAG) {
         long v = strtol(val, &end, 10);
         if (*val == 0 || *end != 0 || errno || v < o->lo || v > o->hi) {
-            fprintf(stderr, "error: --%s: '%s' is not an integer in [%g, %g]\n", o->name, val, o->lo, o->hi);
+            fprintf(stderr, "error: --%s: '%s' is not an integer in [%g, %g]%s\n", o->name, val, o->lo, o->hi,
+                    o->type == OPT_INT_AUTO ? " or auto" : "");
             return -1;
         }
         *(int *)o->ptr = (int)v;
@@ -257,6 +271,10 @@ static void option_value(const Option *o, char *buf, size_t n, int exact) {
     case OPT_STR: snprintf(buf, n, "%s", *(const char **)o->ptr); break;
     case OPT_FLOAT: snprintf(buf, n, exact ? "%.9g" : "%g", *(float *)o->ptr); break;
     case OPT_LIST: snprintf(buf, n, "(%d values)", ((StrList *)o->ptr)->n); break;
+    case OPT_INT_AUTO:
+        if (*(int *)o->ptr) snprintf(buf, n, "%d", *(int *)o->ptr);
+        else snprintf(buf, n, "auto");
+        break;
     default: snprintf(buf, n, "%d", *(int *)o->ptr);
     }
 }
@@ -341,6 +359,14 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --export_hf writes a checkpoint out: give it with --resume CHECKPOINT\n");
         return -1;
     }
+    if (tc->memory_limit > 0 && tc->batch_size) {
+        fprintf(stderr, "error: --memory_limit is what --batch_size auto fits the batch in; give --batch_size auto with it\n");
+        return -1;
+    }
+    if (!tc->batch_size && !tc->memory_limit && !backend_measures_free_memory) {
+        fprintf(stderr, "error: --batch_size auto needs --memory_limit GiB with this trainer (it cannot tell what memory is free)\n");
+        return -1;
+    }
     if (!tc->model[0]) { fprintf(stderr, "error: --model is required (see --help)\n"); return -1; }
     if (!tc->data[0]) { fprintf(stderr, "error: --data is required (see --help)\n"); return -1; }
     if (tc->full_finetune && tc->merge_adapter) {
@@ -389,9 +415,9 @@ static int checkpoint_is_sharded(const char *dir) {
 // sets up the model for training as tc says: LoRA adapters (fresh or from a PEFT folder) or full
 // fine-tuning; resume_dir, when given, is a checkpoint whose trained weights replace the starting ones
 // (a sharded one's in load_checkpoint, so then nothing is read from --model but config.json). The base weights are whole, or with a shard group of more than
-// one rank (f) this rank's shards. The host model is set up here, then the backend's model_alloc takes
-// it from there. -1 (nothing left allocated) on failure.
-static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, const char *resume_dir) {
+// one rank (f) this rank's shards. model_load_host sets up the host model; model_setup then has the
+// backend's model_alloc take it from there, for micro-batches of B rows. -1 (nothing left allocated) on failure.
+static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char *resume_dir) {
     memset(m, 0, sizeof *m);
     m->fsdp = f;
     HostModel *h = &m->host;
@@ -422,6 +448,10 @@ static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, c
     m->collectives = tc->collectives;
     m->dry_run = tc->dry_run;
     m->activation_checkpointing = tc->activation_checkpointing;
+    return 0;
+}
+static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, const char *resume_dir) {
+    if (model_load_host(m, f, tc, resume_dir) != 0) return -1;
     model_alloc(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     return 0;
 }
@@ -546,9 +576,10 @@ static void fault_point(const char *point, int step) { if (fault_at(point, step)
 // the options that shape the training trajectory: a resumed run must use the same
 // (--max_steps and --num_epochs may change, to train longer; the schedule then
 // spans the new length, so such a run differs from one planned that long)
-// (and the global batch, --batch_size times the world size: the world size may change)
+// (and the global batch, the rows of an optimizer step over every rank: how they split
+// into ranks, micro-batches and rows may change, e.g. the world size with --global_batch_size)
 static const char *resume_must_match[] = {
-    "model", "data", "max_seq_len", "gradient_accumulation_steps", "lr",
+    "model", "data", "max_seq_len", "lr",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
     "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split"};
@@ -757,7 +788,7 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m
     JsonValue st;
     if (json_load_file(path, &st) != 0) return -1;
     int rc = -1;
-    long long v[5], saved_world = 1, saved_batch;
+    long long v[5], saved_world = 1, saved_batch, saved_ga;
     const char *keys[5] = {"step", "optimizer_step", "data_epoch", "data_position", "bad_steps_in_row"}, *saved;
     const JsonValue *opts_saved = json_get(&st, "options");
     Option opts[] = OPTIONS(tc);
@@ -779,13 +810,16 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m
     if (json_get(&st, "world_size") && (json_get_int(&st, "world_size", &saved_world) != 0 || saved_world < 1)) {
         fprintf(stderr, "error: %s: 'world_size' is not a positive integer\n", path); goto done;
     }
-    if (json_get_string(opts_saved, "batch_size", &saved, NULL) != 0 || (saved_batch = atoll(saved)) < 1) {
-        fprintf(stderr, "error: %s: no --batch_size in \"options\"\n", path); goto done;
+    if (json_get_string(opts_saved, "batch_size", &saved, NULL) != 0 || (saved_batch = atoll(saved)) < 1 ||
+        json_get_string(opts_saved, "gradient_accumulation_steps", &saved, NULL) != 0 || (saved_ga = atoll(saved)) < 1) {
+        fprintf(stderr, "error: %s: no --batch_size or --gradient_accumulation_steps in \"options\"\n", path); goto done;
     }
-    if (saved_batch * saved_world != (long long)tc->batch_size * world) {
-        fprintf(stderr, "error: --resume %s: the global batch was %lld rank(s) x %lld rows in the checkpoint and is %d x %d now; "
-                "resume with the same rows per micro-batch over all ranks (--batch_size times the ranks)\n", dir, saved_world,
-                saved_batch, world, tc->batch_size);
+    if (saved_world * saved_ga * saved_batch != (long long)world * tc->grad_accum * tc->batch_size) {
+        fprintf(stderr, "error: --resume %s: the global batch was %lld rows in the checkpoint (%lld rank(s) x %lld micro-batches "
+                "x %lld rows) and is %lld now (%d x %d x %d); resume with the same rows per optimizer step (--global_batch_size "
+                "%lld)\n", dir, saved_world * saved_ga * saved_batch, saved_world, saved_ga, saved_batch,
+                (long long)world * tc->grad_accum * tc->batch_size, world, tc->grad_accum, tc->batch_size,
+                saved_world * saved_ga * saved_batch);
         goto done;
     }
     file_fingerprint(tc->data, fp, sizeof fp);
@@ -851,6 +885,84 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
         printf("  %-34s %10.1f MiB\n", "total", total / MiB);
     }
     return total;
+}
+
+// ----------------------------------------------------------------------------
+// the batch: rows per micro-batch (--batch_size, or auto) and micro-batches per
+// optimizer step (--gradient_accumulation_steps, or from --global_batch_size)
+
+// --gradient_accumulation_steps from --global_batch_size G: G / (B x W), refused
+// when that does not divide or disagrees with one given; with neither given, 1.
+// Then G is the rows of a step either way (what a resume must keep). The same on
+// every rank: 0 ok, -1 (rank 0 says why).
+static int batch_derive(TrainConfig *tc, int W, int rank0) {
+    long rows = (long)tc->batch_size * W, G = tc->global_batch_size; // rows: one global micro-batch
+    if (!G) {
+        if (!tc->grad_accum) tc->grad_accum = 1;
+        G = rows * tc->grad_accum;
+        if (G > INT_MAX) {
+            if (rank0) fprintf(stderr, "error: %d rank(s) x %d micro-batches x %d rows is more rows per step than this trainer counts\n",
+                               W, tc->grad_accum, tc->batch_size);
+            return -1;
+        }
+        tc->global_batch_size = (int)G;
+        return 0;
+    }
+    if (G % rows) {
+        if (rank0) fprintf(stderr, "error: --global_batch_size %ld is not a multiple of --batch_size %d x %d rank(s) = %ld rows\n",
+                           G, tc->batch_size, W, rows);
+        return -1;
+    }
+    if (tc->grad_accum && tc->grad_accum != G / rows) {
+        if (rank0) fprintf(stderr, "error: --global_batch_size %ld with --batch_size %d on %d rank(s) means --gradient_accumulation_steps "
+                           "%ld, not %d (give one of the two)\n", G, tc->batch_size, W, G / rows, tc->grad_accum);
+        return -1;
+    }
+    tc->grad_accum = (int)(G / rows);
+    return 0;
+}
+
+// --batch_size auto: the most rows per micro-batch (up to BATCH_SIZE_MAX) whose memory
+// plan (memory_plan with the backend's model_plan) fits model_memory_budget on every rank;
+// with --global_batch_size, the most of those whose global micro-batch (B x W rows)
+// divides it, gradient accumulation making up the rest. Sets tc->batch_size. The plan
+// grows with B, so a bisection finds it. Collective: 0 ok, -1 on every rank (a failing
+// rank says why).
+static int batch_auto(TrainConfig *tc, Model *m, Fsdp *f, const Dataset *train, const Dataset *val, int T) {
+    const double MiB = 1048576.0;
+    int W = f->world.size, recompute = !strcmp(tc->chunk_memory, "recompute"), lo = 0, hi = BATCH_SIZE_MAX; // lo fits (0: none)
+    double budget = model_memory_budget(m, tc->memory_limit * 1073741824.0), need[2];
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        model_plan(m, mid, T, tc->chunk_size, recompute, tc->num_output_chunks);
+        if (memory_plan(m, train, val, 0) <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    long G = tc->global_batch_size;
+    if (G % W) lo = 0; // no B x W rows divide it (batch_derive would say so, later)
+    while (lo > 0 && G && G % ((long)lo * W)) lo--;
+    for (int i = 0; i < 2; i++) { // what the chosen batch and one more row need (for the message)
+        model_plan(m, lo + i > 0 ? lo + i : 1, T, tc->chunk_size, recompute, tc->num_output_chunks);
+        need[i] = memory_plan(m, train, val, 0);
+    }
+    if (!lo && G % W) fprintf(stderr, "error: --global_batch_size %ld is not a multiple of the %d ranks\n", G, W);
+    else if (!lo)
+        fprintf(stderr, "error: --batch_size auto: even one row per micro-batch needs a memory plan of %.1f MiB, more than the "
+                "%.1f MiB %s for it%s (less memory: --chunk_size with --chunk_memory recompute, --activation_checkpointing, "
+                "--max_seq_len, sharding over more ranks)\n", need[0] / MiB, fmax(budget, 0) / MiB,
+                tc->memory_limit > 0 ? "--memory_limit leaves" : "free", f->world.size > 1 ? " on this rank" : "");
+    float mine = (float)lo, *all = (float *)mallocCheck((size_t)W * sizeof(float)); // exact: lo <= 2^16
+    fsdp_all_gather(&f->world, all, &mine, 1);
+    int B = BATCH_SIZE_MAX;
+    for (int i = 0; i < W; i++) B = all[i] < B ? (int)all[i] : B;
+    free(all);
+    if (B == 0) return -1;
+    tc->batch_size = B;
+    if (f->world.rank == 0)
+        printf("--batch_size auto: %d rows per micro-batch%s: a memory plan of %.1f MiB of the %.1f MiB %s (%d rows: %.1f MiB)\n",
+               B, W > 1 ? " (the least of every rank's)" : "", need[0] / MiB, budget / MiB,
+               tc->memory_limit > 0 ? "--memory_limit leaves for it" : "free", lo + 1, need[1] / MiB);
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -1070,9 +1182,6 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T) {
     int W = f->world.size;
     int failed = mkdir_p(tc->output_dir) != 0;
     if (failed) fprintf(stderr, "error: cannot create --output_dir '%s': %s\n", tc->output_dir, strerror(errno));
-    print_config(tc);
-    if (W > 1)
-        printf("%d ranks, %s: shard groups of %d, %d replica(s)\n", W, f->info->name, f->shard.size, f->replica.size);
     failed = failed || (tc->resume[0] && checkpoint_resolve(tc->resume, r->resume_dir, sizeof r->resume_dir) != 0);
     failed = failed || (tc->resume[0] && checkpoint_verify(r->resume_dir, f->world.rank, W) != 0); // each rank its share of the files
     if (tc->tokenizer[0]) snprintf(r->tokpath, sizeof r->tokpath, "%s", tc->tokenizer);
@@ -1083,13 +1192,19 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T) {
     }
     if (failed_anywhere(r, failed || load_data(tc, r, r->tokpath, T) != 0)) return 1;
     Model *m = &r->m;
-    failed = model_setup(m, f, tc, tc->batch_size, *T, tc->resume[0] ? r->resume_dir : NULL) != 0;
+    failed = model_load_host(m, f, tc, tc->resume[0] ? r->resume_dir : NULL) != 0;
     const Config *c = &m->host.config;
     if (!failed && r->tok.vocab_size > c->vocab_size) {
         fprintf(stderr, "error: %s has %d pieces but the model's vocab_size is %d\n", r->tokpath, r->tok.vocab_size, c->vocab_size);
         failed = 1;
     }
     if (failed_anywhere(r, failed)) return 1;
+    if (!tc->batch_size && (batch_auto(tc, m, f, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, *T) != 0 ||
+                            batch_derive(tc, W, f->world.rank == 0) != 0)) return 1;
+    model_alloc(m, tc->batch_size, *T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
+    print_config(tc);
+    if (W > 1)
+        printf("%d ranks, %s: shard groups of %d, %d replica(s)\n", W, f->info->name, f->shard.size, f->replica.size);
     m->row0 = f->world.rank * tc->batch_size;
     optimizer_init(&r->opt, m);
     return 0;
@@ -1215,9 +1330,11 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         if (f->world.rank == 0) fprintf(stderr, "error: this trainer runs one process; %d were started (the CPU trainer train_llama2 runs several)\n", W);
         return 1;
     }
-    int B = tc->batch_size, GA = tc->grad_accum, T = 0;
+    int T = 0;
     TrainState ts = {0, 0, 0, 0, 0};
+    if (tc->batch_size && batch_derive(tc, W, f->world.rank == 0) != 0) return 1; // auto: once train_load chose the batch
     if (train_load(tc, r, &T) != 0 || (tc->resume[0] && train_resume(tc, r, &ts) != 0)) return 1;
+    int B = tc->batch_size, GA = tc->grad_accum;
     if (tc->export_hf[0] && !tc->dry_run) {
         printf("exporting %s (step %d) to %s/\n", r->resume_dir, ts.step, tc->export_hf);
         return save_outputs(tc, r, tc->export_hf, r->tokpath);

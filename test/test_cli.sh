@@ -50,6 +50,17 @@ expect_error "bad batching" "--batching: 'pack' is not one of padding, packing" 
 expect_error "bad data format" "--data_format: 'csv' is not one of" --model $FIX/tiny_gqa "${RUN[@]}" --data_format csv
 expect_error "val_data with val_split" "--val_data and --val_split do not go together" --model $FIX/tiny_gqa "${RUN[@]}" --val_data "$DATA" --val_split 0.1
 expect_error "bad val_split" "--val_split: '1.5' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --val_split 1.5
+expect_error "bad --batch_size" "--batch_size: 'most' is not an integer in \[1, 65536\] or auto" --model $FIX/tiny_gqa "${RUN[@]}" --batch_size most
+expect_error "--batch_size auto without --memory_limit on the CPU" "--batch_size auto needs --memory_limit GiB" --model $FIX/tiny_gqa "${RUN[@]}" --batch_size auto
+expect_error "--memory_limit without --batch_size auto" "--memory_limit is what --batch_size auto fits the batch in" --model $FIX/tiny_gqa "${RUN[@]}" --memory_limit 1
+expect_error "negative --memory_limit" "--memory_limit: '-1' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --batch_size auto --memory_limit -1
+expect_error "--memory_limit below one row's plan" "--batch_size auto: even one row per micro-batch needs a memory plan of [0-9.]+ MiB, more than the [0-9.]+ MiB --memory_limit leaves" \
+    --model $FIX/tiny_gqa "${RUN[@]}" --batch_size auto --memory_limit 0.002
+expect_error "negative --global_batch_size" "--global_batch_size: '-8' is not an integer" --model $FIX/tiny_gqa "${RUN[@]}" --global_batch_size -8
+expect_error "--global_batch_size that the batch does not divide" "--global_batch_size 5 is not a multiple of --batch_size 2 x 1 rank\(s\) = 2 rows" \
+    --model $FIX/tiny_gqa "${RUN[@]}" --global_batch_size 5
+expect_error "--global_batch_size against --gradient_accumulation_steps" "--global_batch_size 8 with --batch_size 2 on 1 rank\(s\) means --gradient_accumulation_steps 4, not 3" \
+    --model $FIX/tiny_gqa "${RUN[@]}" --global_batch_size 8 --gradient_accumulation_steps 3
 "$BIN" --model $FIX/tiny_gqa --data "$DATA" --max_seq_len 24 --dry_run --output_dir "$TMP/dry" >"$TMP/dry.log" 2>&1
 if [ $? -eq 0 ] && grep -q "memory plan" "$TMP/dry.log" && grep -q "lr_scheduler" "$TMP/dry.log" && ! grep -q "^step 1" "$TMP/dry.log"; then
     echo "ok cli: --dry_run prints the configuration and the memory plan, and trains nothing"

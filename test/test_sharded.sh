@@ -6,7 +6,8 @@
 # (whole sequences, dropout, all-linear) and full fine-tuning (tied embeddings,
 # chunks of 7 with a KV carry): with the same global batch (12 rows = W ranks x
 # 12/W, 2 micro-batches a step) the 10-step trajectory and the final trainable
-# weights equal one process's; and so at W = 2 for each family's fixture. Then a checkpoint saved at W = 3 resumed at W = 2
+# weights equal one process's; and so at W = 2 for each family's fixture, and with
+# --global_batch_size at W = 1, 2 and 4 (a W = 4 checkpoint of it resumed at W = 2). Then a checkpoint saved at W = 3 resumed at W = 2
 # and W = 1 (and one process's at W = 3) continues the uninterrupted trajectory;
 # --export_hf; a corrupt shard
 # is refused; and faults: a rank with bad input, a rank that dies, SIGTERM to
@@ -133,6 +134,23 @@ same_run "full fine-tuning, W = 4, HYBRID_SHARD in two groups of two == one proc
 grep -q "4 ranks, HYBRID_SHARD: shard groups of 2, 2 replica(s)" "$TMP/full-4-hybrid.log"
 check "W = 4 HYBRID_SHARD says its groups" $? "$(head -3 "$TMP/full-4-hybrid.log")"
 
+# --global_batch_size 24 (COMMON's accumulation reset to 0: derived): 8, 4 and 2 micro-batches of
+# 3 rows at W = 1, 2 and 4 train one process's 2 x 12; a checkpoint of W = 4 resumes at W = 2
+for w in 1 2 4; do
+    run $w "$TMP/gbs-$w" "${FULL[@]}" --batch_size 3 --gradient_accumulation_steps 0 --global_batch_size 24
+    grep -q "10 steps of $((8 / w)) x $w x 3 rows" "$TMP/gbs-$w.log"
+    check "--global_batch_size 24 at W = $w: $((8 / w)) micro-batches of 3 rows on each rank" $? "$(grep "steps of" "$TMP/gbs-$w.log")"
+    same_run "--global_batch_size 24, W = $w == one process's 2 x 12 rows" "$TMP/full1" "$TMP/gbs-$w" model.safetensors
+done
+run 4 "$TMP/gbs-save4" "${FULL[@]}" --batch_size 3 --gradient_accumulation_steps 0 --global_batch_size 24 --save_every 5 --keep_checkpoints 0
+out="$TMP/gbs-resume2"
+mkdir -p "$out" && cp -r "$TMP/gbs-save4/checkpoint-5" "$out/" && head -5 "$TMP/gbs-save4.jsonl" >"$out.jsonl"
+run 2 "$out" "${FULL[@]}" --batch_size 3 --gradient_accumulation_steps 0 --global_batch_size 24 --resume "$out"
+grep -q "resumed from $out/checkpoint-5 at step 5" "$out.log" && grep -q "10 steps of 4 x 2 x 3 rows" "$out.log"
+check "--global_batch_size 24: the W = 4 checkpoint resumes at W = 2, with 4 micro-batches" $? "$(tail -3 "$out.log")"
+same_run "--global_batch_size 24: saved at W = 4, resumed at W = 2 == uninterrupted (steps 6-10, final weights)" \
+    "$TMP/gbs-save4" "$out" model.safetensors 6
+
 # a checkpoint saved at W = 3 (full fine-tuning: each rank its shards) resumed at W = 2 and W = 1
 run 3 "$TMP/save3" "${FULL[@]}" --batch_size 4 --save_every 5 --keep_checkpoints 0
 [ $? -eq 0 ] && [ -f "$TMP/save3/checkpoint-5/fsdp_index.json" ] && [ -f "$TMP/save3/checkpoint-5/fsdp-00002-of-00003.safetensors" ]
@@ -157,7 +175,7 @@ mkdir -p "$out" && cp -r "$TMP/lora-save3/checkpoint-5" "$out/" && head -5 "$TMP
 run 2 "$out" "${LORA[@]}" --batch_size 6 --resume "$out"
 same_run "LoRA saved at W = 3, resumed at W = 2 == uninterrupted (steps 6-10, final adapter)" "$TMP/lora-save3" "$out" adapter_model.safetensors 6
 run 2 "$TMP/badbatch" "${FULL[@]}" --batch_size 4 --resume "$TMP/save3/checkpoint-5"
-[ $? -ne 0 ] && grep -q "the global batch was 3 rank(s) x 4 rows" "$TMP/badbatch.log"
+[ $? -ne 0 ] && grep -q "the global batch was 24 rows in the checkpoint (3 rank(s) x 2 micro-batches x 4 rows) and is 16 now" "$TMP/badbatch.log"
 check "a resume with another global batch is refused" $? "$(tail -3 "$TMP/badbatch.log")"
 
 # --export_hf: the consolidated model of a sharded checkpoint, at any world size, is the run's own final model
