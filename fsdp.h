@@ -1312,8 +1312,13 @@ static inline int fsdp_load_model(const FsdpUnits *u, StModel *sm, int rank, flo
 #define FSDP_CKPT_BLOCK ((size_t)1 << 20) // elements per checksum (4 MiB): what a reader reads beyond its range at most twice per tensor
 #define FSDP_MAX_SHARDS FSDP_MAX_RANKS
 
-// one of a rank's flat shard buffers (u->shard_numel floats): {"params", p}, {"exp_avg", m}, ...
-typedef struct { const char *name; float *data; } FsdpBuffer;
+// one of a rank's flat shard buffers: {"params", p}, {"exp_avg", m}, ... data holds the
+// shards of units first .. n_units - 1 (first > 0: the units before it are frozen and have
+// no such buffer), unit i at units[i].shard_offset - units[first].shard_offset
+typedef struct { const char *name; float *data; int first; } FsdpBuffer;
+static inline float *fsdp__buffer_unit(const FsdpUnits *u, const FsdpBuffer *b, int i) {
+    return b->data + (u->units[i].shard_offset - u->units[b->first].shard_offset);
+}
 
 // dir/name, or dir/fsdp-<k>-of-<shards>.safetensors when name is NULL; -1 with a message if too long
 #define FSDP_PATH_MAX 4096
@@ -1339,7 +1344,8 @@ static inline char *fsdp__checksums(const float *x, size_t n) {
 // Writes shard `rank` of the buffers: dir/fsdp-<rank>-of-<n>.safetensors (atomically).
 // 0 ok, -1 with a message.
 static inline int fsdp_save_shard(const char *dir, const FsdpUnits *u, const FsdpBuffer *bufs, int nb, int rank, const char *fingerprint) {
-    int nt = nb * u->n_units;
+    int nt = 0;
+    for (int b = 0; b < nb; b++) nt += u->n_units - bufs[b].first;
     StWriteTensor *ts = (StWriteTensor *)callocCheck((size_t)nt, sizeof(StWriteTensor));
     char (*names)[FSDP_NAME_MAX] = (char (*)[FSDP_NAME_MAX])callocCheck((size_t)nt, FSDP_NAME_MAX);
     const char **meta = (const char **)callocCheck(2 * ((size_t)nt + 4), sizeof(char *));
@@ -1348,18 +1354,18 @@ static inline int fsdp_save_shard(const char *dir, const FsdpUnits *u, const Fsd
     snprintf(shards, sizeof shards, "%d", u->n_shards);
     const char *fixed[8] = {"format", FSDP_CKPT_FORMAT, "fingerprint", fingerprint, "shard", shard, "shards", shards};
     memcpy(meta, fixed, sizeof fixed);
-    for (int b = 0; b < nb; b++)
-        for (int i = 0; i < u->n_units; i++) {
-            int k = b * u->n_units + i;
+    for (int b = 0, k = 0; b < nb; b++)
+        for (int i = bufs[b].first; i < u->n_units; i++, k++) {
             const FsdpUnit *un = &u->units[i];
+            const float *data = fsdp__buffer_unit(u, &bufs[b], i);
             snprintf(names[k], FSDP_NAME_MAX, "%s/%s", bufs[b].name, un->name);
             ts[k].name = names[k];
             ts[k].dtype = ST_F32;
             ts[k].ndim = 1;
             ts[k].shape[0] = (int64_t)un->shard;
-            ts[k].data = bufs[b].data + un->shard_offset;
+            ts[k].data = data;
             meta[8 + 2 * k] = names[k]; // the checksums are stored under the tensor's name
-            meta[8 + 2 * k + 1] = fsdp__checksums(bufs[b].data + un->shard_offset, un->shard);
+            meta[8 + 2 * k + 1] = fsdp__checksums(data, un->shard);
         }
     char path[FSDP_PATH_MAX];
     int rc = fsdp__path(path, dir, NULL, rank, u->n_shards) || st_write(path, ts, nt, meta, nt + 4) ? -1 : 0;
@@ -1528,9 +1534,9 @@ static inline int fsdp_load(const char *dir, const FsdpUnits *u, FsdpBuffer *buf
     files = (StFile *)callocCheck((size_t)shards, sizeof(StFile));
     block = (float *)mallocCheck(FSDP_CKPT_BLOCK * sizeof(float));
     for (int b = 0; b < nb; b++)
-        for (int i = 0; i < u->n_units; i++) {
+        for (int i = bufs[b].first; i < u->n_units; i++) {
             const FsdpUnit *un = &u->units[i];
-            float *dst = bufs[b].data + un->shard_offset;
+            float *dst = fsdp__buffer_unit(u, &bufs[b], i);
             size_t begin, count = fsdp_shard_range(un->numel, u->n_shards, rank, &begin);
             size_t S = fsdp_shard_size(un->numel, shards); // the saved shards' size
             memset(dst, 0, un->shard * sizeof(float));

@@ -313,14 +313,33 @@ static void model_units(const Config *c, FsdpUnits *u, int n_shards) {
                      c->vocab_size, c->tied, n_shards);
 }
 
-// where tensor j of unit u starts in the whole model's flat layout (param_layout's):
-// the map between a unit's flat buffer and the whole model's weights, gradients, moments
-static size_t model_tensor_offset(const Config *c, int u, int j) {
+// The flat layout of the units from `first` on: param_layout's order with the
+// units before it left out, each tensor type holding layers first - 1 .. L - 1
+// (first > 0: the embedding and layers 0 .. first - 2 are out). first = 0 is the
+// whole model's layout; with the first units frozen (--freeze_layers) it is the
+// layout of the trainable weights' gradients and moments.
+static size_t param_numel_from(const Config *c, int first, int p) {
+    if (p == P_HEAD && c->tied) return 0;
+    if (p == P_EMBED) return first > 0 ? 0 : param_numel(c, p);
+    if (!param_per_layer(p)) return param_numel(c, p);
+    int skipped = first > 1 ? first - 1 : 0; // layers left out
+    return param_numel(c, p) / c->n_layers * (size_t)(c->n_layers - skipped);
+}
+// where tensor j of unit u >= first starts in that layout: the map between a unit's
+// flat buffer and the whole model's weights (first = 0), gradients, moments
+static size_t model_tensor_offset_from(const Config *c, int first, int u, int j) {
     int p = u == 0 ? P_EMBED : u > c->n_layers ? (j ? P_HEAD : P_NORM) : P_ATTN_NORM + j;
     size_t off = 0;
-    for (int q = 0; q < p; q++) off += q == P_HEAD && c->tied ? 0 : param_numel(c, q);
-    if (param_per_layer(p)) off += (size_t)(u - 1) * (param_numel(c, p) / c->n_layers);
+    for (int q = 0; q < p; q++) off += param_numel_from(c, first, q);
+    if (param_per_layer(p)) off += (size_t)(u - (first > 1 ? first : 1)) * (param_numel(c, p) / c->n_layers);
     return off;
+}
+static size_t model_tensor_offset(const Config *c, int u, int j) { return model_tensor_offset_from(c, 0, u, j); }
+// the size of that layout
+static size_t model_numel_from(const Config *c, int first) {
+    size_t n = 0;
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) n += param_numel_from(c, first, p);
+    return n;
 }
 
 // the shapes of the seven linear layers peft can adapt, in LORA_* order
@@ -345,6 +364,8 @@ typedef struct {
     float *shards;            // sharded (units.n_shards > 1): this rank's shard of every unit
                               // (units.shard_numel, fsdp.h's layout); NULL when whole
     int full_finetune;        // train every weight (else LoRA on frozen weights)
+    int frozen_units;         // full fine-tuning: units 0 .. frozen_units - 1 do not train (the
+                              // embedding and the first --freeze_layers layers; 0: every unit trains)
     int use_lora;
     LoRA lora;                // adapters: shapes, targets, dropout flag, params (and grads)
 } HostModel;
@@ -355,6 +376,12 @@ static void host_model_free(HostModel *h) {
     fsdp_units_free(&h->units);
     lora_free(&h->lora); // a zeroed LoRA frees nothing
     memset(h, 0, sizeof *h);
+}
+
+// how many weights train in full fine-tuning: whole, or this rank's shards of the trainable units
+static size_t model_trainable_numel(const HostModel *h) {
+    if (h->shards) return h->units.shard_numel - h->units.units[h->frozen_units].shard_offset;
+    return model_numel_from(&h->config, h->frozen_units);
 }
 
 // ----------------------------------------------------------------------------
@@ -478,12 +505,14 @@ static int model_init_random(HostModel *m, const char *dir, uint64_t seed, int r
     return n > 1 ? fsdp_read_shard(&m->units, rank, m->shards, random_tensor, &r) : model_fill(m, "drawing random weights", random_tensor, &r);
 }
 
-// unit u, whole (unit, its flat buffer) into the whole model's flat layout dst
-// (weights, gradients or moments: param_layout's order)
-static void model_put_unit(const HostModel *m, int u, const float *unit, float *dst) {
+// unit u >= first, whole (unit, its flat buffer) into the flat layout dst of the units from
+// first on (model_tensor_offset_from: the whole model's weights with first = 0; gradients or
+// moments, with first = frozen_units)
+static void model_put_unit(const HostModel *m, int first, int u, const float *unit, float *dst) {
     const FsdpUnit *un = &m->units.units[u];
     for (int j = 0; j < un->n_tensors; j++)
-        memcpy(dst + model_tensor_offset(&m->config, u, j), unit + un->tensors[j].offset, un->tensors[j].numel * sizeof(float));
+        memcpy(dst + model_tensor_offset_from(&m->config, first, u, j), unit + un->tensors[j].offset,
+               un->tensors[j].numel * sizeof(float));
 }
 
 // full fine-tuning output: a Hugging Face folder (config.json and the tokenizer,

@@ -219,7 +219,7 @@ typedef struct {
     HostModel host;           // config, weights, LoRA: on the CPU the only copy
     Fsdp *fsdp;               // the ranks (set by the trainer before model_alloc; NULL: one process)
     int sharded;              // the base weights are host.shards, sharded over fsdp->shard
-    ParameterTensors g;       // gradients of the base weights (full fine-tuning, whole model)
+    ParameterTensors g;       // gradients of the base weights (full fine-tuning, whole model, no frozen units)
     float *grads;             // full fine-tuning: the whole model's gradients (param_layout's order),
                               // or when sharded this rank's shard of them (host.units.shard_numel)
     float **slot;             // (n_slots) units gathered whole: two (the embedding's, and one the
@@ -662,13 +662,14 @@ static LayerWeights layer_params(Model *m, int l) {
     return layer_weights(t);
 }
 
-// Full fine-tuning's gradients. Whole: added straight into m->grads over the
+// Full fine-tuning's gradients, of the trainable units only (u >= host.frozen_units).
+// Whole: added straight into m->grads (model_tensor_offset_from's layout) over the
 // step's chunks and micro-batches. Sharded: a unit's backward adds into the
 // unit's gradient, whole, zeroed when it opens; grads_done then reduce-scatters
 // it over the shard group and adds this rank's shard into m->grads. (Tied
 // embeddings: the embedding's stays open from the head to the embedding's backward.)
 static float *grad_at(Model *m, int u, int j) {
-    if (!m->sharded) return m->grads + model_tensor_offset(&m->host.config, u, j);
+    if (!m->sharded) return m->grads + model_tensor_offset_from(&m->host.config, m->host.frozen_units, u, j);
     const FsdpUnit *un = &m->host.units.units[u];
     int b = u != 0;
     if (m->grad_open[b] != u) {
@@ -681,7 +682,7 @@ static void grads_done(Model *m, int u) {
     if (!m->sharded) return;
     const FsdpUnit *un = &m->host.units.units[u];
     fsdp_reduce_scatter(&m->fsdp->shard, m->grad_part, m->unit_grad[u != 0], un->shard); // collective
-    float *mine = m->grads + un->shard_offset;
+    float *mine = m->grads + (un->shard_offset - m->host.units.units[m->host.frozen_units].shard_offset);
     for (size_t i = 0; i < un->shard; i++) mine[i] += m->grad_part[i];
     m->grad_open[u != 0] = -1;
 }
@@ -725,6 +726,7 @@ static void model_alloc_sharded(Model *m, int alloc) {
     for (int i = 0; i < u->n_units; i++) {
         size_t whole = G * u->units[i].shard, s = unit_slot(m, i); // padding included
         need[s] = whole > need[s] ? whole : need[s];
+        if (i < m->host.frozen_units) continue; // no gradient
         grad[i != 0] = whole > grad[i != 0] ? whole : grad[i != 0];
         widest = u->units[i].shard > widest ? u->units[i].shard : widest;
     }
@@ -744,7 +746,7 @@ static void model_alloc_sharded(Model *m, int alloc) {
         m->grad_open[b] = -1;
     }
     m->grad_part = (float *)alloc_counted(widest * sizeof(float), &m->param_bytes, alloc);
-    if (alloc) m->grads = (float *)callocCheck(u->shard_numel, sizeof(float));
+    if (alloc) m->grads = (float *)callocCheck(model_trainable_numel(&m->host), sizeof(float));
     // fsdp.h's reduce-scatter receives every rank's block of a unit: the shard communicator
     // keeps room for the biggest (counted here, allocated at its first use)
     m->param_bytes += (grad[0] > grad[1] ? grad[0] : grad[1]) * sizeof(float);
@@ -818,11 +820,11 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     // LoRA's live apart from the base weights
     m->weight_bytes = m->param_bytes = 0;
     m->sharded = m->host.shards != NULL;
-    size_t n = m->host.use_lora ? m->host.lora.num_params : m->sharded ? m->host.units.shard_numel : m->host.num_params;
+    size_t n = m->host.use_lora ? m->host.lora.num_params : model_trainable_numel(&m->host);
     if (m->sharded) model_alloc_sharded(m, alloc);
     else if (m->host.full_finetune && alloc) {
         m->grads = (float *)callocCheck(n, sizeof(float));
-        param_layout(c, &m->g, m->grads);
+        if (!m->host.frozen_units) param_layout(c, &m->g, m->grads);
     }
     m->weight_bytes += (m->sharded ? m->host.units.shard_numel : m->host.num_params) * sizeof(float);
     m->param_bytes += n * sizeof(float) * (m->host.use_lora ? 4 : 3);
@@ -980,7 +982,9 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
     const float *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
     int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
     float *norm = param_at(m, hu, 0), *head = head_weight(m);
-    float *dnorm = full ? grad_at(m, hu, 0) : NULL, *dhead = full ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : NULL;
+    // tied embeddings: the head is the embedding, frozen with it (--freeze_layers); the final norm trains
+    int head_trains = full && !(c->tied && m->host.frozen_units);
+    float *dnorm = full ? grad_at(m, hu, 0) : NULL, *dhead = head_trains ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : NULL;
     rmsnorm_forward(a->lnf, a->rstdf, xL, norm, N, D, c->norm_eps);
     if (grad_scale != 0.0f) memset(a->dln, 0, (size_t)N * D * sizeof(float));
     double loss = 0;
@@ -1015,8 +1019,10 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
     size_t carry = (size_t)ch->B * ch->T * KV;
-    int full = m->host.full_finetune;
-    for (int l = c->n_layers - 1; l >= 0; l--) {
+    int full = m->host.full_finetune, frozen = m->host.frozen_units;
+    // frozen units (the embedding and layers 0 .. frozen - 2) need no gradient, and nothing
+    // below them trains: the backward stops at the first layer that trains
+    for (int l = c->n_layers - 1; l >= (frozen ? frozen - 1 : 0); l--) {
         if (m->activation_checkpointing) layer_forward(m, s, ch, l);
         LayerWeights w = layer_params(m, l), g = {0};
         if (full) g = layer_grads(m, l);
@@ -1046,7 +1052,7 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         rmsnorm_backward(a->dresid, g.attn_norm, a->dln, act.x, w.attn_norm, act.rstd1, N, D);
         if (full) grads_done(m, fsdp_layer_unit(l));
     }
-    if (full) {
+    if (full && !frozen) {
         chunk_tokens(a->tokens, tokens, ch);
         embedding_backward(grad_at(m, 0, 0), a->dresid, a->tokens, N, D);
         grads_done(m, 0);
@@ -1129,7 +1135,10 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 // optimizer: AdamW as torch.optim.AdamW, clipping as torch.nn.utils.clip_grad_norm_
 
 typedef struct {
-    float *params, *grads;  // the trainable parameters, flat (sharded: this rank's shard of them)
+    float *run[NUM_PARAM_TENSORS]; // the trainable parameters: runs of memory, n_runs of them, run_n[k]
+    size_t run_n[NUM_PARAM_TENSORS]; // long; one run (LoRA's, a shard, the whole model) or with frozen
+    int n_runs;             // units a run per tensor type of the whole model (model_trainable_runs)
+    float *grads;           // (n) their gradients, the runs one after another
     size_t n;
     float *m, *v;           // AdamW moments
     int t;                  // optimizer steps taken
@@ -1142,13 +1151,17 @@ static void adamw_update(Optimizer *o, float lr, float beta1, float beta2, float
     o->t++;
     double bc1 = 1.0 - pow(beta1, o->t), bc2 = 1.0 - pow(beta2, o->t);
     float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    #pragma omp parallel for
-    for (size_t i = 0; i < o->n; i++) {
-        float g = o->grads[i];
-        float mi = o->m[i] = beta1 * o->m[i] + (1.0f - beta1) * g;
-        float vi = o->v[i] = beta2 * o->v[i] + (1.0f - beta2) * g * g;
-        o->params[i] *= 1.0f - lr * wd;
-        o->params[i] -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    size_t off = 0; // the run's first element in grads, m, v
+    for (int r = 0; r < o->n_runs; off += o->run_n[r++]) {
+        float *p = o->run[r], *gr = o->grads + off, *m = o->m + off, *v = o->v + off;
+        #pragma omp parallel for
+        for (size_t i = 0; i < o->run_n[r]; i++) {
+            float g = gr[i];
+            float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+            float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+            p[i] *= 1.0f - lr * wd;
+            p[i] -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        }
     }
 }
 
@@ -1168,16 +1181,42 @@ static void clip_grads(float *g, size_t n, double norm, float max_norm) {
     for (size_t i = 0; i < n; i++) g[i] = (float)(g[i] * coef);
 }
 
+// The trainable weights of full fine-tuning (units frozen_units ..) in the whole model's
+// layout: a run of param_layout's order per tensor type (its layers from the first
+// trainable one), run k at first[k], count[k] long; returns the number of runs. Their
+// gradients and moments lie one after another in model_tensor_offset_from's layout.
+static int model_trainable_runs(const HostModel *h, size_t first[NUM_PARAM_TENSORS], size_t count[NUM_PARAM_TENSORS]) {
+    const Config *c = &h->config;
+    int n = 0, skipped = h->frozen_units > 1 ? h->frozen_units - 1 : 0; // frozen layers
+    size_t off = 0; // where tensor type p starts in the whole layout
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        size_t keep = param_numel_from(c, h->frozen_units, p), whole = p == P_HEAD && c->tied ? 0 : param_numel(c, p);
+        if (keep) {
+            first[n] = off + (param_per_layer(p) ? skipped * (whole / c->n_layers) : 0);
+            count[n++] = keep;
+        }
+        off += whole;
+    }
+    return n;
+}
 // The trainable parameters: LoRA's (every rank holds them whole), or every base
-// weight, whole or this rank's shard. Replicated parameters sum their gradients
-// over every rank; shards over the ranks that hold the same shard (the replica
-// group), and their norm over the shard group.
+// weight of the units that train, whole or this rank's shard. Replicated parameters
+// sum their gradients over every rank; shards over the ranks that hold the same shard
+// (the replica group), and their norm over the shard group.
 static void optimizer_init(Optimizer *o, Model *m) {
     memset(o, 0, sizeof *o);
-    int shard = m->sharded && !m->host.use_lora;
-    o->params = m->host.use_lora ? m->host.lora.params : shard ? m->host.shards : m->host.params;
-    o->grads = m->host.use_lora ? m->host.lora.grads : m->grads;
-    o->n = m->host.use_lora ? m->host.lora.num_params : shard ? m->host.units.shard_numel : m->host.num_params;
+    HostModel *h = &m->host;
+    int shard = m->sharded && !h->use_lora;
+    size_t first[NUM_PARAM_TENSORS];
+    o->n_runs = 1;
+    if (h->use_lora) o->run[0] = h->lora.params, o->run_n[0] = h->lora.num_params;
+    else if (shard) o->run[0] = h->shards + h->units.units[h->frozen_units].shard_offset, o->run_n[0] = model_trainable_numel(h);
+    else {
+        o->n_runs = model_trainable_runs(h, first, o->run_n);
+        for (int r = 0; r < o->n_runs; r++) o->run[r] = h->params + first[r];
+    }
+    o->grads = h->use_lora ? h->lora.grads : m->grads;
+    for (int r = 0; r < o->n_runs; r++) o->n += o->run_n[r];
     o->m = (float *)callocCheck(o->n, sizeof(float));
     o->v = (float *)callocCheck(o->n, sizeof(float));
     if (m->fsdp) {
@@ -1219,6 +1258,7 @@ static double model_peak_mb(Model *m) {
 // it less the resident memory outside the plan now (the program, its libraries and MPI:
 // all but the base weights, which are loaded and which the plan counts already).
 static const int backend_measures_free_memory = 0;
+static const int backend_freezes_layers = 1; // --freeze_layers: host.frozen_units train not
 static double model_memory_budget(Model *m, double limit) {
     long pages = 0, resident = 0;
     FILE *f = fopen("/proc/self/statm", "r");

@@ -389,7 +389,7 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
     m->n_slots = recompute ? 1 : (T + C - 1) / C;
     m->sharded = h->shards != NULL;
-    m->n_train = h->use_lora ? h->lora.num_params : m->sharded ? h->units.shard_numel : h->num_params;
+    m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h); // (no frozen units here: every weight)
     if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
@@ -409,6 +409,7 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
 // workspace, bf16's upload staging, NCCL's buffers, fragmentation): 5% of the GPU, at
 // least 1 GiB; and no more than --memory_limit when given (a dry run: that alone).
 static const int backend_measures_free_memory = 1;
+static const int backend_freezes_layers = 0; // --freeze_layers: the CPU trainer only, so far
 static double model_memory_budget(Model *m, double limit) {
     if (m->dry_run && limit > 0) return limit; // a dry run touches no GPU: the limit alone
     if (m->fsdp && m->fsdp->world.size > 1) set_device(m); // this rank's GPU (model_alloc sets it again)

@@ -54,6 +54,8 @@
 //   void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks);
 //       everything but m->host, for chunks of C positions (C <= 0 or > T: T);
 //       a GPU backend uploads m->host here
+//   static const int backend_freezes_layers;  1: the backend trains full fine-tuning with
+//                              host.frozen_units > 0 (--freeze_layers); 0: it refuses them
 //   static const int backend_measures_free_memory;  1: model_memory_budget knows what is
 //                              free without --memory_limit; 0: --batch_size auto needs it
 //   double model_memory_budget(Model *m, double limit);
@@ -141,7 +143,7 @@ typedef struct {
     const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
     float memory_limit;
-    int eval_every, full_finetune, lora_r, use_rslora, threads, chunk_size, num_output_chunks, activation_checkpointing;
+    int eval_every, full_finetune, freeze_layers, lora_r, use_rslora, threads, chunk_size, num_output_chunks, activation_checkpointing;
     float lr, weight_decay, grad_clip, beta1, beta2, eps, lora_alpha, lora_dropout;
     const char *lr_scheduler, *lora_target_modules, *chunk_memory;
     const char *resume;
@@ -196,6 +198,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"shuffle", OPT_INT, &(tc)->shuffle, "1", "1: shuffle rows every epoch, 0: file order", 0, 1}, \
     {"eval_every", OPT_INT, &(tc)->eval_every, "0", "evaluate --val_data every N steps (0: only at the end)", 0, 1 << 30}, \
     {"full_finetune", OPT_FLAG, &(tc)->full_finetune, "0", "train every weight instead of LoRA adapters", 0, 1}, \
+    {"freeze_layers", OPT_INT, &(tc)->freeze_layers, "0", "with --full_finetune: the embedding (and a head tied to it) and the first N decoder layers do not train: no gradient, no AdamW state (llama-recipes' freeze_layers / num_freeze_layers, which leaves the embedding training)", 0, 1 << 20}, \
     {"lora_r", OPT_INT, &(tc)->lora_r, "8", "LoRA rank", 1, 65536}, \
     {"lora_alpha", OPT_FLOAT, &(tc)->lora_alpha, "16", "LoRA alpha (scale = alpha / r)", 0, 1e6}, \
     {"lora_dropout", OPT_FLOAT, &(tc)->lora_dropout, "0.05", "dropout on the LoRA input", 0, 0.99}, \
@@ -373,6 +376,14 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --merge_adapter folds a LoRA adapter in; with --full_finetune there is none\n");
         return -1;
     }
+    if (tc->freeze_layers && !tc->full_finetune) {
+        fprintf(stderr, "error: --freeze_layers freezes layers of full fine-tuning: give it with --full_finetune (LoRA trains no base weight)\n");
+        return -1;
+    }
+    if (tc->freeze_layers && !backend_freezes_layers) {
+        fprintf(stderr, "error: --freeze_layers is not in this trainer yet (train_llama2, the CPU trainer, runs it)\n");
+        return -1;
+    }
     if (tc->full_finetune && tc->from_peft_checkpoint[0]) {
         fprintf(stderr, "error: --from_peft_checkpoint and --full_finetune do not go together\n");
         return -1;
@@ -430,6 +441,13 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     if (rc != 0) { host_model_free(h); return -1; }
     h->full_finetune = tc->full_finetune;
     h->use_lora = !tc->full_finetune;
+    if (tc->freeze_layers > h->config.n_layers) {
+        fprintf(stderr, "error: --freeze_layers %d is more than the %d decoder layers of %s (num_hidden_layers)\n", tc->freeze_layers,
+                h->config.n_layers, tc->model);
+        host_model_free(h);
+        return -1;
+    }
+    h->frozen_units = tc->freeze_layers ? tc->freeze_layers + 1 : 0; // the embedding's unit, then the layers'
     if (h->use_lora) {
         int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
         lora_shapes(&h->config, in, out);
@@ -581,7 +599,7 @@ static void fault_point(const char *point, int step) { if (fault_at(point, step)
 static const char *resume_must_match[] = {
     "model", "data", "max_seq_len", "lr",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
-    "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
+    "shuffle", "full_finetune", "freeze_layers", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
     "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split"};
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's
@@ -603,9 +621,11 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
-// the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights and moments
+// the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights, and the
+// moments of the units that train
 static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[3], char fingerprint[17]) {
-    FsdpBuffer b[3] = {{"params", m->host.shards}, {"exp_avg", o->m}, {"exp_avg_sq", o->v}};
+    int F = m->host.frozen_units;
+    FsdpBuffer b[3] = {{"params", m->host.shards, 0}, {"exp_avg", o->m, F}, {"exp_avg_sq", o->v, F}};
     memcpy(bufs, b, sizeof b);
     fsdp_fingerprint(&m->host.units, "", fingerprint);
     return 3;
@@ -730,20 +750,23 @@ static int load_sharded_whole(const char *dir, Model *m, Optimizer *o) {
     int nb = sharded_buffers(m, o, bufs, fp), rc = 0;
     float *whole[3] = {m->host.params, o->m, o->v}, *buf = (float *)mallocCheck(one.shard_numel * sizeof(float));
     for (int b = 0; b < nb && rc == 0; b++) {
-        FsdpBuffer one_buf = {bufs[b].name, buf};
+        FsdpBuffer one_buf = {bufs[b].name, buf, bufs[b].first};
         rc = fsdp_load(dir, &one, &one_buf, 1, 0, fp);
-        for (int i = 0; i < one.n_units && rc == 0; i++) model_put_unit(&m->host, i, buf + one.units[i].shard_offset, whole[b]);
+        for (int i = one_buf.first; i < one.n_units && rc == 0; i++)
+            model_put_unit(&m->host, one_buf.first, i, fsdp__buffer_unit(&one, &one_buf, i), whole[b]);
     }
     free(buf);
     fsdp_units_free(&one);
     return rc;
 }
 
-// a flat moment tensor of an unsharded full fine-tuning checkpoint (param_layout's order), read by unit
-typedef struct { StFile *sf; const StTensor *t; const Config *c; } MomentsFile;
+// a flat moment tensor of an unsharded full fine-tuning checkpoint (model_tensor_offset_from's
+// layout of the units from `from` on: they have moments, the frozen ones none), read by unit
+typedef struct { StFile *sf; const StTensor *t; const Config *c; int from; } MomentsFile;
 static int read_moments(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
     const MomentsFile *mf = (const MomentsFile *)ctx;
-    return st_read_f32(mf->sf, mf->t, model_tensor_offset(mf->c, unit, tensor) + first, count, dst);
+    if (unit < mf->from) return 0; // frozen: fsdp_read_shard left it zero
+    return st_read_f32(mf->sf, mf->t, model_tensor_offset_from(mf->c, mf->from, unit, tensor) + first, count, dst);
 }
 
 // The checkpoint's AdamW moments (and a sharded checkpoint's weights) into o
@@ -764,16 +787,24 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
     StFile sf;
     if (st_open(&sf, path) != 0) return -1;
     const StTensor *tm = st_find(&sf, "exp_avg"), *tv = st_find(&sf, "exp_avg_sq");
-    int shard = m->host.shards && !m->host.use_lora, rc = -1;
-    size_t n = shard ? m->host.num_params : o->n; // an unsharded checkpoint holds the whole model's moments
+    HostModel *h = &m->host;
+    int shard = h->shards && !h->use_lora, rc = -1;
+    // an unsharded checkpoint holds the moments of every weight that trains
+    size_t n = shard ? model_numel_from(&h->config, h->frozen_units) : o->n, skip = shard ? h->units.units[h->frozen_units].shard_offset : 0;
     if (!tm || !tv || tm->numel != n || tv->numel != n || tm->dtype != ST_F32 || tv->dtype != ST_F32)
         fprintf(stderr, "error: %s: expected F32 tensors exp_avg and exp_avg_sq of %zu elements\n", path, n);
     else if (!shard) rc = st_read_f32(&sf, tm, 0, n, o->m) | st_read_f32(&sf, tv, 0, n, o->v);
-    else { // this rank's shard of them, tensor by tensor out of the whole model's layout
-        MomentsFile mf = {&sf, tm, &m->host.config};
-        rc = fsdp_read_shard(&m->host.units, m->fsdp->shard.rank, o->m, read_moments, &mf);
-        mf.t = tv;
-        rc = rc ? rc : fsdp_read_shard(&m->host.units, m->fsdp->shard.rank, o->v, read_moments, &mf);
+    else { // this rank's shard of them, tensor by tensor out of the trainable units' layout (the frozen units'
+           // shards, which have no moments, read as zeros and dropped)
+        float *all = (float *)mallocCheck(h->units.shard_numel * sizeof(float)), *mom[2] = {o->m, o->v};
+        const StTensor *ts[2] = {tm, tv};
+        rc = 0;
+        for (int k = 0; k < 2 && rc == 0; k++) {
+            MomentsFile mf = {&sf, ts[k], &h->config, h->frozen_units};
+            rc = fsdp_read_shard(&h->units, m->fsdp->shard.rank, all, read_moments, &mf);
+            memcpy(mom[k], all + skip, o->n * sizeof(float));
+        }
+        free(all);
     }
     st_close(&sf);
     return rc;
@@ -1153,7 +1184,7 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
         float *unit = (float *)mallocCheck(biggest * r->fsdp.shard.size * sizeof(float));
         for (int i = 0; i < h->units.n_units; i++) {
             fsdp_gather(&r->fsdp, &h->units.units[i], h->shards, unit);
-            if (rank0) model_put_unit(h, i, unit, h->params);
+            if (rank0) model_put_unit(h, 0, i, unit, h->params);
         }
         free(unit);
     }
@@ -1232,8 +1263,11 @@ static void print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
            c->rope_theta, m->host.num_params / 1e6);
     if (c->sliding_window) printf(", a sliding window of %d keys", c->sliding_window);
     printf("\n");
+    char frozen[96];
+    snprintf(frozen, sizeof frozen, "all weights but the embedding%s and the first %d layer(s)", c->tied ? " (the head too: tied)" : "",
+             m->host.frozen_units - 1);
     printf("training %s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
-           m->host.use_lora ? "LoRA" : "all weights", r->opt.n, m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
+           m->host.use_lora ? "LoRA" : m->host.frozen_units ? frozen : "all weights", r->opt.n, m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
            r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
     memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, 1);
 }

@@ -50,6 +50,9 @@ expect_error "bad batching" "--batching: 'pack' is not one of padding, packing" 
 expect_error "bad data format" "--data_format: 'csv' is not one of" --model $FIX/tiny_gqa "${RUN[@]}" --data_format csv
 expect_error "val_data with val_split" "--val_data and --val_split do not go together" --model $FIX/tiny_gqa "${RUN[@]}" --val_data "$DATA" --val_split 0.1
 expect_error "bad val_split" "--val_split: '1.5' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --val_split 1.5
+expect_error "--freeze_layers without --full_finetune" "--freeze_layers freezes layers of full fine-tuning: give it with --full_finetune" --model $FIX/tiny_gqa "${RUN[@]}" --freeze_layers 1
+expect_error "--freeze_layers beyond the model's layers" "--freeze_layers 3 is more than the 2 decoder layers of $FIX/tiny_gqa" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --freeze_layers 3
+expect_error "negative --freeze_layers" "--freeze_layers: '-1' is not an integer" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --freeze_layers -1
 expect_error "bad --batch_size" "--batch_size: 'most' is not an integer in \[1, 65536\] or auto" --model $FIX/tiny_gqa "${RUN[@]}" --batch_size most
 expect_error "--batch_size auto without --memory_limit on the CPU" "--batch_size auto needs --memory_limit GiB" --model $FIX/tiny_gqa "${RUN[@]}" --batch_size auto
 expect_error "--memory_limit without --batch_size auto" "--memory_limit is what --batch_size auto fits the batch in" --model $FIX/tiny_gqa "${RUN[@]}" --memory_limit 1

@@ -298,7 +298,7 @@ static void test_load_refusals(void) {
     FsdpUnits u;
     model_units(&c, &u, 2);
     float *out = (float *)mallocCheck(u.shard_numel * sizeof(float));
-    FsdpBuffer b = {"params", out};
+    FsdpBuffer b = {"params", out, 0};
     int refused = 0;
     for (int r = 0; r < 2; r++) {
         LoadArgs a = {dir, &u, &b, 1, r, ""};
@@ -332,6 +332,7 @@ static void fill_buffers(const FsdpUnits *u, int rank, FsdpBuffer *bufs) {
     for (int b = 0; b < NBUF; b++) {
         bufs[b].name = buf_names[b];
         bufs[b].data = (float *)callocCheck(u->shard_numel, sizeof(float));
+        bufs[b].first = 0;
         for (int i = 0; i < u->n_units; i++) {
             size_t begin, count = fsdp_shard_range(u->units[i].numel, u->n_shards, rank, &begin);
             for (size_t k = 0; k < count; k++) bufs[b].data[u->units[i].shard_offset + k] = ckpt_value(b, i, begin + k);
@@ -434,7 +435,7 @@ static void test_checkpoints(void) {
     rc = capture(load_args, &xa, msg, sizeof msg);
     CHECK(rc != 0 && strstr(msg, "the checkpoint is of another model") && strcmp(fp, xfp) != 0,
           "checkpoint load refuses the same shapes with another model identity", "%s", msg);
-    FsdpBuffer more[NBUF + 1] = {bufs[0], bufs[1], {"exp_avg_sq", bufs[1].data}};
+    FsdpBuffer more[NBUF + 1] = {bufs[0], bufs[1], {"exp_avg_sq", bufs[1].data, 0}};
     LoadArgs ma = {ref, &u, more, NBUF + 1, 1, fp};
     rc = capture(load_args, &ma, msg, sizeof msg);
     CHECK(rc != 0 && strstr(msg, "has no buffer \"exp_avg_sq\""), "checkpoint load refuses a buffer it does not hold", "%s", msg);

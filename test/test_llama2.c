@@ -98,7 +98,7 @@ static void check_rel(double got, double want, double floor_, double tol, const 
 
 // TrainConfig for a fixture run, as the command line would give it
 static void fixture_config(TrainConfig *tc, char **argv_store, const char *model, const JsonValue *hp, int full,
-                           const char *outdir, const char *metrics) {
+                           int freeze, const char *outdir, const char *metrics) {
     static char buf[64][320];
     int n = 0;
 #define ARG(...) (snprintf(buf[n], sizeof buf[n], __VA_ARGS__), argv_store[n] = buf[n], n++)
@@ -124,6 +124,7 @@ static void fixture_config(TrainConfig *tc, char **argv_store, const char *model
     ARG("--metrics_file"); ARG("%s", metrics);
     if (full) ARG("--full_finetune");
     else { ARG("--from_peft_checkpoint"); ARG("test/fixtures/%s/peft_init", model); }
+    if (freeze) { ARG("--freeze_layers"); ARG("%d", freeze); }
 #undef ARG
     if (parse_args(tc, n, argv_store) != 0) die("fixture arguments rejected");
 }
@@ -165,6 +166,32 @@ static int list_trainables(Model *m, Trainable *out) {
     return n;
 }
 
+// a fixture run's metrics file against the reference's steps: loss, lr and gradient norm of each
+static void check_steps(const char *metrics, const JsonValue *steps, const JsonValue *hp, const char *label) {
+    char what[300];
+    size_t mlen;
+    char *mtext = read_file(metrics, &mlen);
+    int line = 0;
+    for (char *p = mtext, *e; p && *p && line < steps->count; p = e + 1, line++) {
+        e = strchr(p, '\n');
+        if (!e) break;
+        JsonValue rec;
+        char err[128];
+        if (json_parse(p, e - p, &rec, err, sizeof err) != 0) die("%s: %s", metrics, err);
+        const JsonValue *s = &steps->items[line];
+        snprintf(what, sizeof what, "%s step %d loss", label, line + 1);
+        check_rel(json_num(&rec, "loss"), json_num(s, "loss"), 0, 1e-5, what);
+        snprintf(what, sizeof what, "%s step %d lr", label, line + 1);
+        check_rel(json_num(&rec, "lr"), json_num(s, "lr"), json_num(hp, "lr"), 1e-6, what); // lr is 0 at step 1
+        snprintf(what, sizeof what, "%s step %d grad_norm", label, line + 1);
+        check_rel(json_num(&rec, "grad_norm"), json_num(s, "grad_norm"), 0, 1e-4, what);
+        json_free(&rec);
+    }
+    snprintf(what, sizeof what, "%s: metrics has every step", label);
+    CHECK(line == steps->count, what, "%d of %d steps", line, steps->count);
+    free(mtext);
+}
+
 static void test_model(const char *model, int full) {
     char path[600], what[256], outdir[256], metrics[300];
     const char *mode = full ? "full" : "lora";
@@ -175,7 +202,7 @@ static void test_model(const char *model, int full) {
     snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
     TrainConfig tc;
     char *argv[64];
-    fixture_config(&tc, argv, model, hp, full, outdir, metrics);
+    fixture_config(&tc, argv, model, hp, full, 0, outdir, metrics);
 
     // the data path: our tokenizer + dataloader must give the reference's step-0 batches
     Tokenizer tok;
@@ -247,28 +274,8 @@ static void test_model(const char *model, int full) {
     int rc = train(&tc);
     snprintf(what, sizeof what, "%s %s: train() exits 0", model, mode);
     CHECK(rc == 0, what, "exit code %d", rc);
-    size_t mlen;
-    char *mtext = read_file(metrics, &mlen);
-    const JsonValue *steps = json_get(ref, "steps");
-    int line = 0;
-    for (char *p = mtext, *e; p && *p && line < steps->count; p = e + 1, line++) {
-        e = strchr(p, '\n');
-        if (!e) break;
-        JsonValue rec;
-        char err[128];
-        if (json_parse(p, e - p, &rec, err, sizeof err) != 0) die("%s: %s", metrics, err);
-        const JsonValue *s = &steps->items[line];
-        snprintf(what, sizeof what, "%s %s step %d loss", model, mode, line + 1);
-        check_rel(json_num(&rec, "loss"), json_num(s, "loss"), 0, 1e-5, what);
-        snprintf(what, sizeof what, "%s %s step %d lr", model, mode, line + 1);
-        check_rel(json_num(&rec, "lr"), json_num(s, "lr"), json_num(hp, "lr"), 1e-6, what); // lr is 0 at step 1
-        snprintf(what, sizeof what, "%s %s step %d grad_norm", model, mode, line + 1);
-        check_rel(json_num(&rec, "grad_norm"), json_num(s, "grad_norm"), 0, 1e-4, what);
-        json_free(&rec);
-    }
-    snprintf(what, sizeof what, "%s %s: metrics has every step", model, mode);
-    CHECK(line == steps->count, what, "%d of %d steps", line, steps->count);
-    free(mtext);
+    snprintf(what, sizeof what, "%s %s", model, mode);
+    check_steps(metrics, json_get(ref, "steps"), hp, what);
     snprintf(path, sizeof path, full ? "%s/model.safetensors" : "%s/adapter_model.safetensors", outdir);
     StFile of;
     if (st_open(&of, path) != 0) die("cannot open %s", path);
@@ -286,6 +293,74 @@ static void test_model(const char *model, int full) {
     st_close(&of);
     st_close(&ef);
     free(logits); free(tr); free(tokens); free(targets);
+    json_free(&exp);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", outdir, metrics);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
+}
+
+// --freeze_layers N against transformers with requires_grad=False on the embedding (and a
+// head tied to it: the same tensor) and the first N layers, 10 AdamW steps in float64
+// (dev/reference/make_freeze_fixtures.py): the trajectory and the trained tensors with the
+// full fine-tuning test's tolerances; the frozen tensors saved bit for bit as they were; the
+// checkpoint's AdamW state and the memory plan's gradients and moments only the trainable
+// weights' (3 fp32 values each: gradient, two moments).
+static void test_freeze(const char *model) {
+    char path[600], what[300], outdir[256], metrics[300];
+    snprintf(path, sizeof path, "test/fixtures/%s/ref/freeze.json", model);
+    JsonValue exp = read_json(path);
+    const JsonValue *hp = json_get(&exp, "train"), *names = json_get(&exp, "trainable");
+    int N = (int)json_num(&exp, "freeze_layers");
+    size_t numel = (size_t)json_num(&exp, "trainable_numel");
+    snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_%s_freeze", (int)getpid(), model);
+    snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+    TrainConfig tc;
+    char *argv[64];
+    fixture_config(&tc, argv, model, hp, 1, N, outdir, metrics);
+    Model m;
+    if (model_setup(&m, NULL, &tc, 2, 24, NULL) != 0) die("model setup failed for %s", model);
+    snprintf(what, sizeof what, "%s --freeze_layers %d: the memory plan's gradients and moments", model, N);
+    CHECK(m.param_bytes == 3 * sizeof(float) * numel, what, "%zu bytes, %zu trainable weights", m.param_bytes, numel);
+    model_free(&m);
+    int rc = train(&tc);
+    snprintf(what, sizeof what, "%s --freeze_layers %d: train() exits 0", model, N);
+    CHECK(rc == 0, what, "exit code %d", rc);
+    snprintf(what, sizeof what, "%s --freeze_layers %d", model, N);
+    check_steps(metrics, json_get(&exp, "steps"), hp, what);
+    StFile of, ef;
+    snprintf(path, sizeof path, "%s/model.safetensors", outdir);
+    if (st_open(&of, path) != 0) die("cannot open %s", path);
+    snprintf(path, sizeof path, "test/fixtures/%s/ref/freeze.safetensors", model);
+    if (st_open(&ef, path) != 0) die("cannot open %s", path);
+    int n_trained = 0;
+    for (int i = 0; i < of.n_tensors; i++) {
+        const StTensor *t = &of.tensors[i];
+        int trains = 0;
+        for (int k = 0; k < names->count; k++) trains |= !strcmp(names->items[k].string, t->name);
+        n_trained += trains;
+        float *got = (float *)mallocCheck(t->numel * sizeof(float)), *want = (float *)mallocCheck(t->numel * sizeof(float));
+        st_read_f32(&of, t, 0, t->numel, got);
+        snprintf(path, sizeof path, "final.%s", t->name);
+        snprintf(what, sizeof what, "%s --freeze_layers %d after 10 steps%s", model, N, trains ? "" : " (frozen: unchanged, bit for bit)");
+        const StTensor *w = st_find(&ef, path);
+        if (trains || !w || w->numel != t->numel) check_tensor(&ef, path, got, t->numel, 1e-4, what); // says what is missing
+        else {
+            st_read_f32(&ef, w, 0, t->numel, want);
+            CHECK(memcmp(got, want, t->numel * sizeof(float)) == 0, what, "%s differs from the base weights", t->name);
+        }
+        free(got); free(want);
+    }
+    snprintf(what, sizeof what, "%s --freeze_layers %d: every tensor saved, %d of them trained", model, N, names->count);
+    CHECK(of.n_tensors == ef.n_tensors && n_trained == names->count, what, "%d tensors saved (reference %d), %d trained",
+          of.n_tensors, ef.n_tensors, n_trained);
+    st_close(&of);
+    st_close(&ef);
+    snprintf(path, sizeof path, "%s/checkpoint-10/optimizer.safetensors", outdir);
+    if (st_open(&of, path) != 0) die("cannot open %s", path);
+    const StTensor *mt = st_find(&of, "exp_avg");
+    snprintf(what, sizeof what, "%s --freeze_layers %d: the checkpoint's AdamW state is the trainable weights' only", model, N);
+    CHECK(mt && mt->numel == numel, what, "exp_avg of %lld elements, %zu trainable", mt ? (long long)mt->numel : -1LL, numel);
+    st_close(&of);
     json_free(&exp);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", outdir, metrics);
@@ -364,5 +439,7 @@ int main(void) {
     const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama", "tiny_mistral"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         for (int full = 0; full < 2; full++) test_model(models[i], full);
+    test_freeze("tiny_gqa");  // untied: lm_head trains
+    test_freeze("tiny_tied"); // tied: the head is the frozen embedding
     return test_summary();
 }

@@ -142,6 +142,38 @@ for w in 1 2 4; do
     check "--global_batch_size 24 at W = $w: $((8 / w)) micro-batches of 3 rows on each rank" $? "$(grep "steps of" "$TMP/gbs-$w.log")"
     same_run "--global_batch_size 24, W = $w == one process's 2 x 12 rows" "$TMP/full1" "$TMP/gbs-$w" model.safetensors
 done
+# --freeze_layers 1 (the embedding, with the head tied to it, and layer 0 frozen): W = 2 and 3 == one
+# process for each strategy family; the sharded checkpoint (moments of the trainable units only)
+# resumes at W = 2 and 1, and one process's (whole, moments of the trainable weights) at W = 3
+FREEZE=("${FULL[@]}" --freeze_layers 1)
+run 0 "$TMP/freeze1" "${FREEZE[@]}" --batch_size 12 --save_every 5 --keep_checkpoints 0
+check "--freeze_layers 1: reference run (one process)" $? "$(tail -3 "$TMP/freeze1.log")"
+for w in 2 3; do
+    for s in FULL_SHARD NO_SHARD; do
+        run $w "$TMP/freeze-$w-$s" "${FREEZE[@]}" --batch_size $((12 / w)) --sharding_strategy $s --save_every 5 --keep_checkpoints 0
+        same_run "--freeze_layers 1, W = $w, $s == one process" "$TMP/freeze1" "$TMP/freeze-$w-$s" model.safetensors
+    done
+done
+shard0="$TMP/freeze-3-FULL_SHARD/checkpoint-5/fsdp-00000-of-00003.safetensors"
+moments=$(grep -ao '"exp_avg[_sq]*/[^"]*"' "$shard0" | sort -u | tr '\n' ' ') # the header's tensor names
+[ "$moments" = '"exp_avg/head" "exp_avg/layers.1" "exp_avg_sq/head" "exp_avg_sq/layers.1" ' ]
+check "--freeze_layers 1, W = 3: the shards hold AdamW moments of the trainable units only" $? "$moments"
+for w in 2 1; do
+    out="$TMP/freeze-resume$w"
+    mkdir -p "$out" && cp -r "$TMP/freeze-3-FULL_SHARD/checkpoint-5" "$out/" && head -5 "$TMP/freeze-3-FULL_SHARD.jsonl" >"$out.jsonl"
+    run $w "$out" "${FREEZE[@]}" --batch_size $((12 / w)) --resume "$out"
+    same_run "--freeze_layers 1: saved at W = 3, resumed at W = $w == uninterrupted (steps 6-10, final weights)" \
+        "$TMP/freeze-3-FULL_SHARD" "$out" model.safetensors 6
+done
+out="$TMP/freeze-resume3"
+mkdir -p "$out" && cp -r "$TMP/freeze1/checkpoint-5" "$out/" && head -5 "$TMP/freeze1.jsonl" >"$out.jsonl"
+run 3 "$out" "${FREEZE[@]}" --batch_size 4 --resume "$out"
+same_run "--freeze_layers 1: one process's checkpoint resumed at W = 3 == uninterrupted (steps 6-10, final weights)" \
+    "$TMP/freeze1" "$out" model.safetensors 6
+run 2 "$TMP/freeze-other" "${FULL[@]}" --batch_size 6 --resume "$TMP/freeze1/checkpoint-5"
+[ $? -ne 0 ] && grep -q -- "--freeze_layers was '1' in the checkpoint but is '0' now" "$TMP/freeze-other.log"
+check "--freeze_layers: a resume without it is refused" $? "$(tail -2 "$TMP/freeze-other.log")"
+
 run 4 "$TMP/gbs-save4" "${FULL[@]}" --batch_size 3 --gradient_accumulation_steps 0 --global_batch_size 24 --save_every 5 --keep_checkpoints 0
 out="$TMP/gbs-resume2"
 mkdir -p "$out" && cp -r "$TMP/gbs-save4/checkpoint-5" "$out/" && head -5 "$TMP/gbs-save4.jsonl" >"$out.jsonl"
