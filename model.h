@@ -378,10 +378,36 @@ static void host_model_free(HostModel *h) {
     memset(h, 0, sizeof *h);
 }
 
+// Where the host model holds the weights full fine-tuning trains (units frozen_units ..):
+// this rank's shards of those units (one run of host.shards), the whole model (one run of
+// host.params), or with frozen units a run of host.params per tensor type (its layers from
+// the first trainable one). Run k starts at element first[k], count[k] long; returns the
+// number of runs. Their gradients and moments lie one after another (when whole:
+// model_tensor_offset_from's layout).
+static int model_trainable_runs(const HostModel *h, size_t first[NUM_PARAM_TENSORS], size_t count[NUM_PARAM_TENSORS]) {
+    const Config *c = &h->config;
+    if (h->shards || !h->frozen_units) {
+        first[0] = h->shards ? h->units.units[h->frozen_units].shard_offset : 0;
+        count[0] = h->shards ? h->units.shard_numel - first[0] : h->num_params;
+        return 1;
+    }
+    int n = 0;
+    size_t off = 0; // where tensor type p starts in the whole layout
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        size_t keep = param_numel_from(c, h->frozen_units, p), whole = p == P_HEAD && c->tied ? 0 : param_numel(c, p);
+        if (keep) {
+            first[n] = off + (whole - keep); // the frozen layers come first
+            count[n++] = keep;
+        }
+        off += whole;
+    }
+    return n;
+}
 // how many weights train in full fine-tuning: whole, or this rank's shards of the trainable units
 static size_t model_trainable_numel(const HostModel *h) {
-    if (h->shards) return h->units.shard_numel - h->units.units[h->frozen_units].shard_offset;
-    return model_numel_from(&h->config, h->frozen_units);
+    size_t first[NUM_PARAM_TENSORS], count[NUM_PARAM_TENSORS], n = 0;
+    for (int r = model_trainable_runs(h, first, count) - 1; r >= 0; r--) n += count[r];
+    return n;
 }
 
 // ----------------------------------------------------------------------------

@@ -1136,8 +1136,8 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 
 typedef struct {
     float *run[NUM_PARAM_TENSORS]; // the trainable parameters: runs of memory, n_runs of them, run_n[k]
-    size_t run_n[NUM_PARAM_TENSORS]; // long; one run (LoRA's, a shard, the whole model) or with frozen
-    int n_runs;             // units a run per tensor type of the whole model (model_trainable_runs)
+    size_t run_n[NUM_PARAM_TENSORS]; // long: LoRA's, or full fine-tuning's (model_trainable_runs)
+    int n_runs;
     float *grads;           // (n) their gradients, the runs one after another
     size_t n;
     float *m, *v;           // AdamW moments
@@ -1181,24 +1181,6 @@ static void clip_grads(float *g, size_t n, double norm, float max_norm) {
     for (size_t i = 0; i < n; i++) g[i] = (float)(g[i] * coef);
 }
 
-// The trainable weights of full fine-tuning (units frozen_units ..) in the whole model's
-// layout: a run of param_layout's order per tensor type (its layers from the first
-// trainable one), run k at first[k], count[k] long; returns the number of runs. Their
-// gradients and moments lie one after another in model_tensor_offset_from's layout.
-static int model_trainable_runs(const HostModel *h, size_t first[NUM_PARAM_TENSORS], size_t count[NUM_PARAM_TENSORS]) {
-    const Config *c = &h->config;
-    int n = 0, skipped = h->frozen_units > 1 ? h->frozen_units - 1 : 0; // frozen layers
-    size_t off = 0; // where tensor type p starts in the whole layout
-    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
-        size_t keep = param_numel_from(c, h->frozen_units, p), whole = p == P_HEAD && c->tied ? 0 : param_numel(c, p);
-        if (keep) {
-            first[n] = off + (param_per_layer(p) ? skipped * (whole / c->n_layers) : 0);
-            count[n++] = keep;
-        }
-        off += whole;
-    }
-    return n;
-}
 // The trainable parameters: LoRA's (every rank holds them whole), or every base
 // weight of the units that train, whole or this rank's shard. Replicated parameters
 // sum their gradients over every rank; shards over the ranks that hold the same shard
@@ -1210,10 +1192,9 @@ static void optimizer_init(Optimizer *o, Model *m) {
     size_t first[NUM_PARAM_TENSORS];
     o->n_runs = 1;
     if (h->use_lora) o->run[0] = h->lora.params, o->run_n[0] = h->lora.num_params;
-    else if (shard) o->run[0] = h->shards + h->units.units[h->frozen_units].shard_offset, o->run_n[0] = model_trainable_numel(h);
     else {
         o->n_runs = model_trainable_runs(h, first, o->run_n);
-        for (int r = 0; r < o->n_runs; r++) o->run[r] = h->params + first[r];
+        for (int r = 0; r < o->n_runs; r++) o->run[r] = (shard ? h->shards : h->params) + first[r];
     }
     o->grads = h->use_lora ? h->lora.grads : m->grads;
     for (int r = 0; r < o->n_runs; r++) o->n += o->run_n[r];
@@ -1258,7 +1239,6 @@ static double model_peak_mb(Model *m) {
 // it less the resident memory outside the plan now (the program, its libraries and MPI:
 // all but the base weights, which are loaded and which the plan counts already).
 static const int backend_measures_free_memory = 0;
-static const int backend_freezes_layers = 1; // --freeze_layers: host.frozen_units train not
 static double model_memory_budget(Model *m, double limit) {
     long pages = 0, resident = 0;
     FILE *f = fopen("/proc/self/statm", "r");

@@ -122,8 +122,10 @@ typedef struct {
     int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), touches no GPU
     Buffers<float> f32;       // the buffers of the run's precision (the other stays empty)
     Buffers<bf16> b16;
-    // the trainable parameters, flat (LoRA's layout, or param_layout's), fp32 in either precision
+    // the trainable parameters, flat (LoRA's layout, or param_layout's of the units that train), fp32 in either precision
     float *params, *grads;    // (n_train) masters and gradients
+    int n_runs;               // full fine-tuning: where the masters' runs lie in the base weights (host
+    size_t run_first[NUM_PARAM_TENSORS], run_n[NUM_PARAM_TENSORS]; // and d.weights): model_trainable_runs
     float *adam_m, *adam_v;   // (n_train) AdamW moments (the Optimizer's; here so the fit check counts them)
     size_t n_train;
     bf16 *params_bf16;        // bf16: the copy of params the matmuls read (in b16.weights or b16.lora_w)
@@ -202,7 +204,7 @@ template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Lay
         w->place(d.slot[s], need);
     }
     if (!m->host.full_finetune) return;
-    for (int i = 0; i < u->n_units; i++) {
+    for (int i = m->host.frozen_units; i < u->n_units; i++) { // frozen units: no gradient
         grad[i != 0] = std::max(grad[i != 0], G * u->units[i].shard);
         widest = std::max(widest, u->units[i].shard);
     }
@@ -239,9 +241,11 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     p->place(m->grads, m->n_train);
     p->place(m->adam_m, m->n_train);
     p->place(m->adam_v, m->n_train);
-    if (!fp32) p->place(m->params_bf16, m->n_train);
-    // frozen base weights (LoRA); trained ones are the masters or their bf16 copy (model_alloc)
-    if (!h->full_finetune) w->place(d.weights, m->sharded ? h->units.shard_numel : h->num_params);
+    bool all_train = h->full_finetune && !h->frozen_units; // then the weights are the masters or their copy
+    if (!fp32 && (all_train || h->use_lora)) p->place(m->params_bf16, m->n_train);
+    // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
+    // bf16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
+    if (!all_train) w->place(d.weights, m->sharded ? h->units.shard_numel : h->num_params);
     if (m->sharded) sharded_layout(m, d, w, p);
     // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
     // the rest for every layer; or with activation checkpointing one layer's worth of the
@@ -389,7 +393,8 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
     m->n_slots = recompute ? 1 : (T + C - 1) / C;
     m->sharded = h->shards != NULL;
-    m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h); // (no frozen units here: every weight)
+    m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
+    m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
     if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
@@ -404,12 +409,31 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     });
 }
 
+// Full fine-tuning's masters from the host model's trainable weights (its runs), and back
+static void masters_upload(Model *m) {
+    const float *base = m->sharded ? m->host.shards : m->host.params;
+    for (int r = 0, off = 0; r < m->n_runs; off += m->run_n[r++]) upload(m->params + off, base + m->run_first[r], m->run_n[r], m->stream);
+}
+static void masters_download(Model *m) {
+    float *base = m->sharded ? m->host.shards : m->host.params;
+    for (int r = 0, off = 0; r < m->n_runs; off += m->run_n[r++])
+        cudaCheck(cudaMemcpyAsync(base + m->run_first[r], m->params + off, m->run_n[r] * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+}
+// --freeze_layers: the weights the matmuls read get the masters' new values (run by run; the
+// frozen ones stay as uploaded). Without frozen units they are the masters or adamw's bf16 copy.
+static void weights_refresh(Model *m) {
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        floatX *w = buffers<floatX>(m).weights;
+        for (int r = 0, off = 0; r < m->n_runs; off += m->run_n[r++]) convert(w + m->run_first[r], m->params + off, m->run_n[r], m->stream);
+    });
+}
+
 // --batch_size auto: what the memory plan may take on this rank's GPU: its free memory
 // less a reserve for what the plan does not count (the CUDA context's growth, cuBLASLt's
 // workspace, bf16's upload staging, NCCL's buffers, fragmentation): 5% of the GPU, at
 // least 1 GiB; and no more than --memory_limit when given (a dry run: that alone).
 static const int backend_measures_free_memory = 1;
-static const int backend_freezes_layers = 0; // --freeze_layers: the CPU trainer only, so far
 static double model_memory_budget(Model *m, double limit) {
     if (m->dry_run && limit > 0) return limit; // a dry run touches no GPU: the limit alone
     if (m->fsdp && m->fsdp->world.size > 1) set_device(m); // this rank's GPU (model_alloc sets it again)
@@ -457,11 +481,13 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
         // the trainable masters, then the weights the matmuls read
         cudaStream_t st = m->stream;
-        upload(m->params, h->use_lora ? h->lora.params : base, m->n_train, st);
+        if (h->use_lora) upload(m->params, h->lora.params, m->n_train, st);
+        else masters_upload(m);
         cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
         cudaCheck(cudaMemsetAsync(m->adam_m, 0, m->n_train * sizeof(float), st));
         cudaCheck(cudaMemsetAsync(m->adam_v, 0, m->n_train * sizeof(float), st));
-        if (h->full_finetune) {
+        if (h->full_finetune && h->frozen_units) upload(d.weights, base, n_base, st);
+        else if (h->full_finetune) {
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
             else { d.weights = m->params_bf16; convert(d.weights, m->params, m->n_train, st); }
         } else {
@@ -555,7 +581,7 @@ template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
 // m->grads; sharded, a unit's gradient whole (zeroed as it opens), reduce-scattered
 // by grads_done into this rank's shard of m->grads, on the collectives' stream.
 static float *grad_at(Model *m, int u, int j) {
-    if (!m->sharded) return m->grads + model_tensor_offset(&m->host.config, u, j);
+    if (!m->sharded) return m->grads + model_tensor_offset_from(&m->host.config, m->host.frozen_units, u, j);
     const FsdpUnit *un = &m->host.units.units[u];
     int b = u != 0;
     if (m->grad_open[b] != u) {
@@ -570,7 +596,8 @@ static void grads_done(Model *m, int u) {
     const FsdpUnit *un = &m->host.units.units[u];
     stream_after(m->comm_stream, m->stream, m->computed);
     fsdp_reduce_scatter(device_comm(m, &m->dev_shard), m->grad_part, m->unit_grad[u != 0], un->shard);
-    accumulate(m->grads + un->shard_offset, m->grad_part, un->shard, m->comm_stream);
+    size_t first = m->host.units.units[m->host.frozen_units].shard_offset; // m->grads: the trainable units' shards
+    accumulate(m->grads + (un->shard_offset - first), m->grad_part, un->shard, m->comm_stream);
     stream_after(m->stream, m->comm_stream, m->communicated); // before the unit's gradient is zeroed again
     m->grad_open[u != 0] = -1;
 }
@@ -740,7 +767,8 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
     int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
     const floatX *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
     floatX *norm = param_at<floatX>(m, hu, 0), *head = head_weight<floatX>(m);
-    float *dnorm = full ? grad_at(m, hu, 0) : NULL, *dhead = full ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : NULL;
+    int head_trains = full && !(c->tied && m->host.frozen_units); // tied: the head is the embedding, frozen with it
+    float *dnorm = full ? grad_at(m, hu, 0) : NULL, *dhead = head_trains ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : NULL;
     rmsnorm_forward(d.lnf, m->rstdf, xL, norm, N, D, c->norm_eps, st);
     if (grad_scale != 0.0f) cudaCheck(cudaMemsetAsync(d.dln, 0, (size_t)N * D * sizeof(floatX), st));
     carry_copy(m->targets, m->chunk_targets, ch, 1, -1, st);
@@ -777,10 +805,10 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
     size_t carry = (size_t)ch->B * ch->T * KV;
-    int full = m->host.full_finetune;
-    for (int l = c->n_layers - 1; l >= 0; l--) {
+    int full = m->host.full_finetune, frozen = m->host.frozen_units, lowest = frozen ? frozen - 1 : 0;
+    for (int l = c->n_layers - 1; l >= lowest; l--) { // as on the CPU: nothing below a frozen layer trains
         LayerWeights<floatX> w = layer_params<floatX>(m, l);
-        if (l > 0) prefetch_next<floatX>(m, fsdp_layer_unit(l), -1); // (the embedding's backward needs no weights)
+        if (l > lowest) prefetch_next<floatX>(m, fsdp_layer_unit(l), -1); // (the embedding's backward needs no weights)
         if (m->activation_checkpointing) layer_forward(m, s, ch, l);
         LayerWeights<float> g = {};
         if (full) g = layer_grads(m, l);
@@ -810,7 +838,7 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         rmsnorm_backward(d.dresid, g.attn_norm, d.dln, act.x, w.attn_norm, act.rstd1, N, D, st);
         if (full) grads_done(m, fsdp_layer_unit(l));
     }
-    if (full) {
+    if (full && !frozen) {
         chunk_tokens(m->chunk_tokens, m->tokens, ch, st); // a later chunk's forward replaced them (keep mode)
         embedding_backward(grad_at(m, 0, 0), d.dresid, m->chunk_tokens, N, D, st);
         grads_done(m, 0);
@@ -983,6 +1011,7 @@ static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, f
     o->t++;
     adamw_update(m->params, m->grads, m->adam_m, m->adam_v, o->n, o->t, lr, beta1, beta2, eps, weight_decay,
                  m->params_bf16, m->stream);
+    if (m->host.frozen_units) weights_refresh(m);
     return norm;
 }
 
@@ -990,8 +1019,8 @@ static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, f
 static void model_sync_host(Model *m, Optimizer *o) {
     HostModel *h = &m->host;
     cudaStream_t st = m->stream;
-    float *dst = h->use_lora ? h->lora.params : m->sharded ? h->shards : h->params;
-    cudaCheck(cudaMemcpyAsync(dst, m->params, m->n_train * sizeof(float), cudaMemcpyDeviceToHost, st));
+    if (h->use_lora) cudaCheck(cudaMemcpyAsync(h->lora.params, m->params, m->n_train * sizeof(float), cudaMemcpyDeviceToHost, st));
+    else masters_download(m);
     if (o) {
         cudaCheck(cudaMemcpyAsync(o->m, m->adam_m, o->n * sizeof(float), cudaMemcpyDeviceToHost, st));
         cudaCheck(cudaMemcpyAsync(o->v, m->adam_v, o->n * sizeof(float), cudaMemcpyDeviceToHost, st));
@@ -1006,8 +1035,9 @@ static void optimizer_sync_device(Optimizer *o) {
     Model *m = o->model;
     const HostModel *h = &m->host;
     if (h->full_finetune) {
-        upload(m->params, m->sharded ? h->shards : h->params, o->n, m->stream);
-        if (!m->fp32) convert(m->params_bf16, m->params, o->n, m->stream);
+        masters_upload(m);
+        if (h->frozen_units) weights_refresh(m);
+        else if (!m->fp32) convert(m->params_bf16, m->params, o->n, m->stream);
     }
     cudaCheck(cudaMemcpyAsync(m->adam_m, o->m, o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaMemcpyAsync(m->adam_v, o->v, o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));

@@ -9,7 +9,9 @@
 //   typedef struct { ... } Model; with at least these members:
 //       HostModel host;        config, host weights, LoRA (model.h). The trainer
 //                              fills it before model_alloc; host.lora.training
-//                              says whether LoRA dropout applies (off to evaluate).
+//                              says whether LoRA dropout applies (off to evaluate);
+//                              host.frozen_units: full fine-tuning's units that get no
+//                              gradient and no optimizer state (--freeze_layers)
 //       int B, T;              capacity: micro-batches of up to B rows of T tokens
 //       int chunk_size;        C, positions per chunk (== T: whole sequences)
 //       int recompute;         chunk memory mode: 1 recompute, 0 keep
@@ -54,8 +56,6 @@
 //   void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks);
 //       everything but m->host, for chunks of C positions (C <= 0 or > T: T);
 //       a GPU backend uploads m->host here
-//   static const int backend_freezes_layers;  1: the backend trains full fine-tuning with
-//                              host.frozen_units > 0 (--freeze_layers); 0: it refuses them
 //   static const int backend_measures_free_memory;  1: model_memory_budget knows what is
 //                              free without --memory_limit; 0: --batch_size auto needs it
 //   double model_memory_budget(Model *m, double limit);
@@ -75,10 +75,11 @@
 //       adding their keys and values to the KV carry; returns the last
 //       position's logits (V) in host memory, valid until the next call
 //   typedef struct { ... } Optimizer; with at least these members:
-//       size_t n;              trainable parameters (LoRA's, or every weight)
+//       size_t n;              trainable parameters (LoRA's, or every weight of the
+//                              units that train: model_trainable_numel)
 //       int t;                 optimizer steps taken
 //       float *m, *v;          AdamW moments (n each), host memory: what
-//                              checkpoints save and load
+//                              checkpoints save and load (full fine-tuning: model_trainable_runs' order)
 //   void optimizer_init(Optimizer *o, Model *m);   moments at zero, t = 0
 //   void optimizer_free(Optimizer *o);             safe on a zeroed Optimizer
 //   void optimizer_zero_grad(Optimizer *o);
@@ -378,10 +379,6 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     }
     if (tc->freeze_layers && !tc->full_finetune) {
         fprintf(stderr, "error: --freeze_layers freezes layers of full fine-tuning: give it with --full_finetune (LoRA trains no base weight)\n");
-        return -1;
-    }
-    if (tc->freeze_layers && !backend_freezes_layers) {
-        fprintf(stderr, "error: --freeze_layers is not in this trainer yet (train_llama2, the CPU trainer, runs it)\n");
         return -1;
     }
     if (tc->full_finetune && tc->from_peft_checkpoint[0]) {

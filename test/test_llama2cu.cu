@@ -61,14 +61,15 @@ struct Case {
     const char *mem;       // --chunk_memory
     int out_chunks;        // --num_output_chunks
     bool ckpt;             // --activation_checkpointing
+    int freeze;            // --freeze_layers (full fine-tuning)
 };
 
 // the case in words, for the check lines
 std::string describe(const Case &c) {
     char buf[200];
     const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s", model, c.full ? "full" : "lora", c.precision, c.chunk,
-             c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "");
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%.0d", model, c.full ? "full" : "lora", c.precision, c.chunk,
+             c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", c.freeze ? " freeze_layers=" : "", c.freeze);
     return buf;
 }
 
@@ -89,6 +90,7 @@ struct Pair {
                  c.ckpt ? "--activation_checkpointing=1" : "--activation_checkpointing=0"};
             if (c.full) a.push_back("--full_finetune");
             else a.insert(a.end(), {"--from_peft_checkpoint", model + "/peft_init"}); // B != 0: A gets gradients too
+            if (c.freeze) a.insert(a.end(), {"--freeze_layers", std::to_string(c.freeze)});
             for (std::string &arg : a) argv[side].push_back(&arg[0]);
         }
         cpu = cpu_new((int)argv[0].size(), argv[0].data(), B, T);
@@ -162,17 +164,11 @@ template <typename F> void for_each_trainable(const HostModel *h, F f) {
                 }
         return;
     }
-    float *hp[NUM_PARAM_TENSORS];
-    param_tensors(&h->w, hp);
-    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
-        if (p == P_HEAD && h->config.tied) continue; // the head is the embedding
-        int64_t rows, cols;
-        param_shape(&h->config, p, &rows, &cols);
-        for (int l = 0; l < (param_per_layer(p) ? h->config.n_layers : 1); l++) {
-            param_name(p, l, name, sizeof name);
-            f(name, (size_t)(hp[p] - h->params) + (size_t)l * rows * cols, (size_t)(rows * cols));
+    for (int u = h->frozen_units; u < h->units.n_units; u++) // the units that train (a tied head is the embedding)
+        for (int j = 0; j < h->units.units[u].n_tensors; j++) {
+            const FsdpTensor *t = &h->units.units[u].tensors[j];
+            f(t->name, model_tensor_offset_from(&h->config, h->frozen_units, u, j), t->numel);
         }
-    }
 }
 
 // logits and loss (no dropout), then the loss and every gradient of a training micro-batch
@@ -306,7 +302,7 @@ void check_window_binds(const char *causal, const char *windowed) {
     double loss[2][2]; // [causal, windowed][cpu, gpu]
     const char *models[2] = {causal, windowed};
     for (int w = 0; w < 2; w++) {
-        Pair pair({models[w], false, "fp32", 0, "keep", 1, false});
+        Pair pair({models[w], false, "fp32", 0, "keep", 1, false, 0});
         int V = pair.host()->config.vocab_size;
         std::vector<int> tokens(B * T), targets(B * T);
         std::vector<float> logits((size_t)B * T * V);
@@ -351,10 +347,10 @@ int main(int argc, char **argv) {
     const char *precisions[] = {"fp32", "bf16"};
     // whole sequences; chunks that divide T and one that does not; one position at a time;
     // activation checkpointing with each memory mode (--quick: the first two)
-    Case chunkings[] = {{NULL, false, NULL, 0, "keep", 1, false}, {NULL, false, NULL, 7, "recompute", 3, true},
-                        {NULL, false, NULL, 8, "keep", 1, false}, {NULL, false, NULL, 7, "recompute", 3, false},
-                        {NULL, false, NULL, 1, "recompute", 1, false}, {NULL, false, NULL, 0, "keep", 1, true},
-                        {NULL, false, NULL, 5, "keep", 2, true}};
+    Case chunkings[] = {{NULL, false, NULL, 0, "keep", 1, false, 0}, {NULL, false, NULL, 7, "recompute", 3, true, 0},
+                        {NULL, false, NULL, 8, "keep", 1, false, 0}, {NULL, false, NULL, 7, "recompute", 3, false, 0},
+                        {NULL, false, NULL, 1, "recompute", 1, false, 0}, {NULL, false, NULL, 0, "keep", 1, true, 0},
+                        {NULL, false, NULL, 5, "keep", 2, true, 0}};
     int n_chunkings = quick ? 2 : 7, steps = quick ? 3 : 10;
     for (size_t mi = 0; mi < models.size(); mi++)
         for (const char *precision : precisions)
@@ -364,9 +360,9 @@ int main(int argc, char **argv) {
                     c.model = models[mi]; c.full = full; c.precision = precision;
                     if (mine()) check_case(c);
                 }
-                Case whole = {models[mi], (bool)full, precision, 0, "keep", 1, false};
-                Case chunked = {models[mi], (bool)full, precision, 5, "recompute", 1, false};
-                Case checkpointed = {models[mi], (bool)full, precision, 5, "keep", 1, true};
+                Case whole = {models[mi], (bool)full, precision, 0, "keep", 1, false, 0};
+                Case chunked = {models[mi], (bool)full, precision, 5, "recompute", 1, false, 0};
+                Case checkpointed = {models[mi], (bool)full, precision, 5, "keep", 1, true, 0};
                 if (mine()) check_steps(whole, steps);
                 if (mine()) check_steps(chunked, steps);
                 if (mine()) check_steps(checkpointed, steps);
@@ -387,21 +383,30 @@ int main(int argc, char **argv) {
                     c.model = model.c_str(); c.full = full; c.precision = precision;
                     if ((k != 4 || !quick) && mine()) check_case(c);
                 }
-                Case whole = {model.c_str(), (bool)full, precision, 0, "keep", 1, false};
-                Case chunked = {model.c_str(), (bool)full, precision, 5, "recompute", 1, false};
+                Case whole = {model.c_str(), (bool)full, precision, 0, "keep", 1, false, 0};
+                Case chunked = {model.c_str(), (bool)full, precision, 5, "recompute", 1, false, 0};
                 if (model == windowed && mine()) check_steps(whole, steps);
                 if (model == windowed && mine()) check_steps(chunked, steps);
             }
     // each family's fixture a few cases (the emulated suite runs them all)
-    Case families[] = {{"test/fixtures/tiny_llama3", false, "fp32", 0, "keep", 1, false},
-                       {"test/fixtures/tiny_llama3", true, "fp32", 7, "recompute", 3, true},
-                       {"test/fixtures/tiny_llama3", false, "bf16", 5, "keep", 1, false},
-                       {"test/fixtures/tiny_codellama", false, "fp32", 0, "keep", 1, false},
-                       {"test/fixtures/tiny_codellama", true, "bf16", 7, "recompute", 3, false}};
+    Case families[] = {{"test/fixtures/tiny_llama3", false, "fp32", 0, "keep", 1, false, 0},
+                       {"test/fixtures/tiny_llama3", true, "fp32", 7, "recompute", 3, true, 0},
+                       {"test/fixtures/tiny_llama3", false, "bf16", 5, "keep", 1, false, 0},
+                       {"test/fixtures/tiny_codellama", false, "fp32", 0, "keep", 1, false, 0},
+                       {"test/fixtures/tiny_codellama", true, "bf16", 7, "recompute", 3, false, 0}};
     for (const Case &c : families)
         if (!quick && mine()) check_case(c);
-    Case llama3_steps = {"test/fixtures/tiny_llama3", true, "fp32", 5, "recompute", 1, false};
+    Case llama3_steps = {"test/fixtures/tiny_llama3", true, "fp32", 5, "recompute", 1, false, 0};
     if (!quick && mine()) check_steps(llama3_steps, steps);
+    // --freeze_layers 1 (the embedding and layer 0 frozen; tied: the head with them): one micro-batch
+    // whole, and steps in recomputed chunks of 5, against the CPU twin (itself against transformers)
+    for (const char *model : {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"})
+        for (const char *precision : precisions) {
+            Case whole = {model, true, precision, 0, "keep", 1, false, 1};
+            Case chunked = {model, true, precision, 5, "recompute", 1, false, 1};
+            if ((!quick || !strcmp(model, "test/fixtures/tiny_gqa")) && mine()) check_case(whole);
+            if ((!quick || !strcmp(model, "test/fixtures/tiny_gqa")) && mine()) check_steps(chunked, steps);
+        }
     remove_tree(tmp);
     printf("test_llama2cu: %d passed, %d failed\n", test_passed, test_failed);
     return test_summary();
