@@ -796,7 +796,7 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
 // that it belongs to this run (same trajectory-shaping options, same global
 // batch, same data file).
 static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m, Optimizer *o, TrainState *ts) {
-    char path[PATH_MAX + 64], val[4096], fp[128];
+    char path[PATH_MAX + 64], val[4096], def[64], fp[128];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     JsonValue st;
     if (json_load_file(path, &st) != 0) return -1;
@@ -814,9 +814,15 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m
         for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
             if (strcmp(opts[i].name, resume_must_match[k])) continue;
             option_value(&opts[i], val, sizeof val, 1);
-            if (json_get_string(opts_saved, opts[i].name, &saved, NULL) != 0 || strcmp(saved, val) != 0) {
+            // an option newer than the checkpoint is absent from it: the run had its default
+            if (json_get_string(opts_saved, opts[i].name, &saved, NULL) != 0) {
+                if (opts[i].type == OPT_FLOAT) snprintf(def, sizeof def, "%.9g", (float)strtod(opts[i].def, NULL));
+                else snprintf(def, sizeof def, "%s", opts[i].def);
+                saved = def;
+            }
+            if (strcmp(saved, val) != 0) {
                 fprintf(stderr, "error: --resume %s: --%s was '%s' in the checkpoint but is '%s' now; resume with the same value\n",
-                        dir, opts[i].name, json_get_string(opts_saved, opts[i].name, &saved, NULL) == 0 ? saved : "(missing)", val);
+                        dir, opts[i].name, saved, val);
                 goto done;
             }
         }

@@ -121,4 +121,11 @@ refused "resume with another --momentum is refused" "--momentum was '0.899999976
     --optimizer sgd --lr 0.1 --weight_decay 0.01 --momentum 0.5 --nesterov 1
 refused "resume with another --nesterov is refused" "--nesterov was '1' in the checkpoint but is '0' now" \
     --optimizer sgd --lr 0.1 --weight_decay 0.01 --momentum 0.9
+# a checkpoint from before --optimizer, --momentum and --nesterov existed lacks them: it resumes as their defaults (AdamW)
+mkdir -p "$TMP/old"
+cp -r "$TMP/ref/checkpoint-9" "$TMP/old/checkpoint-9" && cp "$TMP/ref.jsonl" "$TMP/old.jsonl" # steps 1-9 as before the resume
+sed -i '/"optimizer": \|"momentum": \|"nesterov": /d' "$TMP/old/checkpoint-9/trainer_state.json"
+! grep -q '"optimizer": ' "$TMP/old/checkpoint-9/trainer_state.json" && run "$TMP/old" 12 --resume "$TMP/old/checkpoint-9"
+check "a checkpoint without the options added since resumes with their defaults" $? "$(tail -2 "$TMP/old.log")"
+same_result "  and ends as the uninterrupted run, bit for bit" "$TMP/ref" "$TMP/old" adapter_model.safetensors
 exit $((fails > 0))
