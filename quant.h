@@ -98,7 +98,7 @@ static const float quant_dynamic[256] = {
     0.908593774f, 0.922656238f, 0.936718762f, 0.950781226f, 0.96484375f, 0.978906274f, 0.992968738f, 1.0f,
 };
 
-static const float *quant_table(int type) { return type == QUANT_FP4 ? quant_fp4 : quant_nf4; }
+static inline const float *quant_table(int type) { return type == QUANT_FP4 ? quant_fp4 : quant_nf4; }
 
 // one fp32 rounding, never fused with the next operation into a multiply-add
 static inline float quant_f32(float x) { volatile float v = x; return v; }
@@ -122,7 +122,7 @@ typedef struct {
 // lays out a tensor of numel weights from base (or only counts when base is NULL):
 // the floats first, then the bytes; returns the bytes taken, a multiple of 16 so
 // that tensors laid out one after another stay aligned for vector loads
-static size_t quant_layout(QuantTensor *q, int type, int double_quant, size_t numel, uint8_t *base) {
+static inline size_t quant_layout(QuantTensor *q, int type, int double_quant, size_t numel, uint8_t *base) {
     size_t nb = (numel + QUANT_BLOCK - 1) / QUANT_BLOCK, nb2 = (nb + QUANT_BLOCK2 - 1) / QUANT_BLOCK2;
     size_t floats = double_quant ? 1 + nb2 : nb, bytes = floats * sizeof(float) + (double_quant ? nb : 0) + (numel + 1) / 2;
     memset(q, 0, sizeof *q);
@@ -149,7 +149,14 @@ static inline uint8_t quant_code4(float x, int type, const float mid[15]) {
     return type == QUANT_FP4 ? quant_fp4_order[k] : (uint8_t)k;
 }
 
-static void quant_blocks4(const float *w, size_t n, int type, uint8_t *codes, float *absmax) {
+// the largest magnitude of len values (0 for none)
+static inline float quant_absmax(const float *x, size_t len) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < len; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    return amax;
+}
+
+static inline void quant_blocks4(const float *w, size_t n, int type, uint8_t *codes, float *absmax) {
     const float *t = quant_table(type);
     float mid[15];
     for (int k = 0; k < 15; k++) {
@@ -160,8 +167,7 @@ static void quant_blocks4(const float *w, size_t n, int type, uint8_t *codes, fl
     #pragma omp parallel for
     for (size_t b = 0; b < nb; b++) {
         size_t i0 = b * QUANT_BLOCK, len = n - i0 < QUANT_BLOCK ? n - i0 : QUANT_BLOCK;
-        float amax = 0.0f;
-        for (size_t i = 0; i < len; i++) amax = fabsf(w[i0 + i]) > amax ? fabsf(w[i0 + i]) : amax;
+        float amax = quant_absmax(w + i0, len);
         // bitsandbytes scales whole blocks by the reciprocal and keeps their absmax, and a
         // last, shorter one by division, keeping its absmax clamped
         float den = amax > 1e-38f ? amax : 1e-38f, inv = 1.0f / den;
@@ -178,7 +184,7 @@ static void quant_blocks4(const float *w, size_t n, int type, uint8_t *codes, fl
 }
 
 // out (n) = table[code] * absmax of the code's block
-static void dequant_blocks4(const uint8_t *codes, const float *absmax, size_t n, int type, float *out) {
+static inline void dequant_blocks4(const uint8_t *codes, const float *absmax, size_t n, int type, float *out) {
     const float *t = quant_table(type);
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
@@ -191,7 +197,7 @@ static void dequant_blocks4(const uint8_t *codes, const float *absmax, size_t n,
 // 8 bits (double quantization): q (n) and absmax2 (ceil(n / 256)) of x (n)
 
 // the 65536-entry table from a normalized value's index to its code (built once)
-static const uint8_t *quant_dynamic_lut(void) {
+static inline const uint8_t *quant_dynamic_lut(void) {
     static uint8_t lut[65536];
     static int built = 0;
     if (built) return lut;
@@ -207,15 +213,13 @@ static const uint8_t *quant_dynamic_lut(void) {
     return lut;
 }
 
-static void quant_blocks8(const float *x, size_t n, uint8_t *q, float *absmax2) {
+static inline void quant_blocks8(const float *x, size_t n, uint8_t *q, float *absmax2) {
     const uint8_t *lut = quant_dynamic_lut(); // (before the threads)
     size_t nb = (n + QUANT_BLOCK2 - 1) / QUANT_BLOCK2;
     #pragma omp parallel for
     for (size_t b = 0; b < nb; b++) {
         size_t i0 = b * QUANT_BLOCK2, len = n - i0 < QUANT_BLOCK2 ? n - i0 : QUANT_BLOCK2;
-        float amax = 0.0f;
-        for (size_t i = 0; i < len; i++) amax = fabsf(x[i0 + i]) > amax ? fabsf(x[i0 + i]) : amax;
-        absmax2[b] = amax;
+        float amax = absmax2[b] = quant_absmax(x + i0, len);
         if (amax == 0.0f) { memset(q + i0, 0, len); continue; } // a block of zeros: codes 0
         float inv = 1.0f / amax;
         for (size_t i = 0; i < len; i++) {
@@ -227,14 +231,14 @@ static void quant_blocks8(const float *x, size_t n, uint8_t *q, float *absmax2) 
 }
 
 // the mean of x (n >= 1) in fp32 (the offset; see the top of the file)
-static float quant_mean(const float *x, size_t n) {
+static inline float quant_mean(const float *x, size_t n) {
     double s = 0;
     for (size_t i = 0; i < n; i++) s += x[i];
     return (float)s / (float)n;
 }
 
 // absmax (n) = dynamic[q] * absmax2 of q's block + offset
-static void dequant_blocks8(const uint8_t *q, const float *absmax2, float offset, size_t n, float *absmax) {
+static inline void dequant_blocks8(const uint8_t *q, const float *absmax2, float offset, size_t n, float *absmax) {
     for (size_t i = 0; i < n; i++) absmax[i] = quant_f32(quant_dynamic[q[i]] * absmax2[i / QUANT_BLOCK2]) + offset;
 }
 
@@ -244,7 +248,7 @@ static void dequant_blocks8(const uint8_t *q, const float *absmax2, float offset
 // w (numel) into q (laid out by quant_layout); absmax: scratch of q->n_blocks floats
 // (double_quant; else unused). name: the tensor's, for the message. 0 ok, -1 when
 // w is empty or holds a NaN or an infinity (bitsandbytes would store garbage for its block).
-static int quant_tensor(QuantTensor *q, const float *w, float *absmax, const char *name) {
+static inline int quant_tensor(QuantTensor *q, const float *w, float *absmax, const char *name) {
     if (q->numel == 0) { fprintf(stderr, "error: tensor '%s' has no elements to quantize\n", name); return -1; }
     for (size_t i = 0; i < q->numel; i++)
         if (!isfinite(w[i])) {
@@ -262,7 +266,7 @@ static int quant_tensor(QuantTensor *q, const float *w, float *absmax, const cha
 
 // q's weights (numel) into out, as bitsandbytes' dequantize_4bit gives them in fp32;
 // absmax: scratch of q->n_blocks floats (double_quant; else unused)
-static void dequant_tensor(const QuantTensor *q, float *out, float *absmax) {
+static inline void dequant_tensor(const QuantTensor *q, float *out, float *absmax) {
     if (q->double_quant) dequant_blocks8(q->qabsmax, q->absmax2, *q->offset, q->n_blocks, absmax);
     dequant_blocks4(q->codes, q->double_quant ? absmax : q->absmax, q->numel, q->type, out);
 }

@@ -60,22 +60,23 @@ static void check_tables(void) {
 
 static int offsets_exact = 0, offsets_total = 0;
 
+// the name of case c's tensor <c>.<part>
+static const char *part(const char *c, const char *p) {
+    static char name[300];
+    snprintf(name, sizeof name, "%s.%s", c, p);
+    return name;
+}
+
 static void check_case(const char *c) {
-    char key[300], what[360];
+    char what[360];
     size_t nw, ncodes, nabs;
-    snprintf(key, sizeof key, "%s.meta", c);
     int32_t meta[4];
-    if (st_read_i32(&sf, find(key), meta) != 0) die("%s: cannot read '%s'", FIXTURE, key);
+    if (st_read_i32(&sf, find(part(c, "meta")), meta) != 0) die("%s: cannot read %s's meta", FIXTURE, c);
     int type = meta[0], dq = meta[1];
     char wname[256];
     snprintf(wname, sizeof wname, "%.*s.w", (int)(strchr(c, '.') - c), c);
-    float *w = read_f32(wname, &nw);
-    snprintf(key, sizeof key, "%s.codes", c);
-    uint8_t *codes = read_u8(key, &ncodes);
-    snprintf(key, sizeof key, "%s.absmax", c);
-    float *absmax = read_f32(key, &nabs);
-    snprintf(key, sizeof key, "%s.deq", c);
-    float *deq = read_f32(key, NULL);
+    float *w = read_f32(wname, &nw), *absmax = read_f32(part(c, "absmax"), &nabs), *deq = read_f32(part(c, "deq"), NULL);
+    uint8_t *codes = read_u8(part(c, "codes"), &ncodes);
 
     QuantTensor q, ref;
     size_t bytes = quant_layout(&q, type, dq, nw, NULL);
@@ -97,12 +98,8 @@ static void check_case(const char *c) {
         memcpy(ref.absmax, absmax, nabs * sizeof(float));
     } else {
         size_t nq, n2;
-        snprintf(key, sizeof key, "%s.qabsmax", c);
-        uint8_t *qabsmax = read_u8(key, &nq);
-        snprintf(key, sizeof key, "%s.absmax2", c);
-        float *absmax2 = read_f32(key, &n2);
-        snprintf(key, sizeof key, "%s.offset", c);
-        float *offset = read_f32(key, NULL);
+        uint8_t *qabsmax = read_u8(part(c, "qabsmax"), &nq);
+        float *absmax2 = read_f32(part(c, "absmax2"), &n2), *offset = read_f32(part(c, "offset"), NULL);
         // torch.mean sums in fp32 in its own order: within 2 ulp of the correctly rounded mean
         int ulps = abs(float_bits(*q.offset) - float_bits(*offset));
         snprintf(what, sizeof what, "%s: offset (the mean of absmax) within 2 ulp of torch.mean's", c);
