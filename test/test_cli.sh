@@ -91,6 +91,13 @@ expect_error "a checkpoint bitsandbytes already quantized" "tensor 'model.layers
     --model $FIX/tiny_qlora/prequantized --tokenizer $FIX/tiny_qlora/tokenizer.model "${RUN[@]}"
 expect_error "a checkpoint bitsandbytes already quantized, with --quantize" "is bitsandbytes' quantization state" \
     --model $FIX/tiny_qlora/prequantized --tokenizer $FIX/tiny_qlora/tokenizer.model "${RUN[@]}" --quantize nf4
+dev/launch.sh 2 "$BIN" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 >"$TMP/w2.out" 2>"$TMP/w2.err"
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q -- "--quantize runs in one process for now" "$TMP/w2.err"; then
+    echo "ok cli: --quantize with two ranks is refused for now"
+else
+    echo "FAIL cli: --quantize with two ranks: exit $rc, stderr: $(head -c 400 "$TMP/w2.err")"; fails=$((fails + 1))
+fi
 # the plan of Llama-2-7B in 4 bits: per layer four (4096, 4096) weights of 262144 blocks and three
 # (11008, 4096) of 704512; double quantization stores per weight the offset and one fp32 scale per
 # 256 blocks, a byte per block and half a byte per element, rounded up to 16 bytes: 8654864 and
