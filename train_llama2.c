@@ -224,6 +224,9 @@ typedef struct {
     float *unit_grad[2];      // full fine-tuning, sharded: a unit's gradient whole (the embedding's,
     int grad_open[2];         // the others'), and the unit it is open for (-1: none)
     float *grad_part;         // a unit's gradient reduced to this rank's shard
+    float *deq;               // QLoRA: a decoder layer's unit whole, its 4-bit weights dequantized
+    float *deq_absmax;        // (the absmax values of one weight, double quantization)
+    int deq_unit;             // the unit deq holds (-1: none)
     Activations a;
     int B, T;                 // activation capacity
     int chunk_size;           // C (== T: whole sequence)
@@ -644,8 +647,26 @@ static void units_reshard(Model *m) {
     for (int s = 0; s < m->n_slots; s++) m->slot_unit[s] = -1;
 }
 
+// QLoRA: decoder layer unit u's parameters whole, its 4-bit weights dequantized
+// (as bitsandbytes' dequantize_4bit) and its norms copied, into the scratch before
+// its products, unless the scratch holds them already (they are frozen)
+static float *unit_dequant(Model *m, int u) {
+    if (m->deq_unit != u) {
+        const FsdpUnit *un = &m->host.units.units[u];
+        for (int j = 0; j < un->n_tensors; j++) {
+            float *dst = m->deq + un->tensors[j].offset;
+            const QuantTensor *q = model_quantized(&m->host, u, j);
+            if (q) dequant_tensor(q, dst, m->deq_absmax);
+            else memcpy(dst, m->host.params + model_tensor_offset(&m->host.config, u, j), un->tensors[j].numel * sizeof(float));
+        }
+        m->deq_unit = u;
+    }
+    return m->deq;
+}
+
 // tensor j of unit u (fsdp_units_llama's order), where the forward reads it
 static float *param_at(Model *m, int u, int j) {
+    if (m->deq && u >= 1 && u <= m->host.config.n_layers) return unit_dequant(m, u) + m->host.units.units[u].tensors[j].offset;
     if (!m->sharded) return m->host.params + model_tensor_offset(&m->host.config, u, j);
     return unit_gather(m, u) + m->host.units.units[u].tensors[j].offset;
 }
@@ -802,7 +823,12 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         m->grads = (float *)callocCheck(n, sizeof(float));
         param_layout(c, &m->g, m->grads);
     }
-    m->weight_bytes += (m->sharded ? m->host.units.shard_numel : m->host.num_params) * sizeof(float);
+    m->weight_bytes += m->sharded ? m->host.units.shard_numel * sizeof(float) : model_weight_bytes(&m->host, m->host.num_params);
+    if (m->host.quant) { // (model_weight_bytes counted them)
+        m->deq = (float *)mallocCheck(m->host.units.units[fsdp_layer_unit(0)].numel * sizeof(float));
+        m->deq_absmax = (float *)mallocCheck((model_layer_widest(&m->host) + QUANT_BLOCK - 1) / QUANT_BLOCK * sizeof(float));
+        m->deq_unit = -1;
+    }
     m->param_bytes += n * sizeof(float) * ((m->host.use_lora ? 2 : 1) + optimizer_n_states(&m->optimizer));
 }
 
@@ -812,7 +838,8 @@ static void model_free(Model *m) {
     Activations *a = &m->a;
     void *bufs[] = {a->chunk ? a->chunk[0].resid : NULL, a->chunk, a->k, a->v, a->dk, a->dv, a->tokens, a->lnf, a->rstdf, a->logits,
                     a->kv, a->dresid, a->dln, a->dq, a->datty, a->dgate, a->dup, a->dhmlp, a->lora_dh, a->xdrop,
-                    m->rope_cos, m->rope_sin, m->grads, m->unit_grad[0], m->unit_grad[1], m->grad_part, m->slot_unit};
+                    m->rope_cos, m->rope_sin, m->grads, m->unit_grad[0], m->unit_grad[1], m->grad_part, m->slot_unit,
+                    m->deq, m->deq_absmax};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     for (int s = 0; s < m->n_slots; s++) free(m->slot[s]);
     free(m->slot);

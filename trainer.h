@@ -156,6 +156,8 @@ typedef struct {
     const char *sharding_strategy, *export_hf;
     int shard_group;
     int random_init;
+    const char *quantize;
+    int double_quant;
 } TrainConfig;
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_FLAG, OPT_LIST };
@@ -224,6 +226,16 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"precision", OPT_STR, &(tc)->precision, backend_precisions[0], "bf16 | fp32: how weights and activations are stored (fp32: all of it, e.g. to compare with the CPU trainer, which runs fp32 only)", 0, 0}, \
     {"collectives", OPT_STR, &(tc)->collectives, backend_collectives[0], "auto | nccl | host: how the ranks' device buffers are gathered and summed (train_llama2cu): nccl, or host: through host memory over MPI or TCP, summed in rank order as the CPU trainer sums (ranks may share a GPU); auto: nccl when every rank of a node has its own GPU, else host. The CPU trainer: host only", 0, 0}, \
     {"random_init", OPT_FLAG, &(tc)->random_init, "0", "for benchmarks only: random weights N(0, initializer_range) drawn from --seed, with --model holding just config.json and tokenizer.model", 0, 1}, \
+    {"quantize", OPT_STR, &(tc)->quantize, "none", "none | nf4 | fp4: QLoRA, the decoder's linear weights quantized to 4 bits as they load, exactly as bitsandbytes (blocks of 64); LoRA only", 0, 0}, \
+    {"double_quant", OPT_INT, &(tc)->double_quant, "1", "with --quantize: 1 stores the absmax values in 8 bits too (bitsandbytes' bnb_4bit_use_double_quant)", 0, 1}, \
+}
+
+// --quantize's value as quant.h's type; -1 (with a message) for an unknown one
+static int quant_type_parse(const char *s) {
+    for (int t = 0; t < (int)(sizeof quant_type_names / sizeof quant_type_names[0]); t++)
+        if (!strcmp(s, quant_type_names[t])) return t;
+    fprintf(stderr, "error: --quantize: '%s' is not one of none, nf4, fp4\n", s);
+    return -1;
 }
 
 static void print_help(const Option *opts, int n) {
@@ -377,6 +389,22 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --from_peft_checkpoint and --full_finetune do not go together\n");
         return -1;
     }
+    int quant = quant_type_parse(tc->quantize);
+    if (quant < 0) return -1;
+#ifdef __CUDACC__
+    if (quant != QUANT_NONE) {
+        fprintf(stderr, "error: --quantize is not yet supported in the CUDA trainer (train_llama2cu); the CPU trainer runs it\n");
+        return -1;
+    }
+#endif
+    if (quant != QUANT_NONE && tc->full_finetune) {
+        fprintf(stderr, "error: --quantize keeps the base weights frozen in 4 bits (QLoRA): it does not go with --full_finetune\n");
+        return -1;
+    }
+    if (quant != QUANT_NONE && tc->merge_adapter) {
+        fprintf(stderr, "error: --merge_adapter with --quantize is not supported yet (it would fold the adapter into 4-bit weights)\n");
+        return -1;
+    }
     return 0;
 }
 
@@ -424,6 +452,8 @@ static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, c
     int resume_sharded = resume_dir && tc->full_finetune && checkpoint_is_sharded(resume_dir);
     const char *weights = resume_dir && tc->full_finetune ? resume_dir : tc->model;
     int G = f ? f->shard.size : 1, rc;
+    h->quant_type = quant_type_parse(tc->quantize); // (parse_args checked it)
+    h->double_quant = tc->double_quant;
     if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, !tc->dry_run);
     else if (resume_sharded) rc = model_shape(h, tc->model, G, 1); // load_checkpoint reads every weight: none from --model
     else rc = G > 1 ? model_load_shard(h, weights, f->shard.rank, G) : model_load(h, weights);
@@ -579,7 +609,8 @@ static const char *resume_must_match[] = {
     "model", "data", "max_seq_len", "gradient_accumulation_steps", "lr", "optimizer", "momentum", "nesterov",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
-    "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split"};
+    "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
+    "quantize", "double_quant"};
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's
 // data_identity: size, modification time and a hash of its first and last MiB)
@@ -893,6 +924,11 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
     if (print) {
         printf("memory plan (%s of this process):\n", backend_memory);
         printf("  %-34s %10.1f MiB\n", m->fp32 ? "base weights (fp32)" : "base weights (bf16)", weights / MiB);
+        if (m->host.quant_type != QUANT_NONE) {
+            printf("    %-32s %10.1f MiB   (%s%s, blocks of %d)\n", "of which 4-bit codes + statistics", m->host.quant_nbytes / MiB,
+                   quant_type_names[m->host.quant_type], m->host.double_quant ? ", double quantization" : "", QUANT_BLOCK);
+            printf("    %-32s %10.1f MiB   (one layer, fp32)\n", "of which dequantize scratch", model_quant_scratch_bytes(&m->host) / MiB);
+        }
         const char *state[] = {"", ", momentum", ", AdamW"}; // the optimizer's state, by optimizer_n_states
         char what[64];
         snprintf(what, sizeof what, "trainable weights, grads%s", state[optimizer_n_states(&m->optimizer)]);
@@ -1266,6 +1302,10 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     int W = f->world.size;
     if (W > 1 && !backend_sharding) {
         if (f->world.rank == 0) fprintf(stderr, "error: this trainer runs one process; %d were started (the CPU trainer train_llama2 runs several)\n", W);
+        return 1;
+    }
+    if (W > 1 && strcmp(tc->quantize, "none")) {
+        if (f->world.rank == 0) fprintf(stderr, "error: --quantize runs in one process for now (sharded 4-bit units come later); %d were started\n", W);
         return 1;
     }
     int B = tc->batch_size, GA = tc->grad_accum, T = 0;

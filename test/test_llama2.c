@@ -424,7 +424,99 @@ static void test_dropout(void) {
     tokenizer_free(&tok);
 }
 
+// QLoRA (--quantize nf4, double quantization) against transformers + peft on a
+// bitsandbytes 4-bit model (dev/reference/make_qlora_fixtures.py): the weights as
+// dequantized for the products bit for bit (the same bytes from the same BF16
+// checkpoint, quant.h), then logits, loss and every LoRA gradient of one batch.
+// Both sides compute in fp32 (bitsandbytes dequantizes to fp32; there is no fp64
+// 4-bit model) from the same weights, each rounding ~1e-7 per operation in its own
+// summation order: logits and gradients within 1e-5 of a tensor's largest magnitude
+// (measured: 7e-7), the loss within 1e-6 relative (measured: 2e-8). A wrong code,
+// nibble or absmax moves the logits by ~1e-2. Then a short QLoRA fine-tune whose loss must fall
+// (from ~ln 512, the untrained model's, by a fifth at least; it falls by ~30%).
+static void test_qlora(void) {
+    const char *dir = "test/fixtures/tiny_qlora";
+    char outdir[128], metrics[160], what[256];
+    snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_qlora", (int)getpid());
+    snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+    char *argv[] = {"train_llama2", "--model", (char *)dir, "--data", "test/fixtures/data.jsonl", "--max_seq_len", "24",
+                    "--batch_size", "4", "--quantize", "nf4", "--from_peft_checkpoint", "test/fixtures/tiny_qlora/peft_init",
+                    "--max_steps", "30", "--lr", "3e-3", "--lr_scheduler", "constant", "--output_dir", outdir,
+                    "--metrics_file", metrics};
+    TrainConfig tc;
+    if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("qlora: arguments rejected");
+    int B = 2, T = 16;
+    Model m;
+    if (model_setup(&m, NULL, &tc, B, T, NULL) != 0) die("qlora: model setup failed");
+    StFile ef;
+    if (st_open(&ef, "test/fixtures/tiny_qlora/ref/expected.safetensors") != 0) die("qlora: no fixture");
+    const Config *c = &m.host.config;
+    int exact = 0, total = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const FsdpUnit *un = &m.host.units.units[fsdp_layer_unit(l)];
+        float *w = unit_dequant(&m, fsdp_layer_unit(l));
+        for (int j = 0; j < un->n_tensors; j++) {
+            if (!model_quantized(&m.host, fsdp_layer_unit(l), j)) continue;
+            char name[160];
+            snprintf(name, sizeof name, "deq.%s", un->tensors[j].name);
+            const StTensor *t = st_find(&ef, name);
+            float *want = (float *)mallocCheck(un->tensors[j].numel * sizeof(float));
+            total++;
+            exact += t && t->numel == un->tensors[j].numel && st_read_f32(&ef, t, 0, t->numel, want) == 0 &&
+                     memcmp(want, w + un->tensors[j].offset, t->numel * sizeof(float)) == 0;
+            free(want);
+        }
+    }
+    CHECK(exact == total && total == 7 * c->n_layers, "qlora: every 4-bit weight dequantizes to bitsandbytes' bits",
+          "%d of %d", exact, total);
+    int tokens[2 * 16], targets[2 * 16];
+    if (st_read_i32(&ef, st_find(&ef, "tokens"), tokens) != 0 || st_read_i32(&ef, st_find(&ef, "targets"), targets) != 0)
+        die("qlora: batch");
+    long labels = 0;
+    for (int i = 0; i < B * T; i++) labels += targets[i] >= 0;
+    Trainable *tr = (Trainable *)mallocCheck(64 * sizeof(Trainable));
+    int ntr = list_trainables(&m, tr);
+    for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
+    double loss = model_forward_backward(&m, tokens, targets, B, T, 1.0f / labels) / labels;
+    float *logits = (float *)mallocCheck((size_t)B * T * c->vocab_size * sizeof(float)), want_loss;
+    model_forward(&m, tokens, targets, B, T, logits);
+    check_tensor(&ef, "logits", logits, (size_t)B * T * c->vocab_size, 1e-5, "qlora");
+    if (st_read_f32(&ef, st_find(&ef, "loss"), 0, 1, &want_loss) != 0) die("qlora: loss");
+    check_rel(loss, want_loss, 0, 1e-6, "qlora loss");
+    char name[256];
+    for (int i = 0; i < ntr; i++) {
+        snprintf(name, sizeof name, "grad.%s", tr[i].name);
+        check_tensor(&ef, name, tr[i].grad, tr[i].n, 1e-5, "qlora");
+    }
+    CHECK(ntr == 2 * LORA_N_TARGETS * c->n_layers, "qlora: the adapter covers all seven linear layers", "%d tensors", ntr);
+    free(tr), free(logits);
+    st_close(&ef);
+    model_free(&m);
+
+    // a short fine-tune on the tiny data: the loss falls
+    int rc = train(&tc);
+    CHECK(rc == 0, "qlora: train() exits 0", "exit code %d", rc);
+    size_t len;
+    char *text = read_file(metrics, &len);
+    double first = 0, last = 0;
+    int steps = 0;
+    for (char *p = text, *e; p && (e = strchr(p, '\n')); p = e + 1) {
+        JsonValue rec;
+        char err[64];
+        if (json_parse(p, e - p, &rec, err, sizeof err) != 0) die("%s: %s", metrics, err);
+        if (json_get(&rec, "loss")) last = json_num(&rec, "loss"), first = steps++ ? first : last;
+        json_free(&rec);
+    }
+    snprintf(what, sizeof what, "qlora: %d fine-tuning steps lower the loss by a fifth", steps);
+    CHECK(steps == 30 && last < first * 0.8, what, "first %.4f, last %.4f", first, last);
+    free(text);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", outdir, metrics);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
+}
+
 int main(void) {
+    test_qlora();
     test_dropout();
     test_sgd();
     const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama", "tiny_mistral"};

@@ -2,8 +2,8 @@
 # Checkpoints and resume: a run that is killed (at chosen points, in the middle
 # of writing a checkpoint, and at random moments) and resumed ends with exactly
 # the weights and the loss trajectory of a run that was never interrupted, bit
-# for bit; SIGTERM finishes the step, saves and exits 0; a resume with changed
-# options or data is refused.
+# for bit (LoRA, full fine-tuning, QLoRA); SIGTERM finishes the step, saves and
+# exits 0; a resume with changed options or data is refused.
 set -u
 SUITE=resume
 source test/train_helpers.sh # BIN, TMP, FIX; check, run, start, trajectory, same_result
@@ -128,4 +128,15 @@ sed -i '/"optimizer": \|"momentum": \|"nesterov": /d' "$TMP/old/checkpoint-9/tra
 ! grep -q '"optimizer": ' "$TMP/old/checkpoint-9/trainer_state.json" && run "$TMP/old" 12 --resume "$TMP/old/checkpoint-9"
 check "a checkpoint without the options added since resumes with their defaults" $? "$(tail -2 "$TMP/old.log")"
 same_result "  and ends as the uninterrupted run, bit for bit" "$TMP/ref" "$TMP/old" adapter_model.safetensors
+# QLoRA: the 4-bit base is quantized again from --model at the resume, the same bytes
+ARGS=(--model $FIX/tiny_qlora --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --lora_dropout 0.1
+      --lora_target_modules all-linear --quantize nf4 --save_every 3 --threads 1)
+run "$TMP/qref" 6
+LLAMA2TUNE_FAULT=step:4 run "$TMP/q" 6
+run "$TMP/q" 6 --resume "$TMP/q"
+same_result "QLoRA killed after step 4 and resumed == uninterrupted" "$TMP/qref" "$TMP/q" adapter_model.safetensors
+run "$TMP/q2" 6 --resume "$TMP/qref/checkpoint-3" --double_quant 0
+rc=$?
+[ $rc -eq 1 ] && grep -q -- "--double_quant was '1' in the checkpoint but is '0' now" "$TMP/q2.log"
+check "QLoRA resume with another --double_quant is refused" $? "exit $rc: $(tail -2 "$TMP/q2.log")"
 exit $((fails > 0))
