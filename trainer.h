@@ -131,7 +131,7 @@ typedef struct { const char *v[MAX_LIST]; int n; } StrList; // a repeatable opti
 typedef struct {
     const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
     int max_seq_len, batch_size, grad_accum, max_steps, num_epochs, warmup_steps, seed, shuffle;
-    int eval_every, full_finetune, lora_r, use_rslora, threads, chunk_size, num_output_chunks, activation_checkpointing;
+    int eval_every, full_finetune, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing;
     float lr, weight_decay, grad_clip, beta1, beta2, eps, lora_alpha, lora_dropout;
     const char *lr_scheduler, *lora_target_modules, *chunk_memory;
     const char *resume;
@@ -189,6 +189,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"lora_dropout", OPT_FLOAT, &(tc)->lora_dropout, "0.05", "dropout on the LoRA input", 0, 0.99}, \
     {"lora_target_modules", OPT_STR, &(tc)->lora_target_modules, "q_proj,v_proj", "comma-separated peft module names, or all-linear", 0, 0}, \
     {"use_rslora", OPT_INT, &(tc)->use_rslora, "0", "1: scale = alpha / sqrt(r) (rank-stabilised LoRA)", 0, 1}, \
+    {"use_dora", OPT_FLAG, &(tc)->use_dora, "0", "DoRA (peft's use_dora): a trained magnitude per output rescales each adapted layer's rows", 0, 1}, \
     {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (its r, alpha, targets)", 0, 0}, \
     {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
@@ -343,6 +344,10 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     }
     if (!tc->model[0]) { fprintf(stderr, "error: --model is required (see --help)\n"); return -1; }
     if (!tc->data[0]) { fprintf(stderr, "error: --data is required (see --help)\n"); return -1; }
+    if (tc->full_finetune && tc->use_dora) {
+        fprintf(stderr, "error: --use_dora trains a DoRA adapter; with --full_finetune there is none\n");
+        return -1;
+    }
     if (tc->full_finetune && tc->merge_adapter) {
         fprintf(stderr, "error: --merge_adapter folds a LoRA adapter in; with --full_finetune there is none\n");
         return -1;
@@ -414,7 +419,7 @@ static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, c
             unsigned targets;
             lora_parse_targets(tc->lora_target_modules, &targets);
             lora_alloc(&h->lora, h->config.n_layers, in, out, tc->lora_r, tc->lora_alpha, tc->lora_dropout,
-                       tc->use_rslora, targets);
+                       tc->use_rslora, tc->use_dora, targets);
             lora_init(&h->lora, (uint64_t)tc->seed);
         }
     }
@@ -550,7 +555,7 @@ static void fault_point(const char *point, int step) { if (fault_at(point, step)
 static const char *resume_must_match[] = {
     "model", "data", "max_seq_len", "gradient_accumulation_steps", "lr",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
-    "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
+    "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora", "use_dora",
     "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split"};
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's

@@ -268,7 +268,7 @@ void write_hd64_model(const char *dir) {
     int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
     lora_shapes(&h.config, in, out);
     LoRA l;
-    lora_alloc(&l, h.config.n_layers, in, out, 4, 8.0f, 0.0f, 0, (1u << LORA_N_TARGETS) - 1);
+    lora_alloc(&l, h.config.n_layers, in, out, 4, 8.0f, 0.0f, 0, 0, (1u << LORA_N_TARGETS) - 1);
     lora_init(&l, 5);
     uint64_t state = 9;
     for (int i = 0; i < l.n_layers; i++)

@@ -79,7 +79,7 @@ void ref_clip_grads(float *g, size_t n, double norm, float max_norm) { clip_grad
 static LoRA one_module(const float *A, const float *Bw, int r, int in, int out_dim, float alpha, float p) {
     int ins[LORA_N_TARGETS] = {in}, outs[LORA_N_TARGETS] = {out_dim};
     LoRA l;
-    lora_alloc(&l, 1, ins, outs, r, alpha, p, 0, 1u << LORA_Q);
+    lora_alloc(&l, 1, ins, outs, r, alpha, p, 0, 0, 1u << LORA_Q);
     memcpy(lora_A(&l, l.params, 0, LORA_Q), A, (size_t)r * in * sizeof(float));
     memcpy(lora_B(&l, l.params, 0, LORA_Q), Bw, (size_t)out_dim * r * sizeof(float));
     return l;

@@ -10,7 +10,7 @@
 LoRA one_module(int r, int in, int out, float alpha, float p) {
     int ins[LORA_N_TARGETS] = {in}, outs[LORA_N_TARGETS] = {out};
     LoRA l;
-    lora_alloc(&l, 1, ins, outs, r, alpha, p, 0, 1u << LORA_Q);
+    lora_alloc(&l, 1, ins, outs, r, alpha, p, 0, 0, 1u << LORA_Q);
     return l;
 }
 
