@@ -326,20 +326,24 @@ def forward_logits(model, tokens):
     return model(input_ids=tokens, use_cache=False).logits
 
 
-def step_grads(model, params, mbs):
-    """Zeroes grads, accumulates d(step loss)/d(params); returns the step loss (float)."""
+def step_grads(model, params, mbs, on_microbatch=None):
+    """Zeroes grads, accumulates d(step loss)/d(params); returns the step loss (float).
+    on_microbatch(g), if given, runs before micro-batch g (make_dora_fixtures sets its dropout masks)."""
     for p in params:
         p.grad = None
     count = sum(int((t != IGNORE).sum()) for _, t in mbs)
     total = 0.0
-    for tok, tgt in mbs:
+    for g, (tok, tgt) in enumerate(mbs):
+        if on_microbatch:
+            on_microbatch(g)
         s, _ = loss_sum_count(forward_logits(model, tok), tgt)
         (s / count).backward()
         total += s.item()
     return total / count
 
 
-def train(model, named_params, rows, hp):
+def train(model, named_params, rows, hp, on_microbatch=None):
+    """hp's AdamW steps; on_microbatch(step, g), if given, runs before each micro-batch."""
     params = [p for _, p in named_params]
     opt = torch.optim.AdamW(params, lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
                             weight_decay=hp["weight_decay"])
@@ -347,7 +351,8 @@ def train(model, named_params, rows, hp):
                                             num_training_steps=hp["max_steps"])
     steps = []
     for s in range(hp["max_steps"]):
-        loss = step_grads(model, params, step_microbatches(rows, s))
+        hook = (lambda g, s=s: on_microbatch(s, g)) if on_microbatch else None
+        loss = step_grads(model, params, step_microbatches(rows, s), hook)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm=hp["grad_clip"]).item()
         lr = opt.param_groups[0]["lr"]
         opt.step()
