@@ -1123,7 +1123,7 @@ static void print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
     if (c->sliding_window) printf(", a sliding window of %d keys", c->sliding_window);
     printf("\n");
     printf("training %s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
-           m->host.use_lora ? "LoRA" : "all weights", r->opt.n, m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
+           !m->host.use_lora ? "all weights" : m->host.lora.use_dora ? "DoRA" : "LoRA", r->opt.n, m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
            r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
     memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, 1);
 }

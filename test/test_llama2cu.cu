@@ -61,7 +61,7 @@ struct Case {
     const char *mem;       // --chunk_memory
     int out_chunks;        // --num_output_chunks
     bool ckpt;             // --activation_checkpointing
-    bool dora;             // LoRA from the fixture's DoRA adapter (dora/peft_init) instead
+    bool dora = false;     // LoRA from the fixture's DoRA adapter (dora/peft_init) instead
 };
 
 // the case in words, for the check lines
