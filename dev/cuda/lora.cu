@@ -111,10 +111,12 @@ template <typename T> void check_backward(const Shape &s, float p, bool timed) {
     free_device();
 }
 
-// DoRA: a module whose base weight is W (out, in), with A, B and a magnitude near the row norms
+// DoRA: a module whose base weight is W (out, in), with A, B, a magnitude near the row
+// norms, and those norms (the CPU's, as the trainers keep them between forward and backward)
 struct DoraModule {
-    std::vector<float> W, A, Bw, mag, flat; // flat: lora.h's layout, A then B then m
-    DoraModule(const Shape &s, bool bf16) {
+    static constexpr float alpha = 16.0f;
+    std::vector<float> W, A, Bw, mag, flat, norm, mag_init; // flat: lora.h's layout, A then B then m
+    DoraModule(const Shape &s, bool bf16) : norm(s.out), mag_init(s.out) {
         auto round = [&](std::vector<float> v) { return bf16 ? rounded<__nv_bfloat16>(v) : v; };
         W = round(random_vector((size_t)s.out * s.in)); A = round(random_vector((size_t)s.r * s.in));
         Bw = round(random_vector((size_t)s.out * s.r)); mag = random_vector(s.out);
@@ -122,6 +124,7 @@ struct DoraModule {
         flat = A;
         flat.insert(flat.end(), Bw.begin(), Bw.end());
         flat.insert(flat.end(), mag.begin(), mag.end());
+        ref_dora_norm(norm.data(), mag_init.data(), W.data(), A.data(), Bw.data(), s.r, s.in, s.out, alpha);
     }
 };
 
@@ -130,19 +133,16 @@ struct DoraModule {
 template <typename T> void check_dora_norm(const Shape &s, bool timed) {
     char shape[128];
     describe(shape, sizeof shape, s, 0.0f);
-    float alpha = 16.0f;
     DoraModule d(s, !std::is_same<T, float>::value);
-    std::vector<float> norm(s.out), mag_init(s.out);
-    ref_dora_norm(norm.data(), mag_init.data(), d.W.data(), d.A.data(), d.Bw.data(), s.r, s.in, s.out, alpha);
-    LoRA l = one_module(s.r, s.in, s.out, alpha, 0.0f, 1);
+    LoRA l = one_module(s.r, s.in, s.out, d.alpha, 0.0f, 1);
     l.mag_unset[LORA_Q] = 1;
     T *d_w = to_device<T>(d.flat), *d_W = to_device<T>(d.W);
     float *d_params = to_device<float>(d.flat), *d_norm = device_poisoned<float>(s.out);
     dora_norm(&l, (const T *)d_w, d_params, 0, LORA_Q, d_norm, (const T *)d_W, 0);
-    check("dora_norm", type_name<T>(), "norm", shape, to_host(d_norm, s.out), norm, 1e-5);
+    check("dora_norm", type_name<T>(), "norm", shape, to_host(d_norm, s.out), d.norm, 1e-5);
     std::vector<float> params = to_host(d_params, d.flat.size());
     check("dora_norm", type_name<T>(), "m set to the norm", shape,
-          std::vector<float>(params.end() - s.out, params.end()), mag_init, 1e-5);
+          std::vector<float>(params.end() - s.out, params.end()), d.mag_init, 1e-5);
     if (timed) {
         float ms = time_ms([&] { dora_norm(&l, (const T *)d_w, d_params, 0, LORA_Q, d_norm, (const T *)d_W, 0); });
         report_time("dora_norm", type_name<T>(), shape, ms, 0, 2.0 * s.out * s.in * (s.r + 1));
@@ -156,17 +156,14 @@ template <typename T> void check_dora_forward(const Shape &s, float p, bool time
     char shape[128];
     describe(shape, sizeof shape, s, p);
     size_t N = (size_t)s.B * s.len;
-    float alpha = 16.0f;
     DoraModule d(s, !std::is_same<T, float>::value);
-    std::vector<float> inp = rounded<T>(random_vector(N * s.in)), out = rounded<T>(random_vector(N * s.out));
-    std::vector<float> norm(s.out), unused(s.out), h(N * s.r);
-    ref_dora_norm(norm.data(), unused.data(), d.W.data(), d.A.data(), d.Bw.data(), s.r, s.in, s.out, alpha);
+    std::vector<float> inp = rounded<T>(random_vector(N * s.in)), out = rounded<T>(random_vector(N * s.out)), h(N * s.r);
     T *d_out = to_device<T>(out), *d_inp = to_device<T>(inp), *d_w = to_device<T>(d.flat), *d_W = to_device<T>(d.W);
     T *d_h = device_poisoned<T>(N * s.r), *d_xdrop = device_alloc<T>(N * s.in), *d_pre = device_alloc<T>(N * s.out);
-    float *d_params = to_device<float>(d.flat), *d_norm = to_device<float>(norm);
-    ref_dora_forward(out.data(), inp.data(), d.W.data(), h.data(), d.A.data(), d.Bw.data(), d.mag.data(), norm.data(),
-                     s.r, s.in, s.out, alpha, p, s.B, s.T, s.t0, s.len, KEY);
-    LoRA l = one_module(s.r, s.in, s.out, alpha, p, 1);
+    float *d_params = to_device<float>(d.flat), *d_norm = to_device<float>(d.norm);
+    ref_dora_forward(out.data(), inp.data(), d.W.data(), h.data(), d.A.data(), d.Bw.data(), d.mag.data(), d.norm.data(),
+                     s.r, s.in, s.out, d.alpha, p, s.B, s.T, s.t0, s.len, KEY);
+    LoRA l = one_module(s.r, s.in, s.out, d.alpha, p, 1);
     Chunk ch = {s.B, s.T, s.t0, s.len, 0};
     auto run = [&] {
         dora_forward(&l, (const T *)d_w, d_params, 0, LORA_Q, d_out, d_inp, (const T *)d_W, d_h, d_xdrop, d_pre, d_norm,
@@ -188,21 +185,19 @@ template <typename T> void check_dora_backward(const Shape &s, float p, bool tim
     char shape[128];
     describe(shape, sizeof shape, s, p);
     size_t N = (size_t)s.B * s.len;
-    float alpha = 16.0f;
     DoraModule d(s, !std::is_same<T, float>::value);
     std::vector<float> dout = rounded<T>(random_vector(N * s.out)), inp = rounded<T>(random_vector(N * s.in));
     std::vector<float> h = rounded<T>(random_vector(N * s.r)), dinp = rounded<T>(random_vector(N * s.in));
-    std::vector<float> g = random_vector(d.flat.size()), norm(s.out), unused(s.out); // gradients are added into
-    ref_dora_norm(norm.data(), unused.data(), d.W.data(), d.A.data(), d.Bw.data(), s.r, s.in, s.out, alpha);
+    std::vector<float> g = random_vector(d.flat.size()); // the gradients are added into
     T *d_dinp = to_device<T>(dinp), *d_dout = to_device<T>(dout), *d_inp = to_device<T>(inp), *d_h = to_device<T>(h);
     T *d_w = to_device<T>(d.flat), *d_W = to_device<T>(d.W), *d_dh = device_alloc<T>(N * s.r);
     T *d_xdrop = device_alloc<T>(N * s.in), *d_pre = device_alloc<T>(N * s.out);
-    float *d_g = to_device<float>(g), *d_params = to_device<float>(d.flat), *d_norm = to_device<float>(norm);
+    float *d_g = to_device<float>(g), *d_params = to_device<float>(d.flat), *d_norm = to_device<float>(d.norm);
     size_t nA = (size_t)s.r * s.in, nB = (size_t)s.out * s.r;
     ref_dora_backward(dinp.data(), g.data(), g.data() + nA, g.data() + nA + nB, dout.data(), inp.data(), d.W.data(),
-                      h.data(), d.A.data(), d.Bw.data(), d.mag.data(), norm.data(), s.r, s.in, s.out, alpha, p, s.B, s.T,
-                      s.t0, s.len, KEY);
-    LoRA l = one_module(s.r, s.in, s.out, alpha, p, 1);
+                      h.data(), d.A.data(), d.Bw.data(), d.mag.data(), d.norm.data(), s.r, s.in, s.out, d.alpha, p, s.B,
+                      s.T, s.t0, s.len, KEY);
+    LoRA l = one_module(s.r, s.in, s.out, d.alpha, p, 1);
     Chunk ch = {s.B, s.T, s.t0, s.len, 0};
     auto run = [&] {
         dora_backward(&l, (const T *)d_w, d_params, d_g, 0, LORA_Q, d_dinp, d_dout, d_inp, (const T *)d_W, d_h, d_dh,

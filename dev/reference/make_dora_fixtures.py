@@ -75,30 +75,14 @@ class HashDropout(torch.nn.Module):
 
 def make_adapter(name, spec, folder):
     """peft's DoRA adapter on the float32 base, B and m moved off their init; saved twice."""
-    lcfg = LoraConfig(r=spec["lora"]["r"], lora_alpha=spec["lora"]["lora_alpha"], lora_dropout=0.0, use_dora=True,
-                      target_modules=spec["lora"]["target_modules"], bias="none", task_type="CAUSAL_LM")
-    base32 = mf.load_base(f"{mf.FIX}/{name}", torch.float32, spec.get("arch", "llama"))
-    torch.manual_seed(spec["lora_seed"] + 100)
-    pm = get_peft_model(base32, lcfg)
-    g = torch.Generator().manual_seed(spec["lora_seed"] + 101)
+    pm, g = mf.peft_adapter(f"{mf.FIX}/{name}", spec, spec["lora_seed"] + 300, use_dora=True)
     with torch.no_grad():
         for n, p in pm.named_parameters():
-            if "lora_B" in n:
-                p.copy_(0.05 * torch.randn(p.shape, generator=g, dtype=torch.float32))
-            elif "lora_magnitude_vector" in n:  # peft set m = ||W|| per row; s = m / norm != 1 now
+            if "lora_magnitude_vector" in n:  # peft set m = ||W|| per row; s = m / norm != 1 now
                 p.mul_(1.0 + 0.2 * torch.randn(p.shape, generator=g, dtype=torch.float32))
     for sub, dropout in (("peft_init", 0.0), ("peft_init_dropout", DROPOUT)):
-        out = f"{folder}/{sub}"
-        pm.save_pretrained(out)
-        cfg_path = out + "/adapter_config.json"
-        cfg = json.load(open(cfg_path))
-        assert cfg["use_dora"] is True
-        cfg["target_modules"] = sorted(cfg["target_modules"])  # peft's set: sorted for reproducible files
-        cfg["lora_dropout"] = dropout
-        with open(cfg_path, "w") as f:
-            json.dump(cfg, f, indent=2, sort_keys=True)
-        if os.path.exists(out + "/README.md"):
-            os.remove(out + "/README.md")
+        mf.save_adapter(pm, f"{folder}/{sub}", lora_dropout=dropout)
+        assert json.load(open(f"{folder}/{sub}/adapter_config.json"))["use_dora"] is True
     adapter = load_file(f"{folder}/peft_init/adapter_model.safetensors")
     n_expect = spec["config"]["num_hidden_layers"] * len(spec["lora"]["target_modules"]) * 3
     assert len(adapter) == n_expect and sum("lora_magnitude_vector" in k for k in adapter) == n_expect // 3, sorted(adapter)
