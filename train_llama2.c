@@ -11,7 +11,7 @@ which dominates long sequences (both are checked against plain definitions:
 test/test_llama2.c, test/test_attention.c).
 
 This file is the CPU backend: the layers, the Model with its forward and
-backward, AdamW, and the few functions trainer.h's contract asks for. The
+backward, AdamW and SGD, and the few functions trainer.h's contract asks for. The
 host side (options, loading and saving, the training loop, checkpoints, main's
 default run) is trainer.h and model.h, shared with train_llama2.cu.
 
@@ -157,6 +157,7 @@ static void matmul_backward(float *dinp, float *dweight, const float *dout, cons
 
 #include "lora.h"
 #include "model.h"
+#include "support/optimizer.h"
 
 // ----------------------------------------------------------------------------
 // activations, run chunk by chunk (DESIGN section 4)
@@ -234,7 +235,8 @@ typedef struct {
     int fp32;                 // --precision fp32: the only one the CPU runs
     int dry_run;              // --dry_run: the CPU allocates as usual (pages never touched take no memory)
     const char *collectives;  // --collectives: host, always (the contract's; nothing to choose here)
-    size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and moments
+    OptimizerSettings optimizer; // set by the trainer before model_alloc (the Optimizer's; its state counts here)
+    size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and optimizer state
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
     float *rope_cos, *rope_sin; // (T, hd/2)
     uint64_t dropout_key;     // set per micro-batch by the training loop
@@ -795,8 +797,8 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     rope_inv_freq(c, inv_freq);
     rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq);
     free(inv_freq);
-    // fp32 weights; the trainable ones have a gradient and two moments (optimizer_init), and
-    // LoRA's live apart from the base weights
+    // fp32 weights; the trainable ones have a gradient and the optimizer's state (optimizer_init),
+    // and LoRA's live apart from the base weights
     m->weight_bytes = m->param_bytes = 0;
     m->sharded = m->host.shards != NULL;
     size_t n = m->host.use_lora ? m->host.lora.num_params : m->sharded ? m->host.units.shard_numel : m->host.num_params;
@@ -806,7 +808,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         param_layout(c, &m->g, m->grads);
     }
     m->weight_bytes += (m->sharded ? m->host.units.shard_numel : m->host.num_params) * sizeof(float);
-    m->param_bytes += n * sizeof(float) * (m->host.use_lora ? 4 : 3);
+    m->param_bytes += n * sizeof(float) * ((m->host.use_lora ? 2 : 1) + optimizer_n_states(&m->optimizer));
 }
 
 // frees what model_alloc made and the host model; safe on a zeroed Model and
@@ -1106,12 +1108,14 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 }
 
 // ----------------------------------------------------------------------------
-// optimizer: AdamW as torch.optim.AdamW, clipping as torch.nn.utils.clip_grad_norm_
+// optimizer: AdamW as torch.optim.AdamW, SGD as torch.optim.SGD, clipping as
+// torch.nn.utils.clip_grad_norm_
 
 typedef struct {
     float *params, *grads;  // the trainable parameters, flat (sharded: this rank's shard of them)
     size_t n;
-    float *m, *v;           // AdamW moments
+    OptimizerSettings s;
+    float *state[OPTIMIZER_MAX_STATES]; // (n) each: AdamW's moments m, v; SGD's momentum buffer (with momentum)
     int t;                  // optimizer steps taken
     FsdpComm *grad_sum;     // the ranks whose gradients of these parameters are summed before the step
     FsdpComm *norm_sum;     // the ranks whose squared norms make up the global norm (NULL: this rank's is)
@@ -1122,13 +1126,32 @@ static void adamw_update(Optimizer *o, float lr, float beta1, float beta2, float
     o->t++;
     double bc1 = 1.0 - pow(beta1, o->t), bc2 = 1.0 - pow(beta2, o->t);
     float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    float *m = o->state[0], *v = o->state[1];
     #pragma omp parallel for
     for (size_t i = 0; i < o->n; i++) {
         float g = o->grads[i];
-        float mi = o->m[i] = beta1 * o->m[i] + (1.0f - beta1) * g;
-        float vi = o->v[i] = beta2 * o->v[i] + (1.0f - beta2) * g * g;
+        float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
         o->params[i] *= 1.0f - lr * wd;
         o->params[i] -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    }
+}
+
+// torch.optim.SGD with dampening 0: g += wd * p (weight decay into the gradient);
+// with momentum the buffer b = g at the first step, then b = momentum * b + g, and
+// the step takes g + momentum * b (Nesterov) or b; p -= lr * g. Without momentum
+// there is no buffer (o->state[0] NULL).
+static void sgd_update(Optimizer *o, float lr, float momentum, int nesterov, float wd) {
+    int first = o->t++ == 0;
+    float *buf = o->state[0];
+    #pragma omp parallel for
+    for (size_t i = 0; i < o->n; i++) {
+        float g = o->grads[i] + wd * o->params[i];
+        if (buf) {
+            float b = buf[i] = first ? g : momentum * buf[i] + g;
+            g = nesterov ? g + momentum * b : b;
+        }
+        o->params[i] -= lr * g;
     }
 }
 
@@ -1149,7 +1172,8 @@ static void clip_grads(float *g, size_t n, double norm, float max_norm) {
 }
 
 // The trainable parameters: LoRA's (every rank holds them whole), or every base
-// weight, whole or this rank's shard. Replicated parameters sum their gradients
+// weight, whole or this rank's shard, with the optimizer's state for them (so a
+// shard's state is the shard's only). Replicated parameters sum their gradients
 // over every rank; shards over the ranks that hold the same shard (the replica
 // group), and their norm over the shard group.
 static void optimizer_init(Optimizer *o, Model *m) {
@@ -1158,32 +1182,36 @@ static void optimizer_init(Optimizer *o, Model *m) {
     o->params = m->host.use_lora ? m->host.lora.params : shard ? m->host.shards : m->host.params;
     o->grads = m->host.use_lora ? m->host.lora.grads : m->grads;
     o->n = m->host.use_lora ? m->host.lora.num_params : shard ? m->host.units.shard_numel : m->host.num_params;
-    o->m = (float *)callocCheck(o->n, sizeof(float));
-    o->v = (float *)callocCheck(o->n, sizeof(float));
+    o->s = m->optimizer;
+    for (int i = 0; i < optimizer_n_states(&o->s); i++) o->state[i] = (float *)callocCheck(o->n, sizeof(float));
     if (m->fsdp) {
         o->grad_sum = shard ? &m->fsdp->replica : &m->fsdp->world;
         o->norm_sum = shard ? &m->fsdp->shard : NULL;
     }
 }
 
-static void optimizer_free(Optimizer *o) { free(o->m); free(o->v); memset(o, 0, sizeof *o); }
+static void optimizer_free(Optimizer *o) {
+    for (int i = 0; i < OPTIMIZER_MAX_STATES; i++) free(o->state[i]);
+    memset(o, 0, sizeof *o);
+}
 
 static void optimizer_zero_grad(Optimizer *o) { memset(o->grads, 0, o->n * sizeof(float)); }
 
-// the global gradient norm (returned, before clipping); if update and the norm is finite, clipping, then AdamW
-static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay,
-                             float grad_clip, int update) {
+// the global gradient norm (returned, before clipping); if update and the norm is finite, clipping, then the step
+static double optimizer_step(Optimizer *o, float lr, int update) {
+    const OptimizerSettings *s = &o->s;
     if (o->grad_sum) fsdp_all_reduce(o->grad_sum, o->grads, o->n, FSDP_F32);
     double sumsq = grad_sumsq(o->grads, o->n);
     if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
     double norm = sqrt(sumsq); // the same on every rank
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
-    clip_grads(o->grads, o->n, norm, grad_clip);
-    adamw_update(o, lr, beta1, beta2, eps, weight_decay);
+    clip_grads(o->grads, o->n, norm, s->grad_clip);
+    if (s->kind == OPTIMIZER_SGD) sgd_update(o, lr, s->momentum, s->nesterov, s->weight_decay);
+    else adamw_update(o, lr, s->beta1, s->beta2, s->eps, s->weight_decay);
     return norm;
 }
 
-// the weights and moments live in host memory already
+// the weights and the optimizer state live in host memory already
 static void model_sync_host(Model *m, Optimizer *o) { (void)m; (void)o; }
 static void optimizer_sync_device(Optimizer *o) { (void)o; }
 

@@ -27,7 +27,7 @@
 //                              allocate nothing (the GPU backend touches no GPU)
 //       size_t weight_bytes;   bytes of the base weights as stored        }
 //       size_t param_bytes;    bytes of the trainable parameters, their   }
-//                              gradients, AdamW moments and any copies    } for the
+//                              gradients, optimizer state and any copies  } for the
 //       size_t act_bytes;      bytes of activations and scratch           } memory plan
 //       size_t carry_bytes;    bytes of the KV and dKV carries            }
 //       uint64_t dropout_key;  set by the trainer before each model_forward_backward
@@ -36,6 +36,9 @@
 //       Fsdp *fsdp;            set by the trainer before model_alloc: the ranks and the
 //                              sharding strategy; m->host.shards (rather than
 //                              m->host.params) means the base weights are sharded
+//       OptimizerSettings optimizer;  set by the trainer before model_alloc: what
+//                              optimizer_init sets up and optimizer_step runs
+//                              (support/optimizer.h; its state counts in param_bytes)
 //   static const int backend_sharding;  1: the backend runs any number of ranks (a
 //                              sharded host model, the collectives in its forward and
 //                              backward, the gradient sums in optimizer_step); 0: one
@@ -67,22 +70,24 @@
 //   typedef struct { ... } Optimizer; with at least these members:
 //       size_t n;              trainable parameters (LoRA's, or every weight)
 //       int t;                 optimizer steps taken
-//       float *m, *v;          AdamW moments (n each), host memory: what
+//       float *state[OPTIMIZER_MAX_STATES];  the optimizer's state tensors (n each,
+//                              optimizer_n_states of them, the rest NULL; AdamW's
+//                              moments, SGD's momentum buffer), host memory: what
 //                              checkpoints save and load
-//   void optimizer_init(Optimizer *o, Model *m);   moments at zero, t = 0
+//   void optimizer_init(Optimizer *o, Model *m);   m->optimizer's, state at zero, t = 0
 //   void optimizer_free(Optimizer *o);             safe on a zeroed Optimizer
 //   void optimizer_zero_grad(Optimizer *o);
-//   double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
-//                         int update);
+//   double optimizer_step(Optimizer *o, float lr, int update);
 //       the global gradient norm (returned, before clipping); then, if update
 //       and the norm is finite, clipping as torch.nn.utils.clip_grad_norm_
-//       (grad_clip 0: off) and one AdamW step; else nothing (t and the moments stay)
+//       (grad_clip 0: off) and one step of the optimizer (torch.optim.AdamW or
+//       torch.optim.SGD); else nothing (t and the state stay)
 //   void model_sync_host(Model *m, Optimizer *o);
 //       before a save: the trainable weights into m->host (sharded: host.shards),
-//       the moments into o->m, o->v (the CPU backend: nothing to do)
+//       the optimizer state into o->state (the CPU backend: nothing to do)
 //   void optimizer_sync_device(Optimizer *o);
-//       after a checkpoint's moments and t (and a sharded one's weights, into
-//       m->host.shards) were read into o and m (the CPU: nothing)
+//       after a checkpoint's optimizer state and t (and a sharded one's weights,
+//       into m->host.shards) were read into o and m (the CPU: nothing)
 //
 // A test or tool can include the trainer with -DTESTING and call any of it;
 // main is the trainer's own, a call to train_main.
@@ -108,6 +113,7 @@
 #include "dataloader.h"
 #include "support/checkpoint.h"
 #include "support/default_model.h"
+#include "support/optimizer.h"
 #include "model.h"
 
 // ----------------------------------------------------------------------------
@@ -132,7 +138,9 @@ typedef struct {
     const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
     int max_seq_len, batch_size, grad_accum, max_steps, num_epochs, warmup_steps, seed, shuffle;
     int eval_every, full_finetune, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing;
-    float lr, weight_decay, grad_clip, beta1, beta2, eps, lora_alpha, lora_dropout;
+    float lr, lora_alpha, lora_dropout;
+    const char *optimizer;
+    OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
     const char *lr_scheduler, *lora_target_modules, *chunk_memory;
     const char *resume;
     int save_every, keep_checkpoints, max_bad_steps;
@@ -173,13 +181,16 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"max_steps", OPT_INT, &(tc)->max_steps, "-1", "optimizer steps (-1: as many as --num_epochs needs)", -1, 1 << 30}, \
     {"num_epochs", OPT_INT, &(tc)->num_epochs, "1", "passes over the data when --max_steps is -1", 1, 1 << 20}, \
     {"lr", OPT_FLOAT, &(tc)->lr, "1e-4", "peak learning rate", 0, 1e3}, \
-    {"weight_decay", OPT_FLOAT, &(tc)->weight_decay, "0.0", "AdamW decoupled weight decay (applied to every trainable tensor)", 0, 1e3}, \
-    {"adam_beta1", OPT_FLOAT, &(tc)->beta1, "0.9", "AdamW beta1", 0, 0.999999}, \
-    {"adam_beta2", OPT_FLOAT, &(tc)->beta2, "0.999", "AdamW beta2", 0, 0.9999999}, \
-    {"adam_epsilon", OPT_FLOAT, &(tc)->eps, "1e-8", "AdamW epsilon", 0, 1}, \
+    {"optimizer", OPT_STR, &(tc)->optimizer, "adamw", "adamw | sgd: torch.optim.AdamW, or torch.optim.SGD (dampening 0; with --momentum and --nesterov)", 0, 0}, \
+    {"weight_decay", OPT_FLOAT, &(tc)->optim.weight_decay, "0.0", "weight decay of every trainable tensor: AdamW's is decoupled (p -= lr * wd * p), SGD's is added to the gradient (g += wd * p), as torch's", 0, 1e3}, \
+    {"adam_beta1", OPT_FLOAT, &(tc)->optim.beta1, "0.9", "AdamW beta1", 0, 0.999999}, \
+    {"adam_beta2", OPT_FLOAT, &(tc)->optim.beta2, "0.999", "AdamW beta2", 0, 0.9999999}, \
+    {"adam_epsilon", OPT_FLOAT, &(tc)->optim.eps, "1e-8", "AdamW epsilon", 0, 1}, \
+    {"momentum", OPT_FLOAT, &(tc)->optim.momentum, "0", "SGD momentum (0: plain SGD, which keeps no optimizer state)", 0, 1}, \
+    {"nesterov", OPT_INT, &(tc)->optim.nesterov, "0", "SGD: 1 for Nesterov momentum (needs --momentum > 0)", 0, 1}, \
     {"lr_scheduler", OPT_STR, &(tc)->lr_scheduler, "cosine", "constant | linear | cosine (each after --warmup_steps of linear warmup)", 0, 0}, \
     {"warmup_steps", OPT_INT, &(tc)->warmup_steps, "0", "linear warmup steps", 0, 1 << 30}, \
-    {"grad_clip", OPT_FLOAT, &(tc)->grad_clip, "1.0", "clip the global gradient norm to this (0: off)", 0, 1e9}, \
+    {"grad_clip", OPT_FLOAT, &(tc)->optim.grad_clip, "1.0", "clip the global gradient norm to this (0: off)", 0, 1e9}, \
     {"seed", OPT_INT, &(tc)->seed, "42", "seed for LoRA init, dropout and shuffling", 0, 2147483647}, \
     {"shuffle", OPT_INT, &(tc)->shuffle, "1", "1: shuffle rows every epoch, 0: file order", 0, 1}, \
     {"eval_every", OPT_INT, &(tc)->eval_every, "0", "evaluate --val_data every N steps (0: only at the end)", 0, 1 << 30}, \
@@ -293,6 +304,21 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         else if (i + 1 < argc) val = argv[++i];
         else { fprintf(stderr, "error: --%s needs a value\n", o->name); return -1; }
         if (set_option(o, val) != 0) return -1;
+    }
+    tc->optim.kind = -1;
+    for (int k = 0; k < (int)(sizeof optimizer_names / sizeof *optimizer_names); k++)
+        if (!strcmp(tc->optimizer, optimizer_names[k])) tc->optim.kind = k;
+    if (tc->optim.kind < 0) {
+        fprintf(stderr, "error: --optimizer: '%s' is not one of adamw, sgd\n", tc->optimizer);
+        return -1;
+    }
+    if (tc->optim.kind != OPTIMIZER_SGD && (tc->optim.momentum != 0 || tc->optim.nesterov)) {
+        fprintf(stderr, "error: --momentum and --nesterov are SGD's: give them with --optimizer sgd\n");
+        return -1;
+    }
+    if (tc->optim.nesterov && tc->optim.momentum == 0) { // torch.optim.SGD refuses it too
+        fprintf(stderr, "error: --nesterov 1 needs a --momentum above 0 (Nesterov momentum without momentum is plain SGD)\n");
+        return -1;
     }
     const char *sched = tc->lr_scheduler;
     if (strcmp(sched, "constant") && strcmp(sched, "linear") && strcmp(sched, "cosine")) {
@@ -427,6 +453,7 @@ static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, c
     m->collectives = tc->collectives;
     m->dry_run = tc->dry_run;
     m->activation_checkpointing = tc->activation_checkpointing;
+    m->optimizer = tc->optim;
     model_alloc(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     return 0;
 }
@@ -527,7 +554,8 @@ static void report_eval(Model *m, const Dataset *ds, int B, int pad_id, int step
 //
 // A checkpoint holds everything the rest of the run depends on: the trainable
 // weights (a PEFT adapter, or the whole model for full fine-tuning, in F32),
-// the AdamW moments and step count, the optimizer step and the data position.
+// the optimizer's state (AdamW's moments, SGD's momentum buffer) and step
+// count, the optimizer step and the data position.
 // Dropout masks and the shuffle order are functions of --seed, the step and
 // the epoch, so no RNG state needs saving: a resumed run is bit-identical.
 
@@ -553,7 +581,7 @@ static void fault_point(const char *point, int step) { if (fault_at(point, step)
 // spans the new length, so such a run differs from one planned that long)
 // (and the global batch, --batch_size times the world size: the world size may change)
 static const char *resume_must_match[] = {
-    "model", "data", "max_seq_len", "gradient_accumulation_steps", "lr",
+    "model", "data", "max_seq_len", "gradient_accumulation_steps", "lr", "optimizer", "momentum", "nesterov",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora", "use_dora",
     "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split"};
@@ -577,12 +605,18 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
-// the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights and moments
-static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[3], char fingerprint[17]) {
-    FsdpBuffer b[3] = {{"params", m->host.shards}, {"exp_avg", o->m}, {"exp_avg_sq", o->v}};
-    memcpy(bufs, b, sizeof b);
+// the optimizer's state tensors (o->state) with their names; returns how many
+static int optimizer_state(Optimizer *o, const Model *m, FsdpBuffer states[OPTIMIZER_MAX_STATES]) {
+    int n = optimizer_n_states(&m->optimizer);
+    for (int i = 0; i < n; i++) states[i] = (FsdpBuffer){optimizer_state_names[m->optimizer.kind][i], o->state[i]};
+    return n;
+}
+
+// the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights and the optimizer state
+static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES], char fingerprint[17]) {
+    bufs[0] = (FsdpBuffer){"params", m->host.shards};
     fsdp_fingerprint(&m->host.units, "", fingerprint);
-    return 3;
+    return 1 + optimizer_state(o, m, bufs + 1);
 }
 
 // Every file's digest, each rank digesting its share (file i on rank i % W), so a
@@ -660,10 +694,12 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     const HostModel *h = &m->host;
     const float *w = h->use_lora ? h->lora.params : h->shards ? h->shards : h->params;
     size_t nw = h->use_lora ? h->lora.num_params : h->shards ? h->units.shard_numel : h->num_params;
-    int bad = !all_finite(w, nw) || !all_finite(o->m, o->n) || !all_finite(o->v, o->n);
+    FsdpBuffer states[OPTIMIZER_MAX_STATES];
+    int n_states = optimizer_state(o, m, states), bad = !all_finite(w, nw);
+    for (int i = 0; i < n_states; i++) bad |= !all_finite(states[i].data, o->n);
     if (fsdp_any(&fs->world, bad)) {
         if (fs->world.rank == 0)
-            fprintf(stderr, "error: not saving checkpoint %d: the trainable weights or AdamW moments hold NaN or inf (an update "
+            fprintf(stderr, "error: not saving checkpoint %d: the trainable weights or the optimizer state hold NaN or inf (an update "
                     "overflowed: a gradient above 1e19; keep --grad_clip on, lower --lr); the checkpoints before it are intact\n", ts->step);
         return -1;
     }
@@ -671,14 +707,15 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     if (fsdp_any(&fs->world, rc != 0)) return -1;
     snprintf(dir, sizeof dir, "%s/checkpoint-%d.tmp", tc->output_dir, ts->step);
     if (m->host.shards && !m->host.use_lora) {
-        FsdpBuffer bufs[3];
+        FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES];
         char fp[17];
         rc = fsdp_save(fs, dir, &m->host.units, bufs, sharded_buffers(m, o, bufs, fp), fp);
-    } else if (rank0) {
+    } else if (rank0) { // optimizer.safetensors: the state tensors under their names (none for plain SGD)
         rc = m->host.use_lora ? lora_save_peft(&m->host.lora, dir, tc->model) : model_save_hf(&m->host, dir, tc->model, tokpath);
-        StWriteTensor moments[2] = {{"exp_avg", ST_F32, 1, {(int64_t)o->n}, o->m}, {"exp_avg_sq", ST_F32, 1, {(int64_t)o->n}, o->v}};
+        StWriteTensor t[OPTIMIZER_MAX_STATES];
+        for (int i = 0; i < n_states; i++) t[i] = (StWriteTensor){states[i].name, ST_F32, 1, {(int64_t)o->n}, states[i].data};
         snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-        if (rc == 0) rc = st_write(path, moments, 2, NULL, 0);
+        if (rc == 0) rc = st_write(path, t, n_states, NULL, 0);
     }
     fault_point("checkpoint", ts->step); // the tests kill the run here, halfway through a checkpoint
     rc = fsdp_any(&fs->world, rc != 0) ? -1 : save_trainer_state(tc, ts, fs, dir); // every rank: the digests
@@ -693,34 +730,35 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     return fsdp_any(&fs->world, rc != 0) ? -1 : 0;
 }
 
-// A sharded checkpoint's weights and moments into a whole model (one process,
-// or NO_SHARD): each buffer read as one shard, in the units' order, then put
-// into the whole model's layout; it costs one more copy of the model meanwhile.
+// A sharded checkpoint's weights and optimizer state into a whole model (one
+// process, or NO_SHARD): each buffer read as one shard, in the units' order, then
+// put into the whole model's layout; it costs one more copy of the model meanwhile.
 static int load_sharded_whole(const char *dir, Model *m, Optimizer *o) {
     FsdpUnits one;
     model_units(&m->host.config, &one, 1);
-    FsdpBuffer bufs[3];
+    FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES];
     char fp[17];
     int nb = sharded_buffers(m, o, bufs, fp), rc = 0;
-    float *whole[3] = {m->host.params, o->m, o->v}, *buf = (float *)mallocCheck(one.shard_numel * sizeof(float));
+    float *buf = (float *)mallocCheck(one.shard_numel * sizeof(float));
+    bufs[0].data = m->host.params; // (the whole model's: sharded_buffers names the shards)
     for (int b = 0; b < nb && rc == 0; b++) {
         FsdpBuffer one_buf = {bufs[b].name, buf};
         rc = fsdp_load(dir, &one, &one_buf, 1, 0, fp);
-        for (int i = 0; i < one.n_units && rc == 0; i++) model_put_unit(&m->host, i, buf + one.units[i].shard_offset, whole[b]);
+        for (int i = 0; i < one.n_units && rc == 0; i++) model_put_unit(&m->host, i, buf + one.units[i].shard_offset, bufs[b].data);
     }
     free(buf);
     fsdp_units_free(&one);
     return rc;
 }
 
-// a flat moment tensor of an unsharded full fine-tuning checkpoint (param_layout's order), read by unit
-typedef struct { StFile *sf; const StTensor *t; const Config *c; } MomentsFile;
-static int read_moments(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
-    const MomentsFile *mf = (const MomentsFile *)ctx;
-    return st_read_f32(mf->sf, mf->t, model_tensor_offset(mf->c, unit, tensor) + first, count, dst);
+// a flat state tensor of an unsharded full fine-tuning checkpoint (param_layout's order), read by unit
+typedef struct { StFile *sf; const StTensor *t; const Config *c; } StateFile;
+static int read_state(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
+    const StateFile *sf = (const StateFile *)ctx;
+    return st_read_f32(sf->sf, sf->t, model_tensor_offset(sf->c, unit, tensor) + first, count, dst);
 }
 
-// The checkpoint's AdamW moments (and a sharded checkpoint's weights) into o
+// The checkpoint's optimizer state (and a sharded checkpoint's weights) into o
 // (and m): a sharded checkpoint at any shard count (fsdp.h), or
 // optimizer.safetensors of a whole one (into a sharded model: this rank's
 // shard of it). 0 ok, -1 with a message.
@@ -728,7 +766,7 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
     if (checkpoint_is_sharded(dir)) {
         if (m->host.use_lora) { fprintf(stderr, "error: --resume %s: a full fine-tuning checkpoint, and this run trains LoRA\n", dir); return -1; }
         if (!m->host.shards) return load_sharded_whole(dir, m, o);
-        FsdpBuffer bufs[3];
+        FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES];
         char fp[17];
         int nb = sharded_buffers(m, o, bufs, fp);
         return fsdp_load(dir, &m->host.units, bufs, nb, m->fsdp->shard.rank, fp);
@@ -737,17 +775,23 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     StFile sf;
     if (st_open(&sf, path) != 0) return -1;
-    const StTensor *tm = st_find(&sf, "exp_avg"), *tv = st_find(&sf, "exp_avg_sq");
-    int shard = m->host.shards && !m->host.use_lora, rc = -1;
-    size_t n = shard ? m->host.num_params : o->n; // an unsharded checkpoint holds the whole model's moments
-    if (!tm || !tv || tm->numel != n || tv->numel != n || tm->dtype != ST_F32 || tv->dtype != ST_F32)
-        fprintf(stderr, "error: %s: expected F32 tensors exp_avg and exp_avg_sq of %zu elements\n", path, n);
-    else if (!shard) rc = st_read_f32(&sf, tm, 0, n, o->m) | st_read_f32(&sf, tv, 0, n, o->v);
-    else { // this rank's shard of them, tensor by tensor out of the whole model's layout
-        MomentsFile mf = {&sf, tm, &m->host.config};
-        rc = fsdp_read_shard(&m->host.units, m->fsdp->shard.rank, o->m, read_moments, &mf);
-        mf.t = tv;
-        rc = rc ? rc : fsdp_read_shard(&m->host.units, m->fsdp->shard.rank, o->v, read_moments, &mf);
+    FsdpBuffer states[OPTIMIZER_MAX_STATES];
+    int n_states = optimizer_state(o, m, states), shard = m->host.shards && !m->host.use_lora, rc = 0;
+    size_t n = shard ? m->host.num_params : o->n; // an unsharded checkpoint holds the whole model's state
+    for (int i = 0; i < n_states && rc == 0; i++) {
+        const StTensor *t = st_find(&sf, states[i].name);
+        if (!t || t->numel != n || t->dtype != ST_F32) {
+            fprintf(stderr, "error: %s: expected an F32 tensor %s of %zu elements\n", path, states[i].name, n);
+            rc = -1;
+        } else if (!shard) rc = st_read_f32(&sf, t, 0, n, states[i].data);
+        else { // this rank's shard of it, tensor by tensor out of the whole model's layout
+            StateFile ctx = {&sf, t, &m->host.config};
+            rc = fsdp_read_shard(&m->host.units, m->fsdp->shard.rank, states[i].data, read_state, &ctx);
+        }
+    }
+    if (rc == 0 && sf.n_tensors != n_states) { // what it holds and what this run expects differ: not this optimizer's
+        fprintf(stderr, "error: %s: %d tensors, and --optimizer %s keeps %d\n", path, sf.n_tensors, optimizer_names[m->optimizer.kind], n_states);
+        rc = -1;
     }
     st_close(&sf);
     return rc;
@@ -757,7 +801,7 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
 // that it belongs to this run (same trajectory-shaping options, same global
 // batch, same data file).
 static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m, Optimizer *o, TrainState *ts) {
-    char path[PATH_MAX + 64], val[4096], fp[128];
+    char path[PATH_MAX + 64], val[4096], def[64], fp[128];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     JsonValue st;
     if (json_load_file(path, &st) != 0) return -1;
@@ -775,9 +819,15 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m
         for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
             if (strcmp(opts[i].name, resume_must_match[k])) continue;
             option_value(&opts[i], val, sizeof val, 1);
-            if (json_get_string(opts_saved, opts[i].name, &saved, NULL) != 0 || strcmp(saved, val) != 0) {
+            // an option newer than the checkpoint is absent from it: the run had its default
+            if (json_get_string(opts_saved, opts[i].name, &saved, NULL) != 0) {
+                if (opts[i].type == OPT_FLOAT) snprintf(def, sizeof def, "%.9g", (float)strtod(opts[i].def, NULL));
+                else snprintf(def, sizeof def, "%s", opts[i].def);
+                saved = def;
+            }
+            if (strcmp(saved, val) != 0) {
                 fprintf(stderr, "error: --resume %s: --%s was '%s' in the checkpoint but is '%s' now; resume with the same value\n",
-                        dir, opts[i].name, json_get_string(opts_saved, opts[i].name, &saved, NULL) == 0 ? saved : "(missing)", val);
+                        dir, opts[i].name, saved, val);
                 goto done;
             }
         }
@@ -848,7 +898,10 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
     if (print) {
         printf("memory plan (%s of this process):\n", backend_memory);
         printf("  %-34s %10.1f MiB\n", m->fp32 ? "base weights (fp32)" : "base weights (bf16)", weights / MiB);
-        printf("  %-34s %10.1f MiB\n", "trainable: weights, grads, AdamW", trainable / MiB);
+        const char *state[] = {"", ", momentum", ", AdamW"}; // the optimizer's state, by optimizer_n_states
+        char what[64];
+        snprintf(what, sizeof what, "trainable weights, grads%s", state[optimizer_n_states(&m->optimizer)]);
+        printf("  %-34s %10.1f MiB\n", what, trainable / MiB);
         printf("  %-34s %10.1f MiB   (chunks of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
                m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
         printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->carry_bytes / MiB);
@@ -955,10 +1008,10 @@ static int failed_anywhere(Trainer *r, int failed) {
 }
 
 // One optimizer step: GA micro-batches of every rank's rows, the loss normalised
-// by the label count of the whole global step, clipping, AdamW. Returns the mean
+// by the label count of the whole global step, clipping, the optimizer. Returns the mean
 // loss over every rank; *n_tokens counts every rank's tokens. A NaN or infinite
 // loss or gradient norm (the same on every rank) skips the update (*skipped = 1):
-// the weights, the moments and AdamW's t stay as they were; the data moves on.
+// the weights, the optimizer state and t stay as they were; the data moves on.
 static double train_step(Trainer *r, const TrainConfig *tc, int step, int total, long *n_tokens, double *norm, float *lr,
                          int *skipped) {
     Model *m = &r->m;
@@ -983,7 +1036,7 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     fsdp_all_reduce(&r->fsdp.world, sums, 2, FSDP_F64);
     *n_tokens = (long)sums[1];
     double loss = labels ? sums[0] / labels : 0.0;
-    *norm = optimizer_step(&r->opt, *lr, tc->beta1, tc->beta2, tc->eps, tc->weight_decay, tc->grad_clip, isfinite(loss));
+    *norm = optimizer_step(&r->opt, *lr, isfinite(loss));
     *skipped = !isfinite(loss) || !isfinite(*norm);
     return loss;
 }

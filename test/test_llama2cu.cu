@@ -11,7 +11,10 @@
 // than some), in --precision fp32 and bf16; the head_dim-64 model with that
 // window too, for the tensor cores' window, in single micro-batches; and a few
 // cases of two families' fixtures: Llama-3's RoPE scaling with head_dim 12, not
-// hidden_size / heads (tiny_llama3), and CodeLlama's 32016 rows. Each
+// hidden_size / heads (tiny_llama3), and CodeLlama's 32016 rows; and 10 steps of
+// SGD (--optimizer sgd, momentum 0.9, Nesterov or not, weight decay) on tiny_gqa,
+// within AdamW's step tolerances (SGD's update, linear in the gradient, does not
+// amplify the gradients' rounding as AdamW's m / sqrt(v) does). Each
 // comparison prints the worst element of what it compares; the program exits 1
 // when any check fails. A run with --activation_checkpointing must also give the
 // bits of the same CUDA run without it (logits, losses, every gradient): it runs
@@ -22,7 +25,8 @@
 // Without a GPU it prints a SKIP line and exits 0; built by the execution layer
 // (dev/emu/, build-emu/test/test_llama2cu) it runs on the CPU. --quick runs a few
 // cases with 3 steps (for compute-sanitizer, which makes every kernel slow);
-// --part i/n a share of the cases (test/test_emu_cuda.sh runs two at once).
+// --part i/n a share of the cases (test/test_emu_cuda.sh runs two at once);
+// --filter TEXT only the cases whose description contains TEXT (e.g. "sgd").
 //
 // Tolerances, each relative to the largest magnitude of what it compares
 // (the whole logits, one gradient tensor at a time, each step's loss):
@@ -63,16 +67,20 @@ struct Case {
     bool ckpt;             // --activation_checkpointing
     bool dora = false;     // LoRA from the fixture's DoRA adapter (dora/peft_init) instead
 };
+enum { ADAMW, SGD_MOMENTUM, SGD_NESTEROV }; // the optimizer of a Pair (SGD: momentum 0.9, Nesterov or not)
 
 // the case in words, for the check lines
-std::string describe(const Case &c) {
+std::string describe(const Case &c, int optimizer = ADAMW) {
     char buf[200];
     const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s", model, c.full ? "full" : c.dora ? "dora" : "lora",
-             c.precision, c.chunk,
-             c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "");
+    const char *optimizers[] = {"", " sgd momentum", " sgd nesterov"};
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s", model, c.full ? "full" : c.dora ? "dora" : "lora",
+             c.precision, c.chunk, c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", optimizers[optimizer]);
     return buf;
 }
+
+const char *filter = NULL; // --filter: only the cases whose description contains it
+bool filtered_out(const std::string &name) { return filter && name.find(filter) == std::string::npos; }
 
 // both backends, set up from the same arguments but for --precision (the CPU
 // judges in fp32); the arguments must outlive them: the options point into them
@@ -80,15 +88,18 @@ struct Pair {
     std::vector<std::string> args[2]; // cpu, gpu
     std::vector<char *> argv[2];
     void *cpu, *gpu;
-    Pair(const Case &c) {
+    Pair(const Case &c, int optimizer = ADAMW) {
         std::string model = c.model;
         for (int side = 0; side < 2; side++) {
             std::vector<std::string> &a = args[side];
             a = {"test_llama2cu", "--model", model, "--data", "unused", "--max_seq_len", std::to_string(T),
                  "--chunk_size", std::to_string(c.chunk), "--chunk_memory", c.mem, "--num_output_chunks",
-                 std::to_string(c.out_chunks), "--precision", side ? c.precision : "fp32", "--lr",
-                 c.full ? "1e-3" : "5e-3", "--weight_decay", "0.01", "--seed", "3",
-                 c.ckpt ? "--activation_checkpointing=1" : "--activation_checkpointing=0"};
+                 std::to_string(c.out_chunks), "--precision", side ? c.precision : "fp32", "--weight_decay", "0.01",
+                 "--seed", "3", c.ckpt ? "--activation_checkpointing=1" : "--activation_checkpointing=0"};
+            if (optimizer != ADAMW) // SGD moves the weights as far as AdamW's steps do at a larger lr
+                a.insert(a.end(), {"--optimizer", "sgd", "--momentum", "0.9", "--nesterov",
+                                   optimizer == SGD_NESTEROV ? "1" : "0", "--lr", c.full ? "0.1" : "0.5"});
+            else a.insert(a.end(), {"--lr", c.full ? "1e-3" : "5e-3"});
             if (c.full) a.push_back("--full_finetune");
             else a.insert(a.end(), {"--from_peft_checkpoint", model + (c.dora ? "/dora/peft_init" : "/peft_init")}); // B != 0
             for (std::string &arg : a) argv[side].push_back(&arg[0]);
@@ -181,8 +192,9 @@ template <typename F> void for_each_trainable(const HostModel *h, F f) {
 
 // logits and loss (no dropout), then the loss and every gradient of a training micro-batch
 void check_case(const Case &c) {
-    const Tol &tol = strcmp(c.precision, "fp32") ? BF16_TOL : FP32_TOL;
     std::string name = describe(c);
+    if (filtered_out(name)) return;
+    const Tol &tol = strcmp(c.precision, "fp32") ? BF16_TOL : FP32_TOL;
     Pair pair(c);
     int V = pair.host()->config.vocab_size;
     std::vector<int> tokens(B * T), targets(B * T);
@@ -232,10 +244,11 @@ void check_case(const Case &c) {
 }
 
 // optimizer steps, each on a batch of its own: losses and gradient norms
-void check_steps(const Case &c, int steps) {
+void check_steps(const Case &c, int steps, int optimizer = ADAMW) {
+    std::string name = describe(c, optimizer);
+    if (filtered_out(name)) return;
     const Tol &tol = strcmp(c.precision, "fp32") ? BF16_TOL : FP32_TOL;
-    std::string name = describe(c);
-    Pair pair(c);
+    Pair pair(c, optimizer);
     int V = pair.host()->config.vocab_size;
     std::vector<int> tokens(B * T), targets(B * T);
     double worst_loss = 0, worst_norm = 0;
@@ -338,7 +351,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--part") && i + 1 < argc && sscanf(argv[i + 1], "%d/%d", &part, &parts) == 2 &&
                  parts > 0 && part >= 0 && part < parts) i++;
-        else die("usage: test_llama2cu [--quick] [--part i/n]");
+        else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+        else die("usage: test_llama2cu [--quick] [--part i/n] [--filter TEXT]");
     }
     int case_index = 0;
     auto mine = [&]() { return case_index++ % parts == part; };
@@ -417,6 +431,14 @@ int main(int argc, char **argv) {
         if (!quick && mine()) check_case(c);
     Case llama3_steps = {"test/fixtures/tiny_llama3", true, "fp32", 5, "recompute", 1, false};
     if (!quick && mine()) check_steps(llama3_steps, steps);
+    // SGD, momentum and Nesterov momentum: steps whole (LoRA and full) and in chunks (full)
+    for (const char *precision : precisions)
+        for (int optimizer : {SGD_MOMENTUM, SGD_NESTEROV}) {
+            Case lora = {"test/fixtures/tiny_gqa", false, precision, 0, "keep", 1, false};
+            Case full = {"test/fixtures/tiny_gqa", true, precision, 5, "recompute", 1, false};
+            if (!quick && mine()) check_steps(lora, steps, optimizer);
+            if (!quick && mine()) check_steps(full, steps, optimizer);
+        }
     remove_tree(tmp);
     printf("test_llama2cu: %d passed, %d failed\n", test_passed, test_failed);
     return test_summary();

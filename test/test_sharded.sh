@@ -234,6 +234,28 @@ env_case 4 HYBRID_SHARD 4-hybrid --shard_group 2
 grep -q "4 ranks, HYBRID_SHARD: shard groups of 2, 2 replica(s)" "$TMP/env-full-4-HYBRID_SHARD.log"
 check "launched by the environment: W = 4 HYBRID_SHARD says its groups" $? "$(head -3 "$TMP/env-full-4-HYBRID_SHARD.log")"
 
+# SGD (Nesterov momentum 0.9, weight decay): each rank keeps the momentum buffer of the whole adapter (LoRA)
+# or of its own shard (full fine-tuning); W = 2 and 3 == one process, with the tolerances above (SGD's
+# update is linear in the gradient: it passes on the ranks' rounding without amplifying it, as AdamW's
+# m / sqrt(v) does); and a checkpoint of W = 3 shards, each with its shard's buffer, resumed at W = 2
+SGD=(--optimizer sgd --momentum 0.9 --nesterov 1 --lr 0.05)
+run 0 "$TMP/sgd-lora1" "${LORA[@]}" "${SGD[@]}" --batch_size 12
+run 0 "$TMP/sgd-full1" "${FULL[@]}" "${SGD[@]}" --batch_size 12
+for w in 2 3; do
+    run $w "$TMP/sgd-lora-$w" "${LORA[@]}" "${SGD[@]}" --batch_size $((12 / w)) --sharding_strategy FULL_SHARD
+    same_run "SGD, LoRA, W = $w FULL_SHARD == one process" "$TMP/sgd-lora1" "$TMP/sgd-lora-$w" adapter_model.safetensors
+    run $w "$TMP/sgd-full-$w" "${FULL[@]}" "${SGD[@]}" --batch_size $((12 / w)) --sharding_strategy FULL_SHARD
+    same_run "SGD, full fine-tuning, W = $w FULL_SHARD == one process" "$TMP/sgd-full1" "$TMP/sgd-full-$w" model.safetensors
+done
+run 3 "$TMP/sgd-save3" "${FULL[@]}" "${SGD[@]}" --batch_size 4 --save_every 5 --keep_checkpoints 0
+grep -aq '"momentum_buffer/' "$TMP/sgd-save3/checkpoint-5/fsdp-00002-of-00003.safetensors" &&
+    ! grep -aq '"exp_avg' "$TMP/sgd-save3/checkpoint-5/fsdp-00002-of-00003.safetensors"
+check "SGD at W = 3: each shard file holds its momentum buffer (and no AdamW moments)" $? "$(ls "$TMP/sgd-save3/checkpoint-5" 2>&1)"
+out="$TMP/sgd-resume2"
+mkdir -p "$out" && cp -r "$TMP/sgd-save3/checkpoint-5" "$out/" && head -5 "$TMP/sgd-save3.jsonl" >"$out.jsonl"
+run 2 "$out" "${FULL[@]}" "${SGD[@]}" --batch_size 6 --resume "$out"
+same_run "SGD: the W = 3 checkpoint resumed at W = 2 == uninterrupted (steps 6-10, final weights)" "$TMP/sgd-save3" "$out" model.safetensors 6
+
 # torchrun itself, where it is installed: its agent holds MASTER_PORT, so rank 0 listens at the next port.
 # --no_python is the spelling every torchrun takes (torch 1.x knows only it, 2.x it and --no-python). A
 # torchrun that cannot start the binary at all (an old or broken install) is skipped, saying why.

@@ -380,6 +380,37 @@ static void test_device_backend(void) {
     }
 }
 
+// the optimizer's state in the plan and in memory: one float per trainable
+// parameter for each of AdamW's moments, SGD's momentum buffer, nothing else
+// for plain SGD (full fine-tuning: the gradients and the state; the weights
+// are the base weights' bytes)
+static void test_optimizer_state(void) {
+    struct { const char *what; const char *args[4]; int states; } cases[] = {
+        {"AdamW: two moments", {"--optimizer", "adamw"}, 2},
+        {"SGD with momentum: one buffer", {"--optimizer", "sgd", "--momentum", "0.9"}, 1},
+        {"plain SGD: no state", {"--optimizer", "sgd"}, 0}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char *argv[16] = {"x", "--model", "test/fixtures/tiny_gqa", "--data", "test/fixtures/data.jsonl", "--full_finetune"};
+        int argc = 6;
+        for (int i = 0; i < 4 && cases[k].args[i]; i++) argv[argc++] = (char *)cases[k].args[i];
+        TrainConfig tc;
+        if (parse_args(&tc, argc, argv) != 0) die("optimizer state test arguments");
+        Model m;
+        Optimizer o;
+        if (model_setup(&m, NULL, &tc, 1, 8, NULL) != 0) die("optimizer state test model");
+        optimizer_init(&o, &m);
+        size_t n = m.host.num_params;
+        int held = (o.state[0] != NULL) + (o.state[1] != NULL);
+        char what[160];
+        snprintf(what, sizeof what, "memory plan and optimizer_init, full fine-tuning: %s", cases[k].what);
+        CHECK(m.param_bytes == n * sizeof(float) * (1 + cases[k].states) && held == cases[k].states && o.n == n, what,
+              "plan %zu bytes for %zu parameters (want %zu), %d state tensors held", m.param_bytes, n,
+              n * sizeof(float) * (1 + cases[k].states), held);
+        optimizer_free(&o);
+        model_free(&m);
+    }
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/llama2tune_test_trainer_XXXXXX");
     if (!mkdtemp(tmpdir)) die("mkdtemp: %s", strerror(errno));
@@ -389,6 +420,7 @@ int main(void) {
     test_config_sliding_window();
     test_sample_escaping();
     test_device_backend();
+    test_optimizer_state();
     test_memory_plan();
     test_random_init(); // last: it starts OpenMP threads, and a child forked after that (test_memory_plan's) hangs in libgomp
     char cmd[128];

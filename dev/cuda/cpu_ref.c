@@ -67,8 +67,13 @@ void ref_swiglu_backward(float *dgate, float *dup, const float *dout, const floa
 }
 void ref_adamw_update(float *params, float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
                       float beta2, float eps, float wd) {
-    Optimizer o = {.params = params, .grads = grads, .n = n, .m = m, .v = v, .t = t - 1};
+    Optimizer o = {.params = params, .grads = grads, .n = n, .state = {m, v}, .t = t - 1};
     adamw_update(&o, lr, beta1, beta2, eps, wd);
+}
+void ref_sgd_update(float *params, float *grads, float *buf, size_t n, int t, float lr, float momentum, int nesterov,
+                    float wd) {
+    Optimizer o = {.params = params, .grads = grads, .n = n, .state = {buf}, .t = t - 1};
+    sgd_update(&o, lr, momentum, nesterov, wd);
 }
 double ref_grad_norm(const float *g, size_t n) { return grad_norm(g, n); }
 void ref_clip_grads(float *g, size_t n, double norm, float max_norm) { clip_grads(g, n, norm, max_norm); }

@@ -37,6 +37,9 @@ void ref_swiglu_backward(float *dgate, float *dup, const float *dout, const floa
 // t: the step number after this update (1 for the first), as Optimizer.t after adamw_update's increment
 void ref_adamw_update(float *params, float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
                       float beta2, float eps, float wd);
+// buf: the momentum buffer, NULL without momentum; t as for ref_adamw_update (1: the buffer starts as the gradient)
+void ref_sgd_update(float *params, float *grads, float *buf, size_t n, int t, float lr, float momentum, int nesterov,
+                    float wd);
 double ref_grad_norm(const float *g, size_t n);
 void ref_clip_grads(float *g, size_t n, double norm, float max_norm);
 // lora.h's pieces for an adapter of one module (layer 0, q_proj): A (r, in), B (out, r),

@@ -305,6 +305,21 @@ def load_base(folder, dtype, arch="llama"):
     return model
 
 
+def load_lora64(folder, arch="llama"):
+    """The float64 base of the folder with its peft_init adapter, trainable: the model
+    and its LoRA parameters as (peft key, parameter)."""
+    lm = PeftModel.from_pretrained(load_base(folder, torch.float64, arch), folder + "/peft_init", is_trainable=True)
+    lm.double()
+    lora_named = []
+    for n, p in lm.named_parameters():
+        if p.requires_grad:
+            assert "lora_" in n and ".default." in n, n
+            lora_named.append((n.replace(".default.", "."), p))
+        else:
+            assert "lora_" not in n
+    return lm, lora_named
+
+
 def base_state(model):
     """HF weight names -> tensors; lm_head only if untied."""
     sd = {}
@@ -373,11 +388,19 @@ def step_grads(model, params, mbs, on_microbatch=None):
     return total / count
 
 
+def make_optimizer(params, hp):
+    """torch.optim.AdamW, or torch.optim.SGD where hp says so (make_sgd_fixtures.py)"""
+    if hp.get("optimizer") == "sgd":
+        return torch.optim.SGD(params, lr=hp["lr"], momentum=hp["momentum"], dampening=0.0, nesterov=hp["nesterov"],
+                               weight_decay=hp["weight_decay"])
+    return torch.optim.AdamW(params, lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
+                             weight_decay=hp["weight_decay"])
+
+
 def train(model, named_params, rows, hp, on_microbatch=None):
-    """hp's AdamW steps; on_microbatch(step, g), if given, runs before each micro-batch."""
+    """hp's optimizer steps; on_microbatch(step, g), if given, runs before each micro-batch."""
     params = [p for _, p in named_params]
-    opt = torch.optim.AdamW(params, lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
-                            weight_decay=hp["weight_decay"])
+    opt = make_optimizer(params, hp)
     sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=hp["warmup_steps"],
                                             num_training_steps=hp["max_steps"])
     steps = []
@@ -598,16 +621,7 @@ def make_model(name, spec, sp_bytes, rows, versions):
     assert len(adapter) == n_expect, sorted(adapter)
 
     # float64 LoRA reference: fresh float64 base from the folder + the saved adapter
-    base64 = load_base(folder, torch.float64, arch)
-    lm = PeftModel.from_pretrained(base64, folder + "/peft_init", is_trainable=True)
-    lm.double()
-    lora_named = []  # (peft key, param)
-    for n, p in lm.named_parameters():
-        if p.requires_grad:
-            assert "lora_" in n and ".default." in n, n
-            lora_named.append((n.replace(".default.", "."), p))
-        else:
-            assert "lora_" not in n
+    lm, lora_named = load_lora64(folder, arch)
     assert sorted(k for k, _ in lora_named) == sorted(adapter), "peft key mismatch"
     for k, p in lora_named:
         assert torch.equal(p.detach(), adapter[k].double()), k
