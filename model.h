@@ -636,6 +636,7 @@ static int model_save_hf(const HostModel *m, const char *dir, const char *model_
 // base + LoRA as one Hugging Face model: W += scale * B @ A in every adapted
 // layer, on the host (it runs once, after training). Each element sums its r
 // products in order from zero and is then added to W, as the CPU matmul does.
+// DoRA then rescales each row of it to its magnitude, as peft's merge does.
 static int model_save_merged(HostModel *m, const char *dir, const char *model_dir, const char *tokpath) {
     Config *c = &m->config;
     LoRA *l = &m->lora;
@@ -663,7 +664,14 @@ static int model_save_merged(HostModel *m, const char *dir, const char *model_di
                         const float *Aj = A + (size_t)j * in;
                         for (int k = 0; k < in; k++) acc[k] += b * Aj[k];
                     }
-                    for (int k = 0; k < in; k++) W[(size_t)o * in + k] += acc[k];
+                    float *row = W + (size_t)o * in;
+                    for (int k = 0; k < in; k++) row[k] += acc[k];
+                    if (l->use_dora) { // as peft's merge: the row rescaled by m / ||W + scale B A||
+                        double ss = 0;
+                        for (int k = 0; k < in; k++) ss += (double)row[k] * row[k];
+                        float f = lora_mag(l, l->params, i, t)[o] / (float)sqrt(ss);
+                        for (int k = 0; k < in; k++) row[k] *= f;
+                    }
                 }
                 free(acc);
             }

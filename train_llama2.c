@@ -208,6 +208,8 @@ typedef struct {
     float *dgate, *dup, *dhmlp;  // (B, C, H)
     float *lora_dh;    // (B, C, r)
     float *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch
+    float *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA scratch
+    float *dora_norm;  // (L, 7, widest out) DoRA's row norms, set by each forward's first chunk
 } Activations;
 
 // the CPU backend's model (trainer.h lists what every backend's Model holds)
@@ -807,6 +809,9 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     a->dhmlp = (float *)alloc_counted(N * H * sizeof(float), &m->act_bytes);
     a->lora_dh = (float *)alloc_counted(N * r * sizeof(float), &m->act_bytes);
     a->xdrop = (float *)alloc_counted(N * widest * sizeof(float), &m->act_bytes);
+    int dora = m->host.use_lora && m->host.lora.use_dora;
+    a->dora_pre = (float *)alloc_counted(dora ? N * widest * sizeof(float) : 0, &m->act_bytes);
+    a->dora_norm = (float *)alloc_counted(dora ? dora_norm_index(&m->host.lora, (int)L, 0) * sizeof(float) : 0, &m->act_bytes);
     m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
     m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
     float *inv_freq = (float *)mallocCheck(c->head_dim / 2 * sizeof(float));
@@ -838,6 +843,7 @@ static void model_free(Model *m) {
     Activations *a = &m->a;
     void *bufs[] = {a->chunk ? a->chunk[0].resid : NULL, a->chunk, a->k, a->v, a->dk, a->dv, a->tokens, a->lnf, a->rstdf, a->logits,
                     a->kv, a->dresid, a->dln, a->dq, a->datty, a->dgate, a->dup, a->dhmlp, a->lora_dh, a->xdrop,
+                    a->dora_pre, a->dora_norm,
                     m->rope_cos, m->rope_sin, m->grads, m->unit_grad[0], m->unit_grad[1], m->grad_part, m->slot_unit,
                     m->deq, m->deq_absmax};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -887,10 +893,14 @@ static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, 
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
-    if (m->host.use_lora && (l->targets & (1u << t))) {
-        Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_forward(l, layer, t, out, inp, lora_h + (size_t)t * N * l->r, m->a.xdrop, &dc, m->dropout_key);
-    }
+    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    float *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
+        float *norm = m->a.dora_norm + dora_norm_index(l, layer, t);
+        if (ch->t0 == 0) dora_norm(l, layer, t, norm, w);
+        dora_forward(l, layer, t, out, inp, w, h, m->a.xdrop, m->a.dora_pre, norm, &dc, m->dropout_key);
+    } else lora_forward(l, layer, t, out, inp, h, m->a.xdrop, &dc, m->dropout_key);
 }
 // dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
 static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int layer, int t, float *dinp, float *dw,
@@ -899,11 +909,13 @@ static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int 
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
-    if (m->host.use_lora && (l->targets & (1u << t))) {
-        Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_backward(l, layer, t, dinp, dout, inp, lora_h + (size_t)t * N * l->r, m->a.lora_dh, m->a.xdrop, &dc,
-                      m->dropout_key);
-    }
+    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    const float *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora)
+        dora_backward(l, layer, t, dinp, dout, inp, w, h, m->a.lora_dh, m->a.xdrop, m->a.dora_pre,
+                      m->a.dora_norm + dora_norm_index(l, layer, t), &dc, m->dropout_key);
+    else lora_backward(l, layer, t, dinp, dout, inp, h, m->a.lora_dh, m->a.xdrop, &dc, m->dropout_key);
 }
 
 // the chunk's tokens (B, len) out of the batch's (B, T)

@@ -115,6 +115,7 @@ template <typename floatX> struct Buffers {
     floatX *dgate, *dup, *dhmlp; // (B, C, H)
     floatX *lora_dh;    // (B, C, r)
     floatX *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch
+    floatX *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA scratch
 };
 
 // the CUDA backend's model (trainer.h lists what every backend's Model holds)
@@ -147,6 +148,7 @@ typedef struct {
     // fp32 in either precision
     float *rope_cos, *rope_sin; // (T, hd/2)
     float *rstdf;             // (B, C) the final norm's statistics
+    float *dora_norm;         // (L, 7, widest out) DoRA's row norms, set by each forward's first chunk
     float *logits;            // (ceil(B * C / num_output_chunks), V) one piece of a chunk's rows at a time
     float *losses;            // (B, T) each position's cross-entropy (0 without a target)
     double *loss_sum;         // the micro-batch's summed loss
@@ -261,6 +263,8 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     a->place(d.dq, N * Q); a->place(d.datty, N * Q);
     a->place(d.dgate, N * H); a->place(d.dup, N * H); a->place(d.dhmlp, N * H);
     a->place(d.lora_dh, N * r); a->place(d.xdrop, h->use_lora ? N * widest : 0);
+    bool dora = h->use_lora && h->lora.use_dora;
+    a->place(d.dora_pre, dora ? N * widest : 0); a->place(m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
     a->place(m->rstdf, N); a->place(m->logits, piece * V);
     a->place(m->losses, (size_t)m->B * m->T); a->place(m->loss_sum, 1); a->place(m->grad_norm, 1);
     a->place(m->tokens, (size_t)m->B * m->T); a->place(m->targets, (size_t)m->B * m->T); a->place(m->chunk_tokens, N);
@@ -605,11 +609,15 @@ void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t,
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0, m->stream);
-    if (m->host.use_lora && (l->targets & (1u << t))) {
-        Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_forward(l, d.lora_w, layer, t, out, inp, lora_h + (size_t)t * N * l->r, d.xdrop, &dc, m->dropout_key,
-                     m->stream);
-    }
+    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    floatX *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
+        float *norm = m->dora_norm + dora_norm_index(l, layer, t);
+        if (ch->t0 == 0) dora_norm(l, (const floatX *)d.lora_w, m->params, layer, t, norm, w, m->stream);
+        dora_forward(l, (const floatX *)d.lora_w, m->params, layer, t, out, inp, w, h, d.xdrop, d.dora_pre, norm, &dc,
+                     m->dropout_key, m->stream);
+    } else lora_forward(l, d.lora_w, layer, t, out, inp, h, d.xdrop, &dc, m->dropout_key, m->stream);
 }
 // dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
 template <typename floatX>
@@ -620,11 +628,14 @@ void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer,
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f, m->stream);
-    if (m->host.use_lora && (l->targets & (1u << t))) {
-        Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_backward(l, d.lora_w, m->grads, layer, t, dinp, dout, inp, lora_h + (size_t)t * N * l->r, d.lora_dh,
-                      d.xdrop, &dc, m->dropout_key, m->stream);
-    }
+    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    const floatX *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora)
+        dora_backward(l, (const floatX *)d.lora_w, m->params, m->grads, layer, t, dinp, dout, inp, w, h, d.lora_dh,
+                      d.xdrop, d.dora_pre, m->dora_norm + dora_norm_index(l, layer, t), &dc, m->dropout_key, m->stream);
+    else lora_backward(l, d.lora_w, m->grads, layer, t, dinp, dout, inp, h, d.lora_dh, d.xdrop, &dc, m->dropout_key,
+                       m->stream);
 }
 
 // the chunk's tokens (B, len) out of the micro-batch's (B, T), both on the device

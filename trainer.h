@@ -137,7 +137,7 @@ typedef struct { const char *v[MAX_LIST]; int n; } StrList; // a repeatable opti
 typedef struct {
     const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
     int max_seq_len, batch_size, grad_accum, max_steps, num_epochs, warmup_steps, seed, shuffle;
-    int eval_every, full_finetune, lora_r, use_rslora, threads, chunk_size, num_output_chunks, activation_checkpointing;
+    int eval_every, full_finetune, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing;
     float lr, lora_alpha, lora_dropout;
     const char *optimizer;
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
@@ -202,6 +202,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"lora_dropout", OPT_FLOAT, &(tc)->lora_dropout, "0.05", "dropout on the LoRA input", 0, 0.99}, \
     {"lora_target_modules", OPT_STR, &(tc)->lora_target_modules, "q_proj,v_proj", "comma-separated peft module names, or all-linear", 0, 0}, \
     {"use_rslora", OPT_INT, &(tc)->use_rslora, "0", "1: scale = alpha / sqrt(r) (rank-stabilised LoRA)", 0, 1}, \
+    {"use_dora", OPT_FLAG, &(tc)->use_dora, "0", "DoRA (peft's use_dora): a trained magnitude per output rescales each adapted layer's rows", 0, 1}, \
     {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (its r, alpha, targets)", 0, 0}, \
     {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
@@ -381,6 +382,10 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     }
     if (!tc->model[0]) { fprintf(stderr, "error: --model is required (see --help)\n"); return -1; }
     if (!tc->data[0]) { fprintf(stderr, "error: --data is required (see --help)\n"); return -1; }
+    if (tc->full_finetune && tc->use_dora) {
+        fprintf(stderr, "error: --use_dora trains a DoRA adapter; with --full_finetune there is none\n");
+        return -1;
+    }
     if (tc->full_finetune && tc->merge_adapter) {
         fprintf(stderr, "error: --merge_adapter folds a LoRA adapter in; with --full_finetune there is none\n");
         return -1;
@@ -470,8 +475,13 @@ static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, c
             unsigned targets;
             lora_parse_targets(tc->lora_target_modules, &targets);
             lora_alloc(&h->lora, h->config.n_layers, in, out, tc->lora_r, tc->lora_alpha, tc->lora_dropout,
-                       tc->use_rslora, targets);
+                       tc->use_rslora, tc->use_dora, targets);
             lora_init(&h->lora, (uint64_t)tc->seed);
+        }
+        if (h->quant_type != QUANT_NONE && h->lora.use_dora) { // DoRA's row norms read W, which QLoRA keeps packed
+            fprintf(stderr, "error: --quantize with DoRA (%s) is not supported yet\n", adapter[0] ? adapter : "--use_dora");
+            host_model_free(h);
+            return -1;
         }
     }
     m->fp32 = !strcmp(tc->precision, "fp32");
@@ -608,7 +618,7 @@ static void fault_point(const char *point, int step) { if (fault_at(point, step)
 static const char *resume_must_match[] = {
     "model", "data", "max_seq_len", "gradient_accumulation_steps", "lr", "optimizer", "momentum", "nesterov",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
-    "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
+    "shuffle", "full_finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora", "use_dora",
     "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
     "quantize", "double_quant"};
 
@@ -1207,7 +1217,7 @@ static void print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
     if (c->sliding_window) printf(", a sliding window of %d keys", c->sliding_window);
     printf("\n");
     printf("training %s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
-           m->host.use_lora ? "LoRA" : "all weights", r->opt.n, m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
+           !m->host.use_lora ? "all weights" : m->host.lora.use_dora ? "DoRA" : "LoRA", r->opt.n, m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
            r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
     memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, 1);
 }

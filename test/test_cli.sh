@@ -90,6 +90,7 @@ expect_error "merge with full fine-tuning" "--merge_adapter folds a LoRA adapter
 expect_error "bad --quantize" "--quantize: 'int8' is not one of none, nf4, fp4" --model $FIX/tiny_qlora "${RUN[@]}" --quantize int8
 expect_error "--quantize with full fine-tuning" "--quantize keeps the base weights frozen.*--full_finetune" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --full_finetune
 expect_error "--quantize with --merge_adapter" "--merge_adapter with --quantize is not supported" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --merge_adapter
+expect_error "--quantize with --use_dora" "--quantize with DoRA \(--use_dora\) is not supported yet" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --use_dora
 expect_error "bad --double_quant" "--double_quant: '2' is not an integer in \[0, 1\]" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --double_quant 2
 expect_error "a checkpoint bitsandbytes already quantized" "tensor 'model.layers.0.[a-z_.]*weight.(absmax|quant_map|nested_absmax|nested_quant_map|quant_state.bitsandbytes__nf4)' is bitsandbytes' quantization state" \
     --model $FIX/tiny_qlora/prequantized --tokenizer $FIX/tiny_qlora/tokenizer.model "${RUN[@]}"
@@ -193,6 +194,9 @@ expect_error "missing data" "nothere.jsonl: cannot read" --model $FIX/tiny_gqa -
 expect_error "adapter for another model" "adapter_model.safetensors: tensor .* has shape" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_tied/peft_init
 mkdir -p "$TMP/ad"; cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "IA3"/' "$TMP/ad/adapter_config.json"
 expect_error "non-LoRA adapter" "peft_type must be" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"use_dora": false/"use_dora": true/' "$TMP/ad/adapter_config.json"
+expect_error "DoRA config without magnitudes" "adapter_model.safetensors: tensor '.*lora_magnitude_vector' is missing" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+expect_error "DoRA with full fine-tuning" "--use_dora trains a DoRA adapter" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --use_dora
 
 # and a good run writes the adapter and the metrics
 if "$BIN" --model $FIX/tiny_gqa "${RUN[@]}" --metrics_file "$TMP/metrics.jsonl" >"$TMP/out" 2>&1 &&

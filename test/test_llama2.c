@@ -106,8 +106,8 @@ static void check_rel(double got, double want, double floor_, double tol, const 
 }
 
 // TrainConfig for a fixture run, as the command line would give it
-static void fixture_config(TrainConfig *tc, char **argv_store, const char *model, const JsonValue *hp, int full,
-                           const char *outdir, const char *metrics) {
+static void fixture_config(TrainConfig *tc, char **argv_store, const char *model, const JsonValue *hp,
+                           const char *adapter, const char *outdir, const char *metrics) {
     static char buf[64][320];
     int n = 0;
 #define ARG(...) (snprintf(buf[n], sizeof buf[n], __VA_ARGS__), argv_store[n] = buf[n], n++)
@@ -140,8 +140,8 @@ static void fixture_config(TrainConfig *tc, char **argv_store, const char *model
     ARG("--lr_scheduler"); ARG("%s", sched);
     ARG("--output_dir"); ARG("%s", outdir);
     ARG("--metrics_file"); ARG("%s", metrics);
-    if (full) ARG("--full_finetune");
-    else { ARG("--from_peft_checkpoint"); ARG("test/fixtures/%s/peft_init", model); }
+    if (!adapter) ARG("--full_finetune");
+    else { ARG("--from_peft_checkpoint"); ARG("test/fixtures/%s/%s", model, adapter); }
 #undef ARG
     if (parse_args(tc, n, argv_store) != 0) die("fixture arguments rejected");
 }
@@ -156,11 +156,13 @@ static int list_trainables(Model *m, Trainable *out) {
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++) {
                 if (!(l->targets & (1u << t))) continue;
-                for (int ab = 0; ab < 2; ab++, n++) {
-                    lora_key(out[n].name, sizeof out[n].name, i, t, ab ? 'B' : 'A');
-                    out[n].data = ab ? lora_B(l, l->params, i, t) : lora_A(l, l->params, i, t);
-                    out[n].grad = ab ? lora_B(l, l->grads, i, t) : lora_A(l, l->grads, i, t);
-                    out[n].n = (size_t)l->r * (ab ? l->out[t] : l->in[t]);
+                for (int k = 0; k < lora_n_kinds(l); k++, n++) { // A, B (and DoRA's magnitude)
+                    lora_key(out[n].name, sizeof out[n].name, i, t, lora_kinds[k]);
+                    out[n].data = lora_tensor(l, l->params, i, t, k);
+                    out[n].grad = lora_tensor(l, l->grads, i, t, k);
+                    int64_t shape[2];
+                    out[n].n = lora_tensor_shape(l->r, l->in[t], l->out[t], k, shape) == 1 ? (size_t)shape[0]
+                                                                                         : (size_t)(shape[0] * shape[1]);
                 }
             }
         return n;
@@ -234,17 +236,21 @@ static void check_training(TrainConfig *tc, const char *what, const JsonValue *s
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
 }
 
-static void test_model(const char *model, int full) {
+// mode: "full", "lora", or DoRA's "dora" and "dora_dropout", whose references are in
+// the model's dora/ (dev/reference/make_dora_fixtures.py, dropout masks as ours)
+static void test_model(const char *model, const char *mode) {
     char path[600], what[256], outdir[256], metrics[300];
-    const char *mode = full ? "full" : "lora";
-    snprintf(path, sizeof path, "test/fixtures/%s/ref/expected.json", model);
+    int full = !strcmp(mode, "full"), dora = !strncmp(mode, "dora", 4);
+    const char *refdir = dora ? "dora" : "ref";
+    const char *adapter = full ? NULL : !dora ? "peft_init" : !strcmp(mode, "dora") ? "dora/peft_init" : "dora/peft_init_dropout";
+    snprintf(path, sizeof path, "test/fixtures/%s/%s/expected.json", model, refdir);
     JsonValue exp = read_json(path);
     const JsonValue *ref = json_get(&exp, mode), *hp = json_get(json_get(&exp, "train"), mode);
     snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_%s_%s", (int)getpid(), model, mode);
     snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
     TrainConfig tc;
     char *argv[64];
-    fixture_config(&tc, argv, model, hp, full, outdir, metrics);
+    fixture_config(&tc, argv, model, hp, adapter, outdir, metrics);
 
     // the data path: our tokenizer + dataloader must give the reference's step-0 batches
     Tokenizer tok;
@@ -285,7 +291,7 @@ static void test_model(const char *model, int full) {
     Model m;
     if (model_setup(&m, NULL, &tc, B, T, NULL) != 0) die("model setup failed for %s", model);
     StFile ef;
-    snprintf(path, sizeof path, "test/fixtures/%s/ref/expected.safetensors", model);
+    snprintf(path, sizeof path, "test/fixtures/%s/%s/expected.safetensors", model, refdir);
     if (st_open(&ef, path) != 0) die("cannot open %s", path);
     int V = m.host.config.vocab_size;
     float *logits = (float *)mallocCheck((size_t)B * Ts[0] * V * sizeof(float));
@@ -293,8 +299,11 @@ static void test_model(const char *model, int full) {
     int ntr = list_trainables(&m, tr);
     for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
     double loss = 0;
-    for (int g = 0; g < 2; g++)
+    for (int g = 0; g < 2; g++) { // step 0's dropout masks, as train() draws them
+        m.dropout_key = splitmix64(((uint64_t)tc.seed << 32) ^ (uint64_t)g);
         loss += model_forward_backward(&m, tokens + g * B * T, targets + g * B * T, B, Ts[g], 1.0f / labels);
+    }
+    m.host.lora.training = 0; // the reference's logits are evaluation's (no dropout)
     model_forward(&m, tokens, targets, B, Ts[0], logits);
     snprintf(what, sizeof what, "%s %s logits", model, mode);
     snprintf(path, sizeof path, "%s.logits", mode);
@@ -342,7 +351,7 @@ static void test_sgd(void) {
         snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
         TrainConfig tc;
         char *argv[64];
-        fixture_config(&tc, argv, model, hp, full, outdir, metrics);
+        fixture_config(&tc, argv, model, hp, full ? NULL : "peft_init", outdir, metrics);
         Model m; // the trainable tensors' count and the config, as the run will have them
         if (model_setup(&m, NULL, &tc, 1, 2, NULL) != 0) die("model setup failed for %s", model);
         Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
@@ -520,7 +529,13 @@ int main(void) {
     test_dropout();
     test_sgd();
     const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama", "tiny_mistral"};
-    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
-        for (int full = 0; full < 2; full++) test_model(models[i], full);
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        test_model(models[i], "lora");
+        test_model(models[i], "full");
+    }
+    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout
+        test_model(models[i], "dora");
+        test_model(models[i], "dora_dropout");
+    }
     return test_summary();
 }

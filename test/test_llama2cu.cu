@@ -3,7 +3,7 @@
 // set up from the same arguments on the same checkpoint and batches: the
 // logits and the loss, every trainable gradient, and 10 optimizer steps of
 // losses and gradient norms; for LoRA (with dropout, whose masks are the same
-// hash on both) and full fine-tuning, whole sequences and chunks (keep and
+// hash on both; and DoRA, tiny_gqa's peft adapter) and full fine-tuning, whole sequences and chunks (keep and
 // recompute, the head in pieces, --activation_checkpointing), GQA (tiny_gqa) and
 // tied (tiny_tied) models and a random one with head_dim 64 and GQA (bf16
 // attention then runs on tensor cores), and tiny_gqa with a sliding window of 5
@@ -65,6 +65,7 @@ struct Case {
     const char *mem;       // --chunk_memory
     int out_chunks;        // --num_output_chunks
     bool ckpt;             // --activation_checkpointing
+    bool dora = false;     // LoRA from the fixture's DoRA adapter (dora/peft_init) instead
 };
 enum { ADAMW, SGD_MOMENTUM, SGD_NESTEROV }; // the optimizer of a Pair (SGD: momentum 0.9, Nesterov or not)
 
@@ -73,8 +74,8 @@ std::string describe(const Case &c, int optimizer = ADAMW) {
     char buf[200];
     const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
     const char *optimizers[] = {"", " sgd momentum", " sgd nesterov"};
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s", model, c.full ? "full" : "lora", c.precision, c.chunk,
-             c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", optimizers[optimizer]);
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s", model, c.full ? "full" : c.dora ? "dora" : "lora",
+             c.precision, c.chunk, c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", optimizers[optimizer]);
     return buf;
 }
 
@@ -100,7 +101,7 @@ struct Pair {
                                    optimizer == SGD_NESTEROV ? "1" : "0", "--lr", c.full ? "0.1" : "0.5"});
             else a.insert(a.end(), {"--lr", c.full ? "1e-3" : "5e-3"});
             if (c.full) a.push_back("--full_finetune");
-            else a.insert(a.end(), {"--from_peft_checkpoint", model + "/peft_init"}); // B != 0: A gets gradients too
+            else a.insert(a.end(), {"--from_peft_checkpoint", model + (c.dora ? "/dora/peft_init" : "/peft_init")}); // B != 0
             for (std::string &arg : a) argv[side].push_back(&arg[0]);
         }
         cpu = cpu_new((int)argv[0].size(), argv[0].data(), B, T);
@@ -167,10 +168,12 @@ template <typename F> void for_each_trainable(const HostModel *h, F f) {
         const LoRA *l = &h->lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++)
-                for (int ab = 0; ab < 2 && (l->targets & (1u << t)); ab++) {
-                    lora_key(name, sizeof name, i, t, ab ? 'B' : 'A');
-                    size_t off = l->offset[i * LORA_N_TARGETS + t] + (ab ? (size_t)l->r * l->in[t] : 0);
-                    f(name, off, (size_t)l->r * (ab ? l->out[t] : l->in[t]));
+                for (int k = 0; k < lora_n_kinds(l) && (l->targets & (1u << t)); k++) { // A, B (DoRA: m)
+                    lora_key(name, sizeof name, i, t, lora_kinds[k]);
+                    int64_t shape[2];
+                    size_t n = lora_tensor_shape(l->r, l->in[t], l->out[t], k, shape) == 1 ? (size_t)shape[0]
+                                                                                      : (size_t)(shape[0] * shape[1]);
+                    f(name, (size_t)(lora_tensor(l, l->params, i, t, k) - l->params), n);
                 }
         return;
     }
@@ -282,7 +285,7 @@ void write_hd64_model(const char *dir) {
     int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
     lora_shapes(&h.config, in, out);
     LoRA l;
-    lora_alloc(&l, h.config.n_layers, in, out, 4, 8.0f, 0.0f, 0, (1u << LORA_N_TARGETS) - 1);
+    lora_alloc(&l, h.config.n_layers, in, out, 4, 8.0f, 0.0f, 0, 0, (1u << LORA_N_TARGETS) - 1);
     lora_init(&l, 5);
     uint64_t state = 9;
     for (int i = 0; i < l.n_layers; i++)
@@ -407,6 +410,17 @@ int main(int argc, char **argv) {
                 if (model == windowed && mine()) check_steps(whole, steps);
                 if (model == windowed && mine()) check_steps(chunked, steps);
             }
+    // DoRA (peft's adapter of tiny_gqa, dropout 0.1): whole and in chunks with activation
+    // checkpointing, and 10 steps whole and in chunks, in each precision
+    for (const char *precision : precisions) {
+        Case dora[] = {{"test/fixtures/tiny_gqa", false, precision, 0, "keep", 1, false, true},
+                       {"test/fixtures/tiny_gqa", false, precision, 7, "recompute", 3, true, true}};
+        for (const Case &c : dora)
+            if (mine()) check_case(c);
+        Case chunked = {"test/fixtures/tiny_gqa", false, precision, 5, "recompute", 1, false, true};
+        if (mine()) check_steps(dora[0], steps);
+        if (!quick && mine()) check_steps(chunked, steps);
+    }
     // each family's fixture a few cases (the emulated suite runs them all)
     Case families[] = {{"test/fixtures/tiny_llama3", false, "fp32", 0, "keep", 1, false},
                        {"test/fixtures/tiny_llama3", true, "fp32", 7, "recompute", 3, true},

@@ -126,6 +126,20 @@ for model in tiny_llama3 tiny_linear tiny_codellama tiny_mistral; do
         same_run "$model, $mode, W = 2 FULL_SHARD == one process" "$TMP/$model-$mode-1" "$TMP/$model-$mode-2" $weights
     done
 done
+# DoRA: its magnitudes train like A and B (all-reduced), and start at the row norms of the
+# weights, which a sharded run sees only gathered: W = 2 and 3 FULL_SHARD == one process,
+# and a checkpoint saved at W = 3 resumed at W = 2 == uninterrupted
+DORA=("${LORA[@]}" --use_dora)
+run 0 "$TMP/dora1" "${DORA[@]}" --batch_size 12 --save_every 5 --keep_checkpoints 0
+for w in 2 3; do
+    run $w "$TMP/dora-$w" "${DORA[@]}" --batch_size $((12 / w)) --sharding_strategy FULL_SHARD --chunk_size 7 \
+        --save_every 5 --keep_checkpoints 0
+    same_run "DoRA, W = $w, FULL_SHARD in chunks == one process" "$TMP/dora1" "$TMP/dora-$w" adapter_model.safetensors
+done
+out="$TMP/dora-resume2"
+mkdir -p "$out" && cp -r "$TMP/dora-3/checkpoint-5" "$out/" && head -5 "$TMP/dora-3.jsonl" >"$out.jsonl"
+run 2 "$out" "${DORA[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --chunk_size 7 --resume "$out"
+same_run "DoRA saved at W = 3, resumed at W = 2 == uninterrupted (steps 6-10, final adapter)" "$TMP/dora-3" "$out" adapter_model.safetensors 6
 run 4 "$TMP/lora-4-hybrid" "${LORA[@]}" --batch_size 3 --sharding_strategy HYBRID_SHARD --shard_group 2
 same_run "LoRA, W = 4, HYBRID_SHARD in two groups of two == one process" "$TMP/lora1" "$TMP/lora-4-hybrid" adapter_model.safetensors
 run 4 "$TMP/full-4-hybrid" "${FULL[@]}" --batch_size 3 --sharding_strategy HYBRID_SHARD --shard_group 2

@@ -50,6 +50,17 @@ void ref_lora_forward(float *out, const float *inp, float *h, const float *A, co
 void ref_lora_backward(float *dinp, float *dA, float *dB, const float *dout, const float *inp, const float *h,
                        const float *A, const float *Bw, int r, int in, int out_dim, float alpha, float p, int B, int T,
                        int t0, int len, uint64_t key);
+// DoRA's (the same module with a magnitude mag (out)): the row norms of w (out, in) + scale B A,
+// and the magnitude they start it at; the forward onto out = x w^T; the backward after dinp += dout w
+void ref_dora_norm(float *norm, float *mag_init, const float *w, const float *A, const float *Bw, int r, int in,
+                   int out_dim, float alpha);
+void ref_dora_forward(float *out, const float *inp, const float *w, float *h, const float *A, const float *Bw,
+                      const float *mag, const float *norm, int r, int in, int out_dim, float alpha, float p, int B, int T,
+                      int t0, int len, uint64_t key);
+void ref_dora_backward(float *dinp, float *dA, float *dB, float *dmag, const float *dout, const float *inp,
+                       const float *w, const float *h, const float *A, const float *Bw, const float *mag,
+                       const float *norm, int r, int in, int out_dim, float alpha, float p, int B, int T, int t0, int len,
+                       uint64_t key);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,7 @@
 2. peft -> ours: the adapter peft itself saved (test/fixtures/tiny_gqa/peft_init)
    is loaded by train_llama2 with --max_steps 0, whose val_loss must equal what
    transformers + peft compute with the same adapter.
+Both again with DoRA (--use_dora; peft's test/fixtures/tiny_gqa/dora/peft_init).
 Tolerance: 1e-5 relative (our fp32 against float64).
 
   python3 dev/reference/check_peft_roundtrip.py --qlora
@@ -83,14 +84,17 @@ def report(name, ours, ref):
 
 def main():
     ok = True
-    with tempfile.TemporaryDirectory() as out:
-        ours = run_ours(["--output_dir", out, "--max_steps", "5", "--lr", "1e-2", "--lora_r", "4", "--lora_alpha", "8",
-                         "--lora_dropout", "0.1", "--lora_target_modules", "all-linear", "--batch_size", "2"])
-        ok &= report("adapter saved by train_llama2, loaded by PeftModel.from_pretrained", ours, val_loss_torch(out))
-    init = os.path.join(MODEL, "peft_init")
-    with tempfile.TemporaryDirectory() as out:
-        ours = run_ours(["--output_dir", out, "--max_steps", "0", "--from_peft_checkpoint", init])
-    ok &= report("adapter saved by peft, loaded by train_llama2", ours, val_loss_torch(init))
+    for kind, flags, init in (("LoRA", [], "peft_init"), ("DoRA", ["--use_dora"], "dora/peft_init")):
+        with tempfile.TemporaryDirectory() as out:
+            ours = run_ours(["--output_dir", out, "--max_steps", "5", "--lr", "1e-2", "--lora_r", "4", "--lora_alpha",
+                             "8", "--lora_dropout", "0.1", "--lora_target_modules", "all-linear", "--batch_size", "2"]
+                            + flags)
+            ok &= report(f"{kind} adapter saved by train_llama2, loaded by PeftModel.from_pretrained", ours,
+                         val_loss_torch(out))
+        init = os.path.join(MODEL, init)
+        with tempfile.TemporaryDirectory() as out:
+            ours = run_ours(["--output_dir", out, "--max_steps", "0", "--from_peft_checkpoint", init])
+        ok &= report(f"{kind} adapter saved by peft, loaded by train_llama2", ours, val_loss_torch(init))
     sys.exit(0 if ok else 1)
 
 

@@ -330,6 +330,37 @@ def base_state(model):
     return sd
 
 
+def peft_adapter(folder, spec, seed, **lora_config):
+    """spec's LoRA adapter made by peft on the float32 model in folder, B drawn off zero (so that
+    A gets gradients); lora_config: more LoraConfig fields. Returns it and the generator it drew from."""
+    lcfg = LoraConfig(r=spec["lora"]["r"], lora_alpha=spec["lora"]["lora_alpha"], lora_dropout=0.0,
+                      target_modules=spec["lora"]["target_modules"], bias="none", task_type="CAUSAL_LM", **lora_config)
+    base32 = load_base(folder, torch.float32, spec.get("arch", "llama"))
+    torch.manual_seed(seed)
+    pm = get_peft_model(base32, lcfg)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_B" in n:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g, dtype=torch.float32))
+    return pm, g
+
+
+def save_adapter(pm, out, **config):
+    """pm.save_pretrained(out), with config's fields set in adapter_config.json. peft keeps
+    target_modules as a set, so its order in adapter_config.json depends on the string hash
+    seed; sort it for reproducible files. Drop the generated model card (not needed)."""
+    pm.save_pretrained(out)
+    acfg_path = out + "/adapter_config.json"
+    acfg = json.load(open(acfg_path))
+    acfg["target_modules"] = sorted(acfg["target_modules"])
+    acfg.update(config)
+    with open(acfg_path, "w") as f:
+        json.dump(acfg, f, indent=2, sort_keys=True)
+    if os.path.exists(out + "/README.md"):
+        os.remove(out + "/README.md")
+
+
 def loss_sum_count(logits, targets):
     lp = torch.log_softmax(logits.to(torch.float64), dim=-1)
     valid = targets != IGNORE
@@ -341,13 +372,16 @@ def forward_logits(model, tokens):
     return model(input_ids=tokens, use_cache=False).logits
 
 
-def step_grads(model, params, mbs):
-    """Zeroes grads, accumulates d(step loss)/d(params); returns the step loss (float)."""
+def step_grads(model, params, mbs, on_microbatch=None):
+    """Zeroes grads, accumulates d(step loss)/d(params); returns the step loss (float).
+    on_microbatch(g), if given, runs before micro-batch g (make_dora_fixtures sets its dropout masks)."""
     for p in params:
         p.grad = None
     count = sum(int((t != IGNORE).sum()) for _, t in mbs)
     total = 0.0
-    for tok, tgt in mbs:
+    for g, (tok, tgt) in enumerate(mbs):
+        if on_microbatch:
+            on_microbatch(g)
         s, _ = loss_sum_count(forward_logits(model, tok), tgt)
         (s / count).backward()
         total += s.item()
@@ -363,14 +397,16 @@ def make_optimizer(params, hp):
                              weight_decay=hp["weight_decay"])
 
 
-def train(model, named_params, rows, hp):
+def train(model, named_params, rows, hp, on_microbatch=None):
+    """hp's optimizer steps; on_microbatch(step, g), if given, runs before each micro-batch."""
     params = [p for _, p in named_params]
     opt = make_optimizer(params, hp)
     sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=hp["warmup_steps"],
                                             num_training_steps=hp["max_steps"])
     steps = []
     for s in range(hp["max_steps"]):
-        loss = step_grads(model, params, step_microbatches(rows, s))
+        hook = (lambda g, s=s: on_microbatch(s, g)) if on_microbatch else None
+        loss = step_grads(model, params, step_microbatches(rows, s), hook)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm=hp["grad_clip"]).item()
         lr = opt.param_groups[0]["lr"]
         opt.step()
@@ -577,26 +613,8 @@ def make_model(name, spec, sp_bytes, rows, versions):
     out_full = {"loss": loss0, "steps": full_steps}
 
     # ---- LoRA: create with peft (float32), save the initial adapter
-    lcfg = LoraConfig(r=spec["lora"]["r"], lora_alpha=spec["lora"]["lora_alpha"], lora_dropout=0.0,
-                      target_modules=spec["lora"]["target_modules"], bias="none", task_type="CAUSAL_LM")
-    base32 = load_base(folder, torch.float32, arch)
-    torch.manual_seed(spec["lora_seed"])
-    pm = get_peft_model(base32, lcfg)
-    g = torch.Generator().manual_seed(spec["lora_seed"] + 1)
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if "lora_B" in n:
-                p.copy_(0.05 * torch.randn(p.shape, generator=g, dtype=torch.float32))
-    pm.save_pretrained(folder + "/peft_init")
-    # peft keeps target_modules as a set, so its order in adapter_config.json depends on the string hash
-    # seed; sort it for reproducible files. Drop the generated model card (not needed).
-    acfg_path = folder + "/peft_init/adapter_config.json"
-    acfg = json.load(open(acfg_path))
-    acfg["target_modules"] = sorted(acfg["target_modules"])
-    with open(acfg_path, "w") as f:
-        json.dump(acfg, f, indent=2, sort_keys=True)
-    if os.path.exists(folder + "/peft_init/README.md"):
-        os.remove(folder + "/peft_init/README.md")
+    pm, _ = peft_adapter(folder, spec, spec["lora_seed"])
+    save_adapter(pm, folder + "/peft_init")
     adapter = load_file(folder + "/peft_init/adapter_model.safetensors")
     assert all(v.dtype == torch.float32 for v in adapter.values())
     n_expect = spec["config"]["num_hidden_layers"] * len(spec["lora"]["target_modules"]) * 2
