@@ -46,7 +46,7 @@ CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_ARCHS) --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror $(if $(OPENMP),-Xcompiler -fopenmp)
 CUDA_LDLIBS = -lcublasLt -lcublas -lm
 CUDA_HEADERS = support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh lora.h support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
-CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw grad_norm elementwise lora)
+CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw sgd grad_norm elementwise lora)
 CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh
 
 # SANITIZE=1: the trainer and every test built with AddressSanitizer and
@@ -61,8 +61,8 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = support/utils.h support/json.h support/safetensors.h tokenizer.h lora.h model.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h
-TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay \
+HEADERS = support/utils.h support/optimizer.h support/json.h support/safetensors.h tokenizer.h lora.h quant.h model.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h
+TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay test/test_quant \
     test/test_emu_nccl
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over

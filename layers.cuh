@@ -375,3 +375,32 @@ inline void adamw_update(float *params, const float *grads, float *m, float *v, 
         params, grads, m, v, n, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, params_bf16);
     cudaLaunchCheck();
 }
+
+// ----------------------------------------------------------------------------
+// SGD as torch.optim.SGD with dampening 0: weight decay into the gradient, then
+// the momentum buffer (b = g at the first step, then b = momentum * b + g) and
+// the step along g + momentum * b (Nesterov) or b; without momentum no buffer
+
+__global__ void sgd_kernel(float *params, const float *grads, float *buf, size_t n, bool first, float lr,
+                           float momentum, bool nesterov, float wd, __nv_bfloat16 *params_bf16) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float p = params[i], g = grads[i] + wd * p;
+    if (buf) {
+        float b = buf[i] = first ? g : momentum * buf[i] + g;
+        g = nesterov ? g + momentum * b : b;
+    }
+    p -= lr * g;
+    params[i] = p;
+    if (params_bf16) params_bf16[i] = __float2bfloat16(p);
+}
+// One step over n fp32 parameters; buf, the fp32 momentum buffer, is NULL without
+// momentum; t is the step number, 1 for the first (the CPU's Optimizer.t after its
+// increment). params_bf16, when not NULL, receives the updated parameters rounded
+// to bf16, as adamw_update writes them.
+inline void sgd_update(float *params, const float *grads, float *buf, size_t n, int t, float lr, float momentum,
+                       int nesterov, float wd, __nv_bfloat16 *params_bf16, cudaStream_t stream) {
+    sgd_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
+        params, grads, buf, n, t == 1, lr, momentum, nesterov != 0, wd, params_bf16);
+    cudaLaunchCheck();
+}

@@ -76,3 +76,118 @@ void lora_backward(const LoRA *l, const T *w, float *g, int layer, int t, T *din
     lora_dropout(l, xdrop, inp, in, ch, dkey, stream);
     matmul_backward(NULL, lora_A(l, g, layer, t), dh, xdrop, NULL, N, in, r, 1.0f, stream);
 }
+
+// ----------------------------------------------------------------------------
+// DoRA (lora.h's top says the maths): the twins of dora_norm, dora_scale,
+// dora_magnitude_backward, dora_forward and dora_backward. The magnitudes are read
+// from (and their gradients written to) the fp32 buffers, params and g; the rest
+// of the adapter from w in the compute type, as LoRA's.
+
+constexpr int DORA_NORM_WARPS = 8; // rows per block
+// one warp per row o: norm[o] = ||W[o] + scale (B A)[o]||, each (B A)[o, i] summed over r in order
+template <typename T>
+__global__ void dora_norm_kernel(float *norm, const T *w, const T *A, const T *B, int O, int in, int r, float scale) {
+    int o = blockIdx.x * DORA_NORM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (o >= O) return;
+    float ss = 0.0f;
+    for (int i = lane; i < in; i += 32) {
+        float ba = 0.0f;
+        for (int k = 0; k < r; k++) ba += to_float(B[(size_t)o * r + k]) * to_float(A[(size_t)k * in + i]);
+        float v = to_float(w[(size_t)o * in + i]) + scale * ba;
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) norm[o] = sqrtf(ss);
+}
+// norm (out) of module t of a layer, base weight wb (out, in); the first time (mag_unset) m = norm
+template <typename T>
+void dora_norm(LoRA *l, const T *w, float *params, int layer, int t, float *norm, const T *wb, cudaStream_t stream) {
+    int O = l->out[t];
+    dora_norm_kernel<<<ceil_div(O, DORA_NORM_WARPS), DORA_NORM_WARPS * 32, 0, stream>>>(
+        norm, wb, lora_A(l, w, layer, t), lora_B(l, w, layer, t), O, l->in[t], l->r, l->scale);
+    cudaLaunchCheck();
+    if (l->mag_unset[layer * LORA_N_TARGETS + t]) {
+        cudaCheck(cudaMemcpyAsync(lora_mag(l, params, layer, t), norm, O * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+        l->mag_unset[layer * LORA_N_TARGETS + t] = 0;
+    }
+}
+
+template <typename T>
+__global__ void dora_scale_kernel(T *out, const T *inp, const float *mag, const float *norm, int N, int O, float shift,
+                                  int accumulate) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * O) return;
+    int o = (int)(i % O);
+    float v = (mag[o] / norm[o] + shift) * to_float(inp[i]);
+    out[i] = from_float<T>(accumulate ? to_float(out[i]) + v : v);
+}
+// out (N, O) = (accumulate ? out : 0) + (m / norm + shift) * inp (N, O), per column
+template <typename T>
+void dora_scale(T *out, const T *inp, const float *mag, const float *norm, int N, int O, float shift, int accumulate,
+                cudaStream_t stream) {
+    size_t n = (size_t)N * O;
+    dora_scale_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(out, inp, mag, norm, N, O,
+                                                                                           shift, accumulate);
+    cudaLaunchCheck();
+}
+
+// one thread per column o, its rows summed in order
+template <typename T>
+__global__ void dora_magnitude_backward_kernel(float *dmag, const T *dout, const T *pre, const float *norm, int N, int O) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= O) return;
+    float sum = 0.0f;
+    for (int n = 0; n < N; n++) sum += to_float(dout[(size_t)n * O + o]) * to_float(pre[(size_t)n * O + o]);
+    dmag[o] += sum / norm[o];
+}
+// dmag (O) += sum over rows of dout (N, O) * pre (N, O) / norm
+template <typename T>
+void dora_magnitude_backward(float *dmag, const T *dout, const T *pre, const float *norm, int N, int O, cudaStream_t stream) {
+    dora_magnitude_backward_kernel<<<ceil_div(O, 128), 128, 0, stream>>>(dmag, dout, pre, norm, N, O);
+    cudaLaunchCheck();
+}
+
+// out (N, O) holds W x: adds (s - 1) W xd + s scale B A xd. wb: W (O, in); h (N, r) kept
+// for the backward; xdrop (N, in) and pre (N, O) scratch
+template <typename T>
+void dora_forward(const LoRA *l, const T *w, float *params, int layer, int t, T *out, const T *inp, const T *wb,
+                  T *h, T *xdrop, T *pre, const float *norm, const Chunk *ch, uint64_t key, cudaStream_t stream) {
+    int in = l->in[t], O = l->out[t], N = ch->B * ch->len;
+    const T *x = inp;
+    const float *mag = lora_mag(l, params, layer, t);
+    if (l->training && l->dropout > 0.0f) { // peft recomputes the base product on the dropped input
+        lora_dropout(l, xdrop, inp, in, ch, lora_dropout_key(key, layer, t), stream);
+        x = xdrop;
+        matmul_forward(pre, x, wb, N, in, O, 1.0f, 0, stream);
+    } else cudaCheck(cudaMemcpyAsync(pre, out, (size_t)N * O * sizeof(T), cudaMemcpyDeviceToDevice, stream));
+    dora_scale(out, pre, mag, norm, N, O, -1.0f, 1, stream);
+    matmul_forward(h, x, lora_A(l, w, layer, t), N, in, l->r, 1.0f, 0, stream);
+    matmul_forward(pre, h, lora_B(l, w, layer, t), N, l->r, O, l->scale, 0, stream);
+    dora_scale(out, pre, mag, norm, N, O, 0.0f, 1, stream);
+}
+
+// given dout (N, O), with dinp (N, in) already holding dout W: g's dm, dA, dB and the rest
+// of dinp, dropout'((s - 1) dout W) and the LoRA path's for s dout
+template <typename T>
+void dora_backward(const LoRA *l, const T *w, float *params, float *g, int layer, int t, T *dinp, const T *dout,
+                   const T *inp, const T *wb, const T *h, T *dh, T *xdrop, T *pre, const float *norm, const Chunk *ch,
+                   uint64_t key, cudaStream_t stream) {
+    int in = l->in[t], O = l->out[t], N = ch->B * ch->len, dropping = l->dropout > 0.0f;
+    const T *x = inp;
+    const float *mag = lora_mag(l, params, layer, t);
+    uint64_t dkey = lora_dropout_key(key, layer, t);
+    // dm += sum dout (W xd + scale B A xd) / norm, the forward's products recomputed
+    if (dropping) { lora_dropout(l, xdrop, inp, in, ch, dkey, stream); x = xdrop; }
+    matmul_forward(pre, x, wb, N, in, O, 1.0f, 0, stream);
+    matmul_forward(pre, h, lora_B(l, w, layer, t), N, l->r, O, l->scale, 1, stream);
+    dora_magnitude_backward(lora_mag(l, g, layer, t), dout, pre, norm, N, O, stream);
+    // the base path's (s - 1) W xd: dinp += dropout'((s - 1) dout W)
+    dora_scale(pre, dout, mag, norm, N, O, -1.0f, 0, stream);
+    cudaCheck(cudaMemsetAsync(xdrop, 0, (size_t)N * in * sizeof(T), stream));
+    matmul_backward(xdrop, NULL, pre, NULL, wb, N, in, O, 1.0f, stream);
+    if (dropping) lora_dropout(l, xdrop, xdrop, in, ch, dkey, stream);
+    accumulate(dinp, xdrop, (size_t)N * in, stream);
+    // the LoRA path, s scale B A xd: LoRA's backward of s dout
+    dora_scale(pre, dout, mag, norm, N, O, 0.0f, 0, stream);
+    lora_backward(l, w, g, layer, t, dinp, pre, inp, h, dh, xdrop, ch, key, stream);
+}

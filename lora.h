@@ -3,6 +3,16 @@
 //   y = W x + scale * B (A dropout(x)),   A: (r, in), B: (out, r),
 //   scale = alpha / r   (alpha / sqrt(r) with use_rslora, as peft does)
 //
+// DoRA (use_dora, peft's DoraLinearLayer) adds a magnitude m (out) per module and
+// rescales each output of the adapted layer by s = m / ||W + scale B A||, the norm
+// over each row (the input dimension). As peft computes it:
+//
+//   y = W x + (s - 1) W xd + s scale B A xd,   xd = dropout(x)
+//
+// which is s (W x + scale B A x) without dropout. The norm counts as a constant
+// (peft detaches it, as the DoRA paper's section 4.3 says): no gradient flows
+// through it. m starts at the norm itself, so training starts at the base model.
+//
 // A starts kaiming-uniform with a = sqrt(5), i.e. uniform in +-1/sqrt(in), and
 // B at zero, so training starts exactly at the base model. All adapter tensors
 // live in one flat buffer (params, grads), so the optimizer, the gradient norm
@@ -32,6 +42,8 @@ typedef struct {
     int r;
     float alpha, dropout, scale;
     int use_rslora;
+    int use_dora;                   // each module also has a magnitude m (out) after its B
+    unsigned char *mag_unset;       // (n_layers, LORA_N_TARGETS) DoRA: m still to be set to the norm (dora_norm)
     int training;                   // dropout applies only while training (not in evaluation)
     unsigned targets;               // bit t set: module t is adapted
     int n_layers;
@@ -69,8 +81,8 @@ static int lora_parse_targets(const char *s, unsigned *mask) {
 
 // lays out the flat buffers for the given shapes; weights are left to the caller
 static void lora_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const int out[LORA_N_TARGETS],
-                       int r, float alpha, float dropout, int use_rslora, unsigned targets) {
-    l->r = r; l->alpha = alpha; l->dropout = dropout; l->use_rslora = use_rslora;
+                       int r, float alpha, float dropout, int use_rslora, int use_dora, unsigned targets) {
+    l->r = r; l->alpha = alpha; l->dropout = dropout; l->use_rslora = use_rslora; l->use_dora = use_dora;
     l->scale = use_rslora ? alpha / sqrtf((float)r) : alpha / (float)r;
     l->targets = targets; l->n_layers = n_layers; l->training = 1;
     l->offset = (size_t *)mallocCheck((size_t)n_layers * LORA_N_TARGETS * sizeof(size_t));
@@ -79,22 +91,34 @@ static void lora_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], cons
     for (int i = 0; i < n_layers; i++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             l->offset[i * LORA_N_TARGETS + t] = n;
-            if (targets & (1u << t)) n += (size_t)r * (in[t] + out[t]);
+            if (targets & (1u << t)) n += (size_t)r * (in[t] + out[t]) + (use_dora ? out[t] : 0);
         }
     l->num_params = n;
+    l->mag_unset = (unsigned char *)callocCheck((size_t)n_layers * LORA_N_TARGETS, 1);
     l->params = (float *)callocCheck(n, sizeof(float));
     l->grads = (float *)callocCheck(n, sizeof(float));
 }
 
-static void lora_free(LoRA *l) { free(l->offset); free(l->params); free(l->grads); }
+static void lora_free(LoRA *l) { free(l->offset); free(l->mag_unset); free(l->params); free(l->grads); }
 
 static inline float *lora_A(const LoRA *l, float *base, int layer, int t) { return base + l->offset[layer * LORA_N_TARGETS + t]; }
 static inline float *lora_B(const LoRA *l, float *base, int layer, int t) { return lora_A(l, base, layer, t) + (size_t)l->r * l->in[t]; }
+// DoRA's magnitude m (out), after B
+static inline float *lora_mag(const LoRA *l, float *base, int layer, int t) { return lora_B(l, base, layer, t) + (size_t)l->out[t] * l->r; }
+// DoRA: where module t of a layer keeps its row norms in a buffer of (n_layers, LORA_N_TARGETS, widest out)
+static inline size_t dora_norm_index(const LoRA *l, int layer, int t) {
+    int widest = 0;
+    for (int k = 0; k < LORA_N_TARGETS; k++) widest = l->out[k] > widest ? l->out[k] : widest;
+    return ((size_t)layer * LORA_N_TARGETS + t) * widest;
+}
 
-// peft's default init: A ~ kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0
+// peft's default init: A ~ kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)), B = 0.
+// DoRA's m is the norm of the weights' rows, which only the layer's forward sees whole
+// (sharded, they are gathered there): it is set there, the first time (mag_unset).
 static void lora_init(LoRA *l, uint64_t seed) {
     uint64_t state = splitmix64(seed ^ 0x4C6F5241ull);
     memset(l->params, 0, l->num_params * sizeof(float));
+    memset(l->mag_unset, l->use_dora, (size_t)l->n_layers * LORA_N_TARGETS);
     for (int i = 0; i < l->n_layers; i++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             if (!(l->targets & (1u << t))) continue;
@@ -181,14 +205,119 @@ static void lora_backward(LoRA *l, int layer, int t, float *dinp, const float *d
     matmul_backward(NULL, lora_A(l, l->grads, layer, t), dh, xdrop, NULL, N, in, r, 1.0f);
 }
 
+// DoRA's row norms: norm (out) = ||W + scale B A|| over each row of it, w (out, in) the
+// base weight. The first time (mag_unset), m = norm, as peft sets it when it adds the adapter.
+static void dora_norm(LoRA *l, int layer, int t, float *norm, const float *w) {
+    const float *A = lora_A(l, l->params, layer, t), *B = lora_B(l, l->params, layer, t);
+    int in = l->in[t], r = l->r;
+    #pragma omp parallel for
+    for (int o = 0; o < l->out[t]; o++) {
+        double sum = 0;
+        for (int i = 0; i < in; i++) {
+            float ba = 0.0f; // (B A)[o, i]
+            for (int k = 0; k < r; k++) ba += B[(size_t)o * r + k] * A[(size_t)k * in + i];
+            float v = w[(size_t)o * in + i] + l->scale * ba;
+            sum += (double)v * v;
+        }
+        norm[o] = (float)sqrt(sum);
+    }
+    if (l->mag_unset[layer * LORA_N_TARGETS + t]) {
+        memcpy(lora_mag(l, l->params, layer, t), norm, l->out[t] * sizeof(float));
+        l->mag_unset[layer * LORA_N_TARGETS + t] = 0;
+    }
+}
+
+// out (N, O) = (accumulate ? out : 0) + (m / norm + shift) * inp (N, O), per column:
+// with shift 0 the scale s of DoRA, with shift -1 the s - 1 of its base path
+static void dora_scale(float *out, const float *inp, const float *mag, const float *norm, int N, int O, float shift,
+                       int accumulate) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < O; o++) {
+            size_t i = (size_t)n * O + o;
+            out[i] = (accumulate ? out[i] : 0.0f) + (mag[o] / norm[o] + shift) * inp[i];
+        }
+}
+
+// dmag (O) += sum over rows of dout (N, O) * pre (N, O) / norm: the magnitude's gradient,
+// pre = W xd + scale B A xd being what s multiplies
+static void dora_magnitude_backward(float *dmag, const float *dout, const float *pre, const float *norm, int N, int O) {
+    #pragma omp parallel for
+    for (int o = 0; o < O; o++) {
+        float sum = 0.0f;
+        for (int n = 0; n < N; n++) sum += dout[(size_t)n * O + o] * pre[(size_t)n * O + o];
+        dmag[o] += sum / norm[o];
+    }
+}
+
+// out (N, O) holds W x: adds DoRA's (s - 1) W xd + s scale B A xd (see the top). w: W (O, in);
+// norm: the module's (dora_norm); h (N, r) kept for the backward; xdrop (N, in) and pre (N, O) scratch.
+static void dora_forward(const LoRA *l, int layer, int t, float *out, const float *inp, const float *w, float *h,
+                         float *xdrop, float *pre, const float *norm, const Chunk *ch, uint64_t key) {
+    int in = l->in[t], O = l->out[t], N = ch->B * ch->len;
+    const float *x = inp, *mag = lora_mag(l, l->params, layer, t);
+    if (l->training && l->dropout > 0.0f) { // peft recomputes the base product on the dropped input
+        lora_dropout(l, xdrop, inp, in, ch, lora_dropout_key(key, layer, t));
+        x = xdrop;
+        matmul_forward(pre, x, w, N, in, O, 1.0f, 0);
+    } else memcpy(pre, out, (size_t)N * O * sizeof(float));
+    dora_scale(out, pre, mag, norm, N, O, -1.0f, 1);
+    matmul_forward(h, x, lora_A(l, l->params, layer, t), N, in, l->r, 1.0f, 0);
+    matmul_forward(pre, h, lora_B(l, l->params, layer, t), N, l->r, O, l->scale, 0);
+    dora_scale(out, pre, mag, norm, N, O, 0.0f, 1);
+}
+
+// given dout (N, O), with dinp (N, in) already holding dout W (the base path): dm, dA, dB
+// and the rest of dinp: dropout'((s - 1) dout W) and the LoRA path's for s dout.
+// dh, xdrop, pre as scratch (dh (N, r), the others as in dora_forward).
+static void dora_backward(LoRA *l, int layer, int t, float *dinp, const float *dout, const float *inp, const float *w,
+                          const float *h, float *dh, float *xdrop, float *pre, const float *norm, const Chunk *ch,
+                          uint64_t key) {
+    int in = l->in[t], O = l->out[t], N = ch->B * ch->len, dropping = l->dropout > 0.0f;
+    const float *x = inp, *mag = lora_mag(l, l->params, layer, t);
+    uint64_t dkey = lora_dropout_key(key, layer, t);
+    // dm += sum dout (W xd + scale B A xd) / norm, the forward's products recomputed
+    if (dropping) { lora_dropout(l, xdrop, inp, in, ch, dkey); x = xdrop; }
+    matmul_forward(pre, x, w, N, in, O, 1.0f, 0);
+    matmul_forward(pre, h, lora_B(l, l->params, layer, t), N, l->r, O, l->scale, 1);
+    dora_magnitude_backward(lora_mag(l, l->grads, layer, t), dout, pre, norm, N, O);
+    // the base path's (s - 1) W xd: dinp += dropout'((s - 1) dout W)
+    dora_scale(pre, dout, mag, norm, N, O, -1.0f, 0);
+    memset(xdrop, 0, (size_t)N * in * sizeof(float));
+    matmul_backward(xdrop, NULL, pre, NULL, w, N, in, O, 1.0f);
+    if (dropping) lora_dropout(l, xdrop, xdrop, in, ch, dkey);
+    #pragma omp parallel for
+    for (size_t i = 0; i < (size_t)N * in; i++) dinp[i] += xdrop[i];
+    // the LoRA path, s scale B A xd: LoRA's backward of s dout
+    dora_scale(pre, dout, mag, norm, N, O, 0.0f, 0);
+    lora_backward(l, layer, t, dinp, pre, inp, h, dh, xdrop, ch, key);
+}
+
 #endif
 
 // ----------------------------------------------------------------------------
 // PEFT adapter files: adapter_model.safetensors + adapter_config.json
 
-static void lora_key(char *buf, size_t n, int layer, int t, char ab) {
-    snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, lora_target_parents[t],
-             lora_target_names[t], ab);
+// kind 'A', 'B' or 'M' (DoRA's magnitude, which peft names without ".weight")
+static void lora_key(char *buf, size_t n, int layer, int t, char kind) {
+    if (kind == 'M')
+        snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_magnitude_vector", layer, lora_target_parents[t],
+                 lora_target_names[t]);
+    else
+        snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, lora_target_parents[t],
+                 lora_target_names[t], kind);
+}
+
+// a module's tensors in the files: A (r, in), B (out, r) and with DoRA m (out); k = 0, 1, 2
+static const char lora_kinds[] = "ABM";
+static int lora_n_kinds(const LoRA *l) { return l->use_dora ? 3 : 2; }
+static float *lora_tensor(const LoRA *l, float *base, int layer, int t, int k) {
+    return k == 0 ? lora_A(l, base, layer, t) : k == 1 ? lora_B(l, base, layer, t) : lora_mag(l, base, layer, t);
+}
+static int lora_tensor_shape(int r, int in, int out, int k, int64_t shape[2]) {
+    shape[0] = k == 0 ? r : out;
+    shape[1] = k == 0 ? in : r;
+    return k == 2 ? 1 : 2;
 }
 
 static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model) {
@@ -197,19 +326,17 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
         return -1;
     }
     int n = 0;
-    StWriteTensor *ts = (StWriteTensor *)callocCheck((size_t)l->n_layers * LORA_N_TARGETS * 2, sizeof(StWriteTensor));
-    char (*names)[160] = (char (*)[160])mallocCheck((size_t)l->n_layers * LORA_N_TARGETS * 2 * 160);
+    StWriteTensor *ts = (StWriteTensor *)callocCheck((size_t)l->n_layers * LORA_N_TARGETS * 3, sizeof(StWriteTensor));
+    char (*names)[160] = (char (*)[160])mallocCheck((size_t)l->n_layers * LORA_N_TARGETS * 3 * 160);
     for (int i = 0; i < l->n_layers; i++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             if (!(l->targets & (1u << t))) continue;
-            for (int ab = 0; ab < 2; ab++) {
-                lora_key(names[n], 160, i, t, ab ? 'B' : 'A');
+            for (int k = 0; k < lora_n_kinds(l); k++) {
+                lora_key(names[n], 160, i, t, lora_kinds[k]);
                 ts[n].name = names[n];
                 ts[n].dtype = ST_F32;
-                ts[n].ndim = 2;
-                ts[n].shape[0] = ab ? l->out[t] : l->r;
-                ts[n].shape[1] = ab ? l->r : l->in[t];
-                ts[n].data = ab ? lora_B(l, l->params, i, t) : lora_A(l, l->params, i, t);
+                ts[n].ndim = lora_tensor_shape(l->r, l->in[t], l->out[t], k, ts[n].shape);
+                ts[n].data = lora_tensor(l, l->params, i, t, k);
                 n++;
             }
         }
@@ -234,9 +361,10 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
     snprintf(cfg, sizeof cfg,
              "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
              "  \"r\": %d,\n  \"lora_alpha\": %.9g,\n  \"lora_dropout\": %.9g,\n  \"target_modules\": [%s],\n"
-             "  \"bias\": \"none\",\n  \"use_rslora\": %s,\n  \"fan_in_fan_out\": false,\n  \"inference_mode\": true,\n"
-             "  \"init_lora_weights\": true,\n  \"modules_to_save\": null\n}\n",
-             base_json, l->r, l->alpha, l->dropout, targets, l->use_rslora ? "true" : "false");
+             "  \"bias\": \"none\",\n  \"use_rslora\": %s,\n  \"use_dora\": %s,\n  \"fan_in_fan_out\": false,\n"
+             "  \"inference_mode\": true,\n  \"init_lora_weights\": true,\n  \"modules_to_save\": null\n}\n",
+             base_json, l->r, l->alpha, l->dropout, targets, l->use_rslora ? "true" : "false",
+             l->use_dora ? "true" : "false");
     free(base_json);
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     return write_bytes_atomic(path, cfg, strlen(cfg));
@@ -255,7 +383,7 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
     const char *s;
     long long r = 0;
     double alpha = 0, dropout = 0;
-    int rslora = 0, b, found = 0, allocated = 0;
+    int rslora = 0, dora = 0, b, found = 0, allocated = 0;
     unsigned targets = 0;
     if (cfg.type != JSON_OBJECT) { fprintf(stderr, "error: %s: not a JSON object\n", path); goto done; }
     if (json_get_string(&cfg, "peft_type", &s, NULL) != 0 || strcmp(s, "LORA") != 0) {
@@ -270,7 +398,7 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
         fprintf(stderr, "error: %s: 'lora_dropout' must be a number in [0, 1)\n", path); goto done;
     }
     if (json_get_bool(&cfg, "use_rslora", &b) == 0) rslora = b;
-    if (json_get_bool(&cfg, "use_dora", &b) == 0 && b) { fprintf(stderr, "error: %s: DoRA adapters are not supported\n", path); goto done; }
+    if (json_get_bool(&cfg, "use_dora", &b) == 0) dora = b;
     if (json_get_bool(&cfg, "fan_in_fan_out", &b) == 0 && b) { fprintf(stderr, "error: %s: fan_in_fan_out adapters are not supported\n", path); goto done; }
     if (json_get_string(&cfg, "bias", &s, NULL) == 0 && strcmp(s, "none") != 0) { fprintf(stderr, "error: %s: bias \"%s\" is not supported (only \"none\")\n", path, s); goto done; }
     if ((v = json_get(&cfg, "modules_to_save")) && v->type != JSON_NULL && !(v->type == JSON_ARRAY && v->count == 0)) {
@@ -308,27 +436,28 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
                 found = -1;
                 break;
             }
-            lora_alloc(l, n_layers, in, out, (int)r, (float)alpha, (float)dropout, rslora, targets);
+            lora_alloc(l, n_layers, in, out, (int)r, (float)alpha, (float)dropout, rslora, dora, targets);
             allocated = 1;
         }
         for (int i = 0; i < n_layers && found >= 0; i++)
             for (int t = 0; t < LORA_N_TARGETS && found >= 0; t++) {
                 if (!(targets & (1u << t))) continue;
-                for (int ab = 0; ab < 2; ab++) {
-                    lora_key(key, sizeof key, i, t, ab ? 'B' : 'A');
+                for (int k = 0; k < (dora ? 3 : 2); k++) {
+                    lora_key(key, sizeof key, i, t, lora_kinds[k]);
                     const StTensor *st = st_find(&sf, key);
-                    int64_t d0 = ab ? out[t] : r, d1 = ab ? r : in[t];
+                    int64_t d[2];
+                    int ndim = lora_tensor_shape((int)r, in[t], out[t], k, d);
                     if (pass == 1) {
-                        float *dst = ab ? lora_B(l, l->params, i, t) : lora_A(l, l->params, i, t);
-                        if (st_read_f32(&sf, st, 0, st->numel, dst) != 0) { found = -1; break; }
+                        if (st_read_f32(&sf, st, 0, st->numel, lora_tensor(l, l->params, i, t, k)) != 0) { found = -1; break; }
                         continue;
                     }
                     if (!st) { fprintf(stderr, "error: %s: tensor '%s' is missing\n", path, key); found = -1; break; }
-                    if (st->ndim != 2 || st->shape[0] != d0 || st->shape[1] != d1) {
-                        char got[128];
+                    if (st->ndim != ndim || st->shape[0] != d[0] || (ndim == 2 && st->shape[1] != d[1])) {
+                        char got[128], want[128];
                         st_format_shape(st->shape, st->ndim, got, sizeof got);
-                        fprintf(stderr, "error: %s: tensor '%s' has shape %s, expected [%lld, %lld] from the model and "
-                                "adapter_config.json\n", path, key, got, (long long)d0, (long long)d1);
+                        st_format_shape(d, ndim, want, sizeof want);
+                        fprintf(stderr, "error: %s: tensor '%s' has shape %s, expected %s from the model and "
+                                "adapter_config.json\n", path, key, got, want);
                         found = -1; break;
                     }
                     found++;

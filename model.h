@@ -17,6 +17,7 @@
 #include "support/safetensors.h"
 #include "fsdp.h"
 #include "lora.h"
+#include "quant.h"
 #include "tokenizer.h" // model_save_hf names the tokenizer copy by its format
 #include "support/progress.h"
 
@@ -368,9 +369,18 @@ typedef struct {
                               // embedding and the first --freeze_layers layers; 0: every unit trains)
     int use_lora;
     LoRA lora;                // adapters: shapes, targets, dropout flag, params (and grads)
+    // QLoRA (--quantize): the decoder's linear weights kept in 4 bits (quant.h), quantized
+    // as they load; their place in params is never written (its pages take no memory)
+    int quant_type;           // QUANT_NONE, QUANT_NF4 or QUANT_FP4 (set before loading)
+    int double_quant;         // (set before loading) the absmax values in 8 bits too
+    QuantTensor *quant;       // (L, LORA_N_TARGETS) those weights; NULL when not quantized
+    uint8_t *quant_bytes;     // their codes and statistics, layer after layer (quant_layout)
+    size_t quant_nbytes;
 } HostModel;
 
 static void host_model_free(HostModel *h) {
+    free(h->quant);
+    free(h->quant_bytes);
     free(h->params);
     free(h->shards);
     fsdp_units_free(&h->units);
@@ -411,7 +421,76 @@ static size_t model_trainable_numel(const HostModel *h) {
 }
 
 // ----------------------------------------------------------------------------
+// QLoRA: which weights are kept in 4 bits, and where
+
+// tensor j of unit u, quantized, or NULL: the seven linear weights of a decoder layer
+static QuantTensor *model_quantized(const HostModel *m, int u, int j) {
+    static const int target[LAYER_TENSORS] = {-1, LORA_Q, LORA_K, LORA_V, LORA_O, -1, LORA_GATE, LORA_UP, LORA_DOWN};
+    if (!m->quant || u < 1 || u > m->config.n_layers || target[j] < 0) return NULL;
+    return &m->quant[(size_t)(u - 1) * LORA_N_TARGETS + target[j]];
+}
+
+// lays out m->quant for the model's shapes (with alloc, also their bytes) and sets
+// m->quant_nbytes: the 4-bit codes and statistics of every quantized weight
+static void model_quant_layout(HostModel *m, int alloc) {
+    const Config *c = &m->config;
+    int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
+    lora_shapes(c, in, out);
+    m->quant = (QuantTensor *)callocCheck((size_t)c->n_layers * LORA_N_TARGETS, sizeof(QuantTensor));
+    for (int pass = 0; pass < 1 + alloc; pass++) { // count, then (alloc) lay out in the bytes
+        size_t off = 0;
+        for (int i = 0; i < c->n_layers * LORA_N_TARGETS; i++) {
+            int t = i % LORA_N_TARGETS;
+            off += quant_layout(&m->quant[i], m->quant_type, m->double_quant, (size_t)out[t] * in[t],
+                                pass ? m->quant_bytes + off : NULL);
+        }
+        m->quant_nbytes = off;
+        if (alloc && !pass) m->quant_bytes = (uint8_t *)mallocCheck(off);
+    }
+}
+
+// the elements of a decoder layer's biggest weight
+static size_t model_layer_widest(const HostModel *m) {
+    const FsdpUnit *u = &m->units.units[fsdp_layer_unit(0)];
+    size_t n = 0;
+    for (int j = 0; j < u->n_tensors; j++) n = u->tensors[j].numel > n ? u->tensors[j].numel : n;
+    return n;
+}
+
+// the scratch a backend dequantizes a layer into: the layer unit whole (fp32), and
+// the absmax values of its biggest weight
+static size_t model_quant_scratch_bytes(const HostModel *m) {
+    size_t blocks = (model_layer_widest(m) + QUANT_BLOCK - 1) / QUANT_BLOCK;
+    return (m->units.units[fsdp_layer_unit(0)].numel + blocks) * sizeof(float);
+}
+
+// the base weights' bytes in host memory: fp32, or with QLoRA the rest in fp32 plus
+// the 4-bit codes and statistics and the dequantize scratch
+static inline size_t model_weight_bytes(const HostModel *m, size_t numel) {
+    if (!m->quant) return numel * sizeof(float);
+    size_t packed = 0;
+    for (int i = 0; i < m->config.n_layers * LORA_N_TARGETS; i++) packed += m->quant[i].numel;
+    return (numel - packed) * sizeof(float) + m->quant_nbytes + model_quant_scratch_bytes(m);
+}
+
+// ----------------------------------------------------------------------------
 // loading a Hugging Face checkpoint
+
+// A checkpoint that bitsandbytes already quantized (transformers' save_pretrained of
+// a 4-bit model: uint8 weights with .absmax, .quant_map, .quant_state... beside them)
+// is refused by the name of such a tensor. 0 ok, -1 with a message.
+static int model_check_not_prequantized(const StModel *sm) {
+    static const char *marks[] = {".absmax", ".quant_map", ".quant_state.", ".nested_absmax", ".nested_quant_map"};
+    for (int i = 0; i < sm->n_entries; i++)
+        for (size_t k = 0; k < sizeof marks / sizeof marks[0]; k++)
+            if (strstr(sm->entries[i].name, marks[k])) {
+                fprintf(stderr, "error: %s: tensor '%s' is bitsandbytes' quantization state: checkpoints saved "
+                        "already quantized are not read; give the original checkpoint (F32, BF16 or F16) and "
+                        "--quantize nf4 to quantize it as it loads\n", sm->dir, sm->entries[i].name);
+                return -1;
+            }
+    return 0;
+}
 
 // config.json, and the checkpoint's tensors opened and checked against the
 // model's units (sharded n ways): every tensor present with its shape and a
@@ -422,28 +501,40 @@ static int model_open(HostModel *m, const char *dir, StModel *sm, int n_shards) 
     model_units(&m->config, &m->units, n_shards);
     m->num_params = m->units.numel;
     if (st_model_open(sm, dir) != 0) return -1;
-    if (fsdp_check_model(&m->units, sm) == 0) return 0;
+    if (model_check_not_prequantized(sm) == 0 && fsdp_check_model(&m->units, sm) == 0) return 0;
     st_model_close(sm);
     return -1;
 }
 
 // every tensor of the whole model into m->params (allocated here, in the layout
 // of ParameterTensors), tensor by tensor through read (fsdp.h's FsdpReadFn: the
-// checkpoint's bytes, or random weights), with a progress bar saying what
+// checkpoint's bytes, or random weights), with a progress bar saying what. With
+// m->quant_type the decoder's linear weights are read one at a time into a scratch
+// and quantized from there into m->quant (their place in params stays untouched).
 static int model_fill(HostModel *m, const char *what, FsdpReadFn read, void *ctx) {
     const Config *c = &m->config;
     m->params = (float *)mallocCheck(m->num_params * sizeof(float));
     param_layout(c, &m->w, m->params);
+    float *scratch = NULL, *absmax = NULL;
+    if (m->quant_type != QUANT_NONE) {
+        model_quant_layout(m, 1);
+        size_t widest = model_layer_widest(m);
+        scratch = (float *)mallocCheck(widest * sizeof(float));
+        absmax = (float *)mallocCheck((widest + QUANT_BLOCK - 1) / QUANT_BLOCK * sizeof(float));
+    }
     Progress bar = progress_begin(stderr, what, m->num_params / 1e6, "M params");
     double done = 0; // parameters filled so far
     int rc = 0;
     for (int i = 0; i < m->units.n_units && rc == 0; i++)
         for (int j = 0; j < m->units.units[i].n_tensors && rc == 0; j++) {
-            size_t n = m->units.units[i].tensors[j].numel;
-            rc = read(ctx, i, j, 0, n, m->params + model_tensor_offset(c, i, j));
-            progress_update(&bar, (done += (double)n) / 1e6);
+            const FsdpTensor *t = &m->units.units[i].tensors[j];
+            QuantTensor *q = model_quantized(m, i, j);
+            rc = read(ctx, i, j, 0, t->numel, q ? scratch : m->params + model_tensor_offset(c, i, j));
+            if (rc == 0 && q) rc = quant_tensor(q, scratch, absmax, t->name);
+            progress_update(&bar, (done += (double)t->numel) / 1e6);
         }
     if (rc == 0) progress_end(&bar, m->num_params / 1e6);
+    free(scratch), free(absmax);
     return rc;
 }
 
@@ -527,7 +618,10 @@ static int model_shape(HostModel *m, const char *dir, int n, int whole) {
 static int model_init_random(HostModel *m, const char *dir, uint64_t seed, int rank, int n, int draw) {
     if (model_shape(m, dir, n, 0) != 0) return -1;
     RandomWeights r = {&m->units, seed, m->config.init_std};
-    if (!draw) return 0;
+    if (!draw) {
+        if (m->quant_type != QUANT_NONE) model_quant_layout(m, 0); // the plan's bytes
+        return 0;
+    }
     return n > 1 ? fsdp_read_shard(&m->units, rank, m->shards, random_tensor, &r) : model_fill(m, "drawing random weights", random_tensor, &r);
 }
 
@@ -597,6 +691,7 @@ static int model_save_hf(const HostModel *m, const char *dir, const char *model_
 // base + LoRA as one Hugging Face model: W += scale * B @ A in every adapted
 // layer, on the host (it runs once, after training). Each element sums its r
 // products in order from zero and is then added to W, as the CPU matmul does.
+// DoRA then rescales each row of it to its magnitude, as peft's merge does.
 static int model_save_merged(HostModel *m, const char *dir, const char *model_dir, const char *tokpath) {
     Config *c = &m->config;
     LoRA *l = &m->lora;
@@ -624,7 +719,14 @@ static int model_save_merged(HostModel *m, const char *dir, const char *model_di
                         const float *Aj = A + (size_t)j * in;
                         for (int k = 0; k < in; k++) acc[k] += b * Aj[k];
                     }
-                    for (int k = 0; k < in; k++) W[(size_t)o * in + k] += acc[k];
+                    float *row = W + (size_t)o * in;
+                    for (int k = 0; k < in; k++) row[k] += acc[k];
+                    if (l->use_dora) { // as peft's merge: the row rescaled by m / ||W + scale B A||
+                        double ss = 0;
+                        for (int k = 0; k < in; k++) ss += (double)row[k] * row[k];
+                        float f = lora_mag(l, l->params, i, t)[o] / (float)sqrt(ss);
+                        for (int k = 0; k < in; k++) row[k] *= f;
+                    }
                 }
                 free(acc);
             }

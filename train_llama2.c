@@ -11,7 +11,7 @@ which dominates long sequences (both are checked against plain definitions:
 test/test_llama2.c, test/test_attention.c).
 
 This file is the CPU backend: the layers, the Model with its forward and
-backward, AdamW, and the few functions trainer.h's contract asks for. The
+backward, AdamW and SGD, and the few functions trainer.h's contract asks for. The
 host side (options, loading and saving, the training loop, checkpoints, main's
 default run) is trainer.h and model.h, shared with train_llama2.cu.
 
@@ -162,6 +162,7 @@ static void matmul_backward(float *dinp, float *dweight, const float *dout, cons
 
 #include "lora.h"
 #include "model.h"
+#include "support/optimizer.h"
 
 // ----------------------------------------------------------------------------
 // activations, run chunk by chunk (DESIGN section 4)
@@ -212,6 +213,8 @@ typedef struct {
     float *dgate, *dup, *dhmlp;  // (B, C, H)
     float *lora_dh;    // (B, C, r)
     float *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch
+    float *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA scratch
+    float *dora_norm;  // (L, 7, widest out) DoRA's row norms, set by each forward's first chunk
 } Activations;
 
 // the CPU backend's model (trainer.h lists what every backend's Model holds)
@@ -228,6 +231,9 @@ typedef struct {
     float *unit_grad[2];      // full fine-tuning, sharded: a unit's gradient whole (the embedding's,
     int grad_open[2];         // the others'), and the unit it is open for (-1: none)
     float *grad_part;         // a unit's gradient reduced to this rank's shard
+    float *deq;               // QLoRA: a decoder layer's unit whole, its 4-bit weights dequantized
+    float *deq_absmax;        // (the absmax values of one weight, double quantization)
+    int deq_unit;             // the unit deq holds (-1: none)
     Activations a;
     int B, T;                 // activation capacity
     int chunk_size;           // C (== T: whole sequence)
@@ -237,7 +243,8 @@ typedef struct {
     int fp32;                 // --precision fp32: the only one the CPU runs
     int dry_run;              // --dry_run: the CPU allocates as usual (pages never touched take no memory)
     const char *collectives;  // --collectives: host, always (the contract's; nothing to choose here)
-    size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and moments
+    OptimizerSettings optimizer; // set by the trainer before model_alloc (the Optimizer's; its state counts here)
+    size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and optimizer state
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
     float *rope_cos, *rope_sin; // (T, hd/2)
     uint64_t dropout_key;     // set per micro-batch by the training loop
@@ -647,8 +654,26 @@ static void units_reshard(Model *m) {
     for (int s = 0; s < m->n_slots; s++) m->slot_unit[s] = -1;
 }
 
+// QLoRA: decoder layer unit u's parameters whole, its 4-bit weights dequantized
+// (as bitsandbytes' dequantize_4bit) and its norms copied, into the scratch before
+// its products, unless the scratch holds them already (they are frozen)
+static float *unit_dequant(Model *m, int u) {
+    if (m->deq_unit != u) {
+        const FsdpUnit *un = &m->host.units.units[u];
+        for (int j = 0; j < un->n_tensors; j++) {
+            float *dst = m->deq + un->tensors[j].offset;
+            const QuantTensor *q = model_quantized(&m->host, u, j);
+            if (q) dequant_tensor(q, dst, m->deq_absmax);
+            else memcpy(dst, m->host.params + model_tensor_offset(&m->host.config, u, j), un->tensors[j].numel * sizeof(float));
+        }
+        m->deq_unit = u;
+    }
+    return m->deq;
+}
+
 // tensor j of unit u (fsdp_units_llama's order), where the forward reads it
 static float *param_at(Model *m, int u, int j) {
+    if (m->deq && u >= 1 && u <= m->host.config.n_layers) return unit_dequant(m, u) + m->host.units.units[u].tensors[j].offset;
     if (!m->sharded) return m->host.params + model_tensor_offset(&m->host.config, u, j);
     return unit_gather(m, u) + m->host.units.units[u].tensors[j].offset;
 }
@@ -801,6 +826,9 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     a->dhmlp = (float *)alloc_counted(N * H * sizeof(float), &m->act_bytes, alloc);
     a->lora_dh = (float *)alloc_counted(N * r * sizeof(float), &m->act_bytes, alloc);
     a->xdrop = (float *)alloc_counted(N * widest * sizeof(float), &m->act_bytes, alloc);
+    int dora = m->host.use_lora && m->host.lora.use_dora;
+    a->dora_pre = (float *)alloc_counted(dora ? N * widest * sizeof(float) : 0, &m->act_bytes, alloc);
+    a->dora_norm = (float *)alloc_counted(dora ? dora_norm_index(&m->host.lora, (int)L, 0) * sizeof(float) : 0, &m->act_bytes, alloc);
     // gemm's packing scratch, allocated at its first use, as big as the biggest product needs:
     // a layer's (rows x widest, widest x widest: the weight gradients) or the head's (a
     // piece of a row x V forward, V x D for its weight gradient)
@@ -816,8 +844,8 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
         rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq);
         free(inv_freq);
     }
-    // fp32 weights; the trainable ones have a gradient and two moments (optimizer_init), and
-    // LoRA's live apart from the base weights
+    // fp32 weights; the trainable ones have a gradient and the optimizer's state (optimizer_init),
+    // and LoRA's live apart from the base weights
     m->weight_bytes = m->param_bytes = 0;
     m->sharded = m->host.shards != NULL;
     size_t n = m->host.use_lora ? m->host.lora.num_params : model_trainable_numel(&m->host);
@@ -826,8 +854,13 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
         m->grads = (float *)callocCheck(n, sizeof(float));
         if (!m->host.frozen_units) param_layout(c, &m->g, m->grads);
     }
-    m->weight_bytes += (m->sharded ? m->host.units.shard_numel : m->host.num_params) * sizeof(float);
-    m->param_bytes += n * sizeof(float) * (m->host.use_lora ? 4 : 3);
+    m->weight_bytes += m->sharded ? m->host.units.shard_numel * sizeof(float) : model_weight_bytes(&m->host, m->host.num_params);
+    if (m->host.quant) { // (model_weight_bytes counted them)
+        m->deq = (float *)mallocCheck(m->host.units.units[fsdp_layer_unit(0)].numel * sizeof(float));
+        m->deq_absmax = (float *)mallocCheck((model_layer_widest(&m->host) + QUANT_BLOCK - 1) / QUANT_BLOCK * sizeof(float));
+        m->deq_unit = -1;
+    }
+    m->param_bytes += n * sizeof(float) * ((m->host.use_lora ? 2 : 1) + optimizer_n_states(&m->optimizer));
 }
 
 // the memory plan's bytes for this capacity (weight_bytes .. carry_bytes), allocating nothing
@@ -844,7 +877,9 @@ static void model_free(Model *m) {
     Activations *a = &m->a;
     void *bufs[] = {a->chunk ? a->chunk[0].resid : NULL, a->chunk, a->k, a->v, a->dk, a->dv, a->tokens, a->lnf, a->rstdf, a->logits,
                     a->kv, a->dresid, a->dln, a->dq, a->datty, a->dgate, a->dup, a->dhmlp, a->lora_dh, a->xdrop,
-                    m->rope_cos, m->rope_sin, m->grads, m->unit_grad[0], m->unit_grad[1], m->grad_part, m->slot_unit};
+                    a->dora_pre, a->dora_norm,
+                    m->rope_cos, m->rope_sin, m->grads, m->unit_grad[0], m->unit_grad[1], m->grad_part, m->slot_unit,
+                    m->deq, m->deq_absmax};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     for (int s = 0; m->slot && s < m->n_slots; s++) free(m->slot[s]);
     free(m->slot);
@@ -892,10 +927,14 @@ static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, 
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
-    if (m->host.use_lora && (l->targets & (1u << t))) {
-        Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_forward(l, layer, t, out, inp, lora_h + (size_t)t * N * l->r, m->a.xdrop, &dc, m->dropout_key);
-    }
+    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    float *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
+        float *norm = m->a.dora_norm + dora_norm_index(l, layer, t);
+        if (ch->t0 == 0) dora_norm(l, layer, t, norm, w);
+        dora_forward(l, layer, t, out, inp, w, h, m->a.xdrop, m->a.dora_pre, norm, &dc, m->dropout_key);
+    } else lora_forward(l, layer, t, out, inp, h, m->a.xdrop, &dc, m->dropout_key);
 }
 // dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
 static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int layer, int t, float *dinp, float *dw,
@@ -904,11 +943,13 @@ static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int 
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
-    if (m->host.use_lora && (l->targets & (1u << t))) {
-        Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_backward(l, layer, t, dinp, dout, inp, lora_h + (size_t)t * N * l->r, m->a.lora_dh, m->a.xdrop, &dc,
-                      m->dropout_key);
-    }
+    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    const float *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora)
+        dora_backward(l, layer, t, dinp, dout, inp, w, h, m->a.lora_dh, m->a.xdrop, m->a.dora_pre,
+                      m->a.dora_norm + dora_norm_index(l, layer, t), &dc, m->dropout_key);
+    else lora_backward(l, layer, t, dinp, dout, inp, h, m->a.lora_dh, m->a.xdrop, &dc, m->dropout_key);
 }
 
 // the chunk's tokens (B, len) out of the batch's (B, T)
@@ -1132,7 +1173,8 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 }
 
 // ----------------------------------------------------------------------------
-// optimizer: AdamW as torch.optim.AdamW, clipping as torch.nn.utils.clip_grad_norm_
+// optimizer: AdamW as torch.optim.AdamW, SGD as torch.optim.SGD, clipping as
+// torch.nn.utils.clip_grad_norm_
 
 typedef struct {
     float *run[NUM_PARAM_TENSORS]; // the trainable parameters: runs of memory, n_runs of them, run_n[k]
@@ -1140,28 +1182,42 @@ typedef struct {
     int n_runs;
     float *grads;           // (n) their gradients, the runs one after another
     size_t n;
-    float *m, *v;           // AdamW moments
+    OptimizerSettings s;
+    float *state[OPTIMIZER_MAX_STATES]; // (n) each: AdamW's moments m, v; SGD's momentum buffer (with momentum)
     int t;                  // optimizer steps taken
     FsdpComm *grad_sum;     // the ranks whose gradients of these parameters are summed before the step
     FsdpComm *norm_sum;     // the ranks whose squared norms make up the global norm (NULL: this rank's is)
 } Optimizer;
 
+// one AdamW step (the t-th) on n parameters p with gradients g and moments m, v:
 // p -= lr * wd * p; then the bias-corrected Adam step (torch's decoupled weight decay)
-static void adamw_update(Optimizer *o, float lr, float beta1, float beta2, float eps, float wd) {
-    o->t++;
-    double bc1 = 1.0 - pow(beta1, o->t), bc2 = 1.0 - pow(beta2, o->t);
+static void adamw_update(float *p, const float *g, float *m, float *v, size_t n, int t, float lr, float beta1,
+                         float beta2, float eps, float wd) {
+    double bc1 = 1.0 - pow(beta1, t), bc2 = 1.0 - pow(beta2, t);
     float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    size_t off = 0; // the run's first element in grads, m, v
-    for (int r = 0; r < o->n_runs; off += o->run_n[r++]) {
-        float *p = o->run[r], *gr = o->grads + off, *m = o->m + off, *v = o->v + off;
-        #pragma omp parallel for
-        for (size_t i = 0; i < o->run_n[r]; i++) {
-            float g = gr[i];
-            float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-            float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-            p[i] *= 1.0f - lr * wd;
-            p[i] -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
+        float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
+        p[i] *= 1.0f - lr * wd;
+        p[i] -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    }
+}
+
+// one step of torch.optim.SGD with dampening 0 on n parameters p with gradients g:
+// g += wd * p (weight decay into the gradient); with momentum the buffer b = g at the
+// first step, then b = momentum * b + g, and the step takes g + momentum * b (Nesterov)
+// or b; p -= lr * g. Without momentum there is no buffer (buf NULL).
+static void sgd_update(float *p, const float *g, float *buf, size_t n, int first, float lr, float momentum, int nesterov,
+                       float wd) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] + wd * p[i];
+        if (buf) {
+            float b = buf[i] = first ? gi : momentum * buf[i] + gi;
+            gi = nesterov ? gi + momentum * b : b;
         }
+        p[i] -= lr * gi;
     }
 }
 
@@ -1182,9 +1238,10 @@ static void clip_grads(float *g, size_t n, double norm, float max_norm) {
 }
 
 // The trainable parameters: LoRA's (every rank holds them whole), or every base
-// weight of the units that train, whole or this rank's shard. Replicated parameters
-// sum their gradients over every rank; shards over the ranks that hold the same shard
-// (the replica group), and their norm over the shard group.
+// weight of the units that train, whole or this rank's shard, with the optimizer's state
+// for them (so a shard's state is the shard's only). Replicated parameters sum their
+// gradients over every rank; shards over the ranks that hold the same shard (the replica
+// group), and their norm over the shard group.
 static void optimizer_init(Optimizer *o, Model *m) {
     memset(o, 0, sizeof *o);
     HostModel *h = &m->host;
@@ -1198,32 +1255,41 @@ static void optimizer_init(Optimizer *o, Model *m) {
     }
     o->grads = h->use_lora ? h->lora.grads : m->grads;
     for (int r = 0; r < o->n_runs; r++) o->n += o->run_n[r];
-    o->m = (float *)callocCheck(o->n, sizeof(float));
-    o->v = (float *)callocCheck(o->n, sizeof(float));
+    o->s = m->optimizer;
+    for (int i = 0; i < optimizer_n_states(&o->s); i++) o->state[i] = (float *)callocCheck(o->n, sizeof(float));
     if (m->fsdp) {
         o->grad_sum = shard ? &m->fsdp->replica : &m->fsdp->world;
         o->norm_sum = shard ? &m->fsdp->shard : NULL;
     }
 }
 
-static void optimizer_free(Optimizer *o) { free(o->m); free(o->v); memset(o, 0, sizeof *o); }
+static void optimizer_free(Optimizer *o) {
+    for (int i = 0; i < OPTIMIZER_MAX_STATES; i++) free(o->state[i]);
+    memset(o, 0, sizeof *o);
+}
 
 static void optimizer_zero_grad(Optimizer *o) { memset(o->grads, 0, o->n * sizeof(float)); }
 
-// the global gradient norm (returned, before clipping); if update and the norm is finite, clipping, then AdamW
-static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay,
-                             float grad_clip, int update) {
+// the global gradient norm (returned, before clipping); if update and the norm is finite, clipping, then the step
+static double optimizer_step(Optimizer *o, float lr, int update) {
+    const OptimizerSettings *s = &o->s;
     if (o->grad_sum) fsdp_all_reduce(o->grad_sum, o->grads, o->n, FSDP_F32);
     double sumsq = grad_sumsq(o->grads, o->n);
     if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
     double norm = sqrt(sumsq); // the same on every rank
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
-    clip_grads(o->grads, o->n, norm, grad_clip);
-    adamw_update(o, lr, beta1, beta2, eps, weight_decay);
+    clip_grads(o->grads, o->n, norm, s->grad_clip);
+    o->t++;
+    size_t off = 0; // the run's first element in grads and the state
+    for (int r = 0; r < o->n_runs; off += o->run_n[r++]) {
+        float *p = o->run[r], *g = o->grads + off, *s0 = o->state[0] ? o->state[0] + off : NULL;
+        if (s->kind == OPTIMIZER_SGD) sgd_update(p, g, s0, o->run_n[r], o->t == 1, lr, s->momentum, s->nesterov, s->weight_decay);
+        else adamw_update(p, g, s0, o->state[1] + off, o->run_n[r], o->t, lr, s->beta1, s->beta2, s->eps, s->weight_decay);
+    }
     return norm;
 }
 
-// the weights and moments live in host memory already
+// the weights and the optimizer state live in host memory already
 static void model_sync_host(Model *m, Optimizer *o) { (void)m; (void)o; }
 static void optimizer_sync_device(Optimizer *o) { (void)o; }
 

@@ -6,8 +6,9 @@ structure and the names of train_llama2.c's CPU backend, which judges it
 Precision (DESIGN section 6). --precision bf16, the default, stores the base
 weights and the activations in bf16; cuBLASLt accumulates in fp32; RMSNorm
 statistics, softmax, the log-sum-exp, the logits and the loss are fp32; the
-trainable parameters keep fp32 masters, fp32 gradients and fp32 AdamW moments,
-and AdamW writes the bf16 copy the matmuls read. --precision fp32 runs every
+trainable parameters keep fp32 masters, fp32 gradients and the optimizer's fp32
+state (AdamW's moments, SGD's momentum buffer), and the optimizer's update
+writes the bf16 copy the matmuls read. --precision fp32 runs every
 tensor in fp32 (true fp32, no TF32), to compare with the CPU twin tightly.
 The compute type is a template parameter, floatX (float or bf16), of every
 function below; the Model holds the buffers of one of them, and the backend's
@@ -28,7 +29,7 @@ communicators, which sum in rank order as on the CPU (ranks sharing a GPU, a
 build without NCCL, the emulated build). With a shard group of more than one rank the base weights are
 this rank's shard of every unit (bf16 or fp32, as the compute type), gathered
 whole into a slot when a forward or backward needs the unit; full fine-tuning
-keeps fp32 masters, gradients and AdamW moments for the shard only, and
+keeps fp32 masters, gradients and optimizer state for the shard only, and
 reduce-scatters each unit's gradient after its backward. LoRA's gradients are
 all-reduced over every rank, a shard's over its replica group, and the
 gradient norm's sum of squares over the shard group. The collectives run on
@@ -41,6 +42,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 */
 #define FSDP_DEVICE 1 // fsdp.h's backends for device buffers: staged, and NCCL with -DFSDP_NCCL
 #include "model.h"
+#include "support/optimizer.h"
 #include "support/cuda_common.cuh"
 #include "support/matmul.cuh"
 #include "layers.cuh"
@@ -96,9 +98,9 @@ template <typename floatX> struct ChunkActs {
 template <typename floatX> struct Buffers {
     floatX *weights;    // base weights: whole (num_params, param_layout's order) or this rank's
                         // shard of them (units.shard_numel, fsdp.h's layout); frozen (LoRA), or
-                        // the trainable ones (the fp32 masters themselves, or AdamW's bf16 copy)
+                        // the trainable ones (the fp32 masters themselves, or the optimizer's bf16 copy)
     floatX **slot;      // (n_slots) sharded: units gathered whole, each as big as the biggest it holds
-    floatX *lora_w;     // (LoRA num_params) A and B for the matmuls (the masters, or AdamW's bf16 copy)
+    floatX *lora_w;     // (LoRA num_params) A and B for the matmuls (the masters, or the optimizer's bf16 copy)
     ChunkActs<floatX> *chunk; // (n_slots) one per chunk in keep mode, one in all in recompute mode
                         // (with activation checkpointing they share all but their resid)
     floatX *k, *v;      // (L, B, T, NKV*hd) the KV carry (keys after RoPE)
@@ -113,6 +115,7 @@ template <typename floatX> struct Buffers {
     floatX *dgate, *dup, *dhmlp; // (B, C, H)
     floatX *lora_dh;    // (B, C, r)
     floatX *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch
+    floatX *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA scratch
 };
 
 // the CUDA backend's model (trainer.h lists what every backend's Model holds)
@@ -126,7 +129,9 @@ typedef struct {
     float *params, *grads;    // (n_train) masters and gradients
     int n_runs;               // full fine-tuning: where the masters' runs lie in the base weights (host
     size_t run_first[NUM_PARAM_TENSORS], run_n[NUM_PARAM_TENSORS]; // and d.weights): model_trainable_runs
-    float *adam_m, *adam_v;   // (n_train) AdamW moments (the Optimizer's; here so the fit check counts them)
+    OptimizerSettings optimizer; // set by the trainer before model_alloc
+    float *opt_state[OPTIMIZER_MAX_STATES]; // (n_train) each, optimizer_n_states of them: AdamW's moments, SGD's
+                              // momentum buffer (the Optimizer's; here so the fit check counts them)
     size_t n_train;
     bf16 *params_bf16;        // bf16: the copy of params the matmuls read (in b16.weights or b16.lora_w)
     // sharded (host.shards): the units in the slots, and full fine-tuning's gradients of a unit
@@ -145,6 +150,7 @@ typedef struct {
     // fp32 in either precision
     float *rope_cos, *rope_sin; // (T, hd/2)
     float *rstdf;             // (B, C) the final norm's statistics
+    float *dora_norm;         // (L, 7, widest out) DoRA's row norms, set by each forward's first chunk
     float *logits;            // (ceil(B * C / num_output_chunks), V) one piece of a chunk's rows at a time
     float *losses;            // (B, T) each position's cross-entropy (0 without a target)
     double *loss_sum;         // the micro-batch's summed loss
@@ -225,7 +231,7 @@ template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C,
 }
 
 // Lays out every device buffer in four allocations: w the base weights, p the
-// trainable parameters (masters, gradients, moments, bf16 copy), a the
+// trainable parameters (masters, gradients, optimizer state, bf16 copy), a the
 // activations and scratch, k the KV and dKV carries. Called once to count, once to place.
 template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k) {
     const HostModel *h = &m->host;
@@ -239,8 +245,7 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     // trainable: fp32 masters and gradients; in bf16 the matmuls read a bf16 copy
     p->place(m->params, m->n_train);
     p->place(m->grads, m->n_train);
-    p->place(m->adam_m, m->n_train);
-    p->place(m->adam_v, m->n_train);
+    for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) p->place(m->opt_state[i], m->n_train);
     bool all_train = h->full_finetune && !h->frozen_units; // then the weights are the masters or their copy
     if (!fp32 && (all_train || h->use_lora)) p->place(m->params_bf16, m->n_train);
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
@@ -262,6 +267,8 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     a->place(d.dq, N * Q); a->place(d.datty, N * Q);
     a->place(d.dgate, N * H); a->place(d.dup, N * H); a->place(d.dhmlp, N * H);
     a->place(d.lora_dh, N * r); a->place(d.xdrop, h->use_lora ? N * widest : 0);
+    bool dora = h->use_lora && h->lora.use_dora;
+    a->place(d.dora_pre, dora ? N * widest : 0); a->place(m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
     a->place(m->rstdf, N); a->place(m->logits, piece * V);
     a->place(m->losses, (size_t)m->B * m->T); a->place(m->loss_sum, 1); a->place(m->grad_norm, 1);
     a->place(m->tokens, (size_t)m->B * m->T); a->place(m->targets, (size_t)m->B * m->T); a->place(m->chunk_tokens, N);
@@ -484,8 +491,8 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         if (h->use_lora) upload(m->params, h->lora.params, m->n_train, st);
         else masters_upload(m);
         cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
-        cudaCheck(cudaMemsetAsync(m->adam_m, 0, m->n_train * sizeof(float), st));
-        cudaCheck(cudaMemsetAsync(m->adam_v, 0, m->n_train * sizeof(float), st));
+        for (int i = 0; i < optimizer_n_states(&m->optimizer); i++)
+            cudaCheck(cudaMemsetAsync(m->opt_state[i], 0, m->n_train * sizeof(float), st));
         if (h->full_finetune && h->frozen_units) upload(d.weights, base, n_base, st);
         else if (h->full_finetune) {
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
@@ -646,11 +653,15 @@ void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t,
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0, m->stream);
-    if (m->host.use_lora && (l->targets & (1u << t))) {
-        Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_forward(l, d.lora_w, layer, t, out, inp, lora_h + (size_t)t * N * l->r, d.xdrop, &dc, m->dropout_key,
-                     m->stream);
-    }
+    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    floatX *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
+        float *norm = m->dora_norm + dora_norm_index(l, layer, t);
+        if (ch->t0 == 0) dora_norm(l, (const floatX *)d.lora_w, m->params, layer, t, norm, w, m->stream);
+        dora_forward(l, (const floatX *)d.lora_w, m->params, layer, t, out, inp, w, h, d.xdrop, d.dora_pre, norm, &dc,
+                     m->dropout_key, m->stream);
+    } else lora_forward(l, d.lora_w, layer, t, out, inp, h, d.xdrop, &dc, m->dropout_key, m->stream);
 }
 // dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
 template <typename floatX>
@@ -661,11 +672,14 @@ void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer,
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f, m->stream);
-    if (m->host.use_lora && (l->targets & (1u << t))) {
-        Chunk dc = lora_dropout_chunk(ch, m->row0);
-        lora_backward(l, d.lora_w, m->grads, layer, t, dinp, dout, inp, lora_h + (size_t)t * N * l->r, d.lora_dh,
-                      d.xdrop, &dc, m->dropout_key, m->stream);
-    }
+    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    const floatX *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora)
+        dora_backward(l, (const floatX *)d.lora_w, m->params, m->grads, layer, t, dinp, dout, inp, w, h, d.lora_dh,
+                      d.xdrop, d.dora_pre, m->dora_norm + dora_norm_index(l, layer, t), &dc, m->dropout_key, m->stream);
+    else lora_backward(l, d.lora_w, m->grads, layer, t, dinp, dout, inp, h, d.lora_dh, d.xdrop, &dc, m->dropout_key,
+                       m->stream);
 }
 
 // the chunk's tokens (B, len) out of the micro-batch's (B, T), both on the device
@@ -947,19 +961,22 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 }
 
 // ----------------------------------------------------------------------------
-// optimizer: AdamW as torch.optim.AdamW, clipping as torch.nn.utils.clip_grad_norm_,
-// on the device (layers.cuh); the host holds the moments only for checkpoints
+// optimizer: AdamW as torch.optim.AdamW, SGD as torch.optim.SGD, clipping as
+// torch.nn.utils.clip_grad_norm_, on the device (layers.cuh); the host holds the
+// optimizer state only for checkpoints
 
 typedef struct {
-    Model *model;           // its trainable parameters, gradients and moments (device)
+    Model *model;           // its trainable parameters, gradients and optimizer state (device)
     size_t n;
-    float *m, *v;           // AdamW moments: host copies for checkpoints (model_sync_host, optimizer_sync_device)
+    OptimizerSettings s;
+    float *state[OPTIMIZER_MAX_STATES]; // host copies of the model's opt_state, for checkpoints
+                            // (model_sync_host, optimizer_sync_device)
     int t;                  // optimizer steps taken
     FsdpComm *grad_sum;     // device: the ranks whose gradients of these parameters are summed before the step
     FsdpComm *norm_sum;     // host side: the ranks whose squared norms make up the global norm (NULL: this rank's is)
 } Optimizer;
 
-// The moments are the model's (model_alloc zeroed them); the host keeps copies.
+// The state is the model's (model_alloc zeroed it); the host keeps copies.
 // As on the CPU: replicated parameters (LoRA's, or every weight with a shard
 // group of one) sum their gradients over every rank; shards over the ranks that
 // hold the same shard (the replica group), and their norm over the shard group.
@@ -967,8 +984,8 @@ static void optimizer_init(Optimizer *o, Model *m) {
     memset(o, 0, sizeof *o);
     o->model = m;
     o->n = m->n_train;
-    o->m = (float *)callocCheck(o->n, sizeof(float));
-    o->v = (float *)callocCheck(o->n, sizeof(float));
+    o->s = m->optimizer;
+    for (int i = 0; i < optimizer_n_states(&o->s); i++) o->state[i] = (float *)callocCheck(o->n, sizeof(float));
     int shard = m->sharded && !m->host.use_lora;
     if (m->fsdp && m->fsdp->world.size > 1) {
         const FsdpComm *sum_over = shard ? &m->fsdp->replica : &m->fsdp->world; // its host side: the size
@@ -978,8 +995,7 @@ static void optimizer_init(Optimizer *o, Model *m) {
 }
 
 static void optimizer_free(Optimizer *o) {
-    free(o->m);
-    free(o->v);
+    for (int i = 0; i < OPTIMIZER_MAX_STATES; i++) free(o->state[i]);
     memset(o, 0, sizeof *o);
 }
 
@@ -988,11 +1004,11 @@ static void optimizer_zero_grad(Optimizer *o) {
 }
 
 // the global gradient norm (returned, before clipping); if update and the norm
-// is finite, clipping, then AdamW, which also writes the bf16 copy of the
-// parameters the next forward reads
-static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay,
-                             float grad_clip, int update) {
+// is finite, clipping, then the optimizer's update, which also writes the bf16
+// copy of the parameters the next forward reads
+static double optimizer_step(Optimizer *o, float lr, int update) {
     Model *m = o->model;
+    const OptimizerSettings *s = &o->s;
     if (o->grad_sum) {
         stream_after(m->comm_stream, m->stream, m->computed);
         fsdp_all_reduce(device_comm(m, o->grad_sum), m->grads, o->n, FSDP_F32);
@@ -1007,28 +1023,30 @@ static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, f
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
     // clip_grads reads it there (a pageable source: the call returns once it is copied)
     cudaCheck(cudaMemcpyAsync(m->grad_norm, &norm, sizeof(double), cudaMemcpyHostToDevice, m->stream));
-    clip_grads(m->grads, o->n, m->grad_norm, grad_clip, m->stream);
+    clip_grads(m->grads, o->n, m->grad_norm, s->grad_clip, m->stream);
     o->t++;
-    adamw_update(m->params, m->grads, m->adam_m, m->adam_v, o->n, o->t, lr, beta1, beta2, eps, weight_decay,
-                 m->params_bf16, m->stream);
+    if (s->kind == OPTIMIZER_SGD)
+        sgd_update(m->params, m->grads, m->opt_state[0], o->n, o->t, lr, s->momentum, s->nesterov, s->weight_decay,
+                   m->params_bf16, m->stream);
+    else
+        adamw_update(m->params, m->grads, m->opt_state[0], m->opt_state[1], o->n, o->t, lr, s->beta1, s->beta2,
+                     s->eps, s->weight_decay, m->params_bf16, m->stream);
     if (m->host.frozen_units) weights_refresh(m);
     return norm;
 }
 
-// the trainable weights into the host model and the moments into o, for a save
+// the trainable weights into the host model and the optimizer state into o, for a save
 static void model_sync_host(Model *m, Optimizer *o) {
     HostModel *h = &m->host;
     cudaStream_t st = m->stream;
     if (h->use_lora) cudaCheck(cudaMemcpyAsync(h->lora.params, m->params, m->n_train * sizeof(float), cudaMemcpyDeviceToHost, st));
     else masters_download(m);
-    if (o) {
-        cudaCheck(cudaMemcpyAsync(o->m, m->adam_m, o->n * sizeof(float), cudaMemcpyDeviceToHost, st));
-        cudaCheck(cudaMemcpyAsync(o->v, m->adam_v, o->n * sizeof(float), cudaMemcpyDeviceToHost, st));
-    }
+    for (int i = 0; o && i < optimizer_n_states(&o->s); i++)
+        cudaCheck(cudaMemcpyAsync(o->state[i], m->opt_state[i], o->n * sizeof(float), cudaMemcpyDeviceToHost, st));
     cudaCheck(cudaStreamSynchronize(st));
 }
 
-// the moments a resumed run read from its checkpoint, onto the device, and full
+// the optimizer state a resumed run read from its checkpoint, onto the device, and full
 // fine-tuning's weights (a sharded checkpoint's are read after model_alloc)
 // with the copy the matmuls read
 static void optimizer_sync_device(Optimizer *o) {
@@ -1039,8 +1057,8 @@ static void optimizer_sync_device(Optimizer *o) {
         if (h->frozen_units) weights_refresh(m);
         else if (!m->fp32) convert(m->params_bf16, m->params, o->n, m->stream);
     }
-    cudaCheck(cudaMemcpyAsync(m->adam_m, o->m, o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
-    cudaCheck(cudaMemcpyAsync(m->adam_v, o->v, o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    for (int i = 0; i < optimizer_n_states(&o->s); i++)
+        cudaCheck(cudaMemcpyAsync(m->opt_state[i], o->state[i], o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
 }
 

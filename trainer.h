@@ -29,7 +29,7 @@
 //                              allocate nothing (the GPU backend touches no GPU)
 //       size_t weight_bytes;   bytes of the base weights as stored        }
 //       size_t param_bytes;    bytes of the trainable parameters, their   }
-//                              gradients, AdamW moments and any copies    } for the
+//                              gradients, optimizer state and any copies  } for the
 //       size_t act_bytes;      bytes of activations and scratch           } memory plan
 //       size_t carry_bytes;    bytes of the KV and dKV carries            }
 //       uint64_t dropout_key;  set by the trainer before each model_forward_backward
@@ -38,6 +38,9 @@
 //       Fsdp *fsdp;            set by the trainer before model_alloc: the ranks and the
 //                              sharding strategy; m->host.shards (rather than
 //                              m->host.params) means the base weights are sharded
+//       OptimizerSettings optimizer;  set by the trainer before model_alloc: what
+//                              optimizer_init sets up and optimizer_step runs
+//                              (support/optimizer.h; its state counts in param_bytes)
 //   static const int backend_sharding;  1: the backend runs any number of ranks (a
 //                              sharded host model, the collectives in its forward and
 //                              backward, the gradient sums in optimizer_step); 0: one
@@ -78,22 +81,25 @@
 //       size_t n;              trainable parameters (LoRA's, or every weight of the
 //                              units that train: model_trainable_numel)
 //       int t;                 optimizer steps taken
-//       float *m, *v;          AdamW moments (n each), host memory: what
-//                              checkpoints save and load (full fine-tuning: model_trainable_runs' order)
-//   void optimizer_init(Optimizer *o, Model *m);   moments at zero, t = 0
+//       float *state[OPTIMIZER_MAX_STATES];  the optimizer's state tensors (n each,
+//                              optimizer_n_states of them, the rest NULL; AdamW's
+//                              moments, SGD's momentum buffer), host memory: what
+//                              checkpoints save and load (full fine-tuning:
+//                              model_trainable_runs' order)
+//   void optimizer_init(Optimizer *o, Model *m);   m->optimizer's, state at zero, t = 0
 //   void optimizer_free(Optimizer *o);             safe on a zeroed Optimizer
 //   void optimizer_zero_grad(Optimizer *o);
-//   double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_clip,
-//                         int update);
+//   double optimizer_step(Optimizer *o, float lr, int update);
 //       the global gradient norm (returned, before clipping); then, if update
 //       and the norm is finite, clipping as torch.nn.utils.clip_grad_norm_
-//       (grad_clip 0: off) and one AdamW step; else nothing (t and the moments stay)
+//       (grad_clip 0: off) and one step of the optimizer (torch.optim.AdamW or
+//       torch.optim.SGD); else nothing (t and the state stay)
 //   void model_sync_host(Model *m, Optimizer *o);
 //       before a save: the trainable weights into m->host (sharded: host.shards),
-//       the moments into o->m, o->v (the CPU backend: nothing to do)
+//       the optimizer state into o->state (the CPU backend: nothing to do)
 //   void optimizer_sync_device(Optimizer *o);
-//       after a checkpoint's moments and t (and a sharded one's weights, into
-//       m->host.shards) were read into o and m (the CPU: nothing)
+//       after a checkpoint's optimizer state and t (and a sharded one's weights,
+//       into m->host.shards) were read into o and m (the CPU: nothing)
 //
 // A test or tool can include the trainer with -DTESTING and call any of it;
 // main is the trainer's own, a call to train_main.
@@ -119,6 +125,7 @@
 #include "dataloader.h"
 #include "support/checkpoint.h"
 #include "support/default_model.h"
+#include "support/optimizer.h"
 #include "model.h"
 
 // ----------------------------------------------------------------------------
@@ -144,8 +151,10 @@ typedef struct {
     const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
     float memory_limit;
-    int eval_every, full_finetune, freeze_layers, lora_r, use_rslora, threads, chunk_size, num_output_chunks, activation_checkpointing;
-    float lr, weight_decay, grad_clip, beta1, beta2, eps, lora_alpha, lora_dropout;
+    int eval_every, full_finetune, freeze_layers, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing;
+    float lr, lora_alpha, lora_dropout;
+    const char *optimizer;
+    OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
     const char *lr_scheduler, *lora_target_modules, *chunk_memory;
     const char *resume;
     int save_every, keep_checkpoints, max_bad_steps;
@@ -161,6 +170,8 @@ typedef struct {
     const char *sharding_strategy, *export_hf;
     int shard_group;
     int random_init;
+    const char *quantize;
+    int double_quant;
 } TrainConfig;
 
 enum { OPT_STR, OPT_INT, OPT_INT_AUTO, OPT_FLOAT, OPT_FLAG, OPT_LIST }; // OPT_INT_AUTO: an integer, or auto (stored as 0)
@@ -188,23 +199,27 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"max_steps", OPT_INT, &(tc)->max_steps, "-1", "optimizer steps (-1: as many as --num_epochs needs)", -1, 1 << 30}, \
     {"num_epochs", OPT_INT, &(tc)->num_epochs, "1", "passes over the data when --max_steps is -1", 1, 1 << 20}, \
     {"lr", OPT_FLOAT, &(tc)->lr, "1e-4", "peak learning rate", 0, 1e3}, \
-    {"weight_decay", OPT_FLOAT, &(tc)->weight_decay, "0.0", "AdamW decoupled weight decay (applied to every trainable tensor)", 0, 1e3}, \
-    {"adam_beta1", OPT_FLOAT, &(tc)->beta1, "0.9", "AdamW beta1", 0, 0.999999}, \
-    {"adam_beta2", OPT_FLOAT, &(tc)->beta2, "0.999", "AdamW beta2", 0, 0.9999999}, \
-    {"adam_epsilon", OPT_FLOAT, &(tc)->eps, "1e-8", "AdamW epsilon", 0, 1}, \
+    {"optimizer", OPT_STR, &(tc)->optimizer, "adamw", "adamw | sgd: torch.optim.AdamW, or torch.optim.SGD (dampening 0; with --momentum and --nesterov)", 0, 0}, \
+    {"weight_decay", OPT_FLOAT, &(tc)->optim.weight_decay, "0.0", "weight decay of every trainable tensor: AdamW's is decoupled (p -= lr * wd * p), SGD's is added to the gradient (g += wd * p), as torch's", 0, 1e3}, \
+    {"adam_beta1", OPT_FLOAT, &(tc)->optim.beta1, "0.9", "AdamW beta1", 0, 0.999999}, \
+    {"adam_beta2", OPT_FLOAT, &(tc)->optim.beta2, "0.999", "AdamW beta2", 0, 0.9999999}, \
+    {"adam_epsilon", OPT_FLOAT, &(tc)->optim.eps, "1e-8", "AdamW epsilon", 0, 1}, \
+    {"momentum", OPT_FLOAT, &(tc)->optim.momentum, "0", "SGD momentum (0: plain SGD, which keeps no optimizer state)", 0, 1}, \
+    {"nesterov", OPT_INT, &(tc)->optim.nesterov, "0", "SGD: 1 for Nesterov momentum (needs --momentum > 0)", 0, 1}, \
     {"lr_scheduler", OPT_STR, &(tc)->lr_scheduler, "cosine", "constant | linear | cosine (each after --warmup_steps of linear warmup)", 0, 0}, \
     {"warmup_steps", OPT_INT, &(tc)->warmup_steps, "0", "linear warmup steps", 0, 1 << 30}, \
-    {"grad_clip", OPT_FLOAT, &(tc)->grad_clip, "1.0", "clip the global gradient norm to this (0: off)", 0, 1e9}, \
+    {"grad_clip", OPT_FLOAT, &(tc)->optim.grad_clip, "1.0", "clip the global gradient norm to this (0: off)", 0, 1e9}, \
     {"seed", OPT_INT, &(tc)->seed, "42", "seed for LoRA init, dropout and shuffling", 0, 2147483647}, \
     {"shuffle", OPT_INT, &(tc)->shuffle, "1", "1: shuffle rows every epoch, 0: file order", 0, 1}, \
     {"eval_every", OPT_INT, &(tc)->eval_every, "0", "evaluate --val_data every N steps (0: only at the end)", 0, 1 << 30}, \
     {"full_finetune", OPT_FLAG, &(tc)->full_finetune, "0", "train every weight instead of LoRA adapters", 0, 1}, \
-    {"freeze_layers", OPT_INT, &(tc)->freeze_layers, "0", "with --full_finetune: the embedding (and a head tied to it) and the first N decoder layers do not train: no gradient, no AdamW state (llama-recipes' freeze_layers / num_freeze_layers, which leaves the embedding training)", 0, 1 << 20}, \
+    {"freeze_layers", OPT_INT, &(tc)->freeze_layers, "0", "with --full_finetune: the embedding (and a head tied to it) and the first N decoder layers do not train: no gradient, no optimizer state (llama-recipes' freeze_layers / num_freeze_layers, which leaves the embedding training)", 0, 1 << 20}, \
     {"lora_r", OPT_INT, &(tc)->lora_r, "8", "LoRA rank", 1, 65536}, \
     {"lora_alpha", OPT_FLOAT, &(tc)->lora_alpha, "16", "LoRA alpha (scale = alpha / r)", 0, 1e6}, \
     {"lora_dropout", OPT_FLOAT, &(tc)->lora_dropout, "0.05", "dropout on the LoRA input", 0, 0.99}, \
     {"lora_target_modules", OPT_STR, &(tc)->lora_target_modules, "q_proj,v_proj", "comma-separated peft module names, or all-linear", 0, 0}, \
     {"use_rslora", OPT_INT, &(tc)->use_rslora, "0", "1: scale = alpha / sqrt(r) (rank-stabilised LoRA)", 0, 1}, \
+    {"use_dora", OPT_FLAG, &(tc)->use_dora, "0", "DoRA (peft's use_dora): a trained magnitude per output rescales each adapted layer's rows", 0, 1}, \
     {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (its r, alpha, targets)", 0, 0}, \
     {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
@@ -229,6 +244,16 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"precision", OPT_STR, &(tc)->precision, backend_precisions[0], "bf16 | fp32: how weights and activations are stored (fp32: all of it, e.g. to compare with the CPU trainer, which runs fp32 only)", 0, 0}, \
     {"collectives", OPT_STR, &(tc)->collectives, backend_collectives[0], "auto | nccl | host: how the ranks' device buffers are gathered and summed (train_llama2cu): nccl, or host: through host memory over MPI or TCP, summed in rank order as the CPU trainer sums (ranks may share a GPU); auto: nccl when every rank of a node has its own GPU, else host. The CPU trainer: host only", 0, 0}, \
     {"random_init", OPT_FLAG, &(tc)->random_init, "0", "for benchmarks only: random weights N(0, initializer_range) drawn from --seed, with --model holding just config.json and tokenizer.model", 0, 1}, \
+    {"quantize", OPT_STR, &(tc)->quantize, "none", "none | nf4 | fp4: QLoRA, the decoder's linear weights quantized to 4 bits as they load, exactly as bitsandbytes (blocks of 64); LoRA only", 0, 0}, \
+    {"double_quant", OPT_INT, &(tc)->double_quant, "1", "with --quantize: 1 stores the absmax values in 8 bits too (bitsandbytes' bnb_4bit_use_double_quant)", 0, 1}, \
+}
+
+// --quantize's value as quant.h's type; -1 (with a message) for an unknown one
+static int quant_type_parse(const char *s) {
+    for (int t = 0; t < (int)(sizeof quant_type_names / sizeof quant_type_names[0]); t++)
+        if (!strcmp(s, quant_type_names[t])) return t;
+    fprintf(stderr, "error: --quantize: '%s' is not one of none, nf4, fp4\n", s);
+    return -1;
 }
 
 static void print_help(const Option *opts, int n) {
@@ -315,6 +340,21 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         else { fprintf(stderr, "error: --%s needs a value\n", o->name); return -1; }
         if (set_option(o, val) != 0) return -1;
     }
+    tc->optim.kind = -1;
+    for (int k = 0; k < (int)(sizeof optimizer_names / sizeof *optimizer_names); k++)
+        if (!strcmp(tc->optimizer, optimizer_names[k])) tc->optim.kind = k;
+    if (tc->optim.kind < 0) {
+        fprintf(stderr, "error: --optimizer: '%s' is not one of adamw, sgd\n", tc->optimizer);
+        return -1;
+    }
+    if (tc->optim.kind != OPTIMIZER_SGD && (tc->optim.momentum != 0 || tc->optim.nesterov)) {
+        fprintf(stderr, "error: --momentum and --nesterov are SGD's: give them with --optimizer sgd\n");
+        return -1;
+    }
+    if (tc->optim.nesterov && tc->optim.momentum == 0) { // torch.optim.SGD refuses it too
+        fprintf(stderr, "error: --nesterov 1 needs a --momentum above 0 (Nesterov momentum without momentum is plain SGD)\n");
+        return -1;
+    }
     const char *sched = tc->lr_scheduler;
     if (strcmp(sched, "constant") && strcmp(sched, "linear") && strcmp(sched, "cosine")) {
         fprintf(stderr, "error: --lr_scheduler: '%s' is not one of constant, linear, cosine\n", sched);
@@ -373,6 +413,10 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     }
     if (!tc->model[0]) { fprintf(stderr, "error: --model is required (see --help)\n"); return -1; }
     if (!tc->data[0]) { fprintf(stderr, "error: --data is required (see --help)\n"); return -1; }
+    if (tc->full_finetune && tc->use_dora) {
+        fprintf(stderr, "error: --use_dora trains a DoRA adapter; with --full_finetune there is none\n");
+        return -1;
+    }
     if (tc->full_finetune && tc->merge_adapter) {
         fprintf(stderr, "error: --merge_adapter folds a LoRA adapter in; with --full_finetune there is none\n");
         return -1;
@@ -383,6 +427,22 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     }
     if (tc->full_finetune && tc->from_peft_checkpoint[0]) {
         fprintf(stderr, "error: --from_peft_checkpoint and --full_finetune do not go together\n");
+        return -1;
+    }
+    int quant = quant_type_parse(tc->quantize);
+    if (quant < 0) return -1;
+#ifdef __CUDACC__
+    if (quant != QUANT_NONE) {
+        fprintf(stderr, "error: --quantize is not yet supported in the CUDA trainer (train_llama2cu); the CPU trainer runs it\n");
+        return -1;
+    }
+#endif
+    if (quant != QUANT_NONE && tc->full_finetune) {
+        fprintf(stderr, "error: --quantize keeps the base weights frozen in 4 bits (QLoRA): it does not go with --full_finetune\n");
+        return -1;
+    }
+    if (quant != QUANT_NONE && tc->merge_adapter) {
+        fprintf(stderr, "error: --merge_adapter with --quantize is not supported yet (it would fold the adapter into 4-bit weights)\n");
         return -1;
     }
     return 0;
@@ -432,6 +492,8 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     int resume_sharded = resume_dir && tc->full_finetune && checkpoint_is_sharded(resume_dir);
     const char *weights = resume_dir && tc->full_finetune ? resume_dir : tc->model;
     int G = f ? f->shard.size : 1, rc;
+    h->quant_type = quant_type_parse(tc->quantize); // (parse_args checked it)
+    h->double_quant = tc->double_quant;
     if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, !tc->dry_run);
     else if (resume_sharded) rc = model_shape(h, tc->model, G, 1); // load_checkpoint reads every weight: none from --model
     else rc = G > 1 ? model_load_shard(h, weights, f->shard.rank, G) : model_load(h, weights);
@@ -455,14 +517,20 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
             unsigned targets;
             lora_parse_targets(tc->lora_target_modules, &targets);
             lora_alloc(&h->lora, h->config.n_layers, in, out, tc->lora_r, tc->lora_alpha, tc->lora_dropout,
-                       tc->use_rslora, targets);
+                       tc->use_rslora, tc->use_dora, targets);
             lora_init(&h->lora, (uint64_t)tc->seed);
+        }
+        if (h->quant_type != QUANT_NONE && h->lora.use_dora) { // DoRA's row norms read W, which QLoRA keeps packed
+            fprintf(stderr, "error: --quantize with DoRA (%s) is not supported yet\n", adapter[0] ? adapter : "--use_dora");
+            host_model_free(h);
+            return -1;
         }
     }
     m->fp32 = !strcmp(tc->precision, "fp32");
     m->collectives = tc->collectives;
     m->dry_run = tc->dry_run;
     m->activation_checkpointing = tc->activation_checkpointing;
+    m->optimizer = tc->optim;
     return 0;
 }
 static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, const char *resume_dir) {
@@ -567,7 +635,8 @@ static void report_eval(Model *m, const Dataset *ds, int B, int pad_id, int step
 //
 // A checkpoint holds everything the rest of the run depends on: the trainable
 // weights (a PEFT adapter, or the whole model for full fine-tuning, in F32),
-// the AdamW moments and step count, the optimizer step and the data position.
+// the optimizer's state (AdamW's moments, SGD's momentum buffer) and step
+// count, the optimizer step and the data position.
 // Dropout masks and the shuffle order are functions of --seed, the step and
 // the epoch, so no RNG state needs saving: a resumed run is bit-identical.
 
@@ -594,10 +663,11 @@ static void fault_point(const char *point, int step) { if (fault_at(point, step)
 // (and the global batch, the rows of an optimizer step over every rank: how they split
 // into ranks, micro-batches and rows may change, e.g. the world size with --global_batch_size)
 static const char *resume_must_match[] = {
-    "model", "data", "max_seq_len", "lr",
+    "model", "data", "max_seq_len", "lr", "optimizer", "momentum", "nesterov",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "freeze_layers", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
-    "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split"};
+    "use_dora", "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
+    "quantize", "double_quant"};
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's
 // data_identity: size, modification time and a hash of its first and last MiB)
@@ -618,14 +688,20 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
-// the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights, and the
-// moments of the units that train
-static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[3], char fingerprint[17]) {
-    int F = m->host.frozen_units;
-    FsdpBuffer b[3] = {{"params", m->host.shards, 0}, {"exp_avg", o->m, F}, {"exp_avg_sq", o->v, F}};
-    memcpy(bufs, b, sizeof b);
+// the optimizer's state tensors (o->state) with their names; returns how many (of the
+// units that train: a sharded checkpoint holds none for frozen ones)
+static int optimizer_state(Optimizer *o, const Model *m, FsdpBuffer states[OPTIMIZER_MAX_STATES]) {
+    int n = optimizer_n_states(&m->optimizer);
+    for (int i = 0; i < n; i++)
+        states[i] = (FsdpBuffer){optimizer_state_names[m->optimizer.kind][i], o->state[i], m->host.frozen_units};
+    return n;
+}
+
+// the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights and the optimizer state
+static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES], char fingerprint[17]) {
+    bufs[0] = (FsdpBuffer){"params", m->host.shards, 0};
     fsdp_fingerprint(&m->host.units, "", fingerprint);
-    return 3;
+    return 1 + optimizer_state(o, m, bufs + 1);
 }
 
 // Every file's digest, each rank digesting its share (file i on rank i % W), so a
@@ -703,10 +779,12 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     const HostModel *h = &m->host;
     const float *w = h->use_lora ? h->lora.params : h->shards ? h->shards : h->params;
     size_t nw = h->use_lora ? h->lora.num_params : h->shards ? h->units.shard_numel : h->num_params;
-    int bad = !all_finite(w, nw) || !all_finite(o->m, o->n) || !all_finite(o->v, o->n);
+    FsdpBuffer states[OPTIMIZER_MAX_STATES];
+    int n_states = optimizer_state(o, m, states), bad = !all_finite(w, nw);
+    for (int i = 0; i < n_states; i++) bad |= !all_finite(states[i].data, o->n);
     if (fsdp_any(&fs->world, bad)) {
         if (fs->world.rank == 0)
-            fprintf(stderr, "error: not saving checkpoint %d: the trainable weights or AdamW moments hold NaN or inf (an update "
+            fprintf(stderr, "error: not saving checkpoint %d: the trainable weights or the optimizer state hold NaN or inf (an update "
                     "overflowed: a gradient above 1e19; keep --grad_clip on, lower --lr); the checkpoints before it are intact\n", ts->step);
         return -1;
     }
@@ -714,14 +792,15 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     if (fsdp_any(&fs->world, rc != 0)) return -1;
     snprintf(dir, sizeof dir, "%s/checkpoint-%d.tmp", tc->output_dir, ts->step);
     if (m->host.shards && !m->host.use_lora) {
-        FsdpBuffer bufs[3];
+        FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES];
         char fp[17];
         rc = fsdp_save(fs, dir, &m->host.units, bufs, sharded_buffers(m, o, bufs, fp), fp);
-    } else if (rank0) {
+    } else if (rank0) { // optimizer.safetensors: the state tensors under their names (none for plain SGD)
         rc = m->host.use_lora ? lora_save_peft(&m->host.lora, dir, tc->model) : model_save_hf(&m->host, dir, tc->model, tokpath);
-        StWriteTensor moments[2] = {{"exp_avg", ST_F32, 1, {(int64_t)o->n}, o->m}, {"exp_avg_sq", ST_F32, 1, {(int64_t)o->n}, o->v}};
+        StWriteTensor t[OPTIMIZER_MAX_STATES];
+        for (int i = 0; i < n_states; i++) t[i] = (StWriteTensor){states[i].name, ST_F32, 1, {(int64_t)o->n}, states[i].data};
         snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-        if (rc == 0) rc = st_write(path, moments, 2, NULL, 0);
+        if (rc == 0) rc = st_write(path, t, n_states, NULL, 0);
     }
     fault_point("checkpoint", ts->step); // the tests kill the run here, halfway through a checkpoint
     rc = fsdp_any(&fs->world, rc != 0) ? -1 : save_trainer_state(tc, ts, fs, dir); // every rank: the digests
@@ -736,37 +815,38 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     return fsdp_any(&fs->world, rc != 0) ? -1 : 0;
 }
 
-// A sharded checkpoint's weights and moments into a whole model (one process,
-// or NO_SHARD): each buffer read as one shard, in the units' order, then put
-// into the whole model's layout; it costs one more copy of the model meanwhile.
+// A sharded checkpoint's weights and optimizer state into a whole model (one
+// process, or NO_SHARD): each buffer read as one shard, in the units' order, then
+// put into the whole model's layout; it costs one more copy of the model meanwhile.
 static int load_sharded_whole(const char *dir, Model *m, Optimizer *o) {
     FsdpUnits one;
     model_units(&m->host.config, &one, 1);
-    FsdpBuffer bufs[3];
+    FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES];
     char fp[17];
     int nb = sharded_buffers(m, o, bufs, fp), rc = 0;
-    float *whole[3] = {m->host.params, o->m, o->v}, *buf = (float *)mallocCheck(one.shard_numel * sizeof(float));
+    float *buf = (float *)mallocCheck(one.shard_numel * sizeof(float));
+    bufs[0].data = m->host.params; // (the whole model's: sharded_buffers names the shards)
     for (int b = 0; b < nb && rc == 0; b++) {
         FsdpBuffer one_buf = {bufs[b].name, buf, bufs[b].first};
         rc = fsdp_load(dir, &one, &one_buf, 1, 0, fp);
         for (int i = one_buf.first; i < one.n_units && rc == 0; i++)
-            model_put_unit(&m->host, one_buf.first, i, fsdp__buffer_unit(&one, &one_buf, i), whole[b]);
+            model_put_unit(&m->host, one_buf.first, i, fsdp__buffer_unit(&one, &one_buf, i), bufs[b].data);
     }
     free(buf);
     fsdp_units_free(&one);
     return rc;
 }
 
-// a flat moment tensor of an unsharded full fine-tuning checkpoint (model_tensor_offset_from's
-// layout of the units from `from` on: they have moments, the frozen ones none), read by unit
-typedef struct { StFile *sf; const StTensor *t; const Config *c; int from; } MomentsFile;
-static int read_moments(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
-    const MomentsFile *mf = (const MomentsFile *)ctx;
-    if (unit < mf->from) return 0; // frozen: fsdp_read_shard left it zero
-    return st_read_f32(mf->sf, mf->t, model_tensor_offset_from(mf->c, mf->from, unit, tensor) + first, count, dst);
+// a flat state tensor of an unsharded full fine-tuning checkpoint (model_tensor_offset_from's
+// layout of the units from `from` on: they have state, the frozen ones none), read by unit
+typedef struct { StFile *sf; const StTensor *t; const Config *c; int from; } StateFile;
+static int read_state(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
+    const StateFile *sf = (const StateFile *)ctx;
+    if (unit < sf->from) return 0; // frozen: fsdp_read_shard left it zero
+    return st_read_f32(sf->sf, sf->t, model_tensor_offset_from(sf->c, sf->from, unit, tensor) + first, count, dst);
 }
 
-// The checkpoint's AdamW moments (and a sharded checkpoint's weights) into o
+// The checkpoint's optimizer state (and a sharded checkpoint's weights) into o
 // (and m): a sharded checkpoint at any shard count (fsdp.h), or
 // optimizer.safetensors of a whole one (into a sharded model: this rank's
 // shard of it). 0 ok, -1 with a message.
@@ -774,7 +854,7 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
     if (checkpoint_is_sharded(dir)) {
         if (m->host.use_lora) { fprintf(stderr, "error: --resume %s: a full fine-tuning checkpoint, and this run trains LoRA\n", dir); return -1; }
         if (!m->host.shards) return load_sharded_whole(dir, m, o);
-        FsdpBuffer bufs[3];
+        FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES];
         char fp[17];
         int nb = sharded_buffers(m, o, bufs, fp);
         return fsdp_load(dir, &m->host.units, bufs, nb, m->fsdp->shard.rank, fp);
@@ -783,25 +863,29 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     StFile sf;
     if (st_open(&sf, path) != 0) return -1;
-    const StTensor *tm = st_find(&sf, "exp_avg"), *tv = st_find(&sf, "exp_avg_sq");
+    FsdpBuffer states[OPTIMIZER_MAX_STATES];
     HostModel *h = &m->host;
-    int shard = h->shards && !h->use_lora, rc = -1;
-    // an unsharded checkpoint holds the moments of every weight that trains
-    size_t n = shard ? model_numel_from(&h->config, h->frozen_units) : o->n, skip = shard ? h->units.units[h->frozen_units].shard_offset : 0;
-    if (!tm || !tv || tm->numel != n || tv->numel != n || tm->dtype != ST_F32 || tv->dtype != ST_F32)
-        fprintf(stderr, "error: %s: expected F32 tensors exp_avg and exp_avg_sq of %zu elements\n", path, n);
-    else if (!shard) rc = st_read_f32(&sf, tm, 0, n, o->m) | st_read_f32(&sf, tv, 0, n, o->v);
-    else { // this rank's shard of them, tensor by tensor out of the trainable units' layout (the frozen units'
-           // shards, which have no moments, read as zeros and dropped)
-        float *all = (float *)mallocCheck(h->units.shard_numel * sizeof(float)), *mom[2] = {o->m, o->v};
-        const StTensor *ts[2] = {tm, tv};
-        rc = 0;
-        for (int k = 0; k < 2 && rc == 0; k++) {
-            MomentsFile mf = {&sf, ts[k], &h->config, h->frozen_units};
-            rc = fsdp_read_shard(&h->units, m->fsdp->shard.rank, all, read_moments, &mf);
-            memcpy(mom[k], all + skip, o->n * sizeof(float));
+    int n_states = optimizer_state(o, m, states), shard = h->shards && !h->use_lora, rc = 0;
+    // an unsharded checkpoint holds the state of every weight that trains
+    size_t n = shard ? model_numel_from(&h->config, h->frozen_units) : o->n;
+    float *all = shard ? (float *)mallocCheck(h->units.shard_numel * sizeof(float)) : NULL; // this rank's shard of every unit
+    for (int i = 0; i < n_states && rc == 0; i++) {
+        const StTensor *t = st_find(&sf, states[i].name);
+        if (!t || t->numel != n || t->dtype != ST_F32) {
+            fprintf(stderr, "error: %s: expected an F32 tensor %s of %zu elements\n", path, states[i].name, n);
+            rc = -1;
+        } else if (!shard) rc = st_read_f32(&sf, t, 0, n, states[i].data);
+        else { // this rank's shard of it, tensor by tensor out of the trainable units' layout (the frozen
+               // units' shards, which have no state, read as zeros and dropped)
+            StateFile ctx = {&sf, t, &h->config, h->frozen_units};
+            rc = fsdp_read_shard(&h->units, m->fsdp->shard.rank, all, read_state, &ctx);
+            memcpy(states[i].data, all + h->units.units[h->frozen_units].shard_offset, o->n * sizeof(float));
         }
-        free(all);
+    }
+    free(all);
+    if (rc == 0 && sf.n_tensors != n_states) { // what it holds and what this run expects differ: not this optimizer's
+        fprintf(stderr, "error: %s: %d tensors, and --optimizer %s keeps %d\n", path, sf.n_tensors, optimizer_names[m->optimizer.kind], n_states);
+        rc = -1;
     }
     st_close(&sf);
     return rc;
@@ -811,7 +895,7 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
 // that it belongs to this run (same trajectory-shaping options, same global
 // batch, same data file).
 static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m, Optimizer *o, TrainState *ts) {
-    char path[PATH_MAX + 64], val[4096], fp[128];
+    char path[PATH_MAX + 64], val[4096], def[64], fp[128];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     JsonValue st;
     if (json_load_file(path, &st) != 0) return -1;
@@ -829,9 +913,15 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m
         for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
             if (strcmp(opts[i].name, resume_must_match[k])) continue;
             option_value(&opts[i], val, sizeof val, 1);
-            if (json_get_string(opts_saved, opts[i].name, &saved, NULL) != 0 || strcmp(saved, val) != 0) {
+            // an option newer than the checkpoint is absent from it: the run had its default
+            if (json_get_string(opts_saved, opts[i].name, &saved, NULL) != 0) {
+                if (opts[i].type == OPT_FLOAT) snprintf(def, sizeof def, "%.9g", (float)strtod(opts[i].def, NULL));
+                else snprintf(def, sizeof def, "%s", opts[i].def);
+                saved = def;
+            }
+            if (strcmp(saved, val) != 0) {
                 fprintf(stderr, "error: --resume %s: --%s was '%s' in the checkpoint but is '%s' now; resume with the same value\n",
-                        dir, opts[i].name, json_get_string(opts_saved, opts[i].name, &saved, NULL) == 0 ? saved : "(missing)", val);
+                        dir, opts[i].name, saved, val);
                 goto done;
             }
         }
@@ -905,7 +995,15 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
     if (print) {
         printf("memory plan (%s of this process):\n", backend_memory);
         printf("  %-34s %10.1f MiB\n", m->fp32 ? "base weights (fp32)" : "base weights (bf16)", weights / MiB);
-        printf("  %-34s %10.1f MiB\n", "trainable: weights, grads, AdamW", trainable / MiB);
+        if (m->host.quant_type != QUANT_NONE) {
+            printf("    %-32s %10.1f MiB   (%s%s, blocks of %d)\n", "of which 4-bit codes + statistics", m->host.quant_nbytes / MiB,
+                   quant_type_names[m->host.quant_type], m->host.double_quant ? ", double quantization" : "", QUANT_BLOCK);
+            printf("    %-32s %10.1f MiB   (one layer, fp32)\n", "of which dequantize scratch", model_quant_scratch_bytes(&m->host) / MiB);
+        }
+        const char *state[] = {"", ", momentum", ", AdamW"}; // the optimizer's state, by optimizer_n_states
+        char what[64];
+        snprintf(what, sizeof what, "trainable weights, grads%s", state[optimizer_n_states(&m->optimizer)]);
+        printf("  %-34s %10.1f MiB\n", what, trainable / MiB);
         printf("  %-34s %10.1f MiB   (chunks of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
                m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
         printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->carry_bytes / MiB);
@@ -1090,10 +1188,10 @@ static int failed_anywhere(Trainer *r, int failed) {
 }
 
 // One optimizer step: GA micro-batches of every rank's rows, the loss normalised
-// by the label count of the whole global step, clipping, AdamW. Returns the mean
+// by the label count of the whole global step, clipping, the optimizer. Returns the mean
 // loss over every rank; *n_tokens counts every rank's tokens. A NaN or infinite
 // loss or gradient norm (the same on every rank) skips the update (*skipped = 1):
-// the weights, the moments and AdamW's t stay as they were; the data moves on.
+// the weights, the optimizer state and t stay as they were; the data moves on.
 static double train_step(Trainer *r, const TrainConfig *tc, int step, int total, long *n_tokens, double *norm, float *lr,
                          int *skipped) {
     Model *m = &r->m;
@@ -1118,7 +1216,7 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     fsdp_all_reduce(&r->fsdp.world, sums, 2, FSDP_F64);
     *n_tokens = (long)sums[1];
     double loss = labels ? sums[0] / labels : 0.0;
-    *norm = optimizer_step(&r->opt, *lr, tc->beta1, tc->beta2, tc->eps, tc->weight_decay, tc->grad_clip, isfinite(loss));
+    *norm = optimizer_step(&r->opt, *lr, isfinite(loss));
     *skipped = !isfinite(loss) || !isfinite(*norm);
     return loss;
 }
@@ -1264,7 +1362,8 @@ static void print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
     snprintf(frozen, sizeof frozen, "all weights but the embedding%s and the first %d layer(s)", c->tied ? " (the head too: tied)" : "",
              m->host.frozen_units - 1);
     printf("training %s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
-           m->host.use_lora ? "LoRA" : m->host.frozen_units ? frozen : "all weights", r->opt.n, m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
+           !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.use_dora ? "DoRA" : "LoRA", r->opt.n,
+           m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
            r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
     memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, 1);
 }
@@ -1359,6 +1458,10 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     int W = f->world.size;
     if (W > 1 && !backend_sharding) {
         if (f->world.rank == 0) fprintf(stderr, "error: this trainer runs one process; %d were started (the CPU trainer train_llama2 runs several)\n", W);
+        return 1;
+    }
+    if (W > 1 && strcmp(tc->quantize, "none")) {
+        if (f->world.rank == 0) fprintf(stderr, "error: --quantize runs in one process for now (sharded 4-bit units come later); %d were started\n", W);
         return 1;
     }
     int T = 0;

@@ -4,7 +4,8 @@
 // + peft; this file checks the chunked runs against that whole-sequence run:
 // the loss, the logits and every trainable gradient, for several chunk sizes
 // (1, sizes that do not divide T, T itself), both memory modes, GQA and tied
-// models, LoRA (with dropout, whose masks must not depend on the chunking) and
+// models, LoRA (with dropout, whose masks must not depend on the chunking; and
+// DoRA, whose row norms the first chunk computes for all) and
 // full fine-tuning, and with sliding windows (Mistral's sliding_window) of one
 // key, of a chunk's length and of more or fewer than a chunk's, so that windows
 // cross chunk boundaries; then 30 training steps whole against chunked. Each of those
@@ -29,6 +30,9 @@
 
 enum { B = 2, T = 24 };
 
+// LoRA runs with --use_dora (main sets it for a pass of test_equal)
+static int dora_runs;
+
 // window: the config's sliding_window, set after loading (-1: the fixture's own)
 static void setup(Model *m, const char *model, int full, int chunk, const char *mem, int out_chunks, int ckpt, int window) {
     TrainConfig tc;
@@ -39,7 +43,8 @@ static void setup(Model *m, const char *model, int full, int chunk, const char *
     char *argv[] = {"x", "--model", path, "--data", "unused", "--max_seq_len", "24", "--lora_r", "4",
                     "--lora_target_modules", "all-linear", "--lora_dropout", "0.2", "--chunk_size", cs,
                     "--chunk_memory", (char *)mem, "--num_output_chunks", oc, full ? "--full_finetune" : "--seed=3",
-                    ckpt ? "--activation_checkpointing" : "--activation_checkpointing=0"};
+                    ckpt ? "--activation_checkpointing" : "--activation_checkpointing=0",
+                    dora_runs && !full ? "--use_dora" : "--use_dora=0"};
     if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("test arguments rejected");
     if (model_setup(m, NULL, &tc, B, T, NULL) != 0) die("cannot set up %s", model);
     if (window >= 0) m->host.config.sliding_window = window; // else the config's
@@ -49,6 +54,10 @@ static void setup(Model *m, const char *model, int full, int chunk, const char *
             for (int t = 0; t < LORA_N_TARGETS; t++) {
                 float *b = lora_B(&m->host.lora, m->host.lora.params, i, t);
                 for (int k = 0; k < m->host.lora.r * m->host.lora.out[t]; k++) b[k] = 0.2f * (rng_uniform(&state) - 0.5f);
+                if (!m->host.lora.use_dora) continue; // m off the norm, so that s != 1
+                float *mag = lora_mag(&m->host.lora, m->host.lora.params, i, t);
+                for (int k = 0; k < m->host.lora.out[t]; k++) mag[k] = 0.5f + rng_uniform(&state);
+                m->host.lora.mag_unset[i * LORA_N_TARGETS + t] = 0;
             }
     }
     m->dropout_key = 99;
@@ -101,10 +110,13 @@ static double worst_tensor(Model *m, const float *got, const float *want, char *
         LoRA *l = &m->host.lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++)
-                for (int ab = 0; ab < 2; ab++) {
-                    size_t off = l->offset[i * LORA_N_TARGETS + t] + (ab ? (size_t)l->r * l->in[t] : 0);
-                    double e = normwise(got + off, want + off, (size_t)l->r * (ab ? l->out[t] : l->in[t]));
-                    if (e > worst) { worst = e; lora_key(name, namelen, i, t, ab ? 'B' : 'A'); }
+                for (int k = 0; k < lora_n_kinds(l); k++) { // A, B (and DoRA's magnitude)
+                    size_t off = (size_t)(lora_tensor(l, l->params, i, t, k) - l->params);
+                    int64_t shape[2];
+                    size_t n = lora_tensor_shape(l->r, l->in[t], l->out[t], k, shape) == 1 ? (size_t)shape[0]
+                                                                                      : (size_t)(shape[0] * shape[1]);
+                    double e = normwise(got + off, want + off, n);
+                    if (e > worst) { worst = e; lora_key(name, namelen, i, t, lora_kinds[k]); }
                 }
         return worst;
     }
@@ -139,7 +151,7 @@ static void test_equal(const char *model, int full, int window) {
         Run c = run(&causal, tokens, targets);
         char w[200];
         snprintf(w, sizeof w, "%s %s window %d: the loss differs from plain causal attention's", model,
-                 full ? "full" : "lora", whole.host.config.sliding_window);
+                 full ? "full" : dora_runs ? "dora" : "lora", whole.host.config.sliding_window);
         CHECK(c.loss != ref.loss, w, "%.10g, causal %.10g", ref.loss, c.loss);
         free(c.logits); free(c.grads);
         model_free(&causal);
@@ -152,7 +164,7 @@ static void test_equal(const char *model, int full, int window) {
         setup(&m, model, full, cases[k].chunk, cases[k].mem, cases[k].out_chunks, 0, window);
         Run got = run(&m, tokens, targets);
         char what[256], name[200] = "";
-        snprintf(what, sizeof what, "%s %s C=%d %s output_chunks=%d window=%d", model, full ? "full" : "lora",
+        snprintf(what, sizeof what, "%s %s C=%d %s output_chunks=%d window=%d", model, full ? "full" : dora_runs ? "dora" : "lora",
                  cases[k].chunk, cases[k].mem, cases[k].out_chunks, m.host.config.sliding_window);
         char w[400];
         snprintf(w, sizeof w, "%s vs whole: loss", what);
@@ -354,6 +366,10 @@ int main(void) {
     const int windows[] = {1, 5, 11};
     for (int w = 0; w < 3; w++)
         for (int full = 0; full < 2; full++) test_equal("tiny_gqa", full, windows[w]);
+    dora_runs = 1; // DoRA: its norms are computed at a pass's first chunk and serve every chunk
+    test_equal("tiny_gqa", 0, -1);
+    test_equal("tiny_tied", 0, -1);
+    dora_runs = 0;
     test_trajectory();
     test_memory();
     test_checkpointing_memory();

@@ -36,6 +36,10 @@ expect_error "missing value" "--lr needs a value" --model $FIX/tiny_gqa "${RUN[@
 expect_error "missing --model" "--model is required" "${RUN[@]}"
 expect_error "adam_beta2 that rounds to 1" "--adam_beta2: '0.99999999' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --adam_beta2 0.99999999
 expect_error "bad scheduler" "--lr_scheduler: 'step'" --model $FIX/tiny_gqa "${RUN[@]}" --lr_scheduler step
+expect_error "bad optimizer" "--optimizer: 'adam' is not one of adamw, sgd" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer adam
+expect_error "Nesterov without momentum (torch refuses it too)" "--nesterov 1 needs a --momentum above 0" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer sgd --nesterov 1
+expect_error "--momentum with AdamW" "--momentum and --nesterov are SGD's" --model $FIX/tiny_gqa "${RUN[@]}" --momentum 0.9
+expect_error "negative momentum" "--momentum: '-0.5' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer sgd --momentum -0.5
 expect_error "bad target module" "unknown module 'qq_proj'" --model $FIX/tiny_gqa "${RUN[@]}" --lora_target_modules q_proj,qq_proj
 expect_error "chunk larger than the sequence" "--chunk_size 32 is larger than --max_seq_len 24" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_size 32
 expect_error "bad sharding strategy" "--sharding_strategy: unknown strategy 'ZERO3'" --model $FIX/tiny_gqa "${RUN[@]}" --sharding_strategy ZERO3
@@ -96,6 +100,38 @@ expect_error "--random_init without config.json" "$TMP/nope/config.json" --model
 model_copy tiny_gqa; sed -i 's/"initializer_range": 0.1/"initializer_range": -0.1/' "$TMP/m/config.json"
 expect_error "--random_init: negative initializer_range" "config.json: initializer_range must be a number in \(0, 1000\]" --model "$TMP/m" "${RUN[@]}" --random_init
 expect_error "merge with full fine-tuning" "--merge_adapter folds a LoRA adapter in" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --merge_adapter
+# QLoRA (--quantize)
+expect_error "bad --quantize" "--quantize: 'int8' is not one of none, nf4, fp4" --model $FIX/tiny_qlora "${RUN[@]}" --quantize int8
+expect_error "--quantize with full fine-tuning" "--quantize keeps the base weights frozen.*--full_finetune" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --full_finetune
+expect_error "--quantize with --merge_adapter" "--merge_adapter with --quantize is not supported" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --merge_adapter
+expect_error "--quantize with --use_dora" "--quantize with DoRA \(--use_dora\) is not supported yet" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --use_dora
+expect_error "bad --double_quant" "--double_quant: '2' is not an integer in \[0, 1\]" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --double_quant 2
+expect_error "a checkpoint bitsandbytes already quantized" "tensor 'model.layers.0.[a-z_.]*weight.(absmax|quant_map|nested_absmax|nested_quant_map|quant_state.bitsandbytes__nf4)' is bitsandbytes' quantization state" \
+    --model $FIX/tiny_qlora/prequantized --tokenizer $FIX/tiny_qlora/tokenizer.model "${RUN[@]}"
+expect_error "a checkpoint bitsandbytes already quantized, with --quantize" "is bitsandbytes' quantization state" \
+    --model $FIX/tiny_qlora/prequantized --tokenizer $FIX/tiny_qlora/tokenizer.model "${RUN[@]}" --quantize nf4
+dev/launch.sh 2 "$BIN" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 >"$TMP/w2.out" 2>"$TMP/w2.err"
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q -- "--quantize runs in one process for now" "$TMP/w2.err"; then
+    echo "ok cli: --quantize with two ranks is refused for now"
+else
+    echo "FAIL cli: --quantize with two ranks: exit $rc, stderr: $(head -c 400 "$TMP/w2.err")"; fails=$((fails + 1))
+fi
+# the plan of Llama-2-7B in 4 bits: per layer four (4096, 4096) weights of 262144 blocks and three
+# (11008, 4096) of 704512; double quantization stores per weight the offset and one fp32 scale per
+# 256 blocks, a byte per block and half a byte per element, rounded up to 16 bytes: 8654864 and
+# 23259920 bytes, 32 layers: 3340774912 bytes = 3186.0 MiB (3474.0 MiB with fp32 absmax values)
+mkdir -p "$TMP/7b"; cp $FIX/configs/llama-2-7b/config.json "$TMP/7b/"
+for dq in 1 0; do
+    "$BIN" --model "$TMP/7b" --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --data "$DATA" --max_seq_len 24 \
+        --quantize nf4 --double_quant $dq --lora_target_modules all-linear --dry_run --output_dir "$TMP/dry" >"$TMP/dry.log" 2>&1
+    want=$([ $dq = 1 ] && echo 3186.0 || echo 3474.0)
+    if grep -qE "of which 4-bit codes \+ statistics +$want MiB" "$TMP/dry.log" && grep -q "of which dequantize scratch" "$TMP/dry.log"; then
+        echo "ok cli: --quantize nf4 --double_quant $dq: the plan counts Llama-2-7B's 4-bit weights ($want MiB)"
+    else
+        echo "FAIL cli: --quantize nf4 --double_quant $dq plan: $(grep -A3 'base weights' "$TMP/dry.log")"; fails=$((fails + 1))
+    fi
+done
 if "$BIN" --help | grep -q -- "--gradient_accumulation_steps"; then echo "ok cli: --help lists the options"; else echo "FAIL cli: --help"; fails=$((fails + 1)); fi
 
 # checkpoints
@@ -172,6 +208,9 @@ expect_error "missing data" "nothere.jsonl: cannot read" --model $FIX/tiny_gqa -
 expect_error "adapter for another model" "adapter_model.safetensors: tensor .* has shape" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_tied/peft_init
 mkdir -p "$TMP/ad"; cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "IA3"/' "$TMP/ad/adapter_config.json"
 expect_error "non-LoRA adapter" "peft_type must be" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"use_dora": false/"use_dora": true/' "$TMP/ad/adapter_config.json"
+expect_error "DoRA config without magnitudes" "adapter_model.safetensors: tensor '.*lora_magnitude_vector' is missing" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+expect_error "DoRA with full fine-tuning" "--use_dora trains a DoRA adapter" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --use_dora
 
 # and a good run writes the adapter and the metrics
 if "$BIN" --model $FIX/tiny_gqa "${RUN[@]}" --metrics_file "$TMP/metrics.jsonl" >"$TMP/out" 2>&1 &&

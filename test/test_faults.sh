@@ -113,7 +113,7 @@ check "the last checkpoint resumes and finishes once the fault is gone" $? "exit
 # --- gradients scaled by 1e30 without clipping: AdamW's second moment (g^2) overflows to inf, which is never saved
 LLAMA2TUNE_FAULT=huge:3 run "$TMP/w" 6 --grad_clip 0
 rc=$?
-[ $rc -eq 1 ] && grep -q "error: not saving checkpoint 3: the trainable weights or AdamW moments hold NaN or inf" "$TMP/w.log" &&
+[ $rc -eq 1 ] && grep -q "error: not saving checkpoint 3: the trainable weights or the optimizer state hold NaN or inf" "$TMP/w.log" &&
     [ "$(ls "$TMP/w" | tr '\n' ' ')" = "checkpoint-1 checkpoint-2 " ]
 check "an overflowed AdamW state is not saved: the run stops at step 3 (exit 1), checkpoints 1-2 intact" $? "exit $rc: $(grep error "$TMP/w.log"); $(ls "$TMP/w")"
 exit $((fails > 0))

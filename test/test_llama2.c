@@ -17,6 +17,15 @@
 // zero up to rounding). Ten optimizer steps: losses 1e-5 relative; final weights
 // 1e-4 of the tensor's scale, since Adam's update m / sqrt(v) amplifies the
 // rounding of tiny gradients by up to 1/sqrt(v) ~ 1/|g|.
+//
+// SGD (dev/reference/make_sgd_fixtures.py): 10 torch.optim.SGD steps on tiny_gqa,
+// LoRA and full fine-tuning, with momentum 0.9, Nesterov momentum 0.9 and none,
+// weight decay 0.1, the same schedule and clipping, checked with the same
+// tolerances: SGD's update lr * (g + wd * p) (through the momentum buffer) is
+// linear in the gradient, so it carries the gradients' rounding over without
+// amplifying it, and AdamW's bounds hold with room (measured: losses 3e-7, gradient
+// norms 2e-6, weights 5e-6). Dropping the Nesterov term fails the Nesterov runs,
+// dropping the weight decay every run.
 #define TESTING
 #include "../train_llama2.c"
 #include "test_common.h"
@@ -97,8 +106,8 @@ static void check_rel(double got, double want, double floor_, double tol, const 
 }
 
 // TrainConfig for a fixture run, as the command line would give it
-static void fixture_config(TrainConfig *tc, char **argv_store, const char *model, const JsonValue *hp, int full,
-                           int freeze, const char *outdir, const char *metrics) {
+static void fixture_config(TrainConfig *tc, char **argv_store, const char *model, const JsonValue *hp,
+                           const char *adapter, const char *outdir, const char *metrics) {
     static char buf[64][320];
     int n = 0;
 #define ARG(...) (snprintf(buf[n], sizeof buf[n], __VA_ARGS__), argv_store[n] = buf[n], n++)
@@ -111,9 +120,18 @@ static void fixture_config(TrainConfig *tc, char **argv_store, const char *model
     ARG("--shuffle"); ARG("0");
     ARG("--lr"); ARG("%.17g", json_num(hp, "lr"));
     ARG("--weight_decay"); ARG("%.17g", json_num(hp, "weight_decay"));
-    ARG("--adam_beta1"); ARG("%.17g", json_num(hp, "beta1"));
-    ARG("--adam_beta2"); ARG("%.17g", json_num(hp, "beta2"));
-    ARG("--adam_epsilon"); ARG("%.17g", json_num(hp, "eps"));
+    const char *optimizer;
+    int nesterov;
+    if (json_get_string(hp, "optimizer", &optimizer, NULL) == 0) { // SGD's settings (AdamW's fixtures name none)
+        if (json_get_bool(hp, "nesterov", &nesterov) != 0) die("fixture: nesterov");
+        ARG("--optimizer"); ARG("%s", optimizer);
+        ARG("--momentum"); ARG("%.17g", json_num(hp, "momentum"));
+        ARG("--nesterov"); ARG("%d", nesterov);
+    } else {
+        ARG("--adam_beta1"); ARG("%.17g", json_num(hp, "beta1"));
+        ARG("--adam_beta2"); ARG("%.17g", json_num(hp, "beta2"));
+        ARG("--adam_epsilon"); ARG("%.17g", json_num(hp, "eps"));
+    }
     ARG("--warmup_steps"); ARG("%d", (int)json_num(hp, "warmup_steps"));
     ARG("--grad_clip"); ARG("%.17g", json_num(hp, "grad_clip"));
     ARG("--max_steps"); ARG("%d", (int)json_num(hp, "max_steps"));
@@ -122,9 +140,8 @@ static void fixture_config(TrainConfig *tc, char **argv_store, const char *model
     ARG("--lr_scheduler"); ARG("%s", sched);
     ARG("--output_dir"); ARG("%s", outdir);
     ARG("--metrics_file"); ARG("%s", metrics);
-    if (full) ARG("--full_finetune");
-    else { ARG("--from_peft_checkpoint"); ARG("test/fixtures/%s/peft_init", model); }
-    if (freeze) { ARG("--freeze_layers"); ARG("%d", freeze); }
+    if (!adapter) ARG("--full_finetune");
+    else { ARG("--from_peft_checkpoint"); ARG("test/fixtures/%s/%s", model, adapter); }
 #undef ARG
     if (parse_args(tc, n, argv_store) != 0) die("fixture arguments rejected");
 }
@@ -139,11 +156,13 @@ static int list_trainables(Model *m, Trainable *out) {
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++) {
                 if (!(l->targets & (1u << t))) continue;
-                for (int ab = 0; ab < 2; ab++, n++) {
-                    lora_key(out[n].name, sizeof out[n].name, i, t, ab ? 'B' : 'A');
-                    out[n].data = ab ? lora_B(l, l->params, i, t) : lora_A(l, l->params, i, t);
-                    out[n].grad = ab ? lora_B(l, l->grads, i, t) : lora_A(l, l->grads, i, t);
-                    out[n].n = (size_t)l->r * (ab ? l->out[t] : l->in[t]);
+                for (int k = 0; k < lora_n_kinds(l); k++, n++) { // A, B (and DoRA's magnitude)
+                    lora_key(out[n].name, sizeof out[n].name, i, t, lora_kinds[k]);
+                    out[n].data = lora_tensor(l, l->params, i, t, k);
+                    out[n].grad = lora_tensor(l, l->grads, i, t, k);
+                    int64_t shape[2];
+                    out[n].n = lora_tensor_shape(l->r, l->in[t], l->out[t], k, shape) == 1 ? (size_t)shape[0]
+                                                                                         : (size_t)(shape[0] * shape[1]);
                 }
             }
         return n;
@@ -192,17 +211,52 @@ static void check_steps(const char *metrics, const JsonValue *steps, const JsonV
     free(mtext);
 }
 
-static void test_model(const char *model, int full) {
+// Ten optimizer steps of tc's run through the real training loop: each step's
+// loss, lr and gradient norm in the metrics against the reference's steps, then
+// every saved trainable tensor against ef's "<prefix>.final.<name>" (ntr of them).
+// what names the run in the checks; outdir and metrics are removed afterwards.
+static void check_training(TrainConfig *tc, const char *what, const JsonValue *steps, const JsonValue *hp, StFile *ef,
+                           const char *prefix, const Config *config, int ntr, const char *outdir, const char *metrics) {
+    char label[320], path[600];
+    int rc = train(tc);
+    snprintf(label, sizeof label, "%s: train() exits 0", what);
+    CHECK(rc == 0, label, "exit code %d", rc);
+    check_steps(metrics, steps, hp, what);
+    snprintf(path, sizeof path, tc->full_finetune ? "%s/model.safetensors" : "%s/adapter_model.safetensors", outdir);
+    StFile of;
+    if (st_open(&of, path) != 0) die("cannot open %s", path);
+    snprintf(label, sizeof label, "%s after 10 steps", what);
+    for (int i = 0; i < of.n_tensors; i++) {
+        const StTensor *t = &of.tensors[i];
+        float *got = (float *)mallocCheck(t->numel * sizeof(float));
+        st_read_f32(&of, t, 0, t->numel, got);
+        snprintf(path, sizeof path, "%s.final.%s", prefix, t->name);
+        check_weight(ef, path, t->name, got, t->numel, config, 1e-4, label);
+        free(got);
+    }
+    snprintf(label, sizeof label, "%s: saved every trainable tensor", what);
+    CHECK(of.n_tensors == ntr, label, "%d tensors saved, %d trainable", of.n_tensors, ntr);
+    st_close(&of);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", outdir, metrics);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
+}
+
+// mode: "full", "lora", or DoRA's "dora" and "dora_dropout", whose references are in
+// the model's dora/ (dev/reference/make_dora_fixtures.py, dropout masks as ours)
+static void test_model(const char *model, const char *mode) {
     char path[600], what[256], outdir[256], metrics[300];
-    const char *mode = full ? "full" : "lora";
-    snprintf(path, sizeof path, "test/fixtures/%s/ref/expected.json", model);
+    int full = !strcmp(mode, "full"), dora = !strncmp(mode, "dora", 4);
+    const char *refdir = dora ? "dora" : "ref";
+    const char *adapter = full ? NULL : !dora ? "peft_init" : !strcmp(mode, "dora") ? "dora/peft_init" : "dora/peft_init_dropout";
+    snprintf(path, sizeof path, "test/fixtures/%s/%s/expected.json", model, refdir);
     JsonValue exp = read_json(path);
     const JsonValue *ref = json_get(&exp, mode), *hp = json_get(json_get(&exp, "train"), mode);
     snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_%s_%s", (int)getpid(), model, mode);
     snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
     TrainConfig tc;
     char *argv[64];
-    fixture_config(&tc, argv, model, hp, full, 0, outdir, metrics);
+    fixture_config(&tc, argv, model, hp, adapter, outdir, metrics);
 
     // the data path: our tokenizer + dataloader must give the reference's step-0 batches
     Tokenizer tok;
@@ -243,7 +297,7 @@ static void test_model(const char *model, int full) {
     Model m;
     if (model_setup(&m, NULL, &tc, B, T, NULL) != 0) die("model setup failed for %s", model);
     StFile ef;
-    snprintf(path, sizeof path, "test/fixtures/%s/ref/expected.safetensors", model);
+    snprintf(path, sizeof path, "test/fixtures/%s/%s/expected.safetensors", model, refdir);
     if (st_open(&ef, path) != 0) die("cannot open %s", path);
     int V = m.host.config.vocab_size;
     float *logits = (float *)mallocCheck((size_t)B * Ts[0] * V * sizeof(float));
@@ -251,8 +305,11 @@ static void test_model(const char *model, int full) {
     int ntr = list_trainables(&m, tr);
     for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
     double loss = 0;
-    for (int g = 0; g < 2; g++)
+    for (int g = 0; g < 2; g++) { // step 0's dropout masks, as train() draws them
+        m.dropout_key = splitmix64(((uint64_t)tc.seed << 32) ^ (uint64_t)g);
         loss += model_forward_backward(&m, tokens + g * B * T, targets + g * B * T, B, Ts[g], 1.0f / labels);
+    }
+    m.host.lora.training = 0; // the reference's logits are evaluation's (no dropout)
     model_forward(&m, tokens, targets, B, Ts[0], logits);
     snprintf(what, sizeof what, "%s %s logits", model, mode);
     snprintf(path, sizeof path, "%s.logits", mode);
@@ -271,32 +328,48 @@ static void test_model(const char *model, int full) {
     model_free(&m);
 
     // ten optimizer steps through the real training loop, then the saved weights
-    int rc = train(&tc);
-    snprintf(what, sizeof what, "%s %s: train() exits 0", model, mode);
-    CHECK(rc == 0, what, "exit code %d", rc);
     snprintf(what, sizeof what, "%s %s", model, mode);
-    check_steps(metrics, json_get(ref, "steps"), hp, what);
-    snprintf(path, sizeof path, full ? "%s/model.safetensors" : "%s/adapter_model.safetensors", outdir);
-    StFile of;
-    if (st_open(&of, path) != 0) die("cannot open %s", path);
-    snprintf(what, sizeof what, "%s %s after 10 steps", model, mode);
-    for (int i = 0; i < of.n_tensors; i++) {
-        const StTensor *t = &of.tensors[i];
-        float *got = (float *)mallocCheck(t->numel * sizeof(float));
-        st_read_f32(&of, t, 0, t->numel, got);
-        snprintf(path, sizeof path, "%s.final.%s", mode, t->name);
-        check_weight(&ef, path, t->name, got, t->numel, &config, 1e-4, what);
-        free(got);
-    }
-    snprintf(what, sizeof what, "%s %s: saved every trainable tensor", model, mode);
-    CHECK(of.n_tensors == ntr, what, "%d tensors saved, %d trainable", of.n_tensors, ntr);
-    st_close(&of);
+    check_training(&tc, what, json_get(ref, "steps"), hp, &ef, mode, &config, ntr, outdir, metrics);
     st_close(&ef);
     free(logits); free(tr); free(tokens); free(targets);
     json_free(&exp);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", outdir, metrics);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
+}
+
+// the SGD runs of sgd.json (make_sgd_fixtures.py), each trained and compared as
+// test_model's ten AdamW steps are
+static void test_sgd(void) {
+    const char *model = "tiny_gqa";
+    char path[600], what[256], outdir[256], metrics[300];
+    snprintf(path, sizeof path, "test/fixtures/%s/ref/sgd.json", model);
+    JsonValue exp = read_json(path);
+    StFile ef;
+    snprintf(path, sizeof path, "test/fixtures/%s/ref/sgd.safetensors", model);
+    if (st_open(&ef, path) != 0) die("cannot open %s", path);
+    const JsonValue *runs = json_get(&exp, "runs");
+    if (!runs || runs->type != JSON_ARRAY) die("fixture: sgd.json has no runs");
+    for (int i = 0; i < runs->count; i++) {
+        const JsonValue *run = &runs->items[i], *hp = json_get(run, "hparams");
+        const char *name, *mode;
+        if (json_get_string(run, "name", &name, NULL) != 0 || json_get_string(run, "mode", &mode, NULL) != 0 || !hp)
+            die("fixture: sgd.json run %d", i);
+        int full = !strcmp(mode, "full");
+        snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_%s_sgd_%s", (int)getpid(), model, name);
+        snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+        TrainConfig tc;
+        char *argv[64];
+        fixture_config(&tc, argv, model, hp, full ? NULL : "peft_init", outdir, metrics);
+        Model m; // the trainable tensors' count and the config, as the run will have them
+        if (model_setup(&m, NULL, &tc, 1, 2, NULL) != 0) die("model setup failed for %s", model);
+        Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
+        int ntr = list_trainables(&m, tr);
+        Config config = m.host.config;
+        model_free(&m);
+        free(tr);
+        snprintf(what, sizeof what, "%s SGD %s", model, name);
+        check_training(&tc, what, json_get(run, "steps"), hp, &ef, name, &config, ntr, outdir, metrics);
+    }
+    st_close(&ef);
+    json_free(&exp);
 }
 
 // --freeze_layers N against transformers with requires_grad=False on the embedding (and a
@@ -316,7 +389,8 @@ static void test_freeze(const char *model) {
     snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
     TrainConfig tc;
     char *argv[64];
-    fixture_config(&tc, argv, model, hp, 1, N, outdir, metrics);
+    fixture_config(&tc, argv, model, hp, NULL, outdir, metrics);
+    tc.freeze_layers = N; // (fixture_config's options are full fine-tuning's: --freeze_layers goes with them)
     Model m;
     if (model_setup(&m, NULL, &tc, 2, 24, NULL) != 0) die("model setup failed for %s", model);
     snprintf(what, sizeof what, "%s --freeze_layers %d: the memory plan's gradients and moments", model, N);
@@ -434,11 +508,110 @@ static void test_dropout(void) {
     tokenizer_free(&tok);
 }
 
+// QLoRA (--quantize nf4, double quantization) against transformers + peft on a
+// bitsandbytes 4-bit model (dev/reference/make_qlora_fixtures.py): the weights as
+// dequantized for the products bit for bit (the same bytes from the same BF16
+// checkpoint, quant.h), then logits, loss and every LoRA gradient of one batch.
+// Both sides compute in fp32 (bitsandbytes dequantizes to fp32; there is no fp64
+// 4-bit model) from the same weights, each rounding ~1e-7 per operation in its own
+// summation order: logits and gradients within 1e-5 of a tensor's largest magnitude
+// (measured: 7e-7), the loss within 1e-6 relative (measured: 2e-8). A wrong code,
+// nibble or absmax moves the logits by ~1e-2. Then a short QLoRA fine-tune whose loss must fall
+// (from ~ln 512, the untrained model's, by a fifth at least; it falls by ~30%).
+static void test_qlora(void) {
+    const char *dir = "test/fixtures/tiny_qlora";
+    char outdir[128], metrics[160], what[256];
+    snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_qlora", (int)getpid());
+    snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+    char *argv[] = {"train_llama2", "--model", (char *)dir, "--data", "test/fixtures/data.jsonl", "--max_seq_len", "24",
+                    "--batch_size", "4", "--quantize", "nf4", "--from_peft_checkpoint", "test/fixtures/tiny_qlora/peft_init",
+                    "--max_steps", "30", "--lr", "3e-3", "--lr_scheduler", "constant", "--output_dir", outdir,
+                    "--metrics_file", metrics};
+    TrainConfig tc;
+    if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("qlora: arguments rejected");
+    int B = 2, T = 16;
+    Model m;
+    if (model_setup(&m, NULL, &tc, B, T, NULL) != 0) die("qlora: model setup failed");
+    StFile ef;
+    if (st_open(&ef, "test/fixtures/tiny_qlora/ref/expected.safetensors") != 0) die("qlora: no fixture");
+    const Config *c = &m.host.config;
+    int exact = 0, total = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const FsdpUnit *un = &m.host.units.units[fsdp_layer_unit(l)];
+        float *w = unit_dequant(&m, fsdp_layer_unit(l));
+        for (int j = 0; j < un->n_tensors; j++) {
+            if (!model_quantized(&m.host, fsdp_layer_unit(l), j)) continue;
+            char name[160];
+            snprintf(name, sizeof name, "deq.%s", un->tensors[j].name);
+            const StTensor *t = st_find(&ef, name);
+            float *want = (float *)mallocCheck(un->tensors[j].numel * sizeof(float));
+            total++;
+            exact += t && t->numel == un->tensors[j].numel && st_read_f32(&ef, t, 0, t->numel, want) == 0 &&
+                     memcmp(want, w + un->tensors[j].offset, t->numel * sizeof(float)) == 0;
+            free(want);
+        }
+    }
+    CHECK(exact == total && total == 7 * c->n_layers, "qlora: every 4-bit weight dequantizes to bitsandbytes' bits",
+          "%d of %d", exact, total);
+    int tokens[2 * 16], targets[2 * 16];
+    if (st_read_i32(&ef, st_find(&ef, "tokens"), tokens) != 0 || st_read_i32(&ef, st_find(&ef, "targets"), targets) != 0)
+        die("qlora: batch");
+    long labels = 0;
+    for (int i = 0; i < B * T; i++) labels += targets[i] >= 0;
+    Trainable *tr = (Trainable *)mallocCheck(64 * sizeof(Trainable));
+    int ntr = list_trainables(&m, tr);
+    for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
+    double loss = model_forward_backward(&m, tokens, targets, B, T, 1.0f / labels) / labels;
+    float *logits = (float *)mallocCheck((size_t)B * T * c->vocab_size * sizeof(float)), want_loss;
+    model_forward(&m, tokens, targets, B, T, logits);
+    check_tensor(&ef, "logits", logits, (size_t)B * T * c->vocab_size, 1e-5, "qlora");
+    if (st_read_f32(&ef, st_find(&ef, "loss"), 0, 1, &want_loss) != 0) die("qlora: loss");
+    check_rel(loss, want_loss, 0, 1e-6, "qlora loss");
+    char name[256];
+    for (int i = 0; i < ntr; i++) {
+        snprintf(name, sizeof name, "grad.%s", tr[i].name);
+        check_tensor(&ef, name, tr[i].grad, tr[i].n, 1e-5, "qlora");
+    }
+    CHECK(ntr == 2 * LORA_N_TARGETS * c->n_layers, "qlora: the adapter covers all seven linear layers", "%d tensors", ntr);
+    free(tr), free(logits);
+    st_close(&ef);
+    model_free(&m);
+
+    // a short fine-tune on the tiny data: the loss falls
+    int rc = train(&tc);
+    CHECK(rc == 0, "qlora: train() exits 0", "exit code %d", rc);
+    size_t len;
+    char *text = read_file(metrics, &len);
+    double first = 0, last = 0;
+    int steps = 0;
+    for (char *p = text, *e; p && (e = strchr(p, '\n')); p = e + 1) {
+        JsonValue rec;
+        char err[64];
+        if (json_parse(p, e - p, &rec, err, sizeof err) != 0) die("%s: %s", metrics, err);
+        if (json_get(&rec, "loss")) last = json_num(&rec, "loss"), first = steps++ ? first : last;
+        json_free(&rec);
+    }
+    snprintf(what, sizeof what, "qlora: %d fine-tuning steps lower the loss by a fifth", steps);
+    CHECK(steps == 30 && last < first * 0.8, what, "first %.4f, last %.4f", first, last);
+    free(text);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", outdir, metrics);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
+}
+
 int main(void) {
+    test_qlora();
     test_dropout();
+    test_sgd();
     const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama", "tiny_mistral"};
-    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
-        for (int full = 0; full < 2; full++) test_model(models[i], full);
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        test_model(models[i], "lora");
+        test_model(models[i], "full");
+    }
+    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout
+        test_model(models[i], "dora");
+        test_model(models[i], "dora_dropout");
+    }
     test_freeze("tiny_gqa");  // untied: lm_head trains
     test_freeze("tiny_tied"); // tied: the head is the frozen embedding
     return test_summary();

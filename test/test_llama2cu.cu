@@ -3,7 +3,7 @@
 // set up from the same arguments on the same checkpoint and batches: the
 // logits and the loss, every trainable gradient, and 10 optimizer steps of
 // losses and gradient norms; for LoRA (with dropout, whose masks are the same
-// hash on both) and full fine-tuning, whole sequences and chunks (keep and
+// hash on both; and DoRA, tiny_gqa's peft adapter) and full fine-tuning, whole sequences and chunks (keep and
 // recompute, the head in pieces, --activation_checkpointing), GQA (tiny_gqa) and
 // tied (tiny_tied) models and a random one with head_dim 64 and GQA (bf16
 // attention then runs on tensor cores), and tiny_gqa with a sliding window of 5
@@ -11,7 +11,10 @@
 // than some), in --precision fp32 and bf16; the head_dim-64 model with that
 // window too, for the tensor cores' window, in single micro-batches; and a few
 // cases of two families' fixtures: Llama-3's RoPE scaling with head_dim 12, not
-// hidden_size / heads (tiny_llama3), and CodeLlama's 32016 rows. Each
+// hidden_size / heads (tiny_llama3), and CodeLlama's 32016 rows; and 10 steps of
+// SGD (--optimizer sgd, momentum 0.9, Nesterov or not, weight decay) on tiny_gqa,
+// within AdamW's step tolerances (SGD's update, linear in the gradient, does not
+// amplify the gradients' rounding as AdamW's m / sqrt(v) does). Each
 // comparison prints the worst element of what it compares; the program exits 1
 // when any check fails. A run with --activation_checkpointing must also give the
 // bits of the same CUDA run without it (logits, losses, every gradient): it runs
@@ -22,7 +25,8 @@
 // Without a GPU it prints a SKIP line and exits 0; built by the execution layer
 // (dev/emu/, build-emu/test/test_llama2cu) it runs on the CPU. --quick runs a few
 // cases with 3 steps (for compute-sanitizer, which makes every kernel slow);
-// --part i/n a share of the cases (test/test_emu_cuda.sh runs two at once).
+// --part i/n a share of the cases (test/test_emu_cuda.sh runs two at once);
+// --filter TEXT only the cases whose description contains TEXT (e.g. "sgd").
 //
 // Tolerances, each relative to the largest magnitude of what it compares
 // (the whole logits, one gradient tensor at a time, each step's loss):
@@ -61,17 +65,24 @@ struct Case {
     const char *mem;       // --chunk_memory
     int out_chunks;        // --num_output_chunks
     bool ckpt;             // --activation_checkpointing
-    int freeze;            // --freeze_layers (full fine-tuning)
+    bool dora = false;     // LoRA from the fixture's DoRA adapter (dora/peft_init) instead
+    int freeze = 0;        // --freeze_layers (full fine-tuning)
 };
+enum { ADAMW, SGD_MOMENTUM, SGD_NESTEROV }; // the optimizer of a Pair (SGD: momentum 0.9, Nesterov or not)
 
 // the case in words, for the check lines
-std::string describe(const Case &c) {
+std::string describe(const Case &c, int optimizer = ADAMW) {
     char buf[200];
     const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%.0d", model, c.full ? "full" : "lora", c.precision, c.chunk,
-             c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", c.freeze ? " freeze_layers=" : "", c.freeze);
+    const char *optimizers[] = {"", " sgd momentum", " sgd nesterov"};
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%.0d", model, c.full ? "full" : c.dora ? "dora" : "lora",
+             c.precision, c.chunk, c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", optimizers[optimizer],
+             c.freeze ? " freeze_layers=" : "", c.freeze);
     return buf;
 }
+
+const char *filter = NULL; // --filter: only the cases whose description contains it
+bool filtered_out(const std::string &name) { return filter && name.find(filter) == std::string::npos; }
 
 // both backends, set up from the same arguments but for --precision (the CPU
 // judges in fp32); the arguments must outlive them: the options point into them
@@ -79,17 +90,20 @@ struct Pair {
     std::vector<std::string> args[2]; // cpu, gpu
     std::vector<char *> argv[2];
     void *cpu, *gpu;
-    Pair(const Case &c) {
+    Pair(const Case &c, int optimizer = ADAMW) {
         std::string model = c.model;
         for (int side = 0; side < 2; side++) {
             std::vector<std::string> &a = args[side];
             a = {"test_llama2cu", "--model", model, "--data", "unused", "--max_seq_len", std::to_string(T),
                  "--chunk_size", std::to_string(c.chunk), "--chunk_memory", c.mem, "--num_output_chunks",
-                 std::to_string(c.out_chunks), "--precision", side ? c.precision : "fp32", "--lr",
-                 c.full ? "1e-3" : "5e-3", "--weight_decay", "0.01", "--seed", "3",
-                 c.ckpt ? "--activation_checkpointing=1" : "--activation_checkpointing=0"};
+                 std::to_string(c.out_chunks), "--precision", side ? c.precision : "fp32", "--weight_decay", "0.01",
+                 "--seed", "3", c.ckpt ? "--activation_checkpointing=1" : "--activation_checkpointing=0"};
+            if (optimizer != ADAMW) // SGD moves the weights as far as AdamW's steps do at a larger lr
+                a.insert(a.end(), {"--optimizer", "sgd", "--momentum", "0.9", "--nesterov",
+                                   optimizer == SGD_NESTEROV ? "1" : "0", "--lr", c.full ? "0.1" : "0.5"});
+            else a.insert(a.end(), {"--lr", c.full ? "1e-3" : "5e-3"});
             if (c.full) a.push_back("--full_finetune");
-            else a.insert(a.end(), {"--from_peft_checkpoint", model + "/peft_init"}); // B != 0: A gets gradients too
+            else a.insert(a.end(), {"--from_peft_checkpoint", model + (c.dora ? "/dora/peft_init" : "/peft_init")}); // B != 0
             if (c.freeze) a.insert(a.end(), {"--freeze_layers", std::to_string(c.freeze)});
             for (std::string &arg : a) argv[side].push_back(&arg[0]);
         }
@@ -157,10 +171,12 @@ template <typename F> void for_each_trainable(const HostModel *h, F f) {
         const LoRA *l = &h->lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++)
-                for (int ab = 0; ab < 2 && (l->targets & (1u << t)); ab++) {
-                    lora_key(name, sizeof name, i, t, ab ? 'B' : 'A');
-                    size_t off = l->offset[i * LORA_N_TARGETS + t] + (ab ? (size_t)l->r * l->in[t] : 0);
-                    f(name, off, (size_t)l->r * (ab ? l->out[t] : l->in[t]));
+                for (int k = 0; k < lora_n_kinds(l) && (l->targets & (1u << t)); k++) { // A, B (DoRA: m)
+                    lora_key(name, sizeof name, i, t, lora_kinds[k]);
+                    int64_t shape[2];
+                    size_t n = lora_tensor_shape(l->r, l->in[t], l->out[t], k, shape) == 1 ? (size_t)shape[0]
+                                                                                      : (size_t)(shape[0] * shape[1]);
+                    f(name, (size_t)(lora_tensor(l, l->params, i, t, k) - l->params), n);
                 }
         return;
     }
@@ -173,8 +189,9 @@ template <typename F> void for_each_trainable(const HostModel *h, F f) {
 
 // logits and loss (no dropout), then the loss and every gradient of a training micro-batch
 void check_case(const Case &c) {
-    const Tol &tol = strcmp(c.precision, "fp32") ? BF16_TOL : FP32_TOL;
     std::string name = describe(c);
+    if (filtered_out(name)) return;
+    const Tol &tol = strcmp(c.precision, "fp32") ? BF16_TOL : FP32_TOL;
     Pair pair(c);
     int V = pair.host()->config.vocab_size;
     std::vector<int> tokens(B * T), targets(B * T);
@@ -224,10 +241,11 @@ void check_case(const Case &c) {
 }
 
 // optimizer steps, each on a batch of its own: losses and gradient norms
-void check_steps(const Case &c, int steps) {
+void check_steps(const Case &c, int steps, int optimizer = ADAMW) {
+    std::string name = describe(c, optimizer);
+    if (filtered_out(name)) return;
     const Tol &tol = strcmp(c.precision, "fp32") ? BF16_TOL : FP32_TOL;
-    std::string name = describe(c);
-    Pair pair(c);
+    Pair pair(c, optimizer);
     int V = pair.host()->config.vocab_size;
     std::vector<int> tokens(B * T), targets(B * T);
     double worst_loss = 0, worst_norm = 0;
@@ -264,7 +282,7 @@ void write_hd64_model(const char *dir) {
     int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
     lora_shapes(&h.config, in, out);
     LoRA l;
-    lora_alloc(&l, h.config.n_layers, in, out, 4, 8.0f, 0.0f, 0, (1u << LORA_N_TARGETS) - 1);
+    lora_alloc(&l, h.config.n_layers, in, out, 4, 8.0f, 0.0f, 0, 0, (1u << LORA_N_TARGETS) - 1);
     lora_init(&l, 5);
     uint64_t state = 9;
     for (int i = 0; i < l.n_layers; i++)
@@ -302,7 +320,7 @@ void check_window_binds(const char *causal, const char *windowed) {
     double loss[2][2]; // [causal, windowed][cpu, gpu]
     const char *models[2] = {causal, windowed};
     for (int w = 0; w < 2; w++) {
-        Pair pair({models[w], false, "fp32", 0, "keep", 1, false, 0});
+        Pair pair({models[w], false, "fp32", 0, "keep", 1, false});
         int V = pair.host()->config.vocab_size;
         std::vector<int> tokens(B * T), targets(B * T);
         std::vector<float> logits((size_t)B * T * V);
@@ -330,7 +348,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--part") && i + 1 < argc && sscanf(argv[i + 1], "%d/%d", &part, &parts) == 2 &&
                  parts > 0 && part >= 0 && part < parts) i++;
-        else die("usage: test_llama2cu [--quick] [--part i/n]");
+        else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+        else die("usage: test_llama2cu [--quick] [--part i/n] [--filter TEXT]");
     }
     int case_index = 0;
     auto mine = [&]() { return case_index++ % parts == part; };
@@ -347,10 +366,10 @@ int main(int argc, char **argv) {
     const char *precisions[] = {"fp32", "bf16"};
     // whole sequences; chunks that divide T and one that does not; one position at a time;
     // activation checkpointing with each memory mode (--quick: the first two)
-    Case chunkings[] = {{NULL, false, NULL, 0, "keep", 1, false, 0}, {NULL, false, NULL, 7, "recompute", 3, true, 0},
-                        {NULL, false, NULL, 8, "keep", 1, false, 0}, {NULL, false, NULL, 7, "recompute", 3, false, 0},
-                        {NULL, false, NULL, 1, "recompute", 1, false, 0}, {NULL, false, NULL, 0, "keep", 1, true, 0},
-                        {NULL, false, NULL, 5, "keep", 2, true, 0}};
+    Case chunkings[] = {{NULL, false, NULL, 0, "keep", 1, false}, {NULL, false, NULL, 7, "recompute", 3, true},
+                        {NULL, false, NULL, 8, "keep", 1, false}, {NULL, false, NULL, 7, "recompute", 3, false},
+                        {NULL, false, NULL, 1, "recompute", 1, false}, {NULL, false, NULL, 0, "keep", 1, true},
+                        {NULL, false, NULL, 5, "keep", 2, true}};
     int n_chunkings = quick ? 2 : 7, steps = quick ? 3 : 10;
     for (size_t mi = 0; mi < models.size(); mi++)
         for (const char *precision : precisions)
@@ -360,9 +379,9 @@ int main(int argc, char **argv) {
                     c.model = models[mi]; c.full = full; c.precision = precision;
                     if (mine()) check_case(c);
                 }
-                Case whole = {models[mi], (bool)full, precision, 0, "keep", 1, false, 0};
-                Case chunked = {models[mi], (bool)full, precision, 5, "recompute", 1, false, 0};
-                Case checkpointed = {models[mi], (bool)full, precision, 5, "keep", 1, true, 0};
+                Case whole = {models[mi], (bool)full, precision, 0, "keep", 1, false};
+                Case chunked = {models[mi], (bool)full, precision, 5, "recompute", 1, false};
+                Case checkpointed = {models[mi], (bool)full, precision, 5, "keep", 1, true};
                 if (mine()) check_steps(whole, steps);
                 if (mine()) check_steps(chunked, steps);
                 if (mine()) check_steps(checkpointed, steps);
@@ -383,29 +402,48 @@ int main(int argc, char **argv) {
                     c.model = model.c_str(); c.full = full; c.precision = precision;
                     if ((k != 4 || !quick) && mine()) check_case(c);
                 }
-                Case whole = {model.c_str(), (bool)full, precision, 0, "keep", 1, false, 0};
-                Case chunked = {model.c_str(), (bool)full, precision, 5, "recompute", 1, false, 0};
+                Case whole = {model.c_str(), (bool)full, precision, 0, "keep", 1, false};
+                Case chunked = {model.c_str(), (bool)full, precision, 5, "recompute", 1, false};
                 if (model == windowed && mine()) check_steps(whole, steps);
                 if (model == windowed && mine()) check_steps(chunked, steps);
             }
+    // DoRA (peft's adapter of tiny_gqa, dropout 0.1): whole and in chunks with activation
+    // checkpointing, and 10 steps whole and in chunks, in each precision
+    for (const char *precision : precisions) {
+        Case dora[] = {{"test/fixtures/tiny_gqa", false, precision, 0, "keep", 1, false, true},
+                       {"test/fixtures/tiny_gqa", false, precision, 7, "recompute", 3, true, true}};
+        for (const Case &c : dora)
+            if (mine()) check_case(c);
+        Case chunked = {"test/fixtures/tiny_gqa", false, precision, 5, "recompute", 1, false, true};
+        if (mine()) check_steps(dora[0], steps);
+        if (!quick && mine()) check_steps(chunked, steps);
+    }
     // each family's fixture a few cases (the emulated suite runs them all)
-    Case families[] = {{"test/fixtures/tiny_llama3", false, "fp32", 0, "keep", 1, false, 0},
-                       {"test/fixtures/tiny_llama3", true, "fp32", 7, "recompute", 3, true, 0},
-                       {"test/fixtures/tiny_llama3", false, "bf16", 5, "keep", 1, false, 0},
-                       {"test/fixtures/tiny_codellama", false, "fp32", 0, "keep", 1, false, 0},
-                       {"test/fixtures/tiny_codellama", true, "bf16", 7, "recompute", 3, false, 0}};
+    Case families[] = {{"test/fixtures/tiny_llama3", false, "fp32", 0, "keep", 1, false},
+                       {"test/fixtures/tiny_llama3", true, "fp32", 7, "recompute", 3, true},
+                       {"test/fixtures/tiny_llama3", false, "bf16", 5, "keep", 1, false},
+                       {"test/fixtures/tiny_codellama", false, "fp32", 0, "keep", 1, false},
+                       {"test/fixtures/tiny_codellama", true, "bf16", 7, "recompute", 3, false}};
     for (const Case &c : families)
         if (!quick && mine()) check_case(c);
-    Case llama3_steps = {"test/fixtures/tiny_llama3", true, "fp32", 5, "recompute", 1, false, 0};
+    Case llama3_steps = {"test/fixtures/tiny_llama3", true, "fp32", 5, "recompute", 1, false};
     if (!quick && mine()) check_steps(llama3_steps, steps);
     // --freeze_layers 1 (the embedding and layer 0 frozen; tied: the head with them): one micro-batch
     // whole, and steps in recomputed chunks of 5, against the CPU twin (itself against transformers)
     for (const char *model : {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"})
         for (const char *precision : precisions) {
-            Case whole = {model, true, precision, 0, "keep", 1, false, 1};
-            Case chunked = {model, true, precision, 5, "recompute", 1, false, 1};
+            Case whole = {model, true, precision, 0, "keep", 1, false}, chunked = {model, true, precision, 5, "recompute", 1, false};
+            whole.freeze = chunked.freeze = 1;
             if ((!quick || !strcmp(model, "test/fixtures/tiny_gqa")) && mine()) check_case(whole);
             if ((!quick || !strcmp(model, "test/fixtures/tiny_gqa")) && mine()) check_steps(chunked, steps);
+        }
+    // SGD, momentum and Nesterov momentum: steps whole (LoRA and full) and in chunks (full)
+    for (const char *precision : precisions)
+        for (int optimizer : {SGD_MOMENTUM, SGD_NESTEROV}) {
+            Case lora = {"test/fixtures/tiny_gqa", false, precision, 0, "keep", 1, false};
+            Case full = {"test/fixtures/tiny_gqa", true, precision, 5, "recompute", 1, false};
+            if (!quick && mine()) check_steps(lora, steps, optimizer);
+            if (!quick && mine()) check_steps(full, steps, optimizer);
         }
     remove_tree(tmp);
     printf("test_llama2cu: %d passed, %d failed\n", test_passed, test_failed);

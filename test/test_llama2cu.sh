@@ -9,6 +9,7 @@
 #    --activation_checkpointing must save it the activation bytes it saves the CPU trainer.
 #    --collectives: auto (the default, shown in --help), nccl and host run; another
 #    value is refused naming the option; two ranks (dev/launch.sh 2) plan with host.
+#    --quantize (QLoRA) is refused: the CPU trainer runs it, the CUDA one not yet.
 # 2. test_llama2cu, the CUDA trainer against the CPU twin; without a GPU it says SKIP.
 cd "$(dirname "$0")/.."
 if [ ! -x train_llama2cu ] || [ ! -x test/test_llama2cu ]; then
@@ -79,6 +80,10 @@ for c in host nccl auto; do dry "--collectives $c" --collectives $c; done
 rc=$?
 [ $rc -eq 2 ] && grep -q -- "--collectives: 'bogus' is not one this trainer runs (auto, nccl, host)" "$TMP/bogus.log"
 check "--collectives bogus is refused, naming the option" $? "exit $rc: $(tail -2 "$TMP/bogus.log")"
+./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --quantize nf4 >"$TMP/qlora.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q -- "--quantize is not yet supported in the CUDA trainer" "$TMP/qlora.log"
+check "--quantize is refused for now (the CPU trainer runs QLoRA)" $? "exit $rc: $(tail -2 "$TMP/qlora.log")"
 dev/launch.sh 2 ./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --collectives host >"$TMP/w2.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q "^2 ranks, FULL_SHARD" "$TMP/w2.log" && grep -q "memory plan (GPU memory" "$TMP/w2.log" &&

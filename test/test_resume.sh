@@ -2,8 +2,8 @@
 # Checkpoints and resume: a run that is killed (at chosen points, in the middle
 # of writing a checkpoint, and at random moments) and resumed ends with exactly
 # the weights and the loss trajectory of a run that was never interrupted, bit
-# for bit; SIGTERM finishes the step, saves and exits 0; a resume with changed
-# options or data is refused.
+# for bit (LoRA, full fine-tuning, QLoRA); SIGTERM finishes the step, saves and
+# exits 0; a resume with changed options or data is refused.
 set -u
 SUITE=resume
 source test/train_helpers.sh # BIN, TMP, FIX; check, run, start, trajectory, same_result
@@ -87,4 +87,56 @@ run "$TMP/i" 6 --data "$TMP/data.jsonl" --resume "$TMP/g/checkpoint-3"
 rc=$?
 [ $rc -eq 1 ] && grep -q "trainer_state.json" "$TMP/i.log"
 check "a corrupt trainer_state.json is refused, naming the file" $? "exit $rc: $(tail -2 "$TMP/i.log")"
+
+# SGD: the momentum buffer round-trips exactly (a buffer lost or zeroed changes the steps after the resume),
+# LoRA with Nesterov momentum and full fine-tuning with momentum; plain SGD keeps no state at all
+for sgd in "lora nesterov" "full momentum" "full plain"; do
+    set -- $sgd
+    opts=(--optimizer sgd --lr 0.1 --weight_decay 0.01)
+    [ "$2" != plain ] && opts+=(--momentum 0.9)
+    [ "$2" = nesterov ] && opts+=(--nesterov 1)
+    [ "$1" = full ] && opts+=(--full_finetune)
+    weights=$([ "$1" = full ] && echo model.safetensors || echo adapter_model.safetensors)
+    out="$TMP/sgd-$1-$2"
+    run "$out-ref" 9 "${opts[@]}"
+    LLAMA2TUNE_FAULT=step:5 run "$out" 9 "${opts[@]}"
+    run "$out" 9 "${opts[@]}" --resume "$out"
+    same_result "SGD ($1, $2) killed after step 5 and resumed == uninterrupted, bit for bit" "$out-ref" "$out" $weights
+done
+tensors() { head -c 4096 "$1" | grep -ao '"[a-z_]*":{"dtype"' | cut -d'"' -f2 | tr '\n' ' '; } # the names in a safetensors header
+[ "$(tensors "$TMP/sgd-lora-nesterov/checkpoint-9/optimizer.safetensors")" = "momentum_buffer " ] &&
+    [ -z "$(tensors "$TMP/sgd-full-plain/checkpoint-9/optimizer.safetensors")" ]
+check "SGD checkpoints hold the momentum buffer (torch's name), plain SGD's none" $? \
+    "$(tensors "$TMP/sgd-lora-nesterov/checkpoint-9/optimizer.safetensors"); $(tensors "$TMP/sgd-full-plain/checkpoint-9/optimizer.safetensors")"
+refused() { # refused NAME EXPECT [args]: a resume of the SGD LoRA run with these options is refused, saying EXPECT
+    local name=$1 expect=$2; shift 2
+    run "$TMP/sgd-refused" 12 --resume "$TMP/sgd-lora-nesterov-ref/checkpoint-9" "$@"
+    local rc=$?
+    [ $rc -eq 1 ] && grep -q -- "$expect" "$TMP/sgd-refused.log"
+    check "$name" $? "exit $rc: $(tail -2 "$TMP/sgd-refused.log")"
+}
+refused "resume of an SGD checkpoint with AdamW is refused" "--optimizer was 'sgd' in the checkpoint but is 'adamw' now" \
+    --lr 0.1 --weight_decay 0.01
+refused "resume with another --momentum is refused" "--momentum was '0.899999976' in the checkpoint but is '0.5' now" \
+    --optimizer sgd --lr 0.1 --weight_decay 0.01 --momentum 0.5 --nesterov 1
+refused "resume with another --nesterov is refused" "--nesterov was '1' in the checkpoint but is '0' now" \
+    --optimizer sgd --lr 0.1 --weight_decay 0.01 --momentum 0.9
+# a checkpoint from before --optimizer, --momentum and --nesterov existed lacks them: it resumes as their defaults (AdamW)
+mkdir -p "$TMP/old"
+cp -r "$TMP/ref/checkpoint-9" "$TMP/old/checkpoint-9" && cp "$TMP/ref.jsonl" "$TMP/old.jsonl" # steps 1-9 as before the resume
+sed -i '/"optimizer": \|"momentum": \|"nesterov": /d' "$TMP/old/checkpoint-9/trainer_state.json"
+! grep -q '"optimizer": ' "$TMP/old/checkpoint-9/trainer_state.json" && run "$TMP/old" 12 --resume "$TMP/old/checkpoint-9"
+check "a checkpoint without the options added since resumes with their defaults" $? "$(tail -2 "$TMP/old.log")"
+same_result "  and ends as the uninterrupted run, bit for bit" "$TMP/ref" "$TMP/old" adapter_model.safetensors
+# QLoRA: the 4-bit base is quantized again from --model at the resume, the same bytes
+ARGS=(--model $FIX/tiny_qlora --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --lora_dropout 0.1
+      --lora_target_modules all-linear --quantize nf4 --save_every 3 --threads 1)
+run "$TMP/qref" 6
+LLAMA2TUNE_FAULT=step:4 run "$TMP/q" 6
+run "$TMP/q" 6 --resume "$TMP/q"
+same_result "QLoRA killed after step 4 and resumed == uninterrupted" "$TMP/qref" "$TMP/q" adapter_model.safetensors
+run "$TMP/q2" 6 --resume "$TMP/qref/checkpoint-3" --double_quant 0
+rc=$?
+[ $rc -eq 1 ] && grep -q -- "--double_quant was '1' in the checkpoint but is '0' now" "$TMP/q2.log"
+check "QLoRA resume with another --double_quant is refused" $? "exit $rc: $(tail -2 "$TMP/q2.log")"
 exit $((fails > 0))

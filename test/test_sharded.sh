@@ -127,6 +127,20 @@ for model in tiny_llama3 tiny_linear tiny_codellama tiny_mistral; do
         same_run "$model, $mode, W = 2 FULL_SHARD == one process" "$TMP/$model-$mode-1" "$TMP/$model-$mode-2" $weights
     done
 done
+# DoRA: its magnitudes train like A and B (all-reduced), and start at the row norms of the
+# weights, which a sharded run sees only gathered: W = 2 and 3 FULL_SHARD == one process,
+# and a checkpoint saved at W = 3 resumed at W = 2 == uninterrupted
+DORA=("${LORA[@]}" --use_dora)
+run 0 "$TMP/dora1" "${DORA[@]}" --batch_size 12 --save_every 5 --keep_checkpoints 0
+for w in 2 3; do
+    run $w "$TMP/dora-$w" "${DORA[@]}" --batch_size $((12 / w)) --sharding_strategy FULL_SHARD --chunk_size 7 \
+        --save_every 5 --keep_checkpoints 0
+    same_run "DoRA, W = $w, FULL_SHARD in chunks == one process" "$TMP/dora1" "$TMP/dora-$w" adapter_model.safetensors
+done
+out="$TMP/dora-resume2"
+mkdir -p "$out" && cp -r "$TMP/dora-3/checkpoint-5" "$out/" && head -5 "$TMP/dora-3.jsonl" >"$out.jsonl"
+run 2 "$out" "${DORA[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --chunk_size 7 --resume "$out"
+same_run "DoRA saved at W = 3, resumed at W = 2 == uninterrupted (steps 6-10, final adapter)" "$TMP/dora-3" "$out" adapter_model.safetensors 6
 run 4 "$TMP/lora-4-hybrid" "${LORA[@]}" --batch_size 3 --sharding_strategy HYBRID_SHARD --shard_group 2
 same_run "LoRA, W = 4, HYBRID_SHARD in two groups of two == one process" "$TMP/lora1" "$TMP/lora-4-hybrid" adapter_model.safetensors
 run 4 "$TMP/full-4-hybrid" "${FULL[@]}" --batch_size 3 --sharding_strategy HYBRID_SHARD --shard_group 2
@@ -134,14 +148,6 @@ same_run "full fine-tuning, W = 4, HYBRID_SHARD in two groups of two == one proc
 grep -q "4 ranks, HYBRID_SHARD: shard groups of 2, 2 replica(s)" "$TMP/full-4-hybrid.log"
 check "W = 4 HYBRID_SHARD says its groups" $? "$(head -3 "$TMP/full-4-hybrid.log")"
 
-# --global_batch_size 24 (COMMON's accumulation reset to 0: derived): 8, 4 and 2 micro-batches of
-# 3 rows at W = 1, 2 and 4 train one process's 2 x 12; a checkpoint of W = 4 resumes at W = 2
-for w in 1 2 4; do
-    run $w "$TMP/gbs-$w" "${FULL[@]}" --batch_size 3 --gradient_accumulation_steps 0 --global_batch_size 24
-    grep -q "10 steps of $((8 / w)) x $w x 3 rows" "$TMP/gbs-$w.log"
-    check "--global_batch_size 24 at W = $w: $((8 / w)) micro-batches of 3 rows on each rank" $? "$(grep "steps of" "$TMP/gbs-$w.log")"
-    same_run "--global_batch_size 24, W = $w == one process's 2 x 12 rows" "$TMP/full1" "$TMP/gbs-$w" model.safetensors
-done
 # --freeze_layers 1 (the embedding, with the head tied to it, and layer 0 frozen): W = 2 and 3 == one
 # process for each strategy family; the sharded checkpoint (moments of the trainable units only)
 # resumes at W = 2 and 1, and one process's (whole, moments of the trainable weights) at W = 3
@@ -174,6 +180,14 @@ run 2 "$TMP/freeze-other" "${FULL[@]}" --batch_size 6 --resume "$TMP/freeze1/che
 [ $? -ne 0 ] && grep -q -- "--freeze_layers was '1' in the checkpoint but is '0' now" "$TMP/freeze-other.log"
 check "--freeze_layers: a resume without it is refused" $? "$(tail -2 "$TMP/freeze-other.log")"
 
+# --global_batch_size 24 (COMMON's accumulation reset to 0: derived): 8, 4 and 2 micro-batches of
+# 3 rows at W = 1, 2 and 4 train one process's 2 x 12; a checkpoint of W = 4 resumes at W = 2
+for w in 1 2 4; do
+    run $w "$TMP/gbs-$w" "${FULL[@]}" --batch_size 3 --gradient_accumulation_steps 0 --global_batch_size 24
+    grep -q "10 steps of $((8 / w)) x $w x 3 rows" "$TMP/gbs-$w.log"
+    check "--global_batch_size 24 at W = $w: $((8 / w)) micro-batches of 3 rows on each rank" $? "$(grep "steps of" "$TMP/gbs-$w.log")"
+    same_run "--global_batch_size 24, W = $w == one process's 2 x 12 rows" "$TMP/full1" "$TMP/gbs-$w" model.safetensors
+done
 run 4 "$TMP/gbs-save4" "${FULL[@]}" --batch_size 3 --gradient_accumulation_steps 0 --global_batch_size 24 --save_every 5 --keep_checkpoints 0
 out="$TMP/gbs-resume2"
 mkdir -p "$out" && cp -r "$TMP/gbs-save4/checkpoint-5" "$out/" && head -5 "$TMP/gbs-save4.jsonl" >"$out.jsonl"
@@ -269,6 +283,28 @@ env_case 3 HYBRID_SHARD 3-HYBRID_SHARD # one group per node: LOCAL_WORLD_SIZE = 
 env_case 4 HYBRID_SHARD 4-hybrid --shard_group 2
 grep -q "4 ranks, HYBRID_SHARD: shard groups of 2, 2 replica(s)" "$TMP/env-full-4-HYBRID_SHARD.log"
 check "launched by the environment: W = 4 HYBRID_SHARD says its groups" $? "$(head -3 "$TMP/env-full-4-HYBRID_SHARD.log")"
+
+# SGD (Nesterov momentum 0.9, weight decay): each rank keeps the momentum buffer of the whole adapter (LoRA)
+# or of its own shard (full fine-tuning); W = 2 and 3 == one process, with the tolerances above (SGD's
+# update is linear in the gradient: it passes on the ranks' rounding without amplifying it, as AdamW's
+# m / sqrt(v) does); and a checkpoint of W = 3 shards, each with its shard's buffer, resumed at W = 2
+SGD=(--optimizer sgd --momentum 0.9 --nesterov 1 --lr 0.05)
+run 0 "$TMP/sgd-lora1" "${LORA[@]}" "${SGD[@]}" --batch_size 12
+run 0 "$TMP/sgd-full1" "${FULL[@]}" "${SGD[@]}" --batch_size 12
+for w in 2 3; do
+    run $w "$TMP/sgd-lora-$w" "${LORA[@]}" "${SGD[@]}" --batch_size $((12 / w)) --sharding_strategy FULL_SHARD
+    same_run "SGD, LoRA, W = $w FULL_SHARD == one process" "$TMP/sgd-lora1" "$TMP/sgd-lora-$w" adapter_model.safetensors
+    run $w "$TMP/sgd-full-$w" "${FULL[@]}" "${SGD[@]}" --batch_size $((12 / w)) --sharding_strategy FULL_SHARD
+    same_run "SGD, full fine-tuning, W = $w FULL_SHARD == one process" "$TMP/sgd-full1" "$TMP/sgd-full-$w" model.safetensors
+done
+run 3 "$TMP/sgd-save3" "${FULL[@]}" "${SGD[@]}" --batch_size 4 --save_every 5 --keep_checkpoints 0
+grep -aq '"momentum_buffer/' "$TMP/sgd-save3/checkpoint-5/fsdp-00002-of-00003.safetensors" &&
+    ! grep -aq '"exp_avg' "$TMP/sgd-save3/checkpoint-5/fsdp-00002-of-00003.safetensors"
+check "SGD at W = 3: each shard file holds its momentum buffer (and no AdamW moments)" $? "$(ls "$TMP/sgd-save3/checkpoint-5" 2>&1)"
+out="$TMP/sgd-resume2"
+mkdir -p "$out" && cp -r "$TMP/sgd-save3/checkpoint-5" "$out/" && head -5 "$TMP/sgd-save3.jsonl" >"$out.jsonl"
+run 2 "$out" "${FULL[@]}" "${SGD[@]}" --batch_size 6 --resume "$out"
+same_run "SGD: the W = 3 checkpoint resumed at W = 2 == uninterrupted (steps 6-10, final weights)" "$TMP/sgd-save3" "$out" model.safetensors 6
 
 # torchrun itself, where it is installed: its agent holds MASTER_PORT, so rank 0 listens at the next port.
 # --no_python is the spelling every torchrun takes (torch 1.x knows only it, 2.x it and --no-python). A

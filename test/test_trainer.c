@@ -28,12 +28,13 @@
 // every path under one folder of this process, so concurrent test runs do not collide
 static char tmpdir[64];
 
-static void test_merge(void) {
+// dora: a DoRA adapter, whose merge rescales each row of W + scale B A to its magnitude
+static void test_merge(int dora) {
     char out[128];
-    snprintf(out, sizeof out, "%s/merge", tmpdir);
+    snprintf(out, sizeof out, "%s/merge%d", tmpdir, dora);
     char *argv[] = {"x", "--model", "test/fixtures/tiny_gqa", "--data", "test/fixtures/data.jsonl", "--max_seq_len", "24",
                     "--max_steps", "5", "--lr", "1e-2", "--lora_target_modules", "all-linear", "--lora_dropout", "0",
-                    "--threads", "1", "--output_dir", (char *)out, "--merge_adapter"};
+                    "--threads", "1", "--output_dir", (char *)out, "--merge_adapter", dora ? "--use_dora" : "--use_dora=0"};
     TrainConfig tc;
     if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0 || train(&tc) != 0) die("merge run failed");
     // base + adapter, as saved
@@ -62,8 +63,8 @@ static void test_merge(void) {
     model_alloc(&plain, 2, 24, 0, 0, 1);
     model_forward(&plain, tokens, targets, 2, 24, base);
     for (int i = 0; i < 48 * V; i++) lora_effect = fmax(lora_effect, fabs(a[i] - base[i]));
-    CHECK(err <= 1e-5 * scale && lora_effect > 1e3 * err, "--merge_adapter: merged model's logits == base + adapter",
-          "max err %.3e of scale %.3e (tol 1e-5); the adapter moves logits by up to %.3e", err, scale, lora_effect);
+    CHECK(err <= 1e-5 * scale && lora_effect > 1e3 * err, dora ? "--merge_adapter --use_dora: merged model's logits == "
+          "base + DoRA adapter" : "--merge_adapter: merged model's logits == base + adapter", "max err %.3e of scale %.3e (tol 1e-5); the adapter moves logits by up to %.3e", err, scale, lora_effect);
     free(a); free(b); free(base);
     model_free(&lora); model_free(&merged); model_free(&plain);
 }
@@ -379,14 +380,47 @@ static void test_device_backend(void) {
     }
 }
 
+// the optimizer's state in the plan and in memory: one float per trainable
+// parameter for each of AdamW's moments, SGD's momentum buffer, nothing else
+// for plain SGD (full fine-tuning: the gradients and the state; the weights
+// are the base weights' bytes)
+static void test_optimizer_state(void) {
+    struct { const char *what; const char *args[4]; int states; } cases[] = {
+        {"AdamW: two moments", {"--optimizer", "adamw"}, 2},
+        {"SGD with momentum: one buffer", {"--optimizer", "sgd", "--momentum", "0.9"}, 1},
+        {"plain SGD: no state", {"--optimizer", "sgd"}, 0}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char *argv[16] = {"x", "--model", "test/fixtures/tiny_gqa", "--data", "test/fixtures/data.jsonl", "--full_finetune"};
+        int argc = 6;
+        for (int i = 0; i < 4 && cases[k].args[i]; i++) argv[argc++] = (char *)cases[k].args[i];
+        TrainConfig tc;
+        if (parse_args(&tc, argc, argv) != 0) die("optimizer state test arguments");
+        Model m;
+        Optimizer o;
+        if (model_setup(&m, NULL, &tc, 1, 8, NULL) != 0) die("optimizer state test model");
+        optimizer_init(&o, &m);
+        size_t n = m.host.num_params;
+        int held = (o.state[0] != NULL) + (o.state[1] != NULL);
+        char what[160];
+        snprintf(what, sizeof what, "memory plan and optimizer_init, full fine-tuning: %s", cases[k].what);
+        CHECK(m.param_bytes == n * sizeof(float) * (1 + cases[k].states) && held == cases[k].states && o.n == n, what,
+              "plan %zu bytes for %zu parameters (want %zu), %d state tensors held", m.param_bytes, n,
+              n * sizeof(float) * (1 + cases[k].states), held);
+        optimizer_free(&o);
+        model_free(&m);
+    }
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/llama2tune_test_trainer_XXXXXX");
     if (!mkdtemp(tmpdir)) die("mkdtemp: %s", strerror(errno));
-    test_merge();
+    test_merge(0);
+    test_merge(1);
     test_flops();
     test_config_sliding_window();
     test_sample_escaping();
     test_device_backend();
+    test_optimizer_state();
     test_memory_plan();
     test_random_init(); // last: it starts OpenMP threads, and a child forked after that (test_memory_plan's) hangs in libgomp
     char cmd[128];

@@ -47,13 +47,13 @@ double TWIN(forward_backward)(void *p, const int *tokens, const int *targets, in
     return model_forward_backward(&t->m, tokens, targets, B, T, grad_scale);
 }
 
-// one optimizer step of one micro-batch with the arguments' AdamW settings, --lr
+// one optimizer step of one micro-batch with the arguments' optimizer settings, --lr
 // (constant) and clipping; returns the loss, *norm the gradient norm
 double TWIN(step)(void *p, const int *tokens, const int *targets, int B, int T, float grad_scale, uint64_t key,
                   double *norm) {
     Twin *t = (Twin *)p;
     double loss = TWIN(forward_backward)(p, tokens, targets, B, T, grad_scale, key);
-    *norm = optimizer_step(&t->opt, t->tc.lr, t->tc.beta1, t->tc.beta2, t->tc.eps, t->tc.weight_decay, t->tc.grad_clip, 1);
+    *norm = optimizer_step(&t->opt, t->tc.lr, 1);
     return loss;
 }
 

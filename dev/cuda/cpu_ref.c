@@ -67,21 +67,25 @@ void ref_swiglu_backward(float *dgate, float *dup, const float *dout, const floa
 }
 void ref_adamw_update(float *params, float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
                       float beta2, float eps, float wd) {
-    Optimizer o = {.params = params, .grads = grads, .n = n, .m = m, .v = v, .t = t - 1};
-    adamw_update(&o, lr, beta1, beta2, eps, wd);
+    adamw_update(params, grads, m, v, n, t, lr, beta1, beta2, eps, wd);
+}
+void ref_sgd_update(float *params, float *grads, float *buf, size_t n, int t, float lr, float momentum, int nesterov,
+                    float wd) {
+    sgd_update(params, grads, buf, n, t == 1, lr, momentum, nesterov, wd);
 }
 double ref_grad_norm(const float *g, size_t n) { return grad_norm(g, n); }
 void ref_clip_grads(float *g, size_t n, double norm, float max_norm) { clip_grads(g, n, norm, max_norm); }
 
 // an adapter of one module (layer 0, q_proj) holding A (r, in) and B (out, r): the
 // key passed to ref_lora_forward / ref_lora_backward is the per-micro-batch key
-// that lora_dropout_key turns into the module's own
-static LoRA one_module(const float *A, const float *Bw, int r, int in, int out_dim, float alpha, float p) {
+// that lora_dropout_key turns into the module's own; with mag, a DoRA module (NULL: LoRA's)
+static LoRA one_module(const float *A, const float *Bw, const float *mag, int r, int in, int out_dim, float alpha, float p) {
     int ins[LORA_N_TARGETS] = {in}, outs[LORA_N_TARGETS] = {out_dim};
     LoRA l;
-    lora_alloc(&l, 1, ins, outs, r, alpha, p, 0, 1u << LORA_Q);
+    lora_alloc(&l, 1, ins, outs, r, alpha, p, 0, mag != NULL, 1u << LORA_Q);
     memcpy(lora_A(&l, l.params, 0, LORA_Q), A, (size_t)r * in * sizeof(float));
     memcpy(lora_B(&l, l.params, 0, LORA_Q), Bw, (size_t)out_dim * r * sizeof(float));
+    if (mag) memcpy(lora_mag(&l, l.params, 0, LORA_Q), mag, (size_t)out_dim * sizeof(float));
     return l;
 }
 void ref_lora_dropout(float *out, const float *inp, int in, int B, int T, int t0, int len, uint64_t key, float p) {
@@ -91,7 +95,7 @@ void ref_lora_dropout(float *out, const float *inp, int in, int B, int T, int t0
 }
 void ref_lora_forward(float *out, const float *inp, float *h, const float *A, const float *Bw, int r, int in, int out_dim,
                       float alpha, float p, int B, int T, int t0, int len, uint64_t key) {
-    LoRA l = one_module(A, Bw, r, in, out_dim, alpha, p);
+    LoRA l = one_module(A, Bw, NULL, r, in, out_dim, alpha, p);
     Chunk ch = {B, T, t0, len, 0};
     float *xdrop = (float *)mallocCheck((size_t)B * len * in * sizeof(float));
     lora_forward(&l, 0, LORA_Q, out, inp, h, xdrop, &ch, key);
@@ -101,7 +105,7 @@ void ref_lora_forward(float *out, const float *inp, float *h, const float *A, co
 void ref_lora_backward(float *dinp, float *dA, float *dB, const float *dout, const float *inp, const float *h,
                        const float *A, const float *Bw, int r, int in, int out_dim, float alpha, float p, int B, int T,
                        int t0, int len, uint64_t key) {
-    LoRA l = one_module(A, Bw, r, in, out_dim, alpha, p);
+    LoRA l = one_module(A, Bw, NULL, r, in, out_dim, alpha, p);
     Chunk ch = {B, T, t0, len, 0};
     size_t N = (size_t)B * len;
     float *dh = (float *)mallocCheck(N * r * sizeof(float)), *xdrop = (float *)mallocCheck(N * in * sizeof(float));
@@ -111,5 +115,46 @@ void ref_lora_backward(float *dinp, float *dA, float *dB, const float *dout, con
     memcpy(dA, lora_A(&l, l.grads, 0, LORA_Q), (size_t)r * in * sizeof(float));
     memcpy(dB, lora_B(&l, l.grads, 0, LORA_Q), (size_t)out_dim * r * sizeof(float));
     free(dh); free(xdrop);
+    lora_free(&l);
+}
+
+void ref_dora_norm(float *norm, float *mag_init, const float *w, const float *A, const float *Bw, int r, int in,
+                   int out_dim, float alpha) {
+    float *unset = (float *)callocCheck(out_dim, sizeof(float));
+    LoRA l = one_module(A, Bw, unset, r, in, out_dim, alpha, 0.0f);
+    l.mag_unset[LORA_Q] = 1;
+    dora_norm(&l, 0, LORA_Q, norm, w);
+    memcpy(mag_init, lora_mag(&l, l.params, 0, LORA_Q), (size_t)out_dim * sizeof(float));
+    free(unset);
+    lora_free(&l);
+}
+void ref_dora_forward(float *out, const float *inp, const float *w, float *h, const float *A, const float *Bw,
+                      const float *mag, const float *norm, int r, int in, int out_dim, float alpha, float p, int B, int T,
+                      int t0, int len, uint64_t key) {
+    LoRA l = one_module(A, Bw, mag, r, in, out_dim, alpha, p);
+    Chunk ch = {B, T, t0, len, 0};
+    size_t N = (size_t)B * len;
+    float *xdrop = (float *)mallocCheck(N * in * sizeof(float)), *pre = (float *)mallocCheck(N * out_dim * sizeof(float));
+    dora_forward(&l, 0, LORA_Q, out, inp, w, h, xdrop, pre, norm, &ch, key);
+    free(xdrop); free(pre);
+    lora_free(&l);
+}
+void ref_dora_backward(float *dinp, float *dA, float *dB, float *dmag, const float *dout, const float *inp,
+                       const float *w, const float *h, const float *A, const float *Bw, const float *mag,
+                       const float *norm, int r, int in, int out_dim, float alpha, float p, int B, int T, int t0, int len,
+                       uint64_t key) {
+    LoRA l = one_module(A, Bw, mag, r, in, out_dim, alpha, p);
+    Chunk ch = {B, T, t0, len, 0};
+    size_t N = (size_t)B * len;
+    float *dh = (float *)mallocCheck(N * r * sizeof(float)), *xdrop = (float *)mallocCheck(N * in * sizeof(float));
+    float *pre = (float *)mallocCheck(N * out_dim * sizeof(float));
+    memcpy(lora_A(&l, l.grads, 0, LORA_Q), dA, (size_t)r * in * sizeof(float)); // the gradients are added into
+    memcpy(lora_B(&l, l.grads, 0, LORA_Q), dB, (size_t)out_dim * r * sizeof(float));
+    memcpy(lora_mag(&l, l.grads, 0, LORA_Q), dmag, (size_t)out_dim * sizeof(float));
+    dora_backward(&l, 0, LORA_Q, dinp, dout, inp, w, h, dh, xdrop, pre, norm, &ch, key);
+    memcpy(dA, lora_A(&l, l.grads, 0, LORA_Q), (size_t)r * in * sizeof(float));
+    memcpy(dB, lora_B(&l, l.grads, 0, LORA_Q), (size_t)out_dim * r * sizeof(float));
+    memcpy(dmag, lora_mag(&l, l.grads, 0, LORA_Q), (size_t)out_dim * sizeof(float));
+    free(dh); free(xdrop); free(pre);
     lora_free(&l);
 }

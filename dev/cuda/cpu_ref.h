@@ -37,6 +37,9 @@ void ref_swiglu_backward(float *dgate, float *dup, const float *dout, const floa
 // t: the step number after this update (1 for the first), as Optimizer.t after adamw_update's increment
 void ref_adamw_update(float *params, float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
                       float beta2, float eps, float wd);
+// buf: the momentum buffer, NULL without momentum; t as for ref_adamw_update (1: the buffer starts as the gradient)
+void ref_sgd_update(float *params, float *grads, float *buf, size_t n, int t, float lr, float momentum, int nesterov,
+                    float wd);
 double ref_grad_norm(const float *g, size_t n);
 void ref_clip_grads(float *g, size_t n, double norm, float max_norm);
 // lora.h's pieces for an adapter of one module (layer 0, q_proj): A (r, in), B (out, r),
@@ -47,6 +50,17 @@ void ref_lora_forward(float *out, const float *inp, float *h, const float *A, co
 void ref_lora_backward(float *dinp, float *dA, float *dB, const float *dout, const float *inp, const float *h,
                        const float *A, const float *Bw, int r, int in, int out_dim, float alpha, float p, int B, int T,
                        int t0, int len, uint64_t key);
+// DoRA's (the same module with a magnitude mag (out)): the row norms of w (out, in) + scale B A,
+// and the magnitude they start it at; the forward onto out = x w^T; the backward after dinp += dout w
+void ref_dora_norm(float *norm, float *mag_init, const float *w, const float *A, const float *Bw, int r, int in,
+                   int out_dim, float alpha);
+void ref_dora_forward(float *out, const float *inp, const float *w, float *h, const float *A, const float *Bw,
+                      const float *mag, const float *norm, int r, int in, int out_dim, float alpha, float p, int B, int T,
+                      int t0, int len, uint64_t key);
+void ref_dora_backward(float *dinp, float *dA, float *dB, float *dmag, const float *dout, const float *inp,
+                       const float *w, const float *h, const float *A, const float *Bw, const float *mag,
+                       const float *norm, int r, int in, int out_dim, float alpha, float p, int B, int T, int t0, int len,
+                       uint64_t key);
 
 #ifdef __cplusplus
 }

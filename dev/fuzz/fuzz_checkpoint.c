@@ -68,8 +68,8 @@ FUZZ_TARGET(checkpoint) {
         FUZZ_ASSERT(config_load(&c, dir) == 0);
         lora_shapes(&c, in, o);
         opt.n = (size_t)c.n_layers * (in[0] + o[0] + in[2] + o[2]); // r = 1 on q_proj and v_proj (the default targets)
-        opt.m = (float *)malloc(opt.n * sizeof(float));
-        opt.v = (float *)malloc(opt.n * sizeof(float));
+        opt.state[0] = (float *)malloc(opt.n * sizeof(float));
+        opt.state[1] = (float *)malloc(opt.n * sizeof(float));
         model.host.use_lora = 1;
         fuzz_path(out, sizeof out, "out");
         init = 1;

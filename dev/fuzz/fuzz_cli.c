@@ -38,7 +38,7 @@ FUZZ_TARGET(cli) {
         FUZZ_ASSERT(tc.max_seq_len >= 2 && tc.batch_size >= 1 && tc.grad_accum >= 1 && tc.num_epochs >= 1);
         FUZZ_ASSERT(tc.lora_r >= 1 && tc.lora_dropout >= 0 && tc.lora_dropout < 1);
         // (--adam_beta2 0.99999999 once became 1.0f: test/fuzz_regress/cli/)
-        FUZZ_ASSERT(tc.lr >= 0 && tc.lr <= 1e3f && tc.beta1 >= 0 && tc.beta1 < 1 && tc.beta2 >= 0 && tc.beta2 < 1);
+        FUZZ_ASSERT(tc.lr >= 0 && tc.lr <= 1e3f && tc.optim.beta1 >= 0 && tc.optim.beta1 < 1 && tc.optim.beta2 >= 0 && tc.optim.beta2 < 1);
         FUZZ_ASSERT(!(tc.full_finetune && tc.from_peft_checkpoint[0]));
     }
     free(buf);

@@ -9,6 +9,8 @@ LlamaForCausalLM, and the base model with the adapter through PeftModel; both ru
 in float64 on the same random tokens. Tolerance: 1e-5 of the logits' scale (the
 merged weights are fp32 sums W + s B A; the float64 PeftModel path computes
 W x + s B (A x) exactly). The adapter must move the logits by far more than that.
+Then the same with DoRA (--use_dora): our merge rescales each row by m / ||W + s B A||,
+which must give what peft's DoRA forward computes.
 Needs torch, transformers, peft (not needed by CI).
 """
 import os, subprocess, sys, tempfile
@@ -20,13 +22,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MODEL = os.path.join(ROOT, "test/fixtures/tiny_gqa")
 
 
-def main():
+def check(flags):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out")
         subprocess.run([os.path.join(ROOT, "train_llama2"), "--model", MODEL, "--data",
                         os.path.join(ROOT, "test/fixtures/data.jsonl"), "--max_seq_len", "24", "--max_steps", "8",
                         "--lr", "1e-2", "--lora_target_modules", "all-linear", "--lora_dropout", "0", "--threads", "1",
-                        "--data_cache_dir", tmp, "--output_dir", out, "--merge_adapter"],
+                        "--data_cache_dir", tmp, "--output_dir", out, "--merge_adapter"] + flags,
                        check=True, stdout=subprocess.DEVNULL)
         torch.manual_seed(0)
         ids = torch.randint(0, 512, (2, 24))
@@ -38,9 +40,15 @@ def main():
             plain = LlamaForCausalLM.from_pretrained(MODEL, dtype=torch.float64).eval()(ids).logits
         err, scale, effect = (a - b).abs().max().item(), b.abs().max().item(), (b - plain).abs().max().item()
         ok = err <= 1e-5 * scale and effect > 1e3 * err
-        print(f"merged vs base + adapter (transformers, float64): max err {err:.3e} of scale {scale:.3e}; "
-              f"the adapter moves logits by {effect:.3e}: {'ok' if ok else 'FAIL'}")
-        sys.exit(0 if ok else 1)
+        print(f"{' '.join(flags) or 'LoRA'}: merged vs base + adapter (transformers, float64): max err {err:.3e} of "
+              f"scale {scale:.3e}; the adapter moves logits by {effect:.3e}: {'ok' if ok else 'FAIL'}")
+        return ok
+
+
+def main():
+    ok = check([])
+    ok &= check(["--use_dora"])
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

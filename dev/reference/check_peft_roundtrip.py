@@ -10,25 +10,47 @@
 2. peft -> ours: the adapter peft itself saved (test/fixtures/tiny_gqa/peft_init)
    is loaded by train_llama2 with --max_steps 0, whose val_loss must equal what
    transformers + peft compute with the same adapter.
+Both again with DoRA (--use_dora; peft's test/fixtures/tiny_gqa/dora/peft_init).
 Tolerance: 1e-5 relative (our fp32 against float64).
-Needs torch, transformers, peft, sentencepiece (not needed by CI).
+
+  python3 dev/reference/check_peft_roundtrip.py --qlora
+
+does the same for QLoRA: our trainer with --quantize nf4 on test/fixtures/tiny_qlora,
+and peft on that checkpoint loaded by transformers in 4 bits with
+BitsAndBytesConfig(nf4, double quantization, fp32 compute), which computes in fp32
+(tolerance 1e-5 relative all the same: both sides' rounding is ~1e-7). The model runs in
+training mode with dropout off: in eval mode bitsandbytes 0.50.2 on a CPU with
+AVX-512 BF16 takes an inference kernel whose products are not its dequantized fp32
+weights' (dev/reference/make_qlora_fixtures.py).
+Needs torch, transformers, peft, sentencepiece (and bitsandbytes for --qlora; not needed by CI).
 """
 import json, math, os, subprocess, sys, tempfile
 import torch
 import sentencepiece as spm
-from transformers import LlamaForCausalLM
+from transformers import BitsAndBytesConfig, LlamaForCausalLM
 from peft import PeftModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODEL = os.path.join(ROOT, "test/fixtures/tiny_gqa")
+QLORA = "--qlora" in sys.argv[1:]
+MODEL = os.path.join(ROOT, "test/fixtures/tiny_qlora" if QLORA else "test/fixtures/tiny_gqa")
 DATA = os.path.join(ROOT, "test/fixtures/data.jsonl")
 MAX_LEN = 24
 
 
 def val_loss_torch(adapter_dir):
     """mean cross-entropy over every label token of DATA, rows BOS + text + EOS truncated to MAX_LEN"""
-    base = LlamaForCausalLM.from_pretrained(MODEL, attn_implementation="eager", dtype=torch.float64)
-    model = PeftModel.from_pretrained(base, adapter_dir).double().eval()
+    if QLORA:
+        q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                               bnb_4bit_compute_dtype=torch.float32)
+        base = LlamaForCausalLM.from_pretrained(MODEL, attn_implementation="eager", dtype=torch.float32,
+                                                quantization_config=q, device_map="cpu")
+        model = PeftModel.from_pretrained(base, adapter_dir).train()
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+    else:
+        base = LlamaForCausalLM.from_pretrained(MODEL, attn_implementation="eager", dtype=torch.float64)
+        model = PeftModel.from_pretrained(base, adapter_dir).double().eval()
     sp = spm.SentencePieceProcessor(model_file=os.path.join(MODEL, "tokenizer.model"))
     total, count = 0.0, 0
     with open(DATA) as f, torch.no_grad():
@@ -47,7 +69,7 @@ def run_ours(args):
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
         cmd = [os.path.join(ROOT, "train_llama2"), "--model", MODEL, "--data", DATA, "--val_data", DATA,
-               "--max_seq_len", str(MAX_LEN), "--metrics_file", metrics] + args
+               "--max_seq_len", str(MAX_LEN), "--metrics_file", metrics] + (["--quantize", "nf4"] if QLORA else []) + args
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         recs = [json.loads(l) for l in open(metrics)]
     return [r for r in recs if "val_loss" in r][-1]["val_loss"]
@@ -62,14 +84,17 @@ def report(name, ours, ref):
 
 def main():
     ok = True
-    with tempfile.TemporaryDirectory() as out:
-        ours = run_ours(["--output_dir", out, "--max_steps", "5", "--lr", "1e-2", "--lora_r", "4", "--lora_alpha", "8",
-                         "--lora_dropout", "0.1", "--lora_target_modules", "all-linear", "--batch_size", "2"])
-        ok &= report("adapter saved by train_llama2, loaded by PeftModel.from_pretrained", ours, val_loss_torch(out))
-    init = os.path.join(MODEL, "peft_init")
-    with tempfile.TemporaryDirectory() as out:
-        ours = run_ours(["--output_dir", out, "--max_steps", "0", "--from_peft_checkpoint", init])
-    ok &= report("adapter saved by peft, loaded by train_llama2", ours, val_loss_torch(init))
+    for kind, flags, init in (("LoRA", [], "peft_init"), ("DoRA", ["--use_dora"], "dora/peft_init")):
+        with tempfile.TemporaryDirectory() as out:
+            ours = run_ours(["--output_dir", out, "--max_steps", "5", "--lr", "1e-2", "--lora_r", "4", "--lora_alpha",
+                             "8", "--lora_dropout", "0.1", "--lora_target_modules", "all-linear", "--batch_size", "2"]
+                            + flags)
+            ok &= report(f"{kind} adapter saved by train_llama2, loaded by PeftModel.from_pretrained", ours,
+                         val_loss_torch(out))
+        init = os.path.join(MODEL, init)
+        with tempfile.TemporaryDirectory() as out:
+            ours = run_ours(["--output_dir", out, "--max_steps", "0", "--from_peft_checkpoint", init])
+        ok &= report(f"{kind} adapter saved by peft, loaded by train_llama2", ours, val_loss_torch(init))
     sys.exit(0 if ok else 1)
 
 

@@ -305,6 +305,21 @@ def load_base(folder, dtype, arch="llama"):
     return model
 
 
+def load_lora64(folder, arch="llama"):
+    """The float64 base of the folder with its peft_init adapter, trainable: the model
+    and its LoRA parameters as (peft key, parameter)."""
+    lm = PeftModel.from_pretrained(load_base(folder, torch.float64, arch), folder + "/peft_init", is_trainable=True)
+    lm.double()
+    lora_named = []
+    for n, p in lm.named_parameters():
+        if p.requires_grad:
+            assert "lora_" in n and ".default." in n, n
+            lora_named.append((n.replace(".default.", "."), p))
+        else:
+            assert "lora_" not in n
+    return lm, lora_named
+
+
 def base_state(model):
     """HF weight names -> tensors; lm_head only if untied."""
     sd = {}
@@ -313,6 +328,37 @@ def base_state(model):
     if model.config.tie_word_embeddings:
         assert "lm_head.weight" not in sd
     return sd
+
+
+def peft_adapter(folder, spec, seed, **lora_config):
+    """spec's LoRA adapter made by peft on the float32 model in folder, B drawn off zero (so that
+    A gets gradients); lora_config: more LoraConfig fields. Returns it and the generator it drew from."""
+    lcfg = LoraConfig(r=spec["lora"]["r"], lora_alpha=spec["lora"]["lora_alpha"], lora_dropout=0.0,
+                      target_modules=spec["lora"]["target_modules"], bias="none", task_type="CAUSAL_LM", **lora_config)
+    base32 = load_base(folder, torch.float32, spec.get("arch", "llama"))
+    torch.manual_seed(seed)
+    pm = get_peft_model(base32, lcfg)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_B" in n:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g, dtype=torch.float32))
+    return pm, g
+
+
+def save_adapter(pm, out, **config):
+    """pm.save_pretrained(out), with config's fields set in adapter_config.json. peft keeps
+    target_modules as a set, so its order in adapter_config.json depends on the string hash
+    seed; sort it for reproducible files. Drop the generated model card (not needed)."""
+    pm.save_pretrained(out)
+    acfg_path = out + "/adapter_config.json"
+    acfg = json.load(open(acfg_path))
+    acfg["target_modules"] = sorted(acfg["target_modules"])
+    acfg.update(config)
+    with open(acfg_path, "w") as f:
+        json.dump(acfg, f, indent=2, sort_keys=True)
+    if os.path.exists(out + "/README.md"):
+        os.remove(out + "/README.md")
 
 
 def loss_sum_count(logits, targets):
@@ -326,28 +372,41 @@ def forward_logits(model, tokens):
     return model(input_ids=tokens, use_cache=False).logits
 
 
-def step_grads(model, params, mbs):
-    """Zeroes grads, accumulates d(step loss)/d(params); returns the step loss (float)."""
+def step_grads(model, params, mbs, on_microbatch=None):
+    """Zeroes grads, accumulates d(step loss)/d(params); returns the step loss (float).
+    on_microbatch(g), if given, runs before micro-batch g (make_dora_fixtures sets its dropout masks)."""
     for p in params:
         p.grad = None
     count = sum(int((t != IGNORE).sum()) for _, t in mbs)
     total = 0.0
-    for tok, tgt in mbs:
+    for g, (tok, tgt) in enumerate(mbs):
+        if on_microbatch:
+            on_microbatch(g)
         s, _ = loss_sum_count(forward_logits(model, tok), tgt)
         (s / count).backward()
         total += s.item()
     return total / count
 
 
-def train(model, named_params, rows, hp):
+def make_optimizer(params, hp):
+    """torch.optim.AdamW, or torch.optim.SGD where hp says so (make_sgd_fixtures.py)"""
+    if hp.get("optimizer") == "sgd":
+        return torch.optim.SGD(params, lr=hp["lr"], momentum=hp["momentum"], dampening=0.0, nesterov=hp["nesterov"],
+                               weight_decay=hp["weight_decay"])
+    return torch.optim.AdamW(params, lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
+                             weight_decay=hp["weight_decay"])
+
+
+def train(model, named_params, rows, hp, on_microbatch=None):
+    """hp's optimizer steps; on_microbatch(step, g), if given, runs before each micro-batch."""
     params = [p for _, p in named_params]
-    opt = torch.optim.AdamW(params, lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
-                            weight_decay=hp["weight_decay"])
+    opt = make_optimizer(params, hp)
     sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=hp["warmup_steps"],
                                             num_training_steps=hp["max_steps"])
     steps = []
     for s in range(hp["max_steps"]):
-        loss = step_grads(model, params, step_microbatches(rows, s))
+        hook = (lambda g, s=s: on_microbatch(s, g)) if on_microbatch else None
+        loss = step_grads(model, params, step_microbatches(rows, s), hook)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm=hp["grad_clip"]).item()
         lr = opt.param_groups[0]["lr"]
         opt.step()
@@ -554,42 +613,15 @@ def make_model(name, spec, sp_bytes, rows, versions):
     out_full = {"loss": loss0, "steps": full_steps}
 
     # ---- LoRA: create with peft (float32), save the initial adapter
-    lcfg = LoraConfig(r=spec["lora"]["r"], lora_alpha=spec["lora"]["lora_alpha"], lora_dropout=0.0,
-                      target_modules=spec["lora"]["target_modules"], bias="none", task_type="CAUSAL_LM")
-    base32 = load_base(folder, torch.float32, arch)
-    torch.manual_seed(spec["lora_seed"])
-    pm = get_peft_model(base32, lcfg)
-    g = torch.Generator().manual_seed(spec["lora_seed"] + 1)
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if "lora_B" in n:
-                p.copy_(0.05 * torch.randn(p.shape, generator=g, dtype=torch.float32))
-    pm.save_pretrained(folder + "/peft_init")
-    # peft keeps target_modules as a set, so its order in adapter_config.json depends on the string hash
-    # seed; sort it for reproducible files. Drop the generated model card (not needed).
-    acfg_path = folder + "/peft_init/adapter_config.json"
-    acfg = json.load(open(acfg_path))
-    acfg["target_modules"] = sorted(acfg["target_modules"])
-    with open(acfg_path, "w") as f:
-        json.dump(acfg, f, indent=2, sort_keys=True)
-    if os.path.exists(folder + "/peft_init/README.md"):
-        os.remove(folder + "/peft_init/README.md")
+    pm, _ = peft_adapter(folder, spec, spec["lora_seed"])
+    save_adapter(pm, folder + "/peft_init")
     adapter = load_file(folder + "/peft_init/adapter_model.safetensors")
     assert all(v.dtype == torch.float32 for v in adapter.values())
     n_expect = spec["config"]["num_hidden_layers"] * len(spec["lora"]["target_modules"]) * 2
     assert len(adapter) == n_expect, sorted(adapter)
 
     # float64 LoRA reference: fresh float64 base from the folder + the saved adapter
-    base64 = load_base(folder, torch.float64, arch)
-    lm = PeftModel.from_pretrained(base64, folder + "/peft_init", is_trainable=True)
-    lm.double()
-    lora_named = []  # (peft key, param)
-    for n, p in lm.named_parameters():
-        if p.requires_grad:
-            assert "lora_" in n and ".default." in n, n
-            lora_named.append((n.replace(".default.", "."), p))
-        else:
-            assert "lora_" not in n
+    lm, lora_named = load_lora64(folder, arch)
     assert sorted(k for k, _ in lora_named) == sorted(adapter), "peft key mismatch"
     for k, p in lora_named:
         assert torch.equal(p.detach(), adapter[k].double()), k
