@@ -38,6 +38,13 @@ dry "LoRA, bf16, without a GPU" --batch_size 64
 dry "full fine-tuning in chunks (recompute), without a GPU" --full_finetune --chunk_size 8 --chunk_memory recompute
 # 0.5 MiB of weights and 1.5 MiB of carry (B = 64): whole multiples of the 256 bytes the GPU rounds each buffer to
 dry "LoRA, fp32" --batch_size 64 --precision fp32
+dry "full fine-tuning with --freeze_layers 1, without a GPU" --full_finetune --freeze_layers 1
+grep -q "^training all weights but the embedding and the first 1 layer(s)" "$TMP/full fine-tuning with --freeze_layers 1, without a GPU.log"
+check "--freeze_layers 1 says what trains" $? "$(grep '^training' "$TMP/full fine-tuning with --freeze_layers 1, without a GPU.log")"
+# --batch_size auto with --memory_limit: a dry run takes the limit alone (no GPU asked what is free)
+dry "--batch_size auto --memory_limit 0.01, without a GPU" --batch_size auto --memory_limit 0.01
+grep -qE "^--batch_size auto: [0-9]+ rows per micro-batch" "$TMP/--batch_size auto --memory_limit 0.01, without a GPU.log"
+check "--batch_size auto picks a batch under --memory_limit" $? "$(tail -3 "$TMP/--batch_size auto --memory_limit 0.01, without a GPU.log")"
 # issue 18's long context by plan: Llama-3.1-8B (8 KV heads) LoRA over 131072 tokens in chunks
 # of 1024 with recompute fits in 80e9 bytes, and Llama-2-7B (32 KV heads, 4x the carry) does not
 plan=$(dev/plan_long_context.sh test/fixtures/configs/llama-3.1-8b test/fixtures/configs/llama-2-7b 2>&1)
