@@ -333,16 +333,20 @@ inline void grad_sumsq(double *out, const float *g, size_t n, bool take_sqrt, cu
 // reads it there, so the step never waits for the host.
 inline void grad_norm(double *norm, const float *g, size_t n, cudaStream_t stream) { grad_sumsq(norm, g, n, true, stream); }
 
-__global__ void clip_grads_kernel(float *g, size_t n, const double *norm, float max_norm) {
+__global__ void clip_grads_kernel(float *g, size_t n, const double *norm, float max_norm, float inv_scale) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    double coef = max_norm / (*norm + 1e-6);
-    if (i < n && coef < 1.0) g[i] = (float)(g[i] * coef);
+    double coef = max_norm > 0 ? max_norm / (*norm + 1e-6) : 1.0;
+    coef = coef < 1.0 ? coef * inv_scale : inv_scale;
+    if (i < n && coef != 1.0) g[i] = (float)(g[i] * coef);
 }
-// torch.nn.utils.clip_grad_norm_: scale g (n) by max_norm / (norm + 1e-6) when that is
-// below 1; norm is grad_norm's device value; max_norm <= 0: no clipping
-inline void clip_grads(float *g, size_t n, const double *norm, float max_norm, cudaStream_t stream) {
-    if (max_norm <= 0) return;
-    clip_grads_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(g, n, norm, max_norm);
+// g (n) holds 1 / inv_scale times the gradients (a loss scale, a power of two; 1:
+// none): unscaled as torch's GradScaler.unscale_ and clipped as
+// torch.nn.utils.clip_grad_norm_ (times max_norm / (norm + 1e-6) when that is
+// below 1; max_norm <= 0: no clipping) in one pass, as train_llama2.c's clip_grads;
+// norm is the unscaled gradients' norm, on the device
+inline void clip_grads(float *g, size_t n, const double *norm, float max_norm, float inv_scale, cudaStream_t stream) {
+    if (max_norm <= 0 && inv_scale == 1.0f) return;
+    clip_grads_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(g, n, norm, max_norm, inv_scale);
     cudaLaunchCheck();
 }
 

@@ -946,7 +946,7 @@ static void optimizer_zero_grad(Optimizer *o) {
 // is finite, clipping, then AdamW, which also writes the bf16 copy of the
 // parameters the next forward reads
 static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, float eps, float weight_decay,
-                             float grad_clip, int update) {
+                             float grad_clip, float inv_scale, int update) {
     Model *m = o->model;
     if (o->grad_sum) {
         stream_after(m->comm_stream, m->stream, m->computed);
@@ -958,11 +958,11 @@ static double optimizer_step(Optimizer *o, float lr, float beta1, float beta2, f
     cudaCheck(cudaMemcpyAsync(&sumsq, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
     if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
-    norm = sqrt(sumsq); // the same on every rank
+    norm = sqrt(sumsq) * inv_scale; // the same on every rank; unscaled (exact: a power of two)
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
     // clip_grads reads it there (a pageable source: the call returns once it is copied)
     cudaCheck(cudaMemcpyAsync(m->grad_norm, &norm, sizeof(double), cudaMemcpyHostToDevice, m->stream));
-    clip_grads(m->grads, o->n, m->grad_norm, grad_clip, m->stream);
+    clip_grads(m->grads, o->n, m->grad_norm, grad_clip, inv_scale, m->stream);
     o->t++;
     adamw_update(m->params, m->grads, m->adam_m, m->adam_v, o->n, o->t, lr, beta1, beta2, eps, weight_decay,
                  m->params_bf16, m->stream);

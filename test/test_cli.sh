@@ -36,6 +36,7 @@ expect_error "missing value" "--lr needs a value" --model $FIX/tiny_gqa "${RUN[@
 expect_error "missing --model" "--model is required" "${RUN[@]}"
 expect_error "adam_beta2 that rounds to 1" "--adam_beta2: '0.99999999' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --adam_beta2 0.99999999
 expect_error "bad scheduler" "--lr_scheduler: 'step'" --model $FIX/tiny_gqa "${RUN[@]}" --lr_scheduler step
+expect_error "bad loss scale" "--loss_scale: 'static' is not one of auto, dynamic, none" --model $FIX/tiny_gqa "${RUN[@]}" --loss_scale static
 expect_error "bad target module" "unknown module 'qq_proj'" --model $FIX/tiny_gqa "${RUN[@]}" --lora_target_modules q_proj,qq_proj
 expect_error "chunk larger than the sequence" "--chunk_size 32 is larger than --max_seq_len 24" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_size 32
 expect_error "bad sharding strategy" "--sharding_strategy: unknown strategy 'ZERO3'" --model $FIX/tiny_gqa "${RUN[@]}" --sharding_strategy ZERO3

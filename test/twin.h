@@ -53,7 +53,7 @@ double TWIN(step)(void *p, const int *tokens, const int *targets, int B, int T, 
                   double *norm) {
     Twin *t = (Twin *)p;
     double loss = TWIN(forward_backward)(p, tokens, targets, B, T, grad_scale, key);
-    *norm = optimizer_step(&t->opt, t->tc.lr, t->tc.beta1, t->tc.beta2, t->tc.eps, t->tc.weight_decay, t->tc.grad_clip, 1);
+    *norm = optimizer_step(&t->opt, t->tc.lr, t->tc.beta1, t->tc.beta2, t->tc.eps, t->tc.weight_decay, t->tc.grad_clip, 1.0f, 1);
     return loss;
 }
 

@@ -38,7 +38,7 @@ void ref_swiglu_backward(float *dgate, float *dup, const float *dout, const floa
 void ref_adamw_update(float *params, float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
                       float beta2, float eps, float wd);
 double ref_grad_norm(const float *g, size_t n);
-void ref_clip_grads(float *g, size_t n, double norm, float max_norm);
+void ref_clip_grads(float *g, size_t n, double norm, float max_norm, float inv_scale);
 // lora.h's pieces for an adapter of one module (layer 0, q_proj): A (r, in), B (out, r),
 // scale alpha / r, dropout p (while training), rows of the chunk (B, T, t0, len)
 void ref_lora_dropout(float *out, const float *inp, int in, int B, int T, int t0, int len, uint64_t key, float p);
