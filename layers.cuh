@@ -1,6 +1,6 @@
 // The layers of the CUDA trainer, forward and backward, with the names and the
 // semantics of their CPU twins in train_llama2.c (dev/cuda/ checks each against
-// its twin). Tensors are float or __nv_bfloat16 (template T); every kernel reads
+// its twin). Tensors are float, __nv_bfloat16 or __half (template T); every kernel reads
 // them into fp32 registers, so statistics, softmax and the loss are fp32
 // (DESIGN section 6). Gradients of trainable parameters are always fp32.
 // Every launcher takes the stream it runs on, and no kernel uses atomics: each
@@ -223,8 +223,8 @@ __global__ void convert_kernel(TO *out, const TI *x, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = from_float<TO>(to_float(x[i]));
 }
-// out (n) = x (n) in another storage type (fp32 -> bf16 rounds to nearest even):
-// weights uploaded in fp32 into the bf16 model, fp32 logit gradients for a bf16 matmul
+// out (n) = x (n) in another storage type (fp32 -> bf16 or fp16 rounds to nearest even):
+// weights uploaded in fp32 into the bf16 or fp16 model, fp32 logit gradients for their matmul
 template <typename TO, typename TI>
 void convert(TO *out, const TI *x, size_t n, cudaStream_t stream) {
     convert_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(out, x, n);
@@ -353,9 +353,9 @@ inline void clip_grads(float *g, size_t n, const double *norm, float max_norm, f
 // ----------------------------------------------------------------------------
 // AdamW as torch.optim.AdamW: decoupled weight decay, bias-corrected moments
 
+template <typename E>
 __global__ void adamw_kernel(float *params, const float *grads, float *m, float *v, size_t n, float lr, float beta1,
-                             float beta2, float eps, float wd, float step_size, float bc2_sqrt,
-                             __nv_bfloat16 *params_bf16) {
+                             float beta2, float eps, float wd, float step_size, float bc2_sqrt, E *params_copy) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = grads[i];
@@ -364,18 +364,19 @@ __global__ void adamw_kernel(float *params, const float *grads, float *m, float 
     float p = params[i] * (1.0f - lr * wd);
     p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
     params[i] = p;
-    if (params_bf16) params_bf16[i] = __float2bfloat16(p);
+    if (params_copy) params_copy[i] = from_float<E>(p);
 }
 // One step over n fp32 parameters with their fp32 moments m, v; t is the step
 // number, 1 for the first (the CPU's Optimizer.t after its increment). The bias
-// corrections are computed on the host in double, as the CPU does. params_bf16,
-// when not NULL, receives the updated parameters rounded to bf16: the copy the
-// bf16 forward reads, written in the same pass.
-inline void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
-                         float beta2, float eps, float wd, __nv_bfloat16 *params_bf16, cudaStream_t stream) {
+// corrections are computed on the host in double, as the CPU does. params_copy,
+// when not NULL, receives the updated parameters rounded to E (bf16 or fp16, to
+// nearest even): the copy the bf16 or fp16 forward reads, written in the same pass.
+template <typename E>
+void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
+                  float beta2, float eps, float wd, E *params_copy, cudaStream_t stream) {
     double bc1 = 1.0 - pow(beta1, t), bc2 = 1.0 - pow(beta2, t);
     float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
     adamw_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
-        params, grads, m, v, n, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, params_bf16);
+        params, grads, m, v, n, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, params_copy);
     cudaLaunchCheck();
 }
