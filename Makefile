@@ -42,8 +42,15 @@ ifneq ($(NCCL_H),)
 NVCC_FSDP = -DFSDP_NCCL $(NVCC_MPI)
 NVCC_FSDP_LIBS = -lnccl $(NVCC_MPI_LIBS)
 endif
+# GPU_ARCH=75 (or 70, 86, ...) builds for that one architecture instead: a T4 (75)
+# or V100 (70) has no bf16, so the trainer runs --precision fp16 there (it refuses
+# bf16 at startup) and the attention's tensor cores run fp16
 CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-NVCCFLAGS = -O3 -std=c++17 $(CUDA_ARCHS) --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror $(if $(OPENMP),-Xcompiler -fopenmp)
+ifdef GPU_ARCH
+CUDA_ARCHS = -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARCH)
+endif
+NVCCFLAGS_BASE = -O3 -std=c++17 --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror $(if $(OPENMP),-Xcompiler -fopenmp)
+NVCCFLAGS = $(NVCCFLAGS_BASE) $(CUDA_ARCHS)
 CUDA_LDLIBS = -lcublasLt -lcublas -lm
 CUDA_HEADERS = support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh lora.h support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
 CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw sgd grad_norm elementwise lora)
@@ -153,11 +160,19 @@ dev/cuda/fsdp_nccl: dev/cuda/fsdp_nccl.cu fsdp.h support/tcp.h support/utils.h s
 dev/cuda/fsdp_nccl_tcp: dev/cuda/fsdp_nccl.cu fsdp.h support/tcp.h support/utils.h support/json.h support/safetensors.h
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -Wno-unused-function -DFSDP_NCCL -o $@ $< -lnccl
 
+# the trainer for Volta (sm_70; CUDA 12 or older: 13 dropped it) and Turing (sm_75),
+# compiled only (make train_llama2cu GPU_ARCH=75 builds the one to run): their build
+# leaves out the bf16 tensor-core kernels
+build-arch/train_llama2cu_sm%: $(CUDA_TRAINER)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS_BASE) -gencode arch=compute_$*,code=sm_$* $(NVCC_FSDP) -o $@ $< $(CUDA_LDLIBS) $(NVCC_FSDP_LIBS)
+
 # every CUDA target (fsdp_nccl where nccl.h is); cuda-compile-check (CI, no GPU
-# needed) builds them all for sm_80 and sm_90 with warnings as errors;
-# dev/gpu_check.sh runs them on a GPU
+# needed) builds them all for sm_80 and sm_90, and the trainer for sm_75 (and sm_70
+# where nvcc has it: dev/cuda/compile_check.sh), with warnings as errors; dev/gpu_check.sh
+# runs them on a GPU
 cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu $(if $(NCCL_H),dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp)
-cuda-compile-check: cuda
+cuda-compile-check: cuda build-arch/train_llama2cu_sm75
 
 # ----------------------------------------------------------------------------
 # The emulated build (issue 17, dev/emu/): the CUDA sources compiled by the host
@@ -198,7 +213,7 @@ $(EMU)-tsan/%: $(EMU)/src/%.cu $(EMU_SRCS:%=$(EMU)/src/%) $(EMU_HEADERS)
 # dev/emu/blas_test_prelude.h standing in for the runtime (it holds enqueued work
 # until the test runs it, and emu::fail throws so the test sees a check fire)
 $(EMU)/test/test_emu_blas: test/test_emu_blas.cu test/stderr_of.h dev/emu/blas.h dev/emu/blas_test_prelude.h dev/emu/library_types.h \
-    dev/emu/cuda_bf16.h dev/emu/types.h test/test_common.h
+    dev/emu/cuda_bf16.h dev/emu/cuda_fp16.h dev/emu/types.h test/test_common.h
 	@mkdir -p $(@D)
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_ASAN) -include dev/emu/blas_test_prelude.h -o $@ -x c++ $<
 # the rewritten sources are inputs of the programs, not leftovers
@@ -247,4 +262,4 @@ run: train_llama2
 clean:
 	rm -f train_llama2 train_llama2cu train_llama2cu_emu $(TESTS) test/test_fsdp test/st_compare test/train_llama2_nompi dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
 	    test/test_llama2cu test/cpu_twin.o dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp dev/bench_fsdp
-	rm -rf build-san build-fuzz build-vg $(EMU) $(EMU)-tsan
+	rm -rf build-san build-fuzz build-vg build-arch $(EMU) $(EMU)-tsan

@@ -29,11 +29,12 @@
 // of the chunk sees get no block.
 //
 // Two implementations of the same tiling:
-//   SIMT (fp32 FMA, float or bf16 storage, any even hd up to 256): 32 x 32 tiles,
+//   SIMT (fp32 FMA, float, bf16 or fp16 storage, any even hd up to 256): 32 x 32 tiles,
 //     8 warps, each owning 4 rows; the fp32 path that is compared tightly with the CPU.
-//   tensor cores (bf16, hd 64 or 128): 64 x 64 tiles, 4 warps, each owning 16
-//     rows; the products go through WMMA (mma.sync, fp32 accumulation), the
-//     softmax stays fp32 and P, dS are rounded to bf16 for their products.
+//   tensor cores (bf16 or fp16, hd 64 or 128): 64 x 64 tiles, 4 warps, each
+//     owning 16 rows; the products go through WMMA (mma.sync, fp32 accumulation),
+//     the softmax stays fp32 and P, dS are rounded to the storage type for their
+//     products (fp16 on Volta and Turing, which have no bf16 tensor cores).
 // attention_forward / attention_backward pick tensor cores where they apply.
 #pragma once
 #include <type_traits>
@@ -303,30 +304,41 @@ attention_backward_dkv_simt_kernel(T *dk, T *dv, const T *dout, const T *out, co
 }
 
 // ----------------------------------------------------------------------------
-// tensor-core kernels (bf16, hd 64 or 128)
+// tensor-core kernels (E: bf16 or fp16, hd 64 or 128)
 
 namespace wmma = nvcuda::wmma;
 typedef __nv_bfloat16 bf16;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> FragA;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> FragB;    // B as stored (k, n)
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> FragBT;   // B^T as stored: rows of keys
+template <typename E> using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major>;
+template <typename E> using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major>;  // B as stored (k, n)
+template <typename E> using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major>; // B^T as stored: rows of keys
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 
 constexpr int TC_TILE = 64, TC_WARPS = 4; // each warp owns 16 rows of a tile
 
-// Shared-memory tiles of TC_TILE rows. Each row is padded by 16 bytes (8 bf16,
+// whether E's tensor-core kernels exist in this compilation: bf16 WMMA needs sm_80
+// (Ampere); Volta (sm_70) and Turing (sm_75) have fp16 tensor cores only, and their
+// build compiles the bf16 kernels empty (the trainer refuses bf16 there at startup)
+template <typename E> __host__ __device__ constexpr bool tc_compiled() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    return !std::is_same<E, bf16>::value;
+#else
+    return true;
+#endif
+}
+
+// Shared-memory tiles of TC_TILE rows. Each row is padded by 16 bytes (8 bf16 or fp16,
 // 4 floats) so the rows of a 16 x 16 fragment start in different banks; every
 // size is a multiple of 128 bytes, so consecutive tiles keep the 32-byte
 // alignment WMMA loads need.
 template <int HD> struct TcTiles {
-    static constexpr int LDH = HD + 8;        // bf16 (TC_TILE, HD): q, k, v, dout
+    static constexpr int LDH = HD + 8;        // E (TC_TILE, HD): q, k, v, dout
     static constexpr int LDS = TC_TILE + 4;   // fp32 (TC_TILE, TC_TILE): scores
-    static constexpr int LDP = TC_TILE + 8;   // bf16 (TC_TILE, TC_TILE): P, dS
+    static constexpr int LDP = TC_TILE + 8;   // E (TC_TILE, TC_TILE): P, dS
     static constexpr int LDO = HD + 4;        // fp32 (TC_TILE, HD): output, dq, dk, dv
     static constexpr size_t H = TC_TILE * LDH * 2, S = TC_TILE * LDS * 4, P = TC_TILE * LDP * 2, O = TC_TILE * LDO * 4;
     static constexpr size_t STATS = TC_TILE * 4; // a float per row
     static_assert(H % 128 == 0 && S % 128 == 0 && P % 128 == 0 && O % 128 == 0, "tiles must keep 128-byte alignment");
-    static_assert(2 * H >= O, "two bf16 tiles must hold an fp32 output tile (the staging area)");
+    static_assert(2 * H >= O, "two 16-bit tiles must hold an fp32 output tile (the staging area)");
 };
 
 // hands out consecutive pieces of dynamic shared memory
@@ -339,10 +351,10 @@ struct SmemArena {
     }
 };
 
-// tile (TC_TILE, HD + 8) in bf16 <- rows r0 .. r0 + TC_TILE of src (row i at
+// tile (TC_TILE, HD + 8) of E <- rows r0 .. r0 + TC_TILE of src (row i at
 // src[i * stride], 16-byte aligned); rows at or past n_valid are zero and never read
-template <int HD>
-__device__ void load_rows_bf16(bf16 *tile, const bf16 *src, size_t stride, int r0, int n_valid) {
+template <int HD, typename E>
+__device__ void load_rows(E *tile, const E *src, size_t stride, int r0, int n_valid) {
     constexpr int VECS = HD / 8; // 16-byte vectors per row
     for (int idx = threadIdx.x; idx < TC_TILE * VECS; idx += blockDim.x) {
         int r = idx / VECS, c = idx % VECS;
@@ -354,20 +366,20 @@ __device__ void load_rows_bf16(bf16 *tile, const bf16 *src, size_t stride, int r
 
 // C (16, 16 * NB) = A (16, 16 * KB) @ B, A from a row-major tile with leading dim lda,
 // fragment n of C stored row-major at c + 16 n. BT: B's columns are rows of b (keys).
-template <int KB, int NB, bool BT>
-__device__ void warp_matmul_store(float *c, int ldc, const bf16 *a, int lda, const bf16 *b, int ldb) {
-    FragA fa[KB];
+template <int KB, int NB, bool BT, typename E>
+__device__ void warp_matmul_store(float *c, int ldc, const E *a, int lda, const E *b, int ldb) {
+    FragA<E> fa[KB];
     for (int kk = 0; kk < KB; kk++) wmma::load_matrix_sync(fa[kk], a + kk * 16, lda);
     for (int n = 0; n < NB; n++) {
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
         for (int kk = 0; kk < KB; kk++) {
             if constexpr (BT) {
-                FragBT fb;
+                FragBT<E> fb;
                 wmma::load_matrix_sync(fb, b + n * 16 * ldb + kk * 16, ldb);
                 wmma::mma_sync(acc, fa[kk], fb, acc);
             } else {
-                FragB fb;
+                FragB<E> fb;
                 wmma::load_matrix_sync(fb, b + kk * 16 * ldb + n * 16, ldb);
                 wmma::mma_sync(acc, fa[kk], fb, acc);
             }
@@ -377,13 +389,13 @@ __device__ void warp_matmul_store(float *c, int ldc, const bf16 *a, int lda, con
 }
 
 // acc[n] += A (16, 64) @ B (64, 16 NB) with B as stored (row-major (64, 16 NB) at b)
-template <int NB>
-__device__ void warp_matmul_acc(FragC (&acc)[NB], const bf16 *a, int lda, const bf16 *b, int ldb) {
-    FragA fa[TC_TILE / 16];
+template <int NB, typename E>
+__device__ void warp_matmul_acc(FragC (&acc)[NB], const E *a, int lda, const E *b, int ldb) {
+    FragA<E> fa[TC_TILE / 16];
     for (int kk = 0; kk < TC_TILE / 16; kk++) wmma::load_matrix_sync(fa[kk], a + kk * 16, lda);
     for (int n = 0; n < NB; n++)
         for (int kk = 0; kk < TC_TILE / 16; kk++) {
-            FragB fb;
+            FragB<E> fb;
             wmma::load_matrix_sync(fb, b + kk * 16 * ldb + n * 16, ldb);
             wmma::mma_sync(acc[n], fa[kk], fb, acc[n]);
         }
@@ -393,26 +405,25 @@ __device__ void warp_matmul_acc(FragC (&acc)[NB], const bf16 *a, int lda, const 
 // 16w .. 16w + 15. S = Q K^T goes through shared memory (fp32), where lane pair
 // (2r, 2r + 1) runs the online softmax of row r over 32 columns each; the output
 // (fp32) stays in shared memory so each row can be rescaled, and O += P V.
-template <int HD>
-__global__ void __launch_bounds__(TC_WARPS * 32)
-attention_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, Chunk ch, int NH,
+template <int HD, typename E>
+__device__ void attention_forward_tc(E *out, float *lse, const E *q, const E *k, const E *v, Chunk ch, int NH,
                             int NKV, float scale) {
     using L = TcTiles<HD>;
     extern __shared__ __align__(128) unsigned char smem_tc[];
     SmemArena arena{smem_tc};
-    bf16 *qs = arena.take<bf16>(L::H), *ks = arena.take<bf16>(L::H), *vs = arena.take<bf16>(L::H);
+    E *qs = arena.take<E>(L::H), *ks = arena.take<E>(L::H), *vs = arena.take<E>(L::H);
     float *ss = arena.take<float>(L::S), *os = arena.take<float>(L::O);
-    bf16 *ps = arena.take<bf16>(L::P);
+    E *ps = arena.take<E>(L::P);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     QueryTile ix(ch, NH, NKV, HD, TC_TILE);
     int r0 = warp * 16, row = r0 + lane / 2, half = lane % 2, i = ix.i0 + row; // this lane's softmax row and half
-    load_rows_bf16<HD>(qs, q + ix.q_head, ix.q_stride, ix.i0, ch.len);
+    load_rows<HD>(qs, q + ix.q_head, ix.q_stride, ix.i0, ch.len);
     for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++) os[row * L::LDO + d] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     for (int s0 = ix.kv_begin; s0 < ix.kv_end; s0 += TC_TILE) {
         __syncthreads(); // qs is in; every warp is done with the last tile's ks, vs
-        load_rows_bf16<HD>(ks, k + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
-        load_rows_bf16<HD>(vs, v + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
+        load_rows<HD>(ks, k + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
+        load_rows<HD>(vs, v + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
         __syncthreads();
         warp_matmul_store<HD / 16, TC_TILE / 16, true>(ss + r0 * L::LDS, L::LDS, qs + r0 * L::LDH, L::LDH, ks, L::LDH);
         __syncwarp();
@@ -430,7 +441,7 @@ attention_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
         for (int c = 0; c < 32; c++) {
             float p = expf(x[c] - m_sub);
             sum += p;
-            ps[row * L::LDP + half * 32 + c] = __float2bfloat16(p);
+            ps[row * L::LDP + half * 32 + c] = from_float<E>(p);
         }
         l = l * corr + sum + __shfl_xor_sync(0xffffffff, sum, 1);
         m = m_new;
@@ -443,38 +454,44 @@ attention_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
         __syncwarp();
     }
     if (i >= ch.len) return; // padding rows of the last tile
-    for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++) out[ix.q(i) + d] = __float2bfloat16(os[row * L::LDO + d] / l);
+    for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++) out[ix.q(i) + d] = from_float<E>(os[row * L::LDO + d] / l);
     if (half == 0) lse[ix.lse(i)] = m + logf(l);
+}
+// the kernel: bf16's only where it compiles (tc_compiled)
+template <int HD, typename E>
+__global__ void __launch_bounds__(TC_WARPS * 32)
+attention_forward_tc_kernel(E *out, float *lse, const E *q, const E *k, const E *v, Chunk ch, int NH, int NKV,
+                            float scale) {
+    if constexpr (tc_compiled<E>()) attention_forward_tc<HD>(out, lse, q, k, v, ch, NH, NKV, scale);
 }
 
 // D = dout . out of this lane's row, over its half of the dims (dout from the tile), summed across the lane pair
-template <int HD>
-__device__ float row_pair_D(const bf16 *dout_row_tile, const bf16 *out_row, int half, bool valid) {
+template <int HD, typename E>
+__device__ float row_pair_D(const E *dout_row_tile, const E *out_row, int half, bool valid) {
     float part = 0.0f;
     for (int d = half * HD / 2; valid && d < (half + 1) * HD / 2; d++)
-        part += __bfloat162float(dout_row_tile[d]) * __bfloat162float(out_row[d]);
+        part += to_float(dout_row_tile[d]) * to_float(out_row[d]);
     return part + __shfl_xor_sync(0xffffffff, part, 1);
 }
 
 // dq: a block per (query tile, head, batch row), warp w owning rows 16w ..;
-// S = Q K^T and dP = dO V^T through shared memory, dS = P (dP - D) scale in bf16,
+// S = Q K^T and dP = dO V^T through shared memory, dS = P (dP - D) scale in E,
 // and dq += dS K accumulates in registers across the key tiles.
-template <int HD>
-__global__ void __launch_bounds__(TC_WARPS * 32)
-attention_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *out, const float *lse, const bf16 *q,
-                                const bf16 *k, const bf16 *v, Chunk ch, int NH, int NKV, float scale) {
+template <int HD, typename E>
+__device__ void attention_backward_dq_tc(E *dq, const E *dout, const E *out, const float *lse, const E *q,
+                                const E *k, const E *v, Chunk ch, int NH, int NKV, float scale) {
     using L = TcTiles<HD>;
     extern __shared__ __align__(128) unsigned char smem_tc[];
     SmemArena arena{smem_tc};
-    bf16 *qs = arena.take<bf16>(L::H), *dos = arena.take<bf16>(L::H);
-    bf16 *ks = arena.take<bf16>(L::H), *vs = arena.take<bf16>(L::H); // then the fp32 staging of dq
+    E *qs = arena.take<E>(L::H), *dos = arena.take<E>(L::H);
+    E *ks = arena.take<E>(L::H), *vs = arena.take<E>(L::H); // then the fp32 staging of dq
     float *ss = arena.take<float>(L::S), *dps = arena.take<float>(L::S);
-    bf16 *dss = arena.take<bf16>(L::P);
+    E *dss = arena.take<E>(L::P);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     QueryTile ix(ch, NH, NKV, HD, TC_TILE);
     int r0 = warp * 16, row = r0 + lane / 2, half = lane % 2, i = ix.i0 + row;
-    load_rows_bf16<HD>(qs, q + ix.q_head, ix.q_stride, ix.i0, ch.len);
-    load_rows_bf16<HD>(dos, dout + ix.q_head, ix.q_stride, ix.i0, ch.len);
+    load_rows<HD>(qs, q + ix.q_head, ix.q_stride, ix.i0, ch.len);
+    load_rows<HD>(dos, dout + ix.q_head, ix.q_stride, ix.i0, ch.len);
     __syncthreads();
     float D = row_pair_D<HD>(dos + row * L::LDH, out + ix.q(i), half, i < ch.len);
     float row_lse = i < ch.len ? lse[ix.lse(i)] : 0.0f;
@@ -482,8 +499,8 @@ attention_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *out, con
     for (int n = 0; n < HD / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
     for (int s0 = ix.kv_begin; s0 < ix.kv_end; s0 += TC_TILE) {
         __syncthreads();
-        load_rows_bf16<HD>(ks, k + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
-        load_rows_bf16<HD>(vs, v + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
+        load_rows<HD>(ks, k + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
+        load_rows<HD>(vs, v + ix.kv_head, ix.kv_stride, s0, ix.kv_end);
         __syncthreads();
         warp_matmul_store<HD / 16, TC_TILE / 16, true>(ss + r0 * L::LDS, L::LDS, qs + r0 * L::LDH, L::LDH, ks, L::LDH);
         warp_matmul_store<HD / 16, TC_TILE / 16, true>(dps + r0 * L::LDS, L::LDS, dos + r0 * L::LDH, L::LDH, vs, L::LDH);
@@ -495,7 +512,7 @@ attention_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *out, con
                 float p = expf(ss[row * L::LDS + col] * scale - row_lse);
                 ds = p * (dps[row * L::LDS + col] - D) * scale;
             }
-            dss[row * L::LDP + col] = __float2bfloat16(ds);
+            dss[row * L::LDP + col] = from_float<E>(ds);
         }
         __syncwarp();
         warp_matmul_acc<HD / 16>(acc, dss + r0 * L::LDP, L::LDP, ks, L::LDH);
@@ -505,12 +522,19 @@ attention_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *out, con
     for (int n = 0; n < HD / 16; n++) wmma::store_matrix_sync(stage + r0 * L::LDO + n * 16, acc[n], L::LDO, wmma::mem_row_major);
     __syncwarp();
     if (i >= ch.len) return;
-    for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++) dq[ix.q(i) + d] = __float2bfloat16(stage[row * L::LDO + d]);
+    for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++) dq[ix.q(i) + d] = from_float<E>(stage[row * L::LDO + d]);
+}
+// the kernel: bf16's only where it compiles (tc_compiled)
+template <int HD, typename E>
+__global__ void __launch_bounds__(TC_WARPS * 32)
+attention_backward_dq_tc_kernel(E *dq, const E *dout, const E *out, const float *lse, const E *q, const E *k,
+                                const E *v, Chunk ch, int NH, int NKV, float scale) {
+    if constexpr (tc_compiled<E>()) attention_backward_dq_tc<HD>(dq, dout, out, lse, q, k, v, ch, NH, NKV, scale);
 }
 
 // fragments (16 rows from r0, HD) staged through shared memory, added into dst rows s0 + r0 + ..
-template <int HD>
-__device__ void add_rows_from_frags(bf16 *dst, const AttentionIndex &ix, float *stage, FragC (&acc)[HD / 16], int r0,
+template <int HD, typename E>
+__device__ void add_rows_from_frags(E *dst, const AttentionIndex &ix, float *stage, FragC (&acc)[HD / 16], int r0,
                                     int s0, int n_valid) {
     using L = TcTiles<HD>;
     int lane = threadIdx.x % 32, row = r0 + lane / 2, half = lane % 2, s = s0 + row;
@@ -518,7 +542,7 @@ __device__ void add_rows_from_frags(bf16 *dst, const AttentionIndex &ix, float *
     __syncwarp();
     for (int d = half * HD / 2; s < n_valid && d < (half + 1) * HD / 2; d++) {
         size_t at = ix.kv(s) + d;
-        dst[at] = __float2bfloat16(__bfloat162float(dst[at]) + stage[row * L::LDO + d]);
+        dst[at] = from_float<E>(to_float(dst[at]) + stage[row * L::LDO + d]);
     }
     __syncwarp(); // the stage is reused next
 }
@@ -527,25 +551,24 @@ __device__ void add_rows_from_frags(bf16 *dst, const AttentionIndex &ix, float *
 // for every query tile of every head of the group that sees the keys:
 // S^T = K Q^T and dP^T = V dO^T through shared memory, then in registers
 // dV += P^T dO and dK += dS^T Q; at the end each is added once into dk, dv.
-template <int HD>
-__global__ void __launch_bounds__(TC_WARPS * 32)
-attention_backward_dkv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const float *lse,
-                                 const bf16 *q, const bf16 *k, const bf16 *v, Chunk ch, int NH, int NKV, float scale) {
+template <int HD, typename E>
+__device__ void attention_backward_dkv_tc(E *dk, E *dv, const E *dout, const E *out, const float *lse,
+                                 const E *q, const E *k, const E *v, Chunk ch, int NH, int NKV, float scale) {
     using L = TcTiles<HD>;
     extern __shared__ __align__(128) unsigned char smem_tc[];
     SmemArena arena{smem_tc};
-    bf16 *ks = arena.take<bf16>(L::H), *vs = arena.take<bf16>(L::H);
-    bf16 *qs = arena.take<bf16>(L::H), *dos = arena.take<bf16>(L::H); // then the fp32 staging of dk, dv
+    E *ks = arena.take<E>(L::H), *vs = arena.take<E>(L::H);
+    E *qs = arena.take<E>(L::H), *dos = arena.take<E>(L::H); // then the fp32 staging of dk, dv
     float *sts = arena.take<float>(L::S), *dpts = arena.take<float>(L::S);
-    bf16 *pts = arena.take<bf16>(L::P), *dsts = arena.take<bf16>(L::P);
+    E *pts = arena.take<E>(L::P), *dsts = arena.take<E>(L::P);
     float *tile_lse = arena.take<float>(L::STATS), *tile_D = arena.take<float>(L::STATS);
     int kh = blockIdx.y, b = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = NH / NKV;
     int s0 = (blockIdx.x + attention_first_key_tile(ch, TC_TILE)) * TC_TILE, kv_valid = ch.t0 + ch.len;
     int r0 = warp * 16, row = r0 + lane / 2, half = lane % 2, s = s0 + row; // this lane's key row and half
     int i_first = s - ch.t0, i_end = attention_query_end(ch, s);          // the queries that see key s
     AttentionIndex kix(ch, NH, NKV, HD, b, kh * group, kh);
-    load_rows_bf16<HD>(ks, k + kix.kv_head, kix.kv_stride, s0, kv_valid);
-    load_rows_bf16<HD>(vs, v + kix.kv_head, kix.kv_stride, s0, kv_valid);
+    load_rows<HD>(ks, k + kix.kv_head, kix.kv_stride, s0, kv_valid);
+    load_rows<HD>(vs, v + kix.kv_head, kix.kv_stride, s0, kv_valid);
     FragC dk_acc[HD / 16], dv_acc[HD / 16];
     for (int n = 0; n < HD / 16; n++) {
         wmma::fill_fragment(dk_acc[n], 0.0f);
@@ -556,8 +579,8 @@ attention_backward_dkv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
         AttentionIndex ix(ch, NH, NKV, HD, b, h, kh);
         for (int i0 = first_i / TC_TILE * TC_TILE; i0 < end_i; i0 += TC_TILE) {
             __syncthreads();
-            load_rows_bf16<HD>(qs, q + ix.q_head, ix.q_stride, i0, ch.len);
-            load_rows_bf16<HD>(dos, dout + ix.q_head, ix.q_stride, i0, ch.len);
+            load_rows<HD>(qs, q + ix.q_head, ix.q_stride, i0, ch.len);
+            load_rows<HD>(dos, dout + ix.q_head, ix.q_stride, i0, ch.len);
             __syncthreads();
             { // lse and D of query row `row` of the tile (the lane pairs of all warps cover the 64 rows)
                 int i = i0 + row;
@@ -577,8 +600,8 @@ attention_backward_dkv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
                     p = expf(sts[row * L::LDS + col] * scale - tile_lse[col]);
                     ds = p * (dpts[row * L::LDS + col] - tile_D[col]) * scale;
                 }
-                pts[row * L::LDP + col] = __float2bfloat16(p);
-                dsts[row * L::LDP + col] = __float2bfloat16(ds);
+                pts[row * L::LDP + col] = from_float<E>(p);
+                dsts[row * L::LDP + col] = from_float<E>(ds);
             }
             __syncwarp();
             warp_matmul_acc<HD / 16>(dv_acc, pts + r0 * L::LDP, L::LDP, dos, L::LDH);
@@ -590,6 +613,13 @@ attention_backward_dkv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
     float *stage = (float *)qs;
     add_rows_from_frags<HD>(dk, kix, stage, dk_acc, r0, s0, kv_valid);
     add_rows_from_frags<HD>(dv, kix, stage, dv_acc, r0, s0, kv_valid);
+}
+// the kernel: bf16's only where it compiles (tc_compiled)
+template <int HD, typename E>
+__global__ void __launch_bounds__(TC_WARPS * 32)
+attention_backward_dkv_tc_kernel(E *dk, E *dv, const E *dout, const E *out, const float *lse, const E *q,
+                                 const E *k, const E *v, Chunk ch, int NH, int NKV, float scale) {
+    if constexpr (tc_compiled<E>()) attention_backward_dkv_tc<HD>(dk, dv, dout, out, lse, q, k, v, ch, NH, NKV, scale);
 }
 
 // ----------------------------------------------------------------------------
@@ -619,10 +649,10 @@ template <typename F> void with_dims_per_lane(int hd, F f) {
     else f(std::integral_constant<int, 8>());
 }
 
-// the tensor-core kernels take bf16 with hd 64 or 128 and 16-byte aligned rows
+// the tensor-core kernels take bf16 or fp16 with hd 64 or 128 and 16-byte aligned rows
 template <typename T> bool attention_tensor_cores(int hd, const void *a, const void *b, const void *c, const void *d) {
     bool aligned = ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) % 16 == 0;
-    return std::is_same<T, bf16>::value && (hd == 64 || hd == 128) && aligned && !attention_force_simt;
+    return !std::is_same<T, float>::value && (hd == 64 || hd == 128) && aligned && !attention_force_simt;
 }
 template <typename F> void with_head_dim(int hd, F f) {
     if (hd == 64) f(std::integral_constant<int, 64>());
@@ -640,13 +670,13 @@ void attention_forward(T *out, float *lse, const T *q, const T *k, const T *v, c
     attention_check_args(ch, NH, NKV, hd, "attention_forward");
     if (ch->B == 0 || ch->len == 0) return;
     float scale = 1.0f / sqrtf((float)hd);
-    if constexpr (std::is_same<T, bf16>::value) {
+    if constexpr (!std::is_same<T, float>::value) { // bf16 or fp16
         if (attention_tensor_cores<T>(hd, out, q, k, v)) {
             with_head_dim(hd, [&](auto head_dim) {
                 constexpr int HD = decltype(head_dim)::value;
                 using L = TcTiles<HD>;
                 size_t smem = 3 * L::H + L::S + L::O + L::P;
-                auto kernel = attention_forward_tc_kernel<HD>;
+                auto kernel = attention_forward_tc_kernel<HD, T>;
                 set_smem(kernel, smem);
                 kernel<<<dim3(ceil_div(ch->len, TC_TILE), NH, ch->B), TC_WARPS * 32, smem, stream>>>(
                     out, lse, q, k, v, *ch, NH, NKV, scale);
@@ -672,15 +702,15 @@ void attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *out, const 
     if (ch->B == 0 || ch->len == 0) return;
     float scale = 1.0f / sqrtf((float)hd);
     dim3 q_grid_simt(ceil_div(ch->len, ATT_TILE), NH, ch->B), kv_grid_simt(attention_key_tiles(ch, ATT_TILE), NKV, ch->B);
-    if constexpr (std::is_same<T, bf16>::value) {
+    if constexpr (!std::is_same<T, float>::value) { // bf16 or fp16
         if (attention_tensor_cores<T>(hd, dq, dout, q, k) && attention_tensor_cores<T>(hd, dk, dv, out, v)) {
             with_head_dim(hd, [&](auto head_dim) {
                 constexpr int HD = decltype(head_dim)::value;
                 using L = TcTiles<HD>;
                 dim3 q_grid(ceil_div(ch->len, TC_TILE), NH, ch->B), kv_grid(attention_key_tiles(ch, TC_TILE), NKV, ch->B);
                 size_t smem_dq = 4 * L::H + 2 * L::S + L::P, smem_dkv = 4 * L::H + 2 * L::S + 2 * L::P + 2 * L::STATS;
-                auto dq_kernel = attention_backward_dq_tc_kernel<HD>;
-                auto dkv_kernel = attention_backward_dkv_tc_kernel<HD>;
+                auto dq_kernel = attention_backward_dq_tc_kernel<HD, T>;
+                auto dkv_kernel = attention_backward_dkv_tc_kernel<HD, T>;
                 set_smem(dq_kernel, smem_dq);
                 set_smem(dkv_kernel, smem_dkv);
                 dq_kernel<<<q_grid, TC_WARPS * 32, smem_dq, stream>>>(dq, dout, out, lse, q, k, v, *ch, NH, NKV, scale);

@@ -970,8 +970,9 @@ static inline void fsdp_all_gather(FsdpComm *c, float *full, const float *shard,
     fsdp__host_all_gather(c, full, shard, S);
 }
 
-// the same for bf16 elements: the CUDA trainer's bf16 base weights (device buffers,
-// so a device backend only)
+// the same for 16-bit elements: the CUDA trainer's bf16 or fp16 base weights (device
+// buffers, so a device backend only; a gather moves them as they are, so ncclBfloat16
+// serves fp16 as well)
 static inline void fsdp_all_gather_bf16(FsdpComm *c, void *full, const void *shard, size_t S) {
     FSDP__NCCL(c, ncclAllGather(shard, full, S, ncclBfloat16, c->nccl, c->stream));
     FSDP__STAGED(c, fsdp__staged_all_gather(c, full, shard, S * 2));

@@ -1,6 +1,6 @@
 // The layers of the CUDA trainer, forward and backward, with the names and the
 // semantics of their CPU twins in train_llama2.c (dev/cuda/ checks each against
-// its twin). Tensors are float or __nv_bfloat16 (template T); every kernel reads
+// its twin). Tensors are float, __nv_bfloat16 or __half (template T); every kernel reads
 // them into fp32 registers, so statistics, softmax and the loss are fp32
 // (DESIGN section 6). Gradients of trainable parameters are always fp32.
 // Every launcher takes the stream it runs on, and no kernel uses atomics: each
@@ -223,8 +223,8 @@ __global__ void convert_kernel(TO *out, const TI *x, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = from_float<TO>(to_float(x[i]));
 }
-// out (n) = x (n) in another storage type (fp32 -> bf16 rounds to nearest even):
-// weights uploaded in fp32 into the bf16 model, fp32 logit gradients for a bf16 matmul
+// out (n) = x (n) in another storage type (fp32 -> bf16 or fp16 rounds to nearest even):
+// weights uploaded in fp32 into the bf16 or fp16 model, fp32 logit gradients for their matmul
 template <typename TO, typename TI>
 void convert(TO *out, const TI *x, size_t n, cudaStream_t stream) {
     convert_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(out, x, n);
@@ -333,25 +333,29 @@ inline void grad_sumsq(double *out, const float *g, size_t n, bool take_sqrt, cu
 // reads it there, so the step never waits for the host.
 inline void grad_norm(double *norm, const float *g, size_t n, cudaStream_t stream) { grad_sumsq(norm, g, n, true, stream); }
 
-__global__ void clip_grads_kernel(float *g, size_t n, const double *norm, float max_norm) {
+__global__ void clip_grads_kernel(float *g, size_t n, const double *norm, float max_norm, float inv_scale) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    double coef = max_norm / (*norm + 1e-6);
-    if (i < n && coef < 1.0) g[i] = (float)(g[i] * coef);
+    double coef = max_norm > 0 ? max_norm / (*norm + 1e-6) : 1.0;
+    coef = coef < 1.0 ? coef * inv_scale : inv_scale;
+    if (i < n && coef != 1.0) g[i] = (float)(g[i] * coef);
 }
-// torch.nn.utils.clip_grad_norm_: scale g (n) by max_norm / (norm + 1e-6) when that is
-// below 1; norm is grad_norm's device value; max_norm <= 0: no clipping
-inline void clip_grads(float *g, size_t n, const double *norm, float max_norm, cudaStream_t stream) {
-    if (max_norm <= 0) return;
-    clip_grads_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(g, n, norm, max_norm);
+// g (n) holds 1 / inv_scale times the gradients (a loss scale, a power of two; 1:
+// none): unscaled as torch's GradScaler.unscale_ and clipped as
+// torch.nn.utils.clip_grad_norm_ (times max_norm / (norm + 1e-6) when that is
+// below 1; max_norm <= 0: no clipping) in one pass, as train_llama2.c's clip_grads;
+// norm is the unscaled gradients' norm, on the device
+inline void clip_grads(float *g, size_t n, const double *norm, float max_norm, float inv_scale, cudaStream_t stream) {
+    if (max_norm <= 0 && inv_scale == 1.0f) return;
+    clip_grads_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(g, n, norm, max_norm, inv_scale);
     cudaLaunchCheck();
 }
 
 // ----------------------------------------------------------------------------
 // AdamW as torch.optim.AdamW: decoupled weight decay, bias-corrected moments
 
+template <typename E>
 __global__ void adamw_kernel(float *params, const float *grads, float *m, float *v, size_t n, float lr, float beta1,
-                             float beta2, float eps, float wd, float step_size, float bc2_sqrt,
-                             __nv_bfloat16 *params_bf16) {
+                             float beta2, float eps, float wd, float step_size, float bc2_sqrt, E *params_copy) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = grads[i];
@@ -360,19 +364,20 @@ __global__ void adamw_kernel(float *params, const float *grads, float *m, float 
     float p = params[i] * (1.0f - lr * wd);
     p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
     params[i] = p;
-    if (params_bf16) params_bf16[i] = __float2bfloat16(p);
+    if (params_copy) params_copy[i] = from_float<E>(p);
 }
 // One step over n fp32 parameters with their fp32 moments m, v; t is the step
 // number, 1 for the first (the CPU's Optimizer.t after its increment). The bias
-// corrections are computed on the host in double, as the CPU does. params_bf16,
-// when not NULL, receives the updated parameters rounded to bf16: the copy the
-// bf16 forward reads, written in the same pass.
-inline void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
-                         float beta2, float eps, float wd, __nv_bfloat16 *params_bf16, cudaStream_t stream) {
+// corrections are computed on the host in double, as the CPU does. params_copy,
+// when not NULL, receives the updated parameters rounded to E (bf16 or fp16, to
+// nearest even): the copy the bf16 or fp16 forward reads, written in the same pass.
+template <typename E>
+void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
+                  float beta2, float eps, float wd, E *params_copy, cudaStream_t stream) {
     double bc1 = 1.0 - pow(beta1, t), bc2 = 1.0 - pow(beta2, t);
     float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
     adamw_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
-        params, grads, m, v, n, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, params_bf16);
+        params, grads, m, v, n, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, params_copy);
     cudaLaunchCheck();
 }
 
@@ -381,8 +386,9 @@ inline void adamw_update(float *params, const float *grads, float *m, float *v, 
 // the momentum buffer (b = g at the first step, then b = momentum * b + g) and
 // the step along g + momentum * b (Nesterov) or b; without momentum no buffer
 
+template <typename E>
 __global__ void sgd_kernel(float *params, const float *grads, float *buf, size_t n, bool first, float lr,
-                           float momentum, bool nesterov, float wd, __nv_bfloat16 *params_bf16) {
+                           float momentum, bool nesterov, float wd, E *params_copy) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float p = params[i], g = grads[i] + wd * p;
@@ -392,15 +398,16 @@ __global__ void sgd_kernel(float *params, const float *grads, float *buf, size_t
     }
     p -= lr * g;
     params[i] = p;
-    if (params_bf16) params_bf16[i] = __float2bfloat16(p);
+    if (params_copy) params_copy[i] = from_float<E>(p);
 }
 // One step over n fp32 parameters; buf, the fp32 momentum buffer, is NULL without
 // momentum; t is the step number, 1 for the first (the CPU's Optimizer.t after its
-// increment). params_bf16, when not NULL, receives the updated parameters rounded
-// to bf16, as adamw_update writes them.
-inline void sgd_update(float *params, const float *grads, float *buf, size_t n, int t, float lr, float momentum,
-                       int nesterov, float wd, __nv_bfloat16 *params_bf16, cudaStream_t stream) {
+// increment). params_copy, when not NULL, receives the updated parameters rounded
+// to E (bf16 or fp16), as adamw_update writes them.
+template <typename E>
+void sgd_update(float *params, const float *grads, float *buf, size_t n, int t, float lr, float momentum,
+                int nesterov, float wd, E *params_copy, cudaStream_t stream) {
     sgd_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
-        params, grads, buf, n, t == 1, lr, momentum, nesterov != 0, wd, params_bf16);
+        params, grads, buf, n, t == 1, lr, momentum, nesterov != 0, wd, params_copy);
     cudaLaunchCheck();
 }

@@ -240,7 +240,7 @@ typedef struct {
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
     int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
-    int fp32;                 // --precision fp32: the only one the CPU runs
+    int fp32, fp16;           // --precision fp32: the only one the CPU runs
     int dry_run;              // --dry_run: the CPU allocates as usual (pages never touched take no memory)
     const char *collectives;  // --collectives: host, always (the contract's; nothing to choose here)
     OptimizerSettings optimizer; // set by the trainer before model_alloc (the Optimizer's; its state counts here)
@@ -1229,11 +1229,15 @@ static double grad_sumsq(const float *g, size_t n) {
 }
 static double grad_norm(const float *g, size_t n) { return sqrt(grad_sumsq(g, n)); }
 
-// torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1
-static void clip_grads(float *g, size_t n, double norm, float max_norm) {
-    if (max_norm <= 0) return;
-    double coef = max_norm / (norm + 1e-6);
-    if (coef >= 1.0) return;
+// g (n) holds 1 / inv_scale times the gradients (a loss scale, a power of two):
+// unscaled as torch's GradScaler.unscale_, then clipped as
+// torch.nn.utils.clip_grad_norm_ (times max_norm / (norm + 1e-6) when that is
+// below 1; norm: the unscaled gradients'; max_norm <= 0: no clipping), in one
+// pass: g * inv_scale is exact, so one rounding of g * (inv_scale * coef) is both's
+static void clip_grads(float *g, size_t n, double norm, float max_norm, float inv_scale) {
+    double coef = max_norm > 0 ? max_norm / (norm + 1e-6) : 1.0;
+    coef = coef < 1.0 ? coef * inv_scale : inv_scale;
+    if (coef == 1.0) return;
     for (size_t i = 0; i < n; i++) g[i] = (float)(g[i] * coef);
 }
 
@@ -1270,15 +1274,17 @@ static void optimizer_free(Optimizer *o) {
 
 static void optimizer_zero_grad(Optimizer *o) { memset(o->grads, 0, o->n * sizeof(float)); }
 
-// the global gradient norm (returned, before clipping); if update and the norm is finite, clipping, then the step
-static double optimizer_step(Optimizer *o, float lr, int update) {
+// the gradients hold 1 / inv_scale times the true ones (a loss scale): the global norm of the
+// true gradients (returned, before clipping); if update and the norm is finite, unscaling and
+// clipping, then the step
+static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update) {
     const OptimizerSettings *s = &o->s;
     if (o->grad_sum) fsdp_all_reduce(o->grad_sum, o->grads, o->n, FSDP_F32);
     double sumsq = grad_sumsq(o->grads, o->n);
     if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
-    double norm = sqrt(sumsq); // the same on every rank
+    double norm = sqrt(sumsq) * inv_scale; // the same on every rank; unscaled (exact: a power of two)
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
-    clip_grads(o->grads, o->n, norm, s->grad_clip);
+    clip_grads(o->grads, o->n, norm, s->grad_clip, inv_scale);
     o->t++;
     size_t off = 0; // the run's first element in grads and the state
     for (int r = 0; r < o->n_runs; off += o->run_n[r++]) {

@@ -8,11 +8,14 @@ weights and the activations in bf16; cuBLASLt accumulates in fp32; RMSNorm
 statistics, softmax, the log-sum-exp, the logits and the loss are fp32; the
 trainable parameters keep fp32 masters, fp32 gradients and the optimizer's fp32
 state (AdamW's moments, SGD's momentum buffer), and the optimizer's update
-writes the bf16 copy the matmuls read. --precision fp32 runs every
+writes the bf16 copy the matmuls read. --precision fp16 is the same
+with fp16 storage (11 significant bits, but 5 exponent bits: activations above
+65504 overflow, gradients below 2^-24 vanish), for GPUs without bf16 (V100, T4),
+with dynamic loss scaling (trainer.h's LossScale). --precision fp32 runs every
 tensor in fp32 (true fp32, no TF32), to compare with the CPU twin tightly.
-The compute type is a template parameter, floatX (float or bf16), of every
-function below; the Model holds the buffers of one of them, and the backend's
-entry points pick floatX once (with_precision).
+The compute type is a template parameter, floatX (float, bf16 or __half), of
+every function below; the Model holds the buffers of one of them, and the
+backend's entry points pick floatX once (with_precision).
 
 Chunked training (DESIGN section 4) runs exactly as on the CPU: chunk_forward,
 chunk_head and chunk_backward per chunk, the KV carry and the dKV carry, the
@@ -100,14 +103,16 @@ template <typename floatX> struct Buffers {
                         // shard of them (units.shard_numel, fsdp.h's layout); frozen (LoRA), or
                         // the trainable ones (the fp32 masters themselves, or the optimizer's bf16 copy)
     floatX **slot;      // (n_slots) sharded: units gathered whole, each as big as the biggest it holds
-    floatX *lora_w;     // (LoRA num_params) A and B for the matmuls (the masters, or the optimizer's bf16 copy)
+    floatX *lora_w;     // (LoRA num_params) A and B for the matmuls (the masters, or the optimizer's bf16/fp16 copy)
+    floatX *params_lo;  // (n_train) bf16/fp16: the copy of the masters the matmuls read, the optimizer writes it
+                        // (in weights or lora_w; fp32, or some units frozen: NULL, weights_refresh copies)
     ChunkActs<floatX> *chunk; // (n_slots) one per chunk in keep mode, one in all in recompute mode
                         // (with activation checkpointing they share all but their resid)
     floatX *k, *v;      // (L, B, T, NKV*hd) the KV carry (keys after RoPE)
     floatX *dk, *dv;    // (L, B, T, NKV*hd) the dKV carry: gradients for earlier positions
     // scratch for one chunk
     floatX *lnf;        // (B, C, D)
-    floatX *dlogits;    // (ceil(B * C / num_output_chunks), V) bf16: the logits' gradient for the head's backward
+    floatX *dlogits;    // (ceil(B * C / num_output_chunks), V) bf16/fp16: the logits' gradient for the head's backward
     floatX *kv;         // (B, C, NKV*hd) a chunk's keys or values before they enter the carry
     floatX *dresid;     // (B, C, D)
     floatX *dln;        // (B, C, D)
@@ -121,10 +126,11 @@ template <typename floatX> struct Buffers {
 // the CUDA backend's model (trainer.h lists what every backend's Model holds)
 typedef struct {
     HostModel host;           // config, fp32 weights, LoRA layout: loaded here, uploaded, saved from here
-    int fp32;                 // --precision fp32: every tensor fp32 (else bf16 storage)
+    int fp32, fp16;           // --precision fp32: every tensor fp32; fp16: fp16 storage (neither: bf16)
     int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), touches no GPU
     Buffers<float> f32;       // the buffers of the run's precision (the other stays empty)
     Buffers<bf16> b16;
+    Buffers<__half> h16;
     // the trainable parameters, flat (LoRA's layout, or param_layout's of the units that train), fp32 in either precision
     float *params, *grads;    // (n_train) masters and gradients
     int n_runs;               // full fine-tuning: where the masters' runs lie in the base weights (host
@@ -133,7 +139,6 @@ typedef struct {
     float *opt_state[OPTIMIZER_MAX_STATES]; // (n_train) each, optimizer_n_states of them: AdamW's moments, SGD's
                               // momentum buffer (the Optimizer's; here so the fit check counts them)
     size_t n_train;
-    bf16 *params_bf16;        // bf16: the copy of params the matmuls read (in b16.weights or b16.lora_w)
     // sharded (host.shards): the units in the slots, and full fine-tuning's gradients of a unit
     int sharded;              // the base weights are this rank's shards, over fsdp->shard
     int n_unit_slots;         // units gathered at once: 3 (reshard after the forward), or every unit
@@ -178,10 +183,11 @@ typedef struct {
 template <typename floatX> Buffers<floatX> &buffers(Model *m);
 template <> Buffers<float> &buffers<float>(Model *m) { return m->f32; }
 template <> Buffers<bf16> &buffers<bf16>(Model *m) { return m->b16; }
+template <> Buffers<__half> &buffers<__half>(Model *m) { return m->h16; }
 
 // calls f(type_identity<floatX>()) with the run's compute type
 template <typename F> auto with_precision(const Model *m, F f) {
-    return m->fp32 ? f(type_identity<float>()) : f(type_identity<bf16>());
+    return m->fp32 ? f(type_identity<float>()) : m->fp16 ? f(type_identity<__half>()) : f(type_identity<bf16>());
 }
 
 // the slot that holds unit u when gathered: a strategy that reshards after the
@@ -231,7 +237,7 @@ template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C,
 }
 
 // Lays out every device buffer in four allocations: w the base weights, p the
-// trainable parameters (masters, gradients, optimizer state, bf16 copy), a the
+// trainable parameters (masters, gradients, optimizer state, bf16/fp16 copy), a the
 // activations and scratch, k the KV and dKV carries. Called once to count, once to place.
 template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k) {
     const HostModel *h = &m->host;
@@ -242,14 +248,14 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     size_t Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
     size_t r = h->use_lora ? h->lora.r : 0, widest = std::max(std::max(D, H), Q);
     size_t piece = (N + m->num_output_chunks - 1) / m->num_output_chunks; // the head's rows at a time
-    // trainable: fp32 masters and gradients; in bf16 the matmuls read a bf16 copy
+    // trainable: fp32 masters and gradients; in bf16 (fp16) the matmuls read a bf16 (fp16) copy
     p->place(m->params, m->n_train);
     p->place(m->grads, m->n_train);
     for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) p->place(m->opt_state[i], m->n_train);
     bool all_train = h->full_finetune && !h->frozen_units; // then the weights are the masters or their copy
-    if (!fp32 && (all_train || h->use_lora)) p->place(m->params_bf16, m->n_train);
+    if (!fp32 && (all_train || h->use_lora)) p->place(d.params_lo, m->n_train);
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
-    // bf16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
+    // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
     if (!all_train) w->place(d.weights, m->sharded ? h->units.shard_numel : h->num_params);
     if (m->sharded) sharded_layout(m, d, w, p);
     // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
@@ -312,11 +318,34 @@ static void check_fits(const Model *m) {
             "  base weights (%s) %.1f MiB, trainable parameters and gradients %.1f MiB,\n"
             "  activations and scratch %.1f MiB (B = %d, chunks of %d, %s%s), KV and dKV carry %.1f MiB (T = %d),\n"
             "  staging the upload %.1f MiB\n"
-            "  hint: %s\n", need / MiB, free_bytes / MiB, total_bytes / MiB, m->fp32 ? "fp32" : "bf16", w / MiB,
+            "  hint: %s\n", need / MiB, free_bytes / MiB, total_bytes / MiB, m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16", w / MiB,
             p / MiB, a / MiB, m->B, m->chunk_size, m->recompute ? "recompute" : "keep",
             m->activation_checkpointing ? ", activation checkpointing" : "", k / MiB, m->T, stage / MiB,
             cuda_error_hint(cudaErrorMemoryAllocation));
     exit(EXIT_FAILURE);
+}
+
+// Whether a GPU of compute capability major.minor (named gpu) runs --precision:
+// bf16 needs 8.0 (Ampere) or newer, for cuBLASLt's bf16 products and the bf16
+// tensor cores; Volta (7.0, V100) and Turing (7.5, T4) have fp16 tensor cores
+// only. 0 if it does, else -1 with the reason in msg (n bytes).
+static int precision_supported(const char *precision, int major, int minor, const char *gpu, char *msg, size_t n) {
+    if (strcmp(precision, "bf16") != 0 || major >= 8) return 0;
+    snprintf(msg, n, "--precision bf16 needs a GPU of compute capability 8.0 or newer (Ampere: A100, A10, RTX 30xx, or "
+             "later); this one, %s, is %d.%d, without bf16: use --precision fp16 (with dynamic loss scaling) or fp32",
+             gpu, major, minor);
+    return -1;
+}
+
+// stops with precision_supported's reason when this process's GPU cannot run --precision
+static void check_precision(const Model *m, const char *precision) {
+    int dev;
+    cudaDeviceProp prop;
+    char msg[512];
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
+    if (precision_supported(precision, prop.major, prop.minor, prop.name, msg, sizeof msg) != 0)
+        die("rank %d: %s", m->fsdp ? m->fsdp->world.rank : 0, msg);
 }
 
 // ----------------------------------------------------------------------------
@@ -432,7 +461,8 @@ static void weights_refresh(Model *m) {
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         floatX *w = buffers<floatX>(m).weights;
-        for (int r = 0, off = 0; r < m->n_runs; off += m->run_n[r++]) convert(w + m->run_first[r], m->params + off, m->run_n[r], m->stream);
+        size_t off = 0; // (a 7B model's runs pass 2^31 elements)
+        for (int r = 0; r < m->n_runs; off += m->run_n[r++]) convert(w + m->run_first[r], m->params + off, m->run_n[r], m->stream);
     });
 }
 
@@ -461,6 +491,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     const float *base = m->sharded ? h->shards : h->params;
     if (m->dry_run) return;
     if (m->fsdp && m->fsdp->world.size > 1) set_device(m); // before any allocation
+    check_precision(m, m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
     cudaCheck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&m->computed, cudaEventDisableTiming));
@@ -496,11 +527,11 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         if (h->full_finetune && h->frozen_units) upload(d.weights, base, n_base, st);
         else if (h->full_finetune) {
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
-            else { d.weights = m->params_bf16; convert(d.weights, m->params, m->n_train, st); }
+            else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
         } else {
             upload(d.weights, base, n_base, st);
             if constexpr (std::is_same<floatX, float>::value) d.lora_w = m->params;
-            else { d.lora_w = m->params_bf16; convert(d.lora_w, m->params, m->n_train, st); }
+            else { d.lora_w = d.params_lo; convert(d.lora_w, m->params, m->n_train, st); }
         }
         std::vector<float> inv_freq(c->head_dim / 2);
         rope_inv_freq(c, inv_freq.data());
@@ -520,8 +551,10 @@ static void model_free(Model *m) {
     if (m->communicated) cudaCheck(cudaEventDestroy(m->communicated));
     free(m->f32.chunk);
     free(m->b16.chunk);
+    free(m->h16.chunk);
     free(m->f32.slot);
     free(m->b16.slot);
+    free(m->h16.slot);
     for (int s = 0; m->gathered && s < m->n_unit_slots; s++) cudaCheck(cudaEventDestroy(m->gathered[s]));
     free(m->gathered);
     free(m->slot_unit);
@@ -1004,9 +1037,9 @@ static void optimizer_zero_grad(Optimizer *o) {
 }
 
 // the global gradient norm (returned, before clipping); if update and the norm
-// is finite, clipping, then the optimizer's update, which also writes the bf16
-// copy of the parameters the next forward reads
-static double optimizer_step(Optimizer *o, float lr, int update) {
+// is finite, unscaling and clipping, then the optimizer's update, which also
+// writes the bf16/fp16 copy of the parameters the next forward reads
+static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update) {
     Model *m = o->model;
     const OptimizerSettings *s = &o->s;
     if (o->grad_sum) {
@@ -1019,18 +1052,21 @@ static double optimizer_step(Optimizer *o, float lr, int update) {
     cudaCheck(cudaMemcpyAsync(&sumsq, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
     if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
-    norm = sqrt(sumsq); // the same on every rank
+    norm = sqrt(sumsq) * inv_scale; // the same on every rank; unscaled (exact: a power of two)
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
     // clip_grads reads it there (a pageable source: the call returns once it is copied)
     cudaCheck(cudaMemcpyAsync(m->grad_norm, &norm, sizeof(double), cudaMemcpyHostToDevice, m->stream));
-    clip_grads(m->grads, o->n, m->grad_norm, s->grad_clip, m->stream);
+    clip_grads(m->grads, o->n, m->grad_norm, s->grad_clip, inv_scale, m->stream);
     o->t++;
-    if (s->kind == OPTIMIZER_SGD)
-        sgd_update(m->params, m->grads, m->opt_state[0], o->n, o->t, lr, s->momentum, s->nesterov, s->weight_decay,
-                   m->params_bf16, m->stream);
-    else
-        adamw_update(m->params, m->grads, m->opt_state[0], m->opt_state[1], o->n, o->t, lr, s->beta1, s->beta2,
-                     s->eps, s->weight_decay, m->params_bf16, m->stream);
+    with_precision(m, [&](auto tag) { // (fp32, or some units frozen: no copy, params_lo is NULL)
+        auto *copy = buffers<typename decltype(tag)::type>(m).params_lo;
+        if (s->kind == OPTIMIZER_SGD)
+            sgd_update(m->params, m->grads, m->opt_state[0], o->n, o->t, lr, s->momentum, s->nesterov, s->weight_decay,
+                       copy, m->stream);
+        else
+            adamw_update(m->params, m->grads, m->opt_state[0], m->opt_state[1], o->n, o->t, lr, s->beta1, s->beta2,
+                         s->eps, s->weight_decay, copy, m->stream);
+    });
     if (m->host.frozen_units) weights_refresh(m);
     return norm;
 }
@@ -1055,7 +1091,10 @@ static void optimizer_sync_device(Optimizer *o) {
     if (h->full_finetune) {
         masters_upload(m);
         if (h->frozen_units) weights_refresh(m);
-        else if (!m->fp32) convert(m->params_bf16, m->params, o->n, m->stream);
+        else with_precision(m, [&](auto tag) {
+            using floatX = typename decltype(tag)::type;
+            if constexpr (!std::is_same<floatX, float>::value) convert(buffers<floatX>(m).params_lo, m->params, o->n, m->stream);
+        });
     }
     for (int i = 0; i < optimizer_n_states(&o->s); i++)
         cudaCheck(cudaMemcpyAsync(m->opt_state[i], o->state[i], o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
@@ -1073,7 +1112,7 @@ static double model_peak_mb(Model *m) {
     return m->peak_mb;
 }
 static const char *const backend_memory = "GPU memory";
-static const char *const backend_precisions[] = {"bf16", "fp32"};
+static const char *const backend_precisions[] = {"bf16", "fp16", "fp32"};
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

@@ -19,8 +19,9 @@
 //                              keep only each layer's input per chunk and re-run
 //                              a layer's forward before its backward (the same
 //                              results, bit for bit, in less memory)
-//       int fp32;              set by the trainer before model_alloc: --precision fp32
-//                              (else bf16: weights and activations stored in bf16)
+//       int fp32, fp16;        set by the trainer before model_alloc: --precision fp32
+//                              or fp16 (neither: bf16; fp16 and bf16 store the weights and
+//                              activations in that type)
 //       const char *collectives;  set by the trainer before model_alloc: --collectives,
 //                              one of backend_collectives
 //       int dry_run;           set by the trainer before model_alloc: --dry_run, after
@@ -89,11 +90,14 @@
 //   void optimizer_init(Optimizer *o, Model *m);   m->optimizer's, state at zero, t = 0
 //   void optimizer_free(Optimizer *o);             safe on a zeroed Optimizer
 //   void optimizer_zero_grad(Optimizer *o);
-//   double optimizer_step(Optimizer *o, float lr, int update);
-//       the global gradient norm (returned, before clipping); then, if update
-//       and the norm is finite, clipping as torch.nn.utils.clip_grad_norm_
-//       (grad_clip 0: off) and one step of the optimizer (torch.optim.AdamW or
-//       torch.optim.SGD); else nothing (t and the state stay)
+//   double optimizer_step(Optimizer *o, float lr, float inv_scale, int update);
+//       the gradients hold 1 / inv_scale times the true ones (a loss scale,
+//       a power of two; 1 without one): the global norm of the true gradients
+//       (returned, before clipping); then, if update and the norm is finite,
+//       the gradients times inv_scale (torch's GradScaler.unscale_) and clipped
+//       as torch.nn.utils.clip_grad_norm_ (grad_clip 0: off), and one step of
+//       the optimizer (torch.optim.AdamW or torch.optim.SGD); else nothing (t
+//       and the state stay)
 //   void model_sync_host(Model *m, Optimizer *o);
 //       before a save: the trainable weights into m->host (sharded: host.shards),
 //       the optimizer state into o->state (the CPU backend: nothing to do)
@@ -141,6 +145,46 @@ static float lr_at(const char *sched, float base, int s, int warmup, int total) 
 }
 
 // ----------------------------------------------------------------------------
+// dynamic loss scaling as torch.amp.GradScaler's defaults
+//
+// fp16 has 5 exponent bits: gradients below 2^-24 flush to zero in its
+// activations' backward. The loss (and so every gradient) is multiplied by a
+// scale, a power of two, and the fp32 gradients divided by it again before
+// clipping (exact: a power of two). A step whose gradients overflow (inf or
+// NaN) is skipped and the scale halved; after LOSS_SCALE_GROWTH_INTERVAL steps
+// in a row without one it doubles. The learning-rate schedule moves on over a
+// skipped step (a torch loop calls scheduler.step() every iteration), AdamW's
+// step count does not (optimizer.step() did not run).
+
+#define LOSS_SCALE_INIT 65536.0f          // 2^16
+#define LOSS_SCALE_GROWTH 2.0f
+#define LOSS_SCALE_BACKOFF 0.5f
+#define LOSS_SCALE_GROWTH_INTERVAL 2000
+typedef struct {
+    int on;             // --loss_scale dynamic (auto: with --precision fp16)
+    float scale;        // the loss scale of the next step
+    int growth_tracker; // steps in a row without an overflow since the last change
+} LossScale;
+
+static void loss_scale_init(LossScale *ls, int on) {
+    ls->on = on;
+    ls->scale = on ? LOSS_SCALE_INIT : 1.0f;
+    ls->growth_tracker = 0;
+}
+
+// after a step: found_inf says whether its gradients had an inf or NaN (torch's _amp_update_scale_)
+static void loss_scale_update(LossScale *ls, int found_inf) {
+    if (!ls->on) return;
+    if (found_inf) {
+        ls->scale *= LOSS_SCALE_BACKOFF;
+        ls->growth_tracker = 0;
+    } else if (++ls->growth_tracker == LOSS_SCALE_GROWTH_INTERVAL) {
+        if (isfinite(ls->scale * LOSS_SCALE_GROWTH)) ls->scale *= LOSS_SCALE_GROWTH;
+        ls->growth_tracker = 0;
+    }
+}
+
+// ----------------------------------------------------------------------------
 // command line
 
 #define MAX_LIST 16
@@ -166,7 +210,7 @@ typedef struct {
     float temperature, top_p;
     int dry_run, merge_adapter;
     float peak_tflops;
-    const char *precision, *collectives;
+    const char *precision, *collectives, *loss_scale;
     const char *sharding_strategy, *export_hf;
     int shard_group;
     int random_init;
@@ -228,7 +272,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"threads", OPT_INT, &(tc)->threads, "0", "OpenMP threads (0: OpenMP's default)", 0, 4096}, \
     {"save_every", OPT_INT, &(tc)->save_every, "0", "write a checkpoint every N steps (and at the end; 0: only at the end)", 0, 1 << 30}, \
     {"keep_checkpoints", OPT_INT, &(tc)->keep_checkpoints, "2", "keep the newest K checkpoints (0: all)", 0, 1 << 20}, \
-    {"max_bad_steps", OPT_INT, &(tc)->max_bad_steps, "5", "stop when this many steps in a row have a NaN or infinite loss or gradient norm (each is skipped)", 1, 1 << 30}, \
+    {"max_bad_steps", OPT_INT, &(tc)->max_bad_steps, "5", "stop when this many steps in a row have a NaN or infinite loss or gradient norm (each is skipped; with --loss_scale, gradient overflows under a finite loss do not count while the scale is >= 1)", 1, 1 << 30}, \
     {"resume", OPT_STR, &(tc)->resume, "", "continue from a checkpoint folder, or the newest checkpoint in an --output_dir", 0, 0}, \
     {"sample_prompt", OPT_LIST, &(tc)->sample_prompt, "", "print a continuation of this prompt before and after training (repeatable)", 0, 0}, \
     {"sample_every", OPT_INT, &(tc)->sample_every, "0", "also print the samples every N steps (0: only before and after)", 0, 1 << 30}, \
@@ -241,7 +285,8 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"sharding_strategy", OPT_STR, &(tc)->sharding_strategy, "FULL_SHARD", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD: how the ranks (mpirun -np W, torchrun, dev/launch.sh W) share the model (one process: no effect)", 0, 0}, \
     {"shard_group", OPT_INT, &(tc)->shard_group, "0", "HYBRID_SHARD: ranks per shard group, a divisor of the world size (0: the ranks of one node)", 0, 1 << 20}, \
     {"export_hf", OPT_STR, &(tc)->export_hf, "", "with --resume: write that checkpoint as a Hugging Face model (full fine-tuning) or PEFT adapter (LoRA) into this folder, then exit", 0, 0}, \
-    {"precision", OPT_STR, &(tc)->precision, backend_precisions[0], "bf16 | fp32: how weights and activations are stored (fp32: all of it, e.g. to compare with the CPU trainer, which runs fp32 only)", 0, 0}, \
+    {"precision", OPT_STR, &(tc)->precision, backend_precisions[0], "bf16 | fp16 | fp32: how weights and activations are stored (fp16: with --loss_scale; for GPUs without bf16, V100 and T4; fp32: all of it, e.g. to compare with the CPU trainer, which runs fp32 only)", 0, 0}, \
+    {"loss_scale", OPT_STR, &(tc)->loss_scale, "auto", "auto | dynamic | none: dynamic loss scaling as torch.amp.GradScaler (initial scale 65536, x2 after 2000 steps without an overflow, x0.5 and the step skipped on one); auto: dynamic with --precision fp16, else none (as torch). The CPU trainer runs it too (fp32: exact, the same steps except the skipped ones)", 0, 0}, \
     {"collectives", OPT_STR, &(tc)->collectives, backend_collectives[0], "auto | nccl | host: how the ranks' device buffers are gathered and summed (train_llama2cu): nccl, or host: through host memory over MPI or TCP, summed in rank order as the CPU trainer sums (ranks may share a GPU); auto: nccl when every rank of a node has its own GPU, else host. The CPU trainer: host only", 0, 0}, \
     {"random_init", OPT_FLAG, &(tc)->random_init, "0", "for benchmarks only: random weights N(0, initializer_range) drawn from --seed, with --model holding just config.json and tokenizer.model", 0, 1}, \
     {"quantize", OPT_STR, &(tc)->quantize, "none", "none | nf4 | fp4: QLoRA, the decoder's linear weights quantized to 4 bits as they load, exactly as bitsandbytes (blocks of 64); LoRA only", 0, 0}, \
@@ -377,6 +422,10 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     if (!backend_value_ok("precision", tc->precision, backend_precisions, sizeof backend_precisions / sizeof *backend_precisions) ||
         !backend_value_ok("collectives", tc->collectives, backend_collectives, sizeof backend_collectives / sizeof *backend_collectives))
         return -1;
+    if (strcmp(tc->loss_scale, "auto") && strcmp(tc->loss_scale, "dynamic") && strcmp(tc->loss_scale, "none")) {
+        fprintf(stderr, "error: --loss_scale: '%s' is not one of auto, dynamic, none\n", tc->loss_scale);
+        return -1;
+    }
     if (strcmp(tc->chunk_memory, "keep") && strcmp(tc->chunk_memory, "recompute")) {
         fprintf(stderr, "error: --chunk_memory: '%s' is not one of keep, recompute\n", tc->chunk_memory);
         return -1;
@@ -527,6 +576,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
         }
     }
     m->fp32 = !strcmp(tc->precision, "fp32");
+    m->fp16 = !strcmp(tc->precision, "fp16");
     m->collectives = tc->collectives;
     m->dry_run = tc->dry_run;
     m->activation_checkpointing = tc->activation_checkpointing;
@@ -679,8 +729,9 @@ static void file_fingerprint(const char *path, char *out, size_t n) {
              (unsigned long long)h.data_hash);
 }
 
-// opt_t < step when steps were skipped (non-finite loss or gradient); bad_in_row counts the latest run of them
-typedef struct { int step, opt_t, data_epoch, data_pos, bad_in_row; } TrainState;
+// opt_t < step when steps were skipped (non-finite loss or gradient); bad_in_row counts the latest run of
+// those that count as bad (train_run); the loss scale is part of the state (a resumed run goes on with it)
+typedef struct { int step, opt_t, data_epoch, data_pos, bad_in_row; LossScale ls; } TrainState;
 
 static int all_finite(const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
@@ -748,8 +799,11 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, Fsdp *fs, c
     if (!f) die("out of memory");
     file_fingerprint(tc->data, fp, sizeof fp);
     fprintf(f, "{\n  \"step\": %d,\n  \"optimizer_step\": %d,\n  \"data_epoch\": %d,\n  \"data_position\": %d,\n"
-            "  \"bad_steps_in_row\": %d,\n  \"data_fingerprint\": \"%s\",\n  \"world_size\": %d,\n  \"files\": ", ts->step,
+            "  \"bad_steps_in_row\": %d,\n  \"data_fingerprint\": \"%s\",\n  \"world_size\": %d,\n", ts->step,
             ts->opt_t, ts->data_epoch, ts->data_pos, ts->bad_in_row, fp, fs->world.size);
+    if (ts->ls.on) // a power of two: %.9g is exact
+        fprintf(f, "  \"loss_scale\": %.9g,\n  \"loss_scale_growth_tracker\": %d,\n", ts->ls.scale, ts->ls.growth_tracker);
+    fprintf(f, "  \"files\": ");
     checkpoint_write_digests(f, names, digests, n); // what a resume checks before reading them
     free(names);
     free(digests);
@@ -891,6 +945,23 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
     return rc;
 }
 
+// The loss scale a checkpoint's state st (from path) saved into *ls, when ls->on
+// (a checkpoint without one, written with no scaler: the initial scale). 0 ok, -1 with a message.
+static int load_loss_scale(const JsonValue *st, const char *path, LossScale *ls) {
+    double scale;
+    long long tracker;
+    if (!ls->on || !json_get(st, "loss_scale")) return 0;
+    if (json_get_number(st, "loss_scale", &scale) != 0 || !(scale > 0) || !isfinite((float)scale) ||
+        json_get_int(st, "loss_scale_growth_tracker", &tracker) != 0 || tracker < 0 || tracker >= LOSS_SCALE_GROWTH_INTERVAL) {
+        fprintf(stderr, "error: %s: 'loss_scale' is not a positive finite number or 'loss_scale_growth_tracker' not an "
+                "integer in [0, %d)\n", path, LOSS_SCALE_GROWTH_INTERVAL);
+        return -1;
+    }
+    ls->scale = (float)scale;
+    ls->growth_tracker = (int)tracker;
+    return 0;
+}
+
 // Reads a checkpoint's state, moments (and sharded weights), after checking
 // that it belongs to this run (same trajectory-shaping options, same global
 // batch, same data file).
@@ -945,7 +1016,7 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m
         fprintf(stderr, "error: --resume %s: the data file '%s' has changed since the checkpoint (size, time or contents)\n", dir, tc->data);
         goto done;
     }
-    if (load_trainable(dir, m, o) != 0) goto done;
+    if (load_loss_scale(&st, path, &ts->ls) != 0 || load_trainable(dir, m, o) != 0) goto done;
     ts->step = (int)v[0]; ts->opt_t = (int)v[1]; ts->data_epoch = (int)v[2]; ts->data_pos = (int)v[3]; ts->bad_in_row = (int)v[4];
     o->t = ts->opt_t;
     rc = 0;
@@ -994,7 +1065,7 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
     double total = weights + trainable + m->act_bytes + m->carry_bytes + data;
     if (print) {
         printf("memory plan (%s of this process):\n", backend_memory);
-        printf("  %-34s %10.1f MiB\n", m->fp32 ? "base weights (fp32)" : "base weights (bf16)", weights / MiB);
+        printf("  %-34s %10.1f MiB\n", m->fp32 ? "base weights (fp32)" : m->fp16 ? "base weights (fp16)" : "base weights (bf16)", weights / MiB);
         if (m->host.quant_type != QUANT_NONE) {
             printf("    %-32s %10.1f MiB   (%s%s, blocks of %d)\n", "of which 4-bit codes + statistics", m->host.quant_nbytes / MiB,
                    quant_type_names[m->host.quant_type], m->host.double_quant ? ", double quantization" : "", QUANT_BLOCK);
@@ -1188,12 +1259,13 @@ static int failed_anywhere(Trainer *r, int failed) {
 }
 
 // One optimizer step: GA micro-batches of every rank's rows, the loss normalised
-// by the label count of the whole global step, clipping, the optimizer. Returns the mean
-// loss over every rank; *n_tokens counts every rank's tokens. A NaN or infinite
-// loss or gradient norm (the same on every rank) skips the update (*skipped = 1):
-// the weights, the optimizer state and t stay as they were; the data moves on.
-static double train_step(Trainer *r, const TrainConfig *tc, int step, int total, long *n_tokens, double *norm, float *lr,
-                         int *skipped) {
+// by the label count of the whole global step (and multiplied by the loss scale
+// ls), clipping, the optimizer. Returns the mean loss over every rank; *n_tokens
+// counts every rank's tokens. A NaN or infinite loss or gradient norm (the same on
+// every rank) skips the update (*skipped = 1): the weights, the optimizer state and
+// t stay as they were; the data moves on. Then the loss scale is updated.
+static double train_step(Trainer *r, const TrainConfig *tc, int step, int total, LossScale *ls, long *n_tokens, double *norm,
+                         float *lr, int *skipped) {
     Model *m = &r->m;
     int B = tc->batch_size, GA = tc->grad_accum, T = m->T;
     long labels = 0;
@@ -1204,7 +1276,7 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
         sums[1] += r->dl.batch_tokens;
     }
     optimizer_zero_grad(&r->opt);
-    float scale = labels ? 1.0f / (float)labels : 0.0f;
+    float scale = labels ? ls->scale / (float)labels : 0.0f; // (exact: ls->scale is a power of two)
     // the tests' injected faults (1-based steps, as printed): NaN gradients, or finite ones whose squares overflow
     if (fault_at("nan", step + 1)) scale = NAN;
     if (fault_at("huge", step + 1)) scale *= 1e30f;
@@ -1216,8 +1288,9 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     fsdp_all_reduce(&r->fsdp.world, sums, 2, FSDP_F64);
     *n_tokens = (long)sums[1];
     double loss = labels ? sums[0] / labels : 0.0;
-    *norm = optimizer_step(&r->opt, *lr, isfinite(loss));
+    *norm = optimizer_step(&r->opt, *lr, 1.0f / ls->scale, isfinite(loss));
     *skipped = !isfinite(loss) || !isfinite(*norm);
+    loss_scale_update(ls, !isfinite(*norm)); // the norm (a sum in double) is finite exactly when every gradient is
     return loss;
 }
 
@@ -1394,6 +1467,7 @@ typedef struct {
     long n_tokens; // every rank's
     float lr;
     int skipped;   // NaN or infinite loss or norm: no update
+    float loss_scale; // the loss scale the step ran with (1: none)
 } StepStats;
 
 // The step's line on stdout and, with --metrics_file (rank 0), its JSON record, with
@@ -1408,6 +1482,7 @@ static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, 
     printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s", ts->step, total,
            s->loss, s->lr, s->norm, s->ms, s->n_tokens / (s->ms / 1e3), tflops);
     if (mfu >= 0) printf(" | MFU %.1f%%", 100 * mfu);
+    if (ts->ls.on) printf(" | loss scale %g", s->loss_scale);
     if (s->skipped) printf(" | skipped: NaN or inf loss or grad norm (%d skipped so far)", ts->step - ts->opt_t);
     printf(" | %.0f MiB | ETA %dm%02ds\n", model_peak_mb(m), (int)(eta_s / 60), (int)eta_s % 60);
     FILE *metrics = r->metrics;
@@ -1418,6 +1493,7 @@ static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, 
             metrics_num(lb, sizeof lb, s->loss), s->lr, metrics_num(nb, sizeof nb, s->norm), s->n_tokens, s->skipped,
             ts->step - ts->opt_t, s->ms, s->n_tokens / (s->ms / 1e3), tflops);
     if (mfu >= 0) fprintf(metrics, "\"mfu\": %.6g, ", mfu);
+    if (ts->ls.on) fprintf(metrics, "\"loss_scale\": %.9g, ", s->loss_scale);
     fprintf(metrics, "\"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n", model_peak_mb(m), m->act_bytes / 1048576.0,
             m->carry_bytes / 1048576.0);
     return (fflush(metrics) != 0 || ferror(metrics)) && metrics_error(tc->metrics_file);
@@ -1465,7 +1541,9 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         return 1;
     }
     int T = 0;
-    TrainState ts = {0, 0, 0, 0, 0};
+    TrainState ts;
+    memset(&ts, 0, sizeof ts);
+    loss_scale_init(&ts.ls, !strcmp(tc->loss_scale, "dynamic") || (!strcmp(tc->loss_scale, "auto") && !strcmp(tc->precision, "fp16")));
     if (tc->batch_size && batch_derive(tc, W, f->world.rank == 0) != 0) return 1; // auto: once train_load chose the batch
     if (train_load(tc, r, &T) != 0 || (tc->resume[0] && train_resume(tc, r, &ts) != 0)) return 1;
     int B = tc->batch_size, GA = tc->grad_accum;
@@ -1487,12 +1565,17 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     while (ts.step < total && !stop) {
         double t0 = now_ms();
         StepStats s;
-        s.loss = train_step(r, tc, ts.step, total, &s.n_tokens, &s.norm, &s.lr, &s.skipped);
+        s.loss_scale = ts.ls.scale;
+        s.loss = train_step(r, tc, ts.step, total, &ts.ls, &s.n_tokens, &s.norm, &s.lr, &s.skipped);
         s.ms = now_ms() - t0;
         run_ms += s.ms;
         ts.step++;
         ts.opt_t = r->opt.t; ts.data_epoch = (int)r->dl.epoch; ts.data_pos = (int)r->dl.pos;
-        ts.bad_in_row = s.skipped ? ts.bad_in_row + 1 : 0;
+        // With a loss scale, gradients that overflow under a finite loss are expected (a few early in
+        // every fp16 run, until the scale settles): the scaler's to handle, not bad steps, while the
+        // scale is at least 1. Below 1 they overflow unscaled: a divergence, and they count.
+        int scaler_skip = s.skipped && ts.ls.on && isfinite(s.loss) && s.loss_scale >= 1.0f;
+        if (!scaler_skip) ts.bad_in_row = s.skipped ? ts.bad_in_row + 1 : 0;
         double eta_s = run_ms / (ts.step - first_step) * (total - ts.step) / 1e3;
         if (failed_anywhere(r, report_step(tc, r, &ts, total, &s, eta_s))) return 1;
         fault_point("step", ts.step);

@@ -1,5 +1,5 @@
 // What every CUDA file of llama2.tune shares: checked CUDA and cuBLAS calls that
-// stop with the file, line and a hint, the two storage types (float and bf16,
+// stop with the file, line and a hint, the storage types (float, bf16 and fp16,
 // always computed in fp32), and the warp and block reductions the kernels use.
 #pragma once
 #include <cstdio>
@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cublasLt.h>
 
 // ----------------------------------------------------------------------------
@@ -79,14 +80,18 @@ inline void *cuda_malloc_check(size_t bytes, const char *file, int line) {
 #define cudaMallocCheck(bytes) cuda_malloc_check((bytes), __FILE__, __LINE__)
 
 // ----------------------------------------------------------------------------
-// storage types: tensors are float or __nv_bfloat16; arithmetic is always fp32
+// storage types: tensors are float, __nv_bfloat16 or __half; arithmetic is always fp32
 
 __host__ __device__ inline float to_float(float x) { return x; }
 __host__ __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__host__ __device__ inline float to_float(__half x) { return __half2float(x); }
 template <typename T> __host__ __device__ inline T from_float(float x);
 template <> __host__ __device__ inline float from_float<float>(float x) { return x; }
 template <> __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
     return __float2bfloat16(x); // round to nearest even
+}
+template <> __host__ __device__ inline __half from_float<__half>(float x) {
+    return __float2half_rn(x); // round to nearest even; above 65504 (halfway to 2^16): infinity
 }
 
 // lora.h's Chunk: row n of a chunk is position t0 + n % len of sequence n / len of

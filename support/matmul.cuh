@@ -3,7 +3,7 @@
 //   forward   out (N, O) = [out +] alpha * inp (N, I) @ weight (O, I)^T   (torch Linear layout)
 //   backward  dinp (N, I) += alpha * dout (N, O) @ weight (O, I)
 //             dweight (O, I) += alpha * dout^T @ inp          (either output may be NULL)
-// Inputs are float or bf16; products accumulate in fp32 (CUBLAS_COMPUTE_32F: true
+// Inputs are float, bf16 or fp16; products accumulate in fp32 (CUBLAS_COMPUTE_32F: true
 // fp32 for float inputs, no TF32, so --precision fp32 stays close to the CPU).
 // Outputs are the input type, or fp32 where a float pointer is passed (logits for
 // the loss, gradients of trainable weights, which are always fp32).
@@ -41,6 +41,7 @@ inline void matmul_setup(void) {
 template <typename T> constexpr cudaDataType_t cuda_type();
 template <> constexpr cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
 template <> constexpr cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+template <> constexpr cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 
 // the largest power of two (at most 256) that divides the address: cuBLASLt must be
 // told, or it may pick a kernel that assumes 256-byte aligned operands
@@ -91,7 +92,9 @@ inline void plan_release(MatmulPlan *p) {
     p->desc = NULL;
 }
 
-inline const char *cuda_type_name(int t) { return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_32F ? "fp32" : "?"; }
+inline const char *cuda_type_name(int t) {
+    return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_16F ? "fp16" : t == CUDA_R_32F ? "fp32" : "?";
+}
 
 // Makes the plan for key in p: the descriptor and layouts of the column-major
 // product D (m, n) = op(A) (m, k) op(B) (k, n) with every matrix dense (ld = its

@@ -40,6 +40,7 @@ expect_error "bad optimizer" "--optimizer: 'adam' is not one of adamw, sgd" --mo
 expect_error "Nesterov without momentum (torch refuses it too)" "--nesterov 1 needs a --momentum above 0" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer sgd --nesterov 1
 expect_error "--momentum with AdamW" "--momentum and --nesterov are SGD's" --model $FIX/tiny_gqa "${RUN[@]}" --momentum 0.9
 expect_error "negative momentum" "--momentum: '-0.5' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer sgd --momentum -0.5
+expect_error "bad loss scale" "--loss_scale: 'static' is not one of auto, dynamic, none" --model $FIX/tiny_gqa "${RUN[@]}" --loss_scale static
 expect_error "bad target module" "unknown module 'qq_proj'" --model $FIX/tiny_gqa "${RUN[@]}" --lora_target_modules q_proj,qq_proj
 expect_error "chunk larger than the sequence" "--chunk_size 32 is larger than --max_seq_len 24" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_size 32
 expect_error "bad sharding strategy" "--sharding_strategy: unknown strategy 'ZERO3'" --model $FIX/tiny_gqa "${RUN[@]}" --sharding_strategy ZERO3

@@ -31,6 +31,11 @@ static __nv_bfloat16 bf(uint16_t bits) {
     h.__x = bits;
     return h;
 }
+static __half hf(uint16_t bits) {
+    __half h;
+    h.__x = bits;
+    return h;
+}
 
 // got[0 .. want.size()) equals want exactly (the values are exact in fp32)
 static void check_floats(const char *what, const float *got, std::vector<float> want) {
@@ -40,7 +45,7 @@ static void check_floats(const char *what, const float *got, std::vector<float> 
     CHECK(bad == want.size(), what, "element %zu is %.9g, expected %.9g", bad, bad < want.size() ? got[bad] : 0.0,
           bad < want.size() ? want[bad] : 0.0);
 }
-static void check_bf16(const char *what, const __nv_bfloat16 *got, std::vector<uint16_t> want) {
+template <typename H> static void check_bits(const char *what, const H *got, std::vector<uint16_t> want) {
     size_t bad = want.size();
     for (size_t i = 0; i < want.size() && bad == want.size(); i++)
         if (got[i].__x != want[i]) bad = i;
@@ -200,7 +205,7 @@ static void check_bf16_inputs(void) {
     __nv_bfloat16 *Dh = copy_of<__nv_bfloat16>({bf(0x7FFF)});
     c.C = c.D = Dh, c.tcd = CUDA_R_16BF;
     lt_matmul(c);
-    check_bf16("cublasLtMatmul bf16 in, bf16 out: the sum is fp32's (258 = 0x4381)", Dh, {0x4381});
+    check_bits("cublasLtMatmul bf16 in, bf16 out: the sum is fp32's (258 = 0x4381)", Dh, {0x4381});
 
     // the inputs as stored: (1 + 2^-7) = 0x3F81, -1 = 0xBF80.
     // [1+2^-7, 1+2^-7] . [1+2^-7, -1] = (1 + 2^-6 + 2^-14) - (1 + 2^-7) = 2^-7 + 2^-14 = 0.00787353515625
@@ -229,7 +234,44 @@ static void check_bf16_rounding(void) {
     LtCall c = {CUBLAS_OP_N, CUBLAS_OP_N, 4, 1, 2, A, 4, B, 2, D, 4, D, 4};
     c.tab = c.tcd = CUDA_R_16BF;
     lt_matmul(c);
-    check_bf16("cublasLtMatmul bf16 out rounds to nearest, ties to even", D, {0x3F80, 0x3F82, 0xBF80, 0x3F81});
+    check_bits("cublasLtMatmul bf16 out rounds to nearest, ties to even", D, {0x3F80, 0x3F82, 0xBF80, 0x3F81});
+}
+
+// fp16 in and out (CUDA_R_16F, cudaDataType 2): read as stored, widened exactly, summed in
+// fp32, rounded once to nearest, ties to even. fp16 bits: 1 = 0x3C00, 2048 = 0x6800,
+// 2^-11 = 0x1000, 1 + 2^-10 = 0x3C01
+static void check_fp16(void) {
+    // [1 1 1] . [2048 1 1]: fp32 sums 2050 = 2048 (1 + 2^-10) = 0x6801; summed in fp16 (11
+    // significant bits) 2048 + 1 would round back to 2048 (ties to even), twice: 2048
+    __half *A = copy_of<__half>({hf(0x3C00), hf(0x3C00), hf(0x3C00)});
+    __half *B = copy_of<__half>({hf(0x6800), hf(0x3C00), hf(0x3C00)});
+    float *D = copy_of<float>({P});
+    LtCall c = {CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 3, A, 1, B, 3, D, 1, D, 1};
+    c.tab = CUDA_R_16F;
+    lt_matmul(c);
+    check_floats("cublasLtMatmul fp16 in, fp32 out: the sum is fp32's (2050, not fp16's 2048)", D, {2050});
+    __half *Dh = copy_of<__half>({hf(0x7FFF)});
+    c.C = c.D = Dh, c.tcd = CUDA_R_16F;
+    lt_matmul(c);
+    check_bits("cublasLtMatmul fp16 in, fp16 out: the sum is fp32's (2050 = 0x6801)", Dh, {0x6801});
+    // fp16 out: op(A) (4, 2) times [1; 1], rows 1 + 2^-11 (a tie: to even, 0x3C00),
+    // 1 + 2^-10 + 2^-11 (a tie: up to the even 0x3C02), -(1 + 2^-11) (0xBC00), 1 + 2^-11 + 2^-20
+    // (past halfway: 0x3C01). Column 1 = 2^-11, 2^-11, -2^-11, 2^-11 + 2^-20 (= 2^-11 (1 + 2^-9): 0x1002)
+    A = copy_of<__half>({hf(0x3C00), hf(0x3C01), hf(0xBC00), hf(0x3C00), hf(0x1000), hf(0x1000), hf(0x9000), hf(0x1002)});
+    B = copy_of<__half>({hf(0x3C00), hf(0x3C00)});
+    Dh = copy_of<__half>({hf(0x7FFF), hf(0x7FFF), hf(0x7FFF), hf(0x7FFF)});
+    c = {CUBLAS_OP_N, CUBLAS_OP_N, 4, 1, 2, A, 4, B, 2, Dh, 4, Dh, 4};
+    c.tab = c.tcd = CUDA_R_16F;
+    lt_matmul(c);
+    check_bits("cublasLtMatmul fp16 out rounds to nearest, ties to even", Dh, {0x3C00, 0x3C02, 0xBC00, 0x3C01});
+    // above 65504 (and past halfway to 2^16, 65520): infinity, as the hardware's conversion
+    A = copy_of<__half>({hf(0x7BFF), hf(0x7BFF)}); // 65504, twice
+    B = copy_of<__half>({hf(0x3C00), hf(0x3C00)});
+    Dh = copy_of<__half>({hf(0)});
+    c = {CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 2, A, 1, B, 2, Dh, 1, Dh, 1};
+    c.tab = c.tcd = CUDA_R_16F;
+    lt_matmul(c);
+    check_bits("cublasLtMatmul fp16 out overflows to infinity (65504 + 65504)", Dh, {0x7C00});
 }
 
 // the layer's own order (dev/emu/README.md): l = 0 .. k-1, each step one fused multiply-add
@@ -403,6 +445,9 @@ static void check_lt_refusals(void) {
     c = good, c.tcd = CUDA_R_16BF;
     check_refusal("cublasLtMatmulAlgoGetHeuristic refuses fp32 in, bf16 out", CUBLAS_STATUS_NOT_SUPPORTED,
                   "A CUDA_R_32F, B CUDA_R_32F, C/D CUDA_R_16BF", run);
+    c = good, c.tab = CUDA_R_16F, c.tcd = CUDA_R_16BF;
+    check_refusal("cublasLtMatmulAlgoGetHeuristic refuses fp16 in, bf16 out", CUBLAS_STATUS_NOT_SUPPORTED,
+                  "A CUDA_R_16F, B CUDA_R_16F, C/D CUDA_R_16BF", run);
     c = good, c.ldc = 2, c.beta = 1.0f; // C == D, but C's layout has ld 2 and D's 3
     check_refusal("cublasLtMatmul refuses C == D with a layout other than D's", CUBLAS_STATUS_INVALID_VALUE,
                   "C == D (in place) needs C's layout to be D's", run);
@@ -477,6 +522,7 @@ int main(void) {
     check_alpha_beta();
     check_bf16_inputs();
     check_bf16_rounding();
+    check_fp16();
     check_order();
     check_streams();
     check_gemmex();

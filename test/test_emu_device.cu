@@ -1,8 +1,9 @@
 // The device side of the execution layer (dev/emu/) against CUDA's definitions:
 // barriers, every shuffle variant and width, votes, support/cuda_common.cuh's
-// block_sum, WMMA against a triple loop, bf16 rounding against bit patterns
-// worked out by hand, every launch check with its message, shuffled and threaded
-// block orders, attention's tensor-core kernels against its SIMT ones, and
+// block_sum, WMMA (bf16 and fp16) against a triple loop, bf16 and fp16 rounding
+// against bit patterns worked out by hand (fp16 also against the CPU's F16C
+// conversion where it has one), every launch check with its message, shuffled and threaded
+// block orders, attention's tensor-core kernels against its SIMT ones (bf16, fp16), and
 // layers.cuh's two-kernel global_sum.
 // Built by rewrite.pl like any CUDA source; its kernels read host memory, and
 // each launch runs at once (EMU_STREAMS=eager). The checkers
@@ -18,6 +19,9 @@
 #include "stderr_of.h"
 
 typedef __nv_bfloat16 bf16;
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 // ----------------------------------------------------------------------------
 // barriers
@@ -185,11 +189,11 @@ namespace wmma = nvcuda::wmma;
 
 // D = A B + C, A (16, 16) at a with leading dim lda, B at b (col_major: B^T is
 // stored), C loaded and D stored with the given layouts and leading dimension
-template <typename LayoutB>
-__global__ void wmma_kernel(float *d, const bf16 *a, int lda, const bf16 *b, int ldb, const float *c, int ldc,
+template <typename E, typename LayoutB>
+__global__ void wmma_kernel(float *d, const E *a, int lda, const E *b, int ldb, const float *c, int ldc,
                             int c_col_major, int d_col_major) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, LayoutB> fb;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, E, LayoutB> fb;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
     wmma::load_matrix_sync(fa, a, lda);
     wmma::load_matrix_sync(fb, b, ldb);
@@ -199,20 +203,20 @@ __global__ void wmma_kernel(float *d, const bf16 *a, int lda, const bf16 *b, int
     wmma::store_matrix_sync(d, fc, ldc, d_col_major ? wmma::mem_col_major : wmma::mem_row_major);
 }
 
-template <typename LayoutB> void test_wmma_case(bool b_col, bool c_col, bool d_col, bool exact) {
+template <typename E, typename LayoutB> void test_wmma_case(bool b_col, bool c_col, bool d_col, bool exact) {
     int lda = 24, ldb = 20, ldc = 18; // padded rows
-    std::vector<bf16> a(16 * lda), b(16 * ldb);
+    std::vector<E> a(16 * lda), b(16 * ldb);
     std::vector<float> c(16 * ldc), d(16 * ldc, NAN);
     std::vector<double> A(256), B(256), C(256);
     uint64_t rng = 12345;
-    auto value = [&](int range) { // small integers (exact sums) or bf16 values of magnitude < 2
+    auto value = [&](int range) { // small integers (exact sums) or values of magnitude < 2 (rounded to E)
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         int r = (int)(rng >> 40);
         return exact ? (float)(r % (2 * range + 1) - range) : (float)(r % 2000 - 1000) / 500.0f;
     };
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 16; j++) {
-            bf16 av = __float2bfloat16(value(4)), bv = __float2bfloat16(value(4));
+            E av = from_float<E>(value(4)), bv = from_float<E>(value(4));
             a[i * lda + j] = av;
             A[i * 16 + j] = (float)av;
             (b_col ? b[j * ldb + i] : b[i * ldb + j]) = bv; // B (k = i, n = j)
@@ -221,7 +225,7 @@ template <typename LayoutB> void test_wmma_case(bool b_col, bool c_col, bool d_c
             (c_col ? c[j * ldc + i] : c[i * ldc + j]) = cv;
             C[i * 16 + j] = cv;
         }
-    wmma_kernel<LayoutB><<<1, 32>>>(d.data(), a.data(), lda, b.data(), ldb, c.data(), ldc, c_col, d_col);
+    wmma_kernel<E, LayoutB><<<1, 32>>>(d.data(), a.data(), lda, b.data(), ldb, c.data(), ldc, c_col, d_col);
     double max_err = 0, scale = 0;
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 16; j++) {
@@ -235,26 +239,45 @@ template <typename LayoutB> void test_wmma_case(bool b_col, bool c_col, bool d_c
             scale = std::max(scale, mag);
         }
     // exact: integers below 2^24, so any order of fp32 sums is exact; random: 17
-    // terms summed in fp32, each add rounding by at most 2^-24 of the running magnitude
+    // terms summed in fp32 (a product of two bf16 or two fp16 values is exact in
+    // fp32: 8 + 8 or 11 + 11 significant bits), each add rounding by at most 2^-24
+    // of the running magnitude
     double tol = exact ? 0 : 17 * 0x1p-24;
     char what[128];
-    snprintf(what, sizeof what, "wmma::mma_sync = triple loop (B %s, C %s, D %s, %s values)", b_col ? "col" : "row",
-             c_col ? "col" : "row", d_col ? "col" : "row", exact ? "integer" : "random bf16");
+    snprintf(what, sizeof what, "wmma::mma_sync = triple loop (%s, B %s, C %s, D %s, %s values)",
+             std::is_same<E, bf16>::value ? "bf16" : "fp16", b_col ? "col" : "row", c_col ? "col" : "row",
+             d_col ? "col" : "row", exact ? "integer" : "random");
     CHECK(max_err <= tol, what, "max error %.3g of the sum of |terms| (tol %.3g)", max_err, tol);
 }
 
-void test_wmma() {
-    test_wmma_case<wmma::row_major>(false, false, false, true);
-    test_wmma_case<wmma::col_major>(true, false, true, true);
-    test_wmma_case<wmma::row_major>(false, true, false, true);
-    test_wmma_case<wmma::col_major>(true, true, true, false);
+template <typename E> void test_wmma() {
+    test_wmma_case<E, wmma::row_major>(false, false, false, true);
+    test_wmma_case<E, wmma::col_major>(true, false, true, true);
+    test_wmma_case<E, wmma::row_major>(false, true, false, true);
+    test_wmma_case<E, wmma::col_major>(true, true, true, false);
 }
 
 // ----------------------------------------------------------------------------
 // bf16 conversions, against bit patterns worked out by hand
 
+// a float's bits, the 16-bit type's bits it must round to, and why
+struct RoundCase { uint32_t f; uint16_t h; const char *why; };
+
+// each case through both of a 16-bit type's conversions (name: the first's)
+template <typename H, size_t N>
+void check_rounding(const RoundCase (&cases)[N], H (*convert)(float), H (*convert_rn)(float), const char *name) {
+    for (const RoundCase &c : cases) {
+        float f;
+        memcpy(&f, &c.f, 4);
+        H h = convert(f), h_rn = convert_rn(f);
+        char what[160];
+        snprintf(what, sizeof what, "%s(0x%08X) = 0x%04X: %s", name, c.f, c.h, c.why);
+        CHECK(h.__x == c.h && h_rn.__x == c.h, what, "got 0x%04X (_rn 0x%04X)", h.__x, h_rn.__x);
+    }
+}
+
 void test_bf16() {
-    struct Case { uint32_t f; uint16_t h; const char *why; } cases[] = {
+    const RoundCase cases[] = {
         {0x3F800000, 0x3F80, "1.0"},
         {0x3F808000, 0x3F80, "1 + 2^-8: a tie, to the even 0x3F80"},
         {0x3F818000, 0x3F82, "a tie above an odd value goes up to the even 0x3F82"},
@@ -277,14 +300,7 @@ void test_bf16() {
         {0x7F800001, 0x7FFF, "a NaN whose payload is in the low bits: still a NaN, not infinity"},
         {0xFFC00001, 0x7FFF, "a negative NaN: the canonical NaN"},
     };
-    for (const Case &c : cases) {
-        float f;
-        memcpy(&f, &c.f, 4);
-        bf16 h = __float2bfloat16(f), h_rn = __float2bfloat16_rn(f);
-        char what[160];
-        snprintf(what, sizeof what, "__float2bfloat16(0x%08X) = 0x%04X: %s", c.f, c.h, c.why);
-        CHECK(h.__x == c.h && h_rn.__x == c.h, what, "got 0x%04X (_rn 0x%04X)", h.__x, h_rn.__x);
-    }
+    check_rounding(cases, __float2bfloat16, __float2bfloat16_rn, "__float2bfloat16");
     bf16 h;
     h.__x = 0xC0A1;
     float back = __bfloat162float(h);
@@ -292,6 +308,81 @@ void test_bf16() {
     memcpy(&bits, &back, 4);
     CHECK(bits == 0xC0A10000, "__bfloat162float(0xC0A1) = 0xC0A10000", "got 0x%08X", bits);
     static_assert(std::is_trivially_default_constructible<bf16>::value && sizeof(bf16) == 2, "bf16 as CUDA's");
+}
+
+// ----------------------------------------------------------------------------
+// fp16 conversions (cuda_fp16.h), against bit patterns worked out by hand: 1
+// sign, 5 exponent bits (bias 15), 10 fraction bits; the largest finite 65504
+// (0x7BFF), the smallest normal 2^-14 (0x0400), the smallest subnormal 2^-24 (0x0001)
+
+void test_fp16() {
+    const RoundCase cases[] = {
+        {0x3F800000, 0x3C00, "1.0"},
+        {0x3F801000, 0x3C00, "1 + 2^-11: a tie, to the even 0x3C00"},
+        {0x3F803000, 0x3C02, "1 + 3 * 2^-11: a tie above an odd value goes up to the even 0x3C02"},
+        {0x3F801001, 0x3C01, "just above halfway rounds up"},
+        {0x3F800FFF, 0x3C00, "just below halfway rounds down"},
+        {0xBF803000, 0xBC02, "negative ties to even too"},
+        {0x3FFFF000, 0x4000, "a carry out of the fraction moves up a binade (1.99951171875 -> 2)"},
+        {0x80000000, 0x8000, "-0 stays -0"},
+        {0x477FE000, 0x7BFF, "65504, the largest fp16"},
+        {0x477FEFFF, 0x7BFF, "just below 65520 (halfway to 2^16) stays 65504"},
+        {0x477FF000, 0x7C00, "65520, the tie past the largest, to even: infinity"},
+        {0x7F7FFFFF, 0x7C00, "FLT_MAX overflows to infinity"},
+        {0xC7800000, 0xFC00, "-65536 overflows to -infinity"},
+        {0x38800000, 0x0400, "2^-14, the smallest normal"},
+        {0x387FC000, 0x03FF, "2^-14 - 2^-24, the largest subnormal"},
+        {0x387FE000, 0x0400, "halfway between the largest subnormal and 2^-14: to the even 0x0400"},
+        {0x33800000, 0x0001, "2^-24, the smallest subnormal"},
+        {0x33C00000, 0x0002, "1.5 * 2^-24: a tie, to the even 0x0002"},
+        {0x34200000, 0x0002, "2.5 * 2^-24: a tie, to the even 0x0002"},
+        {0x33000000, 0x0000, "2^-25: a tie between 0 and 2^-24, to the even 0"},
+        {0x33000001, 0x0001, "just above 2^-25 rounds up to 2^-24"},
+        {0xB3000001, 0x8001, "negative: just below -2^-25 rounds to -2^-24"},
+        {0x32FFFFFF, 0x0000, "just below 2^-25: 0"},
+        {0x00000001, 0x0000, "an fp32 subnormal: 0"},
+        {0x7F800000, 0x7C00, "infinity"},
+        {0xFF800000, 0xFC00, "-infinity"},
+        {0x7FC00000, 0x7FFF, "a quiet NaN: the canonical NaN"},
+        {0x7F800001, 0x7FFF, "a NaN whose payload is in the low bits: still a NaN, not infinity"},
+        {0xFFC00001, 0x7FFF, "a negative NaN: the canonical NaN"},
+    };
+    check_rounding(cases, __float2half, __float2half_rn, "__float2half");
+    // every fp16 back to fp32 exactly: (-1)^s 2^(e - 15) (1 + m / 1024), subnormals m 2^-24
+    int wrong = 0;
+    for (uint32_t x = 0; x < 0x10000; x++) {
+        __half h;
+        h.__x = (uint16_t)x;
+        uint32_t e = (x >> 10) & 31, m = x & 1023;
+        double want = e == 31 ? (m ? NAN : INFINITY) : e ? ldexp(1.0 + m / 1024.0, (int)e - 15) : ldexp((double)m, -24);
+        want = (x & 0x8000) ? -want : want;
+        float got = __half2float(h);
+        wrong += !(got == want || (std::isnan(got) && std::isnan(want)));
+    }
+    CHECK(wrong == 0, "__half2float: all 65536 fp16 values exactly", "%d wrong", wrong);
+    static_assert(std::is_trivially_default_constructible<__half>::value && sizeof(__half) == 2, "fp16 as CUDA's");
+#ifdef __F16C__
+    // The CPU's own conversion (F16C's vcvtps2ph, round to nearest even) on every sign, exponent
+    // and top 10 fraction bits, each with the low 13 bits (those rounded away for a normal
+    // result) at 0, 1, just below, at and just above halfway, and all ones, plus random ones
+    long n = 0, differ = 0;
+    uint32_t first = 0, rng = 2463534242u;
+    const uint32_t lows[] = {0, 1, 0x0FFF, 0x1000, 0x1001, 0x1FFF};
+    for (uint32_t hi = 0; hi < (1u << 19); hi++)
+        for (int k = 0; k < 8; k++) {
+            rng ^= rng << 13, rng ^= rng >> 17, rng ^= rng << 5;
+            uint32_t u = hi << 13 | (k < 6 ? lows[k] : rng & 0x1FFF);
+            float f;
+            memcpy(&f, &u, 4);
+            if (std::isnan(f)) continue; // F16C keeps a NaN's payload; CUDA gives 0x7FFF (above)
+            uint16_t want = (uint16_t)_cvtss_sh(f, 0);
+            n++;
+            if (__float2half_rn(f).__x != want && !differ++) first = u;
+        }
+    CHECK(differ == 0, "__float2half_rn = the CPU's F16C conversion", "%ld of %ld differ, the first 0x%08X", differ, n, first);
+#else
+    test_skip("__float2half_rn = the CPU's F16C conversion", "this CPU (or build) has no F16C");
+#endif
 }
 
 // ----------------------------------------------------------------------------
@@ -405,35 +496,35 @@ void test_block_order() {
 // ----------------------------------------------------------------------------
 // attention.cuh: the tensor-core kernels against the SIMT ones (bf16, hd 64)
 
-void test_attention_tc() {
+template <typename E> void test_attention_tc(double tol) {
     int B = 1, T = 80, NH = 2, NKV = 1, hd = 64;
     for (int t0 : {0, 13}) {
         int len = T - t0;
         Chunk ch = {B, T, t0, len, 0};
         size_t nq = (size_t)B * len * NH * hd, nkv = (size_t)B * T * NKV * hd;
         uint64_t rng = 99 + t0;
-        auto fill = [&](std::vector<bf16> &x, float scale) {
-            for (bf16 &v : x) {
+        auto fill = [&](std::vector<E> &x, float scale) {
+            for (E &v : x) {
                 rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                v = __float2bfloat16(scale * ((float)(rng >> 40) / 16777216.0f * 2 - 1));
+                v = from_float<E>(scale * ((float)(rng >> 40) / 16777216.0f * 2 - 1));
             }
         };
-        std::vector<bf16> q(nq), k(nkv), v(nkv), dout(nq);
+        std::vector<E> q(nq), k(nkv), v(nkv), dout(nq);
         fill(q, 2), fill(k, 2), fill(v, 1), fill(dout, 1);
         std::vector<float> out_f[2], dq_f[2], dk_f[2], dv_f[2];
         for (int tc = 0; tc < 2; tc++) {
             attention_force_simt = !tc;
-            std::vector<bf16> out(nq), dq(nq), dk(nkv, __float2bfloat16(0)), dv(nkv, __float2bfloat16(0));
+            std::vector<E> out(nq), dq(nq), dk(nkv, from_float<E>(0)), dv(nkv, from_float<E>(0));
             std::vector<float> lse((size_t)B * NH * len);
             attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), &ch, NH, NKV, hd, 0);
             attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(), q.data(), k.data(),
                                v.data(), &ch, NH, NKV, hd, 0);
-            auto f = [](const std::vector<bf16> &x) { return std::vector<float>(x.begin(), x.end()); };
+            auto f = [](const std::vector<E> &x) { return std::vector<float>(x.begin(), x.end()); };
             out_f[tc] = f(out), dq_f[tc] = f(dq), dk_f[tc] = f(dk), dv_f[tc] = f(dv);
         }
         attention_force_simt = false;
-        // bf16: P and dS are rounded to bf16 for the tensor-core products (and every
-        // output to bf16 at the end): dev/cuda/attention.cu's tolerance against the CPU
+        // P and dS are rounded to E for the tensor-core products (and every output to E at
+        // the end): dev/cuda/attention.cu's tolerance against the CPU (bf16 2e-2, fp16 3e-3)
         auto rel = [](const std::vector<float> &a, const std::vector<float> &b) -> double {
             double err = 0, scale = 0;
             for (size_t i = 0; i < a.size(); i++) {
@@ -445,10 +536,10 @@ void test_attention_tc() {
         };
         double e[4] = {rel(out_f[1], out_f[0]), rel(dq_f[1], dq_f[0]), rel(dk_f[1], dk_f[0]), rel(dv_f[1], dv_f[0])};
         char what[120];
-        snprintf(what, sizeof what, "attention tensor-core kernels = SIMT kernels (bf16, T=%d t0=%d NH=%d NKV=%d hd=%d)",
-                 T, t0, NH, NKV, hd);
-        CHECK(e[0] <= 2e-2 && e[1] <= 2e-2 && e[2] <= 2e-2 && e[3] <= 2e-2, what,
-              "relative error out %.2e dq %.2e dk %.2e dv %.2e (tol 2e-2)", e[0], e[1], e[2], e[3]);
+        snprintf(what, sizeof what, "attention tensor-core kernels = SIMT kernels (%s, T=%d t0=%d NH=%d NKV=%d hd=%d)",
+                 std::is_same<E, bf16>::value ? "bf16" : "fp16", T, t0, NH, NKV, hd);
+        CHECK(e[0] <= tol && e[1] <= tol && e[2] <= tol && e[3] <= tol, what,
+              "relative error out %.2e dq %.2e dk %.2e dv %.2e (tol %.0e)", e[0], e[1], e[2], e[3], tol);
     }
 }
 
@@ -504,11 +595,14 @@ int main() {
     test_block_sum<float>("float");
     test_block_sum<double>("double");
     test_shared_declarations();
-    test_wmma();
+    test_wmma<bf16>();
+    test_wmma<__half>();
     test_bf16();
+    test_fp16();
     test_launch_checks();
     test_block_order();
-    test_attention_tc();
+    test_attention_tc<bf16>(2e-2);
+    test_attention_tc<__half>(3e-3);
     test_global_sum();
     report_costs();
     printf("# test_emu_device: %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -107,7 +107,8 @@ static void check_rel(double got, double want, double floor_, double tol, const 
 
 // TrainConfig for a fixture run, as the command line would give it
 static void fixture_config(TrainConfig *tc, char **argv_store, const char *model, const JsonValue *hp,
-                           const char *adapter, const char *outdir, const char *metrics) {
+                           const char *adapter, const char *outdir, const char *metrics,
+                           const char *const *extra) { // extra: NULL-terminated, or NULL
     static char buf[64][320];
     int n = 0;
 #define ARG(...) (snprintf(buf[n], sizeof buf[n], __VA_ARGS__), argv_store[n] = buf[n], n++)
@@ -142,6 +143,7 @@ static void fixture_config(TrainConfig *tc, char **argv_store, const char *model
     ARG("--metrics_file"); ARG("%s", metrics);
     if (!adapter) ARG("--full_finetune");
     else { ARG("--from_peft_checkpoint"); ARG("test/fixtures/%s/%s", model, adapter); }
+    for (int i = 0; extra && extra[i]; i++) ARG("%s", extra[i]);
 #undef ARG
     if (parse_args(tc, n, argv_store) != 0) die("fixture arguments rejected");
 }
@@ -256,7 +258,7 @@ static void test_model(const char *model, const char *mode) {
     snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
     TrainConfig tc;
     char *argv[64];
-    fixture_config(&tc, argv, model, hp, adapter, outdir, metrics);
+    fixture_config(&tc, argv, model, hp, adapter, outdir, metrics, NULL);
 
     // the data path: our tokenizer + dataloader must give the reference's step-0 batches
     Tokenizer tok;
@@ -357,7 +359,7 @@ static void test_sgd(void) {
         snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
         TrainConfig tc;
         char *argv[64];
-        fixture_config(&tc, argv, model, hp, full ? NULL : "peft_init", outdir, metrics);
+        fixture_config(&tc, argv, model, hp, full ? NULL : "peft_init", outdir, metrics, NULL);
         Model m; // the trainable tensors' count and the config, as the run will have them
         if (model_setup(&m, NULL, &tc, 1, 2, NULL) != 0) die("model setup failed for %s", model);
         Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
@@ -389,7 +391,7 @@ static void test_freeze(const char *model) {
     snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
     TrainConfig tc;
     char *argv[64];
-    fixture_config(&tc, argv, model, hp, NULL, outdir, metrics);
+    fixture_config(&tc, argv, model, hp, NULL, outdir, metrics, NULL);
     tc.freeze_layers = N; // (fixture_config's options are full fine-tuning's: --freeze_layers goes with them)
     Model m;
     if (model_setup(&m, NULL, &tc, 2, 24, NULL) != 0) die("model setup failed for %s", model);
@@ -599,8 +601,117 @@ static void test_qlora(void) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
 }
 
+// Dynamic loss scaling (--loss_scale dynamic) against torch.amp.GradScaler("cpu")
+// (dev/reference/make_grad_scaler_fixtures.py): tiny_gqa's LoRA run of test_model
+// with NaN gradients at steps 3 and 4 (LLAMA2TUNE_FAULT=nan:3-4). Per step, the
+// scale it ran with and whether it was skipped exactly; the loss, the lr (the
+// schedule moves on over skipped steps, as torch's scheduler.step() every
+// iteration) and the norm to test_model's tolerances; the final adapter to 1e-4
+// as there (a skipped step that touched the weights, the moments or AdamW's t
+// would be off by ~1e-2). Then resumed from its step-5 checkpoint, whose
+// trainer_state holds the scale (16384) and growth tracker (1): the same metrics
+// from step 6 on and the same adapter, bit for bit.
+static int check_scaler_metrics(const char *metrics, const JsonValue *steps, const JsonValue *hp, const char *what0) {
+    size_t mlen;
+    char *mtext = read_file(metrics, &mlen), what[256];
+    int line = 0;
+    for (char *p = mtext, *e; p && *p && line < steps->count; p = e + 1, line++) {
+        if (!(e = strchr(p, '\n'))) break;
+        JsonValue rec;
+        char err[128];
+        if (json_parse(p, e - p, &rec, err, sizeof err) != 0) die("%s: %s", metrics, err);
+        const JsonValue *s = &steps->items[line];
+        int skipped = (int)json_num(s, "skipped");
+        double scale = json_get(&rec, "loss_scale") ? json_num(&rec, "loss_scale") : -1;
+        snprintf(what, sizeof what, "%s step %d: loss scale and skipped as GradScaler's", what0, line + 1);
+        CHECK(scale == json_num(s, "loss_scale") && (int)json_num(&rec, "skipped") == skipped, what,
+              "scale %g (torch %g), skipped %d (torch %d)", scale, json_num(s, "loss_scale"), (int)json_num(&rec, "skipped"), skipped);
+        snprintf(what, sizeof what, "%s step %d loss", what0, line + 1);
+        check_rel(json_num(&rec, "loss"), json_num(s, "loss"), 0, 1e-5, what);
+        snprintf(what, sizeof what, "%s step %d lr", what0, line + 1);
+        check_rel(json_num(&rec, "lr"), json_num(s, "lr"), json_num(hp, "lr"), 1e-6, what);
+        if (!skipped) {
+            snprintf(what, sizeof what, "%s step %d grad_norm", what0, line + 1);
+            check_rel(json_num(&rec, "grad_norm"), json_num(s, "grad_norm"), 0, 1e-4, what);
+        }
+        json_free(&rec);
+    }
+    free(mtext);
+    return line;
+}
+
+static void test_grad_scaler(void) {
+    char path[600], outdir[256], metrics[300], ckpt[320];
+    JsonValue exp = read_json("test/fixtures/grad_scaler/expected.json");
+    const JsonValue *ref = json_get(&exp, "train"), *hp = json_get(ref, "hparams"), *steps = json_get(ref, "steps");
+    snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_grad_scaler", (int)getpid());
+    snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint-5", outdir);
+    TrainConfig tc;
+    char *argv[64];
+    const char *extra[] = {"--loss_scale", "dynamic", "--save_every", "5", "--max_bad_steps", "2", NULL}; // 2 skips in a row: not bad steps
+    fixture_config(&tc, argv, "tiny_gqa", hp, "peft_init", outdir, metrics, extra);
+    setenv("LLAMA2TUNE_FAULT", "nan:3-4", 1);
+    int rc = train(&tc);
+    CHECK(rc == 0, "grad scaler: train() exits 0 (overflow skips are not bad steps)", "exit code %d", rc);
+    int line = check_scaler_metrics(metrics, steps, hp, "grad scaler");
+    CHECK(line == steps->count, "grad scaler: metrics has every step", "%d of %d steps", line, steps->count);
+    StFile ef, of;
+    if (st_open(&ef, "test/fixtures/grad_scaler/final.safetensors") != 0) die("cannot open the grad scaler fixture");
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", outdir);
+    if (st_open(&of, path) != 0) die("cannot open %s", path);
+    size_t n = 0;
+    for (int i = 0; i < of.n_tensors; i++) n += of.tensors[i].numel;
+    float *first = (float *)mallocCheck(n * sizeof(float)), *w = first;
+    for (int i = 0; i < of.n_tensors; i++) {
+        const StTensor *t = &of.tensors[i];
+        st_read_f32(&of, t, 0, t->numel, w);
+        check_tensor(&ef, t->name, w, t->numel, 1e-4, "grad scaler: after 10 steps");
+        w += t->numel;
+    }
+    CHECK(of.n_tensors == ef.n_tensors, "grad scaler: saved every trainable tensor", "%d of %d", of.n_tensors, ef.n_tensors);
+    st_close(&of);
+    st_close(&ef);
+
+    // the scale in the step-5 checkpoint, and a resume from it
+    snprintf(path, sizeof path, "%s/trainer_state.json", ckpt);
+    JsonValue st = read_json(path);
+    double saved_scale = -1, saved_tracker = -1;
+    json_get_number(&st, "loss_scale", &saved_scale);
+    json_get_number(&st, "loss_scale_growth_tracker", &saved_tracker);
+    CHECK(saved_scale == 16384 && saved_tracker == 1, "grad scaler: checkpoint-5 holds the scale and the growth tracker",
+          "%g and %g (16384 and 1; -1: missing)", saved_scale, saved_tracker);
+    json_free(&st);
+    const char *resume[] = {"--loss_scale", "dynamic", "--save_every", "5", "--resume", ckpt, NULL};
+    fixture_config(&tc, argv, "tiny_gqa", hp, "peft_init", outdir, metrics, resume);
+    rc = train(&tc);
+    unsetenv("LLAMA2TUNE_FAULT");
+    CHECK(rc == 0, "grad scaler: resumed from checkpoint-5", "exit code %d", rc);
+    line = check_scaler_metrics(metrics, steps, hp, "grad scaler resumed");
+    CHECK(line == steps->count, "grad scaler resumed: metrics has every step", "%d of %d steps", line, steps->count);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", outdir);
+    if (st_open(&of, path) != 0) die("cannot open %s", path);
+    int same = 1;
+    w = first;
+    for (int i = 0; i < of.n_tensors; i++) {
+        const StTensor *t = &of.tensors[i];
+        float *again = (float *)mallocCheck(t->numel * sizeof(float));
+        st_read_f32(&of, t, 0, t->numel, again);
+        same &= memcmp(again, w, t->numel * sizeof(float)) == 0;
+        w += t->numel;
+        free(again);
+    }
+    CHECK(same, "grad scaler: the resumed run's adapter is bit-identical", "it differs");
+    st_close(&of);
+    free(first);
+    json_free(&exp);
+    snprintf(path, sizeof path, "rm -rf '%s' '%s'", outdir, metrics);
+    if (system(path) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
+}
+
 int main(void) {
     test_qlora();
+    test_grad_scaler();
     test_dropout();
     test_sgd();
     const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama", "tiny_mistral"};

@@ -6,7 +6,8 @@
 #    full fine-tuning in chunks, and a resume from a CPU checkpoint); in
 #    --precision fp32 its base weights and KV carry must be the CPU trainer's
 #    (the same bytes, counted by train_llama2.c's allocations), and
-#    --activation_checkpointing must save it the activation bytes it saves the CPU trainer.
+#    --activation_checkpointing must save it the activation bytes it saves the CPU trainer;
+#    --precision fp16 plans the bytes of bf16.
 #    --collectives: auto (the default, shown in --help), nccl and host run; another
 #    value is refused naming the option; two ranks (dev/launch.sh 2) plan with host.
 #    --quantize (QLoRA) is refused: the CPU trainer runs it, the CUDA one not yet.
@@ -45,6 +46,16 @@ check "--freeze_layers 1 says what trains" $? "$(grep '^training' "$TMP/full fin
 dry "--batch_size auto --memory_limit 0.01, without a GPU" --batch_size auto --memory_limit 0.01
 grep -qE "^--batch_size auto: [0-9]+ rows per micro-batch" "$TMP/--batch_size auto --memory_limit 0.01, without a GPU.log"
 check "--batch_size auto picks a batch under --memory_limit" $? "$(tail -3 "$TMP/--batch_size auto --memory_limit 0.01, without a GPU.log")"
+# fp16: the same plan as bf16 (2-byte weights, activations and carry), named fp16
+dry "LoRA, fp16" --batch_size 64 --precision fp16
+for line in "base weights \((bf|fp)16\)" "KV and dKV carry" "activations and scratch"; do
+    f16=$(plan_line "$TMP/LoRA, fp16.log" "$line" | sed 's/.* \([0-9.]*\) MiB.*/\1/')
+    b16=$(plan_line "$TMP/LoRA, bf16, without a GPU.log" "$line" | sed 's/.* \([0-9.]*\) MiB.*/\1/')
+    [ -n "$f16" ] && [ "$f16" = "$b16" ]
+    check "fp16 plan's '${line//\\/}' is bf16's" $? "fp16 '$f16', bf16 '$b16'"
+done
+grep -q "base weights (fp16)" "$TMP/LoRA, fp16.log"
+check "fp16 plan names its weights fp16" $? "$(plan_line "$TMP/LoRA, fp16.log" "base weights.*")"
 # issue 18's long context by plan: Llama-3.1-8B (8 KV heads) LoRA over 131072 tokens in chunks
 # of 1024 with recompute fits in 80e9 bytes, and Llama-2-7B (32 KV heads, 4x the carry) does not
 plan=$(dev/plan_long_context.sh test/fixtures/configs/llama-3.1-8b test/fixtures/configs/llama-2-7b 2>&1)

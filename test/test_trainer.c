@@ -14,6 +14,8 @@
 //   same formula written out by hand for one small shape.
 // - --collectives: the CUDA trainer's choice of NCCL or host collectives for
 //   the world size, ranks per node, GPUs and build (a table of the README's rules).
+// - --loss_scale: the dynamic loss scale's update rule against torch's GradScaler
+//   over 6600 steps (exact: powers of two).
 // - --random_init: every linear layer and the embedding drawn from
 //   N(0, initializer_range) (checked against the normal distribution's own
 //   numbers, at 5 standard errors), the norms 1; the same bits at any thread
@@ -411,7 +413,43 @@ static void test_optimizer_state(void) {
     }
 }
 
+// trainer.h's loss_scale_update against torch.amp.GradScaler("cpu") driven alone
+// (dev/reference/make_grad_scaler_fixtures.py): 6600 steps with overflows at
+// steps 1, 2, 2500 and 4499, so two backoffs, a growth after 2000 clean steps,
+// a backoff that restarts the count, one a step before a growth. The scale
+// after every step must be torch's exactly (powers of two: no tolerance).
+static void test_loss_scale_sequence(void) {
+    JsonValue exp;
+    if (json_load_file("test/fixtures/grad_scaler/expected.json", &exp) != 0) die("grad scaler fixture");
+    const JsonValue *seq = json_get(&exp, "sequence"), *inf = json_get(seq, "inf_steps"), *changes = json_get(seq, "changes");
+    double steps, init, want;
+    if (!seq || !inf || !changes || json_get_number(seq, "steps", &steps) != 0 || json_get_number(seq, "init_scale", &init) != 0)
+        die("grad scaler fixture: no sequence");
+    LossScale ls;
+    loss_scale_init(&ls, 1);
+    int bad = 0, first_bad = 0, next_change = 0, next_inf = 0;
+    double got_bad = 0, want_bad = 0;
+    want = init;
+    CHECK(ls.scale == init, "loss scale: starts at GradScaler's init_scale", "%g vs %g", ls.scale, init);
+    for (int s = 1; s <= (int)steps; s++) {
+        int found_inf = next_inf < inf->count && (int)inf->items[next_inf].number == s;
+        next_inf += found_inf;
+        loss_scale_update(&ls, found_inf);
+        if (next_change < changes->count && (int)changes->items[next_change].items[0].number == s)
+            want = changes->items[next_change++].items[1].number;
+        if (ls.scale != want && !bad++) first_bad = s, got_bad = ls.scale, want_bad = want;
+    }
+    CHECK(bad == 0 && next_change == changes->count, "loss scale: GradScaler's scale after each of 6600 steps",
+          "%d steps differ, the first after step %d: %g (torch %g)", bad, first_bad, got_bad, want_bad);
+    LossScale off;
+    loss_scale_init(&off, 0);
+    loss_scale_update(&off, 1);
+    CHECK(off.scale == 1.0f, "loss scale: off (fp32, bf16 as torch) scales by 1 and never changes", "%g", off.scale);
+    json_free(&exp);
+}
+
 int main(void) {
+    test_loss_scale_sequence();
     snprintf(tmpdir, sizeof tmpdir, "/tmp/llama2tune_test_trainer_XXXXXX");
     if (!mkdtemp(tmpdir)) die("mkdtemp: %s", strerror(errno));
     test_merge(0);

@@ -48,12 +48,14 @@ double TWIN(forward_backward)(void *p, const int *tokens, const int *targets, in
 }
 
 // one optimizer step of one micro-batch with the arguments' optimizer settings, --lr
-// (constant) and clipping; returns the loss, *norm the gradient norm
+// (constant) and clipping, the gradients computed loss_scale times larger and
+// unscaled in the step (a power of two; 1: none); returns the loss, *norm the
+// (unscaled) gradient norm
 double TWIN(step)(void *p, const int *tokens, const int *targets, int B, int T, float grad_scale, uint64_t key,
-                  double *norm) {
+                  float loss_scale, double *norm) {
     Twin *t = (Twin *)p;
-    double loss = TWIN(forward_backward)(p, tokens, targets, B, T, grad_scale, key);
-    *norm = optimizer_step(&t->opt, t->tc.lr, 1);
+    double loss = TWIN(forward_backward)(p, tokens, targets, B, T, grad_scale * loss_scale, key);
+    *norm = optimizer_step(&t->opt, t->tc.lr, 1.0f / loss_scale, 1);
     return loss;
 }
 

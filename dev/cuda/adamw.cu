@@ -1,15 +1,17 @@
 // adamw_update (layers.cuh) against train_llama2.c's, over a few steps with
-// weight decay, with and without the bf16 copy of the parameters.
+// weight decay, without a copy of the parameters (E = float: none) and with the
+// bf16 or the fp16 copy.
 #include "common.cuh"
 #include "../../layers.cuh"
 
-void check_adamw(size_t n, bool with_copy, bool timed) {
-    char shape[64];
-    const char *variant = with_copy ? "fp32+bf16" : "fp32";
+template <typename E> void check_adamw(size_t n, bool timed) {
+    char shape[64], variant[16];
+    bool with_copy = !std::is_same<E, float>::value;
+    snprintf(variant, sizeof variant, "fp32%s%s", with_copy ? "+" : "", with_copy ? type_name<E>() : "");
     float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, wd = 0.1f;
     std::vector<float> params = random_vector(n), m(n, 0.0f), v(n, 0.0f);
     float *d_params = to_device<float>(params), *d_m = to_device<float>(m), *d_v = to_device<float>(v);
-    __nv_bfloat16 *d_copy = with_copy ? device_poisoned<__nv_bfloat16>(n) : NULL;
+    E *d_copy = with_copy ? device_poisoned<E>(n) : NULL;
     for (int t = 1; t <= 3; t++) { // fresh gradients each step
         std::vector<float> grads = random_vector(n);
         float *d_grads = to_device<float>(grads);
@@ -19,21 +21,27 @@ void check_adamw(size_t n, bool with_copy, bool timed) {
         check("adamw_update", variant, "params", shape, to_host(d_params, n), params, 1e-5);
         check("adamw_update", variant, "m", shape, to_host(d_m, n), m, 1e-5);
         check("adamw_update", variant, "v", shape, to_host(d_v, n), v, 1e-5);
-        if (with_copy) check("adamw_update", variant, "bf16", shape, to_host(d_copy, n), params, 4e-3);
+        // the copy is the parameters rounded once: half a unit in the last place, 2^-9 (bf16), 2^-12 (fp16)
+        if (with_copy)
+            check("adamw_update", variant, type_name<E>(), shape, to_host(d_copy, n), params, tol<E>(0, 4e-3, 5e-4));
         if (timed && t == 3) {
             float ms = time_ms([&] { adamw_update(d_params, d_grads, d_m, d_v, n, t, lr, beta1, beta2, eps, wd, d_copy, 0); });
-            report_time("adamw_update", variant, shape, ms, n * (7.0 * sizeof(float) + (with_copy ? 2 : 0)));
+            report_time("adamw_update", variant, shape, ms, n * (7.0 * sizeof(float) + (with_copy ? sizeof(E) : 0)));
         }
     }
     free_device();
 }
 
+template <typename E> void check_sizes(bool quick) {
+    check_adamw<E>(1001, false);
+    check_adamw<E>((size_t)1 << 20, false);
+    if (!quick) check_adamw<E>((size_t)1 << 26, true); // 67M parameters: a full fine-tuning shard
+}
+
 int main(int argc, char **argv) {
     bool quick = quick_mode(argc, argv);
-    for (int copy = 0; copy < 2; copy++) {
-        check_adamw(1001, copy, false);
-        check_adamw((size_t)1 << 20, copy, false);
-        if (!quick) check_adamw((size_t)1 << 26, copy, true); // 67M parameters: a full fine-tuning shard
-    }
+    check_sizes<float>(quick);
+    check_sizes<__nv_bfloat16>(quick);
+    check_sizes<__half>(quick);
     return finish("adamw");
 }

@@ -45,9 +45,13 @@ inline std::vector<int> random_ints(size_t n, int lo, int hi) { // in [lo, hi)
 template <typename T> const char *type_name();
 template <> inline const char *type_name<float>() { return "fp32"; }
 template <> inline const char *type_name<__nv_bfloat16>() { return "bf16"; }
+template <> inline const char *type_name<__half>() { return "fp16"; }
 
-// the tolerance for T: fp32 or bf16 (both relative to the output's largest magnitude)
+// the tolerance for T: fp32, bf16 or fp16 (relative to the output's largest magnitude)
 template <typename T> double tol(double fp32, double bf16) { return std::is_same<T, float>::value ? fp32 : bf16; }
+template <typename T> double tol(double fp32, double bf16, double fp16) {
+    return std::is_same<T, __half>::value ? fp16 : tol<T>(fp32, bf16);
+}
 
 // rounds x to what T holds, so the CPU twin sees exactly the GPU's inputs
 template <typename T> std::vector<float> rounded(std::vector<float> x) {

@@ -74,7 +74,7 @@ void ref_sgd_update(float *params, float *grads, float *buf, size_t n, int t, fl
     sgd_update(params, grads, buf, n, t == 1, lr, momentum, nesterov, wd);
 }
 double ref_grad_norm(const float *g, size_t n) { return grad_norm(g, n); }
-void ref_clip_grads(float *g, size_t n, double norm, float max_norm) { clip_grads(g, n, norm, max_norm); }
+void ref_clip_grads(float *g, size_t n, double norm, float max_norm, float inv_scale) { clip_grads(g, n, norm, max_norm, inv_scale); }
 
 // an adapter of one module (layer 0, q_proj) holding A (r, in) and B (out, r): the
 // key passed to ref_lora_forward / ref_lora_backward is the per-micro-batch key

@@ -41,7 +41,7 @@ void ref_adamw_update(float *params, float *grads, float *m, float *v, size_t n,
 void ref_sgd_update(float *params, float *grads, float *buf, size_t n, int t, float lr, float momentum, int nesterov,
                     float wd);
 double ref_grad_norm(const float *g, size_t n);
-void ref_clip_grads(float *g, size_t n, double norm, float max_norm);
+void ref_clip_grads(float *g, size_t n, double norm, float max_norm, float inv_scale);
 // lora.h's pieces for an adapter of one module (layer 0, q_proj): A (r, in), B (out, r),
 // scale alpha / r, dropout p (while training), rows of the chunk (B, T, t0, len)
 void ref_lora_dropout(float *out, const float *inp, int in, int B, int T, int t0, int len, uint64_t key, float p);

@@ -1,4 +1,4 @@
-// grad_norm, grad_sumsq (its square, which sharded ranks add up) and clip_grads
+// grad_norm, grad_sumsq (its square, which sharded ranks add up) and clip_grads (with a loss scale's unscaling)
 // (layers.cuh) against train_llama2.c's. The GPU sums in fp64 like the CPU, in a
 // fixed order, so the norm agrees to ~1e-12; compared as floats, to 1e-6.
 #include "common.cuh"
@@ -17,20 +17,26 @@ void check_grad_norm(size_t n, bool timed) {
     grad_norm(d_norm, d_g, n, 0);
     cudaCheck(cudaMemcpy(&norm, d_norm, sizeof norm, cudaMemcpyDeviceToHost));
     check("grad_norm", "fp32", "norm", shape, {(float)norm}, {(float)ref}, 1e-6);
-    // max_norm above the norm leaves g alone; below, scales it
-    for (double ratio : {2.0, 0.5}) {
-        float max_norm = (float)(ref * ratio);
+    // max_norm above the norm leaves g alone; below, scales it; with a loss scale
+    // (inv_scale 2^-10) g is unscaled too, clipped or not, against the unscaled norm
+    const double cases[][2] = {{2.0, 1.0}, {0.5, 1.0}, {2.0, 1.0 / 1024}, {0.5, 1.0 / 1024}}; // (ratio, inv_scale)
+    for (const double *c : cases) {
+        double unscaled = ref * c[1];
+        float max_norm = (float)(unscaled * c[0]);
         std::vector<float> clipped = g;
-        ref_clip_grads(clipped.data(), n, ref, max_norm);
-        clip_grads(d_g, n, d_norm, max_norm, 0);
-        check("clip_grads", "fp32", ratio > 1 ? "unclipped" : "clipped", shape, to_host(d_g, n), clipped, 1e-6);
-        g = clipped;
+        ref_clip_grads(clipped.data(), n, unscaled, max_norm, (float)c[1]);
+        cudaCheck(cudaMemcpy(d_norm, &unscaled, sizeof unscaled, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_g, g.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        clip_grads(d_g, n, d_norm, max_norm, (float)c[1], 0);
+        check("clip_grads", "fp32", c[0] > 1 ? (c[1] < 1 ? "unscaled" : "unclipped") : (c[1] < 1 ? "unscaled+clipped" : "clipped"),
+              shape, to_host(d_g, n), clipped, 1e-6);
     }
+    cudaCheck(cudaMemcpy(d_norm, &ref, sizeof ref, cudaMemcpyHostToDevice));
     if (timed) {
         float ms = time_ms([&] { grad_norm(d_norm, d_g, n, 0); });
         report_time("grad_norm", "fp32", shape, ms, n * sizeof(float));
         float max_norm = (float)(ref * 0.999); // scales every time, by little (never time on zeros)
-        ms = time_ms([&] { clip_grads(d_g, n, d_norm, max_norm, 0); });
+        ms = time_ms([&] { clip_grads(d_g, n, d_norm, max_norm, 1.0f, 0); });
         report_time("clip_grads", "fp32", shape, ms, 2.0 * n * sizeof(float));
     }
     free_device();

@@ -11,10 +11,11 @@
 // to all), and with beta == 0 C is not read (a NaN there does not reach D).
 //
 // Numerics (CUBLAS_COMPUTE_32F, alpha and beta fp32): inputs are read as stored
-// and widened exactly (bf16 is the top half of an fp32); each D(i, j) is one
-// fp32 sum over l = 0 .. k-1 in that order, every step a fused multiply-add (one
-// rounding, as the GPU's FFMA), then alpha * sum, then + beta * C(i, j) fused,
-// rounded once to D's type (bf16: to nearest, ties to even, cuda_bf16.h). The
+// and widened exactly (bf16 is the top half of an fp32, fp16 a subset of it); each
+// D(i, j) is one fp32 sum over l = 0 .. k-1 in that order, every step a fused
+// multiply-add (one rounding, as the GPU's FFMA), then alpha * sum, then + beta *
+// C(i, j) fused, rounded once to D's type (bf16, fp16: to nearest, ties to even,
+// cuda_bf16.h, cuda_fp16.h). The
 // order is fixed so that results repeat bit for bit; the GPU's algorithms sum in
 // other orders (tiles, split-k), so fp32 results differ from a GPU's in the last bits.
 //
@@ -32,7 +33,7 @@
 //   - NOT_SUPPORTED: an operand less aligned than the preference promised
 //     (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, 256 by default: the algorithm
 //     was chosen for that alignment); a type combination outside
-//     {bf16 in, bf16 or fp32 out; fp32 in and out}; and anything the
+//     {bf16 in, bf16 or fp32 out; fp16 in, fp16 or fp32 out; fp32 in and out}; and anything the
 //     documentation defines that this file does not implement (another
 //     attribute, compute type, operation, algorithm, batches), named, never guessed.
 // An output overlapping an input (other than C == D) is a race on the GPU, where
@@ -48,6 +49,7 @@
 #include "types.h"
 #include "library_types.h"
 #include "cuda_bf16.h"
+#include "cuda_fp16.h"
 
 // ----------------------------------------------------------------------------
 // cuBLAS's and cuBLASLt's enumerations, with their values. Each list names its
@@ -182,12 +184,15 @@ struct Product {
 };
 
 // of the two types check_types lets through
-inline size_t element_size(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
+inline size_t element_size(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 inline float load(const Operand &x, size_t i) {
-    return x.type == CUDA_R_32F ? ((const float *)x.p)[i] : __bfloat162float(((const __nv_bfloat16 *)x.p)[i]);
+    if (x.type == CUDA_R_32F) return ((const float *)x.p)[i];
+    if (x.type == CUDA_R_16F) return __half2float(((const __half *)x.p)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)x.p)[i]);
 }
 inline void store(const Operand &x, size_t i, float v) {
     if (x.type == CUDA_R_32F) ((float *)x.p)[i] = v;
+    else if (x.type == CUDA_R_16F) ((__half *)x.p)[i] = __float2half_rn(v);
     else ((__nv_bfloat16 *)x.p)[i] = __float2bfloat16_rn(v);
 }
 // element (r, c) of op(X), X column-major
@@ -219,12 +224,12 @@ inline void run(const Product &p) {
 
 // the type combinations cuBLAS documents for CUBLAS_COMPUTE_32F that this file computes
 inline cublasStatus_t check_types(const char *call, cudaDataType_t ta, cudaDataType_t tb, cudaDataType_t tc) {
-    if (ta == tb &&
-        ((ta == CUDA_R_16BF && (tc == CUDA_R_16BF || tc == CUDA_R_32F)) || (ta == CUDA_R_32F && tc == CUDA_R_32F)))
+    bool half = ta == CUDA_R_16BF || ta == CUDA_R_16F; // 16-bit in: out the same type, or fp32
+    if (ta == tb && ((half && (tc == ta || tc == CUDA_R_32F)) || (ta == CUDA_R_32F && tc == CUDA_R_32F)))
         return CUBLAS_STATUS_SUCCESS;
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call,
-                  "A %s, B %s, C/D %s: the emulation computes A and B CUDA_R_16BF with C/D CUDA_R_16BF or CUDA_R_32F, "
-                  "and all CUDA_R_32F", name_of(ta), name_of(tb), name_of(tc));
+                  "A %s, B %s, C/D %s: the emulation computes A and B CUDA_R_16BF (or CUDA_R_16F) with C/D of that type "
+                  "or CUDA_R_32F, and all CUDA_R_32F", name_of(ta), name_of(tb), name_of(tc));
 }
 
 // the bytes from x.p that a (rows, cols) matrix spans
