@@ -464,13 +464,18 @@ static size_t model_quant_scratch_bytes(const HostModel *m) {
     return (m->units.units[fsdp_layer_unit(0)].numel + blocks) * sizeof(float);
 }
 
+// the weights kept in 4 bits (0 without QLoRA)
+static size_t model_quant_numel(const HostModel *m) {
+    size_t n = 0;
+    for (int i = 0; m->quant && i < m->config.n_layers * LORA_N_TARGETS; i++) n += m->quant[i].numel;
+    return n;
+}
+
 // the base weights' bytes in host memory: fp32, or with QLoRA the rest in fp32 plus
 // the 4-bit codes and statistics and the dequantize scratch
 static inline size_t model_weight_bytes(const HostModel *m, size_t numel) {
     if (!m->quant) return numel * sizeof(float);
-    size_t packed = 0;
-    for (int i = 0; i < m->config.n_layers * LORA_N_TARGETS; i++) packed += m->quant[i].numel;
-    return (numel - packed) * sizeof(float) + m->quant_nbytes + model_quant_scratch_bytes(m);
+    return (numel - model_quant_numel(m)) * sizeof(float) + m->quant_nbytes + model_quant_scratch_bytes(m);
 }
 
 // ----------------------------------------------------------------------------

@@ -1320,6 +1320,8 @@ static double model_memory_budget(Model *m, double limit) {
     double outside = resident * (double)sysconf(_SC_PAGESIZE) - weights;
     return limit - (outside > 0 ? outside : 0);
 }
+// QLoRA: a layer unit in fp32 and the absmax values of its biggest weight (deq, deq_absmax)
+static size_t model_dequant_scratch_bytes(const Model *m) { return model_quant_scratch_bytes(&m->host); }
 static const char *const backend_memory = "resident memory";
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
 static const char *const backend_collectives[] = {"host"}; // its buffers are host memory: MPI or TCP

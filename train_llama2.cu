@@ -17,6 +17,11 @@ The compute type is a template parameter, floatX (float, bf16 or __half), of
 every function below; the Model holds the buffers of one of them, and the
 backend's entry points pick floatX once (with_precision).
 
+QLoRA (--quantize, one process): the decoder's linear weights stay on the GPU
+as the host packed them (quant.h's bytes), and a layer is dequantized into
+d.deq in the compute type before its products, forward and backward
+(unit_dequant, quant.cuh); d.weights holds the rest.
+
 Chunked training (DESIGN section 4) runs exactly as on the CPU: chunk_forward,
 chunk_head and chunk_backward per chunk, the KV carry and the dKV carry, the
 keep and recompute memory modes, the output head in --num_output_chunks pieces,
@@ -51,6 +56,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "layers.cuh"
 #include "attention.cuh"
 #include "lora.cuh"
+#include "quant.cuh"
 
 #define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
 
@@ -103,6 +109,7 @@ template <typename floatX> struct Buffers {
                         // shard of them (units.shard_numel, fsdp.h's layout); frozen (LoRA), or
                         // the trainable ones (the fp32 masters themselves, or the optimizer's bf16 copy)
     floatX **slot;      // (n_slots) sharded: units gathered whole, each as big as the biggest it holds
+    floatX *deq;        // (a layer unit) QLoRA: the layer whose weights the products read, dequantized
     floatX *lora_w;     // (LoRA num_params) A and B for the matmuls (the masters, or the optimizer's bf16/fp16 copy)
     floatX *params_lo;  // (n_train) bf16/fp16: the copy of the masters the matmuls read, the optimizer writes it
                         // (in weights or lora_w; fp32, or some units frozen: NULL, weights_refresh copies)
@@ -139,6 +146,8 @@ typedef struct {
     float *opt_state[OPTIMIZER_MAX_STATES]; // (n_train) each, optimizer_n_states of them: AdamW's moments, SGD's
                               // momentum buffer (the Optimizer's; here so the fit check counts them)
     size_t n_train;
+    uint8_t *quant_bytes;     // (host.quant_nbytes) QLoRA: the 4-bit weights' codes and statistics, as on the host
+    int deq_unit;             // the unit deq holds (-1: none)
     // sharded (host.shards): the units in the slots, and full fine-tuning's gradients of a unit
     int sharded;              // the base weights are this rank's shards, over fsdp->shard
     int n_unit_slots;         // units gathered at once: 3 (reshard after the forward), or every unit
@@ -236,6 +245,20 @@ template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C,
     a->place_layers(s->lora_h, Lk, LORA_N_TARGETS * N * r);
 }
 
+// where tensor j of unit u is in d.weights (whole): param_layout's offset, less the
+// 4-bit weights that param_layout puts before it (QLoRA keeps them packed, not there)
+static size_t weight_offset(const HostModel *h, int u, int j) {
+    size_t off = model_tensor_offset(&h->config, u, j);
+    if (!h->quant) return off;
+    size_t packed = 0;
+    for (int l = 0; l < h->config.n_layers; l++)
+        for (int k = 0; k < LAYER_TENSORS; k++) {
+            const QuantTensor *q = model_quantized(h, fsdp_layer_unit(l), k);
+            if (q && model_tensor_offset(&h->config, fsdp_layer_unit(l), k) < off) packed += q->numel;
+        }
+    return off - packed;
+}
+
 // Lays out every device buffer in four allocations: w the base weights, p the
 // trainable parameters (masters, gradients, optimizer state, bf16/fp16 copy), a the
 // activations and scratch, k the KV and dKV carries. Called once to count, once to place.
@@ -256,7 +279,11 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     if (!fp32 && (all_train || h->use_lora)) p->place(d.params_lo, m->n_train);
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
     // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
-    if (!all_train) w->place(d.weights, m->sharded ? h->units.shard_numel : h->num_params);
+    if (!all_train) w->place(d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_quant_numel(h));
+    if (h->quant) { // QLoRA: the 4-bit weights packed, one layer at a time dequantized
+        w->place(m->quant_bytes, h->quant_nbytes);
+        w->place(d.deq, h->units.units[fsdp_layer_unit(0)].numel);
+    }
     if (m->sharded) sharded_layout(m, d, w, p);
     // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
     // the rest for every layer; or with activation checkpointing one layer's worth of the
@@ -529,7 +556,16 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
             else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
         } else {
-            upload(d.weights, base, n_base, st);
+            if (!h->quant) upload(d.weights, base, n_base, st);
+            else { // the weights but the 4-bit ones, and those as the host packed them
+                for (int u = 0; u < h->units.n_units; u++)
+                    for (int j = 0; j < h->units.units[u].n_tensors; j++)
+                        if (!model_quantized(h, u, j))
+                            upload(d.weights + weight_offset(h, u, j), base + model_tensor_offset(c, u, j),
+                                   h->units.units[u].tensors[j].numel, st);
+                cudaCheck(cudaMemcpyAsync(m->quant_bytes, h->quant_bytes, h->quant_nbytes, cudaMemcpyHostToDevice, st));
+                m->deq_unit = -1;
+            }
             if constexpr (std::is_same<floatX, float>::value) d.lora_w = m->params;
             else { d.lora_w = d.params_lo; convert(d.lora_w, m->params, m->n_train, st); }
         }
@@ -602,9 +638,37 @@ template <typename floatX> void prefetch_next(Model *m, int u, int dir) {
     if (m->sharded) unit_prefetch<floatX>(m, u + dir);
 }
 
+// QLoRA: decoder layer unit u's parameters whole in d.deq, its 4-bit weights
+// dequantized (quant.cuh, as quant.h's dequant_tensor) and its norms copied, before
+// its products, unless d.deq holds them already (they are frozen). One stream: the
+// products that read the layer before run before d.deq is overwritten.
+template <typename floatX> floatX *unit_dequant(Model *m, int u) {
+    Buffers<floatX> &d = buffers<floatX>(m);
+    const HostModel *h = &m->host;
+    if (m->deq_unit != u) {
+        const FsdpUnit *un = &h->units.units[u];
+        for (int j = 0; j < un->n_tensors; j++) {
+            floatX *dst = d.deq + un->tensors[j].offset;
+            const QuantTensor *q = model_quantized(h, u, j);
+            if (q) { // q over the device's copy of the bytes
+                const uint8_t *start = q->double_quant ? (const uint8_t *)q->offset : (const uint8_t *)q->absmax;
+                QuantTensor dq;
+                quant_layout(&dq, q->type, q->double_quant, q->numel, m->quant_bytes + (start - h->quant_bytes));
+                dequant_tensor(dq, dst, m->stream);
+            } else
+                cudaCheck(cudaMemcpyAsync(dst, d.weights + weight_offset(h, u, j), un->tensors[j].numel * sizeof(floatX),
+                                          cudaMemcpyDeviceToDevice, m->stream));
+        }
+        m->deq_unit = u;
+    }
+    return d.deq;
+}
+
 // tensor j of unit u (fsdp_units_llama's order), where the forward reads it
 template <typename floatX> floatX *param_at(Model *m, int u, int j) {
-    if (!m->sharded) return buffers<floatX>(m).weights + model_tensor_offset(&m->host.config, u, j);
+    if (m->host.quant && u >= 1 && u <= m->host.config.n_layers)
+        return unit_dequant<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
+    if (!m->sharded) return buffers<floatX>(m).weights + weight_offset(&m->host, u, j);
     return unit_gather<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
 }
 // the output projection: lm_head, or with tied embeddings the embedding
@@ -1110,6 +1174,10 @@ static double model_peak_mb(Model *m) {
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     m->peak_mb = std::max(m->peak_mb, (total_bytes - free_bytes) / 1048576.0);
     return m->peak_mb;
+}
+// QLoRA: a layer unit in the compute type (d.deq; the kernel works each absmax out as it goes)
+static size_t model_dequant_scratch_bytes(const Model *m) {
+    return m->host.units.units[fsdp_layer_unit(0)].numel * (m->fp32 ? sizeof(float) : sizeof(bf16));
 }
 static const char *const backend_memory = "GPU memory";
 static const char *const backend_precisions[] = {"bf16", "fp16", "fp32"};

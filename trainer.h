@@ -52,6 +52,9 @@
 //                              its default first (how its ranks' collectives move data)
 //   static const char *const backend_memory;        where the memory plan's memory
 //                              is ("resident memory", "GPU memory")
+//   size_t model_dequant_scratch_bytes(const Model *m);
+//       QLoRA (m->host.quant): the bytes of the memory a layer's 4-bit weights are
+//       dequantized into (part of m->weight_bytes)
 //   double model_peak_mb(Model *m);
 //       the most memory the run has held so far, in MiB (of backend_memory)
 //   void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks);
@@ -480,12 +483,6 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     }
     int quant = quant_type_parse(tc->quantize);
     if (quant < 0) return -1;
-#ifdef __CUDACC__
-    if (quant != QUANT_NONE) {
-        fprintf(stderr, "error: --quantize is not yet supported in the CUDA trainer (train_llama2cu); the CPU trainer runs it\n");
-        return -1;
-    }
-#endif
     if (quant != QUANT_NONE && tc->full_finetune) {
         fprintf(stderr, "error: --quantize keeps the base weights frozen in 4 bits (QLoRA): it does not go with --full_finetune\n");
         return -1;
@@ -1069,7 +1066,8 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
         if (m->host.quant_type != QUANT_NONE) {
             printf("    %-32s %10.1f MiB   (%s%s, blocks of %d)\n", "of which 4-bit codes + statistics", m->host.quant_nbytes / MiB,
                    quant_type_names[m->host.quant_type], m->host.double_quant ? ", double quantization" : "", QUANT_BLOCK);
-            printf("    %-32s %10.1f MiB   (one layer, fp32)\n", "of which dequantize scratch", model_quant_scratch_bytes(&m->host) / MiB);
+            printf("    %-32s %10.1f MiB   (one layer, %s)\n", "of which dequantize scratch", model_dequant_scratch_bytes(m) / MiB,
+                   m->fp32 ? "fp32" : "bf16");
         }
         const char *state[] = {"", ", momentum", ", AdamW"}; // the optimizer's state, by optimizer_n_states
         char what[64];

@@ -15,7 +15,9 @@
 // hidden_size / heads (tiny_llama3), and CodeLlama's 32016 rows; and 10 steps of
 // SGD (--optimizer sgd, momentum 0.9, Nesterov or not, weight decay) on tiny_gqa,
 // within AdamW's step tolerances (SGD's update, linear in the gradient, does not
-// amplify the gradients' rounding as AdamW's m / sqrt(v) does). Each
+// amplify the gradients' rounding as AdamW's m / sqrt(v) does); and QLoRA
+// (--quantize nf4 and fp4 on tiny_qlora, whose 4-bit weights dequantize to the
+// CPU's bits in fp32 and their rounding in bf16, so LoRA's tolerances hold). Each
 // comparison prints the worst element of what it compares; the program exits 1
 // when any check fails. A run with --activation_checkpointing must also give the
 // bits of the same CUDA run without it (logits, losses, every gradient): it runs
@@ -85,6 +87,7 @@ struct Case {
     int out_chunks;        // --num_output_chunks
     bool ckpt;             // --activation_checkpointing
     bool dora = false;     // LoRA from the fixture's DoRA adapter (dora/peft_init) instead
+    const char *quantize = NULL; // QLoRA: --quantize nf4 | fp4 (double quantization, the default)
     int freeze = 0;        // --freeze_layers (full fine-tuning)
 };
 enum { ADAMW, SGD_MOMENTUM, SGD_NESTEROV }; // the optimizer of a Pair (SGD: momentum 0.9, Nesterov or not)
@@ -94,9 +97,9 @@ std::string describe(const Case &c, int optimizer = ADAMW) {
     char buf[200];
     const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
     const char *optimizers[] = {"", " sgd momentum", " sgd nesterov"};
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%.0d", model, c.full ? "full" : c.dora ? "dora" : "lora",
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%s%s%.0d", model, c.full ? "full" : c.dora ? "dora" : "lora",
              c.precision, c.chunk, c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", optimizers[optimizer],
-             c.freeze ? " freeze_layers=" : "", c.freeze);
+             c.quantize ? " qlora " : "", c.quantize ? c.quantize : "", c.freeze ? " freeze_layers=" : "", c.freeze);
     return buf;
 }
 
@@ -127,6 +130,7 @@ struct Pair {
             if (c.full) a.push_back("--full_finetune");
             else a.insert(a.end(), {"--from_peft_checkpoint", model + (c.dora ? "/dora/peft_init" : "/peft_init")}); // B != 0
             if (c.freeze) a.insert(a.end(), {"--freeze_layers", std::to_string(c.freeze)});
+            if (c.quantize) a.insert(a.end(), {"--quantize", c.quantize});
             for (std::string &arg : a) argv[side].push_back(&arg[0]);
         }
         cpu = cpu_new((int)argv[0].size(), argv[0].data(), B, T);
@@ -510,6 +514,19 @@ int main(int argc, char **argv) {
             if (mine()) check_steps(whole, steps);
         }
     if (mine()) check_precision_refusal();
+    // QLoRA (tiny_qlora's peft adapter on all seven linear layers, dropout 0.1): the 4-bit
+    // weights dequantize to the CPU's exactly in fp32 and to their bf16 rounding (dev/cuda/dequant),
+    // which is what LoRA's bf16 cases round the weights to as they upload, so the same
+    // tolerances hold. NF4 and FP4, whole, in chunks with activation checkpointing (each
+    // chunk's layers dequantized again), and 10 steps.
+    for (const char *precision : precisions)
+        for (const char *type : {"nf4", "fp4"}) {
+            Case whole = {"test/fixtures/tiny_qlora", false, precision, 0, "keep", 1, false, false, type};
+            Case chunked = {"test/fixtures/tiny_qlora", false, precision, 7, "recompute", 3, true, false, type};
+            if (mine()) check_case(whole);
+            if (mine()) check_case(chunked);
+            if ((!quick || !strcmp(type, "nf4")) && mine()) check_steps(whole, steps);
+        }
     remove_tree(tmp);
     printf("test_llama2cu: %d passed, %d failed\n", test_passed, test_failed);
     return test_summary();

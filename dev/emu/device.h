@@ -58,6 +58,7 @@
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
 // __restrict__ is GCC's own spelling too
 
 struct alignas(16) uint4 { unsigned int x, y, z, w; };
@@ -72,6 +73,11 @@ template <typename T, typename = std::enable_if_t<std::is_arithmetic<T>::value>>
 }
 
 constexpr int warpSize = emu::WARP_SIZE;
+
+// fp32 operations rounded one at a time, never fused into a multiply-add (volatile:
+// whatever -ffp-contract says)
+inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 
 namespace emu {
 
