@@ -35,7 +35,8 @@ FUZZ_TARGET(cli) {
         FUZZ_ASSERT(tc.model && tc.model[0] && tc.data && tc.data[0]);
         FUZZ_ASSERT(lora_parse_targets(tc.lora_target_modules, &mask) == 0 && mask != 0);
         FUZZ_ASSERT(!strcmp(tc.lr_scheduler, "constant") || !strcmp(tc.lr_scheduler, "linear") || !strcmp(tc.lr_scheduler, "cosine"));
-        FUZZ_ASSERT(tc.max_seq_len >= 2 && tc.batch_size >= 1 && tc.grad_accum >= 1 && tc.num_epochs >= 1);
+        // batch_size 0: auto, grad_accum 0: derived (both settled once the model and world size are known)
+        FUZZ_ASSERT(tc.max_seq_len >= 2 && tc.batch_size >= 0 && tc.grad_accum >= 0 && tc.num_epochs >= 1);
         FUZZ_ASSERT(tc.lora_r >= 1 && tc.lora_dropout >= 0 && tc.lora_dropout < 1);
         // (--adam_beta2 0.99999999 once became 1.0f: test/fuzz_regress/cli/)
         FUZZ_ASSERT(tc.lr >= 0 && tc.lr <= 1e3f && tc.optim.beta1 >= 0 && tc.optim.beta1 < 1 && tc.optim.beta2 >= 0 && tc.optim.beta2 < 1);
