@@ -18,7 +18,9 @@
 // the last shards are zero-padded, so any n works. A rank's shards of all units
 // lie one after another in one flat buffer of units.shard_numel floats (unit u
 // at units[u].shard_offset), which is what the optimizer, the gradient norm
-// and the checkpoints work on.
+// and the checkpoints work on. A frozen unit may instead be packed: kept as a run
+// of bytes its model lays out (QLoRA's 4-bit layers), sharded the same way into a
+// rank's byte shard buffer and gathered as bytes (fsdp_gather_packed).
 //
 // Collectives (FsdpComm): all-gather, reduce-scatter, all-reduce, broadcast,
 // barrier, "any" (do all ranks agree nothing failed) and abort, with one
@@ -132,8 +134,12 @@ typedef struct {
     FsdpTensor tensors[FSDP_UNIT_TENSORS_MAX];
     int n_tensors;
     size_t numel;             // its tensors together
-    size_t shard;             // S = ceil(numel / n_shards): one rank's shard, padding included
+    size_t shard;             // S = ceil(numel / n_shards): one rank's shard, padding included (packed: 0)
     size_t shard_offset;      // where that shard starts in a rank's flat shard buffer
+    size_t packed;            // > 0: a packed unit, kept as this many bytes in a form its model chooses
+                              // (QLoRA's 4-bit decoder layers, model.h), not as numel floats
+    size_t packed_shard;      // Sb = ceil(packed / n_shards), rounded up to 16: one rank's bytes of it
+    size_t packed_offset;     // where those start in a rank's byte shard buffer
 } FsdpUnit;
 
 typedef struct {
@@ -143,6 +149,7 @@ typedef struct {
     int n_shards;             // what the shard sizes are for
     size_t numel;             // every parameter, once
     size_t shard_numel;       // one rank's flat shard buffer: every unit's shard, padding included
+    size_t packed_shard_bytes; // one rank's byte shard buffer: every packed unit's shard
 } FsdpUnits;
 
 static inline int fsdp_layer_unit(int layer) { return 1 + layer; }
@@ -159,14 +166,19 @@ static inline void fsdp__add_tensor(FsdpUnit *u, const char *name, int64_t rows,
     u->numel += t->numel;
 }
 
-// the shard size and offset of every unit for n shards
+// the shard size and offset of every unit for n shards: a packed unit's in bytes, in the
+// byte shard buffer (each rank's piece of it 16-byte aligned there), every other's in floats
 static inline void fsdp_units_set_shards(FsdpUnits *u, int n) {
     u->n_shards = n;
-    u->shard_numel = 0;
+    u->shard_numel = u->packed_shard_bytes = 0;
     for (int i = 0; i < u->n_units; i++) {
-        u->units[i].shard = fsdp_shard_size(u->units[i].numel, n);
-        u->units[i].shard_offset = u->shard_numel;
-        u->shard_numel += u->units[i].shard;
+        FsdpUnit *un = &u->units[i];
+        un->shard = un->packed ? 0 : fsdp_shard_size(un->numel, n);
+        un->shard_offset = u->shard_numel;
+        u->shard_numel += un->shard;
+        un->packed_shard = un->packed ? (fsdp_shard_size(un->packed, n) + 15) / 16 * 16 : 0;
+        un->packed_offset = u->packed_shard_bytes;
+        u->packed_shard_bytes += un->packed_shard;
     }
 }
 
@@ -980,6 +992,14 @@ static inline void fsdp_all_gather_bf16(FsdpComm *c, void *full, const void *sha
     (void)full, (void)shard, (void)S;
 }
 
+// full (size * bytes) = every rank's part (bytes), moved as they are: packed units, on
+// the host or (NCCL, staged) the device
+static inline void fsdp_all_gather_u8(FsdpComm *c, void *full, const void *part, size_t bytes) {
+    FSDP__NCCL(c, ncclAllGather(part, full, bytes, ncclUint8, c->nccl, c->stream));
+    FSDP__STAGED(c, fsdp__staged_all_gather(c, full, part, bytes));
+    fsdp_all_gather_bytes(c, full, part, bytes);
+}
+
 // shard (S) = the sum over ranks of their full[rank * S .. (rank + 1) * S)
 static inline void fsdp_reduce_scatter(FsdpComm *c, float *shard, const float *full, size_t S) {
     FSDP__NCCL(c, ncclReduceScatter(full, shard, S, ncclFloat, ncclSum, c->nccl, c->stream));
@@ -1170,6 +1190,14 @@ static inline float *fsdp_gather(Fsdp *f, const FsdpUnit *u, float *shards, floa
     return buf;
 }
 
+// A packed unit's bytes, whole (never trained, so never reduced): the shard itself with a
+// shard group of one, else gathered into buf (shard.size * unit.packed_shard bytes)
+static inline uint8_t *fsdp_gather_packed(Fsdp *f, const FsdpUnit *u, uint8_t *shards, uint8_t *buf) {
+    if (f->shard.size == 1) return shards + u->packed_offset;
+    fsdp_all_gather_u8(&f->shard, buf, shards + u->packed_offset, u->packed_shard);
+    return buf;
+}
+
 // A unit's gradients summed over every rank into this rank's shard of them:
 // reduce-scatter in the shard group, then all-reduce across the groups. grad
 // holds the unit's gradient (shard.size * unit.shard floats, the padding zero);
@@ -1248,7 +1276,7 @@ static inline int fsdp_check_tied_head(StModel *sm, size_t begin, size_t count, 
     return rc;
 }
 
-// Fills shard `rank` of every unit (u->n_shards shards) into out (u->shard_numel
+// Fills shard `rank` of every unit but the packed ones (u->n_shards shards) into out (u->shard_numel
 // floats, padding zeroed) piece by piece, a piece being the part of one tensor
 // inside the shard: read(ctx, unit, tensor, first, count, dst) reads elements
 // [first, first + count) of tensor `tensor` of unit `unit` into dst, wherever the
@@ -1257,6 +1285,7 @@ typedef int (*FsdpReadFn)(void *ctx, int unit, int tensor, size_t first, size_t 
 static inline int fsdp_read_shard(const FsdpUnits *u, int rank, float *out, FsdpReadFn read, void *ctx) {
     for (int i = 0; i < u->n_units; i++) {
         const FsdpUnit *un = &u->units[i];
+        if (un->packed) continue; // its model fills its bytes
         float *dst = out + un->shard_offset;
         size_t begin, count = fsdp_shard_range(un->numel, u->n_shards, rank, &begin);
         memset(dst, 0, un->shard * sizeof(float));

@@ -369,18 +369,20 @@ typedef struct {
                               // embedding and the first --freeze_layers layers; 0: every unit trains)
     int use_lora;
     LoRA lora;                // adapters: shapes, targets, dropout flag, params (and grads)
-    // QLoRA (--quantize): the decoder's linear weights kept in 4 bits (quant.h), quantized
-    // as they load; their place in params is never written (its pages take no memory)
+    // QLoRA (--quantize): each decoder layer kept as one run of bytes (model_run_layout: its
+    // linear weights in 4 bits, quant.h, quantized as they load; its norms in fp32), a packed
+    // unit (fsdp.h); its place in params is never written (its pages take no memory)
     int quant_type;           // QUANT_NONE, QUANT_NF4 or QUANT_FP4 (set before loading)
     int double_quant;         // (set before loading) the absmax values in 8 bits too
-    QuantTensor *quant;       // (L, LORA_N_TARGETS) those weights; NULL when not quantized
-    uint8_t *quant_bytes;     // their codes and statistics, layer after layer (quant_layout)
-    size_t quant_nbytes;
+    size_t run_offset[LAYER_TENSORS]; // where each tensor of a layer lies in the layer's run
+    size_t run_bytes;         // one layer's run (the same for every layer)
+    uint8_t *quant_bytes;     // whole: every layer's run, one after another (L * run_bytes)
+    uint8_t *quant_shards;    // sharded: this rank's shard of every layer's run (units.packed_shard_bytes)
 } HostModel;
 
 static void host_model_free(HostModel *h) {
-    free(h->quant);
     free(h->quant_bytes);
+    free(h->quant_shards);
     free(h->params);
     free(h->shards);
     fsdp_units_free(&h->units);
@@ -423,30 +425,40 @@ static size_t model_trainable_numel(const HostModel *h) {
 // ----------------------------------------------------------------------------
 // QLoRA: which weights are kept in 4 bits, and where
 
-// tensor j of unit u, quantized, or NULL: the seven linear weights of a decoder layer
-static QuantTensor *model_quantized(const HostModel *m, int u, int j) {
+// is tensor j of unit u kept in 4 bits: the seven linear weights of a decoder layer
+static int model_quantized(const HostModel *m, int u, int j) {
     static const int target[LAYER_TENSORS] = {-1, LORA_Q, LORA_K, LORA_V, LORA_O, -1, LORA_GATE, LORA_UP, LORA_DOWN};
-    if (!m->quant || u < 1 || u > m->config.n_layers || target[j] < 0) return NULL;
-    return &m->quant[(size_t)(u - 1) * LORA_N_TARGETS + target[j]];
+    return m->quant_type != QUANT_NONE && u >= 1 && u <= m->config.n_layers && target[j] >= 0;
 }
 
-// lays out m->quant for the model's shapes (with alloc, also their bytes) and sets
-// m->quant_nbytes: the 4-bit codes and statistics of every quantized weight
-static void model_quant_layout(HostModel *m, int alloc) {
-    const Config *c = &m->config;
-    int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
-    lora_shapes(c, in, out);
-    m->quant = (QuantTensor *)callocCheck((size_t)c->n_layers * LORA_N_TARGETS, sizeof(QuantTensor));
-    for (int pass = 0; pass < 1 + alloc; pass++) { // count, then (alloc) lay out in the bytes
-        size_t off = 0;
-        for (int i = 0; i < c->n_layers * LORA_N_TARGETS; i++) {
-            int t = i % LORA_N_TARGETS;
-            off += quant_layout(&m->quant[i], m->quant_type, m->double_quant, (size_t)out[t] * in[t],
-                                pass ? m->quant_bytes + off : NULL);
-        }
-        m->quant_nbytes = off;
-        if (alloc && !pass) m->quant_bytes = (uint8_t *)mallocCheck(off);
+// The run of a decoder layer: its tensors in the unit's order, each at a multiple of 16
+// bytes, a norm as fp32 and a linear weight as quant_layout lays it out (codes and
+// statistics). Sets m->run_offset and m->run_bytes, and makes every layer unit a packed
+// unit of that many bytes (re-sharding the units).
+static void model_run_layout(HostModel *m) {
+    const FsdpUnit *un = &m->units.units[fsdp_layer_unit(0)];
+    size_t off = 0;
+    for (int j = 0; j < un->n_tensors; j++) {
+        QuantTensor q;
+        m->run_offset[j] = off;
+        off += model_quantized(m, fsdp_layer_unit(0), j) ? quant_layout(&q, m->quant_type, m->double_quant, un->tensors[j].numel, NULL)
+                                                        : (un->tensors[j].numel * sizeof(float) + 15) / 16 * 16;
     }
+    m->run_bytes = off;
+    for (int l = 0; l < m->config.n_layers; l++) m->units.units[fsdp_layer_unit(l)].packed = off;
+    fsdp_units_set_shards(&m->units, m->units.n_shards);
+}
+
+// the bytes of tensor j in a layer's run
+static size_t model_run_tensor_bytes(const HostModel *m, int j) {
+    return (j + 1 < LAYER_TENSORS ? m->run_offset[j + 1] : m->run_bytes) - m->run_offset[j];
+}
+
+// weight j (model_quantized) of the layer whose run starts at run (host or device memory)
+static QuantTensor model_run_tensor(const HostModel *m, uint8_t *run, int j) {
+    QuantTensor q;
+    quant_layout(&q, m->quant_type, m->double_quant, m->units.units[fsdp_layer_unit(0)].tensors[j].numel, run + m->run_offset[j]);
+    return q;
 }
 
 // the elements of a decoder layer's biggest weight
@@ -457,29 +469,45 @@ static size_t model_layer_widest(const HostModel *m) {
     return n;
 }
 
-// the scratch a backend dequantizes a layer into: the layer unit whole (fp32), and
-// the absmax values of its biggest weight
+// the weights kept in runs (0 without QLoRA): every decoder layer's
+static size_t model_packed_numel(const HostModel *m) {
+    return m->quant_type == QUANT_NONE ? 0 : (size_t)m->config.n_layers * m->units.units[fsdp_layer_unit(0)].numel;
+}
+
+// the runs' bytes a rank holds: every layer's whole, or its shards of them, plus (sharded)
+// room to gather one layer's run
+static size_t model_run_bytes_held(const HostModel *m) {
+    if (m->quant_type == QUANT_NONE) return 0;
+    if (m->units.n_shards == 1) return (size_t)m->config.n_layers * m->run_bytes;
+    return m->units.packed_shard_bytes + m->units.n_shards * m->units.units[fsdp_layer_unit(0)].packed_shard;
+}
+
+// the scratch the CPU dequantizes a layer into: the layer unit whole (fp32), and the
+// absmax values of its biggest weight
 static size_t model_quant_scratch_bytes(const HostModel *m) {
     size_t blocks = (model_layer_widest(m) + QUANT_BLOCK - 1) / QUANT_BLOCK;
     return (m->units.units[fsdp_layer_unit(0)].numel + blocks) * sizeof(float);
 }
 
-// the weights kept in 4 bits (0 without QLoRA)
-static size_t model_quant_numel(const HostModel *m) {
-    size_t n = 0;
-    for (int i = 0; m->quant && i < m->config.n_layers * LORA_N_TARGETS; i++) n += m->quant[i].numel;
-    return n;
+// the base weights' bytes in host memory: fp32 (whole, or this rank's shards), and with
+// QLoRA the layers' runs held (model_run_bytes_held) and the dequantize scratch
+static inline size_t model_weight_bytes(const HostModel *m) {
+    size_t fp32 = m->units.n_shards > 1 ? m->units.shard_numel : m->num_params - model_packed_numel(m);
+    if (m->quant_type == QUANT_NONE) return fp32 * sizeof(float);
+    return fp32 * sizeof(float) + model_run_bytes_held(m) + model_quant_scratch_bytes(m);
 }
 
-// the base weights' bytes in host memory: fp32, or with QLoRA the rest in fp32 plus
-// the 4-bit codes and statistics and the dequantize scratch
-static inline size_t model_weight_bytes(const HostModel *m, size_t numel) {
-    if (!m->quant) return numel * sizeof(float);
-    return (numel - model_quant_numel(m)) * sizeof(float) + m->quant_nbytes + model_quant_scratch_bytes(m);
+// tensor j of a decoder layer (w, read whole by the caller) as its run holds it, into at
+// (model_run_tensor_bytes): quantized, or a norm copied. absmax: quant_tensor's scratch.
+// 0 ok, -1 with a message.
+static int model_run_put(const HostModel *m, uint8_t *at, int j, const float *w, float *absmax, const char *name) {
+    size_t numel = m->units.units[fsdp_layer_unit(0)].tensors[j].numel;
+    memset(at, 0, model_run_tensor_bytes(m, j)); // (the padding)
+    if (!model_quantized(m, fsdp_layer_unit(0), j)) { memcpy(at, w, numel * sizeof(float)); return 0; }
+    QuantTensor q;
+    quant_layout(&q, m->quant_type, m->double_quant, numel, at);
+    return quant_tensor(&q, w, absmax, name);
 }
-
-// ----------------------------------------------------------------------------
-// loading a Hugging Face checkpoint
 
 // A checkpoint that bitsandbytes already quantized (transformers' save_pretrained of
 // a 4-bit model: uint8 weights with .absmax, .quant_map, .quant_state... beside them)
@@ -497,14 +525,20 @@ static int model_check_not_prequantized(const StModel *sm) {
     return 0;
 }
 
+// config.json's model as units sharded n ways, with QLoRA's layers packed into runs
+static void model_shape_units(HostModel *m, int n) {
+    model_units(&m->config, &m->units, n);
+    m->num_params = m->units.numel;
+    if (m->quant_type != QUANT_NONE) model_run_layout(m);
+}
+
 // config.json, and the checkpoint's tensors opened and checked against the
 // model's units (sharded n ways): every tensor present with its shape and a
 // float dtype, nothing beyond them (fsdp_check_model). Reads no weights, so
 // a config.json claiming terabytes allocates nothing. 0 ok, -1 with a message.
 static int model_open(HostModel *m, const char *dir, StModel *sm, int n_shards) {
     if (config_load(&m->config, dir) != 0) return -1;
-    model_units(&m->config, &m->units, n_shards);
-    m->num_params = m->units.numel;
+    model_shape_units(m, n_shards);
     if (st_model_open(sm, dir) != 0) return -1;
     if (model_check_not_prequantized(sm) == 0 && fsdp_check_model(&m->units, sm) == 0) return 0;
     st_model_close(sm);
@@ -514,15 +548,16 @@ static int model_open(HostModel *m, const char *dir, StModel *sm, int n_shards) 
 // every tensor of the whole model into m->params (allocated here, in the layout
 // of ParameterTensors), tensor by tensor through read (fsdp.h's FsdpReadFn: the
 // checkpoint's bytes, or random weights), with a progress bar saying what. With
-// m->quant_type the decoder's linear weights are read one at a time into a scratch
-// and quantized from there into m->quant (their place in params stays untouched).
+// m->quant_type a decoder layer's tensors are read one at a time into a scratch
+// and put from there into the layer's run in m->quant_bytes (quantized, the linear
+// weights); their place in params stays untouched.
 static int model_fill(HostModel *m, const char *what, FsdpReadFn read, void *ctx) {
     const Config *c = &m->config;
     m->params = (float *)mallocCheck(m->num_params * sizeof(float));
     param_layout(c, &m->w, m->params);
     float *scratch = NULL, *absmax = NULL;
     if (m->quant_type != QUANT_NONE) {
-        model_quant_layout(m, 1);
+        m->quant_bytes = (uint8_t *)mallocCheck((size_t)c->n_layers * m->run_bytes);
         size_t widest = model_layer_widest(m);
         scratch = (float *)mallocCheck(widest * sizeof(float));
         absmax = (float *)mallocCheck((widest + QUANT_BLOCK - 1) / QUANT_BLOCK * sizeof(float));
@@ -533,13 +568,46 @@ static int model_fill(HostModel *m, const char *what, FsdpReadFn read, void *ctx
     for (int i = 0; i < m->units.n_units && rc == 0; i++)
         for (int j = 0; j < m->units.units[i].n_tensors && rc == 0; j++) {
             const FsdpTensor *t = &m->units.units[i].tensors[j];
-            QuantTensor *q = model_quantized(m, i, j);
-            rc = read(ctx, i, j, 0, t->numel, q ? scratch : m->params + model_tensor_offset(c, i, j));
-            if (rc == 0 && q) rc = quant_tensor(q, scratch, absmax, t->name);
+            int packed = m->units.units[i].packed != 0;
+            rc = read(ctx, i, j, 0, t->numel, packed ? scratch : m->params + model_tensor_offset(c, i, j));
+            if (rc == 0 && packed)
+                rc = model_run_put(m, m->quant_bytes + (size_t)(i - 1) * m->run_bytes + m->run_offset[j], j, scratch, absmax, t->name);
             progress_update(&bar, (done += (double)t->numel) / 1e6);
         }
     if (rc == 0) progress_end(&bar, m->num_params / 1e6);
     free(scratch), free(absmax);
+    return rc;
+}
+
+// Sharded QLoRA: shard `rank` of every layer's run into m->quant_shards (allocated here;
+// fsdp.h's packed units: bytes [rank * Sb, (rank + 1) * Sb) of each run, zero-padded).
+// A tensor that overlaps those bytes is read whole through read and put into its form
+// (quantizing needs the whole tensor: double quantization subtracts the mean of all its
+// absmax values), and the overlap kept: a rank quantizes about 1/n of the model, and
+// holds 1/n of it. 0 ok, -1 with a message.
+static int model_fill_packed(HostModel *m, int rank, FsdpReadFn read, void *ctx) {
+    const FsdpUnits *u = &m->units;
+    m->quant_shards = (uint8_t *)callocCheck(u->packed_shard_bytes, 1);
+    size_t widest = model_layer_widest(m), most = 0;
+    for (int j = 0; j < LAYER_TENSORS; j++) most = model_run_tensor_bytes(m, j) > most ? model_run_tensor_bytes(m, j) : most;
+    float *scratch = (float *)mallocCheck(widest * sizeof(float));
+    float *absmax = (float *)mallocCheck((widest + QUANT_BLOCK - 1) / QUANT_BLOCK * sizeof(float));
+    uint8_t *piece = (uint8_t *)mallocCheck(most); // one tensor in its run's form
+    int rc = 0;
+    for (int i = 0; i < u->n_units && rc == 0; i++) {
+        const FsdpUnit *un = &u->units[i];
+        size_t begin = (size_t)rank * un->packed_shard, end = begin + un->packed_shard;
+        end = end < un->packed ? end : un->packed;
+        for (int j = 0; un->packed && j < un->n_tensors && rc == 0; j++) {
+            size_t lo = begin > m->run_offset[j] ? begin : m->run_offset[j];
+            size_t hi = end < m->run_offset[j] + model_run_tensor_bytes(m, j) ? end : m->run_offset[j] + model_run_tensor_bytes(m, j);
+            if (lo >= hi) continue;
+            rc = read(ctx, i, j, 0, un->tensors[j].numel, scratch);
+            if (rc == 0) rc = model_run_put(m, piece, j, scratch, absmax, un->tensors[j].name);
+            if (rc == 0) memcpy(m->quant_shards + un->packed_offset + (lo - begin), piece + (lo - m->run_offset[j]), hi - lo);
+        }
+    }
+    free(scratch), free(absmax), free(piece);
     return rc;
 }
 
@@ -573,6 +641,8 @@ static int model_load_shard(HostModel *m, const char *dir, int rank, int n) {
     if (model_open(m, dir, &sm, n) != 0) return -1;
     m->shards = (float *)mallocCheck(m->units.shard_numel * sizeof(float));
     int rc = fsdp_load_model(&m->units, &sm, rank, m->shards);
+    CheckpointReader r = {&m->units, &sm};
+    if (rc == 0 && m->quant_type != QUANT_NONE) rc = model_fill_packed(m, rank, read_checkpoint_tensor, &r);
     st_model_close(&sm);
     return rc;
 }
@@ -608,8 +678,7 @@ static int random_tensor(void *ctx, int unit, int tensor, size_t first, size_t c
 // 0 ok, -1 with a message.
 static int model_shape(HostModel *m, const char *dir, int n, int whole) {
     if (config_load(&m->config, dir) != 0) return -1;
-    model_units(&m->config, &m->units, n);
-    m->num_params = m->units.numel;
+    model_shape_units(m, n);
     if (n > 1) m->shards = (float *)callocCheck(m->units.shard_numel, sizeof(float));
     else if (whole) param_layout(&m->config, &m->w, m->params = (float *)callocCheck(m->num_params, sizeof(float)));
     return 0;
@@ -623,11 +692,10 @@ static int model_shape(HostModel *m, const char *dir, int n, int whole) {
 static int model_init_random(HostModel *m, const char *dir, uint64_t seed, int rank, int n, int draw) {
     if (model_shape(m, dir, n, 0) != 0) return -1;
     RandomWeights r = {&m->units, seed, m->config.init_std};
-    if (!draw) {
-        if (m->quant_type != QUANT_NONE) model_quant_layout(m, 0); // the plan's bytes
-        return 0;
-    }
-    return n > 1 ? fsdp_read_shard(&m->units, rank, m->shards, random_tensor, &r) : model_fill(m, "drawing random weights", random_tensor, &r);
+    if (!draw) return 0;
+    if (n == 1) return model_fill(m, "drawing random weights", random_tensor, &r);
+    int rc = fsdp_read_shard(&m->units, rank, m->shards, random_tensor, &r);
+    return rc == 0 && m->quant_type != QUANT_NONE ? model_fill_packed(m, rank, random_tensor, &r) : rc;
 }
 
 // unit u >= first, whole (unit, its flat buffer) into the flat layout dst of the units from

@@ -234,6 +234,7 @@ typedef struct {
     float *deq;               // QLoRA: a decoder layer's unit whole, its 4-bit weights dequantized
     float *deq_absmax;        // (the absmax values of one weight, double quantization)
     int deq_unit;             // the unit deq holds (-1: none)
+    uint8_t *run;             // QLoRA, sharded: a layer's run gathered from host.quant_shards
     Activations a;
     int B, T;                 // activation capacity
     int chunk_size;           // C (== T: whole sequence)
@@ -655,16 +656,21 @@ static void units_reshard(Model *m) {
 }
 
 // QLoRA: decoder layer unit u's parameters whole, its 4-bit weights dequantized
-// (as bitsandbytes' dequantize_4bit) and its norms copied, into the scratch before
-// its products, unless the scratch holds them already (they are frozen)
+// (as bitsandbytes' dequantize_4bit) and its norms copied, from its run (whole, or
+// gathered from the shards: collective) into the scratch before its products, unless
+// the scratch holds them already (they are frozen; every rank asks in the same order)
 static float *unit_dequant(Model *m, int u) {
     if (m->deq_unit != u) {
-        const FsdpUnit *un = &m->host.units.units[u];
+        const HostModel *h = &m->host;
+        const FsdpUnit *un = &h->units.units[u];
+        uint8_t *run = m->sharded ? fsdp_gather_packed(m->fsdp, un, h->quant_shards, m->run)
+                                  : h->quant_bytes + (size_t)(u - 1) * h->run_bytes;
         for (int j = 0; j < un->n_tensors; j++) {
             float *dst = m->deq + un->tensors[j].offset;
-            const QuantTensor *q = model_quantized(&m->host, u, j);
-            if (q) dequant_tensor(q, dst, m->deq_absmax);
-            else memcpy(dst, m->host.params + model_tensor_offset(&m->host.config, u, j), un->tensors[j].numel * sizeof(float));
+            if (model_quantized(h, u, j)) {
+                QuantTensor q = model_run_tensor(h, run, j);
+                dequant_tensor(&q, dst, m->deq_absmax);
+            } else memcpy(dst, run + h->run_offset[j], un->tensors[j].numel * sizeof(float));
         }
         m->deq_unit = u;
     }
@@ -673,7 +679,7 @@ static float *unit_dequant(Model *m, int u) {
 
 // tensor j of unit u (fsdp_units_llama's order), where the forward reads it
 static float *param_at(Model *m, int u, int j) {
-    if (m->deq && u >= 1 && u <= m->host.config.n_layers) return unit_dequant(m, u) + m->host.units.units[u].tensors[j].offset;
+    if (m->deq && m->host.units.units[u].packed) return unit_dequant(m, u) + m->host.units.units[u].tensors[j].offset;
     if (!m->sharded) return m->host.params + model_tensor_offset(&m->host.config, u, j);
     return unit_gather(m, u) + m->host.units.units[u].tensors[j].offset;
 }
@@ -854,11 +860,12 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
         m->grads = (float *)callocCheck(n, sizeof(float));
         if (!m->host.frozen_units) param_layout(c, &m->g, m->grads);
     }
-    m->weight_bytes += m->sharded ? m->host.units.shard_numel * sizeof(float) : model_weight_bytes(&m->host, m->host.num_params);
-    if (m->host.quant) { // (model_weight_bytes counted them)
+    m->weight_bytes += model_weight_bytes(&m->host);
+    if (m->host.quant_type != QUANT_NONE && alloc) { // (model_weight_bytes counted them)
         m->deq = (float *)mallocCheck(m->host.units.units[fsdp_layer_unit(0)].numel * sizeof(float));
         m->deq_absmax = (float *)mallocCheck((model_layer_widest(&m->host) + QUANT_BLOCK - 1) / QUANT_BLOCK * sizeof(float));
         m->deq_unit = -1;
+        if (m->sharded) m->run = (uint8_t *)mallocCheck(m->host.units.n_shards * m->host.units.units[fsdp_layer_unit(0)].packed_shard);
     }
     m->param_bytes += n * sizeof(float) * ((m->host.use_lora ? 2 : 1) + optimizer_n_states(&m->optimizer));
 }
@@ -879,7 +886,7 @@ static void model_free(Model *m) {
                     a->kv, a->dresid, a->dln, a->dq, a->datty, a->dgate, a->dup, a->dhmlp, a->lora_dh, a->xdrop,
                     a->dora_pre, a->dora_norm,
                     m->rope_cos, m->rope_sin, m->grads, m->unit_grad[0], m->unit_grad[1], m->grad_part, m->slot_unit,
-                    m->deq, m->deq_absmax};
+                    m->deq, m->deq_absmax, m->run};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     for (int s = 0; m->slot && s < m->n_slots; s++) free(m->slot[s]);
     free(m->slot);

@@ -17,10 +17,11 @@ The compute type is a template parameter, floatX (float, bf16 or __half), of
 every function below; the Model holds the buffers of one of them, and the
 backend's entry points pick floatX once (with_precision).
 
-QLoRA (--quantize, one process): the decoder's linear weights stay on the GPU
-as the host packed them (quant.h's bytes), and a layer is dequantized into
-d.deq in the compute type before its products, forward and backward
-(unit_dequant, quant.cuh); d.weights holds the rest.
+QLoRA (--quantize): each decoder layer stays on the GPU as the host packed it
+into a run of bytes (model.h: its linear weights in 4 bits, quant.h, its norms in
+fp32), whole or sharded as bytes over the ranks, and is dequantized (gathered
+first, when sharded) into d.deq in the compute type before its products, forward
+and backward (unit_dequant, quant.cuh); d.weights holds the rest.
 
 Chunked training (DESIGN section 4) runs exactly as on the CPU: chunk_forward,
 chunk_head and chunk_backward per chunk, the KV carry and the dKV carry, the
@@ -146,7 +147,9 @@ typedef struct {
     float *opt_state[OPTIMIZER_MAX_STATES]; // (n_train) each, optimizer_n_states of them: AdamW's moments, SGD's
                               // momentum buffer (the Optimizer's; here so the fit check counts them)
     size_t n_train;
-    uint8_t *quant_bytes;     // (host.quant_nbytes) QLoRA: the 4-bit weights' codes and statistics, as on the host
+    uint8_t *quant_bytes;     // QLoRA: the layers' runs as the host laid them out (host.quant_bytes), or
+                              // sharded this rank's shards of them (host.quant_shards)
+    uint8_t *quant_run;       // QLoRA, sharded: one layer's run gathered
     int deq_unit;             // the unit deq holds (-1: none)
     // sharded (host.shards): the units in the slots, and full fine-tuning's gradients of a unit
     int sharded;              // the base weights are this rank's shards, over fsdp->shard
@@ -245,18 +248,12 @@ template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C,
     a->place_layers(s->lora_h, Lk, LORA_N_TARGETS * N * r);
 }
 
-// where tensor j of unit u is in d.weights (whole): param_layout's offset, less the
-// 4-bit weights that param_layout puts before it (QLoRA keeps them packed, not there)
+// where tensor j of unit u (not a packed layer) is in d.weights (whole): param_layout's
+// offset, less the layers that QLoRA keeps in runs, which param_layout puts between the
+// embedding and the head unit
 static size_t weight_offset(const HostModel *h, int u, int j) {
     size_t off = model_tensor_offset(&h->config, u, j);
-    if (!h->quant) return off;
-    size_t packed = 0;
-    for (int l = 0; l < h->config.n_layers; l++)
-        for (int k = 0; k < LAYER_TENSORS; k++) {
-            const QuantTensor *q = model_quantized(h, fsdp_layer_unit(l), k);
-            if (q && model_tensor_offset(&h->config, fsdp_layer_unit(l), k) < off) packed += q->numel;
-        }
-    return off - packed;
+    return u == 0 ? off : off - model_packed_numel(h);
 }
 
 // Lays out every device buffer in four allocations: w the base weights, p the
@@ -279,10 +276,12 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     if (!fp32 && (all_train || h->use_lora)) p->place(d.params_lo, m->n_train);
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
     // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
-    if (!all_train) w->place(d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_quant_numel(h));
-    if (h->quant) { // QLoRA: the 4-bit weights packed, one layer at a time dequantized
-        w->place(m->quant_bytes, h->quant_nbytes);
-        w->place(d.deq, h->units.units[fsdp_layer_unit(0)].numel);
+    if (!all_train) w->place(d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h));
+    if (h->quant_type != QUANT_NONE) { // QLoRA: the layers' runs (sharded: this rank's shards and one gathered),
+        const FsdpUnit *layer = &h->units.units[fsdp_layer_unit(0)]; // one layer at a time dequantized
+        w->place(m->quant_bytes, m->sharded ? h->units.packed_shard_bytes : L * h->run_bytes);
+        if (m->sharded) w->place(m->quant_run, m->fsdp->shard.size * layer->packed_shard);
+        w->place(d.deq, layer->numel);
     }
     if (m->sharded) sharded_layout(m, d, w, p);
     // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
@@ -556,14 +555,17 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
             else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
         } else {
-            if (!h->quant) upload(d.weights, base, n_base, st);
-            else { // the weights but the 4-bit ones, and those as the host packed them
+            if (h->quant_type == QUANT_NONE || m->sharded) upload(d.weights, base, n_base, st);
+            else { // whole: the weights but the layers' (packed units, kept in runs)
                 for (int u = 0; u < h->units.n_units; u++)
-                    for (int j = 0; j < h->units.units[u].n_tensors; j++)
-                        if (!model_quantized(h, u, j))
-                            upload(d.weights + weight_offset(h, u, j), base + model_tensor_offset(c, u, j),
-                                   h->units.units[u].tensors[j].numel, st);
-                cudaCheck(cudaMemcpyAsync(m->quant_bytes, h->quant_bytes, h->quant_nbytes, cudaMemcpyHostToDevice, st));
+                    for (int j = 0; !h->units.units[u].packed && j < h->units.units[u].n_tensors; j++)
+                        upload(d.weights + weight_offset(h, u, j), base + model_tensor_offset(c, u, j),
+                               h->units.units[u].tensors[j].numel, st);
+            }
+            if (h->quant_type != QUANT_NONE) { // the runs, or this rank's shards of them, as the host laid them out
+                cudaCheck(cudaMemcpyAsync(m->quant_bytes, m->sharded ? h->quant_shards : h->quant_bytes,
+                                          m->sharded ? h->units.packed_shard_bytes : c->n_layers * h->run_bytes,
+                                          cudaMemcpyHostToDevice, st));
                 m->deq_unit = -1;
             }
             if constexpr (std::is_same<floatX, float>::value) d.lora_w = m->params;
@@ -617,8 +619,8 @@ template <typename E> LayerWeights<E> layer_weights(E *const t[LAYER_TENSORS]) {
 template <typename floatX> void unit_prefetch(Model *m, int u) {
     Buffers<floatX> &d = buffers<floatX>(m);
     int s = unit_slot(m, u);
-    if (m->slot_unit[s] == u) return;
     const FsdpUnit *un = &m->host.units.units[u];
+    if (m->slot_unit[s] == u || un->packed) return; // (a packed unit: unit_dequant gathers its run)
     stream_after(m->comm_stream, m->stream, m->computed);
     if constexpr (std::is_same<floatX, float>::value)
         fsdp_all_gather(device_comm(m, &m->dev_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
@@ -638,26 +640,32 @@ template <typename floatX> void prefetch_next(Model *m, int u, int dir) {
     if (m->sharded) unit_prefetch<floatX>(m, u + dir);
 }
 
-// QLoRA: decoder layer unit u's parameters whole in d.deq, its 4-bit weights
-// dequantized (quant.cuh, as quant.h's dequant_tensor) and its norms copied, before
-// its products, unless d.deq holds them already (they are frozen). One stream: the
-// products that read the layer before run before d.deq is overwritten.
+// QLoRA, sharded: decoder layer unit u's run gathered from this rank's shards into
+// m->quant_run (collective), for the compute stream, which waits for it. The gather
+// waits for the compute enqueued so far, which holds the last reads of the buffer.
+static uint8_t *run_gather(Model *m, int u) {
+    const FsdpUnit *un = &m->host.units.units[u];
+    stream_after(m->comm_stream, m->stream, m->computed);
+    fsdp_all_gather_u8(device_comm(m, &m->dev_shard), m->quant_run, m->quant_bytes + un->packed_offset, un->packed_shard);
+    stream_after(m->stream, m->comm_stream, m->communicated);
+    return m->quant_run;
+}
+
+// QLoRA: decoder layer unit u's parameters whole in d.deq, from its run (whole, or
+// gathered: collective), its 4-bit weights dequantized (quant.cuh, as quant.h's
+// dequant_tensor) and its fp32 norms converted, before its products, unless d.deq
+// holds them already (they are frozen; every rank asks in the same order). One
+// stream: the products that read the layer before run before d.deq is overwritten.
 template <typename floatX> floatX *unit_dequant(Model *m, int u) {
     Buffers<floatX> &d = buffers<floatX>(m);
     const HostModel *h = &m->host;
     if (m->deq_unit != u) {
         const FsdpUnit *un = &h->units.units[u];
+        uint8_t *run = m->sharded ? run_gather(m, u) : m->quant_bytes + (size_t)(u - 1) * h->run_bytes;
         for (int j = 0; j < un->n_tensors; j++) {
             floatX *dst = d.deq + un->tensors[j].offset;
-            const QuantTensor *q = model_quantized(h, u, j);
-            if (q) { // q over the device's copy of the bytes
-                const uint8_t *start = q->double_quant ? (const uint8_t *)q->offset : (const uint8_t *)q->absmax;
-                QuantTensor dq;
-                quant_layout(&dq, q->type, q->double_quant, q->numel, m->quant_bytes + (start - h->quant_bytes));
-                dequant_tensor(dq, dst, m->stream);
-            } else
-                cudaCheck(cudaMemcpyAsync(dst, d.weights + weight_offset(h, u, j), un->tensors[j].numel * sizeof(floatX),
-                                          cudaMemcpyDeviceToDevice, m->stream));
+            if (model_quantized(h, u, j)) dequant_tensor(model_run_tensor(h, run, j), dst, m->stream);
+            else convert(dst, (const float *)(run + h->run_offset[j]), un->tensors[j].numel, m->stream);
         }
         m->deq_unit = u;
     }
@@ -666,7 +674,7 @@ template <typename floatX> floatX *unit_dequant(Model *m, int u) {
 
 // tensor j of unit u (fsdp_units_llama's order), where the forward reads it
 template <typename floatX> floatX *param_at(Model *m, int u, int j) {
-    if (m->host.quant && u >= 1 && u <= m->host.config.n_layers)
+    if (m->host.units.units[u].packed)
         return unit_dequant<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
     if (!m->sharded) return buffers<floatX>(m).weights + weight_offset(&m->host, u, j);
     return unit_gather<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;

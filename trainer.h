@@ -53,7 +53,7 @@
 //   static const char *const backend_memory;        where the memory plan's memory
 //                              is ("resident memory", "GPU memory")
 //   size_t model_dequant_scratch_bytes(const Model *m);
-//       QLoRA (m->host.quant): the bytes of the memory a layer's 4-bit weights are
+//       QLoRA (m->host.quant_type): the bytes of the memory a layer's 4-bit weights are
 //       dequantized into (part of m->weight_bytes)
 //   double model_peak_mb(Model *m);
 //       the most memory the run has held so far, in MiB (of backend_memory)
@@ -1064,10 +1064,11 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
         printf("memory plan (%s of this process):\n", backend_memory);
         printf("  %-34s %10.1f MiB\n", m->fp32 ? "base weights (fp32)" : m->fp16 ? "base weights (fp16)" : "base weights (bf16)", weights / MiB);
         if (m->host.quant_type != QUANT_NONE) {
-            printf("    %-32s %10.1f MiB   (%s%s, blocks of %d)\n", "of which 4-bit codes + statistics", m->host.quant_nbytes / MiB,
-                   quant_type_names[m->host.quant_type], m->host.double_quant ? ", double quantization" : "", QUANT_BLOCK);
+            printf("    %-32s %10.1f MiB   (%s%s, blocks of %d%s)\n", "of which 4-bit layers", model_run_bytes_held(&m->host) / MiB,
+                   quant_type_names[m->host.quant_type], m->host.double_quant ? ", double quantization" : "", QUANT_BLOCK,
+                   m->host.units.n_shards > 1 ? "; this rank's shards and one layer gathered" : "");
             printf("    %-32s %10.1f MiB   (one layer, %s)\n", "of which dequantize scratch", model_dequant_scratch_bytes(m) / MiB,
-                   m->fp32 ? "fp32" : "bf16");
+                   m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
         }
         const char *state[] = {"", ", momentum", ", AdamW"}; // the optimizer's state, by optimizer_n_states
         char what[64];
@@ -1532,10 +1533,6 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     int W = f->world.size;
     if (W > 1 && !backend_sharding) {
         if (f->world.rank == 0) fprintf(stderr, "error: this trainer runs one process; %d were started (the CPU trainer train_llama2 runs several)\n", W);
-        return 1;
-    }
-    if (W > 1 && strcmp(tc->quantize, "none")) {
-        if (f->world.rank == 0) fprintf(stderr, "error: --quantize runs in one process for now (sharded 4-bit units come later); %d were started\n", W);
         return 1;
     }
     int T = 0;

@@ -10,8 +10,8 @@
 #    --precision fp16 plans the bytes of bf16.
 #    --collectives: auto (the default, shown in --help), nccl and host run; another
 #    value is refused naming the option; two ranks (dev/launch.sh 2) plan with host.
-#    --quantize (QLoRA) plans the CPU trainer's 4-bit bytes and a one-layer scratch;
-#    with two ranks it is refused (one process for now).
+#    --quantize (QLoRA) plans the 4-bit runs and a one-layer scratch, and over two
+#    ranks each rank's shards of the runs;
 # 2. test_llama2cu, the CUDA trainer against the CPU twin; without a GPU it says SKIP.
 cd "$(dirname "$0")/.."
 if [ ! -x train_llama2cu ] || [ ! -x test/test_llama2cu ]; then
@@ -99,23 +99,30 @@ for c in host nccl auto; do dry "--collectives $c" --collectives $c; done
 rc=$?
 [ $rc -eq 2 ] && grep -q -- "--collectives: 'bogus' is not one this trainer runs (auto, nccl, host)" "$TMP/bogus.log"
 check "--collectives bogus is refused, naming the option" $? "exit $rc: $(tail -2 "$TMP/bogus.log")"
-# QLoRA's plan of Llama-2-7B in bf16: the 4-bit bytes (3186.0 MiB, as test_cli.sh works them out
+# QLoRA's plan of Llama-2-7B in bf16: the layers' runs (3187.0 MiB, as test_cli.sh works them out
 # for the CPU trainer), one layer to dequantize into (4 (4096, 4096) + 3 (11008, 4096) + 2 norms of
 # 4096: 202383360 elements, 386.0 MiB), and the rest in bf16 (the embedding and lm_head, (32000,
-# 4096) each, and 65 norms: 262410240 elements, 500.5 MiB): 4072.5 MiB, not the 12852.5 of bf16
+# 4096) each, and the final norm: 262148096 elements, 500.0 MiB): 4073.0 MiB, not the 12852.5 of bf16
 mkdir -p "$TMP/7b"; cp test/fixtures/configs/llama-2-7b/config.json "$TMP/7b/"
-./train_llama2cu --model "$TMP/7b" --random_init --tokenizer test/fixtures/tiny_gqa/tokenizer.model --data test/fixtures/data.jsonl \
-    --max_seq_len 24 --quantize nf4 --lora_target_modules all-linear --dry_run --output_dir "$TMP/out" >"$TMP/qlora.log" 2>&1
+QARGS=(--model "$TMP/7b" --random_init --tokenizer test/fixtures/tiny_gqa/tokenizer.model --data test/fixtures/data.jsonl
+       --max_seq_len 24 --quantize nf4 --lora_target_modules all-linear --dry_run --output_dir "$TMP/out")
+./train_llama2cu "${QARGS[@]}" >"$TMP/qlora.log" 2>&1
 rc=$?
-[ $rc -eq 0 ] && plan_line "$TMP/qlora.log" "base weights \(bf16\)" | grep -qE " 4072\.5 MiB" &&
-    grep -qE "of which 4-bit codes \+ statistics +3186\.0 MiB" "$TMP/qlora.log" &&
+[ $rc -eq 0 ] && plan_line "$TMP/qlora.log" "base weights \(bf16\)" | grep -qE " 4073\.0 MiB" &&
+    grep -qE "of which 4-bit layers +3187\.0 MiB" "$TMP/qlora.log" &&
     grep -qE "of which dequantize scratch +386\.0 MiB +\(one layer, bf16\)" "$TMP/qlora.log"
-check "--quantize nf4 plans Llama-2-7B's weights as 4-bit bytes, one bf16 layer and the rest in bf16" $? \
+check "--quantize nf4 plans Llama-2-7B's weights as 4-bit runs, one bf16 layer and the rest in bf16" $? \
     "exit $rc: $(grep -A2 'base weights' "$TMP/qlora.log"; tail -2 "$TMP/qlora.log")"
-dev/launch.sh 2 ./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --collectives host --quantize nf4 >"$TMP/qlora_w2.log" 2>&1
+# and over two ranks, per rank: its halves of the embedding and the head unit in bf16 (131074048
+# elements, 250.0 MiB) and both gathered whole into their slots (500.0 MiB); its halves of the 32
+# runs (104431984 bytes each, 52216000 a rank: half, rounded up to 16 bytes; 1593.5 MiB) and room to
+# gather one run (99.6 MiB); the bf16 layer to dequantize into (386.0 MiB): 2829.1 MiB
+dev/launch.sh 2 ./train_llama2cu "${QARGS[@]}" --collectives host >"$TMP/qlora_w2.log" 2>&1
 rc=$?
-[ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q -- "--quantize runs in one process for now" "$TMP/qlora_w2.log"
-check "--quantize with two ranks is refused for now" $? "exit $rc: $(tail -2 "$TMP/qlora_w2.log")"
+[ $rc -eq 0 ] && plan_line "$TMP/qlora_w2.log" "base weights \(bf16\)" | grep -qE " 2829\.1 MiB" &&
+    grep -qE "of which 4-bit layers +1693\.1 MiB +\(nf4, double quantization, blocks of 64; this rank's shards and one layer gathered\)" "$TMP/qlora_w2.log"
+check "--quantize nf4 over two ranks plans a rank's shards of the runs, one run gathered, and the slots" $? \
+    "exit $rc: $(grep -A2 'base weights' "$TMP/qlora_w2.log"; tail -2 "$TMP/qlora_w2.log")"
 dev/launch.sh 2 ./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --collectives host >"$TMP/w2.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q "^2 ranks, FULL_SHARD" "$TMP/w2.log" && grep -q "memory plan (GPU memory" "$TMP/w2.log" &&

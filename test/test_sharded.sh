@@ -6,7 +6,7 @@
 # (whole sequences, dropout, all-linear) and full fine-tuning (tied embeddings,
 # chunks of 7 with a KV carry): with the same global batch (12 rows = W ranks x
 # 12/W, 2 micro-batches a step) the 10-step trajectory and the final trainable
-# weights equal one process's; and so at W = 2 for each family's fixture, and with
+# weights equal one process's; and so at W = 2 for each family's fixture, for QLoRA, and with
 # --global_batch_size at W = 1, 2 and 4 (a W = 4 checkpoint of it resumed at W = 2). Then a checkpoint saved at W = 3 resumed at W = 2
 # and W = 1 (and one process's at W = 3) continues the uninterrupted trajectory;
 # --export_hf; a corrupt shard
@@ -305,6 +305,28 @@ out="$TMP/sgd-resume2"
 mkdir -p "$out" && cp -r "$TMP/sgd-save3/checkpoint-5" "$out/" && head -5 "$TMP/sgd-save3.jsonl" >"$out.jsonl"
 run 2 "$out" "${FULL[@]}" "${SGD[@]}" --batch_size 6 --resume "$out"
 same_run "SGD: the W = 3 checkpoint resumed at W = 2 == uninterrupted (steps 6-10, final weights)" "$TMP/sgd-save3" "$out" model.safetensors 6
+
+# QLoRA: every decoder layer a packed unit, its run (4-bit codes, statistics, fp32 norms) sharded as
+# bytes over the shard group and gathered before it is dequantized; each rank quantizes only the
+# weights that overlap its bytes. Every strategy family == one process (the adapters train as LoRA's,
+# so LoRA's tolerances); fp4 without double quantization at W = 3; a W = 3 checkpoint resumed at W = 2
+QLORA=("${LORA[@]}" --quantize nf4)
+run 0 "$TMP/qlora1" "${QLORA[@]}" --batch_size 12 --save_every 5 --keep_checkpoints 0
+check "QLoRA reference run (one process)" $? "$(tail -3 "$TMP/qlora1.log")"
+for c in "2 FULL_SHARD --chunk_size 7" "3 SHARD_GRAD_OP" "3 NO_SHARD" "4 HYBRID_SHARD --shard_group 2"; do
+    set -- $c
+    w=$1 st=$2; shift 2
+    run $w "$TMP/qlora-$w-$st" "${QLORA[@]}" --batch_size $((12 / w)) --sharding_strategy $st "$@" --save_every 5 --keep_checkpoints 0
+    same_run "QLoRA, W = $w, $st${*:+ $*} == one process" "$TMP/qlora1" "$TMP/qlora-$w-$st" adapter_model.safetensors
+done
+set --
+run 0 "$TMP/qlora-fp4-1" "${LORA[@]}" --quantize fp4 --double_quant 0 --batch_size 12
+run 3 "$TMP/qlora-fp4-3" "${LORA[@]}" --quantize fp4 --double_quant 0 --batch_size 4 --sharding_strategy FULL_SHARD
+same_run "QLoRA fp4 without double quantization, W = 3 FULL_SHARD == one process" "$TMP/qlora-fp4-1" "$TMP/qlora-fp4-3" adapter_model.safetensors
+out="$TMP/qlora-resume2"
+mkdir -p "$out" && cp -r "$TMP/qlora-3-SHARD_GRAD_OP/checkpoint-5" "$out/" && head -5 "$TMP/qlora-3-SHARD_GRAD_OP.jsonl" >"$out.jsonl"
+run 2 "$out" "${QLORA[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --resume "$out"
+same_run "QLoRA saved at W = 3, resumed at W = 2 == uninterrupted (steps 6-10, final adapter)" "$TMP/qlora1" "$out" adapter_model.safetensors 6
 
 # torchrun itself, where it is installed: its agent holds MASTER_PORT, so rank 0 listens at the next port.
 # --no_python is the spelling every torchrun takes (torch 1.x knows only it, 2.x it and --no-python). A
