@@ -62,6 +62,14 @@ check "fp16 plan names its weights fp16" $? "$(plan_line "$TMP/LoRA, fp16.log" "
 plan=$(dev/plan_long_context.sh test/fixtures/configs/llama-3.1-8b test/fixtures/configs/llama-2-7b 2>&1)
 grep -q "^| llama-3.1-8b | 131072 | 1024 | .* | yes |$" <<<"$plan" && grep -q "^| llama-2-7b | 131072 | 1024 | .* | no |$" <<<"$plan"
 check "Llama-3.1-8B LoRA at 131072 tokens in chunks fits 80 GB by plan; Llama-2-7B does not" $? "$(grep 131072 <<<"$plan")"
+# issue 19's QLoRA plans (README): Llama-2-7B at 2048 tokens under 10 GB; Llama-2-70B at 2048 in
+# chunks of 512 with recompute on one 80 GB GPU; and over two ranks on 48 GB GPUs (GiB: 10e9, 80e9
+# and 48e9 bytes are 9.3, 74.5 and 44.7 GiB)
+plan=$(dev/plan_qlora.sh 2>&1)
+under() { grep "^| $1 | $2 | $3 |" <<<"$plan" | awk -F'|' -v lim="$4" '{ t = $10 + 0 } END { exit !(NR == 1 && t > 0 && t <= lim) }'; }
+under llama-2-7b 1 activation_checkpointing 9.3 && under llama-2-70b 1 "chunk_size 512 chunk_memory recompute" 74.5 &&
+    under llama-2-70b 2 "chunk_size 512 chunk_memory recompute" 44.7
+check "QLoRA by plan: Llama-2-7B at 2048 under 10 GB, Llama-2-70B on one 80 GB GPU and over two 48 GB ones" $? "$plan"
 "$CPU" "${ARGS[@]}" --batch_size 64 --dry_run --output_dir "$TMP/out" >"$TMP/cpu.log" 2>&1
 for line in "base weights \(fp32\)" "KV and dKV carry"; do
     gpu=$(plan_line "$TMP/LoRA, fp32.log" "$line") cpu=$(plan_line "$TMP/cpu.log" "$line")
