@@ -29,8 +29,8 @@ ARGS=(--model "$dir" --tokenizer test/fixtures/tiny_gqa/tokenizer.model --data t
 echo
 echo "| training | W | plan (rank 0) MiB: weights + trainable + activations + rest = total | peak RSS per rank, --dry_run MiB | peak RSS per rank, 2 steps MiB | s per step |"
 echo "| --- | --- | --- | --- | --- | --- |"
-for mode in lora full; do
-    extra=(--batch_size 4); [ $mode = full ] && extra+=(--full_finetune)
+for mode in lora qlora full; do
+    extra=(--batch_size 4); [ $mode = full ] && extra+=(--full_finetune); [ $mode = qlora ] && extra+=(--quantize nf4)
     for w in 1 2 4; do
         extra[1]=$((4 / w))
         mpirun -np $w sh -c '/usr/bin/time -f %M -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' "$out/dry" ./train_llama2 "${ARGS[@]}" \
@@ -41,7 +41,8 @@ for mode in lora full; do
         mpirun -np $w ./train_llama2 "${ARGS[@]}" "${extra[@]}" --max_steps 2 --metrics_file "$out/m.jsonl" >"$out/train.log" 2>&1
         train=$(grep -o "per rank, MiB: .*\|^peak resident memory [0-9.]*" "$out/train.log" | tail -1 | sed 's/.*: //; s/peak resident memory //')
         step_s=$(awk -F'"ms": ' 'NR == 2 { split($2, a, ","); printf "%.1f", a[1] / 1000 }' "$out/m.jsonl")
-        echo "| $([ $mode = full ] && echo "full fine-tuning" || echo "LoRA r=8, all-linear") | $w | $plan | $dry | $train | $step_s |"
+        name=("LoRA r=8, all-linear" "QLoRA (nf4) r=8, all-linear" "full fine-tuning")
+        echo "| ${name[$([ $mode = lora ] && echo 0 || ([ $mode = qlora ] && echo 1) || echo 2)]} | $w | $plan | $dry | $train | $step_s |"
     done
 done
 rm -rf "$out"
