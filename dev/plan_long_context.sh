@@ -7,19 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(test/fixtures/configs/llama-2-7b test/fixtures/configs/llama-3.1-8b)
-[ -x ./train_llama2cu ] || { echo "error: build train_llama2cu first (make train_llama2cu)" >&2; exit 1; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-# text enough for one packed row of the longest T (the tiny test tokenizer: ids < every vocab)
-python3 - "$work/long.jsonl" <<'PY'
-import json, random, sys
-random.seed(0)
-words = "the cat sat on a mat and then it went home to sleep".split()
-with open(sys.argv[1], "w") as f:
-    for _ in range(12):
-        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(25000))}) + "\n")
-PY
-gib() { awk -v m="$1" 'BEGIN { printf "%.1f", m / 1024 }'; }
+source dev/plan_common.sh 25000 # $work, $work/long.jsonl, gib
 echo "| model (config) | T | chunk | activations | carry | total | fits 80 GB |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
 for cfg in "${configs[@]}"; do

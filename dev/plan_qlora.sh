@@ -8,18 +8,7 @@
 #   dev/plan_qlora.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x ./train_llama2cu ] || { echo "error: build train_llama2cu first (make train_llama2cu)" >&2; exit 1; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-python3 - "$work/long.jsonl" <<'PY'
-import json, random, sys
-random.seed(0)
-words = "the cat sat on a mat and then it went home to sleep".split()
-with open(sys.argv[1], "w") as f:
-    for _ in range(12):
-        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(5000))}) + "\n")
-PY
-gib() { awk -v m="$1" 'BEGIN { printf "%.1f", m / 1024 }'; }
+source dev/plan_common.sh 5000 # $work, $work/long.jsonl, gib
 echo "| model | ranks | memory mode | 4-bit layers | other base weights, dequantize scratch | LoRA, grads, AdamW | activations | KV carry | total per GPU |"
 echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 for model in llama-2-7b llama-2-70b; do
