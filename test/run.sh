@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Runs every test program given on the command line, keeps their output, and
-# ends with the line "N passed, N failed" counted from their ok/FAIL lines.
+# Runs every test program given on the command line, keeps their output, says
+# how long each took, and ends with the line "N passed, N failed" counted from
+# their ok/FAIL lines.
 set -u
 log=$(mktemp)
 status=0
 for t in "$@"; do
     echo "== $t"
+    start=$SECONDS
     $t 2>&1 | tee -a "$log"
     rc=${PIPESTATUS[0]}
+    echo "== $t: $((SECONDS - start)) s"
     if [ "$rc" -ne 0 ]; then
         echo "FAIL $t exited with status $rc" | tee -a "$log"
         status=1
