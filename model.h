@@ -474,12 +474,11 @@ static size_t model_packed_numel(const HostModel *m) {
     return m->quant_type == QUANT_NONE ? 0 : (size_t)m->config.n_layers * m->units.units[fsdp_layer_unit(0)].numel;
 }
 
-// the runs' bytes a rank holds: every layer's whole, or its shards of them, plus (sharded)
-// room to gather one layer's run
+// the runs' bytes a rank holds: every layer's whole, or its shards of them (a backend's
+// slots, which gather units whole, count apart)
 static size_t model_run_bytes_held(const HostModel *m) {
     if (m->quant_type == QUANT_NONE) return 0;
-    if (m->units.n_shards == 1) return (size_t)m->config.n_layers * m->run_bytes;
-    return m->units.packed_shard_bytes + m->units.n_shards * m->units.units[fsdp_layer_unit(0)].packed_shard;
+    return m->units.n_shards == 1 ? (size_t)m->config.n_layers * m->run_bytes : m->units.packed_shard_bytes;
 }
 
 // the scratch the CPU dequantizes a layer into: the layer unit whole (fp32), and the

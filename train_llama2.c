@@ -234,7 +234,6 @@ typedef struct {
     float *deq;               // QLoRA: a decoder layer's unit whole, its 4-bit weights dequantized
     float *deq_absmax;        // (the absmax values of one weight, double quantization)
     int deq_unit;             // the unit deq holds (-1: none)
-    uint8_t *run;             // QLoRA, sharded: a layer's run gathered from host.quant_shards
     Activations a;
     int B, T;                 // activation capacity
     int chunk_size;           // C (== T: whole sequence)
@@ -642,10 +641,13 @@ static LayerWeights layer_weights(float *const t[LAYER_TENSORS]) {
 }
 
 // unit u's parameters, whole: gathered from the shards unless its slot holds them
+// (collective). A packed unit's slot holds its bytes (QLoRA: a layer's run).
 static float *unit_gather(Model *m, int u) {
     int s = unit_slot(m, u);
+    const FsdpUnit *un = &m->host.units.units[u];
     if (m->slot_unit[s] != u) {
-        fsdp_gather(m->fsdp, &m->host.units.units[u], m->host.shards, m->slot[s]); // collective
+        if (un->packed) fsdp_gather_packed(m->fsdp, un, m->host.quant_shards, (uint8_t *)m->slot[s]);
+        else fsdp_gather(m->fsdp, un, m->host.shards, m->slot[s]);
         m->slot_unit[s] = u;
     }
     return m->slot[s];
@@ -657,14 +659,13 @@ static void units_reshard(Model *m) {
 
 // QLoRA: decoder layer unit u's parameters whole, its 4-bit weights dequantized
 // (as bitsandbytes' dequantize_4bit) and its norms copied, from its run (whole, or
-// gathered from the shards: collective) into the scratch before its products, unless
+// gathered into its slot: collective) into the scratch before its products, unless
 // the scratch holds them already (they are frozen; every rank asks in the same order)
 static float *unit_dequant(Model *m, int u) {
     if (m->deq_unit != u) {
         const HostModel *h = &m->host;
         const FsdpUnit *un = &h->units.units[u];
-        uint8_t *run = m->sharded ? fsdp_gather_packed(m->fsdp, un, h->quant_shards, m->run)
-                                  : h->quant_bytes + (size_t)(u - 1) * h->run_bytes;
+        uint8_t *run = m->sharded ? (uint8_t *)unit_gather(m, u) : h->quant_bytes + (size_t)(u - 1) * h->run_bytes;
         for (int j = 0; j < un->n_tensors; j++) {
             float *dst = m->deq + un->tensors[j].offset;
             if (model_quantized(h, u, j)) {
@@ -755,7 +756,8 @@ static void model_alloc_sharded(Model *m, int alloc) {
     m->n_slots = m->fsdp->info->reshard_after_forward ? 2 : u->n_units;
     size_t *need = (size_t *)callocCheck(m->n_slots, sizeof(size_t)), grad[2] = {0, 0};
     for (int i = 0; i < u->n_units; i++) {
-        size_t whole = G * u->units[i].shard, s = unit_slot(m, i); // padding included
+        const FsdpUnit *un = &u->units[i]; // (padding included; a packed unit's bytes in floats)
+        size_t whole = un->packed ? (G * un->packed_shard + sizeof(float) - 1) / sizeof(float) : G * un->shard, s = unit_slot(m, i);
         need[s] = whole > need[s] ? whole : need[s];
         if (i < m->host.frozen_units) continue; // no gradient
         grad[i != 0] = whole > grad[i != 0] ? whole : grad[i != 0];
@@ -865,7 +867,6 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
         m->deq = (float *)mallocCheck(m->host.units.units[fsdp_layer_unit(0)].numel * sizeof(float));
         m->deq_absmax = (float *)mallocCheck((model_layer_widest(&m->host) + QUANT_BLOCK - 1) / QUANT_BLOCK * sizeof(float));
         m->deq_unit = -1;
-        if (m->sharded) m->run = (uint8_t *)mallocCheck(m->host.units.n_shards * m->host.units.units[fsdp_layer_unit(0)].packed_shard);
     }
     m->param_bytes += n * sizeof(float) * ((m->host.use_lora ? 2 : 1) + optimizer_n_states(&m->optimizer));
 }
@@ -886,7 +887,7 @@ static void model_free(Model *m) {
                     a->kv, a->dresid, a->dln, a->dq, a->datty, a->dgate, a->dup, a->dhmlp, a->lora_dh, a->xdrop,
                     a->dora_pre, a->dora_norm,
                     m->rope_cos, m->rope_sin, m->grads, m->unit_grad[0], m->unit_grad[1], m->grad_part, m->slot_unit,
-                    m->deq, m->deq_absmax, m->run};
+                    m->deq, m->deq_absmax};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     for (int s = 0; m->slot && s < m->n_slots; s++) free(m->slot[s]);
     free(m->slot);

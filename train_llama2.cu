@@ -149,7 +149,6 @@ typedef struct {
     size_t n_train;
     uint8_t *quant_bytes;     // QLoRA: the layers' runs as the host laid them out (host.quant_bytes), or
                               // sharded this rank's shards of them (host.quant_shards)
-    uint8_t *quant_run;       // QLoRA, sharded: one layer's run gathered
     int deq_unit;             // the unit deq holds (-1: none)
     // sharded (host.shards): the units in the slots, and full fine-tuning's gradients of a unit
     int sharded;              // the base weights are this rank's shards, over fsdp->shard
@@ -223,8 +222,9 @@ template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Lay
     size_t G = (size_t)m->fsdp->shard.size, widest = 0, grad[2] = {0, 0};
     for (int s = 0; s < m->n_unit_slots; s++) {
         size_t need = 0;
-        for (int i = 0; i < u->n_units; i++)
-            if (unit_slot(m, i) == s) need = std::max(need, G * u->units[i].shard);
+        for (int i = 0; i < u->n_units; i++) // (a packed unit's bytes in elements)
+            if (unit_slot(m, i) == s)
+                need = std::max(need, u->units[i].packed ? ceil_div(G * u->units[i].packed_shard, sizeof(floatX)) : G * u->units[i].shard);
         w->place(d.slot[s], need);
     }
     if (!m->host.full_finetune) return;
@@ -277,11 +277,9 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
     // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
     if (!all_train) w->place(d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h));
-    if (h->quant_type != QUANT_NONE) { // QLoRA: the layers' runs (sharded: this rank's shards and one gathered),
-        const FsdpUnit *layer = &h->units.units[fsdp_layer_unit(0)]; // one layer at a time dequantized
-        w->place(m->quant_bytes, m->sharded ? h->units.packed_shard_bytes : L * h->run_bytes);
-        if (m->sharded) w->place(m->quant_run, m->fsdp->shard.size * layer->packed_shard);
-        w->place(d.deq, layer->numel);
+    if (h->quant_type != QUANT_NONE) { // QLoRA: the layers' runs (sharded: this rank's shards), one layer at a time dequantized
+        w->place(m->quant_bytes, model_run_bytes_held(h));
+        w->place(d.deq, h->units.units[fsdp_layer_unit(0)].numel);
     }
     if (m->sharded) sharded_layout(m, d, w, p);
     // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
@@ -563,8 +561,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
                                h->units.units[u].tensors[j].numel, st);
             }
             if (h->quant_type != QUANT_NONE) { // the runs, or this rank's shards of them, as the host laid them out
-                cudaCheck(cudaMemcpyAsync(m->quant_bytes, m->sharded ? h->quant_shards : h->quant_bytes,
-                                          m->sharded ? h->units.packed_shard_bytes : c->n_layers * h->run_bytes,
+                cudaCheck(cudaMemcpyAsync(m->quant_bytes, m->sharded ? h->quant_shards : h->quant_bytes, model_run_bytes_held(h),
                                           cudaMemcpyHostToDevice, st));
                 m->deq_unit = -1;
             }
@@ -619,10 +616,12 @@ template <typename E> LayerWeights<E> layer_weights(E *const t[LAYER_TENSORS]) {
 template <typename floatX> void unit_prefetch(Model *m, int u) {
     Buffers<floatX> &d = buffers<floatX>(m);
     int s = unit_slot(m, u);
+    if (m->slot_unit[s] == u) return;
     const FsdpUnit *un = &m->host.units.units[u];
-    if (m->slot_unit[s] == u || un->packed) return; // (a packed unit: unit_dequant gathers its run)
     stream_after(m->comm_stream, m->stream, m->computed);
-    if constexpr (std::is_same<floatX, float>::value)
+    if (un->packed) // QLoRA: a layer's run, as bytes
+        fsdp_all_gather_u8(device_comm(m, &m->dev_shard), d.slot[s], m->quant_bytes + un->packed_offset, un->packed_shard);
+    else if constexpr (std::is_same<floatX, float>::value)
         fsdp_all_gather(device_comm(m, &m->dev_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
     else fsdp_all_gather_bf16(device_comm(m, &m->dev_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
     cudaCheck(cudaEventRecord(m->gathered[s], m->comm_stream));
@@ -640,19 +639,8 @@ template <typename floatX> void prefetch_next(Model *m, int u, int dir) {
     if (m->sharded) unit_prefetch<floatX>(m, u + dir);
 }
 
-// QLoRA, sharded: decoder layer unit u's run gathered from this rank's shards into
-// m->quant_run (collective), for the compute stream, which waits for it. The gather
-// waits for the compute enqueued so far, which holds the last reads of the buffer.
-static uint8_t *run_gather(Model *m, int u) {
-    const FsdpUnit *un = &m->host.units.units[u];
-    stream_after(m->comm_stream, m->stream, m->computed);
-    fsdp_all_gather_u8(device_comm(m, &m->dev_shard), m->quant_run, m->quant_bytes + un->packed_offset, un->packed_shard);
-    stream_after(m->stream, m->comm_stream, m->communicated);
-    return m->quant_run;
-}
-
 // QLoRA: decoder layer unit u's parameters whole in d.deq, from its run (whole, or
-// gathered: collective), its 4-bit weights dequantized (quant.cuh, as quant.h's
+// gathered into its slot: collective), its 4-bit weights dequantized (quant.cuh, as quant.h's
 // dequant_tensor) and its fp32 norms converted, before its products, unless d.deq
 // holds them already (they are frozen; every rank asks in the same order). One
 // stream: the products that read the layer before run before d.deq is overwritten.
@@ -661,7 +649,7 @@ template <typename floatX> floatX *unit_dequant(Model *m, int u) {
     const HostModel *h = &m->host;
     if (m->deq_unit != u) {
         const FsdpUnit *un = &h->units.units[u];
-        uint8_t *run = m->sharded ? run_gather(m, u) : m->quant_bytes + (size_t)(u - 1) * h->run_bytes;
+        uint8_t *run = m->sharded ? (uint8_t *)unit_gather<floatX>(m, u) : m->quant_bytes + (size_t)(u - 1) * h->run_bytes;
         for (int j = 0; j < un->n_tensors; j++) {
             floatX *dst = d.deq + un->tensors[j].offset;
             if (model_quantized(h, u, j)) dequant_tensor(model_run_tensor(h, run, j), dst, m->stream);

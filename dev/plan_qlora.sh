@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source dev/plan_common.sh 5000 # $work, $work/long.jsonl, gib
-echo "| model | ranks | memory mode | 4-bit layers | other base weights, dequantize scratch | LoRA, grads, AdamW | activations | KV carry | total per GPU |"
+echo "| model | ranks | memory mode | 4-bit layers | other base weights, slots, dequantize scratch | LoRA, grads, AdamW | activations | KV carry | total per GPU |"
 echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 for model in llama-2-7b llama-2-70b; do
     mkdir -p "$work/$model"

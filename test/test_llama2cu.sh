@@ -122,14 +122,15 @@ rc=$?
 check "--quantize nf4 plans Llama-2-7B's weights as 4-bit runs, one bf16 layer and the rest in bf16" $? \
     "exit $rc: $(grep -A2 'base weights' "$TMP/qlora.log"; tail -2 "$TMP/qlora.log")"
 # and over two ranks, per rank: its halves of the embedding and the head unit in bf16 (131074048
-# elements, 250.0 MiB) and both gathered whole into their slots (500.0 MiB); its halves of the 32
-# runs (104431984 bytes each, 52216000 a rank: half, rounded up to 16 bytes; 1593.5 MiB) and room to
-# gather one run (99.6 MiB); the bf16 layer to dequantize into (386.0 MiB): 2829.1 MiB
+# elements, 250.0 MiB) and its halves of the 32 runs (104431984 bytes each, 52216000 a rank: half,
+# rounded up to 16 bytes; 1593.5 MiB); the slots units are gathered into (FULL_SHARD: the
+# embedding's, and two the layers take turns in, one of them the head's too): 250.0 MiB, 250.0 MiB
+# (the head) and 99.6 MiB (a run); the bf16 layer to dequantize into (386.0 MiB): 2829.1 MiB
 dev/launch.sh 2 ./train_llama2cu "${QARGS[@]}" --collectives host >"$TMP/qlora_w2.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] && plan_line "$TMP/qlora_w2.log" "base weights \(bf16\)" | grep -qE " 2829\.1 MiB" &&
-    grep -qE "of which 4-bit layers +1693\.1 MiB +\(nf4, double quantization, blocks of 64; this rank's shards and one layer gathered\)" "$TMP/qlora_w2.log"
-check "--quantize nf4 over two ranks plans a rank's shards of the runs, one run gathered, and the slots" $? \
+    grep -qE "of which 4-bit layers +1593\.5 MiB +\(nf4, double quantization, blocks of 64; this rank's shards\)" "$TMP/qlora_w2.log"
+check "--quantize nf4 over two ranks plans a rank's shards of the runs and the slots that gather them" $? \
     "exit $rc: $(grep -A2 'base weights' "$TMP/qlora_w2.log"; tail -2 "$TMP/qlora_w2.log")"
 dev/launch.sh 2 ./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --collectives host >"$TMP/w2.log" 2>&1
 rc=$?
