@@ -136,6 +136,42 @@ static void test_units(const char *dir) {
     host_model_free(&m);
 }
 
+// QLoRA's packed units: n = 1..5 ranks each quantize only their bytes of every layer's run
+// (model_load_shard), and the ranks' shards laid side by side are the whole model's runs
+// (model_load) byte for byte, zero-padded; no packed unit takes room among the floats
+static void test_packed_units(const char *dir) {
+    for (int dq = 0; dq <= 1; dq++) {
+        HostModel whole = {0};
+        whole.quant_type = QUANT_NF4, whole.double_quant = dq;
+        if (model_load(&whole, dir) != 0) { CHECK(0, "packed units: model_load --quantize nf4", "%s", dir); return; }
+        int bad = 0, layout = 0;
+        for (int n = 1; n <= 5; n++)
+            for (int r = 0; r < n; r++) {
+                HostModel h = {0};
+                h.quant_type = QUANT_NF4, h.double_quant = dq;
+                if (model_load_shard(&h, dir, r, n) != 0) { bad++; continue; }
+                for (int i = 0; i < h.units.n_units; i++) {
+                    const FsdpUnit *un = &h.units.units[i];
+                    int layer = i >= 1 && i <= h.config.n_layers;
+                    layout += (layer != (un->packed == h.run_bytes)) || (layer && (un->shard != 0 || un->packed_shard % 16 ||
+                               un->packed_shard * n < un->packed || un->packed_shard >= fsdp_shard_size(un->packed, n) + 16));
+                    if (!layer) continue;
+                    size_t begin = (size_t)r * un->packed_shard;
+                    for (size_t b = 0; b < un->packed_shard; b++) {
+                        uint8_t want = begin + b < un->packed ? whole.quant_bytes[(size_t)(i - 1) * whole.run_bytes + begin + b] : 0;
+                        bad += h.quant_shards[un->packed_offset + b] != want;
+                    }
+                }
+                host_model_free(&h);
+            }
+        char what[256];
+        snprintf(what, sizeof what, "packed units of %s (nf4, double quantization %d): every rank's bytes of the runs, "
+                 "quantized alone, are the whole model's at n = 1..5", dir, dq);
+        CHECK(bad == 0 && layout == 0, what, "%d bytes differ (or loads failed), %d units laid out wrong", bad, layout);
+        host_model_free(&whole);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // rank-local loading: every rank of n = 1..5, each read alone, against model_load
 
@@ -654,6 +690,7 @@ int main(int argc, char **argv) {
         if (!strcmp(mode, "all")) {
             test_shard_arithmetic();
             for (int i = 0; i < N_MODELS; i++) test_units(models[i]);
+            test_packed_units("test/fixtures/tiny_gqa");
             for (int i = 0; i < N_MODELS; i++) test_load(models[i]);
             test_load_refusals();
             test_checkpoints();
