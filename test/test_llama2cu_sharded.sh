@@ -6,7 +6,7 @@
 # through host memory and fsdp.h's host side: the path ranks sharing a GPU
 # take) and --precision fp32, for every sharding strategy: LoRA (dropout,
 # all-linear) on the GQA fixture and full fine-tuning (chunks of 7 with a KV
-# carry) on the tied one, and QLoRA (W = 2 and 3, every strategy). With the same global batch (6 rows = W ranks x 6/W)
+# carry) on the tied one, QLoRA (W = 2 and 3, every strategy) and DoRA. With the same global batch (6 rows = W ranks x 6/W)
 # each run's losses and gradient norms must equal one process of the same
 # binary, and the CPU trainer's (train_llama2, $BIN), and its final weights one
 # process's. MPI and TCP must give the same bits (both sum in rank order). The
@@ -115,19 +115,23 @@ for how in "${launchers[@]}"; do
 done
 
 # QLoRA: each decoder layer's 4-bit run sharded as bytes and gathered (fsdp_all_gather_u8 through the
-# staged backend) before it is dequantized on the device: W = 2 FULL_SHARD, 3 HYBRID_SHARD, 2 SHARD_GRAD_OP
-# (every run kept gathered in its slot) and 3 NO_SHARD (each rank whole) == one
-# process and == the CPU trainer, with the tolerances above (the products are LoRA's, on dequantized weights)
-QLORA=("${LORA[@]}" --quantize nf4)
-emu none "$TMP/qlora-1" "${QLORA[@]}" --batch_size 6
-"$BIN" "${COMMON[@]}" "${QLORA[@]}" --batch_size 6 --output_dir "$TMP/qlora-cpu" --metrics_file "$TMP/qlora-cpu.jsonl" >"$TMP/qlora-cpu.log" 2>&1
-close "QLoRA: one emulated process == the CPU trainer" "$TMP/qlora-1" "$TMP/qlora-cpu" $CPU_TOL
-for c in "2 FULL_SHARD" "3 HYBRID_SHARD" "2 SHARD_GRAD_OP" "3 NO_SHARD"; do
-    set -- $c
-    out="$TMP/qlora-env-$1-$2"
-    emu "env $1" "$out" "${QLORA[@]}" --batch_size $((6 / $1)) --sharding_strategy $2 --collectives host
-    close "QLoRA, W = $1, $2, --collectives host == one process" "$out" "$TMP/qlora-1" $SELF_TOL adapter_model.safetensors
-    close "QLoRA, W = $1, $2 == the CPU trainer" "$out" "$TMP/qlora-cpu" $CPU_TOL
+# staged backend) into a slot before it is dequantized on the device: W = 2 FULL_SHARD, 3 HYBRID_SHARD,
+# 2 SHARD_GRAD_OP (every run kept gathered) and 3 NO_SHARD (each rank whole). DoRA: its magnitudes
+# all-reduced like A and B, its row norms read from the gathered weights: W = 2 FULL_SHARD and 3
+# HYBRID_SHARD. Each == one process and == the CPU trainer, with the tolerances above (LoRA's products)
+for kind in qlora dora; do
+    args=("${LORA[@]}" --quantize nf4) cases=("2 FULL_SHARD" "3 HYBRID_SHARD" "2 SHARD_GRAD_OP" "3 NO_SHARD")
+    [ $kind = dora ] && args=("${LORA[@]}" --use_dora) cases=("2 FULL_SHARD" "3 HYBRID_SHARD")
+    emu none "$TMP/$kind-1" "${args[@]}" --batch_size 6
+    "$BIN" "${COMMON[@]}" "${args[@]}" --batch_size 6 --output_dir "$TMP/$kind-cpu" --metrics_file "$TMP/$kind-cpu.jsonl" >"$TMP/$kind-cpu.log" 2>&1
+    close "$kind: one emulated process == the CPU trainer" "$TMP/$kind-1" "$TMP/$kind-cpu" $CPU_TOL
+    for c in "${cases[@]}"; do
+        set -- $c
+        out="$TMP/$kind-env-$1-$2"
+        emu "env $1" "$out" "${args[@]}" --batch_size $((6 / $1)) --sharding_strategy $2 --collectives host
+        close "$kind, W = $1, $2, --collectives host == one process" "$out" "$TMP/$kind-1" $SELF_TOL adapter_model.safetensors
+        close "$kind, W = $1, $2 == the CPU trainer" "$out" "$TMP/$kind-cpu" $CPU_TOL
+    done
 done
 
 # the default on a device two ranks share: host, the same bits as asking for it

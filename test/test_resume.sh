@@ -2,7 +2,7 @@
 # Checkpoints and resume: a run that is killed (at chosen points, in the middle
 # of writing a checkpoint, and at random moments) and resumed ends with exactly
 # the weights and the loss trajectory of a run that was never interrupted, bit
-# for bit (LoRA, full fine-tuning, QLoRA); SIGTERM finishes the step, saves and
+# for bit (LoRA, full fine-tuning, QLoRA, DoRA); SIGTERM finishes the step, saves and
 # exits 0; a resume with changed options or data is refused.
 set -u
 SUITE=resume
@@ -139,4 +139,16 @@ run "$TMP/q2" 6 --resume "$TMP/qref/checkpoint-3" --double_quant 0
 rc=$?
 [ $rc -eq 1 ] && grep -q -- "--double_quant was '1' in the checkpoint but is '0' now" "$TMP/q2.log"
 check "QLoRA resume with another --double_quant is refused" $? "exit $rc: $(tail -2 "$TMP/q2.log")"
+# DoRA: the magnitude vectors are saved with A and B (peft's lora_magnitude_vector) and the AdamW
+# state with them; the row norms they start from are not state (recomputed from the base each step)
+ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --lora_dropout 0.1
+      --lora_target_modules all-linear --save_every 3 --threads 1)
+run "$TMP/dora-ref" 6 --use_dora
+LLAMA2TUNE_FAULT=step:4 run "$TMP/dora" 6 --use_dora
+run "$TMP/dora" 6 --use_dora --resume "$TMP/dora"
+same_result "DoRA killed after step 4 and resumed == uninterrupted" "$TMP/dora-ref" "$TMP/dora" adapter_model.safetensors
+run "$TMP/dora2" 6 --resume "$TMP/dora-ref/checkpoint-3"
+rc=$?
+[ $rc -eq 1 ] && grep -q -- "--use_dora was '1' in the checkpoint but is '0' now" "$TMP/dora2.log"
+check "a DoRA checkpoint resumed without --use_dora is refused" $? "exit $rc: $(tail -2 "$TMP/dora2.log")"
 exit $((fails > 0))
