@@ -218,6 +218,7 @@ typedef struct {
     int shard_group;
     int random_init;
     const char *quantize;
+    int quant_type;           // --quantize as quant.h's type (parse_args)
     int double_quant;
 } TrainConfig;
 
@@ -296,13 +297,6 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"double_quant", OPT_INT, &(tc)->double_quant, "1", "with --quantize: 1 stores the absmax values in 8 bits too (bitsandbytes' bnb_4bit_use_double_quant)", 0, 1}, \
 }
 
-// --quantize's value as quant.h's type; -1 (with a message) for an unknown one
-static int quant_type_parse(const char *s) {
-    for (int t = 0; t < (int)(sizeof quant_type_names / sizeof quant_type_names[0]); t++)
-        if (!strcmp(s, quant_type_names[t])) return t;
-    fprintf(stderr, "error: --quantize: '%s' is not one of none, nf4, fp4\n", s);
-    return -1;
-}
 
 static void print_help(const Option *opts, int n) {
     printf("usage: train_llama2 --model DIR --data FILE.jsonl [options]\n\n");
@@ -356,15 +350,17 @@ static void option_value(const Option *o, char *buf, size_t n, int exact) {
     }
 }
 
-// 1 if value is one of the n values the backend runs for --option, else 0 with a message
-static int backend_value_ok(const char *option, const char *value, const char *const *values, size_t n) {
+// The index of value among the n choices of --option; -1 with a message that lists
+// them. backend: choices that depend on the backend ("one this trainer runs").
+static int option_choice(const char *option, const char *value, const char *const *choices, size_t n, int backend) {
     for (size_t i = 0; i < n; i++)
-        if (!strcmp(value, values[i])) return 1;
-    fprintf(stderr, "error: --%s: '%s' is not one this trainer runs (", option, value);
-    for (size_t i = 0; i < n; i++) fprintf(stderr, "%s%s", i ? ", " : "", values[i]);
-    fprintf(stderr, ")\n");
-    return 0;
+        if (!strcmp(value, choices[i])) return (int)i;
+    fprintf(stderr, "error: --%s: '%s' is not one %s", option, value, backend ? "this trainer runs (" : "of ");
+    for (size_t i = 0; i < n; i++) fprintf(stderr, "%s%s", i ? ", " : "", choices[i]);
+    fprintf(stderr, "%s\n", backend ? ")" : "");
+    return -1;
 }
+#define OPTION_CHOICE(option, value, choices, backend) option_choice(option, value, choices, sizeof choices / sizeof *choices, backend)
 
 // 0: parsed, 1: --help printed, -1: error (message printed)
 static int parse_args(TrainConfig *tc, int argc, char **argv) {
@@ -388,13 +384,17 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         else { fprintf(stderr, "error: --%s needs a value\n", o->name); return -1; }
         if (set_option(o, val) != 0) return -1;
     }
-    tc->optim.kind = -1;
-    for (int k = 0; k < (int)(sizeof optimizer_names / sizeof *optimizer_names); k++)
-        if (!strcmp(tc->optimizer, optimizer_names[k])) tc->optim.kind = k;
-    if (tc->optim.kind < 0) {
-        fprintf(stderr, "error: --optimizer: '%s' is not one of adamw, sgd\n", tc->optimizer);
+    static const char *const schedulers[] = {"constant", "linear", "cosine"}, *const batchings[] = {"padding", "packing"};
+    static const char *const loss_scales[] = {"auto", "dynamic", "none"}, *const chunk_memories[] = {"keep", "recompute"};
+    if ((tc->optim.kind = OPTION_CHOICE("optimizer", tc->optimizer, optimizer_names, 0)) < 0 ||
+        OPTION_CHOICE("lr_scheduler", tc->lr_scheduler, schedulers, 0) < 0 || OPTION_CHOICE("batching", tc->batching, batchings, 0) < 0 ||
+        OPTION_CHOICE("data_format", tc->data_format, data_format_names, 0) < 0 ||
+        (tc->quant_type = OPTION_CHOICE("quantize", tc->quantize, quant_type_names, 0)) < 0 ||
+        OPTION_CHOICE("loss_scale", tc->loss_scale, loss_scales, 0) < 0 ||
+        OPTION_CHOICE("chunk_memory", tc->chunk_memory, chunk_memories, 0) < 0 ||
+        OPTION_CHOICE("precision", tc->precision, backend_precisions, 1) < 0 ||
+        OPTION_CHOICE("collectives", tc->collectives, backend_collectives, 1) < 0)
         return -1;
-    }
     if (tc->optim.kind != OPTIMIZER_SGD && (tc->optim.momentum != 0 || tc->optim.nesterov)) {
         fprintf(stderr, "error: --momentum and --nesterov are SGD's: give them with --optimizer sgd\n");
         return -1;
@@ -403,34 +403,8 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --nesterov 1 needs a --momentum above 0 (Nesterov momentum without momentum is plain SGD)\n");
         return -1;
     }
-    const char *sched = tc->lr_scheduler;
-    if (strcmp(sched, "constant") && strcmp(sched, "linear") && strcmp(sched, "cosine")) {
-        fprintf(stderr, "error: --lr_scheduler: '%s' is not one of constant, linear, cosine\n", sched);
-        return -1;
-    }
-    if (strcmp(tc->batching, "padding") && strcmp(tc->batching, "packing")) {
-        fprintf(stderr, "error: --batching: '%s' is not one of padding, packing\n", tc->batching);
-        return -1;
-    }
-    int fmt_ok = 0;
-    for (size_t i = 0; i < sizeof data_format_names / sizeof data_format_names[0]; i++) fmt_ok |= !strcmp(tc->data_format, data_format_names[i]);
-    if (!fmt_ok) {
-        fprintf(stderr, "error: --data_format: '%s' is not one of auto, text, prompt_response, alpaca, samsum, chat\n", tc->data_format);
-        return -1;
-    }
     if (tc->val_data[0] && tc->val_split > 0) {
         fprintf(stderr, "error: --val_data and --val_split do not go together (one validation set)\n");
-        return -1;
-    }
-    if (!backend_value_ok("precision", tc->precision, backend_precisions, sizeof backend_precisions / sizeof *backend_precisions) ||
-        !backend_value_ok("collectives", tc->collectives, backend_collectives, sizeof backend_collectives / sizeof *backend_collectives))
-        return -1;
-    if (strcmp(tc->loss_scale, "auto") && strcmp(tc->loss_scale, "dynamic") && strcmp(tc->loss_scale, "none")) {
-        fprintf(stderr, "error: --loss_scale: '%s' is not one of auto, dynamic, none\n", tc->loss_scale);
-        return -1;
-    }
-    if (strcmp(tc->chunk_memory, "keep") && strcmp(tc->chunk_memory, "recompute")) {
-        fprintf(stderr, "error: --chunk_memory: '%s' is not one of keep, recompute\n", tc->chunk_memory);
         return -1;
     }
     if (tc->chunk_size > tc->max_seq_len) {
@@ -481,13 +455,11 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --from_peft_checkpoint and --full_finetune do not go together\n");
         return -1;
     }
-    int quant = quant_type_parse(tc->quantize);
-    if (quant < 0) return -1;
-    if (quant != QUANT_NONE && tc->full_finetune) {
+    if (tc->quant_type != QUANT_NONE && tc->full_finetune) {
         fprintf(stderr, "error: --quantize keeps the base weights frozen in 4 bits (QLoRA): it does not go with --full_finetune\n");
         return -1;
     }
-    if (quant != QUANT_NONE && tc->merge_adapter) {
+    if (tc->quant_type != QUANT_NONE && tc->merge_adapter) {
         fprintf(stderr, "error: --merge_adapter with --quantize is not supported yet (it would fold the adapter into 4-bit weights)\n");
         return -1;
     }
@@ -538,7 +510,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     int resume_sharded = resume_dir && tc->full_finetune && checkpoint_is_sharded(resume_dir);
     const char *weights = resume_dir && tc->full_finetune ? resume_dir : tc->model;
     int G = f ? f->shard.size : 1, rc;
-    h->quant_type = quant_type_parse(tc->quantize); // (parse_args checked it)
+    h->quant_type = tc->quant_type;
     h->double_quant = tc->double_quant;
     if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, !tc->dry_run);
     else if (resume_sharded) rc = model_shape(h, tc->model, G, 1); // load_checkpoint reads every weight: none from --model
