@@ -4,7 +4,7 @@
 #     python3 dev/reference/make_config_fixtures.py
 #
 # Reads every test/fixtures/configs/<name>/config.json (the config.json files of
-# Llama-3/3.1/3.2, Mistral, CodeLlama and TinyLlama checkpoints, written from their
+# Llama-2-70B, Llama-3/3.1/3.2, Mistral, CodeLlama and TinyLlama checkpoints, written from their
 # published values) with transformers' AutoConfig, as from_pretrained reads them, and
 # writes test/fixtures/configs/expected.json: for each, the fields transformers
 # parsed and RoPE's inverse frequencies as transformers computes them (float32),
