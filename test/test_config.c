@@ -1,5 +1,5 @@
 // config.json as transformers reads it (model.h's config_load and rope_inv_freq).
-// test/fixtures/configs/ holds the config.json files of Llama-3-8B, Llama-3.1-8B
+// test/fixtures/configs/ holds the config.json files of Llama-2-7B and 70B, Llama-3-8B, Llama-3.1-8B
 // and 70B, Llama-3.2-1B and 3B (tied), Mistral-7B v0.1 (sliding window 4096) and
 // v0.3 (vocab 32768), CodeLlama-7b (vocab 32016, rope_theta 1e6), TinyLlama-1.1B
 // and Vicuna-7B-v1.5-16k (linear scaling under the older key "type"), as their
