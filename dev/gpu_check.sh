@@ -3,7 +3,7 @@
 # the device, a build for the GPU that is present, every dev/cuda check
 # (validation against the CPU twins, then timing), test_llama2cu (the CUDA
 # trainer against the CPU twin), dev/cuda/fsdp_nccl as one rank (where it is
-# built), compute-sanitizer on the small shapes
+# built), W = 2 and 3 ranks sharing the GPU (test_llama2cu_sharded.sh), compute-sanitizer on the small shapes
 # (memcheck on every check and on test_llama2cu --quick; racecheck on
 # attention and test_llama2cu; synccheck on attention), a short run of the
 # built-in default through train_llama2cu, and a summary table: kernel,
@@ -62,6 +62,11 @@ checks_end=$(wc -l <"$log") # the table reads the checks above, not their repeat
 step test_llama2cu 300 test/test_llama2cu
 # fsdp.h's NCCL backend as one rank (built where nccl.h is): the collectives' checks and the bf16 gather
 [ -x dev/cuda/fsdp_nccl ] && step "fsdp_nccl (one rank)" 120 dev/cuda/fsdp_nccl
+# several ranks on this one GPU (--collectives host): test_llama2cu_sharded.sh with the real binary in
+# the emulated one's place, every strategy, LoRA, full fine-tuning, QLoRA and DoRA against one process
+# and the CPU trainer (which it needs built, with st_compare)
+step "build the CPU trainer" 120 make -j"$(nproc)" train_llama2 test/st_compare
+step "sharded on one GPU" 400 env EMU_BIN=./train_llama2cu test/test_llama2cu_sharded.sh
 # the built-in default (a small generated model and data, LoRA), 50 steps: it trains and samples
 step "train_llama2cu default" 300 ./train_llama2cu --max_steps 50 --output_dir out/gpu_check \
     --metrics_file out/gpu_check/metrics.jsonl

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA trainer over several ranks, run by the emulated build ($EMU_BIN,
-# default ./train_llama2cu_emu; without it this says SKIP): W = 2 and 3 ranks
-# started by dev/launch.sh (TCP), and by mpirun where it is installed and the
+# default ./train_llama2cu_emu; without it this says SKIP; on a GPU machine
+# EMU_BIN=./train_llama2cu runs the real one, as dev/gpu_check.sh does): W = 2
+# and 3 ranks started by dev/launch.sh (TCP), and by mpirun where it is installed and the
 # binary was built with MPI (W = 2 FULL_SHARD and 3 HYBRID_SHARD), with --collectives host (each device collective
 # through host memory and fsdp.h's host side: the path ranks sharing a GPU
 # take) and --precision fp32, for every sharding strategy: LoRA (dropout,
