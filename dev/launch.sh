@@ -47,5 +47,8 @@ while [ ${#live[@]} -gt 0 ]; do
     live=("${still[@]}")
     [ ${#live[@]} -gt 0 ] && sleep 0.1
 done
-[ -n "${killer:-}" ] && pkill -P "$killer" 2>/dev/null # its sleep
+# Every rank has ended: the killer must not outlive this script, or its kill, after the grace,
+# could reach processes that have reused the ranks' PIDs. SIGKILL ends it at once, before it
+# can run that kill (its sleep, orphaned, ends by itself).
+[ -n "${killer:-}" ] && kill -KILL "$killer" 2>/dev/null
 exit $status
