@@ -5,6 +5,9 @@
 #   make run              a short LoRA run on the tiny model shipped in test/fixtures
 #   make test SANITIZE=1  the same tests built with ASan + UBSan (into build-san/)
 #   make fuzz             every parser's libFuzzer target for FUZZ_SECONDS each (clang)
+# one build job per core (make test's build, the emulated CUDA programs above all, is half
+# its time; the tests themselves run one after another in its last recipe)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
 CC ?= gcc
 CFLAGS ?= -O3 -march=native
 CFLAGS += -std=gnu11 -Wall -Wextra -Wno-unused-function -g
