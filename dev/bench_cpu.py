@@ -1,78 +1,193 @@
 #!/usr/bin/env python3
-"""CPU step time: train_llama2 against PyTorch (transformers + peft) in the same run.
+"""CPU step time and peak memory: train_llama2 against PyTorch (transformers + peft).
 
-  make train_llama2 && python3 dev/bench_cpu.py [--threads 2] [--steps 6]
+  make train_llama2 && python3 dev/bench_cpu.py [--shape stories15M|tinyllama] [--full] \\
+      [--threads 1,2] [--steps 6] [--reps 2] [--ours ./train_llama2] [--base OTHER_BUILD]
 
-Same model shape (stories15M: dim 288, 6 layers, 6 heads, hidden 768, vocab 32000),
-same batch (4 x 256 tokens, every position a label), LoRA r=8 on q_proj,v_proj,
-AdamW, fp32, the same number of threads. Both start from one random checkpoint
-written here; the step time is the median over the steps after the first.
-A benchmark, not a test: needs torch, transformers and peft.
+Shapes: stories15M (dim 288, 6 layers, 6 heads, hidden 768, vocab 32000; batch 4 x 256
+tokens) and tinyllama (TinyLlama-1.1B: dim 2048, 22 layers, 32 heads / 4 KV heads,
+intermediate 5632, vocab 32000; batch 1 x 512). LoRA r=8 on q_proj,v_proj (or --full:
+every weight trains), AdamW, fp32, gradient clipping at 1.0, every position a label, the
+same number of threads on both sides. stories15M starts both from one random checkpoint
+written here; tinyllama from random weights on both sides (ours: --random_init), so no
+4 GB checkpoint is written.
+
+Each run is a process of its own, ours and PyTorch alternating (--reps times each), so
+that a shared machine's load falls on both alike. Per run: the median wall ms and CPU ms
+(every thread's) per step over the steps after the first, and the process's peak
+resident memory (wait4's ru_maxrss). Ours: the wall ms from its metrics file, the CPU
+time read from /proc as each step's line appears. A benchmark, not a test: needs torch,
+transformers and peft. --base BIN adds another build of ours (before/after comparisons).
 """
-import argparse, json, os, random, statistics, subprocess, tempfile, time
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-from peft import LoraConfig, get_peft_model
+import argparse, json, os, platform, random, resource, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHAPE = dict(hidden_size=288, intermediate_size=768, num_hidden_layers=6, num_attention_heads=6,
-             num_key_value_heads=6, vocab_size=32000, max_position_embeddings=1024, rms_norm_eps=1e-5)
-B, T, R = 4, 256, 8
+SHAPES = {
+    "stories15M": (dict(hidden_size=288, intermediate_size=768, num_hidden_layers=6, num_attention_heads=6,
+                        num_key_value_heads=6, vocab_size=32000, max_position_embeddings=1024, rms_norm_eps=1e-5), 4, 256),
+    "tinyllama": (dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                       num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-5), 1, 512),
+}
+R = 8
+TICK = os.sysconf("SC_CLK_TCK")
 
 
-def bench_torch(model_dir, steps, threads):
-    torch.set_num_threads(threads)
+def torch_worker(args):
+    """Runs in its own process: PyTorch's steps; prints one JSON line of per-step wall and CPU ms."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from peft import LoraConfig, get_peft_model
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=R, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
-                                             task_type="CAUSAL_LM"))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    shape, B, T = SHAPES[args.shape]
+    if args.random:
+        model = LlamaForCausalLM(LlamaConfig(**shape))
+    else:
+        model = LlamaForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    if not args.full:
+        model = get_peft_model(model, LoraConfig(r=R, lora_alpha=16, lora_dropout=0.0,
+                                                 target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
     ids = torch.randint(3, 512, (B, T))
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
+    wall, cpu = [], []
+    for _ in range(args.steps):
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times[1:]), model.base_model.model.model.config._attn_implementation
+        wall.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.process_time() - c0) * 1e3)
+    print(json.dumps({"wall": wall, "cpu": cpu, "torch": torch.__version__,
+                      "attn": getattr(model.config, "_attn_implementation", "?")}))
 
 
-def bench_ours(model_dir, data, steps, threads):
+def cpu_ms(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1e3 / TICK  # utime + stime
+
+
+def run_ours(binary, args, threads, model_dir, data):
+    shape, B, T = SHAPES[args.shape]
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
+        cmd = [binary, "--model", model_dir, "--data", data, "--max_seq_len", str(T), "--batch_size", str(B),
+               "--max_steps", str(args.steps), "--threads", str(threads), "--output_dir", os.path.join(tmp, "out"),
+               "--metrics_file", metrics, "--grad_clip", "1.0", "--lr_scheduler", "constant"]
+        cmd += ["--full_finetune"] if args.full else ["--lora_r", str(R), "--lora_dropout", "0",
+                                                           "--lora_target_modules", "q_proj,v_proj"]
+        if args.shape == "tinyllama":
+            cmd += ["--random_init"]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        subprocess.run([os.path.join(ROOT, "train_llama2"), "--model", model_dir, "--data", data, "--max_seq_len", str(T),
-                        "--batch_size", str(B), "--max_steps", str(steps), "--lora_r", str(R), "--lora_dropout", "0",
-                        "--lora_target_modules", "q_proj,v_proj", "--output_dir", os.path.join(tmp, "out"),
-                        "--metrics_file", metrics], check=True, env=env, stdout=subprocess.DEVNULL)
-        ms = [json.loads(l)["ms"] for l in open(metrics)]
-    return statistics.median(ms[1:])
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+        cpu, seen = [], 0
+        while True:  # CPU time at each step's end: when its metrics line appears
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            try:
+                n = sum(1 for l in open(metrics) if '"ms"' in l) if os.path.exists(metrics) else 0
+                if n > seen:
+                    cpu.append(cpu_ms(p.pid))
+                    seen = n
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+            time.sleep(0.005)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode:
+            sys.exit(f"{binary} failed: {p.returncode}")
+        wall = [json.loads(l)["ms"] for l in open(metrics) if '"ms"' in l]
+    steps = [b - a for a, b in zip(cpu, cpu[1:])]  # the CPU ms of steps 2 ..
+    return statistics.median(wall[1:]), statistics.median(steps) if steps else float("nan"), ru
+
+
+def run_torch(args, threads, model_dir):
+    cmd = [sys.executable, os.path.abspath(__file__), "--torch_worker", "--shape", args.shape, "--steps", str(args.steps),
+           "--threads", str(threads), "--model", model_dir] + (["--full"] if args.full else []) + \
+          (["--random"] if args.shape == "tinyllama" else [])
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    out = p.stdout.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    if status:
+        sys.exit(f"the PyTorch worker failed: {status}")
+    r = json.loads(out.decode().strip().splitlines()[-1])
+    return statistics.median(r["wall"][1:]), statistics.median(r["cpu"][1:]), ru, r
+
+
+def prepare(tmp, args):
+    """Runs in a process of its own (this one stays small: a child's ru_maxrss counts the
+    memory it was forked with)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    import torch
+    shape, B, T = SHAPES[args.shape]
+    if args.shape == "tinyllama":  # config.json only: both sides draw random weights
+        LlamaConfig(**shape).save_pretrained(tmp)
+    else:
+        torch.manual_seed(0)
+        LlamaForCausalLM(LlamaConfig(**shape)).save_pretrained(tmp)
+    with open(os.path.join(ROOT, "test/fixtures/tiny_gqa/tokenizer.model"), "rb") as f:
+        open(os.path.join(tmp, "tokenizer.model"), "wb").write(f.read())
+    # rows long enough that every one is truncated to T tokens
+    rng = random.Random(0)
+    words = "the a cat dog sat on mat ran far away 12 345 quickly slowly red blue tree house river".split()
+    data = os.path.join(tmp, "data.jsonl")
+    with open(data, "w") as f:
+        for _ in range(64):
+            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(2 * T))}) + "\n")
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shape", default="stories15M", choices=sorted(SHAPES))
+    ap.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    ap.add_argument("--threads", default="2", help="comma-separated thread counts")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--reps", type=int, default=1, help="runs of each side per thread count, alternating")
+    ap.add_argument("--ours", default=os.path.join(ROOT, "train_llama2"))
+    ap.add_argument("--base", default=None, help="another build of ours to run alongside (before/after)")
+    ap.add_argument("--torch_worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--random", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.torch_worker:
+        args.threads = int(args.threads)
+        return torch_worker(args)
+    if args.prepare:
+        return prepare(args.prepare, args)
+    sides = [("ours", args.ours)] + ([("base", args.base)] if args.base else []) + [("torch", None)]
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {args.shape}, "
+          f"{'full fine-tuning' if args.full else 'LoRA r=8 q,v'}; {' '.join(sys.argv[1:])}", flush=True)
+    print("| threads | side | wall ms/step | CPU ms/step | peak RSS MiB | load average |")
+    print("| --- | --- | --- | --- | --- | --- |", flush=True)
+    results, versions = {}, ""
     with tempfile.TemporaryDirectory() as tmp:
-        torch.manual_seed(0)
-        LlamaForCausalLM(LlamaConfig(**SHAPE)).save_pretrained(tmp)
-        with open(os.path.join(ROOT, "test/fixtures/tiny_gqa/tokenizer.model"), "rb") as f:
-            open(os.path.join(tmp, "tokenizer.model"), "wb").write(f.read())
-        # rows long enough that every one is truncated to T tokens
-        rng = random.Random(0)
-        words = "the a cat dog sat on mat ran far away 12 345 quickly slowly red blue tree house river".split()
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--shape", args.shape, "--prepare", tmp], check=True,
+                       stderr=subprocess.DEVNULL)
         data = os.path.join(tmp, "data.jsonl")
-        with open(data, "w") as f:
-            for _ in range(64):
-                f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(400))}) + "\n")
-        ours = bench_ours(tmp, data, args.steps, args.threads)
-        ref, attn = bench_torch(tmp, args.steps, args.threads)
-    print(f"| threads | train_llama2 ms/step | PyTorch {torch.__version__} ({attn}) ms/step | ratio |")
-    print(f"| {args.threads} | {ours:.0f} | {ref:.0f} | {ref / ours:.2f}x |")
+        for threads in [int(t) for t in args.threads.split(",")]:
+            for _ in range(args.reps):
+                for name, binary in sides:
+                    load = os.getloadavg()[0]
+                    if binary:
+                        wall, cpu, ru = run_ours(binary, args, threads, tmp, data)
+                    else:
+                        wall, cpu, ru, r = run_torch(args, threads, tmp)
+                        versions = f"PyTorch {r['torch']} ({r['attn']} attention)"
+                    rss = ru.ru_maxrss / 1024
+                    results.setdefault((threads, name), []).append((wall, cpu, rss))
+                    print(f"| {threads} | {name} | {wall:.0f} | {cpu:.0f} | {rss:.0f} | {load:.2f} |", flush=True)
+    print(f"\n{versions}; medians over the runs, PyTorch's time / ours:")
+    print("| threads | ours wall | PyTorch wall | wall ratio | ours CPU | PyTorch CPU | CPU ratio | ours peak MiB | PyTorch peak MiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for threads in [int(t) for t in args.threads.split(",")]:
+        o, t = results[(threads, "ours")], results[(threads, "torch")]
+        med = lambda rs, i: statistics.median(r[i] for r in rs)
+        print(f"| {threads} | {med(o, 0):.0f} | {med(t, 0):.0f} | {med(t, 0) / med(o, 0):.2f}x | {med(o, 1):.0f} | "
+              f"{med(t, 1):.0f} | {med(t, 1) / med(o, 1):.2f}x | {max(r[2] for r in o):.0f} | {max(r[2] for r in t):.0f} |")
 
 
 if __name__ == "__main__":
