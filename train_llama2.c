@@ -412,6 +412,9 @@ static void rope_backward(float *dx, const float *cosb, const float *sinb, const
 // 2^k is written into the exponent bits. Below -87 (e^y < FLT_MIN) the result is
 // 0, so masked scores (-inf) give exactly 0; e^0 is exactly 1; NaN stays NaN.
 typedef int32_t vint __attribute__((vector_size(GEMM_VLEN * sizeof(int32_t))));
+#if defined(__GNUC__) && !defined(__clang__) // builds without AVX: GCC notes that these 32-byte vectors
+#pragma GCC diagnostic ignored "-Wpsabi"    // pass differently there; static functions cross no ABI
+#endif
 // mask ? a : b, lane by lane (C has no ?: on vectors)
 static inline vfloat vselect(vint mask, vfloat a, vfloat b) { return (vfloat)((mask & (vint)a) | (~mask & (vint)b)); }
 static inline vfloat vexp(vfloat y) {
