@@ -132,6 +132,17 @@ static size_t gemm_scratch_floats(size_t M, size_t N, size_t K) {
     return gemm_a_floats(M, K) + (N + GEMM_NR - 1) / GEMM_NR * GEMM_NR * (K < GEMM_KC ? K : GEMM_KC);
 }
 
+// the packing scratch grown to at least n floats. model_alloc reserves the most any product
+// of a step needs before the first: growing it step by step instead left the freed smaller
+// scratches resident (glibc keeps them in its heap), 0.4-0.7 MiB over the memory plan.
+static void gemm_reserve(size_t n) {
+    if (n <= gemm_scratch_size) return;
+    free(gemm_scratch);
+    gemm_scratch = (float *)aligned_alloc(64, n * sizeof(float)); // vector loads of packed B
+    if (!gemm_scratch) die("out of memory for matmul scratch (%zu floats)", n);
+    gemm_scratch_size = n;
+}
+
 // B's strips for the block of k at k0, kc deep: bp[strip][k][j], as gemm's kernel reads them
 static void gemm_pack_b_block(float *bp, int N, const float *B, int ldb, int transB, int k0, int kc) {
     #pragma omp parallel for
@@ -160,13 +171,7 @@ static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int 
     }
     size_t Mp = (size_t)(M + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
     size_t Np = (size_t)(N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-    size_t need = gemm_scratch_floats(M, N, K);
-    if (need > gemm_scratch_size) {
-        free(gemm_scratch);
-        gemm_scratch = (float *)aligned_alloc(64, need * sizeof(float)); // vector loads of packed B
-        if (!gemm_scratch) die("out of memory for matmul scratch (%zu floats)", need);
-        gemm_scratch_size = need;
-    }
+    gemm_reserve(gemm_scratch_floats(M, N, K));
     int KC = gemm_kc(K);
     float *ap = gemm_scratch, *bp = gemm_scratch + gemm_a_floats(M, K);
     for (int k0 = 0; k0 < K; k0 += KC) {
@@ -958,7 +963,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     int dora = m->host.use_lora && m->host.lora.use_dora;
     a->dora_pre = (float *)alloc_counted(dora ? N * widest * sizeof(float) : 0, &m->act_bytes, alloc);
     a->dora_norm = (float *)alloc_counted(dora ? dora_norm_index(&m->host.lora, (int)L, 0) * sizeof(float) : 0, &m->act_bytes, alloc);
-    // gemm's packing scratch, allocated at its first use, as big as the biggest product needs:
+    // gemm's packing scratch, as big as the biggest product needs:
     // a layer's (rows x widest x widest; widest x widest x rows: the weight gradients) or the
     // head's (a piece of a row: forward piece x V x D, backward piece x D x V; V x D x piece
     // for its weight gradient)
@@ -968,6 +973,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     for (int i = 0; i < 4; i++) pack = others[i] > pack ? others[i] : pack;
     m->act_bytes += pack * sizeof(float);
     if (alloc) {
+        gemm_reserve(pack);
         m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
         m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
         float *inv_freq = (float *)mallocCheck(c->head_dim / 2 * sizeof(float));
@@ -1446,15 +1452,17 @@ static double model_peak_mb(Model *m) {
 // --batch_size auto: what the memory plan may take. The CPU cannot tell what is free, so
 // --memory_limit is required (backend_measures_free_memory 0); the plan must then fit in
 // it less the resident memory outside the plan now (the program, its libraries and MPI:
-// all but the base weights, which are loaded and which the plan counts already).
+// all but the base weights, which are loaded and which the plan counts already), and less
+// the program's whole code once more: the training loop's pages are not resident yet, and
+// they were the 0.4 MiB by which measured peaks passed the plan.
 static const int backend_measures_free_memory = 0;
 static double model_memory_budget(Model *m, double limit) {
-    long pages = 0, resident = 0;
+    long pages = 0, resident = 0, shared = 0, text = 0;
     FILE *f = fopen("/proc/self/statm", "r");
-    if (f && fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    if (f && fscanf(f, "%ld %ld %ld %ld", &pages, &resident, &shared, &text) != 4) resident = text = 0;
     if (f) fclose(f);
     double weights = (m->host.shards ? m->host.units.shard_numel : m->host.num_params) * sizeof(float);
-    double outside = resident * (double)sysconf(_SC_PAGESIZE) - weights;
+    double outside = (resident + text) * (double)sysconf(_SC_PAGESIZE) - weights;
     return limit - (outside > 0 ? outside : 0);
 }
 // QLoRA: a layer unit in fp32 and the absmax values of its biggest weight (deq, deq_absmax)

@@ -1023,10 +1023,11 @@ static double flops_per_sequence(const HostModel *m, int T) {
 }
 
 // What training holds, known before it starts: printed as the memory plan
-// (and alone with --dry_run). Per process; this trainer runs one rank.
-static double memory_plan(const Model *m, const Dataset *train, const Dataset *val, int print) {
+// (and alone with --dry_run). Per process; this trainer runs one rank, which holds
+// step_rows rows of a step's batch at once (its micro-batches x rows: train_begin).
+static double memory_plan(const Model *m, const Dataset *train, const Dataset *val, long step_rows, int print) {
     const double MiB = 1048576.0;
-    double weights = m->weight_bytes, trainable = m->param_bytes, data = 0;
+    double weights = m->weight_bytes, trainable = m->param_bytes, data = step_rows * (double)m->T * 2 * sizeof(int);
     for (int i = 0; i < 2; i++) {
         const Dataset *d = i ? val : train;
         if (d && d->store) data += d->n_tokens * 5.0 + d->n_rows * 8.0; // tokens and label flags (mapped cache)
@@ -1049,7 +1050,7 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
         printf("  %-34s %10.1f MiB   (chunks of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
                m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
         printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->carry_bytes / MiB);
-        printf("  %-34s %10.1f MiB\n", "tokenized data (host memory)", data / MiB);
+        printf("  %-34s %10.1f MiB\n", "tokenized data and the batch", data / MiB);
         printf("  %-34s %10.1f MiB\n", "total", total / MiB);
     }
     return total;
@@ -1100,19 +1101,21 @@ static int batch_auto(TrainConfig *tc, Model *m, Fsdp *f, const Dataset *train, 
     const double MiB = 1048576.0;
     int W = f->world.size, recompute = !strcmp(tc->chunk_memory, "recompute"), lo = 0, hi = BATCH_SIZE_MAX; // lo fits (0: none)
     double budget = model_memory_budget(m, tc->memory_limit * 1073741824.0), need[2];
+    long G = tc->global_batch_size, GA = tc->grad_accum ? tc->grad_accum : 1;
+    #define STEP_ROWS(B) (G ? G / W : GA * (B)) // a rank's rows of a step
     while (lo < hi) {
         int mid = lo + (hi - lo + 1) / 2;
         model_plan(m, mid, T, tc->chunk_size, recompute, tc->num_output_chunks);
-        if (memory_plan(m, train, val, 0) <= budget) lo = mid;
+        if (memory_plan(m, train, val, STEP_ROWS(mid), 0) <= budget) lo = mid;
         else hi = mid - 1;
     }
-    long G = tc->global_batch_size;
     if (G % W) lo = 0; // no B x W rows divide it (batch_derive would say so, later)
     while (lo > 0 && G && G % ((long)lo * W)) lo--;
     for (int i = 0; i < 2; i++) { // what the chosen batch and one more row need (for the message)
         model_plan(m, lo + i > 0 ? lo + i : 1, T, tc->chunk_size, recompute, tc->num_output_chunks);
-        need[i] = memory_plan(m, train, val, 0);
+        need[i] = memory_plan(m, train, val, STEP_ROWS(lo + i > 0 ? lo + i : 1), 0);
     }
+    #undef STEP_ROWS
     if (!lo && G % W) fprintf(stderr, "error: --global_batch_size %ld is not a multiple of the %d ranks\n", G, W);
     else if (!lo)
         fprintf(stderr, "error: --batch_size auto: even one row per micro-batch needs a memory plan of %.1f MiB, more than the "
@@ -1409,7 +1412,7 @@ static void print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
            !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.use_dora ? "DoRA" : "LoRA", r->opt.n,
            m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
            r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
-    memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, 1);
+    memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, (long)tc->grad_accum * tc->batch_size, 1);
 }
 
 // What the steps need: the metrics file (rank 0; on resume cut back to the

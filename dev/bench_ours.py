@@ -76,7 +76,7 @@ class Trainer:
         t = re.search(r"T <= (\d+)", p.stdout)
         if not t or int(t.group(1)) != T:
             sys.exit(f"error: the dry run trains rows of {t and t.group(1)} tokens, not {T}: --data has too few tokens")
-        return lines["total"] - lines["tokenized data (host memory)"]
+        return lines["total"] - lines["tokenized data and the batch"]
 
     def fits(self, lora, T, B, extra):
         return self.plan(lora, T, B, extra) <= self.args.gpu_mib - self.args.reserve_mib
