@@ -64,7 +64,7 @@ static inline void gemm_tile(vfloat c[GEMM_MR][2], int rows, int n, const float 
                              int ldb) {
     const float *ar[GEMM_MR];
     for (int i = 0; i < GEMM_MR; i++) ar[i] = a + (size_t)(i < rows ? i : rows - 1) * ars;
-    memset(c, 0, GEMM_MR * sizeof c[0]);
+    for (int i = 0; i < GEMM_MR; i++) c[i][0] = c[i][1] = (vfloat){0}; // (memset became a library call: 1-3% of a step)
     for (int k = 0; k < n; k++) {
         vfloat b0 = *(const vfloat *)(b + (size_t)k * ldb), b1 = *(const vfloat *)(b + (size_t)k * ldb + GEMM_VLEN);
         for (int i = 0; i < GEMM_MR; i++) {
@@ -159,6 +159,42 @@ static void gemm_pack_b(float *bp, int N, int K, const float *B, int ldb, int tr
         gemm_pack_b_block(bp + gemm_packed_b_floats(N, k0), N, B, ldb, transB, k0, K - k0 < KC ? K - k0 : KC);
 }
 
+// gemm with B packed whole beforehand (Bp): each thread takes its share of A's strips of
+// rows and runs them through every block of k alone, packing its own strips of A, so the
+// threads never wait for each other between blocks. The output head's backward (K = V =
+// 32000: 100 blocks of k, and N = D = 288: 6 uneven tasks a block) spent 4% of a 2-thread
+// step waiting at those barriers. The same floats meet in the same order as in gemm.
+static void gemm_rows(int M, int N, int K, float alpha, const float *A, int lda, int transA, const float *Bp,
+                      float *C, int ldc, int accumulate) {
+    size_t strips = (size_t)(M + GEMM_MR - 1) / GEMM_MR, Np = (size_t)(N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+    int KC = gemm_kc(K);
+    float *ap = gemm_scratch; // rows i.. of a block at ap + i * KC (not kc: the last block may be shorter
+                              // while another thread still reads the one before): each thread its own
+    #pragma omp parallel
+    {
+        size_t t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num(), nt = omp_get_num_threads();
+#endif
+        size_t i0 = strips * t / nt * GEMM_MR, i1 = strips * (t + 1) / nt * GEMM_MR; // this thread's rows
+        for (int k0 = 0; k0 < K; k0 += KC) {
+            int kc = K - k0 < KC ? K - k0 : KC, add = accumulate || k0 > 0;
+            const float *bp = Bp + Np * k0;
+            for (size_t i = i0; i < i1; i += GEMM_MR)
+                gemm_pack(ap + i * KC, A, lda, !transA, i, (size_t)M, k0, kc, GEMM_MR, alpha);
+            // blocks of NC columns of B (in L2), within them of MC rows of A, as gemm's
+            for (size_t jb = 0; jb < Np; jb += GEMM_NC)
+                for (size_t ib = i0; ib < i1; ib += GEMM_MC)
+                    for (size_t j = jb; j < Np && j < jb + GEMM_NC; j += GEMM_NR)
+                        for (size_t i = ib; i < i1 && i < ib + GEMM_MC; i += GEMM_MR) {
+                            int mr = M - (int)i < GEMM_MR ? M - (int)i : GEMM_MR;
+                            int nr = N - (int)j < GEMM_NR ? N - (int)j : GEMM_NR;
+                            gemm_kernel(kc, ap + i * KC, bp + j * kc, C + i * ldc + j, ldc, mr, nr, add);
+                        }
+        }
+    }
+}
+
 // C (M, N) = [C +] alpha * op(A) (M, K) @ op(B) (K, N); Bp: B packed by gemm_pack_b, or NULL
 // to pack it here (the same floats either way)
 static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int transA,
@@ -174,6 +210,7 @@ static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int 
     gemm_reserve(gemm_scratch_floats(M, N, K));
     int KC = gemm_kc(K);
     float *ap = gemm_scratch, *bp = gemm_scratch + gemm_a_floats(M, K);
+    if (Bp) { gemm_rows(M, N, K, alpha, A, lda, transA, Bp, C, ldc, accumulate); return; }
     for (int k0 = 0; k0 < K; k0 += KC) {
         int kc = K - k0 < KC ? K - k0 : KC, add = accumulate || k0 > 0;
         // pack alpha * A into strips of MR rows, ap[strip][k][i], and B into strips of
@@ -181,8 +218,7 @@ static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int 
         #pragma omp parallel for
         for (size_t s = 0; s < Mp / GEMM_MR; s++)
             gemm_pack(ap + s * GEMM_MR * kc, A, lda, !transA, s * GEMM_MR, (size_t)M, k0, kc, GEMM_MR, alpha);
-        if (Bp) bp = (float *)Bp + Np * k0;
-        else gemm_pack_b_block(bp, N, B, ldb, transB, k0, kc);
+        gemm_pack_b_block(bp, N, B, ldb, transB, k0, kc);
         int nbm = (int)((Mp + GEMM_MC - 1) / GEMM_MC), nbn = (int)((Np + GEMM_NC - 1) / GEMM_NC);
         #pragma omp parallel for collapse(2) schedule(dynamic)
         for (int bn = 0; bn < nbn; bn++)
@@ -658,14 +694,19 @@ static void attention_backward(float *dq, float *dk, float *dv, const float *dou
 // order at the end), a ragged tail of the row padded with -inf (e^-inf = 0). What is
 // left is mostly reading the logits from memory.
 typedef double vdouble __attribute__((vector_size(GEMM_VLEN * sizeof(double))));
+//
+// The rows' losses are summed in row order after the parallel loop, not by OpenMP's
+// reduction, whose partial sums depend on the thread count (and, from 3 threads, meet in
+// whatever order the threads finish): the loss is then the same at any thread count.
 static double crossentropy_forward_backward(float *logits, const int *targets, int n, int V, float grad_scale) {
-    double loss = 0;
+    double *row_loss = (double *)mallocCheck((size_t)n * sizeof(double)), loss = 0;
     int nv = V / GEMM_VLEN, tail = V - nv * GEMM_VLEN;
-    #pragma omp parallel for reduction(+ : loss)
+    #pragma omp parallel for
     for (int i = 0; i < n; i++) {
         float *z = logits + (size_t)i * V;
         vfloat_u *zv = (vfloat_u *)z;
         int y = targets[i];
+        row_loss[i] = 0;
         if (y < 0) { if (grad_scale != 0.0f) memset(z, 0, V * sizeof(float)); continue; }
         vfloat last = (vfloat){0} - INFINITY; // the tail, padded
         for (int j = 0; j < tail; j++) last[j] = z[nv * GEMM_VLEN + j];
@@ -684,13 +725,15 @@ static double crossentropy_forward_backward(float *logits, const int *targets, i
         for (int j = 0; j < tail; j++) z[nv * GEMM_VLEN + j] = last[j];
         double sum = 0;
         for (int j = 0; j < GEMM_VLEN; j++) sum += vsum[j];
-        loss += maxv + log(sum) - zy;
+        row_loss[i] = maxv + log(sum) - zy;
         if (grad_scale != 0.0f) {
             float sc = (float)(grad_scale / sum);
             for (int j = 0; j < V; j++) z[j] *= sc;
             z[y] -= grad_scale;
         }
     }
+    for (int i = 0; i < n; i++) loss += row_loss[i];
+    free(row_loss);
     return loss;
 }
 
@@ -1364,10 +1407,18 @@ static void sgd_update(float *p, const float *g, float *buf, size_t n, int first
     }
 }
 
+// sum of g[i]^2 in double, the same at any thread count (it decides gradient clipping): in
+// a fixed number of blocks, each summed in order by one thread, then the blocks in order
+#define SUMSQ_BLOCKS 256
 static double grad_sumsq(const float *g, size_t n) {
-    double s = 0;
-    #pragma omp parallel for reduction(+ : s)
-    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+    double part[SUMSQ_BLOCKS], s = 0;
+    #pragma omp parallel for
+    for (int b = 0; b < SUMSQ_BLOCKS; b++) {
+        double p = 0;
+        for (size_t i = n * b / SUMSQ_BLOCKS; i < n * (b + 1) / SUMSQ_BLOCKS; i++) p += (double)g[i] * g[i];
+        part[b] = p;
+    }
+    for (int b = 0; b < SUMSQ_BLOCKS; b++) s += part[b];
     return s;
 }
 static double grad_norm(const float *g, size_t n) { return sqrt(grad_sumsq(g, n)); }

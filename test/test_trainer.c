@@ -21,6 +21,10 @@
 //   numbers, at 5 standard errors), the norms 1; the same bits at any thread
 //   count and as shards at any world size; a run trains (loss finite and
 //   falling) and repeats bit for bit.
+// - The sums behind the reported loss (cross-entropy over rows) and gradient clipping
+//   (the squared gradient norm) give the same bits at 1, 2, 3 and 5 threads, run after
+//   run (OpenMP's reductions did not: their partial sums follow the thread count and,
+//   from 3 threads, meet in the order the threads finish).
 #define TESTING
 #include "../train_llama2.c"
 #include "test_common.h"
@@ -448,6 +452,34 @@ static void test_loss_scale_sequence(void) {
     json_free(&exp);
 }
 
+static void test_thread_count_sums(void) {
+#ifdef _OPENMP
+    int threads = omp_get_max_threads(), counts[] = {1, 2, 3, 5, 3, 5};
+    size_t n = 1000003; // not a multiple of anything the loops split by
+    int rows = 97, V = 1003, *targets = (int *)mallocCheck(rows * sizeof(int));
+    float *g = (float *)mallocCheck(n * sizeof(float)), *logits = (float *)mallocCheck((size_t)rows * V * sizeof(float));
+    float *z = (float *)mallocCheck((size_t)rows * V * sizeof(float));
+    uint64_t st = 42;
+    for (size_t i = 0; i < n; i++) g[i] = rng_uniform(&st) * 2.5f - 1.25f;
+    for (size_t i = 0; i < (size_t)rows * V; i++) logits[i] = rng_uniform(&st) * 20.0f - 10.0f;
+    for (int i = 0; i < rows; i++) targets[i] = i % 11 == 5 ? -100 : (int)(rng_next(&st) % V);
+    double sumsq[6], loss[6];
+    for (int k = 0; k < 6; k++) {
+        omp_set_num_threads(counts[k]);
+        sumsq[k] = grad_sumsq(g, n);
+        memcpy(z, logits, (size_t)rows * V * sizeof(float));
+        loss[k] = crossentropy_forward_backward(z, targets, rows, V, 0.25f);
+    }
+    omp_set_num_threads(threads);
+    int same = 1;
+    for (int k = 1; k < 6; k++) same &= sumsq[k] == sumsq[0] && loss[k] == loss[0];
+    CHECK(same, "the loss and the gradient norm's sums: the same bits at 1, 2, 3 and 5 threads, twice",
+          "sumsq %.17g %.17g %.17g %.17g; loss %.17g %.17g %.17g %.17g", sumsq[0], sumsq[1], sumsq[2], sumsq[3],
+          loss[0], loss[1], loss[2], loss[3]);
+    free(g), free(logits), free(z), free(targets);
+#endif
+}
+
 int main(void) {
     test_loss_scale_sequence();
     snprintf(tmpdir, sizeof tmpdir, "/tmp/llama2tune_test_trainer_XXXXXX");
@@ -460,6 +492,7 @@ int main(void) {
     test_device_backend();
     test_optimizer_state();
     test_memory_plan();
+    test_thread_count_sums(); // (after test_memory_plan: it starts OpenMP threads, see below)
     test_random_init(); // last: it starts OpenMP threads, and a child forked after that (test_memory_plan's) hangs in libgomp
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
