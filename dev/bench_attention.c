@@ -29,6 +29,7 @@ static float *random_floats(size_t n, uint64_t *state) {
 
 int main(void) {
     const Shape shapes[] = {
+        {4, 256, 0, 256, 6, 6, 48, 0},         // a stories15M layer (dev/bench_cpu.py): hd 48
         {1, 1024, 0, 1024, 4, 4, 64, 0},       // the dev/bench_chunked.py model, whole sequence
         {1, 1024, 768, 256, 4, 4, 64, 0},      // ... its last chunk of 256
         {1, 4096, 0, 4096, 4, 4, 32, 0},
