@@ -104,9 +104,10 @@ $(addprefix $(B),test/test_config test/test_llama2 test/test_attention test/test
 $(B)test/test_default: support/default_model.h
 $(B)test/test_trainer: test/random_model.h
 
+# (-O1: it replays small inputs in under a second; -O3 took twice as long to build, a minute)
 $(B)test/test_fuzz_replay: test/test_fuzz_replay.c $(FUZZ_SRCS) dev/fuzz/fuzz.h train_llama2.c $(HEADERS) test/test_common.h fsdp.h
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -DFUZZ_REPLAY -D'FUZZ_LIST(X)=$(foreach t,$(FUZZ_TARGETS),X($(t)))' -o $@ test/test_fuzz_replay.c $(FUZZ_SRCS) $(LDLIBS)
+	$(CC) $(CFLAGS) -O1 -DFUZZ_REPLAY -D'FUZZ_LIST(X)=$(foreach t,$(FUZZ_TARGETS),X($(t)))' -o $@ test/test_fuzz_replay.c $(FUZZ_SRCS) $(LDLIBS)
 
 # the emulated build's NCCL (dev/emu/nccl.h) on its own, in C++ as the execution layer is
 $(B)test/test_emu_nccl: test/test_emu_nccl.cc dev/emu/nccl.h dev/emu/types.h test/test_common.h test/stderr_of.h
@@ -171,11 +172,18 @@ build-arch/train_llama2cu_sm%: $(CUDA_TRAINER)
 	$(NVCC) $(NVCCFLAGS_BASE) -gencode arch=compute_$*,code=sm_$* $(NVCC_FSDP) -o $@ $< $(CUDA_LDLIBS) $(NVCC_FSDP_LIBS)
 
 # every CUDA target (fsdp_nccl where nccl.h is); cuda-compile-check (CI, no GPU
-# needed) builds them all for sm_80 and sm_90, and the trainer for sm_75 (and sm_70
+# needed) builds them for sm_80 and sm_90 (the kernel checks for sm_90), and the trainer for sm_75 (and sm_70
 # where nvcc has it: dev/cuda/compile_check.sh), with warnings as errors; dev/gpu_check.sh
 # runs them on a GPU
 cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu $(if $(NCCL_H),dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp)
-cuda-compile-check: cuda build-arch/train_llama2cu_sm75
+# The check builds the kernel checks for sm_90 alone, apart (build-arch/sm90/): the kernels
+# they share with the trainer are compiled for both architectures with it, and the checks'
+# second architecture took half of the step's 3.5 minutes.
+$(CUDA_CHECKS:%=build-arch/sm90/%): build-arch/sm90/dev/cuda/%: dev/cuda/%.cu dev/cuda/cpu_ref.o $(CUDA_HEADERS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS_BASE) -gencode arch=compute_90,code=sm_90 -o $@ $< dev/cuda/cpu_ref.o $(CUDA_LDLIBS)
+cuda-compile-check: train_llama2cu test/test_llama2cu $(if $(NCCL_H),dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp) \
+    $(CUDA_CHECKS:%=build-arch/sm90/%) build-arch/train_llama2cu_sm75
 
 # ----------------------------------------------------------------------------
 # The emulated build (issue 17, dev/emu/): the CUDA sources compiled by the host
@@ -231,6 +239,11 @@ $(EMU)/train_llama2 $(EMU)/test/test_llama2cu $(EMU)/dev/cuda/fsdp_nccl: EMU_DEF
 $(EMU)/train_llama2 $(EMU)/dev/cuda/fsdp_nccl: EMU_OBJS = $(NVCC_MPI_LIBS)
 $(EMU)/test/test_llama2cu: EMU_OBJS = test/cpu_twin.o $(NVCC_MPI_LIBS)
 $(EMU)/test/test_llama2cu: test/cpu_twin.o
+# test_llama2cu's ~750 checks without the sanitizers, which made them 3x slower (17 of make
+# test's 29 minutes): device memory keeps its own checks (every allocation its own mapping,
+# a guard page after it, closed to the host between launches), and the ASan + UBSan build
+# of the trainer runs in test_llama2cu_sharded.sh
+$(EMU)/test/test_llama2cu: EMU_ASAN =
 train_llama2cu_emu: $(EMU)/train_llama2
 	cp $< $@
 emu-test: $(EMU_TESTS)

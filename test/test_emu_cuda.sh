@@ -8,10 +8,10 @@
 # 2. test_llama2cu, the CUDA trainer against the CPU twin, every case of the GPU
 #    run, in two processes that share the cases (--part 0/2 and 1/2: the two cores
 #    a CI machine has), the second with blocks and streams in shuffled orders.
-# The emulated programs are ASan + UBSan builds: an out-of-bounds access, a
-# divergent barrier or a host read of device memory stops one with a report,
-# which fails it here. Streams run lazily (EMU_STREAMS, dev/emu/runtime.h), so a
-# missing event wait shows as a wrong result.
+# The emulated kernel checks are ASan + UBSan builds (test_llama2cu is not: see the
+# Makefile): an out-of-bounds access, a divergent barrier or a host read of device
+# memory stops one with a report, which fails it here. Streams run lazily
+# (EMU_STREAMS, dev/emu/runtime.h), so a missing event wait shows as a wrong result.
 cd "$(dirname "$0")/.."
 EMU=build-emu
 checks="matmul attention embedding rmsnorm rope swiglu crossentropy adamw sgd grad_norm elementwise lora dequant"

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # make test's CUDA step: compiles every CUDA target (the CUDA trainer, which
-# includes every host header it shares with train_llama2.c, test_llama2cu, and the
-# kernel checks) for sm_80 and sm_90, and the trainer for sm_75 (T4: fp16 only) and,
-# where this nvcc still has Volta (CUDA 12 and older; 13 dropped it), sm_70 (V100),
-# with warnings as errors (make
-# cuda-compile-check; no GPU needed), so a compile break cannot land. Prints one
-# ok / FAIL / SKIP line for test/run.sh to count.
+# includes every host header it shares with train_llama2.c, and test_llama2cu for
+# sm_80 and sm_90; the kernel checks for sm_90), and the trainer for sm_75 (T4: fp16
+# only) and, where this nvcc still has Volta (CUDA 12 and older; 13 dropped it), sm_70
+# (V100), with warnings as errors (make cuda-compile-check; no GPU needed), so a
+# compile break cannot land. Prints one ok / FAIL / SKIP line for test/run.sh to count.
 cd "$(dirname "$0")/../.."
 nvcc=${NVCC:-nvcc}
 if ! command -v "$nvcc" >/dev/null; then
@@ -19,7 +18,7 @@ if ! "$nvcc" --list-gpu-arch 2>/dev/null | grep -qx compute_70; then
     volta= archs="sm_75 (this nvcc has no sm_70: CUDA 13 dropped Volta)"
 fi
 if make -j"$(nproc)" cuda-compile-check $volta NVCC="$nvcc" >"$log" 2>&1; then
-    echo "ok cuda compile check: every CUDA target for sm_80 and sm_90, the trainer for $archs, -Werror ($(( $(date +%s) - start )) s)"
+    echo "ok cuda compile check: the trainer and its test for sm_80 and sm_90, the kernel checks for sm_90, the trainer for $archs, -Werror ($(( $(date +%s) - start )) s)"
     rc=0
 else
     cat "$log"
