@@ -182,7 +182,8 @@ static void lora_forward(const LoRA *l, int layer, int t, float *out, const floa
 }
 
 // given dout (N, out): dB += scale dout^T h, dA += dh^T dropout(x) with dh = scale dout B,
-// and dinp (N, in) += dropout'(dh A). dh is scratch (N, r); xdrop as in the forward.
+// and dinp (N, in) += dropout'(dh A) (dinp NULL: not needed). dh is scratch (N, r); xdrop as
+// in the forward.
 static void lora_backward(LoRA *l, int layer, int t, float *dinp, const float *dout, const float *inp,
                           const float *h, float *dh, float *xdrop, const Chunk *ch, uint64_t key) {
     int in = l->in[t], r = l->r, N = ch->B * ch->len;
@@ -195,11 +196,13 @@ static void lora_backward(LoRA *l, int layer, int t, float *dinp, const float *d
         return;
     }
     // with dropout the input gradient passes through the same mask: compute dx_drop, then mask it in
-    memset(xdrop, 0, (size_t)N * in * sizeof(float));
-    matmul_backward(xdrop, NULL, dh, NULL, lora_A(l, l->params, layer, t), N, in, r, 1.0f);
-    lora_dropout(l, xdrop, xdrop, in, ch, dkey);
-    #pragma omp parallel for
-    for (size_t i = 0; i < (size_t)N * in; i++) dinp[i] += xdrop[i];
+    if (dinp) {
+        memset(xdrop, 0, (size_t)N * in * sizeof(float));
+        matmul_backward(xdrop, NULL, dh, NULL, lora_A(l, l->params, layer, t), N, in, r, 1.0f);
+        lora_dropout(l, xdrop, xdrop, in, ch, dkey);
+        #pragma omp parallel for
+        for (size_t i = 0; i < (size_t)N * in; i++) dinp[i] += xdrop[i];
+    }
     // dA += dh^T @ dropout(x): regenerate the dropped input once more (xdrop now holds dx)
     lora_dropout(l, xdrop, inp, in, ch, dkey);
     matmul_backward(NULL, lora_A(l, l->grads, layer, t), dh, xdrop, NULL, N, in, r, 1.0f);
@@ -268,7 +271,8 @@ static void dora_forward(const LoRA *l, int layer, int t, float *out, const floa
 }
 
 // given dout (N, O), with dinp (N, in) already holding dout W (the base path): dm, dA, dB
-// and the rest of dinp: dropout'((s - 1) dout W) and the LoRA path's for s dout.
+// and the rest of dinp: dropout'((s - 1) dout W) and the LoRA path's for s dout (dinp NULL:
+// not needed).
 // dh, xdrop, pre as scratch (dh (N, r), the others as in dora_forward).
 static void dora_backward(LoRA *l, int layer, int t, float *dinp, const float *dout, const float *inp, const float *w,
                           const float *h, float *dh, float *xdrop, float *pre, const float *norm, const Chunk *ch,
@@ -282,12 +286,14 @@ static void dora_backward(LoRA *l, int layer, int t, float *dinp, const float *d
     matmul_forward(pre, h, lora_B(l, l->params, layer, t), N, l->r, O, l->scale, 1);
     dora_magnitude_backward(lora_mag(l, l->grads, layer, t), dout, pre, norm, N, O);
     // the base path's (s - 1) W xd: dinp += dropout'((s - 1) dout W)
-    dora_scale(pre, dout, mag, norm, N, O, -1.0f, 0);
-    memset(xdrop, 0, (size_t)N * in * sizeof(float));
-    matmul_backward(xdrop, NULL, pre, NULL, w, N, in, O, 1.0f);
-    if (dropping) lora_dropout(l, xdrop, xdrop, in, ch, dkey);
-    #pragma omp parallel for
-    for (size_t i = 0; i < (size_t)N * in; i++) dinp[i] += xdrop[i];
+    if (dinp) {
+        dora_scale(pre, dout, mag, norm, N, O, -1.0f, 0);
+        memset(xdrop, 0, (size_t)N * in * sizeof(float));
+        matmul_backward(xdrop, NULL, pre, NULL, w, N, in, O, 1.0f);
+        if (dropping) lora_dropout(l, xdrop, xdrop, in, ch, dkey);
+        #pragma omp parallel for
+        for (size_t i = 0; i < (size_t)N * in; i++) dinp[i] += xdrop[i];
+    }
     // the LoRA path, s scale B A xd: LoRA's backward of s dout
     dora_scale(pre, dout, mag, norm, N, O, 0.0f, 0);
     lora_backward(l, layer, t, dinp, pre, inp, h, dh, xdrop, ch, key);

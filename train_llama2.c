@@ -1269,14 +1269,18 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         linear_backward(m, act.lora_h, ch, l, LORA_O, a->datty, g.wo, a->dresid, act.atty, w.wo);
         attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
         rope_backward(a->dq, m->rope_cos, m->rope_sin, ch, NH, hd);
-        memset(a->dln, 0, ND * sizeof(float));
-        linear_backward(m, act.lora_h, ch, l, LORA_Q, a->dln, g.wq, a->dq, act.ln1, w.wq);
+        // LoRA's layer 0: nothing below it trains (the embedding, the norms), so the gradient of
+        // its input is not needed: q, k and v skip their input products, as autograd skips them
+        // (3 of the layer's 7; 1% of a stories15M step)
+        float *dln = full || l > 0 ? a->dln : NULL;
+        if (dln) memset(dln, 0, ND * sizeof(float));
+        linear_backward(m, act.lora_h, ch, l, LORA_Q, dln, g.wq, a->dq, act.ln1, w.wq);
         carry_copy(dkc, a->kv, ch, KV, -1);
         rope_backward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd);
-        linear_backward(m, act.lora_h, ch, l, LORA_K, a->dln, g.wk, a->kv, act.ln1, w.wk);
+        linear_backward(m, act.lora_h, ch, l, LORA_K, dln, g.wk, a->kv, act.ln1, w.wk);
         carry_copy(dvc, a->kv, ch, KV, -1);
-        linear_backward(m, act.lora_h, ch, l, LORA_V, a->dln, g.wv, a->kv, act.ln1, w.wv);
-        rmsnorm_backward(a->dresid, g.attn_norm, a->dln, act.x, w.attn_norm, act.rstd1, N, D);
+        linear_backward(m, act.lora_h, ch, l, LORA_V, dln, g.wv, a->kv, act.ln1, w.wv);
+        if (dln) rmsnorm_backward(a->dresid, g.attn_norm, dln, act.x, w.attn_norm, act.rstd1, N, D);
         if (full) grads_done(m, fsdp_layer_unit(l));
     }
     if (full && !frozen) {
