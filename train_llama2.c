@@ -159,6 +159,19 @@ static void gemm_pack_b(float *bp, int N, int K, const float *B, int ldb, int tr
         gemm_pack_b_block(bp + gemm_packed_b_floats(N, k0), N, B, ldb, transB, k0, K - k0 < KC ? K - k0 : KC);
 }
 
+// C's rows i0 .. i1 - 1 and columns j0 .. j1 - 1 (multiples of MR and NR) of one block of k,
+// kc deep, tile by tile from the packed strips: A's row i at ap + i * astep, B's column j at
+// bp + j * kc (astep: kc, or a block's full depth where strips stay put between blocks)
+static void gemm_block(int M, int N, int kc, const float *ap, size_t astep, const float *bp, float *C, int ldc,
+                       size_t i0, size_t i1, size_t j0, size_t j1, int add) {
+    for (size_t j = j0; j < j1; j += GEMM_NR)
+        for (size_t i = i0; i < i1; i += GEMM_MR) {
+            int mr = M - (int)i < GEMM_MR ? M - (int)i : GEMM_MR;
+            int nr = N - (int)j < GEMM_NR ? N - (int)j : GEMM_NR;
+            gemm_kernel(kc, ap + i * astep, bp + j * kc, C + i * ldc + j, ldc, mr, nr, add);
+        }
+}
+
 // gemm with B packed whole beforehand (Bp): each thread takes its share of A's strips of
 // rows and runs them through every block of k alone, packing its own strips of A, so the
 // threads never wait for each other between blocks. The output head's backward (K = V =
@@ -185,12 +198,8 @@ static void gemm_rows(int M, int N, int K, float alpha, const float *A, int lda,
             // blocks of NC columns of B (in L2), within them of MC rows of A, as gemm's
             for (size_t jb = 0; jb < Np; jb += GEMM_NC)
                 for (size_t ib = i0; ib < i1; ib += GEMM_MC)
-                    for (size_t j = jb; j < Np && j < jb + GEMM_NC; j += GEMM_NR)
-                        for (size_t i = ib; i < i1 && i < ib + GEMM_MC; i += GEMM_MR) {
-                            int mr = M - (int)i < GEMM_MR ? M - (int)i : GEMM_MR;
-                            int nr = N - (int)j < GEMM_NR ? N - (int)j : GEMM_NR;
-                            gemm_kernel(kc, ap + i * KC, bp + j * kc, C + i * ldc + j, ldc, mr, nr, add);
-                        }
+                    gemm_block(M, N, kc, ap, KC, bp, C, ldc, ib, ib + GEMM_MC < i1 ? ib + GEMM_MC : i1, jb,
+                               jb + GEMM_NC < Np ? jb + GEMM_NC : Np, add);
         }
     }
 }
@@ -208,9 +217,9 @@ static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int 
     size_t Mp = (size_t)(M + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
     size_t Np = (size_t)(N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
     gemm_reserve(gemm_scratch_floats(M, N, K));
+    if (Bp) { gemm_rows(M, N, K, alpha, A, lda, transA, Bp, C, ldc, accumulate); return; }
     int KC = gemm_kc(K);
     float *ap = gemm_scratch, *bp = gemm_scratch + gemm_a_floats(M, K);
-    if (Bp) { gemm_rows(M, N, K, alpha, A, lda, transA, Bp, C, ldc, accumulate); return; }
     for (int k0 = 0; k0 < K; k0 += KC) {
         int kc = K - k0 < KC ? K - k0 : KC, add = accumulate || k0 > 0;
         // pack alpha * A into strips of MR rows, ap[strip][k][i], and B into strips of
@@ -225,12 +234,7 @@ static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int 
             for (int bm = 0; bm < nbm; bm++) {
                 size_t j1 = (size_t)(bn + 1) * GEMM_NC < Np ? (size_t)(bn + 1) * GEMM_NC : Np;
                 size_t i1 = (size_t)(bm + 1) * GEMM_MC < Mp ? (size_t)(bm + 1) * GEMM_MC : Mp;
-                for (size_t j = (size_t)bn * GEMM_NC; j < j1; j += GEMM_NR)
-                    for (size_t i = (size_t)bm * GEMM_MC; i < i1; i += GEMM_MR) {
-                        int mr = M - (int)i < GEMM_MR ? M - (int)i : GEMM_MR;
-                        int nr = N - (int)j < GEMM_NR ? N - (int)j : GEMM_NR;
-                        gemm_kernel(kc, ap + i * kc, bp + j * kc, C + i * ldc + j, ldc, mr, nr, add);
-                    }
+                gemm_block(M, N, kc, ap, kc, bp, C, ldc, (size_t)bm * GEMM_MC, i1, (size_t)bn * GEMM_NC, j1, add);
             }
     }
 }
