@@ -172,7 +172,7 @@ build-arch/train_llama2cu_sm%: $(CUDA_TRAINER)
 	$(NVCC) $(NVCCFLAGS_BASE) -gencode arch=compute_$*,code=sm_$* $(NVCC_FSDP) -o $@ $< $(CUDA_LDLIBS) $(NVCC_FSDP_LIBS)
 
 # every CUDA target (fsdp_nccl where nccl.h is); cuda-compile-check (CI, no GPU
-# needed) builds them for sm_80 and sm_90 (the kernel checks for sm_90), and the trainer for sm_75 (and sm_70
+# needed) builds the trainer for sm_80 and sm_90 (test_llama2cu and the kernel checks for sm_90), and for sm_75 (and sm_70
 # where nvcc has it: dev/cuda/compile_check.sh), with warnings as errors; dev/gpu_check.sh
 # runs them on a GPU
 cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu $(if $(NCCL_H),dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp)
@@ -182,8 +182,18 @@ cuda: $(CUDA_CHECKS) train_llama2cu test/test_llama2cu $(if $(NCCL_H),dev/cuda/f
 $(CUDA_CHECKS:%=build-arch/sm90/%): build-arch/sm90/dev/cuda/%: dev/cuda/%.cu dev/cuda/cpu_ref.o $(CUDA_HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS_BASE) -gencode arch=compute_90,code=sm_90 -o $@ $< dev/cuda/cpu_ref.o $(CUDA_LDLIBS)
-cuda-compile-check: train_llama2cu test/test_llama2cu $(if $(NCCL_H),dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp) \
-    $(CUDA_CHECKS:%=build-arch/sm90/%) build-arch/train_llama2cu_sm75
+# test_llama2cu too (its kernels are the trainer's, compiled for both architectures there;
+# its second took 35 of the check's CPU seconds)
+build-arch/sm90/test/test_llama2cu: test/test_llama2cu.cu test/cpu_twin.o test/twin.h test/cpu_twin.h test/test_common.h \
+    test/random_model.h $(CUDA_TRAINER)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS_BASE) -gencode arch=compute_90,code=sm_90 $(NVCC_FSDP) -diag-suppress 177 -Xcompiler -Wno-unused-function \
+	    -o $@ $< test/cpu_twin.o $(CUDA_LDLIBS) $(NVCC_FSDP_LIBS)
+# sm_70 too where this nvcc still has Volta (CUDA 12 and older; 13 dropped it)
+CUDA_VOLTA = $(if $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_70),build-arch/train_llama2cu_sm70)
+CUDA_COMPILE_CHECK = train_llama2cu build-arch/sm90/test/test_llama2cu $(if $(NCCL_H),dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp) \
+    $(CUDA_CHECKS:%=build-arch/sm90/%) build-arch/train_llama2cu_sm75 $(CUDA_VOLTA)
+cuda-compile-check: $(CUDA_COMPILE_CHECK)
 
 # ----------------------------------------------------------------------------
 # The emulated build (issue 17, dev/emu/): the CUDA sources compiled by the host
@@ -219,6 +229,10 @@ $(EMU)/%: $(EMU)/src/%.cu $(EMU_SRCS:%=$(EMU)/src/%) $(EMU_HEADERS)
 $(EMU)-tsan/%: $(EMU)/src/%.cu $(EMU_SRCS:%=$(EMU)/src/%) $(EMU_HEADERS)
 	@mkdir -p $(@D)
 	$(EMU_TSAN_CXX) $(EMU_FLAGS) $(EMU_TSAN) $(EMU_PRELUDE) -o $@ -x c++ $< -x none $(EMU_OBJS)
+# the planted bugs need ASan and the execution layer's own checks only (no UBSan check is
+# planted), and no speed: unoptimized, they build in half the time (9.2 -> 4.x s each)
+$(EMU_PLANTED:%=$(EMU)/%): EMU_ASAN = -fsanitize=address
+$(EMU_PLANTED:%=$(EMU)/%): EMU_FLAGS += -O0
 # dev/emu/blas.h (cuBLAS and cuBLASLt) on its own, against products worked out by hand
 # from cuBLAS's documentation: plain C++ (no kernels, so no rewrite), with
 # dev/emu/blas_test_prelude.h standing in for the runtime (it holds enqueued work
@@ -250,14 +264,23 @@ emu-test: $(EMU_TESTS)
 	test/run.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas $(EMU)/test/test_emu_runtime \
 	    $(EMU)-tsan/test/test_emu_runtime test/test_emu_checkers.sh
 
-# (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out)
+# (the CUDA compile check belongs to the plain build: SANITIZE=1 leaves it out). Where nvcc
+# is, its programs are built here with the others, so that they share the cores (run as a
+# test of its own, after the build, the compile check kept two cores 64% busy: 337 CPU
+# seconds in 262); dev/cuda/compile_check.sh then reports what was built.
 RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
+# the tests run two at a time, the longest first: the multi-process ones spend much of
+# their time waiting for each other (test_sharded.sh: 81 CPU seconds in 105), so one at a
+# time left the cores 70% busy (RUN_JOBS=1: one at a time, each test's output as it comes)
+RUN_JOBS ?= 2
 test: $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if $(MPICC),$(B)test/train_llama2_nompi) \
-    $(if $(B),,$(EMU_TESTS) $(EMU_CHECKS) $(EMU)/dev/cuda/fsdp_nccl $(EMU)/test/test_llama2cu train_llama2cu_emu)
+    $(if $(B),,$(EMU_TESTS) $(EMU_CHECKS) $(EMU)/dev/cuda/fsdp_nccl $(EMU)/test/test_llama2cu train_llama2cu_emu \
+    $(if $(shell command -v $(NVCC) 2>/dev/null),$(CUDA_COMPILE_CHECK)))
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh $(RUN_TESTS) \
-	    test/test_fsdp.sh test/test_sharded.sh test/test_batch.sh test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh \
-	    test/test_emu_cuda.sh test/test_llama2cu_sharded.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas \
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} RUN_JOBS=$(RUN_JOBS) BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh \
+	    $(if $(B),,test/test_emu_cuda.sh test/test_llama2cu_sharded.sh) test/test_sharded.sh $(RUN_TESTS) \
+	    test/test_fsdp.sh test/test_batch.sh test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh \
+	    $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas \
 	    $(EMU)/test/test_emu_runtime $(EMU)-tsan/test/test_emu_runtime test/test_emu_checkers.sh)
 
 # libFuzzer builds: clang with -fsanitize=fuzzer (Debian: clang and libclang-rt-14-dev)

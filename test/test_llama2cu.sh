@@ -12,10 +12,10 @@
 #    value is refused naming the option; two ranks (dev/launch.sh 2) plan with host.
 #    --quantize (QLoRA) plans the 4-bit runs and a one-layer scratch, and over two
 #    ranks each rank's shards of the runs;
-# 2. test_llama2cu, the CUDA trainer against the CPU twin; without a GPU it says SKIP.
+# 2. test_llama2cu, the CUDA trainer against the CPU twin, where it is built; without a GPU it says SKIP.
 cd "$(dirname "$0")/.."
-if [ ! -x train_llama2cu ] || [ ! -x test/test_llama2cu ]; then
-    echo "SKIP train_llama2cu --dry_run, test_llama2cu: not built (no nvcc; see the cuda compile check above)"
+if [ ! -x train_llama2cu ]; then
+    echo "SKIP train_llama2cu --dry_run, test_llama2cu: not built (no nvcc; see the cuda compile check)"
     exit 0
 fi
 CPU=${BIN:-./train_llama2}
@@ -138,7 +138,13 @@ rc=$?
     ! grep -qE "CUDA ERROR|^error" "$TMP/w2.log"
 check "two ranks (dev/launch.sh 2), --collectives host, without a GPU" $? "exit $rc: $(tail -3 "$TMP/w2.log")"
 
-test/test_llama2cu
-rc=$?
+# (make test's compile check builds it apart, build-arch/sm90/; make cuda or make test/test_llama2cu, for this machine's GPU)
+rc=0
+if [ -x test/test_llama2cu ]; then
+    test/test_llama2cu
+    rc=$?
+else
+    echo "SKIP test_llama2cu: not built (make test/test_llama2cu; it needs a GPU to run)"
+fi
 [ $fails -eq 0 ] && exit $rc
 exit 1
