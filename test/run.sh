@@ -8,17 +8,17 @@ set -u
 jobs_max=${RUN_JOBS:-1}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-# the CPU time of this (sub)shell's finished children, in clock ticks (/proc: Linux; else 0)
+# cpu_ticks PID: the CPU time of the (sub)shell PID's finished children, in clock ticks (/proc: Linux; else 0)
 cpu_ticks() {
     local s
-    read -r s 2>/dev/null </proc/$BASHPID/stat || { echo 0; return; }
+    read -r s 2>/dev/null </proc/$1/stat || { echo 0; return; }
     set -- ${s##*) } # the fields after the command's name: cutime and cstime are the 14th and 15th
     echo $((${14} + ${15}))
 }
 hz=$(getconf CLK_TCK 2>/dev/null || echo 100)
 run_one() { # run_one I TEST: its output, then its time, in $dir/I.out (and on the screen when one at a time); its status in $dir/I.rc
-    local start=$SECONDS c0 rc line
-    c0=$(cpu_ticks)
+    local start=$SECONDS me=$BASHPID c0 rc line
+    c0=$(cpu_ticks $me)
     if [ "$jobs_max" -gt 1 ]; then
         $2 >"$dir/$1.out" 2>&1
         rc=$?
@@ -26,7 +26,7 @@ run_one() { # run_one I TEST: its output, then its time, in $dir/I.out (and on t
         $2 2>&1 | tee "$dir/$1.out"
         rc=${PIPESTATUS[0]}
     fi
-    line="== $2: $((SECONDS - start)) s (CPU $((($(cpu_ticks) - c0) / hz)) s)"
+    line="== $2: $((SECONDS - start)) s (CPU $((($(cpu_ticks $me) - c0) / hz)) s)"
     echo "$line" >>"$dir/$1.out"
     [ "$jobs_max" -gt 1 ] || echo "$line"
     echo $rc >"$dir/$1.rc"
