@@ -5,8 +5,8 @@
 #   make run              a short LoRA run on the tiny model shipped in test/fixtures
 #   make test SANITIZE=1  the same tests built with ASan + UBSan (into build-san/)
 #   make fuzz             every parser's libFuzzer target for FUZZ_SECONDS each (clang)
-# one build job per core (make test's build, the emulated CUDA programs above all, is half
-# its time; the tests themselves run one after another in its last recipe)
+# one build job per core (make test's build, the emulated CUDA programs above all, is two
+# thirds of its time; the tests themselves run in its last recipe, RUN_JOBS at a time)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
 CC ?= gcc
 CFLAGS ?= -O3 -march=native
@@ -278,7 +278,7 @@ emu-test: $(EMU_TESTS)
 RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
 # the tests run two at a time, the longest first: the multi-process ones spend much of
 # their time waiting for each other (test_sharded.sh: 81 CPU seconds in 105), so one at a
-# time left the cores 70% busy (RUN_JOBS=1: one at a time, each test's output as it comes)
+# time left a third of the two cores idle (RUN_JOBS=1: one at a time, each test's output as it comes)
 RUN_JOBS ?= 2
 # The programs are listed longest build first, so that no long build starts last while the
 # other core waits: the emulated trainer alone takes 3 minutes.
