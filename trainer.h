@@ -1438,6 +1438,7 @@ static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts, int T)
 // one optimizer step as train_step returns it, and its time
 typedef struct {
     double loss, norm, ms;
+    double cpu_ms; // the process's CPU time over the step, every thread's (ms x threads when all are busy)
     long n_tokens; // every rank's
     float lr;
     int skipped;   // NaN or infinite loss or norm: no update
@@ -1463,9 +1464,9 @@ static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, 
     if (!metrics) return 0;
     char lb[32], nb[32];
     fprintf(metrics, "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens\": %ld, \"skipped\": %d, "
-            "\"skipped_total\": %d, \"ms\": %.3f, \"tok_per_s\": %.3f, \"tflops\": %.6g, ", ts->step,
+            "\"skipped_total\": %d, \"ms\": %.3f, \"cpu_ms\": %.3f, \"tok_per_s\": %.3f, \"tflops\": %.6g, ", ts->step,
             metrics_num(lb, sizeof lb, s->loss), s->lr, metrics_num(nb, sizeof nb, s->norm), s->n_tokens, s->skipped,
-            ts->step - ts->opt_t, s->ms, s->n_tokens / (s->ms / 1e3), tflops);
+            ts->step - ts->opt_t, s->ms, s->cpu_ms, s->n_tokens / (s->ms / 1e3), tflops);
     if (mfu >= 0) fprintf(metrics, "\"mfu\": %.6g, ", mfu);
     if (ts->ls.on) fprintf(metrics, "\"loss_scale\": %.9g, ", s->loss_scale);
     fprintf(metrics, "\"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n", model_peak_mb(m), m->act_bytes / 1048576.0,
@@ -1533,11 +1534,12 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     int first_step = ts.step, stop = fsdp_any(&f->world, stop_requested);
     double run_ms = 0;
     while (ts.step < total && !stop) {
-        double t0 = now_ms();
+        double t0 = now_ms(), c0 = cpu_now_ms();
         StepStats s;
         s.loss_scale = ts.ls.scale;
         s.loss = train_step(r, tc, ts.step, total, &ts.ls, &s.n_tokens, &s.norm, &s.lr, &s.skipped);
         s.ms = now_ms() - t0;
+        s.cpu_ms = cpu_now_ms() - c0;
         run_ms += s.ms;
         ts.step++;
         ts.opt_t = r->opt.t; ts.data_epoch = (int)r->dl.epoch; ts.data_pos = (int)r->dl.pos;

@@ -170,6 +170,12 @@ static double now_ms(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
+// the CPU time of every thread of the process so far, in milliseconds
+static double cpu_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
 // hashing (the token cache's keys and checksum, checkpoint file digests); not
 // cryptographic: it catches damage and change, not forgery
 

@@ -210,8 +210,8 @@ expect_error "DoRA with full fine-tuning" "--use_dora trains a DoRA adapter" --m
 # and a good run writes the adapter and the metrics
 if "$BIN" --model $FIX/tiny_gqa "${RUN[@]}" --metrics_file "$TMP/metrics.jsonl" >"$TMP/out" 2>&1 &&
    [ -s "$TMP/out_adapter/adapter_model.safetensors" ] && [ -s "$TMP/out_adapter/adapter_config.json" ] &&
-   grep -q '"tok_per_s"' "$TMP/metrics.jsonl"; then
-    echo "ok cli: a short run saves the adapter and metrics"
+   grep -q '"tok_per_s"' "$TMP/metrics.jsonl" && grep -Eq '"cpu_ms": [0-9]*\.[0-9]*[1-9]' "$TMP/metrics.jsonl"; then
+    echo "ok cli: a short run saves the adapter and metrics (with its CPU time)"
 else
     echo "FAIL cli: a short run: $(tail -5 "$TMP/out")"; fails=$((fails + 1))
 fi
