@@ -75,12 +75,14 @@ static inline void gemm_tile(vfloat c[GEMM_MR][2], int rows, int n, const float 
     }
 }
 
-// C (mr, nr) = [C +] a (kc, MR strip) @ b (kc, NR strip), both packed. Storing instead of
-// adding on a product's first block of k spares the memset of C and a read of it from memory.
+// C (mr, nr) = [C +] a (kc, MR strip) @ b (kc, NR strip), b packed, a packed (lda 0) or
+// read in place, rows lda apart. Storing instead of adding on a product's first block of
+// k spares the memset of C and a read of it from memory.
 typedef float vfloat_u __attribute__((vector_size(GEMM_VLEN * sizeof(float)), aligned(4)));
-static inline void gemm_kernel(int kc, const float *a, const float *b, float *C, int ldc, int mr, int nr, int add) {
+static inline void gemm_kernel(int kc, const float *a, int lda, const float *b, float *C, int ldc, int mr, int nr, int add) {
     vfloat c[GEMM_MR][2];
-    gemm_tile(c, GEMM_MR, kc, a, 1, GEMM_MR, b, GEMM_NR);
+    if (lda) gemm_tile(c, mr, kc, a, lda, 1, b, GEMM_NR);
+    else gemm_tile(c, GEMM_MR, kc, a, 1, GEMM_MR, b, GEMM_NR);
     if (mr == GEMM_MR && nr == GEMM_NR) {
         for (int i = 0; i < GEMM_MR; i++) {
             vfloat_u *ci = (vfloat_u *)(C + (size_t)i * ldc);
@@ -161,14 +163,15 @@ static void gemm_pack_b(float *bp, int N, int K, const float *B, int ldb, int tr
 
 // C's rows i0 .. i1 - 1 and columns j0 .. j1 - 1 (multiples of MR and NR) of one block of k,
 // kc deep, tile by tile from the packed strips: A's row i at ap + i * astep, B's column j at
-// bp + j * kc (astep: kc, or a block's full depth where strips stay put between blocks)
-static void gemm_block(int M, int N, int kc, const float *ap, size_t astep, const float *bp, float *C, int ldc,
+// bp + j * kc (astep: kc, or a block's full depth where strips stay put between blocks;
+// lda: 0, or A is read in place and astep = lda is its row stride)
+static void gemm_block(int M, int N, int kc, const float *ap, size_t astep, int lda, const float *bp, float *C, int ldc,
                        size_t i0, size_t i1, size_t j0, size_t j1, int add) {
     for (size_t j = j0; j < j1; j += GEMM_NR)
         for (size_t i = i0; i < i1; i += GEMM_MR) {
             int mr = M - (int)i < GEMM_MR ? M - (int)i : GEMM_MR;
             int nr = N - (int)j < GEMM_NR ? N - (int)j : GEMM_NR;
-            gemm_kernel(kc, ap + i * astep, bp + j * kc, C + i * ldc + j, ldc, mr, nr, add);
+            gemm_kernel(kc, ap + i * astep, lda, bp + j * kc, C + i * ldc + j, ldc, mr, nr, add);
         }
 }
 
@@ -177,10 +180,14 @@ static void gemm_block(int M, int N, int kc, const float *ap, size_t astep, cons
 // threads never wait for each other between blocks. The output head's backward (K = V =
 // 32000: 100 blocks of k, and N = D = 288: 6 uneven tasks a block) spent 4% of a 2-thread
 // step waiting at those barriers. The same floats meet in the same order as in gemm.
+// Where packing would only copy A (alpha 1, A's rows along memory: the head's backward,
+// whose A is the piece's dlogits, 256 x 32000), the kernel reads A in place: without
+// packing those 33 MB the product takes 127 instead of 133 ms (64 instead of 67 at 2
+// threads), ~1.2% of a stories15M step.
 static void gemm_rows(int M, int N, int K, float alpha, const float *A, int lda, int transA, const float *Bp,
                       float *C, int ldc, int accumulate) {
     size_t strips = (size_t)(M + GEMM_MR - 1) / GEMM_MR, Np = (size_t)(N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-    int KC = gemm_kc(K);
+    int KC = gemm_kc(K), in_place = alpha == 1.0f && !transA;
     float *ap = gemm_scratch; // rows i.. of a block at ap + i * KC (not kc: the last block may be shorter
                               // while another thread still reads the one before): each thread its own
     #pragma omp parallel
@@ -193,13 +200,13 @@ static void gemm_rows(int M, int N, int K, float alpha, const float *A, int lda,
         for (int k0 = 0; k0 < K; k0 += KC) {
             int kc = K - k0 < KC ? K - k0 : KC, add = accumulate || k0 > 0;
             const float *bp = Bp + Np * k0;
-            for (size_t i = i0; i < i1; i += GEMM_MR)
+            for (size_t i = i0; i < i1 && !in_place; i += GEMM_MR)
                 gemm_pack(ap + i * KC, A, lda, !transA, i, (size_t)M, k0, kc, GEMM_MR, alpha);
             // blocks of NC columns of B (in L2), within them of MC rows of A, as gemm's
             for (size_t jb = 0; jb < Np; jb += GEMM_NC)
                 for (size_t ib = i0; ib < i1; ib += GEMM_MC)
-                    gemm_block(M, N, kc, ap, KC, bp, C, ldc, ib, ib + GEMM_MC < i1 ? ib + GEMM_MC : i1, jb,
-                               jb + GEMM_NC < Np ? jb + GEMM_NC : Np, add);
+                    gemm_block(M, N, kc, in_place ? A + k0 : ap, in_place ? (size_t)lda : (size_t)KC, in_place ? lda : 0, bp, C,
+                               ldc, ib, ib + GEMM_MC < i1 ? ib + GEMM_MC : i1, jb, jb + GEMM_NC < Np ? jb + GEMM_NC : Np, add);
         }
     }
 }
@@ -234,7 +241,7 @@ static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int 
             for (int bm = 0; bm < nbm; bm++) {
                 size_t j1 = (size_t)(bn + 1) * GEMM_NC < Np ? (size_t)(bn + 1) * GEMM_NC : Np;
                 size_t i1 = (size_t)(bm + 1) * GEMM_MC < Mp ? (size_t)(bm + 1) * GEMM_MC : Mp;
-                gemm_block(M, N, kc, ap, kc, bp, C, ldc, (size_t)bm * GEMM_MC, i1, (size_t)bn * GEMM_NC, j1, add);
+                gemm_block(M, N, kc, ap, kc, 0, bp, C, ldc, (size_t)bm * GEMM_MC, i1, (size_t)bn * GEMM_NC, j1, add);
             }
     }
 }
