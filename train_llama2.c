@@ -470,16 +470,31 @@ typedef int32_t vint_u __attribute__((vector_size(GEMM_VLEN * sizeof(int32_t)), 
 #endif
 // mask ? a : b, lane by lane (C has no ?: on vectors)
 static inline vfloat vselect(vint mask, vfloat a, vfloat b) { return (vfloat)((mask & (vint)a) | (~mask & (vint)b)); }
+//
+// vexp_n takes n <= 4 vectors at once, each step for all of them before the next: one
+// vector's steps are a chain of ~15 dependent operations, which the core overlaps with
+// the next vector's too little (Zen 1: 1.50 ns an element one vector at a time, 1.11 four
+// at a time). Each vector's result is the same bits either way.
+#define VEXP_MAX 4
+static inline __attribute__((always_inline)) void vexp_n(vfloat *y, int n) {
+    vint under[VEXP_MAX], two_k[VEXP_MAX];
+    vfloat k[VEXP_MAX], r[VEXP_MAX], e[VEXP_MAX];
+    for (int u = 0; u < n; u++) under[u] = y[u] < -87.0f;
+    for (int u = 0; u < n; u++) y[u] = vselect(under[u], (vfloat){0} - 87.0f, y[u]); // keeps k in range
+    // y / ln2 rounded: 1.5 * 2^23 has no fraction bits
+    for (int u = 0; u < n; u++) k[u] = (y[u] * 1.44269504f + 12582912.0f) - 12582912.0f;
+    // ln2 in two parts: k * the first is exact
+    for (int u = 0; u < n; u++) r[u] = y[u] - k[u] * 0.693145751953125f - k[u] * 1.42860677e-6f;
+    static const float taylor[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+    for (int u = 0; u < n; u++) e[u] = (vfloat){0} + 1.0f / 5040;
+    for (int t = 0; t < 7; t++)
+        for (int u = 0; u < n; u++) e[u] = e[u] * r[u] + taylor[t];
+    for (int u = 0; u < n; u++) two_k[u] = (__builtin_convertvector(k[u], vint) + 127) << 23;
+    for (int u = 0; u < n; u++) y[u] = (vfloat)((vint)(e[u] * (vfloat)two_k[u]) & ~under[u]);
+}
 static inline vfloat vexp(vfloat y) {
-    vint under = y < -87.0f;
-    y = vselect(under, (vfloat){0} - 87.0f, y); // keeps k in range
-    vfloat k = (y * 1.44269504f + 12582912.0f) - 12582912.0f; // y / ln2 rounded: 1.5 * 2^23 has no fraction bits
-    vfloat r = y - k * 0.693145751953125f - k * 1.42860677e-6f; // ln2 in two parts: k * the first is exact
-    vfloat e = (vfloat){0} + 1.0f / 5040;
-    e = e * r + 1.0f / 720, e = e * r + 1.0f / 120, e = e * r + 1.0f / 24, e = e * r + 1.0f / 6;
-    e = e * r + 0.5f, e = e * r + 1.0f, e = e * r + 1.0f;
-    vint two_k = (__builtin_convertvector(k, vint) + 127) << 23;
-    return (vfloat)((vint)(e * (vfloat)two_k) & ~under);
+    vexp_n(&y, 1);
+    return y;
 }
 // x[j][i] = e^(x[j][i] - sub[i]) for rows j of w floats (vector-aligned), arguments <= 88
 static void attention_exp(float *x, int rows, int w, const float *sub) {
@@ -781,6 +796,8 @@ static void attention_backward(float *dq, float *dk, float *dv, const float *dou
 // sums are two vectors of the machine's width, one for each half of a float vector's
 // lanes: GCC kept one vector of twice that width on the stack, moving it through integer
 // registers each step (25.2 -> 22.0 ms for 256 rows of 32000 at 1 thread, the same bits).
+// The exponentials four vectors at a time (vexp_n): 22.0 -> 17.1 ms (11.2 -> 8.9 at 2
+// threads), the same bits.
 typedef float vhalf __attribute__((vector_size(GEMM_VLEN / 2 * sizeof(float))));
 typedef double vdouble __attribute__((vector_size(GEMM_VLEN / 2 * sizeof(double))));
 static inline void vsum_add(vdouble *lo, vdouble *hi, vfloat e) {
@@ -810,7 +827,14 @@ static double crossentropy_forward_backward(float *logits, const int *targets, i
         float maxv = vmax[0], zy = z[y];
         for (int j = 1; j < GEMM_VLEN; j++) maxv = vmax[j] > maxv ? vmax[j] : maxv;
         vdouble lo = {0}, hi = {0};
-        for (int v = 0; v < nv; v++) { // z now holds exp(z - max)
+        int v = 0;
+        for (; v + VEXP_MAX <= nv; v += VEXP_MAX) { // z now holds exp(z - max)
+            vfloat e[VEXP_MAX];
+            for (int u = 0; u < VEXP_MAX; u++) e[u] = zv[v + u] - maxv;
+            vexp_n(e, VEXP_MAX);
+            for (int u = 0; u < VEXP_MAX; u++) zv[v + u] = e[u], vsum_add(&lo, &hi, e[u]);
+        }
+        for (; v < nv; v++) {
             vfloat e = vexp(zv[v] - maxv);
             zv[v] = e;
             vsum_add(&lo, &hi, e);
