@@ -492,7 +492,7 @@ static inline __attribute__((always_inline)) void vexp_n(vfloat *y, int n) {
     for (int u = 0; u < n; u++) two_k[u] = (__builtin_convertvector(k[u], vint) + 127) << 23;
     for (int u = 0; u < n; u++) y[u] = (vfloat)((vint)(e[u] * (vfloat)two_k[u]) & ~under[u]);
 }
-static inline vfloat vexp(vfloat y) {
+static inline __attribute__((always_inline)) vfloat vexp(vfloat y) {
     vexp_n(&y, 1);
     return y;
 }
