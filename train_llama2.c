@@ -1315,6 +1315,13 @@ static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk
 // formed in place while its logits are at hand, and a->dresid ends up holding
 // d loss / d(final residual) for the chunk. logits_out (B, T, V), when given,
 // receives the logits (for tests).
+//
+// Positions without a target (-100: the prompt and the padding of SFT data, often most
+// of a batch) need neither logits nor their gradient, whose rows are zeros: each piece
+// runs the head on its positions that have a target only, their rows of lnf moved to
+// the piece's front (lnf is not read after the head), and their rows of dln moved back
+// after. Every number computed is the one computed in place (rows are independent, and
+// the sums they leave out only added zeros).
 static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk *ch, float grad_scale,
                          float *logits_out) {
     Config *c = &m->host.config;
@@ -1329,25 +1336,40 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
     float *dnorm = full ? grad_at(m, hu, 0) : NULL, *dhead = head_trains ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : NULL;
     rmsnorm_forward(a->lnf, a->rstdf, xL, norm, N, D, c->norm_eps);
     if (grad_scale != 0.0f) memset(a->dln, 0, (size_t)N * D * sizeof(float));
+    int *kept = (int *)mallocCheck(2 * (size_t)piece * sizeof(int)), *kept_targets = kept + piece; // (piece)
+    int any = logits_out != NULL; // a target anywhere in the chunk: else the head is not even packed
+    for (int b = 0; b < ch->B && !any; b++)
+        for (int p = 0; p < ch->len && !any; p++) any = targets[(size_t)b * ch->T + ch->t0 + p] >= 0;
     // the head (V, D) packed as the B of logits = xf head^T, and of dxf = dlogits head
     float *head_fwd = a->head_packed, *head_bwd = head_fwd ? head_fwd + gemm_packed_b_floats(V, D) : NULL;
-    if (head_fwd) gemm_pack_b(head_fwd, V, D, head, D, 1);
-    if (head_bwd && grad_scale != 0.0f) gemm_pack_b(head_bwd, D, V, head, D, 0);
+    if (head_fwd && any) gemm_pack_b(head_fwd, V, D, head, D, 1);
+    if (head_bwd && any && grad_scale != 0.0f) gemm_pack_b(head_bwd, D, V, head, D, 0);
     double loss = 0;
-    for (int b = 0; b < ch->B; b++)
+    for (int b = 0; b < ch->B && any; b++)
         for (int p0 = 0; p0 < ch->len; p0 += piece) {
-            int n = ch->len - p0 < piece ? ch->len - p0 : piece;
+            int n = ch->len - p0 < piece ? ch->len - p0 : piece, nk = 0;
             size_t row = (size_t)b * ch->len + p0, pos = (size_t)b * ch->T + ch->t0 + p0; // in the chunk, in the batch
-            const float *xf = a->lnf + row * D;
-            float *lg = a->logits; // (n, V)
-            gemm(n, V, D, 1.0f, xf, D, 0, head, D, 1, head_fwd, lg, V, 0); // matmul_forward's
+            float *xf = a->lnf + row * D, *dxf = a->dln + row * D; // (n, D)
+            for (int i = 0; i < n; i++) // all of them for logits_out
+                if (logits_out || targets[pos + i] >= 0) kept[nk] = i, kept_targets[nk++] = targets[pos + i];
+            if (nk == 0) continue;
+            for (int j = 0; j < nk; j++) // kept[j] >= j: no row is overwritten before it moves
+                if (kept[j] != j) memcpy(xf + (size_t)j * D, xf + (size_t)kept[j] * D, D * sizeof(float));
+            float *lg = a->logits; // (nk, V)
+            gemm(nk, V, D, 1.0f, xf, D, 0, head, D, 1, head_fwd, lg, V, 0); // matmul_forward's
             if (logits_out) memcpy(logits_out + pos * V, lg, (size_t)n * V * sizeof(float));
-            loss += crossentropy_forward_backward(lg, targets + pos, n, V, grad_scale);
+            loss += crossentropy_forward_backward(lg, kept_targets, nk, V, grad_scale);
             if (grad_scale != 0.0f) { // matmul_backward's
-                gemm(n, D, V, 1.0f, lg, V, 0, head, D, 0, head_bwd, a->dln + row * D, D, 1);
-                if (dhead) gemm(V, D, n, 1.0f, lg, V, 1, xf, D, 0, NULL, dhead, D, 1);
+                gemm(nk, D, V, 1.0f, lg, V, 0, head, D, 0, head_bwd, dxf, D, 1);
+                if (dhead) gemm(V, D, nk, 1.0f, lg, V, 1, xf, D, 0, NULL, dhead, D, 1);
+                for (int j = nk - 1; j >= 0; j--) // back to their rows, last first; the rows left are zeros
+                    if (kept[j] != j) {
+                        memcpy(dxf + (size_t)kept[j] * D, dxf + (size_t)j * D, D * sizeof(float));
+                        memset(dxf + (size_t)j * D, 0, D * sizeof(float));
+                    }
             }
         }
+    free(kept);
     if (grad_scale != 0.0f) {
         memset(a->dresid, 0, (size_t)N * D * sizeof(float));
         rmsnorm_backward(a->dresid, dnorm, a->dln, xL, norm, a->rstdf, N, D);

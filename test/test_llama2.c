@@ -337,6 +337,61 @@ static void test_model(const char *model, const char *mode) {
     json_free(&exp);
 }
 
+// Targets -100 inside rows, as SFT data has them (a prompt, then the response; padding;
+// a hole between two labelled runs): the loss and every gradient of one micro-batch of
+// tiny_gqa against transformers + peft in float64 (mask.safetensors, from
+// dev/reference/make_mask_fixtures.py), full fine-tuning and LoRA. The output head runs
+// on the labelled positions only (chunk_head), moving their rows; this shows the rest
+// still get a zero gradient and the labelled ones their own. Whole, in chunks of 7 and
+// with 3 output pieces (pieces and chunks that cut the labelled runs). Tolerances as
+// test_model's: fp32 against float64, the loss to 1e-5 relative, each gradient to 1e-4
+// of its largest element.
+static void test_mask(void) {
+    JsonValue exp = read_json("test/fixtures/tiny_gqa/ref/mask.json"), ref = read_json("test/fixtures/tiny_gqa/ref/expected.json");
+    StFile ef;
+    if (st_open(&ef, "test/fixtures/tiny_gqa/ref/mask.safetensors") != 0) die("mask: no fixture");
+    enum { B = 3, T = 24 };
+    int tokens[B * T], targets[B * T];
+    const StTensor *tt = st_find(&ef, "tokens"), *gt = st_find(&ef, "targets");
+    if (!tt || !gt || tt->numel != B * T || gt->numel != B * T || st_read_i32(&ef, tt, tokens) != 0 ||
+        st_read_i32(&ef, gt, targets) != 0)
+        die("mask: tokens and targets (%d, %d) missing", B, T);
+    long labels = (long)json_num(&exp, "labels");
+    struct { int chunk; const char *memory; int pieces; } runs[] = {{0, "keep", 1}, {7, "recompute", 1}, {0, "keep", 3}};
+    for (int full = 0; full < 2; full++)
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            const char *mode = full ? "full" : "lora";
+            char outdir[256], metrics[300], what[300], path[300];
+            snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_mask", (int)getpid());
+            snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+            TrainConfig tc;
+            char *argv[64];
+            fixture_config(&tc, argv, "tiny_gqa", json_get(json_get(&ref, "train"), mode), full ? NULL : "peft_init", outdir,
+                           metrics, NULL);
+            tc.batch_size = B, tc.chunk_size = runs[r].chunk, tc.chunk_memory = runs[r].memory, tc.num_output_chunks = runs[r].pieces;
+            Model m;
+            if (model_setup(&m, NULL, &tc, B, T, NULL) != 0) die("mask: model setup failed");
+            Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
+            int ntr = list_trainables(&m, tr);
+            for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
+            double loss = model_forward_backward(&m, tokens, targets, B, T, 1.0f / labels);
+            snprintf(what, sizeof what, "tiny_gqa %s, targets -100 inside rows (C=%d %s, %d output pieces): loss", mode,
+                     runs[r].chunk, runs[r].memory, runs[r].pieces);
+            check_rel(loss / labels, json_num(&exp, full ? "full_loss" : "lora_loss"), 0, 1e-5, what);
+            what[strlen(what) - strlen("loss")] = '\0';
+            strcat(what, "grad");
+            for (int i = 0; i < ntr; i++) {
+                snprintf(path, sizeof path, "%s.grad.%s", mode, tr[i].name);
+                check_weight(&ef, path, tr[i].name, tr[i].grad, tr[i].n, &m.host.config, 1e-4, what);
+            }
+            free(tr);
+            model_free(&m);
+        }
+    st_close(&ef);
+    json_free(&exp);
+    json_free(&ref);
+}
+
 // the SGD runs of sgd.json (make_sgd_fixtures.py), each trained and compared as
 // test_model's ten AdamW steps are
 static void test_sgd(void) {
@@ -714,6 +769,7 @@ int main(void) {
     test_grad_scaler();
     test_dropout();
     test_sgd();
+    test_mask();
     const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama", "tiny_mistral"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         test_model(models[i], "lora");
