@@ -175,19 +175,22 @@ static void gemm_block(int M, int N, int kc, const float *ap, size_t astep, int 
         }
 }
 
+// Where packing A would only copy it (alpha 1, A's rows along memory: the layers' inputs in
+// the forward, the output gradients in the backward), the kernel reads A in place, MR rows
+// lda apart. The head's backward over a piece's dlogits (256 x 32000, 33 MB) takes 127
+// instead of 133 ms so (64 instead of 67 at 2 threads); a stories15M layer's forward and
+// input-gradient products on 1024 rows 61.9 -> 60.1 ms (31.0 -> 30.0). The same bits.
+static int gemm_a_in_place(float alpha, int transA) { return alpha == 1.0f && !transA; }
+
 // gemm with B packed whole beforehand (Bp): each thread takes its share of A's strips of
 // rows and runs them through every block of k alone, packing its own strips of A, so the
 // threads never wait for each other between blocks. The output head's backward (K = V =
 // 32000: 100 blocks of k, and N = D = 288: 6 uneven tasks a block) spent 4% of a 2-thread
 // step waiting at those barriers. The same floats meet in the same order as in gemm.
-// Where packing would only copy A (alpha 1, A's rows along memory: the head's backward,
-// whose A is the piece's dlogits, 256 x 32000), the kernel reads A in place: without
-// packing those 33 MB the product takes 127 instead of 133 ms (64 instead of 67 at 2
-// threads), ~1.2% of a stories15M step.
 static void gemm_rows(int M, int N, int K, float alpha, const float *A, int lda, int transA, const float *Bp,
                       float *C, int ldc, int accumulate) {
     size_t strips = (size_t)(M + GEMM_MR - 1) / GEMM_MR, Np = (size_t)(N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-    int KC = gemm_kc(K), in_place = alpha == 1.0f && !transA;
+    int KC = gemm_kc(K), in_place = gemm_a_in_place(alpha, transA);
     float *ap = gemm_scratch; // rows i.. of a block at ap + i * KC (not kc: the last block may be shorter
                               // while another thread still reads the one before): each thread its own
     #pragma omp parallel
@@ -225,23 +228,28 @@ static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int 
     size_t Np = (size_t)(N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
     gemm_reserve(gemm_scratch_floats(M, N, K));
     if (Bp) { gemm_rows(M, N, K, alpha, A, lda, transA, Bp, C, ldc, accumulate); return; }
-    int KC = gemm_kc(K);
+    int KC = gemm_kc(K), in_place = gemm_a_in_place(alpha, transA);
     float *ap = gemm_scratch, *bp = gemm_scratch + gemm_a_floats(M, K);
     for (int k0 = 0; k0 < K; k0 += KC) {
         int kc = K - k0 < KC ? K - k0 : KC, add = accumulate || k0 > 0;
         // pack alpha * A into strips of MR rows, ap[strip][k][i], and B into strips of
         // NR columns, bp[strip][k][j]; padding is zero. Reads run along memory.
-        #pragma omp parallel for
-        for (size_t s = 0; s < Mp / GEMM_MR; s++)
-            gemm_pack(ap + s * GEMM_MR * kc, A, lda, !transA, s * GEMM_MR, (size_t)M, k0, kc, GEMM_MR, alpha);
+        if (!in_place) {
+            #pragma omp parallel for
+            for (size_t s = 0; s < Mp / GEMM_MR; s++)
+                gemm_pack(ap + s * GEMM_MR * kc, A, lda, !transA, s * GEMM_MR, (size_t)M, k0, kc, GEMM_MR, alpha);
+        }
         gemm_pack_b_block(bp, N, B, ldb, transB, k0, kc);
+        const float *a = in_place ? A + k0 : ap; // row i at a + i * astep
+        size_t astep = in_place ? (size_t)lda : (size_t)kc;
         int nbm = (int)((Mp + GEMM_MC - 1) / GEMM_MC), nbn = (int)((Np + GEMM_NC - 1) / GEMM_NC);
         #pragma omp parallel for collapse(2) schedule(dynamic)
         for (int bn = 0; bn < nbn; bn++)
             for (int bm = 0; bm < nbm; bm++) {
                 size_t j1 = (size_t)(bn + 1) * GEMM_NC < Np ? (size_t)(bn + 1) * GEMM_NC : Np;
                 size_t i1 = (size_t)(bm + 1) * GEMM_MC < Mp ? (size_t)(bm + 1) * GEMM_MC : Mp;
-                gemm_block(M, N, kc, ap, kc, 0, bp, C, ldc, (size_t)bm * GEMM_MC, i1, (size_t)bn * GEMM_NC, j1, add);
+                gemm_block(M, N, kc, a, astep, in_place ? lda : 0, bp, C, ldc, (size_t)bm * GEMM_MC, i1, (size_t)bn * GEMM_NC,
+                           j1, add);
             }
     }
 }
