@@ -1328,8 +1328,10 @@ static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk
 // of a batch) need neither logits nor their gradient, whose rows are zeros: each piece
 // runs the head on its positions that have a target only, their rows of lnf moved to
 // the piece's front (lnf is not read after the head), and their rows of dln moved back
-// after. Every number computed is the one computed in place (rows are independent, and
-// the sums they leave out only added zeros).
+// after. Each row's logits, loss and gradient are the ones computed in place (rows are
+// independent); the head's own gradient (full fine-tuning) leaves out terms that were
+// zeros, so it is the same bits too where a piece fits one block of k (GEMM_KC rows),
+// and the same sum blocked differently where it does not.
 static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk *ch, float grad_scale,
                          float *logits_out) {
     Config *c = &m->host.config;
