@@ -162,16 +162,16 @@ static void gemm_pack_b(float *bp, int N, int K, const float *B, int ldb, int tr
 }
 
 // C's rows i0 .. i1 - 1 and columns j0 .. j1 - 1 (multiples of MR and NR) of one block of k,
-// kc deep, tile by tile from the packed strips: A's row i at ap + i * astep, B's column j at
-// bp + j * kc (astep: kc, or a block's full depth where strips stay put between blocks;
-// lda: 0, or A is read in place and astep = lda is its row stride)
-static void gemm_block(int M, int N, int kc, const float *ap, size_t astep, int lda, const float *bp, float *C, int ldc,
-                       size_t i0, size_t i1, size_t j0, size_t j1, int add) {
+// kc deep, tile by tile: A's row i at a + i * astep, B's column j at bp + j * kc. A is
+// packed strips (astep: kc, or a block's full depth where strips stay put between
+// blocks), or read in place (astep: its row stride).
+static void gemm_block(int M, int N, int kc, const float *a, size_t astep, int in_place, const float *bp, float *C,
+                       int ldc, size_t i0, size_t i1, size_t j0, size_t j1, int add) {
     for (size_t j = j0; j < j1; j += GEMM_NR)
         for (size_t i = i0; i < i1; i += GEMM_MR) {
             int mr = M - (int)i < GEMM_MR ? M - (int)i : GEMM_MR;
             int nr = N - (int)j < GEMM_NR ? N - (int)j : GEMM_NR;
-            gemm_kernel(kc, ap + i * astep, lda, bp + j * kc, C + i * ldc + j, ldc, mr, nr, add);
+            gemm_kernel(kc, a + i * astep, in_place ? (int)astep : 0, bp + j * kc, C + i * ldc + j, ldc, mr, nr, add);
         }
 }
 
@@ -203,13 +203,16 @@ static void gemm_rows(int M, int N, int K, float alpha, const float *A, int lda,
         for (int k0 = 0; k0 < K; k0 += KC) {
             int kc = K - k0 < KC ? K - k0 : KC, add = accumulate || k0 > 0;
             const float *bp = Bp + Np * k0;
-            for (size_t i = i0; i < i1 && !in_place; i += GEMM_MR)
-                gemm_pack(ap + i * KC, A, lda, !transA, i, (size_t)M, k0, kc, GEMM_MR, alpha);
+            if (!in_place)
+                for (size_t i = i0; i < i1; i += GEMM_MR)
+                    gemm_pack(ap + i * KC, A, lda, !transA, i, (size_t)M, k0, kc, GEMM_MR, alpha);
+            const float *a = in_place ? A + k0 : ap; // row i at a + i * astep
+            size_t astep = in_place ? (size_t)lda : (size_t)KC;
             // blocks of NC columns of B (in L2), within them of MC rows of A, as gemm's
             for (size_t jb = 0; jb < Np; jb += GEMM_NC)
                 for (size_t ib = i0; ib < i1; ib += GEMM_MC)
-                    gemm_block(M, N, kc, in_place ? A + k0 : ap, in_place ? (size_t)lda : (size_t)KC, in_place ? lda : 0, bp, C,
-                               ldc, ib, ib + GEMM_MC < i1 ? ib + GEMM_MC : i1, jb, jb + GEMM_NC < Np ? jb + GEMM_NC : Np, add);
+                    gemm_block(M, N, kc, a, astep, in_place, bp, C, ldc, ib, ib + GEMM_MC < i1 ? ib + GEMM_MC : i1, jb,
+                               jb + GEMM_NC < Np ? jb + GEMM_NC : Np, add);
         }
     }
 }
@@ -248,8 +251,7 @@ static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int 
             for (int bm = 0; bm < nbm; bm++) {
                 size_t j1 = (size_t)(bn + 1) * GEMM_NC < Np ? (size_t)(bn + 1) * GEMM_NC : Np;
                 size_t i1 = (size_t)(bm + 1) * GEMM_MC < Mp ? (size_t)(bm + 1) * GEMM_MC : Mp;
-                gemm_block(M, N, kc, a, astep, in_place ? lda : 0, bp, C, ldc, (size_t)bm * GEMM_MC, i1, (size_t)bn * GEMM_NC,
-                           j1, add);
+                gemm_block(M, N, kc, a, astep, in_place, bp, C, ldc, (size_t)bm * GEMM_MC, i1, (size_t)bn * GEMM_NC, j1, add);
             }
     }
 }

@@ -17,8 +17,9 @@ that a shared machine's load falls on both alike. Per run: the median wall ms an
 (every thread's) per step over the steps after the first, and the process's peak
 resident memory (wait4's ru_maxrss). Ours: the wall and CPU ms from its metrics file
 ("ms", "cpu_ms"), measured inside the process as PyTorch's are (reading /proc every 5 ms
-from here instead cost ours 2% of its 2-thread step: the poller took a core from its
-threads). A benchmark, not a test: needs torch, transformers and peft. --base BIN adds another build of ours (before/after comparisons).
+from here instead cost ours 3% of its 2-thread step: the poller took time slices from
+its threads). A benchmark, not a test: needs torch, transformers and peft. --base BIN
+adds another build of ours (before/after comparisons).
 """
 import argparse, json, os, platform, random, resource, statistics, subprocess, sys, tempfile, time
 

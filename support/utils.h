@@ -163,19 +163,16 @@ static inline float hash_normal(uint64_t key, uint64_t i) {
     }
 }
 
-// a monotonic clock in milliseconds, for durations
+// clocks in milliseconds, for durations: now_ms monotonic wall time, cpu_now_ms the CPU
+// time of every thread of the process so far
 #include <time.h>
-static double now_ms(void) {
+static double clock_ms(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
-// the CPU time of every thread of the process so far, in milliseconds
-static double cpu_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+static double now_ms(void) { return clock_ms(CLOCK_MONOTONIC); }
+static double cpu_now_ms(void) { return clock_ms(CLOCK_PROCESS_CPUTIME_ID); }
 // hashing (the token cache's keys and checksum, checkpoint file digests); not
 // cryptographic: it catches damage and change, not forgery
 

@@ -375,11 +375,12 @@ static void test_mask(void) {
             int ntr = list_trainables(&m, tr);
             for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
             double loss = model_forward_backward(&m, tokens, targets, B, T, 1.0f / labels);
-            snprintf(what, sizeof what, "tiny_gqa %s, targets -100 inside rows (C=%d %s, %d output pieces): loss", mode,
+            char run_name[200];
+            snprintf(run_name, sizeof run_name, "tiny_gqa %s, targets -100 inside rows (C=%d %s, %d output pieces)", mode,
                      runs[r].chunk, runs[r].memory, runs[r].pieces);
+            snprintf(what, sizeof what, "%s: loss", run_name);
             check_rel(loss / labels, json_num(&exp, full ? "full_loss" : "lora_loss"), 0, 1e-5, what);
-            what[strlen(what) - strlen("loss")] = '\0';
-            strcat(what, "grad");
+            snprintf(what, sizeof what, "%s: grad", run_name);
             for (int i = 0; i < ntr; i++) {
                 snprintf(path, sizeof path, "%s.grad.%s", mode, tr[i].name);
                 check_weight(&ef, path, tr[i].name, tr[i].grad, tr[i].n, &m.host.config, 1e-4, what);
