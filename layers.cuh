@@ -17,19 +17,28 @@ constexpr int ELEMENTWISE_THREADS = 256;
 // ----------------------------------------------------------------------------
 // embedding
 
-// out (N, D) = embed (V, D) rows of tokens (N)
+// out row to[i] = in row from[i] for i < N, rows of D elements (a NULL to or from:
+// row i): a gather (from) or a scatter (to; rows not in it keep what they held).
+// The embedding's lookup, and chunk_head's moves of the rows that have a target.
 template <typename T>
-__global__ void embedding_forward_kernel(T *out, const int *tokens, const T *embed, int N, int D) {
+__global__ void copy_rows_kernel(T *out, const int *to, const T *in, const int *from, int N, int D) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)N * D) return;
     size_t i = idx / D, d = idx % D;
-    out[idx] = embed[(size_t)tokens[i] * D + d];
+    out[(size_t)(to ? to[i] : i) * D + d] = in[(size_t)(from ? from[i] : i) * D + d];
 }
 template <typename T>
-void embedding_forward(T *out, const int *tokens, const T *embed, int N, int D, cudaStream_t stream) {
-    embedding_forward_kernel<<<ceil_div((size_t)N * D, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
-        out, tokens, embed, N, D);
+void copy_rows(T *out, const int *to, const T *in, const int *from, int N, int D, cudaStream_t stream) {
+    if (N == 0) return;
+    copy_rows_kernel<<<ceil_div((size_t)N * D, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
+        out, to, in, from, N, D);
     cudaLaunchCheck();
+}
+
+// out (N, D) = embed (V, D) rows of tokens (N)
+template <typename T>
+void embedding_forward(T *out, const int *tokens, const T *embed, int N, int D, cudaStream_t stream) {
+    copy_rows(out, (const int *)NULL, embed, tokens, N, D, stream);
 }
 
 // dembed (V, D) += dout (N, D) scattered to the rows of tokens. One thread per

@@ -168,14 +168,16 @@ typedef struct {
     float *rstdf;             // (B, C) the final norm's statistics
     float *dora_norm;         // (L, 7, widest out) DoRA's row norms, set by each forward's first chunk
     float *logits;            // (ceil(B * C / num_output_chunks), V) one piece of a chunk's rows at a time
-    float *losses;            // (B, T) each position's cross-entropy (0 without a target)
     double *loss_sum;         // the micro-batch's summed loss
     double *grad_norm;        // the step's gradient norm
     float *next_logits;       // (V) host: model_next_logits' result
-    int *tokens, *targets;    // (B, T) the micro-batch
+    int *tokens;              // (B, T) the micro-batch
     int *chunk_tokens;        // (B, C)
-    int *chunk_targets;       // (B, C) a chunk's targets, and its positions' losses, in the
-    float *chunk_losses;      // (B, C) order of its rows (the head's pieces run over them)
+    // what the output head runs on, chunk by chunk (chunk j's at B * t0, upload_batch): the
+    int *kept;                // (B, T) chunk's rows whose position has a target (all with logits_out),
+    int *targets;             // (B, T) their targets
+    float *losses;            // (B, T) and their cross-entropies; 0 past each chunk's n_kept
+    int *n_kept;              // (chunks, host) how many rows each chunk keeps
     int B, T;                 // activation capacity
     int chunk_size;           // C (== T: whole sequence)
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
@@ -301,8 +303,8 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     a->place(d.dora_pre, dora ? N * widest : 0); a->place(m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
     a->place(m->rstdf, N); a->place(m->logits, piece * V);
     a->place(m->losses, (size_t)m->B * m->T); a->place(m->loss_sum, 1); a->place(m->grad_norm, 1);
-    a->place(m->tokens, (size_t)m->B * m->T); a->place(m->targets, (size_t)m->B * m->T); a->place(m->chunk_tokens, N);
-    a->place(m->chunk_targets, N); a->place(m->chunk_losses, N);
+    a->place(m->tokens, (size_t)m->B * m->T); a->place(m->chunk_tokens, N);
+    a->place(m->kept, (size_t)m->B * m->T); a->place(m->targets, (size_t)m->B * m->T);
     a->place(m->rope_cos, (size_t)m->T * c->head_dim / 2); a->place(m->rope_sin, (size_t)m->T * c->head_dim / 2);
     // the carries hold the whole sequence
     size_t carry = L * m->B * (size_t)m->T * KV;
@@ -530,6 +532,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     }
     matmul_setup();
     m->next_logits = (float *)mallocCheck((size_t)c->vocab_size * sizeof(float));
+    m->n_kept = (int *)mallocCheck((size_t)(T + m->chunk_size - 1) / m->chunk_size * sizeof(int));
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
@@ -594,6 +597,7 @@ static void model_free(Model *m) {
     free(m->gathered);
     free(m->slot_unit);
     free(m->next_logits);
+    free(m->n_kept);
     host_model_free(&m->host);
     memset(m, 0, sizeof *m);
 }
@@ -781,8 +785,7 @@ static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch, cudaStrea
     cudaCheck(cudaMemcpy2DAsync(dst, row, tokens + ch->t0, ch->T * sizeof(int), row, ch->B, cudaMemcpyDeviceToDevice,
                                 stream));
 }
-// a chunk's rows x (B, len, w) into the carry (B, T, w), or back out (dir = -1);
-// also a chunk's targets out of the micro-batch's and its losses into them (w = 1)
+// a chunk's rows x (B, len, w) into the carry (B, T, w), or back out (dir = -1)
 template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w, int dir, cudaStream_t stream) {
     size_t row = ch->len * w * sizeof(E), pitch = ch->T * w * sizeof(E);
     E *c = carry + ch->t0 * w;
@@ -854,45 +857,63 @@ static void logits_to_host(float *logits_out, const float *logits, const Chunk *
     }
 }
 
-// Final norm, output head and cross-entropy of one chunk: each position's loss
-// goes to m->losses (the micro-batch sums them once at its end). The head runs
-// on pieces of ceil(B * len / num_output_chunks) of the chunk's B * len rows
-// (a piece may span sequences: the targets and losses go through chunk-ordered
-// copies), so full-vocabulary logits (fp32) exist only for a piece. With
-// grad_scale != 0 each piece's d(grad_scale * loss)/d(logits) is formed in place
-// while its logits are at hand, and d.dresid ends up holding d loss / d(final
-// residual) for the chunk. logits_out (B, T, V, host), when given, receives the logits.
-// (train_llama2.c's twin runs its pieces within one sequence at a time: the
-// same rows and losses, the head's gradient summed in another order.)
+// Final norm, output head and cross-entropy of one chunk: each target's loss goes
+// to m->losses (the micro-batch sums them once at its end). The head runs on the
+// chunk's rows that upload_batch kept, in pieces of at most ceil(B * len /
+// num_output_chunks) (a piece may span sequences), so full-vocabulary logits (fp32)
+// exist only for a piece. With grad_scale != 0 each piece's d(grad_scale * loss)/d(logits)
+// is formed in place while its logits are at hand, and d.dresid ends up holding
+// d loss / d(final residual) for the chunk. logits_out (B, T, V, host), when given,
+// receives the logits (every row is kept then).
+//
+// Positions without a target (-100: the prompt and the padding of SFT data, often most
+// of a batch) need neither logits nor their gradient, whose rows are zeros: when some
+// rows are left out, the kept rows of lnf are gathered to the front of dresid (free
+// until the norm's backward fills it), their gradients computed in lnf (not read after
+// the gather) and scattered back to their rows of dln. Each row's logits, loss and
+// gradient are the ones all rows would give; the head's own gradient (full fine-tuning)
+// leaves out terms that were zeros. (train_llama2.c's twin does the same in pieces of
+// one sequence at a time, moving rows in place: the same rows and losses, the head's
+// gradient summed in another order.)
 template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const Chunk *ch, float grad_scale,
                                            float *logits_out) {
     Config *c = &m->host.config;
     Buffers<floatX> &d = buffers<floatX>(m);
     cudaStream_t st = m->stream;
-    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size;
+    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size, nk = m->n_kept[ch->t0 / m->chunk_size];
     int piece = (N + m->num_output_chunks - 1) / m->num_output_chunks;
+    size_t at = (size_t)ch->B * ch->t0; // the chunk's place in kept, targets and losses
+    if (logits_out && nk != N) die("internal: chunk_head wants the logits of every row, but %d of %d are kept", nk, N);
     int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
     const floatX *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
     floatX *norm = param_at<floatX>(m, hu, 0), *head = head_weight<floatX>(m);
     int head_trains = full && !(c->tied && m->host.frozen_units); // tied: the head is the embedding, frozen with it
     float *dnorm = full ? grad_at(m, hu, 0) : NULL, *dhead = head_trains ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : NULL;
     rmsnorm_forward(d.lnf, m->rstdf, xL, norm, N, D, c->norm_eps, st);
-    if (grad_scale != 0.0f) cudaCheck(cudaMemsetAsync(d.dln, 0, (size_t)N * D * sizeof(floatX), st));
-    carry_copy(m->targets, m->chunk_targets, ch, 1, -1, st);
-    for (int r0 = 0; r0 < N; r0 += piece) { // rows r0 .. r0 + n - 1 of the chunk
-        int n = std::min(N - r0, piece);
-        const floatX *xf = d.lnf + (size_t)r0 * D;
+    floatX *xk = d.lnf, *dxk = d.dln; // (nk, D) the kept rows and their gradients
+    if (nk < N) {
+        copy_rows(d.dresid, NULL, d.lnf, m->kept + at, nk, D, st);
+        xk = d.dresid;
+        dxk = d.lnf;
+    }
+    if (grad_scale != 0.0f) cudaCheck(cudaMemsetAsync(dxk, 0, (size_t)nk * D * sizeof(floatX), st)); // matmul_backward adds
+    for (int r0 = 0; r0 < nk; r0 += piece) { // kept rows r0 .. r0 + n - 1
+        int n = std::min(nk - r0, piece);
+        const floatX *xf = xk + (size_t)r0 * D;
         matmul_forward(m->logits, xf, head, n, D, V, 1.0f, 0, st); // (n, V) in fp32
         if (logits_out) logits_to_host(logits_out, m->logits, ch, r0, n, V, st);
-        crossentropy_forward_backward(m->logits, m->chunk_losses + r0, m->chunk_targets + r0, n, V, grad_scale, st);
+        crossentropy_forward_backward(m->logits, m->losses + at + r0, m->targets + at + r0, n, V, grad_scale, st);
         if (grad_scale == 0.0f) continue;
         const floatX *dlogits;
         if constexpr (std::is_same<floatX, float>::value) dlogits = m->logits;
         else { convert(d.dlogits, m->logits, (size_t)n * V, st); dlogits = d.dlogits; }
-        matmul_backward(d.dln + (size_t)r0 * D, dhead, dlogits, xf, head, n, D, V, 1.0f, st);
+        matmul_backward(dxk + (size_t)r0 * D, dhead, dlogits, xf, head, n, D, V, 1.0f, st);
     }
-    carry_copy(m->losses, m->chunk_losses, ch, 1, 1, st);
     if (grad_scale != 0.0f) {
+        if (nk < N) { // the kept rows' gradients back to their rows; the others are zeros
+            cudaCheck(cudaMemsetAsync(d.dln, 0, (size_t)N * D * sizeof(floatX), st));
+            copy_rows(d.dln, m->kept + at, dxk, NULL, nk, D, st);
+        }
         cudaCheck(cudaMemsetAsync(d.dresid, 0, (size_t)N * D * sizeof(floatX), st));
         rmsnorm_backward(d.dresid, dnorm, d.dln, xL, norm, m->rstdf, N, D, st);
     }
@@ -952,17 +973,41 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     }
 }
 
-// Checks a micro-batch on the host (a token outside the vocabulary would make
-// the embedding read out of bounds on the device), then copies it there.
-static void upload_batch(Model *m, const int *tokens, const int *targets, int B, int T) {
+// chunk j of a micro-batch of B rows of T tokens
+static Chunk chunk_at(const Model *m, int B, int T, int j) {
+    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window};
+    if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
+    return ch;
+}
+
+// Checks a micro-batch on the host (a token outside the vocabulary would make the
+// embedding read out of bounds on the device), then copies it there: its tokens,
+// and for each chunk's output head the chunk's rows (b * len + i) whose position
+// has a target (every row when every_row: logits for each position), with their
+// targets (chunk_head).
+static void upload_batch(Model *m, const int *tokens, const int *targets, int B, int T, bool every_row) {
     if (B > m->B || T > m->T) die("internal: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
     int V = m->host.config.vocab_size;
     for (int i = 0; i < B * T; i++) {
         if (tokens[i] < 0 || tokens[i] >= V) die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
         if (targets[i] >= V) die("target id %d at position %d is outside the vocabulary (%d)", targets[i], i, V);
     }
-    cudaCheck(cudaMemcpyAsync(m->tokens, tokens, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, m->stream));
-    cudaCheck(cudaMemcpyAsync(m->targets, targets, (size_t)B * T * sizeof(int), cudaMemcpyHostToDevice, m->stream));
+    std::vector<int> kept((size_t)B * T), kept_targets((size_t)B * T);
+    for (int j = 0; j * m->chunk_size < T; j++) {
+        Chunk ch = chunk_at(m, B, T, j);
+        size_t at = (size_t)B * ch.t0;
+        int nk = 0;
+        for (int r = 0; r < B * ch.len; r++) {
+            int t = targets[(size_t)(r / ch.len) * T + ch.t0 + r % ch.len];
+            if (every_row || t >= 0) kept[at + nk] = r, kept_targets[at + nk++] = t;
+        }
+        m->n_kept[j] = nk;
+    }
+    size_t bytes = (size_t)B * T * sizeof(int);
+    cudaCheck(cudaMemcpyAsync(m->tokens, tokens, bytes, cudaMemcpyHostToDevice, m->stream));
+    cudaCheck(cudaMemcpyAsync(m->kept, kept.data(), bytes, cudaMemcpyHostToDevice, m->stream));
+    cudaCheck(cudaMemcpyAsync(m->targets, kept_targets.data(), bytes, cudaMemcpyHostToDevice, m->stream));
+    cudaCheck(cudaMemsetAsync(m->losses, 0, (size_t)B * T * sizeof(float), m->stream));
 }
 
 // the sum of the micro-batch's per-position losses (B, T), on the host
@@ -974,16 +1019,10 @@ static double losses_sum(Model *m, int B, int T) {
     return loss;
 }
 
-static Chunk chunk_at(const Model *m, int B, int T, int j) {
-    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window};
-    if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
-    return ch;
-}
-
 // The summed cross-entropy of B rows of T tokens over targets != -100 (no
 // gradients: evaluation, tests). logits_out as in chunk_head.
 static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
-    upload_batch(m, tokens, targets, B, T);
+    upload_batch(m, tokens, targets, B, T, logits_out != NULL);
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         ChunkActs<floatX> *s = &buffers<floatX>(m).chunk[0];
@@ -1003,7 +1042,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
 // order with the dKV carry; in recompute mode a chunk's forward runs again just
 // before its backward (the last chunk's activations are still there).
 static double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale) {
-    upload_batch(m, tokens, targets, B, T);
+    upload_batch(m, tokens, targets, B, T, false);
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
