@@ -227,6 +227,9 @@ void check_case(const Case &c) {
     double loss_gpu = gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, logits_gpu.data()), eval_gpu = loss_gpu;
     check_scalar(name + ": evaluation loss", loss_gpu, loss_cpu, tol.loss);
     check_tensor(name + ": logits", logits_gpu.data(), logits_cpu.data(), logits_cpu.size(), tol.logits);
+    // without logits the head runs on the positions with a target only, as in the trainer's evaluation
+    check_scalar(name + ": evaluation loss without logits", gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, NULL),
+                 loss_cpu, tol.loss);
     float scale = 1.0f / labels;
     loss_cpu = cpu_forward_backward(pair.cpu, tokens.data(), targets.data(), B, T, scale, 99);
     float loss_scale = loss_scale_of(c.precision);
