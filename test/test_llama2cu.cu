@@ -10,7 +10,10 @@
 // keys (Mistral's sliding_window: shorter than T and than most chunks, longer
 // than some), in --precision fp32 and bf16 (and a few cases in fp16, whose bf16
 // refusal on GPUs without bf16 is checked too); the head_dim-64 model with that
-// window too, for the tensor cores' window, in single micro-batches; and a few
+// window too, for the tensor cores' window, in single micro-batches; rows of 200
+// tokens (several attention tiles, a partial last one, chunks whose queries start
+// inside a tile against a KV carry) on tiny_gqa and models of head_dim 64 and 128
+// (LoRA, fp32 and bf16, whole and in chunks); and a few
 // cases of two families' fixtures: Llama-3's RoPE scaling with head_dim 12, not
 // hidden_size / heads (tiny_llama3), and CodeLlama's 32016 rows; and 10 steps of
 // SGD (--optimizer sgd, momentum 0.9, Nesterov or not, weight decay) on tiny_gqa,
@@ -67,7 +70,7 @@
 #include <string>
 #include <vector>
 
-enum { B = 2, T = 24 };
+enum { B = 2, T_DEFAULT = 24 }; // rows, and tokens a row but where a case says otherwise
 
 struct Tol { double logits, loss, grads, steps, norms; }; // steps: their losses; norms: their gradient norms
 const Tol FP32_TOL = {1e-5, 1e-5, 1e-4, 1e-4, 1e-4}, BF16_TOL = {3e-2, 1e-2, 1e-1, 1e-2, 1e-1},
@@ -89,6 +92,7 @@ struct Case {
     bool dora = false;     // LoRA from the fixture's DoRA adapter (dora/peft_init) instead
     const char *quantize = NULL; // QLoRA: --quantize nf4 | fp4 (double quantization, the default)
     int freeze = 0;        // --freeze_layers (full fine-tuning)
+    int T = T_DEFAULT;     // tokens a row (--max_seq_len)
 };
 enum { ADAMW, SGD_MOMENTUM, SGD_NESTEROV }; // the optimizer of a Pair (SGD: momentum 0.9, Nesterov or not)
 
@@ -97,9 +101,10 @@ std::string describe(const Case &c, int optimizer = ADAMW) {
     char buf[200];
     const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
     const char *optimizers[] = {"", " sgd momentum", " sgd nesterov"};
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%s%s%.0d", model, c.full ? "full" : c.dora ? "dora" : "lora",
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%s%s%.0d%s%.0d", model, c.full ? "full" : c.dora ? "dora" : "lora",
              c.precision, c.chunk, c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", optimizers[optimizer],
-             c.quantize ? " qlora " : "", c.quantize ? c.quantize : "", c.freeze ? " freeze_layers=" : "", c.freeze);
+             c.quantize ? " qlora " : "", c.quantize ? c.quantize : "", c.freeze ? " freeze_layers=" : "", c.freeze,
+             c.T != T_DEFAULT ? " T=" : "", c.T != T_DEFAULT ? c.T : 0);
     return buf;
 }
 
@@ -117,6 +122,7 @@ struct Pair {
     void *cpu, *gpu;
     Pair(const Case &c, int optimizer = ADAMW) {
         std::string model = c.model;
+        const int T = c.T;
         for (int side = 0; side < 2; side++) {
             std::vector<std::string> &a = args[side];
             a = {"test_llama2cu", "--model", model, "--data", "unused", "--max_seq_len", std::to_string(T),
@@ -147,7 +153,7 @@ struct Pair {
 // B rows of T tokens from seed; targets are the next token, with none at each
 // row's end and at every 7th position (the holes a padded, masked batch has).
 // Returns the number of targets.
-int make_batch(uint64_t seed, int V, int *tokens, int *targets) {
+int make_batch(uint64_t seed, int V, int T, int *tokens, int *targets) {
     uint64_t state = seed;
     int labels = 0;
     for (int i = 0; i < B * T; i++) tokens[i] = (int)(rng_next(&state) % V);
@@ -218,10 +224,11 @@ void check_case(const Case &c) {
     std::string name = describe(c);
     if (filtered_out(c, name)) return;
     const Tol &tol = tol_of(c.precision);
+    const int T = c.T;
     Pair pair(c);
     int V = pair.host()->config.vocab_size;
     std::vector<int> tokens(B * T), targets(B * T);
-    int labels = make_batch(7, V, tokens.data(), targets.data());
+    int labels = make_batch(7, V, T, tokens.data(), targets.data());
     std::vector<float> logits_cpu((size_t)B * T * V), logits_gpu((size_t)B * T * V);
     double loss_cpu = cpu_forward(pair.cpu, tokens.data(), targets.data(), B, T, logits_cpu.data());
     double loss_gpu = gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, logits_gpu.data()), eval_gpu = loss_gpu;
@@ -277,6 +284,7 @@ void check_steps(const Case &c, int steps, int optimizer = ADAMW) {
     std::string name = describe(c, optimizer);
     if (filtered_out(c, name)) return;
     const Tol &tol = tol_of(c.precision);
+    const int T = c.T;
     Pair pair(c, optimizer);
     int V = pair.host()->config.vocab_size;
     std::vector<int> tokens(B * T), targets(B * T);
@@ -284,7 +292,7 @@ void check_steps(const Case &c, int steps, int optimizer = ADAMW) {
     int at_loss = 0, at_norm = 0;
     std::vector<double> loss_cpu(steps), loss_gpu(steps);
     for (int s = 0; s < steps; s++) {
-        int labels = make_batch(100 + s, V, tokens.data(), targets.data());
+        int labels = make_batch(100 + s, V, T, tokens.data(), targets.data());
         double norm_cpu, norm_gpu;
         // fp16: the scale alternates 2^16, 2^15 as a backoff would change it, on both sides (exact in
         // fp32): AdamW is blind to a constant factor on every gradient, not to one that changes,
@@ -329,11 +337,11 @@ void check_precision_refusal() {
     }
 }
 
-// A model with head_dim 64 (2 query heads, 1 KV head: GQA) and an adapter for it
-// with every B != 0, as the fixtures have: bf16 attention runs on tensor cores
-// for head_dim 64 or 128 only, and the fixtures' is 16.
-void write_hd64_model(const char *dir) {
-    write_random_model(dir, 128, 256, 2, 2, 1);
+// A model with head_dim hd (2 query heads, 1 KV head: GQA; hidden 2 hd, intermediate 4 hd)
+// and an adapter for it with every B != 0, as the fixtures have: bf16 attention runs on
+// tensor cores for head_dim 64 or 128 only, and the fixtures' is 16.
+void write_tc_model(const char *dir, int hd) {
+    write_random_model(dir, 2 * hd, 4 * hd, 2, 2, 1);
     HostModel h;
     memset(&h, 0, sizeof h);
     if (model_load(&h, dir) != 0) die("cannot read back %s", dir);
@@ -376,13 +384,14 @@ void windowed_copy(const char *from, const char *to, int W) {
 // the window binds: on the same weights and batch, both backends' losses differ from the causal model's
 void check_window_binds(const char *causal, const char *windowed) {
     double loss[2][2]; // [causal, windowed][cpu, gpu]
+    const int T = T_DEFAULT;
     const char *models[2] = {causal, windowed};
     for (int w = 0; w < 2; w++) {
         Pair pair({models[w], false, "fp32", 0, "keep", 1, false});
         int V = pair.host()->config.vocab_size;
         std::vector<int> tokens(B * T), targets(B * T);
         std::vector<float> logits((size_t)B * T * V);
-        make_batch(7, V, tokens.data(), targets.data());
+        make_batch(7, V, T, tokens.data(), targets.data());
         loss[w][0] = cpu_forward(pair.cpu, tokens.data(), targets.data(), B, T, logits.data());
         loss[w][1] = gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, logits.data());
     }
@@ -415,8 +424,9 @@ int main(int argc, char **argv) {
     char tmp[] = "/tmp/llama2tune_test_llama2cu_XXXXXX";
     if (!mkdtemp(tmp)) die("mkdtemp: %s", strerror(errno));
     std::string hd64 = std::string(tmp) + "/hd64", windowed = std::string(tmp) + "/tiny_gqa_window5";
-    std::string hd64_windowed = std::string(tmp) + "/hd64_window5";
-    write_hd64_model(hd64.c_str());
+    std::string hd64_windowed = std::string(tmp) + "/hd64_window5", hd128 = std::string(tmp) + "/hd128";
+    write_tc_model(hd64.c_str(), 64);
+    write_tc_model(hd128.c_str(), 128);
     windowed_copy("test/fixtures/tiny_gqa", windowed.c_str(), 5);
     windowed_copy(hd64.c_str(), hd64_windowed.c_str(), 5);
     std::vector<const char *> models = {"test/fixtures/tiny_gqa", hd64.c_str()};
@@ -445,6 +455,18 @@ int main(int argc, char **argv) {
                 if (mine()) check_steps(chunked, steps);
                 if (mine()) check_steps(checkpointed, steps);
             }
+    // Several attention tiles (SIMT's of 32, the tensor cores' of 64) in rows of 200 tokens, a
+    // multiple of neither: whole, and in recomputed chunks of 72 (the head in 3 pieces), whose
+    // queries start inside a tile and see a KV carry of up to 144 keys; on tiny_gqa (SIMT) and
+    // the head_dim-64 and -128 models (bf16 on tensor cores; 128 is Llama-2-7B's head_dim)
+    for (const std::string &model : {std::string("test/fixtures/tiny_gqa"), hd64, hd128})
+        for (const char *precision : precisions) {
+            Case whole = {model.c_str(), false, precision, 0, "keep", 1, false};
+            Case chunked = {model.c_str(), false, precision, 72, "recompute", 3, false};
+            whole.T = chunked.T = 200;
+            if (!quick && mine()) check_case(whole);
+            if (mine()) check_case(chunked);
+        }
     // With the window: whole, in chunks of 7 (longer than it; activation checkpointing) and of
     // 1 (shorter; not --quick), and for tiny_gqa 10 steps whole and in chunks of 5 (its length).
     // The head_dim-64 model (bf16 on tensor cores) in single micro-batches only: on this random
