@@ -1010,7 +1010,7 @@ static void upload_batch(Model *m, const int *tokens, const int *targets, int B,
     cudaCheck(cudaMemsetAsync(m->losses, 0, (size_t)B * T * sizeof(float), m->stream));
 }
 
-// the sum of the micro-batch's per-position losses (B, T), on the host
+// the sum of the micro-batch's losses (each target's, chunk by chunk: chunk_head), on the host
 static double losses_sum(Model *m, int B, int T) {
     double loss;
     global_sum(m->loss_sum, m->losses, (size_t)B * T, m->stream);

@@ -2,7 +2,7 @@
 # Everything a short GPU lease should run, in one command (about 5-10 minutes):
 # the device, a build for the GPU that is present, every dev/cuda check
 # (validation against the CPU twins, then timing), test_llama2cu (the CUDA
-# trainer against the CPU twin), dev/cuda/fsdp_nccl as one rank (where it is
+# trainer against the CPU twin; then its logits of more than 2^31 elements), dev/cuda/fsdp_nccl as one rank (where it is
 # built), W = 2 and 3 ranks sharing the GPU (test_llama2cu_sharded.sh), compute-sanitizer on the small shapes
 # (memcheck on every check and on test_llama2cu --quick; racecheck on
 # attention and test_llama2cu; synccheck on attention), a short run of the
@@ -60,6 +60,9 @@ step build 400 make -B -j"$(nproc)" cuda ${arch:+CUDA_ARCHS="$arch"}
 for c in $checks; do step "$c" 180 "dev/cuda/$c"; done
 checks_end=$(wc -l <"$log") # the table reads the checks above, not their repeats under the sanitizer
 step test_llama2cu 300 test/test_llama2cu
+# logits of more than 2^31 elements (2 x 35200 positions x 32000), the head in one piece and in 4,
+# against the CPU twin (about 9 GB of logits a side; the CPU's share of the time: ~30 s on 16 cores)
+step "test_llama2cu --big_logits" 240 test/test_llama2cu --big_logits 35200
 # fsdp.h's NCCL backend as one rank (built where nccl.h is): the collectives' checks and the bf16 gather
 [ -x dev/cuda/fsdp_nccl ] && step "fsdp_nccl (one rank)" 120 dev/cuda/fsdp_nccl
 # several ranks on this one GPU (--collectives host): test_llama2cu_sharded.sh with the real binary in

@@ -1,11 +1,10 @@
 // A random Llama checkpoint (F32) for tests that need a shape no fixture has,
-// written with the trainer's own writer (model.h: include it first) and the
-// fixture tokenizer's vocabulary of 512. Weights are uniform in +-0.02, the
-// norms 1.
+// written with the trainer's own writer (model.h: include it first), with a
+// vocabulary of V rows and the fixture's tokenizer (512 pieces: a larger V is for
+// tests that never tokenize). Weights are uniform in +-0.02, the norms 1.
 #ifndef RANDOM_MODEL_H
 #define RANDOM_MODEL_H
-static void write_random_model(const char *dir, int D, int H, int L, int NH, int NKV) {
-    int V = 512;
+static void write_random_model(const char *dir, int D, int H, int L, int NH, int NKV, int V) {
     char path[512];
     if (mkdir_p(dir) != 0) die("mkdir %s", dir);
     snprintf(path, sizeof path, "%s/config.json", dir);

@@ -34,6 +34,8 @@
 // --part i/n a share of the cases (test/test_emu_cuda.sh runs two at once);
 // --filter TEXT only the cases whose description contains TEXT (e.g. "sgd").
 // --precision P only the cases of that precision (fp32, bf16 or fp16).
+// --big_logits T only check_big_logits, on rows of T tokens (dev/gpu_check.sh: 35200,
+// logits of more than 2^31 elements; a small T tries it emulated).
 //
 // Tolerances, each relative to the largest magnitude of what it compares
 // (the whole logits, one gradient tensor at a time, each step's loss):
@@ -219,21 +221,27 @@ template <typename F> void for_each_trainable(const HostModel *h, F f) {
         }
 }
 
-// logits and loss (no dropout), then the loss and every gradient of a training micro-batch
-void check_case(const Case &c) {
+// logits and loss (no dropout), then the loss and every gradient of a training micro-batch;
+// without with_logits the evaluation loss alone (logits too large to copy back)
+void check_case(const Case &c, bool with_logits = true) {
     std::string name = describe(c);
     if (filtered_out(c, name)) return;
+    if (c.ckpt && !with_logits) die("internal: the activation checkpointing check compares logits");
     const Tol &tol = tol_of(c.precision);
     const int T = c.T;
     Pair pair(c);
     int V = pair.host()->config.vocab_size;
     std::vector<int> tokens(B * T), targets(B * T);
     int labels = make_batch(7, V, T, tokens.data(), targets.data());
-    std::vector<float> logits_cpu((size_t)B * T * V), logits_gpu((size_t)B * T * V);
-    double loss_cpu = cpu_forward(pair.cpu, tokens.data(), targets.data(), B, T, logits_cpu.data());
-    double loss_gpu = gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, logits_gpu.data()), eval_gpu = loss_gpu;
-    check_scalar(name + ": evaluation loss", loss_gpu, loss_cpu, tol.loss);
-    check_tensor(name + ": logits", logits_gpu.data(), logits_cpu.data(), logits_cpu.size(), tol.logits);
+    size_t n_logits = with_logits ? (size_t)B * T * V : 0;
+    std::vector<float> logits_cpu(n_logits), logits_gpu(n_logits);
+    double loss_cpu = cpu_forward(pair.cpu, tokens.data(), targets.data(), B, T, with_logits ? logits_cpu.data() : NULL);
+    double loss_gpu = 0, eval_gpu = 0;
+    if (with_logits) {
+        loss_gpu = eval_gpu = gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, logits_gpu.data());
+        check_scalar(name + ": evaluation loss", loss_gpu, loss_cpu, tol.loss);
+        check_tensor(name + ": logits", logits_gpu.data(), logits_cpu.data(), n_logits, tol.logits);
+    }
     // without logits the head runs on the positions with a target only, as in the trainer's evaluation
     check_scalar(name + ": evaluation loss without logits", gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, NULL),
                  loss_cpu, tol.loss);
@@ -341,7 +349,7 @@ void check_precision_refusal() {
 // and an adapter for it with every B != 0, as the fixtures have: bf16 attention runs on
 // tensor cores for head_dim 64 or 128 only, and the fixtures' is 16.
 void write_tc_model(const char *dir, int hd) {
-    write_random_model(dir, 2 * hd, 4 * hd, 2, 2, 1);
+    write_random_model(dir, 2 * hd, 4 * hd, 2, 2, 1, 512);
     HostModel h;
     memset(&h, 0, sizeof h);
     if (model_load(&h, dir) != 0) die("cannot read back %s", dir);
@@ -401,6 +409,21 @@ void check_window_binds(const char *causal, const char *windowed) {
     CHECK(loss[1][0] != loss[0][0] && loss[1][1] != loss[0][1], line, "%s", "a backend ignores the window");
 }
 
+// Logits of more than 2^31 elements (issue 16): full fine-tuning of a 1-layer model with
+// Llama-2's vocabulary (32000) and width 64 on B rows of T tokens, whole, its head in one
+// piece (B * T * 32000 elements: 2.25e9 at T = 35200) and in 4 (each under 2^31), in fp32 and
+// bf16, against the CPU twin: the evaluation and training losses and every gradient (the
+// head's summed over all B * T rows). GPU only (--big_logits T), about 9 GB of logits a side.
+void check_big_logits(const char *dir, int T) {
+    write_random_model(dir, 64, 128, 1, 4, 2, 32000);
+    for (const char *precision : {"fp32", "bf16"})
+        for (int pieces : {1, 4}) {
+            Case c = {dir, true, precision, 0, "keep", pieces, false};
+            c.T = T;
+            check_case(c, false);
+        }
+}
+
 int main(int argc, char **argv) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -410,19 +433,26 @@ int main(int argc, char **argv) {
     // --quick: a few cases with 3 steps; --part i/n: every n-th case from the i-th
     // (0-based), so that n processes share the cases (the emulated build's on n cores)
     bool quick = false;
-    int part = 0, parts = 1;
+    int part = 0, parts = 1, big_logits = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--part") && i + 1 < argc && sscanf(argv[i + 1], "%d/%d", &part, &parts) == 2 &&
                  parts > 0 && part >= 0 && part < parts) i++;
         else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) only_precision = argv[++i];
-        else die("usage: test_llama2cu [--quick] [--part i/n] [--filter TEXT] [--precision fp32|bf16|fp16]");
+        else if (!strcmp(argv[i], "--big_logits") && i + 1 < argc && (big_logits = atoi(argv[i + 1])) > 0) i++;
+        else die("usage: test_llama2cu [--quick] [--part i/n] [--filter TEXT] [--precision fp32|bf16|fp16] [--big_logits T]");
     }
     int case_index = 0;
     auto mine = [&]() { return case_index++ % parts == part; };
     char tmp[] = "/tmp/llama2tune_test_llama2cu_XXXXXX";
     if (!mkdtemp(tmp)) die("mkdtemp: %s", strerror(errno));
+    if (big_logits) { // that check alone
+        check_big_logits((std::string(tmp) + "/vocab32000").c_str(), big_logits);
+        remove_tree(tmp);
+        printf("test_llama2cu --big_logits: %d passed, %d failed\n", test_passed, test_failed);
+        return test_summary();
+    }
     std::string hd64 = std::string(tmp) + "/hd64", windowed = std::string(tmp) + "/tiny_gqa_window5";
     std::string hd64_windowed = std::string(tmp) + "/hd64_window5", hd128 = std::string(tmp) + "/hd128";
     write_tc_model(hd64.c_str(), 64);

@@ -112,7 +112,7 @@ static void test_memory_plan(void) {
     snprintf(model, sizeof model, "%s/plan_model", tmpdir);
     snprintf(data, sizeof data, "%s/plan_data.jsonl", tmpdir);
     snprintf(outdir, sizeof outdir, "%s/plan_out", tmpdir);
-    write_random_model(model, 256, 688, 4, 4, 4);
+    write_random_model(model, 256, 688, 4, 4, 4, 512);
     FILE *f = fopenCheck(data, "w");
     for (int r = 0; r < 4; r++) {
         fprintf(f, "{\"text\": \"");
