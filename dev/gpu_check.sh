@@ -61,7 +61,9 @@ for c in $checks; do step "$c" 180 "dev/cuda/$c"; done
 checks_end=$(wc -l <"$log") # the table reads the checks above, not their repeats under the sanitizer
 step test_llama2cu 300 test/test_llama2cu
 # logits of more than 2^31 elements (2 x 35200 positions x 32000), the head in one piece and in 4,
-# against the CPU twin (about 9 GB of logits a side; the CPU's share of the time: ~30 s on 16 cores)
+# against the CPU twin (about 9 GB of logits a side). The CPU twin's share of the time, from its
+# runs at T = 4400 and 8800 on 2 Zen 1 threads (a T + b T^2: the attention is quadratic), is
+# ~65 s a case there, 4 cases: so 30-60 s on 16 cores
 step "test_llama2cu --big_logits" 240 test/test_llama2cu --big_logits 35200
 # fsdp.h's NCCL backend as one rank (built where nccl.h is): the collectives' checks and the bf16 gather
 [ -x dev/cuda/fsdp_nccl ] && step "fsdp_nccl (one rank)" 120 dev/cuda/fsdp_nccl
