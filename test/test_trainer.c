@@ -25,6 +25,10 @@
 //   (the squared gradient norm) give the same bits at 1, 2, 3 and 5 threads, run after
 //   run (OpenMP's reductions did not: their partial sums follow the thread count and,
 //   from 3 threads, meet in the order the threads finish).
+// - The whole model at 1, 2, 3 and 5 threads on a shape where every parallel split
+//   is real: full fine-tuning's loss and every gradient (whole, and chunked with the
+//   head in pieces), and the adapter file of 3 LoRA training steps, bit for bit
+//   (each element of a product summed by one thread in a fixed order: issue 22).
 #define TESTING
 #include "../train_llama2.c"
 #include "test_common.h"
@@ -480,6 +484,88 @@ static void test_thread_count_sums(void) {
 #endif
 }
 
+// The whole model's results at 1, 2, 3 and 5 threads: every gradient of full fine-tuning
+// (whole, and chunked with recompute, the head in pieces and activation checkpointing),
+// and the LoRA adapter that 3 training steps write, compared bit for bit. The shape makes
+// every parallel split real: 450 rows (not a multiple of GEMM_MR, several GEMM_MC blocks),
+// K of 384 and 1000 (2 and 4 blocks of k), N of 1000 and 1100 (several GEMM_NC blocks and a
+// ragged strip), 150 positions (several attention tiles), GQA.
+static void test_thread_count_model(void) {
+#ifdef _OPENMP
+    enum { NB = 3, NT = 150 };
+    int threads = omp_get_max_threads(), counts[] = {1, 2, 3, 5};
+    char model[128], data[128];
+    snprintf(model, sizeof model, "%s/threads_model", tmpdir);
+    snprintf(data, sizeof data, "%s/threads_data.jsonl", tmpdir);
+    write_random_model(model, 384, 1000, 2, 6, 2, 1100);
+    int tokens[NB * NT], targets[NB * NT];
+    uint64_t st = 5;
+    for (int i = 0; i < NB * NT; i++) tokens[i] = (int)(rng_next(&st) % 1100), targets[i] = i % 7 == 3 ? -100 : (int)(rng_next(&st) % 1100);
+    struct { const char *name, *chunk, *out_chunks, *ckpt; } cases[] = {
+        {"whole", "0", "1", "--activation_checkpointing=0"},
+        {"chunks of 64, recompute, the head in 3 pieces, activation checkpointing", "64", "3", "--activation_checkpointing"}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        double loss[4];
+        float *grads[4];
+        size_t n = 0;
+        for (int t = 0; t < 4; t++) {
+            omp_set_num_threads(counts[t]);
+            char *argv[] = {"x", "--model", model, "--data", "unused", "--max_seq_len", "150", "--full_finetune",
+                            "--chunk_size", (char *)cases[k].chunk, "--chunk_memory", "recompute",
+                            "--num_output_chunks", (char *)cases[k].out_chunks, (char *)cases[k].ckpt};
+            TrainConfig tc;
+            Model m;
+            if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0 || model_setup(&m, NULL, &tc, NB, NT, NULL) != 0)
+                die("cannot set up %s", model);
+            n = m.host.num_params;
+            memset(m.grads, 0, n * sizeof(float));
+            loss[t] = model_forward_backward(&m, tokens, targets, NB, NT, 1.0f / 37);
+            grads[t] = (float *)mallocCheck(n * sizeof(float));
+            memcpy(grads[t], m.grads, n * sizeof(float));
+            model_free(&m);
+        }
+        size_t differ = 0, nonzero = 0;
+        for (size_t i = 0; i < n; i++) nonzero += grads[0][i] != 0.0f;
+        for (int t = 1; t < 4; t++) differ += memcmp(grads[t], grads[0], n * sizeof(float)) != 0 || loss[t] != loss[0];
+        char what[200];
+        snprintf(what, sizeof what, "full fine-tuning, %s: the loss and every gradient the same bits at 1, 2, 3, 5 threads", cases[k].name);
+        CHECK(differ == 0 && nonzero > n / 2, what, "%zu of 3 thread counts differ from 1 thread (losses %.17g %.17g %.17g %.17g); "
+              "%zu of %zu gradients nonzero", differ, loss[0], loss[1], loss[2], loss[3], nonzero, n);
+        for (int t = 0; t < 4; t++) free(grads[t]);
+    }
+
+    // 3 LoRA steps through the trainer (data, dropout, clipping, AdamW), the adapter files compared
+    FILE *f = fopenCheck(data, "w");
+    for (int r = 0; r < 12; r++) {
+        fprintf(f, "{\"text\": \"");
+        for (int i = 0; i < 200; i++) fprintf(f, "%s ", (const char *[]){"the", "cat", "sat", "on", "a", "mat", "7"}[(i * 5 + r) % 7]);
+        fprintf(f, "\"}\n");
+    }
+    fclose(f);
+    char *adapter[4] = {0};
+    size_t len[4] = {0};
+    for (int t = 0; t < 4; t++) {
+        char out[160], th[8], path[200];
+        snprintf(out, sizeof out, "%s/threads_out%d", tmpdir, t);
+        snprintf(th, sizeof th, "%d", counts[t]);
+        char *argv[] = {"x", "--model", model, "--data", data, "--max_seq_len", "150", "--batch_size", "3", "--max_steps", "3",
+                        "--lr", "1e-2", "--lora_r", "8", "--lora_target_modules", "all-linear", "--lora_dropout", "0.1",
+                        "--grad_clip", "1.0", "--threads", th, "--output_dir", out};
+        TrainConfig tc;
+        if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0 || train(&tc) != 0) die("the %d-thread LoRA run failed", counts[t]);
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", out);
+        adapter[t] = read_file(path, &len[t]);
+        if (!adapter[t]) die("cannot read %s", path);
+    }
+    omp_set_num_threads(threads);
+    int differ = 0;
+    for (int t = 1; t < 4; t++) differ += len[t] != len[0] || memcmp(adapter[t], adapter[0], len[0]) != 0;
+    CHECK(differ == 0, "LoRA, 3 training steps: the adapter file the same bytes at 1, 2, 3, 5 threads",
+          "%d of 3 thread counts differ from 1 thread", differ);
+    for (int t = 0; t < 4; t++) free(adapter[t]);
+#endif
+}
+
 int main(void) {
     test_loss_scale_sequence();
     snprintf(tmpdir, sizeof tmpdir, "/tmp/llama2tune_test_trainer_XXXXXX");
@@ -493,6 +579,7 @@ int main(void) {
     test_optimizer_state();
     test_memory_plan();
     test_thread_count_sums(); // (after test_memory_plan: it starts OpenMP threads, see below)
+    test_thread_count_model();
     test_random_init(); // last: it starts OpenMP threads, and a child forked after that (test_memory_plan's) hangs in libgomp
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
