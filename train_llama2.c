@@ -316,8 +316,9 @@ typedef struct {
     float *lnf;        // (B, C, D)
     float *rstdf;      // (B, C)
     float *logits;     // (ceil(C / num_output_chunks), V) one piece of one row at a time
-    float *head_packed; // the output head packed for its forward and its backward product (gemm_pack_b),
-                        // once per chunk, when the chunk runs the head more than once (NULL: not)
+    float *head_packed; // the output head packed for its forward and its backward product (gemm_pack_b)
+                        // when a micro-batch runs the head more than once (NULL: not)
+    int head_packed_ok; // which of them hold the head now: 1 the forward's, 2 the backward's
     float *kv;         // (B, C, NKV*hd) a chunk's keys or values before they enter the carry
     float *dresid;     // (B, C, D)
     float *dln;        // (B, C, D)
@@ -1117,8 +1118,11 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     // The head runs on B x ceil(C / piece) pieces of a chunk; with more than one, its weight
     // is packed once for all of them, not again for each (the stories15M shape: 8 packings of
     // 36 MB a step become 2; packing's share of the step's time fell from 7.6% to 5.5%, perf,
-    // for 74 MB more memory).
+    // for 74 MB more memory), and kept while the head does not change (chunk_head). One piece
+    // a chunk (B = 1, chunked to save memory) packs it in gemm's scratch instead: the copy
+    // would cost 2 V D floats (1 GiB at Llama-2-7B's shape) to save a small share of the time.
     size_t V = c->vocab_size, head_packed = gemm_packed_b_floats(V, D) + gemm_packed_b_floats(D, V);
+    a->head_packed_ok = 0;
     if (B * ((C + piece - 1) / piece) > 1) {
         m->act_bytes += head_packed * sizeof(float);
         if (alloc && !(a->head_packed = (float *)aligned_alloc(64, head_packed * sizeof(float)))) // vector loads
@@ -1352,10 +1356,13 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
     int any = logits_out != NULL; // a target anywhere in the chunk: else the head is not even packed
     for (int b = 0; b < ch->B && !any; b++)
         for (int p = 0; p < ch->len && !any; p++) any = targets[(size_t)b * ch->T + ch->t0 + p] >= 0;
-    // the head (V, D) packed as the B of logits = xf head^T, and of dxf = dlogits head
+    // the head (V, D) packed as the B of logits = xf head^T, and of dxf = dlogits head; under
+    // LoRA the head never changes, so it is packed once in a run, not twice a micro-batch (the
+    // stories15M step: 1.2% of it)
     float *head_fwd = a->head_packed, *head_bwd = head_fwd ? head_fwd + gemm_packed_b_floats(V, D) : NULL;
-    if (head_fwd && any) gemm_pack_b(head_fwd, V, D, head, D, 1);
-    if (head_bwd && any && grad_scale != 0.0f) gemm_pack_b(head_bwd, D, V, head, D, 0);
+    if (head_fwd && any && !(a->head_packed_ok & 1)) gemm_pack_b(head_fwd, V, D, head, D, 1), a->head_packed_ok |= 1;
+    if (head_bwd && any && grad_scale != 0.0f && !(a->head_packed_ok & 2))
+        gemm_pack_b(head_bwd, D, V, head, D, 0), a->head_packed_ok |= 2;
     double loss = 0;
     for (int b = 0; b < ch->B && any; b++)
         for (int p0 = 0; p0 < ch->len; p0 += piece) {
@@ -1462,6 +1469,7 @@ static Chunk chunk_at(const Model *m, int B, int T, int j) {
 // gradients: evaluation, tests). logits_out as in chunk_head.
 static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
     check_batch(m, tokens, B, T);
+    if (m->host.full_finetune) m->a.head_packed_ok = 0; // the head may have trained since it was packed
     double loss = 0;
     for (int j = 0; j * m->chunk_size < T; j++) {
         Chunk ch = chunk_at(m, B, T, j);
@@ -1480,6 +1488,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
 static double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale) {
     check_batch(m, tokens, B, T);
     Activations *a = &m->a;
+    if (m->host.full_finetune) a->head_packed_ok = 0; // the head may have trained since it was packed
     size_t carry = (size_t)m->host.config.n_layers * B * T * m->host.config.n_kv_heads * m->host.config.head_dim;
     memset(a->dk, 0, carry * sizeof(float));
     memset(a->dv, 0, carry * sizeof(float));

@@ -3,6 +3,7 @@
 
   make train_llama2 && python3 dev/bench_cpu.py [--shape stories15M|tinyllama] [--full] \\
       [--threads 1,2] [--steps 6] [--reps 2] [--ours ./train_llama2] [--base OTHER_BUILD]
+  python3 dev/bench_cpu.py --targets     # every target of issue 22, then a verdict for each
 
 Shapes: stories15M (dim 288, 6 layers, 6 heads, hidden 768, vocab 32000; batch 4 x 256
 tokens) and tinyllama (TinyLlama-1.1B: dim 2048, 22 layers, 32 heads / 4 KV heads,
@@ -121,6 +122,56 @@ def prepare(tmp, args):
             f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(2 * T))}) + "\n")
 
 
+# issue 22's targets: (what, shape, full fine-tuning, PyTorch's step time / ours at least, reps)
+TARGETS = [("stories15M, LoRA r=8 q,v", "stories15M", False, 1.25, 3),
+           ("stories15M, full fine-tuning", "stories15M", True, 1.0, 2),
+           ("TinyLlama-1.1B shape, LoRA r=8 q,v, peak memory no higher", "tinyllama", False, 1.0, 1)]
+
+
+def measure(args, shape, full, reps):
+    """Runs every side at every thread count, reps times, alternating; prints a row a run and
+    returns {(threads, side): [(wall, cpu, rss), ...]} and PyTorch's version line."""
+    run = argparse.Namespace(**vars(args))
+    run.shape, run.full = shape, full
+    sides = [("ours", args.ours)] + ([("base", args.base)] if args.base else []) + [("torch", None)]
+    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {shape}, "
+          f"{'full fine-tuning' if full else 'LoRA r=8 q,v'}; {' '.join(sys.argv[1:])}", flush=True)
+    print("| threads | side | wall ms/step | CPU ms/step | peak RSS MiB | load average |")
+    print("| --- | --- | --- | --- | --- | --- |", flush=True)
+    results, versions = {}, ""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--shape", shape, "--prepare", tmp], check=True,
+                       stderr=subprocess.DEVNULL)
+        data = os.path.join(tmp, "data.jsonl")
+        for threads in args.thread_counts:
+            for _ in range(reps):
+                for name, binary in sides:
+                    load = os.getloadavg()[0]
+                    if binary:
+                        wall, cpu, ru = run_ours(binary, run, threads, tmp, data)
+                    else:
+                        wall, cpu, ru, r = run_torch(run, threads, tmp)
+                        versions = f"PyTorch {r['torch']} ({r['attn']} attention)"
+                    rss = ru.ru_maxrss / 1024
+                    results.setdefault((threads, name), []).append((wall, cpu, rss))
+                    print(f"| {threads} | {name} | {wall:.0f} | {cpu:.0f} | {rss:.0f} | {load:.2f} |", flush=True)
+    return results, versions
+
+
+def med(rs, i):
+    return statistics.median(r[i] for r in rs)
+
+
+def summary(results, versions, thread_counts):
+    print(f"\n{versions}; medians over the runs, PyTorch's time / ours:")
+    print("| threads | ours wall | PyTorch wall | wall ratio | ours CPU | PyTorch CPU | CPU ratio | ours peak MiB | PyTorch peak MiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for threads in thread_counts:
+        o, t = results[(threads, "ours")], results[(threads, "torch")]
+        print(f"| {threads} | {med(o, 0):.0f} | {med(t, 0):.0f} | {med(t, 0) / med(o, 0):.2f}x | {med(o, 1):.0f} | "
+              f"{med(t, 1):.0f} | {med(t, 1) / med(o, 1):.2f}x | {max(r[2] for r in o):.0f} | {max(r[2] for r in t):.0f} |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="stories15M", choices=sorted(SHAPES))
@@ -128,6 +179,9 @@ def main():
     ap.add_argument("--threads", default="2", help="comma-separated thread counts")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--reps", type=int, default=1, help="runs of each side per thread count, alternating")
+    ap.add_argument("--targets", action="store_true",
+                    help="issue 22's targets, one after another (each with its own reps; --threads 1,2 unless given), "
+                         "then a verdict for each: about 30 minutes on 2 cores")
     ap.add_argument("--ours", default=os.path.join(ROOT, "train_llama2"))
     ap.add_argument("--base", default=None, help="another build of ours to run alongside (before/after)")
     ap.add_argument("--torch_worker", action="store_true", help=argparse.SUPPRESS)
@@ -140,36 +194,28 @@ def main():
         return torch_worker(args)
     if args.prepare:
         return prepare(args.prepare, args)
-    sides = [("ours", args.ours)] + ([("base", args.base)] if args.base else []) + [("torch", None)]
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {args.shape}, "
-          f"{'full fine-tuning' if args.full else 'LoRA r=8 q,v'}; {' '.join(sys.argv[1:])}", flush=True)
-    print("| threads | side | wall ms/step | CPU ms/step | peak RSS MiB | load average |")
-    print("| --- | --- | --- | --- | --- | --- |", flush=True)
-    results, versions = {}, ""
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--shape", args.shape, "--prepare", tmp], check=True,
-                       stderr=subprocess.DEVNULL)
-        data = os.path.join(tmp, "data.jsonl")
-        for threads in [int(t) for t in args.threads.split(",")]:
-            for _ in range(args.reps):
-                for name, binary in sides:
-                    load = os.getloadavg()[0]
-                    if binary:
-                        wall, cpu, ru = run_ours(binary, args, threads, tmp, data)
-                    else:
-                        wall, cpu, ru, r = run_torch(args, threads, tmp)
-                        versions = f"PyTorch {r['torch']} ({r['attn']} attention)"
-                    rss = ru.ru_maxrss / 1024
-                    results.setdefault((threads, name), []).append((wall, cpu, rss))
-                    print(f"| {threads} | {name} | {wall:.0f} | {cpu:.0f} | {rss:.0f} | {load:.2f} |", flush=True)
-    print(f"\n{versions}; medians over the runs, PyTorch's time / ours:")
-    print("| threads | ours wall | PyTorch wall | wall ratio | ours CPU | PyTorch CPU | CPU ratio | ours peak MiB | PyTorch peak MiB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for threads in [int(t) for t in args.threads.split(",")]:
-        o, t = results[(threads, "ours")], results[(threads, "torch")]
-        med = lambda rs, i: statistics.median(r[i] for r in rs)
-        print(f"| {threads} | {med(o, 0):.0f} | {med(t, 0):.0f} | {med(t, 0) / med(o, 0):.2f}x | {med(o, 1):.0f} | "
-              f"{med(t, 1):.0f} | {med(t, 1) / med(o, 1):.2f}x | {max(r[2] for r in o):.0f} | {max(r[2] for r in t):.0f} |")
+    if args.targets and "--threads" not in sys.argv:
+        args.threads = "1,2"
+    args.thread_counts = [int(t) for t in args.threads.split(",")]
+    if not args.targets:
+        summary(*measure(args, args.shape, args.full, args.reps), args.thread_counts)
+        return
+    verdicts = []
+    for what, shape, full, want, reps in TARGETS:
+        results, versions = measure(args, shape, full, reps)
+        summary(results, versions, args.thread_counts)
+        for threads in args.thread_counts:
+            o, t = results[(threads, "ours")], results[(threads, "torch")]
+            wall, cpu = med(t, 0) / med(o, 0), med(t, 1) / med(o, 1)
+            mem = max(r[2] for r in o) <= max(r[2] for r in t) if shape == "tinyllama" else True
+            verdicts.append((what, threads, want, wall, cpu, mem, min(wall, cpu) >= want and mem))
+    print(f"\nissue 22's targets ({versions}; the ratio is PyTorch's step time over ours; met: both ratios at least the "
+          f"target and, where asked, ours' peak memory no higher):")
+    print("| target | threads | at least | wall ratio | CPU ratio | memory | met |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for what, threads, want, wall, cpu, mem, met in verdicts:
+        print(f"| {what} | {threads} | {want:.2f}x | {wall:.2f}x | {cpu:.2f}x | {'lower' if mem else 'HIGHER'} | "
+              f"{'yes' if met else 'NO'} |")
 
 
 if __name__ == "__main__":
