@@ -103,8 +103,18 @@ static void gemm_pack(float *dst, const float *X, int ld, int rowmajor, size_t i
                       float scale) {
     int wn = i0 + w <= n ? w : (int)(n - i0); // rows that exist; the rest of the strip is zero padding
     if (rowmajor) {
+        // a transpose, 8 k at a time: each row's 8 floats are one read along memory. One k at a
+        // time GCC gathered the strip's w rows element by element: 1.25 -> 0.73 ns a float for
+        // TinyLlama's 2048 x 2048 weights (the forward products' B), near this machine's memory speed
         const float *x = X + i0 * ld + k0;
-        for (int k = 0; k < kc; k++) {
+        int k = 0;
+        for (; k + 8 <= kc; k += 8) {
+            for (int i = 0; i < wn; i++)
+                for (int kk = 0; kk < 8; kk++) dst[(k + kk) * w + i] = scale * x[(size_t)i * ld + k + kk];
+            for (int i = wn; i < w; i++)
+                for (int kk = 0; kk < 8; kk++) dst[(k + kk) * w + i] = 0.0f;
+        }
+        for (; k < kc; k++) {
             for (int i = 0; i < wn; i++) dst[k * w + i] = scale * x[(size_t)i * ld + k];
             for (int i = wn; i < w; i++) dst[k * w + i] = 0.0f;
         }

@@ -62,8 +62,10 @@ def torch_worker(args):
         opt.zero_grad()
         wall.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.process_time() - c0) * 1e3)
-    print(json.dumps({"wall": wall, "cpu": cpu, "torch": torch.__version__,
-                      "attn": getattr(model.config, "_attn_implementation", "?")}))
+    import transformers, peft
+    print(json.dumps({"wall": wall, "cpu": cpu, "attn": getattr(model.config, "_attn_implementation", "?"),
+                      "versions": f"PyTorch {torch.__version__}, transformers {transformers.__version__}, "
+                                  f"peft {peft.__version__}"}))
 
 
 def run_ours(binary, args, threads, model_dir, data):
@@ -128,13 +130,34 @@ TARGETS = [("stories15M, LoRA r=8 q,v", "stories15M", False, 1.25, 3),
            ("TinyLlama-1.1B shape, LoRA r=8 q,v, peak memory no higher", "tinyllama", False, 1.0, 1)]
 
 
+def machine():
+    """The CPU, the compiler and the commit, for the tables' headings."""
+    cpu = platform.machine()
+    try:
+        info = dict(l.split(":", 1) for l in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in l)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        flags = info.get("flags", "").split()
+        isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+        cpu = f"{info.get('model name', cpu)} (family {info.get('cpu family')} model {info.get('model')}, {isa})"
+    except (OSError, ValueError):
+        pass
+    def out(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+        except OSError:
+            return "?"
+    gcc = out(["cc", "--version"]).split("\n")[0]
+    commit = out(["git", "rev-parse", "--short", "HEAD"]) + (" (modified)" if out(["git", "status", "--porcelain", "-uno"]) else "")
+    return f"{cpu}, {os.cpu_count()} CPUs; {gcc}; commit {commit}"
+
+
 def measure(args, shape, full, reps):
     """Runs every side at every thread count, reps times, alternating; prints a row a run and
     returns {(threads, side): [(wall, cpu, rss), ...]} and PyTorch's version line."""
     run = argparse.Namespace(**vars(args))
     run.shape, run.full = shape, full
     sides = [("ours", args.ours)] + ([("base", args.base)] if args.base else []) + [("torch", None)]
-    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {shape}, "
+    print(f"\n{machine()}; {shape}, "
           f"{'full fine-tuning' if full else 'LoRA r=8 q,v'}; {' '.join(sys.argv[1:])}", flush=True)
     print("| threads | side | wall ms/step | CPU ms/step | peak RSS MiB | load average |")
     print("| --- | --- | --- | --- | --- | --- |", flush=True)
@@ -151,7 +174,7 @@ def measure(args, shape, full, reps):
                         wall, cpu, ru = run_ours(binary, run, threads, tmp, data)
                     else:
                         wall, cpu, ru, r = run_torch(run, threads, tmp)
-                        versions = f"PyTorch {r['torch']} ({r['attn']} attention)"
+                        versions = f"{r['versions']} ({r['attn']} attention)"
                     rss = ru.ru_maxrss / 1024
                     results.setdefault((threads, name), []).append((wall, cpu, rss))
                     print(f"| {threads} | {name} | {wall:.0f} | {cpu:.0f} | {rss:.0f} | {load:.2f} |", flush=True)
