@@ -25,7 +25,7 @@
 //   (the squared gradient norm) give the same bits at 1, 2, 3 and 5 threads, run after
 //   run (OpenMP's reductions did not: their partial sums follow the thread count and,
 //   from 3 threads, meet in the order the threads finish).
-// - The whole model at 1, 2, 3 and 5 threads on a shape where every parallel split
+// - The whole model at 1, 2 and 3 threads on a shape where every parallel split
 //   is real: full fine-tuning's loss and every gradient (whole, and chunked with the
 //   head in pieces), and the adapter file of 3 LoRA training steps, bit for bit
 //   (each element of a product summed by one thread in a fixed order: issue 22).
@@ -484,7 +484,7 @@ static void test_thread_count_sums(void) {
 #endif
 }
 
-// The whole model's results at 1, 2, 3 and 5 threads: every gradient of full fine-tuning
+// The whole model's results at 1, 2 and 3 threads: every gradient of full fine-tuning
 // (whole, and chunked with recompute, the head in pieces and activation checkpointing),
 // and the LoRA adapter that 3 training steps write, compared bit for bit. The shape makes
 // every parallel split real: 450 rows (not a multiple of GEMM_MR, several GEMM_MC blocks),
@@ -493,7 +493,7 @@ static void test_thread_count_sums(void) {
 static void test_thread_count_model(void) {
 #ifdef _OPENMP
     enum { NB = 3, NT = 150 };
-    int threads = omp_get_max_threads(), counts[] = {1, 2, 3, 5};
+    int threads = omp_get_max_threads(), counts[] = {1, 2, 3}; // (3: partial sums would meet in any order)
     char model[128], data[128];
     snprintf(model, sizeof model, "%s/threads_model", tmpdir);
     snprintf(data, sizeof data, "%s/threads_data.jsonl", tmpdir);
@@ -505,10 +505,10 @@ static void test_thread_count_model(void) {
         {"whole", "0", "1", "--activation_checkpointing=0"},
         {"chunks of 64, recompute, the head in 3 pieces, activation checkpointing", "64", "3", "--activation_checkpointing"}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        double loss[4];
-        float *grads[4];
+        double loss[3];
+        float *grads[3];
         size_t n = 0;
-        for (int t = 0; t < 4; t++) {
+        for (int t = 0; t < 3; t++) {
             omp_set_num_threads(counts[t]);
             char *argv[] = {"x", "--model", model, "--data", "unused", "--max_seq_len", "150", "--full_finetune",
                             "--chunk_size", (char *)cases[k].chunk, "--chunk_memory", "recompute",
@@ -526,12 +526,12 @@ static void test_thread_count_model(void) {
         }
         size_t differ = 0, nonzero = 0;
         for (size_t i = 0; i < n; i++) nonzero += grads[0][i] != 0.0f;
-        for (int t = 1; t < 4; t++) differ += memcmp(grads[t], grads[0], n * sizeof(float)) != 0 || loss[t] != loss[0];
+        for (int t = 1; t < 3; t++) differ += memcmp(grads[t], grads[0], n * sizeof(float)) != 0 || loss[t] != loss[0];
         char what[200];
-        snprintf(what, sizeof what, "full fine-tuning, %s: the loss and every gradient the same bits at 1, 2, 3, 5 threads", cases[k].name);
-        CHECK(differ == 0 && nonzero > n / 2, what, "%zu of 3 thread counts differ from 1 thread (losses %.17g %.17g %.17g %.17g); "
-              "%zu of %zu gradients nonzero", differ, loss[0], loss[1], loss[2], loss[3], nonzero, n);
-        for (int t = 0; t < 4; t++) free(grads[t]);
+        snprintf(what, sizeof what, "full fine-tuning, %s: the loss and every gradient the same bits at 1, 2, 3 threads", cases[k].name);
+        CHECK(differ == 0 && nonzero > n / 2, what, "%zu of 2 thread counts differ from 1 thread (losses %.17g %.17g %.17g); "
+              "%zu of %zu gradients nonzero", differ, loss[0], loss[1], loss[2], nonzero, n);
+        for (int t = 0; t < 3; t++) free(grads[t]);
     }
 
     // 3 LoRA steps through the trainer (data, dropout, clipping, AdamW), the adapter files compared
@@ -542,9 +542,9 @@ static void test_thread_count_model(void) {
         fprintf(f, "\"}\n");
     }
     fclose(f);
-    char *adapter[4] = {0};
-    size_t len[4] = {0};
-    for (int t = 0; t < 4; t++) {
+    char *adapter[3] = {0};
+    size_t len[3] = {0};
+    for (int t = 0; t < 3; t++) {
         char out[160], th[8], path[200];
         snprintf(out, sizeof out, "%s/threads_out%d", tmpdir, t);
         snprintf(th, sizeof th, "%d", counts[t]);
@@ -559,10 +559,10 @@ static void test_thread_count_model(void) {
     }
     omp_set_num_threads(threads);
     int differ = 0;
-    for (int t = 1; t < 4; t++) differ += len[t] != len[0] || memcmp(adapter[t], adapter[0], len[0]) != 0;
-    CHECK(differ == 0, "LoRA, 3 training steps: the adapter file the same bytes at 1, 2, 3, 5 threads",
-          "%d of 3 thread counts differ from 1 thread", differ);
-    for (int t = 0; t < 4; t++) free(adapter[t]);
+    for (int t = 1; t < 3; t++) differ += len[t] != len[0] || memcmp(adapter[t], adapter[0], len[0]) != 0;
+    CHECK(differ == 0, "LoRA, 3 training steps: the adapter file the same bytes at 1, 2, 3 threads",
+          "%d of 2 thread counts differ from 1 thread", differ);
+    for (int t = 0; t < 3; t++) free(adapter[t]);
 #endif
 }
 
