@@ -108,16 +108,13 @@ static void gemm_pack(float *dst, const float *X, int ld, int rowmajor, size_t i
         // TinyLlama's 2048 x 2048 weights (the forward products' B), near this machine's memory speed
         const float *x = X + i0 * ld + k0;
         int k = 0;
-        for (; k + 8 <= kc; k += 8) {
+        for (; k + 8 <= kc; k += 8)
             for (int i = 0; i < wn; i++)
                 for (int kk = 0; kk < 8; kk++) dst[(k + kk) * w + i] = scale * x[(size_t)i * ld + k + kk];
-            for (int i = wn; i < w; i++)
-                for (int kk = 0; kk < 8; kk++) dst[(k + kk) * w + i] = 0.0f;
-        }
-        for (; k < kc; k++) {
+        for (; k < kc; k++)
             for (int i = 0; i < wn; i++) dst[k * w + i] = scale * x[(size_t)i * ld + k];
+        for (k = 0; k < kc; k++)
             for (int i = wn; i < w; i++) dst[k * w + i] = 0.0f;
-        }
     } else {
         for (int k = 0; k < kc; k++) {
             const float *x = X + (size_t)(k0 + k) * ld + i0;

@@ -124,10 +124,11 @@ def prepare(tmp, args):
             f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(2 * T))}) + "\n")
 
 
-# issue 22's targets: (what, shape, full fine-tuning, PyTorch's step time / ours at least, reps)
-TARGETS = [("stories15M, LoRA r=8 q,v", "stories15M", False, 1.25, 3),
-           ("stories15M, full fine-tuning", "stories15M", True, 1.0, 2),
-           ("TinyLlama-1.1B shape, LoRA r=8 q,v, peak memory no higher", "tinyllama", False, 1.0, 1)]
+# issue 22's targets: (what, shape, full fine-tuning, PyTorch's step time / ours at least,
+# ours' peak memory no higher too, reps)
+TARGETS = [("stories15M, LoRA r=8 q,v", "stories15M", False, 1.25, False, 3),
+           ("stories15M, full fine-tuning", "stories15M", True, 1.0, False, 2),
+           ("TinyLlama-1.1B shape, LoRA r=8 q,v, peak memory no higher", "tinyllama", False, 1.0, True, 1)]
 
 
 def machine():
@@ -224,13 +225,13 @@ def main():
         summary(*measure(args, args.shape, args.full, args.reps), args.thread_counts)
         return
     verdicts = []
-    for what, shape, full, want, reps in TARGETS:
+    for what, shape, full, want, memory, reps in TARGETS:
         results, versions = measure(args, shape, full, reps)
         summary(results, versions, args.thread_counts)
         for threads in args.thread_counts:
             o, t = results[(threads, "ours")], results[(threads, "torch")]
             wall, cpu = med(t, 0) / med(o, 0), med(t, 1) / med(o, 1)
-            mem = max(r[2] for r in o) <= max(r[2] for r in t) if shape == "tinyllama" else True
+            mem = not memory or max(r[2] for r in o) <= max(r[2] for r in t)
             verdicts.append((what, threads, want, wall, cpu, mem, min(wall, cpu) >= want and mem))
     print(f"\nissue 22's targets ({versions}; the ratio is PyTorch's step time over ours; met: both ratios at least the "
           f"target and, where asked, ours' peak memory no higher):")

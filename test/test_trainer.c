@@ -79,6 +79,17 @@ static void test_merge(int dora) {
     model_free(&lora); model_free(&merged); model_free(&plain);
 }
 
+// a JSONL text dataset of rows of n words
+static void write_words(const char *path, int rows, int n) {
+    FILE *f = fopenCheck(path, "w");
+    for (int r = 0; r < rows; r++) {
+        fprintf(f, "{\"text\": \"");
+        for (int i = 0; i < n; i++) fprintf(f, "%s ", (const char *[]){"the", "cat", "sat", "on", "a", "mat"}[(i * 7 + r) % 6]);
+        fprintf(f, "\"}\n");
+    }
+    fclose(f);
+}
+
 // runs the trainer in a child process; returns its peak RSS (MiB) and the plan it printed
 static double child_peak(char **argv, int argc, double *plan_mib) {
     char log[128];
@@ -117,13 +128,7 @@ static void test_memory_plan(void) {
     snprintf(data, sizeof data, "%s/plan_data.jsonl", tmpdir);
     snprintf(outdir, sizeof outdir, "%s/plan_out", tmpdir);
     write_random_model(model, 256, 688, 4, 4, 4, 512);
-    FILE *f = fopenCheck(data, "w");
-    for (int r = 0; r < 4; r++) {
-        fprintf(f, "{\"text\": \"");
-        for (int i = 0; i < 1200; i++) fprintf(f, "%s ", (const char *[]){"the", "cat", "sat", "on", "a", "mat"}[(i * 7 + r) % 6]);
-        fprintf(f, "\"}\n");
-    }
-    fclose(f);
+    write_words(data, 4, 1200);
     struct { const char *name, *seq, *chunk, *mem, *flag; } cases[] = {
         {"LoRA, T = 1024, whole", "1024", "0", "keep", NULL},
         {"LoRA, T = 1024, whole, activation checkpointing", "1024", "0", "keep", "--activation_checkpointing"},
@@ -535,13 +540,7 @@ static void test_thread_count_model(void) {
     }
 
     // 3 LoRA steps through the trainer (data, dropout, clipping, AdamW), the adapter files compared
-    FILE *f = fopenCheck(data, "w");
-    for (int r = 0; r < 12; r++) {
-        fprintf(f, "{\"text\": \"");
-        for (int i = 0; i < 200; i++) fprintf(f, "%s ", (const char *[]){"the", "cat", "sat", "on", "a", "mat", "7"}[(i * 5 + r) % 7]);
-        fprintf(f, "\"}\n");
-    }
-    fclose(f);
+    write_words(data, 12, 200);
     char *adapter[3] = {0};
     size_t len[3] = {0};
     for (int t = 0; t < 3; t++) {
