@@ -52,7 +52,9 @@ same_result "$kills runs killed at random moments and resumed == uninterrupted (
 
 # SIGTERM: finish the step, save, exit 0
 start "$TMP/d" 100000 --save_every 0
-sleep 0.5
+# after a step has ended, not after a fixed time: on a loaded machine (CI runs two tests at a
+# time) the trainer may not have installed its handler yet, and the default action would kill it
+for _ in $(seq 600); do [ -s "$TMP/d.jsonl" ] && break; sleep 0.1; done
 kill -TERM $pid
 wait $pid
 rc=$?
