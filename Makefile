@@ -278,7 +278,11 @@ emu-test: $(EMU_TESTS)
 RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
 # the tests run two at a time, the longest first: the multi-process ones spend much of
 # their time waiting for each other (test_sharded.sh: 81 CPU seconds in 105), so one at a
-# time left a third of the two cores idle (RUN_JOBS=1: one at a time, each test's output as it comes)
+# time left a third of the two cores idle (RUN_JOBS=1: one at a time, each test's output as it comes).
+# test_sharded.sh goes first, beside test_emu_cuda.sh's kernel checks (one process): its many
+# short runs of 2-4 ranks (70 s alone) wait on each other, and beside test_emu_cuda.sh's two
+# trainer processes, as third in the list, its MPI ranks polled for 163-328 s. Measured on 2
+# cores, the same build: the tests took 394 s against 439 (the whole make test ~1000 s).
 RUN_JOBS ?= 2
 # The programs are listed longest build first, so that no long build starts last while the
 # other core waits: the emulated trainer alone takes 3 minutes.
@@ -287,7 +291,7 @@ test: $(if $(B),,train_llama2cu_emu $(EMU)/test/test_llama2cu $(if $(shell comma
     $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if $(MPICC),$(B)test/train_llama2_nompi)
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} RUN_JOBS=$(RUN_JOBS) BIN=./$(B)train_llama2 $(TEST_ENV) test/run.sh \
-	    $(if $(B),,test/test_emu_cuda.sh test/test_llama2cu_sharded.sh) test/test_sharded.sh $(RUN_TESTS) \
+	    test/test_sharded.sh $(if $(B),,test/test_emu_cuda.sh test/test_llama2cu_sharded.sh) $(RUN_TESTS) \
 	    test/test_fsdp.sh test/test_batch.sh test/test_cli.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh \
 	    $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas \
 	    $(EMU)/test/test_emu_runtime $(EMU)-tsan/test/test_emu_runtime test/test_emu_checkers.sh)
