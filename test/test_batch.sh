@@ -62,7 +62,7 @@ else
 
     # with --global_batch_size: the largest divisor of it that fits, and accumulation for the rest
     go "$TMP/fit" "${FULL[@]}" --batch_size auto --memory_limit 0.012 --max_steps 1
-    fit=$(chosen "$TMP/fit.log") # about 39 rows: less than 48 and 41
+    fit=$(chosen "$TMP/fit.log") # about 32 rows: less than 48 and 41
     for G in 48 41; do # 24 rows of 48 (2 micro-batches); 41 is prime: 41 micro-batches of 1
         go "$TMP/autog$G" "${FULL[@]}" --batch_size auto --memory_limit 0.012 --global_batch_size $G --max_steps 1
         b=$(chosen "$TMP/autog$G.log") want=1
