@@ -1692,8 +1692,8 @@ static double model_memory_budget(Model *m, double limit) {
     if (f && fscanf(f, "%ld %ld %ld %ld", &pages, &resident, &shared, &text) != 4) resident = text = 0;
     if (f) fclose(f);
     double weights = (m->host.shards ? m->host.units.shard_numel : m->host.num_params) * sizeof(float);
-    double outside = (resident + text) * (double)sysconf(_SC_PAGESIZE) - weights + 1048576.0;
-    return limit - (outside > 0 ? outside : 0);
+    double outside = (resident + text) * (double)sysconf(_SC_PAGESIZE) - weights, code_reserve = 1048576.0;
+    return limit - (outside > 0 ? outside : 0) - code_reserve;
 }
 // QLoRA: a layer unit in fp32 and the absmax values of its biggest weight (deq, deq_absmax)
 static size_t model_dequant_scratch_bytes(const Model *m) { return model_quant_scratch_bytes(&m->host); }

@@ -54,7 +54,7 @@ same_result "$kills runs killed at random moments and resumed == uninterrupted (
 start "$TMP/d" 100000 --save_every 0
 # after a step has ended, not after a fixed time: on a loaded machine (CI runs two tests at a
 # time) the trainer may not have installed its handler yet, and the default action would kill it
-for _ in $(seq 600); do [ -s "$TMP/d.jsonl" ] && break; sleep 0.1; done
+wait_steps "$TMP/d.jsonl" 1
 kill -TERM $pid
 wait $pid
 rc=$?

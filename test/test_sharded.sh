@@ -95,7 +95,7 @@ sigterm_one() { # sigterm_one NAME LAUNCH...: the launch command for 3 ranks
     timeout 120 "$@" "$BIN" "${COMMON[@]}" "${FULL[@]}" --batch_size 4 --max_steps 100000 --output_dir "$out" \
         --metrics_file "$out.jsonl" >"$out.log" 2>&1 &
     local launcher=$!
-    for _ in $(seq 600); do [ -f "$out.jsonl" ] && [ "$(wc -l <"$out.jsonl")" -ge 2 ] && break; sleep 0.1; done
+    wait_steps "$out.jsonl" 2
     kill -TERM "$(pgrep -f -- "^$BIN .*--output_dir $out" | tail -1)" # one rank (the trainer's own command line)
     wait $launcher
     status=$?

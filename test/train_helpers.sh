@@ -20,6 +20,10 @@ start() { # start DIR STEPS [extra args]: like run, in the background; $pid is t
     "$BIN" "${ARGS[@]}" --max_steps "$steps" --output_dir "$dir" --metrics_file "$dir.jsonl" "$@" >"$dir.log" 2>&1 &
     pid=$!
 }
+wait_steps() { # wait_steps METRICS N: until METRICS holds N records (steps ended), at most 60 s
+    for _ in $(seq 600); do [ -f "$1" ] && [ "$(wc -l <"$1")" -ge "$2" ] && return 0; sleep 0.1; done
+    return 1
+}
 # the deterministic part of each metrics record (times and memory differ between runs)
 trajectory() { sed -E 's/, "ms".*//' "$1"; }
 same_result() { # same_result NAME REF DIR WEIGHTS_FILE
