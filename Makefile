@@ -71,7 +71,7 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = support/utils.h support/optimizer.h support/json.h support/safetensors.h tokenizer.h lora.h quant.h model.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h
+HEADERS = support/utils.h support/vec.h support/matmul.h attention.h support/optimizer.h support/json.h support/safetensors.h tokenizer.h lora.h quant.h model.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h
 TESTS = test/test_json test/test_safetensors test/test_tokenizer test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay test/test_quant \
     test/test_emu_nccl
 

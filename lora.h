@@ -20,7 +20,7 @@
 //
 // The forward and backward pieces here are the CPU's (their GPU twins, with the
 // same names, are in lora.cuh, so nvcc leaves these out); they call
-// matmul_forward / matmul_backward, which train_llama2.c defines first.
+// matmul_forward / matmul_backward (support/matmul.h).
 #ifndef LORA_H
 #define LORA_H
 #include <math.h>
@@ -153,6 +153,7 @@ static Chunk lora_dropout_chunk(const Chunk *ch, int row0) {
 }
 
 #ifndef __CUDACC__ // the CPU's pieces; lora.cuh has the GPU's
+#include "support/matmul.h"
 // dropout as torch's nn.Dropout: zero with probability p, scale survivors by 1/(1-p).
 // The mask is a hash of (key, absolute position, feature), so forward and backward
 // regenerate it instead of storing it, it is the same for any number of threads,

@@ -5,10 +5,11 @@ fine-tuning of a Hugging Face checkpoint, in fp32 with OpenMP.
 It is the judge of everything else in this repository: the CUDA trainer is
 compared with it, and it is compared with Hugging Face transformers + peft
 (test/test_llama2.c, fixtures from dev/reference/). So it favours plain loops
-that read like the math; the places that are tuned are matmul, which every
-linear layer uses for its forward and both backward products, and attention,
-which dominates long sequences (both are checked against plain definitions:
-test/test_llama2.c, test/test_attention.c).
+that read like the math. The two places that are tuned live apart: the GEMM
+behind every linear layer's forward and both backward products
+(support/matmul.h, on support/vec.h's vectors) and the tiled attention, which
+dominates long sequences (attention.h); both are checked against plain
+definitions (test/test_llama2.c, test/test_attention.c).
 
 This file is the CPU backend: the layers, the Model with its forward and
 backward, AdamW and SGD, and the few functions trainer.h's contract asks for. The
@@ -29,260 +30,196 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include <omp.h>
 #endif
 #include "support/utils.h"
-
-// ----------------------------------------------------------------------------
-// matmul: one packed, register-tiled GEMM behind every linear layer.
-// C (M, N) = [C +] alpha * op(A) (M, K) @ op(B) (K, N)
-// Blocks of A and B are packed into contiguous strips (MR rows of A, NR columns
-// of B) so the inner kernel streams through memory and keeps an MR x NR tile of
-// C in registers. Each element of C is summed by one thread in a fixed order,
-// so results do not depend on the number of threads.
-
-// The kernel is written with GCC/Clang vector extensions: an MR x NR tile is MR
-// rows of two vectors, 12 accumulators that fit the 16 vector registers of AVX2
-// (or 32 of AVX-512, which doubles the vector width).
-#if defined(__AVX512F__)
-#define GEMM_VLEN 16
-#else
-#define GEMM_VLEN 8
-#endif
-typedef float vfloat __attribute__((vector_size(GEMM_VLEN * sizeof(float))));
-#define GEMM_MR 6
-#define GEMM_NR (2 * GEMM_VLEN)
-#define GEMM_KC 320
-#define GEMM_MC 96
-#define GEMM_NC 256
-
-static float *gemm_scratch = NULL;
-static size_t gemm_scratch_size = 0;
-
-// c (MR, NR) = A (MR, n) @ B (n, NR) in registers, each element summed over k in order.
-// A(i, k) = a[i * ars + k * aks] (a packed strip: ars = 1, aks = MR; or a plain matrix
-// either way round, for attention); row k of B at b + k * ldb, vector-aligned.
-// Rows i >= rows of A are not read (they repeat the last row), and their c is not used.
-static inline void gemm_tile(vfloat c[GEMM_MR][2], int rows, int n, const float *a, int ars, int aks, const float *b,
-                             int ldb) {
-    const float *ar[GEMM_MR];
-    for (int i = 0; i < GEMM_MR; i++) ar[i] = a + (size_t)(i < rows ? i : rows - 1) * ars;
-    for (int i = 0; i < GEMM_MR; i++) c[i][0] = c[i][1] = (vfloat){0}; // (memset became a library call: 1-3% of a step)
-    for (int k = 0; k < n; k++) {
-        vfloat b0 = *(const vfloat *)(b + (size_t)k * ldb), b1 = *(const vfloat *)(b + (size_t)k * ldb + GEMM_VLEN);
-        for (int i = 0; i < GEMM_MR; i++) {
-            float av = ar[i][(size_t)k * aks];
-            c[i][0] += av * b0;
-            c[i][1] += av * b1;
-        }
-    }
-}
-
-// C (mr, nr) = [C +] a (kc, MR strip) @ b (kc, NR strip), b packed, a packed (lda 0) or
-// read in place, rows lda apart. Storing instead of adding on a product's first block of
-// k spares the memset of C and a read of it from memory.
-typedef float vfloat_u __attribute__((vector_size(GEMM_VLEN * sizeof(float)), aligned(4)));
-static inline void gemm_kernel(int kc, const float *a, int lda, const float *b, float *C, int ldc, int mr, int nr, int add) {
-    vfloat c[GEMM_MR][2];
-    if (lda) gemm_tile(c, mr, kc, a, lda, 1, b, GEMM_NR);
-    else gemm_tile(c, GEMM_MR, kc, a, 1, GEMM_MR, b, GEMM_NR);
-    if (mr == GEMM_MR && nr == GEMM_NR) {
-        for (int i = 0; i < GEMM_MR; i++) {
-            vfloat_u *ci = (vfloat_u *)(C + (size_t)i * ldc);
-            ci[0] = add ? ci[0] + c[i][0] : c[i][0];
-            ci[1] = add ? ci[1] + c[i][1] : c[i][1];
-        }
-        return;
-    }
-    float tile[GEMM_MR][GEMM_NR];
-    memcpy(tile, c, sizeof tile);
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) C[(size_t)i * ldc + j] = add ? C[(size_t)i * ldc + j] + tile[i][j] : tile[i][j];
-}
-
-// dst[k][i] = scale * X(i0 + i, k0 + k) for a strip of w rows (i) of a matrix X (n, K) that is
-// stored row-major (X[i * ld + k]) when rowmajor, else transposed (X[k * ld + i])
-static void gemm_pack(float *dst, const float *X, int ld, int rowmajor, size_t i0, size_t n, int k0, int kc, int w,
-                      float scale) {
-    int wn = i0 + w <= n ? w : (int)(n - i0); // rows that exist; the rest of the strip is zero padding
-    if (rowmajor) {
-        // a transpose, 8 k at a time: each row's 8 floats are one read along memory. One k at a
-        // time GCC gathered the strip's w rows element by element: 1.25 -> 0.73 ns a float for
-        // TinyLlama's 2048 x 2048 weights (the forward products' B), near this machine's memory speed
-        const float *x = X + i0 * ld + k0;
-        int k = 0;
-        for (; k + 8 <= kc; k += 8)
-            for (int i = 0; i < wn; i++)
-                for (int kk = 0; kk < 8; kk++) dst[(k + kk) * w + i] = scale * x[(size_t)i * ld + k + kk];
-        for (; k < kc; k++)
-            for (int i = 0; i < wn; i++) dst[k * w + i] = scale * x[(size_t)i * ld + k];
-        for (k = 0; k < kc; k++)
-            for (int i = wn; i < w; i++) dst[k * w + i] = 0.0f;
-    } else {
-        for (int k = 0; k < kc; k++) {
-            const float *x = X + (size_t)(k0 + k) * ld + i0;
-            for (int i = 0; i < wn; i++) dst[k * w + i] = scale * x[i];
-            for (int i = wn; i < w; i++) dst[k * w + i] = 0.0f;
-        }
-    }
-}
-
-// K runs in the fewest blocks of at most GEMM_KC, of equal depth: the head's K = 288 in
-// one block, not 256 + 32 (a second pass over its 32 MB of logits for little work)
-static int gemm_kc(int K) {
-    int blocks = (K + GEMM_KC - 1) / GEMM_KC;
-    return (K + blocks - 1) / blocks;
-}
-
-// the packing scratch of an (M, N, K) product: strips of A, then from a cache line on
-// (vector loads) strips of B, as deep as a block of k (at most, so that the count grows
-// with each of M, N, K)
-static size_t gemm_a_floats(size_t M, size_t K) {
-    return ((M + GEMM_MR - 1) / GEMM_MR * GEMM_MR * (K < GEMM_KC ? K : GEMM_KC) + 15) / 16 * 16;
-}
-static size_t gemm_scratch_floats(size_t M, size_t N, size_t K) {
-    return gemm_a_floats(M, K) + (N + GEMM_NR - 1) / GEMM_NR * GEMM_NR * (K < GEMM_KC ? K : GEMM_KC);
-}
-
-// the packing scratch grown to at least n floats. model_alloc reserves the most any product
-// of a step needs before the first: growing it step by step instead left the freed smaller
-// scratches resident (glibc keeps them in its heap), 0.4-0.7 MiB over the memory plan.
-static void gemm_reserve(size_t n) {
-    if (n <= gemm_scratch_size) return;
-    free(gemm_scratch);
-    gemm_scratch = (float *)aligned_alloc(64, n * sizeof(float)); // vector loads of packed B
-    if (!gemm_scratch) die("out of memory for matmul scratch (%zu floats)", n);
-    gemm_scratch_size = n;
-}
-
-// B's strips for the block of k at k0, kc deep: bp[strip][k][j], as gemm's kernel reads them
-static void gemm_pack_b_block(float *bp, int N, const float *B, int ldb, int transB, int k0, int kc) {
-    #pragma omp parallel for
-    for (size_t s = 0; s < (size_t)(N + GEMM_NR - 1) / GEMM_NR; s++)
-        gemm_pack(bp + s * GEMM_NR * kc, B, ldb, transB, s * GEMM_NR, (size_t)N, k0, kc, GEMM_NR, 1.0f);
-}
-
-// B (K, N) packed whole, every block of k in turn (a product that runs many times on one B
-// packs it once: the output head, used by every row of the batch)
-static size_t gemm_packed_b_floats(size_t N, size_t K) { return (N + GEMM_NR - 1) / GEMM_NR * GEMM_NR * K; }
-static void gemm_pack_b(float *bp, int N, int K, const float *B, int ldb, int transB) {
-    int KC = gemm_kc(K);
-    for (int k0 = 0; k0 < K; k0 += KC)
-        gemm_pack_b_block(bp + gemm_packed_b_floats(N, k0), N, B, ldb, transB, k0, K - k0 < KC ? K - k0 : KC);
-}
-
-// C's rows i0 .. i1 - 1 and columns j0 .. j1 - 1 (multiples of MR and NR) of one block of k,
-// kc deep, tile by tile: A's row i at a + i * astep, B's column j at bp + j * kc. A is
-// packed strips (astep: kc, or a block's full depth where strips stay put between
-// blocks), or read in place (astep: its row stride).
-static void gemm_block(int M, int N, int kc, const float *a, size_t astep, int in_place, const float *bp, float *C,
-                       int ldc, size_t i0, size_t i1, size_t j0, size_t j1, int add) {
-    for (size_t j = j0; j < j1; j += GEMM_NR)
-        for (size_t i = i0; i < i1; i += GEMM_MR) {
-            int mr = M - (int)i < GEMM_MR ? M - (int)i : GEMM_MR;
-            int nr = N - (int)j < GEMM_NR ? N - (int)j : GEMM_NR;
-            gemm_kernel(kc, a + i * astep, in_place ? (int)astep : 0, bp + j * kc, C + i * ldc + j, ldc, mr, nr, add);
-        }
-}
-
-// Where packing A would only copy it (alpha 1, A's rows along memory: the layers' inputs in
-// the forward, the output gradients in the backward), the kernel reads A in place, MR rows
-// lda apart. The head's backward over a piece's dlogits (256 x 32000, 33 MB) takes 127
-// instead of 133 ms so (64 instead of 67 at 2 threads); a stories15M layer's forward and
-// input-gradient products on 1024 rows 61.9 -> 60.1 ms (31.0 -> 30.0). The same bits.
-static int gemm_a_in_place(float alpha, int transA) { return alpha == 1.0f && !transA; }
-
-// gemm with B packed whole beforehand (Bp): each thread takes its share of A's strips of
-// rows and runs them through every block of k alone, packing its own strips of A, so the
-// threads never wait for each other between blocks. The output head's backward (K = V =
-// 32000: 100 blocks of k, and N = D = 288: 6 uneven tasks a block) spent 4% of a 2-thread
-// step waiting at those barriers. The same floats meet in the same order as in gemm.
-static void gemm_rows(int M, int N, int K, float alpha, const float *A, int lda, int transA, const float *Bp,
-                      float *C, int ldc, int accumulate) {
-    size_t strips = (size_t)(M + GEMM_MR - 1) / GEMM_MR, Np = (size_t)(N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-    int KC = gemm_kc(K), in_place = gemm_a_in_place(alpha, transA);
-    float *ap = gemm_scratch; // rows i.. of a block at ap + i * KC (not kc: the last block may be shorter
-                              // while another thread still reads the one before): each thread its own
-    #pragma omp parallel
-    {
-        size_t t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num(), nt = omp_get_num_threads();
-#endif
-        size_t i0 = strips * t / nt * GEMM_MR, i1 = strips * (t + 1) / nt * GEMM_MR; // this thread's rows
-        for (int k0 = 0; k0 < K; k0 += KC) {
-            int kc = K - k0 < KC ? K - k0 : KC, add = accumulate || k0 > 0;
-            const float *bp = Bp + Np * k0;
-            if (!in_place)
-                for (size_t i = i0; i < i1; i += GEMM_MR)
-                    gemm_pack(ap + i * KC, A, lda, !transA, i, (size_t)M, k0, kc, GEMM_MR, alpha);
-            const float *a = in_place ? A + k0 : ap; // row i at a + i * astep
-            size_t astep = in_place ? (size_t)lda : (size_t)KC;
-            // blocks of NC columns of B (in L2), within them of MC rows of A, as gemm's
-            for (size_t jb = 0; jb < Np; jb += GEMM_NC)
-                for (size_t ib = i0; ib < i1; ib += GEMM_MC)
-                    gemm_block(M, N, kc, a, astep, in_place, bp, C, ldc, ib, ib + GEMM_MC < i1 ? ib + GEMM_MC : i1, jb,
-                               jb + GEMM_NC < Np ? jb + GEMM_NC : Np, add);
-        }
-    }
-}
-
-// C (M, N) = [C +] alpha * op(A) (M, K) @ op(B) (K, N); Bp: B packed by gemm_pack_b, or NULL
-// to pack it here (the same floats either way)
-static void gemm(int M, int N, int K, float alpha, const float *A, int lda, int transA,
-                 const float *B, int ldb, int transB, const float *Bp, float *C, int ldc, int accumulate) {
-    if (M == 0 || N == 0) return;
-    if (K == 0) {
-        if (!accumulate)
-            for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
-        return;
-    }
-    size_t Mp = (size_t)(M + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
-    size_t Np = (size_t)(N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-    gemm_reserve(gemm_scratch_floats(M, N, K));
-    if (Bp) { gemm_rows(M, N, K, alpha, A, lda, transA, Bp, C, ldc, accumulate); return; }
-    int KC = gemm_kc(K), in_place = gemm_a_in_place(alpha, transA);
-    float *ap = gemm_scratch, *bp = gemm_scratch + gemm_a_floats(M, K);
-    for (int k0 = 0; k0 < K; k0 += KC) {
-        int kc = K - k0 < KC ? K - k0 : KC, add = accumulate || k0 > 0;
-        // pack alpha * A into strips of MR rows, ap[strip][k][i], and B into strips of
-        // NR columns, bp[strip][k][j]; padding is zero. Reads run along memory.
-        if (!in_place) {
-            #pragma omp parallel for
-            for (size_t s = 0; s < Mp / GEMM_MR; s++)
-                gemm_pack(ap + s * GEMM_MR * kc, A, lda, !transA, s * GEMM_MR, (size_t)M, k0, kc, GEMM_MR, alpha);
-        }
-        gemm_pack_b_block(bp, N, B, ldb, transB, k0, kc);
-        const float *a = in_place ? A + k0 : ap; // row i at a + i * astep
-        size_t astep = in_place ? (size_t)lda : (size_t)kc;
-        int nbm = (int)((Mp + GEMM_MC - 1) / GEMM_MC), nbn = (int)((Np + GEMM_NC - 1) / GEMM_NC);
-        #pragma omp parallel for collapse(2) schedule(dynamic)
-        for (int bn = 0; bn < nbn; bn++)
-            for (int bm = 0; bm < nbm; bm++) {
-                size_t j1 = (size_t)(bn + 1) * GEMM_NC < Np ? (size_t)(bn + 1) * GEMM_NC : Np;
-                size_t i1 = (size_t)(bm + 1) * GEMM_MC < Mp ? (size_t)(bm + 1) * GEMM_MC : Mp;
-                gemm_block(M, N, kc, a, astep, in_place, bp, C, ldc, (size_t)bm * GEMM_MC, i1, (size_t)bn * GEMM_NC, j1, add);
-            }
-    }
-}
-
-// out (N, O) = [out +] alpha * inp (N, I) @ weight (O, I)^T      (torch Linear layout)
-static void matmul_forward(float *out, const float *inp, const float *weight, int N, int I, int O,
-                           float alpha, int accumulate) {
-    gemm(N, O, I, alpha, inp, I, 0, weight, I, 1, NULL, out, O, accumulate);
-}
-
-// dinp (N, I) += alpha * dout (N, O) @ weight (O, I);  dweight (O, I) += alpha * dout^T @ inp
-// (either output may be NULL: frozen weights need no dweight)
-static void matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                            const float *weight, int N, int I, int O, float alpha) {
-    if (dinp) gemm(N, I, O, alpha, dout, O, 0, weight, I, 0, NULL, dinp, I, 1);
-    if (dweight) gemm(O, I, N, alpha, dout, O, 1, inp, I, 0, NULL, dweight, I, 1);
-}
-
+#include "support/vec.h"
+#include "support/matmul.h" // matmul_forward, matmul_backward
 #include "lora.h"
 #include "model.h"
 #include "support/optimizer.h"
+#include "attention.h"     // attention_forward, attention_backward
 
 // ----------------------------------------------------------------------------
-// activations, run chunk by chunk (DESIGN section 4)
+// the layers, forward and backward (same names in train_llama2.cu)
+
+static void embedding_forward(float *out, const int *tokens, const float *embed, int N, int D) {
+    for (int i = 0; i < N; i++) memcpy(out + (size_t)i * D, embed + (size_t)tokens[i] * D, D * sizeof(float));
+}
+static void embedding_backward(float *dembed, const float *dout, const int *tokens, int N, int D) {
+    for (int i = 0; i < N; i++) {
+        float *row = dembed + (size_t)tokens[i] * D;
+        for (int d = 0; d < D; d++) row[d] += dout[(size_t)i * D + d];
+    }
+}
+
+// out = x * rsqrt(mean(x^2) + eps) * w, one row of D per token (statistics in double)
+static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int D, float eps) {
+    #pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * D;
+        double ss = 0;
+        for (int d = 0; d < D; d++) ss += (double)x[d] * x[d];
+        float r = (float)(1.0 / sqrt(ss / D + eps));
+        rstd[i] = r;
+        for (int d = 0; d < D; d++) out[(size_t)i * D + d] = x[d] * r * w[d];
+    }
+}
+// dinp += rstd * (w dout - x rstd^2 mean(w dout x)); dw += sum over tokens of dout x rstd
+static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                             const float *rstd, int N, int D) {
+    #pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * D, *dy = dout + (size_t)i * D;
+        double dot = 0;
+        for (int d = 0; d < D; d++) dot += (double)w[d] * dy[d] * x[d];
+        float r = rstd[i], c = (float)(dot / D) * r * r;
+        for (int d = 0; d < D; d++) dinp[(size_t)i * D + d] += r * (w[d] * dy[d] - x[d] * c);
+    }
+    if (dw)
+        #pragma omp parallel for
+        for (int d = 0; d < D; d++) {
+            double s = 0;
+            for (int i = 0; i < N; i++) s += (double)dout[(size_t)i * D + d] * inp[(size_t)i * D + d] * rstd[i];
+            dw[d] += (float)s;
+        }
+}
+
+// Hugging Face's rotate_half layout: pairs are (i, i + hd/2). The angles are
+// computed in float32 as transformers does, so long positions round the same way,
+// from the inverse frequencies inv_freq (hd/2) of model.h's rope_inv_freq.
+static void rope_tables(float *cosb, float *sinb, int T, int hd, const float *inv_freq) {
+    int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        for (int t = 0; t < T; t++) {
+            float angle = (float)t * inv_freq[i];
+            cosb[t * half + i] = cosf(angle);
+            sinb[t * half + i] = sinf(angle);
+        }
+    }
+}
+// rotates x (B, len, nh, hd) of chunk ch in place, row n at position t0 + n % len;
+// inverse = 1 applies the transpose (the backward)
+static void rope_forward(float *x, const float *cosb, const float *sinb, const Chunk *ch, int nh, int hd, int inverse) {
+    int half = hd / 2, N = ch->B * ch->len;
+    float sgn = inverse ? -1.0f : 1.0f;
+    #pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        size_t pos = ch->t0 + i % ch->len;
+        const float *c = cosb + pos * half, *s = sinb + pos * half;
+        for (int h = 0; h < nh; h++) {
+            float *v = x + ((size_t)i * nh + h) * hd;
+            for (int j = 0; j < half; j++) {
+                float x1 = v[j], x2 = v[j + half];
+                v[j] = x1 * c[j] - sgn * x2 * s[j];
+                v[j + half] = x2 * c[j] + sgn * x1 * s[j];
+            }
+        }
+    }
+}
+static void rope_backward(float *dx, const float *cosb, const float *sinb, const Chunk *ch, int nh, int hd) {
+    rope_forward(dx, cosb, sinb, ch, nh, hd, 1);
+}
+
+// attention_forward and attention_backward, a chunk's queries against the KV carry:
+// attention.h
+
+// Summed cross-entropy of n rows of logits (n, V) against targets (-100: no
+// loss). With grad_scale != 0 the logits are replaced by d(grad_scale * loss)/d(logits)
+// = grad_scale * (softmax - onehot), formed while the row is at hand (rows
+// without a target get 0), so the probabilities are never stored.
+//
+// In vectors: the max, e^(z - max) by vexp_n four vectors at a time, the sum in double
+// (vsum_add: each lane's share of the row in order, the lanes in order at the end), a
+// ragged tail of the row padded with -inf (e^-inf = 0).
+// The rows' losses are summed in row order after the parallel loop, not by OpenMP's
+// reduction, whose partial sums depend on the thread count (and, from 3 threads, meet in
+// whatever order the threads finish): the loss is then the same at any thread count.
+static double crossentropy_forward_backward(float *logits, const int *targets, int n, int V, float grad_scale) {
+    double *row_loss = (double *)mallocCheck((size_t)n * sizeof(double)), loss = 0;
+    int nv = V / VLEN, tail = V - nv * VLEN;
+    #pragma omp parallel for
+    for (int i = 0; i < n; i++) {
+        float *z = logits + (size_t)i * V;
+        vfloat_u *zv = (vfloat_u *)z;
+        int y = targets[i];
+        row_loss[i] = 0;
+        if (y < 0) { if (grad_scale != 0.0f) memset(z, 0, V * sizeof(float)); continue; }
+        vfloat last = (vfloat){0} - INFINITY; // the tail, padded
+        for (int j = 0; j < tail; j++) last[j] = z[nv * VLEN + j];
+        vfloat vmax = last;
+        for (int v = 0; v < nv; v++) vmax = vselect(zv[v] > vmax, zv[v], vmax);
+        float maxv = vmax[0], zy = z[y];
+        for (int j = 1; j < VLEN; j++) maxv = vmax[j] > maxv ? vmax[j] : maxv;
+        vdouble lo = {0}, hi = {0};
+        int v = 0;
+        for (; v + VEXP_MAX <= nv; v += VEXP_MAX) { // z now holds exp(z - max)
+            vfloat e[VEXP_MAX];
+            for (int u = 0; u < VEXP_MAX; u++) e[u] = zv[v + u] - maxv;
+            vexp_n(e, VEXP_MAX);
+            for (int u = 0; u < VEXP_MAX; u++) zv[v + u] = e[u], vsum_add(&lo, &hi, e[u]);
+        }
+        for (; v < nv; v++) {
+            vfloat e = vexp(zv[v] - maxv);
+            zv[v] = e;
+            vsum_add(&lo, &hi, e);
+        }
+        last = vexp(last - maxv);
+        vsum_add(&lo, &hi, last);
+        for (int j = 0; j < tail; j++) z[nv * VLEN + j] = last[j];
+        double sum = 0;
+        for (int j = 0; j < VLEN / 2; j++) sum += lo[j];
+        for (int j = 0; j < VLEN / 2; j++) sum += hi[j];
+        row_loss[i] = maxv + log(sum) - zy;
+        if (grad_scale != 0.0f) {
+            float sc = (float)(grad_scale / sum);
+            for (int v = 0; v < nv; v++) zv[v] *= sc;
+            for (int j = nv * VLEN; j < V; j++) z[j] *= sc;
+            z[y] -= grad_scale;
+        }
+    }
+    for (int i = 0; i < n; i++) loss += row_loss[i];
+    free(row_loss);
+    return loss;
+}
+
+// silu(gate) * up and its backward, by vectors (vsigmoid; n's ragged tail in a padded vector)
+static void swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+    size_t nv = n / VLEN;
+    int tail = (int)(n - nv * VLEN);
+    vfloat_u *o = (vfloat_u *)out;
+    const vfloat_u *g = (const vfloat_u *)gate, *u = (const vfloat_u *)up;
+    #pragma omp parallel for
+    for (size_t v = 0; v < nv; v++) o[v] = g[v] * vsigmoid(g[v]) * u[v];
+    if (tail) {
+        vfloat gt = vload_tail(gate + nv * VLEN, tail), ut = vload_tail(up + nv * VLEN, tail);
+        vstore_tail(out + nv * VLEN, gt * vsigmoid(gt) * ut, tail);
+    }
+}
+static inline void swiglu_backward_v(vfloat *dg, vfloat *du, vfloat d, vfloat g, vfloat u) {
+    vfloat sig = vsigmoid(g);
+    *du = d * g * sig;
+    *dg = d * u * sig * (1.0f + g * (1.0f - sig));
+}
+static void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
+    size_t nv = n / VLEN;
+    int tail = (int)(n - nv * VLEN);
+    vfloat_u *dg = (vfloat_u *)dgate, *du = (vfloat_u *)dup;
+    const vfloat_u *d = (const vfloat_u *)dout, *g = (const vfloat_u *)gate, *u = (const vfloat_u *)up;
+    #pragma omp parallel for
+    for (size_t v = 0; v < nv; v++) {
+        vfloat a, b;
+        swiglu_backward_v(&a, &b, d[v], g[v], u[v]);
+        dg[v] = a, du[v] = b;
+    }
+    if (tail) {
+        size_t o = nv * VLEN;
+        vfloat a, b;
+        swiglu_backward_v(&a, &b, vload_tail(dout + o, tail), vload_tail(gate + o, tail), vload_tail(up + o, tail));
+        vstore_tail(dgate + o, a, tail), vstore_tail(dup + o, b, tail);
+    }
+}
+
+
+// ----------------------------------------------------------------------------
+// activations, run chunk by chunk (docs/chunked.md)
 //
 // A batch of B sequences of T tokens runs in chunks of C positions (C = T: the
 // whole sequence). Attention needs the keys and values of every earlier position,
@@ -372,559 +309,7 @@ typedef struct {
 } Model;
 
 // ----------------------------------------------------------------------------
-// the layers, forward and backward (same names in train_llama2.cu)
-
-static void embedding_forward(float *out, const int *tokens, const float *embed, int N, int D) {
-    for (int i = 0; i < N; i++) memcpy(out + (size_t)i * D, embed + (size_t)tokens[i] * D, D * sizeof(float));
-}
-static void embedding_backward(float *dembed, const float *dout, const int *tokens, int N, int D) {
-    for (int i = 0; i < N; i++) {
-        float *row = dembed + (size_t)tokens[i] * D;
-        for (int d = 0; d < D; d++) row[d] += dout[(size_t)i * D + d];
-    }
-}
-
-// out = x * rsqrt(mean(x^2) + eps) * w, one row of D per token (statistics in double)
-static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int D, float eps) {
-    #pragma omp parallel for
-    for (int i = 0; i < N; i++) {
-        const float *x = inp + (size_t)i * D;
-        double ss = 0;
-        for (int d = 0; d < D; d++) ss += (double)x[d] * x[d];
-        float r = (float)(1.0 / sqrt(ss / D + eps));
-        rstd[i] = r;
-        for (int d = 0; d < D; d++) out[(size_t)i * D + d] = x[d] * r * w[d];
-    }
-}
-// dinp += rstd * (w dout - x rstd^2 mean(w dout x)); dw += sum over tokens of dout x rstd
-static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                             const float *rstd, int N, int D) {
-    #pragma omp parallel for
-    for (int i = 0; i < N; i++) {
-        const float *x = inp + (size_t)i * D, *dy = dout + (size_t)i * D;
-        double dot = 0;
-        for (int d = 0; d < D; d++) dot += (double)w[d] * dy[d] * x[d];
-        float r = rstd[i], c = (float)(dot / D) * r * r;
-        for (int d = 0; d < D; d++) dinp[(size_t)i * D + d] += r * (w[d] * dy[d] - x[d] * c);
-    }
-    if (dw)
-        #pragma omp parallel for
-        for (int d = 0; d < D; d++) {
-            double s = 0;
-            for (int i = 0; i < N; i++) s += (double)dout[(size_t)i * D + d] * inp[(size_t)i * D + d] * rstd[i];
-            dw[d] += (float)s;
-        }
-}
-
-// Hugging Face's rotate_half layout: pairs are (i, i + hd/2). The angles are
-// computed in float32 as transformers does, so long positions round the same way,
-// from the inverse frequencies inv_freq (hd/2) of model.h's rope_inv_freq.
-static void rope_tables(float *cosb, float *sinb, int T, int hd, const float *inv_freq) {
-    int half = hd / 2;
-    for (int i = 0; i < half; i++) {
-        for (int t = 0; t < T; t++) {
-            float angle = (float)t * inv_freq[i];
-            cosb[t * half + i] = cosf(angle);
-            sinb[t * half + i] = sinf(angle);
-        }
-    }
-}
-// rotates x (B, len, nh, hd) of chunk ch in place, row n at position t0 + n % len;
-// inverse = 1 applies the transpose (the backward)
-static void rope_forward(float *x, const float *cosb, const float *sinb, const Chunk *ch, int nh, int hd, int inverse) {
-    int half = hd / 2, N = ch->B * ch->len;
-    float sgn = inverse ? -1.0f : 1.0f;
-    #pragma omp parallel for
-    for (int i = 0; i < N; i++) {
-        size_t pos = ch->t0 + i % ch->len;
-        const float *c = cosb + pos * half, *s = sinb + pos * half;
-        for (int h = 0; h < nh; h++) {
-            float *v = x + ((size_t)i * nh + h) * hd;
-            for (int j = 0; j < half; j++) {
-                float x1 = v[j], x2 = v[j + half];
-                v[j] = x1 * c[j] - sgn * x2 * s[j];
-                v[j + half] = x2 * c[j] + sgn * x1 * s[j];
-            }
-        }
-    }
-}
-static void rope_backward(float *dx, const float *cosb, const float *sinb, const Chunk *ch, int nh, int hd) {
-    rope_forward(dx, cosb, sinb, ch, nh, hd, 1);
-}
-
-// Attention of a chunk of queries against the KV carry, causal with the mask
-// aligned bottom-right: query i of the chunk sits at position t0 + i and sees
-// keys 0 .. t0 + i, or with a sliding window W (ch->window, Mistral's) only keys
-// t0 + i - W + 1 .. t0 + i. GQA: query head h reads key/value head h / (NH / NKV).
-// Like flash attention it keeps only each row's log-sum-exp, not the (len, t0 + len)
-// probabilities, and the backward recomputes them (attention.cuh mirrors this).
-//   q (B, len, NH, hd); k, v (B, T, NKV, hd) with rows < t0 + len filled (the
-//   rest is never read) -> out (B, len, NH, hd), lse (B, NH, len)
-//
-// Tiled for the caches and the vector units: ATT_QT queries of one head meet
-// ATT_KT keys at a time, and every product is a gemm_tile. The scores are kept
-// transposed, S^T (keys, queries), so that a query's softmax runs down a column:
-// the loops vectorize across queries, and each query's max and sum take its keys
-// in order. Key tiles start at multiples of ATT_KT from position 0, so a query
-// meets the same tiles in the same order wherever its chunk starts or ends; the
-// keys it does not see (after it, or before its window, in its own tiles or in
-// whole tiles that other queries of its tile need) add exact zeros and scale by
-// exactly 1. So chunked attention equals whole-sequence attention bit for bit
-// (test/test_attention.c, test_chunked.c). Key tiles wholly before the window of
-// every query of a query tile are skipped: with a window, the work per query is
-// O(W), not O(position).
-#define ATT_QT 64 // queries per tile, a multiple of GEMM_NR (vectors run across queries)
-#define ATT_KT 64 // keys per tile
-
-// e^y for y <= 88, within 2 ulp (test/test_attention.c). libm's expf does not
-// vectorize, and once per score it would cost more than the products. y = k ln2 + r
-// with |r| <= ln2/2; e^r by its Taylor series to r^7 (the rest is < 1e-8 relative);
-// 2^k is written into the exponent bits. Below -87 (e^y < FLT_MIN) the result is
-// 0, so masked scores (-inf) give exactly 0; e^0 is exactly 1; NaN stays NaN.
-typedef int32_t vint __attribute__((vector_size(GEMM_VLEN * sizeof(int32_t))));
-typedef int32_t vint_u __attribute__((vector_size(GEMM_VLEN * sizeof(int32_t)), aligned(4)));
-#if defined(__GNUC__) && !defined(__clang__) // builds without AVX: GCC notes that these 32-byte vectors
-#pragma GCC diagnostic ignored "-Wpsabi"    // pass differently there; static functions cross no ABI
-#endif
-// mask ? a : b, lane by lane (C has no ?: on vectors)
-static inline vfloat vselect(vint mask, vfloat a, vfloat b) { return (vfloat)((mask & (vint)a) | (~mask & (vint)b)); }
-//
-// vexp_n takes n <= 4 vectors at once, each step for all of them before the next: one
-// vector's steps are a chain of ~15 dependent operations, which the core overlaps with
-// the next vector's too little (Zen 1: 1.50 ns an element one vector at a time, 1.11 four
-// at a time). Each vector's result is the same bits either way.
-#define VEXP_MAX 4
-static inline __attribute__((always_inline)) void vexp_n(vfloat *y, int n) {
-    vint under[VEXP_MAX], two_k[VEXP_MAX];
-    vfloat k[VEXP_MAX], r[VEXP_MAX], e[VEXP_MAX];
-    for (int u = 0; u < n; u++) under[u] = y[u] < -87.0f;
-    for (int u = 0; u < n; u++) y[u] = vselect(under[u], (vfloat){0} - 87.0f, y[u]); // keeps k in range
-    // y / ln2 rounded: 1.5 * 2^23 has no fraction bits
-    for (int u = 0; u < n; u++) k[u] = (y[u] * 1.44269504f + 12582912.0f) - 12582912.0f;
-    // ln2 in two parts: k * the first is exact
-    for (int u = 0; u < n; u++) r[u] = y[u] - k[u] * 0.693145751953125f - k[u] * 1.42860677e-6f;
-    static const float taylor[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-    for (int u = 0; u < n; u++) e[u] = (vfloat){0} + 1.0f / 5040;
-    for (int t = 0; t < 7; t++)
-        for (int u = 0; u < n; u++) e[u] = e[u] * r[u] + taylor[t];
-    for (int u = 0; u < n; u++) two_k[u] = (__builtin_convertvector(k[u], vint) + 127) << 23;
-    for (int u = 0; u < n; u++) y[u] = (vfloat)((vint)(e[u] * (vfloat)two_k[u]) & ~under[u]);
-}
-static inline __attribute__((always_inline)) vfloat vexp(vfloat y) {
-    vexp_n(&y, 1);
-    return y;
-}
-// x[j][i] = e^(x[j][i] - sub[i]) for rows j of w floats (vector-aligned), arguments <= 88
-static void attention_exp(float *x, int rows, int w, const float *sub) {
-    int NV = w / GEMM_VLEN;
-    vfloat *xv = (vfloat *)x;
-    const vfloat *subv = (const vfloat *)sub;
-    for (int j = 0; j < rows; j++)
-        for (int v = 0; v < NV; v++) xv[j * NV + v] = vexp(xv[j * NV + v] - subv[v]);
-}
-
-static float *attention_scratch(size_t n) {
-    float *p = (float *)aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); // vector loads and stores
-    if (!p) die("out of memory for attention scratch (%zu floats)", n);
-    return p;
-}
-
-// dst (rows, w) <- rows r0 .. r0 + rows - 1 of a tensor whose row r is hd floats at
-// src + r * stride; zero past row n and past column hd
-static void attention_load_rows(float *dst, int w, const float *src, size_t stride, int r0, int rows, int n, int hd) {
-    for (int r = 0; r < rows; r++) {
-        float *o = dst + (size_t)r * w;
-        int valid = r0 + r < n;
-        if (valid) memcpy(o, src + (size_t)(r0 + r) * stride, hd * sizeof(float));
-        memset(o + (valid ? hd : 0), 0, (w - (valid ? hd : 0)) * sizeof(float));
-    }
-}
-// dst (hd, w) <- scale * rows r0 .. r0 + w - 1 of such a tensor, transposed. Column by
-// column, stores in order: 3% faster forward and backward at hd 48 than row by row, where
-// (likely) a row's hd scattered stores held back the next rows' loads, often cache misses.
-static void attention_load_cols(float *dst, int w, const float *src, size_t stride, int r0, int n, int hd, float scale) {
-    int rows = n - r0 < w ? n - r0 : w;
-    for (int d = 0; d < hd; d++) {
-        for (int i = 0; i < rows; i++) dst[(size_t)d * w + i] = scale * src[(size_t)(r0 + i) * stride + d];
-        for (int i = rows; i < w; i++) dst[(size_t)d * w + i] = 0.0f;
-    }
-}
-
-// C (M, N) = [C +] A (M, n) @ B (n, N) in register tiles; N a multiple of GEMM_NR, rows of
-// B and C vector-aligned; A(i, k) = a[i * ars + k * aks] as in gemm_tile. Where A's row i
-// is zero outside k = klo[i] .. khi[i] - 1 (both non-decreasing in i; NULL: 0, n), a block
-// of rows sums only over its rows' union of those: the zeros it leaves out add exact
-// zeros (a sum that starts at +0 stays +0 through +-0 terms), so C is bit for bit the same.
-static void attention_matmul(float *c, int ldc, const float *a, int ars, int aks, const float *b, int ldb, int M, int N,
-                             int n, int accumulate, const int *klo, const int *khi) {
-    for (int i = 0; i < M; i += GEMM_MR)
-        for (int j = 0; j < N; j += GEMM_NR) {
-            vfloat t[GEMM_MR][2];
-            int rows = M - i < GEMM_MR ? M - i : GEMM_MR;
-            int k0 = klo ? klo[i] : 0, k1 = khi ? khi[i + rows - 1] : n;
-            gemm_tile(t, rows, k1 - k0, a + (size_t)i * ars + (size_t)k0 * aks, ars, aks, b + (size_t)k0 * ldb + j, ldb);
-            for (int r = 0; r < rows; r++) {
-                vfloat *cr = (vfloat *)(c + (size_t)(i + r) * ldc + j);
-                cr[0] = accumulate ? cr[0] + t[r][0] : t[r][0];
-                cr[1] = accumulate ? cr[1] + t[r][1] : t[r][1];
-            }
-        }
-}
-
-// The width of the query tiles: ATT_QT, or for a short chunk (generation runs one
-// query at a time) the fewest vectors that hold it.
-static int attention_tile_width(int len) {
-    return len < ATT_QT ? (len + GEMM_NR - 1) / GEMM_NR * GEMM_NR : ATT_QT;
-}
-// The query tile at row i0 of the chunk, w wide: qpos, each query's position, and
-// qlo, the first key it sees (rows past len, the padding, repeat the last query).
-// Returns the last key the tile sees, and in *first the start of the first key
-// tile it sees (the one holding the first query's first key).
-static int attention_query_tile(int *qpos, int *qlo, int w, const Chunk *ch, int i0, int *first) {
-    for (int i = 0; i < w; i++) {
-        qpos[i] = ch->t0 + (i0 + i < ch->len ? i0 + i : ch->len - 1);
-        qlo[i] = ch->window && qpos[i] >= ch->window ? qpos[i] - ch->window + 1 : 0;
-    }
-    *first = qlo[0] / ATT_KT * ATT_KT;
-    return qpos[w - 1];
-}
-
-// The causal shape of the key tile at s0 against a query tile (qpos as above): cols[j],
-// from which column S^T's row j (key s0 + j) is computed, a multiple of GEMM_NR: every
-// query in the blocks of GEMM_NR before it comes before the key; keys[i], how many of the
-// tile's keys query i may see (the rest come after it). What lies outside is masked, so
-// its products are skipped, and P, dS are set to 0 there: on the diagonal tiles of whole
-// sequences this skips 35% of the score products (64 x 64 tiles) and 45% of P V's. The
-// results are bit for bit the same (see attention_matmul); at the stories15M shape, where
-// 4 of a head's 10 tiles are diagonal, the forward and backward took 14% less time.
-static void attention_key_tile(int *cols, int *keys, int w, int s0, const int *qpos) {
-    for (int j = 0, i = 0; j < ATT_KT; j++) {
-        while (i < w && qpos[i] < s0 + j) i++;
-        cols[j] = i / GEMM_NR * GEMM_NR;
-    }
-    for (int i = 0; i < w; i++) {
-        int n = qpos[i] - s0 + 1;
-        keys[i] = n < 0 ? 0 : n > ATT_KT ? ATT_KT : n;
-    }
-}
-// The leading rows of a key tile that every query block sees (cols 0): all of them on
-// the tiles off the diagonal, which then run as one product and one exp pass, as
-// before the diagonal's skipping (a call a row measured within the noise, ~1%, at hd 64)
-static int attention_full_rows(const int *cols) {
-    int j = 0;
-    while (j < ATT_KT && cols[j] == 0) j++;
-    return j;
-}
-// c (ATT_KT, w) = A (ATT_KT, n) @ B (n, w), A's row j at a + j * lda, row j of c from
-// column cols[j] on (a block of GEMM_MR rows from its first row's: the columns its
-// other rows do not need are computed but not used)
-static void attention_matmul_st(float *c, int w, const float *a, int lda, const float *b, int n, const int *cols) {
-    int full = attention_full_rows(cols);
-    attention_matmul(c, w, a, lda, 1, b, w, full, w, n, 0, NULL, NULL);
-    for (int j = full; j < ATT_KT; j += GEMM_MR) {
-        int rows = ATT_KT - j < GEMM_MR ? ATT_KT - j : GEMM_MR;
-        attention_matmul(c + (size_t)j * w + cols[j], w, a + (size_t)j * lda, lda, 1, b + cols[j], w, rows, w - cols[j],
-                         n, 0, NULL, NULL);
-    }
-}
-// st (ATT_KT, w) = S^T: the scores of the key tile at position s0 (kt: its rows,
-// (ATT_KT, hdp)) against a query tile (qt: scale * its rows transposed, (hd, w)),
-// -inf where the key comes after the query or before its window; row j only from
-// column cols[j] on
-static void attention_scores(float *st, const float *kt, const float *qt, int w, int hd, int hdp, int s0,
-                             const int *qpos, const int *qlo, const int *cols) {
-    attention_matmul_st(st, w, kt, hdp, qt, hd, cols);
-    if (s0 + ATT_KT - 1 <= qpos[0] && s0 >= qlo[w - 1]) return; // every query sees every key
-    for (int j = 0; j < ATT_KT; j++) { // in explicit vectors: 3% faster forward at hd 48 than GCC's
-        vint key = (vint){0} + (s0 + j);
-        for (int i = cols[j]; i < w; i += GEMM_VLEN) {
-            vint masked = (key > *(const vint_u *)(qpos + i)) | (key < *(const vint_u *)(qlo + i));
-            vfloat *s = (vfloat *)(st + (size_t)j * w + i);
-            *s = vselect(masked, (vfloat){0} - INFINITY, *s);
-        }
-    }
-}
-// P^T from S^T in place: row j = e^(s - sub) from column cols[j] on, 0 before it
-static void attention_probs(float *st, int w, const float *sub, const int *cols) {
-    int full = attention_full_rows(cols);
-    attention_exp(st, full, w, sub);
-    for (int j = full; j < ATT_KT; j++) {
-        float *row = st + (size_t)j * w;
-        for (int i = 0; i < cols[j]; i += GEMM_VLEN) *(vfloat *)(row + i) = (vfloat){0};
-        attention_exp(row + cols[j], 1, w - cols[j], sub + cols[j]);
-    }
-}
-
-// Each query tile walks its key tiles with an online softmax: m, the running
-// max, and l, the running sum of e^(s - m); o, the running sum of e^(s - m) v,
-// is rescaled whenever m grows. One thread owns each (b, h, query tile). With a
-// window, a query may meet tiles before its first key: m stays -inf, and it
-// subtracts 0 instead (-inf - -inf would be NaN), so l and o stay exactly 0.
-static void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                              const Chunk *ch, int NH, int NKV, int hd) {
-    float scale = 1.0f / sqrtf((float)hd);
-    int B = ch->B, len = ch->len, T = ch->T, group = NH / NKV, kv_end = ch->t0 + len;
-    int w = attention_tile_width(len), ntiles = (len + w - 1) / w, hdp = (hd + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-    #pragma omp parallel
-    {
-        float *qt = attention_scratch((size_t)(hd + ATT_KT + 5) * w + (size_t)(w + 2 * ATT_KT) * hdp);
-        float *st = qt + (size_t)hd * w;         // (ATT_KT, w) scores, then probabilities
-        float *m = st + (size_t)ATT_KT * w;      // (w) the running max
-        float *mnew = m + w, *alpha = mnew + w;  // (w) the max with this tile; how much o shrinks
-        float *sub = alpha + w;                  // (w) mnew, or 0 where it is -inf
-        float *l = sub + w;                      // (w) the running sum
-        float *o = l + w;                        // (w, hdp)
-        float *kt = o + (size_t)w * hdp;         // (ATT_KT, hdp)
-        float *vt = kt + (size_t)ATT_KT * hdp;   // (ATT_KT, hdp)
-        vfloat *stv = (vfloat *)st, *mv = (vfloat *)m, *mnewv = (vfloat *)mnew, *alphav = (vfloat *)alpha;
-        vfloat *lv = (vfloat *)l, *ov = (vfloat *)o;
-        int NV = w / GEMM_VLEN;
-        int *qpos = (int *)mallocCheck((3 * w + ATT_KT) * sizeof(int)), *qlo = qpos + w, *keys = qlo + w, *cols = keys + w;
-        #pragma omp for collapse(3) schedule(dynamic)
-        for (int b = 0; b < B; b++)
-            for (int h = 0; h < NH; h++)
-                for (int tile = ntiles - 1; tile >= 0; tile--) { // the last tiles see the most keys: start them first
-                    int i0 = tile * w, first, last = attention_query_tile(qpos, qlo, w, ch, i0, &first);
-                    const float *qb = q + ((size_t)b * len * NH + h) * hd;
-                    const float *kb = k + ((size_t)b * T * NKV + h / group) * hd, *vb = v + (kb - k);
-                    attention_load_cols(qt, w, qb, (size_t)NH * hd, i0, len, hd, scale);
-                    for (int i = 0; i < w; i++) m[i] = -INFINITY, l[i] = 0.0f;
-                    memset(o, 0, (size_t)w * hdp * sizeof(float));
-                    for (int s0 = first; s0 <= last; s0 += ATT_KT) {
-                        attention_key_tile(cols, keys, w, s0, qpos);
-                        attention_load_rows(kt, hdp, kb, (size_t)NKV * hd, s0, ATT_KT, kv_end, hd);
-                        attention_load_rows(vt, hdp, vb, (size_t)NKV * hd, s0, ATT_KT, kv_end, hd);
-                        attention_scores(st, kt, qt, w, hd, hdp, s0, qpos, qlo, cols);
-                        // the loops across queries in vectors: GCC's Zen tuning would give them half-width ones
-                        for (int v = 0; v < NV; v++) mnewv[v] = mv[v];
-                        for (int j = 0; j < ATT_KT; j++)
-                            for (int v = cols[j] / GEMM_VLEN; v < NV; v++)
-                                mnewv[v] = vselect(stv[j * NV + v] > mnewv[v], stv[j * NV + v], mnewv[v]);
-                        for (int i = 0; i < w; i++) sub[i] = mnew[i] == -INFINITY ? 0.0f : mnew[i];
-                        memcpy(alpha, m, w * sizeof(float));
-                        attention_exp(alpha, 1, w, sub);
-                        attention_probs(st, w, sub, cols); // P^T, for the new max
-                        memcpy(m, mnew, w * sizeof(float));
-                        for (int v = 0; v < NV; v++) lv[v] *= alphav[v];
-                        for (int j = 0; j < ATT_KT; j++)
-                            for (int v = cols[j] / GEMM_VLEN; v < NV; v++) lv[v] += stv[j * NV + v];
-                        for (int i = 0; i < w; i++)
-                            for (int d = 0; d < hdp / GEMM_VLEN; d++) ov[(size_t)i * (hdp / GEMM_VLEN) + d] *= alpha[i];
-                        // o (w, hdp) += P (w, ATT_KT) @ the value rows; P(i, j) = st[j * w + i]
-                        attention_matmul(o, hdp, st, 1, w, vt, hdp, w, hdp, ATT_KT, 1, NULL, keys);
-                    }
-                    for (int i = 0; i < w && i0 + i < len; i++) {
-                        float *oi = out + (((size_t)b * len + i0 + i) * NH + h) * hd;
-                        for (int d = 0; d < hd; d++) oi[d] = o[(size_t)i * hdp + d] / l[i];
-                        lse[((size_t)b * NH + h) * len + i0 + i] = m[i] + logf(l[i]);
-                    }
-                }
-        free(qt), free(qpos);
-    }
-}
-
-// With P = exp(S - lse) recomputed and D_i = dout_i . out_i (= sum_s P_is dP_is):
-// dV_s += P_is dout_i, dS_is = P_is (dout_i . v_s - D_i), dq_i = scale sum_s dS_is k_s,
-// dK_s += scale dS_is q_i. dq (B, len, NH, hd) is overwritten; dk, dv (B, T, NKV, hd)
-// are added into for every position < t0 + len that a query of the chunk sees:
-// the chunk's own rows and the dKV carry of earlier chunks (key tiles wholly
-// before every window of a query tile are skipped: they would add exact zeros).
-// One thread owns each (b, kv head) and walks the query tiles of every head of
-// its group, so dk, dv need no reduction across threads (the price: the work
-// splits B * NKV ways).
-static void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                               const float *q, const float *k, const float *v, const Chunk *ch, int NH, int NKV, int hd) {
-    float scale = 1.0f / sqrtf((float)hd);
-    int B = ch->B, len = ch->len, T = ch->T, group = NH / NKV, kv_end = ch->t0 + len;
-    int w = attention_tile_width(len), hdp = (hd + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-    size_t q_stride = (size_t)NH * hd, kv_stride = (size_t)NKV * hd;
-    #pragma omp parallel
-    {
-        float *qt = attention_scratch((size_t)(2 * hd + 2 * ATT_KT + 2) * w + (size_t)(3 * w + 4 * ATT_KT) * hdp);
-        float *dot = qt + (size_t)hd * w;          // (hd, w) dout transposed
-        float *st = dot + (size_t)hd * w;          // (ATT_KT, w) scores, then P^T
-        float *dst = st + (size_t)ATT_KT * w;      // (ATT_KT, w) dP^T, then scale * dS^T
-        float *lsei = dst + (size_t)ATT_KT * w;    // (w) each query's lse
-        float *D = lsei + w;                       // (w) each query's dout . out
-        float *qr = D + w;                         // (w, hdp) the queries, rows
-        float *dor = qr + (size_t)w * hdp;         // (w, hdp) dout, rows
-        float *dqt = dor + (size_t)w * hdp;        // (w, hdp)
-        float *kt = dqt + (size_t)w * hdp;         // (ATT_KT, hdp) each: keys, values, their gradients
-        float *vt = kt + (size_t)ATT_KT * hdp, *dkt = vt + (size_t)ATT_KT * hdp, *dvt = dkt + (size_t)ATT_KT * hdp;
-        vfloat *stv = (vfloat *)st, *dstv = (vfloat *)dst, *Dv = (vfloat *)D;
-        int NV = w / GEMM_VLEN;
-        int *qpos = (int *)mallocCheck((3 * w + ATT_KT) * sizeof(int)), *qlo = qpos + w, *keys = qlo + w, *cols = keys + w;
-        #pragma omp for collapse(2) schedule(dynamic)
-        for (int b = 0; b < B; b++)
-            for (int kh = 0; kh < NKV; kh++) {
-                size_t kv0 = ((size_t)b * T * NKV + kh) * hd;
-                for (int h = kh * group; h < (kh + 1) * group; h++)
-                    for (int i0 = 0; i0 < len; i0 += w) {
-                        size_t q0 = ((size_t)b * len * NH + h) * hd;
-                        int first, last = attention_query_tile(qpos, qlo, w, ch, i0, &first);
-                        attention_load_cols(qt, w, q + q0, q_stride, i0, len, hd, scale);
-                        attention_load_cols(dot, w, dout + q0, q_stride, i0, len, hd, 1.0f);
-                        attention_load_rows(qr, hdp, q + q0, q_stride, i0, w, len, hd);
-                        attention_load_rows(dor, hdp, dout + q0, q_stride, i0, w, len, hd);
-                        for (int i = 0; i < w; i++) { // the padding rows (dout = 0) get D = 0, lse = 0
-                            D[i] = 0.0f, lsei[i] = 0.0f;
-                            if (i0 + i >= len) continue;
-                            const float *oi = out + q0 + (size_t)(i0 + i) * q_stride;
-                            for (int d = 0; d < hd; d++) D[i] += dor[(size_t)i * hdp + d] * oi[d];
-                            lsei[i] = lse[((size_t)b * NH + h) * len + i0 + i];
-                        }
-                        memset(dqt, 0, (size_t)w * hdp * sizeof(float));
-                        for (int s0 = first; s0 <= last; s0 += ATT_KT) {
-                            attention_key_tile(cols, keys, w, s0, qpos);
-                            attention_load_rows(kt, hdp, k + kv0, kv_stride, s0, ATT_KT, kv_end, hd);
-                            attention_load_rows(vt, hdp, v + kv0, kv_stride, s0, ATT_KT, kv_end, hd);
-                            attention_scores(st, kt, qt, w, hd, hdp, s0, qpos, qlo, cols);
-                            attention_probs(st, w, lsei, cols); // P^T
-                            attention_matmul_st(dst, w, vt, hdp, dot, hd, cols); // dP^T = V dout^T
-                            for (int j = 0; j < ATT_KT; j++)
-                                for (int v = 0; v < NV; v++)
-                                    dstv[j * NV + v] = v < cols[j] / GEMM_VLEN ? (vfloat){0}
-                                                                               : stv[j * NV + v] * (dstv[j * NV + v] - Dv[v]) * scale;
-                            // dV tile = P^T dout, dK tile = dS^T q (keys, hdp); dq += dS K (queries, hdp)
-                            attention_matmul(dvt, hdp, st, w, 1, dor, hdp, ATT_KT, hdp, w, 0, cols, NULL);
-                            attention_matmul(dkt, hdp, dst, w, 1, qr, hdp, ATT_KT, hdp, w, 0, cols, NULL);
-                            attention_matmul(dqt, hdp, dst, 1, w, kt, hdp, w, hdp, ATT_KT, 1, NULL, keys);
-                            for (int j = 0; j < ATT_KT && s0 + j < kv_end; j++) {
-                                float *dks = dk + kv0 + (size_t)(s0 + j) * kv_stride, *dvs = dv + kv0 + (size_t)(s0 + j) * kv_stride;
-                                for (int d = 0; d < hd; d++) dks[d] += dkt[(size_t)j * hdp + d], dvs[d] += dvt[(size_t)j * hdp + d];
-                            }
-                        }
-                        for (int i = 0; i < w && i0 + i < len; i++)
-                            memcpy(dq + q0 + (size_t)(i0 + i) * q_stride, dqt + (size_t)i * hdp, hd * sizeof(float));
-                    }
-            }
-        free(qt), free(qpos);
-    }
-}
-
-// Summed cross-entropy of n rows of logits (n, V) against targets (-100: no
-// loss). With grad_scale != 0 the logits are replaced by d(grad_scale * loss)/d(logits)
-// = grad_scale * (softmax - onehot), formed while the row is at hand (rows
-// without a target get 0), so the probabilities are never stored.
-//
-// Vectorized (1.9x faster than the scalar loops with libm's expf, 46 -> 24 ms for 256
-// rows of 32000; 8% of a stories15M step before): the max in vectors, e^(z - max) by
-// vexp, the sum in double vectors (each lane's share of the row in order, the lanes in
-// order at the end), a ragged tail of the row padded with -inf (e^-inf = 0). The double
-// sums are two vectors of the machine's width, one for each half of a float vector's
-// lanes: GCC kept one vector of twice that width on the stack, moving it through integer
-// registers each step (25.2 -> 22.0 ms for 256 rows of 32000 at 1 thread, the same bits).
-// The exponentials four vectors at a time (vexp_n): 22.0 -> 17.1 ms (11.2 -> 8.9 at 2
-// threads), the same bits.
-typedef float vhalf __attribute__((vector_size(GEMM_VLEN / 2 * sizeof(float))));
-typedef double vdouble __attribute__((vector_size(GEMM_VLEN / 2 * sizeof(double))));
-static inline void vsum_add(vdouble *lo, vdouble *hi, vfloat e) {
-    vhalf h[2];
-    memcpy(h, &e, sizeof h);
-    *lo += __builtin_convertvector(h[0], vdouble);
-    *hi += __builtin_convertvector(h[1], vdouble);
-}
-//
-// The rows' losses are summed in row order after the parallel loop, not by OpenMP's
-// reduction, whose partial sums depend on the thread count (and, from 3 threads, meet in
-// whatever order the threads finish): the loss is then the same at any thread count.
-static double crossentropy_forward_backward(float *logits, const int *targets, int n, int V, float grad_scale) {
-    double *row_loss = (double *)mallocCheck((size_t)n * sizeof(double)), loss = 0;
-    int nv = V / GEMM_VLEN, tail = V - nv * GEMM_VLEN;
-    #pragma omp parallel for
-    for (int i = 0; i < n; i++) {
-        float *z = logits + (size_t)i * V;
-        vfloat_u *zv = (vfloat_u *)z;
-        int y = targets[i];
-        row_loss[i] = 0;
-        if (y < 0) { if (grad_scale != 0.0f) memset(z, 0, V * sizeof(float)); continue; }
-        vfloat last = (vfloat){0} - INFINITY; // the tail, padded
-        for (int j = 0; j < tail; j++) last[j] = z[nv * GEMM_VLEN + j];
-        vfloat vmax = last;
-        for (int v = 0; v < nv; v++) vmax = vselect(zv[v] > vmax, zv[v], vmax);
-        float maxv = vmax[0], zy = z[y];
-        for (int j = 1; j < GEMM_VLEN; j++) maxv = vmax[j] > maxv ? vmax[j] : maxv;
-        vdouble lo = {0}, hi = {0};
-        int v = 0;
-        for (; v + VEXP_MAX <= nv; v += VEXP_MAX) { // z now holds exp(z - max)
-            vfloat e[VEXP_MAX];
-            for (int u = 0; u < VEXP_MAX; u++) e[u] = zv[v + u] - maxv;
-            vexp_n(e, VEXP_MAX);
-            for (int u = 0; u < VEXP_MAX; u++) zv[v + u] = e[u], vsum_add(&lo, &hi, e[u]);
-        }
-        for (; v < nv; v++) {
-            vfloat e = vexp(zv[v] - maxv);
-            zv[v] = e;
-            vsum_add(&lo, &hi, e);
-        }
-        last = vexp(last - maxv);
-        vsum_add(&lo, &hi, last);
-        for (int j = 0; j < tail; j++) z[nv * GEMM_VLEN + j] = last[j];
-        double sum = 0;
-        for (int j = 0; j < GEMM_VLEN / 2; j++) sum += lo[j];
-        for (int j = 0; j < GEMM_VLEN / 2; j++) sum += hi[j];
-        row_loss[i] = maxv + log(sum) - zy;
-        if (grad_scale != 0.0f) {
-            float sc = (float)(grad_scale / sum);
-            for (int v = 0; v < nv; v++) zv[v] *= sc;
-            for (int j = nv * GEMM_VLEN; j < V; j++) z[j] *= sc;
-            z[y] -= grad_scale;
-        }
-    }
-    for (int i = 0; i < n; i++) loss += row_loss[i];
-    free(row_loss);
-    return loss;
-}
-
-// silu(gate) * up and its backward, by vectors (vexp; n's ragged tail in a padded vector):
-// 2.7x faster than with libm's expf (10.6 -> 3.9 ms forward and backward of 1024 x 768).
-// sigmoid(g) = 1 / (1 + e^-g) with e^-g's argument capped at 88 (vexp's domain; below
-// g = -88 the sigmoid is < 1e-38 either way).
-static inline vfloat vsigmoid(vfloat g) {
-    vfloat m = (vfloat){0} - g;
-    return 1.0f / (1.0f + vexp(vselect(m < 88.0f, m, (vfloat){0} + 88.0f)));
-}
-static inline vfloat vload_tail(const float *x, int n) { vfloat v = {0}; for (int j = 0; j < n; j++) v[j] = x[j]; return v; }
-static inline void vstore_tail(float *x, vfloat v, int n) { for (int j = 0; j < n; j++) x[j] = v[j]; }
-
-static void swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-    size_t nv = n / GEMM_VLEN;
-    int tail = (int)(n - nv * GEMM_VLEN);
-    vfloat_u *o = (vfloat_u *)out;
-    const vfloat_u *g = (const vfloat_u *)gate, *u = (const vfloat_u *)up;
-    #pragma omp parallel for
-    for (size_t v = 0; v < nv; v++) o[v] = g[v] * vsigmoid(g[v]) * u[v];
-    if (tail) {
-        vfloat gt = vload_tail(gate + nv * GEMM_VLEN, tail), ut = vload_tail(up + nv * GEMM_VLEN, tail);
-        vstore_tail(out + nv * GEMM_VLEN, gt * vsigmoid(gt) * ut, tail);
-    }
-}
-static inline void swiglu_backward_v(vfloat *dg, vfloat *du, vfloat d, vfloat g, vfloat u) {
-    vfloat sig = vsigmoid(g);
-    *du = d * g * sig;
-    *dg = d * u * sig * (1.0f + g * (1.0f - sig));
-}
-static void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
-    size_t nv = n / GEMM_VLEN;
-    int tail = (int)(n - nv * GEMM_VLEN);
-    vfloat_u *dg = (vfloat_u *)dgate, *du = (vfloat_u *)dup;
-    const vfloat_u *d = (const vfloat_u *)dout, *g = (const vfloat_u *)gate, *u = (const vfloat_u *)up;
-    #pragma omp parallel for
-    for (size_t v = 0; v < nv; v++) {
-        vfloat a, b;
-        swiglu_backward_v(&a, &b, d[v], g[v], u[v]);
-        dg[v] = a, du[v] = b;
-    }
-    if (tail) {
-        size_t o = nv * GEMM_VLEN;
-        vfloat a, b;
-        swiglu_backward_v(&a, &b, vload_tail(dout + o, tail), vload_tail(gate + o, tail), vload_tail(up + o, tail));
-        vstore_tail(dgate + o, a, tail), vstore_tail(dup + o, b, tail);
-    }
-}
-
-// ----------------------------------------------------------------------------
-// where the base weights are (DESIGN section 5): the whole model in host.params
+// where the base weights are (docs/sharding.md): the whole model in host.params
 // (one process, or a shard group of one: NO_SHARD), or sharded over the shard
 // group, each unit gathered whole into a slot when the forward or backward
 // needs it and resharded (the slot emptied) when the forward-backward ends
@@ -1210,7 +595,7 @@ static void model_free(Model *m) {
 }
 
 // ----------------------------------------------------------------------------
-// forward and backward of one micro-batch, chunk by chunk (DESIGN section 4)
+// forward and backward of one micro-batch, chunk by chunk (docs/chunked.md)
 
 #define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
 
