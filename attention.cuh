@@ -1,21 +1,13 @@
 // Attention of a chunk of queries against the KV carry, forward and backward, on
-// the GPU: the twin of attention_forward / attention_backward in train_llama2.c,
-// with the same arguments (plus the stream) and the same meaning.
+// the GPU: the twin of attention_forward / attention_backward in attention.h, with
+// the same arguments (plus the stream), the same mask (bottom-right causal, or
+// Mistral's sliding window), GQA and shapes; attention.h's opening comment explains
+// them. What differs: lse is fp32 whatever the storage type, and the backward's
+// dk, dv are ADDED into as on the CPU but by other kernels than dq's (below).
 //
-// Query i of the chunk sits at position t0 + i and sees keys 0 .. t0 + i (the
-// causal mask aligned bottom-right; C = T and t0 = 0 is whole-sequence attention),
-// or with a sliding window W (ch->window, Mistral's) keys t0 + i - W + 1 .. t0 + i.
-// GQA: query head h reads key/value head h / (NH / NKV), in place, no copies.
-//   q (B, len, NH, hd); k, v (B, T, NKV, hd) with rows < t0 + len filled (the
-//   rest is never read) -> out (B, len, NH, hd), lse (B, NH, len) in fp32.
-// Backward: dq (B, len, NH, hd) is overwritten; dk, dv (B, T, NKV, hd) are ADDED
-// into for every position < t0 + len that a query sees: the chunk's own rows and
-// the dKV carry.
-//
-// Flash-attention style: the (len, t0 + len) score matrix never exists. The
-// forward walks key tiles with an online softmax and saves each row's
-// log-sum-exp; the backward recomputes P = exp(S - lse) tile by tile with
-// D_i = dout_i . out_i. The backward is two kernels, so that nothing needs atomics:
+// As on the CPU, the forward walks key tiles with an online softmax and saves each
+// row's log-sum-exp, and the backward recomputes P = exp(S - lse) tile by tile. The
+// backward is two kernels, so that nothing needs atomics:
 //   dq:     a block owns a tile of queries and walks the key tiles it sees;
 //   dk, dv: a block owns a tile of keys of one KV head and walks every query
 //           tile of every query head of its group that sees them, summing in

@@ -301,6 +301,7 @@ typedef struct {
     int dry_run;              // --dry_run: the CPU allocates as usual (pages never touched take no memory)
     const char *collectives;  // --collectives: host, always (the contract's; nothing to choose here)
     OptimizerSettings optimizer; // set by the trainer before model_alloc (the Optimizer's; its state counts here)
+    void *alloc[4];           // what model_layout places: the slots, the gradients, the activations, the carries
     size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and optimizer state
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
     float *rope_cos, *rope_sin; // (T, hd/2)
@@ -410,164 +411,166 @@ static LayerWeights layer_grads(Model *m, int l) {
 // ----------------------------------------------------------------------------
 // building the model's buffers
 
-// lays out one chunk's activations but its residuals, for Lk layers, from base
-// (or only counts them when base is NULL); returns the number of floats
-static size_t chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, ChunkActs *s, float *base) {
-    size_t L = Lk, N = (size_t)B * C, D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
-    struct { float **ptr; size_t n; } parts[] = {
-        {&s->ln1, L * N * D}, {&s->rstd1, L * N}, {&s->q, L * N * Q},
-        {&s->lse, L * N * c->n_heads}, {&s->atty, L * N * Q}, {&s->resid_mid, L * N * D}, {&s->ln2, L * N * D},
-        {&s->rstd2, L * N}, {&s->gate, L * N * H}, {&s->up, L * N * H}, {&s->hmlp, L * N * H},
-        {&s->lora_h, L * LORA_N_TARGETS * N * r}};
-    size_t off = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        if (base) *parts[i].ptr = base + off;
-        off += parts[i].n;
-    }
-    return off;
+// p = n elements of the layout l (support/utils.h), left as it is while l only counts
+#define place(l, p, n) do { void *at_ = layout_take((l), (size_t)(n) * sizeof *(p)); if (at_) (p) = at_; } while (0)
+
+// the widest of a layer's activations a position: D, H or NH hd
+static size_t widest_width(const Config *c) {
+    size_t D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
+    return D > H ? (D > Q ? D : Q) : (H > Q ? H : Q);
 }
 
-// bytes counted into *total, and allocated unless only counting (model_plan): NULL then
-static void *alloc_counted(size_t bytes, size_t *total, int alloc) { *total += bytes; return alloc ? mallocCheck(bytes) : NULL; }
+// lays out one chunk's activations but its residuals, for Lk layers
+static void chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, ChunkActs *s, Layout *a) {
+    size_t L = Lk, N = (size_t)B * C, D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
+    place(a, s->ln1, L * N * D); place(a, s->rstd1, L * N);
+    place(a, s->q, L * N * Q); place(a, s->lse, L * N * c->n_heads); place(a, s->atty, L * N * Q);
+    place(a, s->resid_mid, L * N * D); place(a, s->ln2, L * N * D); place(a, s->rstd2, L * N);
+    place(a, s->gate, L * N * H); place(a, s->up, L * N * H); place(a, s->hmlp, L * N * H);
+    place(a, s->lora_h, L * LORA_N_TARGETS * N * r);
+}
 
-// The sharded model's buffers: the slots that hold gathered units (a slot as
-// big as the biggest unit it holds), and for full fine-tuning a unit's gradient
-// whole (the embedding's, the others') and this rank's shard of every gradient.
-static void model_alloc_sharded(Model *m, int alloc) {
+// The sharded model's buffers: the slots that hold gathered units (a slot as big as the
+// biggest unit it holds, padding included), and for full fine-tuning a unit's gradient
+// whole (the embedding's, the others') and its reduced shard. Returns the bytes of
+// fsdp.h's reduce-scatter receive buffer, which the shard communicator allocates at
+// its first use: room for every rank's block of the biggest unit.
+static size_t sharded_layout(Model *m, Layout *w, Layout *p) {
     const FsdpUnits *u = &m->host.units;
-    size_t G = (size_t)m->fsdp->shard.size, widest = 0;
-    m->n_slots = m->fsdp->info->reshard_after_forward ? 2 : u->n_units;
-    size_t *need = (size_t *)callocCheck(m->n_slots, sizeof(size_t)), grad[2] = {0, 0};
-    for (int i = 0; i < u->n_units; i++) {
-        const FsdpUnit *un = &u->units[i]; // (padding included; a packed unit's bytes in floats)
-        size_t whole = un->packed ? (G * un->packed_shard + sizeof(float) - 1) / sizeof(float) : G * un->shard, s = unit_slot(m, i);
-        need[s] = whole > need[s] ? whole : need[s];
-        if (i < m->host.frozen_units) continue; // no gradient
-        grad[i != 0] = whole > grad[i != 0] ? whole : grad[i != 0];
+    size_t G = (size_t)m->fsdp->shard.size, widest = 0, grad[2] = {0, 0};
+    for (int s = 0; s < m->n_slots; s++) {
+        size_t need = 0;
+        for (int i = 0; i < u->n_units; i++) { // (a packed unit's bytes in floats)
+            const FsdpUnit *un = &u->units[i];
+            size_t whole = un->packed ? (G * un->packed_shard + sizeof(float) - 1) / sizeof(float) : G * un->shard;
+            if (unit_slot(m, i) == s && whole > need) need = whole;
+        }
+        place(w, m->slot[s], need);
+    }
+    if (!m->host.full_finetune) return 0;
+    for (int i = m->host.frozen_units; i < u->n_units; i++) { // frozen units: no gradient
+        grad[i != 0] = G * u->units[i].shard > grad[i != 0] ? G * u->units[i].shard : grad[i != 0];
         widest = u->units[i].shard > widest ? u->units[i].shard : widest;
     }
-    if (alloc) {
-        m->slot = (float **)callocCheck(m->n_slots, sizeof(float *));
-        m->slot_unit = (int *)mallocCheck(m->n_slots * sizeof(int));
-    }
-    for (int s = 0; s < m->n_slots; s++) {
-        float *slot = (float *)alloc_counted(need[s] * sizeof(float), &m->weight_bytes, alloc);
-        if (alloc) m->slot[s] = slot;
-    }
-    free(need);
-    if (alloc) units_reshard(m);
-    if (!m->host.full_finetune) return;
-    for (int b = 0; b < 2; b++) {
-        m->unit_grad[b] = (float *)alloc_counted(grad[b] * sizeof(float), &m->param_bytes, alloc);
-        m->grad_open[b] = -1;
-    }
-    m->grad_part = (float *)alloc_counted(widest * sizeof(float), &m->param_bytes, alloc);
-    if (alloc) m->grads = (float *)callocCheck(model_trainable_numel(&m->host), sizeof(float));
-    // fsdp.h's reduce-scatter receives every rank's block of a unit: the shard communicator
-    // keeps room for the biggest (counted here, allocated at its first use)
-    m->param_bytes += (grad[0] > grad[1] ? grad[0] : grad[1]) * sizeof(float);
+    place(p, m->unit_grad[0], grad[0]);
+    place(p, m->unit_grad[1], grad[1]);
+    place(p, m->grad_part, widest);
+    return (grad[0] > grad[1] ? grad[0] : grad[1]) * sizeof(float);
 }
 
-// Buffers for micro-batches of up to B rows of T tokens, run in chunks of C
-// positions (C = 0: T); recompute selects the memory mode. Counts their bytes
-// (the memory plan), and allocates them with alloc.
-static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_output_chunks, int alloc) {
-    Config *c = &m->host.config;
-    Activations *a = &m->a;
-    if (C <= 0 || C > T) C = T;
-    m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
-    size_t L = c->n_layers, N = (size_t)B * C, D = c->dim, H = c->hidden_dim;
+// Lays out the model's buffers in four allocations, as train_llama2.cu's model_layout
+// does: w the slots that hold gathered units, p full fine-tuning's gradients, a the
+// activations and scratch, k the KV and dKV carries. Called once to count, once to
+// place. (The base weights, LoRA's parameters and the optimizer's state are allocated
+// where they are loaded or made.)
+static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k) {
+    const HostModel *h = &m->host;
+    const Config *c = &h->config;
+    Activations *ac = &m->a;
+    size_t L = c->n_layers, C = m->chunk_size, N = (size_t)m->B * C, D = c->dim, H = c->hidden_dim, V = c->vocab_size;
     size_t Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
-    size_t r = m->host.use_lora ? m->host.lora.r : 0, widest = D > H ? D : H;
-    if (Q > widest) widest = Q;
-    m->act_bytes = m->carry_bytes = 0;
-    a->n_slots = recompute ? 1 : (T + C - 1) / C;
+    size_t r = h->use_lora ? h->lora.r : 0, widest = widest_width(c);
+    size_t piece = (C + m->num_output_chunks - 1) / m->num_output_chunks; // the head's positions at a time
+    // full fine-tuning's gradients: the trainable weights' (param_layout's order), or when
+    // sharded this rank's shard of them
+    if (h->full_finetune) place(p, m->grads, model_trainable_numel(h));
+    size_t comm = m->sharded ? sharded_layout(m, w, p) : 0;
+    // The head runs on B x ceil(C / piece) pieces of a chunk; with more than one, its weight
+    // is packed once for all of them, not again for each, and kept while the head does not
+    // change (chunk_head). One piece a chunk (B = 1, chunked to save memory) packs it in
+    // gemm's scratch instead: the copy would cost 2 V D floats (1 GiB at Llama-2-7B's shape)
+    // for a small share of the time. First in the allocation: its vector loads are aligned.
+    if (m->B * ((C + piece - 1) / piece) > 1) place(a, ac->head_packed, gemm_packed_b_floats(V, D) + gemm_packed_b_floats(D, V));
     // Every slot keeps its chunk's residuals. The rest is each slot's own, for every layer;
     // or with activation checkpointing one layer's worth that all slots share: only the
     // layer running (forward, or recomputed for its backward) uses it.
-    int ckpt = m->activation_checkpointing, Lk = ckpt ? 1 : (int)L, owners = ckpt ? 1 : a->n_slots;
-    ChunkActs layout;
-    size_t resid = (L + 1) * N * D, acts = chunk_acts_layout(c, B, C, r, Lk, &layout, NULL);
-    float *slots = (float *)alloc_counted((a->n_slots * resid + owners * acts) * sizeof(float), &m->act_bytes, alloc);
-    if (alloc) {
-        a->chunk = (ChunkActs *)callocCheck(a->n_slots, sizeof(ChunkActs));
-        for (int i = 0; i < a->n_slots; i++) {
-            if (i < owners) chunk_acts_layout(c, B, C, r, Lk, &a->chunk[i], slots + a->n_slots * resid + i * acts);
-            else a->chunk[i] = a->chunk[0];
-            a->chunk[i].resid = slots + i * resid;
-        }
+    int ckpt = m->activation_checkpointing, owners = ckpt ? 1 : ac->n_slots;
+    for (int i = 0; i < ac->n_slots; i++) {
+        if (i < owners) chunk_acts_layout(c, m->B, (int)C, (int)r, ckpt ? 1 : (int)L, &ac->chunk[i], a);
+        else ac->chunk[i] = ac->chunk[0];
+        place(a, ac->chunk[i].resid, (L + 1) * N * D);
     }
-    size_t carry = L * B * (size_t)T * KV * sizeof(float);
-    a->k = (float *)alloc_counted(carry, &m->carry_bytes, alloc);
-    a->v = (float *)alloc_counted(carry, &m->carry_bytes, alloc);
-    a->dk = (float *)alloc_counted(carry, &m->carry_bytes, alloc);
-    a->dv = (float *)alloc_counted(carry, &m->carry_bytes, alloc);
-    size_t piece = (C + num_output_chunks - 1) / num_output_chunks;
-    a->tokens = (int *)alloc_counted(N * sizeof(int), &m->act_bytes, alloc);
-    a->lnf = (float *)alloc_counted(N * D * sizeof(float), &m->act_bytes, alloc);
-    a->rstdf = (float *)alloc_counted(N * sizeof(float), &m->act_bytes, alloc);
-    a->logits = (float *)alloc_counted(piece * c->vocab_size * sizeof(float), &m->act_bytes, alloc);
-    // The head runs on B x ceil(C / piece) pieces of a chunk; with more than one, its weight
-    // is packed once for all of them, not again for each (the stories15M shape: 8 packings of
-    // 36 MB a step become 2; packing's share of the step's time fell from 7.6% to 5.5%, perf,
-    // for 74 MB more memory), and kept while the head does not change (chunk_head). One piece
-    // a chunk (B = 1, chunked to save memory) packs it in gemm's scratch instead: the copy
-    // would cost 2 V D floats (1 GiB at Llama-2-7B's shape) to save a small share of the time.
-    size_t V = c->vocab_size, head_packed = gemm_packed_b_floats(V, D) + gemm_packed_b_floats(D, V);
+    // one chunk's scratch
+    place(a, ac->tokens, N); place(a, ac->lnf, N * D); place(a, ac->rstdf, N); place(a, ac->logits, piece * V);
+    place(a, ac->kv, N * KV); place(a, ac->dresid, N * D); place(a, ac->dln, N * D);
+    place(a, ac->dq, N * Q); place(a, ac->datty, N * Q);
+    place(a, ac->dgate, N * H); place(a, ac->dup, N * H); place(a, ac->dhmlp, N * H);
+    place(a, ac->lora_dh, N * r); place(a, ac->xdrop, N * widest);
+    int dora = h->use_lora && h->lora.use_dora;
+    place(a, ac->dora_pre, dora ? N * widest : 0); place(a, ac->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
+    // the carries hold the whole sequence
+    size_t carry = L * m->B * (size_t)m->T * KV;
+    place(k, ac->k, carry); place(k, ac->v, carry); place(k, ac->dk, carry); place(k, ac->dv, carry);
+    return comm;
+}
+
+// gemm's packing scratch, as big as the biggest product of a step needs: a layer's (rows x
+// widest x widest; widest x widest x rows: the weight gradients) or the head's (a piece of
+// a row: forward piece x V x D, backward piece x D x V; V x D x piece for its weight gradient)
+static size_t model_gemm_scratch(const Model *m) {
+    const Config *c = &m->host.config;
+    size_t N = (size_t)m->B * m->chunk_size, D = c->dim, V = c->vocab_size, widest = widest_width(c);
+    size_t piece = (m->chunk_size + m->num_output_chunks - 1) / m->num_output_chunks;
+    size_t sizes[5] = {gemm_scratch_floats(N, widest, widest), gemm_scratch_floats(widest, widest, N),
+                       gemm_scratch_floats(piece, V, D), gemm_scratch_floats(piece, D, V), gemm_scratch_floats(V, D, piece)};
+    size_t pack = 0;
+    for (int i = 0; i < 5; i++) pack = sizes[i] > pack ? sizes[i] : pack;
+    return pack;
+}
+
+// Buffers for micro-batches of up to B rows of T tokens, run in chunks of C positions
+// (C = 0: T); recompute selects the memory mode. Counts their bytes (the memory plan),
+// and with alloc allocates them.
+static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_output_chunks, int alloc) {
+    HostModel *h = &m->host;
+    Activations *a = &m->a;
+    if (C <= 0 || C > T) C = T;
+    m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
+    a->n_slots = recompute ? 1 : (T + C - 1) / C;
+    m->sharded = h->shards != NULL;
+    if (m->sharded) m->n_slots = m->fsdp->info->reshard_after_forward ? 2 : h->units.n_units;
+    free(a->chunk); // a plan before (--batch_size auto tries several)
+    free(m->slot);
+    a->chunk = (ChunkActs *)callocCheck(a->n_slots, sizeof(ChunkActs));
+    m->slot = (float **)callocCheck(m->n_slots + 1, sizeof(float *)); // + 1: not empty when whole
+    Layout lay[4] = {{NULL, 0, sizeof(float)}, {NULL, 0, sizeof(float)}, {NULL, 0, sizeof(float)}, {NULL, 0, sizeof(float)}};
+    size_t comm = model_layout(m, &lay[0], &lay[1], &lay[2], &lay[3]), pack = model_gemm_scratch(m);
+    // the base weights (model_weight_bytes: as loaded, and QLoRA's dequantization scratch);
+    // the trainable parameters' gradients and the optimizer's state (optimizer_init), and
+    // LoRA's own parameters beside the base weights
+    size_t n = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
+    m->weight_bytes = lay[0].bytes + model_weight_bytes(h);
+    m->param_bytes = lay[1].bytes + comm + n * sizeof(float) * ((h->use_lora ? 2 : 0) + optimizer_n_states(&m->optimizer));
+    m->act_bytes = lay[2].bytes + pack * sizeof(float);
+    m->carry_bytes = lay[3].bytes;
+    if (!alloc) return;
+    // the activations from a cache line on (the packed head's vector loads); the gradients zeroed
+    m->alloc[0] = mallocCheck(lay[0].bytes);
+    m->alloc[1] = callocCheck(lay[1].bytes, 1);
+    m->alloc[2] = aligned_alloc(64, (lay[2].bytes + 63) / 64 * 64);
+    if (!m->alloc[2]) die("out of memory for the activations (%zu bytes)", lay[2].bytes);
+    m->alloc[3] = mallocCheck(lay[3].bytes);
+    for (int i = 0; i < 4; i++) lay[i] = (Layout){(char *)m->alloc[i], 0, sizeof(float)};
+    model_layout(m, &lay[0], &lay[1], &lay[2], &lay[3]);
     a->head_packed_ok = 0;
-    if (B * ((C + piece - 1) / piece) > 1) {
-        m->act_bytes += head_packed * sizeof(float);
-        if (alloc && !(a->head_packed = (float *)aligned_alloc(64, head_packed * sizeof(float)))) // vector loads
-            die("out of memory for the packed output head (%zu floats)", head_packed);
-    }
-    a->kv = (float *)alloc_counted(N * KV * sizeof(float), &m->act_bytes, alloc);
-    a->dresid = (float *)alloc_counted(N * D * sizeof(float), &m->act_bytes, alloc);
-    a->dln = (float *)alloc_counted(N * D * sizeof(float), &m->act_bytes, alloc);
-    a->dq = (float *)alloc_counted(N * Q * sizeof(float), &m->act_bytes, alloc);
-    a->datty = (float *)alloc_counted(N * Q * sizeof(float), &m->act_bytes, alloc);
-    a->dgate = (float *)alloc_counted(N * H * sizeof(float), &m->act_bytes, alloc);
-    a->dup = (float *)alloc_counted(N * H * sizeof(float), &m->act_bytes, alloc);
-    a->dhmlp = (float *)alloc_counted(N * H * sizeof(float), &m->act_bytes, alloc);
-    a->lora_dh = (float *)alloc_counted(N * r * sizeof(float), &m->act_bytes, alloc);
-    a->xdrop = (float *)alloc_counted(N * widest * sizeof(float), &m->act_bytes, alloc);
-    int dora = m->host.use_lora && m->host.lora.use_dora;
-    a->dora_pre = (float *)alloc_counted(dora ? N * widest * sizeof(float) : 0, &m->act_bytes, alloc);
-    a->dora_norm = (float *)alloc_counted(dora ? dora_norm_index(&m->host.lora, (int)L, 0) * sizeof(float) : 0, &m->act_bytes, alloc);
-    // gemm's packing scratch, as big as the biggest product needs:
-    // a layer's (rows x widest x widest; widest x widest x rows: the weight gradients) or the
-    // head's (a piece of a row: forward piece x V x D, backward piece x D x V; V x D x piece
-    // for its weight gradient)
-    size_t pack = gemm_scratch_floats(N, widest, widest);
-    size_t others[4] = {gemm_scratch_floats(widest, widest, N), gemm_scratch_floats(piece, V, D),
-                        gemm_scratch_floats(piece, D, V), gemm_scratch_floats(V, D, piece)};
-    for (int i = 0; i < 4; i++) pack = others[i] > pack ? others[i] : pack;
-    m->act_bytes += pack * sizeof(float);
-    if (alloc) {
-        gemm_reserve(pack);
-        m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
-        m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
-        float *inv_freq = (float *)mallocCheck(c->head_dim / 2 * sizeof(float));
-        rope_inv_freq(c, inv_freq);
-        rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq);
-        free(inv_freq);
-    }
-    // fp32 weights; the trainable ones have a gradient and the optimizer's state (optimizer_init),
-    // and LoRA's live apart from the base weights
-    m->weight_bytes = m->param_bytes = 0;
-    m->sharded = m->host.shards != NULL;
-    size_t n = m->host.use_lora ? m->host.lora.num_params : model_trainable_numel(&m->host);
-    if (m->sharded) model_alloc_sharded(m, alloc);
-    else if (m->host.full_finetune && alloc) {
-        m->grads = (float *)callocCheck(n, sizeof(float));
-        if (!m->host.frozen_units) param_layout(c, &m->g, m->grads);
-    }
-    m->weight_bytes += model_weight_bytes(&m->host);
-    if (m->host.quant_type != QUANT_NONE && alloc) { // (model_weight_bytes counted them)
-        m->deq = (float *)mallocCheck(m->host.units.units[fsdp_layer_unit(0)].numel * sizeof(float));
-        m->deq_absmax = (float *)mallocCheck((model_layer_widest(&m->host) + QUANT_BLOCK - 1) / QUANT_BLOCK * sizeof(float));
+    gemm_reserve(pack);
+    const Config *c = &h->config;
+    m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
+    m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
+    float *inv_freq = (float *)mallocCheck(c->head_dim / 2 * sizeof(float));
+    rope_inv_freq(c, inv_freq);
+    rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq);
+    free(inv_freq);
+    if (m->sharded) {
+        m->slot_unit = (int *)mallocCheck(m->n_slots * sizeof(int));
+        units_reshard(m);
+        m->grad_open[0] = m->grad_open[1] = -1;
+    } else if (h->full_finetune && !h->frozen_units) param_layout(c, &m->g, m->grads);
+    if (h->quant_type != QUANT_NONE) { // (model_weight_bytes counted them)
+        m->deq = (float *)mallocCheck(h->units.units[fsdp_layer_unit(0)].numel * sizeof(float));
+        m->deq_absmax = (float *)mallocCheck((model_layer_widest(h) + QUANT_BLOCK - 1) / QUANT_BLOCK * sizeof(float));
         m->deq_unit = -1;
     }
-    m->param_bytes += n * sizeof(float) * ((m->host.use_lora ? 2 : 1) + optimizer_n_states(&m->optimizer));
 }
 
 // the memory plan's bytes for this capacity (weight_bytes .. carry_bytes), allocating nothing
@@ -581,15 +584,9 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
 // frees what model_alloc made and the host model; safe on a zeroed Model and
 // on one whose model_alloc never ran (a failed load)
 static void model_free(Model *m) {
-    Activations *a = &m->a;
-    void *bufs[] = {a->chunk ? a->chunk[0].resid : NULL, a->chunk, a->k, a->v, a->dk, a->dv, a->tokens, a->lnf, a->rstdf, a->logits, a->head_packed,
-                    a->kv, a->dresid, a->dln, a->dq, a->datty, a->dgate, a->dup, a->dhmlp, a->lora_dh, a->xdrop,
-                    a->dora_pre, a->dora_norm,
-                    m->rope_cos, m->rope_sin, m->grads, m->unit_grad[0], m->unit_grad[1], m->grad_part, m->slot_unit,
-                    m->deq, m->deq_absmax};
+    void *bufs[] = {m->alloc[0], m->alloc[1], m->alloc[2], m->alloc[3], m->a.chunk, m->slot, m->slot_unit,
+                    m->rope_cos, m->rope_sin, m->deq, m->deq_absmax};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    for (int s = 0; m->slot && s < m->n_slots; s++) free(m->slot[s]);
-    free(m->slot);
     host_model_free(&m->host);
     memset(m, 0, sizeof *m);
 }
@@ -749,8 +746,7 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
     for (int b = 0; b < ch->B && !any; b++)
         for (int p = 0; p < ch->len && !any; p++) any = targets[(size_t)b * ch->T + ch->t0 + p] >= 0;
     // the head (V, D) packed as the B of logits = xf head^T, and of dxf = dlogits head; under
-    // LoRA the head never changes, so it is packed once in a run, not twice a micro-batch (the
-    // stories15M step: 1.2% of it)
+    // LoRA the head never changes, so it is packed once in a run, not twice a micro-batch
     float *head_fwd = a->head_packed, *head_bwd = head_fwd ? head_fwd + gemm_packed_b_floats(V, D) : NULL;
     if (head_fwd && any && !(a->head_packed_ok & 1)) gemm_pack_b(head_fwd, V, D, head, D, 1), a->head_packed_ok |= 1;
     if (head_bwd && any && grad_scale != 0.0f && !(a->head_packed_ok & 2))
@@ -824,8 +820,8 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
         rope_backward(a->dq, m->rope_cos, m->rope_sin, ch, NH, hd);
         // LoRA's layer 0: nothing below it trains (the embedding, the norms), so the gradient of
-        // its input is not needed: q, k and v skip their input products, as autograd skips them
-        // (3 of the layer's 7; 1% of a stories15M step)
+        // its input is not needed: q, k and v skip their input products (3 of the layer's 7), as
+        // autograd skips them
         float *dln = full || l > 0 ? a->dln : NULL;
         if (dln) memset(dln, 0, ND * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_Q, dln, g.wq, a->dq, act.ln1, w.wq);
@@ -1063,13 +1059,10 @@ static double model_peak_mb(Model *m) {
 // --batch_size auto: what the memory plan may take. The CPU cannot tell what is free, so
 // --memory_limit is required (backend_measures_free_memory 0); the plan must then fit in
 // it less the resident memory outside the plan now (the program, its libraries and MPI:
-// all but the base weights, which are loaded and which the plan counts already), and less
-// the program's whole code once more: the training loop's pages are not resident yet, and
-// they were the 0.4 MiB by which measured peaks passed the plan. And less 1 MiB: the
-// library code paged in later comes in the kernel's fault-around windows (64 KiB of
-// addresses, which the randomized layout moves every run), so the same batch peaked at
-// 30.4-30.7 MiB over 20 runs (tiny_mistral, 245 rows) and 6 of 30 runs passed a 30.72 MiB
-// limit by up to 0.1 MiB before this reserve.
+// all but the base weights, which are loaded and which the plan counts already), less the
+// program's whole code once more (the training loop's pages are not resident yet), and
+// less a reserve for library code paged in later: it comes in the kernel's fault-around
+// windows, which the randomized layout moves every run (dev/bench_cpu.md has the peaks).
 static const int backend_measures_free_memory = 0;
 static double model_memory_budget(Model *m, double limit) {
     long pages = 0, resident = 0, shared = 0, text = 0;

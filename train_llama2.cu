@@ -3,7 +3,7 @@ CUDA trainer for Llama-2-family models: the GPU backend of trainer.h, with the
 structure and the names of train_llama2.c's CPU backend, which judges it
 (test/test_llama2cu.cu runs both on the same model and batch).
 
-Precision (DESIGN section 6). --precision bf16, the default, stores the base
+Precision (docs/precision.md). --precision bf16, the default, stores the base
 weights and the activations in bf16; cuBLASLt accumulates in fp32; RMSNorm
 statistics, softmax, the log-sum-exp, the logits and the loss are fp32; the
 trainable parameters keep fp32 masters, fp32 gradients and the optimizer's fp32
@@ -23,13 +23,13 @@ fp32), whole or sharded as bytes over the ranks, and is dequantized (gathered
 first, when sharded) into d.deq in the compute type before its products, forward
 and backward (unit_dequant, quant.cuh); d.weights holds the rest.
 
-Chunked training (DESIGN section 4) runs exactly as on the CPU: chunk_forward,
+Chunked training (docs/chunked.md) runs exactly as on the CPU: chunk_forward,
 chunk_head and chunk_backward per chunk, the KV carry and the dKV carry, the
 keep and recompute memory modes, the output head in --num_output_chunks pieces,
 and --activation_checkpointing (layer_forward re-run before each layer's backward).
 Whole-sequence training is the chunk C = T.
 
-Sharding (DESIGN section 5, fsdp.h) as on the CPU: ranks launched by mpirun,
+Sharding (docs/sharding.md, fsdp.h) as on the CPU: ranks launched by mpirun,
 srun or torchrun, each on GPU (local rank % the node's GPUs), the trainer's
 host communicators (MPI, or TCP without it) for what the host adds up, and
 device copies of them for the device buffers (--collectives): NCCL where every
@@ -71,19 +71,15 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 template <typename E> size_t layer_stride(size_t n) { return (n * sizeof(E) + 255) / 256 * 256 / sizeof(E); }
 template <typename E> E *layer_slice(E *buf, int l, size_t n) { return buf + (size_t)l * layer_stride<E>(n); }
 
-// hands out consecutive pieces of one allocation; a first pass with base NULL
-// only counts the bytes. Each piece starts 256-byte aligned (cuBLASLt and the
-// tensor-core attention want aligned rows).
-struct Layout {
-    char *base = NULL;
-    size_t bytes = 0;
-    template <typename E> void place(E *&p, size_t n) {
-        if (base) p = (E *)(base + bytes);
-        bytes += (n * sizeof(E) + 255) / 256 * 256;
-    }
-    // an activation array of `layers` slices of n (layer_slice)
-    template <typename E> void place_layers(E *&p, size_t layers, size_t n) { place(p, layers * layer_stride<E>(n)); }
-};
+// p = n elements of the layout l (support/utils.h), left as it is while l only counts.
+// Device layouts start each piece 256-byte aligned (cuBLASLt and the tensor-core
+// attention want aligned rows).
+static Layout device_layout(void *base) { return Layout{(char *)base, 0, 256}; }
+template <typename E> void place(Layout *l, E *&p, size_t n) {
+    if (void *at = layout_take(l, n * sizeof(E))) p = (E *)at;
+}
+// an activation array of `layers` slices of n (layer_slice)
+template <typename E> void place_layers(Layout *l, E *&p, size_t layers, size_t n) { place(l, p, layers * layer_stride<E>(n)); }
 
 // one chunk's activations, kept from its forward for its backward; with
 // activation checkpointing all but resid hold Lk = 1 layer (else Lk = L), which
@@ -227,27 +223,27 @@ template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Lay
         for (int i = 0; i < u->n_units; i++) // (a packed unit's bytes in elements)
             if (unit_slot(m, i) == s)
                 need = std::max(need, u->units[i].packed ? ceil_div(G * u->units[i].packed_shard, sizeof(floatX)) : G * u->units[i].shard);
-        w->place(d.slot[s], need);
+        place(w, d.slot[s], need);
     }
     if (!m->host.full_finetune) return;
     for (int i = m->host.frozen_units; i < u->n_units; i++) { // frozen units: no gradient
         grad[i != 0] = std::max(grad[i != 0], G * u->units[i].shard);
         widest = std::max(widest, u->units[i].shard);
     }
-    p->place(m->unit_grad[0], grad[0]);
-    p->place(m->unit_grad[1], grad[1]);
-    p->place(m->grad_part, widest);
+    place(p, m->unit_grad[0], grad[0]);
+    place(p, m->unit_grad[1], grad[1]);
+    place(p, m->grad_part, widest);
 }
 
 // lays out one chunk's activations but its residuals, for Lk layers
 template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, ChunkActs<floatX> *s,
                                                   Layout *a) {
     size_t N = (size_t)B * C, D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
-    a->place_layers(s->ln1, Lk, N * D); a->place_layers(s->rstd1, Lk, N);
-    a->place_layers(s->q, Lk, N * Q); a->place_layers(s->lse, Lk, N * c->n_heads); a->place_layers(s->atty, Lk, N * Q);
-    a->place_layers(s->resid_mid, Lk, N * D); a->place_layers(s->ln2, Lk, N * D); a->place_layers(s->rstd2, Lk, N);
-    a->place_layers(s->gate, Lk, N * H); a->place_layers(s->up, Lk, N * H); a->place_layers(s->hmlp, Lk, N * H);
-    a->place_layers(s->lora_h, Lk, LORA_N_TARGETS * N * r);
+    place_layers(a, s->ln1, Lk, N * D); place_layers(a, s->rstd1, Lk, N);
+    place_layers(a, s->q, Lk, N * Q); place_layers(a, s->lse, Lk, N * c->n_heads); place_layers(a, s->atty, Lk, N * Q);
+    place_layers(a, s->resid_mid, Lk, N * D); place_layers(a, s->ln2, Lk, N * D); place_layers(a, s->rstd2, Lk, N);
+    place_layers(a, s->gate, Lk, N * H); place_layers(a, s->up, Lk, N * H); place_layers(a, s->hmlp, Lk, N * H);
+    place_layers(a, s->lora_h, Lk, LORA_N_TARGETS * N * r);
 }
 
 // where tensor j of unit u (not a packed layer) is in d.weights (whole): param_layout's
@@ -271,17 +267,17 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     size_t r = h->use_lora ? h->lora.r : 0, widest = std::max(std::max(D, H), Q);
     size_t piece = (N + m->num_output_chunks - 1) / m->num_output_chunks; // the head's rows at a time
     // trainable: fp32 masters and gradients; in bf16 (fp16) the matmuls read a bf16 (fp16) copy
-    p->place(m->params, m->n_train);
-    p->place(m->grads, m->n_train);
-    for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) p->place(m->opt_state[i], m->n_train);
+    place(p, m->params, m->n_train);
+    place(p, m->grads, m->n_train);
+    for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) place(p, m->opt_state[i], m->n_train);
     bool all_train = h->full_finetune && !h->frozen_units; // then the weights are the masters or their copy
-    if (!fp32 && (all_train || h->use_lora)) p->place(d.params_lo, m->n_train);
+    if (!fp32 && (all_train || h->use_lora)) place(p, d.params_lo, m->n_train);
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
     // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
-    if (!all_train) w->place(d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h));
+    if (!all_train) place(w, d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h));
     if (h->quant_type != QUANT_NONE) { // QLoRA: the layers' runs (sharded: this rank's shards), one layer at a time dequantized
-        w->place(m->quant_bytes, model_run_bytes_held(h));
-        w->place(d.deq, h->units.units[fsdp_layer_unit(0)].numel);
+        place(w, m->quant_bytes, model_run_bytes_held(h));
+        place(w, d.deq, h->units.units[fsdp_layer_unit(0)].numel);
     }
     if (m->sharded) sharded_layout(m, d, w, p);
     // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
@@ -291,24 +287,24 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     for (int i = 0; i < m->n_slots; i++) {
         if (i < owners) chunk_acts_layout(c, m->B, m->chunk_size, (int)r, ckpt ? 1 : (int)L, &d.chunk[i], a);
         else d.chunk[i] = d.chunk[0];
-        a->place(d.chunk[i].resid, (L + 1) * N * D);
+        place(a, d.chunk[i].resid, (L + 1) * N * D);
     }
-    a->place(d.lnf, N * D);
-    if (!fp32) a->place(d.dlogits, piece * V);
-    a->place(d.kv, N * KV); a->place(d.dresid, N * D); a->place(d.dln, N * D);
-    a->place(d.dq, N * Q); a->place(d.datty, N * Q);
-    a->place(d.dgate, N * H); a->place(d.dup, N * H); a->place(d.dhmlp, N * H);
-    a->place(d.lora_dh, N * r); a->place(d.xdrop, h->use_lora ? N * widest : 0);
+    place(a, d.lnf, N * D);
+    if (!fp32) place(a, d.dlogits, piece * V);
+    place(a, d.kv, N * KV); place(a, d.dresid, N * D); place(a, d.dln, N * D);
+    place(a, d.dq, N * Q); place(a, d.datty, N * Q);
+    place(a, d.dgate, N * H); place(a, d.dup, N * H); place(a, d.dhmlp, N * H);
+    place(a, d.lora_dh, N * r); place(a, d.xdrop, h->use_lora ? N * widest : 0);
     bool dora = h->use_lora && h->lora.use_dora;
-    a->place(d.dora_pre, dora ? N * widest : 0); a->place(m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
-    a->place(m->rstdf, N); a->place(m->logits, piece * V);
-    a->place(m->losses, (size_t)m->B * m->T); a->place(m->loss_sum, 1); a->place(m->grad_norm, 1);
-    a->place(m->tokens, (size_t)m->B * m->T); a->place(m->chunk_tokens, N);
-    a->place(m->kept, (size_t)m->B * m->T); a->place(m->targets, (size_t)m->B * m->T);
-    a->place(m->rope_cos, (size_t)m->T * c->head_dim / 2); a->place(m->rope_sin, (size_t)m->T * c->head_dim / 2);
+    place(a, d.dora_pre, dora ? N * widest : 0); place(a, m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
+    place(a, m->rstdf, N); place(a, m->logits, piece * V);
+    place(a, m->losses, (size_t)m->B * m->T); place(a, m->loss_sum, 1); place(a, m->grad_norm, 1);
+    place(a, m->tokens, (size_t)m->B * m->T); place(a, m->chunk_tokens, N);
+    place(a, m->kept, (size_t)m->B * m->T); place(a, m->targets, (size_t)m->B * m->T);
+    place(a, m->rope_cos, (size_t)m->T * c->head_dim / 2); place(a, m->rope_sin, (size_t)m->T * c->head_dim / 2);
     // the carries hold the whole sequence
     size_t carry = L * m->B * (size_t)m->T * KV;
-    k->place(d.k, carry); k->place(d.v, carry); k->place(d.dk, carry); k->place(d.dv, carry);
+    place(k, d.k, carry); place(k, d.v, carry); place(k, d.dk, carry); place(k, d.dv, carry);
 }
 
 // dst (n, floatX) on the device = src (n, fp32) on the host; bf16 is converted on
@@ -375,7 +371,7 @@ static void check_precision(const Model *m, const char *precision) {
 }
 
 // ----------------------------------------------------------------------------
-// the ranks (DESIGN section 5): the device buffers' collectives, NCCL or staged
+// the ranks (docs/sharding.md): the device buffers' collectives, NCCL or staged
 
 #ifdef FSDP_NCCL
 static const int have_nccl = 1;
@@ -466,6 +462,7 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
         d.chunk = (ChunkActs<floatX> *)callocCheck(m->n_slots, sizeof(ChunkActs<floatX>));
         d.slot = (floatX **)callocCheck(m->n_unit_slots + 1, sizeof(floatX *)); // + 1: not empty when whole
         Layout lay[4]; // weights, trainable, activations, carry
+        for (Layout &l : lay) l = device_layout(NULL);
         model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
         m->weight_bytes = lay[0].bytes; m->param_bytes = lay[1].bytes; m->act_bytes = lay[2].bytes; m->carry_bytes = lay[3].bytes;
     });
@@ -541,7 +538,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         Layout lay[4]; // weights, trainable, activations, carry: model_layout places what model_plan counted
         for (int i = 0; i < 4; i++) {
             m->alloc[i] = cudaMallocCheck(bytes[i] + 1); // + 1: a valid pointer also when empty
-            lay[i] = Layout{(char *)m->alloc[i], 0};
+            lay[i] = device_layout(m->alloc[i]);
         }
         model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
         // the trainable masters, then the weights the matmuls read
@@ -603,7 +600,7 @@ static void model_free(Model *m) {
 }
 
 // ----------------------------------------------------------------------------
-// where the base weights are (DESIGN section 5), as on the CPU: whole in
+// where the base weights are (docs/sharding.md), as on the CPU: whole in
 // d.weights, or sharded over the shard group, each unit gathered whole into a
 // slot when the forward or backward needs it (collective)
 
@@ -712,7 +709,7 @@ static LayerWeights<float> layer_grads(Model *m, int l) {
 }
 
 // ----------------------------------------------------------------------------
-// forward and backward of one micro-batch, chunk by chunk (DESIGN section 4)
+// forward and backward of one micro-batch, chunk by chunk (docs/chunked.md)
 
 // Layer l's activations within a chunk's (s), as on the CPU: its input and output
 // residuals, and the rest at layer l, or with activation checkpointing in the one
@@ -857,24 +854,14 @@ static void logits_to_host(float *logits_out, const float *logits, const Chunk *
     }
 }
 
-// Final norm, output head and cross-entropy of one chunk: each target's loss goes
-// to m->losses (the micro-batch sums them once at its end). The head runs on the
-// chunk's rows that upload_batch kept, in pieces of at most ceil(B * len /
-// num_output_chunks) (a piece may span sequences), so full-vocabulary logits (fp32)
-// exist only for a piece. With grad_scale != 0 each piece's d(grad_scale * loss)/d(logits)
-// is formed in place while its logits are at hand, and d.dresid ends up holding
-// d loss / d(final residual) for the chunk. logits_out (B, T, V, host), when given,
-// receives the logits (every row is kept then).
-//
-// Positions without a target (-100: the prompt and the padding of SFT data, often most
-// of a batch) need neither logits nor their gradient, whose rows are zeros: when some
-// rows are left out, the kept rows of lnf are gathered to the front of dresid (free
+// train_llama2.c's chunk_head, on the device. What differs: each target's loss goes to
+// m->losses (the micro-batch sums them once at its end), and the head runs on the rows
+// upload_batch kept, in pieces of at most ceil(B * len / num_output_chunks) rows that
+// may span sequences (the CPU's pieces are one sequence's). Left-out rows are handled by
+// moving, not in place: the kept rows of lnf are gathered to the front of dresid (free
 // until the norm's backward fills it), their gradients computed in lnf (not read after
-// the gather) and scattered back to their rows of dln. Each row's logits, loss and
-// gradient are the ones all rows would give; the head's own gradient (full fine-tuning)
-// leaves out terms that were zeros. (train_llama2.c's twin does the same in pieces of
-// one sequence at a time, moving rows in place: the same rows and losses, the head's
-// gradient summed in another order.)
+// the gather) and scattered back to their rows of dln. The same rows and losses; the
+// head's gradient is summed in another order. logits_out is on the host, every row kept.
 template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const Chunk *ch, float grad_scale,
                                            float *logits_out) {
     Config *c = &m->host.config;

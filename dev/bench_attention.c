@@ -1,5 +1,5 @@
 // Times the CPU attention (attention_forward / attention_backward of
-// train_llama2.c, included whole) on a few shapes: whole sequences and a chunk
+// attention.h, with train_llama2.c included whole) on a few shapes: whole sequences and a chunk
 // of queries at the end of a longer KV prefix, GQA among them, and some again
 // with a sliding window (W, Mistral's), whose skipped key tiles the time shows.
 // Not a test.

@@ -1,5 +1,5 @@
 // matmul_forward / matmul_backward on the GPU through cuBLASLt, with the names and
-// semantics of train_llama2.c's (lora.h calls them by these names):
+// semantics of support/matmul.h's, the CPU's (lora.h calls them by these names):
 //   forward   out (N, O) = [out +] alpha * inp (N, I) @ weight (O, I)^T   (torch Linear layout)
 //   backward  dinp (N, I) += alpha * dout (N, O) @ weight (O, I)
 //             dweight (O, I) += alpha * dout^T @ inp          (either output may be NULL)

@@ -195,4 +195,15 @@ static uint64_t data_hash_bytes(uint64_t h, const void *p, size_t n) {
     memcpy(tail, (const unsigned char *)p + whole, n - whole);
     return splitmix64(data_hash_words(h, tail, sizeof tail));
 }
+
+// Consecutive pieces of one allocation, laid out by two passes over the same calls: with
+// base NULL they only count the bytes (the memory plan), then, with base an allocation of
+// that many bytes, they place each piece. Each piece starts a multiple of align bytes
+// from base. (Both trainers' model_layout; place() wraps it for their element types.)
+typedef struct { char *base; size_t bytes, align; } Layout;
+static void *layout_take(Layout *l, size_t bytes) {
+    char *p = l->base ? l->base + l->bytes : NULL;
+    l->bytes += (bytes + l->align - 1) / l->align * l->align;
+    return p;
+}
 #endif

@@ -1,4 +1,4 @@
-// The CPU attention (attention_forward / attention_backward in train_llama2.c)
+// The CPU attention (attention_forward / attention_backward in attention.h)
 // against the textbook definition computed here in double precision: the full
 // masked score row of each query (causal, and with a sliding window W only the
 // keys pos - W + 1 .. pos, as transformers' Mistral masks them), its softmax, the

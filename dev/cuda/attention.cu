@@ -1,4 +1,4 @@
-// attention_forward / attention_backward (attention.cuh) against train_llama2.c's,
+// attention_forward / attention_backward (attention.cuh) against attention.h's,
 // for whole sequences and chunks (t0 > 0, not tile aligned), GQA groups of 1 to 4,
 // head dims from 16 to 256, causal and with sliding windows (W: one key, fewer
 // than a tile's, a tile's, more; windows inside a long prefix). Variants:

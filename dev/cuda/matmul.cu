@@ -1,4 +1,4 @@
-// matmul_forward / matmul_backward (matmul.cuh) against train_llama2.c's.
+// matmul_forward / matmul_backward (matmul.cuh) against support/matmul.h's.
 // Variants: fp32 (true fp32, no TF32), bf16 (bf16 in and out), bf16>fp32 (bf16
 // in, fp32 out: logits for the loss, fp32 weight gradients), each also as
 // .../gemmex with every product forced through matmul.cuh's fallback
