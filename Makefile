@@ -2,7 +2,7 @@
 #   make train_llama2     CPU trainer (fp32, OpenMP when the compiler has it)
 #   make train_llama2cu   CUDA trainer (nvcc, cuBLASLt; compiled, not yet run on a GPU)
 #   make test             build and run every test; ends with "N passed, N failed"
-#   make run              a short LoRA run on the tiny model shipped in test/fixtures
+#   make run              the built-in default: LoRA on a small generated model and data (out/default/)
 #   make test SANITIZE=1  the same tests built with ASan + UBSan (into build-san/)
 #   make fuzz             every parser's libFuzzer target for FUZZ_SECONDS each (clang)
 # one build job per core (make test's build, the emulated CUDA programs above all, is two
@@ -34,7 +34,7 @@ MPI_CC = $(CC)
 endif
 
 # CUDA: the trainer, its test against the CPU twin, and the kernel checks in
-# dev/cuda/ (each built with the CPU twins of train_llama2.c, dev/cuda/cpu_ref.o),
+# dev/cuda/ (each built with the CPU twins of train_llama2.c and its headers, dev/cuda/cpu_ref.o),
 # for A100 (sm_80) and H100 (sm_90). cuBLASLt does the matmuls (cuBLAS the few it
 # has no kernel for, support/matmul.cuh); with NCCL the trainer shards over one GPU per
 # rank (-DFSDP_NCCL; NCCL's unique id goes over MPI under mpirun or srun, over
@@ -196,7 +196,7 @@ CUDA_COMPILE_CHECK = train_llama2cu build-arch/sm90/test/test_llama2cu $(if $(NC
 cuda-compile-check: $(CUDA_COMPILE_CHECK)
 
 # ----------------------------------------------------------------------------
-# The emulated build (issue 17, dev/emu/): the CUDA sources compiled by the host
+# The emulated build (dev/emu/, docs/cuda.md): the CUDA sources compiled by the host
 # C++ compiler and run on the CPU with CUDA's semantics. Every source is first
 # mirrored into build-emu/src/<same path> by dev/emu/rewrite.pl (launches and
 # __shared__ declarations; `#line` keeps every report on the original file and
@@ -255,6 +255,9 @@ $(EMU_CHECKS): dev/cuda/cpu_ref.o
 $(EMU)/train_llama2 $(EMU)/test/test_llama2cu $(EMU)/dev/cuda/fsdp_nccl: EMU_DEFS = -DFSDP_NCCL $(NVCC_MPI)
 $(EMU)/train_llama2 $(EMU)/dev/cuda/fsdp_nccl: EMU_OBJS = $(NVCC_MPI_LIBS)
 $(EMU)/test/test_llama2cu: EMU_OBJS = test/cpu_twin.o $(NVCC_MPI_LIBS)
+# the planted leak beside MPI's (test_emu_checkers.sh), with MPI as the trainer has it
+$(EMU)/test/emu_planted/mpi_leak: EMU_DEFS = $(NVCC_MPI)
+$(EMU)/test/emu_planted/mpi_leak: EMU_OBJS = $(NVCC_MPI_LIBS)
 $(EMU)/test/test_llama2cu: test/cpu_twin.o
 # test_llama2cu's ~750 checks without the sanitizers, which made them 3x slower (17 of make
 # test's 29 minutes): device memory keeps its own checks (every allocation its own mapping,

@@ -1,5 +1,5 @@
 // fsdp.h: sharded parameters, the collectives that move them, rank-local
-// loading and sharded checkpoints (DESIGN section 5). C99 + POSIX, and C++ for
+// loading and sharded checkpoints (docs/sharding.md). C99 + POSIX, and C++ for
 // the CUDA trainer. Processes become ranks in one of two ways: an MPI launcher
 // (mpirun, srun; a build with -DUSE_MPI, mpicc), or the environment a launcher
 // such as torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: the TCP

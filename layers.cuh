@@ -2,7 +2,7 @@
 // semantics of their CPU twins in train_llama2.c (dev/cuda/ checks each against
 // its twin). Tensors are float, __nv_bfloat16 or __half (template T); every kernel reads
 // them into fp32 registers, so statistics, softmax and the loss are fp32
-// (DESIGN section 6). Gradients of trainable parameters are always fp32.
+// (docs/precision.md). Gradients of trainable parameters are always fp32.
 // Every launcher takes the stream it runs on, and no kernel uses atomics: each
 // output is summed in a fixed order, so results repeat bit for bit.
 //

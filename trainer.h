@@ -997,7 +997,7 @@ done:
 // ----------------------------------------------------------------------------
 // FLOPs and the memory plan
 
-// Model FLOPs of one sequence of T tokens, forward and backward (DESIGN section 9):
+// Model FLOPs of one sequence of T tokens, forward and backward (docs/performance.md):
 // a matmul with W (O, I) costs 2 O I per token forward; the backward costs the
 // same again for dX, and again for dW when W trains. So full fine-tuning is
 // 6 N T and LoRA 4 N T (plus its small adapters), N = the matmul parameters

@@ -3,7 +3,7 @@
 
   make train_llama2 && python3 dev/bench_cpu.py [--shape stories15M|tinyllama] [--full] \\
       [--threads 1,2] [--steps 6] [--reps 2] [--ours ./train_llama2] [--base OTHER_BUILD]
-  python3 dev/bench_cpu.py --targets     # every target of issue 22, then a verdict for each
+  python3 dev/bench_cpu.py --targets     # every CPU speed target (TARGETS below), then a verdict for each
 
 Shapes: stories15M (dim 288, 6 layers, 6 heads, hidden 768, vocab 32000; batch 4 x 256
 tokens) and tinyllama (TinyLlama-1.1B: dim 2048, 22 layers, 32 heads / 4 KV heads,
@@ -124,8 +124,8 @@ def prepare(tmp, args):
             f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(2 * T))}) + "\n")
 
 
-# issue 22's targets: (what, shape, full fine-tuning, PyTorch's step time / ours at least,
-# ours' peak memory no higher too, reps)
+# the CPU speed targets (docs/performance.md): (what, shape, full fine-tuning, PyTorch's step
+# time / ours at least, ours' peak memory no higher too, reps)
 TARGETS = [("stories15M, LoRA r=8 q,v", "stories15M", False, 1.25, False, 3),
            ("stories15M, full fine-tuning", "stories15M", True, 1.0, False, 2),
            ("TinyLlama-1.1B shape, LoRA r=8 q,v, peak memory no higher", "tinyllama", False, 1.0, True, 1)]
@@ -204,7 +204,8 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--reps", type=int, default=1, help="runs of each side per thread count, alternating")
     ap.add_argument("--targets", action="store_true",
-                    help="issue 22's targets, one after another (each with its own reps; --threads 1,2 unless given), "
+                    help="the CPU speed targets (1.25x PyTorch at stories15M LoRA, 1.0x full, 1.0x at TinyLlama's shape "
+                         "with no more memory), one after another (each with its own reps; --threads 1,2 unless given), "
                          "then a verdict for each: about 30 minutes on 2 cores")
     ap.add_argument("--ours", default=os.path.join(ROOT, "train_llama2"))
     ap.add_argument("--base", default=None, help="another build of ours to run alongside (before/after)")
@@ -233,7 +234,7 @@ def main():
             wall, cpu = med(t, 0) / med(o, 0), med(t, 1) / med(o, 1)
             mem = not memory or max(r[2] for r in o) <= max(r[2] for r in t)
             verdicts.append((what, threads, want, wall, cpu, mem, min(wall, cpu) >= want and mem))
-    print(f"\nissue 22's targets ({versions}; the ratio is PyTorch's step time over ours; met: both ratios at least the "
+    print(f"\nthe CPU speed targets ({versions}; the ratio is PyTorch's step time over ours; met: both ratios at least the "
           f"target and, where asked, ours' peak memory no higher):")
     print("| target | threads | at least | wall ratio | CPU ratio | memory | met |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Issue 9's benchmarks on one GPU, in parts that each fit one 10-minute call of a GPU lease:
+# The GPU benchmarks (docs/performance.md: train_llama2cu against transformers + peft,
+# attention.cuh against SDPA, the longest sequence) on one GPU, in parts that each fit one
+# 10-minute call of a GPU lease:
 #
 #   dev/bench_gpu.sh PART...     PART: hf | ours | attention | long
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""transformers + peft, the reference for train_llama2cu's speed (issue 9): LoRA steps of a Llama
+"""transformers + peft, the reference for train_llama2cu's speed (docs/performance.md): LoRA steps of a Llama
 model initialised randomly in bf16 on the device, SDPA attention, AdamW, synthetic tokens.
 
   python3 dev/bench_hf.py --write_config DIR [--shape 7b]     # the model folder both sides use

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""train_llama2cu's side of the GPU benchmarks (issue 9): LoRA steps of a randomly initialised
+"""train_llama2cu's side of the GPU benchmarks (docs/performance.md): LoRA steps of a randomly initialised
 model (--random_init: config.json and tokenizer.model, no weights), read from --metrics_file.
 
   python3 dev/bench_ours.py --model DIR [--bin ./train_llama2cu] [--lora qv8,all16] [--seq 512,2048,4096]

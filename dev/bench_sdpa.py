@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torch.nn.functional.scaled_dot_product_attention on the shapes of `dev/cuda/attention --bench`,
-forward and backward, as markdown rows in the same columns (issue 9: attention.cuh against
-SDPA's flash and cuDNN kernels).
+forward and backward, as markdown rows in the same columns (the GPU benchmarks' attention part:
+attention.cuh against SDPA's flash and cuDNN kernels; docs/performance.md).
 
   python3 dev/bench_sdpa.py [--device cuda] [--reps 20]
 

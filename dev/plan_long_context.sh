@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long-context memory plan of the README: train_llama2cu --dry_run --random_init
+# The long-context memory plan of docs/memory.md: train_llama2cu --dry_run --random_init
 # (no GPU, no weights) on real models' config.json files, LoRA r = 8 on q_proj,v_proj,
 # batch 1, chunks with recompute, bf16. Prints a markdown table (GiB).
 #   dev/plan_long_context.sh [MODEL_DIR ...]   (folders with a config.json; default: Llama-2-7B and Llama-3.1-8B)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# QLoRA's memory plans in the README: train_llama2cu --dry_run --random_init (no GPU, no
+# QLoRA's memory plans in docs/quantization.md: train_llama2cu --dry_run --random_init (no GPU, no
 # weights) on Llama-2-7B's and Llama-2-70B's config.json, NF4 with double quantization,
 # LoRA r = 16 on every linear layer, batch 1 of 2048 tokens, bf16; one process, and two
 # ranks FULL_SHARD (dev/launch.sh 2, --collectives host: the plan is per rank, the same

@@ -1,4 +1,4 @@
-// tcp.h: the sockets under a launch without MPI (DESIGN section 5: the
+// tcp.h: the sockets under a launch without MPI (docs/sharding.md: the
 // torchrun-style environment). Listening, connecting with retries until a
 // deadline, accepting with a deadline, and sending or receiving a whole buffer
 // through signals and short transfers. fsdp.h builds its rendezvous and its host

@@ -58,7 +58,7 @@
 //   the rounding of near-zero gradients into full-size updates, so over 10 steps
 //   the drift does not shrink with the storage's precision (emulated, the
 //   head_dim-64 model's step 10: 2.4e-2 in fp16, 0.9e-2 in bf16; steps 1-9 of
-//   fp16 within 5e-3). Measured worst otherwise: see the README's test table.
+//   fp16 within 5e-3). Measured worst otherwise: see docs/correctness.md's test table.
 // These are estimates from the rounding above: nothing here has run on a GPU
 // yet. The first run (dev/gpu_check.sh) measures the real errors, and the
 // tolerances should then come down to a few times what it measures.
@@ -409,11 +409,12 @@ void check_window_binds(const char *causal, const char *windowed) {
     CHECK(loss[1][0] != loss[0][0] && loss[1][1] != loss[0][1], line, "%s", "a backend ignores the window");
 }
 
-// Logits of more than 2^31 elements (issue 16): full fine-tuning of a 1-layer model with
-// Llama-2's vocabulary (32000) and width 64 on B rows of T tokens, whole, its head in one
-// piece (B * T * 32000 elements: 2.25e9 at T = 35200) and in 4 (each under 2^31), in fp32 and
-// bf16, against the CPU twin: the evaluation and training losses and every gradient (the
-// head's summed over all B * T rows). GPU only (--big_logits T), about 9 GB of logits a side.
+// Logits of more than 2^31 elements, past where an int index would wrap: full fine-tuning
+// of a 1-layer model with Llama-2's vocabulary (32000) and width 64 on B rows of T tokens,
+// whole, its head in one piece (B * T * 32000 elements: 2.25e9 at T = 35200) and in 4 (each
+// under 2^31), in fp32 and bf16, against the CPU twin: the evaluation and training losses
+// and every gradient (the head's summed over all B * T rows). GPU only (--big_logits T),
+// about 9 GB of logits a side.
 void check_big_logits(const char *dir, int T) {
     write_random_model(dir, 64, 128, 1, 4, 2, 32000);
     for (const char *precision : {"fp32", "bf16"})

@@ -57,12 +57,12 @@ for line in "base weights \((bf|fp)16\)" "KV and dKV carry" "activations and scr
 done
 grep -q "base weights (fp16)" "$TMP/LoRA, fp16.log"
 check "fp16 plan names its weights fp16" $? "$(plan_line "$TMP/LoRA, fp16.log" "base weights.*")"
-# issue 18's long context by plan: Llama-3.1-8B (8 KV heads) LoRA over 131072 tokens in chunks
+# the long context by plan (docs/memory.md): Llama-3.1-8B (8 KV heads) LoRA over 131072 tokens in chunks
 # of 1024 with recompute fits in 80e9 bytes, and Llama-2-7B (32 KV heads, 4x the carry) does not
 plan=$(dev/plan_long_context.sh test/fixtures/configs/llama-3.1-8b test/fixtures/configs/llama-2-7b 2>&1)
 grep -q "^| llama-3.1-8b | 131072 | 1024 | .* | yes |$" <<<"$plan" && grep -q "^| llama-2-7b | 131072 | 1024 | .* | no |$" <<<"$plan"
 check "Llama-3.1-8B LoRA at 131072 tokens in chunks fits 80 GB by plan; Llama-2-7B does not" $? "$(grep 131072 <<<"$plan")"
-# issue 19's QLoRA plans (README): Llama-2-7B at 2048 tokens under 10 GB; Llama-2-70B at 2048 in
+# QLoRA's plans (docs/quantization.md): Llama-2-7B at 2048 tokens under 10 GB; Llama-2-70B at 2048 in
 # chunks of 512 with recompute on one 80 GB GPU; and over two ranks on 48 GB GPUs (GiB: 10e9, 80e9
 # and 48e9 bytes are 9.3, 74.5 and 44.7 GiB)
 plan=$(dev/plan_qlora.sh 2>&1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The trainer sharded over real ranks (DESIGN section 5), first launched by
+# The trainer sharded over real ranks (docs/sharding.md), first launched by
 # mpirun, then by the environment as torchrun does (dev/launch.sh: the TCP
 # backend). Under mpirun -np 1, 2,
 # 3 (and 4 for HYBRID_SHARD with two groups of two), every strategy, LoRA

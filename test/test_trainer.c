@@ -5,15 +5,15 @@
 //   of base + adapter. Tolerance 1e-5 of the logits' scale: merging changes
 //   only the order of fp32 sums (W x + s B (A x) against (W + s B A) x).
 // - The memory plan printed before training is within 10% of the peak
-//   resident memory measured afterwards (issue 7), for LoRA whole-sequence
+//   resident memory measured afterwards (docs/memory.md), for LoRA whole-sequence
 //   (with and without --activation_checkpointing), LoRA chunked with
 //   recompute, and full fine-tuning, on a random model large
 //   enough (~15 MB of weights, ~50-200 MB in all) that the process's fixed
 //   overhead (code, libc, tokenizer: ~4 MB) is small next to it.
-// - The FLOP count follows the formula in the README: checked against the
+// - The FLOP count follows the formula in docs/performance.md: checked against the
 //   same formula written out by hand for one small shape.
 // - --collectives: the CUDA trainer's choice of NCCL or host collectives for
-//   the world size, ranks per node, GPUs and build (a table of the README's rules).
+//   the world size, ranks per node, GPUs and build (a table of docs/sharding.md's rules).
 // - --loss_scale: the dynamic loss scale's update rule against torch's GradScaler
 //   over 6600 steps (exact: powers of two).
 // - --random_init: every linear layer and the embedding drawn from
@@ -28,7 +28,7 @@
 // - The whole model at 1, 2 and 3 threads on a shape where every parallel split
 //   is real: full fine-tuning's loss and every gradient (whole, and chunked with the
 //   head in pieces), and the adapter file of 3 LoRA training steps, bit for bit
-//   (each element of a product summed by one thread in a fixed order: issue 22).
+//   (each element of a product summed by one thread in a fixed order: support/matmul.h).
 #define TESTING
 #include "../train_llama2.c"
 #include "test_common.h"
@@ -366,7 +366,7 @@ static void test_sample_escaping(void) {
 }
 
 // --collectives: which backend moves the CUDA trainer's device buffers (fsdp_device_backend), by the
-// rules of the README: NCCL needs a GPU per rank on every node (it refuses two ranks on one device)
+// rules of docs/sharding.md: NCCL needs a GPU per rank on every node (it refuses two ranks on one device)
 // and a build with NCCL; host (staged) runs anywhere; auto picks NCCL where it can run
 static void test_device_backend(void) {
     const int NCCL = FSDP_BACKEND_NCCL, HOST = FSDP_BACKEND_STAGED;

@@ -12,8 +12,8 @@
 # and the layers from N on train. train_llama2 does the same.
 #
 # llama-recipes' freeze_transformer_layers(model, N) sets requires_grad=False on the
-# first N decoder layers only and leaves the embedding training; issue 20 asks for the
-# embedding frozen as well, which is what this reference (and the trainer) does.
+# first N decoder layers only and leaves the embedding training; --freeze_layers freezes the
+# embedding as well, which is what this reference (and the trainer) does.
 #
 # Run from anywhere: python3 dev/reference/make_freeze_fixtures.py (after make_fixtures.py,
 # whose model folders it reads).
