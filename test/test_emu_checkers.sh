@@ -3,7 +3,8 @@
 # test/emu_planted/, built by `make test` into build-emu/ with ASan, unoptimized, and,
 # for the races, into build-emu-tsan/ with ThreadSanitizer). Each check wants the
 # program to fail and its report to name the kernel and the planted lines, which
-# the sources mark with "// PLANTED: <what>".
+# the sources mark with "// PLANTED: <what>". Last, LeakSanitizer under mpirun (mpi_leak,
+# built with MPI where mpicc is): MPI's own leaks suppressed by the build, the program's not.
 set -u
 cd "$(dirname "$0")/.."
 E=build-emu/test/emu_planted
@@ -94,4 +95,30 @@ expect_report "memory: host code reading device memory is reported with the allo
 # cuBLASLt: a transposed operand is no error to cuBLAS; the comparison with plain loops catches it
 expect_fixed "cuBLASLt: a weight passed with the wrong transpose flag gives a product the loops reject" gemm_transposed \
     "gemm_transposed: out[0][2] = 10, want -9 (the worst of 12 elements)"
+
+# LeakSanitizer beside MPI: the build suppresses MPI's own leaks (dev/emu/mpi_leaks.h, compiled
+# in), so under mpirun, with ASAN_OPTIONS and LSAN_OPTIONS unset, a leak of the program's own is
+# reported at its line and alone (MPI leaves thousands), and with it freed the program exits 0
+mpi="env -u ASAN_OPTIONS -u LSAN_OPTIONS OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    OMPI_MCA_rmaps_base_oversubscribe=1 timeout 120 mpirun -np 2"
+if ! command -v mpirun >/dev/null; then
+    echo "SKIP LeakSanitizer beside MPI: no mpirun (install OpenMPI: libopenmpi-dev openmpi-bin)"
+else
+    fixed_out=$(eval "$mpi $E/mpi_leak fixed" 2>&1)
+    fixed_rc=$?
+    if grep -q "built without MPI" <<<"$fixed_out"; then
+        echo "SKIP LeakSanitizer beside MPI: $E/mpi_leak was built without MPI (no mpicc)"
+    else
+        expect_report "LeakSanitizer beside MPI: a leak of the program's own under mpirun -np 2 is reported at its line, MPI's are not" \
+            "$mpi $E/mpi_leak" "ERROR: LeakSanitizer: detected memory leaks" \
+            "in rank_sum $(planted mpi_leak 'leaked unless "fixed"')" "SUMMARY: AddressSanitizer: 256 byte(s) leaked in 1 allocation(s)."
+        if [ $fixed_rc -eq 0 ] && grep -q "mpi_leak: 2 MPI ranks" <<<"$fixed_out"; then
+            echo "ok LeakSanitizer beside MPI: right when fixed (exits 0 under mpirun -np 2, MPI's leaks suppressed)"
+        else
+            echo "FAIL LeakSanitizer beside MPI: '$E/mpi_leak fixed' under mpirun -np 2 exited with status $fixed_rc:"
+            sed 's/^/    /' <<<"$fixed_out" | head -30
+            failed=1
+        fi
+    fi
+fi
 exit $failed

@@ -303,7 +303,7 @@ inline cublasStatus_t lt_problem(const char *call, const MatmulDesc *desc, const
                       "C (%llu, %llu) %s and D (%llu, %llu) %s differ in shape or type", (unsigned long long)lc->rows,
                       (unsigned long long)lc->cols, name_of(lc->type), (unsigned long long)ld->rows,
                       (unsigned long long)ld->cols, name_of(ld->type));
-    const Layout *ls[4] = {la, lb, lc, ld};
+    const emu::blas::Layout *ls[4] = {la, lb, lc, ld}; // (qualified: support/utils.h has a Layout too)
     const char *names = "ABCD";
     for (int i = 0; i < 4; i++) // column-major: ld at least the rows; C's may be 0 (one column for all)
         if (ls[i]->ld < (int64_t)ls[i]->rows && !(i == 2 && ls[i]->ld == 0))
@@ -450,7 +450,7 @@ inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cu
     cublasStatus_t status = lt_problem(call, desc, la, lb, lc, ld, &p);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
     cublasLtMatmulHeuristicResult_t r = {};
-    const Layout *ls[4] = {la, lb, lc, ld};
+    const emu::blas::Layout *ls[4] = {la, lb, lc, ld}; // (qualified: support/utils.h has a Layout too)
     r.algo.data[ALGO_TAG] = ALGO_TAG_VALUE;
     for (int i = 0; i < 4; i++) r.algo.data[ALGO_ALIGN_A + i] = pref->min_alignment[i];
     r.algo.data[ALGO_FINGERPRINT] = fingerprint(*desc, ls);
@@ -481,7 +481,7 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
     if (!algo)
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "algo NULL (an implicit heuristic query) is not implemented: "
                       "pass the algorithm cublasLtMatmulAlgoGetHeuristic returned");
-    const Layout *ls[4] = {la, lb, lc, ld};
+    const emu::blas::Layout *ls[4] = {la, lb, lc, ld}; // (qualified: support/utils.h has a Layout too)
     if (algo->data[ALGO_TAG] != ALGO_TAG_VALUE)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "algo is not one cublasLtMatmulAlgoGetHeuristic returned");
     if (algo->data[ALGO_FINGERPRINT] != fingerprint(*desc, ls))

@@ -3,7 +3,9 @@
 // real one. The contract between the halves (types.h), the device side
 // (device.h: kernels, launches, shared memory, warps) and the host side
 // (runtime.h: device memory, copies, streams, events, the device's properties).
+// With MPI and ASan, LeakSanitizer's defaults for MPI's own allocations (mpi_leaks.h).
 #pragma once
 #include "types.h"
 #include "device.h"
 #include "runtime.h"
+#include "mpi_leaks.h"

@@ -14,7 +14,7 @@
 // mma_sync: D = A B + C with fp32 accumulation, summed over k in order; a product
 // of two bf16 (or two fp16) values is exact in fp32, so each element rounds once per term. The
 // hardware's order and rounding inside a tensor core step differ slightly: close,
-// not bit-exact (README: what only a GPU can show).
+// not bit-exact (docs/cuda.md: what only a GPU can show).
 #pragma once
 #include "device.h"
 #include "cuda_bf16.h"
