@@ -264,6 +264,12 @@ static void param_shape(const Config *c, int p, int64_t *rows, int64_t *cols) {
     *rows = shapes[p][0];
     *cols = shapes[p][1];
 }
+// the widest of a layer's activations a position (D, H or NH hd): the scratch that any
+// linear layer's input or output fits (LoRA's dropout, DoRA)
+static size_t config_widest(const Config *c) {
+    size_t D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
+    return D > H ? (D > Q ? D : Q) : (H > Q ? H : Q);
+}
 static int param_per_layer(int p) { return p != P_EMBED && p != P_NORM && p != P_HEAD; }
 static size_t param_numel(const Config *c, int p) {
     int64_t r, k;

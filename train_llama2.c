@@ -413,12 +413,8 @@ static LayerWeights layer_grads(Model *m, int l) {
 
 // p = n elements of the layout l (support/utils.h), left as it is while l only counts
 #define place(l, p, n) do { void *at_ = layout_take((l), (size_t)(n) * sizeof *(p)); if (at_) (p) = at_; } while (0)
-
-// the widest of a layer's activations a position: D, H or NH hd
-static size_t widest_width(const Config *c) {
-    size_t D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
-    return D > H ? (D > Q ? D : Q) : (H > Q ? H : Q);
-}
+// Host layouts pack their pieces (align: a float), so the plan's bytes are the floats' own.
+static Layout host_layout(void *base) { return (Layout){(char *)base, 0, sizeof(float)}; }
 
 // lays out one chunk's activations but its residuals, for Lk layers
 static void chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, ChunkActs *s, Layout *a) {
@@ -469,7 +465,7 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
     Activations *ac = &m->a;
     size_t L = c->n_layers, C = m->chunk_size, N = (size_t)m->B * C, D = c->dim, H = c->hidden_dim, V = c->vocab_size;
     size_t Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
-    size_t r = h->use_lora ? h->lora.r : 0, widest = widest_width(c);
+    size_t r = h->use_lora ? h->lora.r : 0, widest = config_widest(c);
     size_t piece = (C + m->num_output_chunks - 1) / m->num_output_chunks; // the head's positions at a time
     // full fine-tuning's gradients: the trainable weights' (param_layout's order), or when
     // sharded this rank's shard of them
@@ -509,7 +505,7 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
 // a row: forward piece x V x D, backward piece x D x V; V x D x piece for its weight gradient)
 static size_t model_gemm_scratch(const Model *m) {
     const Config *c = &m->host.config;
-    size_t N = (size_t)m->B * m->chunk_size, D = c->dim, V = c->vocab_size, widest = widest_width(c);
+    size_t N = (size_t)m->B * m->chunk_size, D = c->dim, V = c->vocab_size, widest = config_widest(c);
     size_t piece = (m->chunk_size + m->num_output_chunks - 1) / m->num_output_chunks;
     size_t sizes[5] = {gemm_scratch_floats(N, widest, widest), gemm_scratch_floats(widest, widest, N),
                        gemm_scratch_floats(piece, V, D), gemm_scratch_floats(piece, D, V), gemm_scratch_floats(V, D, piece)};
@@ -533,7 +529,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     free(m->slot);
     a->chunk = (ChunkActs *)callocCheck(a->n_slots, sizeof(ChunkActs));
     m->slot = (float **)callocCheck(m->n_slots + 1, sizeof(float *)); // + 1: not empty when whole
-    Layout lay[4] = {{NULL, 0, sizeof(float)}, {NULL, 0, sizeof(float)}, {NULL, 0, sizeof(float)}, {NULL, 0, sizeof(float)}};
+    Layout lay[4] = {host_layout(NULL), host_layout(NULL), host_layout(NULL), host_layout(NULL)}; // slots, gradients, activations, carries
     size_t comm = model_layout(m, &lay[0], &lay[1], &lay[2], &lay[3]), pack = model_gemm_scratch(m);
     // the base weights (model_weight_bytes: as loaded, and QLoRA's dequantization scratch);
     // the trainable parameters' gradients and the optimizer's state (optimizer_init), and
@@ -550,7 +546,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     m->alloc[2] = aligned_alloc(64, (lay[2].bytes + 63) / 64 * 64);
     if (!m->alloc[2]) die("out of memory for the activations (%zu bytes)", lay[2].bytes);
     m->alloc[3] = mallocCheck(lay[3].bytes);
-    for (int i = 0; i < 4; i++) lay[i] = (Layout){(char *)m->alloc[i], 0, sizeof(float)};
+    for (int i = 0; i < 4; i++) lay[i] = host_layout(m->alloc[i]);
     model_layout(m, &lay[0], &lay[1], &lay[2], &lay[3]);
     a->head_packed_ok = 0;
     gemm_reserve(pack);

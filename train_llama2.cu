@@ -264,7 +264,7 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     bool fp32 = std::is_same<floatX, float>::value;
     size_t L = c->n_layers, N = (size_t)m->B * m->chunk_size, D = c->dim, H = c->hidden_dim, V = c->vocab_size;
     size_t Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
-    size_t r = h->use_lora ? h->lora.r : 0, widest = std::max(std::max(D, H), Q);
+    size_t r = h->use_lora ? h->lora.r : 0, widest = config_widest(c);
     size_t piece = (N + m->num_output_chunks - 1) / m->num_output_chunks; // the head's rows at a time
     // trainable: fp32 masters and gradients; in bf16 (fp16) the matmuls read a bf16 (fp16) copy
     place(p, m->params, m->n_train);
