@@ -81,7 +81,7 @@
 //             fsdp_any on each step's failure. Resume: fsdp_load at any world size
 #ifndef FSDP_H
 #define FSDP_H
-#include "support/safetensors.h" // first: it sets the POSIX feature macros
+#include "support/weights.h" // first: safetensors.h sets the POSIX feature macros
 #include <limits.h>
 #include <stdint.h>
 #include "support/json.h"
@@ -1215,12 +1215,12 @@ static inline void fsdp_reduce_grads(Fsdp *f, const FsdpUnit *u, float *grad_sha
 // BF16, F16), and nothing that contradicts the units (layers beyond them, a
 // tied model's lm_head of another shape). Reads no data: call it before
 // allocating what fsdp_load_model fills. 0 ok, -1 with a message.
-static inline int fsdp_check_model(const FsdpUnits *u, const StModel *sm) {
+static inline int fsdp_check_model(const FsdpUnits *u, const Weights *sm) {
     for (int i = 0; i < u->n_units; i++)
         for (int j = 0; j < u->units[i].n_tensors; j++) {
             const FsdpTensor *t = &u->units[i].tensors[j];
-            StFile *f;
-            const StTensor *st = st_model_find(sm, t->name, &f);
+            const WeightsEntry *e = weights_find(sm, t->name);
+            const StTensor *st = e ? e->tensor : NULL;
             if (!st) {
                 fprintf(stderr, "error: %s: tensor '%s' is missing from the checkpoint%s\n", sm->dir, t->name,
                         strcmp(t->name, "lm_head.weight") == 0 ? " (config.json says tie_word_embeddings is false)" : "");
@@ -1230,12 +1230,12 @@ static inline int fsdp_check_model(const FsdpUnits *u, const StModel *sm) {
                 char got[128], want[128];
                 st_format_shape(st->shape, st->ndim, got, sizeof got);
                 st_format_shape(t->shape, t->ndim, want, sizeof want);
-                fprintf(stderr, "error: %s: tensor '%s' has shape %s but config.json implies %s\n", f->path, t->name, got, want);
+                fprintf(stderr, "error: %s: tensor '%s' has shape %s but config.json implies %s\n", weights_path(sm, e), t->name, got, want);
                 return -1;
             }
             if (st->dtype != ST_F32 && st->dtype != ST_BF16 && st->dtype != ST_F16) {
                 fprintf(stderr, "error: %s: tensor '%s' has dtype %s; only F32, BF16 and F16 weights are supported\n",
-                        f->path, t->name, st_dtype_name(st->dtype));
+                        weights_path(sm, e), t->name, st_dtype_name(st->dtype));
                 return -1;
             }
         }
@@ -1247,12 +1247,12 @@ static inline int fsdp_check_model(const FsdpUnits *u, const StModel *sm) {
             return -1;
         }
     }
-    StFile *hf;
-    const StTensor *head = u->tied ? st_model_find(sm, "lm_head.weight", &hf) : NULL;
+    const WeightsEntry *head = u->tied ? weights_find(sm, "lm_head.weight") : NULL;
     const FsdpTensor *embed = &u->units[0].tensors[0];
-    if (head && (head->ndim != 2 || head->shape[0] != embed->shape[0] || head->shape[1] != embed->shape[1])) {
+    const StTensor *h = head ? head->tensor : NULL;
+    if (h && (h->ndim != 2 || h->shape[0] != embed->shape[0] || h->shape[1] != embed->shape[1])) {
         fprintf(stderr, "error: %s: tensor 'lm_head.weight' has another shape than model.embed_tokens.weight but config.json "
-                "says tie_word_embeddings is true\n", hf->path);
+                "says tie_word_embeddings is true\n", weights_path(sm, head));
         return -1;
     }
     return 0;
@@ -1261,15 +1261,14 @@ static inline int fsdp_check_model(const FsdpUnits *u, const StModel *sm) {
 // A tied model's stored lm_head, if there is one, must equal the embedding (else
 // the run would silently train another model): elements [begin, begin + count)
 // of it against those of the embedding, embed. 0 ok, -1 with a message.
-static inline int fsdp_check_tied_head(StModel *sm, size_t begin, size_t count, const float *embed) {
-    StFile *hf;
-    const StTensor *head = st_model_find(sm, "lm_head.weight", &hf); // its shape: fsdp_check_model
+static inline int fsdp_check_tied_head(Weights *sm, size_t begin, size_t count, const float *embed) {
+    const WeightsEntry *head = weights_find(sm, "lm_head.weight"); // its shape: fsdp_check_model
     if (!head || !count) return 0;
     float *mine = (float *)mallocCheck(count * sizeof(float));
-    int rc = st_read_f32(hf, head, begin, count, mine);
+    int rc = weights_read_f32(sm, head, begin, count, mine);
     if (rc == 0 && memcmp(mine, embed, count * sizeof(float)) != 0) {
         fprintf(stderr, "error: %s: tensor 'lm_head.weight' differs from model.embed_tokens.weight but config.json "
-                "says tie_word_embeddings is true\n", hf->path);
+                "says tie_word_embeddings is true\n", weights_path(sm, head));
         rc = -1;
     }
     free(mine);
@@ -1299,23 +1298,22 @@ static inline int fsdp_read_shard(const FsdpUnits *u, int rank, float *out, Fsdp
     return 0;
 }
 
-typedef struct { const FsdpUnits *u; StModel *sm; } Fsdp__Checkpoint;
-static inline int fsdp__read_tensor(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
-    const Fsdp__Checkpoint *c = (const Fsdp__Checkpoint *)ctx;
-    StFile *f = NULL;
-    const StTensor *st = st_model_find(c->sm, c->u->units[unit].tensors[tensor].name, &f); // present: fsdp_check_model said so
-    return st_read_f32(f, st, first, count, dst);
+// an FsdpReadFn reading a checkpoint folder's tensors (each present: fsdp_check_model said so)
+typedef struct { const FsdpUnits *u; Weights *sm; } FsdpCheckpoint;
+static inline int fsdp_read_checkpoint(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
+    const FsdpCheckpoint *c = (const FsdpCheckpoint *)ctx;
+    return weights_read_f32(c->sm, weights_find(c->sm, c->u->units[unit].tensors[tensor].name), first, count, dst);
 }
 
 // Reads shard `rank` of every unit (u->n_shards shards) into out (u->shard_numel
 // floats, padding zeroed), converting BF16 and F16 exactly to float. Only the
-// bytes of those elements are read (st_read_f32 reads exactly the elements asked
-// for), so a rank holds 1/n of the model. A tied model's stored lm_head must
+// bytes of those elements are read (weights_read_f32 reads exactly the elements
+// asked for), so a rank holds 1/n of the model. A tied model's stored lm_head must
 // equal the embedding (each rank checks its own range). 0 ok, -1 with a message.
-static inline int fsdp_load_model(const FsdpUnits *u, StModel *sm, int rank, float *out) {
+static inline int fsdp_load_model(const FsdpUnits *u, Weights *sm, int rank, float *out) {
     if (fsdp_check_model(u, sm) != 0) return -1;
-    Fsdp__Checkpoint c = {u, sm};
-    if (fsdp_read_shard(u, rank, out, fsdp__read_tensor, &c) != 0) return -1;
+    FsdpCheckpoint c = {u, sm};
+    if (fsdp_read_shard(u, rank, out, fsdp_read_checkpoint, &c) != 0) return -1;
     if (!u->tied) return 0;
     size_t begin, count = fsdp_shard_range(u->units[0].numel, u->n_shards, rank, &begin);
     return fsdp_check_tied_head(sm, begin, count, out + u->units[0].shard_offset);

@@ -127,6 +127,93 @@ static int config_rope(Config *c, const JsonValue *j, const char *path) {
     return 0;
 }
 
+// 1 when dir's tokenizer.model is tiktoken's (tokenizer.h), as in Llama-3's original download
+static int tokenizer_file_is_tiktoken(const char *dir) {
+    char path[4096];
+    unsigned char head[128];
+    snprintf(path, sizeof path, "%s/tokenizer.model", dir);
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(head, 1, sizeof head, f) : 0;
+    if (f) fclose(f);
+    return tokenizer_is_tiktoken(head, n);
+}
+
+// Meta's params.json (the original download: support/weights.h reads its tensors),
+// as transformers' convert_llama_weights_to_hf.py reads it, checked against the
+// tensors: the FFN width its formula gives against w1's rows, its vocab_size (-1:
+// the embedding's rows) and dim against the embedding. params.json has no context
+// length: the converter's, 4096 (Llama-2), 16384 where rope_theta > 10000 (CodeLlama).
+// Keys beyond Llama-2's and CodeLlama's are refused by name, and so is Llama-3's
+// original folder. 0 ok, -1 with a message.
+static int config_load_meta(Config *c, const char *dir) {
+    static const char *known[] = {"dim", "n_layers", "n_heads", "n_kv_heads", "multiple_of", "ffn_dim_multiplier", "norm_eps", "vocab_size", "rope_theta"};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/params.json", dir);
+    if (tokenizer_file_is_tiktoken(dir)) {
+        fprintf(stderr, "error: %s/tokenizer.model is tiktoken's (Llama-3's original download), which is not read: "
+                "give the model's Hugging Face folder (config.json, model.safetensors, tokenizer.json)\n", dir);
+        return -1;
+    }
+    JsonValue j;
+    if (json_load_file(path, &j) != 0) return -1;
+    int rc = -1, multiple_of = 256, vocab = -1;
+    long long ffn;
+    double ffn_mult = 1.0, eps = 1e-5, theta = 10000.0;
+    Weights w;
+    const WeightsEntry *embed, *gate;
+    memset(&w, 0, sizeof w);
+    memset(c, 0, sizeof *c);
+    if (j.type != JSON_OBJECT) { fprintf(stderr, "error: %s: not a JSON object\n", path); goto done; }
+    for (int i = 0; i < j.count; i++) {
+        size_t k = 0;
+        while (k < sizeof known / sizeof known[0] && strcmp(j.keys[i], known[k]) != 0) k++;
+        if (k == sizeof known / sizeof known[0]) {
+            fprintf(stderr, "error: %s: key \"%s\" is not one of Llama-2's (dim, n_layers, n_heads, n_kv_heads, multiple_of, "
+                    "ffn_dim_multiplier, norm_eps, vocab_size, rope_theta): give the model's Hugging Face folder\n", path, j.keys[i]);
+            goto done;
+        }
+    }
+    if (config_int(&j, path, "dim", &c->dim, 1, 1, 1 << 16) || config_int(&j, path, "n_layers", &c->n_layers, 1, 1, 1024) ||
+        config_int(&j, path, "n_heads", &c->n_heads, 1, 1, 1024) || config_int(&j, path, "multiple_of", &multiple_of, 0, 1, 1 << 16) ||
+        config_int(&j, path, "vocab_size", &vocab, 0, -1, 1 << 24)) goto done;
+    c->n_kv_heads = c->n_heads;
+    if (config_int(&j, path, "n_kv_heads", &c->n_kv_heads, 0, 1, c->n_heads) ||
+        config_positive(&j, path, "", "ffn_dim_multiplier", &ffn_mult, 0) || config_positive(&j, path, "", "norm_eps", &eps, 0) ||
+        config_positive(&j, path, "", "rope_theta", &theta, 0)) goto done;
+    if (vocab == 0 || c->dim % c->n_heads || (c->dim / c->n_heads) % 2 || c->n_heads % c->n_kv_heads) {
+        fprintf(stderr, "error: %s: vocab_size must be -1 or positive, dim a multiple of n_heads with an even quotient, "
+                "n_heads a multiple of n_kv_heads\n", path);
+        goto done;
+    }
+    if (weights_open(&w, dir) != 0) goto done;
+    embed = weights_find(&w, "model.embed_tokens.weight"), gate = weights_find(&w, "model.layers.0.mlp.gate_proj.weight");
+    if (!embed || !gate) { fprintf(stderr, "error: %s: the checkpoint has no %s\n", dir, embed ? "layers.0.feed_forward.w1" : "tok_embeddings"); goto done; }
+    ffn = (long long)(ffn_mult * (double)(int)(2.0 * 4 * c->dim / 3)); // Meta's model.py, in Python's arithmetic
+    ffn = multiple_of * ((ffn + multiple_of - 1) / multiple_of);
+    if (gate->tensor->shape[0] != ffn) {
+        fprintf(stderr, "error: %s: dim %d, multiple_of %d and ffn_dim_multiplier %g give an FFN width of %lld, but "
+                "layers.0.feed_forward.w1 has %lld rows\n", path, c->dim, multiple_of, ffn_mult, ffn, (long long)gate->tensor->shape[0]);
+        goto done;
+    }
+    if ((vocab > 0 && embed->tensor->shape[0] != vocab) || embed->tensor->shape[1] != c->dim) {
+        fprintf(stderr, "error: %s: vocab_size %d and dim %d, but tok_embeddings is %lld x %lld\n", path, vocab, c->dim,
+                (long long)embed->tensor->shape[0], (long long)embed->tensor->shape[1]);
+        goto done;
+    }
+    c->hidden_dim = (int)ffn;
+    c->vocab_size = (int)embed->tensor->shape[0];
+    c->head_dim = c->dim / c->n_heads;
+    c->max_pos = theta > 10000.0 ? 16384 : 4096;
+    c->norm_eps = (float)eps;
+    c->rope_theta = (float)theta;
+    c->init_std = 0.02f;
+    rc = 0;
+done:
+    weights_close(&w);
+    json_free(&j);
+    return rc;
+}
+
 // The families read here are Llama's and Mistral's (transformers' LlamaConfig and
 // MistralConfig, whose models compute the same layers); any setting of theirs
 // that would change that computation beyond what this trainer implements is
@@ -134,7 +221,10 @@ static int config_rope(Config *c, const JsonValue *j, const char *path) {
 // would not even read (biases, norms of q and k, other activations...).
 static int config_load(Config *c, const char *model_dir) {
     char path[4096];
+    snprintf(path, sizeof path, "%s/params.json", model_dir);
+    int meta = access(path, F_OK) == 0;
     snprintf(path, sizeof path, "%s/config.json", model_dir);
+    if (meta && access(path, F_OK) != 0) return config_load_meta(c, model_dir); // Meta's original download
     JsonValue j;
     if (json_load_file(path, &j) != 0) return -1;
     int rc = -1;
@@ -517,7 +607,7 @@ static int model_run_put(const HostModel *m, uint8_t *at, int j, const float *w,
 // A checkpoint that bitsandbytes already quantized (transformers' save_pretrained of
 // a 4-bit model: uint8 weights with .absmax, .quant_map, .quant_state... beside them)
 // is refused by the name of such a tensor. 0 ok, -1 with a message.
-static int model_check_not_prequantized(const StModel *sm) {
+static int model_check_not_prequantized(const Weights *sm) {
     static const char *marks[] = {".absmax", ".quant_map", ".quant_state.", ".nested_absmax", ".nested_quant_map"};
     for (int i = 0; i < sm->n_entries; i++)
         for (size_t k = 0; k < sizeof marks / sizeof marks[0]; k++)
@@ -541,12 +631,12 @@ static void model_shape_units(HostModel *m, int n) {
 // model's units (sharded n ways): every tensor present with its shape and a
 // float dtype, nothing beyond them (fsdp_check_model). Reads no weights, so
 // a config.json claiming terabytes allocates nothing. 0 ok, -1 with a message.
-static int model_open(HostModel *m, const char *dir, StModel *sm, int n_shards) {
+static int model_open(HostModel *m, const char *dir, Weights *sm, int n_shards) {
     if (config_load(&m->config, dir) != 0) return -1;
     model_shape_units(m, n_shards);
-    if (st_model_open(sm, dir) != 0) return -1;
+    if (weights_open(sm, dir) != 0) return -1;
     if (model_check_not_prequantized(sm) == 0 && fsdp_check_model(&m->units, sm) == 0) return 0;
-    st_model_close(sm);
+    weights_close(sm);
     return -1;
 }
 
@@ -616,25 +706,17 @@ static int model_fill_packed(HostModel *m, int rank, FsdpReadFn read, void *ctx)
     return rc;
 }
 
-typedef struct { const FsdpUnits *u; StModel *sm; } CheckpointReader;
-static int read_checkpoint_tensor(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst) {
-    const CheckpointReader *r = (const CheckpointReader *)ctx;
-    StFile *f = NULL;
-    const StTensor *st = st_model_find(r->sm, r->u->units[unit].tensors[tensor].name, &f); // present: model_open checked
-    return st_read_f32(f, st, first, count, dst);
-}
-
 // config.json and the base weights of a checkpoint folder into h, whole: the
 // case of one shard of model_load_shard, in the layout of ParameterTensors.
 // (h->params is allocated only once every tensor checked out; the caller frees
 // h, also after a failure.) 0 ok, -1 with a message naming the file.
 static int model_load(HostModel *m, const char *dir) {
-    StModel sm;
+    Weights sm;
     if (model_open(m, dir, &sm, 1) != 0) return -1;
-    CheckpointReader r = {&m->units, &sm};
-    int rc = model_fill(m, "loading the weights", read_checkpoint_tensor, &r);
+    FsdpCheckpoint r = {&m->units, &sm};
+    int rc = model_fill(m, "loading the weights", fsdp_read_checkpoint, &r);
     if (rc == 0 && m->config.tied) rc = fsdp_check_tied_head(&sm, 0, m->units.units[0].numel, m->w.embed);
-    st_model_close(&sm);
+    weights_close(&sm);
     return rc;
 }
 
@@ -642,13 +724,13 @@ static int model_load(HostModel *m, const char *dir) {
 // h->shards: only those bytes are read, so no rank ever holds the whole model.
 // 0 ok, -1 with a message naming the file.
 static int model_load_shard(HostModel *m, const char *dir, int rank, int n) {
-    StModel sm;
+    Weights sm;
     if (model_open(m, dir, &sm, n) != 0) return -1;
     m->shards = (float *)mallocCheck(m->units.shard_numel * sizeof(float));
     int rc = fsdp_load_model(&m->units, &sm, rank, m->shards);
-    CheckpointReader r = {&m->units, &sm};
-    if (rc == 0 && m->quant_type != QUANT_NONE) rc = model_fill_packed(m, rank, read_checkpoint_tensor, &r);
-    st_model_close(&sm);
+    FsdpCheckpoint r = {&m->units, &sm};
+    if (rc == 0 && m->quant_type != QUANT_NONE) rc = model_fill_packed(m, rank, fsdp_read_checkpoint, &r);
+    weights_close(&sm);
     return rc;
 }
 
@@ -713,9 +795,55 @@ static void model_put_unit(const HostModel *m, int first, int u, const float *un
                un->tensors[j].numel * sizeof(float));
 }
 
-// full fine-tuning output: a Hugging Face folder (config.json and the tokenizer,
-// tokenizer.model or tokenizer.json, copied from the inputs, model.safetensors in
-// F32 with the standard names)
+// the shortest decimal that reads back as x (1e-05, not 9.99999975e-06)
+static void float_text(char *buf, size_t n, float x) {
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(buf, n, "%.*g", digits, (double)x);
+        if (strtof(buf, NULL) == x) return;
+    }
+}
+
+// c as the config.json transformers' LlamaConfig would write for it, for a model
+// read from a folder without one (Meta's original layout, whose params.json
+// transformers' converter turns into this), into buf; its length
+static int config_json(const Config *c, char *buf, size_t size) {
+    char eps[32], theta[32], rope[256] = "";
+    float_text(eps, sizeof eps, c->norm_eps);
+    float_text(theta, sizeof theta, c->rope_theta);
+    if (c->rope_type == ROPE_LINEAR) snprintf(rope, sizeof rope, "  \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": %.17g},\n", c->rope_factor);
+    if (c->rope_type == ROPE_LLAMA3)
+        snprintf(rope, sizeof rope, "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, "
+                 "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %d},\n",
+                 c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_original_max_pos);
+    return snprintf(buf, size,
+                     "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"bos_token_id\": 1,\n"
+                     "  \"eos_token_id\": 2,\n  \"hidden_act\": \"silu\",\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n"
+                     "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
+                     "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n%s"
+                     "  \"tie_word_embeddings\": %s\n}\n",
+                     c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, c->max_pos, eps,
+                     theta, rope, c->tied ? "true" : "false");
+}
+static int config_save(const Config *c, const char *path) {
+    char buf[2048];
+    return write_bytes_atomic(path, buf, (size_t)config_json(c, buf, sizeof buf));
+}
+
+// model_dir's config.json parsed into out, or where it has none (Meta's layout) the one
+// config_save would write for c. 0 ok, -1 with a message.
+static int config_json_load(const Config *c, const char *model_dir, JsonValue *out) {
+    char path[4096], buf[2048], err[256];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    if (access(path, F_OK) == 0) return json_load_file(path, out);
+    if (json_parse(buf, (size_t)config_json(c, buf, sizeof buf), out, err, sizeof err) == 0) return 0;
+    fprintf(stderr, "error: the config.json written for %s: %s\n", model_dir, err);
+    return -1;
+}
+
+// full fine-tuning output: a Hugging Face folder (config.json, copied from the
+// input's or else written from the model's, and the tokenizer, tokenizer.model or
+// tokenizer.json, copied from the inputs, model.safetensors in F32 with the
+// standard names)
 static int copy_file(const char *from, const char *to) {
     size_t len;
     char *buf = read_file(from, &len);
@@ -757,7 +885,7 @@ static int model_save_hf(const HostModel *m, const char *dir, const char *model_
     free(ts); free(names);
     snprintf(from, sizeof from, "%s/config.json", model_dir);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if (rc == 0) rc = copy_file(from, path);
+    if (rc == 0) rc = access(from, F_OK) == 0 ? copy_file(from, path) : config_save(c, path);
     size_t tl;
     char *tok = read_file(tokpath, &tl); // its format names the copy
     snprintf(path, sizeof path, "%s/%s", dir, tok && tokenizer_is_json(tokpath, (unsigned char *)tok, tl) ? "tokenizer.json" : "tokenizer.model");
@@ -766,19 +894,44 @@ static int model_save_hf(const HostModel *m, const char *dir, const char *model_
     return rc;
 }
 
-// base + LoRA as one Hugging Face model: W += scale * B @ A in every adapted
-// layer, on the host (it runs once, after training). Each element sums its r
-// products in order from zero and is then added to W, as the CPU matmul does.
-// DoRA then rescales each row of it to its magnitude, as peft's merge does.
-static int model_save_merged(HostModel *m, const char *dir, const char *model_dir, const char *tokpath) {
+// QLoRA: every decoder layer's run (whole, m->quant_bytes) into its place in m->params, the
+// linear weights dequantized as bitsandbytes' dequantize_4bit gives them (what the forward
+// computes with) and the norms copied: params then holds the whole model in fp32
+static void model_dequantize_layers(HostModel *m) {
+    const Config *c = &m->config;
+    size_t blocks = (model_layer_widest(m) + QUANT_BLOCK - 1) / QUANT_BLOCK;
+    float *absmax = (float *)mallocCheck((blocks ? blocks : 1) * sizeof(float));
+    for (int l = 0; l < c->n_layers; l++) {
+        int u = fsdp_layer_unit(l);
+        uint8_t *run = m->quant_bytes + (size_t)l * m->run_bytes;
+        for (int j = 0; j < m->units.units[u].n_tensors; j++) {
+            float *dst = m->params + model_tensor_offset(c, u, j);
+            if (!model_quantized(m, u, j)) { memcpy(dst, run + m->run_offset[j], m->units.units[u].tensors[j].numel * sizeof(float)); continue; }
+            QuantTensor q = model_run_tensor(m, run, j);
+            dequant_tensor(&q, dst, absmax);
+        }
+    }
+    free(absmax);
+}
+
+// base + LoRA as one model, in m->params (whole): W += scale * B @ A in every adapted
+// layer, on the host (it runs once, after training). Each element sums its r products in
+// order from zero and is then added to W, as the CPU matmul does. DoRA then rescales each
+// row of it to its magnitude, as peft's merge does. QLoRA's layers are dequantized into
+// params first (the runs stay the model's base). Returns what model_unmerge_adapter needs
+// to restore the base: a copy of the weights (NULL with QLoRA, whose params nothing else reads).
+static float *model_merge_adapter(HostModel *m) {
     Config *c = &m->config;
     LoRA *l = &m->lora;
     float *w[NUM_PARAM_TENSORS];
     param_tensors(&m->w, w);
     int map[LORA_N_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
-    size_t total = m->num_params;
-    float *saved = (float *)mallocCheck(total * sizeof(float));
-    memcpy(saved, m->params, total * sizeof(float));
+    float *saved = NULL;
+    if (m->quant_type != QUANT_NONE) model_dequantize_layers(m);
+    else {
+        saved = (float *)mallocCheck(m->num_params * sizeof(float));
+        memcpy(saved, m->params, m->num_params * sizeof(float));
+    }
     for (int i = 0; i < c->n_layers; i++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             if (!(l->targets & (1u << t))) continue;
@@ -809,9 +962,11 @@ static int model_save_merged(HostModel *m, const char *dir, const char *model_di
                 free(acc);
             }
         }
-    int rc = model_save_hf(m, dir, model_dir, tokpath);
-    memcpy(m->params, saved, total * sizeof(float));
-    free(saved);
-    return rc;
+    return saved;
 }
+static void model_unmerge_adapter(HostModel *m, float *saved) {
+    if (saved) memcpy(m->params, saved, m->num_params * sizeof(float));
+    free(saved);
+}
+
 #endif

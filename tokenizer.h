@@ -1722,6 +1722,17 @@ static inline int tokenizer_is_json(const char *name, const unsigned char *data,
     return len > 0 && data && data[0] == '{';
 }
 
+// Llama-3's original download has a tiktoken tokenizer.model: lines of "<base64 token> <rank>"
+// (Llama-2's is a sentencepiece protobuf). 1 when data starts with such a line.
+static inline int tokenizer_is_tiktoken(const unsigned char *data, size_t len) {
+    size_t b = 0, d = 0;
+    while (b < len && (((data[b] | 32) >= 'a' && (data[b] | 32) <= 'z') || (data[b] >= '0' && data[b] <= '9') || data[b] == '+' ||
+                       data[b] == '/' || data[b] == '=')) b++;
+    if (b == 0 || b >= len || data[b] != ' ') return 0;
+    while (b + 1 + d < len && data[b + 1 + d] >= '0' && data[b + 1 + d] <= '9') d++;
+    return d > 0 && b + 1 + d < len && data[b + 1 + d] == '\n';
+}
+
 // parses a tokenizer file held in memory (the only function that parses),
 // name being its path (it picks the format, tokenizer_is_json, and names the
 // file in messages). 0 on success; on failure prints
@@ -1733,6 +1744,9 @@ static inline int tokenizer_load_from_memory(Tokenizer *t, const unsigned char *
     int rc = -1;
     if (len == 0) snprintf(err, sizeof err, "file is empty");
     else if (len > TOKENIZER_MAX_FILE_SIZE) snprintf(err, sizeof err, "file is %zu bytes, larger than the %zu allowed", len, TOKENIZER_MAX_FILE_SIZE);
+    else if (tokenizer_is_tiktoken(data, len))
+        snprintf(err, sizeof err, "a tiktoken vocabulary (Llama-3's original download) is not read: give the model's Hugging Face "
+                 "folder, whose tokenizer.json is");
     else rc = tokenizer_is_json(name, data, len) ? tok_json_load(t, data, len, err, sizeof err) : tok_sp_load(t, data, len, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr, "error: tokenizer %s: %s\n", name ? name : "(memory)", err);

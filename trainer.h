@@ -134,6 +134,7 @@
 #include "support/default_model.h"
 #include "support/optimizer.h"
 #include "model.h"
+#include "export_gguf.h"
 
 // ----------------------------------------------------------------------------
 // learning-rate schedules as transformers'
@@ -215,6 +216,8 @@ typedef struct {
     float peak_tflops;
     const char *precision, *collectives, *loss_scale;
     const char *sharding_strategy, *export_hf;
+    const char *export_gguf, *export_gguf_adapter, *gguf_type;
+    int gguf_ftype;           // --gguf_type as an index of gguf_type_names (parse_args)
     int shard_group;
     int random_init;
     const char *quantize;
@@ -289,6 +292,9 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"sharding_strategy", OPT_STR, &(tc)->sharding_strategy, "FULL_SHARD", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD: how the ranks (mpirun -np W, torchrun, dev/launch.sh W) share the model (one process: no effect)", 0, 0}, \
     {"shard_group", OPT_INT, &(tc)->shard_group, "0", "HYBRID_SHARD: ranks per shard group, a divisor of the world size (0: the ranks of one node)", 0, 1 << 20}, \
     {"export_hf", OPT_STR, &(tc)->export_hf, "", "with --resume: write that checkpoint as a Hugging Face model (full fine-tuning) or PEFT adapter (LoRA) into this folder, then exit", 0, 0}, \
+    {"export_gguf", OPT_STR, &(tc)->export_gguf, "", "also write the trained model as GGUF for llama.cpp and ollama to this file: full fine-tuning's weights, or the base with the LoRA adapter merged in (DoRA and QLoRA too); with --resume: that checkpoint's, then exit (docs/export.md)", 0, 0}, \
+    {"export_gguf_adapter", OPT_STR, &(tc)->export_gguf_adapter, "", "LoRA: also write the adapter as a llama.cpp GGUF adapter to this file (llama-cli --lora, ollama's ADAPTER; not DoRA); with --resume: that checkpoint's, then exit", 0, 0}, \
+    {"gguf_type", OPT_STR, &(tc)->gguf_type, "f16", "f32 | f16 | bf16 | q8_0: the type of the GGUF files' weight matrices (the norms stay f32)", 0, 0}, \
     {"precision", OPT_STR, &(tc)->precision, backend_precisions[0], "bf16 | fp16 | fp32: how weights and activations are stored (fp16: with --loss_scale; for GPUs without bf16, V100 and T4; fp32: all of it, e.g. to compare with the CPU trainer, which runs fp32 only)", 0, 0}, \
     {"loss_scale", OPT_STR, &(tc)->loss_scale, "auto", "auto | dynamic | none: dynamic loss scaling as torch.amp.GradScaler (initial scale 65536, x2 after 2000 steps without an overflow, x0.5 and the step skipped on one); auto: dynamic with --precision fp16, else none (as torch). The CPU trainer runs it too (fp32: exact, the same steps except the skipped ones)", 0, 0}, \
     {"collectives", OPT_STR, &(tc)->collectives, backend_collectives[0], "auto | nccl | host: how the ranks' device buffers are gathered and summed (train_llama2cu): nccl, or host: through host memory over MPI or TCP, summed in rank order as the CPU trainer sums (ranks may share a GPU); auto: nccl when every rank of a node has its own GPU, else host. The CPU trainer: host only", 0, 0}, \
@@ -392,6 +398,7 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         (tc->quant_type = OPTION_CHOICE("quantize", tc->quantize, quant_type_names, 0)) < 0 ||
         OPTION_CHOICE("loss_scale", tc->loss_scale, loss_scales, 0) < 0 ||
         OPTION_CHOICE("chunk_memory", tc->chunk_memory, chunk_memories, 0) < 0 ||
+        (tc->gguf_ftype = OPTION_CHOICE("gguf_type", tc->gguf_type, gguf_type_names, 0)) < 0 ||
         OPTION_CHOICE("precision", tc->precision, backend_precisions, 1) < 0 ||
         OPTION_CHOICE("collectives", tc->collectives, backend_collectives, 1) < 0)
         return -1;
@@ -457,6 +464,15 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     }
     if (tc->quant_type != QUANT_NONE && tc->full_finetune) {
         fprintf(stderr, "error: --quantize keeps the base weights frozen in 4 bits (QLoRA): it does not go with --full_finetune\n");
+        return -1;
+    }
+    if (tc->export_gguf_adapter[0] && tc->full_finetune) {
+        fprintf(stderr, "error: --export_gguf_adapter writes a LoRA adapter; with --full_finetune there is none (use --export_gguf)\n");
+        return -1;
+    }
+    if (tc->export_gguf_adapter[0] && tc->use_dora) {
+        fprintf(stderr, "error: --export_gguf_adapter: DoRA cannot be expressed as a llama.cpp adapter (it has no place for "
+                "DoRA's magnitudes); use --export_gguf for the model with the adapter merged in\n");
         return -1;
     }
     if (tc->quant_type != QUANT_NONE && tc->merge_adapter) {
@@ -1306,8 +1322,9 @@ static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int
     return 0;
 }
 
-// The trained model into dir: the PEFT adapter (and with --merge_adapter the
-// merged model in dir/merged), or the Hugging Face model of full fine-tuning.
+// The trained model into dir (NULL: none): the PEFT adapter (and with --merge_adapter the
+// merged model in dir/merged), or the Hugging Face model of full fine-tuning; then the GGUF
+// files of --export_gguf (the model, with a LoRA adapter merged in) and --export_gguf_adapter.
 // Collective when the base weights are sharded and rank 0 needs them whole (it
 // then holds the whole model, as PyTorch's full state dict on rank 0); the
 // files are rank 0's. Returns the exit code.
@@ -1316,7 +1333,8 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
     model_sync_host(m, &r->opt);
     HostModel *h = &m->host;
     int rank0 = r->fsdp.world.rank == 0;
-    if (h->shards && (!h->use_lora || tc->merge_adapter)) { // every unit gathered in turn, rank 0 keeps it
+    int merge = h->use_lora && ((dir && tc->merge_adapter) || tc->export_gguf[0]); // the base with the adapter folded in
+    if (h->shards && (!h->use_lora || merge)) { // every unit gathered in turn, rank 0 keeps it
         if (rank0) {
             h->params = (float *)mallocCheck(h->num_params * sizeof(float));
             param_layout(&h->config, &h->w, h->params);
@@ -1331,20 +1349,32 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
         free(unit);
     }
     if (!rank0) return 0;
-    if (!h->use_lora) {
+    if (dir && !h->use_lora) {
         if (model_save_hf(h, dir, tc->model, tokpath) != 0) return 1;
         printf("saved the model to %s/\n", dir);
-        return 0;
     }
-    if (lora_save_peft(&h->lora, dir, tc->model) != 0) return 1;
-    printf("saved the PEFT adapter to %s/\n", dir);
-    if (tc->merge_adapter) {
+    if (dir && h->use_lora) {
+        if (lora_save_peft(&h->lora, dir, tc->model) != 0) return 1;
+        printf("saved the PEFT adapter to %s/\n", dir);
+    }
+    if (tc->export_gguf_adapter[0]) {
+        if (export_gguf_adapter(h, tc->export_gguf_adapter, tc->gguf_ftype) != 0) return 1;
+        printf("saved the adapter as a llama.cpp GGUF adapter (%s) to %s\n", tc->gguf_type, tc->export_gguf_adapter);
+    }
+    float *saved = merge ? model_merge_adapter(h) : NULL;
+    int rc = 0;
+    if (dir && h->use_lora && tc->merge_adapter) {
         char merged[PATH_MAX + 16];
         snprintf(merged, sizeof merged, "%s/merged", dir);
-        if (model_save_merged(h, merged, tc->model, tokpath) != 0) return 1;
-        printf("saved the model with the adapter merged in to %s/\n", merged);
+        rc = model_save_hf(h, merged, tc->model, tokpath) != 0;
+        if (!rc) printf("saved the model with the adapter merged in to %s/\n", merged);
     }
-    return 0;
+    if (!rc && tc->export_gguf[0]) {
+        rc = export_gguf_model(h, tc->export_gguf, tc->model, tokpath, tc->gguf_ftype) != 0;
+        if (!rc) printf("saved the model%s as GGUF (%s) to %s\n", h->use_lora ? " with the adapter merged in" : "", tc->gguf_type, tc->export_gguf);
+    }
+    if (merge) model_unmerge_adapter(h, saved);
+    return rc;
 }
 
 // Everything the run needs, on every rank: the output folder, the checkpoint to resume
@@ -1362,6 +1392,12 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T) {
         snprintf(r->tokpath, sizeof r->tokpath, "%s/tokenizer.model", tc->model);
         if (access(r->tokpath, F_OK) != 0) snprintf(r->tokpath, sizeof r->tokpath, "%s/tokenizer.json", tc->model);
         if (access(r->tokpath, F_OK) != 0) snprintf(r->tokpath, sizeof r->tokpath, "%s/tokenizer.model", tc->model); // named in the error
+    }
+    if (!failed && tc->export_gguf[0]) failed = gguf_check_tokenizer(r->tokpath) != 0; // before training, not after
+    if (!failed && tc->export_gguf[0] && tc->quant_type != QUANT_NONE && W > 1) {
+        fprintf(stderr, "error: --export_gguf with --quantize over %d ranks is not supported yet (the 4-bit layers are not "
+                "gathered): export the saved checkpoint from one process with --resume CHECKPOINT --export_gguf FILE\n", W);
+        failed = 1;
     }
     if (failed_anywhere(r, failed || load_data(tc, r, r->tokpath, T) != 0)) return 1;
     Model *m = &r->m;
@@ -1518,9 +1554,11 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     if (tc->batch_size && batch_derive(tc, W, f->world.rank == 0) != 0) return 1; // auto: once train_load chose the batch
     if (train_load(tc, r, &T) != 0 || (tc->resume[0] && train_resume(tc, r, &ts) != 0)) return 1;
     int B = tc->batch_size, GA = tc->grad_accum;
-    if (tc->export_hf[0] && !tc->dry_run) {
-        printf("exporting %s (step %d) to %s/\n", r->resume_dir, ts.step, tc->export_hf);
-        return save_outputs(tc, r, tc->export_hf, r->tokpath);
+    int gguf = tc->export_gguf[0] || tc->export_gguf_adapter[0];
+    if ((tc->export_hf[0] || (tc->resume[0] && gguf)) && !tc->dry_run) { // a saved run written out, no training
+        printf("exporting %s (step %d) to %s%s%s%s%s\n", r->resume_dir, ts.step, tc->export_hf[0] ? tc->export_hf : "",
+               tc->export_hf[0] ? "/" : "", tc->export_gguf[0] ? " " : "", tc->export_gguf, tc->export_gguf_adapter[0] ? " (+ adapter)" : "");
+        return save_outputs(tc, r, tc->export_hf[0] ? tc->export_hf : NULL, r->tokpath);
     }
     long rows_per_step = (long)B * GA * W; // every rank's rows
     int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)r->train_ds.n_rows + rows_per_step - 1) / rows_per_step);

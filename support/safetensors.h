@@ -13,11 +13,6 @@
 // (Python refuses them too: "invalid offset", "file not fully covered").
 // Unknown extra fields inside a tensor entry are ignored, as Python does.
 //
-// Sharded models (st_model_open): model.safetensors, or else
-// model.safetensors.index.json + shards. A tensor that is in a shard but not
-// in the weight_map is REFUSED: it means the shards and the index disagree,
-// and silently picking one copy could load stale weights.
-//
 // Errors are printed to stderr as
 //   "error: <path>: tensor '<name>': <problem>"  or  "error: <path>: <problem>"
 // and the function returns -1. Tensor names in messages are escaped, so a
@@ -59,7 +54,6 @@
 
 #define ST_MAX_DIMS 8
 #define ST_MAX_HEADER_LEN 100000000ULL // 100 MB, Python's limit too
-#define ST_MAX_INDEX_LEN 100000000L    // model.safetensors.index.json size limit
 
 // all fixed-width dtypes the format defines (the sub-byte F4/F6 types are not supported)
 typedef enum {
@@ -393,18 +387,26 @@ fail:
     return -1;
 }
 
-// Opens and validates path. 0 ok, -1 with a message on stderr.
-static inline int st_open(StFile *sf, const char *path) {
-    memset(sf, 0, sizeof *sf);
+// path opened for reading, a regular file of *size bytes; NULL with a message
+static inline FILE *st__open_regular(const char *path, uint64_t *size) {
     FILE *f = fopen(path, "rb");
-    if (!f) { st__err(path, NULL, "cannot open: %s", strerror(errno)); return -1; }
+    if (!f) { st__err(path, NULL, "cannot open: %s", strerror(errno)); return NULL; }
     struct stat stt;
     if (fstat(fileno(f), &stt) != 0 || !S_ISREG(stt.st_mode)) {
         st__err(path, NULL, "not a regular file");
         fclose(f);
-        return -1;
+        return NULL;
     }
-    uint64_t size = (uint64_t)stt.st_size, n = 0;
+    *size = (uint64_t)stt.st_size;
+    return f;
+}
+
+// Opens and validates path. 0 ok, -1 with a message on stderr.
+static inline int st_open(StFile *sf, const char *path) {
+    memset(sf, 0, sizeof *sf);
+    uint64_t size, n = 0;
+    FILE *f = st__open_regular(path, &size);
+    if (!f) return -1;
     unsigned char len8[8];
     if (size >= 8) {
         if (fread(len8, 1, 8, f) != 8) { st__err(path, NULL, "cannot read the header length"); fclose(f); return -1; }
@@ -550,225 +552,6 @@ static inline int st_read_i32(StFile *sf, const StTensor *t, int32_t *out) {
     }
     free(buf);
     return 0;
-}
-
-// ----------------------------------------------------------------------------
-// sharded models
-
-typedef struct {
-    const char *name;       // points into the StFile's tensor
-    int file;               // index into StModel.files
-    const StTensor *tensor;
-} StModelEntry;
-
-typedef struct {
-    char *dir;
-    StFile *files;          // each distinct shard opened once
-    int n_files;
-    StModelEntry *entries;  // all tensors, sorted by name
-    int n_entries;
-    JsonValue index;        // the parsed index file (JSON_NULL for a single file)
-    const JsonValue *metadata; // the index's "metadata" object, else NULL (single file: see files[0].metadata)
-} StModel;
-
-static inline void st_model_close(StModel *m) {
-    if (!m) return;
-    for (int i = 0; i < m->n_files; i++) st_close(&m->files[i]);
-    free(m->files);
-    free(m->entries);
-    free(m->dir);
-    json_free(&m->index);
-    memset(m, 0, sizeof *m);
-}
-
-static inline int st__cmp_entry(const void *a, const void *b) {
-    return strcmp(((const StModelEntry *)a)->name, ((const StModelEntry *)b)->name);
-}
-static inline int st__cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
-
-// a shard name from the index must be a plain file name inside dir
-static inline int st__plain_filename(const JsonValue *v) {
-    if (v->type != JSON_STRING || v->string_len == 0 || strlen(v->string) != v->string_len) return 0;
-    if (strchr(v->string, '/') || strchr(v->string, '\\')) return 0;
-    if (strcmp(v->string, ".") == 0 || strcmp(v->string, "..") == 0) return 0;
-    return 1;
-}
-
-// one file, dir/model.safetensors: its tensors (sorted by name already) are the entries
-static inline int st__model_open_single(StModel *m, const char *single) {
-    m->files = (StFile *)calloc(1, sizeof(StFile));
-    if (!m->files) { st__err(m->dir, NULL, "out of memory"); return -1; }
-    if (st_open(&m->files[0], single)) return -1;
-    m->n_files = 1;
-    StFile *sf = &m->files[0];
-    m->entries = (StModelEntry *)malloc((sf->n_tensors ? (size_t)sf->n_tensors : 1) * sizeof(StModelEntry));
-    if (!m->entries) { st__err(single, NULL, "out of memory"); return -1; }
-    for (int i = 0; i < sf->n_tensors; i++) {
-        m->entries[i].name = sf->tensors[i].name;
-        m->entries[i].file = 0;
-        m->entries[i].tensor = &sf->tensors[i];
-    }
-    m->n_entries = sf->n_tensors;
-    return 0;
-}
-
-// the index file ipath parsed into m->index (its size bounded first: it is untrusted too)
-static inline int st__read_index(StModel *m, const char *dir, const char *ipath) {
-    FILE *f = fopen(ipath, "rb");
-    if (!f) { st__err(dir, NULL, "no model.safetensors or model.safetensors.index.json (%s)", strerror(errno)); return -1; }
-    if (fseeko(f, 0, SEEK_END) != 0) { st__err(ipath, NULL, "cannot seek: %s", strerror(errno)); fclose(f); return -1; }
-    off_t len = ftello(f);
-    if (len < 0 || len > ST_MAX_INDEX_LEN) { st__err(ipath, NULL, "index file size %lld is not sane", (long long)len); fclose(f); return -1; }
-    rewind(f);
-    char err[256], *text = (char *)malloc((size_t)len + 1);
-    size_t got = text ? fread(text, 1, (size_t)len, f) : 0;
-    fclose(f);
-    int rc = -1;
-    if (!text) st__err(ipath, NULL, "out of memory");
-    else if (got != (size_t)len) st__err(ipath, NULL, "cannot read the index file");
-    else if (json_parse(text, (size_t)len, &m->index, err, sizeof err)) st__err(ipath, NULL, "not valid JSON: %s", err);
-    else rc = 0;
-    free(text);
-    return rc;
-}
-
-// the index's weight_map (and m->metadata), each the object it must be; NULL with a message
-static inline const JsonValue *st__weight_map(StModel *m, const char *ipath) {
-    const JsonValue *idx = &m->index;
-    if (idx->type != JSON_OBJECT) { st__err(ipath, NULL, "index is a JSON %s, expected an object", json_type_name(idx->type)); return NULL; }
-    const JsonValue *meta = json_get(idx, "metadata");
-    if (meta && meta->type != JSON_OBJECT) { st__err(ipath, NULL, "\"metadata\" is a JSON %s, expected an object", json_type_name(meta->type)); return NULL; }
-    m->metadata = meta;
-    const JsonValue *wm = json_get(idx, "weight_map");
-    if (!wm) { st__err(ipath, NULL, "missing \"weight_map\""); return NULL; }
-    if (wm->type != JSON_OBJECT) { st__err(ipath, NULL, "\"weight_map\" is a JSON %s, expected an object", json_type_name(wm->type)); return NULL; }
-    int dup = json_find_duplicate_key(wm);
-    if (dup >= 0) { st__err(ipath, wm->keys[dup], "listed twice in weight_map"); return NULL; }
-    if (json_find_duplicate_key(idx) >= 0) { st__err(ipath, NULL, "duplicate top-level key"); return NULL; }
-    return wm;
-}
-
-// the distinct shard file names of weight_map, sorted, into names[0..*nd), after
-// checking that each is a plain file name inside dir
-static inline int st__shard_names(const JsonValue *wm, const char *ipath, const char *dir, const char **names, int *nd) {
-    for (int i = 0; i < wm->count; i++) {
-        if (strlen(wm->keys[i]) != wm->key_lens[i]) { st__err(ipath, NULL, "a tensor name contains a NUL character"); return -1; }
-        if (!st__plain_filename(&wm->items[i])) {
-            char q[160];
-            if (wm->items[i].type == JSON_STRING)
-                st__err(ipath, wm->keys[i], "shard file \"%s\" is not a plain file name inside %s (no '/', '..')",
-                        st__quote(wm->items[i].string, q, sizeof q), dir);
-            else st__err(ipath, wm->keys[i], "shard file name is a JSON %s, expected a string", json_type_name(wm->items[i].type));
-            return -1;
-        }
-        names[i] = wm->items[i].string;
-    }
-    qsort(names, (size_t)wm->count, sizeof *names, st__cmp_str);
-    *nd = 0;
-    for (int i = 0; i < wm->count; i++)
-        if (*nd == 0 || strcmp(names[*nd - 1], names[i]) != 0) names[(*nd)++] = names[i];
-    return 0;
-}
-
-// opens the nd shards dir/names[i] into m->files; *total: the tensors they hold
-static inline int st__open_shards(StModel *m, const char *ipath, const char *const *names, int nd, int *total) {
-    m->files = (StFile *)calloc(nd ? (size_t)nd : 1, sizeof(StFile));
-    if (!m->files) { st__err(ipath, NULL, "out of memory"); return -1; }
-    *total = 0;
-    for (int i = 0; i < nd; i++) {
-        char *sp = st__join(m->dir, names[i]);
-        if (!sp) { st__err(ipath, NULL, "out of memory"); return -1; }
-        int r = st_open(&m->files[i], sp);
-        free(sp);
-        if (r) { st__err(ipath, NULL, "cannot open shard \"%s\" (see above)", names[i]); return -1; }
-        m->n_files = i + 1;
-        *total += m->files[i].n_tensors;
-    }
-    return 0;
-}
-
-// m->entries, sorted by name: each weight_map entry's tensor, which must exist in
-// its shard; and no shard may hold a tensor the map does not send to it
-static inline int st__map_entries(StModel *m, const char *ipath, const JsonValue *wm, const char *const *names, int nd, int total) {
-    m->entries = (StModelEntry *)malloc((wm->count ? (size_t)wm->count : 1) * sizeof(StModelEntry));
-    if (!m->entries) { st__err(ipath, NULL, "out of memory"); return -1; }
-    for (int i = 0; i < wm->count; i++) {
-        const char *fname = wm->items[i].string;
-        int lo = 0, hi = nd - 1, fi = -1;
-        while (lo <= hi) { // shard index by name (names[] is sorted)
-            int mid = lo + (hi - lo) / 2, c = strcmp(fname, names[mid]);
-            if (c == 0) { fi = mid; break; }
-            if (c < 0) hi = mid - 1; else lo = mid + 1;
-        }
-        const StTensor *t = fi >= 0 ? st_find(&m->files[fi], wm->keys[i]) : NULL;
-        if (!t) { st__err(ipath, wm->keys[i], "weight_map says shard \"%s\", but that shard has no such tensor", fname); return -1; }
-        m->entries[i].name = t->name;
-        m->entries[i].file = fi;
-        m->entries[i].tensor = t;
-    }
-    m->n_entries = wm->count;
-    // each tensor is mapped to one shard, so if the shards hold more tensors
-    // than the map names, some shard tensor is unmapped: find it for the message
-    if (total != wm->count) {
-        for (int i = 0; i < nd; i++)
-            for (int j = 0; j < m->files[i].n_tensors; j++) {
-                const StTensor *t = &m->files[i].tensors[j];
-                const JsonValue *v = json_get(wm, t->name);
-                if (!v || strcmp(v->string, names[i]) != 0) {
-                    st__err(ipath, t->name, "present in shard \"%s\" but not mapped to it in weight_map", names[i]);
-                    return -1;
-                }
-            }
-    }
-    qsort(m->entries, (size_t)m->n_entries, sizeof(StModelEntry), st__cmp_entry);
-    return 0;
-}
-
-// a sharded model: the index file ipath, every shard it names (each opened once)
-// and the entries that say which shard holds each tensor
-static inline int st__model_open_index(StModel *m, const char *dir, const char *ipath) {
-    if (st__read_index(m, dir, ipath) != 0) return -1;
-    const JsonValue *wm = st__weight_map(m, ipath);
-    if (!wm) return -1;
-    const char **names = (const char **)malloc((wm->count ? (size_t)wm->count : 1) * sizeof *names);
-    if (!names) { st__err(ipath, NULL, "out of memory"); return -1; }
-    int nd = 0, total = 0;
-    int rc = st__shard_names(wm, ipath, dir, names, &nd) != 0 || st__open_shards(m, ipath, names, nd, &total) != 0 ||
-             st__map_entries(m, ipath, wm, names, nd, total) != 0 ? -1 : 0;
-    free(names);
-    return rc;
-}
-
-// Opens dir/model.safetensors if it exists, else dir/model.safetensors.index.json
-// and every shard it names. Every weight_map entry must exist in its shard, and
-// every tensor of a shard must be in the weight_map (see the top of this file).
-static inline int st_model_open(StModel *m, const char *dir) {
-    memset(m, 0, sizeof *m);
-    m->dir = st__strdup(dir);
-    char *single = st__join(dir, "model.safetensors"), *ipath = st__join(dir, "model.safetensors.index.json");
-    int rc = -1;
-    if (!m->dir || !single || !ipath) st__err(dir, NULL, "out of memory");
-    else if (access(single, F_OK) == 0) rc = st__model_open_single(m, single);
-    else rc = st__model_open_index(m, dir, ipath);
-    free(single);
-    free(ipath);
-    if (rc != 0) st_model_close(m);
-    return rc;
-}
-
-// the tensor called name and (if file_out) the shard holding it; NULL if absent
-static inline const StTensor *st_model_find(const StModel *m, const char *name, StFile **file_out) {
-    int lo = 0, hi = m->n_entries - 1;
-    while (lo <= hi) {
-        int mid = lo + (hi - lo) / 2;
-        int c = strcmp(name, m->entries[mid].name);
-        if (c == 0) {
-            if (file_out) *file_out = &m->files[m->entries[mid].file];
-            return m->entries[mid].tensor;
-        }
-        if (c < 0) hi = mid - 1; else lo = mid + 1;
-    }
-    return NULL;
 }
 
 // ----------------------------------------------------------------------------

@@ -195,7 +195,7 @@ static int spy_seek(void *cookie, off64_t *off, int whence) {
 }
 static int spy_close(void *cookie) { return close(((Spy *)cookie)->fd); }
 
-static void spy_install(StModel *sm, Spy *spies) {
+static void spy_install(Weights *sm, Spy *spies) {
     cookie_io_functions_t io = {spy_read, NULL, spy_seek, spy_close};
     for (int i = 0; i < sm->n_files; i++) {
         StFile *f = &sm->files[i];
@@ -209,7 +209,7 @@ static void spy_install(StModel *sm, Spy *spies) {
 }
 
 // owner[file][byte]: the rank of n that must read the byte (the rank owning its element), else 255
-static unsigned char **byte_owners(const FsdpUnits *u, const StModel *sm) {
+static unsigned char **byte_owners(const FsdpUnits *u, const Weights *sm) {
     unsigned char **owner = (unsigned char **)callocCheck((size_t)sm->n_files, sizeof *owner);
     for (int i = 0; i < sm->n_files; i++) {
         owner[i] = (unsigned char *)mallocCheck(sm->files[i].file_size);
@@ -218,13 +218,32 @@ static unsigned char **byte_owners(const FsdpUnits *u, const StModel *sm) {
     for (int i = 0; i < u->n_units; i++)
         for (int j = 0; j < u->units[i].n_tensors; j++) {
             const FsdpTensor *t = &u->units[i].tensors[j];
-            StFile *f;
-            const StTensor *st = st_model_find(sm, t->name, &f);
+            const WeightsEntry *we = weights_find(sm, t->name);
+            const StTensor *st = we->tensor;
             size_t es = (size_t)st_dtype_size(st->dtype), S = u->units[i].shard;
             for (size_t e = 0; e < t->numel; e++)
-                memset(owner[f - sm->files] + st->begin + e * es, (int)((t->offset + e) / S), es);
+                memset(owner[we->file] + st->begin + e * es, (int)((t->offset + e) / S), es);
         }
+    // a tied model's stored lm_head (pytorch_model.bin keeps one): each rank compares its own
+    // range of it with the embedding's (fsdp_check_tied_head)
+    const WeightsEntry *head = u->tied ? weights_find(sm, "lm_head.weight") : NULL;
+    const FsdpTensor *embed = &u->units[0].tensors[0];
+    size_t hs = head ? (size_t)st_dtype_size(head->tensor->dtype) : 0;
+    for (size_t e = 0; head && e < embed->numel; e++)
+        memset(owner[head->file] + head->tensor->begin + e * hs, (int)((embed->offset + e) / u->units[0].shard), hs);
     return owner;
+}
+
+// Meta's layout (weights.h reassembles each tensor from its parts): need[file][byte] 1 for
+// the bytes of every part (of a replicated tensor, part 0's), else 0
+static unsigned char **meta_bytes(const Weights *sm) {
+    unsigned char **need = (unsigned char **)callocCheck((size_t)sm->n_files, sizeof *need);
+    for (int i = 0; i < sm->n_files; i++) need[i] = (unsigned char *)callocCheck(sm->files[i].file_size, 1);
+    for (int i = 0; i < sm->n_entries; i++) {
+        const WeightsEntry *e = &sm->entries[i];
+        for (int k = 0; k < (e->cat < 0 ? 1 : e->n_parts); k++) memset(need[k] + e->parts[k]->begin, 1, e->parts[k]->end - e->parts[k]->begin);
+    }
+    return need;
 }
 
 static void test_load(const char *dir) {
@@ -234,23 +253,29 @@ static void test_load(const char *dir) {
     for (int n = 1; n <= 5; n++) {
         FsdpUnits u;
         model_units(&m.config, &u, n);
-        StModel sm;
-        if (st_model_open(&sm, dir) != 0) exit(2);
+        Weights sm;
+        if (weights_open(&sm, dir) != 0) exit(2);
         float *shards = (float *)mallocCheck((size_t)n * u.shard_numel * sizeof(float)); // rank r's at r * shard_numel
         int rc = 0, wrong = 0, padding = 0, foreign = 0, missed = 0;
-        unsigned char **owner = byte_owners(&u, &sm);
+        int meta = sm.whole != NULL; // Meta's layout: a tensor's elements come from several files
+        unsigned char **owner = meta ? meta_bytes(&sm) : byte_owners(&u, &sm);
         Spy *spies = (Spy *)callocCheck((size_t)sm.n_files, sizeof(Spy));
         spy_install(&sm, spies);
         for (int r = 0; r < n; r++) {
             rc |= fsdp_load_model(&u, &sm, r, shards + (size_t)r * u.shard_numel);
             // the bytes read so far must be rank <= r's, each once; then mark this rank's as done
-            for (int i = 0; i < sm.n_files; i++)
+            for (int i = 0; i < sm.n_files && !meta; i++)
                 for (size_t b = 0; b < spies[i].size; b++) {
                     if (spies[i].hits[b] && owner[i][b] != r) foreign++;
                     if (owner[i][b] == r && spies[i].hits[b] != 1) missed++;
                     spies[i].hits[b] = 0;
                 }
         }
+        for (int i = 0; i < sm.n_files && meta; i++) // all ranks together: each byte once, nothing else
+            for (size_t b = 0; b < spies[i].size; b++) {
+                foreign += spies[i].hits[b] > owner[i][b];
+                missed += spies[i].hits[b] < owner[i][b];
+            }
         // concatenating the ranks' shards of a unit gives model_load's unit, then zeros
         for (int i = 0; i < u.n_units; i++) {
             const FsdpUnit *un = &u.units[i];
@@ -265,12 +290,13 @@ static void test_load(const char *dir) {
         }
         snprintf(what, sizeof what, "rank-local load of %s, n = %d: the ranks' shards concatenated equal model_load, bit for bit, padding zero", dir, n);
         CHECK(rc == 0 && wrong == 0 && padding == 0, what, "rc %d, %d units differ, %d padding elements not zero", rc, wrong, padding);
-        snprintf(what, sizeof what, "rank-local load of %s, n = %d: each rank read exactly the bytes of its own elements, once", dir, n);
+        snprintf(what, sizeof what, meta ? "rank-local load of %s, n = %d: the ranks together read each byte of the tensors once, nothing else"
+                                         : "rank-local load of %s, n = %d: each rank read exactly the bytes of its own elements, once", dir, n);
         CHECK(foreign == 0 && missed == 0, what, "%d bytes read by a rank that does not own them, %d own bytes not read exactly once",
               foreign, missed);
         for (int i = 0; i < sm.n_files; i++) { free(owner[i]); free(spies[i].hits); }
         free(owner);
-        st_model_close(&sm); // closes the spy streams
+        weights_close(&sm); // closes the spy streams
         free(spies);
         free(shards);
         fsdp_units_free(&u);
@@ -309,10 +335,10 @@ static int load_args(void *a) {
 }
 static int load_model_args(void *a) {
     LoadArgs *l = (LoadArgs *)a;
-    StModel sm;
-    if (st_model_open(&sm, l->dir) != 0) return -1;
+    Weights sm;
+    if (weights_open(&sm, l->dir) != 0) return -1;
     int rc = fsdp_load_model(l->u, &sm, l->rank, l->bufs[0].data);
-    st_model_close(&sm);
+    weights_close(&sm);
     return rc;
 }
 
@@ -604,8 +630,8 @@ static void test_load_distributed(const char *dir) {
     if (model_load(&m, dir) != 0) exit(2);
     FsdpUnits u;
     model_units(&m.config, &u, world.size);
-    StModel sm;
-    if (st_model_open(&sm, dir) != 0) exit(2);
+    Weights sm;
+    if (weights_open(&sm, dir) != 0) exit(2);
     float *shards = (float *)mallocCheck(u.shard_numel * sizeof(float));
     int rc = fsdp_load_model(&u, &sm, world.rank, shards), wrong = 0;
     for (int i = 0; i < u.n_units && rc == 0; i++) {
@@ -618,7 +644,7 @@ static void test_load_distributed(const char *dir) {
     char what[300];
     snprintf(what, sizeof what, "W = %d ranks each load their shards of %s; the gathered units equal model_load's", world.size, dir);
     check_all(rc == 0 && wrong == 0, what, "rc %d, %d units differ", rc, wrong);
-    st_model_close(&sm);
+    weights_close(&sm);
     free(shards);
     fsdp_units_free(&u);
     host_model_free(&m);
@@ -692,6 +718,8 @@ int main(int argc, char **argv) {
             for (int i = 0; i < N_MODELS; i++) test_units(models[i]);
             test_packed_units("test/fixtures/tiny_gqa");
             for (int i = 0; i < N_MODELS; i++) test_load(models[i]);
+            test_load("test/fixtures/torch/tiny_tied_sharded"); // pytorch_model.bin shards
+            test_load("test/fixtures/meta/tiny_gqa");           // Meta's layout, 2 files
             test_load_refusals();
             test_checkpoints();
         }
@@ -731,8 +759,8 @@ int main(int argc, char **argv) {
         if (world.rank == 1) {
             if (!strcmp(argv[2], "kill")) raise(SIGKILL);
             if (!strcmp(argv[2], "exit")) die("rank 1 gives up (test_fsdp fault exit)");
-            StModel sm; // rank 1 alone is given a folder without weights
-            if (st_model_open(&sm, "test/fixtures") != 0) fsdp_abort(&world, "cannot load the model (see above)");
+            Weights sm; // rank 1 alone is given a folder without weights
+            if (weights_open(&sm, "test/fixtures") != 0) fsdp_abort(&world, "cannot load the model (see above)");
         }
         fsdp_barrier(&world); // the other ranks wait here: only the abort path can free them
     } else {

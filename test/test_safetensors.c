@@ -4,8 +4,9 @@
 // write -> read round trips, byte-identical output to Python's writer, atomic
 // writes, and sharded models. Run from the repo root:
 //   gcc -O2 -Wall -Wextra -std=c11 -o /tmp/test_safetensors test/test_safetensors.c -lm && /tmp/test_safetensors
-#include "../support/safetensors.h" // first: it sets the POSIX feature macros
+#include "../support/weights.h" // first: safetensors.h sets the POSIX feature macros (the model folders: test_model)
 #include "test_common.h"
+#include "capture.h"
 #include "../support/checkpoint.h" // remove_tree
 #include <dirent.h>
 #include <stdint.h>
@@ -13,7 +14,6 @@
 #define FIXTURES "test/fixtures/safetensors"
 
 static char tmpdir[256];
-static char capture_path[300];
 
 // ----------------------------------------------------------------------------
 // helpers
@@ -48,31 +48,6 @@ static void write_st(const char *path, uint64_t hlen, const char *header, size_t
     for (size_t i = 0; i < data_len; i++) b[8 + h + i] = (unsigned char)i;
     write_bytes(path, b, 8 + h + data_len);
     free(b);
-}
-
-// stderr capture, to check the messages
-static int saved_stderr = -1;
-static void capture_begin(void) {
-    fflush(stderr);
-    saved_stderr = dup(2);
-    int fd = open(capture_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 2);
-    close(fd);
-}
-static char captured[4096];
-static const char *capture_end(void) {
-    fflush(stderr);
-    dup2(saved_stderr, 2);
-    close(saved_stderr);
-    size_t n = 0;
-    unsigned char *b = slurp(capture_path, &n);
-    n = n < sizeof captured - 1 ? n : sizeof captured - 1;
-    memcpy(captured, b ? (char *)b : "", b ? n : 0);
-    captured[b ? n : 0] = 0;
-    free(b);
-    char *nl = strrchr(captured, '\n'); // keep it on one line in the test output
-    if (nl && nl[1] == 0) *nl = 0;
-    return captured;
 }
 
 // st_open must fail, leave sf empty, and print "error: <path>: ..." containing want
@@ -563,12 +538,12 @@ static void make_model_dir(char *dir, size_t n, const char *name, const char *in
 }
 
 static void expect_model_fail(const char *what, const char *dir, const char *want) {
-    StModel m;
+    Weights m;
     capture_begin();
-    int r = st_model_open(&m, dir);
+    int r = weights_open(&m, dir);
     const char *msg = capture_end();
     CHECK(r == -1 && m.files == NULL && strstr(msg, want), what, "r=%d msg='%s' (want '%s')", r, msg, want);
-    if (r == 0) st_model_close(&m);
+    if (r == 0) weights_close(&m);
 }
 
 #define GOOD_MAP "\"a\":\"model-00001-of-00002.safetensors\",\"b\":\"model-00001-of-00002.safetensors\",\"c\":\"model-00002-of-00002.safetensors\""
@@ -580,28 +555,24 @@ static void test_model(void) {
     mkdir(dir, 0755);
     const char *s1[3] = {"x", "y", "z"};
     make_shard(dir, "model.safetensors", s1, 3);
-    StModel m;
-    StFile *sf = NULL;
-    int r = st_model_open(&m, dir);
-    const StTensor *t = r == 0 ? st_model_find(&m, "y", &sf) : NULL;
+    Weights m;
+    int r = weights_open(&m, dir);
+    const WeightsEntry *t = r == 0 ? weights_find(&m, "y") : NULL;
     float f[4];
-    CHECK(r == 0 && m.n_files == 1 && m.n_entries == 3 && t && sf == &m.files[0] && st_read_f32(sf, t, 0, 4, f) == 0 && f[1] == 'y' * 10 + 1,
+    CHECK(r == 0 && m.n_files == 1 && m.n_entries == 3 && t && t->file == 0 && weights_read_f32(&m, t, 0, 4, f) == 0 && f[1] == 'y' * 10 + 1,
           "single-file model", "r=%d", r);
-    CHECK(r == 0 && st_model_find(&m, "nope", NULL) == NULL, "st_model_find absent", "");
-    if (r == 0) st_model_close(&m);
+    CHECK(r == 0 && weights_find(&m, "nope") == NULL, "weights_find absent", "");
+    if (r == 0) weights_close(&m);
 
     // sharded
     make_model_dir(dir, sizeof dir, "sharded", "{\"metadata\":{\"total_size\":48},\"weight_map\":{" GOOD_MAP "}}");
-    r = st_model_open(&m, dir);
+    r = weights_open(&m, dir);
     CHECK(r == 0 && m.n_files == 2 && m.n_entries == 3, "sharded model opens", "r=%d", r);
     if (r == 0) {
-        StFile *fa = NULL, *fc = NULL;
-        const StTensor *ta = st_model_find(&m, "a", &fa), *tc = st_model_find(&m, "c", &fc);
-        CHECK(ta && tc && fa != fc && strstr(fa->path, "model-00001") && strstr(fc->path, "model-00002"), "tensors map to their shards", "");
-        CHECK(tc && st_read_f32(fc, tc, 2, 2, f) == 0 && f[0] == 'c' * 10 + 2 && f[1] == 'c' * 10 + 3, "read from the second shard", "");
-        long long ts = 0;
-        CHECK(m.metadata && json_get_int(m.metadata, "total_size", &ts) == 0 && ts == 48, "index metadata", "");
-        st_model_close(&m);
+        const WeightsEntry *ta = weights_find(&m, "a"), *tc = weights_find(&m, "c");
+        CHECK(ta && tc && strstr(weights_path(&m, ta), "model-00001") && strstr(weights_path(&m, tc), "model-00002"), "tensors map to their shards", "");
+        CHECK(tc && weights_read_f32(&m, tc, 2, 2, f) == 0 && f[0] == 'c' * 10 + 2 && f[1] == 'c' * 10 + 3, "read from the second shard", "");
+        weights_close(&m);
     }
 
     make_model_dir(dir, sizeof dir, "m_badjson", "{\"weight_map\":{\"a\":}");
@@ -639,17 +610,16 @@ static void test_model(void) {
     make_model_dir(dir, sizeof dir, "m_huge_index", NULL);
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
     write_bytes(p, "{}", 2);
-    if (truncate(p, (off_t)ST_MAX_INDEX_LEN + 1) != 0) exit(2); // sparse: nothing is written
-    expect_model_fail("index file over the size limit", dir, "index file size 100000001 is not sane");
+    if (truncate(p, (off_t)WEIGHTS_MAX_INDEX_LEN + 1) != 0) exit(2); // sparse: nothing is written
+    expect_model_fail("index file over the size limit", dir, "file size 100000001 is not sane");
     make_model_dir(dir, sizeof dir, "m_empty", NULL);
-    expect_model_fail("no model files", dir, "no model.safetensors or model.safetensors.index.json");
+    expect_model_fail("no model files", dir, "no model weights: none of model.safetensors, model.safetensors.index.json, pytorch_model.bin");
 }
 
 int main(void) {
     (void)test_skip;
     snprintf(tmpdir, sizeof tmpdir, "/tmp/test_safetensors_XXXXXX");
     if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 2; }
-    snprintf(capture_path, sizeof capture_path, "%s/stderr.txt", tmpdir);
     test_header_rejections();
     test_header_valid();
     test_header_mutations();

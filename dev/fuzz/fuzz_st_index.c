@@ -1,9 +1,9 @@
 // A sharded checkpoint's model.safetensors.index.json from arbitrary bytes:
-// st_model_open on a folder holding it and two small valid shards
+// weights_open on a folder holding it and two small valid shards
 // (model-00001-of-00002.safetensors with tensors a and b, model-00002-of-00002
 // with c). When it opens, every tensor of the shards it names is mapped, and
 // every entry resolves to its shard and reads.
-#include "../../support/safetensors.h"
+#include "../../support/weights.h"
 #include "fuzz.h"
 
 static void make_shard(const char *file, const char *const *names, int n) {
@@ -30,9 +30,9 @@ FUZZ_TARGET(st_index) {
     char p[4096];
     fuzz_path(p, sizeof p, "model.safetensors.index.json");
     fuzz_write(p, data, size);
-    StModel m;
+    Weights m;
     fuzz_stderr_begin();
-    int r = st_model_open(&m, fuzz_tmpdir());
+    int r = weights_open(&m, fuzz_tmpdir());
     int said = fuzz_stderr_end(fuzz_tmpdir()); // names the folder, the index or a shard
     if (r != 0) {
         FUZZ_ASSERT(said && m.files == NULL && m.entries == NULL && m.n_entries == 0);
@@ -43,14 +43,13 @@ FUZZ_TARGET(st_index) {
     for (int i = 0; i < m.n_files; i++) total += m.files[i].n_tensors;
     FUZZ_ASSERT(m.n_files >= 0 && m.n_files <= 2 && m.n_entries == total);
     for (int i = 0; i < m.n_entries; i++) {
-        StFile *f = NULL;
-        const StTensor *t = st_model_find(&m, m.entries[i].name, &f);
+        const WeightsEntry *e = weights_find(&m, m.entries[i].name);
         float v[4];
-        FUZZ_ASSERT(t == m.entries[i].tensor && f == &m.files[m.entries[i].file]);
-        FUZZ_ASSERT(st_read_f32(f, t, 0, 4, v) == 0 && v[1] == (float)(t->name[0] * 10 + 1));
+        FUZZ_ASSERT(e == &m.entries[i] && e->tensor == st_find(&m.files[e->file], e->name));
+        FUZZ_ASSERT(weights_read_f32(&m, e, 0, 4, v) == 0 && v[1] == (float)(e->name[0] * 10 + 1));
         if (i > 0) FUZZ_ASSERT(strcmp(m.entries[i - 1].name, m.entries[i].name) < 0);
     }
-    FUZZ_ASSERT(st_model_find(&m, "d", NULL) == NULL);
-    st_model_close(&m);
+    FUZZ_ASSERT(weights_find(&m, "d") == NULL);
+    weights_close(&m);
     return 0;
 }

@@ -23,7 +23,7 @@ mkdir -p build-fuzz/logs
 
 dict_for() {
     case $1 in
-        json|safetensors|st_index|config|model|adapter|data|checkpoint|fsdp_index) echo dev/fuzz/dict/json.dict ;;
+        json|safetensors|st_index|config|model|meta|adapter|data|checkpoint|fsdp_index) echo dev/fuzz/dict/json.dict ;;
         tokcache) echo dev/fuzz/dict/tokcache.dict ;;
         cli) echo dev/fuzz/dict/cli.dict ;;
         tokenizer_load) echo dev/fuzz/dict/tokenizer.dict ;;

@@ -1,0 +1,402 @@
+// GGUF export (export_gguf.h, support/gguf.h; docs/export.md), read back by a small GGUF
+// reader of its own (CI has no Python):
+//   test_gguf                       the encodings (F16, BF16, Q8_0) against gguf-py's of edge
+//                                   values (test/fixtures/gguf/encodings.gguf, written by gguf-py),
+//                                   and the committed files below as if fresh
+//   test_gguf MODEL.gguf ADAPTER.gguf   an f32 export of test/test_gguf.sh's run (the flags of
+//                                   dev/reference/check_gguf.py's fixture run): the structure (every
+//                                   KV equal to the committed model.gguf's, which check_gguf.py
+//                                   found equal to llama.cpp's converter's; the tensors' names,
+//                                   shapes and types), then our forward on its weights (q/k rows
+//                                   permuted back) and on the base + its adapter (alpha / r), on
+//                                   the committed tokens, against the committed logits of
+//                                   transformers (float64, the merged HF model) and of llama.cpp
+//                                   (llama-cpp-python on the committed model.gguf, and on the
+//                                   converter's base + adapter.gguf)
+//   test_gguf --types FILE TYPE     the tensors' types of an export with --gguf_type TYPE
+// Tolerances (of the logits' largest magnitude): see TOL_HF and TOL_LLAMA below.
+#define TESTING
+#include "../train_llama2.c"
+#include "test_common.h"
+
+// The logits, against the largest logit's magnitude. Measured (dev/reference/check_gguf.py,
+// test/fixtures/gguf/measured.json; TEST_VERBOSE=1 prints ours): our fp32 forward vs
+// transformers' float64 5.5e-7; llama.cpp (fp32, its KV cache in f32, its own summation
+// orders: ggml's vectorised dot products, softmax, RMSNorm) vs transformers 3.0e-7; so ours
+// vs llama.cpp ~1e-6. test_gguf.sh also retrains the fixture run, whose weights may differ
+// by rounding on another machine (other fused multiply-adds). 2e-5 is ~20x the measured
+// differences; a broken export moves the logits by far more (a q permutation left out:
+// 0.78; alpha doubled: 0.49).
+#define TOL_HF 2e-5
+#define TOL_LLAMA 2e-5
+
+#define FIXDIR "test/fixtures/gguf"
+
+// ---------------------------------------------------------------------------------------
+// a GGUF reader: the file in memory, every read bounds-checked
+
+typedef struct { const char *key; size_t klen; uint32_t type; const uint8_t *val; size_t vlen; } RKv;
+typedef struct { char name[128]; uint32_t n_dims, type; uint64_t ne[4], offset; const uint8_t *data; size_t bytes; } RTensor;
+typedef struct {
+    uint8_t *buf; size_t len;
+    uint32_t version;
+    RKv *kv; uint64_t n_kv;
+    RTensor *t; uint64_t n_t;
+    const uint8_t *kv_begin, *kv_end; // the KV section's bytes
+} RGguf;
+
+typedef struct { const uint8_t *p, *end; int bad; } Cur;
+static uint64_t cur_u(Cur *c, int n) {
+    if (c->bad || (size_t)(c->end - c->p) < (size_t)n) { c->bad = 1; return 0; }
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v |= (uint64_t)c->p[i] << (8 * i);
+    c->p += n;
+    return v;
+}
+static const uint8_t *cur_bytes(Cur *c, uint64_t n) {
+    if (c->bad || (uint64_t)(c->end - c->p) < n) { c->bad = 1; return NULL; }
+    const uint8_t *p = c->p;
+    c->p += n;
+    return p;
+}
+static size_t type_size(uint32_t t) {
+    static const size_t sz[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    return t < 13 ? sz[t] : 0;
+}
+// skips one value of type t (arrays of arrays refused); 0 ok
+static int cur_value(Cur *c, uint32_t t, int depth) {
+    if (t == GGUF_T_STRING) { uint64_t n = cur_u(c, 8); cur_bytes(c, n); return c->bad; }
+    if (t == GGUF_T_ARRAY) {
+        if (depth) return -1;
+        uint32_t et = (uint32_t)cur_u(c, 4);
+        uint64_t n = cur_u(c, 8);
+        if (et == GGUF_T_STRING) { for (uint64_t i = 0; i < n && !c->bad; i++) cur_value(c, et, 1); return c->bad; }
+        if (!type_size(et) || n > (uint64_t)(c->end - c->p) / type_size(et)) return -1;
+        cur_bytes(c, n * type_size(et));
+        return c->bad;
+    }
+    if (!type_size(t)) return -1;
+    cur_bytes(c, type_size(t));
+    return c->bad;
+}
+
+// 0 ok, -1 with why in err
+static int gguf_read(RGguf *g, const char *path, char *err, size_t errn) {
+    memset(g, 0, sizeof *g);
+    g->buf = (uint8_t *)read_file(path, &g->len);
+    if (!g->buf) { snprintf(err, errn, "cannot read %s", path); return -1; }
+    Cur c = {g->buf, g->buf + g->len, 0};
+    const uint8_t *magic = cur_bytes(&c, 4);
+    if (!magic || memcmp(magic, "GGUF", 4)) { snprintf(err, errn, "no GGUF magic"); return -1; }
+    g->version = (uint32_t)cur_u(&c, 4);
+    g->n_t = cur_u(&c, 8);
+    g->n_kv = cur_u(&c, 8);
+    if (c.bad || g->n_t > 100000 || g->n_kv > 100000) { snprintf(err, errn, "bad counts"); return -1; }
+    g->kv = (RKv *)callocCheck(g->n_kv + 1, sizeof(RKv));
+    g->t = (RTensor *)callocCheck(g->n_t + 1, sizeof(RTensor));
+    g->kv_begin = c.p;
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        uint64_t kl = cur_u(&c, 8);
+        g->kv[i].key = (const char *)cur_bytes(&c, kl);
+        g->kv[i].klen = (size_t)kl;
+        g->kv[i].type = (uint32_t)cur_u(&c, 4);
+        g->kv[i].val = c.p;
+        if (c.bad || cur_value(&c, g->kv[i].type, 0) != 0) { snprintf(err, errn, "bad KV %llu", (unsigned long long)i); return -1; }
+        g->kv[i].vlen = (size_t)(c.p - g->kv[i].val);
+    }
+    g->kv_end = c.p;
+    for (uint64_t i = 0; i < g->n_t; i++) {
+        RTensor *t = &g->t[i];
+        uint64_t nl = cur_u(&c, 8);
+        const uint8_t *name = cur_bytes(&c, nl);
+        if (!name || nl >= sizeof t->name) { snprintf(err, errn, "bad tensor name %llu", (unsigned long long)i); return -1; }
+        memcpy(t->name, name, nl);
+        t->n_dims = (uint32_t)cur_u(&c, 4);
+        if (t->n_dims < 1 || t->n_dims > 4) { snprintf(err, errn, "%s: %u dims", t->name, t->n_dims); return -1; }
+        for (int d = 0; d < 4; d++) t->ne[d] = d < (int)t->n_dims ? cur_u(&c, 8) : 1;
+        t->type = (uint32_t)cur_u(&c, 4);
+        t->offset = cur_u(&c, 8);
+        if (c.bad) { snprintf(err, errn, "truncated tensor info"); return -1; }
+    }
+    size_t data = ((size_t)(c.p - g->buf) + GGUF_ALIGN - 1) / GGUF_ALIGN * GGUF_ALIGN;
+    for (uint64_t i = 0; i < g->n_t; i++) {
+        RTensor *t = &g->t[i];
+        size_t rb = gguf_row_bytes((int)t->type, t->ne[0]);
+        if (!rb || (t->type == GGML_Q8_0 && t->ne[0] % 32)) { snprintf(err, errn, "%s: unknown type %u", t->name, t->type); return -1; }
+        t->bytes = rb * t->ne[1] * t->ne[2] * t->ne[3];
+        if (t->offset % GGUF_ALIGN || data + t->offset > g->len || t->bytes > g->len - data - t->offset) {
+            snprintf(err, errn, "%s: data out of the file or misaligned", t->name);
+            return -1;
+        }
+        t->data = g->buf + data + t->offset;
+    }
+    return 0;
+}
+static void gguf_close(RGguf *g) { free(g->buf); free(g->kv); free(g->t); memset(g, 0, sizeof *g); }
+
+static const RKv *kv_find(const RGguf *g, const char *key) {
+    for (uint64_t i = 0; i < g->n_kv; i++)
+        if (g->kv[i].klen == strlen(key) && !memcmp(g->kv[i].key, key, g->kv[i].klen)) return &g->kv[i];
+    return NULL;
+}
+static int kv_str_is(const RGguf *g, const char *key, const char *want) {
+    const RKv *k = kv_find(g, key);
+    if (!k || k->type != GGUF_T_STRING) return 0;
+    Cur c = {k->val, k->val + k->vlen, 0};
+    uint64_t n = cur_u(&c, 8);
+    return n == strlen(want) && !memcmp(c.p, want, n);
+}
+static int64_t kv_u32(const RGguf *g, const char *key) {
+    const RKv *k = kv_find(g, key);
+    if (!k || k->type != GGUF_T_U32) return -1;
+    Cur c = {k->val, k->val + k->vlen, 0};
+    return (int64_t)cur_u(&c, 4);
+}
+static const RTensor *t_find(const RGguf *g, const char *name) {
+    for (uint64_t i = 0; i < g->n_t; i++) if (!strcmp(g->t[i].name, name)) return &g->t[i];
+    return NULL;
+}
+
+// ---------------------------------------------------------------------------------------
+
+static void check_encodings(void) {
+    RGguf g;
+    char err[256] = "";
+    int ok = gguf_read(&g, FIXDIR "/encodings.gguf", err, sizeof err) == 0;
+    CHECK(ok, "gguf reader reads gguf-py's file", "%s", err);
+    if (!ok) return;
+    const RTensor *x = t_find(&g, "x");
+    const char *names[3] = {"x_f16", "x_bf16", "x_q8_0"};
+    int types[3] = {GGML_F16, GGML_BF16, GGML_Q8_0};
+    for (int k = 0; k < 3; k++) {
+        const RTensor *t = t_find(&g, names[k]);
+        char what[96];
+        snprintf(what, sizeof what, "%s encoding == gguf-py's, bit for bit (ties, subnormals, overflow)", gguf_type_name(types[k]));
+        if (!x || !t || x->type != GGML_F32 || t->type != (uint32_t)types[k]) { CHECK(0, what, "tensors missing"); continue; }
+        float *xs = (float *)mallocCheck(x->bytes);
+        memcpy(xs, x->data, x->bytes);
+        uint8_t *out = (uint8_t *)mallocCheck(t->bytes);
+        gguf_encode_row(types[k], xs, x->ne[0], out);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < t->bytes; i++) if (out[i] != t->data[i] && !bad++) first = i;
+        CHECK(bad == 0, what, "%zu of %zu bytes differ, the first at byte %zu", bad, t->bytes, first);
+        free(xs); free(out);
+    }
+    gguf_close(&g);
+}
+
+// f32 data of a tensor (F32 only here)
+static const float *t_f32(const RTensor *t) { return t && t->type == GGML_F32 ? (const float *)(const void *)t->data : NULL; }
+
+// the tiny_gqa model (full fine-tuning's layout: params whole), B = 1, T = n
+static int setup_model(Model *m, int T) {
+    TrainConfig tc;
+    char *argv[] = {(char *)"test_gguf", (char *)"--model", (char *)"test/fixtures/tiny_gqa", (char *)"--data",
+                    (char *)"test/fixtures/data.jsonl", (char *)"--full_finetune", (char *)"--max_seq_len", (char *)"24",
+                    (char *)"--threads", (char *)"1"};
+    if (parse_args(&tc, (int)(sizeof argv / sizeof argv[0]), argv) != 0) return -1;
+    return model_setup(m, NULL, &tc, 1, T, NULL);
+}
+
+static float *read_f32s(const char *path, size_t n) {
+    size_t len;
+    char *b = read_file(path, &len);
+    if (!b || len != n * 4) { free(b); return NULL; }
+    return (float *)(void *)b;
+}
+
+// max |a - b| / max |b|
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) { d = fmax(d, fabs((double)a[i] - b[i])); s = fmax(s, fabs((double)b[i])); }
+    return d / s;
+}
+
+static void compare_logits(const char *what, const float *logits, size_t n, const char *ref, double tol) {
+    char path[256], w[256];
+    snprintf(path, sizeof path, FIXDIR "/%s", ref);
+    float *want = read_f32s(path, n);
+    snprintf(w, sizeof w, "%s: our forward's logits == %s within %g of their scale", what, ref, tol);
+    if (!want) { test_skip(w, "no fixture (dev/reference/check_gguf.py --fixtures writes it with llama-cpp-python)"); return; }
+    double d = rel_diff(logits, want, n);
+    CHECK(d <= tol, w, "%.3g", d);
+    free(want);
+}
+
+// our forward's logits (24, vocab) on the committed tokens, every next token a target
+static float *fixture_logits(Model *m, size_t *n) {
+    int tokens[24], targets[24];
+    size_t tl;
+    char *tb = read_file(FIXDIR "/tokens.i32", &tl);
+    if (!tb || tl != sizeof tokens) die("cannot read " FIXDIR "/tokens.i32");
+    memcpy(tokens, tb, sizeof tokens);
+    free(tb);
+    for (int i = 0; i < 24; i++) targets[i] = i + 1 < 24 ? tokens[i + 1] : -100;
+    *n = (size_t)24 * m->host.config.vocab_size;
+    float *logits = (float *)mallocCheck(*n * sizeof(float));
+    model_forward(m, tokens, targets, 1, 24, logits);
+    return logits;
+}
+
+// the model file: structure, then its weights (q/k rows permuted back) in our forward
+static void check_model(const char *path, const char *label) {
+    RGguf g, ref;
+    char err[256] = "", what[256];
+    int ok = gguf_read(&g, path, err, sizeof err) == 0 && g.version == 3;
+    snprintf(what, sizeof what, "%s: a GGUF v3 file, every tensor's data aligned and inside it", label);
+    CHECK(ok, what, "%s", err);
+    if (!ok) return;
+    Model m;
+    if (setup_model(&m, 24) != 0) die("cannot set up tiny_gqa");
+    const Config *c = &m.host.config;
+    snprintf(what, sizeof what, "%s: llama.cpp's required metadata", label);
+    CHECK(kv_str_is(&g, "general.architecture", "llama") && kv_str_is(&g, "general.type", "model") &&
+          kv_u32(&g, "llama.block_count") == c->n_layers && kv_u32(&g, "llama.context_length") == c->max_pos &&
+          kv_u32(&g, "llama.embedding_length") == c->dim && kv_u32(&g, "llama.feed_forward_length") == c->hidden_dim &&
+          kv_u32(&g, "llama.attention.head_count") == c->n_heads && kv_u32(&g, "llama.attention.head_count_kv") == c->n_kv_heads &&
+          kv_u32(&g, "llama.rope.dimension_count") == c->head_dim && kv_u32(&g, "general.file_type") == 0 &&
+          kv_find(&g, "llama.rope.freq_base") && kv_find(&g, "llama.attention.layer_norm_rms_epsilon") &&
+          kv_str_is(&g, "tokenizer.ggml.model", "llama") && kv_u32(&g, "tokenizer.ggml.bos_token_id") == 1 &&
+          kv_u32(&g, "tokenizer.ggml.eos_token_id") == 2, what, "a key is missing or has another value");
+    // every KV as the committed file's (== llama.cpp's converter's, by check_gguf.py)
+    ok = gguf_read(&ref, FIXDIR "/model.gguf", err, sizeof err) == 0;
+    snprintf(what, sizeof what, "%s: every key and value (the vocabulary's tokens, scores, types) == the converter's", label);
+    CHECK(ok && ref.n_kv == g.n_kv && ref.kv_end - ref.kv_begin == g.kv_end - g.kv_begin &&
+          !memcmp(ref.kv_begin, g.kv_begin, (size_t)(g.kv_end - g.kv_begin)), what, "%llu keys against %llu, or other bytes",
+          (unsigned long long)g.n_kv, (unsigned long long)ref.n_kv);
+    if (ok) gguf_close(&ref);
+    // the tensors: llama.cpp's names and shapes, F32, nothing else (no rope_freqs)
+    float *ptrs[NUM_PARAM_TENSORS];
+    param_tensors(&m.host.w, ptrs);
+    int *qmap = gguf_llama_row_map(c->n_heads, c->head_dim), *kmap = gguf_llama_row_map(c->n_kv_heads, c->head_dim);
+    int found = 0, bad = 0;
+    char badname[160] = "";
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        if (p == P_HEAD && c->tied) continue;
+        int64_t rows, cols;
+        param_shape(c, p, &rows, &cols);
+        for (int l = 0; l < (param_per_layer(p) ? c->n_layers : 1); l++) {
+            char name[96];
+            snprintf(name, sizeof name - 8, gguf_param_names[p], l);
+            strcat(name, ".weight");
+            const RTensor *t = t_find(&g, name);
+            const float *src = t_f32(t);
+            if (!src || t->n_dims != (rows == 1 ? 1u : 2u) || t->ne[0] != (uint64_t)cols || t->ne[1] != (uint64_t)(rows == 1 ? 1 : rows)) {
+                bad++;
+                snprintf(badname, sizeof badname, "%s", name);
+                continue;
+            }
+            found++;
+            float *dst = ptrs[p] + (size_t)l * rows * cols;
+            const int *map = p == P_WQ ? qmap : p == P_WK ? kmap : NULL;
+            for (int64_t r = 0; r < rows; r++) memcpy(dst + (size_t)(map ? map[r] : r) * cols, src + (size_t)r * cols, (size_t)cols * 4);
+        }
+    }
+    snprintf(what, sizeof what, "%s: tensors by llama.cpp's names and shapes (ne = {in, out}), F32, no others", label);
+    CHECK(bad == 0 && (uint64_t)found == g.n_t, what, "%d bad (%s), %d found of %llu", bad, badname, found, (unsigned long long)g.n_t);
+    size_t n;
+    float *logits = fixture_logits(&m, &n);
+    snprintf(what, sizeof what, "%s (merged model)", label);
+    compare_logits(what, logits, n, "transformers_logits.f32", TOL_HF);
+    compare_logits(what, logits, n, "llama_cpp_logits.f32", TOL_LLAMA);
+    free(logits); free(qmap); free(kmap);
+    model_free(&m);
+    gguf_close(&g);
+}
+
+// the adapter file: structure, then base + (alpha / r) B A (B's q/k rows permuted back) in our forward
+static void check_adapter(const char *path, const char *label) {
+    RGguf g;
+    char err[256] = "", what[256];
+    int ok = gguf_read(&g, path, err, sizeof err) == 0 && g.version == 3;
+    snprintf(what, sizeof what, "%s: a GGUF v3 file", label);
+    CHECK(ok, what, "%s", err);
+    if (!ok) return;
+    const RKv *alpha = kv_find(&g, "adapter.lora.alpha");
+    snprintf(what, sizeof what, "%s: llama.cpp's adapter metadata (general.type adapter, adapter.type lora, alpha f32)", label);
+    CHECK(kv_str_is(&g, "general.architecture", "llama") && kv_str_is(&g, "general.type", "adapter") &&
+          kv_str_is(&g, "adapter.type", "lora") && alpha && alpha->type == GGUF_T_F32, what, "missing or of another type");
+    if (!alpha || alpha->type != GGUF_T_F32) { gguf_close(&g); return; }
+    float a;
+    memcpy(&a, alpha->val, 4);
+    Model m;
+    if (setup_model(&m, 24) != 0) die("cannot set up tiny_gqa");
+    const Config *c = &m.host.config;
+    float *ptrs[NUM_PARAM_TENSORS];
+    param_tensors(&m.host.w, ptrs);
+    int *qmap = gguf_llama_row_map(c->n_heads, c->head_dim), *kmap = gguf_llama_row_map(c->n_kv_heads, c->head_dim);
+    int in[LORA_N_TARGETS], out[LORA_N_TARGETS], pairs = 0, bad = 0, r = -1;
+    lora_shapes(c, in, out);
+    for (int l = 0; l < c->n_layers; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            char base[64], na[96], nb[96];
+            snprintf(base, sizeof base, gguf_param_names[gguf_lora_param[t]], l);
+            snprintf(na, sizeof na, "%s.weight.lora_a", base);
+            snprintf(nb, sizeof nb, "%s.weight.lora_b", base);
+            const RTensor *A = t_find(&g, na), *B = t_find(&g, nb);
+            if (!A && !B) continue;
+            if (!t_f32(A) || !t_f32(B) || A->ne[0] != (uint64_t)in[t] || B->ne[1] != (uint64_t)out[t] || A->ne[1] != B->ne[0]) { bad++; continue; }
+            pairs++;
+            r = (int)A->ne[1];
+            const float *Ad = t_f32(A), *Bd = t_f32(B);
+            const int *map = t == LORA_Q ? qmap : t == LORA_K ? kmap : NULL;
+            float *W = ptrs[gguf_lora_param[t]] + (size_t)l * out[t] * in[t];
+            for (int o = 0; o < out[t]; o++) { // llama.cpp's row o is Hugging Face's row map[o]
+                float *row = W + (size_t)(map ? map[o] : o) * in[t];
+                for (int j = 0; j < r; j++) {
+                    double b = (double)a / r * Bd[(size_t)o * r + j];
+                    for (int k = 0; k < in[t]; k++) row[k] += (float)(b * Ad[(size_t)j * in[t] + k]);
+                }
+            }
+        }
+    snprintf(what, sizeof what, "%s: lora_a {in, r} and lora_b {r, out} pairs by llama.cpp's names, F32", label);
+    CHECK(bad == 0 && pairs > 0 && (uint64_t)pairs * 2 == g.n_t, what, "%d bad, %d pairs, %llu tensors", bad, pairs, (unsigned long long)g.n_t);
+    size_t n;
+    float *logits = fixture_logits(&m, &n);
+    snprintf(what, sizeof what, "%s (base + adapter)", label);
+    compare_logits(what, logits, n, "transformers_logits.f32", TOL_HF);
+    compare_logits(what, logits, n, "llama_cpp_lora_logits.f32", TOL_LLAMA);
+    free(logits); free(qmap); free(kmap);
+    model_free(&m);
+    gguf_close(&g);
+}
+
+// --types FILE TYPE: 2-D tensors of TYPE (Q8_0 where rows are whole blocks), 1-D ones F32
+static void check_types(const char *path, const char *type) {
+    RGguf g;
+    char err[256] = "", what[256];
+    int gtype = -1;
+    for (int i = 0; i < 4; i++) if (!strcmp(type, gguf_type_names[i])) gtype = i;
+    int ok = gtype >= 0 && gguf_read(&g, path, err, sizeof err) == 0;
+    snprintf(what, sizeof what, "--gguf_type %s: %s reads", type, path);
+    CHECK(ok, what, "%s", gtype < 0 ? "unknown type" : err);
+    if (!ok) return;
+    int bad = 0;
+    char badname[160] = "";
+    for (uint64_t i = 0; i < g.n_t; i++) {
+        const RTensor *t = &g.t[i];
+        uint32_t want = t->n_dims == 1 ? GGML_F32 : (uint32_t)gguf_weight_type(gtype, (int64_t)t->ne[0]);
+        if (t->type != want) { bad++; snprintf(badname, sizeof badname, "%s is %s", t->name, gguf_type_name((int)t->type)); }
+    }
+    int64_t ft = kv_u32(&g, "general.file_type");
+    snprintf(what, sizeof what, "--gguf_type %s: weights %s, norms F32, general.file_type %d", type, type, gguf_file_type[gtype]);
+    CHECK(bad == 0 && (ft == gguf_file_type[gtype] || !kv_find(&g, "general.file_type")), what, "%d bad (%s), file_type %lld",
+          bad, badname, (long long)ft);
+    gguf_close(&g);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "--types")) {
+        check_types(argv[2], argv[3]);
+        return test_summary();
+    }
+    if (argc == 3) {
+        check_model(argv[1], "--export_gguf");
+        check_adapter(argv[2], "--export_gguf_adapter");
+        return test_summary();
+    }
+    check_encodings();
+    check_model(FIXDIR "/model.gguf", "committed model.gguf");
+    check_adapter(FIXDIR "/adapter.gguf", "committed adapter.gguf");
+    return test_summary();
+}
