@@ -132,6 +132,7 @@
 #include "dataloader.h"
 #include "support/checkpoint.h"
 #include "support/default_model.h"
+#include "support/tensorboard.h"
 #include "support/optimizer.h"
 #include "model.h"
 #include "export_gguf.h"
@@ -196,7 +197,7 @@ static void loss_scale_update(LossScale *ls, int found_inf) {
 typedef struct { const char *v[MAX_LIST]; int n; } StrList; // a repeatable option's values
 
 typedef struct {
-    const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *from_peft_checkpoint;
+    const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *tensorboard_dir, *from_peft_checkpoint;
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
     float memory_limit;
     int eval_every, full_finetune, freeze_layers, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing;
@@ -242,6 +243,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"output_dir", OPT_STR, &(tc)->output_dir, "output", "where the PEFT adapter (or the full model) is written at the end", 0, 0}, \
     {"tokenizer", OPT_STR, &(tc)->tokenizer, "", "tokenizer to use: a sentencepiece tokenizer.model or a Hugging Face tokenizer.json with a byte-level BPE (default: --model's tokenizer.model, else its tokenizer.json)", 0, 0}, \
     {"metrics_file", OPT_STR, &(tc)->metrics_file, "", "write one JSON object per step and per evaluation to this file", 0, 0}, \
+    {"tensorboard_dir", OPT_STR, &(tc)->tensorboard_dir, "", "write TensorBoard event files into this folder: the step's scalars under Hugging Face Trainer's names (train/loss, train/learning_rate, ...), the configuration as text", 0, 0}, \
     {"max_seq_len", OPT_INT, &(tc)->max_seq_len, "512", "sequences are truncated to this many tokens", 2, 1 << 20}, \
     {"batch_size", OPT_INT_AUTO, &(tc)->batch_size, "4", "rows per micro-batch, or auto: the most that the memory plan fits in --memory_limit", 1, BATCH_SIZE_MAX}, \
     {"memory_limit", OPT_FLOAT, &(tc)->memory_limit, "0", "GiB the memory plan may take per process with --batch_size auto (0: on the GPU its free memory less a reserve; the CPU trainer needs it given)", 0, 1 << 20}, \
@@ -504,6 +506,17 @@ static void print_config(TrainConfig *tc) {
     }
 }
 
+// the configuration as a Markdown table (TensorBoard's text plugin renders it) into buf
+static void config_markdown(TrainConfig *tc, char *buf, size_t n) {
+    Option opts[] = OPTIONS(tc);
+    char val[PATH_MAX + 64];
+    size_t at = (size_t)snprintf(buf, n, "| option | value |\n|---|---|\n");
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0] && at < n; i++) {
+        option_value(&opts[i], val, sizeof val, 0);
+        at += (size_t)snprintf(buf + at, n - at, "| %s | %s |\n", opts[i].name, val[0] ? val : "-");
+    }
+}
+
 // ----------------------------------------------------------------------------
 // setting up the model
 
@@ -656,13 +669,16 @@ static double evaluate(Model *m, const Dataset *ds, int B, int pad_id) {
     return count ? loss / count : 0.0;
 }
 
-static void report_eval(Model *m, const Dataset *ds, int B, int pad_id, int step, FILE *metrics) {
+static void report_eval(Model *m, const Dataset *ds, int B, int pad_id, int step, FILE *metrics, TbWriter *tb) {
     double vl = evaluate(m, ds, B, pad_id);
     printf("step %d | val loss %.6f | val ppl %.4f\n", step, vl, exp(vl));
     if (metrics) {
         fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g, \"val_ppl\": %.9g}\n", step, vl, exp(vl));
         fflush(metrics);
     }
+    const char *tag = "eval/loss";
+    float v = (float)vl;
+    if (tb->f && tb_scalars(tb, step, &tag, &v, 1) != 0) fprintf(stderr, "warning: cannot write %s: %s\n", tb->path, strerror(errno));
 }
 
 // ----------------------------------------------------------------------------
@@ -1236,6 +1252,7 @@ typedef struct {
     Optimizer opt;
     DataLoader dl;
     FILE *metrics;
+    TbWriter tb;            // --tensorboard_dir's event file (rank 0)
     int *tokens, *targets;  // (GA, B, T) a step's micro-batches (this rank's rows)
     int *Ts;                // (GA) their lengths
 } Trainer;
@@ -1451,6 +1468,17 @@ static void print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
     memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, (long)tc->grad_accum * tc->batch_size, 1);
 }
 
+// --tensorboard_dir: a new event file (a resumed run's too: TensorBoard reads every file of the
+// folder, and a step written again replaces the earlier one's points) with the configuration
+static int tensorboard_begin(TrainConfig *tc, TbWriter *tb, int step) {
+    static char text[16384];
+    config_markdown(tc, text, sizeof text);
+    if (mkdir_p(tc->tensorboard_dir) == 0 && tb_open(tb, tc->tensorboard_dir) == 0 && tb_text(tb, step, "config", text) == 0) return 0;
+    fprintf(stderr, "error: --tensorboard_dir '%s': cannot write %s: %s\n", tc->tensorboard_dir, tb->f ? tb->path : "an event file",
+            strerror(errno));
+    return -1;
+}
+
 // What the steps need: the metrics file (rank 0; on resume cut back to the
 // checkpoint's step), the data loader at the resumed position, the buffers of a
 // step's micro-batches, and the signals that stop the run after a step.
@@ -1461,6 +1489,7 @@ static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts, int T)
     if (failed) fprintf(stderr, "error: cannot rewrite --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
     if (failed_anywhere(r, failed)) return 1;
     if (rank0 && tc->metrics_file[0]) r->metrics = fopenCheck(tc->metrics_file, tc->resume[0] ? "a" : "w");
+    if (failed_anywhere(r, rank0 && tc->tensorboard_dir[0] && tensorboard_begin(tc, &r->tb, ts->step) != 0)) return 1;
     dataloader_init(&r->dl, &r->train_ds, tc->shuffle, (uint64_t)tc->seed, r->fsdp.world.rank, r->fsdp.world.size);
     dataloader_seek(&r->dl, ts->data_epoch, ts->data_pos);
     r->tokens = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
@@ -1496,6 +1525,15 @@ static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, 
     if (ts->ls.on) printf(" | loss scale %g", s->loss_scale);
     if (s->skipped) printf(" | skipped: NaN or inf loss or grad norm (%d skipped so far)", ts->step - ts->opt_t);
     printf(" | %.0f MiB | ETA %dm%02ds\n", model_peak_mb(m), (int)(eta_s / 60), (int)eta_s % 60);
+    if (r->tb.f) { // Hugging Face Trainer's names where it has them
+        const char *tags[] = {"train/loss", "train/learning_rate", "train/grad_norm", "train/tokens_per_second",
+                              "train/peak_memory_mib", "train/mfu"};
+        float v[] = {(float)s->loss, s->lr, (float)s->norm, (float)(s->n_tokens / (s->ms / 1e3)), (float)model_peak_mb(m), (float)mfu};
+        if (tb_scalars(&r->tb, ts->step, tags, v, mfu >= 0 ? 6 : 5) != 0) {
+            fprintf(stderr, "error: --tensorboard_dir: cannot write %s: %s (the checkpoints are intact)\n", r->tb.path, strerror(errno));
+            return 1;
+        }
+    }
     FILE *metrics = r->metrics;
     if (!metrics) return 0;
     char lb[32], nb[32];
@@ -1591,7 +1629,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         fault_point("step", ts.step);
         if (ts.bad_in_row >= tc->max_bad_steps) return stop_bad_steps(tc, &ts); // every rank: the loss and the norm are the same on all
         if (has_validation(tc) && tc->eval_every > 0 && ts.step % tc->eval_every == 0 && ts.step < total)
-            report_eval(m, &r->val_ds, B, r->pad_id, ts.step, r->metrics);
+            report_eval(m, &r->val_ds, B, r->pad_id, ts.step, r->metrics, &r->tb);
         if (tc->sample_every > 0 && ts.step % tc->sample_every == 0 && ts.step < total) print_samples(m, tc, &r->tok, ts.step);
         stop = fsdp_any(&f->world, stop_requested); // a signal to any rank stops every rank after this step
         if ((tc->save_every > 0 && ts.step % tc->save_every == 0) || ts.step == total || stop) {
@@ -1603,7 +1641,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         printf("stopped by a signal after step %d; continue with --resume %s\n", ts.step, tc->output_dir);
         return 0;
     }
-    if (has_validation(tc)) report_eval(m, &r->val_ds, B, r->pad_id, total, r->metrics); // also with --max_steps 0: evaluates the start
+    if (has_validation(tc)) report_eval(m, &r->val_ds, B, r->pad_id, total, r->metrics, &r->tb); // also with --max_steps 0: evaluates the start
     print_samples(m, tc, &r->tok, ts.step);
     print_peak_memory(r); // every rank's, before the saves (which gather the model on rank 0)
     return save_outputs(tc, r, tc->output_dir, r->tokpath);
@@ -1625,6 +1663,7 @@ static int train(TrainConfig *tc) {
         int bad = ferror(r.metrics);
         if ((fclose(r.metrics) != 0 || bad) && rc == 0) rc = metrics_error(tc->metrics_file);
     }
+    if (tb_close(&r.tb) != 0 && rc == 0) rc = 1, fprintf(stderr, "error: cannot close %s: %s\n", r.tb.path, strerror(errno));
     free(r.tokens); free(r.targets); free(r.Ts);
     optimizer_free(&r.opt);
     dataloader_free(&r.dl);
