@@ -223,19 +223,22 @@ static void compare_logits(const char *what, const float *logits, size_t n, cons
     free(want);
 }
 
-// our forward's logits (24, vocab) on the committed tokens, every next token a target
-static float *fixture_logits(Model *m, size_t *n) {
+// our forward's logits (24, vocab) on the committed tokens, every next token a target, against
+// transformers' and llama.cpp's (llama_ref) on the same weights
+static void check_forward(Model *m, const char *label, const char *kind, const char *llama_ref) {
     int tokens[24], targets[24];
-    size_t tl;
-    char *tb = read_file(FIXDIR "/tokens.i32", &tl);
+    size_t tl, n = (size_t)24 * m->host.config.vocab_size;
+    char *tb = read_file(FIXDIR "/tokens.i32", &tl), what[256];
     if (!tb || tl != sizeof tokens) die("cannot read " FIXDIR "/tokens.i32");
     memcpy(tokens, tb, sizeof tokens);
     free(tb);
     for (int i = 0; i < 24; i++) targets[i] = i + 1 < 24 ? tokens[i + 1] : -100;
-    *n = (size_t)24 * m->host.config.vocab_size;
-    float *logits = (float *)mallocCheck(*n * sizeof(float));
+    float *logits = (float *)mallocCheck(n * sizeof(float));
     model_forward(m, tokens, targets, 1, 24, logits);
-    return logits;
+    snprintf(what, sizeof what, "%s (%s)", label, kind);
+    compare_logits(what, logits, n, "transformers_logits.f32", TOL_HF);
+    compare_logits(what, logits, n, llama_ref, TOL_LLAMA);
+    free(logits);
 }
 
 // the model file: structure, then its weights (q/k rows permuted back) in our forward
@@ -294,12 +297,8 @@ static void check_model(const char *path, const char *label) {
     }
     snprintf(what, sizeof what, "%s: tensors by llama.cpp's names and shapes (ne = {in, out}), F32, no others", label);
     CHECK(bad == 0 && (uint64_t)found == g.n_t, what, "%d bad (%s), %d found of %llu", bad, badname, found, (unsigned long long)g.n_t);
-    size_t n;
-    float *logits = fixture_logits(&m, &n);
-    snprintf(what, sizeof what, "%s (merged model)", label);
-    compare_logits(what, logits, n, "transformers_logits.f32", TOL_HF);
-    compare_logits(what, logits, n, "llama_cpp_logits.f32", TOL_LLAMA);
-    free(logits); free(qmap); free(kmap);
+    check_forward(&m, label, "merged model", "llama_cpp_logits.f32");
+    free(qmap); free(kmap);
     model_free(&m);
     gguf_close(&g);
 }
@@ -351,12 +350,8 @@ static void check_adapter(const char *path, const char *label) {
         }
     snprintf(what, sizeof what, "%s: lora_a {in, r} and lora_b {r, out} pairs by llama.cpp's names, F32", label);
     CHECK(bad == 0 && pairs > 0 && (uint64_t)pairs * 2 == g.n_t, what, "%d bad, %d pairs, %llu tensors", bad, pairs, (unsigned long long)g.n_t);
-    size_t n;
-    float *logits = fixture_logits(&m, &n);
-    snprintf(what, sizeof what, "%s (base + adapter)", label);
-    compare_logits(what, logits, n, "transformers_logits.f32", TOL_HF);
-    compare_logits(what, logits, n, "llama_cpp_lora_logits.f32", TOL_LLAMA);
-    free(logits); free(qmap); free(kmap);
+    check_forward(&m, label, "base + adapter", "llama_cpp_lora_logits.f32");
+    free(qmap); free(kmap);
     model_free(&m);
     gguf_close(&g);
 }
