@@ -1342,10 +1342,21 @@ static inline int fsdp_load_model(const FsdpUnits *u, Weights *sm, int rank, flo
 
 // one of a rank's flat shard buffers: {"params", p}, {"exp_avg", m}, ... data holds the
 // shards of units first .. n_units - 1 (first > 0: the units before it are frozen and have
-// no such buffer), unit i at units[i].shard_offset - units[first].shard_offset
-typedef struct { const char *name; float *data; int first; } FsdpBuffer;
+// no such buffer), unit i at units[i].shard_offset - units[first].shard_offset. A buffer
+// that is not in host memory (the CUDA trainer's optimizer state) has data NULL and is
+// saved through fill(ctx, first, count, dst), elements of that same flat layout.
+typedef struct { const char *name; float *data; int first; StFillFn fill; void *ctx; } FsdpBuffer;
+static inline size_t fsdp__unit_start(const FsdpUnits *u, const FsdpBuffer *b, int i) {
+    return u->units[i].shard_offset - u->units[b->first].shard_offset;
+}
 static inline float *fsdp__buffer_unit(const FsdpUnits *u, const FsdpBuffer *b, int i) {
-    return b->data + (u->units[i].shard_offset - u->units[b->first].shard_offset);
+    return b->data + fsdp__unit_start(u, b, i);
+}
+// a unit's shard of a buffer saved through its fill: the buffer and where the unit starts in it
+typedef struct { const FsdpBuffer *b; size_t start; } FsdpUnitFill;
+static inline int fsdp__unit_fill(void *ctx, size_t first, size_t count, void *dst) {
+    const FsdpUnitFill *uf = (const FsdpUnitFill *)ctx;
+    return uf->b->fill(uf->b->ctx, uf->start + first, count, dst);
 }
 
 // dir/name, or dir/fsdp-<k>-of-<shards>.safetensors when name is NULL; -1 with a message if too long
@@ -1358,14 +1369,20 @@ static inline int fsdp__path(char out[FSDP_PATH_MAX], const char *dir, const cha
     return -1;
 }
 
-// the checksums of the blocks of x (n floats), as 16 hex digits each, comma-separated (malloc'd)
-static inline char *fsdp__checksums(const float *x, size_t n) {
+// the checksums of the blocks of a unit's shard (n floats: x, or with x NULL through uf,
+// a block at a time: the file's header holds them, so such a buffer is read twice), as 16
+// hex digits each, comma-separated (malloc'd); NULL when uf's fill failed (with its message)
+static inline char *fsdp__checksums(const float *x, FsdpUnitFill *uf, size_t n) {
     size_t blocks = (n + FSDP_CKPT_BLOCK - 1) / FSDP_CKPT_BLOCK;
     char *s = (char *)callocCheck(blocks ? blocks * 17 : 1, 1);
+    float *block = x ? NULL : (float *)mallocCheck(FSDP_CKPT_BLOCK * sizeof(float));
     for (size_t b = 0; b < blocks; b++) {
         size_t lo = b * FSDP_CKPT_BLOCK, k = n - lo < FSDP_CKPT_BLOCK ? n - lo : FSDP_CKPT_BLOCK;
-        snprintf(s + b * 17, 18, b + 1 < blocks ? "%016llx," : "%016llx", (unsigned long long)data_hash_bytes(0, x + lo, k * sizeof(float)));
+        if (block && fsdp__unit_fill(uf, lo, k, block) != 0) { free(block); free(s); return NULL; }
+        const float *at = block ? block : x + lo;
+        snprintf(s + b * 17, 18, b + 1 < blocks ? "%016llx," : "%016llx", (unsigned long long)data_hash_bytes(0, at, k * sizeof(float)));
     }
+    free(block);
     return s;
 }
 
@@ -1375,6 +1392,7 @@ static inline int fsdp_save_shard(const char *dir, const FsdpUnits *u, const Fsd
     int nt = 0;
     for (int b = 0; b < nb; b++) nt += u->n_units - bufs[b].first;
     StWriteTensor *ts = (StWriteTensor *)callocCheck((size_t)nt, sizeof(StWriteTensor));
+    FsdpUnitFill *fills = (FsdpUnitFill *)callocCheck((size_t)nt, sizeof(FsdpUnitFill));
     char (*names)[FSDP_NAME_MAX] = (char (*)[FSDP_NAME_MAX])callocCheck((size_t)nt, FSDP_NAME_MAX);
     const char **meta = (const char **)callocCheck(2 * ((size_t)nt + 4), sizeof(char *));
     char shard[16], shards[16];
@@ -1382,24 +1400,28 @@ static inline int fsdp_save_shard(const char *dir, const FsdpUnits *u, const Fsd
     snprintf(shards, sizeof shards, "%d", u->n_shards);
     const char *fixed[8] = {"format", FSDP_CKPT_FORMAT, "fingerprint", fingerprint, "shard", shard, "shards", shards};
     memcpy(meta, fixed, sizeof fixed);
+    int rc = 0;
     for (int b = 0, k = 0; b < nb; b++)
         for (int i = bufs[b].first; i < u->n_units; i++, k++) {
             const FsdpUnit *un = &u->units[i];
-            const float *data = fsdp__buffer_unit(u, &bufs[b], i);
+            const float *data = bufs[b].data ? fsdp__buffer_unit(u, &bufs[b], i) : NULL;
+            fills[k] = (FsdpUnitFill){&bufs[b], fsdp__unit_start(u, &bufs[b], i)};
             snprintf(names[k], FSDP_NAME_MAX, "%s/%s", bufs[b].name, un->name);
             ts[k].name = names[k];
             ts[k].dtype = ST_F32;
             ts[k].ndim = 1;
             ts[k].shape[0] = (int64_t)un->shard;
             ts[k].data = data;
+            if (!data) ts[k].fill = fsdp__unit_fill, ts[k].ctx = &fills[k];
             meta[8 + 2 * k] = names[k]; // the checksums are stored under the tensor's name
-            meta[8 + 2 * k + 1] = fsdp__checksums(data, un->shard);
+            if (rc == 0 && !(meta[8 + 2 * k + 1] = fsdp__checksums(data, &fills[k], un->shard))) rc = -1;
         }
     char path[FSDP_PATH_MAX];
-    int rc = fsdp__path(path, dir, NULL, rank, u->n_shards) || st_write(path, ts, nt, meta, nt + 4) ? -1 : 0;
+    if (rc == 0) rc = fsdp__path(path, dir, NULL, rank, u->n_shards) || st_write(path, ts, nt, meta, nt + 4) ? -1 : 0;
     for (int k = 0; k < nt; k++) free((void *)meta[8 + 2 * k + 1]);
     free(meta);
     free(names);
+    free(fills);
     free(ts);
     return rc;
 }

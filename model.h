@@ -458,8 +458,8 @@ typedef struct {
     float *params;            // (NULL when sharded)
     size_t num_params;        // every base weight (the whole model's, sharded or not)
     FsdpUnits units;          // the model's units, sharded units.n_shards ways
-    float *shards;            // sharded (units.n_shards > 1): this rank's shard of every unit
-                              // (units.shard_numel, fsdp.h's layout); NULL when whole
+    float *shards;            // sharded (host_sharded): this rank's shard of every unit
+                              // (units.shard_numel, fsdp.h's layout); NULL when whole, and in a dry run
     int full_finetune;        // train every weight (else LoRA on frozen weights)
     int frozen_units;         // full fine-tuning: units 0 .. frozen_units - 1 do not train (the
                               // embedding and the first --freeze_layers layers; 0: every unit trains)
@@ -475,6 +475,9 @@ typedef struct {
     uint8_t *quant_bytes;     // whole: every layer's run, one after another (L * run_bytes)
     uint8_t *quant_shards;    // sharded: this rank's shard of every layer's run (units.packed_shard_bytes)
 } HostModel;
+
+// the units sharded over more than one rank: the base weights are this rank's shards
+static int host_sharded(const HostModel *h) { return h->units.n_shards > 1; }
 
 static void host_model_free(HostModel *h) {
     free(h->quant_bytes);
@@ -494,9 +497,9 @@ static void host_model_free(HostModel *h) {
 // model_tensor_offset_from's layout).
 static int model_trainable_runs(const HostModel *h, size_t first[NUM_PARAM_TENSORS], size_t count[NUM_PARAM_TENSORS]) {
     const Config *c = &h->config;
-    if (h->shards || !h->frozen_units) {
-        first[0] = h->shards ? h->units.units[h->frozen_units].shard_offset : 0;
-        count[0] = h->shards ? h->units.shard_numel - first[0] : h->num_params;
+    if (host_sharded(h) || !h->frozen_units) {
+        first[0] = host_sharded(h) ? h->units.units[h->frozen_units].shard_offset : 0;
+        count[0] = host_sharded(h) ? h->units.shard_numel - first[0] : h->num_params;
         return 1;
     }
     int n = 0;
@@ -757,27 +760,35 @@ static int random_tensor(void *ctx, int unit, int tensor, size_t first, size_t c
     return 0;
 }
 
-// config.json of dir into h and the model's shape, with room for its weights
-// but nothing read into them: a sharded model's shards (n > 1, h->shards: they
-// also tell the backends that the model is sharded), and with whole a whole
-// model's weights (zeroed, in ParameterTensors' layout). For weights that come
-// from elsewhere: random ones, or a sharded checkpoint that a resume reads.
-// 0 ok, -1 with a message.
-static int model_shape(HostModel *m, const char *dir, int n, int whole) {
+// config.json of dir into h and the model's shape (units sharded n ways), with alloc
+// room for its weights but nothing read into them (zeroed): this rank's shards (n > 1),
+// or the whole model's in ParameterTensors' layout. For weights that come from
+// elsewhere: random ones, or a sharded checkpoint that a resume reads; without alloc,
+// for a dry run, whose plan needs the shapes alone. 0 ok, -1 with a message.
+static int model_shape(HostModel *m, const char *dir, int n, int alloc) {
     if (config_load(&m->config, dir) != 0) return -1;
     model_shape_units(m, n);
-    if (n > 1) m->shards = (float *)callocCheck(m->units.shard_numel, sizeof(float));
-    else if (whole) param_layout(&m->config, &m->w, m->params = (float *)callocCheck(m->num_params, sizeof(float)));
+    if (alloc && n > 1) m->shards = (float *)callocCheck(m->units.shard_numel, sizeof(float));
+    else if (alloc) param_layout(&m->config, &m->w, m->params = (float *)callocCheck(m->num_params, sizeof(float)));
+    return 0;
+}
+
+// a dry run's model_load: config.json and the checkpoint's tensors checked as
+// model_open checks them (sharded n ways), nothing allocated or read. 0 ok, -1 with a message.
+static int model_check(HostModel *m, const char *dir, int n) {
+    Weights sm;
+    if (model_open(m, dir, &sm, n) != 0) return -1;
+    weights_close(&sm);
     return 0;
 }
 
 // config.json of dir into h, and its weights drawn as above: whole (n = 1, into
 // h->params) or shard `rank` of n of every unit (into h->shards), as model_load
 // and model_load_shard would read a checkpoint. With draw 0 (a dry run, whose
-// plan needs only the shapes) nothing is drawn, and a whole model's weights are
-// not even allocated: a whole 7B model's plan takes no memory. 0 ok, -1 with a message.
+// plan needs only the shapes) nothing is drawn or allocated: a 7B model's plan
+// takes no memory. 0 ok, -1 with a message.
 static int model_init_random(HostModel *m, const char *dir, uint64_t seed, int rank, int n, int draw) {
-    if (model_shape(m, dir, n, 0) != 0) return -1;
+    if (model_shape(m, dir, n, draw && n > 1) != 0) return -1; // (whole: model_fill allocates)
     RandomWeights r = {&m->units, seed, m->config.init_std};
     if (!draw) return 0;
     if (n == 1) return model_fill(m, "drawing random weights", random_tensor, &r);

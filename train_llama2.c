@@ -298,7 +298,7 @@ typedef struct {
     int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     int fp32, fp16;           // --precision fp32: the only one the CPU runs
-    int dry_run;              // --dry_run: the CPU allocates as usual (pages never touched take no memory)
+    int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), allocates nothing
     const char *collectives;  // --collectives: host, always (the contract's; nothing to choose here)
     OptimizerSettings optimizer; // set by the trainer before model_alloc (the Optimizer's; its state counts here)
     void *alloc[4];           // what model_layout places: the slots, the gradients, the activations, the carries
@@ -523,7 +523,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     if (C <= 0 || C > T) C = T;
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
     a->n_slots = recompute ? 1 : (T + C - 1) / C;
-    m->sharded = h->shards != NULL;
+    m->sharded = host_sharded(h);
     if (m->sharded) m->n_slots = m->fsdp->info->reshard_after_forward ? 2 : h->units.n_units;
     free(a->chunk); // a plan before (--batch_size auto tries several)
     free(m->slot);
@@ -574,7 +574,7 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     model_buffers(m, B, T, C, recompute, num_output_chunks, 0);
 }
 static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
-    model_buffers(m, B, T, C, recompute, num_output_chunks, 1);
+    model_buffers(m, B, T, C, recompute, num_output_chunks, !m->dry_run);
 }
 
 // frees what model_alloc made and the host model; safe on a zeroed Model and
@@ -1001,11 +1001,12 @@ static void optimizer_init(Optimizer *o, Model *m) {
     if (h->use_lora) o->run[0] = h->lora.params, o->run_n[0] = h->lora.num_params;
     else {
         o->n_runs = model_trainable_runs(h, first, o->run_n);
-        for (int r = 0; r < o->n_runs; r++) o->run[r] = (shard ? h->shards : h->params) + first[r];
+        for (int r = 0; r < o->n_runs && !m->dry_run; r++) o->run[r] = (shard ? h->shards : h->params) + first[r];
     }
     o->grads = h->use_lora ? h->lora.grads : m->grads;
     for (int r = 0; r < o->n_runs; r++) o->n += o->run_n[r];
     o->s = m->optimizer;
+    if (m->dry_run) return; // the plan needs n alone
     for (int i = 0; i < optimizer_n_states(&o->s); i++) o->state[i] = (float *)callocCheck(o->n, sizeof(float));
     if (m->fsdp) {
         o->grad_sum = shard ? &m->fsdp->replica : &m->fsdp->world;
@@ -1042,7 +1043,20 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
 }
 
 // the weights and the optimizer state live in host memory already
-static void model_sync_host(Model *m, Optimizer *o) { (void)m; (void)o; }
+static int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, float *dst) {
+    memcpy(dst, o->state[i] + first, count * sizeof(float));
+    return 0;
+}
+static void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const float *src) {
+    memcpy(o->state[i] + first, src, count * sizeof(float));
+}
+static int optimizer_state_finite(Optimizer *o) {
+    for (int i = 0; i < optimizer_n_states(&o->s); i++)
+        for (size_t j = 0; j < o->n; j++)
+            if (!isfinite(o->state[i][j])) return 0;
+    return 1;
+}
+static void model_sync_host(Model *m) { (void)m; }
 static void optimizer_sync_device(Optimizer *o) { (void)o; }
 
 // the most resident memory this process has had, in MiB (Linux reports KiB)
@@ -1065,13 +1079,14 @@ static double model_memory_budget(Model *m, double limit) {
     FILE *f = fopen("/proc/self/statm", "r");
     if (f && fscanf(f, "%ld %ld %ld %ld", &pages, &resident, &shared, &text) != 4) resident = text = 0;
     if (f) fclose(f);
-    double weights = (m->host.shards ? m->host.units.shard_numel : m->host.num_params) * sizeof(float);
+    double weights = (host_sharded(&m->host) ? m->host.units.shard_numel : m->host.num_params) * sizeof(float);
     double outside = (resident + text) * (double)sysconf(_SC_PAGESIZE) - weights, code_reserve = 1048576.0;
     return limit - (outside > 0 ? outside : 0) - code_reserve;
 }
 // QLoRA: a layer unit in fp32 and the absmax values of its biggest weight (deq, deq_absmax)
 static size_t model_dequant_scratch_bytes(const Model *m) { return model_quant_scratch_bytes(&m->host); }
-static const char *const backend_memory = "resident memory";
+static const char *const backend_memory = "resident memory"; // (the host's: the plan is its host plan)
+static const char *const model_host_advice = ", --activation_checkpointing, --chunk_size with --chunk_memory recompute";
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
 static const char *const backend_collectives[] = {"host"}; // its buffers are host memory: MPI or TCP
 static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)

@@ -450,7 +450,7 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     if (C <= 0 || C > T) C = T;
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
     m->n_slots = recompute ? 1 : (T + C - 1) / C;
-    m->sharded = h->shards != NULL;
+    m->sharded = host_sharded(h);
     m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
     m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
     if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
@@ -1081,21 +1081,19 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 
 // ----------------------------------------------------------------------------
 // optimizer: AdamW as torch.optim.AdamW, SGD as torch.optim.SGD, clipping as
-// torch.nn.utils.clip_grad_norm_, on the device (layers.cuh); the host holds the
-// optimizer state only for checkpoints
+// torch.nn.utils.clip_grad_norm_, on the device (layers.cuh); the state lives
+// there alone (a checkpoint streams it through a staging buffer: optimizer_state_get)
 
 typedef struct {
     Model *model;           // its trainable parameters, gradients and optimizer state (device)
     size_t n;
     OptimizerSettings s;
-    float *state[OPTIMIZER_MAX_STATES]; // host copies of the model's opt_state, for checkpoints
-                            // (model_sync_host, optimizer_sync_device)
     int t;                  // optimizer steps taken
     FsdpComm *grad_sum;     // device: the ranks whose gradients of these parameters are summed before the step
     FsdpComm *norm_sum;     // host side: the ranks whose squared norms make up the global norm (NULL: this rank's is)
 } Optimizer;
 
-// The state is the model's (model_alloc zeroed it); the host keeps copies.
+// The state is the model's (model_alloc zeroed it).
 // As on the CPU: replicated parameters (LoRA's, or every weight with a shard
 // group of one) sum their gradients over every rank; shards over the ranks that
 // hold the same shard (the replica group), and their norm over the shard group.
@@ -1104,7 +1102,6 @@ static void optimizer_init(Optimizer *o, Model *m) {
     o->model = m;
     o->n = m->n_train;
     o->s = m->optimizer;
-    for (int i = 0; i < optimizer_n_states(&o->s); i++) o->state[i] = (float *)callocCheck(o->n, sizeof(float));
     int shard = m->sharded && !m->host.use_lora;
     if (m->fsdp && m->fsdp->world.size > 1) {
         const FsdpComm *sum_over = shard ? &m->fsdp->replica : &m->fsdp->world; // its host side: the size
@@ -1113,10 +1110,7 @@ static void optimizer_init(Optimizer *o, Model *m) {
     }
 }
 
-static void optimizer_free(Optimizer *o) {
-    for (int i = 0; i < OPTIMIZER_MAX_STATES; i++) free(o->state[i]);
-    memset(o, 0, sizeof *o);
-}
+static void optimizer_free(Optimizer *o) { memset(o, 0, sizeof *o); }
 
 static void optimizer_zero_grad(Optimizer *o) {
     cudaCheck(cudaMemsetAsync(o->model->grads, 0, o->n * sizeof(float), o->model->stream));
@@ -1157,20 +1151,46 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
     return norm;
 }
 
-// the trainable weights into the host model and the optimizer state into o, for a save
-static void model_sync_host(Model *m, Optimizer *o) {
+// a piece of state tensor i to the host and back, for checkpoints: in the compute stream's
+// order, done when they return (the host buffer is reused for the next piece)
+static int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, float *dst) {
+    Model *m = o->model;
+    cudaCheck(cudaMemcpyAsync(dst, m->opt_state[i] + first, count * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    return 0;
+}
+static void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const float *src) {
+    Model *m = o->model;
+    cudaCheck(cudaMemcpyAsync(m->opt_state[i] + first, src, count * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    cudaCheck(cudaStreamSynchronize(m->stream));
+}
+// every state tensor's sum, in double on the device: finite exactly when every element is
+// (a sum of floats cannot reach double's range, and an inf or NaN stays one)
+static int optimizer_state_finite(Optimizer *o) {
+    Model *m = o->model;
+    int finite = 1;
+    for (int i = 0; i < optimizer_n_states(&o->s); i++) {
+        double sum;
+        global_sum(m->grad_norm, m->opt_state[i], o->n, m->stream);
+        cudaCheck(cudaMemcpyAsync(&sum, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+        cudaCheck(cudaStreamSynchronize(m->stream));
+        finite &= isfinite(sum) != 0;
+    }
+    return finite;
+}
+
+// the trainable weights into the host model, for a save
+static void model_sync_host(Model *m) {
     HostModel *h = &m->host;
     cudaStream_t st = m->stream;
     if (h->use_lora) cudaCheck(cudaMemcpyAsync(h->lora.params, m->params, m->n_train * sizeof(float), cudaMemcpyDeviceToHost, st));
     else masters_download(m);
-    for (int i = 0; o && i < optimizer_n_states(&o->s); i++)
-        cudaCheck(cudaMemcpyAsync(o->state[i], m->opt_state[i], o->n * sizeof(float), cudaMemcpyDeviceToHost, st));
     cudaCheck(cudaStreamSynchronize(st));
 }
 
-// the optimizer state a resumed run read from its checkpoint, onto the device, and full
-// fine-tuning's weights (a sharded checkpoint's are read after model_alloc)
-// with the copy the matmuls read
+// full fine-tuning's weights a resumed run read from its checkpoint (a sharded checkpoint's
+// are read after model_alloc), onto the device with the copy the matmuls read (the
+// optimizer state went there as it was read: optimizer_state_set)
 static void optimizer_sync_device(Optimizer *o) {
     Model *m = o->model;
     const HostModel *h = &m->host;
@@ -1182,8 +1202,6 @@ static void optimizer_sync_device(Optimizer *o) {
             if constexpr (!std::is_same<floatX, float>::value) convert(buffers<floatX>(m).params_lo, m->params, o->n, m->stream);
         });
     }
-    for (int i = 0; i < optimizer_n_states(&o->s); i++)
-        cudaCheck(cudaMemcpyAsync(m->opt_state[i], o->state[i], o->n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
 }
 
@@ -1202,6 +1220,22 @@ static size_t model_dequant_scratch_bytes(const Model *m) {
     return m->host.units.units[fsdp_layer_unit(0)].numel * (m->fp32 ? sizeof(float) : sizeof(bf16));
 }
 static const char *const backend_memory = "GPU memory";
+// beside the GPU's plan, the host's: the host model as loaded (fp32, whole or this rank's
+// shards, and QLoRA's 4-bit runs; full fine-tuning's saves download the masters into it),
+// LoRA's weights and gradients, and the buffer a checkpoint streams the optimizer state
+// through (optimizer_state_get; none of it stays on the host)
+#define BACKEND_HOST_PLAN
+enum { HOST_PLAN_PARTS = 3 };
+static const char *const host_plan_names[HOST_PLAN_PARTS] = {"base weights (fp32, as loaded)", "LoRA weights and grads",
+                                                             "checkpoint staging"};
+static double model_host_bytes(const Model *m, int part) {
+    const HostModel *h = &m->host;
+    if (part == 0) return model_weight_bytes(h) - (h->quant_type != QUANT_NONE ? model_quant_scratch_bytes(h) : 0);
+    if (part == 1) return h->use_lora ? 2.0 * h->lora.num_params * sizeof(float) : 0;
+    double state = optimizer_n_states(&m->optimizer) ? (double)m->n_train * sizeof(float) : 0;
+    return std::min(state, (double)st_staging_bytes());
+}
+static const char *const model_host_advice = "";
 static const char *const backend_precisions[] = {"bf16", "fp16", "fp32"};
 
 // ----------------------------------------------------------------------------

@@ -52,6 +52,11 @@
 //                              its default first (how its ranks' collectives move data)
 //   static const char *const backend_memory;        where the memory plan's memory
 //                              is ("resident memory", "GPU memory")
+//   BACKEND_HOST_PLAN (a macro) where that is not host memory, with
+//       HOST_PLAN_PARTS, host_plan_names[HOST_PLAN_PARTS] and
+//       double model_host_bytes(const Model *m, int part): the host memory beside
+//       it, part by part (the plan's host section); without it the plan is host memory
+//   static const char *const model_host_advice;     what else makes the host plan smaller
 //   size_t model_dequant_scratch_bytes(const Model *m);
 //       QLoRA (m->host.quant_type): the bytes of the memory a layer's 4-bit weights are
 //       dequantized into (part of m->weight_bytes)
@@ -85,12 +90,8 @@
 //       size_t n;              trainable parameters (LoRA's, or every weight of the
 //                              units that train: model_trainable_numel)
 //       int t;                 optimizer steps taken
-//       float *state[OPTIMIZER_MAX_STATES];  the optimizer's state tensors (n each,
-//                              optimizer_n_states of them, the rest NULL; AdamW's
-//                              moments, SGD's momentum buffer), host memory: what
-//                              checkpoints save and load (full fine-tuning:
-//                              model_trainable_runs' order)
 //   void optimizer_init(Optimizer *o, Model *m);   m->optimizer's, state at zero, t = 0
+//                              (a dry run's: n alone, nothing allocated)
 //   void optimizer_free(Optimizer *o);             safe on a zeroed Optimizer
 //   void optimizer_zero_grad(Optimizer *o);
 //   double optimizer_step(Optimizer *o, float lr, float inv_scale, int update);
@@ -101,12 +102,20 @@
 //       as torch.nn.utils.clip_grad_norm_ (grad_clip 0: off), and one step of
 //       the optimizer (torch.optim.AdamW or torch.optim.SGD); else nothing (t
 //       and the state stay)
-//   void model_sync_host(Model *m, Optimizer *o);
-//       before a save: the trainable weights into m->host (sharded: host.shards),
-//       the optimizer state into o->state (the CPU backend: nothing to do)
+//   int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, float *dst);
+//   void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const float *src);
+//       elements [first, first + count) of state tensor i (optimizer_n_states of them,
+//       n elements each: AdamW's moments, SGD's momentum buffer; full fine-tuning in
+//       model_trainable_runs' order) out to host memory and back in: checkpoints save
+//       and load the state through these, a staging buffer at a time, so the CUDA
+//       trainer keeps no host copy of it. get returns 0.
+//   int optimizer_state_finite(Optimizer *o);   1 when every state element is finite
+//   void model_sync_host(Model *m);
+//       before a save: the trainable weights into m->host (sharded: host.shards)
+//       (the CPU backend: nothing to do)
 //   void optimizer_sync_device(Optimizer *o);
-//       after a checkpoint's optimizer state and t (and a sharded one's weights,
-//       into m->host.shards) were read into o and m (the CPU: nothing)
+//       after a checkpoint's t (and a sharded one's weights, into m->host.shards)
+//       were read into o and m (the CPU: nothing)
 //
 // A test or tool can include the trainer with -DTESTING and call any of it;
 // main is the trainer's own, a call to train_main.
@@ -199,7 +208,7 @@ typedef struct { const char *v[MAX_LIST]; int n; } StrList; // a repeatable opti
 typedef struct {
     const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *tensorboard_dir, *from_peft_checkpoint;
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
-    float memory_limit;
+    float memory_limit, host_memory_limit;
     int eval_every, full_finetune, freeze_layers, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing;
     float lr, lora_alpha, lora_dropout;
     const char *optimizer;
@@ -246,6 +255,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"tensorboard_dir", OPT_STR, &(tc)->tensorboard_dir, "", "write TensorBoard event files into this folder: the step's scalars under Hugging Face Trainer's names (train/loss, train/learning_rate, ...), the configuration as text", 0, 0}, \
     {"max_seq_len", OPT_INT, &(tc)->max_seq_len, "512", "sequences are truncated to this many tokens", 2, 1 << 20}, \
     {"batch_size", OPT_INT_AUTO, &(tc)->batch_size, "4", "rows per micro-batch, or auto: the most that the memory plan fits in --memory_limit", 1, BATCH_SIZE_MAX}, \
+    {"host_memory_limit", OPT_FLOAT, &(tc)->host_memory_limit, "0", "GiB of host memory the run may take (0: what the machine has available at start, MemAvailable); a run whose host memory plan exceeds it is refused before it trains (a --dry_run says so)", 0, 1 << 20}, \
     {"memory_limit", OPT_FLOAT, &(tc)->memory_limit, "0", "GiB the memory plan may take per process with --batch_size auto (0: on the GPU its free memory less a reserve; the CPU trainer needs it given)", 0, 1 << 20}, \
     {"gradient_accumulation_steps", OPT_INT, &(tc)->grad_accum, "0", "micro-batches per optimizer step (0: 1, or what --global_batch_size needs)", 0, 1 << 16}, \
     {"global_batch_size", OPT_INT, &(tc)->global_batch_size, "0", "rows per optimizer step over every rank: --gradient_accumulation_steps becomes this / (--batch_size x ranks), so any world size trains alike (0: --batch_size x ranks x --gradient_accumulation_steps)", 0, 1 << 30}, \
@@ -304,7 +314,6 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"quantize", OPT_STR, &(tc)->quantize, "none", "none | nf4 | fp4: QLoRA, the decoder's linear weights quantized to 4 bits as they load, exactly as bitsandbytes (blocks of 64); LoRA only", 0, 0}, \
     {"double_quant", OPT_INT, &(tc)->double_quant, "1", "with --quantize: 1 stores the absmax values in 8 bits too (bitsandbytes' bnb_4bit_use_double_quant)", 0, 1}, \
 }
-
 
 static void print_help(const Option *opts, int n) {
     printf("usage: train_llama2 --model DIR --data FILE.jsonl [options]\n\n");
@@ -542,7 +551,8 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     h->quant_type = tc->quant_type;
     h->double_quant = tc->double_quant;
     if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, !tc->dry_run);
-    else if (resume_sharded) rc = model_shape(h, tc->model, G, 1); // load_checkpoint reads every weight: none from --model
+    else if (resume_sharded) rc = model_shape(h, tc->model, G, !tc->dry_run); // load_checkpoint reads every weight: none from --model
+    else if (tc->dry_run) rc = model_check(h, weights, G); // the plan needs the shapes: nothing of the model's size
     else rc = G > 1 ? model_load_shard(h, weights, f->shard.rank, G) : model_load(h, weights);
     if (rc != 0) { host_model_free(h); return -1; }
     h->full_finetune = tc->full_finetune;
@@ -740,20 +750,31 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
-// the optimizer's state tensors (o->state) with their names; returns how many (of the
-// units that train: a sharded checkpoint holds none for frozen ones)
-static int optimizer_state(Optimizer *o, const Model *m, FsdpBuffer states[OPTIMIZER_MAX_STATES]) {
+// state tensor i of an optimizer, to be saved through optimizer_state_get (StFillFn)
+typedef struct { Optimizer *o; int i; } StateRef;
+static int state_fill(void *ctx, size_t first, size_t count, void *dst) {
+    const StateRef *r = (const StateRef *)ctx;
+    return optimizer_state_get(r->o, r->i, first, count, (float *)dst);
+}
+
+// the optimizer's state tensors with their names, each saved through its fill (refs: where
+// they point); returns how many (of the units that train: a sharded checkpoint holds none
+// for frozen ones)
+static int optimizer_state(Optimizer *o, const Model *m, FsdpBuffer states[OPTIMIZER_MAX_STATES], StateRef refs[OPTIMIZER_MAX_STATES]) {
     int n = optimizer_n_states(&m->optimizer);
-    for (int i = 0; i < n; i++)
-        states[i] = (FsdpBuffer){optimizer_state_names[m->optimizer.kind][i], o->state[i], m->host.frozen_units};
+    for (int i = 0; i < n; i++) {
+        refs[i] = (StateRef){o, i};
+        states[i] = (FsdpBuffer){optimizer_state_names[m->optimizer.kind][i], NULL, m->host.frozen_units, state_fill, &refs[i]};
+    }
     return n;
 }
 
 // the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights and the optimizer state
-static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES], char fingerprint[17]) {
-    bufs[0] = (FsdpBuffer){"params", m->host.shards, 0};
+static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES], StateRef refs[OPTIMIZER_MAX_STATES],
+                           char fingerprint[17]) {
+    bufs[0] = (FsdpBuffer){"params", m->host.shards, 0, NULL, NULL};
     fsdp_fingerprint(&m->host.units, "", fingerprint);
-    return 1 + optimizer_state(o, m, bufs + 1);
+    return 1 + optimizer_state(o, m, bufs + 1, refs);
 }
 
 // Every file's digest, each rank digesting its share (file i on rank i % W), so a
@@ -829,14 +850,14 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, Fsdp *fs, c
 // part, so a failure on any rank is a failure on every rank.
 static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, const TrainState *ts, const char *tokpath) {
     char dir[PATH_MAX], path[PATH_MAX + 64];
-    model_sync_host(m, o);
+    model_sync_host(m);
     // finite losses and gradients can still overflow the update (AdamW's g^2 above FLT_MAX without --grad_clip): never save that
     const HostModel *h = &m->host;
-    const float *w = h->use_lora ? h->lora.params : h->shards ? h->shards : h->params;
-    size_t nw = h->use_lora ? h->lora.num_params : h->shards ? h->units.shard_numel : h->num_params;
+    const float *w = h->use_lora ? h->lora.params : host_sharded(h) ? h->shards : h->params;
+    size_t nw = h->use_lora ? h->lora.num_params : host_sharded(h) ? h->units.shard_numel : h->num_params;
     FsdpBuffer states[OPTIMIZER_MAX_STATES];
-    int n_states = optimizer_state(o, m, states), bad = !all_finite(w, nw);
-    for (int i = 0; i < n_states; i++) bad |= !all_finite(states[i].data, o->n);
+    StateRef refs[OPTIMIZER_MAX_STATES];
+    int n_states = optimizer_state(o, m, states, refs), bad = !all_finite(w, nw) || !optimizer_state_finite(o);
     if (fsdp_any(&fs->world, bad)) {
         if (fs->world.rank == 0)
             fprintf(stderr, "error: not saving checkpoint %d: the trainable weights or the optimizer state hold NaN or inf (an update "
@@ -846,14 +867,14 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     int rank0 = fs->world.rank == 0, rc = rank0 ? checkpoint_begin(tc->output_dir, ts->step, dir, sizeof dir) : 0;
     if (fsdp_any(&fs->world, rc != 0)) return -1;
     snprintf(dir, sizeof dir, "%s/checkpoint-%d.tmp", tc->output_dir, ts->step);
-    if (m->host.shards && !m->host.use_lora) {
+    if (host_sharded(&m->host) && !m->host.use_lora) {
         FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES];
         char fp[17];
-        rc = fsdp_save(fs, dir, &m->host.units, bufs, sharded_buffers(m, o, bufs, fp), fp);
+        rc = fsdp_save(fs, dir, &m->host.units, bufs, sharded_buffers(m, o, bufs, refs, fp), fp);
     } else if (rank0) { // optimizer.safetensors: the state tensors under their names (none for plain SGD)
         rc = m->host.use_lora ? lora_save_peft(&m->host.lora, dir, tc->model) : model_save_hf(&m->host, dir, tc->model, tokpath);
         StWriteTensor t[OPTIMIZER_MAX_STATES];
-        for (int i = 0; i < n_states; i++) t[i] = (StWriteTensor){states[i].name, ST_F32, 1, {(int64_t)o->n}, states[i].data};
+        for (int i = 0; i < n_states; i++) t[i] = (StWriteTensor){states[i].name, ST_F32, 1, {(int64_t)o->n}, NULL, state_fill, &refs[i]};
         snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
         if (rc == 0) rc = st_write(path, t, n_states, NULL, 0);
     }
@@ -872,20 +893,27 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
 
 // A sharded checkpoint's weights and optimizer state into a whole model (one
 // process, or NO_SHARD): each buffer read as one shard, in the units' order, then
-// put into the whole model's layout; it costs one more copy of the model meanwhile.
+// put into the whole model's layout (the state tensor by tensor through
+// optimizer_state_set); it costs one more copy of the model meanwhile.
 static int load_sharded_whole(const char *dir, Model *m, Optimizer *o) {
+    const HostModel *h = &m->host;
     FsdpUnits one;
-    model_units(&m->host.config, &one, 1);
+    model_units(&h->config, &one, 1);
     FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES];
+    StateRef refs[OPTIMIZER_MAX_STATES];
     char fp[17];
-    int nb = sharded_buffers(m, o, bufs, fp), rc = 0;
+    int nb = sharded_buffers(m, o, bufs, refs, fp), rc = 0;
     float *buf = (float *)mallocCheck(one.shard_numel * sizeof(float));
-    bufs[0].data = m->host.params; // (the whole model's: sharded_buffers names the shards)
     for (int b = 0; b < nb && rc == 0; b++) {
-        FsdpBuffer one_buf = {bufs[b].name, buf, bufs[b].first};
+        FsdpBuffer one_buf = {bufs[b].name, buf, bufs[b].first, NULL, NULL};
         rc = fsdp_load(dir, &one, &one_buf, 1, 0, fp);
-        for (int i = one_buf.first; i < one.n_units && rc == 0; i++)
-            model_put_unit(&m->host, one_buf.first, i, fsdp__buffer_unit(&one, &one_buf, i), bufs[b].data);
+        for (int i = one_buf.first; i < one.n_units && rc == 0; i++) {
+            const float *unit = fsdp__buffer_unit(&one, &one_buf, i);
+            if (b == 0) model_put_unit(h, 0, i, unit, m->host.params); // (sharded_buffers named the shards)
+            else for (int j = 0; j < one.units[i].n_tensors; j++)
+                optimizer_state_set(o, b - 1, model_tensor_offset_from(&h->config, one_buf.first, i, j), one.units[i].tensors[j].numel,
+                                    unit + one.units[i].tensors[j].offset);
+        }
     }
     free(buf);
     fsdp_units_free(&one);
@@ -908,36 +936,50 @@ static int read_state(void *ctx, int unit, int tensor, size_t first, size_t coun
 static int load_trainable(const char *dir, Model *m, Optimizer *o) {
     if (checkpoint_is_sharded(dir)) {
         if (m->host.use_lora) { fprintf(stderr, "error: --resume %s: a full fine-tuning checkpoint, and this run trains LoRA\n", dir); return -1; }
-        if (!m->host.shards) return load_sharded_whole(dir, m, o);
+        if (!host_sharded(&m->host)) return load_sharded_whole(dir, m, o);
         FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES];
+        StateRef refs[OPTIMIZER_MAX_STATES];
         char fp[17];
-        int nb = sharded_buffers(m, o, bufs, fp);
-        return fsdp_load(dir, &m->host.units, bufs, nb, m->fsdp->shard.rank, fp);
+        int nb = sharded_buffers(m, o, bufs, refs, fp), rc = fsdp_load(dir, &m->host.units, bufs, 1, m->fsdp->shard.rank, fp);
+        // the state a buffer at a time through this rank's shard of it
+        float *shard = nb > 1 ? (float *)mallocCheck(o->n * sizeof(float)) : NULL;
+        for (int b = 1; b < nb && rc == 0; b++) {
+            FsdpBuffer to_host = {bufs[b].name, shard, bufs[b].first, NULL, NULL};
+            if ((rc = fsdp_load(dir, &m->host.units, &to_host, 1, m->fsdp->shard.rank, fp)) == 0) optimizer_state_set(o, b - 1, 0, o->n, shard);
+        }
+        free(shard);
+        return rc;
     }
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     StFile sf;
     if (st_open(&sf, path) != 0) return -1;
     FsdpBuffer states[OPTIMIZER_MAX_STATES];
+    StateRef refs[OPTIMIZER_MAX_STATES];
     HostModel *h = &m->host;
-    int n_states = optimizer_state(o, m, states), shard = h->shards && !h->use_lora, rc = 0;
+    int n_states = optimizer_state(o, m, states, refs), shard = host_sharded(h) && !h->use_lora, rc = 0;
     // an unsharded checkpoint holds the state of every weight that trains
-    size_t n = shard ? model_numel_from(&h->config, h->frozen_units) : o->n;
-    float *all = shard ? (float *)mallocCheck(h->units.shard_numel * sizeof(float)) : NULL; // this rank's shard of every unit
+    size_t n = shard ? model_numel_from(&h->config, h->frozen_units) : o->n, piece = st_staging_bytes() / sizeof(float);
+    // whole: a staging buffer at a time; sharded: this rank's shard of every unit
+    float *buf = (float *)mallocCheck((shard ? h->units.shard_numel : n < piece ? n : piece) * sizeof(float) + 1);
     for (int i = 0; i < n_states && rc == 0; i++) {
         const StTensor *t = st_find(&sf, states[i].name);
         if (!t || t->numel != n || t->dtype != ST_F32) {
             fprintf(stderr, "error: %s: expected an F32 tensor %s of %zu elements\n", path, states[i].name, n);
             rc = -1;
-        } else if (!shard) rc = st_read_f32(&sf, t, 0, n, states[i].data);
-        else { // this rank's shard of it, tensor by tensor out of the trainable units' layout (the frozen
-               // units' shards, which have no state, read as zeros and dropped)
+        } else if (!shard) {
+            for (size_t first = 0; first < n && rc == 0; first += piece) {
+                size_t k = n - first < piece ? n - first : piece;
+                if ((rc = st_read_f32(&sf, t, first, k, buf)) == 0) optimizer_state_set(o, i, first, k, buf);
+            }
+        } else { // this rank's shard of it, tensor by tensor out of the trainable units' layout (the frozen
+                 // units' shards, which have no state, read as zeros and dropped)
             StateFile ctx = {&sf, t, &h->config, h->frozen_units};
-            rc = fsdp_read_shard(&h->units, m->fsdp->shard.rank, all, read_state, &ctx);
-            memcpy(states[i].data, all + h->units.units[h->frozen_units].shard_offset, o->n * sizeof(float));
+            rc = fsdp_read_shard(&h->units, m->fsdp->shard.rank, buf, read_state, &ctx);
+            if (rc == 0) optimizer_state_set(o, i, 0, o->n, buf + h->units.units[h->frozen_units].shard_offset);
         }
     }
-    free(all);
+    free(buf);
     if (rc == 0 && sf.n_tensors != n_states) { // what it holds and what this run expects differ: not this optimizer's
         fprintf(stderr, "error: %s: %d tensors, and --optimizer %s keeps %d\n", path, sf.n_tensors, optimizer_names[m->optimizer.kind], n_states);
         rc = -1;
@@ -1017,7 +1059,8 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m
         fprintf(stderr, "error: --resume %s: the data file '%s' has changed since the checkpoint (size, time or contents)\n", dir, tc->data);
         goto done;
     }
-    if (load_loss_scale(&st, path, &ts->ls) != 0 || load_trainable(dir, m, o) != 0) goto done;
+    // (a dry run's plan needs none of the trained values, and has no room for them)
+    if (load_loss_scale(&st, path, &ts->ls) != 0 || (!tc->dry_run && load_trainable(dir, m, o) != 0)) goto done;
     ts->step = (int)v[0]; ts->opt_t = (int)v[1]; ts->data_epoch = (int)v[2]; ts->data_pos = (int)v[3]; ts->bad_in_row = (int)v[4];
     o->t = ts->opt_t;
     rc = 0;
@@ -1057,14 +1100,23 @@ static double flops_per_sequence(const HostModel *m, int T) {
 // What training holds, known before it starts: printed as the memory plan
 // (and alone with --dry_run). Per process; this trainer runs one rank, which holds
 // step_rows rows of a step's batch at once (its micro-batches x rows: train_begin).
-static double memory_plan(const Model *m, const Dataset *train, const Dataset *val, long step_rows, int print) {
+// Returns the backend memory's total (the GPU's, or the CPU's resident memory);
+// *host (when not NULL) the host memory's: the same on the CPU, and beside a GPU the
+// host model as loaded, LoRA's weights, the checkpoint staging buffer and the data.
+static double memory_plan(const Model *m, const Dataset *train, const Dataset *val, long step_rows, int print, double *host) {
     const double MiB = 1048576.0;
     double weights = m->weight_bytes, trainable = m->param_bytes, data = step_rows * (double)m->T * 2 * sizeof(int);
     for (int i = 0; i < 2; i++) {
         const Dataset *d = i ? val : train;
         if (d && d->store) data += d->n_tokens * 5.0 + d->n_rows * 8.0; // tokens and label flags (mapped cache)
     }
-    double total = weights + trainable + m->act_bytes + m->carry_bytes + data;
+#ifdef BACKEND_HOST_PLAN
+    double part[HOST_PLAN_PARTS], total = weights + trainable + m->act_bytes + m->carry_bytes, host_total = data;
+    for (int i = 0; i < HOST_PLAN_PARTS; i++) host_total += part[i] = model_host_bytes(m, i);
+#else // the plan is host memory
+    double total = weights + trainable + m->act_bytes + m->carry_bytes + data, host_total = total;
+#endif
+    if (host) *host = host_total;
     if (print) {
         printf("memory plan (%s of this process):\n", backend_memory);
         printf("  %-34s %10.1f MiB\n", m->fp32 ? "base weights (fp32)" : m->fp16 ? "base weights (fp16)" : "base weights (bf16)", weights / MiB);
@@ -1082,8 +1134,13 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
         printf("  %-34s %10.1f MiB   (chunks of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
                m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
         printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->carry_bytes / MiB);
-        printf("  %-34s %10.1f MiB\n", "tokenized data and the batch", data / MiB);
+#ifdef BACKEND_HOST_PLAN
         printf("  %-34s %10.1f MiB\n", "total", total / MiB);
+        printf("host memory plan (of this process; ranks on one machine share it):\n");
+        for (int i = 0; i < HOST_PLAN_PARTS; i++) printf("  %-34s %10.1f MiB\n", host_plan_names[i], part[i] / MiB);
+#endif
+        printf("  %-34s %10.1f MiB\n", "tokenized data and the batch", data / MiB);
+        printf("  %-34s %10.1f MiB\n", "total", host_total / MiB);
     }
     return total;
 }
@@ -1138,14 +1195,14 @@ static int batch_auto(TrainConfig *tc, Model *m, Fsdp *f, const Dataset *train, 
     while (lo < hi) {
         int mid = lo + (hi - lo + 1) / 2;
         model_plan(m, mid, T, tc->chunk_size, recompute, tc->num_output_chunks);
-        if (memory_plan(m, train, val, STEP_ROWS(mid), 0) <= budget) lo = mid;
+        if (memory_plan(m, train, val, STEP_ROWS(mid), 0, NULL) <= budget) lo = mid;
         else hi = mid - 1;
     }
     if (G % W) lo = 0; // no B x W rows divide it (batch_derive would say so, later)
     while (lo > 0 && G && G % ((long)lo * W)) lo--;
     for (int i = 0; i < 2; i++) { // what the chosen batch and one more row need (for the message)
         model_plan(m, lo + i > 0 ? lo + i : 1, T, tc->chunk_size, recompute, tc->num_output_chunks);
-        need[i] = memory_plan(m, train, val, STEP_ROWS(lo + i > 0 ? lo + i : 1), 0);
+        need[i] = memory_plan(m, train, val, STEP_ROWS(lo + i > 0 ? lo + i : 1), 0, NULL);
     }
     #undef STEP_ROWS
     if (!lo && G % W) fprintf(stderr, "error: --global_batch_size %ld is not a multiple of the %d ranks\n", G, W);
@@ -1347,11 +1404,11 @@ static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int
 // files are rank 0's. Returns the exit code.
 static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, const char *tokpath) {
     Model *m = &r->m;
-    model_sync_host(m, &r->opt);
+    model_sync_host(m);
     HostModel *h = &m->host;
     int rank0 = r->fsdp.world.rank == 0;
     int merge = h->use_lora && ((dir && tc->merge_adapter) || tc->export_gguf[0]); // the base with the adapter folded in
-    if (h->shards && (!h->use_lora || merge)) { // every unit gathered in turn, rank 0 keeps it
+    if (host_sharded(h) && (!h->use_lora || merge)) { // every unit gathered in turn, rank 0 keeps it
         if (rank0) {
             h->params = (float *)mallocCheck(h->num_params * sizeof(float));
             param_layout(&h->config, &h->w, h->params);
@@ -1394,10 +1451,58 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
     return rc;
 }
 
+// the host memory available now (/proc/meminfo's MemAvailable: free, and what the kernel can
+// reclaim without swapping), in bytes; 0 when it cannot tell
+static double host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    if (f) fclose(f);
+    return kib * 1024.0;
+}
+
+// A run whose host memory plan exceeds what it may take (--host_memory_limit, or what the
+// machine had available when the run started) is refused (a dry run: said). 0 ok, -1.
+static double host_limit(const TrainConfig *tc, double available) {
+    return tc->host_memory_limit > 0 ? tc->host_memory_limit * 1073741824.0 : available;
+}
+static int check_host_plan(const TrainConfig *tc, double plan, double available) {
+    const double GiB = 1073741824.0, limit = host_limit(tc, available);
+    if (limit <= 0 || plan <= limit) return 0;
+    fflush(stdout); // (after the plan)
+    fprintf(stderr, "%s: the host memory plan (%.1f GiB) exceeds the %.1f GiB %s (less: LoRA rather than "
+                "--full_finetune, --quantize nf4, sharding over more machines%s)\n", tc->dry_run ? "note" : "error", plan / GiB, limit / GiB,
+                tc->host_memory_limit > 0 ? "of --host_memory_limit" : "this machine had available at start (--host_memory_limit sets it)",
+                model_host_advice);
+    return tc->dry_run ? 0 : -1;
+}
+
+// Before the weights load: the model set up as a dry run's (shapes, no weights), planned at
+// the run's batch (auto: one row) and checked, so that a model too big for the host is
+// refused in seconds, with its plan, not after minutes of loading or by the kernel's
+// out-of-memory killer. 0 ok, -1.
+static int check_host_plan_first(TrainConfig *tc, Trainer *r, int T, double available) {
+    TrainConfig dry = *tc;
+    dry.dry_run = 1;
+    int B = tc->batch_size ? tc->batch_size : 1, GA = tc->grad_accum ? tc->grad_accum : 1;
+    Model *m = &r->m;
+    const Dataset *val = has_validation(tc) ? &r->val_ds : NULL;
+    if (model_load_host(m, &r->fsdp, &dry, tc->resume[0] ? r->resume_dir : NULL) != 0) return -1;
+    model_plan(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
+    double host;
+    memory_plan(m, &r->train_ds, val, (long)GA * B, 0, &host);
+    if (host_limit(tc, available) > 0 && host > host_limit(tc, available)) memory_plan(m, &r->train_ds, val, (long)GA * B, 1, NULL);
+    model_free(m);
+    return check_host_plan(tc, host, available);
+}
+
 // Everything the run needs, on every rank: the output folder, the checkpoint to resume
 // from (each rank verifies its share of its files), the tokenizer and the data (*T: the
-// longest row), the model and its optimizer. Collective: 0 ok, 1 when a rank failed.
-static int train_load(TrainConfig *tc, Trainer *r, int *T) {
+// longest row), the host memory plan checked against what is available (bytes), the
+// model and its optimizer. Collective: 0 ok, 1 when a rank failed.
+static int train_load(TrainConfig *tc, Trainer *r, int *T, double available) {
     Fsdp *f = &r->fsdp;
     int W = f->world.size;
     int failed = mkdir_p(tc->output_dir) != 0;
@@ -1417,6 +1522,7 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T) {
         failed = 1;
     }
     if (failed_anywhere(r, failed || load_data(tc, r, r->tokpath, T) != 0)) return 1;
+    if (!tc->dry_run && failed_anywhere(r, check_host_plan_first(tc, r, *T, available) != 0)) return 1;
     Model *m = &r->m;
     failed = model_load_host(m, f, tc, tc->resume[0] ? r->resume_dir : NULL) != 0;
     const Config *c = &m->host.config;
@@ -1449,8 +1555,9 @@ static int train_resume(TrainConfig *tc, Trainer *r, TrainState *ts) {
     return 0;
 }
 
-// what the run will do: the model, the steps and their rows, and the memory plan
-static void print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
+// what the run will do: the model, the steps and their rows, and the memory plan;
+// returns the host memory it plans
+static double print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
     const Model *m = &r->m;
     const Config *c = &m->host.config;
     printf("model %s: %d layers, dim %d, %d heads (%d kv) of %d, vocab %d, RoPE %s theta %g, %.2fM parameters", tc->model,
@@ -1463,9 +1570,11 @@ static void print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
              m->host.frozen_units - 1);
     printf("training %s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
            !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.use_dora ? "DoRA" : "LoRA", r->opt.n,
-           m->host.shards && !m->host.use_lora ? " (this rank's shard)" : "",
+           host_sharded(&m->host) && !m->host.use_lora ? " (this rank's shard)" : "",
            r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
-    memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, (long)tc->grad_accum * tc->batch_size, 1);
+    double host;
+    memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, (long)tc->grad_accum * tc->batch_size, 1, &host);
+    return host;
 }
 
 // --tensorboard_dir: a new event file (a resumed run's too: TensorBoard reads every file of the
@@ -1590,7 +1699,8 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     memset(&ts, 0, sizeof ts);
     loss_scale_init(&ts.ls, !strcmp(tc->loss_scale, "dynamic") || (!strcmp(tc->loss_scale, "auto") && !strcmp(tc->precision, "fp16")));
     if (tc->batch_size && batch_derive(tc, W, f->world.rank == 0) != 0) return 1; // auto: once train_load chose the batch
-    if (train_load(tc, r, &T) != 0 || (tc->resume[0] && train_resume(tc, r, &ts) != 0)) return 1;
+    double available = host_available(); // (before the model is loaded)
+    if (train_load(tc, r, &T, available) != 0 || (tc->resume[0] && train_resume(tc, r, &ts) != 0)) return 1;
     int B = tc->batch_size, GA = tc->grad_accum;
     int gguf = tc->export_gguf[0] || tc->export_gguf_adapter[0];
     if ((tc->export_hf[0] || (tc->resume[0] && gguf)) && !tc->dry_run) { // a saved run written out, no training
@@ -1600,8 +1710,8 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     }
     long rows_per_step = (long)B * GA * W; // every rank's rows
     int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)r->train_ds.n_rows + rows_per_step - 1) / rows_per_step);
-    print_plan(tc, r, T, total);
-    if (tc->dry_run) return 0;
+    double host = print_plan(tc, r, T, total);
+    if (tc->dry_run) return check_host_plan(tc, host, available) != 0; // (a note: a plan may be for another machine)
     if (tc->resume[0]) printf("resumed from %s at step %d\n", r->resume_dir, ts.step);
     if (train_begin(tc, r, &ts, T) != 0) return 1;
 

@@ -72,11 +72,12 @@ class Trainer:
         p = subprocess.run(self.cmd(lora, T, B, extra + ["--dry_run"]), capture_output=True, text=True, timeout=300)
         if p.returncode != 0:
             sys.exit(f"error: the dry run failed (exit {p.returncode}): {' '.join(self.cmd(lora, T, B, extra))}\n{p.stderr[-2000:]}")
-        lines = dict((m.group(1), float(m.group(2))) for m in re.finditer(r"^  (\S.*?)\s+([\d.]+) MiB", p.stdout, re.M))
+        gpu = p.stdout.split("host memory plan")[0] # the GPU's plan (the host's follows it)
+        lines = dict((m.group(1), float(m.group(2))) for m in re.finditer(r"^  (\S.*?)\s+([\d.]+) MiB", gpu, re.M))
         t = re.search(r"T <= (\d+)", p.stdout)
         if not t or int(t.group(1)) != T:
             sys.exit(f"error: the dry run trains rows of {t and t.group(1)} tokens, not {T}: --data has too few tokens")
-        return lines["total"] - lines["tokenized data and the batch"]
+        return lines["total"]
 
     def fits(self, lora, T, B, extra):
         return self.plan(lora, T, B, extra) <= self.args.gpu_mib - self.args.reserve_mib

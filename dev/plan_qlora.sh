@@ -28,7 +28,7 @@ for model in llama-2-7b llama-2-70b; do
             lora=$(awk '/trainable weights/ { print $5 }' <<<"$log")
             act=$(awk '/activations and scratch/ { print $4 }' <<<"$log")
             carry=$(awk '/KV and dKV carry/ { print $5 }' <<<"$log")
-            total=$(awk '/^  total/ { t = $2 } /tokenized data/ { d = $(NF - 1) } END { print t - d }' <<<"$log")
+            total=$(awk '/^  total/ { print $2; exit }' <<<"$log") # the GPU's (the host's follows)
             echo "| $model | $ranks | ${mode//--/} | $(gib "$bits") | $(gib "$(awk -v a="$base" -v b="$bits" 'BEGIN { print a - b }')") | $(gib "$lora") | $(gib "$act") | $(gib "$carry") | $(gib "$total") |"
         done
     done

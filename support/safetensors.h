@@ -557,13 +557,29 @@ static inline int st_read_i32(StFile *sf, const StTensor *t, int32_t *out) {
 // ----------------------------------------------------------------------------
 // writing
 
+// elements [first, first + count) of a tensor into dst: how a tensor that is not in host
+// memory (the CUDA trainer's optimizer state) is written, a piece at a time; 0 ok, -1 with a message
+typedef int (*StFillFn)(void *ctx, size_t first, size_t count, void *dst);
+
 typedef struct {
     const char *name;
     StDtype dtype;
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     const void *data;  // numel * dtype size bytes in host (little-endian) layout; may be NULL if numel == 0
+    StFillFn fill;     // or, with data NULL, the bytes come from fill(ctx, ...) through a staging buffer
+    void *ctx;
 } StWriteTensor;       // any fixed-size dtype is written as raw bytes (the trainer uses F32 and I32)
+
+// the bytes a staging buffer holds: what writing a tensor through its fill, or reading one
+// piece by piece, keeps in host memory at once. LLAMA2TUNE_STAGING_BYTES sets it (the tests
+// make it small, so that their small tensors cross several pieces).
+#define ST_STAGING_BYTES ((size_t)256 << 20)
+static inline size_t st_staging_bytes(void) {
+    const char *e = getenv("LLAMA2TUNE_STAGING_BYTES");
+    long long v = e ? atoll(e) : 0;
+    return v >= 64 ? (size_t)v : ST_STAGING_BYTES; // (at least a few elements of any dtype)
+}
 
 // growable string buffer for building the header
 typedef struct { char *p; size_t n, cap; int oom; } St__Buf;
@@ -634,7 +650,7 @@ static inline int st__write_check(const char *path, const StWriteTensor *tensors
             if (t->shape[d] && numel > UINT64_MAX / 64 / (uint64_t)t->shape[d]) { st__err(path, t->name, "shape too large"); return -1; }
             numel *= (uint64_t)t->shape[d];
         }
-        if (numel && !t->data) { st__err(path, t->name, "data is NULL"); return -1; }
+        if (numel && !t->data && !t->fill) { st__err(path, t->name, "data is NULL"); return -1; }
     }
     qsort(order, (size_t)n, sizeof *order, st__cmp_wt);
     for (int i = 1; i < n; i++)
@@ -700,10 +716,28 @@ static inline int st__write_contents(FILE *f, const char *path, const char *tmp,
         uint64_t bytes = (uint64_t)st_dtype_size(t->dtype);
         for (int d = 0; d < t->ndim; d++) bytes *= (uint64_t)t->shape[d];
         if (bytes > SIZE_MAX) { st__err(path, t->name, "too large for this platform"); return -1; }
-        if (bytes && fwrite(t->data, 1, (size_t)bytes, f) != (size_t)bytes) {
-            st__err(path, t->name, "cannot write data to %s: %s", tmp, strerror(errno));
-            return -1;
+        if (t->data || !bytes) {
+            if (bytes && fwrite(t->data, 1, (size_t)bytes, f) != (size_t)bytes) {
+                st__err(path, t->name, "cannot write data to %s: %s", tmp, strerror(errno));
+                return -1;
+            }
+            continue;
         }
+        size_t es = st_dtype_size(t->dtype), n = (size_t)bytes / es, piece = st_staging_bytes() / es; // elements at a time
+        if (piece > n) piece = n;
+        void *stage = malloc(piece * es);
+        if (!stage) { st__err(path, t->name, "out of memory for a staging buffer"); return -1; }
+        int rc = 0;
+        for (size_t first = 0; first < n && rc == 0; first += piece) {
+            size_t k = n - first < piece ? n - first : piece;
+            if (t->fill(t->ctx, first, k, stage) != 0) rc = -1;
+            else if (fwrite(stage, es, k, f) != k) {
+                st__err(path, t->name, "cannot write data to %s: %s", tmp, strerror(errno));
+                rc = -1;
+            }
+        }
+        free(stage);
+        if (rc != 0) return -1;
     }
     if (fflush(f) != 0 || fsync(fileno(f)) != 0) { st__err(path, NULL, "cannot flush %s: %s", tmp, strerror(errno)); return -1; }
     return 0;

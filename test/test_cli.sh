@@ -75,6 +75,23 @@ if [ $? -eq 0 ] && grep -q "memory plan" "$TMP/dry.log" && grep -q "lr_scheduler
 else
     echo "FAIL cli: --dry_run: $(tail -3 "$TMP/dry.log")"; fails=$((fails + 1))
 fi
+# the host's memory: Llama-2-7B full fine-tuning planned in 4 GiB of address space (ulimit -v): a dry
+# run allocates nothing of the model's size (its plan, 103011.3 MiB: 4 x 6738415616 bytes of weights,
+# as many of gradients and two AdamW moments, and the activations and carry); a tiny run whose plan
+# exceeds --host_memory_limit is refused before it trains, with its plan
+mkdir -p "$TMP/7b"; cp test/fixtures/configs/llama-2-7b/config.json "$TMP/7b/"
+(ulimit -v 4194304; "$BIN" --model "$TMP/7b" --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --data "$DATA" --max_seq_len 512 \
+    --batch_size 1 --full_finetune --activation_checkpointing --dry_run --output_dir "$TMP/dry") >"$TMP/dry7b.log" 2>&1
+if [ $? -eq 0 ] && grep -qE "^  base weights \(fp32\) +25705\.0 MiB" "$TMP/dry7b.log" &&
+        grep -qE "^  trainable weights, grads, AdamW +77115\.0 MiB" "$TMP/dry7b.log"; then
+    echo "ok cli: --dry_run plans Llama-2-7B full fine-tuning in 4 GiB of address space"
+else
+    echo "FAIL cli: --dry_run of Llama-2-7B under ulimit -v 4 GiB: $(grep -A3 "^memory plan" "$TMP/dry7b.log"; tail -2 "$TMP/dry7b.log")"; fails=$((fails + 1))
+fi
+expect_error "a plan over --host_memory_limit is refused" "^error: the host memory plan \([0-9.]+ GiB\) exceeds the 0\.0 GiB of --host_memory_limit" \
+    --model $FIX/tiny_gqa "${RUN[@]}" --host_memory_limit 0.00001
+grep -q "^memory plan" "$TMP/out" && [ ! -e "$TMP/out_adapter/checkpoint-1" ]
+if [ $? -eq 0 ]; then echo "ok cli: ... with its plan, and nothing trained"; else echo "FAIL cli: the refusal's plan: $(head -5 "$TMP/out")"; fails=$((fails + 1)); fi
 # the configuration table stays aligned whatever the values: every option once, its name in one of
 # three columns that are the same on every line, and a long value (a path, a list) printed whole
 long_dir="$TMP/an_output_directory_whose_name_is_longer_than_any_column_of_the_table"

@@ -132,6 +132,30 @@ rc=$?
     grep -qE "of which 4-bit layers +1593\.5 MiB +\(nf4, double quantization, blocks of 64; this rank's shards\)" "$TMP/qlora_w2.log"
 check "--quantize nf4 over two ranks plans a rank's shards of the runs and the slots that gather them" $? \
     "exit $rc: $(grep -A2 'base weights' "$TMP/qlora_w2.log"; tail -2 "$TMP/qlora_w2.log")"
+# the host's memory: Llama-2-7B full fine-tuning's plan made on a host with 4 GiB of address space
+# (ulimit -v), one process and two ranks (FULL_SHARD): a dry run allocates nothing of the model's
+# size (neither the weights nor the optimizer state, which stays on the GPU alone). The host plan:
+# the fp32 weights as loaded, 6738415616 x 4 bytes = 25705.0 MiB whole, 3369207808 x 4 = 12852.5
+# MiB a rank; the checkpoint staging buffer, 256.0 MiB. Then the run itself with
+# --host_memory_limit 20 (GiB): refused before any weight is loaded (still under the 4 GiB), with its plan.
+FARGS=(--model "$TMP/7b" --random_init --tokenizer test/fixtures/tiny_gqa/tokenizer.model --data test/fixtures/data.jsonl
+       --max_seq_len 512 --batch_size 1 --full_finetune --activation_checkpointing --output_dir "$TMP/out")
+(ulimit -v 4194304; ./train_llama2cu "${FARGS[@]}" --dry_run) >"$TMP/full7b.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && plan_line "$TMP/full7b.log" "base weights \(fp32, as loaded\)" | grep -qE " 25705\.0 MiB" &&
+    plan_line "$TMP/full7b.log" "checkpoint staging" | grep -qE " 256\.0 MiB" && grep -q "^host memory plan" "$TMP/full7b.log"
+check "Llama-2-7B full fine-tuning planned in 4 GiB of address space: the host plan holds the fp32 weights and the staging buffer" $? \
+    "exit $rc: $(grep -A5 '^host memory' "$TMP/full7b.log"; tail -2 "$TMP/full7b.log")"
+(ulimit -v 4194304; dev/launch.sh 2 ./train_llama2cu "${FARGS[@]}" --dry_run --collectives host) >"$TMP/full7b_w2.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && plan_line "$TMP/full7b_w2.log" "base weights \(fp32, as loaded\)" | grep -qE " 12852\.5 MiB"
+check "the same over two ranks in 4 GiB: rank 0's host plan holds its half of the weights" $? \
+    "exit $rc: $(grep -A2 '^host memory' "$TMP/full7b_w2.log"; tail -2 "$TMP/full7b_w2.log")"
+(ulimit -v 4194304; ./train_llama2cu "${FARGS[@]}" --max_steps 1 --host_memory_limit 20) >"$TMP/refused.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "^error: the host memory plan (25.4 GiB) exceeds the 20.0 GiB of --host_memory_limit" "$TMP/refused.log" &&
+    grep -q "^host memory plan" "$TMP/refused.log" && ! grep -q "out of memory" "$TMP/refused.log"
+check "a run whose host plan exceeds --host_memory_limit is refused with the plan, before loading" $? "exit $rc: $(tail -3 "$TMP/refused.log")"
 dev/launch.sh 2 ./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --collectives host >"$TMP/w2.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] && grep -q "^2 ranks, FULL_SHARD" "$TMP/w2.log" && grep -q "memory plan (GPU memory" "$TMP/w2.log" &&

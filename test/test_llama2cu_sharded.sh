@@ -89,6 +89,26 @@ for mode in lora full; do
     close "$mode: one emulated process == the CPU trainer" "$TMP/$mode-1" "$TMP/$mode-cpu" $CPU_TOL
 done
 
+# resume: the optimizer state lives on the device alone, and a checkpoint streams it through a
+# staging buffer both ways (1000 bytes here: 250 floats, so every state tensor crosses many
+# pieces, one of them short). Full fine-tuning killed after step 3 and resumed from checkpoint 2
+# == uninterrupted, bit for bit (the final checkpoint's weights and AdamW moments): one process
+# (optimizer.safetensors) and W = 2 FULL_SHARD (each rank's shards of both)
+for w in 1 2; do
+    how="env $w" files="model.safetensors optimizer.safetensors" b=$((6 / w))
+    [ $w = 1 ] && how=none
+    [ $w = 2 ] && files="fsdp-00000-of-00002.safetensors fsdp-00001-of-00002.safetensors"
+    sharded=(--sharding_strategy FULL_SHARD --collectives host)
+    LLAMA2TUNE_STAGING_BYTES=1000 emu "$how" "$TMP/ckpt-$w" "${FULL[@]}" --batch_size $b "${sharded[@]}" --save_every 2
+    LLAMA2TUNE_STAGING_BYTES=1000 LLAMA2TUNE_FAULT=step:3 emu "$how" "$TMP/killed-$w" "${FULL[@]}" --batch_size $b "${sharded[@]}" --save_every 2
+    LLAMA2TUNE_STAGING_BYTES=1000 emu "$how" "$TMP/killed-$w" "${FULL[@]}" --batch_size $b "${sharded[@]}" --save_every 2 --resume "$TMP/killed-$w"
+    rc=$?
+    for f in $files; do cmp -s "$TMP/ckpt-$w/checkpoint-4/$f" "$TMP/killed-$w/checkpoint-4/$f" || rc=1; done
+    grep -q "resumed from $TMP/killed-$w/checkpoint-2 at step 2" "$TMP/killed-$w.log" || rc=1
+    check "full fine-tuning, W = $w: killed after step 3, resumed from checkpoint 2 == uninterrupted, bit for bit ($files)" $rc \
+        "$(tail -3 "$TMP/killed-$w.log")"
+done
+
 # mpirun: where it is installed and $EMU_BIN was built with MPI (a build without it says so and stops)
 launchers=(env)
 if command -v mpirun >/dev/null; then

@@ -53,6 +53,9 @@ COMMON=(--data test/fixtures/data.jsonl --max_seq_len 24 --gradient_accumulation
         --warmup_steps 2 --weight_decay 0.01 --threads 1)
 LAUNCHER=mpirun
 export LAUNCH_GRACE=20 # dev/launch.sh: seconds before the ranks left after a failure are killed
+# the optimizer state is saved and read through a staging buffer: 1000 bytes (250 floats), so
+# that every state tensor here crosses many pieces (as a 7B model's cross 256 MiB ones)
+export LLAMA2TUNE_STAGING_BYTES=1000
 run() { # run W OUT [args]: W ranks (0: one process, no launcher) started by $LAUNCHER, output in OUT, metrics in OUT.jsonl, log in OUT.log
     local w=$1 out=$2; shift 2
     local launch=(timeout $TIMEOUT)
