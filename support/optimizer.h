@@ -5,6 +5,7 @@
 // the state under torch's names, so a checkpoint says what it holds.
 #ifndef OPTIMIZER_H
 #define OPTIMIZER_H
+#include <math.h>
 
 enum { OPTIMIZER_ADAMW, OPTIMIZER_SGD };
 static const char *const optimizer_names[] = {"adamw", "sgd"}; // --optimizer, by kind
@@ -25,5 +26,36 @@ static inline int optimizer_n_states(const OptimizerSettings *s) {
     return s->kind == OPTIMIZER_ADAMW ? 2 : s->momentum != 0.0f;
 }
 static const char *const optimizer_state_names[][OPTIMIZER_MAX_STATES] = {{"exp_avg", "exp_avg_sq"}, {"momentum_buffer", ""}};
+
+// ----------------------------------------------------------------------------
+// The scalars of one step of torchao's AdamW8bit (and of its fp32-state path), rounded
+// as torch rounds them, for both backends' updates (train_llama2.c, layers.cuh). The
+// hyperparameters are the Python floats a script passes (double): torchao rounds
+// 1 - beta in double first, then to fp32, so an fp32 beta would give another weight.
+// t is the step, 1 for the first.
+
+// torchao.optim.adam's single_param_adam (AdamW: is_adamw): lr is an fp32 tensor, the
+// step an fp32 tensor too (beta^step: fp32 powf), weight decay and eps Python numbers
+// met by fp32 tensors (rounded to fp32)
+typedef struct {
+    float lr;
+    float decay;    // lr * weight_decay: p - decay * p
+    float w1, w2;   // the lerp weights 1 - beta1, 1 - beta2
+    float bc1;      // 1 - beta1^t
+    float bc2_sqrt; // sqrt(1 - beta2^t)
+    float eps;
+} TorchaoAdamScalars;
+static inline TorchaoAdamScalars torchao_adam_scalars(int t, double lr, double beta1, double beta2, double eps,
+                                                      double wd) {
+    TorchaoAdamScalars s;
+    s.lr = (float)lr;
+    s.decay = s.lr * (float)wd;
+    s.w1 = (float)(1.0 - beta1);
+    s.w2 = (float)(1.0 - beta2);
+    s.bc1 = 1.0f - powf((float)beta1, (float)t);
+    s.bc2_sqrt = sqrtf(1.0f - powf((float)beta2, (float)t));
+    s.eps = (float)eps;
+    return s;
+}
 
 #endif
