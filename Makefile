@@ -56,7 +56,7 @@ NVCCFLAGS_BASE = -O3 -std=c++17 --Werror all-warnings -Xcompiler -Wall,-Wextra,-
 NVCCFLAGS = $(NVCCFLAGS_BASE) $(CUDA_ARCHS)
 CUDA_LDLIBS = -lcublasLt -lcublas -lm
 CUDA_HEADERS = support/cuda_common.cuh layers.cuh quant.cuh quant.h support/matmul.cuh attention.cuh lora.cuh lora.h support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
-CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw adamw8bit sgd grad_norm elementwise lora dequant)
+CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw adamw8bit anyprecision sgd grad_norm elementwise lora dequant)
 CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh
 
 # SANITIZE=1: the trainer and every test built with AddressSanitizer and

@@ -424,8 +424,8 @@ void sgd_update(float *params, const float *grads, float *buf, size_t n, int t, 
 }
 
 // ----------------------------------------------------------------------------
-// torchao's AdamW8bit, as train_llama2.c's twins compute it (op for op as torch does
-// eagerly): every rounding explicit,
+// torchao's AdamW8bit and llama-recipes' AnyPrecisionAdamW, as train_llama2.c's
+// twins compute them (op for op as torch does eagerly): every rounding explicit,
 // __fmul_rn where a product must not fuse into the next sum, fmaf where torch fuses
 
 // torch.lerp(s, e, w) with a scalar weight: one fma from the nearer end
@@ -522,5 +522,40 @@ void adamw_torchao_update(float *params, const float *grads, float *m, float *v,
     if (n == 0) return;
     adamw_torchao_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
         params, grads, m, v, n, torchao_adam_scalars(t, lr, beta1, beta2, eps, wd), params_copy);
+    cudaLaunchCheck();
+}
+
+// fp32 rounded to bf16 (optimizer.h's bf16_round, on the device)
+__device__ inline float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
+__global__ void anyprecision_kernel(__nv_bfloat16 *params, const __nv_bfloat16 *grads, __nv_bfloat16 *m,
+                                    __nv_bfloat16 *v, __nv_bfloat16 *comp, size_t n, AnyPrecisionScalars s) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = __bfloat162float(grads[i]), p = round_bf16(__bfloat162float(params[i]) * s.decay);
+    // (alpha1 * g, two bf16 significands, is exact: fused or not, one rounding)
+    float mi = round_bf16(fmaf(s.alpha1, g, round_bf16(__bfloat162float(m[i]) * s.beta1)));
+    float vi = round_bf16(fmaf(s.w2 * g, g, round_bf16(__bfloat162float(v[i]) * s.beta2)));
+    float denom = round_bf16(round_bf16(round_bf16(sqrtf(vi)) / s.bc2_sqrt) + s.eps);
+    float step = s.neg_step * mi / denom;
+    if (comp) {
+        float c = round_bf16(__bfloat162float(comp[i]) + step), pn = round_bf16(p + c);
+        comp[i] = __float2bfloat16(c + round_bf16(p - pn));
+        p = pn;
+    } else {
+        p = round_bf16(p + step);
+    }
+    params[i] = __float2bfloat16(p);
+    m[i] = __float2bfloat16(mi);
+    v[i] = __float2bfloat16(vi);
+}
+// One AnyPrecisionAdamW step (the t-th) on n bf16 parameters with bf16 gradients, bf16
+// moments m, v and, with Kahan summation, the bf16 compensation comp (NULL: none), all
+// zero at the start; as train_llama2.c's anyprecision_update
+inline void anyprecision_update(__nv_bfloat16 *params, const __nv_bfloat16 *grads, __nv_bfloat16 *m,
+                                __nv_bfloat16 *v, __nv_bfloat16 *comp, size_t n, int t, double lr, double beta1,
+                                double beta2, double eps, double wd, cudaStream_t stream) {
+    if (n == 0) return;
+    anyprecision_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
+        params, grads, m, v, comp, n, anyprecision_scalars(t, lr, beta1, beta2, eps, wd));
     cudaLaunchCheck();
 }

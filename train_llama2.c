@@ -961,9 +961,9 @@ static void sgd_update(float *p, const float *g, float *buf, size_t n, int first
 }
 
 // ----------------------------------------------------------------------------
-// torchao's AdamW8bit (torchao.optim.AdamW8bit), op for op as torch computes it eagerly
-// on the CPU, each op rounded where torch's rounds (test/test_optim.c: bit for bit
-// against it; layers.cuh has the kernels)
+// torchao's AdamW8bit (torchao.optim.AdamW8bit) and llama-recipes' AnyPrecisionAdamW,
+// op for op as torch computes them eagerly on the CPU, each op rounded where torch's
+// rounds (test/test_optim.c: bit for bit against both; layers.cuh has the kernels)
 
 // one fp32 rounding: a product kept from being fused with the sum after it into an fma
 // (GNU C's default -ffp-contract=fast), as torch rounds separate ops
@@ -1038,6 +1038,37 @@ static void adamw_torchao_update(float *p, const float *g, float *m, float *v, s
         m[i] = torch_lerp(m[i], g[i], s.w1);
         v[i] = torch_lerp(v[i], opt_f32(g[i] * g[i]), s.w2);
         p[i] = torchao_adam_param(p[i], m[i], v[i], &s);
+    }
+}
+
+// One AnyPrecisionAdamW step (the t-th) on n bf16 parameters p with bf16 gradients g,
+// bf16 moments m, v and, with Kahan summation, the bf16 compensation comp (NULL: none),
+// all starting at zero. Each op computes in fp32 and rounds to bf16, in the optimizer's
+// order: decay p; m = m * beta1 + (1 - beta1) g; v = v * beta2 + (1 - beta2) g^2 (one
+// fma, as torch's addcmul_); denom = sqrt(v) / sqrt(1 - beta2^t) + eps; the step
+// -lr / (1 - beta1^t) * m / denom goes into comp and comp into p, comp keeping what p
+// could not take, or straight into p.
+static void anyprecision_update(uint16_t *p, const uint16_t *g, uint16_t *m, uint16_t *v, uint16_t *comp, size_t n,
+                                int t, double lr, double beta1, double beta2, double eps, double wd) {
+    AnyPrecisionScalars s = anyprecision_scalars(t, lr, beta1, beta2, eps, wd);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float gi = bf16_to_f32(g[i]), pi = bf16_round(bf16_to_f32(p[i]) * s.decay);
+        // (alpha1 * gi, two bf16 significands, is exact: fused or not, one rounding)
+        float mi = bf16_round(fmaf(s.alpha1, gi, bf16_round(bf16_to_f32(m[i]) * s.beta1)));
+        float vi = bf16_round(fmaf(s.w2 * gi, gi, bf16_round(bf16_to_f32(v[i]) * s.beta2)));
+        float denom = bf16_round(bf16_round(bf16_round(sqrtf(vi)) / s.bc2_sqrt) + s.eps);
+        float step = s.neg_step * mi / denom;
+        if (comp) {
+            float c = bf16_round(bf16_to_f32(comp[i]) + step), pn = bf16_round(pi + c);
+            comp[i] = bf16_from_f32(c + bf16_round(pi - pn));
+            pi = pn;
+        } else {
+            pi = bf16_round(pi + step);
+        }
+        p[i] = bf16_from_f32(pi);
+        m[i] = bf16_from_f32(mi);
+        v[i] = bf16_from_f32(vi);
     }
 }
 

@@ -1,8 +1,9 @@
-// train_llama2.c's adamw8bit_update and adamw_torchao_update against the optimizer
-// itself (dev/reference/make_optim_fixtures.py: torchao's AdamW8bit, run eagerly by torch
-// on the CPU): every step of every run of test/fixtures/optim/ from the same inputs, each
-// tensor's parameters and moments (8-bit: codes and absmax; fp32) compared bit for bit
-// after every step (tolerance: none). The states start at zero
+// train_llama2.c's adamw8bit_update, adamw_torchao_update and anyprecision_update
+// against the optimizers themselves (dev/reference/make_optim_fixtures.py: torchao's
+// AdamW8bit and llama-recipes' AnyPrecisionAdamW, run eagerly by torch on the CPU):
+// every step of every run of test/fixtures/optim/ from the same inputs, each tensor's
+// parameters, moments (8-bit: codes and absmax; fp32; bf16) and Kahan compensation
+// compared bit for bit after every step (tolerance: none). The states start at zero
 // and carry on from our own previous step, so an error at one step shows there. Also:
 // support/optimizer_qmap.h's tables are torchao's, the 8-bit update of a tensor in two
 // slices of whole blocks is the update of the whole, and the results are the same at
@@ -30,6 +31,7 @@ static void *read_raw(const char *name, size_t numel, StDtype d, size_t size) {
     return x;
 }
 static float *read_f32(const char *name, size_t numel) { return (float *)read_raw(name, numel, ST_F32, 4); }
+static uint16_t *read_bf16(const char *name, size_t numel) { return (uint16_t *)read_raw(name, numel, ST_BF16, 2); }
 
 static const char *tname(const char *run, const char *x, const char *what, int t) {
     static char name[256];
@@ -46,6 +48,7 @@ static void check_bits(const char *what, const void *got, const void *want, size
         if (memcmp(a + i * size, b + i * size, size) != 0 && bad++ == 0) first = i;
     double gv = 0, wv = 0;
     if (bad && size == 4) { float f; memcpy(&f, a + first * 4, 4); gv = f; memcpy(&f, b + first * 4, 4); wv = f; }
+    if (bad && size == 2) { uint16_t h; memcpy(&h, a + first * 2, 2); gv = bf16_to_f32(h); memcpy(&h, b + first * 2, 2); wv = bf16_to_f32(h); }
     if (bad && size == 1) { gv = a[first]; wv = b[first]; }
     CHECK(bad == 0, what, "%zu of %zu elements differ, the first at %zu: %.9g, the reference's %.9g", bad, n, first, gv, wv);
 }
@@ -67,10 +70,11 @@ static const char *str(const JsonValue *o, const char *key) {
     if (json_get_string(o, key, &s, NULL) != 0) die(DIR "optim.json: missing string '%s'", key);
     return s;
 }
-typedef struct { const char *name; double lr, beta1, beta2, eps, wd; int steps; const JsonValue *tensors; } Run;
+typedef struct { const char *name; double lr, beta1, beta2, eps, wd; int steps, kahan; const JsonValue *tensors; } Run;
 static Run read_run(const JsonValue *r) {
     Run run = {str(r, "name"), num(r, "lr"), num(r, "beta1"), num(r, "beta2"), num(r, "eps"), num(r, "weight_decay"),
-               (int)num(r, "steps"), json_get(r, "tensors")};
+               (int)num(r, "steps"), 0, json_get(r, "tensors")};
+    json_get_bool(r, "kahan", &run.kahan);
     if (!run.tensors || run.tensors->type != JSON_ARRAY) die(DIR "optim.json: run %s has no tensors", run.name);
     return run;
 }
@@ -78,7 +82,7 @@ static Run read_run(const JsonValue *r) {
 // CHECKs that got (count elements of dtype d) is tensor <run>.<x>.<suffix><t> of the fixture
 static void check_step(const Run *r, const char *x, size_t n, const char *path, int t, const char *label,
                        const void *got, const char *suffix, size_t count, StDtype d) {
-    size_t size = d == ST_U8 ? 1 : 4;
+    size_t size = d == ST_U8 ? 1 : d == ST_BF16 ? 2 : 4;
     void *want = read_raw(tname(r->name, x, suffix, t), count, d, size);
     char what[300];
     snprintf(what, sizeof what, "%s %s (%zu, %s) step %d: %s", r->name, x, n, path, t, label);
@@ -127,14 +131,37 @@ static void check_adamw8bit(const Run *r) {
     }
 }
 
-// the 8-bit update (and the fp32 path) at 1 and 3 threads: blocks (elements) are
+static void check_anyprecision(const Run *r) {
+    for (int k = 0; k < r->tensors->count; k++) {
+        const JsonValue *x = &r->tensors->items[k];
+        const char *xn = str(x, "name");
+        size_t n = (size_t)num(x, "numel");
+        uint16_t *p = read_bf16(tname(r->name, xn, "p0", -1), n);
+        uint16_t *m = (uint16_t *)callocCheck(n, 2), *v = (uint16_t *)callocCheck(n, 2);
+        uint16_t *c = r->kahan ? (uint16_t *)callocCheck(n, 2) : NULL;
+        const char *path = r->kahan ? "Kahan" : "no Kahan";
+        for (int t = 1; t <= r->steps; t++) {
+            uint16_t *g = read_bf16(tname(r->name, xn, "g", t), n);
+            anyprecision_update(p, g, m, v, c, n, t, r->lr, r->beta1, r->beta2, r->eps, r->wd);
+            check_step(r, xn, n, path, t, "params", p, "p", n, ST_BF16);
+            check_step(r, xn, n, path, t, "exp_avg", m, "m", n, ST_BF16);
+            check_step(r, xn, n, path, t, "exp_avg_sq", v, "v", n, ST_BF16);
+            if (c) check_step(r, xn, n, path, t, "compensation", c, "c", n, ST_BF16);
+            free(g);
+        }
+        free(p), free(m), free(v), free(c);
+    }
+}
+
+// the 8-bit update (and the others) at 1 and 3 threads: blocks (elements) are
 // independent, so the bits must not change
 static void check_threads(void) {
 #ifdef _OPENMP
     size_t n = 4096;
     float *p[2], *g = (float *)mallocCheck(n * 4), *ma[2], *va[2], *m[2], *v[2];
     uint8_t *mc[2], *vc[2];
-    for (size_t i = 0; i < n; i++) g[i] = sinf((float)i) * powf(10.0f, (float)(i % 9) - 6.0f);
+    uint16_t *bp[2], *bg = (uint16_t *)mallocCheck(n * 2), *bm[2], *bv[2], *bc[2];
+    for (size_t i = 0; i < n; i++) g[i] = sinf((float)i) * powf(10.0f, (float)(i % 9) - 6.0f), bg[i] = bf16_from_f32(g[i]);
     int saved = omp_get_max_threads();
     for (int run = 0; run < 2; run++) {
         omp_set_num_threads(run ? 3 : 1);
@@ -143,20 +170,26 @@ static void check_threads(void) {
         mc[run] = (uint8_t *)callocCheck(n, 1), vc[run] = (uint8_t *)callocCheck(n, 1);
         ma[run] = (float *)callocCheck(n / 256, 4), va[run] = (float *)callocCheck(n / 256, 4);
         m[run] = (float *)callocCheck(n, 4), v[run] = (float *)callocCheck(n, 4);
+        bp[run] = (uint16_t *)mallocCheck(n * 2), bm[run] = (uint16_t *)callocCheck(n, 2);
+        bv[run] = (uint16_t *)callocCheck(n, 2), bc[run] = (uint16_t *)callocCheck(n, 2);
+        for (size_t i = 0; i < n; i++) bp[run][i] = bf16_from_f32(p[run][i]);
         for (int t = 1; t <= 2; t++) {
             adamw8bit_update(p[run], g, mc[run], ma[run], vc[run], va[run], n, t, 1e-3, 0.9, 0.999, 1e-8, 0.1);
             adamw_torchao_update(p[run], g, m[run], v[run], n, t, 1e-3, 0.9, 0.999, 1e-8, 0.1);
+            anyprecision_update(bp[run], bg, bm[run], bv[run], bc[run], n, t, 1e-3, 0.9, 0.999, 1e-8, 0.1);
         }
     }
     omp_set_num_threads(saved);
     int same = !memcmp(p[0], p[1], n * 4) && !memcmp(mc[0], mc[1], n) && !memcmp(vc[0], vc[1], n) &&
                !memcmp(ma[0], ma[1], n / 256 * 4) && !memcmp(va[0], va[1], n / 256 * 4) && !memcmp(m[0], m[1], n * 4) &&
-               !memcmp(v[0], v[1], n * 4);
+               !memcmp(v[0], v[1], n * 4) && !memcmp(bp[0], bp[1], n * 2) && !memcmp(bm[0], bm[1], n * 2) &&
+               !memcmp(bv[0], bv[1], n * 2) && !memcmp(bc[0], bc[1], n * 2);
     CHECK(same, "optimizer updates: the same bits at 1 and 3 threads", "they differ");
     for (int run = 0; run < 2; run++) {
         free(p[run]), free(mc[run]), free(vc[run]), free(ma[run]), free(va[run]), free(m[run]), free(v[run]);
+        free(bp[run]), free(bm[run]), free(bv[run]), free(bc[run]);
     }
-    free(g);
+    free(g), free(bg);
 #else
     test_skip("optimizer updates at 1 and 3 threads", "built without OpenMP");
 #endif
@@ -171,6 +204,11 @@ int main(void) {
     for (int i = 0; runs && i < runs->count; i++) {
         Run r = read_run(&runs->items[i]);
         check_adamw8bit(&r);
+    }
+    runs = json_get(&meta, "anyprecision");
+    for (int i = 0; runs && i < runs->count; i++) {
+        Run r = read_run(&runs->items[i]);
+        check_anyprecision(&r);
     }
     check_threads();
     st_close(&sf);

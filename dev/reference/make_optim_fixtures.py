@@ -3,11 +3,15 @@
 #
 #     python3 dev/reference/make_optim_fixtures.py
 #
-# Reference steps of torchao.optim.AdamW8bit, run eagerly on the CPU by its own code, for
-# test/test_optim.c (train_llama2.c's adamw8bit_update and adamw_torchao_update, compared
-# bit for bit): its 8-bit path (numel >= 4096 and a multiple of 256: exp_avg / exp_avg_sq
-# as OptimState8bit, codes + one absmax per block of 256) and its fp32 path (the other
-# tensors: plain fp32 moments, the same formula).
+# Reference steps of two optimizers, run eagerly on the CPU by their own code, for
+# test/test_optim.c (train_llama2.c's adamw8bit_update, adamw_torchao_update and
+# anyprecision_update, compared bit for bit):
+#
+# - torchao.optim.AdamW8bit: its 8-bit path (numel >= 4096 and a multiple of 256:
+#   exp_avg / exp_avg_sq as OptimState8bit, codes + one absmax per block of 256) and
+#   its fp32 path (the other tensors: plain fp32 moments, the same formula).
+# - llama_recipes.policies.AnyPrecisionAdamW: bf16 parameters, gradients, moments
+#   and Kahan compensation, use_kahan_summation off and on.
 #
 # Writes test/fixtures/optim/:
 #   optim.json             each run's hyperparameters (as the Python floats passed),
@@ -16,8 +20,9 @@
 #                          parameters), and for each step t = 1..steps <r>.<x>.g<t> (the
 #                          gradient) and the state after it: <r>.<x>.p<t>; 8-bit
 #                          .m_codes<t> .m_absmax<t> .v_codes<t> .v_absmax<t> (U8, F32);
-#                          fp32 path .m<t> .v<t>. States start at zero, as torchao
-#                          starts them (codes 0 and absmax 0).
+#                          fp32 path .m<t> .v<t>; AnyPrecision (all BF16) .m<t> .v<t>,
+#                          with Kahan .c<t>. States start at zero, as both optimizers
+#                          start them (8-bit: codes 0 and absmax 0).
 # and support/optimizer_qmap.h: torchao's two 256-entry code tables
 # (create_dynamic_map(signed=True / False)) as C hex floats; optim.safetensors also
 # holds them (qmap.signed, qmap.unsigned).
@@ -28,12 +33,19 @@
 # trial 372 of 1000 fp32-path moments and 251 of 5120 8-bit-path parameters differed
 # after 3 steps.)
 #
-# Square roots: torch's CPU float32 sqrt is MKL's vmsSqrt, which on the AMD EPYC this
-# was made on is not correctly rounded (1 ulp off for ~20% of inputs, up to 0.75 ulp of
-# error), so its bits depend on the machine and MKL's code path. The fp32 square roots
-# are taken here as IEEE sqrt (numpy's, which is correctly rounded) through a
-# TorchDispatchMode: what torch computes on CUDA and in builds without MKL, and what C's
-# sqrtf gives. The script prints how many results that changed.
+# Square roots: torch's CPU float32 sqrt (and pow(x, 0.5)) is MKL's vmsSqrt, which on
+# the AMD EPYC this was made on is not correctly rounded (1 ulp off for ~20% of
+# inputs, up to 0.75 ulp of error), so its bits depend on the machine and MKL's code
+# path. Both optimizers' fp32 square roots are taken here as IEEE sqrt (numpy's, which
+# is correctly rounded) through a TorchDispatchMode: what torch computes on CUDA and in
+# builds without MKL, and what C's sqrtf gives. The script prints how many results
+# that changed. (bf16 sqrt does not use MKL: fp32 sqrt rounded to bf16.)
+#
+# torch runs one thread: its bf16 add with alpha (AnyPrecision's
+# exp_avg.add_(grad, alpha=1 - beta1)) rounds alpha * grad to bf16 first in the scalar
+# loop that ends each thread's chunk of a tensor (its last numel % 32 elements, AVX-512),
+# unlike its vector loop; AnyPrecision's tensors here are multiples of 64 elements, so
+# every element takes the vector loop (AVX-512 or AVX2) that the C twin follows.
 #
 # The code tables come from torch's CPU linspace, whose rounding depends on torch's CPU
 # capability: AVX2 and AVX-512 give these tables, ATEN_CPU_CAPABILITY=default 73 of the
@@ -41,7 +53,7 @@
 # its tables with on an x86 machine, whatever device trains).
 #
 # Versions used: Python 3.11.7, torch 2.15.0 (CPU capability AVX512; AVX2 gives the same
-# files), torchao 0.18.0, numpy 2.4.6, safetensors 0.8.0.
+# files), torchao 0.18.0, llama-recipes 0.0.4.post1, numpy 2.4.6, safetensors 0.8.0.
 import os
 
 os.environ["TORCHDYNAMO_DISABLE"] = "1"  # before torch is imported (see above)
@@ -55,6 +67,7 @@ import torch
 
 torch.set_num_threads(1)
 import safetensors
+from llama_recipes.policies.anyprecision_optimizer import AnyPrecisionAdamW
 from safetensors.torch import save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchao.optim import AdamW8bit
@@ -65,19 +78,28 @@ OUT = os.path.join(ROOT, "test/fixtures/optim")
 HEADER = os.path.join(ROOT, "support/optimizer_qmap.h")
 f32 = np.float32
 
-# (name, hyperparameters, steps, tensors (name, numel)). The second run's betas put both
-# lerp weights (1 - beta) above 0.5, torch's other lerp formula. The lr and weight decay
-# are chosen so that fp32(lr) * fp32(wd) is not fp32(lr * wd).
+# (name, hyperparameters, steps, tensors (name, numel)). The second AdamW8bit run's betas
+# put both lerp weights (1 - beta) above 0.5, torch's other lerp formula. The lr and weight
+# decay are chosen so that their roundings tell apart: for AdamW8bit fp32(lr) * fp32(wd) is
+# not fp32(lr * wd); for AnyPrecision the decay 1 - lr * wd in fp32 and in bf16 move bf16
+# parameters differently, and lr * (1 / bc1) is not lr / bc1 at any step (by one fp32 ulp,
+# which seldom shows in bf16).
 ADAMW8BIT_RUNS = [
     ("adamw8bit", dict(lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1), 3,
      [("a", 4096), ("b", 256 * 20), ("c", 1000), ("d", 4097)]),
     ("adamw8bit_low_betas", dict(lr=8e-3, betas=(0.3, 0.45), eps=1e-6, weight_decay=0.05), 3,
      [("a", 4096), ("c", 600)]),
 ]
+ANYPRECISION_RUNS = [
+    ("anyprecision", dict(lr=9e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.7, use_kahan_summation=False), 3,
+     [("a", 2048), ("b", 576)]),
+    ("anyprecision_kahan", dict(lr=9e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.7, use_kahan_summation=True), 3,
+     [("a", 2048), ("b", 576)]),
+]
 
 
 class IeeeSqrt(TorchDispatchMode):
-    """fp32 sqrt correctly rounded (see the opening comment)."""
+    """fp32 sqrt and pow(x, 0.5) correctly rounded (see the opening comment)."""
 
     changed = 0
     total = 0
@@ -86,7 +108,8 @@ class IeeeSqrt(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         x = args[0] if args else None
-        if func is torch.ops.aten.sqrt.default and isinstance(x, torch.Tensor) and x.dtype == torch.float32:
+        if (isinstance(x, torch.Tensor) and x.dtype == torch.float32 and
+                (func is torch.ops.aten.sqrt.default or (func is torch.ops.aten.pow.Tensor_Scalar and args[1] == 0.5))):
             ieee = torch.from_numpy(np.array(np.sqrt(x.numpy()), dtype=f32))
             IeeeSqrt.changed += int((ieee.view(torch.int32) != out.view(torch.int32)).sum())
             IeeeSqrt.total += ieee.numel()
@@ -188,6 +211,38 @@ def run_adamw8bit(name, hp, steps, tensors, out, meta):
                  "tensors": [{"name": x, "numel": n, "eight_bit": x in eight} for x, n in tensors]})
 
 
+def run_anyprecision(name, hp, steps, tensors, out, meta):
+    gen = torch.Generator().manual_seed(7)  # the same data for both runs: only Kahan differs
+    params, grads = {}, {}
+    for x, numel in tensors:
+        assert numel % 64 == 0  # whole vectors (see the opening comment)
+        p = log_uniform(gen, numel, -3, 0).bfloat16()
+        p[: numel // 16] = 0
+        params[x] = torch.nn.Parameter(p.clone())
+        grads[x] = [log_uniform(gen, numel, -8, 0.5).bfloat16() for _ in range(steps)]
+        for g in grads[x]:
+            g[torch.randperm(numel, generator=gen)[: numel // 32]] = 0
+        out[f"{name}.{x}.p0"] = p
+    opt = AnyPrecisionAdamW([params[x] for x, _ in tensors], **hp)
+    for t in range(1, steps + 1):
+        for x, _ in tensors:
+            params[x].grad = grads[x][t - 1].clone()
+            out[f"{name}.{x}.g{t}"] = grads[x][t - 1]
+        with IeeeSqrt():
+            opt.step()
+        for x, _ in tensors:
+            st = opt.state[params[x]]
+            out[f"{name}.{x}.p{t}"] = params[x].detach().clone()
+            out[f"{name}.{x}.m{t}"] = st["exp_avg"].clone()
+            out[f"{name}.{x}.v{t}"] = st["exp_avg_sq"].clone()
+            if hp["use_kahan_summation"]:
+                out[f"{name}.{x}.c{t}"] = st["compensation"].clone()
+            assert all(s.dtype == torch.bfloat16 for k, s in st.items() if k != "step")
+    meta.append({"name": name, "lr": hp["lr"], "beta1": hp["betas"][0], "beta2": hp["betas"][1], "eps": hp["eps"],
+                 "weight_decay": hp["weight_decay"], "kahan": hp["use_kahan_summation"], "steps": steps,
+                 "tensors": [{"name": x, "numel": n} for x, n in tensors]})
+
+
 def write_header(qs, qu):
     def hexf(v):  # shortest hex float: 0x1.fc6666p-1f
         mant, exp = float(v).hex().split("p")
@@ -214,13 +269,16 @@ def main():
     qs = torch.tensor(create_dynamic_map(signed=True), dtype=torch.float32)
     qu = torch.tensor(create_dynamic_map(signed=False), dtype=torch.float32)
     out = {"qmap.signed": qs, "qmap.unsigned": qu}
-    meta = {"adamw8bit": []}
+    meta = {"adamw8bit": [], "anyprecision": []}
     for run in ADAMW8BIT_RUNS:
         print(f"== {run[0]}")
         run_adamw8bit(*run, out, meta["adamw8bit"])
+    for run in ANYPRECISION_RUNS:
+        print(f"== {run[0]}")
+        run_anyprecision(*run, out, meta["anyprecision"])
     print(f"IEEE sqrt changed {IeeeSqrt.changed} of {IeeeSqrt.total} results of torch's CPU sqrt")
     meta["versions"] = {"python": platform.python_version(), "torch": torch.__version__, "torchao": version("torchao"),
-                        "numpy": np.__version__,
+                        "llama-recipes": version("llama-recipes"), "numpy": np.__version__,
                         "safetensors": safetensors.__version__}
     save_file({k: v.contiguous() for k, v in sorted(out.items())}, os.path.join(OUT, "optim.safetensors"))
     with open(os.path.join(OUT, "optim.json"), "w") as f:
