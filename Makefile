@@ -56,7 +56,7 @@ NVCCFLAGS_BASE = -O3 -std=c++17 --Werror all-warnings -Xcompiler -Wall,-Wextra,-
 NVCCFLAGS = $(NVCCFLAGS_BASE) $(CUDA_ARCHS)
 CUDA_LDLIBS = -lcublasLt -lcublas -lm
 CUDA_HEADERS = support/cuda_common.cuh layers.cuh quant.cuh quant.h support/matmul.cuh attention.cuh lora.cuh lora.h support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
-CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw sgd grad_norm elementwise lora dequant)
+CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw adamw8bit anyprecision sgd grad_norm elementwise lora dequant)
 CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh
 
 # SANITIZE=1: the trainer and every test built with AddressSanitizer and
@@ -71,9 +71,9 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = support/utils.h support/vec.h support/matmul.h attention.h support/optimizer.h support/json.h support/safetensors.h support/weights.h support/gguf.h tokenizer.h lora.h quant.h model.h export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h
+HEADERS = support/utils.h support/vec.h support/matmul.h attention.h support/optimizer.h support/optimizer_qmap.h support/json.h support/safetensors.h support/weights.h support/gguf.h tokenizer.h lora.h quant.h model.h export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h
 TESTS = test/test_json test/test_safetensors test/test_tensorboard test/test_torch_zip test/test_tokenizer test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay test/test_quant \
-    test/test_gguf test/test_emu_nccl
+    test/test_gguf test/test_optim test/test_emu_nccl
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
 # the committed seeds and crash regressions, as part of `make test`
@@ -98,7 +98,7 @@ $(B)test/test_fsdp: test/test_fsdp.c fsdp.h train_llama2.c $(HEADERS) test/test_
 	@mkdir -p $(@D)
 	$(MPI_CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-$(addprefix $(B),test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_default test/test_gguf): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
+$(addprefix $(B),test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_default test/test_gguf test/test_optim): $(B)test/%: test/%.c train_llama2.c $(HEADERS) test/test_common.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 $(B)test/test_default: support/default_model.h

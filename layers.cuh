@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <vector>
 #include "support/cuda_common.cuh"
+#include "support/optimizer.h"
+#include "support/optimizer_qmap.h"
 
 constexpr int ELEMENTWISE_THREADS = 256;
 
@@ -418,5 +420,142 @@ void sgd_update(float *params, const float *grads, float *buf, size_t n, int t, 
                 int nesterov, float wd, E *params_copy, cudaStream_t stream) {
     sgd_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
         params, grads, buf, n, t == 1, lr, momentum, nesterov != 0, wd, params_copy);
+    cudaLaunchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// torchao's AdamW8bit and llama-recipes' AnyPrecisionAdamW, as train_llama2.c's
+// twins compute them (op for op as torch does eagerly): every rounding explicit,
+// __fmul_rn where a product must not fuse into the next sum, fmaf where torch fuses
+
+// torch.lerp(s, e, w) with a scalar weight: one fma from the nearer end
+__device__ inline float torch_lerp(float s, float e, float w) {
+    return fabsf(w) < 0.5f ? fmaf(w, e - s, s) : fmaf(w - 1.0f, e - s, e);
+}
+// single_param_adam's update of one parameter p with its new moments m, v: decay first
+__device__ inline float torchao_adam_param(float p, float m, float v, const TorchaoAdamScalars &s) {
+    p -= __fmul_rn(s.decay, p);
+    return p - s.lr * (m / s.bc1) / (sqrtf(v) / s.bc2_sqrt + s.eps);
+}
+// torchao's quantize_8bit_with_qmap of x (a moment over its block's absmax): the last
+// code at or below x (a binary search of the sorted map), then the code above when x is
+// at least halfway there in fp32 (a tie rounds up)
+__device__ inline uint8_t qmap8_code(float x, const float *qmap) {
+    int c = x >= qmap[128] ? 128 : 0;
+    for (int step = 64; step > 0; step /= 2) c += x >= qmap[c + step] ? step : 0;
+    int up = c < 255 ? c + 1 : 255;
+    return (uint8_t)(x - qmap[c] >= (qmap[up] - qmap[c]) * 0.5f ? up : c);
+}
+
+// torchao's 8-bit state: one absmax per block of 256 elements, codes into its two maps
+constexpr int ADAMW8BIT_BLOCK = 256;
+struct Qmap8 {
+    float m[256]; // signed, exp_avg's
+    float v[256]; // unsigned, exp_avg_sq's
+};
+
+// One thread block per block of 256 elements, a thread an element: the maps go to
+// shared memory (each thread reads its own codes' entries), the block's new absmax is a
+// block max (exact, in any order); every thread reads the old absmax before the max's
+// barriers, thread 0 writes the new one after them.
+template <typename E>
+__global__ void adamw8bit_kernel(float *params, const float *grads, uint8_t *m_codes, float *m_absmax,
+                                 uint8_t *v_codes, float *v_absmax, TorchaoAdamScalars s,
+                                 const __grid_constant__ Qmap8 qmap, E *params_copy) {
+    __shared__ float qm[ADAMW8BIT_BLOCK], qv[ADAMW8BIT_BLOCK];
+    int k = threadIdx.x;
+    size_t b = blockIdx.x, i = b * ADAMW8BIT_BLOCK + k;
+    qm[k] = qmap.m[k];
+    qv[k] = qmap.v[k];
+    __syncthreads();
+    float g = grads[i];
+    float m = torch_lerp(__fmul_rn(qm[m_codes[i]], m_absmax[b]), g, s.w1);
+    float v = torch_lerp(__fmul_rn(qv[v_codes[i]], v_absmax[b]), __fmul_rn(g, g), s.w2);
+    float p = torchao_adam_param(params[i], m, v, s);
+    params[i] = p;
+    if (params_copy) params_copy[i] = from_float<E>(p);
+    // at least 1e-12, torchao's clip (a block of zeros divides by it)
+    float m_scale = fmaxf(block_max(fabsf(m)), (float)1e-12), v_scale = fmaxf(block_max(fabsf(v)), (float)1e-12);
+    m_codes[i] = qmap8_code(m / m_scale, qm);
+    v_codes[i] = qmap8_code(v / v_scale, qv);
+    if (k == 0) m_absmax[b] = m_scale, v_absmax[b] = v_scale;
+}
+// One AdamW8bit step (the t-th, 1 for the first) on n fp32 parameters whose moments are
+// torchao's 8-bit state: codes m_codes, v_codes (n) and absmax m_absmax, v_absmax
+// (n / 256), all zero at the start; n a multiple of 256, the blocks counted from params'
+// first element (so any run of whole blocks of a tensor, a shard, with its state).
+// Hyperparameters as the Python floats torchao takes; params_copy as adamw_update's.
+template <typename E>
+void adamw8bit_update(float *params, const float *grads, uint8_t *m_codes, float *m_absmax, uint8_t *v_codes,
+                      float *v_absmax, size_t n, int t, double lr, double beta1, double beta2, double eps, double wd,
+                      E *params_copy, cudaStream_t stream) {
+    if (n % ADAMW8BIT_BLOCK) {
+        fprintf(stderr, "error: adamw8bit_update: %zu elements are not whole blocks of %d\n", n, ADAMW8BIT_BLOCK);
+        exit(EXIT_FAILURE);
+    }
+    if (n == 0) return;
+    Qmap8 qmap;
+    memcpy(qmap.m, qmap8_signed, sizeof qmap.m);
+    memcpy(qmap.v, qmap8_unsigned, sizeof qmap.v);
+    adamw8bit_kernel<<<ceil_div(n, ADAMW8BIT_BLOCK), ADAMW8BIT_BLOCK, 0, stream>>>(
+        params, grads, m_codes, m_absmax, v_codes, v_absmax, torchao_adam_scalars(t, lr, beta1, beta2, eps, wd), qmap,
+        params_copy);
+    cudaLaunchCheck();
+}
+
+template <typename E>
+__global__ void adamw_torchao_kernel(float *params, const float *grads, float *m, float *v, size_t n,
+                                     TorchaoAdamScalars s, E *params_copy) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = grads[i];
+    float mi = m[i] = torch_lerp(m[i], g, s.w1);
+    float vi = v[i] = torch_lerp(v[i], __fmul_rn(g, g), s.w2);
+    float p = params[i] = torchao_adam_param(params[i], mi, vi, s);
+    if (params_copy) params_copy[i] = from_float<E>(p);
+}
+// One step of AdamW8bit's fp32 path (its tensors of fewer than 4096 elements or not whole
+// blocks): fp32 moments m, v (n, zero at the start), torchao's formula and rounding
+template <typename E>
+void adamw_torchao_update(float *params, const float *grads, float *m, float *v, size_t n, int t, double lr,
+                          double beta1, double beta2, double eps, double wd, E *params_copy, cudaStream_t stream) {
+    if (n == 0) return;
+    adamw_torchao_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
+        params, grads, m, v, n, torchao_adam_scalars(t, lr, beta1, beta2, eps, wd), params_copy);
+    cudaLaunchCheck();
+}
+
+// fp32 rounded to bf16 (optimizer.h's bf16_round, on the device)
+__device__ inline float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
+__global__ void anyprecision_kernel(__nv_bfloat16 *params, const __nv_bfloat16 *grads, __nv_bfloat16 *m,
+                                    __nv_bfloat16 *v, __nv_bfloat16 *comp, size_t n, AnyPrecisionScalars s) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = __bfloat162float(grads[i]), p = round_bf16(__bfloat162float(params[i]) * s.decay);
+    // (alpha1 * g, two bf16 significands, is exact: fused or not, one rounding)
+    float mi = round_bf16(fmaf(s.alpha1, g, round_bf16(__bfloat162float(m[i]) * s.beta1)));
+    float vi = round_bf16(fmaf(s.w2 * g, g, round_bf16(__bfloat162float(v[i]) * s.beta2)));
+    float denom = round_bf16(round_bf16(round_bf16(sqrtf(vi)) / s.bc2_sqrt) + s.eps);
+    float step = s.neg_step * mi / denom;
+    if (comp) {
+        float c = round_bf16(__bfloat162float(comp[i]) + step), pn = round_bf16(p + c);
+        comp[i] = __float2bfloat16(c + round_bf16(p - pn));
+        p = pn;
+    } else {
+        p = round_bf16(p + step);
+    }
+    params[i] = __float2bfloat16(p);
+    m[i] = __float2bfloat16(mi);
+    v[i] = __float2bfloat16(vi);
+}
+// One AnyPrecisionAdamW step (the t-th) on n bf16 parameters with bf16 gradients, bf16
+// moments m, v and, with Kahan summation, the bf16 compensation comp (NULL: none), all
+// zero at the start; as train_llama2.c's anyprecision_update
+inline void anyprecision_update(__nv_bfloat16 *params, const __nv_bfloat16 *grads, __nv_bfloat16 *m,
+                                __nv_bfloat16 *v, __nv_bfloat16 *comp, size_t n, int t, double lr, double beta1,
+                                double beta2, double eps, double wd, cudaStream_t stream) {
+    if (n == 0) return;
+    anyprecision_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
+        params, grads, m, v, comp, n, anyprecision_scalars(t, lr, beta1, beta2, eps, wd));
     cudaLaunchCheck();
 }

@@ -35,6 +35,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "lora.h"
 #include "model.h"
 #include "support/optimizer.h"
+#include "support/optimizer_qmap.h" // qmap8_signed, qmap8_unsigned
 #include "attention.h"     // attention_forward, attention_backward
 
 // ----------------------------------------------------------------------------
@@ -956,6 +957,118 @@ static void sgd_update(float *p, const float *g, float *buf, size_t n, int first
             gi = nesterov ? gi + momentum * b : b;
         }
         p[i] -= lr * gi;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// torchao's AdamW8bit (torchao.optim.AdamW8bit) and llama-recipes' AnyPrecisionAdamW,
+// op for op as torch computes them eagerly on the CPU, each op rounded where torch's
+// rounds (test/test_optim.c: bit for bit against both; layers.cuh has the kernels)
+
+// one fp32 rounding: a product kept from being fused with the sum after it into an fma
+// (GNU C's default -ffp-contract=fast), as torch rounds separate ops
+static inline float opt_f32(float x) { volatile float v = x; return v; }
+
+// torch.lerp(s, e, w) with a scalar weight: one fma from the nearer end (torch's
+// vector and scalar loops alike)
+static inline float torch_lerp(float s, float e, float w) {
+    return fabsf(w) < 0.5f ? fmaf(w, e - s, s) : fmaf(w - 1.0f, e - s, e);
+}
+
+// single_param_adam's update of one parameter p with its new moments m, v: decay first
+static inline float torchao_adam_param(float p, float m, float v, const TorchaoAdamScalars *s) {
+    p -= opt_f32(s->decay * p);
+    return p - s->lr * (m / s->bc1) / (sqrtf(v) / s->bc2_sqrt + s->eps);
+}
+
+// torchao's quantize_8bit_with_qmap for x, a moment divided by its block's absmax: a
+// branchless binary search for the last code at or below x in the sorted map, then the
+// code above when x - lo >= (hi - lo) / 2 in fp32, so a tie rounds up (not to the first
+// nearest code)
+static inline uint8_t qmap8_code(float x, const float *qmap) {
+    int c = x >= qmap[128] ? 128 : 0;
+    for (int step = 64; step > 0; step /= 2) c += x >= qmap[c + step] ? step : 0;
+    int up = c < 255 ? c + 1 : 255;
+    return (uint8_t)(x - qmap[c] >= (qmap[up] - qmap[c]) * 0.5f ? up : c);
+}
+
+// One AdamW8bit step (the t-th) on n parameters p (fp32) with gradients g: torchao's
+// 8-bit path, for tensors of at least 4096 elements in blocks of 256 (n % 256 == 0).
+// Each block's moments are codes (n) into the signed (m) and unsigned (v) maps times the
+// block's absmax (n / 256); they start as torchao's, all zero. The moments are
+// dequantized, updated by lerp in fp32 and requantized, and p takes the fp32 moments.
+// Blocks are independent, so p may be any run of whole blocks of a tensor (a shard)
+// with its codes and absmax.
+#define ADAMW8BIT_BLOCK 256
+static void adamw8bit_update(float *p, const float *g, uint8_t *m_codes, float *m_absmax, uint8_t *v_codes,
+                             float *v_absmax, size_t n, int t, double lr, double beta1, double beta2, double eps,
+                             double wd) {
+    if (n % ADAMW8BIT_BLOCK) die("adamw8bit_update: %zu elements are not whole blocks of %d", n, ADAMW8BIT_BLOCK);
+    TorchaoAdamScalars s = torchao_adam_scalars(t, lr, beta1, beta2, eps, wd);
+    #pragma omp parallel for
+    for (size_t b = 0; b < n / ADAMW8BIT_BLOCK; b++) {
+        float m[ADAMW8BIT_BLOCK], v[ADAMW8BIT_BLOCK], m_max = 0.0f, v_max = 0.0f;
+        size_t i0 = b * ADAMW8BIT_BLOCK;
+        for (int k = 0; k < ADAMW8BIT_BLOCK; k++) {
+            size_t i = i0 + k;
+            m[k] = torch_lerp(opt_f32(qmap8_signed[m_codes[i]] * m_absmax[b]), g[i], s.w1);
+            v[k] = torch_lerp(opt_f32(qmap8_unsigned[v_codes[i]] * v_absmax[b]), opt_f32(g[i] * g[i]), s.w2);
+            p[i] = torchao_adam_param(p[i], m[k], v[k], &s);
+            m_max = fmaxf(m_max, fabsf(m[k]));
+            v_max = fmaxf(v_max, fabsf(v[k]));
+        }
+        // the new absmax, at least 1e-12 (torchao's clip: a block of zeros divides by it)
+        m_absmax[b] = fmaxf(m_max, (float)1e-12);
+        v_absmax[b] = fmaxf(v_max, (float)1e-12);
+        for (int k = 0; k < ADAMW8BIT_BLOCK; k++) {
+            m_codes[i0 + k] = qmap8_code(m[k] / m_absmax[b], qmap8_signed);
+            v_codes[i0 + k] = qmap8_code(v[k] / v_absmax[b], qmap8_unsigned);
+        }
+    }
+}
+
+// One step of AdamW8bit's fp32 path, for its other tensors (fewer than 4096 elements, or
+// not whole blocks): fp32 moments m, v (n, starting at zero), torchao's formula and
+// rounding, which are not torch.optim.AdamW's (adamw_update)
+static void adamw_torchao_update(float *p, const float *g, float *m, float *v, size_t n, int t, double lr,
+                                 double beta1, double beta2, double eps, double wd) {
+    TorchaoAdamScalars s = torchao_adam_scalars(t, lr, beta1, beta2, eps, wd);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        m[i] = torch_lerp(m[i], g[i], s.w1);
+        v[i] = torch_lerp(v[i], opt_f32(g[i] * g[i]), s.w2);
+        p[i] = torchao_adam_param(p[i], m[i], v[i], &s);
+    }
+}
+
+// One AnyPrecisionAdamW step (the t-th) on n bf16 parameters p with bf16 gradients g,
+// bf16 moments m, v and, with Kahan summation, the bf16 compensation comp (NULL: none),
+// all starting at zero. Each op computes in fp32 and rounds to bf16, in the optimizer's
+// order: decay p; m = m * beta1 + (1 - beta1) g; v = v * beta2 + (1 - beta2) g^2 (one
+// fma, as torch's addcmul_); denom = sqrt(v) / sqrt(1 - beta2^t) + eps; the step
+// -lr / (1 - beta1^t) * m / denom goes into comp and comp into p, comp keeping what p
+// could not take, or straight into p.
+static void anyprecision_update(uint16_t *p, const uint16_t *g, uint16_t *m, uint16_t *v, uint16_t *comp, size_t n,
+                                int t, double lr, double beta1, double beta2, double eps, double wd) {
+    AnyPrecisionScalars s = anyprecision_scalars(t, lr, beta1, beta2, eps, wd);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float gi = bf16_to_f32(g[i]), pi = bf16_round(bf16_to_f32(p[i]) * s.decay);
+        // (alpha1 * gi, two bf16 significands, is exact: fused or not, one rounding)
+        float mi = bf16_round(fmaf(s.alpha1, gi, bf16_round(bf16_to_f32(m[i]) * s.beta1)));
+        float vi = bf16_round(fmaf(s.w2 * gi, gi, bf16_round(bf16_to_f32(v[i]) * s.beta2)));
+        float denom = bf16_round(bf16_round(bf16_round(sqrtf(vi)) / s.bc2_sqrt) + s.eps);
+        float step = s.neg_step * mi / denom;
+        if (comp) {
+            float c = bf16_round(bf16_to_f32(comp[i]) + step), pn = bf16_round(pi + c);
+            comp[i] = bf16_from_f32(c + bf16_round(pi - pn));
+            pi = pn;
+        } else {
+            pi = bf16_round(pi + step);
+        }
+        p[i] = bf16_from_f32(pi);
+        m[i] = bf16_from_f32(mi);
+        v[i] = bf16_from_f32(vi);
     }
 }
 

@@ -127,3 +127,14 @@ template <typename T> __device__ T block_sum(T x) {
     x = lane < n_warps ? warp_sums[lane] : (T)0;
     return warp_sum(x);
 }
+// max over a 1-D block (a multiple of 32 threads, at most 1024); every thread gets it
+__device__ inline float block_max(float x) {
+    __shared__ float warp_maxes[32];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    x = warp_max(x);
+    __syncthreads(); // a previous call's readers are done with warp_maxes
+    if (lane == 0) warp_maxes[warp] = x;
+    __syncthreads();
+    x = lane < n_warps ? warp_maxes[lane] : -INFINITY;
+    return warp_max(x);
+}

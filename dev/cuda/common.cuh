@@ -126,6 +126,34 @@ inline bool check(const char *kernel, const char *variant, const char *output, c
     return ok;
 }
 
+// outputs that must be the CPU twin's bit for bit (tolerance: none), in their own storage
+// type: the line as check's, err the fraction of elements whose bits differ
+template <typename T> std::vector<T> to_host_raw(const T *d, size_t n) {
+    std::vector<T> h(n);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+template <typename T> T *to_device_raw(const std::vector<T> &h) {
+    T *d = device_alloc<T>(h.size());
+    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+template <typename T>
+inline bool check_bits(const char *kernel, const char *variant, const char *output, const char *shape,
+                       const std::vector<T> &gpu, const std::vector<T> &ref) {
+    size_t bad = gpu.size() == ref.size() ? 0 : 1, first = 0;
+    for (size_t i = 0; i < ref.size() && i < gpu.size(); i++)
+        if (memcmp(&gpu[i], &ref[i], sizeof(T)) != 0 && bad++ == 0) first = i;
+    bool ok = bad == 0;
+    printf("%-4s %-30s %-10s %-6s err %.2e tol 0e+00 %s", ok ? "ok" : "FAIL", kernel, variant, output,
+           ref.empty() ? 0.0 : (double)bad / ref.size(), shape);
+    if (!ok) printf(" (%zu elements differ in their bits, the first at %zu)", bad, first);
+    printf("\n");
+    failures += !ok;
+    return ok;
+}
+
 // ----------------------------------------------------------------------------
 // timing
 

@@ -73,6 +73,19 @@ void ref_sgd_update(float *params, float *grads, float *buf, size_t n, int t, fl
                     float wd) {
     sgd_update(params, grads, buf, n, t == 1, lr, momentum, nesterov, wd);
 }
+void ref_adamw8bit_update(float *p, const float *g, uint8_t *m_codes, float *m_absmax, uint8_t *v_codes,
+                          float *v_absmax, size_t n, int t, double lr, double beta1, double beta2, double eps,
+                          double wd) {
+    adamw8bit_update(p, g, m_codes, m_absmax, v_codes, v_absmax, n, t, lr, beta1, beta2, eps, wd);
+}
+void ref_adamw_torchao_update(float *p, const float *g, float *m, float *v, size_t n, int t, double lr, double beta1,
+                              double beta2, double eps, double wd) {
+    adamw_torchao_update(p, g, m, v, n, t, lr, beta1, beta2, eps, wd);
+}
+void ref_anyprecision_update(uint16_t *p, const uint16_t *g, uint16_t *m, uint16_t *v, uint16_t *comp, size_t n,
+                             int t, double lr, double beta1, double beta2, double eps, double wd) {
+    anyprecision_update(p, g, m, v, comp, n, t, lr, beta1, beta2, eps, wd);
+}
 double ref_grad_norm(const float *g, size_t n) { return grad_norm(g, n); }
 void ref_clip_grads(float *g, size_t n, double norm, float max_norm, float inv_scale) { clip_grads(g, n, norm, max_norm, inv_scale); }
 

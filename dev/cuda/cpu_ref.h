@@ -40,6 +40,16 @@ void ref_adamw_update(float *params, float *grads, float *m, float *v, size_t n,
 // buf: the momentum buffer, NULL without momentum; t as for ref_adamw_update (1: the buffer starts as the gradient)
 void ref_sgd_update(float *params, float *grads, float *buf, size_t n, int t, float lr, float momentum, int nesterov,
                     float wd);
+// torchao's AdamW8bit (its 8-bit path: codes and a per-256 absmax; its fp32 path) and
+// AnyPrecisionAdamW (bf16 as uint16_t, comp NULL: no Kahan); t as for ref_adamw_update,
+// the hyperparameters as the Python floats the optimizers take
+void ref_adamw8bit_update(float *p, const float *g, uint8_t *m_codes, float *m_absmax, uint8_t *v_codes,
+                          float *v_absmax, size_t n, int t, double lr, double beta1, double beta2, double eps,
+                          double wd);
+void ref_adamw_torchao_update(float *p, const float *g, float *m, float *v, size_t n, int t, double lr, double beta1,
+                              double beta2, double eps, double wd);
+void ref_anyprecision_update(uint16_t *p, const uint16_t *g, uint16_t *m, uint16_t *v, uint16_t *comp, size_t n,
+                             int t, double lr, double beta1, double beta2, double eps, double wd);
 double ref_grad_norm(const float *g, size_t n);
 void ref_clip_grads(float *g, size_t n, double norm, float max_norm, float inv_scale);
 // lora.h's pieces for an adapter of one module (layer 0, q_proj): A (r, in), B (out, r),
