@@ -447,8 +447,8 @@ __device__ inline uint8_t qmap8_code(float x, const float *qmap) {
     return (uint8_t)(x - qmap[c] >= (qmap[up] - qmap[c]) * 0.5f ? up : c);
 }
 
-// torchao's 8-bit state: one absmax per block of 256 elements, codes into its two maps
-constexpr int ADAMW8BIT_BLOCK = 256;
+// torchao's 8-bit state: one absmax per block of ADAMW8BIT_BLOCK (support/optimizer.h)
+// elements, codes into its two maps
 struct Qmap8 {
     float m[256]; // signed, exp_avg's
     float v[256]; // unsigned, exp_avg_sq's

@@ -514,6 +514,31 @@ static int model_trainable_runs(const HostModel *h, size_t first[NUM_PARAM_TENSO
     }
     return n;
 }
+// The trainable parameters' tensors in their flat order (the optimizer's: LoRA's layout,
+// or model_trainable_runs' whole, the frozen units left out), their sizes into numel
+// (when not NULL); returns how many. Not for a sharded model's shards, which cut tensors.
+static int model_trainable_tensors(const HostModel *h, size_t *numel) {
+    const Config *c = &h->config;
+    int n = 0;
+    if (h->use_lora) {
+        const LoRA *l = &h->lora;
+        for (int i = 0; i < l->n_layers; i++)
+            for (int t = 0; t < LORA_N_TARGETS; t++) {
+                if (!(l->targets & (1u << t))) continue;
+                size_t sizes[3] = {(size_t)l->r * l->in[t], (size_t)l->out[t] * l->r, (size_t)l->out[t]}; // A, B, DoRA's m
+                for (int k = 0; k < (l->use_dora ? 3 : 2); k++, n++)
+                    if (numel) numel[n] = sizes[k];
+            }
+        return n;
+    }
+    for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        size_t keep = param_numel_from(c, h->frozen_units, p), one = param_per_layer(p) ? param_numel(c, p) / c->n_layers : keep;
+        for (size_t k = 0; one && k < keep / one; k++, n++)
+            if (numel) numel[n] = one;
+    }
+    return n;
+}
+
 // how many weights train in full fine-tuning: whole, or this rank's shards of the trainable units
 static size_t model_trainable_numel(const HostModel *h) {
     size_t first[NUM_PARAM_TENSORS], count[NUM_PARAM_TENSORS], n = 0;
@@ -812,6 +837,13 @@ static void float_text(char *buf, size_t n, float x) {
         snprintf(buf, n, "%.*g", digits, (double)x);
         if (strtof(buf, NULL) == x) return;
     }
+}
+
+// the number x was written as, in double (0.9 for 0.9f): the Python float a script passes
+static double float_decimal(float x) {
+    char buf[32];
+    float_text(buf, sizeof buf, x);
+    return strtod(buf, NULL);
 }
 
 // c as the config.json transformers' LlamaConfig would write for it, for a model

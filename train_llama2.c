@@ -302,6 +302,7 @@ typedef struct {
     int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), allocates nothing
     const char *collectives;  // --collectives: host, always (the contract's; nothing to choose here)
     OptimizerSettings optimizer; // set by the trainer before model_alloc (the Optimizer's; its state counts here)
+    OptimTensors opt_tensors; // AdamW8bit: the trainable tensors, whose state it lays out (model_alloc)
     void *alloc[4];           // what model_layout places: the slots, the gradients, the activations, the carries
     size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and optimizer state
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
@@ -533,11 +534,18 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     Layout lay[4] = {host_layout(NULL), host_layout(NULL), host_layout(NULL), host_layout(NULL)}; // slots, gradients, activations, carries
     size_t comm = model_layout(m, &lay[0], &lay[1], &lay[2], &lay[3]), pack = model_gemm_scratch(m);
     // the base weights (model_weight_bytes: as loaded, and QLoRA's dequantization scratch);
-    // the trainable parameters' gradients and the optimizer's state (optimizer_init), and
-    // LoRA's own parameters beside the base weights
+    // the trainable parameters' gradients, the optimizer's state (optimizer_init) and the
+    // buffer a checkpoint moves it through, and LoRA's own parameters beside the base weights
     size_t n = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
+    optim_tensors_free(&m->opt_tensors);
+    if (m->optimizer.kind == OPTIMIZER_ADAMW8BIT) {
+        size_t *numel = (size_t *)mallocCheck((size_t)model_trainable_tensors(h, NULL) * sizeof(size_t) + 1);
+        optim_tensors_init(&m->opt_tensors, numel, model_trainable_tensors(h, numel));
+        free(numel);
+    }
     m->weight_bytes = lay[0].bytes + model_weight_bytes(h);
-    m->param_bytes = lay[1].bytes + comm + n * sizeof(float) * ((h->use_lora ? 2 : 0) + optimizer_n_states(&m->optimizer));
+    m->param_bytes = lay[1].bytes + comm + n * sizeof(float) * (h->use_lora ? 2 : 0) + optimizer_state_bytes(&m->optimizer, &m->opt_tensors, n) +
+                     optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, n); // (a checkpoint's, support/optimizer.h)
     m->act_bytes = lay[2].bytes + pack * sizeof(float);
     m->carry_bytes = lay[3].bytes;
     if (!alloc) return;
@@ -584,6 +592,7 @@ static void model_free(Model *m) {
     void *bufs[] = {m->alloc[0], m->alloc[1], m->alloc[2], m->alloc[3], m->a.chunk, m->slot, m->slot_unit,
                     m->rope_cos, m->rope_sin, m->deq, m->deq_absmax};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    optim_tensors_free(&m->opt_tensors);
     host_model_free(&m->host);
     memset(m, 0, sizeof *m);
 }
@@ -922,7 +931,9 @@ typedef struct {
     float *grads;           // (n) their gradients, the runs one after another
     size_t n;
     OptimizerSettings s;
-    float *state[OPTIMIZER_MAX_STATES]; // (n) each: AdamW's moments m, v; SGD's momentum buffer (with momentum)
+    void *state[OPTIMIZER_MAX_STATES]; // AdamW's moments m, v (n each); SGD's momentum buffer (with momentum); AdamW8bit's
+                            // codes, absmax and fp32 moments of m, then v (optimizer_state_count)
+    const OptimTensors *tensors; // AdamW8bit: the trainable tensors (the Model's)
     int t;                  // optimizer steps taken
     FsdpComm *grad_sum;     // the ranks whose gradients of these parameters are summed before the step
     FsdpComm *norm_sum;     // the ranks whose squared norms make up the global norm (NULL: this rank's is)
@@ -999,7 +1010,6 @@ static inline uint8_t qmap8_code(float x, const float *qmap) {
 // dequantized, updated by lerp in fp32 and requantized, and p takes the fp32 moments.
 // Blocks are independent, so p may be any run of whole blocks of a tensor (a shard)
 // with its codes and absmax.
-#define ADAMW8BIT_BLOCK 256
 static void adamw8bit_update(float *p, const float *g, uint8_t *m_codes, float *m_absmax, uint8_t *v_codes,
                              float *v_absmax, size_t n, int t, double lr, double beta1, double beta2, double eps,
                              double wd) {
@@ -1120,7 +1130,12 @@ static void optimizer_init(Optimizer *o, Model *m) {
     for (int r = 0; r < o->n_runs; r++) o->n += o->run_n[r];
     o->s = m->optimizer;
     if (m->dry_run) return; // the plan needs n alone
-    for (int i = 0; i < optimizer_n_states(&o->s); i++) o->state[i] = (float *)callocCheck(o->n, sizeof(float));
+    o->tensors = &m->opt_tensors;
+    for (int i = 0; i < optimizer_n_states(&o->s); i++) {
+        StDtype d;
+        size_t count = optimizer_state_count(&o->s, o->tensors, o->n, i, &d);
+        o->state[i] = callocCheck(count + 1, st_dtype_size(d)); // (+ 1: not NULL when empty)
+    }
     if (m->fsdp) {
         o->grad_sum = shard ? &m->fsdp->replica : &m->fsdp->world;
         o->norm_sum = shard ? &m->fsdp->shard : NULL;
@@ -1134,6 +1149,27 @@ static void optimizer_free(Optimizer *o) {
 
 static void optimizer_zero_grad(Optimizer *o) { memset(o->grads, 0, o->n * sizeof(float)); }
 
+// AdamW8bit's step (the t-th) over the trainable tensors, each on its own as torchao steps
+// it: 8-bit or fp32 state. The hyperparameters as the numbers typed (float_decimal: torchao
+// rounds 1 - beta in double). A tensor lies inside one run of the parameters.
+static void adamw8bit_step(Optimizer *o, float lr) {
+    const OptimizerSettings *s = &o->s;
+    const OptimTensors *ts = o->tensors;
+    double b1 = float_decimal(s->beta1), b2 = float_decimal(s->beta2), eps = float_decimal(s->eps), wd = float_decimal(s->weight_decay);
+    uint8_t *codes[2] = {(uint8_t *)o->state[0], (uint8_t *)o->state[3]};
+    float *absmax[2] = {(float *)o->state[1], (float *)o->state[4]}, *mom[2] = {(float *)o->state[2], (float *)o->state[5]};
+    size_t f = 0, in_run = 0; // the tensor's first element: in the flat parameters (grads), in its run
+    for (int k = 0, r = 0; k < ts->n; f += ts->numel[k], in_run += ts->numel[k], k++) {
+        if (in_run == o->run_n[r]) r++, in_run = 0;
+        float *p = o->run[r] + in_run, *g = o->grads + f;
+        size_t n = ts->numel[k], at = ts->at[k];
+        if (adamw8bit_quantized(n))
+            adamw8bit_update(p, g, codes[0] + at, absmax[0] + at / ADAMW8BIT_BLOCK, codes[1] + at, absmax[1] + at / ADAMW8BIT_BLOCK,
+                             n, o->t, lr, b1, b2, eps, wd);
+        else adamw_torchao_update(p, g, mom[0] + at, mom[1] + at, n, o->t, lr, b1, b2, eps, wd);
+    }
+}
+
 // the gradients hold 1 / inv_scale times the true ones (a loss scale): the global norm of the
 // true gradients (returned, before clipping); if update and the norm is finite, unscaling and
 // clipping, then the step
@@ -1146,27 +1182,38 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
     clip_grads(o->grads, o->n, norm, s->grad_clip, inv_scale);
     o->t++;
+    if (s->kind == OPTIMIZER_ADAMW8BIT) { adamw8bit_step(o, lr); return norm; }
     size_t off = 0; // the run's first element in grads and the state
     for (int r = 0; r < o->n_runs; off += o->run_n[r++]) {
-        float *p = o->run[r], *g = o->grads + off, *s0 = o->state[0] ? o->state[0] + off : NULL;
+        float *p = o->run[r], *g = o->grads + off, *s0 = o->state[0] ? (float *)o->state[0] + off : NULL;
         if (s->kind == OPTIMIZER_SGD) sgd_update(p, g, s0, o->run_n[r], o->t == 1, lr, s->momentum, s->nesterov, s->weight_decay);
-        else adamw_update(p, g, s0, o->state[1] + off, o->run_n[r], o->t, lr, s->beta1, s->beta2, s->eps, s->weight_decay);
+        else adamw_update(p, g, s0, (float *)o->state[1] + off, o->run_n[r], o->t, lr, s->beta1, s->beta2, s->eps, s->weight_decay);
     }
     return norm;
 }
 
 // the weights and the optimizer state live in host memory already
-static int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, float *dst) {
-    memcpy(dst, o->state[i] + first, count * sizeof(float));
+static size_t state_elem(Optimizer *o, int i, size_t *count) { // state i's element size (and count)
+    StDtype d;
+    size_t n = optimizer_state_count(&o->s, o->tensors, o->n, i, &d);
+    if (count) *count = n;
+    return (size_t)st_dtype_size(d);
+}
+static int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, void *dst) {
+    size_t es = state_elem(o, i, NULL);
+    memcpy(dst, (char *)o->state[i] + first * es, count * es);
     return 0;
 }
-static void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const float *src) {
-    memcpy(o->state[i] + first, src, count * sizeof(float));
+static void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const void *src) {
+    size_t es = state_elem(o, i, NULL);
+    memcpy((char *)o->state[i] + first * es, src, count * es);
 }
 static int optimizer_state_finite(Optimizer *o) {
-    for (int i = 0; i < optimizer_n_states(&o->s); i++)
-        for (size_t j = 0; j < o->n; j++)
-            if (!isfinite(o->state[i][j])) return 0;
+    for (int i = 0; i < optimizer_n_states(&o->s); i++) {
+        size_t n, es = state_elem(o, i, &n);
+        for (size_t j = 0; es == sizeof(float) && j < n; j++) // (codes are bytes: nothing to check)
+            if (!isfinite(((float *)o->state[i])[j])) return 0;
+    }
     return 1;
 }
 static void model_sync_host(Model *m) { (void)m; }

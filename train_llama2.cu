@@ -140,8 +140,10 @@ typedef struct {
     int n_runs;               // full fine-tuning: where the masters' runs lie in the base weights (host
     size_t run_first[NUM_PARAM_TENSORS], run_n[NUM_PARAM_TENSORS]; // and d.weights): model_trainable_runs
     OptimizerSettings optimizer; // set by the trainer before model_alloc
-    float *opt_state[OPTIMIZER_MAX_STATES]; // (n_train) each, optimizer_n_states of them: AdamW's moments, SGD's
-                              // momentum buffer (the Optimizer's; here so the fit check counts them)
+    void *opt_state[OPTIMIZER_MAX_STATES]; // optimizer_n_states of them (optimizer_state_count each): AdamW's moments,
+                              // SGD's momentum buffer, AdamW8bit's codes, absmax and fp32 moments (the Optimizer's;
+                              // here so the fit check counts them)
+    OptimTensors opt_tensors; // AdamW8bit: the trainable tensors, whose state it lays out (model_plan)
     size_t n_train;
     uint8_t *quant_bytes;     // QLoRA: the layers' runs as the host laid them out (host.quant_bytes), or
                               // sharded this rank's shards of them (host.quant_shards)
@@ -269,7 +271,12 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     // trainable: fp32 masters and gradients; in bf16 (fp16) the matmuls read a bf16 (fp16) copy
     place(p, m->params, m->n_train);
     place(p, m->grads, m->n_train);
-    for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) place(p, m->opt_state[i], m->n_train);
+    for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
+        StDtype dt;
+        size_t count = optimizer_state_count(&m->optimizer, &m->opt_tensors, m->n_train, i, &dt);
+        void *at = layout_take(p, count * st_dtype_size(dt));
+        if (at) m->opt_state[i] = at;
+    }
     bool all_train = h->full_finetune && !h->frozen_units; // then the weights are the masters or their copy
     if (!fp32 && (all_train || h->use_lora)) place(p, d.params_lo, m->n_train);
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
@@ -453,6 +460,11 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     m->sharded = host_sharded(h);
     m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
     m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
+    optim_tensors_free(&m->opt_tensors);
+    if (m->optimizer.kind == OPTIMIZER_ADAMW8BIT) {
+        std::vector<size_t> numel(model_trainable_tensors(h, NULL));
+        optim_tensors_init(&m->opt_tensors, numel.data(), model_trainable_tensors(h, numel.data()));
+    }
     if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
@@ -546,8 +558,11 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         if (h->use_lora) upload(m->params, h->lora.params, m->n_train, st);
         else masters_upload(m);
         cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
-        for (int i = 0; i < optimizer_n_states(&m->optimizer); i++)
-            cudaCheck(cudaMemsetAsync(m->opt_state[i], 0, m->n_train * sizeof(float), st));
+        for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
+            StDtype dt;
+            size_t count = optimizer_state_count(&m->optimizer, &m->opt_tensors, m->n_train, i, &dt);
+            cudaCheck(cudaMemsetAsync(m->opt_state[i], 0, count * st_dtype_size(dt), st));
+        }
         if (h->full_finetune && h->frozen_units) upload(d.weights, base, n_base, st);
         else if (h->full_finetune) {
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
@@ -595,6 +610,7 @@ static void model_free(Model *m) {
     free(m->slot_unit);
     free(m->next_logits);
     free(m->n_kept);
+    optim_tensors_free(&m->opt_tensors);
     host_model_free(&m->host);
     memset(m, 0, sizeof *m);
 }
@@ -1116,6 +1132,26 @@ static void optimizer_zero_grad(Optimizer *o) {
     cudaCheck(cudaMemsetAsync(o->model->grads, 0, o->n * sizeof(float), o->model->stream));
 }
 
+// AdamW8bit's step (the t-th) over the trainable tensors, each on its own as torchao steps
+// it (8-bit or fp32 state; as train_llama2.c's adamw8bit_step), writing the bf16/fp16
+// copy too (copy NULL: none)
+template <typename E> void adamw8bit_step(Model *m, int t, float lr, E *copy) {
+    const OptimizerSettings *s = &m->optimizer;
+    const OptimTensors *ts = &m->opt_tensors;
+    double b1 = float_decimal(s->beta1), b2 = float_decimal(s->beta2), eps = float_decimal(s->eps), wd = float_decimal(s->weight_decay);
+    uint8_t *codes[2] = {(uint8_t *)m->opt_state[0], (uint8_t *)m->opt_state[3]};
+    float *absmax[2] = {(float *)m->opt_state[1], (float *)m->opt_state[4]}, *mom[2] = {(float *)m->opt_state[2], (float *)m->opt_state[5]};
+    size_t f = 0; // the tensor's first element in the flat masters, gradients and copy
+    for (int k = 0; k < ts->n; f += ts->numel[k++]) {
+        size_t n = ts->numel[k], at = ts->at[k];
+        E *c = copy ? copy + f : NULL;
+        if (adamw8bit_quantized(n))
+            adamw8bit_update(m->params + f, m->grads + f, codes[0] + at, absmax[0] + at / ADAMW8BIT_BLOCK, codes[1] + at,
+                             absmax[1] + at / ADAMW8BIT_BLOCK, n, t, lr, b1, b2, eps, wd, c, m->stream);
+        else adamw_torchao_update(m->params + f, m->grads + f, mom[0] + at, mom[1] + at, n, t, lr, b1, b2, eps, wd, c, m->stream);
+    }
+}
+
 // the global gradient norm (returned, before clipping); if update and the norm
 // is finite, unscaling and clipping, then the optimizer's update, which also
 // writes the bf16/fp16 copy of the parameters the next forward reads
@@ -1141,11 +1177,12 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
     with_precision(m, [&](auto tag) { // (fp32, or some units frozen: no copy, params_lo is NULL)
         auto *copy = buffers<typename decltype(tag)::type>(m).params_lo;
         if (s->kind == OPTIMIZER_SGD)
-            sgd_update(m->params, m->grads, m->opt_state[0], o->n, o->t, lr, s->momentum, s->nesterov, s->weight_decay,
+            sgd_update(m->params, m->grads, (float *)m->opt_state[0], o->n, o->t, lr, s->momentum, s->nesterov, s->weight_decay,
                        copy, m->stream);
+        else if (s->kind == OPTIMIZER_ADAMW8BIT) adamw8bit_step(m, o->t, lr, copy);
         else
-            adamw_update(m->params, m->grads, m->opt_state[0], m->opt_state[1], o->n, o->t, lr, s->beta1, s->beta2,
-                         s->eps, s->weight_decay, copy, m->stream);
+            adamw_update(m->params, m->grads, (float *)m->opt_state[0], (float *)m->opt_state[1], o->n, o->t, lr, s->beta1,
+                         s->beta2, s->eps, s->weight_decay, copy, m->stream);
     });
     if (m->host.frozen_units) weights_refresh(m);
     return norm;
@@ -1153,25 +1190,35 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
 
 // a piece of state tensor i to the host and back, for checkpoints: in the compute stream's
 // order, done when they return (the host buffer is reused for the next piece)
-static int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, float *dst) {
+static size_t state_elem(const Model *m, int i, size_t *count) { // state i's element size (and count)
+    StDtype d;
+    size_t n = optimizer_state_count(&m->optimizer, &m->opt_tensors, m->n_train, i, &d);
+    if (count) *count = n;
+    return (size_t)st_dtype_size(d);
+}
+static int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, void *dst) {
     Model *m = o->model;
-    cudaCheck(cudaMemcpyAsync(dst, m->opt_state[i] + first, count * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    size_t es = state_elem(m, i, NULL);
+    cudaCheck(cudaMemcpyAsync(dst, (char *)m->opt_state[i] + first * es, count * es, cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
     return 0;
 }
-static void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const float *src) {
+static void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const void *src) {
     Model *m = o->model;
-    cudaCheck(cudaMemcpyAsync(m->opt_state[i] + first, src, count * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    size_t es = state_elem(m, i, NULL);
+    cudaCheck(cudaMemcpyAsync((char *)m->opt_state[i] + first * es, src, count * es, cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
 }
-// every state tensor's sum, in double on the device: finite exactly when every element is
-// (a sum of floats cannot reach double's range, and an inf or NaN stays one)
+// every float state tensor's sum, in double on the device: finite exactly when every element
+// is (a sum of floats cannot reach double's range, and an inf or NaN stays one); codes are bytes
 static int optimizer_state_finite(Optimizer *o) {
     Model *m = o->model;
     int finite = 1;
     for (int i = 0; i < optimizer_n_states(&o->s); i++) {
+        size_t n;
+        if (state_elem(m, i, &n) != sizeof(float)) continue;
         double sum;
-        global_sum(m->grad_norm, m->opt_state[i], o->n, m->stream);
+        global_sum(m->grad_norm, (const float *)m->opt_state[i], n, m->stream);
         cudaCheck(cudaMemcpyAsync(&sum, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
         cudaCheck(cudaStreamSynchronize(m->stream));
         finite &= isfinite(sum) != 0;
@@ -1232,8 +1279,7 @@ static double model_host_bytes(const Model *m, int part) {
     const HostModel *h = &m->host;
     if (part == 0) return model_weight_bytes(h) - (h->quant_type != QUANT_NONE ? model_quant_scratch_bytes(h) : 0);
     if (part == 1) return h->use_lora ? 2.0 * h->lora.num_params * sizeof(float) : 0;
-    double state = optimizer_n_states(&m->optimizer) ? (double)m->n_train * sizeof(float) : 0;
-    return std::min(state, (double)st_staging_bytes());
+    return (double)optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, m->n_train);
 }
 static const char *const model_host_advice = "";
 static const char *const backend_precisions[] = {"bf16", "fp16", "fp32"};

@@ -102,10 +102,12 @@
 //       as torch.nn.utils.clip_grad_norm_ (grad_clip 0: off), and one step of
 //       the optimizer (torch.optim.AdamW or torch.optim.SGD); else nothing (t
 //       and the state stay)
-//   int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, float *dst);
-//   void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const float *src);
+//   const OptimTensors *opt_tensors  (a Model's member) AdamW8bit: the trainable tensors
+//   int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, void *dst);
+//   void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const void *src);
 //       elements [first, first + count) of state tensor i (optimizer_n_states of them,
-//       n elements each: AdamW's moments, SGD's momentum buffer; full fine-tuning in
+//       optimizer_state_count's elements each: AdamW's moments, SGD's momentum buffer,
+//       n floats; AdamW8bit's codes, absmax and fp32 moments; full fine-tuning in
 //       model_trainable_runs' order) out to host memory and back in: checkpoints save
 //       and load the state through these, a staging buffer at a time, so the CUDA
 //       trainer keeps no host copy of it. get returns 0.
@@ -262,7 +264,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"max_steps", OPT_INT, &(tc)->max_steps, "-1", "optimizer steps (-1: as many as --num_epochs needs)", -1, 1 << 30}, \
     {"num_epochs", OPT_INT, &(tc)->num_epochs, "1", "passes over the data when --max_steps is -1", 1, 1 << 20}, \
     {"lr", OPT_FLOAT, &(tc)->lr, "1e-4", "peak learning rate", 0, 1e3}, \
-    {"optimizer", OPT_STR, &(tc)->optimizer, "adamw", "adamw | sgd: torch.optim.AdamW, or torch.optim.SGD (dampening 0; with --momentum and --nesterov)", 0, 0}, \
+    {"optimizer", OPT_STR, &(tc)->optimizer, "adamw", "adamw | sgd | adamw8bit: torch.optim.AdamW; torch.optim.SGD (dampening 0; with --momentum and --nesterov); torchao's AdamW8bit (tensors of 4096+ elements in whole blocks of 256 keep 8-bit moments, a code per element and an absmax per block, the rest fp32 ones; checkpoints keep the codes and absmax, so a resume is exact; bitsandbytes' AdamW8bit differs: it decays after the Adam step, places eps otherwise, and its newer unsigned map has one more bit; not yet with sharded full fine-tuning)", 0, 0}, \
     {"weight_decay", OPT_FLOAT, &(tc)->optim.weight_decay, "0.0", "weight decay of every trainable tensor: AdamW's is decoupled (p -= lr * wd * p), SGD's is added to the gradient (g += wd * p), as torch's", 0, 1e3}, \
     {"adam_beta1", OPT_FLOAT, &(tc)->optim.beta1, "0.9", "AdamW beta1", 0, 0.999999}, \
     {"adam_beta2", OPT_FLOAT, &(tc)->optim.beta2, "0.999", "AdamW beta2", 0, 0.9999999}, \
@@ -564,6 +566,12 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
         return -1;
     }
     h->frozen_units = tc->freeze_layers ? tc->freeze_layers + 1 : 0; // the embedding's unit, then the layers'
+    if (tc->optim.kind == OPTIMIZER_ADAMW8BIT && tc->full_finetune && G > 1) { // (LoRA's state is whole on every rank)
+        fprintf(stderr, "error: --optimizer adamw8bit with full fine-tuning sharded %d ways is not supported yet (its blocks of "
+                "256 would cross the shards' edges): train in one process, with --sharding_strategy NO_SHARD, or with LoRA\n", G);
+        host_model_free(h);
+        return -1;
+    }
     if (h->use_lora) {
         int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
         lora_shapes(&h->config, in, out);
@@ -754,7 +762,7 @@ static int all_finite(const float *x, size_t n) {
 typedef struct { Optimizer *o; int i; } StateRef;
 static int state_fill(void *ctx, size_t first, size_t count, void *dst) {
     const StateRef *r = (const StateRef *)ctx;
-    return optimizer_state_get(r->o, r->i, first, count, (float *)dst);
+    return optimizer_state_get(r->o, r->i, first, count, dst);
 }
 
 // the optimizer's state tensors with their names, each saved through its fill (refs: where
@@ -874,7 +882,11 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     } else if (rank0) { // optimizer.safetensors: the state tensors under their names (none for plain SGD)
         rc = m->host.use_lora ? lora_save_peft(&m->host.lora, dir, tc->model) : model_save_hf(&m->host, dir, tc->model, tokpath);
         StWriteTensor t[OPTIMIZER_MAX_STATES];
-        for (int i = 0; i < n_states; i++) t[i] = (StWriteTensor){states[i].name, ST_F32, 1, {(int64_t)o->n}, NULL, state_fill, &refs[i]};
+        for (int i = 0; i < n_states; i++) {
+            StDtype d;
+            size_t count = optimizer_state_count(&m->optimizer, &m->opt_tensors, o->n, i, &d);
+            t[i] = (StWriteTensor){states[i].name, d, 1, {(int64_t)count}, NULL, state_fill, &refs[i]};
+        }
         snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
         if (rc == 0) rc = st_write(path, t, n_states, NULL, 0);
     }
@@ -958,25 +970,30 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
     StateRef refs[OPTIMIZER_MAX_STATES];
     HostModel *h = &m->host;
     int n_states = optimizer_state(o, m, states, refs), shard = host_sharded(h) && !h->use_lora, rc = 0;
-    // an unsharded checkpoint holds the state of every weight that trains
-    size_t n = shard ? model_numel_from(&h->config, h->frozen_units) : o->n, piece = st_staging_bytes() / sizeof(float);
     // whole: a staging buffer at a time; sharded: this rank's shard of every unit
-    float *buf = (float *)mallocCheck((shard ? h->units.shard_numel : n < piece ? n : piece) * sizeof(float) + 1);
+    size_t staging = st_staging_bytes();
+    void *buf = mallocCheck(shard ? h->units.shard_numel * sizeof(float) : staging);
     for (int i = 0; i < n_states && rc == 0; i++) {
         const StTensor *t = st_find(&sf, states[i].name);
-        if (!t || t->numel != n || t->dtype != ST_F32) {
-            fprintf(stderr, "error: %s: expected an F32 tensor %s of %zu elements\n", path, states[i].name, n);
+        StDtype d;
+        // an unsharded checkpoint holds the state of every weight that trains
+        size_t n = shard ? model_numel_from(&h->config, h->frozen_units) : optimizer_state_count(&m->optimizer, &m->opt_tensors, o->n, i, &d);
+        if (shard) d = ST_F32;
+        size_t piece = staging / (size_t)st_dtype_size(d);
+        if (!t || t->numel != n || t->dtype != d) {
+            fprintf(stderr, "error: %s: expected a %s tensor %s of %zu elements\n", path, st_dtype_name(d), states[i].name, n);
             rc = -1;
         } else if (!shard) {
             for (size_t first = 0; first < n && rc == 0; first += piece) {
                 size_t k = n - first < piece ? n - first : piece;
-                if ((rc = st_read_f32(&sf, t, first, k, buf)) == 0) optimizer_state_set(o, i, first, k, buf);
+                rc = d == ST_U8 ? st_read_u8(&sf, t, first, k, (uint8_t *)buf) : st_read_f32(&sf, t, first, k, (float *)buf);
+                if (rc == 0) optimizer_state_set(o, i, first, k, buf);
             }
         } else { // this rank's shard of it, tensor by tensor out of the trainable units' layout (the frozen
                  // units' shards, which have no state, read as zeros and dropped)
             StateFile ctx = {&sf, t, &h->config, h->frozen_units};
-            rc = fsdp_read_shard(&h->units, m->fsdp->shard.rank, buf, read_state, &ctx);
-            if (rc == 0) optimizer_state_set(o, i, 0, o->n, buf + h->units.units[h->frozen_units].shard_offset);
+            rc = fsdp_read_shard(&h->units, m->fsdp->shard.rank, (float *)buf, read_state, &ctx);
+            if (rc == 0) optimizer_state_set(o, i, 0, o->n, (float *)buf + h->units.units[h->frozen_units].shard_offset);
         }
     }
     free(buf);
@@ -1127,9 +1144,9 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
             printf("    %-32s %10.1f MiB   (one layer, %s)\n", "of which dequantize scratch", model_dequant_scratch_bytes(m) / MiB,
                    m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
         }
-        const char *state[] = {"", ", momentum", ", AdamW"}; // the optimizer's state, by optimizer_n_states
         char what[64];
-        snprintf(what, sizeof what, "trainable weights, grads%s", state[optimizer_n_states(&m->optimizer)]);
+        snprintf(what, sizeof what, "trainable weights, grads%s%s", optimizer_n_states(&m->optimizer) ? ", " : "",
+                 optimizer_n_states(&m->optimizer) ? optimizer_state_what[m->optimizer.kind] : "");
         printf("  %-34s %10.1f MiB\n", what, trainable / MiB);
         printf("  %-34s %10.1f MiB   (chunks of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
                m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");

@@ -1,33 +1,96 @@
-// The optimizers both trainers run, as torch.optim defines them: their
+// The optimizers both trainers run, as torch.optim and torchao define them: their
 // settings and their state tensors. trainer.h fills the settings from the
-// command line; each backend runs the updates (train_llama2.c's adamw_update
-// and sgd_update, layers.cuh's kernels of the same names); checkpoints save
-// the state under torch's names, so a checkpoint says what it holds.
+// command line; each backend runs the updates (train_llama2.c's adamw_update,
+// sgd_update and adamw8bit_update, layers.cuh's kernels of the same names);
+// checkpoints save the state under torch's names, so a checkpoint says what it holds.
 #ifndef OPTIMIZER_H
 #define OPTIMIZER_H
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include "utils.h"
+#include "safetensors.h"
 
-enum { OPTIMIZER_ADAMW, OPTIMIZER_SGD };
-static const char *const optimizer_names[] = {"adamw", "sgd"}; // --optimizer, by kind
+enum { OPTIMIZER_ADAMW, OPTIMIZER_SGD, OPTIMIZER_ADAMW8BIT };
+static const char *const optimizer_names[] = {"adamw", "sgd", "adamw8bit"}; // --optimizer, by kind
 
 typedef struct {
-    int kind;                 // OPTIMIZER_ADAMW or OPTIMIZER_SGD
+    int kind;                 // OPTIMIZER_ADAMW, OPTIMIZER_SGD or OPTIMIZER_ADAMW8BIT
     float weight_decay;       // AdamW: decoupled, p -= lr * wd * p; SGD: added to the gradient, g += wd * p
     float grad_clip;          // the global gradient norm is clipped to this before the step (0: off)
-    float beta1, beta2, eps;  // AdamW
+    float beta1, beta2, eps;  // AdamW, AdamW8bit
     float momentum;           // SGD: the momentum buffer's decay (0: plain SGD, no buffer)
     int nesterov;             // SGD: Nesterov momentum (needs momentum > 0)
 } OptimizerSettings;
 
-// the state tensors the optimizer keeps, each one float per trainable
-// parameter: AdamW's two moments, SGD's momentum buffer (none without momentum)
-#define OPTIMIZER_MAX_STATES 2
+// the state tensors the optimizer keeps: AdamW's two moments and SGD's momentum buffer
+// (none without momentum), one float per trainable parameter; AdamW8bit's two moments as
+// the codes and block absmax of its 8-bit tensors and the fp32 moments of the others
+#define OPTIMIZER_MAX_STATES 6
 static inline int optimizer_n_states(const OptimizerSettings *s) {
-    return s->kind == OPTIMIZER_ADAMW ? 2 : s->momentum != 0.0f;
+    return s->kind == OPTIMIZER_ADAMW ? 2 : s->kind == OPTIMIZER_ADAMW8BIT ? 6 : s->momentum != 0.0f;
 }
-static const char *const optimizer_state_names[][OPTIMIZER_MAX_STATES] = {{"exp_avg", "exp_avg_sq"}, {"momentum_buffer", ""}};
+static const char *const optimizer_state_names[][OPTIMIZER_MAX_STATES] = {
+    {"exp_avg", "exp_avg_sq"}, {"momentum_buffer"},
+    {"exp_avg.codes", "exp_avg.absmax", "exp_avg", "exp_avg_sq.codes", "exp_avg_sq.absmax", "exp_avg_sq"}};
+static const char *const optimizer_state_what[] = {"AdamW", "momentum", "AdamW8bit"}; // (the memory plan's words)
+
+// AdamW8bit's state over the trainable tensors, as torchao lays it out: each tensor of at
+// least 4096 elements in whole blocks of 256 keeps 8-bit moments (a code per element and
+// an fp32 absmax per block, the blocks from the tensor's first element), every other one
+// fp32 moments. The tensors are the flat trainable parameters' (LoRA's A, B and DoRA's
+// magnitudes, or the model's weights) in their flat order.
+#define ADAMW8BIT_BLOCK 256
+typedef struct {
+    int n;              // tensors
+    size_t *numel;      // (n) each tensor's elements; they follow one another in the flat parameters
+    size_t *at;         // (n) where its state starts: in the codes (8-bit; its absmax at at / 256), or in the fp32 moments
+    size_t n8, n32;     // the elements with 8-bit state, with fp32 state
+} OptimTensors;
+static inline int adamw8bit_quantized(size_t numel) { return numel >= 4096 && numel % ADAMW8BIT_BLOCK == 0; }
+static inline void optim_tensors_init(OptimTensors *t, const size_t *numel, int n) {
+    t->n = n;
+    t->numel = (size_t *)mallocCheck((size_t)n * sizeof(size_t) + 1);
+    t->at = (size_t *)mallocCheck((size_t)n * sizeof(size_t) + 1);
+    t->n8 = t->n32 = 0;
+    for (int k = 0; k < n; k++) {
+        t->numel[k] = numel[k];
+        size_t *count = adamw8bit_quantized(numel[k]) ? &t->n8 : &t->n32;
+        t->at[k] = *count;
+        *count += numel[k];
+    }
+}
+static inline void optim_tensors_free(OptimTensors *t) {
+    free(t->numel);
+    free(t->at);
+    memset(t, 0, sizeof *t);
+}
+
+// state tensor i (of optimizer_n_states) for n trainable parameters (t: their tensors, for
+// AdamW8bit): its elements, and their dtype in *dtype (F32, or U8 for codes)
+static inline size_t optimizer_state_count(const OptimizerSettings *s, const OptimTensors *t, size_t n, int i, StDtype *dtype) {
+    *dtype = ST_F32;
+    if (s->kind != OPTIMIZER_ADAMW8BIT) return n;
+    if (i % 3 == 0) *dtype = ST_U8;
+    return i % 3 == 0 ? t->n8 : i % 3 == 1 ? t->n8 / ADAMW8BIT_BLOCK : t->n32;
+}
+static inline size_t optimizer_state_bytes(const OptimizerSettings *s, const OptimTensors *t, size_t n) {
+    size_t bytes = 0;
+    StDtype d;
+    for (int i = 0; i < optimizer_n_states(s); i++) bytes += optimizer_state_count(s, t, n, i, &d) * st_dtype_size(d);
+    return bytes;
+}
+// the host buffer a checkpoint moves the state through (support/safetensors.h's staging):
+// as big as the largest state tensor, at most st_staging_bytes()
+static inline size_t optimizer_staging_bytes(const OptimizerSettings *s, const OptimTensors *t, size_t n) {
+    size_t widest = 0;
+    StDtype d;
+    for (int i = 0; i < optimizer_n_states(s); i++) {
+        size_t bytes = optimizer_state_count(s, t, n, i, &d) * st_dtype_size(d);
+        widest = bytes > widest ? bytes : widest;
+    }
+    return widest < st_staging_bytes() ? widest : st_staging_bytes();
+}
 
 // ----------------------------------------------------------------------------
 // The scalars of one step of torchao's AdamW8bit (and of its fp32-state path) and of

@@ -517,6 +517,17 @@ static inline int st_read_f32(StFile *sf, const StTensor *t, uint64_t first, uin
     return 0;
 }
 
+// Reads elements [first, first + count) of a U8 tensor (bytes, as they are).
+static inline int st_read_u8(StFile *sf, const StTensor *t, uint64_t first, uint64_t count, uint8_t *out) {
+    if (t->dtype != ST_U8) { st__err(sf->path, t->name, "dtype %s is not U8", st_dtype_name(t->dtype)); return -1; }
+    if (first > t->numel || count > t->numel - first) {
+        st__err(sf->path, t->name, "read of elements [%llu, %llu) is out of range (tensor has %llu)",
+                (unsigned long long)first, (unsigned long long)(first + count), (unsigned long long)t->numel);
+        return -1;
+    }
+    return count ? st__read_at(sf, t, t->begin + first, out, (size_t)count) : 0;
+}
+
 // Reads all of an I32 or I64 tensor as int32 (I64 values must fit in int32).
 static inline int st_read_i32(StFile *sf, const StTensor *t, int32_t *out) {
     if (t->dtype != ST_I32 && t->dtype != ST_I64) {

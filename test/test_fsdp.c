@@ -360,7 +360,7 @@ static void test_load_refusals(void) {
     FsdpUnits u;
     model_units(&c, &u, 2);
     float *out = (float *)mallocCheck(u.shard_numel * sizeof(float));
-    FsdpBuffer b = {"params", out, 0};
+    FsdpBuffer b = {"params", out, 0, NULL, NULL};
     int refused = 0;
     for (int r = 0; r < 2; r++) {
         LoadArgs a = {dir, &u, &b, 1, r, ""};
@@ -497,7 +497,7 @@ static void test_checkpoints(void) {
     rc = capture(load_args, &xa, msg, sizeof msg);
     CHECK(rc != 0 && strstr(msg, "the checkpoint is of another model") && strcmp(fp, xfp) != 0,
           "checkpoint load refuses the same shapes with another model identity", "%s", msg);
-    FsdpBuffer more[NBUF + 1] = {bufs[0], bufs[1], {"exp_avg_sq", bufs[1].data, 0}};
+    FsdpBuffer more[NBUF + 1] = {bufs[0], bufs[1], {"exp_avg_sq", bufs[1].data, 0, NULL, NULL}};
     LoadArgs ma = {ref, &u, more, NBUF + 1, 1, fp};
     rc = capture(load_args, &ma, msg, sizeof msg);
     CHECK(rc != 0 && strstr(msg, "has no buffer \"exp_avg_sq\""), "checkpoint load refuses a buffer it does not hold", "%s", msg);

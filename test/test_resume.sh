@@ -156,4 +156,14 @@ run "$TMP/dora2" 6 --resume "$TMP/dora-ref/checkpoint-3"
 rc=$?
 [ $rc -eq 1 ] && grep -q -- "--use_dora was '1' in the checkpoint but is '0' now" "$TMP/dora2.log"
 check "a DoRA checkpoint resumed without --use_dora is refused" $? "exit $rc: $(tail -2 "$TMP/dora2.log")"
+# AdamW8bit, full fine-tuning: the checkpoint holds the 8-bit tensors' codes and block absmax and
+# the other tensors' fp32 moments, so the state comes back exactly
+ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 2e-3 --full_finetune
+      --optimizer adamw8bit --save_every 3 --threads 1)
+run "$TMP/a8-ref" 6
+LLAMA2TUNE_FAULT=step:4 run "$TMP/a8" 6
+run "$TMP/a8" 6 --resume "$TMP/a8"
+same_result "AdamW8bit full fine-tuning killed after step 4 and resumed == uninterrupted" "$TMP/a8-ref" "$TMP/a8" model.safetensors
+cmp -s "$TMP/a8-ref/checkpoint-6/optimizer.safetensors" "$TMP/a8/checkpoint-6/optimizer.safetensors"
+check "... and its final optimizer state (codes, absmax, fp32 moments) is the same bytes" $? "$(ls "$TMP/a8/checkpoint-6")"
 exit $((fails > 0))

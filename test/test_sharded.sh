@@ -287,6 +287,21 @@ env_case 4 HYBRID_SHARD 4-hybrid --shard_group 2
 grep -q "4 ranks, HYBRID_SHARD: shard groups of 2, 2 replica(s)" "$TMP/env-full-4-HYBRID_SHARD.log"
 check "launched by the environment: W = 4 HYBRID_SHARD says its groups" $? "$(head -3 "$TMP/env-full-4-HYBRID_SHARD.log")"
 
+# AdamW8bit: LoRA's state is whole on every rank (W = 2 FULL_SHARD == one process, the tolerances
+# above); full fine-tuning with NO_SHARD too; sharded full fine-tuning is refused (its 8-bit
+# blocks would cross the shards' edges)
+A8=(--optimizer adamw8bit --lr 2e-3)
+run 0 "$TMP/a8-lora1" "${LORA[@]}" "${A8[@]}" --batch_size 12
+run 2 "$TMP/a8-lora-2" "${LORA[@]}" "${A8[@]}" --batch_size 6 --sharding_strategy FULL_SHARD
+same_run "AdamW8bit, LoRA, W = 2 FULL_SHARD == one process" "$TMP/a8-lora1" "$TMP/a8-lora-2" adapter_model.safetensors
+run 0 "$TMP/a8-full1" "${FULL[@]}" "${A8[@]}" --batch_size 12
+run 2 "$TMP/a8-full-2" "${FULL[@]}" "${A8[@]}" --batch_size 6 --sharding_strategy NO_SHARD
+same_run "AdamW8bit, full fine-tuning, W = 2 NO_SHARD == one process" "$TMP/a8-full1" "$TMP/a8-full-2" model.safetensors
+run 2 "$TMP/a8-refused" "${FULL[@]}" "${A8[@]}" --batch_size 6 --sharding_strategy FULL_SHARD
+rc=$?
+[ $rc -ne 0 ] && grep -q -- "--optimizer adamw8bit with full fine-tuning sharded 2 ways is not supported yet" "$TMP/a8-refused.log"
+check "AdamW8bit with sharded full fine-tuning is refused, saying why and what works" $? "exit $rc: $(tail -2 "$TMP/a8-refused.log")"
+
 # SGD (Nesterov momentum 0.9, weight decay): each rank keeps the momentum buffer of the whole adapter (LoRA)
 # or of its own shard (full fine-tuning); W = 2 and 3 == one process, with the tolerances above (SGD's
 # update is linear in the gradient: it passes on the ranks' rounding without amplifying it, as AdamW's

@@ -397,8 +397,8 @@ static void test_device_backend(void) {
 
 // the optimizer's state in the plan and in memory: one float per trainable
 // parameter for each of AdamW's moments, SGD's momentum buffer, nothing else
-// for plain SGD (full fine-tuning: the gradients and the state; the weights
-// are the base weights' bytes)
+// for plain SGD (full fine-tuning: the gradients and the state, and a state
+// tensor's worth for a checkpoint's staging; the weights are the base weights' bytes)
 static void test_optimizer_state(void) {
     struct { const char *what; const char *args[4]; int states; } cases[] = {
         {"AdamW: two moments", {"--optimizer", "adamw"}, 2},
@@ -418,12 +418,36 @@ static void test_optimizer_state(void) {
         int held = (o.state[0] != NULL) + (o.state[1] != NULL);
         char what[160];
         snprintf(what, sizeof what, "memory plan and optimizer_init, full fine-tuning: %s", cases[k].what);
-        CHECK(m.param_bytes == n * sizeof(float) * (1 + cases[k].states) && held == cases[k].states && o.n == n, what,
-              "plan %zu bytes for %zu parameters (want %zu), %d state tensors held", m.param_bytes, n,
-              n * sizeof(float) * (1 + cases[k].states), held);
+        size_t want = n * sizeof(float) * (1 + cases[k].states + (cases[k].states > 0));
+        CHECK(m.param_bytes == want && held == cases[k].states && o.n == n, what,
+              "plan %zu bytes for %zu parameters (want %zu), %d state tensors held", m.param_bytes, n, want, held);
         optimizer_free(&o);
         model_free(&m);
     }
+}
+
+// AdamW8bit's state in the plan and in memory, tiny_gqa full fine-tuning, counted here from
+// the model's shapes (dim 64, 4 heads and 2 KV heads of 16, MLP 96, 2 layers, untied head):
+// q, o (64 x 64), gate, up, down (96 x 64), the embedding and lm_head (V x 64) keep codes
+// (2 bytes an element) and an fp32 absmax per 256 (2 more floats a block); k, v (32 x 64)
+// and the norms (64) fp32 moments (8 bytes an element); a checkpoint's staging holds the
+// largest state tensor, the codes of one moment (one byte an 8-bit element)
+static void test_adamw8bit_state(void) {
+    char *argv[] = {"x", "--model", "test/fixtures/tiny_gqa", "--data", "test/fixtures/data.jsonl", "--full_finetune",
+                    "--optimizer", "adamw8bit"};
+    TrainConfig tc;
+    if (parse_args(&tc, 8, argv) != 0) die("adamw8bit state test arguments");
+    Model m;
+    Optimizer o;
+    if (model_setup(&m, NULL, &tc, 1, 8, NULL) != 0) die("adamw8bit state test model");
+    optimizer_init(&o, &m);
+    size_t V = (size_t)m.host.config.vocab_size, n8 = 2 * (2 * 64 * 64 + 3 * 96 * 64) + 2 * V * 64;
+    size_t n32 = 2 * (2 * 32 * 64 + 2 * 64) + 64, n = m.host.num_params;
+    size_t want = n * sizeof(float) + n8 * 2 + n8 / 256 * 2 * sizeof(float) + n32 * 2 * sizeof(float) + n8; // the gradients first
+    CHECK(n8 + n32 == n && m.param_bytes == want && o.n == n, "memory plan and optimizer_init, full fine-tuning: AdamW8bit's codes, absmax and fp32 moments",
+          "plan %zu bytes for %zu parameters (want %zu: %zu in 8 bits, %zu in fp32)", m.param_bytes, n, want, n8, n32);
+    optimizer_free(&o);
+    model_free(&m);
 }
 
 // trainer.h's loss_scale_update against torch.amp.GradScaler("cpu") driven alone
@@ -576,6 +600,7 @@ int main(void) {
     test_sample_escaping();
     test_device_backend();
     test_optimizer_state();
+    test_adamw8bit_state();
     test_memory_plan();
     test_thread_count_sums(); // (after test_memory_plan: it starts OpenMP threads, see below)
     test_thread_count_model();

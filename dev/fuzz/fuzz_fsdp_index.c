@@ -44,7 +44,7 @@ FUZZ_TARGET(fsdp_index) {
         fuzz_write(path, sec[k], len[k]);
     }
     for (int rank = 0; rank < u.n_shards; rank++) {
-        FsdpBuffer bufs[2] = {{"params", bufs_data[0], 0}, {"exp_avg", bufs_data[1], 0}};
+        FsdpBuffer bufs[2] = {{"params", bufs_data[0], 0, NULL, NULL}, {"exp_avg", bufs_data[1], 0, NULL, NULL}};
         for (int b = 0; b < 2; b++) memset(bufs_data[b], 0xff, u.shard_numel * sizeof(float)); // NaN: padding must be written
         fuzz_stderr_begin();
         int r = fsdp_load(dir, &u, bufs, 2, rank, fp);

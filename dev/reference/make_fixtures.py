@@ -408,7 +408,7 @@ def train(model, named_params, rows, hp, on_microbatch=None):
         hook = (lambda g, s=s: on_microbatch(s, g)) if on_microbatch else None
         loss = step_grads(model, params, step_microbatches(rows, s), hook)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm=hp["grad_clip"]).item()
-        lr = opt.param_groups[0]["lr"]
+        lr = float(opt.param_groups[0]["lr"])  # (torchao's optimizers keep it as a tensor, changed in place)
         opt.step()
         sched.step()
         steps.append({"step": s + 1, "loss": loss, "lr": lr, "grad_norm": norm})
