@@ -1063,14 +1063,14 @@ static void anyprecision_update(uint16_t *p, const uint16_t *g, uint16_t *m, uin
     AnyPrecisionScalars s = anyprecision_scalars(t, lr, beta1, beta2, eps, wd);
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
-        float gi = bf16_to_f32(g[i]), pi = bf16_round(bf16_to_f32(p[i]) * s.decay);
+        float gi = st_bf16_to_f32(g[i]), pi = bf16_round(st_bf16_to_f32(p[i]) * s.decay);
         // (alpha1 * gi, two bf16 significands, is exact: fused or not, one rounding)
-        float mi = bf16_round(fmaf(s.alpha1, gi, bf16_round(bf16_to_f32(m[i]) * s.beta1)));
-        float vi = bf16_round(fmaf(s.w2 * gi, gi, bf16_round(bf16_to_f32(v[i]) * s.beta2)));
+        float mi = bf16_round(fmaf(s.alpha1, gi, bf16_round(st_bf16_to_f32(m[i]) * s.beta1)));
+        float vi = bf16_round(fmaf(s.w2 * gi, gi, bf16_round(st_bf16_to_f32(v[i]) * s.beta2)));
         float denom = bf16_round(bf16_round(bf16_round(sqrtf(vi)) / s.bc2_sqrt) + s.eps);
         float step = s.neg_step * mi / denom;
         if (comp) {
-            float c = bf16_round(bf16_to_f32(comp[i]) + step), pn = bf16_round(pi + c);
+            float c = bf16_round(st_bf16_to_f32(comp[i]) + step), pn = bf16_round(pi + c);
             comp[i] = bf16_from_f32(c + bf16_round(pi - pn));
             pi = pn;
         } else {

@@ -106,13 +106,7 @@ static inline uint16_t bf16_from_f32(float x) {
     if (isnan(x)) return 0x7fc0;
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-static inline float bf16_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-static inline float bf16_round(float x) { return bf16_to_f32(bf16_from_f32(x)); }
+static inline float bf16_round(float x) { return st_bf16_to_f32(bf16_from_f32(x)); }
 
 // torchao.optim.adam's single_param_adam (AdamW: is_adamw): lr is an fp32 tensor, the
 // step an fp32 tensor too (beta^step: fp32 powf), weight decay and eps Python numbers

@@ -48,7 +48,7 @@ static void check_bits(const char *what, const void *got, const void *want, size
         if (memcmp(a + i * size, b + i * size, size) != 0 && bad++ == 0) first = i;
     double gv = 0, wv = 0;
     if (bad && size == 4) { float f; memcpy(&f, a + first * 4, 4); gv = f; memcpy(&f, b + first * 4, 4); wv = f; }
-    if (bad && size == 2) { uint16_t h; memcpy(&h, a + first * 2, 2); gv = bf16_to_f32(h); memcpy(&h, b + first * 2, 2); wv = bf16_to_f32(h); }
+    if (bad && size == 2) { uint16_t h; memcpy(&h, a + first * 2, 2); gv = st_bf16_to_f32(h); memcpy(&h, b + first * 2, 2); wv = st_bf16_to_f32(h); }
     if (bad && size == 1) { gv = a[first]; wv = b[first]; }
     CHECK(bad == 0, what, "%zu of %zu elements differ, the first at %zu: %.9g, the reference's %.9g", bad, n, first, gv, wv);
 }
