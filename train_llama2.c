@@ -1193,24 +1193,18 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
 }
 
 // the weights and the optimizer state live in host memory already
-static size_t state_elem(Optimizer *o, int i, size_t *count) { // state i's element size (and count)
-    StDtype d;
-    size_t n = optimizer_state_count(&o->s, o->tensors, o->n, i, &d);
-    if (count) *count = n;
-    return (size_t)st_dtype_size(d);
-}
 static int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, void *dst) {
-    size_t es = state_elem(o, i, NULL);
+    size_t n, es = optimizer_state_elem(&o->s, o->tensors, o->n, i, &n);
     memcpy(dst, (char *)o->state[i] + first * es, count * es);
     return 0;
 }
 static void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const void *src) {
-    size_t es = state_elem(o, i, NULL);
+    size_t n, es = optimizer_state_elem(&o->s, o->tensors, o->n, i, &n);
     memcpy((char *)o->state[i] + first * es, src, count * es);
 }
 static int optimizer_state_finite(Optimizer *o) {
     for (int i = 0; i < optimizer_n_states(&o->s); i++) {
-        size_t n, es = state_elem(o, i, &n);
+        size_t n, es = optimizer_state_elem(&o->s, o->tensors, o->n, i, &n);
         for (size_t j = 0; es == sizeof(float) && j < n; j++) // (codes are bytes: nothing to check)
             if (!isfinite(((float *)o->state[i])[j])) return 0;
     }

@@ -1190,22 +1190,19 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
 
 // a piece of state tensor i to the host and back, for checkpoints: in the compute stream's
 // order, done when they return (the host buffer is reused for the next piece)
-static size_t state_elem(const Model *m, int i, size_t *count) { // state i's element size (and count)
-    StDtype d;
-    size_t n = optimizer_state_count(&m->optimizer, &m->opt_tensors, m->n_train, i, &d);
-    if (count) *count = n;
-    return (size_t)st_dtype_size(d);
+static size_t state_elem(const Model *m, int i, size_t *count) {
+    return optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, count);
 }
 static int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, void *dst) {
     Model *m = o->model;
-    size_t es = state_elem(m, i, NULL);
+    size_t n, es = state_elem(m, i, &n);
     cudaCheck(cudaMemcpyAsync(dst, (char *)m->opt_state[i] + first * es, count * es, cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
     return 0;
 }
 static void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const void *src) {
     Model *m = o->model;
-    size_t es = state_elem(m, i, NULL);
+    size_t n, es = state_elem(m, i, &n);
     cudaCheck(cudaMemcpyAsync((char *)m->opt_state[i] + first * es, src, count * es, cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
 }

@@ -74,6 +74,12 @@ static inline size_t optimizer_state_count(const OptimizerSettings *s, const Opt
     if (i % 3 == 0) *dtype = ST_U8;
     return i % 3 == 0 ? t->n8 : i % 3 == 1 ? t->n8 / ADAMW8BIT_BLOCK : t->n32;
 }
+// state tensor i's element size in bytes, and its elements into *count
+static inline size_t optimizer_state_elem(const OptimizerSettings *s, const OptimTensors *t, size_t n, int i, size_t *count) {
+    StDtype d;
+    *count = optimizer_state_count(s, t, n, i, &d);
+    return (size_t)st_dtype_size(d);
+}
 static inline size_t optimizer_state_bytes(const OptimizerSettings *s, const OptimTensors *t, size_t n) {
     size_t bytes = 0;
     StDtype d;

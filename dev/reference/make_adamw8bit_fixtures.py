@@ -17,14 +17,10 @@
 # lerped in fp32, the 8-bit ones requantized), so the float64 model differs from ours in its
 # forward and backward only; where a moment lands near the midpoint of two codes, that
 # difference can pick the other code (test_llama2.c says what that costs).
-import json
 import os
 import sys
 
 os.environ["TORCHDYNAMO_DISABLE"] = "1"  # before torch is imported: torchao's step eager
-import sentencepiece as spm
-import torch
-from safetensors.torch import save_file
 from torchao.optim import AdamW8bit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,38 +41,13 @@ def adamw8bit(params, hp):
                      weight_decay=hp["weight_decay"])
 
 
+def eight_bit(named):  # the tensors torchao keeps in 8 bits
+    return {"eight_bit": [k for k, p in named if p.numel() >= 4096 and p.numel() % 256 == 0]}
+
+
 def main():
-    os.chdir(mf.ROOT)
-    folder = f"{mf.FIX}/{MODEL}"
-    sp = spm.SentencePieceProcessor(model_file=folder + "/tokenizer.model")
-    with open(f"{mf.FIX}/data.jsonl", encoding="utf-8") as f:
-        assert [json.loads(line)["text"] for line in f] == mf.DATA, "data.jsonl is not make_fixtures.py's"
-    rows = mf.tokenize_rows(sp)
-    out = {"model": MODEL, "runs": []}
-    final = {}
     mf.make_optimizer = adamw8bit  # mf.train builds its optimizer through it
-    for name, mode, lr, clip in RUNS:
-        print(f"== {name}")
-        if mode == "lora":
-            model, named = mf.load_lora64(folder)
-        else:
-            model = mf.load_base(folder, torch.float64)
-            named = list(mf.base_state(model).items())
-            for _, p in named:
-                p.requires_grad_(True)
-        model.train()
-        hp = hparams(lr, clip)
-        steps = mf.train(model, named, rows, hp)
-        eight = [k for k, p in named if p.numel() >= 4096 and p.numel() % 256 == 0]
-        print(f"    8-bit state: {eight}")
-        for k, p in named:
-            final[f"{name}.final.{k}"] = p.detach().to(torch.float32).contiguous()
-        out["runs"].append({"name": name, "mode": mode, "hparams": hp, "steps": steps, "eight_bit": eight})
-    save_file(dict(sorted(final.items())), f"{folder}/ref/adamw8bit.safetensors")
-    with open(f"{folder}/ref/adamw8bit.json", "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
-    print("done")
+    mf.optimizer_runs(MODEL, [(name, mode, hparams(lr, clip)) for name, mode, lr, clip in RUNS], "adamw8bit", eight_bit)
 
 
 if __name__ == "__main__":

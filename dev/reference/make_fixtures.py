@@ -421,6 +421,41 @@ def train(model, named_params, rows, hp, on_microbatch=None):
     return steps
 
 
+def optimizer_runs(model_name, runs, out_name, record=None):
+    """Another optimizer's fixture (make_sgd_fixtures.py, make_adamw8bit_fixtures.py): each of
+    runs, (name, "lora" | "full", hparams), trained by train() from model_name's start (LoRA
+    from its peft_init adapter) through make_optimizer; writes ref/<out_name>.json (settings,
+    steps, and what record(named parameters) adds) and ref/<out_name>.safetensors (the final
+    trainable tensors as <run>.final.<name>)."""
+    os.chdir(ROOT)
+    folder = f"{FIX}/{model_name}"
+    sp = spm.SentencePieceProcessor(model_file=folder + "/tokenizer.model")
+    with open(f"{FIX}/data.jsonl", encoding="utf-8") as f:
+        assert [json.loads(line)["text"] for line in f] == DATA, "data.jsonl is not make_fixtures.py's"
+    rows = tokenize_rows(sp)
+    out = {"model": model_name, "runs": []}
+    final = {}
+    for name, mode, hp in runs:
+        print(f"== {name}")
+        if mode == "lora":
+            model, named = load_lora64(folder)
+        else:
+            model = load_base(folder, torch.float64)
+            named = list(base_state(model).items())
+            for _, p in named:
+                p.requires_grad_(True)
+        model.train()
+        steps = train(model, named, rows, hp)
+        for k, p in named:
+            final[f"{name}.final.{k}"] = p.detach().to(torch.float32).contiguous()
+        out["runs"].append({"name": name, "mode": mode, "hparams": hp, "steps": steps, **(record(named) if record else {})})
+    save_file(dict(sorted(final.items())), f"{folder}/ref/{out_name}.safetensors")
+    with open(f"{folder}/ref/{out_name}.json", "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    print("done")
+
+
 def hparams(spec_train):
     return {"lr": spec_train["lr"], "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
             "warmup_steps": WARMUP, "lr_scheduler": "cosine", "grad_clip": spec_train["grad_clip"],

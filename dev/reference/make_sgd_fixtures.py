@@ -12,13 +12,8 @@
 # holds each run's settings and per-step loss, lr and gradient norm;
 # sgd.safetensors each run's final trainable tensors as "<run>.final.<name>".
 # test/test_llama2.c trains the same runs and compares.
-import json
 import os
 import sys
-
-import sentencepiece as spm
-import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as mf  # its float64 patches of transformers apply on import
@@ -42,34 +37,8 @@ def hparams(lr, momentum, nesterov, grad_clip):
 
 
 def main():
-    os.chdir(mf.ROOT)
-    folder = f"{mf.FIX}/{MODEL}"
-    sp = spm.SentencePieceProcessor(model_file=folder + "/tokenizer.model")
-    with open(f"{mf.FIX}/data.jsonl", encoding="utf-8") as f:
-        assert [json.loads(line)["text"] for line in f] == mf.DATA, "data.jsonl is not make_fixtures.py's"
-    rows = mf.tokenize_rows(sp)
-    out = {"model": MODEL, "runs": []}
-    final = {}
-    for name, mode, lr, momentum, nesterov, clip in RUNS:
-        print(f"== {name}")
-        if mode == "lora":
-            model, named = mf.load_lora64(folder)
-        else:
-            model = mf.load_base(folder, torch.float64)
-            named = list(mf.base_state(model).items())
-            for _, p in named:
-                p.requires_grad_(True)
-        model.train()
-        hp = hparams(lr, momentum, nesterov, clip)
-        steps = mf.train(model, named, rows, hp)
-        for k, p in named:
-            final[f"{name}.final.{k}"] = p.detach().to(torch.float32).contiguous()
-        out["runs"].append({"name": name, "mode": mode, "hparams": hp, "steps": steps})
-    save_file(dict(sorted(final.items())), f"{folder}/ref/sgd.safetensors")
-    with open(f"{folder}/ref/sgd.json", "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
-    print("done")
+    mf.optimizer_runs(MODEL, [(name, mode, hparams(lr, momentum, nesterov, clip))
+                              for name, mode, lr, momentum, nesterov, clip in RUNS], "sgd")
 
 
 if __name__ == "__main__":
