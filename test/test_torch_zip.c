@@ -10,21 +10,6 @@
 
 #define DIR "test/fixtures/torch"
 
-// a regular file's bytes, NUL-terminated; NULL if there is none
-static unsigned char *slurp(const char *path, size_t *n) {
-    struct stat st;
-    FILE *f = stat(path, &st) == 0 && S_ISREG(st.st_mode) ? fopen(path, "rb") : NULL;
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    rewind(f);
-    unsigned char *b = (unsigned char *)malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    b[*n] = 0;
-    return b;
-}
-
 static int same_floats(const float *a, const float *b, uint64_t n) { return n == 0 || memcmp(a, b, (size_t)n * 4) == 0; }
 
 // tensor a of pa against tensor b of pb: dtype, shape, the raw bytes, all values and a sub-range
@@ -56,7 +41,7 @@ static int same_tensor(StFile *pa, const StTensor *a, StFile *pb, const StTensor
 // pt_parse_bytes on the file's bytes must give what pt_open gave
 static int same_as_pure(const StFile *sf, const char *path) {
     size_t n;
-    unsigned char *b = slurp(path, &n);
+    unsigned char *b = test_read_file(path, &n);
     StFile pure;
     int ok = b && pt_parse_bytes(&pure, path, b, n) == 0 && pure.f == NULL && pure.n_tensors == sf->n_tensors;
     for (int i = 0; ok && i < sf->n_tensors; i++)
@@ -161,7 +146,7 @@ static void test_sharded(void) {
     char ipath[256], sp[512], why[400] = "";
     snprintf(ipath, sizeof ipath, "%s/pytorch_model.bin.index.json", folder);
     size_t n;
-    char *text = (char *)slurp(ipath, &n), err[200];
+    char *text = (char *)test_read_file(ipath, &n), err[200];
     JsonValue idx;
     Ref ref;
     if (!text || json_parse(text, n, &idx, err, sizeof err) || ref_open(&ref, "test/fixtures/tiny_tied")) {
@@ -204,7 +189,7 @@ static void expect_refused(const char *path, const char *want) {
           what, "r=%d msg='%s'", r, msg);
     if (r == 0) st_close(&sf);
     size_t n;
-    unsigned char *b = slurp(path, &n);
+    unsigned char *b = test_read_file(path, &n);
     if (!b) return;
     capture_begin();
     r = pt_parse_bytes(&sf, path, b, n);
@@ -218,7 +203,7 @@ static void expect_refused(const char *path, const char *want) {
 // refused/expected.txt: "<file><TAB><what the message says>" per line
 static void test_refused(void) {
     size_t n;
-    char *list = (char *)slurp(DIR "/refused/expected.txt", &n), path[512];
+    char *list = (char *)test_read_file(DIR "/refused/expected.txt", &n), path[512];
     int count = 0;
     for (char *line = list; line && *line;) {
         char *nl = strchr(line, '\n'), *tab = strchr(line, '\t');
@@ -241,7 +226,7 @@ static void test_refused(void) {
 // four values, must be refused with a message or read back in range; never crash
 static void test_mutations(const char *path) {
     size_t n;
-    unsigned char *b = slurp(path, &n), *c = (unsigned char *)malloc(n + 1);
+    unsigned char *b = test_read_file(path, &n), *c = (unsigned char *)malloc(n + 1);
     int ok = b != NULL, accepted = 0, runs = 0;
     static const unsigned char vals[4] = {0x00, 0xff, 0x80, 0x7f};
     capture_begin();
