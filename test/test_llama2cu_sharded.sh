@@ -116,6 +116,11 @@ emu none "$TMP/a8-full-1" "${FULL[@]}" --batch_size 6 --optimizer adamw8bit
 "$BIN" "${COMMON[@]}" "${FULL[@]}" --batch_size 6 --optimizer adamw8bit --output_dir "$TMP/a8-full-cpu" \
     --metrics_file "$TMP/a8-full-cpu.jsonl" >"$TMP/a8-full-cpu.log" 2>&1
 close "AdamW8bit, full fine-tuning: one emulated process == the CPU trainer" "$TMP/a8-full-1" "$TMP/a8-full-cpu" $CPU_TOL
+# with --freeze_layers 1 (the trainable tensors then lie in runs, one per tensor type)
+emu none "$TMP/a8-freeze-1" "${FULL[@]}" --batch_size 6 --optimizer adamw8bit --freeze_layers 1
+"$BIN" "${COMMON[@]}" "${FULL[@]}" --batch_size 6 --optimizer adamw8bit --freeze_layers 1 --output_dir "$TMP/a8-freeze-cpu" \
+    --metrics_file "$TMP/a8-freeze-cpu.jsonl" >"$TMP/a8-freeze-cpu.log" 2>&1
+close "AdamW8bit, --freeze_layers 1: one emulated process == the CPU trainer" "$TMP/a8-freeze-1" "$TMP/a8-freeze-cpu" $CPU_TOL
 emu none "$TMP/a8-lora-1" "${LORA[@]}" --batch_size 6 --optimizer adamw8bit --lora_r 64
 emu "env 2" "$TMP/a8-lora-2" "${LORA[@]}" --batch_size 3 --optimizer adamw8bit --lora_r 64 --sharding_strategy FULL_SHARD --collectives host
 # (the weights within 2e-3 of their scale, test_llama2.c's AdamW8bit tolerance: the ranks' sums round
