@@ -972,7 +972,7 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
     int n_states = optimizer_state(o, m, states, refs), shard = host_sharded(h) && !h->use_lora, rc = 0;
     // whole: a staging buffer at a time; sharded: this rank's shard of every unit
     size_t staging = st_staging_bytes();
-    void *buf = mallocCheck(shard ? h->units.shard_numel * sizeof(float) : staging);
+    void *buf = mallocCheck(shard ? h->units.shard_numel * sizeof(float) : optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, o->n) + 1);
     for (int i = 0; i < n_states && rc == 0; i++) {
         const StTensor *t = st_find(&sf, states[i].name);
         StDtype d;
