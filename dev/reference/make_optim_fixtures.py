@@ -177,6 +177,19 @@ def adamw8bit_data(name, numel, gen, steps, w1, w2):
     return p, grads
 
 
+def take_step(opt, name, tensors, params, grads, t, out):
+    """Step t of opt with the tensors' gradients (kept in out, with the parameters after it);
+    each tensor's name and optimizer state after it."""
+    for x, _ in tensors:
+        params[x].grad = grads[x][t - 1].clone()
+        out[f"{name}.{x}.g{t}"] = grads[x][t - 1]
+    with IeeeSqrt():
+        opt.step()
+    for x, _ in tensors:
+        out[f"{name}.{x}.p{t}"] = params[x].detach().clone()
+    return [(x, opt.state[params[x]]) for x, _ in tensors]
+
+
 def run_adamw8bit(name, hp, steps, tensors, out, meta):
     gen = torch.Generator().manual_seed(len(name))
     w1, w2 = 1 - hp["betas"][0], 1 - hp["betas"][1]
@@ -188,14 +201,7 @@ def run_adamw8bit(name, hp, steps, tensors, out, meta):
         out[f"{name}.{x}.p0"] = p
     opt = AdamW8bit([params[x] for x, _ in tensors], **hp)
     for t in range(1, steps + 1):
-        for x, _ in tensors:
-            params[x].grad = grads[x][t - 1].clone()
-            out[f"{name}.{x}.g{t}"] = grads[x][t - 1]
-        with IeeeSqrt():
-            opt.step()
-        for x, _ in tensors:
-            st = opt.state[params[x]]
-            out[f"{name}.{x}.p{t}"] = params[x].detach().clone()
+        for x, st in take_step(opt, name, tensors, params, grads, t, out):
             if hasattr(st["exp_avg"], "codes"):
                 assert st["exp_avg"].block_size == 256 and st["exp_avg_sq"].block_size == 256
                 for s, k in (("exp_avg", "m"), ("exp_avg_sq", "v")):
@@ -225,14 +231,7 @@ def run_anyprecision(name, hp, steps, tensors, out, meta):
         out[f"{name}.{x}.p0"] = p
     opt = AnyPrecisionAdamW([params[x] for x, _ in tensors], **hp)
     for t in range(1, steps + 1):
-        for x, _ in tensors:
-            params[x].grad = grads[x][t - 1].clone()
-            out[f"{name}.{x}.g{t}"] = grads[x][t - 1]
-        with IeeeSqrt():
-            opt.step()
-        for x, _ in tensors:
-            st = opt.state[params[x]]
-            out[f"{name}.{x}.p{t}"] = params[x].detach().clone()
+        for x, st in take_step(opt, name, tensors, params, grads, t, out):
             out[f"{name}.{x}.m{t}"] = st["exp_avg"].clone()
             out[f"{name}.{x}.v{t}"] = st["exp_avg_sq"].clone()
             if hp["use_kahan_summation"]:
