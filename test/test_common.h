@@ -8,7 +8,6 @@
 #include <stdarg.h>
 #include <math.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 
 static int test_passed = 0, test_failed = 0;
 
@@ -30,21 +29,6 @@ static void test_check(int cond, const char *what, const char *fmt, ...) {
 #define CHECK(cond, what, ...) test_check((cond), (what), __VA_ARGS__)
 
 static void test_skip(const char *what, const char *why) { printf("SKIP %s: %s\n", what, why); }
-
-// a regular file's bytes (*n of them), NUL-terminated; NULL if there is none
-static unsigned char *test_read_file(const char *path, size_t *n) {
-    struct stat st;
-    FILE *f = stat(path, &st) == 0 && S_ISREG(st.st_mode) ? fopen(path, "rb") : NULL;
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    rewind(f);
-    unsigned char *b = (unsigned char *)malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    b[*n] = 0;
-    return b;
-}
 
 static int test_summary(void) {
     fflush(stdout);

@@ -316,7 +316,7 @@ static void test_exhaustive_half(void) {
 // st_write must produce the bytes Python's save_file produced for the same tensors
 static void test_python_identical(void) {
     size_t pn = 0, cn = 0;
-    unsigned char *py = test_read_file(FIXTURES "/python_f32.safetensors", &pn);
+    unsigned char *py = (unsigned char *)read_file(FIXTURES "/python_f32.safetensors", &pn);
     if (!py) { CHECK(0, "python_f32.safetensors fixture present", "run from the repo root"); return; }
     float a[6], b[3];
     int32_t tok[5] = {3, 1, 4, 1, 5};
@@ -331,7 +331,7 @@ static void test_python_identical(void) {
     char p[512];
     path_in(p, sizeof p, "mine.safetensors");
     int r = st_write(p, ts, 3, meta, 1);
-    unsigned char *mine = test_read_file(p, &cn);
+    unsigned char *mine = (unsigned char *)read_file(p, &cn);
     CHECK(r == 0 && mine && cn == pn && memcmp(mine, py, pn) == 0, "st_write output is byte-identical to Python's save_file",
           "r=%d sizes %zu vs %zu", r, cn, pn);
     free(mine);
@@ -420,7 +420,7 @@ static void test_roundtrip(void) {
 
 static int file_equals(const char *path, const unsigned char *want, size_t n) {
     size_t m = 0;
-    unsigned char *b = test_read_file(path, &m);
+    unsigned char *b = (unsigned char *)read_file(path, &m);
     int eq = b && m == n && memcmp(b, want, n) == 0;
     free(b);
     return eq;
@@ -435,7 +435,7 @@ static void test_atomic_write(void) {
     t.name = "w"; t.dtype = ST_F32; t.ndim = 1; t.shape[0] = 4; t.data = v1;
     CHECK(st_write(p, &t, 1, NULL, 0) == 0, "write the first version", "");
     size_t n1 = 0;
-    unsigned char *old = test_read_file(p, &n1);
+    unsigned char *old = (unsigned char *)read_file(p, &n1);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", p, (long)getpid());
     CHECK(access(tmp, F_OK) != 0, "no temp file left after success", "%s exists", tmp);
 

@@ -5,6 +5,7 @@
 // sharded) against their model.safetensors; every refused file's message; and every
 // truncation and many byte flips of a valid file, which must never crash. Run from the repo root.
 #include "../support/torch_zip.h" // first: it sets the POSIX feature macros
+#include "../support/utils.h"     // read_file
 #include "test_common.h"
 #include "capture.h"
 
@@ -41,7 +42,7 @@ static int same_tensor(StFile *pa, const StTensor *a, StFile *pb, const StTensor
 // pt_parse_bytes on the file's bytes must give what pt_open gave
 static int same_as_pure(const StFile *sf, const char *path) {
     size_t n;
-    unsigned char *b = test_read_file(path, &n);
+    unsigned char *b = (unsigned char *)read_file(path, &n);
     StFile pure;
     int ok = b && pt_parse_bytes(&pure, path, b, n) == 0 && pure.f == NULL && pure.n_tensors == sf->n_tensors;
     for (int i = 0; ok && i < sf->n_tensors; i++)
@@ -146,7 +147,7 @@ static void test_sharded(void) {
     char ipath[256], sp[512], why[400] = "";
     snprintf(ipath, sizeof ipath, "%s/pytorch_model.bin.index.json", folder);
     size_t n;
-    char *text = (char *)test_read_file(ipath, &n), err[200];
+    char *text = read_file(ipath, &n), err[200];
     JsonValue idx;
     Ref ref;
     if (!text || json_parse(text, n, &idx, err, sizeof err) || ref_open(&ref, "test/fixtures/tiny_tied")) {
@@ -189,7 +190,7 @@ static void expect_refused(const char *path, const char *want) {
           what, "r=%d msg='%s'", r, msg);
     if (r == 0) st_close(&sf);
     size_t n;
-    unsigned char *b = test_read_file(path, &n);
+    unsigned char *b = (unsigned char *)read_file(path, &n);
     if (!b) return;
     capture_begin();
     r = pt_parse_bytes(&sf, path, b, n);
@@ -203,7 +204,7 @@ static void expect_refused(const char *path, const char *want) {
 // refused/expected.txt: "<file><TAB><what the message says>" per line
 static void test_refused(void) {
     size_t n;
-    char *list = (char *)test_read_file(DIR "/refused/expected.txt", &n), path[512];
+    char *list = read_file(DIR "/refused/expected.txt", &n), path[512];
     int count = 0;
     for (char *line = list; line && *line;) {
         char *nl = strchr(line, '\n'), *tab = strchr(line, '\t');
@@ -226,7 +227,7 @@ static void test_refused(void) {
 // four values, must be refused with a message or read back in range; never crash
 static void test_mutations(const char *path) {
     size_t n;
-    unsigned char *b = test_read_file(path, &n), *c = (unsigned char *)malloc(n + 1);
+    unsigned char *b = (unsigned char *)read_file(path, &n), *c = (unsigned char *)malloc(n + 1);
     int ok = b != NULL, accepted = 0, runs = 0;
     static const unsigned char vals[4] = {0x00, 0xff, 0x80, 0x7f};
     capture_begin();
