@@ -305,9 +305,7 @@ done:
 // rounded, where torch's is within an ulp: a frequency here and there differs from
 // torch's in its last bit (the 38th of 64 at theta 1e6: CodeLlama's, Mistral-v0.3's;
 // none of Llama-2's or Llama-3's). rope_scale, from there on, gives torch's bits
-// exactly (test/test_config.c), where each op rounds: rope_f32 keeps a product from
-// being fused with the next sum into one fma (GNU C's default -ffp-contract=fast).
-static float rope_f32(float x) { volatile float v = x; return v; }
+// exactly (test/test_config.c), where each op rounds (f32_rounded).
 static float rope_scale(const Config *c, float f) {
     float factor = (float)c->rope_factor;
     if (c->rope_type == ROPE_LINEAR) return f / factor;
@@ -317,8 +315,8 @@ static float rope_scale(const Config *c, float f) {
     double old = c->rope_original_max_pos, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
     float wavelen = (1.0f / f) * (float)(2 * M_PI);
     float scaled = wavelen > (float)(old / lo) ? f / factor : f;
-    float smooth = (rope_f32((float)old * (1.0f / wavelen)) - (float)lo) / (float)(hi - lo);
-    float blended = (1.0f - smooth) * scaled / factor + rope_f32(smooth * scaled);
+    float smooth = (f32_rounded((float)old * (1.0f / wavelen)) - (float)lo) / (float)(hi - lo);
+    float blended = (1.0f - smooth) * scaled / factor + f32_rounded(smooth * scaled);
     return !(wavelen < (float)(old / hi)) && !(wavelen > (float)(old / lo)) ? blended : scaled;
 }
 static void rope_inv_freq(const Config *c, float *inv_freq) {

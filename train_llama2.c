@@ -976,10 +976,6 @@ static void sgd_update(float *p, const float *g, float *buf, size_t n, int first
 // op for op as torch computes them eagerly on the CPU, each op rounded where torch's
 // rounds (test/test_optim.c: bit for bit against both; layers.cuh has the kernels)
 
-// one fp32 rounding: a product kept from being fused with the sum after it into an fma
-// (GNU C's default -ffp-contract=fast), as torch rounds separate ops
-static inline float opt_f32(float x) { volatile float v = x; return v; }
-
 // torch.lerp(s, e, w) with a scalar weight: one fma from the nearer end (torch's
 // vector and scalar loops alike)
 static inline float torch_lerp(float s, float e, float w) {
@@ -988,7 +984,7 @@ static inline float torch_lerp(float s, float e, float w) {
 
 // single_param_adam's update of one parameter p with its new moments m, v: decay first
 static inline float torchao_adam_param(float p, float m, float v, const TorchaoAdamScalars *s) {
-    p -= opt_f32(s->decay * p);
+    p -= f32_rounded(s->decay * p);
     return p - s->lr * (m / s->bc1) / (sqrtf(v) / s->bc2_sqrt + s->eps);
 }
 
@@ -1021,8 +1017,8 @@ static void adamw8bit_update(float *p, const float *g, uint8_t *m_codes, float *
         size_t i0 = b * ADAMW8BIT_BLOCK;
         for (int k = 0; k < ADAMW8BIT_BLOCK; k++) {
             size_t i = i0 + k;
-            m[k] = torch_lerp(opt_f32(qmap8_signed[m_codes[i]] * m_absmax[b]), g[i], s.w1);
-            v[k] = torch_lerp(opt_f32(qmap8_unsigned[v_codes[i]] * v_absmax[b]), opt_f32(g[i] * g[i]), s.w2);
+            m[k] = torch_lerp(f32_rounded(qmap8_signed[m_codes[i]] * m_absmax[b]), g[i], s.w1);
+            v[k] = torch_lerp(f32_rounded(qmap8_unsigned[v_codes[i]] * v_absmax[b]), f32_rounded(g[i] * g[i]), s.w2);
             p[i] = torchao_adam_param(p[i], m[k], v[k], &s);
             m_max = fmaxf(m_max, fabsf(m[k]));
             v_max = fmaxf(v_max, fabsf(v[k]));
@@ -1046,7 +1042,7 @@ static void adamw_torchao_update(float *p, const float *g, float *m, float *v, s
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         m[i] = torch_lerp(m[i], g[i], s.w1);
-        v[i] = torch_lerp(v[i], opt_f32(g[i] * g[i]), s.w2);
+        v[i] = torch_lerp(v[i], f32_rounded(g[i] * g[i]), s.w2);
         p[i] = torchao_adam_param(p[i], m[i], v[i], &s);
     }
 }

@@ -19,6 +19,11 @@ static void die(const char *fmt, ...) {
     exit(1);
 }
 
+// x rounded to fp32 once, as a separate op: a product kept from being fused with the sum
+// after it into one fma (GNU C's default -ffp-contract=fast), where a reference (torch)
+// rounds each op
+static inline float f32_rounded(float x) { volatile float v = x; return v; }
+
 static void *malloc_check(size_t size, const char *file, int line) {
     void *p = malloc(size ? size : 1);
     if (!p) die("%s:%d: out of memory allocating %zu bytes", file, line, size);
