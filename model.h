@@ -15,6 +15,7 @@
 #include "support/utils.h"
 #include "support/json.h"
 #include "support/safetensors.h"
+#include "support/optimizer.h"
 #include "fsdp.h"
 #include "lora.h"
 #include "quant.h"
@@ -535,6 +536,18 @@ static int model_trainable_tensors(const HostModel *h, size_t *numel) {
             if (numel) numel[n] = one;
     }
     return n;
+}
+
+// *t: the trainable tensors AdamW8bit lays its state out over (other optimizers: none),
+// made again for this model (a plan before may have made them)
+static void model_optim_tensors(const HostModel *h, const OptimizerSettings *s, OptimTensors *t) {
+    optim_tensors_free(t);
+    if (s->kind != OPTIMIZER_ADAMW8BIT) return;
+    int n = model_trainable_tensors(h, NULL);
+    size_t *numel = (size_t *)mallocCheck((size_t)n * sizeof(size_t) + 1);
+    model_trainable_tensors(h, numel);
+    optim_tensors_init(t, numel, n);
+    free(numel);
 }
 
 // how many weights train in full fine-tuning: whole, or this rank's shards of the trainable units

@@ -537,12 +537,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     // the trainable parameters' gradients, the optimizer's state (optimizer_init) and the
     // buffer a checkpoint moves it through, and LoRA's own parameters beside the base weights
     size_t n = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
-    optim_tensors_free(&m->opt_tensors);
-    if (m->optimizer.kind == OPTIMIZER_ADAMW8BIT) {
-        size_t *numel = (size_t *)mallocCheck((size_t)model_trainable_tensors(h, NULL) * sizeof(size_t) + 1);
-        optim_tensors_init(&m->opt_tensors, numel, model_trainable_tensors(h, numel));
-        free(numel);
-    }
+    model_optim_tensors(h, &m->optimizer, &m->opt_tensors);
     m->weight_bytes = lay[0].bytes + model_weight_bytes(h);
     m->param_bytes = lay[1].bytes + comm + n * sizeof(float) * (h->use_lora ? 2 : 0) + optimizer_state_bytes(&m->optimizer, &m->opt_tensors, n) +
                      optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, n); // (a checkpoint's, support/optimizer.h)
@@ -1128,9 +1123,8 @@ static void optimizer_init(Optimizer *o, Model *m) {
     if (m->dry_run) return; // the plan needs n alone
     o->tensors = &m->opt_tensors;
     for (int i = 0; i < optimizer_n_states(&o->s); i++) {
-        StDtype d;
-        size_t count = optimizer_state_count(&o->s, o->tensors, o->n, i, &d);
-        o->state[i] = callocCheck(count + 1, st_dtype_size(d)); // (+ 1: not NULL when empty)
+        size_t count, es = optimizer_state_elem(&o->s, o->tensors, o->n, i, &count);
+        o->state[i] = callocCheck(count + 1, es); // (+ 1: not NULL when empty)
     }
     if (m->fsdp) {
         o->grad_sum = shard ? &m->fsdp->replica : &m->fsdp->world;
@@ -1152,17 +1146,16 @@ static void adamw8bit_step(Optimizer *o, float lr) {
     const OptimizerSettings *s = &o->s;
     const OptimTensors *ts = o->tensors;
     double b1 = float_decimal(s->beta1), b2 = float_decimal(s->beta2), eps = float_decimal(s->eps), wd = float_decimal(s->weight_decay);
-    uint8_t *codes[2] = {(uint8_t *)o->state[0], (uint8_t *)o->state[3]};
-    float *absmax[2] = {(float *)o->state[1], (float *)o->state[4]}, *mom[2] = {(float *)o->state[2], (float *)o->state[5]};
+    Adamw8bitState a = adamw8bit_state(o->state);
     size_t f = 0, in_run = 0; // the tensor's first element: in the flat parameters (grads), in its run
     for (int k = 0, r = 0; k < ts->n; f += ts->numel[k], in_run += ts->numel[k], k++) {
         if (in_run == o->run_n[r]) r++, in_run = 0;
         float *p = o->run[r] + in_run, *g = o->grads + f;
         size_t n = ts->numel[k], at = ts->at[k];
         if (adamw8bit_quantized(n))
-            adamw8bit_update(p, g, codes[0] + at, absmax[0] + at / ADAMW8BIT_BLOCK, codes[1] + at, absmax[1] + at / ADAMW8BIT_BLOCK,
-                             n, o->t, lr, b1, b2, eps, wd);
-        else adamw_torchao_update(p, g, mom[0] + at, mom[1] + at, n, o->t, lr, b1, b2, eps, wd);
+            adamw8bit_update(p, g, a.codes[0] + at, a.absmax[0] + at / ADAMW8BIT_BLOCK, a.codes[1] + at,
+                             a.absmax[1] + at / ADAMW8BIT_BLOCK, n, o->t, lr, b1, b2, eps, wd);
+        else adamw_torchao_update(p, g, a.fp32[0] + at, a.fp32[1] + at, n, o->t, lr, b1, b2, eps, wd);
     }
 }
 

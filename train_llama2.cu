@@ -272,10 +272,8 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     place(p, m->params, m->n_train);
     place(p, m->grads, m->n_train);
     for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
-        StDtype dt;
-        size_t count = optimizer_state_count(&m->optimizer, &m->opt_tensors, m->n_train, i, &dt);
-        void *at = layout_take(p, count * st_dtype_size(dt));
-        if (at) m->opt_state[i] = at;
+        size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
+        if (void *at = layout_take(p, count * es)) m->opt_state[i] = at;
     }
     bool all_train = h->full_finetune && !h->frozen_units; // then the weights are the masters or their copy
     if (!fp32 && (all_train || h->use_lora)) place(p, d.params_lo, m->n_train);
@@ -460,11 +458,7 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     m->sharded = host_sharded(h);
     m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
     m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
-    optim_tensors_free(&m->opt_tensors);
-    if (m->optimizer.kind == OPTIMIZER_ADAMW8BIT) {
-        std::vector<size_t> numel(model_trainable_tensors(h, NULL));
-        optim_tensors_init(&m->opt_tensors, numel.data(), model_trainable_tensors(h, numel.data()));
-    }
+    model_optim_tensors(h, &m->optimizer, &m->opt_tensors);
     if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
@@ -559,9 +553,8 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         else masters_upload(m);
         cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
         for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
-            StDtype dt;
-            size_t count = optimizer_state_count(&m->optimizer, &m->opt_tensors, m->n_train, i, &dt);
-            cudaCheck(cudaMemsetAsync(m->opt_state[i], 0, count * st_dtype_size(dt), st));
+            size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
+            cudaCheck(cudaMemsetAsync(m->opt_state[i], 0, count * es, st));
         }
         if (h->full_finetune && h->frozen_units) upload(d.weights, base, n_base, st);
         else if (h->full_finetune) {
@@ -1139,16 +1132,15 @@ template <typename E> void adamw8bit_step(Model *m, int t, float lr, E *copy) {
     const OptimizerSettings *s = &m->optimizer;
     const OptimTensors *ts = &m->opt_tensors;
     double b1 = float_decimal(s->beta1), b2 = float_decimal(s->beta2), eps = float_decimal(s->eps), wd = float_decimal(s->weight_decay);
-    uint8_t *codes[2] = {(uint8_t *)m->opt_state[0], (uint8_t *)m->opt_state[3]};
-    float *absmax[2] = {(float *)m->opt_state[1], (float *)m->opt_state[4]}, *mom[2] = {(float *)m->opt_state[2], (float *)m->opt_state[5]};
+    Adamw8bitState a = adamw8bit_state(m->opt_state);
     size_t f = 0; // the tensor's first element in the flat masters, gradients and copy
     for (int k = 0; k < ts->n; f += ts->numel[k++]) {
         size_t n = ts->numel[k], at = ts->at[k];
         E *c = copy ? copy + f : NULL;
         if (adamw8bit_quantized(n))
-            adamw8bit_update(m->params + f, m->grads + f, codes[0] + at, absmax[0] + at / ADAMW8BIT_BLOCK, codes[1] + at,
-                             absmax[1] + at / ADAMW8BIT_BLOCK, n, t, lr, b1, b2, eps, wd, c, m->stream);
-        else adamw_torchao_update(m->params + f, m->grads + f, mom[0] + at, mom[1] + at, n, t, lr, b1, b2, eps, wd, c, m->stream);
+            adamw8bit_update(m->params + f, m->grads + f, a.codes[0] + at, a.absmax[0] + at / ADAMW8BIT_BLOCK, a.codes[1] + at,
+                             a.absmax[1] + at / ADAMW8BIT_BLOCK, n, t, lr, b1, b2, eps, wd, c, m->stream);
+        else adamw_torchao_update(m->params + f, m->grads + f, a.fp32[0] + at, a.fp32[1] + at, n, t, lr, b1, b2, eps, wd, c, m->stream);
     }
 }
 
@@ -1190,19 +1182,16 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
 
 // a piece of state tensor i to the host and back, for checkpoints: in the compute stream's
 // order, done when they return (the host buffer is reused for the next piece)
-static size_t state_elem(const Model *m, int i, size_t *count) {
-    return optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, count);
-}
 static int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, void *dst) {
     Model *m = o->model;
-    size_t n, es = state_elem(m, i, &n);
+    size_t n, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &n);
     cudaCheck(cudaMemcpyAsync(dst, (char *)m->opt_state[i] + first * es, count * es, cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
     return 0;
 }
 static void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const void *src) {
     Model *m = o->model;
-    size_t n, es = state_elem(m, i, &n);
+    size_t n, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &n);
     cudaCheck(cudaMemcpyAsync((char *)m->opt_state[i] + first * es, src, count * es, cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
 }
@@ -1213,7 +1202,7 @@ static int optimizer_state_finite(Optimizer *o) {
     int finite = 1;
     for (int i = 0; i < optimizer_n_states(&o->s); i++) {
         size_t n;
-        if (state_elem(m, i, &n) != sizeof(float)) continue;
+        if (optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &n) != sizeof(float)) continue;
         double sum;
         global_sum(m->grad_norm, (const float *)m->opt_state[i], n, m->stream);
         cudaCheck(cudaMemcpyAsync(&sum, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));

@@ -68,11 +68,26 @@ static inline void optim_tensors_free(OptimTensors *t) {
 
 // state tensor i (of optimizer_n_states) for n trainable parameters (t: their tensors, for
 // AdamW8bit): its elements, and their dtype in *dtype (F32, or U8 for codes)
+// AdamW8bit's state tensor i is part i % ADAMW8BIT_PARTS of moment i / ADAMW8BIT_PARTS
+// (exp_avg, exp_avg_sq): the 8-bit tensors' codes, their block absmax, the fp32 moments
+enum { ADAMW8BIT_CODES, ADAMW8BIT_ABSMAX, ADAMW8BIT_FP32, ADAMW8BIT_PARTS };
 static inline size_t optimizer_state_count(const OptimizerSettings *s, const OptimTensors *t, size_t n, int i, StDtype *dtype) {
     *dtype = ST_F32;
     if (s->kind != OPTIMIZER_ADAMW8BIT) return n;
-    if (i % 3 == 0) *dtype = ST_U8;
-    return i % 3 == 0 ? t->n8 : i % 3 == 1 ? t->n8 / ADAMW8BIT_BLOCK : t->n32;
+    int part = i % ADAMW8BIT_PARTS;
+    if (part == ADAMW8BIT_CODES) *dtype = ST_U8;
+    return part == ADAMW8BIT_CODES ? t->n8 : part == ADAMW8BIT_ABSMAX ? t->n8 / ADAMW8BIT_BLOCK : t->n32;
+}
+// the two moments' parts in a backend's state tensors (host or device pointers)
+typedef struct { uint8_t *codes[2]; float *absmax[2], *fp32[2]; } Adamw8bitState;
+static inline Adamw8bitState adamw8bit_state(void *const state[OPTIMIZER_MAX_STATES]) {
+    Adamw8bitState a;
+    for (int k = 0; k < 2; k++) {
+        a.codes[k] = (uint8_t *)state[k * ADAMW8BIT_PARTS + ADAMW8BIT_CODES];
+        a.absmax[k] = (float *)state[k * ADAMW8BIT_PARTS + ADAMW8BIT_ABSMAX];
+        a.fp32[k] = (float *)state[k * ADAMW8BIT_PARTS + ADAMW8BIT_FP32];
+    }
+    return a;
 }
 // state tensor i's element size in bytes, and its elements into *count
 static inline size_t optimizer_state_elem(const OptimizerSettings *s, const OptimTensors *t, size_t n, int i, size_t *count) {
