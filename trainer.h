@@ -1480,19 +1480,24 @@ static double host_available(void) {
     return kib * 1024.0;
 }
 
-// A run whose host memory plan exceeds what it may take (--host_memory_limit, or what the
-// machine had available when the run started) is refused (a dry run: said). 0 ok, -1.
+// what the host memory plan may take: --host_memory_limit, or what the machine had
+// available when the run started (0: unknown, no limit)
 static double host_limit(const TrainConfig *tc, double available) {
     return tc->host_memory_limit > 0 ? tc->host_memory_limit * 1073741824.0 : available;
 }
+static int host_plan_fits(const TrainConfig *tc, double plan, double available) {
+    double limit = host_limit(tc, available);
+    return limit <= 0 || plan <= limit;
+}
+// A run whose host memory plan does not fit is refused (a dry run: said). 0 ok, -1.
 static int check_host_plan(const TrainConfig *tc, double plan, double available) {
     const double GiB = 1073741824.0, limit = host_limit(tc, available);
-    if (limit <= 0 || plan <= limit) return 0;
+    if (host_plan_fits(tc, plan, available)) return 0;
     fflush(stdout); // (after the plan)
-    fprintf(stderr, "%s: the host memory plan (%.1f GiB) exceeds the %.1f GiB %s (less: LoRA rather than "
-                "--full_finetune, --quantize nf4, sharding over more machines%s)\n", tc->dry_run ? "note" : "error", plan / GiB, limit / GiB,
+    fprintf(stderr, "%s: the host memory plan (%.1f GiB) exceeds the %.1f GiB %s (less: %s--quantize nf4, sharding over "
+                "more machines%s)\n", tc->dry_run ? "note" : "error", plan / GiB, limit / GiB,
                 tc->host_memory_limit > 0 ? "of --host_memory_limit" : "this machine had available at start (--host_memory_limit sets it)",
-                model_host_advice);
+                tc->full_finetune ? "LoRA rather than --full_finetune, " : "", model_host_advice);
     return tc->dry_run ? 0 : -1;
 }
 
@@ -1510,7 +1515,7 @@ static int check_host_plan_first(TrainConfig *tc, Trainer *r, int T, double avai
     model_plan(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     double host;
     memory_plan(m, &r->train_ds, val, (long)GA * B, 0, &host);
-    if (host_limit(tc, available) > 0 && host > host_limit(tc, available)) memory_plan(m, &r->train_ds, val, (long)GA * B, 1, NULL);
+    if (!host_plan_fits(tc, host, available)) memory_plan(m, &r->train_ds, val, (long)GA * B, 1, NULL);
     model_free(m);
     return check_host_plan(tc, host, available);
 }
@@ -1728,7 +1733,10 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     long rows_per_step = (long)B * GA * W; // every rank's rows
     int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)r->train_ds.n_rows + rows_per_step - 1) / rows_per_step);
     double host = print_plan(tc, r, T, total);
-    if (tc->dry_run) return check_host_plan(tc, host, available) != 0; // (a note: a plan may be for another machine)
+    if (tc->dry_run) { // (a note, not a refusal: a plan may be for another machine)
+        check_host_plan(tc, host, available);
+        return 0;
+    }
     if (tc->resume[0]) printf("resumed from %s at step %d\n", r->resume_dir, ts.step);
     if (train_begin(tc, r, &ts, T) != 0) return 1;
 

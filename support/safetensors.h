@@ -469,15 +469,21 @@ static inline int st__read_at(StFile *sf, const StTensor *t, uint64_t off, void 
     return 0;
 }
 
-// Reads elements [first, first + count) of t (flattened row-major) as floats,
-// converting F16/BF16/F64 exactly (F64 -> F32 rounds to nearest even). Only
-// those bytes are read, so ranks can load their own slice of a tensor.
-static inline int st_read_f32(StFile *sf, const StTensor *t, uint64_t first, uint64_t count, float *out) {
+// elements [first, first + count) lie within t (else -1 with a message)
+static inline int st__check_range(StFile *sf, const StTensor *t, uint64_t first, uint64_t count) {
     if (first > t->numel || count > t->numel - first) {
         st__err(sf->path, t->name, "read of elements [%llu, %llu) is out of range (tensor has %llu)",
                 (unsigned long long)first, (unsigned long long)(first + count), (unsigned long long)t->numel);
         return -1;
     }
+    return 0;
+}
+
+// Reads elements [first, first + count) of t (flattened row-major) as floats,
+// converting F16/BF16/F64 exactly (F64 -> F32 rounds to nearest even). Only
+// those bytes are read, so ranks can load their own slice of a tensor.
+static inline int st_read_f32(StFile *sf, const StTensor *t, uint64_t first, uint64_t count, float *out) {
+    if (st__check_range(sf, t, first, count) != 0) return -1;
     if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F64) {
         st__err(sf->path, t->name, "dtype %s cannot be read as float (F32, F16, BF16, F64 can)", st_dtype_name(t->dtype));
         return -1;
@@ -520,11 +526,7 @@ static inline int st_read_f32(StFile *sf, const StTensor *t, uint64_t first, uin
 // Reads elements [first, first + count) of a U8 tensor (bytes, as they are).
 static inline int st_read_u8(StFile *sf, const StTensor *t, uint64_t first, uint64_t count, uint8_t *out) {
     if (t->dtype != ST_U8) { st__err(sf->path, t->name, "dtype %s is not U8", st_dtype_name(t->dtype)); return -1; }
-    if (first > t->numel || count > t->numel - first) {
-        st__err(sf->path, t->name, "read of elements [%llu, %llu) is out of range (tensor has %llu)",
-                (unsigned long long)first, (unsigned long long)(first + count), (unsigned long long)t->numel);
-        return -1;
-    }
+    if (st__check_range(sf, t, first, count) != 0) return -1;
     return count ? st__read_at(sf, t, t->begin + first, out, (size_t)count) : 0;
 }
 
