@@ -428,23 +428,10 @@ void sgd_update(float *params, const float *grads, float *buf, size_t n, int t, 
 // twins compute them (op for op as torch does eagerly): every rounding explicit,
 // __fmul_rn where a product must not fuse into the next sum, fmaf where torch fuses
 
-// torch.lerp(s, e, w) with a scalar weight: one fma from the nearer end
-__device__ inline float torch_lerp(float s, float e, float w) {
-    return fabsf(w) < 0.5f ? fmaf(w, e - s, s) : fmaf(w - 1.0f, e - s, e);
-}
 // single_param_adam's update of one parameter p with its new moments m, v: decay first
 __device__ inline float torchao_adam_param(float p, float m, float v, const TorchaoAdamScalars &s) {
     p -= __fmul_rn(s.decay, p);
     return p - s.lr * (m / s.bc1) / (sqrtf(v) / s.bc2_sqrt + s.eps);
-}
-// torchao's quantize_8bit_with_qmap of x (a moment over its block's absmax): the last
-// code at or below x (a binary search of the sorted map), then the code above when x is
-// at least halfway there in fp32 (a tie rounds up)
-__device__ inline uint8_t qmap8_code(float x, const float *qmap) {
-    int c = x >= qmap[128] ? 128 : 0;
-    for (int step = 64; step > 0; step /= 2) c += x >= qmap[c + step] ? step : 0;
-    int up = c < 255 ? c + 1 : 255;
-    return (uint8_t)(x - qmap[c] >= (qmap[up] - qmap[c]) * 0.5f ? up : c);
 }
 
 // torchao's 8-bit state: one absmax per block of ADAMW8BIT_BLOCK (support/optimizer.h)

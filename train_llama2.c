@@ -971,27 +971,10 @@ static void sgd_update(float *p, const float *g, float *buf, size_t n, int first
 // op for op as torch computes them eagerly on the CPU, each op rounded where torch's
 // rounds (test/test_optim.c: bit for bit against both; layers.cuh has the kernels)
 
-// torch.lerp(s, e, w) with a scalar weight: one fma from the nearer end (torch's
-// vector and scalar loops alike)
-static inline float torch_lerp(float s, float e, float w) {
-    return fabsf(w) < 0.5f ? fmaf(w, e - s, s) : fmaf(w - 1.0f, e - s, e);
-}
-
 // single_param_adam's update of one parameter p with its new moments m, v: decay first
 static inline float torchao_adam_param(float p, float m, float v, const TorchaoAdamScalars *s) {
     p -= f32_rounded(s->decay * p);
     return p - s->lr * (m / s->bc1) / (sqrtf(v) / s->bc2_sqrt + s->eps);
-}
-
-// torchao's quantize_8bit_with_qmap for x, a moment divided by its block's absmax: a
-// branchless binary search for the last code at or below x in the sorted map, then the
-// code above when x - lo >= (hi - lo) / 2 in fp32, so a tie rounds up (not to the first
-// nearest code)
-static inline uint8_t qmap8_code(float x, const float *qmap) {
-    int c = x >= qmap[128] ? 128 : 0;
-    for (int step = 64; step > 0; step /= 2) c += x >= qmap[c + step] ? step : 0;
-    int up = c < 255 ? c + 1 : 255;
-    return (uint8_t)(x - qmap[c] >= (qmap[up] - qmap[c]) * 0.5f ? up : c);
 }
 
 // One AdamW8bit step (the t-th) on n parameters p (fp32) with gradients g: torchao's

@@ -129,6 +129,23 @@ static inline uint16_t bf16_from_f32(float x) {
 }
 static inline float bf16_round(float x) { return st_bf16_to_f32(bf16_from_f32(x)); }
 
+// torch.lerp(s, e, w) with a scalar weight: one fma from the nearer end (torch's
+// vector and scalar loops alike); both backends' AdamW8bit steps
+static inline HOST_DEVICE float torch_lerp(float s, float e, float w) {
+    return fabsf(w) < 0.5f ? fmaf(w, e - s, s) : fmaf(w - 1.0f, e - s, e);
+}
+
+// torchao's quantize_8bit_with_qmap for x, a moment divided by its block's absmax: a
+// branchless binary search for the last code at or below x in the sorted map, then the
+// code above when x - lo >= (hi - lo) / 2 in fp32, so a tie rounds up (not to the first
+// nearest code)
+static inline HOST_DEVICE uint8_t qmap8_code(float x, const float *qmap) {
+    int c = x >= qmap[128] ? 128 : 0;
+    for (int step = 64; step > 0; step /= 2) c += x >= qmap[c + step] ? step : 0;
+    int up = c < 255 ? c + 1 : 255;
+    return (uint8_t)(x - qmap[c] >= (qmap[up] - qmap[c]) * 0.5f ? up : c);
+}
+
 // torchao.optim.adam's single_param_adam (AdamW: is_adamw): lr is an fp32 tensor, the
 // step an fp32 tensor too (beta^step: fp32 powf), weight decay and eps Python numbers
 // met by fp32 tensors (rounded to fp32)
