@@ -104,12 +104,16 @@
 // ----------------------------------------------------------------------------
 // shard arithmetic
 
-// S = ceil(numel / n): the elements of every rank's shard, padding included
-static inline size_t fsdp_shard_size(size_t numel, int n) { return numel / (size_t)n + (numel % (size_t)n != 0); }
+// S = ceil(numel / n) rounded up to a multiple of align: the elements of every rank's
+// shard, padding included
+static inline size_t fsdp_shard_size(size_t numel, int n, size_t align) {
+    size_t S = numel / (size_t)n + (numel % (size_t)n != 0);
+    return (S + align - 1) / align * align;
+}
 
 // the real (unpadded) elements of shard r of n: [*begin, *begin + count); count may be 0
-static inline size_t fsdp_shard_range(size_t numel, int n, int r, size_t *begin) {
-    size_t S = fsdp_shard_size(numel, n), b = (size_t)r * S;
+static inline size_t fsdp_shard_range(size_t numel, int n, size_t align, int r, size_t *begin) {
+    size_t S = fsdp_shard_size(numel, n, align), b = (size_t)r * S;
     if (b > numel) b = numel;
     *begin = b;
     return numel - b < S ? numel - b : S;
@@ -147,6 +151,7 @@ typedef struct {
     int n_units, n_layers;
     int tied;                 // no lm_head: the output projection uses the embedding unit
     int n_shards;             // what the shard sizes are for
+    size_t align;             // every unpacked unit's shard a multiple of this many elements (1, or AdamW8bit's blocks: model.h)
     size_t numel;             // every parameter, once
     size_t shard_numel;       // one rank's flat shard buffer: every unit's shard, padding included
     size_t packed_shard_bytes; // one rank's byte shard buffer: every packed unit's shard
@@ -173,10 +178,10 @@ static inline void fsdp_units_set_shards(FsdpUnits *u, int n) {
     u->shard_numel = u->packed_shard_bytes = 0;
     for (int i = 0; i < u->n_units; i++) {
         FsdpUnit *un = &u->units[i];
-        un->shard = un->packed ? 0 : fsdp_shard_size(un->numel, n);
+        un->shard = un->packed ? 0 : fsdp_shard_size(un->numel, n, u->align);
         un->shard_offset = u->shard_numel;
         u->shard_numel += un->shard;
-        un->packed_shard = un->packed ? (fsdp_shard_size(un->packed, n) + 15) / 16 * 16 : 0;
+        un->packed_shard = un->packed ? (fsdp_shard_size(un->packed, n, 1) + 15) / 16 * 16 : 0;
         un->packed_offset = u->packed_shard_bytes;
         u->packed_shard_bytes += un->packed_shard;
     }
@@ -190,6 +195,7 @@ static inline void fsdp_units_llama(FsdpUnits *u, int n_layers, int dim, int hid
     u->n_layers = n_layers;
     u->n_units = n_layers + 2;
     u->tied = tied;
+    u->align = 1;
     u->units = (FsdpUnit *)callocCheck((size_t)u->n_units, sizeof(FsdpUnit));
     snprintf(u->units[0].name, sizeof u->units[0].name, "embed");
     fsdp__add_tensor(&u->units[0], "model.embed_tokens.weight", vocab, dim);
@@ -883,7 +889,7 @@ static inline void fsdp__host_all_reduce(FsdpComm *c, void *buf, size_t n, FsdpD
     if (c->host == FSDP_BACKEND_TCP) { fsdp__tcp_all_reduce(c, buf, n, t); return; }
 #ifdef USE_MPI
     // reduce-scatter of the zero-padded buffer (sums in rank order), then all-gather
-    size_t es = fsdp_dtype_size(t), S = fsdp_shard_size(n, c->size), W = (size_t)c->size;
+    size_t es = fsdp_dtype_size(t), S = fsdp_shard_size(n, c->size, 1), W = (size_t)c->size;
     char *padded = (char *)callocCheck(W * S + S, es), *mine = padded + W * S * es;
     memcpy(padded, buf, n * es);
     fsdp__mpi_reduce_scatter(c, mine, padded, S, t);
@@ -1286,7 +1292,7 @@ static inline int fsdp_read_shard(const FsdpUnits *u, int rank, float *out, Fsdp
         const FsdpUnit *un = &u->units[i];
         if (un->packed) continue; // its model fills its bytes
         float *dst = out + un->shard_offset;
-        size_t begin, count = fsdp_shard_range(un->numel, u->n_shards, rank, &begin);
+        size_t begin, count = fsdp_shard_range(un->numel, u->n_shards, u->align, rank, &begin);
         memset(dst, 0, un->shard * sizeof(float));
         for (int j = 0; j < un->n_tensors; j++) {
             const FsdpTensor *t = &un->tensors[j];
@@ -1315,7 +1321,7 @@ static inline int fsdp_load_model(const FsdpUnits *u, Weights *sm, int rank, flo
     FsdpCheckpoint c = {u, sm};
     if (fsdp_read_shard(u, rank, out, fsdp_read_checkpoint, &c) != 0) return -1;
     if (!u->tied) return 0;
-    size_t begin, count = fsdp_shard_range(u->units[0].numel, u->n_shards, rank, &begin);
+    size_t begin, count = fsdp_shard_range(u->units[0].numel, u->n_shards, u->align, rank, &begin);
     return fsdp_check_tied_head(sm, begin, count, out + u->units[0].shard_offset);
 }
 
@@ -1344,13 +1350,46 @@ static inline int fsdp_load_model(const FsdpUnits *u, Weights *sm, int rank, flo
 // shards of units first .. n_units - 1 (first > 0: the units before it are frozen and have
 // no such buffer), unit i at units[i].shard_offset - units[first].shard_offset. A buffer
 // that is not in host memory (the CUDA trainer's optimizer state) has data NULL and is
-// saved through fill(ctx, first, count, dst), elements of that same flat layout.
-typedef struct { const char *name; float *data; int first; StFillFn fill; void *ctx; } FsdpBuffer;
-static inline size_t fsdp__unit_start(const FsdpUnits *u, const FsdpBuffer *b, int i) {
-    return u->units[i].shard_offset - u->units[b->first].shard_offset;
+// saved through fill(ctx, first, count, dst), elements of that same flat layout. A buffer
+// with a part function holds a part of each unit's elements (AdamW8bit's codes: those of
+// its 8-bit tensors): part(part_ctx, i, x) counts the part's elements before element x of
+// unit i (never decreasing in x); a rank's piece of the unit is the part of its shard's
+// real elements, without padding, its units' pieces one after another in data.
+typedef size_t (*FsdpPartFn)(void *ctx, int unit, size_t x);
+typedef struct {
+    const char *name;
+    void *data;
+    int first;
+    StFillFn fill;
+    void *ctx;
+    StDtype dtype;       // F32, or U8
+    FsdpPartFn part;     // NULL: the weights' layout
+    void *part_ctx;
+} FsdpBuffer;
+
+// rank r's piece of unit i of buffer b, the unit sharded n ways (align as fsdp_shard_size's):
+// [*begin, *begin + count) of the unit's elements (or of its part), count returned;
+// *stored: the elements its shard file holds from *begin on (the padded shard, or count)
+static inline size_t fsdp__piece(const FsdpUnits *u, const FsdpBuffer *b, int i, int n, size_t align, int r, size_t *begin,
+                                 size_t *stored) {
+    size_t lo, count = fsdp_shard_range(u->units[i].numel, n, align, r, &lo);
+    if (!b->part) {
+        *begin = lo;
+        *stored = fsdp_shard_size(u->units[i].numel, n, align);
+        return count;
+    }
+    *begin = b->part(b->part_ctx, i, lo);
+    return *stored = b->part(b->part_ctx, i, lo + count) - *begin;
 }
-static inline float *fsdp__buffer_unit(const FsdpUnits *u, const FsdpBuffer *b, int i) {
-    return b->data + fsdp__unit_start(u, b, i);
+// where unit i's piece starts in rank r's buffer b, in elements (i = n_units: the buffer's size)
+static inline size_t fsdp__unit_start(const FsdpUnits *u, const FsdpBuffer *b, int i, int r) {
+    if (!b->part) return (i < u->n_units ? u->units[i].shard_offset : u->shard_numel) - u->units[b->first].shard_offset;
+    size_t at = 0, begin, stored;
+    for (int k = b->first; k < i; k++) at += fsdp__piece(u, b, k, u->n_shards, u->align, r, &begin, &stored);
+    return at;
+}
+static inline void *fsdp__buffer_unit(const FsdpUnits *u, const FsdpBuffer *b, int i, int r) {
+    return (char *)b->data + fsdp__unit_start(u, b, i, r) * (size_t)st_dtype_size(b->dtype);
 }
 // a unit's shard of a buffer saved through its fill: the buffer and where the unit starts in it
 typedef struct { const FsdpBuffer *b; size_t start; } FsdpUnitFill;
@@ -1369,18 +1408,19 @@ static inline int fsdp__path(char out[FSDP_PATH_MAX], const char *dir, const cha
     return -1;
 }
 
-// the checksums of the blocks of a unit's shard (n floats: x, or with x NULL through uf,
-// a block at a time: the file's header holds them, so such a buffer is read twice), as 16
-// hex digits each, comma-separated (malloc'd); NULL when uf's fill failed (with its message)
-static inline char *fsdp__checksums(const float *x, FsdpUnitFill *uf, size_t n) {
+// the checksums of the blocks of a unit's shard (n elements of es bytes: x, or with x NULL
+// through uf, a block at a time: the file's header holds them, so such a buffer is read
+// twice), as 16 hex digits each, comma-separated (malloc'd); NULL when uf's fill failed
+// (with its message)
+static inline char *fsdp__checksums(const void *x, FsdpUnitFill *uf, size_t n, size_t es) {
     size_t blocks = (n + FSDP_CKPT_BLOCK - 1) / FSDP_CKPT_BLOCK;
     char *s = (char *)callocCheck(blocks ? blocks * 17 : 1, 1);
-    float *block = x ? NULL : (float *)mallocCheck(FSDP_CKPT_BLOCK * sizeof(float));
+    char *block = x ? NULL : (char *)mallocCheck(FSDP_CKPT_BLOCK * es);
     for (size_t b = 0; b < blocks; b++) {
         size_t lo = b * FSDP_CKPT_BLOCK, k = n - lo < FSDP_CKPT_BLOCK ? n - lo : FSDP_CKPT_BLOCK;
         if (block && fsdp__unit_fill(uf, lo, k, block) != 0) { free(block); free(s); return NULL; }
-        const float *at = block ? block : x + lo;
-        snprintf(s + b * 17, 18, b + 1 < blocks ? "%016llx," : "%016llx", (unsigned long long)data_hash_bytes(0, at, k * sizeof(float)));
+        const char *at = block ? block : (const char *)x + lo * es;
+        snprintf(s + b * 17, 18, b + 1 < blocks ? "%016llx," : "%016llx", (unsigned long long)data_hash_bytes(0, at, k * es));
     }
     free(block);
     return s;
@@ -1403,18 +1443,19 @@ static inline int fsdp_save_shard(const char *dir, const FsdpUnits *u, const Fsd
     int rc = 0;
     for (int b = 0, k = 0; b < nb; b++)
         for (int i = bufs[b].first; i < u->n_units; i++, k++) {
-            const FsdpUnit *un = &u->units[i];
-            const float *data = bufs[b].data ? fsdp__buffer_unit(u, &bufs[b], i) : NULL;
-            fills[k] = (FsdpUnitFill){&bufs[b], fsdp__unit_start(u, &bufs[b], i)};
-            snprintf(names[k], FSDP_NAME_MAX, "%s/%s", bufs[b].name, un->name);
+            size_t begin, stored;
+            fsdp__piece(u, &bufs[b], i, u->n_shards, u->align, rank, &begin, &stored);
+            const void *data = bufs[b].data ? fsdp__buffer_unit(u, &bufs[b], i, rank) : NULL;
+            fills[k] = (FsdpUnitFill){&bufs[b], fsdp__unit_start(u, &bufs[b], i, rank)};
+            snprintf(names[k], FSDP_NAME_MAX, "%s/%s", bufs[b].name, u->units[i].name);
             ts[k].name = names[k];
-            ts[k].dtype = ST_F32;
+            ts[k].dtype = bufs[b].dtype;
             ts[k].ndim = 1;
-            ts[k].shape[0] = (int64_t)un->shard;
+            ts[k].shape[0] = (int64_t)stored;
             ts[k].data = data;
             if (!data) ts[k].fill = fsdp__unit_fill, ts[k].ctx = &fills[k];
             meta[8 + 2 * k] = names[k]; // the checksums are stored under the tensor's name
-            if (rc == 0 && !(meta[8 + 2 * k + 1] = fsdp__checksums(data, &fills[k], un->shard))) rc = -1;
+            if (rc == 0 && !(meta[8 + 2 * k + 1] = fsdp__checksums(data, &fills[k], stored, (size_t)st_dtype_size(bufs[b].dtype)))) rc = -1;
         }
     char path[FSDP_PATH_MAX];
     if (rc == 0) rc = fsdp__path(path, dir, NULL, rank, u->n_shards) || st_write(path, ts, nt, meta, nt + 4) ? -1 : 0;
@@ -1434,7 +1475,8 @@ static inline int fsdp_save_index(const char *dir, const FsdpUnits *u, const Fsd
     if (!m) { fprintf(stderr, "error: out of memory writing %s/%s\n", dir, FSDP_INDEX_NAME); return -1; }
     // every name written here is one of ours (units, HF tensor names, buffer names): plain ASCII
     fprintf(m, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"fingerprint\": \"%s\",\n  \"shards\": %d,\n"
-            "  \"dtype\": \"F32\",\n  \"buffers\": [", FSDP_CKPT_FORMAT, FSDP_CKPT_VERSION, fingerprint, u->n_shards);
+            "  \"align\": %zu,\n  \"dtype\": \"F32\",\n  \"buffers\": [", FSDP_CKPT_FORMAT, FSDP_CKPT_VERSION, fingerprint,
+            u->n_shards, u->align);
     for (int b = 0; b < nb; b++) fprintf(m, "%s\"%s\"", b ? ", " : "", bufs[b].name);
     fprintf(m, "],\n  \"units\": [\n");
     for (int i = 0; i < u->n_units; i++) {
@@ -1467,9 +1509,10 @@ static inline int fsdp_save(Fsdp *f, const char *dir, const FsdpUnits *u, const 
     return fsdp_any(&f->world, rc != 0) ? -1 : 0;
 }
 
-// the index's checks: format, version, fingerprint, units, buffers -> *shards
+// the index's checks: format, version, fingerprint, units, buffers -> *shards, *align (the
+// shards' alignment: 1 when the index does not say)
 static inline int fsdp__check_index(const char *path, const JsonValue *ix, const FsdpUnits *u, const FsdpBuffer *bufs, int nb,
-                             const char *fingerprint, int *shards) {
+                             const char *fingerprint, int *shards, size_t *align) {
     const char *s;
     long long v;
     if (ix->type != JSON_OBJECT || json_get_string(ix, "format", &s, NULL) != 0 || strcmp(s, FSDP_CKPT_FORMAT) != 0) {
@@ -1490,6 +1533,11 @@ static inline int fsdp__check_index(const char *path, const JsonValue *ix, const
         return -1;
     }
     *shards = (int)v;
+    if (json_get(ix, "align") && (json_get_int(ix, "align", &v) != 0 || v < 1 || v > (1 << 20))) {
+        fprintf(stderr, "error: %s: \"align\" must be an integer in [1, %d]\n", path, 1 << 20);
+        return -1;
+    }
+    *align = json_get(ix, "align") ? (size_t)v : 1;
     const JsonValue *units = json_get(ix, "units"), *b = json_get(ix, "buffers");
     if (!units || units->type != JSON_ARRAY || units->count != u->n_units) {
         fprintf(stderr, "error: %s: \"units\" must list the model's %d units\n", path, u->n_units);
@@ -1500,7 +1548,7 @@ static inline int fsdp__check_index(const char *path, const JsonValue *ix, const
         if (json_get_string(&units->items[i], "name", &s, NULL) != 0 || strcmp(s, u->units[i].name) != 0 ||
             json_get_int(&units->items[i], "numel", &numel) != 0 || numel != (long long)u->units[i].numel ||
             json_get_int(&units->items[i], "shard_numel", &shard) != 0 ||
-            shard != (long long)fsdp_shard_size(u->units[i].numel, *shards)) {
+            shard != (long long)fsdp_shard_size(u->units[i].numel, *shards, *align)) {
             fprintf(stderr, "error: %s: unit %d is not the model's unit '%s' of %zu elements in %d shards\n", path, i,
                     u->units[i].name, u->units[i].numel, *shards);
             return -1;
@@ -1534,14 +1582,15 @@ static inline int fsdp__open_shard(StFile *sf, const char *dir, int k, int n, co
     return 0;
 }
 
-// Reads elements [first, first + count) of the tensor `name` (S floats) of shard
-// file sf into out, verifying the checksum of every block it touches.
-static inline int fsdp__read_verified(StFile *sf, const char *name, size_t S, size_t first, size_t count, float *out, float *block) {
+// Reads elements [first, first + count) of the tensor `name` (S elements of dtype) of
+// shard file sf into out, verifying the checksum of every block it touches.
+static inline int fsdp__read_verified(StFile *sf, const char *name, StDtype dtype, size_t S, size_t first, size_t count, void *out,
+                                      void *block) {
     const StTensor *t = st_find(sf, name);
     const char *sums;
-    size_t len, blocks = (S + FSDP_CKPT_BLOCK - 1) / FSDP_CKPT_BLOCK;
-    if (!t || t->dtype != ST_F32 || t->ndim != 1 || (size_t)t->shape[0] != S) {
-        fprintf(stderr, "error: %s: no F32 tensor '%s' of %zu elements\n", sf->path, name, S);
+    size_t len, blocks = (S + FSDP_CKPT_BLOCK - 1) / FSDP_CKPT_BLOCK, es = (size_t)st_dtype_size(dtype);
+    if (!t || t->dtype != dtype || t->ndim != 1 || (size_t)t->shape[0] != S) {
+        fprintf(stderr, "error: %s: no %s tensor '%s' of %zu elements\n", sf->path, st_dtype_name(dtype), name, S);
         return -1;
     }
     if (json_get_string(&sf->metadata, name, &sums, &len) != 0 || len != (blocks ? blocks * 17 - 1 : 0)) {
@@ -1550,16 +1599,16 @@ static inline int fsdp__read_verified(StFile *sf, const char *name, size_t S, si
     }
     for (size_t b = first / FSDP_CKPT_BLOCK; b < blocks && b * FSDP_CKPT_BLOCK < first + count; b++) {
         size_t lo = b * FSDP_CKPT_BLOCK, k = S - lo < FSDP_CKPT_BLOCK ? S - lo : FSDP_CKPT_BLOCK;
-        if (st_read_f32(sf, t, lo, k, block) != 0) return -1;
+        if ((dtype == ST_U8 ? st_read_u8(sf, t, lo, k, (uint8_t *)block) : st_read_f32(sf, t, lo, k, (float *)block)) != 0) return -1;
         char got[17];
-        snprintf(got, sizeof got, "%016llx", (unsigned long long)data_hash_bytes(0, block, k * sizeof(float)));
+        snprintf(got, sizeof got, "%016llx", (unsigned long long)data_hash_bytes(0, block, k * es));
         if (memcmp(got, sums + b * 17, 16) != 0) {
             fprintf(stderr, "error: %s: tensor '%s': elements [%zu, %zu) do not match their checksum (corrupt file)\n",
                     sf->path, name, lo, lo + k);
             return -1;
         }
         size_t a = first > lo ? first : lo, e = first + count < lo + k ? first + count : lo + k;
-        memcpy(out + (a - first), block + (a - lo), (e - a) * sizeof(float));
+        memcpy((char *)out + (a - first) * es, (char *)block + (a - lo) * es, (e - a) * es);
     }
     return 0;
 }
@@ -1572,6 +1621,7 @@ static inline int fsdp_load(const char *dir, const FsdpUnits *u, FsdpBuffer *buf
     char path[FSDP_PATH_MAX];
     JsonValue ix;
     int shards = 0, rc = -1;
+    size_t align = 1; // the saved shards'
     if (fsdp__path(path, dir, FSDP_INDEX_NAME, 0, 0) != 0) return -1;
     if (access(path, F_OK) != 0) {
         fprintf(stderr, "error: %s: no %s: not a sharded checkpoint, or an incomplete one\n", dir, FSDP_INDEX_NAME);
@@ -1579,24 +1629,24 @@ static inline int fsdp_load(const char *dir, const FsdpUnits *u, FsdpBuffer *buf
     }
     if (json_load_file(path, &ix) != 0) return -1;
     StFile *files = NULL; // the old shard files this rank needs, opened when first needed
-    float *block = NULL;
-    if (fsdp__check_index(path, &ix, u, bufs, nb, fingerprint, &shards) != 0) goto done;
+    float *block = NULL;  // (room for a block of any dtype)
+    if (fsdp__check_index(path, &ix, u, bufs, nb, fingerprint, &shards, &align) != 0) goto done;
     files = (StFile *)callocCheck((size_t)shards, sizeof(StFile));
     block = (float *)mallocCheck(FSDP_CKPT_BLOCK * sizeof(float));
     for (int b = 0; b < nb; b++)
         for (int i = bufs[b].first; i < u->n_units; i++) {
-            const FsdpUnit *un = &u->units[i];
-            float *dst = fsdp__buffer_unit(u, &bufs[b], i);
-            size_t begin, count = fsdp_shard_range(un->numel, u->n_shards, rank, &begin);
-            size_t S = fsdp_shard_size(un->numel, shards); // the saved shards' size
-            memset(dst, 0, un->shard * sizeof(float));
+            size_t es = (size_t)st_dtype_size(bufs[b].dtype), begin, own;
+            size_t count = fsdp__piece(u, &bufs[b], i, u->n_shards, u->align, rank, &begin, &own);
+            char *dst = (char *)fsdp__buffer_unit(u, &bufs[b], i, rank);
+            memset(dst, 0, own * es);
             char name[FSDP_NAME_MAX];
-            snprintf(name, sizeof name, "%s/%s", bufs[b].name, un->name);
-            for (int k = (int)(begin / (S ? S : 1)); count && k < shards && (size_t)k * S < begin + count; k++) {
+            snprintf(name, sizeof name, "%s/%s", bufs[b].name, u->units[i].name);
+            for (int k = 0; count && k < shards; k++) { // the saved shards that hold some of it
+                size_t kb, S, kc = fsdp__piece(u, &bufs[b], i, shards, align, k, &kb, &S);
+                size_t lo = begin > kb ? begin : kb, hi = begin + count < kb + kc ? begin + count : kb + kc;
+                if (lo >= hi) continue;
                 if (!files[k].path && fsdp__open_shard(&files[k], dir, k, shards, fingerprint) != 0) goto done;
-                size_t lo = begin > (size_t)k * S ? begin : (size_t)k * S;
-                size_t hi = begin + count < (size_t)(k + 1) * S ? begin + count : (size_t)(k + 1) * S;
-                if (fsdp__read_verified(&files[k], name, S, lo - (size_t)k * S, hi - lo, dst + (lo - begin), block) != 0) goto done;
+                if (fsdp__read_verified(&files[k], name, bufs[b].dtype, S, lo - kb, hi - lo, dst + (lo - begin) * es, block) != 0) goto done;
             }
         }
     rc = 0;

@@ -469,6 +469,7 @@ typedef struct {
     // unit (fsdp.h); its place in params is never written (its pages take no memory)
     int quant_type;           // QUANT_NONE, QUANT_NF4 or QUANT_FP4 (set before loading)
     int double_quant;         // (set before loading) the absmax values in 8 bits too
+    int align_blocks;         // (set before loading) AdamW8bit's sharded full fine-tuning: shards of whole blocks (model_align_blocks)
     size_t run_offset[LAYER_TENSORS]; // where each tensor of a layer lies in the layer's run
     size_t run_bytes;         // one layer's run (the same for every layer)
     uint8_t *quant_bytes;     // whole: every layer's run, one after another (L * run_bytes)
@@ -539,15 +540,74 @@ static int model_trainable_tensors(const HostModel *h, size_t *numel) {
 }
 
 // *t: the trainable tensors AdamW8bit lays its state out over (other optimizers: none),
-// made again for this model (a plan before may have made them)
-static void model_optim_tensors(const HostModel *h, const OptimizerSettings *s, OptimTensors *t) {
+// made again for this model (a plan before may have made them): the whole model's, or with
+// rank >= 0 in sharded full fine-tuning the pieces of them in that rank's shards (each unit's
+// shard and the tensors in it in order; the padding has no state)
+static void model_optim_tensors(const HostModel *h, const OptimizerSettings *s, int rank, OptimTensors *t) {
     optim_tensors_free(t);
     if (s->kind != OPTIMIZER_ADAMW8BIT) return;
-    int n = model_trainable_tensors(h, NULL);
-    size_t *numel = (size_t *)mallocCheck((size_t)n * sizeof(size_t) + 1);
-    model_trainable_tensors(h, numel);
-    optim_tensors_init(t, numel, n);
-    free(numel);
+    if (rank < 0 || !host_sharded(h) || h->use_lora) {
+        int n = model_trainable_tensors(h, NULL);
+        size_t *numel = (size_t *)mallocCheck((size_t)n * sizeof(size_t) + 1);
+        model_trainable_tensors(h, numel);
+        optim_tensors_init(t, numel, NULL, NULL, n);
+        free(numel);
+        return;
+    }
+    const FsdpUnits *u = &h->units;
+    int most = (u->n_units - h->frozen_units) * FSDP_UNIT_TENSORS_MAX, n = 0;
+    size_t *numel = (size_t *)mallocCheck((size_t)most * sizeof(size_t) + 1), *first = (size_t *)mallocCheck((size_t)most * sizeof(size_t) + 1);
+    uint8_t *quant = (uint8_t *)mallocCheck((size_t)most + 1);
+    for (int i = h->frozen_units; i < u->n_units; i++) {
+        const FsdpUnit *un = &u->units[i];
+        size_t begin, count = fsdp_shard_range(un->numel, u->n_shards, u->align, rank, &begin);
+        size_t base = un->shard_offset - u->units[h->frozen_units].shard_offset; // the unit's shard in the trainable run
+        for (int j = 0; j < un->n_tensors; j++) {
+            const FsdpTensor *tt = &un->tensors[j];
+            size_t lo = begin > tt->offset ? begin : tt->offset, hi = begin + count < tt->offset + tt->numel ? begin + count : tt->offset + tt->numel;
+            if (lo >= hi) continue;
+            numel[n] = hi - lo, first[n] = base + (lo - begin), quant[n++] = (uint8_t)adamw8bit_quantized(tt->numel);
+        }
+    }
+    optim_tensors_init(t, numel, first, quant, n);
+    free(numel), free(first), free(quant);
+}
+
+// AdamW8bit's state part `part` (ADAMW8BIT_CODES, _ABSMAX or _FP32) of a unit: how many of
+// its elements (the unit's tensors' in order) precede element x of the unit. An absmax
+// counts once its block starts: model_align_blocks keeps a shard's blocks whole.
+static size_t model_state_part(const FsdpUnit *un, int part, size_t x) {
+    size_t n = 0;
+    for (int j = 0; j < un->n_tensors && x > un->tensors[j].offset; j++) {
+        const FsdpTensor *t = &un->tensors[j];
+        size_t in = x - t->offset < t->numel ? x - t->offset : t->numel;
+        int q = adamw8bit_quantized(t->numel);
+        if (part == ADAMW8BIT_FP32 ? !q : q) n += part == ADAMW8BIT_ABSMAX ? (in + ADAMW8BIT_BLOCK - 1) / ADAMW8BIT_BLOCK : in;
+    }
+    return n;
+}
+
+// Sharded full fine-tuning with AdamW8bit: every shard a multiple of its blocks of 256, so
+// that no block is cut between two ranks (each block's absmax is then one rank's), which
+// holds when every 8-bit tensor starts at a multiple of 256 in its unit: true of every real
+// Llama-family model (hidden sizes of multiples of 256), not of the smallest toy ones. Re-shards
+// the units; 0 ok, -1 with a message naming the first tensor out of line.
+static int model_align_blocks(HostModel *m, const char *dir) {
+    FsdpUnits *u = &m->units;
+    for (int i = 0; i < u->n_units; i++)
+        for (int j = 0; j < u->units[i].n_tensors; j++) {
+            const FsdpTensor *t = &u->units[i].tensors[j];
+            if (!adamw8bit_quantized(t->numel) || t->offset % ADAMW8BIT_BLOCK == 0) continue;
+            fprintf(stderr, "error: --optimizer adamw8bit with sharded full fine-tuning keeps each block of %d elements on one rank, "
+                    "so every 8-bit tensor must start at a multiple of %d elements in its unit; %s's %s starts at element %zu of "
+                    "unit %s (hidden_size %d is not a multiple of %d): train in one process, with --sharding_strategy NO_SHARD, "
+                    "or with LoRA\n", ADAMW8BIT_BLOCK, ADAMW8BIT_BLOCK, dir, t->name, t->offset, u->units[i].name,
+                    m->config.dim, ADAMW8BIT_BLOCK);
+            return -1;
+        }
+    u->align = ADAMW8BIT_BLOCK;
+    fsdp_units_set_shards(u, u->n_shards);
+    return 0;
 }
 
 // how many weights train in full fine-tuning: whole, or this rank's shards of the trainable units
@@ -659,11 +719,13 @@ static int model_check_not_prequantized(const Weights *sm) {
     return 0;
 }
 
-// config.json's model as units sharded n ways, with QLoRA's layers packed into runs
-static void model_shape_units(HostModel *m, int n) {
+// config.json's model (of dir) as units sharded n ways, with QLoRA's layers packed into
+// runs, and AdamW8bit's blocks whole in each shard. 0 ok, -1 with a message.
+static int model_shape_units(HostModel *m, const char *dir, int n) {
     model_units(&m->config, &m->units, n);
     m->num_params = m->units.numel;
     if (m->quant_type != QUANT_NONE) model_run_layout(m);
+    return m->align_blocks && n > 1 ? model_align_blocks(m, dir) : 0;
 }
 
 // config.json, and the checkpoint's tensors opened and checked against the
@@ -671,8 +733,7 @@ static void model_shape_units(HostModel *m, int n) {
 // float dtype, nothing beyond them (fsdp_check_model). Reads no weights, so
 // a config.json claiming terabytes allocates nothing. 0 ok, -1 with a message.
 static int model_open(HostModel *m, const char *dir, Weights *sm, int n_shards) {
-    if (config_load(&m->config, dir) != 0) return -1;
-    model_shape_units(m, n_shards);
+    if (config_load(&m->config, dir) != 0 || model_shape_units(m, dir, n_shards) != 0) return -1;
     if (weights_open(sm, dir) != 0) return -1;
     if (model_check_not_prequantized(sm) == 0 && fsdp_check_model(&m->units, sm) == 0) return 0;
     weights_close(sm);
@@ -802,8 +863,7 @@ static int random_tensor(void *ctx, int unit, int tensor, size_t first, size_t c
 // elsewhere: random ones, or a sharded checkpoint that a resume reads; without alloc,
 // for a dry run, whose plan needs the shapes alone. 0 ok, -1 with a message.
 static int model_shape(HostModel *m, const char *dir, int n, int alloc) {
-    if (config_load(&m->config, dir) != 0) return -1;
-    model_shape_units(m, n);
+    if (config_load(&m->config, dir) != 0 || model_shape_units(m, dir, n) != 0) return -1;
     if (alloc && n > 1) m->shards = (float *)callocCheck(m->units.shard_numel, sizeof(float));
     else if (alloc) param_layout(&m->config, &m->w, m->params = (float *)callocCheck(m->num_params, sizeof(float)));
     return 0;

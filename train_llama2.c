@@ -537,7 +537,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     // the trainable parameters' gradients, the optimizer's state (optimizer_init) and the
     // buffer a checkpoint moves it through, and LoRA's own parameters beside the base weights
     size_t n = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
-    model_optim_tensors(h, &m->optimizer, &m->opt_tensors);
+    model_optim_tensors(h, &m->optimizer, m->sharded ? m->fsdp->shard.rank : -1, &m->opt_tensors);
     m->weight_bytes = lay[0].bytes + model_weight_bytes(h);
     m->param_bytes = lay[1].bytes + comm + n * sizeof(float) * (h->use_lora ? 2 : 0) + optimizer_state_bytes(&m->optimizer, &m->opt_tensors, n) +
                      optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, n); // (a checkpoint's, support/optimizer.h)
@@ -1122,20 +1122,21 @@ static void optimizer_free(Optimizer *o) {
 
 static void optimizer_zero_grad(Optimizer *o) { memset(o->grads, 0, o->n * sizeof(float)); }
 
-// AdamW8bit's step (the t-th) over the trainable tensors, each on its own as torchao steps
-// it: 8-bit or fp32 state. The hyperparameters as the numbers typed (float_decimal: torchao
-// rounds 1 - beta in double). A tensor lies inside one run of the parameters.
+// AdamW8bit's step (the t-th) over the trainable tensors (or this rank's pieces of them),
+// each on its own as torchao steps it: 8-bit or fp32 state. The hyperparameters as the
+// numbers typed (float_decimal: torchao rounds 1 - beta in double). A tensor lies inside one
+// run of the parameters.
 static void adamw8bit_step(Optimizer *o, float lr) {
     const OptimizerSettings *s = &o->s;
     const OptimTensors *ts = o->tensors;
     double b1 = float_decimal(s->beta1), b2 = float_decimal(s->beta2), eps = float_decimal(s->eps), wd = float_decimal(s->weight_decay);
     Adamw8bitState a = adamw8bit_state(o->state);
-    size_t f = 0, in_run = 0; // the tensor's first element: in the flat parameters (grads), in its run
-    for (int k = 0, r = 0; k < ts->n; f += ts->numel[k], in_run += ts->numel[k], k++) {
-        if (in_run == o->run_n[r]) r++, in_run = 0;
-        float *p = o->run[r] + in_run, *g = o->grads + f;
+    size_t run_at = 0; // run r's first element in the flat gradients
+    for (int k = 0, r = 0; k < ts->n; k++) {
+        while (ts->first[k] >= run_at + o->run_n[r]) run_at += o->run_n[r++];
+        float *p = o->run[r] + (ts->first[k] - run_at), *g = o->grads + ts->first[k];
         size_t n = ts->numel[k], at = ts->at[k];
-        if (adamw8bit_quantized(n))
+        if (ts->quant[k])
             adamw8bit_update(p, g, a.codes[0] + at, a.absmax[0] + at / ADAMW8BIT_BLOCK, a.codes[1] + at,
                              a.absmax[1] + at / ADAMW8BIT_BLOCK, n, o->t, lr, b1, b2, eps, wd);
         else adamw_torchao_update(p, g, a.fp32[0] + at, a.fp32[1] + at, n, o->t, lr, b1, b2, eps, wd);

@@ -458,7 +458,7 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     m->sharded = host_sharded(h);
     m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
     m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
-    model_optim_tensors(h, &m->optimizer, &m->opt_tensors);
+    model_optim_tensors(h, &m->optimizer, m->sharded ? m->fsdp->shard.rank : -1, &m->opt_tensors);
     if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
@@ -1125,19 +1125,18 @@ static void optimizer_zero_grad(Optimizer *o) {
     cudaCheck(cudaMemsetAsync(o->model->grads, 0, o->n * sizeof(float), o->model->stream));
 }
 
-// AdamW8bit's step (the t-th) over the trainable tensors, each on its own as torchao steps
-// it (8-bit or fp32 state; as train_llama2.c's adamw8bit_step), writing the bf16/fp16
-// copy too (copy NULL: none)
+// AdamW8bit's step (the t-th) over the trainable tensors (or this rank's pieces of them),
+// each on its own as torchao steps it (8-bit or fp32 state; as train_llama2.c's
+// adamw8bit_step), writing the bf16/fp16 copy too (copy NULL: none)
 template <typename E> void adamw8bit_step(Model *m, int t, float lr, E *copy) {
     const OptimizerSettings *s = &m->optimizer;
     const OptimTensors *ts = &m->opt_tensors;
     double b1 = float_decimal(s->beta1), b2 = float_decimal(s->beta2), eps = float_decimal(s->eps), wd = float_decimal(s->weight_decay);
     Adamw8bitState a = adamw8bit_state(m->opt_state);
-    size_t f = 0; // the tensor's first element in the flat masters, gradients and copy
-    for (int k = 0; k < ts->n; f += ts->numel[k++]) {
-        size_t n = ts->numel[k], at = ts->at[k];
+    for (int k = 0; k < ts->n; k++) {
+        size_t n = ts->numel[k], at = ts->at[k], f = ts->first[k]; // f: in the flat masters, gradients and copy
         E *c = copy ? copy + f : NULL;
-        if (adamw8bit_quantized(n))
+        if (ts->quant[k])
             adamw8bit_update(m->params + f, m->grads + f, a.codes[0] + at, a.absmax[0] + at / ADAMW8BIT_BLOCK, a.codes[1] + at,
                              a.absmax[1] + at / ADAMW8BIT_BLOCK, n, t, lr, b1, b2, eps, wd, c, m->stream);
         else adamw_torchao_update(m->params + f, m->grads + f, a.fp32[0] + at, a.fp32[1] + at, n, t, lr, b1, b2, eps, wd, c, m->stream);

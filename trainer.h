@@ -264,7 +264,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"max_steps", OPT_INT, &(tc)->max_steps, "-1", "optimizer steps (-1: as many as --num_epochs needs)", -1, 1 << 30}, \
     {"num_epochs", OPT_INT, &(tc)->num_epochs, "1", "passes over the data when --max_steps is -1", 1, 1 << 20}, \
     {"lr", OPT_FLOAT, &(tc)->lr, "1e-4", "peak learning rate", 0, 1e3}, \
-    {"optimizer", OPT_STR, &(tc)->optimizer, "adamw", "adamw | sgd | adamw8bit: torch.optim.AdamW; torch.optim.SGD (dampening 0; with --momentum and --nesterov); torchao's AdamW8bit (tensors of 4096+ elements in whole blocks of 256 keep 8-bit moments, a code per element and an absmax per block, the rest fp32 ones; checkpoints keep the codes and absmax, so a resume is exact; bitsandbytes' AdamW8bit differs: it decays after the Adam step, places eps otherwise, and its newer unsigned map has one more bit; not yet with sharded full fine-tuning)", 0, 0}, \
+    {"optimizer", OPT_STR, &(tc)->optimizer, "adamw", "adamw | sgd | adamw8bit: torch.optim.AdamW; torch.optim.SGD (dampening 0; with --momentum and --nesterov); torchao's AdamW8bit (tensors of 4096+ elements in whole blocks of 256 keep 8-bit moments, a code per element and an absmax per block, the rest fp32 ones; checkpoints keep the codes and absmax, so a resume is exact; bitsandbytes' AdamW8bit differs: it decays after the Adam step, places eps otherwise, and its newer unsigned map has one more bit; sharded full fine-tuning cuts the shards at whole blocks, which needs the 8-bit tensors to start at multiples of 256 in their units: every real Llama-family model)", 0, 0}, \
     {"weight_decay", OPT_FLOAT, &(tc)->optim.weight_decay, "0.0", "weight decay of every trainable tensor: AdamW's is decoupled (p -= lr * wd * p), SGD's is added to the gradient (g += wd * p), as torch's", 0, 1e3}, \
     {"adam_beta1", OPT_FLOAT, &(tc)->optim.beta1, "0.9", "AdamW beta1", 0, 0.999999}, \
     {"adam_beta2", OPT_FLOAT, &(tc)->optim.beta2, "0.999", "AdamW beta2", 0, 0.9999999}, \
@@ -552,6 +552,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     int G = f ? f->shard.size : 1, rc;
     h->quant_type = tc->quant_type;
     h->double_quant = tc->double_quant;
+    h->align_blocks = tc->optim.kind == OPTIMIZER_ADAMW8BIT && tc->full_finetune;
     if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, !tc->dry_run);
     else if (resume_sharded) rc = model_shape(h, tc->model, G, !tc->dry_run); // load_checkpoint reads every weight: none from --model
     else if (tc->dry_run) rc = model_check(h, weights, G); // the plan needs the shapes: nothing of the model's size
@@ -566,12 +567,6 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
         return -1;
     }
     h->frozen_units = tc->freeze_layers ? tc->freeze_layers + 1 : 0; // the embedding's unit, then the layers'
-    if (tc->optim.kind == OPTIMIZER_ADAMW8BIT && tc->full_finetune && G > 1) { // (LoRA's state is whole on every rank)
-        fprintf(stderr, "error: --optimizer adamw8bit with full fine-tuning sharded %d ways is not supported yet (its blocks of "
-                "256 would cross the shards' edges): train in one process, with --sharding_strategy NO_SHARD, or with LoRA\n", G);
-        host_model_free(h);
-        return -1;
-    }
     if (h->use_lora) {
         int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
         lora_shapes(&h->config, in, out);
@@ -759,20 +754,28 @@ static int all_finite(const float *x, size_t n) {
 }
 
 // state tensor i of an optimizer, to be saved through optimizer_state_get (StFillFn)
-typedef struct { Optimizer *o; int i; } StateRef;
+typedef struct { Optimizer *o; int i; const HostModel *h; } StateRef;
 static int state_fill(void *ctx, size_t first, size_t count, void *dst) {
     const StateRef *r = (const StateRef *)ctx;
     return optimizer_state_get(r->o, r->i, first, count, dst);
 }
+// AdamW8bit's state tensor i in a sharded checkpoint: a part of each unit (FsdpPartFn)
+static size_t state_part(void *ctx, int unit, size_t x) {
+    const StateRef *r = (const StateRef *)ctx;
+    return model_state_part(&r->h->units.units[unit], r->i % ADAMW8BIT_PARTS, x);
+}
 
 // the optimizer's state tensors with their names, each saved through its fill (refs: where
 // they point); returns how many (of the units that train: a sharded checkpoint holds none
-// for frozen ones)
+// for frozen ones). AdamW8bit's are parts of the units (its codes, absmax, fp32 moments).
 static int optimizer_state(Optimizer *o, const Model *m, FsdpBuffer states[OPTIMIZER_MAX_STATES], StateRef refs[OPTIMIZER_MAX_STATES]) {
-    int n = optimizer_n_states(&m->optimizer);
+    int n = optimizer_n_states(&m->optimizer), a8 = m->optimizer.kind == OPTIMIZER_ADAMW8BIT;
     for (int i = 0; i < n; i++) {
-        refs[i] = (StateRef){o, i};
-        states[i] = (FsdpBuffer){optimizer_state_names[m->optimizer.kind][i], NULL, m->host.frozen_units, state_fill, &refs[i]};
+        StDtype d;
+        optimizer_state_count(&m->optimizer, &m->opt_tensors, o->n, i, &d);
+        refs[i] = (StateRef){o, i, &m->host};
+        states[i] = (FsdpBuffer){optimizer_state_names[m->optimizer.kind][i], NULL, m->host.frozen_units, state_fill, &refs[i], d,
+                                 a8 ? state_part : NULL, &refs[i]};
     }
     return n;
 }
@@ -780,7 +783,7 @@ static int optimizer_state(Optimizer *o, const Model *m, FsdpBuffer states[OPTIM
 // the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights and the optimizer state
 static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES], StateRef refs[OPTIMIZER_MAX_STATES],
                            char fingerprint[17]) {
-    bufs[0] = (FsdpBuffer){"params", m->host.shards, 0, NULL, NULL};
+    bufs[0] = (FsdpBuffer){"params", m->host.shards, 0, NULL, NULL, ST_F32, NULL, NULL};
     fsdp_fingerprint(&m->host.units, "", fingerprint);
     return 1 + optimizer_state(o, m, bufs + 1, refs);
 }
@@ -903,6 +906,21 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     return fsdp_any(&fs->world, rc != 0) ? -1 : 0;
 }
 
+// Where tensor j of unit u keeps its share of state buffer b in a whole model's state (w:
+// the whole model's trainable tensors, AdamW8bit's): [*in_unit, *in_unit + count) of the
+// unit's elements (or of its part: AdamW8bit's) lie at *at of the whole state tensor
+// (model_tensor_offset_from's layout, or the part's); returns count.
+static size_t state_whole_at(const HostModel *h, const OptimTensors *w, const FsdpBuffer *b, int u, int j, size_t *in_unit, size_t *at) {
+    const FsdpTensor *t = &h->units.units[u].tensors[j];
+    size_t off = model_tensor_offset_from(&h->config, h->frozen_units, u, j);
+    if (!b->part) { *in_unit = t->offset, *at = off; return t->numel; }
+    *in_unit = b->part(b->part_ctx, u, t->offset);
+    int k = 0;
+    while (k + 1 < w->n && w->first[k] != off) k++; // (w holds every trainable tensor)
+    *at = ((const StateRef *)b->part_ctx)->i % ADAMW8BIT_PARTS == ADAMW8BIT_ABSMAX ? w->at[k] / ADAMW8BIT_BLOCK : w->at[k];
+    return b->part(b->part_ctx, u, t->offset + t->numel) - *in_unit;
+}
+
 // A sharded checkpoint's weights and optimizer state into a whole model (one
 // process, or NO_SHARD): each buffer read as one shard, in the units' order, then
 // put into the whole model's layout (the state tensor by tensor through
@@ -915,16 +933,18 @@ static int load_sharded_whole(const char *dir, Model *m, Optimizer *o) {
     StateRef refs[OPTIMIZER_MAX_STATES];
     char fp[17];
     int nb = sharded_buffers(m, o, bufs, refs, fp), rc = 0;
-    float *buf = (float *)mallocCheck(one.shard_numel * sizeof(float));
+    char *buf = (char *)mallocCheck(one.shard_numel * sizeof(float)); // (every buffer's whole is at most that)
     for (int b = 0; b < nb && rc == 0; b++) {
-        FsdpBuffer one_buf = {bufs[b].name, buf, bufs[b].first, NULL, NULL};
+        FsdpBuffer one_buf = bufs[b];
+        one_buf.data = buf, one_buf.fill = NULL;
         rc = fsdp_load(dir, &one, &one_buf, 1, 0, fp);
         for (int i = one_buf.first; i < one.n_units && rc == 0; i++) {
-            const float *unit = fsdp__buffer_unit(&one, &one_buf, i);
-            if (b == 0) model_put_unit(h, 0, i, unit, m->host.params); // (sharded_buffers named the shards)
-            else for (int j = 0; j < one.units[i].n_tensors; j++)
-                optimizer_state_set(o, b - 1, model_tensor_offset_from(&h->config, one_buf.first, i, j), one.units[i].tensors[j].numel,
-                                    unit + one.units[i].tensors[j].offset);
+            const char *unit = (const char *)fsdp__buffer_unit(&one, &one_buf, i, 0);
+            if (b == 0) { model_put_unit(h, 0, i, (const float *)unit, m->host.params); continue; } // (sharded_buffers named the shards)
+            for (int j = 0; j < one.units[i].n_tensors; j++) {
+                size_t in_unit, at, n = state_whole_at(h, &m->opt_tensors, &bufs[b], i, j, &in_unit, &at);
+                if (n) optimizer_state_set(o, b - 1, at, n, unit + in_unit * (size_t)st_dtype_size(one_buf.dtype));
+            }
         }
     }
     free(buf);
@@ -941,6 +961,32 @@ static int read_state(void *ctx, int unit, int tensor, size_t first, size_t coun
     return st_read_f32(sf->sf, sf->t, model_tensor_offset_from(sf->c, sf->from, unit, tensor) + first, count, dst);
 }
 
+// this rank's pieces of AdamW8bit's state tensor b (a part of each unit) out of a whole
+// checkpoint's tensor t (sf) into dst, the rank's layout of it: each piece of a tensor in
+// the rank's shard read from where the whole state keeps it. 0 ok, -1 with a message.
+static int read_state_part(StFile *sf, const StTensor *t, const Model *m, const OptimTensors *whole, const FsdpBuffer *b, char *dst) {
+    const HostModel *h = &m->host;
+    const FsdpUnits *u = &h->units;
+    int rank = m->fsdp->shard.rank, rc = 0;
+    size_t es = (size_t)st_dtype_size(b->dtype);
+    for (int i = b->first; i < u->n_units && rc == 0; i++) {
+        const FsdpUnit *un = &u->units[i];
+        size_t begin, count = fsdp_shard_range(un->numel, u->n_shards, u->align, rank, &begin);
+        size_t mine = b->part(b->part_ctx, i, begin); // the rank's piece of the unit's part starts there
+        char *piece = dst + fsdp__unit_start(u, b, i, rank) * es;
+        for (int j = 0; j < un->n_tensors && rc == 0; j++) {
+            const FsdpTensor *tt = &un->tensors[j];
+            size_t lo = begin > tt->offset ? begin : tt->offset, hi = begin + count < tt->offset + tt->numel ? begin + count : tt->offset + tt->numel;
+            size_t p0 = b->part(b->part_ctx, i, lo), p1 = b->part(b->part_ctx, i, hi), in_unit, at;
+            if (lo >= hi || p0 == p1) continue;
+            state_whole_at(h, whole, b, i, j, &in_unit, &at);
+            rc = b->dtype == ST_U8 ? st_read_u8(sf, t, at + (p0 - in_unit), p1 - p0, (uint8_t *)piece + (p0 - mine))
+                                   : st_read_f32(sf, t, at + (p0 - in_unit), p1 - p0, (float *)piece + (p0 - mine));
+        }
+    }
+    return rc;
+}
+
 // The checkpoint's optimizer state (and a sharded checkpoint's weights) into o
 // (and m): a sharded checkpoint at any shard count (fsdp.h), or
 // optimizer.safetensors of a whole one (into a sharded model: this rank's
@@ -954,10 +1000,13 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
         char fp[17];
         int nb = sharded_buffers(m, o, bufs, refs, fp), rc = fsdp_load(dir, &m->host.units, bufs, 1, m->fsdp->shard.rank, fp);
         // the state a buffer at a time through this rank's shard of it
-        float *shard = nb > 1 ? (float *)mallocCheck(o->n * sizeof(float)) : NULL;
+        void *shard = nb > 1 ? mallocCheck(o->n * sizeof(float) + 1) : NULL; // (AdamW8bit's parts are smaller)
         for (int b = 1; b < nb && rc == 0; b++) {
-            FsdpBuffer to_host = {bufs[b].name, shard, bufs[b].first, NULL, NULL};
-            if ((rc = fsdp_load(dir, &m->host.units, &to_host, 1, m->fsdp->shard.rank, fp)) == 0) optimizer_state_set(o, b - 1, 0, o->n, shard);
+            FsdpBuffer to_host = bufs[b];
+            to_host.data = shard, to_host.fill = NULL;
+            StDtype d;
+            size_t n = optimizer_state_count(&m->optimizer, &m->opt_tensors, o->n, b - 1, &d);
+            if ((rc = fsdp_load(dir, &m->host.units, &to_host, 1, m->fsdp->shard.rank, fp)) == 0) optimizer_state_set(o, b - 1, 0, n, shard);
         }
         free(shard);
         return rc;
@@ -973,12 +1022,14 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
     // whole: a staging buffer at a time; sharded: this rank's shard of every unit
     size_t staging = st_staging_bytes();
     void *buf = mallocCheck(shard ? h->units.shard_numel * sizeof(float) : optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, o->n) + 1);
+    OptimTensors whole; // (AdamW8bit's) the checkpoint's: every trainable tensor whole
+    memset(&whole, 0, sizeof whole);
+    model_optim_tensors(h, &m->optimizer, -1, &whole);
     for (int i = 0; i < n_states && rc == 0; i++) {
         const StTensor *t = st_find(&sf, states[i].name);
         StDtype d;
         // an unsharded checkpoint holds the state of every weight that trains
-        size_t n = shard ? model_numel_from(&h->config, h->frozen_units) : optimizer_state_count(&m->optimizer, &m->opt_tensors, o->n, i, &d);
-        if (shard) d = ST_F32;
+        size_t n = optimizer_state_count(&m->optimizer, &whole, shard ? model_numel_from(&h->config, h->frozen_units) : o->n, i, &d);
         size_t piece = staging / (size_t)st_dtype_size(d);
         if (!t || t->numel != n || t->dtype != d) {
             fprintf(stderr, "error: %s: expected a %s tensor %s of %zu elements\n", path, st_dtype_name(d), states[i].name, n);
@@ -989,6 +1040,9 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
                 rc = d == ST_U8 ? st_read_u8(&sf, t, first, k, (uint8_t *)buf) : st_read_f32(&sf, t, first, k, (float *)buf);
                 if (rc == 0) optimizer_state_set(o, i, first, k, buf);
             }
+        } else if (states[i].part) { // AdamW8bit's: this rank's pieces of it
+            if ((rc = read_state_part(&sf, t, m, &whole, &states[i], (char *)buf)) == 0)
+                optimizer_state_set(o, i, 0, optimizer_state_count(&m->optimizer, &m->opt_tensors, o->n, i, &d), buf);
         } else { // this rank's shard of it, tensor by tensor out of the trainable units' layout (the frozen
                  // units' shards, which have no state, read as zeros and dropped)
             StateFile ctx = {&sf, t, &h->config, h->frozen_units};
@@ -997,6 +1051,7 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
         }
     }
     free(buf);
+    optim_tensors_free(&whole);
     if (rc == 0 && sf.n_tensors != n_states) { // what it holds and what this run expects differ: not this optimizer's
         fprintf(stderr, "error: %s: %d tensors, and --optimizer %s keeps %d\n", path, sf.n_tensors, optimizer_names[m->optimizer.kind], n_states);
         rc = -1;

@@ -39,30 +39,43 @@ static const char *const optimizer_state_what[] = {"AdamW", "momentum", "AdamW8b
 // least 4096 elements in whole blocks of 256 keeps 8-bit moments (a code per element and
 // an fp32 absmax per block, the blocks from the tensor's first element), every other one
 // fp32 moments. The tensors are the flat trainable parameters' (LoRA's A, B and DoRA's
-// magnitudes, or the model's weights) in their flat order.
+// magnitudes, or the model's weights) in their flat order; in sharded full fine-tuning, the
+// pieces of them in this rank's shards, each a tensor's whole blocks (model.h aligns the
+// shards to them), its 8-bit state decided by the whole tensor.
 #define ADAMW8BIT_BLOCK 256
 typedef struct {
-    int n;              // tensors
-    size_t *numel;      // (n) each tensor's elements; they follow one another in the flat parameters
+    int n;              // tensors (or pieces)
+    size_t *numel;      // (n) each one's elements
+    size_t *first;      // (n) where it starts in the flat trainable parameters and gradients
     size_t *at;         // (n) where its state starts: in the codes (8-bit; its absmax at at / 256), or in the fp32 moments
+    uint8_t *quant;     // (n) 8-bit state (or fp32)
     size_t n8, n32;     // the elements with 8-bit state, with fp32 state
 } OptimTensors;
 static inline int adamw8bit_quantized(size_t numel) { return numel >= 4096 && numel % ADAMW8BIT_BLOCK == 0; }
-static inline void optim_tensors_init(OptimTensors *t, const size_t *numel, int n) {
+// n tensors (pieces) of numel[k] elements at first[k], 8-bit where quant[k]; first NULL: they
+// follow one another from 0, quant NULL: each as adamw8bit_quantized says
+static inline void optim_tensors_init(OptimTensors *t, const size_t *numel, const size_t *first, const uint8_t *quant, int n) {
     t->n = n;
     t->numel = (size_t *)mallocCheck((size_t)n * sizeof(size_t) + 1);
+    t->first = (size_t *)mallocCheck((size_t)n * sizeof(size_t) + 1);
     t->at = (size_t *)mallocCheck((size_t)n * sizeof(size_t) + 1);
+    t->quant = (uint8_t *)mallocCheck((size_t)n + 1);
     t->n8 = t->n32 = 0;
-    for (int k = 0; k < n; k++) {
+    size_t f = 0;
+    for (int k = 0; k < n; f += numel[k++]) {
         t->numel[k] = numel[k];
-        size_t *count = adamw8bit_quantized(numel[k]) ? &t->n8 : &t->n32;
+        t->first[k] = first ? first[k] : f;
+        t->quant[k] = quant ? quant[k] : (uint8_t)adamw8bit_quantized(numel[k]);
+        size_t *count = t->quant[k] ? &t->n8 : &t->n32;
         t->at[k] = *count;
         *count += numel[k];
     }
 }
 static inline void optim_tensors_free(OptimTensors *t) {
     free(t->numel);
+    free(t->first);
     free(t->at);
+    free(t->quant);
     memset(t, 0, sizeof *t);
 }
 

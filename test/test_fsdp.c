@@ -79,11 +79,11 @@ static void test_shard_arithmetic(void) {
     int bad = 0;
     for (size_t a = 0; a < sizeof numels / sizeof *numels; a++)
         for (int n = 1; n <= 9; n++) {
-            size_t numel = numels[a], S = fsdp_shard_size(numel, n), next = 0;
+            size_t numel = numels[a], S = fsdp_shard_size(numel, n, 1), next = 0;
             // S is the smallest size with n * S >= numel
             bad |= n * S < numel || (S > 0 && n * (S - 1) >= numel);
             for (int r = 0; r < n; r++) { // each element owned once, in order, element i by rank i / S
-                size_t begin, count = fsdp_shard_range(numel, n, r, &begin);
+                size_t begin, count = fsdp_shard_range(numel, n, 1, r, &begin);
                 bad |= count > S || (count > 0 && begin != next);
                 for (size_t i = begin; i < begin + count; i++) bad |= i / S != (size_t)r;
                 next = begin + count;
@@ -154,7 +154,7 @@ static void test_packed_units(const char *dir) {
                     const FsdpUnit *un = &h.units.units[i];
                     int layer = i >= 1 && i <= h.config.n_layers;
                     layout += (layer != (un->packed == h.run_bytes)) || (layer && (un->shard != 0 || un->packed_shard % 16 ||
-                               un->packed_shard * n < un->packed || un->packed_shard >= fsdp_shard_size(un->packed, n) + 16));
+                               un->packed_shard * n < un->packed || un->packed_shard >= fsdp_shard_size(un->packed, n, 1) + 16));
                     if (!layer) continue;
                     size_t begin = (size_t)r * un->packed_shard;
                     for (size_t b = 0; b < un->packed_shard; b++) {
@@ -360,7 +360,7 @@ static void test_load_refusals(void) {
     FsdpUnits u;
     model_units(&c, &u, 2);
     float *out = (float *)mallocCheck(u.shard_numel * sizeof(float));
-    FsdpBuffer b = {"params", out, 0, NULL, NULL};
+    FsdpBuffer b = {"params", out, 0, NULL, NULL, ST_F32, NULL, NULL};
     int refused = 0;
     for (int r = 0; r < 2; r++) {
         LoadArgs a = {dir, &u, &b, 1, r, ""};
@@ -387,17 +387,44 @@ static void test_load_refusals(void) {
 // the value of element i of unit `unit` of buffer b: a function of the element, not of the sharding
 static float ckpt_value(int b, int unit, size_t i) { return hash_uniform(((uint64_t)b << 32) ^ (uint64_t)unit, i) - 0.5f; }
 
-#define NBUF 2
-static const char *buf_names[NBUF] = {"params", "exp_avg"};
+// the part the third buffer holds of each unit: its matrices' elements (as AdamW8bit's codes
+// are those of its 8-bit tensors), a function of the units' layout alone (ctx), not of the sharding
+static size_t matrix_part(void *ctx, int unit, size_t x) {
+    const FsdpUnit *un = &((const FsdpUnits *)ctx)->units[unit];
+    size_t n = 0;
+    for (int j = 0; j < un->n_tensors; j++) {
+        const FsdpTensor *t = &un->tensors[j];
+        if (t->ndim == 2 && x > t->offset) n += x - t->offset < t->numel ? x - t->offset : t->numel;
+    }
+    return n;
+}
 
-static void fill_buffers(const FsdpUnits *u, int rank, FsdpBuffer *bufs) {
+#define NBUF 3
+static const char *buf_names[NBUF] = {"params", "exp_avg", "exp_avg.codes"};
+
+// rank's buffers: two in the weights' layout (F32), one of bytes holding matrix_part, its units'
+// pieces one after another (the layout worked out here from the shard ranges, not by fsdp.h);
+// each element's value a function of its place in the unit (or in the unit's part). The sizes
+// into bytes (when not NULL).
+static void fill_buffers(const FsdpUnits *u, int rank, FsdpBuffer *bufs, size_t bytes[NBUF]) {
     for (int b = 0; b < NBUF; b++) {
-        bufs[b].name = buf_names[b];
-        bufs[b].data = (float *)callocCheck(u->shard_numel, sizeof(float));
-        bufs[b].first = 0;
-        for (int i = 0; i < u->n_units; i++) {
-            size_t begin, count = fsdp_shard_range(u->units[i].numel, u->n_shards, rank, &begin);
-            for (size_t k = 0; k < count; k++) bufs[b].data[u->units[i].shard_offset + k] = ckpt_value(b, i, begin + k);
+        int part = b == 2;
+        bufs[b] = (FsdpBuffer){buf_names[b], NULL, 0, NULL, NULL, part ? ST_U8 : ST_F32, part ? matrix_part : NULL, (void *)u};
+        size_t n = 0; // the rank's part of every unit
+        for (int i = 0; part && i < u->n_units; i++) {
+            size_t begin, count = fsdp_shard_range(u->units[i].numel, u->n_shards, u->align, rank, &begin);
+            n += matrix_part((void *)u, i, begin + count) - matrix_part((void *)u, i, begin);
+        }
+        if (bytes) bytes[b] = part ? n : u->shard_numel * sizeof(float);
+        bufs[b].data = callocCheck((part ? n : u->shard_numel) + 1, part ? 1 : sizeof(float));
+        for (int i = 0, at = 0; i < u->n_units; i++) {
+            size_t begin, count = fsdp_shard_range(u->units[i].numel, u->n_shards, u->align, rank, &begin);
+            if (!part) {
+                for (size_t k = 0; k < count; k++) ((float *)bufs[b].data)[u->units[i].shard_offset + k] = ckpt_value(b, i, begin + k);
+                continue;
+            }
+            size_t lo = matrix_part((void *)u, i, begin), hi = matrix_part((void *)u, i, begin + count);
+            for (size_t k = lo; k < hi; k++) ((uint8_t *)bufs[b].data)[at++] = (uint8_t)(ckpt_value(b, i, k) * 1000.0f);
         }
     }
 }
@@ -406,24 +433,32 @@ static void free_buffers(FsdpBuffer *bufs) { for (int b = 0; b < NBUF; b++) free
 // loads rank's shards from dir; 1 if they are the expected values bit for bit, padding zero
 static int ckpt_matches(const char *dir, const FsdpUnits *u, int rank, const char *fp) {
     FsdpBuffer got[NBUF], want[NBUF];
-    fill_buffers(u, rank, want);
-    fill_buffers(u, rank, got);
-    for (int b = 0; b < NBUF; b++) memset(got[b].data, 0xff, u->shard_numel * sizeof(float)); // NaN: must all be overwritten
+    size_t bytes[NBUF];
+    fill_buffers(u, rank, want, bytes);
+    fill_buffers(u, rank, got, NULL);
+    for (int b = 0; b < NBUF; b++) memset(got[b].data, 0xff, bytes[b]); // NaN: must all be overwritten
     int ok = fsdp_load(dir, u, got, NBUF, rank, fp) == 0;
-    for (int b = 0; b < NBUF; b++) ok &= memcmp(got[b].data, want[b].data, u->shard_numel * sizeof(float)) == 0;
+    for (int b = 0; b < NBUF; b++) ok &= memcmp(got[b].data, want[b].data, bytes[b]) == 0;
     free_buffers(got);
     free_buffers(want);
     return ok;
 }
 
 // every rank of n writes its shard, then the index: what fsdp_save does over n processes
-static void save_all_ranks(const char *dir, const Config *c, int n, const char *fp) {
+// the units of c sharded n ways, each shard a multiple of align elements
+static void units_aligned(const Config *c, FsdpUnits *u, int n, size_t align) {
+    model_units(c, u, n);
+    u->align = align;
+    fsdp_units_set_shards(u, n);
+}
+
+static void save_all_ranks(const char *dir, const Config *c, int n, size_t align, const char *fp) {
     FsdpUnits u;
-    model_units(c, &u, n);
+    units_aligned(c, &u, n, align);
     mkdir_p(dir);
     for (int r = 0; r < n; r++) {
         FsdpBuffer bufs[NBUF];
-        fill_buffers(&u, r, bufs);
+        fill_buffers(&u, r, bufs, NULL);
         if (fsdp_save_shard(dir, &u, bufs, NBUF, r, fp) != 0) exit(2);
         if (r == 0 && fsdp_save_index(dir, &u, bufs, NBUF, fp) != 0) exit(2);
         free_buffers(bufs);
@@ -439,14 +474,19 @@ static void test_checkpoints(void) {
     model_units(&c, &u, 1);
     fsdp_fingerprint(&u, "", fp);
     fsdp_units_free(&u);
+    // shards aligned to 1 element or to 64 (as AdamW8bit aligns them to its blocks), saved
+    // and loaded at another count and alignment
     for (int saved = 1; saved <= 4; saved++) {
+        size_t saved_align = saved % 2 ? 1 : 64;
         snprintf(dir, sizeof dir, "%s/ckpt%d", tmpdir, saved);
-        save_all_ranks(dir, &c, saved, fp);
+        save_all_ranks(dir, &c, saved, saved_align, fp);
         for (int n = 1; n <= 4; n++) {
-            model_units(&c, &u, n);
+            size_t align = n == 3 ? 64 : 1;
+            units_aligned(&c, &u, n, align);
             int ok = 1;
             for (int r = 0; r < n; r++) ok &= ckpt_matches(dir, &u, r, fp);
-            snprintf(what, sizeof what, "checkpoint saved at n = %d, loaded at n = %d: every rank's buffers bit-identical", saved, n);
+            snprintf(what, sizeof what, "checkpoint saved at n = %d (shards aligned to %zu), loaded at n = %d (to %zu): every rank's "
+                     "buffers bit-identical, a byte buffer of a part of each unit's elements too", saved, saved_align, n, align);
             CHECK(ok, what, "mismatch or load error");
             fsdp_units_free(&u);
         }
@@ -457,7 +497,7 @@ static void test_checkpoints(void) {
     snprintf(dir, sizeof dir, "%s/bad", tmpdir);
     model_units(&c, &u, 2);
     FsdpBuffer bufs[NBUF];
-    fill_buffers(&u, 1, bufs);
+    fill_buffers(&u, 1, bufs, NULL);
     LoadArgs a = {dir, &u, bufs, NBUF, 1, fp};
     struct { const char *what, *cmd, *expect, *expect2; } cases[] = {
         {"a flipped data byte in a shard", "printf '\\x55' | dd of=$D/fsdp-00002-of-00003.safetensors bs=1 seek=$(( $(stat -c %s $D/fsdp-00002-of-00003.safetensors) - 100 )) conv=notrunc 2>/dev/null",
@@ -488,7 +528,7 @@ static void test_checkpoints(void) {
     char ofp[17], xfp[17];
     fsdp_fingerprint(&other, "", ofp);
     FsdpBuffer obufs[NBUF];
-    fill_buffers(&other, 1, obufs);
+    fill_buffers(&other, 1, obufs, NULL);
     LoadArgs oa = {ref, &other, obufs, NBUF, 1, ofp};
     int rc = capture(load_args, &oa, msg, sizeof msg);
     CHECK(rc != 0 && strstr(msg, "the checkpoint is of another model"), "checkpoint load refuses another model's checkpoint", "%s", msg);
@@ -497,7 +537,7 @@ static void test_checkpoints(void) {
     rc = capture(load_args, &xa, msg, sizeof msg);
     CHECK(rc != 0 && strstr(msg, "the checkpoint is of another model") && strcmp(fp, xfp) != 0,
           "checkpoint load refuses the same shapes with another model identity", "%s", msg);
-    FsdpBuffer more[NBUF + 1] = {bufs[0], bufs[1], {"exp_avg_sq", bufs[1].data, 0, NULL, NULL}};
+    FsdpBuffer more[NBUF + 1] = {bufs[0], bufs[1], bufs[2], {"exp_avg_sq", bufs[1].data, 0, NULL, NULL, ST_F32, NULL, NULL}};
     LoadArgs ma = {ref, &u, more, NBUF + 1, 1, fp};
     rc = capture(load_args, &ma, msg, sizeof msg);
     CHECK(rc != 0 && strstr(msg, "has no buffer \"exp_avg_sq\""), "checkpoint load refuses a buffer it does not hold", "%s", msg);
@@ -590,9 +630,9 @@ static void test_strategies(void) {
         // a unit of numel elements, sharded over the group
         FsdpUnit un = {0};
         un.numel = numel;
-        un.shard = fsdp_shard_size(numel, g);
+        un.shard = fsdp_shard_size(numel, g, 1);
         float *shards = (float *)callocCheck(un.shard, sizeof(float)), *buf = (float *)mallocCheck(g * un.shard * sizeof(float));
-        size_t begin, count = fsdp_shard_range(numel, g, f.shard.rank, &begin);
+        size_t begin, count = fsdp_shard_range(numel, g, 1, f.shard.rank, &begin);
         for (size_t k = 0; k < count; k++) shards[k] = rank_value(6, 0, begin + k);
         const float *whole = fsdp_gather(&f, &un, shards, buf);
         int bad = 0;
@@ -678,7 +718,7 @@ static void test_save_distributed(const char *out_dir) {
         char fp[17], dir[PATH_MAX], what[200];
         ckpt_units(&u, f.shard.size, fp);
         FsdpBuffer bufs[NBUF];
-        fill_buffers(&u, f.shard.rank, bufs);
+        fill_buffers(&u, f.shard.rank, bufs, NULL);
         int rc = save_collective(&f, out_dir, &u, bufs, fp);
         snprintf(dir, sizeof dir, "%s/checkpoint-1", out_dir);
         int ok = rc == 0 && ckpt_matches(dir, &u, f.shard.rank, fp);
@@ -740,7 +780,7 @@ int main(int argc, char **argv) {
         snprintf(dir, sizeof dir, "%s/checkpoint-1", argv[2]);
         if (!strcmp(mode, "save")) {
             FsdpBuffer bufs[NBUF];
-            fill_buffers(&u, world.rank, bufs);
+            fill_buffers(&u, world.rank, bufs, NULL);
             snprintf(what, sizeof what, "FULL_SHARD checkpoint saved by W = %d ranks into %s", world.size, argv[2]);
             check_all(save_collective(&f, argv[2], &u, bufs, fp) == 0, what, "save failed");
             free_buffers(bufs);

@@ -455,6 +455,125 @@ static void test_adamw8bit_state(void) {
 // steps 1, 2, 2500 and 4499, so two backoffs, a growth after 2000 clean steps,
 // a backoff that restarts the count, one a step before a growth. The scale
 // after every step must be torch's exactly (powers of two: no tolerance).
+// an Optimizer over the given runs of parameters, as optimizer_init makes one (its state zeroed)
+static void a8_optimizer(Optimizer *o, const OptimizerSettings *s, const OptimTensors *t, float **run, const size_t *run_n, int n_runs,
+                         float *grads) {
+    memset(o, 0, sizeof *o);
+    o->n_runs = n_runs;
+    for (int r = 0; r < n_runs; r++) o->run[r] = run[r], o->run_n[r] = run_n[r], o->n += run_n[r];
+    o->grads = grads;
+    o->s = *s;
+    o->tensors = t;
+    for (int i = 0; i < optimizer_n_states(s); i++) {
+        size_t count, es = optimizer_state_elem(s, t, o->n, i, &count);
+        o->state[i] = callocCheck(count + 1, es);
+    }
+}
+
+// AdamW8bit in sharded full fine-tuning: each rank steps the pieces of the tensors in its
+// shards (whole blocks of 256: model_align_blocks) and must give the whole model's step bit
+// for bit: every parameter, and its state (each 8-bit tensor's codes and the absmax of each
+// block, the fp32 moments of the others), after 3 steps, at W = 2, 3 and 4, with the first
+// layer frozen and without. Whole and sharded get the same gradients, so nothing differs
+// but the layout: the tolerance is 0.
+static void test_adamw8bit_sharded_step(void) {
+    Config c = {0};
+    c.dim = 256, c.hidden_dim = 512, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.vocab_size = 512;
+    OptimizerSettings s = {0};
+    s.kind = OPTIMIZER_ADAMW8BIT, s.weight_decay = 0.01f, s.beta1 = 0.9f, s.beta2 = 0.999f, s.eps = 1e-8f;
+    const int steps = 3;
+    for (int frozen = 0; frozen <= 2; frozen += 2) {
+        HostModel wh = {0};
+        wh.config = c, wh.full_finetune = 1, wh.frozen_units = frozen;
+        model_units(&c, &wh.units, 1);
+        wh.num_params = wh.units.numel;
+        float *P0 = (float *)mallocCheck(wh.num_params * sizeof(float)), *P = (float *)mallocCheck(wh.num_params * sizeof(float));
+        for (size_t e = 0; e < wh.num_params; e++) P0[e] = 0.05f * (hash_uniform(1, e) - 0.5f);
+        memcpy(P, P0, wh.num_params * sizeof(float));
+        wh.params = P;
+        size_t first[NUM_PARAM_TENSORS], count[NUM_PARAM_TENSORS], n = 0;
+        float *runs[NUM_PARAM_TENSORS];
+        int n_runs = model_trainable_runs(&wh, first, count);
+        for (int r = 0; r < n_runs; r++) runs[r] = P + first[r], n += count[r];
+        float *G = (float *)mallocCheck(n * sizeof(float) * steps); // each step's gradients, the trainable layout
+        for (size_t e = 0; e < n * steps; e++) G[e] = 1e-3f * (hash_uniform(2, e) - 0.5f) * (e % 7 == 0 ? 30.0f : 1.0f);
+        OptimTensors wt = {0};
+        model_optim_tensors(&wh, &s, -1, &wt);
+        Optimizer wo;
+        a8_optimizer(&wo, &s, &wt, runs, count, n_runs, G);
+        for (int t = 1; t <= steps; t++) wo.grads = G + (size_t)(t - 1) * n, wo.t = t, adamw8bit_step(&wo, 1e-2f);
+        Adamw8bitState wa = adamw8bit_state(wo.state);
+        for (int W = 2; W <= 4; W++) {
+            int bad_p = 0, bad_s = 0, pieces = 0;
+            for (int rank = 0; rank < W; rank++) {
+                HostModel h = {0};
+                h.config = c, h.full_finetune = 1, h.frozen_units = frozen;
+                model_units(&c, &h.units, W);
+                if (model_align_blocks(&h, "test") != 0) die("model_align_blocks");
+                const FsdpUnits *u = &h.units;
+                size_t base = u->units[frozen].shard_offset, rn = u->shard_numel - base; // the trainable run
+                float *shards = (float *)callocCheck(u->shard_numel, sizeof(float)), *g = (float *)callocCheck(rn * steps, sizeof(float));
+                // the same values in this rank's layout: unit i's element x at its shard's place
+                for (int i = 0; i < u->n_units; i++) {
+                    size_t begin, cnt = fsdp_shard_range(u->units[i].numel, W, u->align, rank, &begin);
+                    for (int j = 0; j < u->units[i].n_tensors; j++) {
+                        const FsdpTensor *tt = &u->units[i].tensors[j];
+                        for (size_t x = tt->offset; x < tt->offset + tt->numel; x++) {
+                            if (x < begin || x >= begin + cnt) continue;
+                            size_t at = u->units[i].shard_offset + (x - begin);
+                            shards[at] = P0[model_tensor_offset_from(&c, 0, i, j) + (x - tt->offset)];
+                            for (int t = 0; i >= frozen && t < steps; t++)
+                                g[(size_t)t * rn + at - base] = G[(size_t)t * n + model_tensor_offset_from(&c, frozen, i, j) + (x - tt->offset)];
+                        }
+                    }
+                }
+                OptimTensors st = {0};
+                h.units.n_shards = W; // (host_sharded)
+                model_optim_tensors(&h, &s, rank, &st);
+                float *run = shards + base;
+                Optimizer so;
+                a8_optimizer(&so, &s, &st, &run, &rn, 1, g);
+                for (int t = 1; t <= steps; t++) so.grads = g + (size_t)(t - 1) * rn, so.t = t, adamw8bit_step(&so, 1e-2f);
+                Adamw8bitState sa = adamw8bit_state(so.state);
+                // each piece against the whole tensor it is part of, in the units' order as model_optim_tensors lists them
+                for (int i = frozen, k = 0; i < u->n_units; i++) {
+                    size_t begin, cnt = fsdp_shard_range(u->units[i].numel, W, u->align, rank, &begin);
+                    for (int j = 0; j < u->units[i].n_tensors; j++) {
+                        const FsdpTensor *tt = &u->units[i].tensors[j];
+                        size_t lo = begin > tt->offset ? begin : tt->offset, hi = begin + cnt < tt->offset + tt->numel ? begin + cnt : tt->offset + tt->numel;
+                        if (lo >= hi) continue;
+                        size_t off = model_tensor_offset_from(&c, frozen, i, j), e0 = lo - tt->offset;
+                        int wk = 0;
+                        while (wt.first[wk] != off) wk++;
+                        bad_s |= k >= st.n || st.numel[k] != hi - lo || st.quant[k] != wt.quant[wk];
+                        for (size_t e = 0; e < hi - lo && !bad_s; e++) {
+                            bad_p |= shards[u->units[i].shard_offset + (lo - begin) + e] != P[model_tensor_offset_from(&c, 0, i, j) + e0 + e];
+                            for (int mo = 0; mo < 2; mo++)
+                                if (wt.quant[wk])
+                                    bad_s |= sa.codes[mo][st.at[k] + e] != wa.codes[mo][wt.at[wk] + e0 + e] ||
+                                             sa.absmax[mo][(st.at[k] + e) / 256] != wa.absmax[mo][(wt.at[wk] + e0 + e) / 256];
+                                else bad_s |= memcmp(&sa.fp32[mo][st.at[k] + e], &wa.fp32[mo][wt.at[wk] + e0 + e], sizeof(float)) != 0;
+                        }
+                        k++, pieces++;
+                    }
+                }
+                for (int i = 0; i < OPTIMIZER_MAX_STATES; i++) free(so.state[i]);
+                optim_tensors_free(&st);
+                fsdp_units_free(&h.units);
+                free(shards), free(g);
+            }
+            char what[200];
+            snprintf(what, sizeof what, "AdamW8bit, sharded full fine-tuning, W = %d%s: every rank's pieces (%d) step as the whole model, "
+                     "bit for bit (parameters; codes, absmax, fp32 moments)", W, frozen ? ", first layer frozen" : "", pieces);
+            CHECK(!bad_p && !bad_s, what, "parameters %s, state %s", bad_p ? "differ" : "equal", bad_s ? "differs" : "equal");
+        }
+        for (int i = 0; i < OPTIMIZER_MAX_STATES; i++) free(wo.state[i]);
+        optim_tensors_free(&wt);
+        fsdp_units_free(&wh.units);
+        free(P0), free(P), free(G);
+    }
+}
+
 static void test_loss_scale_sequence(void) {
     JsonValue exp;
     if (json_load_file("test/fixtures/grad_scaler/expected.json", &exp) != 0) die("grad scaler fixture");
@@ -604,6 +723,7 @@ int main(void) {
     test_memory_plan();
     test_thread_count_sums(); // (after test_memory_plan: it starts OpenMP threads, see below)
     test_thread_count_model();
+    test_adamw8bit_sharded_step(); // (after test_memory_plan: the peak memory a forked child measures starts at this process's)
     test_random_init(); // last: it starts OpenMP threads, and a child forked after that (test_memory_plan's) hangs in libgomp
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -42,3 +42,19 @@ trajectory_diff() { # trajectory_diff METRICS REF-METRICS [FROM]
             e = rel(norm[s], num($0, "grad_norm")); if (e > worst) worst = e }
         END { if (n == 0) worst = 1e9; printf "%.3g", worst + 0 }' "$1" "$2"
 }
+# aligned_model DIR: a model of hidden size 256 (2 layers, GQA, untied, the fixtures' vocabulary of
+# 512) whose 8-bit AdamW8bit tensors start at multiples of 256 in their units, as sharded AdamW8bit
+# needs (model.h's model_align_blocks) and no tiny fixture has: random weights, written by one
+# step of the CPU trainer at lr 0 (--random_init does not resume; a folder of weights does)
+aligned_model() {
+    mkdir -p "$1.config"
+    cat >"$1.config/config.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+ "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false,
+ "initializer_range": 0.02, "hidden_act": "silu"}
+JSON
+    "$BIN" --model "$1.config" --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --data $FIX/data.jsonl --max_seq_len 24 \
+        --max_steps 1 --lr 0 --full_finetune --batch_size 1 --threads 1 --output_dir "$1" >"$1.log" 2>&1
+    check "a model of hidden size 256 made (random weights, one step at lr 0)" $? "$(tail -2 "$1.log")"
+}
