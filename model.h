@@ -470,6 +470,11 @@ typedef struct {
     int quant_type;           // QUANT_NONE, QUANT_NF4 or QUANT_FP4 (set before loading)
     int double_quant;         // (set before loading) the absmax values in 8 bits too
     int align_blocks;         // (set before loading) AdamW8bit's sharded full fine-tuning: shards of whole blocks (model_align_blocks)
+    // the base weights read later, where the backend keeps them (model_stream_base: the CUDA
+    // trainer's LoRA), not held here: from the checkpoint folder base_dir, or drawn (random_init)
+    int base_deferred, base_random;
+    const char *base_dir;
+    uint64_t base_seed;
     size_t run_offset[LAYER_TENSORS]; // where each tensor of a layer lies in the layer's run
     size_t run_bytes;         // one layer's run (the same for every layer)
     uint8_t *quant_bytes;     // whole: every layer's run, one after another (L * run_bytes)
@@ -892,6 +897,77 @@ static int model_init_random(HostModel *m, const char *dir, uint64_t seed, int r
     return rc == 0 && m->quant_type != QUANT_NONE ? model_fill_packed(m, rank, random_tensor, &r) : rc;
 }
 
+// Where a model's base weights come from when they are read after the model is set up
+// (base_deferred): the checkpoint folder, opened again and checked against the units, or
+// the random draw. *read and *ctx read a tensor's elements as model_fill takes them.
+typedef struct { Weights sm; FsdpCheckpoint ck; RandomWeights rw; int open; } BaseSource;
+static int model_base_open(const HostModel *m, BaseSource *b, FsdpReadFn *read, void **ctx) {
+    memset(b, 0, sizeof *b);
+    if (m->base_random) {
+        b->rw = (RandomWeights){&m->units, m->base_seed, m->config.init_std};
+        *read = random_tensor, *ctx = &b->rw;
+        return 0;
+    }
+    if (weights_open(&b->sm, m->base_dir) != 0) return -1;
+    b->open = 1;
+    if (fsdp_check_model(&m->units, &b->sm) != 0) { weights_close(&b->sm); return -1; }
+    b->ck = (FsdpCheckpoint){&m->units, &b->sm};
+    *read = fsdp_read_checkpoint, *ctx = &b->ck;
+    return 0;
+}
+static void model_base_close(BaseSource *b) {
+    if (b->open) weights_close(&b->sm);
+}
+
+// The base weights of a model set up without them (base_deferred), a piece of at most
+// MODEL_STREAM_PIECE elements at a time, each handed to put(put_ctx, unit, tensor, first,
+// count, src) and its buffer reused after: the CUDA trainer uploads them, so the model is
+// never whole in host memory (a tied model's embedding is read whole, to check a stored
+// lm_head against it, as model_load does). 0 ok, -1 with a message.
+#define MODEL_STREAM_PIECE ((size_t)1 << 24)
+typedef void (*ModelPutFn)(void *ctx, int unit, int tensor, size_t first, size_t count, const float *src);
+static int model_stream_base(HostModel *m, ModelPutFn put, void *put_ctx) {
+    BaseSource b;
+    FsdpReadFn read;
+    void *ctx;
+    if (model_base_open(m, &b, &read, &ctx) != 0) return -1;
+    float *piece = (float *)mallocCheck(MODEL_STREAM_PIECE * sizeof(float));
+    Progress bar = progress_begin(stderr, "loading the weights", m->num_params / 1e6, "M params");
+    double done = 0;
+    int rc = 0;
+    for (int i = 0; i < m->units.n_units && rc == 0; i++)
+        for (int j = 0; j < m->units.units[i].n_tensors && rc == 0; j++) {
+            size_t n = m->units.units[i].tensors[j].numel;
+            int whole = i == 0 && m->config.tied && b.open; // the embedding, which a stored lm_head must equal
+            float *buf = whole ? (float *)mallocCheck(n * sizeof(float)) : piece;
+            size_t step = whole ? n : MODEL_STREAM_PIECE;
+            for (size_t first = 0; first < n && rc == 0; first += step) {
+                size_t count = n - first < step ? n - first : step;
+                rc = read(ctx, i, j, first, count, buf);
+                if (rc == 0 && whole) rc = fsdp_check_tied_head(&b.sm, 0, n, buf);
+                if (rc == 0) put(put_ctx, i, j, first, count, buf);
+                progress_update(&bar, (done += (double)count) / 1e6);
+            }
+            if (whole) free(buf);
+        }
+    if (rc == 0) progress_end(&bar, m->num_params / 1e6);
+    free(piece);
+    model_base_close(&b);
+    return rc;
+}
+
+// the base weights of a model set up without them, whole into m->params (model_fill): for
+// what needs them on the host once, a merged export. 0 ok, -1 with a message.
+static int model_load_base(HostModel *m, const char *what) {
+    BaseSource b;
+    FsdpReadFn read;
+    void *ctx;
+    if (model_base_open(m, &b, &read, &ctx) != 0) return -1;
+    int rc = model_fill(m, what, read, ctx);
+    model_base_close(&b);
+    return rc;
+}
+
 // unit u >= first, whole (unit, its flat buffer) into the flat layout dst of the units from
 // first on (model_tensor_offset_from: the whole model's weights with first = 0; gradients or
 // moments, with first = frozen_units)
@@ -1033,8 +1109,9 @@ static void model_dequantize_layers(HostModel *m) {
 // order from zero and is then added to W, as the CPU matmul does. DoRA then rescales each
 // row of it to its magnitude, as peft's merge does. QLoRA's layers are dequantized into
 // params first (the runs stay the model's base). Returns what model_unmerge_adapter needs
-// to restore the base: a copy of the weights (NULL with QLoRA, whose params nothing else reads).
-static float *model_merge_adapter(HostModel *m) {
+// to restore the base: a copy of the weights (NULL with QLoRA, whose params nothing else
+// reads, and without keep: the caller drops params after).
+static float *model_merge_adapter(HostModel *m, int keep) {
     Config *c = &m->config;
     LoRA *l = &m->lora;
     float *w[NUM_PARAM_TENSORS];
@@ -1042,7 +1119,7 @@ static float *model_merge_adapter(HostModel *m) {
     int map[LORA_N_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
     float *saved = NULL;
     if (m->quant_type != QUANT_NONE) model_dequantize_layers(m);
-    else {
+    else if (keep) {
         saved = (float *)mallocCheck(m->num_params * sizeof(float));
         memcpy(saved, m->params, m->num_params * sizeof(float));
     }

@@ -1201,6 +1201,7 @@ static double model_peak_mb(Model *m) {
 // less a reserve for library code paged in later: it comes in the kernel's fault-around
 // windows, which the randomized layout moves every run (dev/bench_cpu.md has the peaks).
 static const int backend_measures_free_memory = 0;
+static const int backend_streams_base = 0; // (it computes from m->host's weights)
 static double model_memory_budget(Model *m, double limit) {
     long pages = 0, resident = 0, shared = 0, text = 0;
     FILE *f = fopen("/proc/self/statm", "r");

@@ -500,6 +500,7 @@ static void weights_refresh(Model *m) {
 // workspace, bf16's upload staging, NCCL's buffers, fragmentation): 5% of the GPU, at
 // least 1 GiB; and no more than --memory_limit when given (a dry run: that alone).
 static const int backend_measures_free_memory = 1;
+static const int backend_streams_base = 1; // LoRA's base goes from the files to the GPU a piece at a time
 static double model_memory_budget(Model *m, double limit) {
     if (m->dry_run && limit > 0) return limit; // a dry run touches no GPU: the limit alone
     if (m->fsdp && m->fsdp->world.size > 1) set_device(m); // this rank's GPU (model_alloc sets it again)
@@ -507,6 +508,13 @@ static double model_memory_budget(Model *m, double limit) {
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     double budget = free_bytes - std::max(1073741824.0, 0.05 * total_bytes);
     return limit > 0 ? std::min(limit, budget) : budget;
+}
+
+// a piece of a frozen base weight from the host (model_stream_base) into its place in d.weights
+template <typename floatX> void weights_put(void *ctx, int u, int j, size_t first, size_t count, const float *src) {
+    Model *m = (Model *)ctx;
+    upload(buffers<floatX>(m).weights + weight_offset(&m->host, u, j) + first, src, count, m->stream);
+    cudaCheck(cudaStreamSynchronize(m->stream)); // (src is the next piece's buffer)
 }
 
 // Device buffers for micro-batches of up to B rows of T tokens, run in chunks of
@@ -561,7 +569,9 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
             else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
         } else {
-            if (h->quant_type == QUANT_NONE || m->sharded) upload(d.weights, base, n_base, st);
+            if (h->base_deferred) {
+                if (model_stream_base(&m->host, weights_put<floatX>, m) != 0) exit(1); // (it said why)
+            } else if (h->quant_type == QUANT_NONE || m->sharded) upload(d.weights, base, n_base, st);
             else { // whole: the weights but the layers' (packed units, kept in runs)
                 for (int u = 0; u < h->units.n_units; u++)
                     for (int j = 0; !h->units.units[u].packed && j < h->units.units[u].n_tensors; j++)
@@ -1254,14 +1264,16 @@ static size_t model_dequant_scratch_bytes(const Model *m) {
 static const char *const backend_memory = "GPU memory";
 // beside the GPU's plan, the host's: the host model as loaded (fp32, whole or this rank's
 // shards, and QLoRA's 4-bit runs; full fine-tuning's saves download the masters into it),
+// or for LoRA's base, which streams to the GPU, a piece of it (and a tied embedding whole),
 // LoRA's weights and gradients, and the buffer a checkpoint streams the optimizer state
 // through (optimizer_state_get; none of it stays on the host)
 #define BACKEND_HOST_PLAN
 enum { HOST_PLAN_PARTS = 3 };
-static const char *const host_plan_names[HOST_PLAN_PARTS] = {"base weights (fp32, as loaded)", "LoRA weights and grads",
+static const char *const host_plan_names[HOST_PLAN_PARTS] = {"base weights (fp32: held, or streamed)", "LoRA weights and grads",
                                                              "checkpoint staging"};
 static double model_host_bytes(const Model *m, int part) {
     const HostModel *h = &m->host;
+    if (part == 0 && h->base_deferred) return MODEL_STREAM_PIECE * sizeof(float) + (h->config.tied ? h->units.units[0].numel * sizeof(float) : 0);
     if (part == 0) return model_weight_bytes(h) - (h->quant_type != QUANT_NONE ? model_quant_scratch_bytes(h) : 0);
     if (part == 1) return h->use_lora ? 2.0 * h->lora.num_params * sizeof(float) : 0;
     return (double)optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, m->n_train);

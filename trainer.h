@@ -70,6 +70,9 @@
 //       a GPU backend uploads m->host here
 //   static const int backend_measures_free_memory;  1: model_memory_budget knows what is
 //                              free without --memory_limit; 0: --batch_size auto needs it
+//   static const int backend_streams_base;  1: a frozen base whole on one rank (LoRA) is not
+//                              loaded into m->host (base_deferred): model_alloc reads it
+//                              (model_stream_base) where the backend computes from it
 //   double model_memory_budget(Model *m, double limit);
 //       before model_alloc: the bytes the memory plan may total under --memory_limit
 //       (limit bytes; 0: none given)
@@ -553,9 +556,13 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     h->quant_type = tc->quant_type;
     h->double_quant = tc->double_quant;
     h->align_blocks = tc->optim.kind == OPTIMIZER_ADAMW8BIT && tc->full_finetune;
-    if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, !tc->dry_run);
+    // a frozen base whole on one rank, which the backend reads where it keeps it (the GPU's): none here
+    h->base_deferred = backend_streams_base && !tc->full_finetune && tc->quant_type == QUANT_NONE && G == 1;
+    h->base_dir = weights, h->base_random = tc->random_init, h->base_seed = (uint64_t)tc->seed;
+    int read_now = !tc->dry_run && !h->base_deferred;
+    if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, read_now);
     else if (resume_sharded) rc = model_shape(h, tc->model, G, !tc->dry_run); // load_checkpoint reads every weight: none from --model
-    else if (tc->dry_run) rc = model_check(h, weights, G); // the plan needs the shapes: nothing of the model's size
+    else if (!read_now) rc = model_check(h, weights, G); // the shapes alone: nothing of the model's size
     else rc = G > 1 ? model_load_shard(h, weights, f->shard.rank, G) : model_load(h, weights);
     if (rc != 0) { host_model_free(h); return -1; }
     h->full_finetune = tc->full_finetune;
@@ -1507,7 +1514,9 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
         if (export_gguf_adapter(h, tc->export_gguf_adapter, tc->gguf_ftype) != 0) return 1;
         printf("saved the adapter as a llama.cpp GGUF adapter (%s) to %s\n", tc->gguf_type, tc->export_gguf_adapter);
     }
-    float *saved = merge ? model_merge_adapter(h) : NULL;
+    // a base the GPU holds alone is read again for the merge (a copy in host memory until the end)
+    if (merge && h->base_deferred && model_load_base(h, "loading the base weights to merge the adapter into") != 0) return 1;
+    float *saved = merge ? model_merge_adapter(h, !h->base_deferred) : NULL;
     int rc = 0;
     if (dir && h->use_lora && tc->merge_adapter) {
         char merged[PATH_MAX + 16];
@@ -1520,6 +1529,7 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
         if (!rc) printf("saved the model%s as GGUF (%s) to %s\n", h->use_lora ? " with the adapter merged in" : "", tc->gguf_type, tc->export_gguf);
     }
     if (merge) model_unmerge_adapter(h, saved);
+    if (merge && h->base_deferred) free(h->params), h->params = NULL;
     return rc;
 }
 

@@ -54,6 +54,15 @@ if [ -n "$EMU" ] && [ -x "$EMU" ]; then
     BIN=$EMU run "$TMP/emu_hf" 2 --model $FIX/tiny_gqa "${LORA[@]}"
     BIN=$EMU run "$TMP/emu_meta" 2 --model $FIX/meta/tiny_gqa "${LORA[@]}"
     same_result "the CUDA trainer (emulated): Meta's layout == safetensors, bit for bit" "$TMP/emu_hf" "$TMP/emu_meta" adapter_model.safetensors
+    # its LoRA base goes from the files to the GPU a piece at a time (model_stream_base), so it
+    # checks a tied model's stored lm_head on the way, as a load into host memory does
+    rm -rf "$TMP/tied_lie"; cp -r $FIX/tiny_gqa "$TMP/tied_lie"
+    sed -i 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$TMP/tied_lie/config.json"
+    BIN=$EMU run "$TMP/emu_tied_lie" 1 --model "$TMP/tied_lie" "${LORA[@]}"
+    rc=$?
+    [ $rc -eq 1 ] && grep -q "tied_lie/model.safetensors: tensor 'lm_head.weight' differs from model.embed_tokens.weight" "$TMP/emu_tied_lie.log"
+    check "the CUDA trainer (emulated), LoRA: a tied config whose stored lm_head differs is refused as its base streams in" $? \
+        "exit $rc: $(tail -2 "$TMP/emu_tied_lie.log")"
 else
     echo "SKIP $SUITE: the emulated CUDA trainer is not built in this configuration"
 fi

@@ -142,15 +142,25 @@ FARGS=(--model "$TMP/7b" --random_init --tokenizer test/fixtures/tiny_gqa/tokeni
        --max_seq_len 512 --batch_size 1 --full_finetune --activation_checkpointing --output_dir "$TMP/out")
 (ulimit -v 4194304; ./train_llama2cu "${FARGS[@]}" --dry_run) >"$TMP/full7b.log" 2>&1
 rc=$?
-[ $rc -eq 0 ] && plan_line "$TMP/full7b.log" "base weights \(fp32, as loaded\)" | grep -qE " 25705\.0 MiB" &&
+[ $rc -eq 0 ] && plan_line "$TMP/full7b.log" "base weights \(fp32: held, or streamed\)" | grep -qE " 25705\.0 MiB" &&
     plan_line "$TMP/full7b.log" "checkpoint staging" | grep -qE " 256\.0 MiB" && grep -q "^host memory plan" "$TMP/full7b.log"
 check "Llama-2-7B full fine-tuning planned in 4 GiB of address space: the host plan holds the fp32 weights and the staging buffer" $? \
     "exit $rc: $(grep -A5 '^host memory' "$TMP/full7b.log"; tail -2 "$TMP/full7b.log")"
 (ulimit -v 4194304; dev/launch.sh 2 ./train_llama2cu "${FARGS[@]}" --dry_run --collectives host) >"$TMP/full7b_w2.log" 2>&1
 rc=$?
-[ $rc -eq 0 ] && plan_line "$TMP/full7b_w2.log" "base weights \(fp32, as loaded\)" | grep -qE " 12852\.5 MiB"
+[ $rc -eq 0 ] && plan_line "$TMP/full7b_w2.log" "base weights \(fp32: held, or streamed\)" | grep -qE " 12852\.5 MiB"
 check "the same over two ranks in 4 GiB: rank 0's host plan holds its half of the weights" $? \
     "exit $rc: $(grep -A2 '^host memory' "$TMP/full7b_w2.log"; tail -2 "$TMP/full7b_w2.log")"
+# LoRA's frozen base goes from the files to the GPU a piece at a time (model_stream_base): the host
+# plan holds one piece of 2^24 fp32 elements, 64.0 MiB, where it held the whole model, and LoRA's
+# (all-linear, r = 8: 19988480 parameters) weights and gradients, 152.5 MiB
+(ulimit -v 4194304; ./train_llama2cu "${FARGS[@]/--full_finetune/--activation_checkpointing}" --lora_target_modules all-linear \
+    --dry_run) >"$TMP/lora7b.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && plan_line "$TMP/lora7b.log" "base weights \(fp32: held, or streamed\)" | grep -qE " 64\.0 MiB" &&
+    plan_line "$TMP/lora7b.log" "LoRA weights and grads" | grep -qE " 152\.5 MiB"
+check "Llama-2-7B LoRA: the host plan holds a piece of the base, which streams to the GPU, not the model" $? \
+    "exit $rc: $(grep -A5 '^host memory' "$TMP/lora7b.log"; tail -2 "$TMP/lora7b.log")"
 (ulimit -v 4194304; ./train_llama2cu "${FARGS[@]}" --max_steps 1 --host_memory_limit 20) >"$TMP/refused.log" 2>&1
 rc=$?
 [ $rc -eq 1 ] && grep -q "^error: the host memory plan (25.4 GiB) exceeds the 20.0 GiB of --host_memory_limit" "$TMP/refused.log" &&
