@@ -15,8 +15,8 @@ SUITE=profile
 source test/train_helpers.sh # BIN, TMP, FIX; check, run
 EMU=${EMU_TRAINER-./train_llama2cu_emu}
 CHECKER=$(dirname "$BIN")/test/test_profile
-# tiny_gqa: 2 layers; rows of 24 tokens in chunks of 8 (3) or 12 (2)
-ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --threads 1)
+# tiny_gqa: 2 layers; packed rows of 24 tokens, in chunks of 8 (3) or 12 (2)
+ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batching packing --batch_size 2 --threads 1)
 trace_ok() { # trace_ok NAME TRACE CHECKER-ARGS...: the checker's lines as this suite's
     local name=$1 trace=$2
     shift 2
