@@ -24,7 +24,7 @@
 #include <string.h>
 #include <errno.h>
 #include <unistd.h>
-#include "utils.h" // now_ms, mallocCheck, write_bytes_atomic
+#include "utils.h" // now_ms, mallocCheck, reallocCheck, write_bytes_atomic, mkdir_p, die
 
 #if defined(__NVCC__) && __has_include(<nvtx3/nvToolsExt.h>)
 #include <nvtx3/nvToolsExt.h>
@@ -39,7 +39,7 @@ static inline void prof__nvtx_pop(void) {}
 
 #define PROF_NAME 56   // a span's name: "backward layer 79 chunk 127" and the like
 #define PROF_DEPTH 32  // spans open at once
-#define PROF_TRACKS 8  // the host and the streams
+#define PROF_TRACKS 8  // streams with a track of their own
 
 typedef struct {
     char name[PROF_NAME];
@@ -121,8 +121,7 @@ static void profile_track(void *stream, const char *name) {
 static int prof__track(void *stream) {
     for (int i = 0; i < prof.n_streams; i++)
         if (prof.streams[i] == stream) return 1 + i;
-    profile_track(stream, "another stream");
-    return prof.n_streams;
+    die("internal: --profile_dir: a span on a stream without a track (profile_track)");
 }
 
 #ifdef __CUDACC__
@@ -133,7 +132,7 @@ static void prof__cuda(cudaError_t e, const char *what) {
 static int prof__record(void *stream) {
     if (prof.pool_n == prof.pool_cap) {
         prof.pool_cap = prof.pool_cap ? 2 * prof.pool_cap : 256;
-        prof.pool = (cudaEvent_t *)realloc_check(prof.pool, prof.pool_cap * sizeof(cudaEvent_t), __FILE__, __LINE__);
+        prof.pool = (cudaEvent_t *)reallocCheck(prof.pool, prof.pool_cap * sizeof(cudaEvent_t));
         for (int i = prof.pool_n; i < prof.pool_cap; i++) prof__cuda(cudaEventCreate(&prof.pool[i]), "cudaEventCreate");
     }
     prof__cuda(cudaEventRecord(prof.pool[prof.pool_n], (cudaStream_t)stream), "cudaEventRecord");
@@ -149,7 +148,7 @@ static void prof__begin(void *stream, const char *cat, const char *name, int lay
     if (prof.recording) {
         if (prof.n == prof.cap) {
             prof.cap = prof.cap ? 2 * prof.cap : 1024;
-            prof.ev = (ProfEvent *)realloc_check(prof.ev, prof.cap * sizeof(ProfEvent), __FILE__, __LINE__);
+            prof.ev = (ProfEvent *)reallocCheck(prof.ev, prof.cap * sizeof(ProfEvent));
         }
         i = prof.n++;
         ProfEvent *e = &prof.ev[i];

@@ -176,8 +176,9 @@ static int is_model_span(const Ev *e) {
     return !strcmp(e->cat, "forward") || !strcmp(e->cat, "backward") || !strcmp(e->cat, "head") || !strncmp(e->cat, "embedding", 9);
 }
 static int cmp_double(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
-// the host's layer, embedding and head spans (each counted once: not those inside another,
-// as a recomputed forward inside a backward) against the step's span
+// the host's layer, embedding and head spans inside the step's span (not an evaluation's
+// after it), each counted once (not those inside another, as a recomputed forward inside a
+// backward), against the step's span
 static int check_coverage(const Trace *t, const Expect *x) {
     double ratio[64];
     int n = 0;
@@ -186,7 +187,7 @@ static int check_coverage(const Trace *t, const Expect *x) {
         double sum = 0;
         for (int i = 0; i < t->n; i++) {
             const Ev *e = &t->ev[i];
-            if (e->step != s || e->tid != 0 || !is_model_span(e)) continue;
+            if (e->step != s || e->tid != 0 || !is_model_span(e) || !st || e->ts < st->ts || end_of(e) > end_of(st) + ROUNDING) continue;
             int inner = 0;
             for (int k = 0; k < t->n && !inner; k++)
                 inner = k != i && t->ev[k].step == s && t->ev[k].tid == 0 && is_model_span(&t->ev[k]) && t->ev[k].ts <= e->ts &&
