@@ -71,8 +71,8 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = support/utils.h support/vec.h support/matmul.h attention.h support/optimizer.h support/optimizer_qmap.h support/json.h support/safetensors.h support/weights.h support/gguf.h tokenizer.h lora.h quant.h model.h export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h
-TESTS = test/test_json test/test_safetensors test/test_tensorboard test/test_torch_zip test/test_tokenizer test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay test/test_quant \
+HEADERS = support/utils.h support/vec.h support/matmul.h attention.h support/optimizer.h support/optimizer_qmap.h support/json.h support/safetensors.h support/weights.h support/gguf.h tokenizer.h lora.h quant.h model.h export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h support/profile.h
+TESTS = test/test_json test/test_safetensors test/test_tensorboard test/test_profile test/test_torch_zip test/test_tokenizer test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay test/test_quant \
     test/test_gguf test/test_optim test/test_emu_nccl
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
@@ -295,7 +295,7 @@ test: $(if $(B),,train_llama2cu_emu $(EMU)/test/test_llama2cu $(if $(shell comma
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} RUN_JOBS=$(RUN_JOBS) BIN=./$(B)train_llama2 EMU_TRAINER=$(if $(B),,./train_llama2cu_emu) $(TEST_ENV) test/run.sh \
 	    test/test_sharded.sh $(if $(B),,test/test_emu_cuda.sh test/test_llama2cu_sharded.sh) $(RUN_TESTS) \
-	    test/test_fsdp.sh test/test_batch.sh test/test_cli.sh test/test_gguf.sh test/test_checkpoints.sh test/test_tensorboard.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh test/test_docs.sh \
+	    test/test_fsdp.sh test/test_batch.sh test/test_cli.sh test/test_gguf.sh test/test_checkpoints.sh test/test_tensorboard.sh test/test_profile.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh test/test_docs.sh \
 	    $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas \
 	    $(EMU)/test/test_emu_runtime $(EMU)-tsan/test/test_emu_runtime test/test_emu_checkers.sh)
 

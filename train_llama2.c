@@ -37,6 +37,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "support/optimizer.h"
 #include "support/optimizer_qmap.h" // qmap8_signed, qmap8_unsigned
 #include "attention.h"     // attention_forward, attention_backward
+#include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir
 
 // ----------------------------------------------------------------------------
 // the layers, forward and backward (same names in train_llama2.cu)
@@ -332,8 +333,11 @@ static float *unit_gather(Model *m, int u) {
     int s = unit_slot(m, u);
     const FsdpUnit *un = &m->host.units.units[u];
     if (m->slot_unit[s] != u) {
+        PROF_BEGIN_UNIT(NULL, "gather", u, m->host.config.n_layers,
+                        (long long)m->fsdp->shard.size * (un->packed ? un->packed_shard : un->shard * sizeof(float)));
         if (un->packed) fsdp_gather_packed(m->fsdp, un, m->host.quant_shards, (uint8_t *)m->slot[s]);
         else fsdp_gather(m->fsdp, un, m->host.shards, m->slot[s]);
+        PROF_END(NULL);
         m->slot_unit[s] = u;
     }
     return m->slot[s];
@@ -399,7 +403,9 @@ static float *grad_at(Model *m, int u, int j) {
 static void grads_done(Model *m, int u) {
     if (!m->sharded) return;
     const FsdpUnit *un = &m->host.units.units[u];
+    PROF_BEGIN_UNIT(NULL, "reduce-scatter", u, m->host.config.n_layers, (long long)m->fsdp->shard.size * un->shard * sizeof(float));
     fsdp_reduce_scatter(&m->fsdp->shard, m->grad_part, m->unit_grad[u != 0], un->shard); // collective
+    PROF_END(NULL);
     float *mine = m->grads + (un->shard_offset - m->host.units.units[m->host.frozen_units].shard_offset);
     for (size_t i = 0; i < un->shard; i++) mine[i] += m->grad_part[i];
     m->grad_open[u != 0] = -1;
@@ -707,9 +713,16 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
 // appending the chunk's keys and values to the KV carry.
 static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
     Config *c = &m->host.config;
+    int j = ch->t0 / m->chunk_size; // (the spans' chunk)
+    PROF_BEGIN(NULL, "embedding forward", -1, j, -1);
     chunk_tokens(m->a.tokens, tokens, ch);
     embedding_forward(s->resid, m->a.tokens, param_at(m, 0, 0), ch->B * ch->len, c->dim);
-    for (int l = 0; l < c->n_layers; l++) layer_forward(m, s, ch, l);
+    PROF_END(NULL);
+    for (int l = 0; l < c->n_layers; l++) {
+        PROF_BEGIN(NULL, "forward", l, j, -1);
+        layer_forward(m, s, ch, l);
+        PROF_END(NULL);
+    }
 }
 
 // Final norm, output head and cross-entropy of one chunk; returns the summed loss
@@ -801,6 +814,7 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
     // frozen units (the embedding and layers 0 .. frozen - 2) need no gradient, and nothing
     // below them trains: the backward stops at the first layer that trains
     for (int l = c->n_layers - 1; l >= (frozen ? frozen - 1 : 0); l--) {
+        PROF_BEGIN(NULL, "backward", l, ch->t0 / m->chunk_size, -1);
         if (m->activation_checkpointing) layer_forward(m, s, ch, l);
         LayerWeights w = layer_params(m, l), g = {0};
         if (full) g = layer_grads(m, l);
@@ -833,11 +847,14 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         linear_backward(m, act.lora_h, ch, l, LORA_V, dln, g.wv, a->kv, act.ln1, w.wv);
         if (dln) rmsnorm_backward(a->dresid, g.attn_norm, dln, act.x, w.attn_norm, act.rstd1, N, D);
         if (full) grads_done(m, fsdp_layer_unit(l));
+        PROF_END(NULL);
     }
     if (full && !frozen) {
+        PROF_BEGIN(NULL, "embedding backward", -1, ch->t0 / m->chunk_size, -1);
         chunk_tokens(a->tokens, tokens, ch);
         embedding_backward(grad_at(m, 0, 0), a->dresid, a->tokens, N, D);
         grads_done(m, 0);
+        PROF_END(NULL);
     }
 }
 
@@ -863,7 +880,9 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     for (int j = 0; j * m->chunk_size < T; j++) {
         Chunk ch = chunk_at(m, B, T, j);
         chunk_forward(m, &m->a.chunk[0], tokens, &ch);
+        PROF_BEGIN(NULL, "head", -1, j, -1);
         loss += chunk_head(m, &m->a.chunk[0], targets, &ch, 0.0f, logits_out);
+        PROF_END(NULL);
     }
     units_reshard(m);
     return loss;
@@ -891,7 +910,9 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         Chunk ch = chunk_at(m, B, T, j);
         ChunkActs *s = &a->chunk[m->recompute ? 0 : j];
         if (m->recompute && j < n - 1) chunk_forward(m, s, tokens, &ch);
+        PROF_BEGIN(NULL, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
         loss += chunk_head(m, s, targets, &ch, grad_scale, NULL);
+        PROF_END(NULL);
         chunk_backward(m, s, tokens, &ch);
     }
     units_reshard(m);
@@ -1148,7 +1169,11 @@ static void adamw8bit_step(Optimizer *o, float lr) {
 // clipping, then the step
 static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update) {
     const OptimizerSettings *s = &o->s;
-    if (o->grad_sum) fsdp_all_reduce(o->grad_sum, o->grads, o->n, FSDP_F32);
+    if (o->grad_sum) {
+        PROF_BEGIN(NULL, "all-reduce gradients", -1, -1, (long long)(o->n * sizeof(float)));
+        fsdp_all_reduce(o->grad_sum, o->grads, o->n, FSDP_F32);
+        PROF_END(NULL);
+    }
     double sumsq = grad_sumsq(o->grads, o->n);
     if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
     double norm = sqrt(sumsq) * inv_scale; // the same on every rank; unscaled (exact: a power of two)

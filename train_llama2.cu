@@ -58,6 +58,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "attention.cuh"
 #include "lora.cuh"
 #include "quant.cuh"
+#include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir, on each stream, and NVTX ranges
 
 #define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
 
@@ -531,6 +532,8 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     check_precision(m, m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
     cudaCheck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
+    profile_track(m->stream, "compute stream");
+    profile_track(m->comm_stream, "collectives stream");
     cudaCheck(cudaEventCreateWithFlags(&m->computed, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&m->communicated, cudaEventDisableTiming));
     if (m->sharded) {
@@ -639,11 +642,14 @@ template <typename floatX> void unit_prefetch(Model *m, int u) {
     if (m->slot_unit[s] == u) return;
     const FsdpUnit *un = &m->host.units.units[u];
     stream_after(m->comm_stream, m->stream, m->computed);
+    PROF_BEGIN_UNIT(m->comm_stream, "gather", u, m->host.config.n_layers,
+                    (long long)m->fsdp->shard.size * (un->packed ? un->packed_shard : un->shard * sizeof(floatX)));
     if (un->packed) // QLoRA: a layer's run, as bytes
         fsdp_all_gather_u8(device_comm(m, &m->dev_shard), d.slot[s], m->quant_bytes + un->packed_offset, un->packed_shard);
     else if constexpr (std::is_same<floatX, float>::value)
         fsdp_all_gather(device_comm(m, &m->dev_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
     else fsdp_all_gather_bf16(device_comm(m, &m->dev_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
+    PROF_END(m->comm_stream);
     cudaCheck(cudaEventRecord(m->gathered[s], m->comm_stream));
     m->slot_unit[s] = u;
 }
@@ -715,7 +721,9 @@ static void grads_done(Model *m, int u) {
     if (!m->sharded) return;
     const FsdpUnit *un = &m->host.units.units[u];
     stream_after(m->comm_stream, m->stream, m->computed);
+    PROF_BEGIN_UNIT(m->comm_stream, "reduce-scatter", u, m->host.config.n_layers, (long long)m->fsdp->shard.size * un->shard * sizeof(float));
     fsdp_reduce_scatter(device_comm(m, &m->dev_shard), m->grad_part, m->unit_grad[u != 0], un->shard);
+    PROF_END(m->comm_stream);
     size_t first = m->host.units.units[m->host.frozen_units].shard_offset; // m->grads: the trainable units' shards
     accumulate(m->grads + (un->shard_offset - first), m->grad_part, un->shard, m->comm_stream);
     stream_after(m->stream, m->comm_stream, m->communicated); // before the unit's gradient is zeroed again
@@ -850,13 +858,18 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
 template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch) {
     Config *c = &m->host.config;
     cudaStream_t st = m->stream;
+    int j = ch->t0 / m->chunk_size; // (the spans' chunk)
+    PROF_BEGIN(st, "embedding forward", -1, j, -1);
     chunk_tokens(m->chunk_tokens, m->tokens, ch, st);
     floatX *embed = param_at<floatX>(m, 0, 0);
     prefetch_next<floatX>(m, 0, 1); // layer 0
     embedding_forward(s->resid, m->chunk_tokens, embed, ch->B * ch->len, c->dim, st);
+    PROF_END(st);
     for (int l = 0; l < c->n_layers; l++) {
         if (l + 1 < c->n_layers) prefetch_next<floatX>(m, fsdp_layer_unit(l), 1); // (the head: when chunk_head needs it)
+        PROF_BEGIN(st, "forward", l, j, -1);
         layer_forward(m, s, ch, l);
+        PROF_END(st);
     }
 }
 
@@ -941,6 +954,7 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     size_t carry = (size_t)ch->B * ch->T * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units, lowest = frozen ? frozen - 1 : 0;
     for (int l = c->n_layers - 1; l >= lowest; l--) { // as on the CPU: nothing below a frozen layer trains
+        PROF_BEGIN(st, "backward", l, ch->t0 / m->chunk_size, -1);
         LayerWeights<floatX> w = layer_params<floatX>(m, l);
         if (l > lowest) prefetch_next<floatX>(m, fsdp_layer_unit(l), -1); // (the embedding's backward needs no weights)
         if (m->activation_checkpointing) layer_forward(m, s, ch, l);
@@ -971,11 +985,14 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         linear_backward(m, act.lora_h, ch, l, LORA_V, d.dln, g.wv, d.kv, act.ln1, w.wv);
         rmsnorm_backward(d.dresid, g.attn_norm, d.dln, act.x, w.attn_norm, act.rstd1, N, D, st);
         if (full) grads_done(m, fsdp_layer_unit(l));
+        PROF_END(st);
     }
     if (full && !frozen) {
+        PROF_BEGIN(st, "embedding backward", -1, ch->t0 / m->chunk_size, -1);
         chunk_tokens(m->chunk_tokens, m->tokens, ch, st); // a later chunk's forward replaced them (keep mode)
         embedding_backward(grad_at(m, 0, 0), d.dresid, m->chunk_tokens, N, D, st);
         grads_done(m, 0);
+        PROF_END(st);
     }
 }
 
@@ -1035,7 +1052,9 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
         for (int j = 0; j * m->chunk_size < T; j++) {
             Chunk ch = chunk_at(m, B, T, j);
             chunk_forward(m, s, &ch);
+            PROF_BEGIN(m->stream, "head", -1, j, -1);
             chunk_head(m, s, &ch, 0.0f, logits_out);
+            PROF_END(m->stream);
         }
     });
     units_reshard(m);
@@ -1065,7 +1084,9 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
             Chunk ch = chunk_at(m, B, T, j);
             ChunkActs<floatX> *s = &d.chunk[m->recompute ? 0 : j];
             if (m->recompute && j < n - 1) chunk_forward(m, s, &ch);
+            PROF_BEGIN(m->stream, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
             chunk_head(m, s, &ch, grad_scale, NULL);
+            PROF_END(m->stream);
             chunk_backward(m, s, &ch);
         }
     });
@@ -1161,7 +1182,9 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
     const OptimizerSettings *s = &o->s;
     if (o->grad_sum) {
         stream_after(m->comm_stream, m->stream, m->computed);
+        PROF_BEGIN(m->comm_stream, "all-reduce gradients", -1, -1, (long long)(o->n * sizeof(float)));
         fsdp_all_reduce(device_comm(m, o->grad_sum), m->grads, o->n, FSDP_F32);
+        PROF_END(m->comm_stream);
         stream_after(m->stream, m->comm_stream, m->communicated);
     }
     double sumsq, norm;

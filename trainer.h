@@ -147,6 +147,7 @@
 #include "support/checkpoint.h"
 #include "support/default_model.h"
 #include "support/tensorboard.h"
+#include "support/profile.h"
 #include "support/optimizer.h"
 #include "model.h"
 #include "export_gguf.h"
@@ -212,6 +213,8 @@ typedef struct { const char *v[MAX_LIST]; int n; } StrList; // a repeatable opti
 
 typedef struct {
     const char *model, *data, *val_data, *output_dir, *tokenizer, *metrics_file, *tensorboard_dir, *from_peft_checkpoint;
+    const char *profile_dir, *profile_steps;
+    int profile_first, profile_last; // --profile_steps (parse_args)
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
     float memory_limit, host_memory_limit;
     int eval_every, full_finetune, freeze_layers, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing;
@@ -258,6 +261,8 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"tokenizer", OPT_STR, &(tc)->tokenizer, "", "tokenizer to use: a sentencepiece tokenizer.model or a Hugging Face tokenizer.json with a byte-level BPE (default: --model's tokenizer.model, else its tokenizer.json)", 0, 0}, \
     {"metrics_file", OPT_STR, &(tc)->metrics_file, "", "write one JSON object per step and per evaluation to this file", 0, 0}, \
     {"tensorboard_dir", OPT_STR, &(tc)->tensorboard_dir, "", "write TensorBoard event files into this folder: the step's scalars under Hugging Face Trainer's names (train/loss, train/learning_rate, ...), the configuration as text", 0, 0}, \
+    {"profile_dir", OPT_STR, &(tc)->profile_dir, "", "write a Chrome/Perfetto trace of the --profile_steps into this folder (trace.json; with several ranks one per rank, trace.rank<R>.json): data loading, each layer's forward and backward per chunk, the head, the collectives with their bytes, the optimizer, checkpoint writes, on the GPU per stream; open it in ui.perfetto.dev", 0, 0}, \
+    {"profile_steps", OPT_STR, &(tc)->profile_steps, "3-5", "the steps --profile_dir traces, A-B (1-based, as printed; the first steps warm up)", 0, 0}, \
     {"max_seq_len", OPT_INT, &(tc)->max_seq_len, "512", "sequences are truncated to this many tokens", 2, 1 << 20}, \
     {"batch_size", OPT_INT_AUTO, &(tc)->batch_size, "4", "rows per micro-batch, or auto: the most that the memory plan fits in --memory_limit", 1, BATCH_SIZE_MAX}, \
     {"host_memory_limit", OPT_FLOAT, &(tc)->host_memory_limit, "0", "GiB of host memory the run may take (0: what the machine has available at start, MemAvailable); a run whose host memory plan exceeds it is refused before it trains (a --dry_run says so)", 0, 1 << 20}, \
@@ -416,7 +421,8 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         OPTION_CHOICE("chunk_memory", tc->chunk_memory, chunk_memories, 0) < 0 ||
         (tc->gguf_ftype = OPTION_CHOICE("gguf_type", tc->gguf_type, gguf_type_names, 0)) < 0 ||
         OPTION_CHOICE("precision", tc->precision, backend_precisions, 1) < 0 ||
-        OPTION_CHOICE("collectives", tc->collectives, backend_collectives, 1) < 0)
+        OPTION_CHOICE("collectives", tc->collectives, backend_collectives, 1) < 0 ||
+        profile_parse_steps(tc->profile_steps, &tc->profile_first, &tc->profile_last) < 0)
         return -1;
     if (tc->optim.kind != OPTIMIZER_SGD && (tc->optim.momentum != 0 || tc->optim.nesterov)) {
         fprintf(stderr, "error: --momentum and --nesterov are SGD's: give them with --optimizer sgd\n");
@@ -1413,11 +1419,13 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     int B = tc->batch_size, GA = tc->grad_accum, T = m->T;
     long labels = 0;
     double sums[2] = {0, 0}; // loss, tokens: this rank's, then every rank's
+    PROF_BEGIN(NULL, "data", -1, -1, -1);
     for (int g = 0; g < GA; g++) { // the whole step's batches first: the loss is normalised by their label count
         dataloader_next_batch(&r->dl, B, r->pad_id, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, &r->Ts[g]);
         labels += dataloader_global_labels(&r->dl);
         sums[1] += r->dl.batch_tokens;
     }
+    PROF_END(NULL);
     optimizer_zero_grad(&r->opt);
     float scale = labels ? ls->scale / (float)labels : 0.0f; // (exact: ls->scale is a power of two)
     // the tests' injected faults (1-based steps, as printed): NaN gradients, or finite ones whose squares overflow
@@ -1425,13 +1433,19 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     if (fault_at("huge", step + 1)) scale *= 1e30f;
     for (int g = 0; g < GA; g++) {
         m->dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
+        PROF_BEGIN(NULL, "forward-backward", -1, -1, -1); // a micro-batch
         sums[0] += model_forward_backward(m, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, B, r->Ts[g], scale);
+        PROF_END(NULL);
     }
     *lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
+    PROF_BEGIN(NULL, "all-reduce loss", -1, -1, sizeof sums);
     fsdp_all_reduce(&r->fsdp.world, sums, 2, FSDP_F64);
+    PROF_END(NULL);
     *n_tokens = (long)sums[1];
     double loss = labels ? sums[0] / labels : 0.0;
+    PROF_BEGIN(NULL, "optimizer", -1, -1, -1);
     *norm = optimizer_step(&r->opt, *lr, 1.0f / ls->scale, isfinite(loss));
+    PROF_END(NULL);
     *skipped = !isfinite(loss) || !isfinite(*norm);
     loss_scale_update(ls, !isfinite(*norm)); // the norm (a sum in double) is finite exactly when every gradient is
     return loss;
@@ -1686,6 +1700,10 @@ static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts, int T)
     if (failed_anywhere(r, failed)) return 1;
     if (rank0 && tc->metrics_file[0]) r->metrics = fopenCheck(tc->metrics_file, tc->resume[0] ? "a" : "w");
     if (failed_anywhere(r, rank0 && tc->tensorboard_dir[0] && tensorboard_begin(tc, &r->tb, ts->step) != 0)) return 1;
+    failed = profile_init(tc->profile_dir[0] ? tc->profile_dir : NULL, tc->profile_first, tc->profile_last, r->fsdp.world.rank,
+                          r->fsdp.world.size) != 0;
+    if (failed) fprintf(stderr, "error: --profile_dir '%s': cannot write there: %s\n", tc->profile_dir, strerror(errno));
+    if (failed_anywhere(r, failed)) return 1;
     dataloader_init(&r->dl, &r->train_ds, tc->shuffle, (uint64_t)tc->seed, r->fsdp.world.rank, r->fsdp.world.size);
     dataloader_seek(&r->dl, ts->data_epoch, ts->data_pos);
     r->tokens = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
@@ -1809,11 +1827,16 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     if (ts.step == 0) print_samples(m, tc, &r->tok, 0);
     int first_step = ts.step, stop = fsdp_any(&f->world, stop_requested);
     double run_ms = 0;
+    if (tc->profile_dir[0] && (tc->profile_last <= ts.step || tc->profile_first > total))
+        printf("note: --profile_steps %s: no step of this run (%d to %d) is one of them, so no trace\n", tc->profile_steps,
+               ts.step + 1, total);
     while (ts.step < total && !stop) {
+        profile_step_begin(ts.step + 1); // (steps are counted from 1 where they are printed)
         double t0 = now_ms(), c0 = cpu_now_ms();
         StepStats s;
         s.loss_scale = ts.ls.scale;
         s.loss = train_step(r, tc, ts.step, total, &ts.ls, &s.n_tokens, &s.norm, &s.lr, &s.skipped);
+        PROF_END(NULL); // the step's span
         s.ms = now_ms() - t0;
         s.cpu_ms = cpu_now_ms() - c0;
         run_ms += s.ms;
@@ -1828,13 +1851,25 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         if (failed_anywhere(r, report_step(tc, r, &ts, total, &s, eta_s))) return 1;
         fault_point("step", ts.step);
         if (ts.bad_in_row >= tc->max_bad_steps) return stop_bad_steps(tc, &ts); // every rank: the loss and the norm are the same on all
-        if (has_validation(tc) && tc->eval_every > 0 && ts.step % tc->eval_every == 0 && ts.step < total)
+        if (has_validation(tc) && tc->eval_every > 0 && ts.step % tc->eval_every == 0 && ts.step < total) {
+            PROF_BEGIN(NULL, "evaluation", -1, -1, -1);
             report_eval(m, &r->val_ds, B, r->pad_id, ts.step, r->metrics, &r->tb);
+            PROF_END(NULL);
+        }
         if (tc->sample_every > 0 && ts.step % tc->sample_every == 0 && ts.step < total) print_samples(m, tc, &r->tok, ts.step);
         stop = fsdp_any(&f->world, stop_requested); // a signal to any rank stops every rank after this step
         if ((tc->save_every > 0 && ts.step % tc->save_every == 0) || ts.step == total || stop) {
+            PROF_BEGIN(NULL, "checkpoint", -1, -1, -1);
             if (save_checkpoint(tc, f, m, &r->opt, &ts, r->tokpath) != 0) return 1;
+            PROF_END(NULL);
             printf("saved checkpoint %s/checkpoint-%d\n", tc->output_dir, ts.step);
+        }
+        if (prof.recording) { // (the same on every rank: a run that profiles nothing adds no collective)
+            int ends = ts.step == total || stop;
+            if (failed_anywhere(r, profile_step_done(ts.step, ends) != 0)) return 1;
+            if (ends || ts.step == tc->profile_last)
+                printf("wrote the trace of steps %d-%d to %s/\n", tc->profile_first > first_step ? tc->profile_first : first_step + 1,
+                       ts.step, tc->profile_dir);
         }
     }
     if (stop) {

@@ -51,6 +51,10 @@ expect_error "negative chunk size" "--chunk_size: '-4' is not an integer" --mode
 expect_error "bad chunk memory mode" "--chunk_memory: 'lazy' is not one of keep, recompute" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_memory lazy
 expect_error "zero output chunks" "--num_output_chunks: '0' is not an integer" --model $FIX/tiny_gqa "${RUN[@]}" --num_output_chunks 0
 expect_error "more output chunks than tokens" "--num_output_chunks 9 is more than the 8 tokens" --model $FIX/tiny_gqa "${RUN[@]}" --chunk_size 8 --num_output_chunks 9
+for steps in abc 3 5-3 0-2 3-5x -1-2 3-; do
+    expect_error "bad --profile_steps '$steps'" "--profile_steps: '$steps' is not a range A-B of steps with 1 <= A <= B" \
+        --model $FIX/tiny_gqa "${RUN[@]}" --profile_steps "$steps"
+done
 expect_error "bad batching" "--batching: 'pack' is not one of padding, packing" --model $FIX/tiny_gqa "${RUN[@]}" --batching pack
 expect_error "bad data format" "--data_format: 'csv' is not one of" --model $FIX/tiny_gqa "${RUN[@]}" --data_format csv
 expect_error "val_data with val_split" "--val_data and --val_split do not go together" --model $FIX/tiny_gqa "${RUN[@]}" --val_data "$DATA" --val_split 0.1
