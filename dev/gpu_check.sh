@@ -6,7 +6,8 @@
 # built), W = 2 and 3 ranks sharing the GPU (test_llama2cu_sharded.sh), compute-sanitizer on the small shapes
 # (memcheck on every check and on test_llama2cu --quick; racecheck on
 # attention and test_llama2cu; synccheck on attention), a short run of the
-# built-in default through train_llama2cu, and a summary table: kernel,
+# built-in default through train_llama2cu, --profile_dir's trace (and NVTX under nsys, where it
+# is installed), and a summary table: kernel,
 # variant, worst error, tolerance, result, time.
 #
 #   dev/gpu_check.sh [RESULTS.md]    default: $OUT/gpu_check.md if $OUT is set, else gpu_check.md
@@ -75,6 +76,15 @@ step "sharded on one GPU" 400 env EMU_BIN=./train_llama2cu test/test_llama2cu_sh
 # the built-in default (a small generated model and data, LoRA), 50 steps: it trains and samples
 step "train_llama2cu default" 300 ./train_llama2cu --max_steps 50 --output_dir out/gpu_check \
     --metrics_file out/gpu_check/metrics.jsonl
+# --profile_dir with the stream spans timed by CUDA events (test_profile.sh with the real binary in
+# the emulated one's place: its checks, and the gather of layer i+1 under way beside layer i), and
+# the NVTX ranges as Nsight Systems records them, where nsys is installed
+step "profile trace" 120 env EMU_TRAINER=./train_llama2cu test/test_profile.sh
+if command -v nsys >/dev/null; then
+    step "nsys NVTX ranges" 180 bash -c 'nsys profile -t cuda,nvtx -f true -o out/gpu_check/nsys ./train_llama2cu --max_steps 3 \
+        --output_dir out/gpu_check/nsys_run >/dev/null && nsys stats --report nvtx_sum --format csv out/gpu_check/nsys.nsys-rep |
+        tee out/gpu_check/nvtx_sum.csv | grep -q "forward layer 0 chunk 0"'
+else steps+=("nsys NVTX ranges|skipped (no nsys)|0"); fi
 for c in $checks; do
     if [ "$(elapsed)" -gt "$budget" ]; then steps+=("memcheck $c|skipped (time)|0"); continue; fi
     step "memcheck $c" 180 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 "dev/cuda/$c" --quick

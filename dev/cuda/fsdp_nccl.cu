@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
     if (nccl_runs) fsdp_nccl_init(&f.world, stream);
     else if (f.world.rank == 0) printf("SKIP NCCL collectives at W = %d: %d ranks share %d GPU(s) (NCCL refuses that)\n", W, here, devices);
     // a 7B decoder layer: 4 * 4096^2 attention + 3 * 4096 * 11008 MLP + 2 * 4096 norms
-    size_t layer = 4ull * 4096 * 4096 + 3ull * 4096 * 11008 + 2 * 4096, S_big = fsdp_shard_size(quick ? (size_t)W << 20 : layer, W);
+    size_t layer = 4ull * 4096 * 4096 + 3ull * 4096 * 11008 + 2 * 4096, S_big = fsdp_shard_size(quick ? (size_t)W << 20 : layer, W, 1);
     float *dev_a, *dev_b;
     fsdp_cudaCheck(&f.world, cudaMalloc(&dev_a, S_big * sizeof(float)));
     fsdp_cudaCheck(&f.world, cudaMalloc(&dev_b, (size_t)W * S_big * sizeof(float)));

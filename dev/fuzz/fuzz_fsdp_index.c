@@ -44,7 +44,8 @@ FUZZ_TARGET(fsdp_index) {
         fuzz_write(path, sec[k], len[k]);
     }
     for (int rank = 0; rank < u.n_shards; rank++) {
-        FsdpBuffer bufs[2] = {{"params", bufs_data[0], 0, NULL, NULL}, {"exp_avg", bufs_data[1], 0, NULL, NULL}};
+        FsdpBuffer bufs[2] = {{"params", bufs_data[0], 0, NULL, NULL, ST_F32, NULL, NULL},
+                              {"exp_avg", bufs_data[1], 0, NULL, NULL, ST_F32, NULL, NULL}};
         for (int b = 0; b < 2; b++) memset(bufs_data[b], 0xff, u.shard_numel * sizeof(float)); // NaN: padding must be written
         fuzz_stderr_begin();
         int r = fsdp_load(dir, &u, bufs, 2, rank, fp);
@@ -52,7 +53,7 @@ FUZZ_TARGET(fsdp_index) {
         if (r != 0) { FUZZ_ASSERT(said); return 0; }
         for (int b = 0; b < 2; b++)
             for (int i = 0; i < u.n_units; i++) {
-                size_t begin, count = fsdp_shard_range(u.units[i].numel, u.n_shards, rank, &begin);
+                size_t begin, count = fsdp_shard_range(u.units[i].numel, u.n_shards, u.align, rank, &begin);
                 for (size_t j = count; j < u.units[i].shard; j++)
                     FUZZ_ASSERT(bufs_data[b][u.units[i].shard_offset + j] == 0.0f);
             }
