@@ -323,6 +323,10 @@ for c in "2 FULL_SHARD" "3 FULL_SHARD" "4 HYBRID_SHARD --shard_group 2"; do
     run $1 "$TMP/a8-256-$1" "${A8F[@]}" --batch_size $((12 / $1)) --sharding_strategy "${@:2}"
     same_run "AdamW8bit, full fine-tuning, W = $1 ${*:2} == one process" "$TMP/a8-256-1" "$TMP/a8-256-$1" model.safetensors
 done
+# with --freeze_layers 1 (the embedding and layer 0 frozen: the shards' trainable pieces start at the unit of layer 1)
+run 0 "$TMP/a8-256-freeze1" "${A8F[@]}" --batch_size 12 --freeze_layers 1
+run 2 "$TMP/a8-256-freeze2" "${A8F[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --freeze_layers 1
+same_run "AdamW8bit, full fine-tuning, --freeze_layers 1, W = 2 FULL_SHARD == one process" "$TMP/a8-256-freeze1" "$TMP/a8-256-freeze2" model.safetensors
 grep -q '"align": 256' "$TMP/a8-256-3/checkpoint-3/fsdp_index.json"
 check "AdamW8bit, W = 3: the sharded checkpoint says its shards are whole blocks" $? "$(head -8 "$TMP/a8-256-3/checkpoint-3/fsdp_index.json")"
 resume_a8() { # resume_a8 FROM W: FROM's checkpoint-3 resumed at W ranks (0: one process) into $TMP/a8-from-FROM-W
