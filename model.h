@@ -70,6 +70,10 @@ static int config_positive(const JsonValue *obj, const char *path, const char *w
     double d;
     int rc = json_get_number(obj, key, &d);
     if (rc == JSON_MISSING && !required) return 0;
+    if (rc == 0 && d > 0 && (float)d == 0) { // (the model reads them as floats)
+        fprintf(stderr, "error: %s: '%s%s' is %g, which a float rounds to 0\n", path, where, key, d);
+        return -1;
+    }
     if (rc != 0 || !(d > 0 && d <= FLT_MAX)) {
         fprintf(stderr, "error: %s: '%s%s' must be a positive finite number%s\n", path, where, key, rc == JSON_MISSING ? " (missing)" : "");
         return -1;
@@ -189,7 +193,13 @@ static int config_load_meta(Config *c, const char *dir) {
     if (weights_open(&w, dir) != 0) goto done;
     embed = weights_find(&w, "model.embed_tokens.weight"), gate = weights_find(&w, "model.layers.0.mlp.gate_proj.weight");
     if (!embed || !gate) { fprintf(stderr, "error: %s: the checkpoint has no %s\n", dir, embed ? "layers.0.feed_forward.w1" : "tok_embeddings"); goto done; }
-    ffn = (long long)(ffn_mult * (double)(int)(2.0 * 4 * c->dim / 3)); // Meta's model.py, in Python's arithmetic
+    double ffn_raw = ffn_mult * (double)(int)(2.0 * 4 * c->dim / 3); // Meta's model.py, in Python's arithmetic
+    if (!(ffn_raw < (double)(1 << 18))) { // (config.json's bound on intermediate_size; the cast below needs it in range)
+        fprintf(stderr, "error: %s: dim %d and ffn_dim_multiplier %g give an FFN width of %.6g, more than %d\n", path, c->dim,
+                ffn_mult, ffn_raw, 1 << 18);
+        goto done;
+    }
+    ffn = (long long)ffn_raw;
     ffn = multiple_of * ((ffn + multiple_of - 1) / multiple_of);
     if (gate->tensor->shape[0] != ffn) {
         fprintf(stderr, "error: %s: dim %d, multiple_of %d and ffn_dim_multiplier %g give an FFN width of %lld, but "

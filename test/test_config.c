@@ -249,6 +249,7 @@ static void test_refused(void) {
         {"rope_theta of text", "\"rope_theta\": \"1e4\"", "'rope_theta' must be a positive finite number"},
         {"rope_theta beyond float", "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e39}",
          "'rope_parameters.rope_theta' must be a positive finite number"},
+        {"rope_theta below float", "\"rope_theta\": 1e-50", "'rope_theta' is 1e-50, which a float rounds to 0"},
         {"partial_rotary_factor", "\"partial_rotary_factor\": 0.5", "partial_rotary_factor 0.5 is not supported"},
         {"model_type not a string", "\"model_type\": null", "'model_type' must be a string"},
         {"attention_dropout", "\"attention_dropout\": 0.1", "attention_dropout is not supported"},
