@@ -163,7 +163,7 @@ static int config_load_meta(Config *c, const char *dir) {
     if (json_load_file(path, &j) != 0) return -1;
     int rc = -1, multiple_of = 256, vocab = -1;
     long long ffn;
-    double ffn_mult = 1.0, eps = 1e-5, theta = 10000.0;
+    double ffn_mult = 1.0, eps = 1e-5, theta = 10000.0, ffn_raw;
     Weights w;
     const WeightsEntry *embed, *gate;
     memset(&w, 0, sizeof w);
@@ -193,7 +193,7 @@ static int config_load_meta(Config *c, const char *dir) {
     if (weights_open(&w, dir) != 0) goto done;
     embed = weights_find(&w, "model.embed_tokens.weight"), gate = weights_find(&w, "model.layers.0.mlp.gate_proj.weight");
     if (!embed || !gate) { fprintf(stderr, "error: %s: the checkpoint has no %s\n", dir, embed ? "layers.0.feed_forward.w1" : "tok_embeddings"); goto done; }
-    double ffn_raw = ffn_mult * (double)(int)(2.0 * 4 * c->dim / 3); // Meta's model.py, in Python's arithmetic
+    ffn_raw = ffn_mult * (double)(int)(2.0 * 4 * c->dim / 3); // Meta's model.py, in Python's arithmetic
     if (!(ffn_raw < (double)(1 << 18))) { // (config.json's bound on intermediate_size; the cast below needs it in range)
         fprintf(stderr, "error: %s: dim %d and ffn_dim_multiplier %g give an FFN width of %.6g, more than %d\n", path, c->dim,
                 ffn_mult, ffn_raw, 1 << 18);
