@@ -1296,9 +1296,8 @@ static inline int fsdp_read_shard(const FsdpUnits *u, int rank, float *out, Fsdp
         memset(dst, 0, un->shard * sizeof(float));
         for (int j = 0; j < un->n_tensors; j++) {
             const FsdpTensor *t = &un->tensors[j];
-            size_t lo = begin > t->offset ? begin : t->offset;
-            size_t hi = begin + count < t->offset + t->numel ? begin + count : t->offset + t->numel;
-            if (lo < hi && read(ctx, i, j, lo - t->offset, hi - lo, dst + (lo - begin)) != 0) return -1;
+            size_t lo, n = range_overlap(begin, count, t->offset, t->numel, &lo);
+            if (n && read(ctx, i, j, lo - t->offset, n, dst + (lo - begin)) != 0) return -1;
         }
     }
     return 0;
@@ -1607,8 +1606,8 @@ static inline int fsdp__read_verified(StFile *sf, const char *name, StDtype dtyp
                     sf->path, name, lo, lo + k);
             return -1;
         }
-        size_t a = first > lo ? first : lo, e = first + count < lo + k ? first + count : lo + k;
-        memcpy((char *)out + (a - first) * es, (char *)block + (a - lo) * es, (e - a) * es);
+        size_t a, na = range_overlap(first, count, lo, k, &a);
+        memcpy((char *)out + (a - first) * es, (char *)block + (a - lo) * es, na * es);
     }
     return 0;
 }
@@ -1643,10 +1642,10 @@ static inline int fsdp_load(const char *dir, const FsdpUnits *u, FsdpBuffer *buf
             snprintf(name, sizeof name, "%s/%s", bufs[b].name, u->units[i].name);
             for (int k = 0; count && k < shards; k++) { // the saved shards that hold some of it
                 size_t kb, S, kc = fsdp__piece(u, &bufs[b], i, shards, align, k, &kb, &S);
-                size_t lo = begin > kb ? begin : kb, hi = begin + count < kb + kc ? begin + count : kb + kc;
-                if (lo >= hi) continue;
+                size_t lo, n = range_overlap(begin, count, kb, kc, &lo);
+                if (!n) continue;
                 if (!files[k].path && fsdp__open_shard(&files[k], dir, k, shards, fingerprint) != 0) goto done;
-                if (fsdp__read_verified(&files[k], name, bufs[b].dtype, S, lo - kb, hi - lo, dst + (lo - begin) * es, block) != 0) goto done;
+                if (fsdp__read_verified(&files[k], name, bufs[b].dtype, S, lo - kb, n, dst + (lo - begin) * es, block) != 0) goto done;
             }
         }
     rc = 0;

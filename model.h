@@ -579,9 +579,8 @@ static void model_optim_tensors(const HostModel *h, const OptimizerSettings *s, 
         size_t base = un->shard_offset - u->units[h->frozen_units].shard_offset; // the unit's shard in the trainable run
         for (int j = 0; j < un->n_tensors; j++) {
             const FsdpTensor *tt = &un->tensors[j];
-            size_t lo = begin > tt->offset ? begin : tt->offset, hi = begin + count < tt->offset + tt->numel ? begin + count : tt->offset + tt->numel;
-            if (lo >= hi) continue;
-            numel[n] = hi - lo, first[n] = base + (lo - begin), quant[n++] = (uint8_t)adamw8bit_quantized(tt->numel);
+            size_t lo, k = range_overlap(begin, count, tt->offset, tt->numel, &lo);
+            if (k) numel[n] = k, first[n] = base + (lo - begin), quant[n++] = (uint8_t)adamw8bit_quantized(tt->numel);
         }
     }
     optim_tensors_init(t, numel, first, quant, n);

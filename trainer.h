@@ -989,9 +989,9 @@ static int read_state_part(StFile *sf, const StTensor *t, const Model *m, const 
         char *piece = dst + fsdp__unit_start(u, b, i, rank) * es;
         for (int j = 0; j < un->n_tensors && rc == 0; j++) {
             const FsdpTensor *tt = &un->tensors[j];
-            size_t lo = begin > tt->offset ? begin : tt->offset, hi = begin + count < tt->offset + tt->numel ? begin + count : tt->offset + tt->numel;
-            size_t p0 = b->part(b->part_ctx, i, lo), p1 = b->part(b->part_ctx, i, hi), in_unit, at;
-            if (lo >= hi || p0 == p1) continue;
+            size_t lo, n = range_overlap(begin, count, tt->offset, tt->numel, &lo);
+            size_t p0 = b->part(b->part_ctx, i, lo), p1 = b->part(b->part_ctx, i, lo + n), in_unit, at;
+            if (p0 == p1) continue; // (none of the tensor here, or none of it in this part)
             state_whole_at(h, whole, b, i, j, &in_unit, &at);
             rc = b->dtype == ST_U8 ? st_read_u8(sf, t, at + (p0 - in_unit), p1 - p0, (uint8_t *)piece + (p0 - mine))
                                    : st_read_f32(sf, t, at + (p0 - in_unit), p1 - p0, (float *)piece + (p0 - mine));

@@ -24,6 +24,14 @@ static void die(const char *fmt, ...) {
 // rounds each op
 static inline float f32_rounded(float x) { volatile float v = x; return v; }
 
+// the overlap of the ranges [a, a + n) and [b, b + m): its first element into *lo, its
+// length returned (0: they do not overlap)
+static inline size_t range_overlap(size_t a, size_t n, size_t b, size_t m, size_t *lo) {
+    size_t s = a > b ? a : b, e = a + n < b + m ? a + n : b + m;
+    *lo = s;
+    return e > s ? e - s : 0;
+}
+
 static void *malloc_check(size_t size, const char *file, int line) {
     void *p = malloc(size ? size : 1);
     if (!p) die("%s:%d: out of memory allocating %zu bytes", file, line, size);
