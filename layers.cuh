@@ -313,7 +313,7 @@ template <bool SQUARES>
 __global__ void sum_partials_kernel(const float *x, size_t n) {
     double acc = 0.0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        acc += SQUARES ? (double)x[i] * x[i] : (double)x[i];
+        acc = SQUARES ? fma((double)x[i], (double)x[i], acc) : acc + x[i]; // (fused: as sum_host does)
     acc = block_sum(acc);
     if (threadIdx.x == 0) sum_partials[blockIdx.x] = acc;
 }
@@ -322,12 +322,44 @@ __global__ void sum_final_kernel(double *out, int blocks, bool take_sqrt) {
     double acc = block_sum((int)threadIdx.x < blocks ? sum_partials[threadIdx.x] : 0.0);
     if (threadIdx.x == 0) *out = take_sqrt ? sqrt(acc) : acc;
 }
+inline int sum_blocks(size_t n) { return (int)std::min<size_t>(SUM_BLOCKS, std::max<size_t>(1, (n + SUM_THREADS - 1) / SUM_THREADS)); }
 template <bool SQUARES> void sum_launch(double *out, const float *x, size_t n, bool take_sqrt, cudaStream_t stream) {
-    int blocks = (int)std::min<size_t>(SUM_BLOCKS, std::max<size_t>(1, (n + SUM_THREADS - 1) / SUM_THREADS));
+    int blocks = sum_blocks(n);
     sum_partials_kernel<SQUARES><<<blocks, SUM_THREADS, 0, stream>>>(x, n);
     cudaLaunchCheck();
     sum_final_kernel<<<1, ceil_div(blocks, 32) * 32, 0, stream>>>(out, blocks, take_sqrt);
     cudaLaunchCheck();
+}
+
+// The same sum on the host, in the same order, for what lives there (--cpu_offload's
+// gradients): each thread's strided partial, then block_sum's butterflies (within a warp,
+// lane 0 adds its partner at offsets 16, 8, .., 1; a + b == b + a in IEEE arithmetic, so
+// every lane's pairs are lane 0's), over the warps' sums, over the blocks' partials.
+inline double warp_sum_host(const double *lanes) { // (32)
+    double x[32], y[32];
+    memcpy(x, lanes, sizeof x);
+    for (int offset = 16; offset > 0; offset /= 2) {
+        for (int k = 0; k < 32; k++) y[k] = x[k] + x[k ^ offset];
+        memcpy(x, y, sizeof x);
+    }
+    return x[0];
+}
+inline double block_sum_host(const double *x, int threads) { // (threads) a multiple of 32, at most 1024
+    double warps[32] = {0};
+    for (int w = 0; w < threads / 32; w++) warps[w] = warp_sum_host(x + 32 * w);
+    return warp_sum_host(warps);
+}
+template <bool SQUARES> double sum_host(const float *x, size_t n) {
+    int blocks = sum_blocks(n);
+    size_t G = (size_t)blocks * SUM_THREADS; // the threads, each summing x[i], x[i + G], ...
+    std::vector<double> acc(G, 0.0), partials(ceil_div(blocks, 32) * 32, 0.0);
+    #pragma omp parallel for
+    for (size_t t0 = 0; t0 < G; t0 += SUM_THREADS) // (a block's threads: contiguous reads)
+        for (size_t i0 = 0; i0 + t0 < n; i0 += G)
+            for (size_t t = t0; t < t0 + SUM_THREADS && i0 + t < n; t++)
+                acc[t] = SQUARES ? fma((double)x[i0 + t], (double)x[i0 + t], acc[t]) : acc[t] + x[i0 + t];
+    for (int b = 0; b < blocks; b++) partials[b] = block_sum_host(&acc[(size_t)b * SUM_THREADS], SUM_THREADS);
+    return block_sum_host(partials.data(), (int)partials.size());
 }
 
 // *out (device) = sum of x (n); e.g. crossentropy_forward_backward's losses
@@ -365,17 +397,12 @@ inline void clip_grads(float *g, size_t n, const double *norm, float max_norm, f
 // AdamW as torch.optim.AdamW: decoupled weight decay, bias-corrected moments
 
 template <typename E>
-__global__ void adamw_kernel(float *params, const float *grads, float *m, float *v, size_t n, float lr, float beta1,
-                             float beta2, float eps, float wd, float step_size, float bc2_sqrt, E *params_copy) {
+__global__ void adamw_kernel(float *params, const float *grads, float *m, float *v, size_t n, AdamWScalars s,
+                             E *params_copy) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float g = grads[i];
-    float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-    float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-    float p = params[i] * (1.0f - lr * wd);
-    p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
-    params[i] = p;
-    if (params_copy) params_copy[i] = from_float<E>(p);
+    adamw_elem(params + i, grads[i], m + i, v + i, &s);
+    if (params_copy) params_copy[i] = from_float<E>(params[i]);
 }
 // One step over n fp32 parameters with their fp32 moments m, v; t is the step
 // number, 1 for the first (the CPU's Optimizer.t after its increment). The bias
@@ -385,10 +412,8 @@ __global__ void adamw_kernel(float *params, const float *grads, float *m, float 
 template <typename E>
 void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int t, float lr, float beta1,
                   float beta2, float eps, float wd, E *params_copy, cudaStream_t stream) {
-    double bc1 = 1.0 - pow(beta1, t), bc2 = 1.0 - pow(beta2, t);
-    float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
     adamw_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
-        params, grads, m, v, n, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, params_copy);
+        params, grads, m, v, n, adamw_scalars(t, lr, beta1, beta2, eps, wd), params_copy);
     cudaLaunchCheck();
 }
 
@@ -402,14 +427,8 @@ __global__ void sgd_kernel(float *params, const float *grads, float *buf, size_t
                            float momentum, bool nesterov, float wd, E *params_copy) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float p = params[i], g = grads[i] + wd * p;
-    if (buf) {
-        float b = buf[i] = first ? g : momentum * buf[i] + g;
-        g = nesterov ? g + momentum * b : b;
-    }
-    p -= lr * g;
-    params[i] = p;
-    if (params_copy) params_copy[i] = from_float<E>(p);
+    sgd_elem(params + i, grads[i], buf ? buf + i : NULL, first, lr, momentum, nesterov, wd);
+    if (params_copy) params_copy[i] = from_float<E>(params[i]);
 }
 // One step over n fp32 parameters; buf, the fp32 momentum buffer, is NULL without
 // momentum; t is the step number, 1 for the first (the CPU's Optimizer.t after its
@@ -426,13 +445,8 @@ void sgd_update(float *params, const float *grads, float *buf, size_t n, int t, 
 // ----------------------------------------------------------------------------
 // torchao's AdamW8bit and llama-recipes' AnyPrecisionAdamW, as train_llama2.c's
 // twins compute them (op for op as torch does eagerly): every rounding explicit,
-// __fmul_rn where a product must not fuse into the next sum, fmaf where torch fuses
-
-// single_param_adam's update of one parameter p with its new moments m, v: decay first
-__device__ inline float torchao_adam_param(float p, float m, float v, const TorchaoAdamScalars &s) {
-    p -= __fmul_rn(s.decay, p);
-    return p - s.lr * (m / s.bc1) / (sqrtf(v) / s.bc2_sqrt + s.eps);
-}
+// (support/optimizer.h's elements: mul_rn where a product must not fuse into the next sum,
+// fmaf where torch fuses)
 
 // torchao's 8-bit state: one absmax per block of ADAMW8BIT_BLOCK (support/optimizer.h)
 // elements, codes into its two maps
@@ -456,9 +470,9 @@ __global__ void adamw8bit_kernel(float *params, const float *grads, uint8_t *m_c
     qv[k] = qmap.v[k];
     __syncthreads();
     float g = grads[i];
-    float m = torch_lerp(__fmul_rn(qm[m_codes[i]], m_absmax[b]), g, s.w1);
-    float v = torch_lerp(__fmul_rn(qv[v_codes[i]], v_absmax[b]), __fmul_rn(g, g), s.w2);
-    float p = torchao_adam_param(params[i], m, v, s);
+    float m = torch_lerp(mul_rn(qm[m_codes[i]], m_absmax[b]), g, s.w1);
+    float v = torch_lerp(mul_rn(qv[v_codes[i]], v_absmax[b]), mul_rn(g, g), s.w2);
+    float p = torchao_adam_param(params[i], m, v, &s);
     params[i] = p;
     if (params_copy) params_copy[i] = from_float<E>(p);
     // at least 1e-12, torchao's clip (a block of zeros divides by it)
@@ -497,8 +511,8 @@ __global__ void adamw_torchao_kernel(float *params, const float *grads, float *m
     if (i >= n) return;
     float g = grads[i];
     float mi = m[i] = torch_lerp(m[i], g, s.w1);
-    float vi = v[i] = torch_lerp(v[i], __fmul_rn(g, g), s.w2);
-    float p = params[i] = torchao_adam_param(params[i], mi, vi, s);
+    float vi = v[i] = torch_lerp(v[i], mul_rn(g, g), s.w2);
+    float p = params[i] = torchao_adam_param(params[i], mi, vi, &s);
     if (params_copy) params_copy[i] = from_float<E>(p);
 }
 // One step of AdamW8bit's fp32 path (its tensors of fewer than 4096 elements or not whole
@@ -512,28 +526,16 @@ void adamw_torchao_update(float *params, const float *grads, float *m, float *v,
     cudaLaunchCheck();
 }
 
-// fp32 rounded to bf16 (optimizer.h's bf16_round, on the device)
-__device__ inline float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 __global__ void anyprecision_kernel(__nv_bfloat16 *params, const __nv_bfloat16 *grads, __nv_bfloat16 *m,
                                     __nv_bfloat16 *v, __nv_bfloat16 *comp, size_t n, AnyPrecisionScalars s) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float g = __bfloat162float(grads[i]), p = round_bf16(__bfloat162float(params[i]) * s.decay);
-    // (alpha1 * g, two bf16 significands, is exact: fused or not, one rounding)
-    float mi = round_bf16(fmaf(s.alpha1, g, round_bf16(__bfloat162float(m[i]) * s.beta1)));
-    float vi = round_bf16(fmaf(s.w2 * g, g, round_bf16(__bfloat162float(v[i]) * s.beta2)));
-    float denom = round_bf16(round_bf16(round_bf16(sqrtf(vi)) / s.bc2_sqrt) + s.eps);
-    float step = s.neg_step * mi / denom;
-    if (comp) {
-        float c = round_bf16(__bfloat162float(comp[i]) + step), pn = round_bf16(p + c);
-        comp[i] = __float2bfloat16(c + round_bf16(p - pn));
-        p = pn;
-    } else {
-        p = round_bf16(p + step);
-    }
-    params[i] = __float2bfloat16(p);
+    float mi = __bfloat162float(m[i]), vi = __bfloat162float(v[i]), ci = comp ? __bfloat162float(comp[i]) : 0.0f;
+    params[i] = __float2bfloat16(anyprecision_elem(__bfloat162float(params[i]), __bfloat162float(grads[i]), &mi, &vi,
+                                                   comp ? &ci : NULL, &s));
     m[i] = __float2bfloat16(mi);
     v[i] = __float2bfloat16(vi);
+    if (comp) comp[i] = __float2bfloat16(ci);
 }
 // One AnyPrecisionAdamW step (the t-th) on n bf16 parameters with bf16 gradients, bf16
 // moments m, v and, with Kahan summation, the bf16 compensation comp (NULL: none), all

@@ -35,7 +35,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "lora.h"
 #include "model.h"
 #include "support/optimizer.h"
-#include "support/optimizer_qmap.h" // qmap8_signed, qmap8_unsigned
+#include "support/optimizer_cpu.h" // adamw_update, sgd_update, adamw8bit_update, ...
 #include "attention.h"     // attention_forward, attention_backward
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir
 
@@ -298,6 +298,7 @@ typedef struct {
     int chunk_size;           // C (== T: whole sequence)
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
     int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
+    int cpu_offload;          // set by the trainer: --cpu_offload, where the trainable state is already (host memory)
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     int fp32, fp16;           // --precision fp32: the only one the CPU runs
     int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), allocates nothing
@@ -955,128 +956,6 @@ typedef struct {
     FsdpComm *norm_sum;     // the ranks whose squared norms make up the global norm (NULL: this rank's is)
 } Optimizer;
 
-// one AdamW step (the t-th) on n parameters p with gradients g and moments m, v:
-// p -= lr * wd * p; then the bias-corrected Adam step (torch's decoupled weight decay)
-static void adamw_update(float *p, const float *g, float *m, float *v, size_t n, int t, float lr, float beta1,
-                         float beta2, float eps, float wd) {
-    double bc1 = 1.0 - pow(beta1, t), bc2 = 1.0 - pow(beta2, t);
-    float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
-        float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
-        p[i] *= 1.0f - lr * wd;
-        p[i] -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
-    }
-}
-
-// one step of torch.optim.SGD with dampening 0 on n parameters p with gradients g:
-// g += wd * p (weight decay into the gradient); with momentum the buffer b = g at the
-// first step, then b = momentum * b + g, and the step takes g + momentum * b (Nesterov)
-// or b; p -= lr * g. Without momentum there is no buffer (buf NULL).
-static void sgd_update(float *p, const float *g, float *buf, size_t n, int first, float lr, float momentum, int nesterov,
-                       float wd) {
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        float gi = g[i] + wd * p[i];
-        if (buf) {
-            float b = buf[i] = first ? gi : momentum * buf[i] + gi;
-            gi = nesterov ? gi + momentum * b : b;
-        }
-        p[i] -= lr * gi;
-    }
-}
-
-// ----------------------------------------------------------------------------
-// torchao's AdamW8bit (torchao.optim.AdamW8bit) and llama-recipes' AnyPrecisionAdamW,
-// op for op as torch computes them eagerly on the CPU, each op rounded where torch's
-// rounds (test/test_optim.c: bit for bit against both; layers.cuh has the kernels)
-
-// single_param_adam's update of one parameter p with its new moments m, v: decay first
-static inline float torchao_adam_param(float p, float m, float v, const TorchaoAdamScalars *s) {
-    p -= f32_rounded(s->decay * p);
-    return p - s->lr * (m / s->bc1) / (sqrtf(v) / s->bc2_sqrt + s->eps);
-}
-
-// One AdamW8bit step (the t-th) on n parameters p (fp32) with gradients g: torchao's
-// 8-bit path, for tensors of at least 4096 elements in blocks of 256 (n % 256 == 0).
-// Each block's moments are codes (n) into the signed (m) and unsigned (v) maps times the
-// block's absmax (n / 256); they start as torchao's, all zero. The moments are
-// dequantized, updated by lerp in fp32 and requantized, and p takes the fp32 moments.
-// Blocks are independent, so p may be any run of whole blocks of a tensor (a shard)
-// with its codes and absmax.
-static void adamw8bit_update(float *p, const float *g, uint8_t *m_codes, float *m_absmax, uint8_t *v_codes,
-                             float *v_absmax, size_t n, int t, double lr, double beta1, double beta2, double eps,
-                             double wd) {
-    if (n % ADAMW8BIT_BLOCK) die("adamw8bit_update: %zu elements are not whole blocks of %d", n, ADAMW8BIT_BLOCK);
-    TorchaoAdamScalars s = torchao_adam_scalars(t, lr, beta1, beta2, eps, wd);
-    #pragma omp parallel for
-    for (size_t b = 0; b < n / ADAMW8BIT_BLOCK; b++) {
-        float m[ADAMW8BIT_BLOCK], v[ADAMW8BIT_BLOCK], m_max = 0.0f, v_max = 0.0f;
-        size_t i0 = b * ADAMW8BIT_BLOCK;
-        for (int k = 0; k < ADAMW8BIT_BLOCK; k++) {
-            size_t i = i0 + k;
-            m[k] = torch_lerp(f32_rounded(qmap8_signed[m_codes[i]] * m_absmax[b]), g[i], s.w1);
-            v[k] = torch_lerp(f32_rounded(qmap8_unsigned[v_codes[i]] * v_absmax[b]), f32_rounded(g[i] * g[i]), s.w2);
-            p[i] = torchao_adam_param(p[i], m[k], v[k], &s);
-            m_max = fmaxf(m_max, fabsf(m[k]));
-            v_max = fmaxf(v_max, fabsf(v[k]));
-        }
-        // the new absmax, at least 1e-12 (torchao's clip: a block of zeros divides by it)
-        m_absmax[b] = fmaxf(m_max, (float)1e-12);
-        v_absmax[b] = fmaxf(v_max, (float)1e-12);
-        for (int k = 0; k < ADAMW8BIT_BLOCK; k++) {
-            m_codes[i0 + k] = qmap8_code(m[k] / m_absmax[b], qmap8_signed);
-            v_codes[i0 + k] = qmap8_code(v[k] / v_absmax[b], qmap8_unsigned);
-        }
-    }
-}
-
-// One step of AdamW8bit's fp32 path, for its other tensors (fewer than 4096 elements, or
-// not whole blocks): fp32 moments m, v (n, starting at zero), torchao's formula and
-// rounding, which are not torch.optim.AdamW's (adamw_update)
-static void adamw_torchao_update(float *p, const float *g, float *m, float *v, size_t n, int t, double lr,
-                                 double beta1, double beta2, double eps, double wd) {
-    TorchaoAdamScalars s = torchao_adam_scalars(t, lr, beta1, beta2, eps, wd);
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        m[i] = torch_lerp(m[i], g[i], s.w1);
-        v[i] = torch_lerp(v[i], f32_rounded(g[i] * g[i]), s.w2);
-        p[i] = torchao_adam_param(p[i], m[i], v[i], &s);
-    }
-}
-
-// One AnyPrecisionAdamW step (the t-th) on n bf16 parameters p with bf16 gradients g,
-// bf16 moments m, v and, with Kahan summation, the bf16 compensation comp (NULL: none),
-// all starting at zero. Each op computes in fp32 and rounds to bf16, in the optimizer's
-// order: decay p; m = m * beta1 + (1 - beta1) g; v = v * beta2 + (1 - beta2) g^2 (one
-// fma, as torch's addcmul_); denom = sqrt(v) / sqrt(1 - beta2^t) + eps; the step
-// -lr / (1 - beta1^t) * m / denom goes into comp and comp into p, comp keeping what p
-// could not take, or straight into p.
-static void anyprecision_update(uint16_t *p, const uint16_t *g, uint16_t *m, uint16_t *v, uint16_t *comp, size_t n,
-                                int t, double lr, double beta1, double beta2, double eps, double wd) {
-    AnyPrecisionScalars s = anyprecision_scalars(t, lr, beta1, beta2, eps, wd);
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        float gi = st_bf16_to_f32(g[i]), pi = bf16_round(st_bf16_to_f32(p[i]) * s.decay);
-        // (alpha1 * gi, two bf16 significands, is exact: fused or not, one rounding)
-        float mi = bf16_round(fmaf(s.alpha1, gi, bf16_round(st_bf16_to_f32(m[i]) * s.beta1)));
-        float vi = bf16_round(fmaf(s.w2 * gi, gi, bf16_round(st_bf16_to_f32(v[i]) * s.beta2)));
-        float denom = bf16_round(bf16_round(bf16_round(sqrtf(vi)) / s.bc2_sqrt) + s.eps);
-        float step = s.neg_step * mi / denom;
-        if (comp) {
-            float c = bf16_round(st_bf16_to_f32(comp[i]) + step), pn = bf16_round(pi + c);
-            comp[i] = bf16_from_f32(c + bf16_round(pi - pn));
-            pi = pn;
-        } else {
-            pi = bf16_round(pi + step);
-        }
-        p[i] = bf16_from_f32(pi);
-        m[i] = bf16_from_f32(mi);
-        v[i] = bf16_from_f32(vi);
-    }
-}
-
 // sum of g[i]^2 in double, the same at any thread count (it decides gradient clipping): in
 // a fixed number of blocks, each summed in order by one thread, then the blocks in order
 #define SUMSQ_BLOCKS 256
@@ -1092,18 +971,6 @@ static double grad_sumsq(const float *g, size_t n) {
     return s;
 }
 static double grad_norm(const float *g, size_t n) { return sqrt(grad_sumsq(g, n)); }
-
-// g (n) holds 1 / inv_scale times the gradients (a loss scale, a power of two):
-// unscaled as torch's GradScaler.unscale_, then clipped as
-// torch.nn.utils.clip_grad_norm_ (times max_norm / (norm + 1e-6) when that is
-// below 1; norm: the unscaled gradients'; max_norm <= 0: no clipping), in one
-// pass: g * inv_scale is exact, so one rounding of g * (inv_scale * coef) is both's
-static void clip_grads(float *g, size_t n, double norm, float max_norm, float inv_scale) {
-    double coef = max_norm > 0 ? max_norm / (norm + 1e-6) : 1.0;
-    coef = coef < 1.0 ? coef * inv_scale : inv_scale;
-    if (coef == 1.0) return;
-    for (size_t i = 0; i < n; i++) g[i] = (float)(g[i] * coef);
-}
 
 // The trainable parameters: LoRA's (every rank holds them whole), or every base
 // weight of the units that train, whole or this rank's shard, with the optimizer's state

@@ -8,7 +8,8 @@ weights and the activations in bf16; cuBLASLt accumulates in fp32; RMSNorm
 statistics, softmax, the log-sum-exp, the logits and the loss are fp32; the
 trainable parameters keep fp32 masters, fp32 gradients and the optimizer's fp32
 state (AdamW's moments, SGD's momentum buffer), and the optimizer's update
-writes the bf16 copy the matmuls read. --precision fp16 is the same
+writes the bf16 copy the matmuls read (--cpu_offload: the masters, gradients and
+state in host memory, the step on the CPU, optimizer_step_host). --precision fp16 is the same
 with fp16 storage (11 significant bits, but 5 exponent bits: activations above
 65504 overflow, gradients below 2^-24 vanish), for GPUs without bf16 (V100, T4),
 with dynamic loss scaling (trainer.h's LossScale). --precision fp32 runs every
@@ -52,6 +53,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #define FSDP_DEVICE 1 // fsdp.h's backends for device buffers: staged, and NCCL with -DFSDP_NCCL
 #include "model.h"
 #include "support/optimizer.h"
+#include "support/optimizer_cpu.h" // --cpu_offload's step on the host
 #include "support/cuda_common.cuh"
 #include "support/matmul.cuh"
 #include "layers.cuh"
@@ -61,6 +63,8 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir, on each stream, and NVTX ranges
 
 #define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
+// fp32 elements a time that upload converts on the device: a 64 MiB staging buffer
+constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements: a 64 MiB staging buffer
 
 // ----------------------------------------------------------------------------
 // device buffers
@@ -154,9 +158,18 @@ typedef struct {
     int n_unit_slots;         // units gathered at once: 3 (reshard after the forward), or every unit
     int *slot_unit;           // (n_unit_slots) host: the unit each slot holds (-1: none)
     cudaEvent_t *gathered;    // (n_unit_slots) each slot's last gather, on the collectives' stream
-    float *unit_grad[2];      // a unit's gradient whole (the embedding's, the others')
+    float *unit_grad[2];      // a unit's gradient whole (the embedding's, the others'): sharded, or offloaded
     int grad_open[2];         // the unit each is open for (-1: none)
     float *grad_part;         // a unit's gradient reduced to this rank's shard
+    // --cpu_offload (full fine-tuning; docs/memory.md): params, grads and opt_state are host memory
+    int cpu_offload;          // set by the trainer before model_alloc
+    int masters_aliased;      // params are the host model's trainable weights themselves (one run)
+    uint8_t *grad_held;       // (n_units) whole: the unit's running total is on the host (its next open uploads it)
+    float *grad_stage[2];     // (widest shard, pinned) sharded: reduced shards on their way to the host
+    cudaEvent_t staged[2];    // each one's copy to the host
+    int stage_next, stage_pending; // the stage the next shard takes; the one not yet added (-1: none)
+    size_t pending_at, pending_n;  // where in grads that one adds, and its elements
+    float *upload_stage;      // (UPLOAD_PIECE) device: fp32 on its way into the bf16/fp16 weights
     const char *collectives;  // set by the trainer before model_alloc: --collectives (auto, nccl, host)
     int device_backend;       // what set_device chose for it: FSDP_BACKEND_NCCL or FSDP_BACKEND_STAGED
     FsdpComm dev_world, dev_shard, dev_replica; // fsdp's communicators for device buffers (W > 1; device_comm)
@@ -215,12 +228,10 @@ static void units_reshard(Model *m) {
 // ----------------------------------------------------------------------------
 // building the model's buffers
 
-// The sharded model's buffers: the slots (a slot as big as the biggest unit it
-// holds, padding included), and for full fine-tuning a unit's gradient whole
-// (the embedding's, the others') and its reduced shard.
-template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Layout *w, Layout *p) {
+// The sharded model's slots, a slot as big as the biggest unit it holds, padding included
+template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Layout *w) {
     const FsdpUnits *u = &m->host.units;
-    size_t G = (size_t)m->fsdp->shard.size, widest = 0, grad[2] = {0, 0};
+    size_t G = (size_t)m->fsdp->shard.size;
     for (int s = 0; s < m->n_unit_slots; s++) {
         size_t need = 0;
         for (int i = 0; i < u->n_units; i++) // (a packed unit's bytes in elements)
@@ -228,14 +239,22 @@ template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Lay
                 need = std::max(need, u->units[i].packed ? ceil_div(G * u->units[i].packed_shard, sizeof(floatX)) : G * u->units[i].shard);
         place(w, d.slot[s], need);
     }
-    if (!m->host.full_finetune) return;
+}
+// Full fine-tuning's gradient of a unit whole, where it does not go straight into
+// m->grads: sharded (reduce-scattered from there into this rank's shard), or offloaded
+// (to the host from there), and the reduced shard
+static void unit_grad_layout(Model *m, Layout *p) {
+    const FsdpUnits *u = &m->host.units;
+    size_t G = m->sharded ? (size_t)m->fsdp->shard.size : 1, grad[2] = {0, 0}, widest = 0;
+    if (!m->host.full_finetune || (!m->sharded && !m->cpu_offload)) return;
     for (int i = m->host.frozen_units; i < u->n_units; i++) { // frozen units: no gradient
-        grad[i != 0] = std::max(grad[i != 0], G * u->units[i].shard);
+        size_t whole = m->sharded ? G * u->units[i].shard : u->units[i].numel; // (sharded: the padding too)
+        grad[i != 0] = std::max(grad[i != 0], whole);
         widest = std::max(widest, u->units[i].shard);
     }
     place(p, m->unit_grad[0], grad[0]);
     place(p, m->unit_grad[1], grad[1]);
-    place(p, m->grad_part, widest);
+    if (m->sharded) place(p, m->grad_part, widest);
 }
 
 // lays out one chunk's activations but its residuals, for Lk layers
@@ -269,15 +288,19 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     size_t Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
     size_t r = h->use_lora ? h->lora.r : 0, widest = config_widest(c);
     size_t piece = (N + m->num_output_chunks - 1) / m->num_output_chunks; // the head's rows at a time
-    // trainable: fp32 masters and gradients; in bf16 (fp16) the matmuls read a bf16 (fp16) copy
-    place(p, m->params, m->n_train);
-    place(p, m->grads, m->n_train);
-    for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
-        size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
-        if (void *at = layout_take(p, count * es)) m->opt_state[i] = at;
+    // trainable: fp32 masters and gradients (offloaded: on the host); in bf16 (fp16), and
+    // offloaded in any precision, the matmuls read a copy
+    if (!m->cpu_offload) {
+        place(p, m->params, m->n_train);
+        place(p, m->grads, m->n_train);
+        for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
+            size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
+            if (void *at = layout_take(p, count * es)) m->opt_state[i] = at;
+        }
     }
     bool all_train = h->full_finetune && !h->frozen_units; // then the weights are the masters or their copy
-    if (!fp32 && (all_train || h->use_lora)) place(p, d.params_lo, m->n_train);
+    if ((!fp32 || m->cpu_offload) && (all_train || h->use_lora)) place(p, d.params_lo, m->n_train);
+    if (m->cpu_offload && !fp32) place(p, m->upload_stage, UPLOAD_PIECE);
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
     // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
     if (!all_train) place(w, d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h));
@@ -285,7 +308,8 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
         place(w, m->quant_bytes, model_run_bytes_held(h));
         place(w, d.deq, h->units.units[fsdp_layer_unit(0)].numel);
     }
-    if (m->sharded) sharded_layout(m, d, w, p);
+    if (m->sharded) sharded_layout(m, d, w);
+    unit_grad_layout(m, p);
     // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
     // the rest for every layer; or with activation checkpointing one layer's worth of the
     // rest that all slots share (only the layer running uses it). Then one chunk's scratch.
@@ -315,20 +339,20 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
 
 // dst (n, floatX) on the device = src (n, fp32) on the host; bf16 is converted on
 // the device in pieces of UPLOAD_PIECE, so the model never needs an fp32 copy of itself there
-constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements: a 64 MiB staging buffer
-template <typename floatX> void upload(floatX *dst, const float *src, size_t n, cudaStream_t stream) {
+// (stage: a device buffer of UPLOAD_PIECE floats, or NULL: one is allocated for the call)
+template <typename floatX> void upload(floatX *dst, const float *src, size_t n, cudaStream_t stream, float *stage = NULL) {
     if constexpr (std::is_same<floatX, float>::value) {
         cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream));
     } else {
         size_t piece = std::min(n, UPLOAD_PIECE);
-        float *stage = (float *)cudaMallocCheck(piece * sizeof(float));
+        float *own = stage ? NULL : (float *)cudaMallocCheck(piece * sizeof(float));
         for (size_t i = 0; i < n; i += piece) { // in stream order: a piece's convert runs before the next copy
             size_t k = std::min(piece, n - i);
-            cudaCheck(cudaMemcpyAsync(stage, src + i, k * sizeof(float), cudaMemcpyHostToDevice, stream));
-            convert(dst + i, stage, k, stream);
+            cudaCheck(cudaMemcpyAsync(stage ? stage : own, src + i, k * sizeof(float), cudaMemcpyHostToDevice, stream));
+            convert(dst + i, stage ? stage : own, k, stream);
         }
         cudaCheck(cudaStreamSynchronize(stream));
-        cudaCheck(cudaFree(stage));
+        if (own) cudaCheck(cudaFree(own));
     }
 }
 
@@ -475,24 +499,45 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     });
 }
 
-// Full fine-tuning's masters from the host model's trainable weights (its runs), and back
+// Full fine-tuning's masters from the host model's trainable weights (its runs), and back;
+// offloaded, a host copy (none when they are those weights: masters_aliased)
 static void masters_upload(Model *m) {
     const float *base = m->sharded ? m->host.shards : m->host.params;
-    for (int r = 0, off = 0; r < m->n_runs; off += m->run_n[r++]) upload(m->params + off, base + m->run_first[r], m->run_n[r], m->stream);
+    size_t off = 0; // (a 7B model's runs pass 2^31 elements)
+    for (int r = 0; r < m->n_runs && !m->masters_aliased; off += m->run_n[r++]) {
+        if (m->cpu_offload) memcpy(m->params + off, base + m->run_first[r], m->run_n[r] * sizeof(float));
+        else upload(m->params + off, base + m->run_first[r], m->run_n[r], m->stream);
+    }
 }
 static void masters_download(Model *m) {
     float *base = m->sharded ? m->host.shards : m->host.params;
-    for (int r = 0, off = 0; r < m->n_runs; off += m->run_n[r++])
-        cudaCheck(cudaMemcpyAsync(base + m->run_first[r], m->params + off, m->run_n[r] * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    size_t off = 0;
+    for (int r = 0; r < m->n_runs && !m->masters_aliased; off += m->run_n[r++]) {
+        if (m->cpu_offload) memcpy(base + m->run_first[r], m->params + off, m->run_n[r] * sizeof(float));
+        else cudaCheck(cudaMemcpyAsync(base + m->run_first[r], m->params + off, m->run_n[r] * sizeof(float), cudaMemcpyDeviceToHost,
+                                       m->stream));
+    }
 }
 // --freeze_layers: the weights the matmuls read get the masters' new values (run by run; the
-// frozen ones stay as uploaded). Without frozen units they are the masters or adamw's bf16 copy.
+// frozen ones stay as uploaded). Without frozen units they are the masters or adamw's bf16 copy
+// (offloaded: weights_upload).
 static void weights_refresh(Model *m) {
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         floatX *w = buffers<floatX>(m).weights;
         size_t off = 0; // (a 7B model's runs pass 2^31 elements)
-        for (int r = 0; r < m->n_runs; off += m->run_n[r++]) convert(w + m->run_first[r], m->params + off, m->run_n[r], m->stream);
+        for (int r = 0; r < m->n_runs; off += m->run_n[r++]) {
+            if (m->cpu_offload) upload(w + m->run_first[r], m->params + off, m->run_n[r], m->stream, m->upload_stage);
+            else convert(w + m->run_first[r], m->params + off, m->run_n[r], m->stream);
+        }
+    });
+}
+// --cpu_offload: the weights the matmuls read get the masters' new values from the host
+static void weights_upload(Model *m) {
+    if (m->host.frozen_units) { weights_refresh(m); return; }
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        upload(buffers<floatX>(m).params_lo, m->params, m->n_train, m->stream, m->upload_stage);
     });
 }
 
@@ -509,6 +554,41 @@ static double model_memory_budget(Model *m, double limit) {
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     double budget = free_bytes - std::max(1073741824.0, 0.05 * total_bytes);
     return limit > 0 ? std::min(limit, budget) : budget;
+}
+
+// --cpu_offload's host memory (pinned, so its copies run in stream order): the masters (the
+// host model's trainable weights themselves when they are one run, else a copy), the
+// gradients and the optimizer state at zero; sharded, two stages for reduced shards
+static void offload_alloc(Model *m) {
+    HostModel *h = &m->host;
+    m->masters_aliased = m->n_runs == 1;
+    if (m->masters_aliased) m->params = (m->sharded ? h->shards : h->params) + m->run_first[0];
+    else cudaCheck(cudaMallocHost(&m->params, m->n_train * sizeof(float) + 1));
+    cudaCheck(cudaMallocHost(&m->grads, m->n_train * sizeof(float) + 1));
+    for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
+        size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
+        cudaCheck(cudaMallocHost(&m->opt_state[i], count * es + 1));
+        memset(m->opt_state[i], 0, count * es);
+    }
+    m->grad_held = (uint8_t *)callocCheck(h->units.n_units, 1);
+    size_t widest = 0;
+    for (int i = h->frozen_units; m->sharded && i < h->units.n_units; i++) widest = std::max(widest, h->units.units[i].shard);
+    for (int b = 0; b < 2 && m->sharded; b++) {
+        cudaCheck(cudaMallocHost(&m->grad_stage[b], widest * sizeof(float)));
+        cudaCheck(cudaEventCreateWithFlags(&m->staged[b], cudaEventDisableTiming));
+    }
+    m->stage_pending = -1;
+}
+static void offload_free(Model *m) {
+    if (!m->grad_held) return; // (never allocated)
+    if (!m->masters_aliased) cudaCheck(cudaFreeHost(m->params));
+    cudaCheck(cudaFreeHost(m->grads));
+    for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) cudaCheck(cudaFreeHost(m->opt_state[i]));
+    for (int b = 0; b < 2 && m->sharded; b++) {
+        cudaCheck(cudaFreeHost(m->grad_stage[b]));
+        cudaCheck(cudaEventDestroy(m->staged[b]));
+    }
+    free(m->grad_held);
 }
 
 // a piece of a frozen base weight from the host (model_stream_base) into its place in d.weights
@@ -541,9 +621,9 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         m->gathered = (cudaEvent_t *)callocCheck(m->n_unit_slots, sizeof(cudaEvent_t));
         for (int s = 0; s < m->n_unit_slots; s++)
             cudaCheck(cudaEventCreateWithFlags(&m->gathered[s], cudaEventDisableTiming));
-        for (int b = 0; b < 2; b++) m->grad_open[b] = -1;
         units_reshard(m);
     }
+    for (int b = 0; b < 2; b++) m->grad_open[b] = -1;
     matmul_setup();
     m->next_logits = (float *)mallocCheck((size_t)c->vocab_size * sizeof(float));
     m->n_kept = (int *)mallocCheck((size_t)(T + m->chunk_size - 1) / m->chunk_size * sizeof(int));
@@ -560,15 +640,22 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
         // the trainable masters, then the weights the matmuls read
         cudaStream_t st = m->stream;
+        if (m->cpu_offload) offload_alloc(m);
         if (h->use_lora) upload(m->params, h->lora.params, m->n_train, st);
         else masters_upload(m);
-        cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
-        for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
-            size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
-            cudaCheck(cudaMemsetAsync(m->opt_state[i], 0, count * es, st));
+        if (m->cpu_offload) memset(m->grads, 0, m->n_train * sizeof(float));
+        else {
+            cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
+            for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
+                size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
+                cudaCheck(cudaMemsetAsync(m->opt_state[i], 0, count * es, st));
+            }
         }
         if (h->full_finetune && h->frozen_units) upload(d.weights, base, n_base, st);
-        else if (h->full_finetune) {
+        else if (h->full_finetune && m->cpu_offload) {
+            d.weights = d.params_lo;
+            upload(d.weights, m->params, m->n_train, st, m->upload_stage);
+        } else if (h->full_finetune) {
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
             else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
         } else {
@@ -601,6 +688,7 @@ static void model_free(Model *m) {
     for (int i = 0; i < 4; i++)
         if (m->alloc[i]) cudaCheck(cudaFree(m->alloc[i]));
     comms_free(m);
+    offload_free(m);
     if (m->stream) cudaCheck(cudaStreamDestroy(m->stream));
     if (m->comm_stream) cudaCheck(cudaStreamDestroy(m->comm_stream));
     if (m->computed) cudaCheck(cudaEventDestroy(m->computed));
@@ -706,26 +794,70 @@ template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
 // Full fine-tuning's gradients (fp32), as in train_llama2.c: whole, straight in
 // m->grads; sharded, a unit's gradient whole (zeroed as it opens), reduce-scattered
 // by grads_done into this rank's shard of m->grads, on the collectives' stream.
+// Offloaded (m->grads on the host): whole, the unit's running total goes up as it opens
+// (zeros at its first) and down again when done, so the backward adds to it as it
+// adds to m->grads; sharded, the reduced shard goes down and the host adds it
+// (grads_to_host), as accumulate adds it on the device.
 static float *grad_at(Model *m, int u, int j) {
-    if (!m->sharded) return m->grads + model_tensor_offset_from(&m->host.config, m->host.frozen_units, u, j);
-    const FsdpUnit *un = &m->host.units.units[u];
+    const HostModel *h = &m->host;
+    if (!m->sharded && !m->cpu_offload) return m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, j);
+    const FsdpUnit *un = &h->units.units[u];
     int b = u != 0;
     if (m->grad_open[b] != u) {
-        size_t n = (size_t)m->fsdp->shard.size * un->shard; // the padding too
-        cudaCheck(cudaMemsetAsync(m->unit_grad[b], 0, n * sizeof(float), m->stream));
+        if (m->sharded || !m->grad_held[u]) { // (sharded: the padding too)
+            size_t n = m->sharded ? (size_t)m->fsdp->shard.size * un->shard : un->numel;
+            cudaCheck(cudaMemsetAsync(m->unit_grad[b], 0, n * sizeof(float), m->stream));
+        } else {
+            for (int k = 0; k < un->n_tensors; k++)
+                cudaCheck(cudaMemcpyAsync(m->unit_grad[b] + un->tensors[k].offset, m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, k),
+                                          un->tensors[k].numel * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+        }
         m->grad_open[b] = u;
     }
     return m->unit_grad[b] + un->tensors[j].offset;
 }
+// offloaded, sharded: adds the shard staged last (grads_to_host) to the host's total, once
+// its copy is in
+static void grads_add_staged(Model *m) {
+    int s = m->stage_pending;
+    if (s < 0) return;
+    cudaCheck(cudaEventSynchronize(m->staged[s]));
+    float *g = m->grads + m->pending_at;
+    const float *x = m->grad_stage[s];
+    #pragma omp parallel for
+    for (size_t i = 0; i < m->pending_n; i++) g[i] += x[i];
+    m->stage_pending = -1;
+}
+// The reduced shard of unit u (grad_part) down to a stage, on the collectives' stream; the
+// shard before it, staged last time, is added meanwhile (so the host adds one while the
+// GPU goes on with the backward), its stage then free for the next.
+static void grads_to_host(Model *m, int u, size_t at) {
+    int s = m->stage_next;
+    size_t n = m->host.units.units[u].shard;
+    cudaCheck(cudaMemcpyAsync(m->grad_stage[s], m->grad_part, n * sizeof(float), cudaMemcpyDeviceToHost, m->comm_stream));
+    cudaCheck(cudaEventRecord(m->staged[s], m->comm_stream));
+    grads_add_staged(m);
+    m->stage_pending = s, m->pending_at = at, m->pending_n = n;
+    m->stage_next = s ^ 1;
+}
 static void grads_done(Model *m, int u) {
-    if (!m->sharded) return;
-    const FsdpUnit *un = &m->host.units.units[u];
+    const HostModel *h = &m->host;
+    if (!m->sharded && !m->cpu_offload) return;
+    const FsdpUnit *un = &h->units.units[u];
     stream_after(m->comm_stream, m->stream, m->computed);
-    PROF_BEGIN_UNIT(m->comm_stream, "reduce-scatter", u, m->host.config.n_layers, (long long)m->fsdp->shard.size * un->shard * sizeof(float));
-    fsdp_reduce_scatter(device_comm(m, &m->dev_shard), m->grad_part, m->unit_grad[u != 0], un->shard);
-    PROF_END(m->comm_stream);
-    size_t first = m->host.units.units[m->host.frozen_units].shard_offset; // m->grads: the trainable units' shards
-    accumulate(m->grads + (un->shard_offset - first), m->grad_part, un->shard, m->comm_stream);
+    if (m->sharded) {
+        PROF_BEGIN_UNIT(m->comm_stream, "reduce-scatter", u, h->config.n_layers, (long long)m->fsdp->shard.size * un->shard * sizeof(float));
+        fsdp_reduce_scatter(device_comm(m, &m->dev_shard), m->grad_part, m->unit_grad[u != 0], un->shard);
+        PROF_END(m->comm_stream);
+        size_t at = un->shard_offset - h->units.units[h->frozen_units].shard_offset; // m->grads: the trainable units' shards
+        if (m->cpu_offload) grads_to_host(m, u, at);
+        else accumulate(m->grads + at, m->grad_part, un->shard, m->comm_stream);
+    } else {
+        for (int k = 0; k < un->n_tensors; k++)
+            cudaCheck(cudaMemcpyAsync(m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, k), m->unit_grad[u != 0] + un->tensors[k].offset,
+                                      un->tensors[k].numel * sizeof(float), cudaMemcpyDeviceToHost, m->comm_stream));
+        m->grad_held[u] = 1;
+    }
     stream_after(m->stream, m->comm_stream, m->communicated); // before the unit's gradient is zeroed again
     m->grad_open[u != 0] = -1;
 }
@@ -1129,7 +1261,8 @@ typedef struct {
     size_t n;
     OptimizerSettings s;
     int t;                  // optimizer steps taken
-    FsdpComm *grad_sum;     // device: the ranks whose gradients of these parameters are summed before the step
+    FsdpComm *grad_sum;     // the ranks whose gradients of these parameters are summed before the step (device;
+                            // offloaded, the host's: the gradients are there)
     FsdpComm *norm_sum;     // host side: the ranks whose squared norms make up the global norm (NULL: this rank's is)
 } Optimizer;
 
@@ -1145,7 +1278,7 @@ static void optimizer_init(Optimizer *o, Model *m) {
     int shard = m->sharded && !m->host.use_lora;
     if (m->fsdp && m->fsdp->world.size > 1) {
         const FsdpComm *sum_over = shard ? &m->fsdp->replica : &m->fsdp->world; // its host side: the size
-        o->grad_sum = sum_over->size == 1 ? NULL : shard ? &m->dev_replica : &m->dev_world;
+        o->grad_sum = sum_over->size == 1 ? NULL : m->cpu_offload ? (FsdpComm *)sum_over : shard ? &m->dev_replica : &m->dev_world;
         o->norm_sum = shard ? &m->fsdp->shard : NULL;
     }
 }
@@ -1153,12 +1286,19 @@ static void optimizer_init(Optimizer *o, Model *m) {
 static void optimizer_free(Optimizer *o) { memset(o, 0, sizeof *o); }
 
 static void optimizer_zero_grad(Optimizer *o) {
-    cudaCheck(cudaMemsetAsync(o->model->grads, 0, o->n * sizeof(float), o->model->stream));
+    Model *m = o->model;
+    if (!m->cpu_offload) {
+        cudaCheck(cudaMemsetAsync(m->grads, 0, o->n * sizeof(float), m->stream));
+        return;
+    }
+    memset(m->grad_held, 0, m->host.units.n_units);
+    #pragma omp parallel for
+    for (size_t i = 0; i < o->n; i++) m->grads[i] = 0.0f;
 }
 
 // AdamW8bit's step (the t-th) over the trainable tensors (or this rank's pieces of them),
 // each on its own as torchao steps it (8-bit or fp32 state; as train_llama2.c's
-// adamw8bit_step), writing the bf16/fp16 copy too (copy NULL: none)
+// adamw8bit_step), writing the bf16/fp16 copy too (copy NULL: none); offloaded, on the host
 template <typename E> void adamw8bit_step(Model *m, int t, float lr, E *copy) {
     const OptimizerSettings *s = &m->optimizer;
     const OptimTensors *ts = &m->opt_tensors;
@@ -1167,11 +1307,37 @@ template <typename E> void adamw8bit_step(Model *m, int t, float lr, E *copy) {
     for (int k = 0; k < ts->n; k++) {
         size_t n = ts->numel[k], at = ts->at[k], f = ts->first[k]; // f: in the flat masters, gradients and copy
         E *c = copy ? copy + f : NULL;
-        if (ts->quant[k])
+        if (m->cpu_offload && ts->quant[k])
+            adamw8bit_update(m->params + f, m->grads + f, a.codes[0] + at, a.absmax[0] + at / ADAMW8BIT_BLOCK, a.codes[1] + at,
+                             a.absmax[1] + at / ADAMW8BIT_BLOCK, n, t, lr, b1, b2, eps, wd);
+        else if (m->cpu_offload) adamw_torchao_update(m->params + f, m->grads + f, a.fp32[0] + at, a.fp32[1] + at, n, t, lr, b1, b2, eps, wd);
+        else if (ts->quant[k])
             adamw8bit_update(m->params + f, m->grads + f, a.codes[0] + at, a.absmax[0] + at / ADAMW8BIT_BLOCK, a.codes[1] + at,
                              a.absmax[1] + at / ADAMW8BIT_BLOCK, n, t, lr, b1, b2, eps, wd, c, m->stream);
         else adamw_torchao_update(m->params + f, m->grads + f, a.fp32[0] + at, a.fp32[1] + at, n, t, lr, b1, b2, eps, wd, c, m->stream);
     }
+}
+
+// --cpu_offload: the host's part of the step, where the gradients and the state are: the
+// norm in the device's order (sum_host), clipping, the update with the CPU's code, whose
+// elements are the kernels' (support/optimizer.h), and the new weights up to the GPU
+static double optimizer_step_host(Optimizer *o, float lr, float inv_scale, int update) {
+    Model *m = o->model;
+    const OptimizerSettings *s = &o->s;
+    cudaCheck(cudaStreamSynchronize(m->comm_stream)); // every gradient is down
+    grads_add_staged(m);
+    if (o->grad_sum) fsdp_all_reduce(o->grad_sum, m->grads, o->n, FSDP_F32);
+    double sumsq = sum_host<true>(m->grads, o->n);
+    if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
+    double norm = sqrt(sumsq) * inv_scale; // the same on every rank; unscaled (exact: a power of two)
+    if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
+    clip_grads(m->grads, o->n, norm, s->grad_clip, inv_scale);
+    o->t++;
+    if (s->kind == OPTIMIZER_SGD) sgd_update(m->params, m->grads, (float *)m->opt_state[0], o->n, o->t == 1, lr, s->momentum, s->nesterov, s->weight_decay);
+    else if (s->kind == OPTIMIZER_ADAMW8BIT) adamw8bit_step<float>(m, o->t, lr, NULL);
+    else adamw_update(m->params, m->grads, (float *)m->opt_state[0], (float *)m->opt_state[1], o->n, o->t, lr, s->beta1, s->beta2, s->eps, s->weight_decay);
+    weights_upload(m);
+    return norm;
 }
 
 // the global gradient norm (returned, before clipping); if update and the norm
@@ -1180,6 +1346,7 @@ template <typename E> void adamw8bit_step(Model *m, int t, float lr, E *copy) {
 static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update) {
     Model *m = o->model;
     const OptimizerSettings *s = &o->s;
+    if (m->cpu_offload) return optimizer_step_host(o, lr, inv_scale, update);
     if (o->grad_sum) {
         stream_after(m->comm_stream, m->stream, m->computed);
         PROF_BEGIN(m->comm_stream, "all-reduce gradients", -1, -1, (long long)(o->n * sizeof(float)));
@@ -1217,6 +1384,10 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
 static int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, void *dst) {
     Model *m = o->model;
     size_t n, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &n);
+    if (m->cpu_offload) {
+        memcpy(dst, (char *)m->opt_state[i] + first * es, count * es);
+        return 0;
+    }
     cudaCheck(cudaMemcpyAsync(dst, (char *)m->opt_state[i] + first * es, count * es, cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
     return 0;
@@ -1224,6 +1395,10 @@ static int optimizer_state_get(Optimizer *o, int i, size_t first, size_t count, 
 static void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count, const void *src) {
     Model *m = o->model;
     size_t n, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &n);
+    if (m->cpu_offload) {
+        memcpy((char *)m->opt_state[i] + first * es, src, count * es);
+        return;
+    }
     cudaCheck(cudaMemcpyAsync((char *)m->opt_state[i] + first * es, src, count * es, cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
 }
@@ -1236,6 +1411,10 @@ static int optimizer_state_finite(Optimizer *o) {
         size_t n;
         if (optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &n) != sizeof(float)) continue;
         double sum;
+        if (m->cpu_offload) {
+            finite &= isfinite(sum_host<false>((const float *)m->opt_state[i], n)) != 0;
+            continue;
+        }
         global_sum(m->grad_norm, (const float *)m->opt_state[i], n, m->stream);
         cudaCheck(cudaMemcpyAsync(&sum, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
         cudaCheck(cudaStreamSynchronize(m->stream));
@@ -1259,7 +1438,10 @@ static void model_sync_host(Model *m) {
 static void optimizer_sync_device(Optimizer *o) {
     Model *m = o->model;
     const HostModel *h = &m->host;
-    if (h->full_finetune) {
+    if (h->full_finetune && m->cpu_offload) {
+        masters_upload(m);
+        weights_upload(m);
+    } else if (h->full_finetune) {
         masters_upload(m);
         if (h->frozen_units) weights_refresh(m);
         else with_precision(m, [&](auto tag) {
@@ -1289,13 +1471,23 @@ static const char *const backend_memory = "GPU memory";
 // shards, and QLoRA's 4-bit runs; full fine-tuning's saves download the masters into it),
 // or for LoRA's base, which streams to the GPU, a piece of it (and a tied embedding whole),
 // LoRA's weights and gradients, and the buffer a checkpoint streams the optimizer state
-// through (optimizer_state_get; none of it stays on the host)
+// through (optimizer_state_get; none of it stays on the host); with --cpu_offload, the
+// gradients, the optimizer state, the masters when they are not the host model's weights
+// (some units frozen), and the stages of reduced shards
 #define BACKEND_HOST_PLAN
-enum { HOST_PLAN_PARTS = 3 };
+enum { HOST_PLAN_PARTS = 4 };
 static const char *const host_plan_names[HOST_PLAN_PARTS] = {"base weights (fp32: held, or streamed)", "LoRA weights and grads",
-                                                             "checkpoint staging"};
+                                                             "checkpoint staging", "offloaded grads and optimizer state"};
 static double model_host_bytes(const Model *m, int part) {
     const HostModel *h = &m->host;
+    if (part == 3 && !m->cpu_offload) return 0;
+    if (part == 3) {
+        size_t widest = 0;
+        for (int i = h->frozen_units; m->sharded && i < h->units.n_units; i++) widest = std::max(widest, h->units.units[i].shard);
+        double masters = m->n_runs == 1 ? 0 : (double)m->n_train * sizeof(float);
+        return masters + (double)m->n_train * sizeof(float) + (double)optimizer_state_bytes(&m->optimizer, &m->opt_tensors, m->n_train) +
+               2.0 * widest * sizeof(float);
+    }
     if (part == 0 && h->base_deferred) return MODEL_STREAM_PIECE * sizeof(float) + (h->config.tied ? h->units.units[0].numel * sizeof(float) : 0);
     if (part == 0) return model_weight_bytes(h) - (h->quant_type != QUANT_NONE ? model_quant_scratch_bytes(h) : 0);
     if (part == 1) return h->use_lora ? 2.0 * h->lora.num_params * sizeof(float) : 0;

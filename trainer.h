@@ -22,6 +22,9 @@
 //       int fp32, fp16;        set by the trainer before model_alloc: --precision fp32
 //                              or fp16 (neither: bf16; fp16 and bf16 store the weights and
 //                              activations in that type)
+//       int cpu_offload;       set by the trainer before model_alloc: --cpu_offload (full
+//                              fine-tuning): the masters, gradients and optimizer state in
+//                              host memory, the step on the CPU, the same results
 //       const char *collectives;  set by the trainer before model_alloc: --collectives,
 //                              one of backend_collectives
 //       int dry_run;           set by the trainer before model_alloc: --dry_run, after
@@ -217,7 +220,7 @@ typedef struct {
     int profile_first, profile_last; // --profile_steps (parse_args)
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
     float memory_limit, host_memory_limit;
-    int eval_every, full_finetune, freeze_layers, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing;
+    int eval_every, full_finetune, freeze_layers, cpu_offload, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing;
     float lr, lora_alpha, lora_dropout;
     const char *optimizer;
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
@@ -307,6 +310,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"sample_every", OPT_INT, &(tc)->sample_every, "0", "also print the samples every N steps (0: only before and after)", 0, 1 << 30}, \
     {"max_new_tokens", OPT_INT, &(tc)->max_new_tokens, "48", "tokens to generate per sample", 1, 1 << 20}, \
     {"temperature", OPT_FLOAT, &(tc)->temperature, "0", "sampling temperature (0: greedy)", 0, 100}, \
+    {"cpu_offload", OPT_INT, &(tc)->cpu_offload, "0", "1: full fine-tuning keeps the fp32 masters, gradients and optimizer state in host memory, steps on the CPU and copies the updated weights back to the GPU (llama-recipes' fsdp_cpu_offload, DeepSpeed's ZeRO-Offload); each rank offloads its shards; the results are those without it, bit for bit. The CPU trainer holds them there already", 0, 1}, \
     {"dry_run", OPT_FLAG, &(tc)->dry_run, "0", "print the configuration and the memory plan, then exit", 0, 1}, \
     {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
@@ -476,6 +480,11 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --merge_adapter folds a LoRA adapter in; with --full_finetune there is none\n");
         return -1;
     }
+    if (tc->cpu_offload && !tc->full_finetune) {
+        fprintf(stderr, "error: --cpu_offload moves full fine-tuning's masters, gradients and optimizer state to the host: give it "
+                "with --full_finetune (LoRA's are small)\n");
+        return -1;
+    }
     if (tc->freeze_layers && !tc->full_finetune) {
         fprintf(stderr, "error: --freeze_layers freezes layers of full fine-tuning: give it with --full_finetune (LoRA trains no base weight)\n");
         return -1;
@@ -604,6 +613,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     m->collectives = tc->collectives;
     m->dry_run = tc->dry_run;
     m->activation_checkpointing = tc->activation_checkpointing;
+    m->cpu_offload = tc->cpu_offload;
     m->optimizer = tc->optim;
     return 0;
 }

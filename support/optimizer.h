@@ -10,6 +10,9 @@
 #include <math.h>
 #include "utils.h"
 #include "safetensors.h"
+#ifdef __CUDACC__
+#include <cuda_bf16.h> // bf16_rn on the device
+#endif
 
 enum { OPTIMIZER_ADAMW, OPTIMIZER_SGD, OPTIMIZER_ADAMW8BIT };
 static const char *const optimizer_names[] = {"adamw", "sgd", "adamw8bit"}; // --optimizer, by kind
@@ -127,9 +130,66 @@ static inline size_t optimizer_staging_bytes(const OptimizerSettings *s, const O
 }
 
 // ----------------------------------------------------------------------------
+// One element's update, written once for every place that steps: train_llama2.c's loops
+// (support/optimizer_cpu.h), layers.cuh's kernels and train_llama2.cu's --cpu_offload
+// step on the host, so the three agree bit for bit. Each product that feeds a sum is
+// either an explicit fmaf or rounded on its own (mul_rn): compilers that contract
+// a*b + c (nvcc, GCC in -std=gnu11) then have nothing left to fuse.
+#ifdef __CUDA_ARCH__
+#define mul_rn(a, b) __fmul_rn(a, b)
+#else
+#define mul_rn(a, b) f32_rounded((a) * (b))
+#endif
+
+// torch.lerp(s, e, w) with a scalar weight: one fma from the nearer end (torch's
+// vector and scalar loops alike)
+static inline HOST_DEVICE float torch_lerp(float s, float e, float w) {
+    return fabsf(w) < 0.5f ? fmaf(w, e - s, s) : fmaf(w - 1.0f, e - s, e);
+}
+
+// torch.optim.AdamW's (foreach=False) step t on one parameter, as torch computes it on
+// the CPU: the moments by lerp and one fused addcmul, then decay, then the step; its bias
+// corrections in double from the fp32 betas, as both trainers always have
+typedef struct {
+    float beta2, w1, w2; // exp_avg.lerp_(g, w1); exp_avg_sq * beta2 + w2 * g * g
+    float decay;         // 1 - lr * wd: p *= decay
+    float neg_step;      // -lr / (1 - beta1^t)
+    float bc2_sqrt;      // sqrt(1 - beta2^t)
+    float eps;
+} AdamWScalars;
+static inline AdamWScalars adamw_scalars(int t, float lr, float beta1, float beta2, float eps, float wd) {
+    AdamWScalars s;
+    s.beta2 = beta2;
+    s.w1 = (float)(1.0 - beta1);
+    s.w2 = (float)(1.0 - beta2);
+    s.decay = (float)(1.0 - (double)lr * wd);
+    s.neg_step = (float)(-lr / (1.0 - pow(beta1, t)));
+    s.bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t));
+    s.eps = eps;
+    return s;
+}
+static inline HOST_DEVICE void adamw_elem(float *p, float g, float *m, float *v, const AdamWScalars *s) {
+    float mi = *m = torch_lerp(*m, g, s->w1);
+    float vi = *v = fmaf(s->w2 * g, g, s->beta2 * *v);
+    *p = mul_rn(*p, s->decay) + s->neg_step * mi / (sqrtf(vi) / s->bc2_sqrt + s->eps);
+}
+
+// torch.optim.SGD's (dampening 0) step on one parameter: weight decay into the gradient,
+// the momentum buffer (b = g at the first step, then momentum * b + g; buf NULL: none),
+// the step along g + momentum * b (Nesterov) or b; every sum one fma, as torch's
+static inline HOST_DEVICE void sgd_elem(float *p, float g, float *buf, int first, float lr, float momentum, int nesterov,
+                                        float wd) {
+    g = fmaf(wd, *p, g);
+    if (buf) {
+        float b = *buf = first ? g : fmaf(momentum, *buf, g);
+        g = nesterov ? fmaf(momentum, b, g) : b;
+    }
+    *p = fmaf(-lr, g, *p);
+}
+
 // The scalars of one step of torchao's AdamW8bit (and of its fp32-state path) and of
 // llama-recipes' AnyPrecisionAdamW, rounded as torch rounds them, for both backends'
-// updates (train_llama2.c, layers.cuh). The hyperparameters are the Python floats a
+// updates. The hyperparameters are the Python floats a
 // script passes (double): each optimizer rounds 1 - beta in double first, then to fp32,
 // so an fp32 beta would give another weight. t is the step, 1 for the first.
 
@@ -141,12 +201,6 @@ static inline uint16_t bf16_from_f32(float x) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 static inline float bf16_round(float x) { return st_bf16_to_f32(bf16_from_f32(x)); }
-
-// torch.lerp(s, e, w) with a scalar weight: one fma from the nearer end (torch's
-// vector and scalar loops alike); both backends' AdamW8bit steps
-static inline HOST_DEVICE float torch_lerp(float s, float e, float w) {
-    return fabsf(w) < 0.5f ? fmaf(w, e - s, s) : fmaf(w - 1.0f, e - s, e);
-}
 
 // torchao's quantize_8bit_with_qmap for x, a moment divided by its block's absmax: a
 // branchless binary search for the last code at or below x in the sorted map, then the
@@ -182,6 +236,11 @@ static inline TorchaoAdamScalars torchao_adam_scalars(int t, double lr, double b
     s.eps = (float)eps;
     return s;
 }
+// single_param_adam's update of one parameter p with its new moments m, v: decay first
+static inline HOST_DEVICE float torchao_adam_param(float p, float m, float v, const TorchaoAdamScalars *s) {
+    p -= mul_rn(s->decay, p);
+    return p - s->lr * (m / s->bc1) / (sqrtf(v) / s->bc2_sqrt + s->eps);
+}
 
 // AnyPrecisionAdamW with bf16 moments: Python numbers scaling a bf16 tensor stay fp32
 // (mul_, addcmul_'s and addcdiv_'s value), but the alpha of add_ and a number added by
@@ -208,6 +267,28 @@ static inline AnyPrecisionScalars anyprecision_scalars(int t, double lr, double 
     s.bc2_sqrt = sqrtf(1.0f - powf(s.beta2, (float)t));
     s.eps = bf16_round((float)eps);
     return s;
+}
+
+// fp32 rounded to bf16 (to nearest even), as a float: bf16_round, or the device's intrinsics
+#ifdef __CUDA_ARCH__
+#define bf16_rn(x) __bfloat162float(__float2bfloat16(x))
+#else
+#define bf16_rn(x) bf16_round(x)
+#endif
+// AnyPrecisionAdamW's step on one bf16 parameter p with its bf16 gradient g, moments m, v and
+// Kahan compensation c (NULL: none), all floats holding bf16 values; returns the new p. The
+// new *c is rounded to bf16 where it is stored.
+static inline HOST_DEVICE float anyprecision_elem(float p, float g, float *m, float *v, float *c, const AnyPrecisionScalars *s) {
+    p = bf16_rn(p * s->decay);
+    // (alpha1 * g, two bf16 significands, is exact: fused or not, one rounding)
+    float mi = *m = bf16_rn(fmaf(s->alpha1, g, bf16_rn(*m * s->beta1)));
+    float vi = *v = bf16_rn(fmaf(s->w2 * g, g, bf16_rn(*v * s->beta2)));
+    float denom = bf16_rn(bf16_rn(bf16_rn(sqrtf(vi)) / s->bc2_sqrt) + s->eps);
+    float step = s->neg_step * mi / denom;
+    if (!c) return bf16_rn(p + step);
+    float ci = bf16_rn(*c + step), pn = bf16_rn(p + ci);
+    *c = ci + bf16_rn(p - pn);
+    return pn;
 }
 
 #endif

@@ -1,4 +1,5 @@
-// adamw_update (layers.cuh) against train_llama2.c's, over a few steps with
+// adamw_update (layers.cuh) against train_llama2.c's, bit for bit (both step with
+// support/optimizer.h's adamw_elem; --cpu_offload needs them equal), over a few steps with
 // weight decay, without a copy of the parameters (E = float: none) and with the
 // bf16 or the fp16 copy.
 #include "common.cuh"
@@ -18,9 +19,9 @@ template <typename E> void check_adamw(size_t n, bool timed) {
         ref_adamw_update(params.data(), grads.data(), m.data(), v.data(), n, t, lr, beta1, beta2, eps, wd);
         adamw_update(d_params, d_grads, d_m, d_v, n, t, lr, beta1, beta2, eps, wd, d_copy, 0);
         snprintf(shape, sizeof shape, "n=%zu step=%d", n, t);
-        check("adamw_update", variant, "params", shape, to_host(d_params, n), params, 1e-5);
-        check("adamw_update", variant, "m", shape, to_host(d_m, n), m, 1e-5);
-        check("adamw_update", variant, "v", shape, to_host(d_v, n), v, 1e-5);
+        check_bits("adamw_update", variant, "params", shape, to_host(d_params, n), params);
+        check_bits("adamw_update", variant, "m", shape, to_host(d_m, n), m);
+        check_bits("adamw_update", variant, "v", shape, to_host(d_v, n), v);
         // the copy is the parameters rounded once: half a unit in the last place, 2^-9 (bf16), 2^-12 (fp16)
         if (with_copy)
             check("adamw_update", variant, type_name<E>(), shape, to_host(d_copy, n), params, tol<E>(0, 4e-3, 5e-4));

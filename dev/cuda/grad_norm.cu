@@ -1,6 +1,7 @@
 // grad_norm, grad_sumsq (its square, which sharded ranks add up) and clip_grads (with a loss scale's unscaling)
-// (layers.cuh) against train_llama2.c's. The GPU sums in fp64 like the CPU, in a
-// fixed order, so the norm agrees to ~1e-12; compared as floats, to 1e-6.
+// (layers.cuh) against train_llama2.c's. The GPU sums in fp64 like the CPU, in another
+// fixed order, so the norm agrees to ~1e-12; compared as floats, to 1e-6. sum_host
+// (--cpu_offload's sum on the host, in the GPU's order) and clip_grads: bit for bit.
 #include "common.cuh"
 #include "../../layers.cuh"
 
@@ -13,6 +14,10 @@ void check_grad_norm(size_t n, bool timed) {
     grad_sumsq(d_norm, d_g, n, false, 0);
     cudaCheck(cudaMemcpy(&norm, d_norm, sizeof norm, cudaMemcpyDeviceToHost));
     check("grad_sumsq", "fp32", "sumsq", shape, {(float)norm}, {(float)(ref * ref)}, 1e-6);
+    check_bits("sum_host", "fp32", "sumsq", shape, std::vector<double>{sum_host<true>(g.data(), n)}, std::vector<double>{norm});
+    global_sum(d_norm, d_g, n, 0);
+    cudaCheck(cudaMemcpy(&norm, d_norm, sizeof norm, cudaMemcpyDeviceToHost));
+    check_bits("sum_host", "fp32", "sum", shape, std::vector<double>{sum_host<false>(g.data(), n)}, std::vector<double>{norm});
     cudaCheck(cudaMemset(d_norm, 0xFF, sizeof(double))); // NaN again
     grad_norm(d_norm, d_g, n, 0);
     cudaCheck(cudaMemcpy(&norm, d_norm, sizeof norm, cudaMemcpyDeviceToHost));
@@ -28,8 +33,8 @@ void check_grad_norm(size_t n, bool timed) {
         cudaCheck(cudaMemcpy(d_norm, &unscaled, sizeof unscaled, cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(d_g, g.data(), n * sizeof(float), cudaMemcpyHostToDevice));
         clip_grads(d_g, n, d_norm, max_norm, (float)c[1], 0);
-        check("clip_grads", "fp32", c[0] > 1 ? (c[1] < 1 ? "unscaled" : "unclipped") : (c[1] < 1 ? "unscaled+clipped" : "clipped"),
-              shape, to_host(d_g, n), clipped, 1e-6);
+        check_bits("clip_grads", "fp32", c[0] > 1 ? (c[1] < 1 ? "unscaled" : "unclipped") : (c[1] < 1 ? "unscaled+clipped" : "clipped"),
+                   shape, to_host(d_g, n), clipped);
     }
     cudaCheck(cudaMemcpy(d_norm, &ref, sizeof ref, cudaMemcpyHostToDevice));
     if (timed) {

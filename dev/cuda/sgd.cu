@@ -1,4 +1,5 @@
-// sgd_update (layers.cuh) against train_llama2.c's, over a few steps with weight
+// sgd_update (layers.cuh) against train_llama2.c's, bit for bit (both step with
+// support/optimizer.h's sgd_elem; --cpu_offload needs them equal), over a few steps with weight
 // decay: plain SGD (no buffer), momentum, and Nesterov momentum, each with and
 // without the bf16 copy of the parameters. Step 1 checks that the momentum buffer
 // starts as the gradient, the later steps its decay.
@@ -22,8 +23,8 @@ void check_sgd(size_t n, float momentum, int nesterov, bool with_copy, bool time
         snprintf(shape, sizeof shape, "n=%zu step=%d", n, t);
         // the same fp32 operations on both sides; only a fused multiply-add may round
         // differently (an ulp or two of values up to ~3): 1e-6 of the largest
-        check("sgd_update", variant, "params", shape, to_host(d_params, n), params, 1e-6);
-        if (d_buf) check("sgd_update", variant, "buf", shape, to_host(d_buf, n), buf, 1e-6);
+        check_bits("sgd_update", variant, "params", shape, to_host(d_params, n), params);
+        if (d_buf) check_bits("sgd_update", variant, "buf", shape, to_host(d_buf, n), buf);
         if (with_copy) check("sgd_update", variant, "bf16", shape, to_host(d_copy, n), params, 4e-3);
         if (timed && t == 3) { // reads params, grads (and buf), writes params (and buf, and the copy)
             float ms = time_ms([&] { sgd_update(d_params, d_grads, d_buf, n, t, lr, momentum, nesterov, wd, d_copy, 0); });
