@@ -19,6 +19,10 @@
 //                              keep only each layer's input per chunk and re-run
 //                              a layer's forward before its backward (the same
 //                              results, bit for bit, in less memory)
+//       int s2_attn;           set by the trainer before model_alloc: --s2_attn, LongLoRA's
+//                              shifted sparse attention (attention_mask.h) in
+//                              model_forward_backward only: model_forward (evaluation)
+//                              and model_next_logits (sampling) attend fully
 //       int fp32, fp16;        set by the trainer before model_alloc: --precision fp32
 //                              or fp16 (neither: bf16; fp16 and bf16 store the weights and
 //                              activations in that type)
@@ -217,7 +221,7 @@ typedef struct {
     int profile_first, profile_last; // --profile_steps (parse_args)
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
     float memory_limit, host_memory_limit;
-    int eval_every, full_finetune, freeze_layers, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing;
+    int eval_every, full_finetune, freeze_layers, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing, s2_attn;
     float lr, lora_alpha, lora_dropout;
     const char *optimizer;
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
@@ -297,6 +301,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
     {"activation_checkpointing", OPT_FLAG, &(tc)->activation_checkpointing, "0", "keep only each layer's input and re-run the layer's forward before its backward: less activation memory, the same results (HF's gradient_checkpointing, torchtune's enable_activation_checkpointing)", 0, 1}, \
+    {"s2_attn", OPT_INT, &(tc)->s2_attn, "0", "1: LongLoRA's shifted sparse attention (S2-Attn) in training: each row of T tokens is cut in 4 groups of T/4, half the query heads attend within them, the other half within groups shifted by T/8 (evaluation and sampling attend fully; needs --batching packing and a --max_seq_len that is a multiple of 4; not with a sliding-window model)", 0, 1}, \
     {"num_output_chunks", OPT_INT, &(tc)->num_output_chunks, "1", "run the output head and loss in this many pieces of a chunk", 1, 1 << 20}, \
     {"threads", OPT_INT, &(tc)->threads, "0", "OpenMP threads (0: OpenMP's default)", 0, 4096}, \
     {"save_every", OPT_INT, &(tc)->save_every, "0", "write a checkpoint every N steps (and at the end; 0: only at the end)", 0, 1 << 30}, \
@@ -441,6 +446,15 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
                 tc->chunk_size, tc->max_seq_len);
         return -1;
     }
+    if (tc->s2_attn && strcmp(tc->batching, "packing")) { // padding's micro-batches take their longest row's length
+        fprintf(stderr, "error: --s2_attn needs --batching packing: its 4 groups cut rows of one length, a multiple of 4 "
+                "(--max_seq_len)\n");
+        return -1;
+    }
+    if (tc->s2_attn && tc->max_seq_len % 4) {
+        fprintf(stderr, "error: --s2_attn cuts rows in 4 groups: --max_seq_len %d is not a multiple of 4\n", tc->max_seq_len);
+        return -1;
+    }
     int chunk = tc->chunk_size ? tc->chunk_size : tc->max_seq_len;
     if (tc->num_output_chunks > chunk) {
         fprintf(stderr, "error: --num_output_chunks %d is more than the %d tokens of a chunk\n", tc->num_output_chunks, chunk);
@@ -579,6 +593,16 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
         host_model_free(h);
         return -1;
     }
+    if (tc->s2_attn && (h->config.sliding_window || h->config.n_heads % 2)) { // S2-Attn's mask replaces the causal one
+        if (h->config.sliding_window)
+            fprintf(stderr, "error: --s2_attn: %s has a sliding window of %d keys (sliding_window), which shifted sparse "
+                    "attention does not combine with\n", tc->model, h->config.sliding_window);
+        else
+            fprintf(stderr, "error: --s2_attn splits the query heads in halves: %s has %d (num_attention_heads), an odd "
+                    "number\n", tc->model, h->config.n_heads);
+        host_model_free(h);
+        return -1;
+    }
     h->frozen_units = tc->freeze_layers ? tc->freeze_layers + 1 : 0; // the embedding's unit, then the layers'
     if (h->use_lora) {
         int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
@@ -604,6 +628,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     m->collectives = tc->collectives;
     m->dry_run = tc->dry_run;
     m->activation_checkpointing = tc->activation_checkpointing;
+    m->s2_attn = tc->s2_attn;
     m->optimizer = tc->optim;
     return 0;
 }
@@ -656,7 +681,7 @@ static int *generate(Model *m, const int *prompt, int n_prompt, int max_new, flo
     int training = m->host.lora.training;
     m->host.lora.training = 0; // no dropout
     uint64_t rng = seed;
-    Chunk ch = {1, T, 0, 0, m->host.config.sliding_window};
+    Chunk ch = {1, T, 0, 0, m->host.config.sliding_window, 0}; // full attention: --s2_attn is training's
     float *logits = NULL; // (V) of the last position run so far
     for (ch.t0 = 0; ch.t0 < n_prompt; ch.t0 += ch.len) {
         ch.len = n_prompt - ch.t0 < cap ? n_prompt - ch.t0 : cap;
@@ -744,7 +769,7 @@ static const char *resume_must_match[] = {
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "freeze_layers", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
     "use_dora", "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
-    "quantize", "double_quant"};
+    "quantize", "double_quant", "s2_attn"};
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's
 // data_identity: size, modification time and a hash of its first and last MiB)
@@ -1479,6 +1504,11 @@ static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int
         if (tc->val_data[0] && dataset_load(val_ds, tc->val_data, tok, tokpath, &vopt) != 0) return -1;
     }
     *T = dataset_max_len(train_ds);
+    if (tc->s2_attn && *T % 4) { // packing's rows are --max_seq_len long, but for a lone shorter one
+        fprintf(stderr, "error: --s2_attn cuts rows in 4 groups: %s packs into one row of %d tokens, not a multiple of 4\n",
+                tc->data, *T);
+        return -1;
+    }
     if (has_validation(tc) && dataset_max_len(val_ds) > *T) *T = dataset_max_len(val_ds);
     int sample_len = 0; // room for the samples' prompts and continuations
     for (int i = 0; i < tc->sample_prompt.n; i++) {

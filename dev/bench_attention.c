@@ -49,7 +49,7 @@ int main(void) {
     printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         Shape s = shapes[si];
-        Chunk ch = {s.B, s.T, s.t0, s.len, s.W};
+        Chunk ch = {s.B, s.T, s.t0, s.len, s.W, 0};
         uint64_t state = 42 + si;
         size_t nq = (size_t)s.B * s.len * s.NH * s.hd, nkv = (size_t)s.B * s.T * s.NKV * s.hd;
         float *q = random_floats(nq, &state), *k = random_floats(nkv, &state), *v = random_floats(nkv, &state);

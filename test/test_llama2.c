@@ -394,6 +394,70 @@ static void test_mask(void) {
     json_free(&ref);
 }
 
+// --s2_attn 1, LongLoRA's shifted sparse attention: the loss and every gradient of one step
+// of tiny_gqa (two micro-batches, T = 24 and 20: groups of 6 and 5) against transformers +
+// peft in float64 with the grouping written out in PyTorch (s2attn.safetensors, from
+// dev/reference/make_s2attn_fixtures.py), full fine-tuning and LoRA. Whole, in chunks of 7
+// (recompute: chunks that cut the groups, whose queries see the carry within their group),
+// of 5 with activation checkpointing, and of 1. Tolerances as test_mask's: fp32 against
+// float64, the loss to 1e-5 relative, each gradient to 1e-4 of its largest element (the
+// grouping changes the loss by 4.5e-3 relative, the gradients by far more).
+static void test_s2attn(void) {
+    JsonValue exp = read_json("test/fixtures/tiny_gqa/ref/s2attn.json"), ref = read_json("test/fixtures/tiny_gqa/ref/expected.json");
+    StFile ef;
+    if (st_open(&ef, "test/fixtures/tiny_gqa/ref/s2attn.safetensors") != 0) die("s2attn: no fixture");
+    enum { B = 2, MAXT = 24, MBS = 2 };
+    int tokens[MBS][B * MAXT], targets[MBS][B * MAXT], Ts[MBS];
+    for (int g = 0; g < MBS; g++) {
+        char name[32];
+        snprintf(name, sizeof name, "tokens_%d", g);
+        const StTensor *tt = st_find(&ef, name);
+        snprintf(name, sizeof name, "targets_%d", g);
+        const StTensor *gt = st_find(&ef, name);
+        if (!tt || !gt || tt->ndim != 2 || tt->shape[0] != B || tt->shape[1] > MAXT || gt->numel != tt->numel ||
+            st_read_i32(&ef, tt, tokens[g]) != 0 || st_read_i32(&ef, gt, targets[g]) != 0)
+            die("s2attn: micro-batch %d missing", g);
+        Ts[g] = (int)tt->shape[1];
+    }
+    long labels = (long)json_num(&exp, "labels");
+    struct { int chunk; const char *memory; int ckpt; } runs[] = {{0, "keep", 0}, {7, "recompute", 0}, {5, "keep", 1}, {1, "keep", 0}};
+    for (int full = 0; full < 2; full++)
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            const char *mode = full ? "full" : "lora";
+            char outdir[256], metrics[300], what[300], path[300];
+            snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_s2attn", (int)getpid());
+            snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+            TrainConfig tc;
+            char *argv[64];
+            fixture_config(&tc, argv, "tiny_gqa", json_get(json_get(&ref, "train"), mode), full ? NULL : "peft_init", outdir,
+                           metrics, NULL);
+            tc.batch_size = B, tc.chunk_size = runs[r].chunk, tc.chunk_memory = runs[r].memory;
+            tc.activation_checkpointing = runs[r].ckpt, tc.s2_attn = 1;
+            Model m;
+            if (model_setup(&m, NULL, &tc, B, MAXT, NULL) != 0) die("s2attn: model setup failed");
+            Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
+            int ntr = list_trainables(&m, tr);
+            for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
+            double loss = 0;
+            for (int g = 0; g < MBS; g++) loss += model_forward_backward(&m, tokens[g], targets[g], B, Ts[g], 1.0f / labels);
+            char run_name[200];
+            snprintf(run_name, sizeof run_name, "tiny_gqa %s, --s2_attn 1 (C=%d %s%s)", mode, runs[r].chunk, runs[r].memory,
+                     runs[r].ckpt ? ", activation checkpointing" : "");
+            snprintf(what, sizeof what, "%s: loss", run_name);
+            check_rel(loss / labels, json_num(&exp, full ? "full_loss" : "lora_loss"), 0, 1e-5, what);
+            snprintf(what, sizeof what, "%s: grad", run_name);
+            for (int i = 0; i < ntr; i++) {
+                snprintf(path, sizeof path, "%s.grad.%s", mode, tr[i].name);
+                check_weight(&ef, path, tr[i].name, tr[i].grad, tr[i].n, &m.host.config, 1e-4, what);
+            }
+            free(tr);
+            model_free(&m);
+        }
+    st_close(&ef);
+    json_free(&exp);
+    json_free(&ref);
+}
+
 // the runs of another optimizer's fixture (test/fixtures/tiny_gqa/ref/<opt>.json and
 // .safetensors), each trained and compared as test_model's ten AdamW steps are: SGD's
 // (make_sgd_fixtures.py) and AdamW8bit's (make_adamw8bit_fixtures.py)
@@ -782,6 +846,7 @@ int main(void) {
     test_optimizer_runs("sgd");
     test_optimizer_runs("adamw8bit");
     test_mask();
+    test_s2attn();
     const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama", "tiny_mistral"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         test_model(models[i], "lora");
