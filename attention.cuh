@@ -2,8 +2,9 @@
 // the GPU: the twin of attention_forward / attention_backward in attention.h, with
 // the same arguments (plus the stream), the same mask (attention_mask.h: bottom-right
 // causal, Mistral's sliding window, or shifted sparse attention's groups), GQA and
-// shapes; attention.h's opening comment explains them. What differs: lse is fp32 whatever the storage type, and the backward's
-// dk, dv are ADDED into as on the CPU but by other kernels than dq's (below).
+// shapes; attention.h's opening comment explains them. What differs: lse is fp32
+// whatever the storage type, and the backward's dk, dv are ADDED into as on the CPU
+// but by other kernels than dq's (below).
 //
 // As on the CPU, the forward walks key tiles with an online softmax and saves each
 // row's log-sum-exp, and the backward recomputes P = exp(S - lse) tile by tile. The
@@ -42,6 +43,10 @@ inline bool attention_force_simt = false;
 // each row's lo once; the key-major dk, dv kernels test a query against
 // s - t0 <= i < attention_query_end(s) - t0 instead.
 __device__ inline bool attention_sees(int lo, int p, int s) { return (unsigned)(s - lo) <= (unsigned)(p - lo); }
+// the first key that query i of the chunk sees, in the query-major kernels' head (blockIdx.y)
+__device__ inline int attention_row_first_key(const Chunk &ch, int i, int NH) {
+    return attention_first_key(&ch, ch.t0 + i, blockIdx.y, NH);
+}
 
 // where the rows of batch row b, query head h (KV head kh) live: row i of q, out,
 // dq, dout at q(i); key s of k, v, dk, dv at kv(s); the lse of query i at lse(i)
@@ -60,15 +65,13 @@ struct AttentionIndex {
 // should start first. Rows i0 .. i0 + rows - 1 (those >= len are padding); keys
 // kv_begin .. kv_end - 1 hold the ones its rows see: kv_end - 1 is its last valid
 // row's last key, kv_begin the start of the key tile (rows wide, from 0) holding
-// its first row's first key. first_key(i): the first key query i sees (its head's).
+// its first row's first key.
 struct QueryTile : AttentionIndex {
-    Chunk mask; // the chunk, for first_key
-    int NH, i0, kv_begin, kv_end;
+    int i0, kv_begin, kv_end;
     __device__ QueryTile(const Chunk &ch, int NH, int NKV, int hd, int rows)
-        : AttentionIndex(ch, NH, NKV, hd, blockIdx.z, blockIdx.y, blockIdx.y / (NH / NKV)), mask(ch), NH(NH),
-          i0((gridDim.x - 1 - blockIdx.x) * rows), kv_begin(first_key(i0) / rows * rows),
+        : AttentionIndex(ch, NH, NKV, hd, blockIdx.z, blockIdx.y, blockIdx.y / (NH / NKV)),
+          i0((gridDim.x - 1 - blockIdx.x) * rows), kv_begin(attention_row_first_key(ch, i0, NH) / rows * rows),
           kv_end(ch.t0 + min(i0 + rows, ch.len)) {}
-    __device__ int first_key(int i) const { return attention_first_key(&mask, mask.t0 + i, blockIdx.y, NH); }
 };
 
 // The key tile of a block of the dk, dv kernels: blockIdx.x counts the tiles (rows
@@ -145,7 +148,9 @@ attention_forward_simt_kernel(T *out, float *lse, const T *q, const T *k, const 
     QueryTile ix(ch, NH, NKV, hd, ATT_TILE);
     load_rows_f32(qs, ld, q + ix.q_head, ix.q_stride, ix.i0, ch.len, hd);
     float m[ATT_ROWS], l[ATT_ROWS], o[ATT_ROWS][DPL];
+    int lo[ATT_ROWS]; // the first key each row sees
     for (int r = 0; r < ATT_ROWS; r++) {
+        lo[r] = attention_row_first_key(ch, ix.i0 + warp * ATT_ROWS + r, NH);
         m[r] = -INFINITY;
         l[r] = 0.0f;
         for (int j = 0; j < DPL; j++) o[r][j] = 0.0f;
@@ -157,8 +162,7 @@ attention_forward_simt_kernel(T *out, float *lse, const T *q, const T *k, const 
         __syncthreads();
         for (int r = 0; r < ATT_ROWS; r++) {
             int row = warp * ATT_ROWS + r, i = ix.i0 + row, s = s0 + lane;
-            bool sees = attention_sees(ix.first_key(i), ch.t0 + i, s);
-            float x = sees ? row_dot(qs + row * ld, ks + lane * ld, hd) * scale : -INFINITY;
+            float x = attention_sees(lo[r], ch.t0 + i, s) ? row_dot(qs + row * ld, ks + lane * ld, hd) * scale : -INFINITY;
             // m_new is -inf only while a row has seen no key (its window or group starts later):
             // subtract 0 then, so p and corr are e^-inf = 0, not e^NaN
             float m_new = fmaxf(m[r], warp_max(x)), m_sub = m_new == -INFINITY ? 0.0f : m_new;
@@ -194,8 +198,10 @@ attention_backward_dq_simt_kernel(T *dq, const T *dout, const T *out, const floa
     load_rows_f32(qs, ld, q + ix.q_head, ix.q_stride, ix.i0, ch.len, hd);
     load_rows_f32(dos, ld, dout + ix.q_head, ix.q_stride, ix.i0, ch.len, hd);
     float row_lse[ATT_ROWS], row_D[ATT_ROWS], acc[ATT_ROWS][DPL];
+    int lo[ATT_ROWS]; // the first key each row sees
     for (int r = 0; r < ATT_ROWS; r++) {
         int i = ix.i0 + warp * ATT_ROWS + r;
+        lo[r] = attention_row_first_key(ch, i, NH);
         float part = 0.0f;
         for (int d = lane; i < ch.len && d < hd; d += 32) part += to_float(dout[ix.q(i) + d]) * to_float(out[ix.q(i) + d]);
         row_D[r] = warp_sum(part);
@@ -210,7 +216,7 @@ attention_backward_dq_simt_kernel(T *dq, const T *dout, const T *out, const floa
         for (int r = 0; r < ATT_ROWS; r++) {
             int row = warp * ATT_ROWS + r, i = ix.i0 + row, s = s0 + lane;
             float ds = 0.0f;
-            if (i < ch.len && attention_sees(ix.first_key(i), ch.t0 + i, s)) {
+            if (i < ch.len && attention_sees(lo[r], ch.t0 + i, s)) {
                 float p = expf(row_dot(qs + row * ld, ks + lane * ld, hd) * scale - row_lse[r]);
                 ds = p * (row_dot(dos + row * ld, vs + lane * ld, hd) - row_D[r]) * scale;
             }
@@ -244,9 +250,7 @@ attention_backward_dkv_simt_kernel(T *dk, T *dv, const T *dout, const T *out, co
     int first_i = max(0, s0 - ch.t0); // queries before it see none of these keys
     for (int h = kh * group; h < (kh + 1) * group; h++) {
         AttentionIndex ix(ch, NH, NKV, hd, b, h, kh);
-        // nor do those from end_i on (the window, or the groups, of this head); query_end[r]: row r's key's
-        int end_i = attention_query_end(&ch, s0 + ATT_TILE - 1, h, NH) - ch.t0, query_end[ATT_ROWS];
-        for (int r = 0; r < ATT_ROWS; r++) query_end[r] = attention_query_end(&ch, s0 + warp * ATT_ROWS + r, h, NH) - ch.t0;
+        int end_i = attention_query_end(&ch, s0 + ATT_TILE - 1, h, NH) - ch.t0; // nor those from end_i on (this head's mask)
         for (int i0 = first_i / ATT_TILE * ATT_TILE; i0 < end_i; i0 += ATT_TILE) {
             __syncthreads(); // ks, vs are in; every warp is done with the last query tile
             load_rows_f32(qs, ld, q + ix.q_head, ix.q_stride, i0, ch.len, hd);
@@ -263,10 +267,11 @@ attention_backward_dkv_simt_kernel(T *dk, T *dv, const T *dout, const T *out, co
                 }
             }
             __syncthreads();
+            int i = i0 + lane, lo = attention_first_key(&ch, ch.t0 + i, h, NH); // this lane's query, its first key
             for (int r = 0; r < ATT_ROWS; r++) {
-                int c = warp * ATT_ROWS + r, s = s0 + c, i = i0 + lane;
+                int c = warp * ATT_ROWS + r, s = s0 + c;
                 float p = 0.0f, ds = 0.0f;
-                if (i >= s - ch.t0 && i < query_end[r]) {
+                if (i < ch.len && attention_sees(lo, ch.t0 + i, s)) {
                     p = expf(row_dot(qs + lane * ld, ks + c * ld, hd) * scale - tile_lse[lane]);
                     ds = p * (row_dot(dos + lane * ld, vs + c * ld, hd) - tile_D[lane]) * scale;
                 }
@@ -405,7 +410,7 @@ __device__ void attention_forward_tc(E *out, float *lse, const E *q, const E *k,
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     QueryTile ix(ch, NH, NKV, HD, TC_TILE);
     int r0 = warp * 16, row = r0 + lane / 2, half = lane % 2, i = ix.i0 + row; // this lane's softmax row and half
-    int lo = ix.first_key(i), pos = ch.t0 + i; // the keys row i sees
+    int lo = attention_row_first_key(ch, i, NH), pos = ch.t0 + i; // the keys row i sees
     load_rows<HD>(qs, q + ix.q_head, ix.q_stride, ix.i0, ch.len);
     for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++) os[row * L::LDO + d] = 0.0f;
     float m = -INFINITY, l = 0.0f;
@@ -479,7 +484,7 @@ __device__ void attention_backward_dq_tc(E *dq, const E *dout, const E *out, con
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     QueryTile ix(ch, NH, NKV, HD, TC_TILE);
     int r0 = warp * 16, row = r0 + lane / 2, half = lane % 2, i = ix.i0 + row;
-    int lo = ix.first_key(i), pos = ch.t0 + i; // the keys row i sees
+    int lo = attention_row_first_key(ch, i, NH), pos = ch.t0 + i; // the keys row i sees
     load_rows<HD>(qs, q + ix.q_head, ix.q_stride, ix.i0, ch.len);
     load_rows<HD>(dos, dout + ix.q_head, ix.q_stride, ix.i0, ch.len);
     __syncthreads();
@@ -568,7 +573,8 @@ __device__ void attention_backward_dkv_tc(E *dk, E *dv, const E *dout, const E *
     for (int h = kh * group; h < (kh + 1) * group; h++) {
         AttentionIndex ix(ch, NH, NKV, HD, b, h, kh);
         // one past the last query of head h that sees key s, and one of the tile's keys
-        int i_end = attention_query_end(&ch, s, h, NH) - ch.t0, end_i = attention_query_end(&ch, s0 + TC_TILE - 1, h, NH) - ch.t0;
+        int i_end = attention_query_end(&ch, s, h, NH) - ch.t0;
+        int end_i = attention_query_end(&ch, s0 + TC_TILE - 1, h, NH) - ch.t0;
         for (int i0 = first_i / TC_TILE * TC_TILE; i0 < end_i; i0 += TC_TILE) {
             __syncthreads();
             load_rows<HD>(qs, q + ix.q_head, ix.q_stride, i0, ch.len);

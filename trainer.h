@@ -1189,9 +1189,11 @@ done:
 // (the head included, the embedding lookup not). Causal attention adds
 // 2 L NH hd T^2 forward (QK^T and PV over half the T x T scores) and twice
 // that backward; with a sliding window of W < T keys only the scores inside
-// it count, T^2 / 2 - (T - W)^2 / 2 of them. Recomputed forwards
+// it count, T^2 / 2 - (T - W)^2 / 2 of them; with --s2_attn (s2) those of the
+// groups, G^2 / 2 a group of G = T / 4: 4 of them in the first half of the heads,
+// 3 and two of G / 2 in the second, 15/64 of T^2 / 2 over all. Recomputed forwards
 // (--chunk_memory recompute, --activation_checkpointing) are not counted.
-static double flops_per_sequence(const HostModel *m, int T) {
+static double flops_per_sequence(const HostModel *m, int T, int s2) {
     const Config *c = &m->config;
     double D = c->dim, H = c->hidden_dim, Q = (double)c->n_heads * c->head_dim, KV = (double)c->n_kv_heads * c->head_dim;
     double per_layer = D * Q * 2 + D * KV * 2 + 3 * D * H, N = c->n_layers * per_layer + (double)c->vocab_size * D;
@@ -1203,7 +1205,7 @@ static double flops_per_sequence(const HostModel *m, int T) {
             if (m->lora.targets & (1u << t)) lora += c->n_layers * (double)m->lora.r * (in[t] + out[t]);
     }
     double outside = c->sliding_window && c->sliding_window < T ? (double)(T - c->sliding_window) : 0;
-    double attn = 2.0 * c->n_layers * Q * ((double)T * T - outside * outside);
+    double attn = 2.0 * c->n_layers * Q * ((double)T * T - outside * outside) * (s2 ? 15.0 / 64 : 1.0);
     return (m->full_finetune ? 6 * N : 4 * N + 6 * lora) * T + 3 * attn;
 }
 
@@ -1696,6 +1698,7 @@ static double print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
            c->rope_theta, m->host.num_params / 1e6);
     if (c->sliding_window) printf(", a sliding window of %d keys", c->sliding_window);
     printf("\n");
+    if (m->s2_attn) printf("attention in training: shifted sparse (--s2_attn), rows of %d cut in 4 groups of %d; full in evaluation\n", T, T / 4);
     char frozen[96];
     snprintf(frozen, sizeof frozen, "all weights but the embedding%s and the first %d layer(s)", c->tied ? " (the head too: tied)" : "",
              m->host.frozen_units - 1);
@@ -1761,7 +1764,7 @@ static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, 
     Model *m = &r->m;
     int W = r->fsdp.world.size;
     double flops = 0;
-    for (int g = 0; g < tc->grad_accum; g++) flops += (double)tc->batch_size * W * flops_per_sequence(&m->host, r->Ts[g]);
+    for (int g = 0; g < tc->grad_accum; g++) flops += (double)tc->batch_size * W * flops_per_sequence(&m->host, r->Ts[g], m->s2_attn);
     double tflops = flops / (s->ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / (tc->peak_tflops * W) : -1;
     printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s", ts->step, total,
            s->loss, s->lr, s->norm, s->ms, s->n_tokens / (s->ms / 1e3), tflops);

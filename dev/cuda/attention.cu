@@ -201,9 +201,10 @@ int main(int argc, char **argv) {
         {1, 260, 190, 70, 2, 1, 128, 100},
         {1, 300, 62, 238, 2, 1, 64, 128}, // the last query to see a key tile starts a query tile (W - t0 - 2 = 64)
         // shifted sparse attention, groups of G = T / 4 (SIMT tiles of 32, tensor-core and CPU tiles of 64):
-        // G smaller than a tile, whole, one KV head for both halves of the query heads; G odd (half-groups of
-        // 37) in a chunk off the tile grid; G a tile's, in the last chunk (key tiles before its groups skipped)
-        {2, 96, 0, 96, 4, 1, 16, 0, 24},
+        // G smaller than a tile, whole (the first half-group a group of its own), one KV head for both
+        // halves of the query heads, on both kernels; G odd (half-groups of 37) in a chunk off the tile
+        // grid; G a tile's, in the last chunk (key tiles before its groups skipped)
+        {2, 96, 0, 96, 4, 1, 64, 0, 24},
         {1, 300, 171, 129, 4, 2, 64, 0, 75},
         {1, 256, 160, 96, 2, 1, 128, 0, 64},
     };

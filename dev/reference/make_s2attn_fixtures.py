@@ -19,12 +19,10 @@
 #
 # Run from anywhere: /tmp/venv/bin/python dev/reference/make_s2attn_fixtures.py (after
 # make_fixtures.py, whose model folder it reads; ~5 s).
-import json
 import os
 import sys
 
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as mf  # noqa: E402  (its import patches transformers' Llama for float64)
@@ -76,6 +74,13 @@ def batches():
     return mbs
 
 
+def step_loss(model, mbs):
+    """the step loss of mbs, no gradients"""
+    with torch.no_grad():
+        sums = [mf.loss_sum_count(mf.forward_logits(model, tok), tgt) for tok, tgt in mbs]
+    return sum(s.item() for s, _ in sums) / sum(c for _, c in sums)
+
+
 def self_check():
     """one unshifted group of T is causal attention (the definition above against torch's own)"""
     g = torch.Generator().manual_seed(1)
@@ -94,32 +99,14 @@ def main():
     for g, (tok, tgt) in enumerate(mbs):
         expected[f"tokens_{g}"], expected[f"targets_{g}"] = tok.to(torch.int32), tgt.to(torch.int32)
 
-    base = mf.load_base(folder, torch.float64)
-    base.train()
-    named = list(mf.base_state(base).items())
-    for _, p in named:
-        p.requires_grad_(True)
-    causal_loss = mf.step_grads(base, [p for _, p in named], mbs)
+    causal_loss = step_loss(mf.load_base(folder, torch.float64), mbs)
     ml.eager_attention_forward = s2_attention
-    out["full_loss"] = mf.step_grads(base, [p for _, p in named], mbs)
+    out["full_loss"], out["lora_loss"] = mf.full_and_lora_grads(folder, mbs, expected)
     assert abs(out["full_loss"] - causal_loss) > 1e-3 * causal_loss, (out["full_loss"], causal_loss)
-    for k, p in named:
-        expected["full.grad." + k] = p.grad.clone()
-
-    lm, lora_named = mf.load_lora64(folder)
-    lm.train()
-    out["lora_loss"] = mf.step_grads(lm, [p for _, p in lora_named], mbs)
-    for k, p in lora_named:
-        assert p.grad is not None and p.grad.abs().max() > 0, k
-        expected["lora.grad." + k] = p.grad.clone()
     print(f"{MODEL}: {out['labels']} labels; causal full loss {causal_loss!r}; with S2-Attn full loss "
           f"{out['full_loss']!r}, LoRA loss {out['lora_loss']!r}")
 
-    save_file({k: v.detach().to(torch.int32 if v.dtype == torch.int32 else torch.float32).contiguous()
-               for k, v in sorted(expected.items())}, folder + "/ref/s2attn.safetensors")
-    with open(folder + "/ref/s2attn.json", "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
+    mf.save_ref(folder, "s2attn", expected, out)
 
 
 if __name__ == "__main__":
