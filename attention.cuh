@@ -1,9 +1,10 @@
 // Attention of a chunk of queries against the KV carry, forward and backward, on
 // the GPU: the twin of attention_forward / attention_backward in attention.h, with
-// the same arguments (plus the stream), the same mask (bottom-right causal, or
-// Mistral's sliding window), GQA and shapes; attention.h's opening comment explains
-// them. What differs: lse is fp32 whatever the storage type, and the backward's
-// dk, dv are ADDED into as on the CPU but by other kernels than dq's (below).
+// the same arguments (plus the stream), the same mask (attention_mask.h: bottom-right
+// causal, Mistral's sliding window, or shifted sparse attention's groups), GQA and
+// shapes; attention.h's opening comment explains them. What differs: lse is fp32
+// whatever the storage type, and the backward's dk, dv are ADDED into as on the CPU
+// but by other kernels than dq's (below).
 //
 // As on the CPU, the forward walks key tiles with an online softmax and saves each
 // row's log-sum-exp, and the backward recomputes P = exp(S - lse) tile by tile. The
@@ -15,10 +16,10 @@
 // Each output element is thus summed by one thread in a fixed order: results
 // repeat bit for bit, and GQA needs no reduction across blocks. The price is
 // computing S and dP twice (7 tile products instead of the 5 of a fused
-// backward with atomic dq). With a window, every loop skips the tiles wholly
-// outside it: key tiles before the window of a query tile's first query, query
-// tiles after the window of a key tile's last key, and key tiles that no query
-// of the chunk sees get no block.
+// backward with atomic dq). With a window or groups, every loop skips the tiles
+// wholly outside the mask: key tiles before a query tile's first query's first key,
+// query tiles after a key tile's last key's last query (per query head), and key
+// tiles that no query of the chunk sees get no block.
 //
 // Two implementations of the same tiling:
 //   SIMT (fp32 FMA, float, bf16 or fp16 storage, any even hd up to 256): 32 x 32 tiles,
@@ -32,24 +33,19 @@
 #include <type_traits>
 #include <mma.h>
 #include "support/cuda_common.cuh"
+#include "attention_mask.h"
 
 // set to run the SIMT kernels also where the tensor-core ones would (checks, debugging)
 inline bool attention_force_simt = false;
 
-// the first key that query i of the chunk sees (the sliding window's start, or 0)
-__host__ __device__ inline int attention_first_key(const Chunk &ch, int i) {
-    return ch.window && ch.t0 + i >= ch.window ? ch.t0 + i - ch.window + 1 : 0;
-}
-// whether query i of the chunk sees key s, d = t0 + i - s positions back: 0 <= d < W, or
-// any d >= 0 without a window (one unsigned comparison: a negative d wraps above 2^31)
-__device__ inline bool attention_sees(const Chunk &ch, int i, int s) {
-    return (unsigned)(ch.t0 + i - s) < (ch.window ? (unsigned)ch.window : 0x80000000u);
-}
-// one past the last query of the chunk that sees key s: the one at position s + W - 1
-// (the window's end), or len; the first is query s - t0. (Compared as W < t0 + len - s,
-// which cannot overflow.) The key-major dk, dv kernels test a query against these bounds.
-__device__ inline int attention_query_end(const Chunk &ch, int s) {
-    return ch.window && ch.window < ch.t0 + ch.len - s ? s + ch.window - ch.t0 : ch.len;
+// whether the query at position p, whose first key is lo (<= p), sees key s: lo <= s <= p,
+// as one unsigned comparison (s < lo wraps above p - lo). The query-major kernels work out
+// each row's lo once; the key-major dk, dv kernels test a query against
+// s - t0 <= i < attention_query_end(s) - t0 instead.
+__device__ inline bool attention_sees(int lo, int p, int s) { return (unsigned)(s - lo) <= (unsigned)(p - lo); }
+// the first key that query i of the chunk sees, in the query-major kernels' head (blockIdx.y)
+__device__ inline int attention_row_first_key(const Chunk &ch, int i, int NH) {
+    return attention_first_key(&ch, ch.t0 + i, blockIdx.y, NH);
 }
 
 // where the rows of batch row b, query head h (KV head kh) live: row i of q, out,
@@ -74,15 +70,15 @@ struct QueryTile : AttentionIndex {
     int i0, kv_begin, kv_end;
     __device__ QueryTile(const Chunk &ch, int NH, int NKV, int hd, int rows)
         : AttentionIndex(ch, NH, NKV, hd, blockIdx.z, blockIdx.y, blockIdx.y / (NH / NKV)),
-          i0((gridDim.x - 1 - blockIdx.x) * rows), kv_begin(attention_first_key(ch, i0) / rows * rows),
+          i0((gridDim.x - 1 - blockIdx.x) * rows), kv_begin(attention_row_first_key(ch, i0, NH) / rows * rows),
           kv_end(ch.t0 + min(i0 + rows, ch.len)) {}
 };
 
 // The key tile of a block of the dk, dv kernels: blockIdx.x counts the tiles (rows
 // wide, from 0) from the first that a query of the chunk sees (its first query's
-// first key's); the ones before get no block.
-__host__ __device__ inline int attention_first_key_tile(const Chunk &ch, int rows) {
-    return attention_first_key(ch, 0) / rows;
+// first key's, in either half of the heads); the ones before get no block.
+__host__ __device__ inline int attention_first_key_tile(const Chunk &ch, int rows, int NH) {
+    return attention_chunk_first_key(&ch, NH) / rows;
 }
 
 // ----------------------------------------------------------------------------
@@ -152,7 +148,9 @@ attention_forward_simt_kernel(T *out, float *lse, const T *q, const T *k, const 
     QueryTile ix(ch, NH, NKV, hd, ATT_TILE);
     load_rows_f32(qs, ld, q + ix.q_head, ix.q_stride, ix.i0, ch.len, hd);
     float m[ATT_ROWS], l[ATT_ROWS], o[ATT_ROWS][DPL];
+    int lo[ATT_ROWS]; // the first key each row sees
     for (int r = 0; r < ATT_ROWS; r++) {
+        lo[r] = attention_row_first_key(ch, ix.i0 + warp * ATT_ROWS + r, NH);
         m[r] = -INFINITY;
         l[r] = 0.0f;
         for (int j = 0; j < DPL; j++) o[r][j] = 0.0f;
@@ -164,8 +162,8 @@ attention_forward_simt_kernel(T *out, float *lse, const T *q, const T *k, const 
         __syncthreads();
         for (int r = 0; r < ATT_ROWS; r++) {
             int row = warp * ATT_ROWS + r, i = ix.i0 + row, s = s0 + lane;
-            float x = attention_sees(ch, i, s) ? row_dot(qs + row * ld, ks + lane * ld, hd) * scale : -INFINITY;
-            // m_new is -inf only while a row has seen no key (its window starts later):
+            float x = attention_sees(lo[r], ch.t0 + i, s) ? row_dot(qs + row * ld, ks + lane * ld, hd) * scale : -INFINITY;
+            // m_new is -inf only while a row has seen no key (its window or group starts later):
             // subtract 0 then, so p and corr are e^-inf = 0, not e^NaN
             float m_new = fmaxf(m[r], warp_max(x)), m_sub = m_new == -INFINITY ? 0.0f : m_new;
             float p = expf(x - m_sub), corr = expf(m[r] - m_sub);
@@ -200,8 +198,10 @@ attention_backward_dq_simt_kernel(T *dq, const T *dout, const T *out, const floa
     load_rows_f32(qs, ld, q + ix.q_head, ix.q_stride, ix.i0, ch.len, hd);
     load_rows_f32(dos, ld, dout + ix.q_head, ix.q_stride, ix.i0, ch.len, hd);
     float row_lse[ATT_ROWS], row_D[ATT_ROWS], acc[ATT_ROWS][DPL];
+    int lo[ATT_ROWS]; // the first key each row sees
     for (int r = 0; r < ATT_ROWS; r++) {
         int i = ix.i0 + warp * ATT_ROWS + r;
+        lo[r] = attention_row_first_key(ch, i, NH);
         float part = 0.0f;
         for (int d = lane; i < ch.len && d < hd; d += 32) part += to_float(dout[ix.q(i) + d]) * to_float(out[ix.q(i) + d]);
         row_D[r] = warp_sum(part);
@@ -216,7 +216,7 @@ attention_backward_dq_simt_kernel(T *dq, const T *dout, const T *out, const floa
         for (int r = 0; r < ATT_ROWS; r++) {
             int row = warp * ATT_ROWS + r, i = ix.i0 + row, s = s0 + lane;
             float ds = 0.0f;
-            if (i < ch.len && attention_sees(ch, i, s)) {
+            if (i < ch.len && attention_sees(lo[r], ch.t0 + i, s)) {
                 float p = expf(row_dot(qs + row * ld, ks + lane * ld, hd) * scale - row_lse[r]);
                 ds = p * (row_dot(dos + row * ld, vs + lane * ld, hd) - row_D[r]) * scale;
             }
@@ -240,17 +240,17 @@ attention_backward_dkv_simt_kernel(T *dk, T *dv, const T *dout, const T *out, co
     float *pts = dos + ATT_TILE * ld, *dsts = pts + ATT_TILE * ATT_TILE; // (keys, queries) P^T and dS^T
     float *tile_lse = dsts + ATT_TILE * ATT_TILE, *tile_D = tile_lse + ATT_TILE;
     int kh = blockIdx.y, b = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = NH / NKV;
-    int s0 = (blockIdx.x + attention_first_key_tile(ch, ATT_TILE)) * ATT_TILE, kv_valid = ch.t0 + ch.len;
+    int s0 = (blockIdx.x + attention_first_key_tile(ch, ATT_TILE, NH)) * ATT_TILE, kv_valid = ch.t0 + ch.len;
     AttentionIndex kix(ch, NH, NKV, hd, b, kh * group, kh);
     load_rows_f32(ks, ld, k + kix.kv_head, kix.kv_stride, s0, kv_valid, hd);
     load_rows_f32(vs, ld, v + kix.kv_head, kix.kv_stride, s0, kv_valid, hd);
     float dk_acc[ATT_ROWS][DPL], dv_acc[ATT_ROWS][DPL];
     for (int r = 0; r < ATT_ROWS; r++)
         for (int j = 0; j < DPL; j++) dk_acc[r][j] = dv_acc[r][j] = 0.0f;
-    // queries before first_i see none of these keys, nor those from end_i on (the window)
-    int first_i = max(0, s0 - ch.t0), end_i = attention_query_end(ch, s0 + ATT_TILE - 1);
+    int first_i = max(0, s0 - ch.t0); // queries before it see none of these keys
     for (int h = kh * group; h < (kh + 1) * group; h++) {
         AttentionIndex ix(ch, NH, NKV, hd, b, h, kh);
+        int end_i = attention_query_end(&ch, s0 + ATT_TILE - 1, h, NH) - ch.t0; // nor those from end_i on (this head's mask)
         for (int i0 = first_i / ATT_TILE * ATT_TILE; i0 < end_i; i0 += ATT_TILE) {
             __syncthreads(); // ks, vs are in; every warp is done with the last query tile
             load_rows_f32(qs, ld, q + ix.q_head, ix.q_stride, i0, ch.len, hd);
@@ -267,10 +267,11 @@ attention_backward_dkv_simt_kernel(T *dk, T *dv, const T *dout, const T *out, co
                 }
             }
             __syncthreads();
+            int i = i0 + lane, lo = attention_first_key(&ch, ch.t0 + i, h, NH); // this lane's query, its first key
             for (int r = 0; r < ATT_ROWS; r++) {
-                int c = warp * ATT_ROWS + r, s = s0 + c, i = i0 + lane;
+                int c = warp * ATT_ROWS + r, s = s0 + c;
                 float p = 0.0f, ds = 0.0f;
-                if (i >= s - ch.t0 && i < attention_query_end(ch, s)) {
+                if (i < ch.len && attention_sees(lo, ch.t0 + i, s)) {
                     p = expf(row_dot(qs + lane * ld, ks + c * ld, hd) * scale - tile_lse[lane]);
                     ds = p * (row_dot(dos + lane * ld, vs + c * ld, hd) - tile_D[lane]) * scale;
                 }
@@ -409,6 +410,7 @@ __device__ void attention_forward_tc(E *out, float *lse, const E *q, const E *k,
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     QueryTile ix(ch, NH, NKV, HD, TC_TILE);
     int r0 = warp * 16, row = r0 + lane / 2, half = lane % 2, i = ix.i0 + row; // this lane's softmax row and half
+    int lo = attention_row_first_key(ch, i, NH), pos = ch.t0 + i; // the keys row i sees
     load_rows<HD>(qs, q + ix.q_head, ix.q_stride, ix.i0, ch.len);
     for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++) os[row * L::LDO + d] = 0.0f;
     float m = -INFINITY, l = 0.0f;
@@ -423,10 +425,10 @@ __device__ void attention_forward_tc(E *out, float *lse, const E *q, const E *k,
         #pragma unroll
         for (int c = 0; c < 32; c++) {
             int col = half * 32 + c;
-            x[c] = attention_sees(ch, i, s0 + col) ? ss[row * L::LDS + col] * scale : -INFINITY;
+            x[c] = attention_sees(lo, pos, s0 + col) ? ss[row * L::LDS + col] * scale : -INFINITY;
             mx = fmaxf(mx, x[c]);
         }
-        // -inf while the row has seen no key (its window starts later): then subtract 0, as the SIMT kernel
+        // -inf while the row has seen no key (its window or group starts later): then subtract 0, as the SIMT kernel
         float m_new = fmaxf(m, fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1))), m_sub = m_new == -INFINITY ? 0.0f : m_new;
         float corr = expf(m - m_sub), sum = 0.0f;
         #pragma unroll
@@ -482,6 +484,7 @@ __device__ void attention_backward_dq_tc(E *dq, const E *dout, const E *out, con
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     QueryTile ix(ch, NH, NKV, HD, TC_TILE);
     int r0 = warp * 16, row = r0 + lane / 2, half = lane % 2, i = ix.i0 + row;
+    int lo = attention_row_first_key(ch, i, NH), pos = ch.t0 + i; // the keys row i sees
     load_rows<HD>(qs, q + ix.q_head, ix.q_stride, ix.i0, ch.len);
     load_rows<HD>(dos, dout + ix.q_head, ix.q_stride, ix.i0, ch.len);
     __syncthreads();
@@ -500,7 +503,7 @@ __device__ void attention_backward_dq_tc(E *dq, const E *dout, const E *out, con
         for (int c = 0; c < 32; c++) {
             int col = half * 32 + c;
             float ds = 0.0f;
-            if (i < ch.len && attention_sees(ch, i, s0 + col)) {
+            if (i < ch.len && attention_sees(lo, pos, s0 + col)) {
                 float p = expf(ss[row * L::LDS + col] * scale - row_lse);
                 ds = p * (dps[row * L::LDS + col] - D) * scale;
             }
@@ -555,9 +558,9 @@ __device__ void attention_backward_dkv_tc(E *dk, E *dv, const E *dout, const E *
     E *pts = arena.take<E>(L::P), *dsts = arena.take<E>(L::P);
     float *tile_lse = arena.take<float>(L::STATS), *tile_D = arena.take<float>(L::STATS);
     int kh = blockIdx.y, b = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = NH / NKV;
-    int s0 = (blockIdx.x + attention_first_key_tile(ch, TC_TILE)) * TC_TILE, kv_valid = ch.t0 + ch.len;
+    int s0 = (blockIdx.x + attention_first_key_tile(ch, TC_TILE, NH)) * TC_TILE, kv_valid = ch.t0 + ch.len;
     int r0 = warp * 16, row = r0 + lane / 2, half = lane % 2, s = s0 + row; // this lane's key row and half
-    int i_first = s - ch.t0, i_end = attention_query_end(ch, s);          // the queries that see key s
+    int i_first = s - ch.t0;                                              // the first query that sees key s
     AttentionIndex kix(ch, NH, NKV, HD, b, kh * group, kh);
     load_rows<HD>(ks, k + kix.kv_head, kix.kv_stride, s0, kv_valid);
     load_rows<HD>(vs, v + kix.kv_head, kix.kv_stride, s0, kv_valid);
@@ -566,9 +569,12 @@ __device__ void attention_backward_dkv_tc(E *dk, E *dv, const E *dout, const E *
         wmma::fill_fragment(dk_acc[n], 0.0f);
         wmma::fill_fragment(dv_acc[n], 0.0f);
     }
-    int first_i = max(0, s0 - ch.t0), end_i = attention_query_end(ch, s0 + TC_TILE - 1);
+    int first_i = max(0, s0 - ch.t0);
     for (int h = kh * group; h < (kh + 1) * group; h++) {
         AttentionIndex ix(ch, NH, NKV, HD, b, h, kh);
+        // one past the last query of head h that sees key s, and one of the tile's keys
+        int i_end = attention_query_end(&ch, s, h, NH) - ch.t0;
+        int end_i = attention_query_end(&ch, s0 + TC_TILE - 1, h, NH) - ch.t0;
         for (int i0 = first_i / TC_TILE * TC_TILE; i0 < end_i; i0 += TC_TILE) {
             __syncthreads();
             load_rows<HD>(qs, q + ix.q_head, ix.q_stride, i0, ch.len);
@@ -619,17 +625,17 @@ attention_backward_dkv_tc_kernel(E *dk, E *dv, const E *dout, const E *out, cons
 
 inline void attention_check_args(const Chunk *ch, int NH, int NKV, int hd, const char *who) {
     if (NKV < 1 || NH % NKV != 0 || hd < 2 || hd % 2 != 0 || hd > 256 || ch->B < 0 || ch->len < 0 || ch->t0 < 0 ||
-        ch->t0 + ch->len > ch->T || ch->window < 0) {
-        fprintf(stderr, "error: %s: unsupported shape B=%d T=%d t0=%d len=%d window=%d NH=%d NKV=%d hd=%d (needs NH a "
-                "multiple of NKV, an even hd <= 256, t0 + len <= T, a window >= 0)\n", who, ch->B, ch->T, ch->t0, ch->len,
-                ch->window, NH, NKV, hd);
+        ch->t0 + ch->len > ch->T || ch->window < 0 || ch->s2_group < 0 || (ch->window && ch->s2_group)) {
+        fprintf(stderr, "error: %s: unsupported shape B=%d T=%d t0=%d len=%d window=%d s2_group=%d NH=%d NKV=%d hd=%d "
+                "(needs NH a multiple of NKV, an even hd <= 256, t0 + len <= T, a window >= 0, s2_group >= 0, not both)\n",
+                who, ch->B, ch->T, ch->t0, ch->len, ch->window, ch->s2_group, NH, NKV, hd);
         exit(EXIT_FAILURE);
     }
 }
 
 // key tiles of rows keys from the first that a query of the chunk sees to the last: the dk, dv grid
-inline int attention_key_tiles(const Chunk *ch, int rows) {
-    return ceil_div(ch->t0 + ch->len, rows) - attention_first_key_tile(*ch, rows);
+inline int attention_key_tiles(const Chunk *ch, int rows, int NH) {
+    return ceil_div(ch->t0 + ch->len, rows) - attention_first_key_tile(*ch, rows, NH);
 }
 
 // calls f(std::integral_constant<int, DPL>) with DPL = ceil(hd / 32) rounded up to 1, 2, 4 or 8
@@ -693,13 +699,13 @@ void attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *out, const 
     attention_check_args(ch, NH, NKV, hd, "attention_backward");
     if (ch->B == 0 || ch->len == 0) return;
     float scale = 1.0f / sqrtf((float)hd);
-    dim3 q_grid_simt(ceil_div(ch->len, ATT_TILE), NH, ch->B), kv_grid_simt(attention_key_tiles(ch, ATT_TILE), NKV, ch->B);
+    dim3 q_grid_simt(ceil_div(ch->len, ATT_TILE), NH, ch->B), kv_grid_simt(attention_key_tiles(ch, ATT_TILE, NH), NKV, ch->B);
     if constexpr (!std::is_same<T, float>::value) { // bf16 or fp16
         if (attention_tensor_cores<T>(hd, dq, dout, q, k) && attention_tensor_cores<T>(hd, dk, dv, out, v)) {
             with_head_dim(hd, [&](auto head_dim) {
                 constexpr int HD = decltype(head_dim)::value;
                 using L = TcTiles<HD>;
-                dim3 q_grid(ceil_div(ch->len, TC_TILE), NH, ch->B), kv_grid(attention_key_tiles(ch, TC_TILE), NKV, ch->B);
+                dim3 q_grid(ceil_div(ch->len, TC_TILE), NH, ch->B), kv_grid(attention_key_tiles(ch, TC_TILE, NH), NKV, ch->B);
                 size_t smem_dq = 4 * L::H + 2 * L::S + L::P, smem_dkv = 4 * L::H + 2 * L::S + 2 * L::P + 2 * L::STATS;
                 auto dq_kernel = attention_backward_dq_tc_kernel<HD, T>;
                 auto dkv_kernel = attention_backward_dkv_tc_kernel<HD, T>;

@@ -1,8 +1,9 @@
 // attention.h: the CPU twin's attention, forward and backward, for a chunk of
 // queries against the KV carry (docs/chunked.md), causal with the mask aligned
 // bottom-right: query i of the chunk sits at position t0 + i and sees keys
-// 0 .. t0 + i, or with a sliding window W (ch->window, Mistral's) only keys
-// t0 + i - W + 1 .. t0 + i. GQA: query head h reads key/value head h / (NH / NKV).
+// attention_first_key .. t0 + i (attention_mask.h: 0, a sliding window's start, or
+// the start of the query's group under shifted sparse attention, per query head).
+// GQA: query head h reads key/value head h / (NH / NKV).
 // Like flash attention it keeps only each row's log-sum-exp, not the (len, t0 + len)
 // probabilities, and the backward recomputes them; attention.cuh is its CUDA twin.
 //   q (B, len, NH, hd); k, v (B, T, NKV, hd) with rows < t0 + len filled (the
@@ -15,6 +16,7 @@
 #include "support/vec.h"
 #include "support/matmul.h"
 #include "lora.h" // Chunk
+#include "attention_mask.h"
 
 // Tiled for the caches and the vector units: ATT_QT queries of one head meet
 // ATT_KT keys at a time, and every product is a gemm_tile. The scores are kept
@@ -22,12 +24,12 @@
 // the loops vectorize across queries, and each query's max and sum take its keys
 // in order. Key tiles start at multiples of ATT_KT from position 0, so a query
 // meets the same tiles in the same order wherever its chunk starts or ends; the
-// keys it does not see (after it, or before its window, in its own tiles or in
+// keys it does not see (after it, or before its first key, in its own tiles or in
 // whole tiles that other queries of its tile need) add exact zeros and scale by
 // exactly 1. So chunked attention equals whole-sequence attention bit for bit
-// (test/test_attention.c, test_chunked.c). Key tiles wholly before the window of
-// every query of a query tile are skipped: with a window, the work per query is
-// O(W), not O(position).
+// (test/test_attention.c, test_chunked.c). Key tiles wholly before the first key
+// of every query of a query tile are skipped: with a window, the work per query is
+// O(W), not O(position); with shifted sparse attention O(G).
 #define ATT_QT 64 // queries per tile, a multiple of GEMM_NR (vectors run across queries)
 #define ATT_KT 64 // keys per tile
 
@@ -93,14 +95,14 @@ static void attention_matmul(float *c, int ldc, const float *a, int ars, int aks
 static int attention_tile_width(int len) {
     return len < ATT_QT ? (len + GEMM_NR - 1) / GEMM_NR * GEMM_NR : ATT_QT;
 }
-// The query tile at row i0 of the chunk, w wide: qpos, each query's position, and
-// qlo, the first key it sees (rows past len, the padding, repeat the last query).
-// Returns the last key the tile sees, and in *first the start of the first key
-// tile it sees (the one holding the first query's first key).
-static int attention_query_tile(int *qpos, int *qlo, int w, const Chunk *ch, int i0, int *first) {
+// The query tile at row i0 of the chunk for query head h of NH, w wide: qpos, each
+// query's position, and qlo, the first key it sees (rows past len, the padding,
+// repeat the last query). Returns the last key the tile sees, and in *first the
+// start of the first key tile it sees (the one holding the first query's first key).
+static int attention_query_tile(int *qpos, int *qlo, int w, const Chunk *ch, int i0, int h, int NH, int *first) {
     for (int i = 0; i < w; i++) {
         qpos[i] = ch->t0 + (i0 + i < ch->len ? i0 + i : ch->len - 1);
-        qlo[i] = ch->window && qpos[i] >= ch->window ? qpos[i] - ch->window + 1 : 0;
+        qlo[i] = attention_first_key(ch, qpos[i], h, NH);
     }
     *first = qlo[0] / ATT_KT * ATT_KT;
     return qpos[w - 1];
@@ -144,7 +146,7 @@ static void attention_matmul_st(float *c, int w, const float *a, int lda, const 
 }
 // st (ATT_KT, w) = S^T: the scores of the key tile at position s0 (kt: its rows,
 // (ATT_KT, hdp)) against a query tile (qt: scale * its rows transposed, (hd, w)),
-// -inf where the key comes after the query or before its window; row j only from
+// -inf where the key comes after the query or before its first key; row j only from
 // column cols[j] on
 static void attention_scores(float *st, const float *kt, const float *qt, int w, int hd, int hdp, int s0,
                              const int *qpos, const int *qlo, const int *cols) {
@@ -173,8 +175,8 @@ static void attention_probs(float *st, int w, const float *sub, const int *cols)
 // Each query tile walks its key tiles with an online softmax: m, the running
 // max, and l, the running sum of e^(s - m); o, the running sum of e^(s - m) v,
 // is rescaled whenever m grows. One thread owns each (b, h, query tile). With a
-// window, a query may meet tiles before its first key: m stays -inf, and it
-// subtracts 0 instead (-inf - -inf would be NaN), so l and o stay exactly 0.
+// window or groups, a query may meet tiles before its first key: m stays -inf, and
+// it subtracts 0 instead (-inf - -inf would be NaN), so l and o stay exactly 0.
 static void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                               const Chunk *ch, int NH, int NKV, int hd) {
     float scale = 1.0f / sqrtf((float)hd);
@@ -199,7 +201,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
         for (int b = 0; b < B; b++)
             for (int h = 0; h < NH; h++)
                 for (int tile = ntiles - 1; tile >= 0; tile--) { // the last tiles see the most keys: start them first
-                    int i0 = tile * w, first, last = attention_query_tile(qpos, qlo, w, ch, i0, &first);
+                    int i0 = tile * w, first, last = attention_query_tile(qpos, qlo, w, ch, i0, h, NH, &first);
                     const float *qb = q + ((size_t)b * len * NH + h) * hd;
                     const float *kb = k + ((size_t)b * T * NKV + h / group) * hd, *vb = v + (kb - k);
                     attention_load_cols(qt, w, qb, (size_t)NH * hd, i0, len, hd, scale);
@@ -243,7 +245,7 @@ static void attention_forward(float *out, float *lse, const float *q, const floa
 // dK_s += scale dS_is q_i. dq (B, len, NH, hd) is overwritten; dk, dv (B, T, NKV, hd)
 // are added into for every position < t0 + len that a query of the chunk sees:
 // the chunk's own rows and the dKV carry of earlier chunks (key tiles wholly
-// before every window of a query tile are skipped: they would add exact zeros).
+// before every first key of a query tile are skipped: they would add exact zeros).
 // One thread owns each (b, kv head) and walks the query tiles of every head of
 // its group, so dk, dv need no reduction across threads (the price: the work
 // splits B * NKV ways).
@@ -276,7 +278,7 @@ static void attention_backward(float *dq, float *dk, float *dv, const float *dou
                 for (int h = kh * group; h < (kh + 1) * group; h++)
                     for (int i0 = 0; i0 < len; i0 += w) {
                         size_t q0 = ((size_t)b * len * NH + h) * hd;
-                        int first, last = attention_query_tile(qpos, qlo, w, ch, i0, &first);
+                        int first, last = attention_query_tile(qpos, qlo, w, ch, i0, h, NH, &first);
                         attention_load_cols(qt, w, q + q0, q_stride, i0, len, hd, scale);
                         attention_load_cols(dot, w, dout + q0, q_stride, i0, len, hd, 1.0f);
                         attention_load_rows(qr, hdp, q + q0, q_stride, i0, w, len, hd);

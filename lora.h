@@ -131,12 +131,14 @@ static void lora_init(LoRA *l, uint64_t seed) {
 // Where the N rows of a layer's input sit in the batch: the trainer runs a
 // batch of B sequences of T tokens in chunks, and row n of a chunk is position
 // t0 + n % len of sequence n / len. Whole-sequence training is t0 = 0, len = T.
-// window: the attention's sliding window (Config's sliding_window), which only
-// attention reads: the query at position p sees keys p - window + 1 .. p; 0 (what
-// an initializer that leaves it out gives): keys 0 .. p, plain causal.
+// window and s2_group, which only attention reads (attention_mask.h): the sliding
+// window (Config's sliding_window: the query at position p sees keys
+// p - window + 1 .. p) and the group size of shifted sparse attention (--s2_attn,
+// in training); 0 (what an initializer that leaves them out gives): keys 0 .. p,
+// plain causal.
 #ifndef CHUNK_DEFINED // cuda_common.cuh has the same, for the kernels that need no LoRA
 #define CHUNK_DEFINED
-typedef struct { int B, T, t0, len, window; } Chunk;
+typedef struct { int B, T, t0, len, window, s2_group; } Chunk;
 #endif
 
 // the dropout mask's key for one module of one layer, from the micro-batch's key

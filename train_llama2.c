@@ -299,6 +299,7 @@ typedef struct {
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
     int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
     int cpu_offload;          // set by the trainer: --cpu_offload, where the trainable state is already (host memory)
+    int s2_attn;              // set by the trainer before model_alloc: --s2_attn (model_forward_backward's attention)
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     int fp32, fp16;           // --precision fp32: the only one the CPU runs
     int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), allocates nothing
@@ -866,8 +867,11 @@ static void check_batch(const Model *m, const int *tokens, int B, int T) {
             die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, m->host.config.vocab_size);
 }
 
-static Chunk chunk_at(const Model *m, int B, int T, int j) {
-    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window};
+// chunk j of B rows of T positions; train: model_forward_backward's, whose attention
+// takes --s2_attn's groups (evaluation and sampling attend to every earlier position)
+static Chunk chunk_at(const Model *m, int B, int T, int j, int train) {
+    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window,
+                train && m->s2_attn ? s2_group_size(T) : 0};
     if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
     return ch;
 }
@@ -879,7 +883,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     if (m->host.full_finetune) m->a.head_packed_ok = 0; // the head may have trained since it was packed
     double loss = 0;
     for (int j = 0; j * m->chunk_size < T; j++) {
-        Chunk ch = chunk_at(m, B, T, j);
+        Chunk ch = chunk_at(m, B, T, j, 0);
         chunk_forward(m, &m->a.chunk[0], tokens, &ch);
         PROF_BEGIN(NULL, "head", -1, j, -1);
         loss += chunk_head(m, &m->a.chunk[0], targets, &ch, 0.0f, logits_out);
@@ -903,12 +907,12 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     memset(a->dv, 0, carry * sizeof(float));
     int n = (T + m->chunk_size - 1) / m->chunk_size;
     for (int j = 0; j < n; j++) {
-        Chunk ch = chunk_at(m, B, T, j);
+        Chunk ch = chunk_at(m, B, T, j, 1);
         chunk_forward(m, &a->chunk[m->recompute ? 0 : j], tokens, &ch);
     }
     double loss = 0;
     for (int j = n - 1; j >= 0; j--) {
-        Chunk ch = chunk_at(m, B, T, j);
+        Chunk ch = chunk_at(m, B, T, j, 1);
         ChunkActs *s = &a->chunk[m->recompute ? 0 : j];
         if (m->recompute && j < n - 1) chunk_forward(m, s, tokens, &ch);
         PROF_BEGIN(NULL, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward

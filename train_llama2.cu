@@ -194,6 +194,7 @@ typedef struct {
     int chunk_size;           // C (== T: whole sequence)
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
     int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
+    int s2_attn;              // set by the trainer before model_alloc: --s2_attn (model_forward_backward's attention)
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     int n_slots;
     size_t weight_bytes, param_bytes, act_bytes, carry_bytes; // device memory by purpose (the memory plan)
@@ -1129,8 +1130,11 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
 }
 
 // chunk j of a micro-batch of B rows of T tokens
-static Chunk chunk_at(const Model *m, int B, int T, int j) {
-    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window};
+// chunk j of B rows of T positions; train: model_forward_backward's, whose attention
+// takes --s2_attn's groups (evaluation and sampling attend to every earlier position)
+static Chunk chunk_at(const Model *m, int B, int T, int j, int train) {
+    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window,
+                train && m->s2_attn ? s2_group_size(T) : 0};
     if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
     return ch;
 }
@@ -1149,7 +1153,7 @@ static void upload_batch(Model *m, const int *tokens, const int *targets, int B,
     }
     std::vector<int> kept((size_t)B * T), kept_targets((size_t)B * T);
     for (int j = 0; j * m->chunk_size < T; j++) {
-        Chunk ch = chunk_at(m, B, T, j);
+        Chunk ch = chunk_at(m, B, T, j, 0);
         size_t at = (size_t)B * ch.t0;
         int nk = 0;
         for (int r = 0; r < B * ch.len; r++) {
@@ -1182,7 +1186,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
         using floatX = typename decltype(tag)::type;
         ChunkActs<floatX> *s = &buffers<floatX>(m).chunk[0];
         for (int j = 0; j * m->chunk_size < T; j++) {
-            Chunk ch = chunk_at(m, B, T, j);
+            Chunk ch = chunk_at(m, B, T, j, 0);
             chunk_forward(m, s, &ch);
             PROF_BEGIN(m->stream, "head", -1, j, -1);
             chunk_head(m, s, &ch, 0.0f, logits_out);
@@ -1209,11 +1213,11 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
         int n = (T + m->chunk_size - 1) / m->chunk_size;
         for (int j = 0; j < n; j++) {
-            Chunk ch = chunk_at(m, B, T, j);
+            Chunk ch = chunk_at(m, B, T, j, 1);
             chunk_forward(m, &d.chunk[m->recompute ? 0 : j], &ch);
         }
         for (int j = n - 1; j >= 0; j--) {
-            Chunk ch = chunk_at(m, B, T, j);
+            Chunk ch = chunk_at(m, B, T, j, 1);
             ChunkActs<floatX> *s = &d.chunk[m->recompute ? 0 : j];
             if (m->recompute && j < n - 1) chunk_forward(m, s, &ch);
             PROF_BEGIN(m->stream, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward

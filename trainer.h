@@ -19,6 +19,10 @@
 //                              keep only each layer's input per chunk and re-run
 //                              a layer's forward before its backward (the same
 //                              results, bit for bit, in less memory)
+//       int s2_attn;           set by the trainer before model_alloc: --s2_attn, LongLoRA's
+//                              shifted sparse attention (attention_mask.h) in
+//                              model_forward_backward only: model_forward (evaluation)
+//                              and model_next_logits (sampling) attend fully
 //       int fp32, fp16;        set by the trainer before model_alloc: --precision fp32
 //                              or fp16 (neither: bf16; fp16 and bf16 store the weights and
 //                              activations in that type)
@@ -220,7 +224,7 @@ typedef struct {
     int profile_first, profile_last; // --profile_steps (parse_args)
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
     float memory_limit, host_memory_limit;
-    int eval_every, full_finetune, freeze_layers, cpu_offload, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing;
+    int eval_every, full_finetune, freeze_layers, cpu_offload, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing, s2_attn;
     float lr, lora_alpha, lora_dropout;
     const char *optimizer;
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
@@ -300,6 +304,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
     {"activation_checkpointing", OPT_FLAG, &(tc)->activation_checkpointing, "0", "keep only each layer's input and re-run the layer's forward before its backward: less activation memory, the same results (HF's gradient_checkpointing, torchtune's enable_activation_checkpointing)", 0, 1}, \
+    {"s2_attn", OPT_INT, &(tc)->s2_attn, "0", "1: LongLoRA's shifted sparse attention (S2-Attn) in training: each row of T tokens is cut in 4 groups of T/4, half the query heads attend within them, the other half within groups shifted by T/8 (evaluation and sampling attend fully; needs --batching packing and a --max_seq_len that is a multiple of 4; not with a sliding-window model)", 0, 1}, \
     {"num_output_chunks", OPT_INT, &(tc)->num_output_chunks, "1", "run the output head and loss in this many pieces of a chunk", 1, 1 << 20}, \
     {"threads", OPT_INT, &(tc)->threads, "0", "OpenMP threads (0: OpenMP's default)", 0, 4096}, \
     {"save_every", OPT_INT, &(tc)->save_every, "0", "write a checkpoint every N steps (and at the end; 0: only at the end)", 0, 1 << 30}, \
@@ -445,6 +450,15 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
                 tc->chunk_size, tc->max_seq_len);
         return -1;
     }
+    if (tc->s2_attn && strcmp(tc->batching, "packing")) { // padding's micro-batches take their longest row's length
+        fprintf(stderr, "error: --s2_attn needs --batching packing: its 4 groups cut rows of one length, a multiple of 4 "
+                "(--max_seq_len)\n");
+        return -1;
+    }
+    if (tc->s2_attn && tc->max_seq_len % 4) {
+        fprintf(stderr, "error: --s2_attn cuts rows in 4 groups: --max_seq_len %d is not a multiple of 4\n", tc->max_seq_len);
+        return -1;
+    }
     int chunk = tc->chunk_size ? tc->chunk_size : tc->max_seq_len;
     if (tc->num_output_chunks > chunk) {
         fprintf(stderr, "error: --num_output_chunks %d is more than the %d tokens of a chunk\n", tc->num_output_chunks, chunk);
@@ -588,6 +602,16 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
         host_model_free(h);
         return -1;
     }
+    if (tc->s2_attn && (h->config.sliding_window || h->config.n_heads % 2)) { // S2-Attn's mask replaces the causal one
+        if (h->config.sliding_window)
+            fprintf(stderr, "error: --s2_attn: %s has a sliding window of %d keys (sliding_window), which shifted sparse "
+                    "attention does not combine with\n", tc->model, h->config.sliding_window);
+        else
+            fprintf(stderr, "error: --s2_attn splits the query heads in halves: %s has %d (num_attention_heads), an odd "
+                    "number\n", tc->model, h->config.n_heads);
+        host_model_free(h);
+        return -1;
+    }
     h->frozen_units = tc->freeze_layers ? tc->freeze_layers + 1 : 0; // the embedding's unit, then the layers'
     if (h->use_lora) {
         int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
@@ -614,6 +638,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     m->dry_run = tc->dry_run;
     m->activation_checkpointing = tc->activation_checkpointing;
     m->cpu_offload = tc->cpu_offload;
+    m->s2_attn = tc->s2_attn;
     m->optimizer = tc->optim;
     return 0;
 }
@@ -666,7 +691,7 @@ static int *generate(Model *m, const int *prompt, int n_prompt, int max_new, flo
     int training = m->host.lora.training;
     m->host.lora.training = 0; // no dropout
     uint64_t rng = seed;
-    Chunk ch = {1, T, 0, 0, m->host.config.sliding_window};
+    Chunk ch = {1, T, 0, 0, m->host.config.sliding_window, 0}; // full attention: --s2_attn is training's
     float *logits = NULL; // (V) of the last position run so far
     for (ch.t0 = 0; ch.t0 < n_prompt; ch.t0 += ch.len) {
         ch.len = n_prompt - ch.t0 < cap ? n_prompt - ch.t0 : cap;
@@ -754,7 +779,7 @@ static const char *resume_must_match[] = {
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "freeze_layers", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
     "use_dora", "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
-    "quantize", "double_quant"};
+    "quantize", "double_quant", "s2_attn"};
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's
 // data_identity: size, modification time and a hash of its first and last MiB)
@@ -1174,9 +1199,11 @@ done:
 // (the head included, the embedding lookup not). Causal attention adds
 // 2 L NH hd T^2 forward (QK^T and PV over half the T x T scores) and twice
 // that backward; with a sliding window of W < T keys only the scores inside
-// it count, T^2 / 2 - (T - W)^2 / 2 of them. Recomputed forwards
+// it count, T^2 / 2 - (T - W)^2 / 2 of them; with --s2_attn (s2) those of the
+// groups, G^2 / 2 a group of G = T / 4: 4 of them in the first half of the heads,
+// 3 and two of G / 2 in the second, 15/64 of T^2 / 2 over all. Recomputed forwards
 // (--chunk_memory recompute, --activation_checkpointing) are not counted.
-static double flops_per_sequence(const HostModel *m, int T) {
+static double flops_per_sequence(const HostModel *m, int T, int s2) {
     const Config *c = &m->config;
     double D = c->dim, H = c->hidden_dim, Q = (double)c->n_heads * c->head_dim, KV = (double)c->n_kv_heads * c->head_dim;
     double per_layer = D * Q * 2 + D * KV * 2 + 3 * D * H, N = c->n_layers * per_layer + (double)c->vocab_size * D;
@@ -1188,7 +1215,7 @@ static double flops_per_sequence(const HostModel *m, int T) {
             if (m->lora.targets & (1u << t)) lora += c->n_layers * (double)m->lora.r * (in[t] + out[t]);
     }
     double outside = c->sliding_window && c->sliding_window < T ? (double)(T - c->sliding_window) : 0;
-    double attn = 2.0 * c->n_layers * Q * ((double)T * T - outside * outside);
+    double attn = 2.0 * c->n_layers * Q * ((double)T * T - outside * outside) * (s2 ? 15.0 / 64 : 1.0);
     return (m->full_finetune ? 6 * N : 4 * N + 6 * lora) * T + 3 * attn;
 }
 
@@ -1489,6 +1516,11 @@ static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int
         if (tc->val_data[0] && dataset_load(val_ds, tc->val_data, tok, tokpath, &vopt) != 0) return -1;
     }
     *T = dataset_max_len(train_ds);
+    if (tc->s2_attn && *T % 4) { // packing's rows are --max_seq_len long, but for a lone shorter one
+        fprintf(stderr, "error: --s2_attn cuts rows in 4 groups: %s packs into one row of %d tokens, not a multiple of 4\n",
+                tc->data, *T);
+        return -1;
+    }
     if (has_validation(tc) && dataset_max_len(val_ds) > *T) *T = dataset_max_len(val_ds);
     int sample_len = 0; // room for the samples' prompts and continuations
     for (int i = 0; i < tc->sample_prompt.n; i++) {
@@ -1676,6 +1708,7 @@ static double print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
            c->rope_theta, m->host.num_params / 1e6);
     if (c->sliding_window) printf(", a sliding window of %d keys", c->sliding_window);
     printf("\n");
+    if (m->s2_attn) printf("attention in training: shifted sparse (--s2_attn), rows of %d cut in 4 groups of %d; full in evaluation\n", T, T / 4);
     char frozen[96];
     snprintf(frozen, sizeof frozen, "all weights but the embedding%s and the first %d layer(s)", c->tied ? " (the head too: tied)" : "",
              m->host.frozen_units - 1);
@@ -1741,7 +1774,7 @@ static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, 
     Model *m = &r->m;
     int W = r->fsdp.world.size;
     double flops = 0;
-    for (int g = 0; g < tc->grad_accum; g++) flops += (double)tc->batch_size * W * flops_per_sequence(&m->host, r->Ts[g]);
+    for (int g = 0; g < tc->grad_accum; g++) flops += (double)tc->batch_size * W * flops_per_sequence(&m->host, r->Ts[g], m->s2_attn);
     double tflops = flops / (s->ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / (tc->peak_tflops * W) : -1;
     printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s", ts->step, total,
            s->loss, s->lr, s->norm, s->ms, s->n_tokens / (s->ms / 1e3), tflops);

@@ -1,22 +1,26 @@
 // The CPU attention (attention_forward / attention_backward in attention.h)
 // against the textbook definition computed here in double precision: the full
 // masked score row of each query (causal, and with a sliding window W only the
-// keys pos - W + 1 .. pos, as transformers' Mistral masks them), its softmax, the
+// keys pos - W + 1 .. pos, as transformers' Mistral masks them, or with shifted
+// sparse attention only the keys of the query's group), its softmax, the
 // weighted sum of values, and the gradient through them. The shapes cross several
 // query and key tiles, start chunks off the tile grid, use GQA and head sizes that
 // are not a multiple of the vector width, and windows of 1 key, fewer than a
-// tile's, a tile's, more, and more than the sequence. Rows of k, v past the chunk
-// are NaN (they must never be read), and so are the key tiles before every query's
-// window (they must be skipped, not masked: 0 * NaN would show).
+// tile's, a tile's, more, and more than the sequence; shifted sparse groups of 1
+// position, odd sizes, a tile's, across tiles, with a KV head shared by both halves
+// of the query heads. Rows of k, v past the chunk are NaN (they must never be read),
+// and so are the key tiles before every query's first key (they must be skipped,
+// not masked: 0 * NaN would show).
 // Then chunked attention against whole-sequence attention, with and without
-// windows: out, lse and dq bit-identical (each query meets the same key tiles in
+// windows and groups: out, lse and dq bit-identical (each query meets the same key tiles in
 // the same order), dk, dv within rounding (they sum the chunks' contributions in
 // another order). And attention_exp against libm's exp.
 #define TESTING
 #include "../train_llama2.c"
 #include "test_common.h"
 
-typedef struct { int B, T, t0, len, NH, NKV, hd, W; } Shape; // W: the sliding window (0: none)
+// W: the sliding window, G: shifted sparse attention's group size (0: none)
+typedef struct { int B, T, t0, len, NH, NKV, hd, W, G; } Shape;
 
 static float *random_floats(size_t n, float amp, uint64_t *state) {
     float *x = (float *)mallocCheck(n * sizeof(float));
@@ -35,8 +39,23 @@ static double rel_err(const float *a, const double *ref, size_t n, double vanish
     return err / (scale > 0 ? scale : fmax(vanish, 1e-30));
 }
 
-// whether the query at position pos sees key j: causal, and inside a window of W keys
-static int visible(int pos, int j, int W) { return j <= pos && (W == 0 || pos - j < W); }
+// the group of position p, LongLoRA's S2-Attn as described: groups of G from 0 for the
+// first half of the heads; for the second half, cut at G/2, G/2 + G, ... (the
+// positions before G/2 a group of their own, no wrap-around)
+static int s2_group_of(int p, int G, int shifted) { return shifted ? (p + G - G / 2) / G : p / G; }
+// whether the query at position pos of head h sees key j: causal, and inside a window
+// of W keys or in the query's group
+static int visible(const Shape *s, int h, int pos, int j) {
+    int shifted = h >= s->NH / 2;
+    return j <= pos && (s->W == 0 || pos - j < s->W) && (s->G == 0 || s2_group_of(j, s->G, shifted) == s2_group_of(pos, s->G, shifted));
+}
+// the first key the chunk's first query sees in any head: no query sees the keys before it
+static int first_seen(const Shape *s) {
+    int lo = s->t0;
+    for (int h = 0; h < s->NH; h++)
+        for (int j = s->t0; j >= 0 && visible(s, h, s->t0, j); j--) lo = j < lo ? j : lo;
+    return lo;
+}
 
 // out, lse, dq, and dk, dv (only what the chunk adds), by the definition: each
 // query's row of T scores, -inf where masked (masked keys are not even read);
@@ -58,7 +77,7 @@ static void reference(const Shape *s, const float *q, const float *k, const floa
                 for (int j = 0; j < n; j++) {
                     const float *kj = k + (((size_t)b * s->T + j) * s->NKV + h / group) * hd;
                     p[j] = -INFINITY;
-                    if (!visible(pos, j, s->W)) continue;
+                    if (!visible(s, h, pos, j)) continue;
                     p[j] = 0;
                     for (int d = 0; d < hd; d++) p[j] += (double)q[qi + d] * kj[d];
                     p[j] *= scale;
@@ -72,7 +91,7 @@ static void reference(const Shape *s, const float *q, const float *k, const floa
                     size_t kv = (((size_t)b * s->T + j) * s->NKV + h / group) * hd;
                     p[j] = exp(p[j] - maxv) / sum;
                     dp[j] = 0;
-                    if (!visible(pos, j, s->W)) continue; // (p[j] = 0; v is not read)
+                    if (!visible(s, h, pos, j)) continue; // (p[j] = 0; v is not read)
                     for (int d = 0; d < hd; d++) out[qi + d] += p[j] * v[kv + d], dp[j] += (double)dout[qi + d] * v[kv + d];
                     D += p[j] * dp[j];
                     *terms = fmax(*terms, p[j] * fabs(dp[j]) * scale);
@@ -80,7 +99,7 @@ static void reference(const Shape *s, const float *q, const float *k, const floa
                 for (int d = 0; d < hd; d++) dq[qi + d] = 0;
                 for (int j = 0; j < n; j++) {
                     size_t kv = (((size_t)b * s->T + j) * s->NKV + h / group) * hd;
-                    if (!visible(pos, j, s->W)) continue;
+                    if (!visible(s, h, pos, j)) continue;
                     double ds = p[j] * (dp[j] - D) * scale;
                     for (int d = 0; d < hd; d++) {
                         dq[qi + d] += ds * k[kv + d];
@@ -102,8 +121,8 @@ static void reference(const Shape *s, const float *q, const float *k, const floa
 
 static void check_against_reference(const Shape *s, uint64_t seed) {
     char what[160];
-    snprintf(what, sizeof what, "attention B=%d T=%d t0=%d len=%d NH=%d NKV=%d hd=%d W=%d", s->B, s->T, s->t0, s->len,
-             s->NH, s->NKV, s->hd, s->W);
+    snprintf(what, sizeof what, "attention B=%d T=%d t0=%d len=%d NH=%d NKV=%d hd=%d W=%d G=%d", s->B, s->T, s->t0, s->len,
+             s->NH, s->NKV, s->hd, s->W, s->G);
     uint64_t state = seed;
     size_t nq = (size_t)s->B * s->len * s->NH * s->hd, nkv = (size_t)s->B * s->T * s->NKV * s->hd;
     size_t nlse = (size_t)s->B * s->NH * s->len;
@@ -112,7 +131,7 @@ static void check_against_reference(const Shape *s, uint64_t seed) {
     float *v = random_floats(nkv, 1.0f, &state), *dout = random_floats(nq, 1.0f, &state);
     // keys the chunk's first query sees: lo .. t0 + len - 1; no query sees a key before lo,
     // and the key tiles (ATT_KT from 0) wholly before it must not even be read
-    int lo = s->W && s->t0 >= s->W ? s->t0 - s->W + 1 : 0, skipped = lo / ATT_KT * ATT_KT;
+    int lo = first_seen(s), skipped = lo / ATT_KT * ATT_KT;
     for (int b = 0; b < s->B; b++)
         for (int t = 0; t < s->T; t++)
             for (size_t x = ((size_t)b * s->T + t) * s->NKV * s->hd, e = x + (size_t)s->NKV * s->hd; x < e; x++)
@@ -123,7 +142,7 @@ static void check_against_reference(const Shape *s, uint64_t seed) {
     float *dq = random_floats(nq, 1.0f, &state); // overwritten
     float *dk = (float *)mallocCheck(nkv * sizeof(float)), *dv = (float *)mallocCheck(nkv * sizeof(float));
     memcpy(dk, dk0, nkv * sizeof(float)), memcpy(dv, dv0, nkv * sizeof(float));
-    Chunk ch = {s->B, s->T, s->t0, s->len, s->W};
+    Chunk ch = {s->B, s->T, s->t0, s->len, s->W, s->G};
     attention_forward(out, lse, q, k, v, &ch, s->NH, s->NKV, s->hd);
     attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &ch, s->NH, s->NKV, s->hd);
 
@@ -189,8 +208,9 @@ static void chunk_rows(float *c, float *x, int B, int T, int t0, int len, size_t
 
 // Whole-sequence attention against the same sequence in chunks of C (the last
 // one shorter), run as the trainer runs them: forward in order, backward in
-// reverse, dk and dv added up across chunks; with a sliding window of W keys.
-static void check_chunked(int C, int W) {
+// reverse, dk and dv added up across chunks; with a sliding window of W keys, or
+// shifted sparse groups of G positions.
+static void check_chunked(int C, int W, int G) {
     enum { B = 2, T = 300, NH = 4, NKV = 2, HD = 48 };
     uint64_t state = 7;
     size_t nq = (size_t)B * T * NH * HD, nkv = (size_t)B * T * NKV * HD, w = (size_t)NH * HD;
@@ -199,7 +219,7 @@ static void check_chunked(int C, int W) {
     float *out = (float *)mallocCheck(nq * sizeof(float)), *lse = (float *)mallocCheck((size_t)B * NH * T * sizeof(float));
     float *dq = (float *)mallocCheck(nq * sizeof(float));
     float *dk = (float *)callocCheck(nkv, sizeof(float)), *dv = (float *)callocCheck(nkv, sizeof(float));
-    Chunk whole = {B, T, 0, T, W};
+    Chunk whole = {B, T, 0, T, W, G};
     attention_forward(out, lse, q, k, v, &whole, NH, NKV, HD);
     attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &whole, NH, NKV, HD);
 
@@ -210,7 +230,7 @@ static void check_chunked(int C, int W) {
     float *dk_c = (float *)callocCheck(nkv, sizeof(float)), *dv_c = (float *)callocCheck(nkv, sizeof(float));
     int lse_same = 1;
     for (int t0 = 0; t0 < T; t0 += C) {
-        Chunk ch = {B, T, t0, T - t0 < C ? T - t0 : C, W};
+        Chunk ch = {B, T, t0, T - t0 < C ? T - t0 : C, W, G};
         chunk_rows(cq, q, B, T, t0, ch.len, w, 1);
         attention_forward(cout, clse, cq, k, v, &ch, NH, NKV, HD);
         chunk_rows(cout, out_c, B, T, t0, ch.len, w, 0);
@@ -218,7 +238,7 @@ static void check_chunked(int C, int W) {
             lse_same &= memcmp(clse + (size_t)bh * ch.len, lse + (size_t)bh * T + t0, ch.len * sizeof(float)) == 0;
     }
     for (int t0 = (T - 1) / C * C; t0 >= 0; t0 -= C) {
-        Chunk ch = {B, T, t0, T - t0 < C ? T - t0 : C, W};
+        Chunk ch = {B, T, t0, T - t0 < C ? T - t0 : C, W, G};
         chunk_rows(cq, q, B, T, t0, ch.len, w, 1);
         chunk_rows(cdout, dout, B, T, t0, ch.len, w, 1);
         chunk_rows(cout, out_c, B, T, t0, ch.len, w, 1);
@@ -229,14 +249,14 @@ static void check_chunked(int C, int W) {
     double *dk64 = (double *)mallocCheck(nkv * sizeof(double)), *dv64 = (double *)mallocCheck(nkv * sizeof(double));
     for (size_t x = 0; x < nkv; x++) dk64[x] = dk[x], dv64[x] = dv[x];
     double e_dk = rel_err(dk_c, dk64, nkv, 0), e_dv = rel_err(dv_c, dv64, nkv, 0);
-    char what[120];
-    snprintf(what, sizeof what, "attention in chunks of %d, window %d == whole: out, lse, dq bit for bit", C, W);
+    char what[160];
+    snprintf(what, sizeof what, "attention in chunks of %d, window %d, groups of %d == whole: out, lse, dq bit for bit", C, W, G);
     CHECK(memcmp(out, out_c, nq * sizeof(float)) == 0 && lse_same && memcmp(dq, dq_c, nq * sizeof(float)) == 0, what,
           "out %s, lse %s, dq %s", memcmp(out, out_c, nq * sizeof(float)) ? "differ" : "same", lse_same ? "same" : "differ",
           memcmp(dq, dq_c, nq * sizeof(float)) ? "differ" : "same");
     // dk, dv sum the same terms in another order (chunk by chunk, later chunks first):
     // a few roundings of fp32 sums, measured up to ~3e-7 of the largest element
-    snprintf(what, sizeof what, "attention in chunks of %d, window %d == whole: dk, dv within 1e-6", C, W);
+    snprintf(what, sizeof what, "attention in chunks of %d, window %d, groups of %d == whole: dk, dv within 1e-6", C, W, G);
     CHECK(e_dk < 1e-6 && e_dv < 1e-6, what, "dk %.2g dv %.2g", e_dk, e_dv);
     free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(cq), free(cdout);
     free(cout), free(cdq), free(clse), free(out_c), free(dq_c), free(dk_c), free(dv_c), free(dk64), free(dv64);
@@ -245,26 +265,38 @@ static void check_chunked(int C, int W) {
 int main(void) {
     check_exp();
     const Shape shapes[] = {
-        {2, 150, 0, 150, 4, 2, 16, 0},   // whole sequences over three tiles, GQA, the fixtures' head size
-        {1, 300, 171, 129, 3, 1, 40, 0}, // a chunk starting off the tile grid, hd not a multiple of the vector width
-        {2, 130, 64, 66, 8, 8, 64, 0},
-        {1, 200, 199, 1, 2, 2, 128, 0},  // one query at the end of a long prefix
-        {1, 70, 0, 70, 6, 3, 8, 0},
+        {2, 150, 0, 150, 4, 2, 16, 0, 0},   // whole sequences over three tiles, GQA, the fixtures' head size
+        {1, 300, 171, 129, 3, 1, 40, 0, 0}, // a chunk starting off the tile grid, hd not a multiple of the vector width
+        {2, 130, 64, 66, 8, 8, 64, 0, 0},
+        {1, 200, 199, 1, 2, 2, 128, 0, 0},  // one query at the end of a long prefix
+        {1, 70, 0, 70, 6, 3, 8, 0, 0},
         // sliding windows (ATT_KT = 64 keys a tile): of one key, fewer than a tile's, a tile's, more, more than T
-        {2, 150, 0, 150, 4, 2, 16, 1},
-        {1, 300, 171, 129, 3, 1, 40, 1},
-        {1, 300, 171, 129, 3, 1, 40, 17},
-        {2, 300, 0, 300, 4, 2, 16, 64},
-        {1, 300, 200, 100, 2, 1, 64, 64},
-        {1, 400, 250, 150, 6, 2, 32, 100},
-        {1, 200, 199, 1, 2, 2, 128, 70}, // one query, its window inside a long prefix
-        {1, 150, 40, 110, 4, 4, 24, 1000},
+        {2, 150, 0, 150, 4, 2, 16, 1, 0},
+        {1, 300, 171, 129, 3, 1, 40, 1, 0},
+        {1, 300, 171, 129, 3, 1, 40, 17, 0},
+        {2, 300, 0, 300, 4, 2, 16, 64, 0},
+        {1, 300, 200, 100, 2, 1, 64, 64, 0},
+        {1, 400, 250, 150, 6, 2, 32, 100, 0},
+        {1, 200, 199, 1, 2, 2, 128, 70, 0}, // one query, its window inside a long prefix
+        {1, 150, 40, 110, 4, 4, 24, 1000, 0},
+        // shifted sparse attention (groups of G = T / 4 as the trainer cuts them, and others):
+        // groups across tiles; an odd G (half-groups of 37) in a chunk off the tile grid with one
+        // KV head that both halves of the query heads read; G a tile; one query; groups of 1
+        {2, 152, 0, 152, 4, 2, 16, 0, 38},
+        {1, 300, 171, 129, 4, 1, 40, 0, 75},
+        {1, 256, 0, 256, 2, 1, 64, 0, 64},
+        {1, 400, 250, 150, 6, 2, 32, 0, 100},
+        {1, 200, 199, 1, 2, 2, 128, 0, 50},
+        {2, 4, 0, 4, 2, 1, 8, 0, 1},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_against_reference(&shapes[i], 100 + i);
     // chunk sizes: one query, off the tile grid, one tile, across tiles, half; windows: none,
-    // one key, the chunk size 37, a tile, more than a tile, more than the sequence
+    // one key, the chunk size 37, a tile, more than a tile, more than the sequence; shifted
+    // sparse groups of T / 4 = 75 (half-groups of 37)
     const int chunks[] = {1, 37, 64, 100, 150}, windows[] = {0, 1, 37, 64, 100, 1000};
-    for (size_t i = 0; i < sizeof chunks / sizeof chunks[0]; i++)
-        for (size_t j = 0; j < sizeof windows / sizeof windows[0]; j++) check_chunked(chunks[i], windows[j]);
+    for (size_t i = 0; i < sizeof chunks / sizeof chunks[0]; i++) {
+        for (size_t j = 0; j < sizeof windows / sizeof windows[0]; j++) check_chunked(chunks[i], windows[j], 0);
+        check_chunked(chunks[i], 0, 75);
+    }
     return test_summary();
 }

@@ -8,7 +8,9 @@
 // DoRA, whose row norms the first chunk computes for all) and
 // full fine-tuning, and with sliding windows (Mistral's sliding_window) of one
 // key, of a chunk's length and of more or fewer than a chunk's, so that windows
-// cross chunk boundaries; then 30 training steps whole against chunked. Each of those
+// cross chunk boundaries, and with --s2_attn's shifted sparse groups (of 6 positions,
+// half-groups of 3: cut by every chunk size but 24, and the carry seen only within
+// a group); then 30 training steps whole against chunked. Each of those
 // runs again with --activation_checkpointing (every layer's forward re-run from
 // its input before its backward), which must give the same bits: the same
 // operations in the same order, so no tolerance (loss, logits, every gradient,
@@ -32,6 +34,8 @@ enum { B = 2, T = 24 };
 
 // LoRA runs with --use_dora (main sets it for a pass of test_equal)
 static int dora_runs;
+// training runs with --s2_attn 1 (main sets it for a pass of test_equal)
+static int s2_runs;
 
 // window: the config's sliding_window, set after loading (-1: the fixture's own)
 static void setup(Model *m, const char *model, int full, int chunk, const char *mem, int out_chunks, int ckpt, int window) {
@@ -48,6 +52,7 @@ static void setup(Model *m, const char *model, int full, int chunk, const char *
     if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("test arguments rejected");
     if (model_setup(m, NULL, &tc, B, T, NULL) != 0) die("cannot set up %s", model);
     if (window >= 0) m->host.config.sliding_window = window; // else the config's
+    m->s2_attn = s2_runs; // (parse_args takes --s2_attn with --batching packing only)
     if (m->host.use_lora) { // B = 0 would leave A without gradient
         uint64_t state = 11;
         for (int i = 0; i < m->host.lora.n_layers; i++)
@@ -145,14 +150,21 @@ static void test_equal(const char *model, int full, int window) {
     setup(&whole, model, full, 0, "keep", 1, 0, window);
     Run ref = run(&whole, tokens, targets);
     size_t n_logits = (size_t)B * T * whole.host.config.vocab_size;
-    if (whole.host.config.sliding_window > 0) { // the window binds: T = 24 tokens are longer than it
+    if (whole.host.config.sliding_window > 0 || s2_runs) { // the window binds (T = 24 tokens are longer), or the groups
         Model causal;
         setup(&causal, model, full, 0, "keep", 1, 0, 0);
+        causal.s2_attn = 0;
         Run c = run(&causal, tokens, targets);
         char w[200];
-        snprintf(w, sizeof w, "%s %s window %d: the loss differs from plain causal attention's", model,
-                 full ? "full" : dora_runs ? "dora" : "lora", whole.host.config.sliding_window);
+        snprintf(w, sizeof w, "%s %s window %d s2_attn %d: the training loss differs from plain causal attention's", model,
+                 full ? "full" : dora_runs ? "dora" : "lora", whole.host.config.sliding_window, s2_runs);
         CHECK(c.loss != ref.loss, w, "%.10g, causal %.10g", ref.loss, c.loss);
+        if (s2_runs) { // evaluation (model_forward) attends fully
+            snprintf(w, sizeof w, "%s %s s2_attn: evaluation's logits are causal attention's, bit for bit", model,
+                     full ? "full" : "lora");
+            size_t d = bits_differ(ref.logits, c.logits, n_logits);
+            CHECK(d == 0, w, "%zu of %zu differ", d, n_logits);
+        }
         free(c.logits); free(c.grads);
         model_free(&causal);
     }
@@ -164,8 +176,9 @@ static void test_equal(const char *model, int full, int window) {
         setup(&m, model, full, cases[k].chunk, cases[k].mem, cases[k].out_chunks, 0, window);
         Run got = run(&m, tokens, targets);
         char what[256], name[200] = "";
-        snprintf(what, sizeof what, "%s %s C=%d %s output_chunks=%d window=%d", model, full ? "full" : dora_runs ? "dora" : "lora",
-                 cases[k].chunk, cases[k].mem, cases[k].out_chunks, m.host.config.sliding_window);
+        snprintf(what, sizeof what, "%s %s C=%d %s output_chunks=%d window=%d s2_attn=%d", model,
+                 full ? "full" : dora_runs ? "dora" : "lora", cases[k].chunk, cases[k].mem, cases[k].out_chunks,
+                 m.host.config.sliding_window, s2_runs);
         char w[400];
         snprintf(w, sizeof w, "%s vs whole: loss", what);
         CHECK(fabs(got.loss - ref.loss) <= 1e-6 * fabs(ref.loss), w, "%.10g vs %.10g", got.loss, ref.loss);
@@ -370,6 +383,12 @@ int main(void) {
     test_equal("tiny_gqa", 0, -1);
     test_equal("tiny_tied", 0, -1);
     dora_runs = 0;
+    s2_runs = 1; // shifted sparse attention (tiny_llama3: 4 query heads over 2 KV heads, as tiny_gqa, head_dim 12)
+    for (int full = 0; full < 2; full++) {
+        test_equal("tiny_gqa", full, -1);
+        test_equal("tiny_llama3", full, -1);
+    }
+    s2_runs = 0;
     test_trajectory();
     test_memory();
     test_checkpointing_memory();

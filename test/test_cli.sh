@@ -185,6 +185,20 @@ if [ $? -eq 0 ] && grep -q "^model .*, a sliding window of 5 keys$" "$TMP/swa.lo
 else
     echo "FAIL cli: sliding_window 5: $(grep -m1 "^model\|error" "$TMP/swa.log")"; fails=$((fails + 1))
 fi
+# --s2_attn: what it cannot compose with is refused, naming the option; a packed run plans and trains
+expect_error "--s2_attn with padding's batches" "--s2_attn needs --batching packing" --model $FIX/tiny_gqa "${RUN[@]}" --s2_attn 1
+expect_error "--s2_attn with rows not a multiple of 4" "--s2_attn cuts rows in 4 groups: --max_seq_len 22 is not a multiple of 4" \
+    --model $FIX/tiny_gqa "${RUN[@]}" --s2_attn 1 --batching packing --max_seq_len 22
+model_copy tiny_gqa; sed -i 's/"vocab_size": 512/"vocab_size": 512, "sliding_window": 5/' "$TMP/m/config.json"
+expect_error "--s2_attn with a sliding window" "--s2_attn: .* has a sliding window of 5 keys" --model "$TMP/m" "${RUN[@]}" --s2_attn 1 --batching packing
+expect_error "--s2_attn with an odd head count" "--s2_attn splits the query heads in halves: .* has 3 \(num_attention_heads\)" \
+    --model $FIX/tiny_tied "${RUN[@]}" --s2_attn 1 --batching packing
+"$BIN" --model $FIX/tiny_gqa "${RUN[@]}" --s2_attn 1 --batching packing --chunk_size 5 >"$TMP/s2.log" 2>&1
+if [ $? -eq 0 ] && grep -q "^attention in training: shifted sparse (--s2_attn), rows of 24 cut in 4 groups of 6; full in evaluation$" "$TMP/s2.log"; then
+    echo "ok cli: --s2_attn 1 --batching packing trains, and the plan says so"
+else
+    echo "FAIL cli: --s2_attn 1: $(grep -m1 "^attention\|error" "$TMP/s2.log")"; fails=$((fails + 1))
+fi
 model_copy tiny_gqa; sed -i 's/"rope_theta": 10000.0/"rope_theta": 1e39/' "$TMP/m/config.json"
 expect_error "rope_theta beyond float" "rope_theta' must be a positive finite number" --model "$TMP/m" "${RUN[@]}"
 model_copy tiny_gqa; sed -i 's/"hidden_size": 64/"hidden_size": 65536/; s/"intermediate_size": 96/"intermediate_size": 262144/; s/"vocab_size": 512/"vocab_size": 16777216/' "$TMP/m/config.json"

@@ -500,7 +500,7 @@ template <typename E> void test_attention_tc(double tol) {
     int B = 1, T = 80, NH = 2, NKV = 1, hd = 64;
     for (int t0 : {0, 13}) {
         int len = T - t0;
-        Chunk ch = {B, T, t0, len, 0};
+        Chunk ch = {B, T, t0, len, 0, 0};
         size_t nq = (size_t)B * len * NH * hd, nkv = (size_t)B * T * NKV * hd;
         uint64_t rng = 99 + t0;
         auto fill = [&](std::vector<E> &x, float scale) {

@@ -338,6 +338,46 @@ static void test_model(const char *model, const char *mode) {
     json_free(&exp);
 }
 
+// how check_step sets tiny_gqa up beyond its fixture run's options
+typedef struct { int chunk; const char *memory; int pieces, ckpt, s2; } StepRun;
+
+// One step of n micro-batches (rows of Ts[g] tokens, B rows each) of tiny_gqa, set up as its
+// fixture's full or LoRA run (mode, hyperparameters from train) with run's options: the loss
+// per label against want_loss to 1e-5 relative and every trainable gradient against ef's
+// <mode>.grad.* to 1e-4 of its largest element (fp32 against float64), the checks named
+// after run_name
+static void check_step(const JsonValue *train, const char *mode, StepRun run, int B, int n, int *const *tokens,
+                       int *const *targets, const int *Ts, long labels, double want_loss, StFile *ef, const char *run_name) {
+    char outdir[256], metrics[300];
+    snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_step", (int)getpid());
+    snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+    TrainConfig tc;
+    char *argv[64];
+    int full = !strcmp(mode, "full");
+    fixture_config(&tc, argv, "tiny_gqa", json_get(train, mode), full ? NULL : "peft_init", outdir, metrics, NULL);
+    tc.batch_size = B, tc.chunk_size = run.chunk, tc.chunk_memory = run.memory, tc.num_output_chunks = run.pieces;
+    tc.activation_checkpointing = run.ckpt, tc.s2_attn = run.s2;
+    int T = 0;
+    for (int g = 0; g < n; g++) T = Ts[g] > T ? Ts[g] : T;
+    Model m;
+    if (model_setup(&m, NULL, &tc, B, T, NULL) != 0) die("%s: model setup failed", run_name);
+    Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
+    int ntr = list_trainables(&m, tr);
+    for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
+    double loss = 0;
+    for (int g = 0; g < n; g++) loss += model_forward_backward(&m, tokens[g], targets[g], B, Ts[g], 1.0f / labels);
+    char what[300], path[300];
+    snprintf(what, sizeof what, "%s: loss", run_name);
+    check_rel(loss / labels, want_loss, 0, 1e-5, what);
+    snprintf(what, sizeof what, "%s: grad", run_name);
+    for (int i = 0; i < ntr; i++) {
+        snprintf(path, sizeof path, "%s.grad.%s", mode, tr[i].name);
+        check_weight(ef, path, tr[i].name, tr[i].grad, tr[i].n, &m.host.config, 1e-4, what);
+    }
+    free(tr);
+    model_free(&m);
+}
+
 // Targets -100 inside rows, as SFT data has them (a prompt, then the response; padding;
 // a hole between two labelled runs): the loss and every gradient of one micro-batch of
 // tiny_gqa against transformers + peft in float64 (mask.safetensors, from
@@ -358,36 +398,58 @@ static void test_mask(void) {
         st_read_i32(&ef, gt, targets) != 0)
         die("mask: tokens and targets (%d, %d) missing", B, T);
     long labels = (long)json_num(&exp, "labels");
-    struct { int chunk; const char *memory; int pieces; } runs[] = {{0, "keep", 1}, {7, "recompute", 1}, {0, "keep", 3}};
+    StepRun runs[] = {{0, "keep", 1, 0, 0}, {7, "recompute", 1, 0, 0}, {0, "keep", 3, 0, 0}};
+    int *tok[] = {tokens}, *tgt[] = {targets}, Ts[] = {T};
     for (int full = 0; full < 2; full++)
         for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
             const char *mode = full ? "full" : "lora";
-            char outdir[256], metrics[300], what[300], path[300];
-            snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_mask", (int)getpid());
-            snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
-            TrainConfig tc;
-            char *argv[64];
-            fixture_config(&tc, argv, "tiny_gqa", json_get(json_get(&ref, "train"), mode), full ? NULL : "peft_init", outdir,
-                           metrics, NULL);
-            tc.batch_size = B, tc.chunk_size = runs[r].chunk, tc.chunk_memory = runs[r].memory, tc.num_output_chunks = runs[r].pieces;
-            Model m;
-            if (model_setup(&m, NULL, &tc, B, T, NULL) != 0) die("mask: model setup failed");
-            Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
-            int ntr = list_trainables(&m, tr);
-            for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
-            double loss = model_forward_backward(&m, tokens, targets, B, T, 1.0f / labels);
             char run_name[200];
             snprintf(run_name, sizeof run_name, "tiny_gqa %s, targets -100 inside rows (C=%d %s, %d output pieces)", mode,
                      runs[r].chunk, runs[r].memory, runs[r].pieces);
-            snprintf(what, sizeof what, "%s: loss", run_name);
-            check_rel(loss / labels, json_num(&exp, full ? "full_loss" : "lora_loss"), 0, 1e-5, what);
-            snprintf(what, sizeof what, "%s: grad", run_name);
-            for (int i = 0; i < ntr; i++) {
-                snprintf(path, sizeof path, "%s.grad.%s", mode, tr[i].name);
-                check_weight(&ef, path, tr[i].name, tr[i].grad, tr[i].n, &m.host.config, 1e-4, what);
-            }
-            free(tr);
-            model_free(&m);
+            check_step(json_get(&ref, "train"), mode, runs[r], B, 1, tok, tgt, Ts, labels,
+                       json_num(&exp, full ? "full_loss" : "lora_loss"), &ef, run_name);
+        }
+    st_close(&ef);
+    json_free(&exp);
+    json_free(&ref);
+}
+
+// --s2_attn 1, LongLoRA's shifted sparse attention: the loss and every gradient of one step
+// of tiny_gqa (two micro-batches, T = 24 and 20: groups of 6 and 5) against transformers +
+// peft in float64 with the grouping written out in PyTorch (s2attn.safetensors, from
+// dev/reference/make_s2attn_fixtures.py), full fine-tuning and LoRA. Whole, in chunks of 7
+// (recompute: chunks that cut the groups, whose queries see the carry within their group),
+// of 5 with activation checkpointing, and of 1. Tolerances as test_mask's: fp32 against
+// float64, the loss to 1e-5 relative, each gradient to 1e-4 of its largest element (the
+// grouping changes the loss by 4.5e-3 relative, the gradients by far more).
+static void test_s2attn(void) {
+    JsonValue exp = read_json("test/fixtures/tiny_gqa/ref/s2attn.json"), ref = read_json("test/fixtures/tiny_gqa/ref/expected.json");
+    StFile ef;
+    if (st_open(&ef, "test/fixtures/tiny_gqa/ref/s2attn.safetensors") != 0) die("s2attn: no fixture");
+    enum { B = 2, MAXT = 24, MBS = 2 };
+    int tokens[MBS][B * MAXT], targets[MBS][B * MAXT], Ts[MBS];
+    for (int g = 0; g < MBS; g++) {
+        char name[32];
+        snprintf(name, sizeof name, "tokens_%d", g);
+        const StTensor *tt = st_find(&ef, name);
+        snprintf(name, sizeof name, "targets_%d", g);
+        const StTensor *gt = st_find(&ef, name);
+        if (!tt || !gt || tt->ndim != 2 || tt->shape[0] != B || tt->shape[1] > MAXT || gt->numel != tt->numel ||
+            st_read_i32(&ef, tt, tokens[g]) != 0 || st_read_i32(&ef, gt, targets[g]) != 0)
+            die("s2attn: micro-batch %d missing", g);
+        Ts[g] = (int)tt->shape[1];
+    }
+    long labels = (long)json_num(&exp, "labels");
+    StepRun runs[] = {{0, "keep", 1, 0, 1}, {7, "recompute", 1, 0, 1}, {5, "keep", 1, 1, 1}, {1, "keep", 1, 0, 1}};
+    int *tok[] = {tokens[0], tokens[1]}, *tgt[] = {targets[0], targets[1]};
+    for (int full = 0; full < 2; full++)
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            const char *mode = full ? "full" : "lora";
+            char run_name[200];
+            snprintf(run_name, sizeof run_name, "tiny_gqa %s, --s2_attn 1 (C=%d %s%s)", mode, runs[r].chunk, runs[r].memory,
+                     runs[r].ckpt ? ", activation checkpointing" : "");
+            check_step(json_get(&ref, "train"), mode, runs[r], B, MBS, tok, tgt, Ts, labels,
+                       json_num(&exp, full ? "full_loss" : "lora_loss"), &ef, run_name);
         }
     st_close(&ef);
     json_free(&exp);
@@ -782,6 +844,7 @@ int main(void) {
     test_optimizer_runs("sgd");
     test_optimizer_runs("adamw8bit");
     test_mask();
+    test_s2attn();
     const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama", "tiny_mistral"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         test_model(models[i], "lora");

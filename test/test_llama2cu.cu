@@ -10,7 +10,9 @@
 // keys (Mistral's sliding_window: shorter than T and than most chunks, longer
 // than some), in --precision fp32 and bf16 (and a few cases in fp16, whose bf16
 // refusal on GPUs without bf16 is checked too); the head_dim-64 model with that
-// window too, for the tensor cores' window, in single micro-batches; rows of 200
+// window too, for the tensor cores' window, in single micro-batches; --s2_attn 1
+// (LongLoRA's shifted sparse groups) on tiny_gqa and the head_dim-64 model, rows of
+// 24 and of 200 tokens, whole and chunked, and 10 steps of tiny_gqa; rows of 200
 // tokens (several attention tiles, a partial last one, chunks whose queries start
 // inside a tile against a KV carry) on tiny_gqa and models of head_dim 64 and 128
 // (LoRA, fp32 and bf16, whole and in chunks); and a few
@@ -95,6 +97,7 @@ struct Case {
     const char *quantize = NULL; // QLoRA: --quantize nf4 | fp4 (double quantization, the default)
     int freeze = 0;        // --freeze_layers (full fine-tuning)
     int T = T_DEFAULT;     // tokens a row (--max_seq_len)
+    bool s2 = false;       // --s2_attn 1 (and --batching packing, which it needs)
 };
 enum { ADAMW, SGD_MOMENTUM, SGD_NESTEROV }; // the optimizer of a Pair (SGD: momentum 0.9, Nesterov or not)
 
@@ -103,10 +106,10 @@ std::string describe(const Case &c, int optimizer = ADAMW) {
     char buf[200];
     const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
     const char *optimizers[] = {"", " sgd momentum", " sgd nesterov"};
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%s%s%.0d%s%.0d", model, c.full ? "full" : c.dora ? "dora" : "lora",
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%s%s%.0d%s%.0d%s", model, c.full ? "full" : c.dora ? "dora" : "lora",
              c.precision, c.chunk, c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", optimizers[optimizer],
              c.quantize ? " qlora " : "", c.quantize ? c.quantize : "", c.freeze ? " freeze_layers=" : "", c.freeze,
-             c.T != T_DEFAULT ? " T=" : "", c.T != T_DEFAULT ? c.T : 0);
+             c.T != T_DEFAULT ? " T=" : "", c.T != T_DEFAULT ? c.T : 0, c.s2 ? " s2_attn" : "");
     return buf;
 }
 
@@ -139,6 +142,7 @@ struct Pair {
             else a.insert(a.end(), {"--from_peft_checkpoint", model + (c.dora ? "/dora/peft_init" : "/peft_init")}); // B != 0
             if (c.freeze) a.insert(a.end(), {"--freeze_layers", std::to_string(c.freeze)});
             if (c.quantize) a.insert(a.end(), {"--quantize", c.quantize});
+            if (c.s2) a.insert(a.end(), {"--s2_attn", "1", "--batching", "packing"});
             for (std::string &arg : a) argv[side].push_back(&arg[0]);
         }
         cpu = cpu_new((int)argv[0].size(), argv[0].data(), B, T);
@@ -518,6 +522,30 @@ int main(int argc, char **argv) {
                 Case chunked = {model.c_str(), (bool)full, precision, 5, "recompute", 1, false};
                 if (model == windowed && mine()) check_steps(whole, steps);
                 if (model == windowed && mine()) check_steps(chunked, steps);
+            }
+    // --s2_attn 1: groups of T/4 (6 positions in rows of 24: cut by chunks of 7 and 1, whose queries
+    // see the carry only within their group), tiny_gqa (SIMT) and the head_dim-64 model (bf16 on
+    // tensor cores); rows of 200 (groups of 50, shifted by 25, across the 32- and 64-key tiles) whole
+    // and in chunks of 72; 10 steps of tiny_gqa whole and in chunks of 5
+    for (const std::string &model : {std::string("test/fixtures/tiny_gqa"), hd64})
+        for (const char *precision : precisions)
+            for (int full = 0; full < 2; full++) {
+                for (int k : {0, 1, 4}) {
+                    Case c = chunkings[k];
+                    c.model = model.c_str(); c.full = full; c.precision = precision; c.s2 = true;
+                    if ((k != 4 || !quick) && mine()) check_case(c);
+                }
+                Case whole = {model.c_str(), (bool)full, precision, 0, "keep", 1, false};
+                Case chunked = {model.c_str(), (bool)full, precision, 72, "recompute", 3, false};
+                whole.T = chunked.T = 200;
+                whole.s2 = chunked.s2 = true;
+                if (!full && !quick && mine()) check_case(whole);
+                if (!full && mine()) check_case(chunked);
+                Case steps_whole = {model.c_str(), (bool)full, precision, 0, "keep", 1, false};
+                Case steps_chunked = {model.c_str(), (bool)full, precision, 5, "recompute", 1, false};
+                steps_whole.s2 = steps_chunked.s2 = true;
+                if (model != hd64 && mine()) check_steps(steps_whole, steps);
+                if (model != hd64 && mine()) check_steps(steps_chunked, steps);
             }
     // DoRA (peft's adapter of tiny_gqa, dropout 0.1): whole and in chunks with activation
     // checkpointing, and 10 steps whole and in chunks, in each precision

@@ -163,15 +163,21 @@ static void test_flops(void) {
     double N = 2 * (64.0 * 64 * 2 + 64.0 * 32 * 2 + 3 * 64.0 * 96) + 512.0 * 64, T = 24;
     double attn = 2 * 2 * 64.0 * T * T;
     m.full_finetune = 1;
-    double full = flops_per_sequence(&m, 24);
+    double full = flops_per_sequence(&m, 24, 0);
     CHECK(fabs(full - (6 * N * T + 3 * attn)) < 1e-6 * full, "FLOPs: full fine-tuning = 6 N T + 3 x attention",
           "%.6g vs %.6g", full, 6 * N * T + 3 * attn);
     // a sliding window of 8 keys: query i sees min(i + 1, 8) of them, 8 * 24 - 28 = 164 pairs, which
     // the continuous count (as T^2 / 2 for causal) makes 24^2 / 2 - 16^2 / 2 = 160, not 24^2 / 2 = 288
     m.config.sliding_window = 8;
-    double windowed = flops_per_sequence(&m, 24), wattn = 4 * 2 * 64.0 * 160;
+    double windowed = flops_per_sequence(&m, 24, 0), wattn = 4 * 2 * 64.0 * 160;
     CHECK(fabs(windowed - (6 * N * T + 3 * wattn)) < 1e-6 * windowed, "FLOPs: a sliding window counts only its scores",
           "%.6g vs %.6g", windowed, 6 * N * T + 3 * wattn);
+    // --s2_attn: groups of 6; the first half of the heads 4 of them, 4 * 6^2 / 2 = 72 pairs (continuous
+    // count), the second 3 and two of 3, 54 + 9 = 63: 67.5 pairs a head on average, not 288
+    m.config.sliding_window = 0;
+    double s2 = flops_per_sequence(&m, 24, 1), s2attn = 4 * 2 * 64.0 * 67.5;
+    CHECK(fabs(s2 - (6 * N * T + 3 * s2attn)) < 1e-6 * s2, "FLOPs: --s2_attn counts only its groups' scores", "%.6g vs %.6g",
+          s2, 6 * N * T + 3 * s2attn);
     host_model_free(&m);
 }
 

@@ -1,13 +1,15 @@
 // attention_forward / attention_backward (attention.cuh) against attention.h's,
 // for whole sequences and chunks (t0 > 0, not tile aligned), GQA groups of 1 to 4,
 // head dims from 16 to 256, causal and with sliding windows (W: one key, fewer
-// than a tile's, a tile's, more; windows inside a long prefix). Variants:
+// than a tile's, a tile's, more; windows inside a long prefix), and with shifted
+// sparse attention's groups (G: smaller than a tile, odd, a tile's, across tiles;
+// in chunks; one KV head read by both halves of the query heads). Variants:
 // fp32/simt, bf16/simt, bf16/tc (tensor cores), fp16/simt, fp16/tc. Inputs are
 // bf16 values, so one CPU result serves every variant (fp16 holds them exactly but
 // for those below 2^-14 in magnitude, which lose low bits in its subnormals: at
 // most 2^-25 absolute, nothing next to the tolerances). Key and value rows past t0 + len are NaN
 // on both sides, and so are those of the 64-key tiles before the window of the
-// chunk's first query: a kernel that reads them (rather than skipping them) fails.
+// chunk's first query (in any head): a kernel that reads them (rather than skipping them) fails.
 // dk, dv start from small random values (the dKV carry) that the backward must
 // add to; rows no query sees (past t0 + len, before the first query's window)
 // must come back unchanged, to the bit.
@@ -17,23 +19,29 @@
 #include "common.cuh"
 #include "../../attention.cuh"
 
-struct Shape { int B, T, t0, len, NH, NKV, hd, W; }; // W: the sliding window (0: none)
+// W: the sliding window, G: shifted sparse attention's group size (0: none)
+struct Shape { int B, T, t0, len, NH, NKV, hd, W, G = 0; };
 
-Chunk chunk_of(Shape sh) { return {sh.B, sh.T, sh.t0, sh.len, sh.W}; }
+Chunk chunk_of(Shape sh) { return {sh.B, sh.T, sh.t0, sh.len, sh.W, sh.G}; }
 
 // Useful forward FLOPs: each (b, h) scores the visible query-key pairs (query i
-// sees t0 + i + 1 keys, at most W: len * t0 + len (len + 1) / 2 of them without a
-// window), each costing 2 products of 2 hd FLOPs. The backward counts 2.5 times
-// that (5 products; our deterministic split does 7). dev/bench_sdpa.py counts the
-// same (causal).
+// sees t0 + i + 1 keys, at most W, or those of its group: len * t0 + len (len + 1) / 2
+// of them without a window or groups), each costing 2 products of 2 hd FLOPs. The
+// backward counts 2.5 times that (5 products; our deterministic split does 7).
+// dev/bench_sdpa.py counts the same (causal).
 double attention_flops(Shape sh) {
+    Chunk ch = chunk_of(sh);
     double pairs = 0;
-    for (int i = 0; i < sh.len; i++) pairs += sh.W && sh.t0 + i + 1 > sh.W ? sh.W : sh.t0 + i + 1;
-    return 4.0 * pairs * sh.B * sh.NH * sh.hd;
+    for (int h = 0; h < sh.NH; h++)
+        for (int i = 0; i < sh.len; i++) pairs += sh.t0 + i + 1 - attention_first_key(&ch, sh.t0 + i, h, sh.NH);
+    return 4.0 * pairs * sh.B * sh.hd;
 }
 
 // the first key a query of the chunk sees: rows before it are no query's
-int first_seen(Shape sh) { return attention_first_key(chunk_of(sh), 0); }
+int first_seen(Shape sh) {
+    Chunk ch = chunk_of(sh);
+    return attention_chunk_first_key(&ch, sh.NH);
+}
 
 // inputs and the CPU twin's outputs for one shape, shared by every variant: the
 // inputs are bf16 values (exact in fp32 too), and the backward of both sides
@@ -68,13 +76,13 @@ Reference make_reference(Shape sh) {
     r.out.resize(nq);
     r.lse.resize((size_t)B * NH * len);
     r.dq.resize(nq);
-    ref_attention_forward(r.out.data(), r.lse.data(), r.q.data(), r.k.data(), r.v.data(), B, Tn, t0, len, sh.W, NH, NKV,
-                          hd);
+    ref_attention_forward(r.out.data(), r.lse.data(), r.q.data(), r.k.data(), r.v.data(), B, Tn, t0, len, sh.W, sh.G, NH,
+                          NKV, hd);
     r.out_in = rounded<bf16>(r.out); // (the fp32 forward is checked against out itself)
     r.dk = r.dk0;
     r.dv = r.dv0;
     ref_attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), r.dout.data(), r.out_in.data(), r.lse.data(), r.q.data(),
-                           r.k.data(), r.v.data(), B, Tn, t0, len, sh.W, NH, NKV, hd);
+                           r.k.data(), r.v.data(), B, Tn, t0, len, sh.W, sh.G, NH, NKV, hd);
     return r;
 }
 
@@ -95,7 +103,8 @@ void check_attention(Shape sh, const Reference &r, bool tensor_cores, bool timed
     int B = sh.B, Tn = sh.T, t0 = sh.t0, len = sh.len, NH = sh.NH, NKV = sh.NKV, hd = sh.hd;
     Chunk ch = chunk_of(sh);
     char shape[128], variant[32];
-    snprintf(shape, sizeof shape, "B=%d T=%d t0=%d len=%d NH=%d NKV=%d hd=%d W=%d", B, Tn, t0, len, NH, NKV, hd, sh.W);
+    snprintf(shape, sizeof shape, "B=%d T=%d t0=%d len=%d NH=%d NKV=%d hd=%d W=%d G=%d", B, Tn, t0, len, NH, NKV, hd, sh.W,
+             sh.G);
     snprintf(variant, sizeof variant, "%s/%s", type_name<T>(), tensor_cores ? "tc" : "simt");
     attention_force_simt = !tensor_cores;
     size_t nq = r.q.size(), nkv = r.k.size(), nlse = r.lse.size();
@@ -168,9 +177,9 @@ void bench_shape(Shape sh) {
     size_t bad = 0; // unwritten (still NaN) or overflowed
     for (auto &x : outs) bad += std::count_if(x.begin(), x.end(), [](float f) { return !std::isfinite(f); });
     double flops = attention_flops(sh);
-    printf("| attention.cuh | %s | %d | %d | %d | %d | %d | %d | %.3f | %.1f | %.3f | %.1f | %.1f |%s\n",
+    printf("| attention.cuh | %s | %d | %d | %d | %d | %d | %d | %d | %.3f | %.1f | %.3f | %.1f | %.1f |%s\n",
            attention_tensor_cores<bf16>(sh.hd, out, q, k, v) ? "bf16 tensor cores" : "bf16 simt", sh.B, sh.NH, sh.len,
-           sh.t0 + sh.len, sh.hd, sh.W, fwd, flops / fwd / 1e9, bwd, 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9,
+           sh.t0 + sh.len, sh.hd, sh.W, sh.G, fwd, flops / fwd / 1e9, bwd, 2.5 * flops / bwd / 1e9, 3.5 * flops / (fwd + bwd) / 1e9,
            bad ? " NaN or inf in the outputs" : "");
     if (bad) failures++;
     free_device();
@@ -191,6 +200,13 @@ int main(int argc, char **argv) {
         {1, 300, 171, 129, 4, 2, 64, 64},
         {1, 260, 190, 70, 2, 1, 128, 100},
         {1, 300, 62, 238, 2, 1, 64, 128}, // the last query to see a key tile starts a query tile (W - t0 - 2 = 64)
+        // shifted sparse attention, groups of G = T / 4 (SIMT tiles of 32, tensor-core and CPU tiles of 64):
+        // G smaller than a tile, whole (the first half-group a group of its own), one KV head for both
+        // halves of the query heads, on both kernels; G odd (half-groups of 37) in a chunk off the tile
+        // grid; G a tile's, in the last chunk (key tiles before its groups skipped)
+        {2, 96, 0, 96, 4, 1, 64, 0, 24},
+        {1, 300, 171, 129, 4, 2, 64, 0, 75},
+        {1, 256, 160, 96, 2, 1, 128, 0, 64},
     };
     Shape larger[] = {
         {1, 300, 0, 300, 4, 2, 128, 0},     // whole, a partial last tile
@@ -200,13 +216,14 @@ int main(int argc, char **argv) {
         {1, 400, 250, 150, 4, 2, 80, 33},   // a window on the generic SIMT path
         {2, 1024, 512, 512, 8, 2, 128, 300},// a window of 300 in the second of two chunks of 512
         {1, 1024, 1023, 1, 4, 4, 64, 200},  // one query (generation) with its window inside the prefix
+        {2, 1024, 512, 512, 8, 2, 128, 0, 256}, // shifted sparse groups of 256 in the second of two chunks of 512
     };
     for (Shape sh : small) check_shape(sh, false);
     if (bench) {
         // Llama-2-7B's attention (32 heads of 128): square causal at 16k tokens a batch, then a chunk of
         // 1024 queries against a longer KV prefix (the last chunk of a sequence); dev/bench_sdpa.py's shapes
-        printf("| impl | variant | B | NH | q len | kv len | hd | W | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd+bwd TFLOP/s |\n");
-        printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        printf("| impl | variant | B | NH | q len | kv len | hd | W | G | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd+bwd TFLOP/s |\n");
+        printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
         for (int T : {512, 1024, 2048, 4096}) bench_shape({16384 / T, T, 0, T, 32, 32, 128, 0});
         for (int T : {4096, 8192, 16384, 32768}) bench_shape({1, T, T - 1024, 1024, 32, 32, 128, 0});
         // Mistral-7B's window (4096) on a whole 16k sequence and on the last chunk of 32k:
@@ -214,6 +231,8 @@ int main(int argc, char **argv) {
         bench_shape({1, 16384, 0, 16384, 32, 8, 128, 0});
         bench_shape({1, 16384, 0, 16384, 32, 8, 128, 4096});
         bench_shape({1, 32768, 31744, 1024, 32, 8, 128, 4096});
+        // LongLoRA's shifted sparse attention on the same 16k sequence: groups of 4096, the work of a quarter
+        bench_shape({1, 16384, 0, 16384, 32, 8, 128, 0, 4096});
     }
     if (!quick) {
         for (Shape sh : larger) check_shape(sh, false);

@@ -40,22 +40,22 @@ void ref_rope_tables(float *cosb, float *sinb, int T, int hd, const float *inv_f
 }
 void ref_rope_forward(float *x, const float *cosb, const float *sinb, int B, int T, int t0, int len, int nh, int hd,
                       int inverse) {
-    Chunk ch = {B, T, t0, len, 0};
+    Chunk ch = {B, T, t0, len, 0, 0};
     rope_forward(x, cosb, sinb, &ch, nh, hd, inverse);
 }
 void ref_rope_backward(float *dx, const float *cosb, const float *sinb, int B, int T, int t0, int len, int nh, int hd) {
-    Chunk ch = {B, T, t0, len, 0};
+    Chunk ch = {B, T, t0, len, 0, 0};
     rope_backward(dx, cosb, sinb, &ch, nh, hd);
 }
 void ref_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                           int t0, int len, int window, int NH, int NKV, int hd) {
-    Chunk ch = {B, T, t0, len, window};
+                           int t0, int len, int window, int s2_group, int NH, int NKV, int hd) {
+    Chunk ch = {B, T, t0, len, window, s2_group};
     attention_forward(out, lse, q, k, v, &ch, NH, NKV, hd);
 }
 void ref_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, int B, int T, int t0, int len, int window,
-                            int NH, int NKV, int hd) {
-    Chunk ch = {B, T, t0, len, window};
+                            int s2_group, int NH, int NKV, int hd) {
+    Chunk ch = {B, T, t0, len, window, s2_group};
     attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &ch, NH, NKV, hd);
 }
 double ref_crossentropy_forward_backward(float *logits, const int *targets, int n, int V, float grad_scale) {
@@ -103,13 +103,13 @@ static LoRA one_module(const float *A, const float *Bw, const float *mag, int r,
 }
 void ref_lora_dropout(float *out, const float *inp, int in, int B, int T, int t0, int len, uint64_t key, float p) {
     LoRA l = {.dropout = p};
-    Chunk ch = {B, T, t0, len, 0};
+    Chunk ch = {B, T, t0, len, 0, 0};
     lora_dropout(&l, out, inp, in, &ch, key);
 }
 void ref_lora_forward(float *out, const float *inp, float *h, const float *A, const float *Bw, int r, int in, int out_dim,
                       float alpha, float p, int B, int T, int t0, int len, uint64_t key) {
     LoRA l = one_module(A, Bw, NULL, r, in, out_dim, alpha, p);
-    Chunk ch = {B, T, t0, len, 0};
+    Chunk ch = {B, T, t0, len, 0, 0};
     float *xdrop = (float *)mallocCheck((size_t)B * len * in * sizeof(float));
     lora_forward(&l, 0, LORA_Q, out, inp, h, xdrop, &ch, key);
     free(xdrop);
@@ -119,7 +119,7 @@ void ref_lora_backward(float *dinp, float *dA, float *dB, const float *dout, con
                        const float *A, const float *Bw, int r, int in, int out_dim, float alpha, float p, int B, int T,
                        int t0, int len, uint64_t key) {
     LoRA l = one_module(A, Bw, NULL, r, in, out_dim, alpha, p);
-    Chunk ch = {B, T, t0, len, 0};
+    Chunk ch = {B, T, t0, len, 0, 0};
     size_t N = (size_t)B * len;
     float *dh = (float *)mallocCheck(N * r * sizeof(float)), *xdrop = (float *)mallocCheck(N * in * sizeof(float));
     memcpy(lora_A(&l, l.grads, 0, LORA_Q), dA, (size_t)r * in * sizeof(float)); // the gradients are added into
@@ -145,7 +145,7 @@ void ref_dora_forward(float *out, const float *inp, const float *w, float *h, co
                       const float *mag, const float *norm, int r, int in, int out_dim, float alpha, float p, int B, int T,
                       int t0, int len, uint64_t key) {
     LoRA l = one_module(A, Bw, mag, r, in, out_dim, alpha, p);
-    Chunk ch = {B, T, t0, len, 0};
+    Chunk ch = {B, T, t0, len, 0, 0};
     size_t N = (size_t)B * len;
     float *xdrop = (float *)mallocCheck(N * in * sizeof(float)), *pre = (float *)mallocCheck(N * out_dim * sizeof(float));
     dora_forward(&l, 0, LORA_Q, out, inp, w, h, xdrop, pre, norm, &ch, key);
@@ -157,7 +157,7 @@ void ref_dora_backward(float *dinp, float *dA, float *dB, float *dmag, const flo
                        const float *norm, int r, int in, int out_dim, float alpha, float p, int B, int T, int t0, int len,
                        uint64_t key) {
     LoRA l = one_module(A, Bw, mag, r, in, out_dim, alpha, p);
-    Chunk ch = {B, T, t0, len, 0};
+    Chunk ch = {B, T, t0, len, 0, 0};
     size_t N = (size_t)B * len;
     float *dh = (float *)mallocCheck(N * r * sizeof(float)), *xdrop = (float *)mallocCheck(N * in * sizeof(float));
     float *pre = (float *)mallocCheck(N * out_dim * sizeof(float));

@@ -1,6 +1,6 @@
 // The CPU twins of the CUDA kernels, exported from train_llama2.c by cpu_ref.c
 // for the dev/cuda checks. Same arguments as the twins, except that a Chunk is
-// passed as its numbers (B, T, t0, len, and for attention window) and the
+// passed as its numbers (B, T, t0, len, and for attention window and s2_group) and the
 // optimizer as its arrays.
 #ifndef CPU_REF_H
 #define CPU_REF_H
@@ -27,10 +27,10 @@ void ref_rope_forward(float *x, const float *cosb, const float *sinb, int B, int
                       int inverse);
 void ref_rope_backward(float *dx, const float *cosb, const float *sinb, int B, int T, int t0, int len, int nh, int hd);
 void ref_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                           int t0, int len, int window, int NH, int NKV, int hd);
+                           int t0, int len, int window, int s2_group, int NH, int NKV, int hd);
 void ref_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, int B, int T, int t0, int len, int window,
-                            int NH, int NKV, int hd);
+                            int s2_group, int NH, int NKV, int hd);
 double ref_crossentropy_forward_backward(float *logits, const int *targets, int n, int V, float grad_scale);
 void ref_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void ref_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);

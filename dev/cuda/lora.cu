@@ -30,7 +30,7 @@ template <typename T> void check_dropout(const Shape &s, float p, bool timed) {
     ref_lora_dropout(ref.data(), inp.data(), s.in, s.B, s.T, s.t0, s.len, KEY, p);
     LoRA l = {};
     l.dropout = p;
-    Chunk ch = {s.B, s.T, s.t0, s.len, 0};
+    Chunk ch = {s.B, s.T, s.t0, s.len, 0, 0};
     T *d_inp = to_device<T>(inp), *out = device_poisoned<T>(n);
     lora_dropout(&l, out, d_inp, s.in, &ch, KEY, 0);
     // fp32: exact (above); bf16: the product rounded once, within 2^-9 of the largest value
@@ -61,7 +61,7 @@ template <typename T> void check_forward(const Shape &s, float p, bool timed) {
     ref_lora_forward(out.data(), inp.data(), h.data(), A.data(), Bw.data(), s.r, s.in, s.out, alpha, p, s.B, s.T, s.t0,
                      s.len, KEY);
     LoRA l = one_module(s.r, s.in, s.out, alpha, p);
-    Chunk ch = {s.B, s.T, s.t0, s.len, 0};
+    Chunk ch = {s.B, s.T, s.t0, s.len, 0, 0};
     auto run = [&] { lora_forward(&l, (const T *)d_w, 0, LORA_Q, d_out, d_inp, d_h, d_xdrop, &ch, KEY, 0); };
     run();
     check("lora_forward", type_name<T>(), "out", shape, to_host(d_out, N * s.out), out, lora_tol<T>());
@@ -92,7 +92,7 @@ template <typename T> void check_backward(const Shape &s, float p, bool timed) {
     ref_lora_backward(dinp.data(), dA.data(), dB.data(), dout.data(), inp.data(), h.data(), A.data(), Bw.data(), s.r,
                       s.in, s.out, alpha, p, s.B, s.T, s.t0, s.len, KEY);
     LoRA l = one_module(s.r, s.in, s.out, alpha, p);
-    Chunk ch = {s.B, s.T, s.t0, s.len, 0};
+    Chunk ch = {s.B, s.T, s.t0, s.len, 0, 0};
     auto run = [&] {
         lora_backward(&l, (const T *)d_w, d_g, 0, LORA_Q, d_dinp, d_dout, d_inp, d_h, d_dh, d_xdrop, &ch, KEY, 0);
     };
@@ -164,7 +164,7 @@ template <typename T> void check_dora_forward(const Shape &s, float p, bool time
     ref_dora_forward(out.data(), inp.data(), d.W.data(), h.data(), d.A.data(), d.Bw.data(), d.mag.data(), d.norm.data(),
                      s.r, s.in, s.out, d.alpha, p, s.B, s.T, s.t0, s.len, KEY);
     LoRA l = one_module(s.r, s.in, s.out, d.alpha, p, 1);
-    Chunk ch = {s.B, s.T, s.t0, s.len, 0};
+    Chunk ch = {s.B, s.T, s.t0, s.len, 0, 0};
     auto run = [&] {
         dora_forward(&l, (const T *)d_w, d_params, 0, LORA_Q, d_out, d_inp, (const T *)d_W, d_h, d_xdrop, d_pre, d_norm,
                      &ch, KEY, 0);
@@ -198,7 +198,7 @@ template <typename T> void check_dora_backward(const Shape &s, float p, bool tim
                       h.data(), d.A.data(), d.Bw.data(), d.mag.data(), d.norm.data(), s.r, s.in, s.out, d.alpha, p, s.B,
                       s.T, s.t0, s.len, KEY);
     LoRA l = one_module(s.r, s.in, s.out, d.alpha, p, 1);
-    Chunk ch = {s.B, s.T, s.t0, s.len, 0};
+    Chunk ch = {s.B, s.T, s.t0, s.len, 0, 0};
     auto run = [&] {
         dora_backward(&l, (const T *)d_w, d_params, d_g, 0, LORA_Q, d_dinp, d_dout, d_inp, (const T *)d_W, d_h, d_dh,
                       d_xdrop, d_pre, d_norm, &ch, KEY, 0);

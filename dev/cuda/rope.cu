@@ -23,7 +23,7 @@ void check_tables(int T, int hd, float theta, const char *type = "default", doub
 template <typename T> void check_rope(int B, int Tn, int t0, int len, int nh, int hd, bool timed) {
     char shape[96];
     snprintf(shape, sizeof shape, "B=%d T=%d t0=%d len=%d nh=%d hd=%d", B, Tn, t0, len, nh, hd);
-    Chunk ch = {B, Tn, t0, len, 0};
+    Chunk ch = {B, Tn, t0, len, 0, 0};
     size_t n = (size_t)B * len * nh * hd, nt = (size_t)Tn * hd / 2;
     std::vector<float> cosb(nt), sinb(nt), x = rounded<T>(random_vector(n)), dx = rounded<T>(random_vector(n));
     std::vector<float> inv_freq(hd / 2);

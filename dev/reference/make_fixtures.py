@@ -388,6 +388,37 @@ def step_grads(model, params, mbs, on_microbatch=None):
     return total / count
 
 
+def full_and_lora_grads(folder, mbs, expected):
+    """One step of the micro-batches mbs on the float64 base of folder with every weight
+    trainable, then on it with its peft_init adapter: returns the two step losses and puts the
+    gradients in expected as full.grad.<hf name> and lora.grad.<peft key>."""
+    base = load_base(folder, torch.float64)
+    base.train()
+    named = list(base_state(base).items())
+    for _, p in named:
+        p.requires_grad_(True)
+    full_loss = step_grads(base, [p for _, p in named], mbs)
+    for k, p in named:
+        expected["full.grad." + k] = p.grad.clone()
+    lm, lora_named = load_lora64(folder)
+    lm.train()
+    lora_loss = step_grads(lm, [p for _, p in lora_named], mbs)
+    for k, p in lora_named:
+        assert p.grad is not None and p.grad.abs().max() > 0, k
+        expected["lora.grad." + k] = p.grad.clone()
+    return full_loss, lora_loss
+
+
+def save_ref(folder, name, expected, summary):
+    """folder/ref/<name>.safetensors (expected's tensors: I32 as they are, the rest F32) and
+    folder/ref/<name>.json (summary)"""
+    save_file({k: v.detach().to(torch.int32 if v.dtype == torch.int32 else torch.float32).contiguous()
+               for k, v in sorted(expected.items())}, f"{folder}/ref/{name}.safetensors")
+    with open(f"{folder}/ref/{name}.json", "w") as f:
+        json.dump(summary, f, indent=1)
+        f.write("\n")
+
+
 def make_optimizer(params, hp):
     """torch.optim.AdamW, or torch.optim.SGD where hp says so (make_sgd_fixtures.py)"""
     if hp.get("optimizer") == "sgd":

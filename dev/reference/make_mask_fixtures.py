@@ -12,12 +12,10 @@
 #
 # Run from anywhere: python3 dev/reference/make_mask_fixtures.py (after make_fixtures.py,
 # whose model folder it reads).
-import json
 import os
 import sys
 
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as mf  # noqa: E402  (its import patches transformers' Llama for float64)
@@ -47,28 +45,10 @@ def main():
     out = {"labels": int((tgt != mf.IGNORE).sum())}
     expected = {"tokens": tok.to(torch.int32), "targets": tgt.to(torch.int32)}
 
-    base = mf.load_base(folder, torch.float64)
-    base.train()
-    named = list(mf.base_state(base).items())
-    for _, p in named:
-        p.requires_grad_(True)
-    out["full_loss"] = mf.step_grads(base, [p for _, p in named], mbs)
-    for k, p in named:
-        expected["full.grad." + k] = p.grad.clone()
-
-    lm, lora_named = mf.load_lora64(folder)
-    lm.train()
-    out["lora_loss"] = mf.step_grads(lm, [p for _, p in lora_named], mbs)
-    for k, p in lora_named:
-        assert p.grad is not None and p.grad.abs().max() > 0, k
-        expected["lora.grad." + k] = p.grad.clone()
+    out["full_loss"], out["lora_loss"] = mf.full_and_lora_grads(folder, mbs, expected)
     print(f"{MODEL}: {out['labels']} labels of {B * T}; full loss {out['full_loss']!r}, LoRA loss {out['lora_loss']!r}")
 
-    save_file({k: v.detach().to(torch.int32 if v.dtype == torch.int32 else torch.float32).contiguous()
-               for k, v in sorted(expected.items())}, folder + "/ref/mask.safetensors")
-    with open(folder + "/ref/mask.json", "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
+    mf.save_ref(folder, "mask", expected, out)
 
 
 if __name__ == "__main__":
