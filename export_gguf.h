@@ -239,8 +239,12 @@ static int export_gguf_model(const HostModel *m, const char *path, const char *m
     return rc;
 }
 
+// (trainer.h refuses the options together before training)
+static const char gguf_adapter_saved_error[] = "error: --export_gguf_adapter: a llama.cpp adapter holds LoRA's A and B "
+    "only, not the base tensors --trainable_params trains (modules_to_save); use --export_gguf for the model with them merged in\n";
+
 // The LoRA adapter of m as llama.cpp's GGUF adapter at path (tensors of type gtype).
-// 0 ok, -1 with a message (DoRA).
+// 0 ok, -1 with a message (DoRA, --trainable_params).
 static int export_gguf_adapter(const HostModel *m, const char *path, int gtype) {
     const Config *c = &m->config;
     const LoRA *l = &m->lora;
@@ -250,6 +254,7 @@ static int export_gguf_adapter(const HostModel *m, const char *path, int gtype) 
                 "DoRA's magnitudes); use --export_gguf for the model with the adapter merged in\n");
         return -1;
     }
+    if (l->saved) { fputs(gguf_adapter_saved_error, stderr); return -1; }
     GgufWriter w;
     gguf_init(&w);
     gguf_kv_str(&w, "general.architecture", "llama");

@@ -49,9 +49,18 @@ typedef struct {
     int n_layers;
     int in[LORA_N_TARGETS], out[LORA_N_TARGETS]; // Linear shapes, set from the model
     size_t *offset;                 // (n_layers, LORA_N_TARGETS): start of A; B follows A
+    unsigned saved;                 // --trainable_params: LORA_SAVE_* bits of base tensors that train whole
+    int vocab, dim, tied;           // their shapes (tied: the embedding is the head too)
+    size_t saved_offset;            // where they start in the flat buffers, after the adapter
     float *params, *grads;          // flat, num_params each
     size_t num_params;
 } LoRA;
+
+// --trainable_params (LongLoRA's embed,norm): base tensors that train whole, in fp32, beside
+// the adapter, as peft's modules_to_save. They sit at the end of the flat buffers, so the
+// optimizer, the gradient norm and checkpoints treat them as adapter parameters; the
+// forward reads them there instead of the base's copies.
+enum { LORA_SAVE_EMBED = 1, LORA_SAVE_NORM = 2 };
 
 // "q_proj,v_proj" or "all-linear" (every linear of the decoder layers; peft's
 // all-linear also leaves out lm_head) -> bit mask. 0 ok, -1 on an unknown name.
@@ -85,6 +94,7 @@ static void lora_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], cons
     l->r = r; l->alpha = alpha; l->dropout = dropout; l->use_rslora = use_rslora; l->use_dora = use_dora;
     l->scale = use_rslora ? alpha / sqrtf((float)r) : alpha / (float)r;
     l->targets = targets; l->n_layers = n_layers; l->training = 1;
+    l->saved = 0; l->tied = 0; l->saved_offset = 0; // (lora_add_saved adds them)
     l->offset = (size_t *)mallocCheck((size_t)n_layers * LORA_N_TARGETS * sizeof(size_t));
     size_t n = 0;
     for (int t = 0; t < LORA_N_TARGETS; t++) { l->in[t] = in[t]; l->out[t] = out[t]; }
@@ -100,6 +110,66 @@ static void lora_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], cons
 }
 
 static void lora_free(LoRA *l) { free(l->offset); free(l->mag_unset); free(l->params); free(l->grads); }
+
+// "embed,norm" -> LORA_SAVE_* bits ("" none). 0 ok, -1 with a message naming what.
+static int lora_parse_saved(const char *s, unsigned *mask, const char *what) {
+    *mask = 0;
+    for (const char *p = s; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n == 5 && !strncmp(p, "embed", 5)) *mask |= LORA_SAVE_EMBED;
+        else if (n == 4 && !strncmp(p, "norm", 4)) *mask |= LORA_SAVE_NORM;
+        else {
+            fprintf(stderr, "error: %s: unknown '%.*s' (known: embed, norm)\n", what, (int)n, p);
+            return -1;
+        }
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
+// The saved tensors (peft's modules_to_save), k = 0 .. lora_n_saved - 1: 0 the embedding (vocab, dim),
+// 1 + 2 i + j layer i's input (j 0) or post-attention (j 1) norm, 1 + 2 n_layers the final norm.
+static int lora_n_saved(const LoRA *l) { return 2 + 2 * l->n_layers; }
+// saved tensor k's peft key
+static void lora_saved_key(int n_layers, int k, char *key, size_t n) {
+    if (k == 0) snprintf(key, n, "base_model.model.model.embed_tokens.weight");
+    else if (k == 1 + 2 * n_layers) snprintf(key, n, "base_model.model.model.norm.weight");
+    else snprintf(key, n, "base_model.model.model.layers.%d.%s.weight", (k - 1) / 2,
+                  (k - 1) % 2 ? "post_attention_layernorm" : "input_layernorm");
+}
+// peft saves a tied head it keeps tied (ensure_weight_tying) under its own key as well
+#define LORA_TIED_HEAD_KEY "base_model.model.lm_head.weight"
+// saved tensor k in base (params or grads), NULL when it does not train; its size into numel when given
+static float *lora_saved(const LoRA *l, float *base, int k, int64_t *numel) {
+    int embed = k == 0;
+    if (!(l->saved & (embed ? LORA_SAVE_EMBED : LORA_SAVE_NORM))) return NULL;
+    if (numel) *numel = embed ? (int64_t)l->vocab * l->dim : l->dim;
+    size_t embed_n = l->saved & LORA_SAVE_EMBED ? (size_t)l->vocab * l->dim : 0;
+    return base + l->saved_offset + (embed ? 0 : embed_n + (size_t)(k - 1) * l->dim);
+}
+// where the forward reads a norm (layer n_layers: the final one) or the embedding: the trained copy, else w
+static float *lora_norm_or(const LoRA *l, int layer, int j, float *w) {
+    float *p = l->saved ? lora_saved(l, l->params, 1 + 2 * layer + j, NULL) : NULL;
+    return p ? p : w;
+}
+static float *lora_embed_or(const LoRA *l, float *w) {
+    float *p = l->saved ? lora_saved(l, l->params, 0, NULL) : NULL;
+    return p ? p : w;
+}
+
+// grows the flat buffers by the saved tensors (zeros: model_saved_copy or a file fills them);
+// a dry run (alloc 0) only counts them: its plan needs their size, not them
+static void lora_add_saved(LoRA *l, unsigned saved, int vocab, int dim, int tied, int alloc) {
+    l->saved = saved; l->vocab = vocab; l->dim = dim; l->tied = tied;
+    l->saved_offset = l->num_params;
+    size_t n = (saved & LORA_SAVE_EMBED ? (size_t)vocab * dim : 0) + (saved & LORA_SAVE_NORM ? (2 * (size_t)l->n_layers + 1) * dim : 0);
+    l->num_params += n;
+    if (!alloc) return;
+    l->params = (float *)reallocCheck(l->params, l->num_params * sizeof(float));
+    l->grads = (float *)reallocCheck(l->grads, l->num_params * sizeof(float));
+    memset(l->params + l->saved_offset, 0, n * sizeof(float));
+    memset(l->grads, 0, l->num_params * sizeof(float));
+}
 
 static inline float *lora_A(const LoRA *l, float *base, int layer, int t) { return base + l->offset[layer * LORA_N_TARGETS + t]; }
 static inline float *lora_B(const LoRA *l, float *base, int layer, int t) { return lora_A(l, base, layer, t) + (size_t)l->r * l->in[t]; }
@@ -329,14 +399,25 @@ static int lora_tensor_shape(int r, int in, int out, int k, int64_t shape[2]) {
     return k == 2 ? 1 : 2;
 }
 
+// the peft modules each LORA_SAVE_* bit trains (their names end the module paths; peft's
+// ensure_weight_tying adds the embedding's longer name)
+static const char *lora_saved_modules[2][3] = {{"embed_tokens", "model.embed_tokens"},
+                                               {"input_layernorm", "post_attention_layernorm", "norm"}};
+// adapter_config.json's modules_to_save for the bits: a JSON list, or null
+static const char *lora_saved_json(unsigned saved) {
+    static const char *lists[4] = {"null", "[\"embed_tokens\"]", "[\"input_layernorm\", \"post_attention_layernorm\", \"norm\"]",
+                                   "[\"embed_tokens\", \"input_layernorm\", \"post_attention_layernorm\", \"norm\"]"};
+    return lists[saved & 3];
+}
+
 static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model) {
     if (mkdir_p(dir) != 0) {
         fprintf(stderr, "error: cannot create output directory '%s': %s\n", dir, strerror(errno));
         return -1;
     }
-    int n = 0;
-    StWriteTensor *ts = (StWriteTensor *)callocCheck((size_t)l->n_layers * LORA_N_TARGETS * 3, sizeof(StWriteTensor));
-    char (*names)[160] = (char (*)[160])mallocCheck((size_t)l->n_layers * LORA_N_TARGETS * 3 * 160);
+    int n = 0, most = l->n_layers * LORA_N_TARGETS * 3 + lora_n_saved(l) + 1;
+    StWriteTensor *ts = (StWriteTensor *)callocCheck(most, sizeof(StWriteTensor));
+    char (*names)[160] = (char (*)[160])mallocCheck((size_t)most * 160);
     for (int i = 0; i < l->n_layers; i++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             if (!(l->targets & (1u << t))) continue;
@@ -349,6 +430,19 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
                 n++;
             }
         }
+    for (int k = 0; k <= lora_n_saved(l); k++) { // peft's modules_to_save, whole (lora_n_saved: a tied head)
+        int head = k == lora_n_saved(l), vec = k > 0 && !head;
+        int64_t numel;
+        if (!(ts[n].data = lora_saved(l, l->params, head ? 0 : k, &numel)) || (head && !l->tied)) continue;
+        if (head) snprintf(names[n], 160, LORA_TIED_HEAD_KEY);
+        else lora_saved_key(l->n_layers, k, names[n], 160);
+        ts[n].name = names[n];
+        ts[n].dtype = ST_F32;
+        ts[n].ndim = vec ? 1 : 2;
+        ts[n].shape[0] = vec ? numel : l->vocab;
+        ts[n].shape[1] = l->dim;
+        n++;
+    }
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     const char *meta[2] = {"format", "pt"};
@@ -371,9 +465,11 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
              "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
              "  \"r\": %d,\n  \"lora_alpha\": %.9g,\n  \"lora_dropout\": %.9g,\n  \"target_modules\": [%s],\n"
              "  \"bias\": \"none\",\n  \"use_rslora\": %s,\n  \"use_dora\": %s,\n  \"fan_in_fan_out\": false,\n"
-             "  \"inference_mode\": true,\n  \"init_lora_weights\": true,\n  \"modules_to_save\": null\n}\n",
+             "  \"inference_mode\": true,\n  \"init_lora_weights\": true,\n  \"modules_to_save\": %s%s\n}\n",
              base_json, l->r, l->alpha, l->dropout, targets, l->use_rslora ? "true" : "false",
-             l->use_dora ? "true" : "false");
+             l->use_dora ? "true" : "false", lora_saved_json(l->saved),
+             // peft copies a module it saves: a tied head would keep the base embedding without this
+             l->tied && (l->saved & LORA_SAVE_EMBED) ? ",\n  \"ensure_weight_tying\": true" : "");
     free(base_json);
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     return write_bytes_atomic(path, cfg, strlen(cfg));
@@ -382,7 +478,7 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
 // Reads a PEFT LoRA adapter written by peft or by us. The model's shapes come in
 // in[] / out[]; everything in the files is checked against them. 0 ok, -1 with a message.
 static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[LORA_N_TARGETS],
-                          const int out[LORA_N_TARGETS]) {
+                          const int out[LORA_N_TARGETS], int vocab, int tied) {
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     JsonValue cfg;
@@ -392,8 +488,8 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
     const char *s;
     long long r = 0;
     double alpha = 0, dropout = 0;
-    int rslora = 0, dora = 0, b, found = 0, allocated = 0;
-    unsigned targets = 0;
+    int rslora = 0, dora = 0, b, found = 0, allocated = 0, tying = 0;
+    unsigned targets = 0, saved = 0;
     if (cfg.type != JSON_OBJECT) { fprintf(stderr, "error: %s: not a JSON object\n", path); goto done; }
     if (json_get_string(&cfg, "peft_type", &s, NULL) != 0 || strcmp(s, "LORA") != 0) {
         fprintf(stderr, "error: %s: peft_type must be \"LORA\"\n", path); goto done;
@@ -410,8 +506,30 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
     if (json_get_bool(&cfg, "use_dora", &b) == 0) dora = b;
     if (json_get_bool(&cfg, "fan_in_fan_out", &b) == 0 && b) { fprintf(stderr, "error: %s: fan_in_fan_out adapters are not supported\n", path); goto done; }
     if (json_get_string(&cfg, "bias", &s, NULL) == 0 && strcmp(s, "none") != 0) { fprintf(stderr, "error: %s: bias \"%s\" is not supported (only \"none\")\n", path, s); goto done; }
-    if ((v = json_get(&cfg, "modules_to_save")) && v->type != JSON_NULL && !(v->type == JSON_ARRAY && v->count == 0)) {
-        fprintf(stderr, "error: %s: modules_to_save is not supported\n", path); goto done;
+    // modules_to_save: the embedding and the norms (--trainable_params), the norms all or none
+    if ((v = json_get(&cfg, "modules_to_save")) && v->type != JSON_NULL) {
+        unsigned names = 0; // bit 3 g + k: lora_saved_modules[g][k] listed
+        int unknown = v->type != JSON_ARRAY;
+        for (int i = 0; !unknown && i < v->count; i++) {
+            unsigned was = names;
+            for (int g = 0; g < 2; g++)
+                for (int k = 0; k < 3 && lora_saved_modules[g][k]; k++)
+                    if (v->items[i].type == JSON_STRING && !strcmp(v->items[i].string, lora_saved_modules[g][k]))
+                        names |= 1u << (3 * g + k);
+            unknown = names == was;
+        }
+        saved = (names & 3 ? LORA_SAVE_EMBED : 0) | (names >> 3 ? LORA_SAVE_NORM : 0);
+        if (unknown || (names >> 3 && names >> 3 != 7)) {
+            fprintf(stderr, "error: %s: modules_to_save must list embed_tokens and/or all of input_layernorm, "
+                    "post_attention_layernorm and norm (what --trainable_params embed,norm trains)\n", path);
+            goto done;
+        }
+    }
+    if (json_get_bool(&cfg, "ensure_weight_tying", &b) == 0) tying = b;
+    if (tied && (saved & LORA_SAVE_EMBED) && !tying) {
+        fprintf(stderr, "error: %s: saves embed_tokens of a model with tied embeddings without ensure_weight_tying, so "
+                "peft's head keeps the base embedding; this trainer trains them as one tensor\n", path);
+        goto done;
     }
     for (int k = 0; k < 2; k++) {
         const char *key = k ? "alpha_pattern" : "rank_pattern";
@@ -446,7 +564,33 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
                 break;
             }
             lora_alloc(l, n_layers, in, out, (int)r, (float)alpha, (float)dropout, rslora, dora, targets);
+            lora_add_saved(l, saved, vocab, in[LORA_Q], tied, 1);
             allocated = 1;
+        }
+        // the saved tensors (k = 2 + 2 n_layers: a tied head, which peft saves beside the embedding: it must equal it)
+        for (int k = 0; k <= 2 + 2 * n_layers && found >= 0; k++) {
+            int head = k == 2 + 2 * n_layers, embed = k == 0 || head;
+            if (!(saved & (embed ? LORA_SAVE_EMBED : LORA_SAVE_NORM)) || (head && !tied)) continue;
+            if (head) snprintf(key, sizeof key, LORA_TIED_HEAD_KEY);
+            else lora_saved_key(n_layers, k, key, sizeof key);
+            const StTensor *st = st_find(&sf, key);
+            if (pass == 1) {
+                float *dst = head ? l->grads + l->saved_offset : lora_saved(l, l->params, k, NULL); // (the grads: scratch)
+                if (st_read_f32(&sf, st, 0, st->numel, dst) != 0) { found = -1; break; }
+                if (head && memcmp(dst, l->params + l->saved_offset, st->numel * sizeof(float)) != 0) {
+                    fprintf(stderr, "error: %s: '%s' differs from the embedding, which the model ties it to\n", path, key);
+                    found = -1;
+                }
+                if (head) memset(dst, 0, st->numel * sizeof(float));
+                continue;
+            }
+            if (!st) { fprintf(stderr, "error: %s: tensor '%s' is missing (modules_to_save)\n", path, key); found = -1; break; }
+            if (st->ndim != 2 - !embed || st->shape[0] != (embed ? vocab : in[LORA_Q]) || (embed && st->shape[1] != in[LORA_Q])) {
+                fprintf(stderr, "error: %s: tensor '%s' has the wrong shape for the model (%s)\n", path, key,
+                        embed ? "vocab_size, hidden_size" : "hidden_size");
+                found = -1; break;
+            }
+            found++;
         }
         for (int i = 0; i < n_layers && found >= 0; i++)
             for (int t = 0; t < LORA_N_TARGETS && found >= 0; t++) {

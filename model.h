@@ -544,6 +544,12 @@ static int model_trainable_tensors(const HostModel *h, size_t *numel) {
                 for (int k = 0; k < (l->use_dora ? 3 : 2); k++, n++)
                     if (numel) numel[n] = sizes[k];
             }
+        for (int k = 0; k < lora_n_saved(l); k++) { // --trainable_params', after the adapter
+            int64_t one;
+            if (!lora_saved(l, l->params, k, &one)) continue;
+            if (numel) numel[n] = (size_t)one;
+            n++;
+        }
         return n;
     }
     for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
@@ -1113,6 +1119,21 @@ static void model_dequantize_layers(HostModel *m) {
     free(absmax);
 }
 
+// --trainable_params: the trained copies (lora_saved) from the base weights (dir > 0: where
+// they start) or into them (dir < 0: a merged model holds the trained ones)
+static void model_saved_copy(HostModel *h, int dir) {
+    const Config *c = &h->config;
+    LoRA *l = &h->lora;
+    for (int k = 0; k < lora_n_saved(l); k++) {
+        int64_t n;
+        float *s = lora_saved(l, l->params, k, &n);
+        if (!s) continue;
+        float *w = k == 0 ? h->w.embed : k == 1 + 2 * c->n_layers ? h->w.norm
+                 : ((k - 1) % 2 ? h->w.mlp_norm : h->w.attn_norm) + (size_t)((k - 1) / 2) * c->dim;
+        if (dir > 0) memcpy(s, w, (size_t)n * sizeof(float));
+        else memcpy(w, s, (size_t)n * sizeof(float));
+    }
+}
 // base + LoRA as one model, in m->params (whole): W += scale * B @ A in every adapted
 // layer, on the host (it runs once, after training). Each element sums its r products in
 // order from zero and is then added to W, as the CPU matmul does. DoRA then rescales each
@@ -1162,6 +1183,7 @@ static float *model_merge_adapter(HostModel *m, int keep) {
                 free(acc);
             }
         }
+    model_saved_copy(m, -1);
     return saved;
 }
 static void model_unmerge_adapter(HostModel *m, float *saved) {

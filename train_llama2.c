@@ -376,14 +376,27 @@ static float *param_at(Model *m, int u, int j) {
     if (!m->sharded) return m->host.params + model_tensor_offset(&m->host.config, u, j);
     return unit_gather(m, u) + m->host.units.units[u].tensors[j].offset;
 }
+// the embedding (--trainable_params embed: LoRA's trained copy)
+static float *embed_weight(Model *m) { return lora_embed_or(&m->host.lora, param_at(m, 0, 0)); }
 // the output projection: lm_head, or with tied embeddings the embedding
 static float *head_weight(Model *m) {
-    return m->host.config.tied ? param_at(m, 0, 0) : param_at(m, fsdp_head_unit(&m->host.units), 1);
+    return m->host.config.tied ? embed_weight(m) : param_at(m, fsdp_head_unit(&m->host.units), 1);
+}
+// the final norm (--trainable_params norm: LoRA's trained copy)
+static float *final_norm(Model *m) {
+    return lora_norm_or(&m->host.lora, m->host.config.n_layers, 0, param_at(m, fsdp_head_unit(&m->host.units), 0));
+}
+// the head changes between steps: it is packed again each micro-batch
+static int head_trains(const Model *m) {
+    return m->host.full_finetune || (m->host.config.tied && (m->host.lora.saved & LORA_SAVE_EMBED));
 }
 static LayerWeights layer_params(Model *m, int l) {
     float *t[LAYER_TENSORS];
     for (int j = 0; j < LAYER_TENSORS; j++) t[j] = param_at(m, fsdp_layer_unit(l), j);
-    return layer_weights(t);
+    LayerWeights w = layer_weights(t);
+    w.attn_norm = lora_norm_or(&m->host.lora, l, 0, w.attn_norm);
+    w.mlp_norm = lora_norm_or(&m->host.lora, l, 1, w.mlp_norm);
+    return w;
 }
 
 // Full fine-tuning's gradients, of the trainable units only (u >= host.frozen_units).
@@ -417,6 +430,8 @@ static LayerWeights layer_grads(Model *m, int l) {
     for (int j = 0; j < LAYER_TENSORS; j++) t[j] = grad_at(m, fsdp_layer_unit(l), j);
     return layer_weights(t);
 }
+// LoRA's gradient of saved tensor k (lora_saved's numbering), NULL when it does not train
+static float *saved_grad(Model *m, int k) { return lora_saved(&m->host.lora, m->host.lora.grads, k, NULL); }
 
 // ----------------------------------------------------------------------------
 // building the model's buffers
@@ -718,7 +733,7 @@ static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk
     int j = ch->t0 / m->chunk_size; // (the spans' chunk)
     PROF_BEGIN(NULL, "embedding forward", -1, j, -1);
     chunk_tokens(m->a.tokens, tokens, ch);
-    embedding_forward(s->resid, m->a.tokens, param_at(m, 0, 0), ch->B * ch->len, c->dim);
+    embedding_forward(s->resid, m->a.tokens, embed_weight(m), ch->B * ch->len, c->dim);
     PROF_END(NULL);
     for (int l = 0; l < c->n_layers; l++) {
         PROF_BEGIN(NULL, "forward", l, j, -1);
@@ -751,18 +766,20 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
     int piece = (ch->len + m->num_output_chunks - 1) / m->num_output_chunks;
     const float *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
     int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
-    float *norm = param_at(m, hu, 0), *head = head_weight(m);
-    // tied embeddings: the head is the embedding, frozen with it (--freeze_layers); the final norm trains
-    int head_trains = full && !(c->tied && m->host.frozen_units);
-    float *dnorm = full ? grad_at(m, hu, 0) : NULL, *dhead = head_trains ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : NULL;
+    float *norm = final_norm(m), *head = head_weight(m);
+    // tied embeddings: the head is the embedding, frozen with it (--freeze_layers); the final norm trains.
+    // LoRA: their trained copies' (--trainable_params), if any
+    int full_head = full && !(c->tied && m->host.frozen_units), lora = grad_scale != 0.0f && !full;
+    float *dnorm = full ? grad_at(m, hu, 0) : lora ? saved_grad(m, 1 + 2 * c->n_layers) : NULL;
+    float *dhead = full_head ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : lora && c->tied ? saved_grad(m, 0) : NULL;
     rmsnorm_forward(a->lnf, a->rstdf, xL, norm, N, D, c->norm_eps);
     if (grad_scale != 0.0f) memset(a->dln, 0, (size_t)N * D * sizeof(float));
     int *kept = (int *)mallocCheck(2 * (size_t)piece * sizeof(int)), *kept_targets = kept + piece; // (piece)
     int any = logits_out != NULL; // a target anywhere in the chunk: else the head is not even packed
     for (int b = 0; b < ch->B && !any; b++)
         for (int p = 0; p < ch->len && !any; p++) any = targets[(size_t)b * ch->T + ch->t0 + p] >= 0;
-    // the head (V, D) packed as the B of logits = xf head^T, and of dxf = dlogits head; under
-    // LoRA the head never changes, so it is packed once in a run, not twice a micro-batch
+    // the head (V, D) packed as the B of logits = xf head^T, and of dxf = dlogits head; when the
+    // head does not train (head_trains) it is packed once in a run, not twice a micro-batch
     float *head_fwd = a->head_packed, *head_bwd = head_fwd ? head_fwd + gemm_packed_b_floats(V, D) : NULL;
     if (head_fwd && any && !(a->head_packed_ok & 1)) gemm_pack_b(head_fwd, V, D, head, D, 1), a->head_packed_ok |= 1;
     if (head_bwd && any && grad_scale != 0.0f && !(a->head_packed_ok & 2))
@@ -820,6 +837,7 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         if (m->activation_checkpointing) layer_forward(m, s, ch, l);
         LayerWeights w = layer_params(m, l), g = {0};
         if (full) g = layer_grads(m, l);
+        else g.attn_norm = saved_grad(m, 1 + 2 * l), g.mlp_norm = saved_grad(m, 2 + 2 * l); // (--trainable_params norm)
         LayerActs act = layer_acts(m, s, ch, l);
         float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
         float *dkc = LAYER(a->dk, l, carry), *dvc = LAYER(a->dv, l, carry);
@@ -836,10 +854,10 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         linear_backward(m, act.lora_h, ch, l, LORA_O, a->datty, g.wo, a->dresid, act.atty, w.wo);
         attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
         rope_backward(a->dq, m->rope_cos, m->rope_sin, ch, NH, hd);
-        // LoRA's layer 0: nothing below it trains (the embedding, the norms), so the gradient of
-        // its input is not needed: q, k and v skip their input products (3 of the layer's 7), as
-        // autograd skips them
-        float *dln = full || l > 0 ? a->dln : NULL;
+        // LoRA's layer 0: nothing below it trains (unless --trainable_params: the embedding, the
+        // norms), so the gradient of its input is not needed: q, k and v skip their input products
+        // (3 of the layer's 7), as autograd skips them
+        float *dln = full || l > 0 || m->host.lora.saved ? a->dln : NULL;
         if (dln) memset(dln, 0, ND * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_Q, dln, g.wq, a->dq, act.ln1, w.wq);
         carry_copy(dkc, a->kv, ch, KV, -1);
@@ -851,11 +869,12 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         if (full) grads_done(m, fsdp_layer_unit(l));
         PROF_END(NULL);
     }
-    if (full && !frozen) {
+    float *dembed = full ? (frozen ? NULL : grad_at(m, 0, 0)) : saved_grad(m, 0);
+    if (dembed) {
         PROF_BEGIN(NULL, "embedding backward", -1, ch->t0 / m->chunk_size, -1);
         chunk_tokens(a->tokens, tokens, ch);
-        embedding_backward(grad_at(m, 0, 0), a->dresid, a->tokens, N, D);
-        grads_done(m, 0);
+        embedding_backward(dembed, a->dresid, a->tokens, N, D);
+        if (full) grads_done(m, 0);
         PROF_END(NULL);
     }
 }
@@ -880,7 +899,7 @@ static Chunk chunk_at(const Model *m, int B, int T, int j, int train) {
 // gradients: evaluation, tests). logits_out as in chunk_head.
 static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
     check_batch(m, tokens, B, T);
-    if (m->host.full_finetune) m->a.head_packed_ok = 0; // the head may have trained since it was packed
+    if (head_trains(m)) m->a.head_packed_ok = 0; // the head may have trained since it was packed
     double loss = 0;
     for (int j = 0; j * m->chunk_size < T; j++) {
         Chunk ch = chunk_at(m, B, T, j, 0);
@@ -901,7 +920,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
 static double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale) {
     check_batch(m, tokens, B, T);
     Activations *a = &m->a;
-    if (m->host.full_finetune) a->head_packed_ok = 0; // the head may have trained since it was packed
+    if (head_trains(m)) a->head_packed_ok = 0; // the head may have trained since it was packed
     size_t carry = (size_t)m->host.config.n_layers * B * T * m->host.config.n_kv_heads * m->host.config.head_dim;
     memset(a->dk, 0, carry * sizeof(float));
     memset(a->dv, 0, carry * sizeof(float));
@@ -935,7 +954,7 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
     Activations *a = &m->a;
     chunk_forward(m, &a->chunk[0], seq, ch);
     const float *x = LAYER(a->chunk[0].resid, c->n_layers, (size_t)ch->len * c->dim) + (size_t)(ch->len - 1) * c->dim;
-    rmsnorm_forward(a->lnf, a->rstdf, x, param_at(m, fsdp_head_unit(&m->host.units), 0), 1, c->dim, c->norm_eps);
+    rmsnorm_forward(a->lnf, a->rstdf, x, final_norm(m), 1, c->dim, c->norm_eps);
     matmul_forward(a->logits, a->lnf, head_weight(m), 1, c->dim, c->vocab_size, 1.0f, 0);
     units_reshard(m);
     return a->logits;
@@ -1098,6 +1117,7 @@ static double model_peak_mb(Model *m) {
 // windows, which the randomized layout moves every run (dev/bench_cpu.md has the peaks).
 static const int backend_measures_free_memory = 0;
 static const int backend_streams_base = 0; // (it computes from m->host's weights)
+static const int backend_trainable_params = 1; // --trainable_params (the CUDA trainer's matmuls do not read the trained copies yet)
 static double model_memory_budget(Model *m, double limit) {
     long pages = 0, resident = 0, shared = 0, text = 0;
     FILE *f = fopen("/proc/self/statm", "r");

@@ -228,7 +228,7 @@ typedef struct {
     float lr, lora_alpha, lora_dropout;
     const char *optimizer;
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
-    const char *lr_scheduler, *lora_target_modules, *chunk_memory;
+    const char *lr_scheduler, *lora_target_modules, *trainable_params, *chunk_memory;
     const char *resume;
     int save_every, keep_checkpoints, max_bad_steps;
     const char *data_format, *batching, *data_slice, *data_cache_dir;
@@ -298,6 +298,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"lora_alpha", OPT_FLOAT, &(tc)->lora_alpha, "16", "LoRA alpha (scale = alpha / r)", 0, 1e6}, \
     {"lora_dropout", OPT_FLOAT, &(tc)->lora_dropout, "0.05", "dropout on the LoRA input", 0, 0.99}, \
     {"lora_target_modules", OPT_STR, &(tc)->lora_target_modules, "q_proj,v_proj", "comma-separated peft module names, or all-linear", 0, 0}, \
+    {"trainable_params", OPT_STR, &(tc)->trainable_params, "", "LoRA: base tensors that also train, whole in fp32 (LongLoRA's; peft's modules_to_save): a comma list of embed (the embedding, with tied embeddings the head too) and norm (every RMSNorm weight)", 0, 0}, \
     {"use_rslora", OPT_INT, &(tc)->use_rslora, "0", "1: scale = alpha / sqrt(r) (rank-stabilised LoRA)", 0, 1}, \
     {"use_dora", OPT_FLAG, &(tc)->use_dora, "0", "DoRA (peft's use_dora): a trained magnitude per output rescales each adapted layer's rows", 0, 1}, \
     {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (its r, alpha, targets)", 0, 0}, \
@@ -466,6 +467,21 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     }
     unsigned mask;
     if (lora_parse_targets(tc->lora_target_modules, &mask) != 0) return -1;
+    if (lora_parse_saved(tc->trainable_params, &mask, "--trainable_params") != 0) return -1;
+    if (mask && tc->full_finetune) {
+        fprintf(stderr, "error: --trainable_params names base tensors that train beside a LoRA adapter; with --full_finetune "
+                "every weight trains already\n");
+        return -1;
+    }
+    if (mask && !backend_trainable_params) {
+        fprintf(stderr, "error: --trainable_params is not in this trainer yet (train_llama2, the CPU trainer, has it)\n");
+        return -1;
+    }
+    if (mask && tc->export_gguf_adapter[0]) { fputs(gguf_adapter_saved_error, stderr); return -1; }
+    if (mask && tc->quant_type != QUANT_NONE) {
+        fprintf(stderr, "error: --trainable_params with --quantize is not supported yet (QLoRA keeps the norms in its 4-bit runs)\n");
+        return -1;
+    }
     FsdpStrategy strategy;
     if (fsdp_strategy_parse(tc->sharding_strategy, &strategy) != 0) return -1;
     if (tc->random_init && tc->resume[0]) {
@@ -617,14 +633,40 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
         int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
         lora_shapes(&h->config, in, out);
         const char *adapter = resume_dir ? resume_dir : tc->from_peft_checkpoint;
+        unsigned saved;
+        lora_parse_saved(tc->trainable_params, &saved, "--trainable_params");
         if (adapter[0]) {
-            if (lora_load_peft(&h->lora, adapter, h->config.n_layers, in, out) != 0) { host_model_free(h); return -1; }
+            if (lora_load_peft(&h->lora, adapter, h->config.n_layers, in, out, h->config.vocab_size, h->config.tied) != 0) {
+                host_model_free(h);
+                return -1;
+            }
+            if (h->lora.saved && (!backend_trainable_params || host_sharded(h) || h->quant_type != QUANT_NONE)) {
+                fprintf(stderr, "error: %s saves base tensors (modules_to_save), which this trainer, sharded or with "
+                        "--quantize, does not train yet\n", adapter);
+                host_model_free(h);
+                return -1;
+            }
+            if (saved && saved != h->lora.saved) {
+                fprintf(stderr, "error: --trainable_params %s: %s trains %s (its modules_to_save)\n", tc->trainable_params,
+                        adapter, lora_saved_json(h->lora.saved));
+                host_model_free(h);
+                return -1;
+            }
         } else {
             unsigned targets;
             lora_parse_targets(tc->lora_target_modules, &targets);
             lora_alloc(&h->lora, h->config.n_layers, in, out, tc->lora_r, tc->lora_alpha, tc->lora_dropout,
                        tc->use_rslora, tc->use_dora, targets);
             lora_init(&h->lora, (uint64_t)tc->seed);
+            if (saved && host_sharded(h)) {
+                fprintf(stderr, "error: --trainable_params with sharded base weights is not supported yet\n");
+                host_model_free(h);
+                return -1;
+            }
+            if (saved) { // they start as the base's (a dry run has no weights)
+                lora_add_saved(&h->lora, saved, h->config.vocab_size, h->config.dim, h->config.tied, !tc->dry_run);
+                if (!tc->dry_run) model_saved_copy(h, 1);
+            }
         }
         if (h->quant_type != QUANT_NONE && h->lora.use_dora) { // DoRA's row norms read W, which QLoRA keeps packed
             fprintf(stderr, "error: --quantize with DoRA (%s) is not supported yet\n", adapter[0] ? adapter : "--use_dora");
@@ -779,7 +821,7 @@ static const char *resume_must_match[] = {
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "freeze_layers", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
     "use_dora", "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
-    "quantize", "double_quant", "s2_attn"};
+    "quantize", "double_quant", "s2_attn", "trainable_params"};
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's
 // data_identity: size, modification time and a hash of its first and last MiB)

@@ -97,6 +97,18 @@ if [ $? -eq 0 ] && grep -qE "^  base weights \(fp32\) +25705\.0 MiB" "$TMP/dry7b
 else
     echo "FAIL cli: --dry_run of Llama-2-7B under ulimit -v 4 GiB: $(grep -A3 "^memory plan" "$TMP/dry7b.log"; tail -2 "$TMP/dry7b.log")"; fails=$((fails + 1))
 fi
+# --trainable_params embed,norm on Llama-2-7B: LoRA's 4194304 parameters (q, v at r 8) and the
+# embedding's 32000 x 4096 and 65 norms of 4096, 135532544 in all, each with its fp32 weight,
+# gradient and two AdamW moments (2068.1 MiB) and a checkpoint's 256 MiB staging; counted in a
+# dry run, not allocated (the same bound)
+(ulimit -v $bound; "$BIN" --model "$TMP/7b" --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --data "$DATA" --max_seq_len 512 \
+    --batch_size 1 --trainable_params embed,norm --dry_run --output_dir "$TMP/dry") >"$TMP/dry7b.log" 2>&1
+if [ $? -eq 0 ] && grep -q "^training LoRA: 135532544 trainable parameters" "$TMP/dry7b.log" &&
+        grep -qE "^  trainable weights, grads, AdamW +2324\.1 MiB" "$TMP/dry7b.log"; then
+    echo "ok cli: --dry_run plans Llama-2-7B LoRA with --trainable_params embed,norm (ulimit -v $bound KiB)"
+else
+    echo "FAIL cli: --dry_run of Llama-2-7B --trainable_params embed,norm: $(grep -A3 "^memory plan" "$TMP/dry7b.log"; tail -2 "$TMP/dry7b.log")"; fails=$((fails + 1))
+fi
 expect_error "a plan over --host_memory_limit is refused" "^error: the host memory plan \([0-9.]+ GiB\) exceeds the 0\.0 GiB of --host_memory_limit" \
     --model $FIX/tiny_gqa "${RUN[@]}" --host_memory_limit 0.00001
 grep -q "^memory plan" "$TMP/out" && [ ! -e "$TMP/out_adapter/checkpoint-1" ]
@@ -246,6 +258,14 @@ expect_error "non-LoRA adapter" "peft_type must be" --model $FIX/tiny_gqa "${RUN
 cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"use_dora": false/"use_dora": true/' "$TMP/ad/adapter_config.json"
 expect_error "DoRA config without magnitudes" "adapter_model.safetensors: tensor '.*lora_magnitude_vector' is missing" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 expect_error "DoRA with full fine-tuning" "--use_dora trains a DoRA adapter" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --use_dora
+# --trainable_params (peft's modules_to_save)
+expect_error "--trainable_params with full fine-tuning" "--trainable_params names base tensors .* --full_finetune" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --trainable_params norm
+expect_error "--trainable_params unknown name" "--trainable_params: unknown 'lm_head' \(known: embed, norm\)" --model $FIX/tiny_gqa "${RUN[@]}" --trainable_params embed,lm_head
+mkdir -p "$TMP/ad"; rm -f "$TMP/ad/"*; cp $FIX/tiny_gqa/trainable/peft_init/* "$TMP/ad/"; sed -i '/"input_layernorm",/d' "$TMP/ad/adapter_config.json"
+expect_error "modules_to_save with some of the norms" "adapter_config.json: modules_to_save must list embed_tokens and/or all of" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+rm -f "$TMP/ad/"*; cp $FIX/tiny_tied/trainable/peft_init/* "$TMP/ad/"; sed -i 's/"ensure_weight_tying": true/"ensure_weight_tying": false/' "$TMP/ad/adapter_config.json"
+expect_error "tied embed_tokens saved untied" "without ensure_weight_tying, so peft's head keeps the base embedding" --model $FIX/tiny_tied "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+expect_error "an adapter's modules_to_save against --trainable_params" "--trainable_params norm: .* trains \\[\"embed_tokens\"" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_gqa/trainable/peft_init --trainable_params norm
 
 # and a good run writes the adapter and the metrics
 if "$BIN" --model $FIX/tiny_gqa "${RUN[@]}" --metrics_file "$TMP/metrics.jsonl" >"$TMP/out" 2>&1 &&

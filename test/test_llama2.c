@@ -167,6 +167,13 @@ static int list_trainables(Model *m, Trainable *out) {
                                                                                          : (size_t)(shape[0] * shape[1]);
                 }
             }
+        for (int k = 0; k < lora_n_saved(l); k++) { // --trainable_params' (peft's modules_to_save)
+            int64_t numel;
+            if (!(out[n].data = lora_saved(l, l->params, k, &numel))) continue;
+            lora_saved_key(l->n_layers, k, out[n].name, sizeof out[n].name);
+            out[n].grad = lora_saved(l, l->grads, k, NULL);
+            out[n++].n = (size_t)numel;
+        }
         return n;
     }
     Config *c = &m->host.config;
@@ -245,13 +252,58 @@ static void check_training(TrainConfig *tc, const char *what, const JsonValue *s
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
 }
 
-// mode: "full", "lora", or DoRA's "dora" and "dora_dropout", whose references are in
-// the model's dora/ (dev/reference/make_dora_fixtures.py, dropout masks as ours)
+// how check_step sets tiny_gqa up beyond its fixture run's options
+typedef struct { int chunk; const char *memory; int pieces, ckpt, s2; } StepRun;
+
+// One step of n micro-batches (rows of Ts[g] tokens, B rows each) of model (NULL: tiny_gqa), set
+// up as its fixture's full, LoRA or "trainable" run (mode, hyperparameters from train) with run's options: the loss
+// per label against want_loss to 1e-5 relative and every trainable gradient against ef's
+// <mode>.grad.* to 1e-4 of its largest element (fp32 against float64), the checks named
+// after run_name
+static void check_step(const char *model, const JsonValue *train, const char *mode, StepRun run, int B, int n,
+                       int *const *tokens, int *const *targets, const int *Ts, long labels, double want_loss, StFile *ef,
+                       const char *run_name) {
+    char outdir[256], metrics[300];
+    snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_step", (int)getpid());
+    snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+    TrainConfig tc;
+    char *argv[64];
+    const char *adapter = !strcmp(mode, "full") ? NULL : !strcmp(mode, "trainable") ? "trainable/peft_init" : "peft_init";
+    fixture_config(&tc, argv, model ? model : "tiny_gqa", json_get(train, mode), adapter, outdir, metrics, NULL);
+    tc.batch_size = B, tc.chunk_size = run.chunk, tc.chunk_memory = run.memory, tc.num_output_chunks = run.pieces;
+    tc.activation_checkpointing = run.ckpt, tc.s2_attn = run.s2;
+    int T = 0;
+    for (int g = 0; g < n; g++) T = Ts[g] > T ? Ts[g] : T;
+    Model m;
+    if (model_setup(&m, NULL, &tc, B, T, NULL) != 0) die("%s: model setup failed", run_name);
+    Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
+    int ntr = list_trainables(&m, tr);
+    for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
+    double loss = 0;
+    for (int g = 0; g < n; g++) loss += model_forward_backward(&m, tokens[g], targets[g], B, Ts[g], 1.0f / labels);
+    char what[300], path[300];
+    snprintf(what, sizeof what, "%s: loss", run_name);
+    check_rel(loss / labels, want_loss, 0, 1e-5, what);
+    snprintf(what, sizeof what, "%s: grad", run_name);
+    for (int i = 0; i < ntr; i++) {
+        snprintf(path, sizeof path, "%s.grad.%s", mode, tr[i].name);
+        check_weight(ef, path, tr[i].name, tr[i].grad, tr[i].n, &m.host.config, 1e-4, what);
+    }
+    free(tr);
+    model_free(&m);
+}
+
+// mode: "full", "lora", DoRA's "dora" and "dora_dropout", whose references are in the
+// model's dora/ (dev/reference/make_dora_fixtures.py, dropout masks as ours), or "trainable":
+// LoRA with the embedding and the norms trained too (--trainable_params embed,norm, peft's
+// modules_to_save), in the model's trainable/ (make_trainable_fixtures.py), which start from
+// the adapter peft saved with them (--from_peft_checkpoint loads them)
 static void test_model(const char *model, const char *mode) {
     char path[600], what[256], outdir[256], metrics[300];
-    int full = !strcmp(mode, "full"), dora = !strncmp(mode, "dora", 4);
-    const char *refdir = dora ? "dora" : "ref";
-    const char *adapter = full ? NULL : !dora ? "peft_init" : !strcmp(mode, "dora") ? "dora/peft_init" : "dora/peft_init_dropout";
+    int full = !strcmp(mode, "full"), dora = !strncmp(mode, "dora", 4), trainable = !strcmp(mode, "trainable");
+    const char *refdir = dora ? "dora" : trainable ? "trainable" : "ref";
+    const char *adapter = full ? NULL : trainable ? "trainable/peft_init" : !dora ? "peft_init"
+                        : !strcmp(mode, "dora") ? "dora/peft_init" : "dora/peft_init_dropout";
     snprintf(path, sizeof path, "test/fixtures/%s/%s/expected.json", model, refdir);
     JsonValue exp = read_json(path);
     const JsonValue *ref = json_get(&exp, mode), *hp = json_get(json_get(&exp, "train"), mode);
@@ -332,50 +384,22 @@ static void test_model(const char *model, const char *mode) {
 
     // ten optimizer steps through the real training loop, then the saved weights
     snprintf(what, sizeof what, "%s %s", model, mode);
-    check_training(&tc, what, json_get(ref, "steps"), hp, &ef, mode, &config, ntr, outdir, metrics, 1e-4);
+    // (a tied model's saved embedding is saved as its head too, as peft does: one tensor more)
+    int nsaved = ntr + (trainable && config.tied);
+    check_training(&tc, what, json_get(ref, "steps"), hp, &ef, mode, &config, nsaved, outdir, metrics, 1e-4);
+    if (trainable) { // (after check_training: fixture_config's strings are shared) chunked == whole: the embedding's and norms' gradients summed over chunks and output pieces
+        StepRun runs[] = {{7, "recompute", 1, 0, 0}, {7, "keep", 3, 1, 0}};
+        int *tok[2] = {tokens, tokens + B * T}, *tgt[2] = {targets, targets + B * T};
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            snprintf(what, sizeof what, "%s %s (C=7 %s, %d output pieces, checkpointing %d)", model, mode, runs[r].memory,
+                     runs[r].pieces, runs[r].ckpt);
+            check_step(model, json_get(&exp, "train"), mode, runs[r], B, 2, tok, tgt, Ts, labels, json_num(ref, "loss"), &ef,
+                       what);
+        }
+    }
     st_close(&ef);
     free(logits); free(tr); free(tokens); free(targets);
     json_free(&exp);
-}
-
-// how check_step sets tiny_gqa up beyond its fixture run's options
-typedef struct { int chunk; const char *memory; int pieces, ckpt, s2; } StepRun;
-
-// One step of n micro-batches (rows of Ts[g] tokens, B rows each) of tiny_gqa, set up as its
-// fixture's full or LoRA run (mode, hyperparameters from train) with run's options: the loss
-// per label against want_loss to 1e-5 relative and every trainable gradient against ef's
-// <mode>.grad.* to 1e-4 of its largest element (fp32 against float64), the checks named
-// after run_name
-static void check_step(const JsonValue *train, const char *mode, StepRun run, int B, int n, int *const *tokens,
-                       int *const *targets, const int *Ts, long labels, double want_loss, StFile *ef, const char *run_name) {
-    char outdir[256], metrics[300];
-    snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_step", (int)getpid());
-    snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
-    TrainConfig tc;
-    char *argv[64];
-    int full = !strcmp(mode, "full");
-    fixture_config(&tc, argv, "tiny_gqa", json_get(train, mode), full ? NULL : "peft_init", outdir, metrics, NULL);
-    tc.batch_size = B, tc.chunk_size = run.chunk, tc.chunk_memory = run.memory, tc.num_output_chunks = run.pieces;
-    tc.activation_checkpointing = run.ckpt, tc.s2_attn = run.s2;
-    int T = 0;
-    for (int g = 0; g < n; g++) T = Ts[g] > T ? Ts[g] : T;
-    Model m;
-    if (model_setup(&m, NULL, &tc, B, T, NULL) != 0) die("%s: model setup failed", run_name);
-    Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
-    int ntr = list_trainables(&m, tr);
-    for (int i = 0; i < ntr; i++) memset(tr[i].grad, 0, tr[i].n * sizeof(float));
-    double loss = 0;
-    for (int g = 0; g < n; g++) loss += model_forward_backward(&m, tokens[g], targets[g], B, Ts[g], 1.0f / labels);
-    char what[300], path[300];
-    snprintf(what, sizeof what, "%s: loss", run_name);
-    check_rel(loss / labels, want_loss, 0, 1e-5, what);
-    snprintf(what, sizeof what, "%s: grad", run_name);
-    for (int i = 0; i < ntr; i++) {
-        snprintf(path, sizeof path, "%s.grad.%s", mode, tr[i].name);
-        check_weight(ef, path, tr[i].name, tr[i].grad, tr[i].n, &m.host.config, 1e-4, what);
-    }
-    free(tr);
-    model_free(&m);
 }
 
 // Targets -100 inside rows, as SFT data has them (a prompt, then the response; padding;
@@ -406,7 +430,7 @@ static void test_mask(void) {
             char run_name[200];
             snprintf(run_name, sizeof run_name, "tiny_gqa %s, targets -100 inside rows (C=%d %s, %d output pieces)", mode,
                      runs[r].chunk, runs[r].memory, runs[r].pieces);
-            check_step(json_get(&ref, "train"), mode, runs[r], B, 1, tok, tgt, Ts, labels,
+            check_step(NULL, json_get(&ref, "train"), mode, runs[r], B, 1, tok, tgt, Ts, labels,
                        json_num(&exp, full ? "full_loss" : "lora_loss"), &ef, run_name);
         }
     st_close(&ef);
@@ -448,7 +472,7 @@ static void test_s2attn(void) {
             char run_name[200];
             snprintf(run_name, sizeof run_name, "tiny_gqa %s, --s2_attn 1 (C=%d %s%s)", mode, runs[r].chunk, runs[r].memory,
                      runs[r].ckpt ? ", activation checkpointing" : "");
-            check_step(json_get(&ref, "train"), mode, runs[r], B, MBS, tok, tgt, Ts, labels,
+            check_step(NULL, json_get(&ref, "train"), mode, runs[r], B, MBS, tok, tgt, Ts, labels,
                        json_num(&exp, full ? "full_loss" : "lora_loss"), &ef, run_name);
         }
     st_close(&ef);
@@ -850,9 +874,10 @@ int main(void) {
         test_model(models[i], "lora");
         test_model(models[i], "full");
     }
-    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout
+    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout; LoRA with the embedding and norms trained
         test_model(models[i], "dora");
         test_model(models[i], "dora_dropout");
+        test_model(models[i], "trainable");
     }
     test_freeze("tiny_gqa");  // untied: lm_head trains
     test_freeze("tiny_tied"); // tied: the head is the frozen embedding

@@ -2,7 +2,7 @@
 # Checkpoints and resume: a run that is killed (at chosen points, in the middle
 # of writing a checkpoint, and at random moments) and resumed ends with exactly
 # the weights and the loss trajectory of a run that was never interrupted, bit
-# for bit (LoRA, full fine-tuning, QLoRA, DoRA); SIGTERM finishes the step, saves and
+# for bit (LoRA, full fine-tuning, QLoRA, DoRA, --trainable_params); SIGTERM finishes the step, saves and
 # exits 0; a resume with changed options or data is refused.
 set -u
 SUITE=resume
@@ -156,6 +156,19 @@ run "$TMP/dora2" 6 --resume "$TMP/dora-ref/checkpoint-3"
 rc=$?
 [ $rc -eq 1 ] && grep -q -- "--use_dora was '1' in the checkpoint but is '0' now" "$TMP/dora2.log"
 check "a DoRA checkpoint resumed without --use_dora is refused" $? "exit $rc: $(tail -2 "$TMP/dora2.log")"
+# --trainable_params embed,norm (LongLoRA's): the embedding and every norm are saved whole beside
+# A and B (peft's modules_to_save), their AdamW state with the adapter's; on the tied model, whose
+# head is the embedding
+ARGS=(--model $FIX/tiny_tied --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --lora_dropout 0.1
+      --save_every 3 --threads 1 --trainable_params embed,norm)
+run "$TMP/tp-ref" 6
+LLAMA2TUNE_FAULT=step:4 run "$TMP/tp" 6
+run "$TMP/tp" 6 --resume "$TMP/tp"
+same_result "--trainable_params embed,norm killed after step 4 and resumed == uninterrupted" "$TMP/tp-ref" "$TMP/tp" adapter_model.safetensors
+run "$TMP/tp2" 6 --resume "$TMP/tp-ref/checkpoint-3" --trainable_params norm
+rc=$?
+[ $rc -eq 1 ] && grep -q -- "--trainable_params norm: .*checkpoint-3 trains \\[\"embed_tokens\"" "$TMP/tp2.log"
+check "a --trainable_params checkpoint resumed with other ones is refused" $? "exit $rc: $(tail -2 "$TMP/tp2.log")"
 # AdamW8bit, full fine-tuning: the checkpoint holds the 8-bit tensors' codes and block absmax and
 # the other tensors' fp32 moments, so the state comes back exactly
 ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 2e-3 --full_finetune

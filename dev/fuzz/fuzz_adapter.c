@@ -8,14 +8,14 @@
 #include "fuzz.h"
 
 FUZZ_TARGET(adapter) {
-    static int init = 0, n_layers, in[LORA_N_TARGETS], out[LORA_N_TARGETS];
+    static int init = 0, n_layers, vocab, tied, in[LORA_N_TARGETS], out[LORA_N_TARGETS];
     if (!init) {
         Config c;
         char dir[1024];
         fuzz_fixture(dir, sizeof dir, "test/fixtures/tiny_gqa");
         FUZZ_ASSERT(config_load(&c, dir) == 0);
         lora_shapes(&c, in, out);
-        n_layers = c.n_layers;
+        n_layers = c.n_layers, vocab = c.vocab_size, tied = c.tied;
         init = 1;
     }
     const uint8_t *nul = (const uint8_t *)memchr(data, 0, size);
@@ -32,7 +32,7 @@ FUZZ_TARGET(adapter) {
     LoRA l;
     memset(&l, 0, sizeof l);
     fuzz_stderr_begin();
-    int r = lora_load_peft(&l, fuzz_tmpdir(), n_layers, in, out);
+    int r = lora_load_peft(&l, fuzz_tmpdir(), n_layers, in, out, vocab, tied);
     int said = fuzz_stderr_end(fuzz_tmpdir()); // names adapter_config.json or adapter_model.safetensors
     if (r != 0) {
         FUZZ_ASSERT(said);

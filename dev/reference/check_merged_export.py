@@ -10,7 +10,8 @@ in float64 on the same random tokens. Tolerance: 1e-5 of the logits' scale (the
 merged weights are fp32 sums W + s B A; the float64 PeftModel path computes
 W x + s B (A x) exactly). The adapter must move the logits by far more than that.
 Then the same with DoRA (--use_dora): our merge rescales each row by m / ||W + s B A||,
-which must give what peft's DoRA forward computes.
+which must give what peft's DoRA forward computes; and with --trainable_params embed,norm,
+whose trained embedding and norms (peft's modules_to_save) the merged model holds.
 Needs torch, transformers, peft (not needed by CI).
 """
 import os, subprocess, sys, tempfile
@@ -48,6 +49,7 @@ def check(flags):
 def main():
     ok = check([])
     ok &= check(["--use_dora"])
+    ok &= check(["--trainable_params", "embed,norm"])
     sys.exit(0 if ok else 1)
 
 

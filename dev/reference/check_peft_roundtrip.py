@@ -10,7 +10,9 @@
 2. peft -> ours: the adapter peft itself saved (test/fixtures/tiny_gqa/peft_init)
    is loaded by train_llama2 with --max_steps 0, whose val_loss must equal what
    transformers + peft compute with the same adapter.
-Both again with DoRA (--use_dora; peft's test/fixtures/tiny_gqa/dora/peft_init).
+Both again with DoRA (--use_dora; peft's test/fixtures/tiny_gqa/dora/peft_init), and
+with --trainable_params embed,norm (peft's modules_to_save; <model>/trainable/peft_init) on
+tiny_gqa and on tiny_tied, whose head is the trained embedding (ensure_weight_tying).
 Tolerance: 1e-5 relative (our fp32 against float64).
 
   python3 dev/reference/check_peft_roundtrip.py --qlora
@@ -37,7 +39,7 @@ DATA = os.path.join(ROOT, "test/fixtures/data.jsonl")
 MAX_LEN = 24
 
 
-def val_loss_torch(adapter_dir):
+def val_loss_torch(adapter_dir, model_dir=MODEL):
     """mean cross-entropy over every label token of DATA, rows BOS + text + EOS truncated to MAX_LEN"""
     if QLORA:
         q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
@@ -49,9 +51,9 @@ def val_loss_torch(adapter_dir):
             if isinstance(m, torch.nn.Dropout):
                 m.p = 0.0
     else:
-        base = LlamaForCausalLM.from_pretrained(MODEL, attn_implementation="eager", dtype=torch.float64)
+        base = LlamaForCausalLM.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float64)
         model = PeftModel.from_pretrained(base, adapter_dir).double().eval()
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(MODEL, "tokenizer.model"))
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(model_dir, "tokenizer.model"))
     total, count = 0.0, 0
     with open(DATA) as f, torch.no_grad():
         for line in f:
@@ -65,10 +67,10 @@ def val_loss_torch(adapter_dir):
     return total / count
 
 
-def run_ours(args):
+def run_ours(args, model_dir=MODEL):
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
-        cmd = [os.path.join(ROOT, "train_llama2"), "--model", MODEL, "--data", DATA, "--val_data", DATA,
+        cmd = [os.path.join(ROOT, "train_llama2"), "--model", model_dir, "--data", DATA, "--val_data", DATA,
                "--max_seq_len", str(MAX_LEN), "--metrics_file", metrics] + (["--quantize", "nf4"] if QLORA else []) + args
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         recs = [json.loads(l) for l in open(metrics)]
@@ -84,17 +86,22 @@ def report(name, ours, ref):
 
 def main():
     ok = True
-    for kind, flags, init in (("LoRA", [], "peft_init"), ("DoRA", ["--use_dora"], "dora/peft_init")):
+    tied = os.path.join(ROOT, "test/fixtures/tiny_tied")
+    runs = [("LoRA", [], "peft_init", MODEL), ("DoRA", ["--use_dora"], "dora/peft_init", MODEL)]
+    if not QLORA:
+        runs += [(f"LoRA + embed,norm ({os.path.basename(m)})", ["--trainable_params", "embed,norm"], "trainable/peft_init", m)
+                 for m in (MODEL, tied)]
+    for kind, flags, init, model_dir in runs:
         with tempfile.TemporaryDirectory() as out:
             ours = run_ours(["--output_dir", out, "--max_steps", "5", "--lr", "1e-2", "--lora_r", "4", "--lora_alpha",
                              "8", "--lora_dropout", "0.1", "--lora_target_modules", "all-linear", "--batch_size", "2"]
-                            + flags)
+                            + flags, model_dir)
             ok &= report(f"{kind} adapter saved by train_llama2, loaded by PeftModel.from_pretrained", ours,
-                         val_loss_torch(out))
-        init = os.path.join(MODEL, init)
+                         val_loss_torch(out, model_dir))
+        init = os.path.join(model_dir, init)
         with tempfile.TemporaryDirectory() as out:
-            ours = run_ours(["--output_dir", out, "--max_steps", "0", "--from_peft_checkpoint", init])
-        ok &= report(f"{kind} adapter saved by peft, loaded by train_llama2", ours, val_loss_torch(init))
+            ours = run_ours(["--output_dir", out, "--max_steps", "0", "--from_peft_checkpoint", init], model_dir)
+        ok &= report(f"{kind} adapter saved by peft, loaded by train_llama2", ours, val_loss_torch(init, model_dir))
     sys.exit(0 if ok else 1)
 
 

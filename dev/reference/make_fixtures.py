@@ -409,12 +409,20 @@ def full_and_lora_grads(folder, mbs, expected):
     return full_loss, lora_loss
 
 
-def save_ref(folder, name, expected, summary):
-    """folder/ref/<name>.safetensors (expected's tensors: I32 as they are, the rest F32) and
-    folder/ref/<name>.json (summary)"""
+def fresh_dir(folder):
+    """folder, emptied (made when missing)"""
+    if os.path.isdir(folder):
+        shutil.rmtree(folder)
+    os.makedirs(folder)
+    return folder
+
+
+def save_ref(folder, name, expected, summary, sub="ref"):
+    """folder/<sub>/<name>.safetensors (expected's tensors: I32 as they are, the rest F32) and
+    folder/<sub>/<name>.json (summary)"""
     save_file({k: v.detach().to(torch.int32 if v.dtype == torch.int32 else torch.float32).contiguous()
-               for k, v in sorted(expected.items())}, f"{folder}/ref/{name}.safetensors")
-    with open(f"{folder}/ref/{name}.json", "w") as f:
+               for k, v in sorted(expected.items())}, f"{folder}/{sub}/{name}.safetensors")
+    with open(f"{folder}/{sub}/{name}.json", "w") as f:
         json.dump(summary, f, indent=1)
         f.write("\n")
 
