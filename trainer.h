@@ -1754,9 +1754,10 @@ static double print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
     char frozen[96];
     snprintf(frozen, sizeof frozen, "all weights but the embedding%s and the first %d layer(s)", c->tied ? " (the head too: tied)" : "",
              m->host.frozen_units - 1);
-    printf("training %s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
-           !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.use_dora ? "DoRA" : "LoRA", r->opt.n,
-           host_sharded(&m->host) && !m->host.use_lora ? " (this rank's shard)" : "",
+    static const char *saved[4] = {"", " with the embedding", " with the norms", " with the embedding and the norms"};
+    printf("training %s%s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
+           !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.use_dora ? "DoRA" : "LoRA",
+           saved[m->host.lora.saved & 3], r->opt.n, host_sharded(&m->host) && !m->host.use_lora ? " (this rank's shard)" : "",
            r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
     double host;
     memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, (long)tc->grad_accum * tc->batch_size, 1, &host);

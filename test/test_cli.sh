@@ -103,7 +103,7 @@ fi
 # dry run, not allocated (the same bound)
 (ulimit -v $bound; "$BIN" --model "$TMP/7b" --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --data "$DATA" --max_seq_len 512 \
     --batch_size 1 --trainable_params embed,norm --dry_run --output_dir "$TMP/dry") >"$TMP/dry7b.log" 2>&1
-if [ $? -eq 0 ] && grep -q "^training LoRA: 135532544 trainable parameters" "$TMP/dry7b.log" &&
+if [ $? -eq 0 ] && grep -q "^training LoRA with the embedding and the norms: 135532544 trainable parameters" "$TMP/dry7b.log" &&
         grep -qE "^  trainable weights, grads, AdamW +2324\.1 MiB" "$TMP/dry7b.log"; then
     echo "ok cli: --dry_run plans Llama-2-7B LoRA with --trainable_params embed,norm (ulimit -v $bound KiB)"
 else
