@@ -271,8 +271,8 @@ typedef struct {
     float *dq, *datty; // (B, C, NH*hd)
     float *dgate, *dup, *dhmlp;  // (B, C, H)
     float *lora_dh;    // (B, C, r)
-    float *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch
-    float *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA scratch
+    float *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch, IA3's scaled input
+    float *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA and IA3 scratch
     float *dora_norm;  // (L, 7, widest out) DoRA's row norms, set by each forward's first chunk
 } Activations;
 
@@ -502,8 +502,8 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
     place(a, ac->dq, N * Q); place(a, ac->datty, N * Q);
     place(a, ac->dgate, N * H); place(a, ac->dup, N * H); place(a, ac->dhmlp, N * H);
     place(a, ac->lora_dh, N * r); place(a, ac->xdrop, N * widest);
-    int dora = h->use_lora && h->lora.use_dora;
-    place(a, ac->dora_pre, dora ? N * widest : 0); place(a, ac->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
+    int dora = h->use_lora && h->lora.use_dora, ia3 = h->use_lora && h->lora.ia3;
+    place(a, ac->dora_pre, dora || ia3 ? N * widest : 0); place(a, ac->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
     // the carries hold the whole sequence
     size_t carry = L * m->B * (size_t)m->T * KV;
     place(k, ac->k, carry); place(k, ac->v, carry); place(k, ac->dk, carry); place(k, ac->dv, carry);
@@ -632,15 +632,16 @@ static LayerActs layer_acts(const Model *m, ChunkActs *s, const Chunk *ch, int l
     return act;
 }
 
-// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len;
-// lora_h: the layer's LoRA A-projections (7, N, r)
+// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
+// (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
 static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, int t, float *out, const float *inp,
                            const float *w) {
     LoRA *l = &m->host.lora;
-    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len, adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) { ia3_forward(l, layer, t, out, inp, w, m->a.xdrop, N); return; }
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
-    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    if (!adapted) return;
     Chunk dc = lora_dropout_chunk(ch, m->row0);
     float *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
@@ -653,10 +654,11 @@ static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, 
 static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int layer, int t, float *dinp, float *dw,
                             const float *dout, const float *inp, const float *w) {
     LoRA *l = &m->host.lora;
-    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len, adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) { ia3_backward(l, layer, t, dinp, dout, inp, w, m->a.xdrop, m->a.dora_pre, N); return; }
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
-    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    if (!adapted) return;
     Chunk dc = lora_dropout_chunk(ch, m->row0);
     const float *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora)

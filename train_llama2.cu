@@ -129,7 +129,7 @@ template <typename floatX> struct Buffers {
     floatX *dgate, *dup, *dhmlp; // (B, C, H)
     floatX *lora_dh;    // (B, C, r)
     floatX *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch
-    floatX *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA scratch
+    floatX *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA and IA3 scratch
 };
 
 // the CUDA backend's model (trainer.h lists what every backend's Model holds)
@@ -326,8 +326,8 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     place(a, d.dq, N * Q); place(a, d.datty, N * Q);
     place(a, d.dgate, N * H); place(a, d.dup, N * H); place(a, d.dhmlp, N * H);
     place(a, d.lora_dh, N * r); place(a, d.xdrop, h->use_lora ? N * widest : 0);
-    bool dora = h->use_lora && h->lora.use_dora;
-    place(a, d.dora_pre, dora ? N * widest : 0); place(a, m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
+    bool dora = h->use_lora && h->lora.use_dora, ia3 = h->use_lora && h->lora.ia3;
+    place(a, d.dora_pre, dora || ia3 ? N * widest : 0); place(a, m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
     place(a, m->rstdf, N); place(a, m->logits, piece * V);
     place(a, m->losses, (size_t)m->B * m->T); place(a, m->loss_sum, 1); place(a, m->grad_norm, 1);
     place(a, m->tokens, (size_t)m->B * m->T); place(a, m->chunk_tokens, N);
@@ -897,17 +897,19 @@ template <typename floatX> LayerActs<floatX> layer_acts(const Model *m, ChunkAct
                              layer_slice(s->lora_h, k, LORA_N_TARGETS * N * r)};
 }
 
-// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len;
-// lora_h: the layer's LoRA A-projections (7, N, r)
+// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
+// (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
 template <typename floatX>
 void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t, floatX *out, const floatX *inp,
                     const floatX *w) {
     LoRA *l = &m->host.lora;
     Buffers<floatX> &d = buffers<floatX>(m);
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
+    bool adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) { ia3_forward(l, m->params, layer, t, out, inp, w, d.xdrop, N, m->stream); return; }
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0, m->stream);
-    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    if (!adapted) return;
     Chunk dc = lora_dropout_chunk(ch, m->row0);
     floatX *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
@@ -924,9 +926,14 @@ void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer,
     LoRA *l = &m->host.lora;
     Buffers<floatX> &d = buffers<floatX>(m);
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
+    bool adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) {
+        ia3_backward(l, m->params, m->grads, layer, t, dinp, dout, inp, w, d.xdrop, d.dora_pre, N, m->stream);
+        return;
+    }
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f, m->stream);
-    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    if (!adapted) return;
     Chunk dc = lora_dropout_chunk(ch, m->row0);
     const floatX *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora)

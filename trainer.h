@@ -229,6 +229,7 @@ typedef struct {
     const char *optimizer;
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
     const char *lr_scheduler, *lora_target_modules, *chunk_memory;
+    const char *peft_method, *ia3_target_modules, *ia3_feedforward_modules;
     const char *resume;
     int save_every, keep_checkpoints, max_bad_steps;
     const char *data_format, *batching, *data_slice, *data_cache_dir;
@@ -300,7 +301,10 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"lora_target_modules", OPT_STR, &(tc)->lora_target_modules, "q_proj,v_proj", "comma-separated peft module names, or all-linear", 0, 0}, \
     {"use_rslora", OPT_INT, &(tc)->use_rslora, "0", "1: scale = alpha / sqrt(r) (rank-stabilised LoRA)", 0, 1}, \
     {"use_dora", OPT_FLAG, &(tc)->use_dora, "0", "DoRA (peft's use_dora): a trained magnitude per output rescales each adapted layer's rows", 0, 1}, \
-    {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (its r, alpha, targets)", 0, 0}, \
+    {"peft_method", OPT_STR, &(tc)->peft_method, "lora", "lora | ia3: the adapter trained (ia3: peft's IA3, a learned vector scaling each target module's output, or a feedforward module's input)", 0, 0}, \
+    {"ia3_target_modules", OPT_STR, &(tc)->ia3_target_modules, "k_proj,v_proj,down_proj", "with --peft_method ia3: comma-separated peft module names, or all-linear (peft's IA3Config target_modules)", 0, 0}, \
+    {"ia3_feedforward_modules", OPT_STR, &(tc)->ia3_feedforward_modules, "down_proj", "with --peft_method ia3: the targets whose input the vector scales (the rest: their output), a subset of --ia3_target_modules", 0, 0}, \
+    {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (LoRA or IA3, with its settings: r, alpha, targets, feedforward modules)", 0, 0}, \
     {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
     {"activation_checkpointing", OPT_FLAG, &(tc)->activation_checkpointing, "0", "keep only each layer's input and re-run the layer's forward before its backward: less activation memory, the same results (HF's gradient_checkpointing, torchtune's enable_activation_checkpointing)", 0, 1}, \
@@ -317,7 +321,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"temperature", OPT_FLOAT, &(tc)->temperature, "0", "sampling temperature (0: greedy)", 0, 100}, \
     {"cpu_offload", OPT_INT, &(tc)->cpu_offload, "0", "1: full fine-tuning keeps the fp32 masters, gradients and optimizer state in host memory, steps on the CPU and copies the updated weights back to the GPU (llama-recipes' fsdp_cpu_offload, DeepSpeed's ZeRO-Offload); each rank offloads its shards; the results are those without it, bit for bit. The CPU trainer holds them there already", 0, 1}, \
     {"dry_run", OPT_FLAG, &(tc)->dry_run, "0", "print the configuration and the memory plan, then exit", 0, 1}, \
-    {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
+    {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA or IA3: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
     {"top_p", OPT_FLOAT, &(tc)->top_p, "0.9", "nucleus sampling: draw from the smallest set of tokens with this much probability", 0, 1}, \
     {"sharding_strategy", OPT_STR, &(tc)->sharding_strategy, "FULL_SHARD", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD: how the ranks (mpirun -np W, torchrun, dev/launch.sh W) share the model (one process: no effect)", 0, 0}, \
@@ -330,7 +334,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"loss_scale", OPT_STR, &(tc)->loss_scale, "auto", "auto | dynamic | none: dynamic loss scaling as torch.amp.GradScaler (initial scale 65536, x2 after 2000 steps without an overflow, x0.5 and the step skipped on one); auto: dynamic with --precision fp16, else none (as torch). The CPU trainer runs it too (fp32: exact, the same steps except the skipped ones)", 0, 0}, \
     {"collectives", OPT_STR, &(tc)->collectives, backend_collectives[0], "auto | nccl | host: how the ranks' device buffers are gathered and summed (train_llama2cu): nccl, or host: through host memory over MPI or TCP, summed in rank order as the CPU trainer sums (ranks may share a GPU); auto: nccl when every rank of a node has its own GPU, else host. The CPU trainer: host only", 0, 0}, \
     {"random_init", OPT_FLAG, &(tc)->random_init, "0", "for benchmarks only: random weights N(0, initializer_range) drawn from --seed, with --model holding just config.json and tokenizer.model", 0, 1}, \
-    {"quantize", OPT_STR, &(tc)->quantize, "none", "none | nf4 | fp4: QLoRA, the decoder's linear weights quantized to 4 bits as they load, exactly as bitsandbytes (blocks of 64); LoRA only", 0, 0}, \
+    {"quantize", OPT_STR, &(tc)->quantize, "none", "none | nf4 | fp4: QLoRA, the decoder's linear weights quantized to 4 bits as they load, exactly as bitsandbytes (blocks of 64); LoRA or IA3", 0, 0}, \
     {"double_quant", OPT_INT, &(tc)->double_quant, "1", "with --quantize: 1 stores the absmax values in 8 bits too (bitsandbytes' bnb_4bit_use_double_quant)", 0, 1}, \
 }
 
@@ -398,10 +402,47 @@ static int option_choice(const char *option, const char *value, const char *cons
 }
 #define OPTION_CHOICE(option, value, choices, backend) option_choice(option, value, choices, sizeof choices / sizeof *choices, backend)
 
+// IA3's modules from --ia3_target_modules and --ia3_feedforward_modules (empty: none) as bit
+// masks. 0 ok, -1 with a message.
+static int ia3_modules(const TrainConfig *tc, unsigned *targets, unsigned *feedforward) {
+    *feedforward = 0;
+    if (lora_parse_targets(tc->ia3_target_modules, "--ia3_target_modules", targets) != 0) return -1;
+    if (tc->ia3_feedforward_modules[0] &&
+        lora_parse_targets(tc->ia3_feedforward_modules, "--ia3_feedforward_modules", feedforward) != 0) return -1;
+    return 0;
+}
+
+// --peft_method and the options that go with it; lora_option: a LoRA-only option the
+// command line gave (NULL: none). 0 ok, -1 with a message.
+static int check_peft_method(const TrainConfig *tc, const char *lora_option) {
+    if (!strcmp(tc->peft_method, "llama_adapter") || !strcmp(tc->peft_method, "prefix")) {
+        fprintf(stderr, "error: --peft_method %s is not supported yet (lora and ia3 are)\n", tc->peft_method);
+        return -1;
+    }
+    static const char *const methods[] = {"lora", "ia3"};
+    if (OPTION_CHOICE("peft_method", tc->peft_method, methods, 0) < 0) return -1;
+    if (strcmp(tc->peft_method, "ia3") != 0) return 0;
+    if (tc->full_finetune) { fprintf(stderr, "error: --peft_method ia3 trains an adapter; with --full_finetune there is none\n"); return -1; }
+    if (lora_option) {
+        fprintf(stderr, "error: --%s is LoRA's; with --peft_method ia3 give --ia3_target_modules and --ia3_feedforward_modules\n", lora_option);
+        return -1;
+    }
+    if (tc->export_gguf_adapter[0]) { fprintf(stderr, "%s\n", gguf_adapter_no_ia3); return -1; }
+    unsigned targets, feedforward;
+    if (ia3_modules(tc, &targets, &feedforward) != 0) return -1;
+    if (feedforward & ~targets) {
+        fprintf(stderr, "error: --ia3_feedforward_modules %s: must be among --ia3_target_modules %s\n", tc->ia3_feedforward_modules,
+                tc->ia3_target_modules);
+        return -1;
+    }
+    return 0;
+}
+
 // 0: parsed, 1: --help printed, -1: error (message printed)
 static int parse_args(TrainConfig *tc, int argc, char **argv) {
     Option opts[] = OPTIONS(tc);
     int n = (int)(sizeof opts / sizeof opts[0]);
+    const char *lora_option = NULL; // the last LoRA-only option given (IA3 refuses them)
     for (int i = 0; i < n; i++) set_option(&opts[i], opts[i].def);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -413,6 +454,7 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         for (int k = 0; k < n; k++)
             if (strlen(opts[k].name) == len && strncmp(opts[k].name, name, len) == 0) o = &opts[k];
         if (!o) { fprintf(stderr, "error: unknown option '--%.*s' (see --help)\n", (int)len, name); return -1; }
+        if (!strncmp(o->name, "lora_", 5) || !strcmp(o->name, "use_rslora") || !strcmp(o->name, "use_dora")) lora_option = o->name;
         const char *val;
         if (eq) val = eq + 1;
         else if (o->type == OPT_FLAG) val = "1";
@@ -465,7 +507,8 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         return -1;
     }
     unsigned mask;
-    if (lora_parse_targets(tc->lora_target_modules, &mask) != 0) return -1;
+    if (lora_parse_targets(tc->lora_target_modules, "--lora_target_modules", &mask) != 0) return -1;
+    if (check_peft_method(tc, lora_option) != 0) return -1;
     FsdpStrategy strategy;
     if (fsdp_strategy_parse(tc->sharding_strategy, &strategy) != 0) return -1;
     if (tc->random_init && tc->resume[0]) {
@@ -619,9 +662,18 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
         const char *adapter = resume_dir ? resume_dir : tc->from_peft_checkpoint;
         if (adapter[0]) {
             if (lora_load_peft(&h->lora, adapter, h->config.n_layers, in, out) != 0) { host_model_free(h); return -1; }
+            if (!resume_dir && !strcmp(tc->peft_method, "ia3") && !h->lora.ia3) { // (a resume's options match its own)
+                fprintf(stderr, "error: --peft_method ia3, but --from_peft_checkpoint %s holds a LoRA adapter\n", adapter);
+                host_model_free(h);
+                return -1;
+            }
+        } else if (!strcmp(tc->peft_method, "ia3")) {
+            unsigned targets, feedforward;
+            ia3_modules(tc, &targets, &feedforward); // (check_peft_method checked them)
+            ia3_alloc(&h->lora, h->config.n_layers, in, out, targets, feedforward);
         } else {
             unsigned targets;
-            lora_parse_targets(tc->lora_target_modules, &targets);
+            lora_parse_targets(tc->lora_target_modules, "--lora_target_modules", &targets);
             lora_alloc(&h->lora, h->config.n_layers, in, out, tc->lora_r, tc->lora_alpha, tc->lora_dropout,
                        tc->use_rslora, tc->use_dora, targets);
             lora_init(&h->lora, (uint64_t)tc->seed);
@@ -778,7 +830,8 @@ static const char *resume_must_match[] = {
     "model", "data", "max_seq_len", "lr", "optimizer", "momentum", "nesterov",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "freeze_layers", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
-    "use_dora", "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
+    "use_dora", "peft_method", "ia3_target_modules", "ia3_feedforward_modules", "from_peft_checkpoint", "data_format",
+    "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
     "quantize", "double_quant", "s2_attn"};
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's
@@ -1713,7 +1766,7 @@ static double print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
     snprintf(frozen, sizeof frozen, "all weights but the embedding%s and the first %d layer(s)", c->tied ? " (the head too: tied)" : "",
              m->host.frozen_units - 1);
     printf("training %s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
-           !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.use_dora ? "DoRA" : "LoRA", r->opt.n,
+           !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.ia3 ? "IA3" : m->host.lora.use_dora ? "DoRA" : "LoRA", r->opt.n,
            host_sharded(&m->host) && !m->host.use_lora ? " (this rank's shard)" : "",
            r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
     double host;

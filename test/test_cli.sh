@@ -241,11 +241,28 @@ expect_error "missing data" "nothere.jsonl: cannot read" --model $FIX/tiny_gqa -
 
 # adapters
 expect_error "adapter for another model" "adapter_model.safetensors: tensor .* has shape" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_tied/peft_init
-mkdir -p "$TMP/ad"; cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "IA3"/' "$TMP/ad/adapter_config.json"
-expect_error "non-LoRA adapter" "peft_type must be" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+mkdir -p "$TMP/ad"; cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "PREFIX_TUNING"/' "$TMP/ad/adapter_config.json"
+expect_error "neither a LoRA nor an IA3 adapter" 'peft_type must be "LORA" or "IA3"' --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "IA3"/' "$TMP/ad/adapter_config.json"
+expect_error "a LoRA adapter's tensors under an IA3 config" "adapter_model.safetensors: tensor '.*ia3_l' is missing" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+rm -f "$TMP/ad/"*; cp $FIX/tiny_gqa/ia3/peft_init/* "$TMP/ad/"; sed -i 's/"down_proj"$/"k_proj"/' "$TMP/ad/adapter_config.json"
+expect_error "IA3: a vector of the other shape (feedforward)" "tensor '.*k_proj.ia3_l' has shape \[32, 1\], expected \[1, 64\]" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+cp $FIX/tiny_gqa/ia3/peft_init/* "$TMP/ad/"; sed -i 's/"down_proj"$/"up_proj"/' "$TMP/ad/adapter_config.json"
+expect_error "IA3: feedforward modules that are not targets" "feedforward_modules must be a subset of target_modules" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"use_dora": false/"use_dora": true/' "$TMP/ad/adapter_config.json"
 expect_error "DoRA config without magnitudes" "adapter_model.safetensors: tensor '.*lora_magnitude_vector' is missing" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 expect_error "DoRA with full fine-tuning" "--use_dora trains a DoRA adapter" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --use_dora
+# --peft_method
+expect_error "prefix tuning" "--peft_method prefix is not supported yet" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method prefix
+expect_error "llama-adapter" "--peft_method llama_adapter is not supported yet" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method llama_adapter
+expect_error "unknown PEFT method" "--peft_method: 'adalora' is not one of lora, ia3" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method adalora
+expect_error "IA3 with --lora_r" "--lora_r is LoRA's; with --peft_method ia3" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --lora_r 4
+expect_error "IA3 with --use_dora" "--use_dora is LoRA's; with --peft_method ia3" --model $FIX/tiny_gqa "${RUN[@]}" --use_dora --peft_method ia3
+expect_error "IA3 with full fine-tuning" "--peft_method ia3 trains an adapter; with --full_finetune" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --full_finetune
+expect_error "IA3: unknown target" "--ia3_target_modules: unknown module 'kk_proj'" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --ia3_target_modules kk_proj
+expect_error "IA3: feedforward module not a target" "--ia3_feedforward_modules up_proj: must be among --ia3_target_modules" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --ia3_feedforward_modules up_proj
+expect_error "IA3 from a LoRA adapter" "--peft_method ia3, but --from_peft_checkpoint .* holds a LoRA adapter" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --from_peft_checkpoint $FIX/tiny_gqa/peft_init
+expect_error "IA3 as a llama.cpp adapter" "--export_gguf_adapter writes a llama.cpp LoRA adapter, which cannot hold IA3's vectors" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --export_gguf_adapter "$TMP/a.gguf"
 
 # and a good run writes the adapter and the metrics
 if "$BIN" --model $FIX/tiny_gqa "${RUN[@]}" --metrics_file "$TMP/metrics.jsonl" >"$TMP/out" 2>&1 &&

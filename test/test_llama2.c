@@ -159,12 +159,10 @@ static int list_trainables(Model *m, Trainable *out) {
             for (int t = 0; t < LORA_N_TARGETS; t++) {
                 if (!(l->targets & (1u << t))) continue;
                 for (int k = 0; k < lora_n_kinds(l); k++, n++) { // A, B (and DoRA's magnitude)
-                    lora_key(out[n].name, sizeof out[n].name, i, t, lora_kinds[k]);
+                    lora_key(l, out[n].name, sizeof out[n].name, i, t, k);
                     out[n].data = lora_tensor(l, l->params, i, t, k);
                     out[n].grad = lora_tensor(l, l->grads, i, t, k);
-                    int64_t shape[2];
-                    out[n].n = lora_tensor_shape(l->r, l->in[t], l->out[t], k, shape) == 1 ? (size_t)shape[0]
-                                                                                         : (size_t)(shape[0] * shape[1]);
+                    out[n].n = lora_tensor_numel(l, t, k);
                 }
             }
         return n;
@@ -245,13 +243,14 @@ static void check_training(TrainConfig *tc, const char *what, const JsonValue *s
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
 }
 
-// mode: "full", "lora", or DoRA's "dora" and "dora_dropout", whose references are in
-// the model's dora/ (dev/reference/make_dora_fixtures.py, dropout masks as ours)
+// mode: "full", "lora", DoRA's "dora" and "dora_dropout", whose references are in the
+// model's dora/ (dev/reference/make_dora_fixtures.py, dropout masks as ours), or "ia3",
+// in its ia3/ (dev/reference/make_ia3_fixtures.py)
 static void test_model(const char *model, const char *mode) {
     char path[600], what[256], outdir[256], metrics[300];
-    int full = !strcmp(mode, "full"), dora = !strncmp(mode, "dora", 4);
-    const char *refdir = dora ? "dora" : "ref";
-    const char *adapter = full ? NULL : !dora ? "peft_init" : !strcmp(mode, "dora") ? "dora/peft_init" : "dora/peft_init_dropout";
+    int full = !strcmp(mode, "full"), dora = !strncmp(mode, "dora", 4), ia3 = !strcmp(mode, "ia3");
+    const char *refdir = dora ? "dora" : ia3 ? "ia3" : "ref";
+    const char *adapter = full ? NULL : ia3 ? "ia3/peft_init" : !dora ? "peft_init" : !strcmp(mode, "dora") ? "dora/peft_init" : "dora/peft_init_dropout";
     snprintf(path, sizeof path, "test/fixtures/%s/%s/expected.json", model, refdir);
     JsonValue exp = read_json(path);
     const JsonValue *ref = json_get(&exp, mode), *hp = json_get(json_get(&exp, "train"), mode);
@@ -850,9 +849,10 @@ int main(void) {
         test_model(models[i], "lora");
         test_model(models[i], "full");
     }
-    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout
+    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout; IA3
         test_model(models[i], "dora");
         test_model(models[i], "dora_dropout");
+        test_model(models[i], "ia3");
     }
     test_freeze("tiny_gqa");  // untied: lm_head trains
     test_freeze("tiny_tied"); // tied: the head is the frozen embedding

@@ -2,7 +2,7 @@
 # Checkpoints and resume: a run that is killed (at chosen points, in the middle
 # of writing a checkpoint, and at random moments) and resumed ends with exactly
 # the weights and the loss trajectory of a run that was never interrupted, bit
-# for bit (LoRA, full fine-tuning, QLoRA, DoRA); SIGTERM finishes the step, saves and
+# for bit (LoRA, full fine-tuning, QLoRA, DoRA, IA3); SIGTERM finishes the step, saves and
 # exits 0; a resume with changed options or data is refused.
 set -u
 SUITE=resume
@@ -156,6 +156,18 @@ run "$TMP/dora2" 6 --resume "$TMP/dora-ref/checkpoint-3"
 rc=$?
 [ $rc -eq 1 ] && grep -q -- "--use_dora was '1' in the checkpoint but is '0' now" "$TMP/dora2.log"
 check "a DoRA checkpoint resumed without --use_dora is refused" $? "exit $rc: $(tail -2 "$TMP/dora2.log")"
+# IA3: the vectors are saved as peft's ia3_l with adapter_config.json's targets and feedforward
+# modules, and the AdamW state with them
+ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --save_every 3 --threads 1
+      --peft_method ia3 --ia3_target_modules all-linear --ia3_feedforward_modules gate_proj,down_proj)
+run "$TMP/ia3-ref" 6
+LLAMA2TUNE_FAULT=step:4 run "$TMP/ia3" 6
+run "$TMP/ia3" 6 --resume "$TMP/ia3"
+same_result "IA3 killed after step 4 and resumed == uninterrupted" "$TMP/ia3-ref" "$TMP/ia3" adapter_model.safetensors
+run "$TMP/ia3b" 6 --resume "$TMP/ia3-ref/checkpoint-3" --ia3_feedforward_modules down_proj
+rc=$?
+[ $rc -eq 1 ] && grep -q -- "--ia3_feedforward_modules was 'gate_proj,down_proj' in the checkpoint but is 'down_proj' now" "$TMP/ia3b.log"
+check "an IA3 checkpoint resumed with other feedforward modules is refused" $? "exit $rc: $(tail -2 "$TMP/ia3b.log")"
 # AdamW8bit, full fine-tuning: the checkpoint holds the 8-bit tensors' codes and block absmax and
 # the other tensors' fp32 moments, so the state comes back exactly
 ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 2e-3 --full_finetune

@@ -10,12 +10,14 @@
 2. peft -> ours: the adapter peft itself saved (test/fixtures/tiny_gqa/peft_init)
    is loaded by train_llama2 with --max_steps 0, whose val_loss must equal what
    transformers + peft compute with the same adapter.
-Both again with DoRA (--use_dora; peft's test/fixtures/tiny_gqa/dora/peft_init).
+Both again with DoRA (--use_dora; peft's test/fixtures/tiny_gqa/dora/peft_init), and
+with IA3 (--peft_method ia3 on every module, gate_proj and down_proj feedforward;
+peft's test/fixtures/tiny_gqa/ia3/peft_init: k_proj, v_proj, down_proj).
 Tolerance: 1e-5 relative (our fp32 against float64).
 
   python3 dev/reference/check_peft_roundtrip.py --qlora
 
-does the same for QLoRA: our trainer with --quantize nf4 on test/fixtures/tiny_qlora,
+does the same for QLoRA (LoRA both ways, IA3 ours -> peft): our trainer with --quantize nf4 on test/fixtures/tiny_qlora,
 and peft on that checkpoint loaded by transformers in 4 bits with
 BitsAndBytesConfig(nf4, double quantization, fp32 compute), which computes in fp32
 (tolerance 1e-5 relative all the same: both sides' rounding is ~1e-7). The model runs in
@@ -84,14 +86,19 @@ def report(name, ours, ref):
 
 def main():
     ok = True
-    for kind, flags, init in (("LoRA", [], "peft_init"), ("DoRA", ["--use_dora"], "dora/peft_init")):
+    lora = ["--lora_r", "4", "--lora_alpha", "8", "--lora_dropout", "0.1", "--lora_target_modules", "all-linear"]
+    ia3 = ["--peft_method", "ia3", "--ia3_target_modules", "all-linear", "--ia3_feedforward_modules", "gate_proj,down_proj"]
+    kinds = [("LoRA", lora, "peft_init"), ("DoRA", lora + ["--use_dora"], "dora/peft_init"), ("IA3", ia3, "ia3/peft_init")]
+    if QLORA:  # (tiny_qlora has LoRA's adapter from peft only; IA3 crosses one way, ours -> peft)
+        kinds = [kinds[0], kinds[2]]
+    for kind, flags, init in kinds:
         with tempfile.TemporaryDirectory() as out:
-            ours = run_ours(["--output_dir", out, "--max_steps", "5", "--lr", "1e-2", "--lora_r", "4", "--lora_alpha",
-                             "8", "--lora_dropout", "0.1", "--lora_target_modules", "all-linear", "--batch_size", "2"]
-                            + flags)
+            ours = run_ours(["--output_dir", out, "--max_steps", "5", "--lr", "1e-2", "--batch_size", "2"] + flags)
             ok &= report(f"{kind} adapter saved by train_llama2, loaded by PeftModel.from_pretrained", ours,
                          val_loss_torch(out))
         init = os.path.join(MODEL, init)
+        if not os.path.isdir(init):
+            continue
         with tempfile.TemporaryDirectory() as out:
             ours = run_ours(["--output_dir", out, "--max_steps", "0", "--from_peft_checkpoint", init])
         ok &= report(f"{kind} adapter saved by peft, loaded by train_llama2", ours, val_loss_torch(init))

@@ -23,7 +23,6 @@
 # of the base product on the dropped input) is peft's own code.
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -33,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as mf  # noqa: E402  (its float64 patches come with it)
 import sentencepiece as spm  # noqa: E402
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 SEED = 42  # the trainer's default --seed, which test_llama2.c's fixture runs use
 DROPOUT = 0.1
@@ -166,18 +165,12 @@ def main():
         spec = mf.MODELS[name]
         print(f"== {name} (DoRA)")
         folder = f"{mf.FIX}/{name}/dora"
-        if os.path.isdir(folder):
-            shutil.rmtree(folder)
-        os.makedirs(folder)
+        mf.fresh_folder(folder)
         adapter = make_adapter(name, spec, folder)
         expected, out = {}, {}
         for sub in ("peft_init", "peft_init_dropout"):
             reference(name, spec, folder, sub, adapter, rows, expected, out)
-        save_file({k: v.detach().to(torch.float32).contiguous() for k, v in sorted(expected.items())},
-                  folder + "/expected.safetensors")
-        with open(folder + "/expected.json", "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+        mf.write_expected(folder, expected, out)
     print("done")
 
 

@@ -361,6 +361,22 @@ def save_adapter(pm, out, **config):
         os.remove(out + "/README.md")
 
 
+def fresh_folder(folder):
+    """folder emptied (a run before wrote it) and made"""
+    if os.path.isdir(folder):
+        shutil.rmtree(folder)
+    os.makedirs(folder)
+
+
+def write_expected(folder, expected, out):
+    """a reference's tensors (float32) and its JSON into folder/expected.safetensors and .json"""
+    save_file({k: v.detach().to(torch.float32).contiguous() for k, v in sorted(expected.items())},
+              folder + "/expected.safetensors")
+    with open(folder + "/expected.json", "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+
+
 def loss_sum_count(logits, targets):
     lp = torch.log_softmax(logits.to(torch.float64), dim=-1)
     valid = targets != IGNORE
