@@ -19,6 +19,11 @@
 // (k_proj, v_proj: before RoPE). It reuses LoRA's layout (one flat buffer, a vector where
 // A would start) and files' code; r is 0, so LoRA's activations take no room.
 //
+// llama_adapter (peft's AdaptionPromptConfig, peft_method llama_adapter) is kept here
+// too: each of the top adapter_layers decoder layers learns a prompt P (adapter_len, D)
+// and a gate g (starting at 0). adaption_prompt.h has the maths; here are only its
+// place in the flat buffer (P, then g, where layer l's q_proj's A would be) and files.
+//
 // A starts kaiming-uniform with a = sqrt(5), i.e. uniform in +-1/sqrt(in), and
 // B at zero, so training starts exactly at the base model. All adapter tensors
 // live in one flat buffer (params, grads), so the optimizer, the gradient norm
@@ -51,6 +56,8 @@ typedef struct {
     int use_dora;                   // each module also has a magnitude m (out) after its B
     int ia3;                        // IA3 instead of LoRA: one vector per module (r = 0, no dropout)
     unsigned feedforward;           // IA3, bit t set: module t's vector (in) scales its input, else (out) its output
+    int adapter_len, adapter_layers; // llama_adapter (adapter_len > 0): prompt rows, and how many layers
+                                    // from the top have one (targets is 0: no linear layer is adapted)
     unsigned char *mag_unset;       // (n_layers, LORA_N_TARGETS) DoRA: m still to be set to the norm (dora_norm)
     int training;                   // dropout applies only while training (not in evaluation)
     unsigned targets;               // bit t set: module t is adapted
@@ -90,8 +97,20 @@ static int lora_parse_targets(const char *s, const char *option, unsigned *mask)
 
 static inline int ia3_feedforward(const LoRA *l, int t) { return (l->feedforward >> t) & 1; }
 
-// an adapted module's parameters: IA3's vector, or LoRA's A, B (and DoRA's m)
+// llama_adapter's longest prompt: the GPU keeps a query head's probabilities over it in shared memory
+#define ADAPTER_MAX_LEN 1024
+
+// layer's module t has trained parameters: LoRA's and IA3's targets; llama_adapter's prompt
+// and gate count as module 0's (q_proj's slot) of its top adapter_layers layers
+static inline int adapter_has_prompt(const LoRA *l, int layer) { return l->adapter_len && layer >= l->n_layers - l->adapter_layers; }
+static inline int lora_trains(const LoRA *l, int layer, int t) {
+    return l->adapter_len ? t == 0 && adapter_has_prompt(l, layer) : (l->targets >> t) & 1;
+}
+
+// an adapted module's parameters: llama_adapter's prompt and gate, IA3's vector, or LoRA's
+// A, B (and DoRA's m)
 static size_t lora_module_numel(const LoRA *l, int t) {
+    if (l->adapter_len) return (size_t)l->adapter_len * l->in[LORA_Q] + 1;
     if (l->ia3) return (size_t)(ia3_feedforward(l, t) ? l->in[t] : l->out[t]);
     return (size_t)l->r * (l->in[t] + l->out[t]) + (l->use_dora ? l->out[t] : 0);
 }
@@ -106,7 +125,7 @@ static void lora_layout(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], con
     for (int i = 0; i < n_layers; i++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             l->offset[i * LORA_N_TARGETS + t] = n;
-            if (l->targets & (1u << t)) n += lora_module_numel(l, t);
+            if (lora_trains(l, i, t)) n += lora_module_numel(l, t);
         }
     l->num_params = n;
     l->mag_unset = (unsigned char *)callocCheck((size_t)n_layers * LORA_N_TARGETS, 1);
@@ -135,12 +154,33 @@ static void ia3_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const
     for (size_t i = 0; i < l->num_params; i++) l->params[i] = 1.0f;
 }
 
+// the adapter's kind as --peft_method names it
+static const char *lora_method(const LoRA *l) { return l->adapter_len ? "llama_adapter" : l->ia3 ? "ia3" : "lora"; }
+
 static void lora_free(LoRA *l) { free(l->offset); free(l->mag_unset); free(l->params); free(l->grads); }
 
 static inline float *lora_A(const LoRA *l, float *base, int layer, int t) { return base + l->offset[layer * LORA_N_TARGETS + t]; }
 static inline float *lora_B(const LoRA *l, float *base, int layer, int t) { return lora_A(l, base, layer, t) + (size_t)l->r * l->in[t]; }
 // IA3's vector (in for a feedforward module, else out), where A would be
 static inline float *ia3_vector(const LoRA *l, float *base, int layer, int t) { return lora_A(l, base, layer, t); }
+// llama_adapter's prompt (adapter_len, D) of a layer that has one, and its gate (1) after it
+static inline float *adapter_prompt(const LoRA *l, float *base, int layer) { return lora_A(l, base, layer, LORA_Q); }
+static inline float *adapter_gate(const LoRA *l, float *base, int layer) {
+    return adapter_prompt(l, base, layer) + (size_t)l->adapter_len * l->in[LORA_Q];
+}
+
+// llama_adapter's prompts (adapter_len, D) for the top adapter_layers layers, drawn N(0, 1)
+// from seed as peft draws them (not its stream), and their gates at peft's init, 0
+static void adapter_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const int out[LORA_N_TARGETS],
+                          int adapter_len, int adapter_layers, uint64_t seed) {
+    memset(l, 0, sizeof *l);
+    l->adapter_len = adapter_len; l->adapter_layers = adapter_layers;
+    lora_layout(l, n_layers, in, out);
+    uint64_t key = splitmix64(seed ^ 0x41646170ull);
+    for (size_t i = 0; i < l->num_params; i++) l->params[i] = hash_normal(key, i);
+    for (int i = n_layers - adapter_layers; i < n_layers; i++) *adapter_gate(l, l->params, i) = 0.0f;
+}
+
 // DoRA's magnitude m (out), after B
 static inline float *lora_mag(const LoRA *l, float *base, int layer, int t) { return lora_B(l, base, layer, t) + (size_t)l->out[t] * l->r; }
 // DoRA: where module t of a layer keeps its row norms in a buffer of (n_layers, LORA_N_TARGETS, widest out)
@@ -385,19 +425,29 @@ static void ia3_backward(LoRA *l, int layer, int t, float *dinp, const float *do
 
 // A module's tensors in the files, k = 0 .. lora_n_kinds - 1: LoRA's A (r, in), B (out, r)
 // and with DoRA m (out), which peft names without ".weight"; IA3's vector ia3_l, (1, in)
-// for a feedforward module, else (out, 1)
+// for a feedforward module, else (out, 1); llama_adapter's adaption_prompt (1, adapter_len,
+// D) and adaption_gate (1) of the layer's self_attn
 static int lora_n_kinds(const LoRA *l) { return l->ia3 ? 1 : l->use_dora ? 3 : 2; }
 static void lora_key(const LoRA *l, char *buf, size_t n, int layer, int t, int k) {
     static const char *const kinds[3] = {"lora_A.weight", "lora_B.weight", "lora_magnitude_vector"};
+    if (l->adapter_len) {
+        snprintf(buf, n, "base_model.model.model.layers.%d.self_attn.%s", layer, k ? "adaption_gate" : "adaption_prompt");
+        return;
+    }
     snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.%s", layer, lora_target_parents[t], lora_target_names[t],
              l->ia3 ? "ia3_l" : kinds[k]);
 }
 static float *lora_tensor(const LoRA *l, float *base, int layer, int t, int k) {
+    if (l->adapter_len) return k ? adapter_gate(l, base, layer) : adapter_prompt(l, base, layer);
     if (l->ia3) return ia3_vector(l, base, layer, t);
     return k == 0 ? lora_A(l, base, layer, t) : k == 1 ? lora_B(l, base, layer, t) : lora_mag(l, base, layer, t);
 }
 // l's settings and shapes (not its buffers) give the shape; returns the number of dimensions
-static int lora_tensor_shape(const LoRA *l, int t, int k, int64_t shape[2]) {
+static int lora_tensor_shape(const LoRA *l, int t, int k, int64_t shape[3]) {
+    if (l->adapter_len) {
+        shape[0] = 1; shape[1] = l->adapter_len; shape[2] = l->in[LORA_Q];
+        return k ? 1 : 3;
+    }
     if (l->ia3) {
         int ff = ia3_feedforward(l, t);
         shape[0] = ff ? 1 : l->out[t];
@@ -409,8 +459,10 @@ static int lora_tensor_shape(const LoRA *l, int t, int k, int64_t shape[2]) {
     return k == 2 ? 1 : 2;
 }
 static size_t lora_tensor_numel(const LoRA *l, int t, int k) {
-    int64_t shape[2];
-    return lora_tensor_shape(l, t, k, shape) == 1 ? (size_t)shape[0] : (size_t)(shape[0] * shape[1]);
+    int64_t shape[3];
+    size_t n = 1;
+    for (int d = 0, nd = lora_tensor_shape(l, t, k, shape); d < nd; d++) n *= (size_t)shape[d];
+    return n;
 }
 
 // the modules of mask as a JSON list's items: "q_proj", "v_proj"
@@ -433,7 +485,7 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
     char (*names)[160] = (char (*)[160])mallocCheck((size_t)l->n_layers * LORA_N_TARGETS * 3 * 160);
     for (int i = 0; i < l->n_layers; i++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
-            if (!(l->targets & (1u << t))) continue;
+            if (!lora_trains(l, i, t)) continue;
             for (int k = 0; k < lora_n_kinds(l); k++) {
                 lora_key(l, names[n], 160, i, t, k);
                 ts[n].name = names[n];
@@ -458,7 +510,12 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
     if (!mf) die("out of memory writing adapter_config.json");
     json_write_string(mf, base_model ? base_model : "");
     if (fclose(mf) != 0) die("out of memory writing adapter_config.json");
-    if (l->ia3)
+    if (l->adapter_len)
+        snprintf(cfg, sizeof cfg,
+                 "{\n  \"peft_type\": \"ADAPTION_PROMPT\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
+                 "  \"adapter_len\": %d,\n  \"adapter_layers\": %d,\n  \"target_modules\": \"self_attn\",\n"
+                 "  \"inference_mode\": true\n}\n", base_json, l->adapter_len, l->adapter_layers);
+    else if (l->ia3)
         snprintf(cfg, sizeof cfg,
                  "{\n  \"peft_type\": \"IA3\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
                  "  \"target_modules\": [%s],\n  \"feedforward_modules\": [%s],\n  \"fan_in_fan_out\": false,\n"
@@ -545,7 +602,28 @@ static int ia3_config_read(const JsonValue *cfg, const char *path, LoRA *want) {
     return 0;
 }
 
-// Reads a PEFT LoRA or IA3 adapter (peft_type) written by peft or by us. The model's shapes
+// A llama_adapter's settings (peft's AdaptionPromptConfig): adapter_len, and adapter_layers,
+// which peft refuses beyond the model's layers; target_modules, if given, must be llama's
+// self_attn. 0 ok, -1 with a message naming path.
+static int adapter_config_read(const JsonValue *cfg, const char *path, int n_layers, LoRA *want) {
+    long long len = 0, layers = 0;
+    const char *s;
+    if (json_get_int(cfg, "adapter_len", &len) != 0 || len < 1 || len > ADAPTER_MAX_LEN) {
+        fprintf(stderr, "error: %s: 'adapter_len' must be an integer in [1, %d]\n", path, ADAPTER_MAX_LEN); return -1;
+    }
+    if (json_get_int(cfg, "adapter_layers", &layers) != 0 || layers < 1 || layers > n_layers) {
+        fprintf(stderr, "error: %s: 'adapter_layers' must be an integer in [1, %d] (the model's layers)\n", path, n_layers);
+        return -1;
+    }
+    if (json_get(cfg, "target_modules") && json_get(cfg, "target_modules")->type != JSON_NULL &&
+        (json_get_string(cfg, "target_modules", &s, NULL) != 0 || strcmp(s, "self_attn") != 0)) {
+        fprintf(stderr, "error: %s: target_modules must be \"self_attn\" (llama's attention)\n", path); return -1;
+    }
+    want->adapter_len = (int)len; want->adapter_layers = (int)layers;
+    return 0;
+}
+
+// Reads a PEFT LoRA, IA3 or llama_adapter adapter (peft_type) written by peft or by us. The model's shapes
 // come in in[] / out[]; everything in the files is checked against them. 0 ok, -1 with a message.
 static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[LORA_N_TARGETS],
                           const int out[LORA_N_TARGETS]) {
@@ -558,16 +636,19 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
     const char *s;
     LoRA want; // the settings and shapes the tensors are checked against
     memset(&want, 0, sizeof want);
+    want.n_layers = n_layers;
     for (int t = 0; t < LORA_N_TARGETS; t++) want.in[t] = in[t], want.out[t] = out[t];
     if (cfg.type != JSON_OBJECT) { fprintf(stderr, "error: %s: not a JSON object\n", path); goto done; }
-    if (json_get_string(&cfg, "peft_type", &s, NULL) != 0 || (strcmp(s, "LORA") != 0 && strcmp(s, "IA3") != 0)) {
-        fprintf(stderr, "error: %s: peft_type must be \"LORA\" or \"IA3\"\n", path); goto done;
+    if (json_get_string(&cfg, "peft_type", &s, NULL) != 0 ||
+        (strcmp(s, "LORA") != 0 && strcmp(s, "IA3") != 0 && strcmp(s, "ADAPTION_PROMPT") != 0)) {
+        fprintf(stderr, "error: %s: peft_type must be \"LORA\", \"IA3\" or \"ADAPTION_PROMPT\"\n", path); goto done;
     }
     if (json_get_bool(&cfg, "fan_in_fan_out", &b) == 0 && b) { fprintf(stderr, "error: %s: fan_in_fan_out adapters are not supported\n", path); goto done; }
     if ((v = json_get(&cfg, "modules_to_save")) && v->type != JSON_NULL && !(v->type == JSON_ARRAY && v->count == 0)) {
         fprintf(stderr, "error: %s: modules_to_save is not supported\n", path); goto done;
     }
-    if ((strcmp(s, "IA3") == 0 ? ia3_config_read : lora_config_read)(&cfg, path, &want) != 0) goto done;
+    if (strcmp(s, "ADAPTION_PROMPT") == 0 ? adapter_config_read(&cfg, path, n_layers, &want)
+        : (strcmp(s, "IA3") == 0 ? ia3_config_read : lora_config_read)(&cfg, path, &want)) goto done;
     // the tensors are checked against the config and the model before anything is
     // allocated for them (r alone, up to 65536, could ask for gigabytes), then read
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
@@ -582,24 +663,27 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
                 found = -1;
                 break;
             }
-            if (want.ia3) ia3_alloc(l, n_layers, in, out, want.targets, want.feedforward);
+            if (want.adapter_len) adapter_alloc(l, n_layers, in, out, want.adapter_len, want.adapter_layers, 0);
+            else if (want.ia3) ia3_alloc(l, n_layers, in, out, want.targets, want.feedforward);
             else lora_alloc(l, n_layers, in, out, want.r, want.alpha, want.dropout, want.use_rslora, want.use_dora, want.targets);
             allocated = 1;
         }
         for (int i = 0; i < n_layers && found >= 0; i++)
             for (int t = 0; t < LORA_N_TARGETS && found >= 0; t++) {
-                if (!(want.targets & (1u << t))) continue;
+                if (!lora_trains(&want, i, t)) continue;
                 for (int k = 0; k < lora_n_kinds(&want); k++) {
                     lora_key(&want, key, sizeof key, i, t, k);
                     const StTensor *st = st_find(&sf, key);
-                    int64_t d[2];
+                    int64_t d[3];
                     int ndim = lora_tensor_shape(&want, t, k, d);
                     if (pass == 1) {
                         if (st_read_f32(&sf, st, 0, st->numel, lora_tensor(l, l->params, i, t, k)) != 0) { found = -1; break; }
                         continue;
                     }
                     if (!st) { fprintf(stderr, "error: %s: tensor '%s' is missing\n", path, key); found = -1; break; }
-                    if (st->ndim != ndim || st->shape[0] != d[0] || (ndim == 2 && st->shape[1] != d[1])) {
+                    int same = st->ndim == ndim;
+                    for (int j = 0; j < ndim && same; j++) same = st->shape[j] == d[j];
+                    if (!same) {
                         char got[128], wanted[128];
                         st_format_shape(st->shape, st->ndim, got, sizeof got);
                         st_format_shape(d, ndim, wanted, sizeof wanted);

@@ -539,7 +539,7 @@ static int model_trainable_tensors(const HostModel *h, size_t *numel) {
         const LoRA *l = &h->lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++) {
-                if (!(l->targets & (1u << t))) continue;
+                if (!lora_trains(l, i, t)) continue;
                 for (int k = 0; k < lora_n_kinds(l); k++, n++) // A, B, DoRA's m; IA3's vector
                     if (numel) numel[n] = lora_tensor_numel(l, t, k);
             }

@@ -59,6 +59,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "layers.cuh"
 #include "attention.cuh"
 #include "lora.cuh"
+#include "adaption_prompt.cuh" // llama_adapter's branch
 #include "quant.cuh"
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir, on each stream, and NVTX ranges
 
@@ -130,6 +131,8 @@ template <typename floatX> struct Buffers {
     floatX *lora_dh;    // (B, C, r)
     floatX *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch
     floatX *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA and IA3 scratch
+    floatX *adapter_y;  // (B, C, NH*hd) llama_adapter: o_proj's input, attention plus the prompt's branch
+    floatX *adapter_dkv; // (2, NKV*hd, A) llama_adapter: the gradients of Kp and Vp, transposed
 };
 
 // the CUDA backend's model (trainer.h lists what every backend's Model holds)
@@ -179,6 +182,8 @@ typedef struct {
     float *rope_cos, *rope_sin; // (T, hd/2)
     float *rstdf;             // (B, C) the final norm's statistics
     float *dora_norm;         // (L, 7, widest out) DoRA's row norms, set by each forward's first chunk
+    float *adapter_kv;        // llama_adapter (adaption_prompt.cuh): Kp, Vp (2, A, NKV*hd); the backward's
+    float *adapter_coef, *adapter_gz; // coefficients (2, B, C, NH, A) and gate shares (B, C, NH)
     float *logits;            // (ceil(B * C / num_output_chunks), V) one piece of a chunk's rows at a time
     double *loss_sum;         // the micro-batch's summed loss
     double *grad_norm;        // the step's gradient norm
@@ -328,6 +333,9 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     place(a, d.lora_dh, N * r); place(a, d.xdrop, h->use_lora ? N * widest : 0);
     bool dora = h->use_lora && h->lora.use_dora, ia3 = h->use_lora && h->lora.ia3;
     place(a, d.dora_pre, dora || ia3 ? N * widest : 0); place(a, m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
+    size_t A = h->use_lora ? h->lora.adapter_len : 0;
+    place(a, d.adapter_y, A ? N * Q : 0); place(a, d.adapter_dkv, 2 * A * KV); place(a, m->adapter_kv, 2 * A * KV);
+    place(a, m->adapter_coef, 2 * N * c->n_heads * A); place(a, m->adapter_gz, A ? N * c->n_heads : 0);
     place(a, m->rstdf, N); place(a, m->logits, piece * V);
     place(a, m->losses, (size_t)m->B * m->T); place(a, m->loss_sum, 1); place(a, m->grad_norm, 1);
     place(a, m->tokens, (size_t)m->B * m->T); place(a, m->chunk_tokens, N);
@@ -981,7 +989,14 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     linear_forward(m, act.lora_h, ch, l, LORA_V, d.kv, act.ln1, w.wv);
     carry_copy(vc, d.kv, ch, KV, 1, st);
     attention_forward(act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd, st);
-    linear_forward(m, act.lora_h, ch, l, LORA_O, act.mid, act.atty, w.wo);
+    const floatX *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
+    LoRA *lo = &m->host.lora;
+    if (m->host.use_lora && adapter_has_prompt(lo, l)) {
+        adaption_prompt_forward(d.adapter_y, act.atty, act.q, lora_A(lo, d.lora_w, l, LORA_Q), adapter_gate(lo, m->params, l),
+                                w.wk, w.wv, m->adapter_kv, N, D, NH, NKV, hd, lo->adapter_len, st);
+        o_in = d.adapter_y;
+    }
+    linear_forward(m, act.lora_h, ch, l, LORA_O, act.mid, o_in, w.wo);
     accumulate(act.mid, act.x, ND, st);
     rmsnorm_forward(act.ln2, act.rstd2, act.mid, w.mlp_norm, N, D, c->norm_eps, st);
     linear_forward(m, act.lora_h, ch, l, LORA_GATE, act.gate, act.ln2, w.wgate);
@@ -1115,6 +1130,11 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         cudaCheck(cudaMemsetAsync(d.datty, 0, (size_t)N * Q * sizeof(floatX), st));
         linear_backward(m, act.lora_h, ch, l, LORA_O, d.datty, g.wo, d.dresid, act.atty, w.wo);
         attention_backward(d.dq, dkc, dvc, d.datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd, st);
+        LoRA *lo = &m->host.lora;
+        if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
+            adaption_prompt_backward(d.dq, adapter_prompt(lo, m->grads, l), adapter_gate(lo, m->grads, l), d.datty, act.q,
+                                     lora_A(lo, d.lora_w, l, LORA_Q), adapter_gate(lo, m->params, l), w.wk, w.wv, m->adapter_kv,
+                                     d.adapter_dkv, m->adapter_coef, m->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len, st);
         rope_backward(d.dq, m->rope_cos, m->rope_sin, ch, NH, hd, st);
         cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
         linear_backward(m, act.lora_h, ch, l, LORA_Q, d.dln, g.wq, d.dq, act.ln1, w.wq);

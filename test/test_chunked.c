@@ -6,7 +6,7 @@
 // (1, sizes that do not divide T, T itself), both memory modes, GQA and tied
 // models, LoRA (with dropout, whose masks must not depend on the chunking; and
 // DoRA, whose row norms the first chunk computes for all), IA3 (every module, two
-// of them feedforward) and
+// of them feedforward), llama_adapter (a prompt in every layer) and
 // full fine-tuning, and with sliding windows (Mistral's sliding_window) of one
 // key, of a chunk's length and of more or fewer than a chunk's, so that windows
 // cross chunk boundaries, and with --s2_attn's shifted sparse groups (of 6 positions,
@@ -53,6 +53,8 @@ static void setup(Model *m, const char *model, int full, int chunk, const char *
     if (!full && !strcmp(adapter_kind, "ia3")) { // every module, gate_proj's and down_proj's vectors on their inputs
         argv[n++] = "--peft_method=ia3", argv[n++] = "--ia3_target_modules=all-linear";
         argv[n++] = "--ia3_feedforward_modules=gate_proj,down_proj";
+    } else if (!full && !strcmp(adapter_kind, "llama_adapter")) { // a prompt in both layers
+        argv[n++] = "--peft_method=llama_adapter", argv[n++] = "--adapter_len=5", argv[n++] = "--adapter_layers=2";
     } else {
         argv[n++] = "--lora_r=4", argv[n++] = "--lora_target_modules=all-linear", argv[n++] = "--lora_dropout=0.2";
         argv[n++] = !full && !strcmp(adapter_kind, "dora") ? "--use_dora" : "--use_dora=0";
@@ -64,6 +66,8 @@ static void setup(Model *m, const char *model, int full, int chunk, const char *
     uint64_t state = 11;
     if (m->host.use_lora && m->host.lora.ia3) // off their init of 1, as training moves them
         for (size_t k = 0; k < m->host.lora.num_params; k++) m->host.lora.params[k] = 0.5f + rng_uniform(&state);
+    else if (m->host.use_lora && m->host.lora.adapter_len) // the gates off 0: the branch, and the queries' gradient from it, live
+        for (int i = 0; i < m->host.lora.n_layers; i++) *adapter_gate(&m->host.lora, m->host.lora.params, i) = 0.5f + rng_uniform(&state);
     else if (m->host.use_lora) { // B = 0 would leave A without gradient
         for (int i = 0; i < m->host.lora.n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++) {
@@ -125,7 +129,7 @@ static double worst_tensor(Model *m, const float *got, const float *want, char *
         LoRA *l = &m->host.lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++)
-                for (int k = 0; k < lora_n_kinds(l); k++) { // A, B (and DoRA's magnitude)
+                for (int k = 0; k < lora_n_kinds(l) && lora_trains(l, i, t); k++) { // A, B (and DoRA's magnitude)
                     size_t off = (size_t)(lora_tensor(l, l->params, i, t, k) - l->params);
                     size_t n = lora_tensor_numel(l, t, k);
                     double e = normwise(got + off, want + off, n);
@@ -390,6 +394,9 @@ int main(void) {
     test_equal("tiny_gqa", 0, -1);
     test_equal("tiny_tied", 0, -1);
     adapter_kind = "ia3";
+    test_equal("tiny_gqa", 0, -1);
+    test_equal("tiny_tied", 0, -1);
+    adapter_kind = "llama_adapter"; // each chunk's queries meet the whole prompt, with no carry
     test_equal("tiny_gqa", 0, -1);
     test_equal("tiny_tied", 0, -1);
     adapter_kind = "lora";

@@ -157,7 +157,7 @@ static int list_trainables(Model *m, Trainable *out) {
         LoRA *l = &m->host.lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++) {
-                if (!(l->targets & (1u << t))) continue;
+                if (!lora_trains(l, i, t)) continue;
                 for (int k = 0; k < lora_n_kinds(l); k++, n++) { // A, B (and DoRA's magnitude)
                     lora_key(l, out[n].name, sizeof out[n].name, i, t, k);
                     out[n].data = lora_tensor(l, l->params, i, t, k);
@@ -244,13 +244,16 @@ static void check_training(TrainConfig *tc, const char *what, const JsonValue *s
 }
 
 // mode: "full", "lora", DoRA's "dora" and "dora_dropout", whose references are in the
-// model's dora/ (dev/reference/make_dora_fixtures.py, dropout masks as ours), or "ia3",
-// in its ia3/ (dev/reference/make_ia3_fixtures.py)
+// model's dora/ (dev/reference/make_dora_fixtures.py, dropout masks as ours), "ia3", in its
+// ia3/ (dev/reference/make_ia3_fixtures.py), or "llama_adapter", in its llama_adapter/
+// (dev/reference/make_llama_adapter_fixtures.py)
 static void test_model(const char *model, const char *mode) {
     char path[600], what[256], outdir[256], metrics[300];
-    int full = !strcmp(mode, "full"), dora = !strncmp(mode, "dora", 4), ia3 = !strcmp(mode, "ia3");
-    const char *refdir = dora ? "dora" : ia3 ? "ia3" : "ref";
-    const char *adapter = full ? NULL : ia3 ? "ia3/peft_init" : !dora ? "peft_init" : !strcmp(mode, "dora") ? "dora/peft_init" : "dora/peft_init_dropout";
+    int full = !strcmp(mode, "full"), dora = !strncmp(mode, "dora", 4), own = !strcmp(mode, "ia3") || !strcmp(mode, "llama_adapter");
+    char own_init[64];
+    snprintf(own_init, sizeof own_init, "%s/peft_init", mode);
+    const char *refdir = dora ? "dora" : own ? mode : "ref";
+    const char *adapter = full ? NULL : own ? own_init : !dora ? "peft_init" : !strcmp(mode, "dora") ? "dora/peft_init" : "dora/peft_init_dropout";
     snprintf(path, sizeof path, "test/fixtures/%s/%s/expected.json", model, refdir);
     JsonValue exp = read_json(path);
     const JsonValue *ref = json_get(&exp, mode), *hp = json_get(json_get(&exp, "train"), mode);
@@ -849,10 +852,11 @@ int main(void) {
         test_model(models[i], "lora");
         test_model(models[i], "full");
     }
-    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout; IA3
+    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout; IA3; llama_adapter
         test_model(models[i], "dora");
         test_model(models[i], "dora_dropout");
         test_model(models[i], "ia3");
+        test_model(models[i], "llama_adapter");
     }
     test_freeze("tiny_gqa");  // untied: lm_head trains
     test_freeze("tiny_tied"); // tied: the head is the frozen embedding

@@ -198,3 +198,12 @@ void ref_ia3_backward(float *dinp, float *dvec, const float *dout, const float *
     free(xs); free(pre);
     lora_free(&l);
 }
+void ref_adaption_prompt_forward(float *out, const float *inp, const float *q, const float *prompt, const float *g,
+                                 const float *wk, const float *wv, float *kpvp, int N, int D, int NH, int NKV, int hd, int A) {
+    adaption_prompt_forward(out, inp, q, prompt, g, wk, wv, kpvp, N, D, NH, NKV, hd, A);
+}
+void ref_adaption_prompt_backward(float *dq, float *dprompt, float *dgate, const float *dout, const float *q,
+                                  const float *prompt, const float *g, const float *wk, const float *wv, float *kpvp,
+                                  float *dkv, float *coef, float *gz, int N, int D, int NH, int NKV, int hd, int A) {
+    adaption_prompt_backward(dq, dprompt, dgate, dout, q, prompt, g, wk, wv, kpvp, dkv, coef, gz, N, D, NH, NKV, hd, A);
+}

@@ -78,6 +78,12 @@ void ref_ia3_forward(float *out, const float *inp, const float *w, const float *
 void ref_ia3_backward(float *dinp, float *dvec, const float *dout, const float *inp, const float *w, const float *vec,
                       int feedforward, int in, int out_dim, int N);
 
+void ref_adaption_prompt_forward(float *out, const float *inp, const float *q, const float *prompt, const float *g,
+                                 const float *wk, const float *wv, float *kpvp, int N, int D, int NH, int NKV, int hd, int A);
+void ref_adaption_prompt_backward(float *dq, float *dprompt, float *dgate, const float *dout, const float *q,
+                                  const float *prompt, const float *g, const float *wk, const float *wv, float *kpvp,
+                                  float *dkv, float *coef, float *gz, int N, int D, int NH, int NKV, int hd, int A);
+
 #ifdef __cplusplus
 }
 #endif

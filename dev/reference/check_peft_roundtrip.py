@@ -12,12 +12,14 @@
    transformers + peft compute with the same adapter.
 Both again with DoRA (--use_dora; peft's test/fixtures/tiny_gqa/dora/peft_init), and
 with IA3 (--peft_method ia3 on every module, gate_proj and down_proj feedforward;
-peft's test/fixtures/tiny_gqa/ia3/peft_init: k_proj, v_proj, down_proj).
+peft's test/fixtures/tiny_gqa/ia3/peft_init: k_proj, v_proj, down_proj), and with
+llama_adapter (--peft_method llama_adapter, 4 prompt rows in both layers, its gates trained
+off 0; peft's test/fixtures/tiny_gqa/llama_adapter/peft_init: 3 rows in the top layer).
 Tolerance: 1e-5 relative (our fp32 against float64).
 
   python3 dev/reference/check_peft_roundtrip.py --qlora
 
-does the same for QLoRA (LoRA both ways, IA3 ours -> peft): our trainer with --quantize nf4 on test/fixtures/tiny_qlora,
+does the same for QLoRA (LoRA both ways, IA3 and llama_adapter ours -> peft): our trainer with --quantize nf4 on test/fixtures/tiny_qlora,
 and peft on that checkpoint loaded by transformers in 4 bits with
 BitsAndBytesConfig(nf4, double quantization, fp32 compute), which computes in fp32
 (tolerance 1e-5 relative all the same: both sides' rounding is ~1e-7). The model runs in
@@ -88,9 +90,11 @@ def main():
     ok = True
     lora = ["--lora_r", "4", "--lora_alpha", "8", "--lora_dropout", "0.1", "--lora_target_modules", "all-linear"]
     ia3 = ["--peft_method", "ia3", "--ia3_target_modules", "all-linear", "--ia3_feedforward_modules", "gate_proj,down_proj"]
-    kinds = [("LoRA", lora, "peft_init"), ("DoRA", lora + ["--use_dora"], "dora/peft_init"), ("IA3", ia3, "ia3/peft_init")]
-    if QLORA:  # (tiny_qlora has LoRA's adapter from peft only; IA3 crosses one way, ours -> peft)
-        kinds = [kinds[0], kinds[2]]
+    adapter = ["--peft_method", "llama_adapter", "--adapter_len", "4", "--adapter_layers", "2"]
+    kinds = [("LoRA", lora, "peft_init"), ("DoRA", lora + ["--use_dora"], "dora/peft_init"), ("IA3", ia3, "ia3/peft_init"),
+             ("llama_adapter", adapter, "llama_adapter/peft_init")]
+    if QLORA:  # (tiny_qlora has LoRA's adapter from peft only; IA3 and llama_adapter cross one way, ours -> peft)
+        kinds = [kinds[0], kinds[2], kinds[3]]
     for kind, flags, init in kinds:
         with tempfile.TemporaryDirectory() as out:
             ours = run_ours(["--output_dir", out, "--max_steps", "5", "--lr", "1e-2", "--batch_size", "2"] + flags)

@@ -20,8 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as mf  # noqa: E402  (its float64 patches come with it)
-import sentencepiece as spm  # noqa: E402
-from peft import IA3Config, PeftModel, get_peft_model  # noqa: E402
+from peft import IA3Config, get_peft_model  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 SPECS = {
@@ -37,45 +36,12 @@ def make_adapter(name, ia3, folder):
     base32 = mf.load_base(f"{mf.FIX}/{name}", torch.float32)
     pm = get_peft_model(base32, IA3Config(target_modules=ia3["target_modules"],
                                           feedforward_modules=ia3["feedforward_modules"], task_type="CAUSAL_LM"))
-    g = torch.Generator().manual_seed(ia3["seed"])
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if "ia3_l" in n:
-                assert torch.equal(p, torch.ones_like(p)), n  # peft's init
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g, dtype=torch.float32))
+    mf.move_off_init(pm, lambda n: "ia3_l" in n, 1.0, 1.0, 0.2, ia3["seed"])
     out = f"{folder}/peft_init"
     mf.save_adapter(pm, out, feedforward_modules=sorted(ia3["feedforward_modules"]))  # (peft keeps a set)
     adapter = load_file(out + "/adapter_model.safetensors")
     assert len(adapter) == len(ia3["target_modules"]) * mf.MODELS[name]["config"]["num_hidden_layers"], sorted(adapter)
     return adapter
-
-
-def reference(name, ia3, folder, adapter, rows, expected, out, hp):
-    """float64 peft IA3 from folder/peft_init: logits, step-0 loss and gradients, 10 AdamW steps."""
-    lm = PeftModel.from_pretrained(mf.load_base(f"{mf.FIX}/{name}", torch.float64), f"{folder}/peft_init",
-                                   is_trainable=True)
-    lm.double()
-    named = [(n.replace(".ia3_l.default", ".ia3_l"), p) for n, p in lm.named_parameters() if p.requires_grad]
-    assert sorted(k for k, _ in named) == sorted(adapter), "peft key mismatch"
-    for k, p in named:
-        assert torch.equal(p.detach(), adapter[k].double()), k
-    mbs0 = mf.step_microbatches(rows, 0)
-    lm.eval()
-    with torch.no_grad():
-        expected["ia3.logits"] = mf.forward_logits(lm, mbs0[0][0])
-    lm.train()
-    params = [p for _, p in named]
-    loss0 = mf.step_grads(lm, params, mbs0)
-    for k, p in named:
-        assert p.grad is not None and p.grad.abs().max() > 0, k
-        expected["ia3.grad." + k] = p.grad.clone()
-    print(f"    ia3: step-0 loss {loss0!r}")
-    steps = mf.train(lm, named, rows, hp)
-    assert steps[0]["loss"] == loss0
-    for k, p in named:
-        expected["ia3.final." + k] = p.detach().clone()
-    out["ia3"] = {"loss": loss0, "steps": steps}
-    out["train"] = {"ia3": hp}
 
 
 def feedforward_scales_input_check():
@@ -102,19 +68,7 @@ def feedforward_scales_input_check():
 def main():
     os.chdir(mf.ROOT)
     feedforward_scales_input_check()
-    sp = spm.SentencePieceProcessor(model_file=f"{mf.FIX}/tiny_gqa/tokenizer.model")
-    rows = mf.tokenize_rows(sp)
-    for name, ia3 in SPECS.items():
-        print(f"== {name} (IA3)")
-        folder = f"{mf.FIX}/{name}/ia3"
-        mf.fresh_folder(folder)
-        adapter = make_adapter(name, ia3, folder)
-        hp = mf.hparams(dict(lr=1e-2, grad_clip=ia3["grad_clip"]))
-        expected, out = {}, {}
-        reference(name, ia3, folder, adapter, rows, expected, out, hp)
-        mf.write_expected(folder, expected, out)
-    print("done")
-
+    mf.peft_fixtures("ia3", SPECS, make_adapter, rename=lambda n: n.replace(".ia3_l.default", ".ia3_l"))
 
 if __name__ == "__main__":
     main()
