@@ -118,10 +118,11 @@ __global__ void dora_scale_kernel(T *out, const T *inp, const float *mag, const 
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * O) return;
     int o = (int)(i % O);
-    float v = (mag[o] / norm[o] + shift) * to_float(inp[i]);
+    float v = (mag[o] / (norm ? norm[o] : 1.0f) + shift) * to_float(inp[i]);
     out[i] = from_float<T>(accumulate ? to_float(out[i]) + v : v);
 }
-// out (N, O) = (accumulate ? out : 0) + (m / norm + shift) * inp (N, O), per column
+// out (N, O) = (accumulate ? out : 0) + (m / norm + shift) * inp (N, O), per column; norm NULL
+// counts as 1 (IA3's m * inp); out may be inp
 template <typename T>
 void dora_scale(T *out, const T *inp, const float *mag, const float *norm, int N, int O, float shift, int accumulate,
                 cudaStream_t stream) {
@@ -138,9 +139,9 @@ __global__ void dora_magnitude_backward_kernel(float *dmag, const T *dout, const
     if (o >= O) return;
     float sum = 0.0f;
     for (int n = 0; n < N; n++) sum += to_float(dout[(size_t)n * O + o]) * to_float(pre[(size_t)n * O + o]);
-    dmag[o] += sum / norm[o];
+    dmag[o] += norm ? sum / norm[o] : sum;
 }
-// dmag (O) += sum over rows of dout (N, O) * pre (N, O) / norm
+// dmag (O) += sum over rows of dout (N, O) * pre (N, O) / norm (norm NULL: 1, IA3's vector's gradient)
 template <typename T>
 void dora_magnitude_backward(float *dmag, const T *dout, const T *pre, const float *norm, int N, int O, cudaStream_t stream) {
     dora_magnitude_backward_kernel<<<ceil_div(O, 128), 128, 0, stream>>>(dmag, dout, pre, norm, N, O);
@@ -190,4 +191,47 @@ void dora_backward(const LoRA *l, const T *w, float *params, float *g, int layer
     // the LoRA path, s scale B A xd: LoRA's backward of s dout
     dora_scale(pre, dout, mag, norm, N, O, 0.0f, 0, stream);
     lora_backward(l, w, g, layer, t, dinp, pre, inp, h, dh, xdrop, ch, key, stream);
+}
+
+// ----------------------------------------------------------------------------
+// IA3 (lora.h's top says the maths): the twins of ia3_forward and ia3_backward, on DoRA's
+// elementwise kernels with norm NULL. The vectors are read from (and their gradients
+// written to) the fp32 buffers params and g.
+
+// out (N, O) = W (l * inp) for a feedforward module, else l * (W inp); wb: W (O, in); xs (N, in) scratch
+template <typename T>
+void ia3_forward(const LoRA *l, float *params, int layer, int t, T *out, const T *inp, const T *wb, T *xs, int N,
+                 cudaStream_t stream) {
+    int in = l->in[t], O = l->out[t];
+    const float *vec = ia3_vector(l, params, layer, t);
+    if (ia3_feedforward(l, t)) {
+        dora_scale(xs, inp, vec, (const float *)NULL, N, in, 0.0f, 0, stream);
+        matmul_forward(out, (const T *)xs, wb, N, in, O, 1.0f, 0, stream);
+    } else {
+        matmul_forward(out, inp, wb, N, in, O, 1.0f, 0, stream);
+        dora_scale(out, (const T *)out, vec, (const float *)NULL, N, O, 0.0f, 0, stream);
+    }
+}
+
+// given dout (N, O): g's vector gradient, and dinp (N, in) += the input's (NULL: not needed);
+// xs (N, in), pre (N, O) scratch
+template <typename T>
+void ia3_backward(const LoRA *l, float *params, float *g, int layer, int t, T *dinp, const T *dout, const T *inp,
+                  const T *wb, T *xs, T *pre, int N, cudaStream_t stream) {
+    int in = l->in[t], O = l->out[t];
+    const float *vec = ia3_vector(l, params, layer, t);
+    float *dvec = ia3_vector(l, g, layer, t);
+    if (ia3_feedforward(l, t)) { // dx = dout W; dl += sum x dx; dinp += l dx
+        cudaCheck(cudaMemsetAsync(xs, 0, (size_t)N * in * sizeof(T), stream));
+        matmul_backward(xs, (float *)NULL, dout, (const T *)NULL, wb, N, in, O, 1.0f, stream);
+        dora_magnitude_backward(dvec, (const T *)xs, inp, (const float *)NULL, N, in, stream);
+        if (dinp) dora_scale(dinp, (const T *)xs, vec, (const float *)NULL, N, in, 0.0f, 1, stream);
+        return;
+    }
+    // dl += sum dout (W x), the product recomputed; dinp += (l dout) W
+    matmul_forward(pre, inp, wb, N, in, O, 1.0f, 0, stream);
+    dora_magnitude_backward(dvec, dout, (const T *)pre, (const float *)NULL, N, O, stream);
+    if (!dinp) return;
+    dora_scale(pre, dout, vec, (const float *)NULL, N, O, 0.0f, 0, stream);
+    matmul_backward(dinp, (float *)NULL, (const T *)pre, (const T *)NULL, wb, N, in, O, 1.0f, stream);
 }

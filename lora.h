@@ -13,6 +13,17 @@
 // (peft detaches it, as the DoRA paper's section 4.3 says): no gradient flows
 // through it. m starts at the norm itself, so training starts at the base model.
 //
+// IA3 (peft's IA3Config, peft_method ia3) is the other adapter kept here: one learned
+// vector per adapted module, starting at 1. A feedforward module's vector (in) scales
+// its input, y = W (l * x); any other module's (out) scales its output, y = l * (W x)
+// (k_proj, v_proj: before RoPE). It reuses LoRA's layout (one flat buffer, a vector where
+// A would start) and files' code; r is 0, so LoRA's activations take no room.
+//
+// llama_adapter (peft's AdaptionPromptConfig, peft_method llama_adapter) is kept here
+// too: each of the top adapter_layers decoder layers learns a prompt P (adapter_len, D)
+// and a gate g (starting at 0). adaption_prompt.h has the maths; here are only its
+// place in the flat buffer (P, then g, where layer l's q_proj's A would be) and files.
+//
 // A starts kaiming-uniform with a = sqrt(5), i.e. uniform in +-1/sqrt(in), and
 // B at zero, so training starts exactly at the base model. All adapter tensors
 // live in one flat buffer (params, grads), so the optimizer, the gradient norm
@@ -43,6 +54,10 @@ typedef struct {
     float alpha, dropout, scale;
     int use_rslora;
     int use_dora;                   // each module also has a magnitude m (out) after its B
+    int ia3;                        // IA3 instead of LoRA: one vector per module (r = 0, no dropout)
+    unsigned feedforward;           // IA3, bit t set: module t's vector (in) scales its input, else (out) its output
+    int adapter_len, adapter_layers; // llama_adapter (adapter_len > 0): prompt rows, and how many layers
+                                    // from the top have one (targets is 0: no linear layer is adapted)
     unsigned char *mag_unset;       // (n_layers, LORA_N_TARGETS) DoRA: m still to be set to the norm (dora_norm)
     int training;                   // dropout applies only while training (not in evaluation)
     unsigned targets;               // bit t set: module t is adapted
@@ -63,8 +78,9 @@ typedef struct {
 enum { LORA_SAVE_EMBED = 1, LORA_SAVE_NORM = 2 };
 
 // "q_proj,v_proj" or "all-linear" (every linear of the decoder layers; peft's
-// all-linear also leaves out lm_head) -> bit mask. 0 ok, -1 on an unknown name.
-static int lora_parse_targets(const char *s, unsigned *mask) {
+// all-linear also leaves out lm_head) -> bit mask. 0 ok, -1 on an unknown name
+// (the message names option, where the list came from).
+static int lora_parse_targets(const char *s, const char *option, unsigned *mask) {
     *mask = 0;
     if (strcmp(s, "all-linear") == 0) { *mask = (1u << LORA_N_TARGETS) - 1; return 0; }
     const char *p = s;
@@ -75,39 +91,80 @@ static int lora_parse_targets(const char *s, unsigned *mask) {
         for (int t = 0; t < LORA_N_TARGETS; t++)
             if (strlen(lora_target_names[t]) == n && strncmp(p, lora_target_names[t], n) == 0) found = t;
         if (found < 0) {
-            fprintf(stderr, "error: --lora_target_modules: unknown module '%.*s' (known: q_proj,k_proj,"
-                    "v_proj,o_proj,gate_proj,up_proj,down_proj or all-linear)\n", (int)n, p);
+            fprintf(stderr, "error: %s: unknown module '%.*s' (known: q_proj,k_proj,"
+                    "v_proj,o_proj,gate_proj,up_proj,down_proj or all-linear)\n", option, (int)n, p);
             return -1;
         }
         *mask |= 1u << found;
         p += n;
         if (*p == ',') p++;
     }
-    if (!*mask) fprintf(stderr, "error: --lora_target_modules: no module named (known: q_proj,k_proj,v_proj,o_proj,"
-                        "gate_proj,up_proj,down_proj or all-linear)\n");
+    if (!*mask) fprintf(stderr, "error: %s: no module named (known: q_proj,k_proj,v_proj,o_proj,"
+                        "gate_proj,up_proj,down_proj or all-linear)\n", option);
     return *mask ? 0 : -1;
 }
 
-// lays out the flat buffers for the given shapes; weights are left to the caller
-static void lora_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const int out[LORA_N_TARGETS],
-                       int r, float alpha, float dropout, int use_rslora, int use_dora, unsigned targets) {
-    l->r = r; l->alpha = alpha; l->dropout = dropout; l->use_rslora = use_rslora; l->use_dora = use_dora;
-    l->scale = use_rslora ? alpha / sqrtf((float)r) : alpha / (float)r;
-    l->targets = targets; l->n_layers = n_layers; l->training = 1;
-    l->saved = 0; l->tied = 0; l->saved_offset = 0; // (lora_add_saved adds them)
+static inline int ia3_feedforward(const LoRA *l, int t) { return (l->feedforward >> t) & 1; }
+
+// llama_adapter's longest prompt: the GPU keeps a query head's probabilities over it in shared memory
+#define ADAPTER_MAX_LEN 1024
+
+// layer's module t has trained parameters: LoRA's and IA3's targets; llama_adapter's prompt
+// and gate count as module 0's (q_proj's slot) of its top adapter_layers layers
+static inline int adapter_has_prompt(const LoRA *l, int layer) { return l->adapter_len && layer >= l->n_layers - l->adapter_layers; }
+static inline int lora_trains(const LoRA *l, int layer, int t) {
+    return l->adapter_len ? t == 0 && adapter_has_prompt(l, layer) : (l->targets >> t) & 1;
+}
+
+// an adapted module's parameters: llama_adapter's prompt and gate, IA3's vector, or LoRA's
+// A, B (and DoRA's m)
+static size_t lora_module_numel(const LoRA *l, int t) {
+    if (l->adapter_len) return (size_t)l->adapter_len * l->in[LORA_Q] + 1;
+    if (l->ia3) return (size_t)(ia3_feedforward(l, t) ? l->in[t] : l->out[t]);
+    return (size_t)l->r * (l->in[t] + l->out[t]) + (l->use_dora ? l->out[t] : 0);
+}
+
+// lays out the flat buffers of the adapter l's settings describe, for the given shapes;
+// weights are left to the caller
+static void lora_layout(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const int out[LORA_N_TARGETS]) {
+    l->n_layers = n_layers; l->training = 1;
     l->offset = (size_t *)mallocCheck((size_t)n_layers * LORA_N_TARGETS * sizeof(size_t));
     size_t n = 0;
     for (int t = 0; t < LORA_N_TARGETS; t++) { l->in[t] = in[t]; l->out[t] = out[t]; }
     for (int i = 0; i < n_layers; i++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             l->offset[i * LORA_N_TARGETS + t] = n;
-            if (targets & (1u << t)) n += (size_t)r * (in[t] + out[t]) + (use_dora ? out[t] : 0);
+            if (lora_trains(l, i, t)) n += lora_module_numel(l, t);
         }
     l->num_params = n;
     l->mag_unset = (unsigned char *)callocCheck((size_t)n_layers * LORA_N_TARGETS, 1);
     l->params = (float *)callocCheck(n, sizeof(float));
     l->grads = (float *)callocCheck(n, sizeof(float));
 }
+
+// a LoRA (with use_dora DoRA) adapter of rank r on the modules in targets; its weights are
+// left to the caller (lora_init, or a file's)
+static void lora_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const int out[LORA_N_TARGETS],
+                       int r, float alpha, float dropout, int use_rslora, int use_dora, unsigned targets) {
+    memset(l, 0, sizeof *l);
+    l->r = r; l->alpha = alpha; l->dropout = dropout; l->use_rslora = use_rslora; l->use_dora = use_dora;
+    l->scale = use_rslora ? alpha / sqrtf((float)r) : alpha / (float)r;
+    l->targets = targets;
+    lora_layout(l, n_layers, in, out);
+}
+
+// IA3's vectors for the modules in targets, those in feedforward (a subset) scaling their
+// input, all at peft's init, 1
+static void ia3_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const int out[LORA_N_TARGETS],
+                      unsigned targets, unsigned feedforward) {
+    memset(l, 0, sizeof *l);
+    l->ia3 = 1; l->targets = targets; l->feedforward = feedforward;
+    lora_layout(l, n_layers, in, out);
+    for (size_t i = 0; i < l->num_params; i++) l->params[i] = 1.0f;
+}
+
+// the adapter's kind as --peft_method names it
+static const char *lora_method(const LoRA *l) { return l->adapter_len ? "llama_adapter" : l->ia3 ? "ia3" : "lora"; }
 
 static void lora_free(LoRA *l) { free(l->offset); free(l->mag_unset); free(l->params); free(l->grads); }
 
@@ -173,6 +230,26 @@ static void lora_add_saved(LoRA *l, unsigned saved, int vocab, int dim, int tied
 
 static inline float *lora_A(const LoRA *l, float *base, int layer, int t) { return base + l->offset[layer * LORA_N_TARGETS + t]; }
 static inline float *lora_B(const LoRA *l, float *base, int layer, int t) { return lora_A(l, base, layer, t) + (size_t)l->r * l->in[t]; }
+// IA3's vector (in for a feedforward module, else out), where A would be
+static inline float *ia3_vector(const LoRA *l, float *base, int layer, int t) { return lora_A(l, base, layer, t); }
+// llama_adapter's prompt (adapter_len, D) of a layer that has one, and its gate (1) after it
+static inline float *adapter_prompt(const LoRA *l, float *base, int layer) { return lora_A(l, base, layer, LORA_Q); }
+static inline float *adapter_gate(const LoRA *l, float *base, int layer) {
+    return adapter_prompt(l, base, layer) + (size_t)l->adapter_len * l->in[LORA_Q];
+}
+
+// llama_adapter's prompts (adapter_len, D) for the top adapter_layers layers, drawn N(0, 1)
+// from seed as peft draws them (not its stream), and their gates at peft's init, 0
+static void adapter_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const int out[LORA_N_TARGETS],
+                          int adapter_len, int adapter_layers, uint64_t seed) {
+    memset(l, 0, sizeof *l);
+    l->adapter_len = adapter_len; l->adapter_layers = adapter_layers;
+    lora_layout(l, n_layers, in, out);
+    uint64_t key = splitmix64(seed ^ 0x41646170ull);
+    for (size_t i = 0; i < l->num_params; i++) l->params[i] = hash_normal(key, i);
+    for (int i = n_layers - adapter_layers; i < n_layers; i++) *adapter_gate(l, l->params, i) = 0.0f;
+}
+
 // DoRA's magnitude m (out), after B
 static inline float *lora_mag(const LoRA *l, float *base, int layer, int t) { return lora_B(l, base, layer, t) + (size_t)l->out[t] * l->r; }
 // DoRA: where module t of a layer keeps its row norms in a buffer of (n_layers, LORA_N_TARGETS, widest out)
@@ -304,25 +381,26 @@ static void dora_norm(LoRA *l, int layer, int t, float *norm, const float *w) {
 }
 
 // out (N, O) = (accumulate ? out : 0) + (m / norm + shift) * inp (N, O), per column:
-// with shift 0 the scale s of DoRA, with shift -1 the s - 1 of its base path
+// with shift 0 the scale s of DoRA, with shift -1 the s - 1 of its base path; norm NULL
+// counts as 1 (IA3's m * inp). out may be inp.
 static void dora_scale(float *out, const float *inp, const float *mag, const float *norm, int N, int O, float shift,
                        int accumulate) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++)
         for (int o = 0; o < O; o++) {
             size_t i = (size_t)n * O + o;
-            out[i] = (accumulate ? out[i] : 0.0f) + (mag[o] / norm[o] + shift) * inp[i];
+            out[i] = (accumulate ? out[i] : 0.0f) + (mag[o] / (norm ? norm[o] : 1.0f) + shift) * inp[i];
         }
 }
 
 // dmag (O) += sum over rows of dout (N, O) * pre (N, O) / norm: the magnitude's gradient,
-// pre = W xd + scale B A xd being what s multiplies
+// pre = W xd + scale B A xd being what s multiplies (norm NULL: 1, IA3's vector's gradient)
 static void dora_magnitude_backward(float *dmag, const float *dout, const float *pre, const float *norm, int N, int O) {
     #pragma omp parallel for
     for (int o = 0; o < O; o++) {
         float sum = 0.0f;
         for (int n = 0; n < N; n++) sum += dout[(size_t)n * O + o] * pre[(size_t)n * O + o];
-        dmag[o] += sum / norm[o];
+        dmag[o] += norm ? sum / norm[o] : sum;
     }
 }
 
@@ -372,31 +450,98 @@ static void dora_backward(LoRA *l, int layer, int t, float *dinp, const float *d
     lora_backward(l, layer, t, dinp, pre, inp, h, dh, xdrop, ch, key);
 }
 
+// IA3: out (N, O) = W (l * inp) for a feedforward module, else l * (W inp), inp (N, in),
+// w: W (O, in); xs (N, in) scratch
+static void ia3_forward(const LoRA *l, int layer, int t, float *out, const float *inp, const float *w, float *xs, int N) {
+    int in = l->in[t], O = l->out[t];
+    const float *vec = ia3_vector(l, l->params, layer, t);
+    if (ia3_feedforward(l, t)) {
+        dora_scale(xs, inp, vec, NULL, N, in, 0.0f, 0);
+        matmul_forward(out, xs, w, N, in, O, 1.0f, 0);
+    } else {
+        matmul_forward(out, inp, w, N, in, O, 1.0f, 0);
+        dora_scale(out, out, vec, NULL, N, O, 0.0f, 0);
+    }
+}
+
+// IA3's backward for dout (N, O): the vector's gradient, and dinp (N, in) += the input's
+// (dinp NULL: not needed). A feedforward module: dx = dout W, dl += sum x dx, dinp += l dx;
+// another: dl += sum dout (W x), the product recomputed, and dinp += (l dout) W.
+// xs (N, in), pre (N, O) scratch.
+static void ia3_backward(LoRA *l, int layer, int t, float *dinp, const float *dout, const float *inp, const float *w,
+                         float *xs, float *pre, int N) {
+    int in = l->in[t], O = l->out[t];
+    const float *vec = ia3_vector(l, l->params, layer, t);
+    float *dvec = ia3_vector(l, l->grads, layer, t);
+    if (ia3_feedforward(l, t)) {
+        memset(xs, 0, (size_t)N * in * sizeof(float));
+        matmul_backward(xs, NULL, dout, NULL, w, N, in, O, 1.0f);
+        dora_magnitude_backward(dvec, xs, inp, NULL, N, in);
+        if (dinp) dora_scale(dinp, xs, vec, NULL, N, in, 0.0f, 1);
+        return;
+    }
+    matmul_forward(pre, inp, w, N, in, O, 1.0f, 0);
+    dora_magnitude_backward(dvec, dout, pre, NULL, N, O);
+    if (!dinp) return;
+    dora_scale(pre, dout, vec, NULL, N, O, 0.0f, 0);
+    matmul_backward(dinp, NULL, pre, NULL, w, N, in, O, 1.0f);
+}
+
 #endif
 
 // ----------------------------------------------------------------------------
 // PEFT adapter files: adapter_model.safetensors + adapter_config.json
 
-// kind 'A', 'B' or 'M' (DoRA's magnitude, which peft names without ".weight")
-static void lora_key(char *buf, size_t n, int layer, int t, char kind) {
-    if (kind == 'M')
-        snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_magnitude_vector", layer, lora_target_parents[t],
-                 lora_target_names[t]);
-    else
-        snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, lora_target_parents[t],
-                 lora_target_names[t], kind);
+// A module's tensors in the files, k = 0 .. lora_n_kinds - 1: LoRA's A (r, in), B (out, r)
+// and with DoRA m (out), which peft names without ".weight"; IA3's vector ia3_l, (1, in)
+// for a feedforward module, else (out, 1); llama_adapter's adaption_prompt (1, adapter_len,
+// D) and adaption_gate (1) of the layer's self_attn
+static int lora_n_kinds(const LoRA *l) { return l->ia3 ? 1 : l->use_dora ? 3 : 2; }
+static void lora_key(const LoRA *l, char *buf, size_t n, int layer, int t, int k) {
+    static const char *const kinds[3] = {"lora_A.weight", "lora_B.weight", "lora_magnitude_vector"};
+    if (l->adapter_len) {
+        snprintf(buf, n, "base_model.model.model.layers.%d.self_attn.%s", layer, k ? "adaption_gate" : "adaption_prompt");
+        return;
+    }
+    snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.%s", layer, lora_target_parents[t], lora_target_names[t],
+             l->ia3 ? "ia3_l" : kinds[k]);
 }
-
-// a module's tensors in the files: A (r, in), B (out, r) and with DoRA m (out); k = 0, 1, 2
-static const char lora_kinds[] = "ABM";
-static int lora_n_kinds(const LoRA *l) { return l->use_dora ? 3 : 2; }
 static float *lora_tensor(const LoRA *l, float *base, int layer, int t, int k) {
+    if (l->adapter_len) return k ? adapter_gate(l, base, layer) : adapter_prompt(l, base, layer);
+    if (l->ia3) return ia3_vector(l, base, layer, t);
     return k == 0 ? lora_A(l, base, layer, t) : k == 1 ? lora_B(l, base, layer, t) : lora_mag(l, base, layer, t);
 }
-static int lora_tensor_shape(int r, int in, int out, int k, int64_t shape[2]) {
-    shape[0] = k == 0 ? r : out;
-    shape[1] = k == 0 ? in : r;
+// l's settings and shapes (not its buffers) give the shape; returns the number of dimensions
+static int lora_tensor_shape(const LoRA *l, int t, int k, int64_t shape[3]) {
+    if (l->adapter_len) {
+        shape[0] = 1; shape[1] = l->adapter_len; shape[2] = l->in[LORA_Q];
+        return k ? 1 : 3;
+    }
+    if (l->ia3) {
+        int ff = ia3_feedforward(l, t);
+        shape[0] = ff ? 1 : l->out[t];
+        shape[1] = ff ? l->in[t] : 1;
+        return 2;
+    }
+    shape[0] = k == 0 ? l->r : l->out[t];
+    shape[1] = k == 0 ? l->in[t] : l->r;
     return k == 2 ? 1 : 2;
+}
+static size_t lora_tensor_numel(const LoRA *l, int t, int k) {
+    int64_t shape[3];
+    size_t n = 1;
+    for (int d = 0, nd = lora_tensor_shape(l, t, k, shape); d < nd; d++) n *= (size_t)shape[d];
+    return n;
+}
+
+// the modules of mask as a JSON list's items: "q_proj", "v_proj"
+static void lora_module_list(unsigned mask, char *buf, size_t n) {
+    buf[0] = 0;
+    for (int t = 0; t < LORA_N_TARGETS; t++)
+        if (mask & (1u << t)) {
+            size_t k = strlen(buf);
+            snprintf(buf + k, n - k, "%s\"%s\"", k ? ", " : "", lora_target_names[t]);
+        }
 }
 
 // the peft modules each LORA_SAVE_* bit trains (their names end the module paths; peft's
@@ -420,12 +565,12 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
     char (*names)[160] = (char (*)[160])mallocCheck((size_t)most * 160);
     for (int i = 0; i < l->n_layers; i++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
-            if (!(l->targets & (1u << t))) continue;
+            if (!lora_trains(l, i, t)) continue;
             for (int k = 0; k < lora_n_kinds(l); k++) {
-                lora_key(names[n], 160, i, t, lora_kinds[k]);
+                lora_key(l, names[n], 160, i, t, k);
                 ts[n].name = names[n];
                 ts[n].dtype = ST_F32;
-                ts[n].ndim = lora_tensor_shape(l->r, l->in[t], l->out[t], k, ts[n].shape);
+                ts[n].ndim = lora_tensor_shape(l, t, k, ts[n].shape);
                 ts[n].data = lora_tensor(l, l->params, i, t, k);
                 n++;
             }
@@ -450,62 +595,152 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
     free(ts); free(names);
     if (rc != 0) return -1;
     // adapter_config.json with the fields PeftModel.from_pretrained needs
-    char targets[256] = "", cfg[8192];
-    for (int t = 0; t < LORA_N_TARGETS; t++)
-        if (l->targets & (1u << t)) {
-            size_t k = strlen(targets);
-            snprintf(targets + k, sizeof targets - k, "%s\"%s\"", k ? ", " : "", lora_target_names[t]);
-        }
+    char targets[256], feedforward[256], cfg[8192];
+    lora_module_list(l->targets, targets, sizeof targets);
+    lora_module_list(l->feedforward, feedforward, sizeof feedforward);
     char *base_json = NULL; size_t blen = 0;
     FILE *mf = open_memstream(&base_json, &blen);
     if (!mf) die("out of memory writing adapter_config.json");
     json_write_string(mf, base_model ? base_model : "");
     if (fclose(mf) != 0) die("out of memory writing adapter_config.json");
-    snprintf(cfg, sizeof cfg,
-             "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
-             "  \"r\": %d,\n  \"lora_alpha\": %.9g,\n  \"lora_dropout\": %.9g,\n  \"target_modules\": [%s],\n"
-             "  \"bias\": \"none\",\n  \"use_rslora\": %s,\n  \"use_dora\": %s,\n  \"fan_in_fan_out\": false,\n"
-             "  \"inference_mode\": true,\n  \"init_lora_weights\": true,\n  \"modules_to_save\": %s%s\n}\n",
-             base_json, l->r, l->alpha, l->dropout, targets, l->use_rslora ? "true" : "false",
-             l->use_dora ? "true" : "false", lora_saved_json(l->saved),
-             // peft copies a module it saves: a tied head would keep the base embedding without this
-             l->tied && (l->saved & LORA_SAVE_EMBED) ? ",\n  \"ensure_weight_tying\": true" : "");
+    if (l->adapter_len)
+        snprintf(cfg, sizeof cfg,
+                 "{\n  \"peft_type\": \"ADAPTION_PROMPT\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
+                 "  \"adapter_len\": %d,\n  \"adapter_layers\": %d,\n  \"target_modules\": \"self_attn\",\n"
+                 "  \"inference_mode\": true\n}\n", base_json, l->adapter_len, l->adapter_layers);
+    else if (l->ia3)
+        snprintf(cfg, sizeof cfg,
+                 "{\n  \"peft_type\": \"IA3\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
+                 "  \"target_modules\": [%s],\n  \"feedforward_modules\": [%s],\n  \"fan_in_fan_out\": false,\n"
+                 "  \"inference_mode\": true,\n  \"init_ia3_weights\": true,\n  \"modules_to_save\": null\n}\n",
+                 base_json, targets, feedforward);
+    else
+        snprintf(cfg, sizeof cfg,
+                 "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
+                 "  \"r\": %d,\n  \"lora_alpha\": %.9g,\n  \"lora_dropout\": %.9g,\n  \"target_modules\": [%s],\n"
+                 "  \"bias\": \"none\",\n  \"use_rslora\": %s,\n  \"use_dora\": %s,\n  \"fan_in_fan_out\": false,\n"
+                 "  \"inference_mode\": true,\n  \"init_lora_weights\": true,\n  \"modules_to_save\": %s%s\n}\n",
+                 base_json, l->r, l->alpha, l->dropout, targets, l->use_rslora ? "true" : "false",
+                 l->use_dora ? "true" : "false", lora_saved_json(l->saved),
+                 // peft copies a module it saves: a tied head would keep the base embedding without this
+                 l->tied && (l->saved & LORA_SAVE_EMBED) ? ",\n  \"ensure_weight_tying\": true" : "");
     free(base_json);
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     return write_bytes_atomic(path, cfg, strlen(cfg));
 }
 
-// Reads a PEFT LoRA adapter written by peft or by us. The model's shapes come in
-// in[] / out[]; everything in the files is checked against them. 0 ok, -1 with a message.
+// adapter_config.json's list of modules under key (a list of names, or one string: a name
+// list or all-linear) -> bit mask. 0 ok, -1 with a message naming path.
+static int peft_modules(const JsonValue *cfg, const char *key, const char *path, unsigned *mask) {
+    const JsonValue *v = json_get(cfg, key);
+    *mask = 0;
+    if (v && v->type == JSON_STRING) {
+        if (lora_parse_targets(v->string, path, mask) == 0) return 0;
+        fprintf(stderr, "error: %s: unsupported %s \"%s\"\n", path, key, v->string);
+        return -1;
+    }
+    if (!v || v->type != JSON_ARRAY || v->count == 0) {
+        fprintf(stderr, "error: %s: '%s' must be a list of module names\n", path, key);
+        return -1;
+    }
+    for (int i = 0; i < v->count; i++) {
+        unsigned m;
+        if (v->items[i].type != JSON_STRING || lora_parse_targets(v->items[i].string, path, &m) != 0) {
+            fprintf(stderr, "error: %s: %s[%d] is not a supported module name\n", path, key, i);
+            return -1;
+        }
+        *mask |= m;
+    }
+    return 0;
+}
+
+// A LoRA adapter's settings from its adapter_config.json cfg (path) into want. 0 ok, -1 with a message.
+static int lora_config_read(const JsonValue *cfg, const char *path, LoRA *want) {
+    const JsonValue *v;
+    const char *s;
+    long long r = 0;
+    double alpha = 0, dropout = 0;
+    int b;
+    if (json_get_int(cfg, "r", &r) != 0 || r < 1 || r > 65536) { fprintf(stderr, "error: %s: 'r' must be an integer in [1, 65536]\n", path); return -1; }
+    // alpha and dropout are kept as floats: check what they become (1e39 is inf, 0.99999999 is 1)
+    if (json_get_number(cfg, "lora_alpha", &alpha) != 0 || !(alpha >= -FLT_MAX && alpha <= FLT_MAX)) {
+        fprintf(stderr, "error: %s: 'lora_alpha' must be a number in the float range\n", path); return -1;
+    }
+    if (json_get_number(cfg, "lora_dropout", &dropout) == -2 || dropout < 0 || (float)dropout >= 1.0f) {
+        fprintf(stderr, "error: %s: 'lora_dropout' must be a number in [0, 1)\n", path); return -1;
+    }
+    want->r = (int)r; want->alpha = (float)alpha; want->dropout = (float)dropout;
+    if (json_get_bool(cfg, "use_rslora", &b) == 0) want->use_rslora = b;
+    if (json_get_bool(cfg, "use_dora", &b) == 0) want->use_dora = b;
+    if (json_get_string(cfg, "bias", &s, NULL) == 0 && strcmp(s, "none") != 0) { fprintf(stderr, "error: %s: bias \"%s\" is not supported (only \"none\")\n", path, s); return -1; }
+    for (int k = 0; k < 2; k++) {
+        const char *key = k ? "alpha_pattern" : "rank_pattern";
+        if ((v = json_get(cfg, key)) && !(v->type == JSON_OBJECT && v->count == 0) && v->type != JSON_NULL) {
+            fprintf(stderr, "error: %s: per-module %s is not supported\n", path, key); return -1;
+        }
+    }
+    return peft_modules(cfg, "target_modules", path, &want->targets);
+}
+
+// An IA3 adapter's settings: target_modules and feedforward_modules, which must be among
+// them (peft's check); none given, peft takes llama's (down_proj) among the targets.
+static int ia3_config_read(const JsonValue *cfg, const char *path, LoRA *want) {
+    want->ia3 = 1;
+    if (peft_modules(cfg, "target_modules", path, &want->targets) != 0) return -1;
+    const JsonValue *v = json_get(cfg, "feedforward_modules");
+    if (!v || v->type == JSON_NULL) { want->feedforward = want->targets & (1u << LORA_DOWN); return 0; }
+    if (peft_modules(cfg, "feedforward_modules", path, &want->feedforward) != 0) return -1;
+    if (want->feedforward & ~want->targets) {
+        fprintf(stderr, "error: %s: feedforward_modules must be a subset of target_modules\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+// A llama_adapter's settings (peft's AdaptionPromptConfig): adapter_len, and adapter_layers,
+// which peft refuses beyond the model's layers; target_modules, if given, must be llama's
+// self_attn. 0 ok, -1 with a message naming path.
+static int adapter_config_read(const JsonValue *cfg, const char *path, int n_layers, LoRA *want) {
+    long long len = 0, layers = 0;
+    const char *s;
+    if (json_get_int(cfg, "adapter_len", &len) != 0 || len < 1 || len > ADAPTER_MAX_LEN) {
+        fprintf(stderr, "error: %s: 'adapter_len' must be an integer in [1, %d]\n", path, ADAPTER_MAX_LEN); return -1;
+    }
+    if (json_get_int(cfg, "adapter_layers", &layers) != 0 || layers < 1 || layers > n_layers) {
+        fprintf(stderr, "error: %s: 'adapter_layers' must be an integer in [1, %d] (the model's layers)\n", path, n_layers);
+        return -1;
+    }
+    if (json_get(cfg, "target_modules") && json_get(cfg, "target_modules")->type != JSON_NULL &&
+        (json_get_string(cfg, "target_modules", &s, NULL) != 0 || strcmp(s, "self_attn") != 0)) {
+        fprintf(stderr, "error: %s: target_modules must be \"self_attn\" (llama's attention)\n", path); return -1;
+    }
+    want->adapter_len = (int)len; want->adapter_layers = (int)layers;
+    return 0;
+}
+
+// Reads a PEFT LoRA, IA3 or llama_adapter adapter (peft_type) written by peft or by us. The model's shapes
+// come in in[] / out[]; everything in the files is checked against them. 0 ok, -1 with a message.
 static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[LORA_N_TARGETS],
                           const int out[LORA_N_TARGETS], int vocab, int tied) {
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     JsonValue cfg;
     if (json_load_file(path, &cfg) != 0) return -1;
-    int rc = -1;
+    int rc = -1, b, found = 0, allocated = 0;
     const JsonValue *v;
     const char *s;
-    long long r = 0;
-    double alpha = 0, dropout = 0;
-    int rslora = 0, dora = 0, b, found = 0, allocated = 0, tying = 0;
-    unsigned targets = 0, saved = 0;
+    int tying = 0;
+    unsigned saved = 0;
+    LoRA want; // the settings and shapes the tensors are checked against
+    memset(&want, 0, sizeof want);
+    want.n_layers = n_layers;
+    for (int t = 0; t < LORA_N_TARGETS; t++) want.in[t] = in[t], want.out[t] = out[t];
     if (cfg.type != JSON_OBJECT) { fprintf(stderr, "error: %s: not a JSON object\n", path); goto done; }
-    if (json_get_string(&cfg, "peft_type", &s, NULL) != 0 || strcmp(s, "LORA") != 0) {
-        fprintf(stderr, "error: %s: peft_type must be \"LORA\"\n", path); goto done;
+    if (json_get_string(&cfg, "peft_type", &s, NULL) != 0 ||
+        (strcmp(s, "LORA") != 0 && strcmp(s, "IA3") != 0 && strcmp(s, "ADAPTION_PROMPT") != 0)) {
+        fprintf(stderr, "error: %s: peft_type must be \"LORA\", \"IA3\" or \"ADAPTION_PROMPT\"\n", path); goto done;
     }
-    if (json_get_int(&cfg, "r", &r) != 0 || r < 1 || r > 65536) { fprintf(stderr, "error: %s: 'r' must be an integer in [1, 65536]\n", path); goto done; }
-    // alpha and dropout are kept as floats: check what they become (1e39 is inf, 0.99999999 is 1)
-    if (json_get_number(&cfg, "lora_alpha", &alpha) != 0 || !(alpha >= -FLT_MAX && alpha <= FLT_MAX)) {
-        fprintf(stderr, "error: %s: 'lora_alpha' must be a number in the float range\n", path); goto done;
-    }
-    if (json_get_number(&cfg, "lora_dropout", &dropout) == -2 || dropout < 0 || (float)dropout >= 1.0f) {
-        fprintf(stderr, "error: %s: 'lora_dropout' must be a number in [0, 1)\n", path); goto done;
-    }
-    if (json_get_bool(&cfg, "use_rslora", &b) == 0) rslora = b;
-    if (json_get_bool(&cfg, "use_dora", &b) == 0) dora = b;
     if (json_get_bool(&cfg, "fan_in_fan_out", &b) == 0 && b) { fprintf(stderr, "error: %s: fan_in_fan_out adapters are not supported\n", path); goto done; }
-    if (json_get_string(&cfg, "bias", &s, NULL) == 0 && strcmp(s, "none") != 0) { fprintf(stderr, "error: %s: bias \"%s\" is not supported (only \"none\")\n", path, s); goto done; }
     // modules_to_save: the embedding and the norms (--trainable_params), the norms all or none
     if ((v = json_get(&cfg, "modules_to_save")) && v->type != JSON_NULL) {
         unsigned names = 0; // bit 3 g + k: lora_saved_modules[g][k] listed
@@ -525,30 +760,19 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
             goto done;
         }
     }
+    // (--trainable_params trains them beside LoRA only: see trainer.h)
+    if (saved && strcmp(s, "LORA") != 0) {
+        fprintf(stderr, "error: %s: modules_to_save with peft_type \"%s\" is not supported (only with LoRA)\n", path, s);
+        goto done;
+    }
     if (json_get_bool(&cfg, "ensure_weight_tying", &b) == 0) tying = b;
     if (tied && (saved & LORA_SAVE_EMBED) && !tying) {
         fprintf(stderr, "error: %s: saves embed_tokens of a model with tied embeddings without ensure_weight_tying, so "
                 "peft's head keeps the base embedding; this trainer trains them as one tensor\n", path);
         goto done;
     }
-    for (int k = 0; k < 2; k++) {
-        const char *key = k ? "alpha_pattern" : "rank_pattern";
-        if ((v = json_get(&cfg, key)) && !(v->type == JSON_OBJECT && v->count == 0) && v->type != JSON_NULL) {
-            fprintf(stderr, "error: %s: per-module %s is not supported\n", path, key); goto done;
-        }
-    }
-    v = json_get(&cfg, "target_modules");
-    if (v && v->type == JSON_STRING) {
-        if (lora_parse_targets(v->string, &targets) != 0) { fprintf(stderr, "error: %s: unsupported target_modules \"%s\"\n", path, v->string); goto done; }
-    } else if (v && v->type == JSON_ARRAY && v->count > 0) {
-        for (int i = 0; i < v->count; i++) {
-            unsigned m;
-            if (v->items[i].type != JSON_STRING || lora_parse_targets(v->items[i].string, &m) != 0) {
-                fprintf(stderr, "error: %s: target_modules[%d] is not a supported module name\n", path, i); goto done;
-            }
-            targets |= m;
-        }
-    } else { fprintf(stderr, "error: %s: 'target_modules' must be a list of module names\n", path); goto done; }
+    if (strcmp(s, "ADAPTION_PROMPT") == 0 ? adapter_config_read(&cfg, path, n_layers, &want)
+        : (strcmp(s, "IA3") == 0 ? ia3_config_read : lora_config_read)(&cfg, path, &want)) goto done;
     // the tensors are checked against the config and the model before anything is
     // allocated for them (r alone, up to 65536, could ask for gigabytes), then read
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
@@ -563,7 +787,9 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
                 found = -1;
                 break;
             }
-            lora_alloc(l, n_layers, in, out, (int)r, (float)alpha, (float)dropout, rslora, dora, targets);
+            if (want.adapter_len) adapter_alloc(l, n_layers, in, out, want.adapter_len, want.adapter_layers, 0);
+            else if (want.ia3) ia3_alloc(l, n_layers, in, out, want.targets, want.feedforward);
+            else lora_alloc(l, n_layers, in, out, want.r, want.alpha, want.dropout, want.use_rslora, want.use_dora, want.targets);
             lora_add_saved(l, saved, vocab, in[LORA_Q], tied, 1);
             allocated = 1;
         }
@@ -594,23 +820,25 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
         }
         for (int i = 0; i < n_layers && found >= 0; i++)
             for (int t = 0; t < LORA_N_TARGETS && found >= 0; t++) {
-                if (!(targets & (1u << t))) continue;
-                for (int k = 0; k < (dora ? 3 : 2); k++) {
-                    lora_key(key, sizeof key, i, t, lora_kinds[k]);
+                if (!lora_trains(&want, i, t)) continue;
+                for (int k = 0; k < lora_n_kinds(&want); k++) {
+                    lora_key(&want, key, sizeof key, i, t, k);
                     const StTensor *st = st_find(&sf, key);
-                    int64_t d[2];
-                    int ndim = lora_tensor_shape((int)r, in[t], out[t], k, d);
+                    int64_t d[3];
+                    int ndim = lora_tensor_shape(&want, t, k, d);
                     if (pass == 1) {
                         if (st_read_f32(&sf, st, 0, st->numel, lora_tensor(l, l->params, i, t, k)) != 0) { found = -1; break; }
                         continue;
                     }
                     if (!st) { fprintf(stderr, "error: %s: tensor '%s' is missing\n", path, key); found = -1; break; }
-                    if (st->ndim != ndim || st->shape[0] != d[0] || (ndim == 2 && st->shape[1] != d[1])) {
-                        char got[128], want[128];
+                    int same = st->ndim == ndim;
+                    for (int j = 0; j < ndim && same; j++) same = st->shape[j] == d[j];
+                    if (!same) {
+                        char got[128], wanted[128];
                         st_format_shape(st->shape, st->ndim, got, sizeof got);
-                        st_format_shape(d, ndim, want, sizeof want);
+                        st_format_shape(d, ndim, wanted, sizeof wanted);
                         fprintf(stderr, "error: %s: tensor '%s' has shape %s, expected %s from the model and "
-                                "adapter_config.json\n", path, key, got, want);
+                                "adapter_config.json\n", path, key, got, wanted);
                         found = -1; break;
                     }
                     found++;

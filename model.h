@@ -539,10 +539,9 @@ static int model_trainable_tensors(const HostModel *h, size_t *numel) {
         const LoRA *l = &h->lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++) {
-                if (!(l->targets & (1u << t))) continue;
-                size_t sizes[3] = {(size_t)l->r * l->in[t], (size_t)l->out[t] * l->r, (size_t)l->out[t]}; // A, B, DoRA's m
-                for (int k = 0; k < (l->use_dora ? 3 : 2); k++, n++)
-                    if (numel) numel[n] = sizes[k];
+                if (!lora_trains(l, i, t)) continue;
+                for (int k = 0; k < lora_n_kinds(l); k++, n++) // A, B, DoRA's m; IA3's vector
+                    if (numel) numel[n] = lora_tensor_numel(l, t, k);
             }
         for (int k = 0; k < lora_n_saved(l); k++) { // --trainable_params', after the adapter
             int64_t one;
@@ -1137,10 +1136,11 @@ static void model_saved_copy(HostModel *h, int dir) {
 // base + LoRA as one model, in m->params (whole): W += scale * B @ A in every adapted
 // layer, on the host (it runs once, after training). Each element sums its r products in
 // order from zero and is then added to W, as the CPU matmul does. DoRA then rescales each
-// row of it to its magnitude, as peft's merge does. QLoRA's layers are dequantized into
-// params first (the runs stay the model's base). Returns what model_unmerge_adapter needs
-// to restore the base: a copy of the weights (NULL with QLoRA, whose params nothing else
-// reads, and without keep: the caller drops params after).
+// row of it to its magnitude, as peft's merge does; IA3 scales W's columns by a feedforward
+// module's vector, else its rows (peft's torch.mul of W by the vector). QLoRA's layers are
+// dequantized into params first (the runs stay the model's base). Returns what
+// model_unmerge_adapter needs to restore the base: a copy of the weights (NULL with QLoRA,
+// whose params nothing else reads, and without keep: the caller drops params after).
 static float *model_merge_adapter(HostModel *m, int keep) {
     Config *c = &m->config;
     LoRA *l = &m->lora;
@@ -1156,6 +1156,14 @@ static float *model_merge_adapter(HostModel *m, int keep) {
     for (int i = 0; i < c->n_layers; i++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             if (!(l->targets & (1u << t))) continue;
+            if (l->ia3) {
+                float *W = w[map[t]] + (size_t)i * l->out[t] * l->in[t]; // (out, in)
+                const float *vec = ia3_vector(l, l->params, i, t);
+                int ff = ia3_feedforward(l, t);
+                for (int o = 0; o < l->out[t]; o++)
+                    for (int k = 0; k < l->in[t]; k++) W[(size_t)o * l->in[t] + k] *= vec[ff ? k : o];
+                continue;
+            }
             int in = l->in[t], r = l->r;
             float *W = w[map[t]] + (size_t)i * l->out[t] * in;   // (out, in)
             const float *A = lora_A(l, l->params, i, t);         // (r, in)

@@ -37,6 +37,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "support/optimizer.h"
 #include "support/optimizer_cpu.h" // adamw_update, sgd_update, adamw8bit_update, ...
 #include "attention.h"     // attention_forward, attention_backward
+#include "adaption_prompt.h" // llama_adapter's branch: adaption_prompt_forward, adaption_prompt_backward
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir
 
 // ----------------------------------------------------------------------------
@@ -271,9 +272,13 @@ typedef struct {
     float *dq, *datty; // (B, C, NH*hd)
     float *dgate, *dup, *dhmlp;  // (B, C, H)
     float *lora_dh;    // (B, C, r)
-    float *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch
-    float *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA scratch
+    float *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch, IA3's scaled input
+    float *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA and IA3 scratch
     float *dora_norm;  // (L, 7, widest out) DoRA's row norms, set by each forward's first chunk
+    // llama_adapter (adaption_prompt.h): o_proj's input, attention plus the prompt's branch
+    // (B, C, NH*hd); Kp, Vp (2, A, NKV*hd) and their gradients (2, NKV*hd, A); the backward's
+    // coefficients (2, B, C, NH, A) and gate shares (B, C, NH)
+    float *adapter_y, *adapter_kv, *adapter_dkv, *adapter_coef, *adapter_gz;
 } Activations;
 
 // the CPU backend's model (trainer.h lists what every backend's Model holds)
@@ -517,8 +522,11 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
     place(a, ac->dq, N * Q); place(a, ac->datty, N * Q);
     place(a, ac->dgate, N * H); place(a, ac->dup, N * H); place(a, ac->dhmlp, N * H);
     place(a, ac->lora_dh, N * r); place(a, ac->xdrop, N * widest);
-    int dora = h->use_lora && h->lora.use_dora;
-    place(a, ac->dora_pre, dora ? N * widest : 0); place(a, ac->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
+    int dora = h->use_lora && h->lora.use_dora, ia3 = h->use_lora && h->lora.ia3;
+    place(a, ac->dora_pre, dora || ia3 ? N * widest : 0); place(a, ac->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
+    size_t A = h->use_lora ? h->lora.adapter_len : 0;
+    place(a, ac->adapter_y, A ? N * Q : 0); place(a, ac->adapter_kv, 2 * A * KV); place(a, ac->adapter_dkv, 2 * A * KV);
+    place(a, ac->adapter_coef, 2 * N * c->n_heads * A); place(a, ac->adapter_gz, A ? N * c->n_heads : 0);
     // the carries hold the whole sequence
     size_t carry = L * m->B * (size_t)m->T * KV;
     place(k, ac->k, carry); place(k, ac->v, carry); place(k, ac->dk, carry); place(k, ac->dv, carry);
@@ -647,15 +655,16 @@ static LayerActs layer_acts(const Model *m, ChunkActs *s, const Chunk *ch, int l
     return act;
 }
 
-// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len;
-// lora_h: the layer's LoRA A-projections (7, N, r)
+// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
+// (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
 static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, int t, float *out, const float *inp,
                            const float *w) {
     LoRA *l = &m->host.lora;
-    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len, adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) { ia3_forward(l, layer, t, out, inp, w, m->a.xdrop, N); return; }
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
-    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    if (!adapted) return;
     Chunk dc = lora_dropout_chunk(ch, m->row0);
     float *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
@@ -668,10 +677,11 @@ static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, 
 static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int layer, int t, float *dinp, float *dw,
                             const float *dout, const float *inp, const float *w) {
     LoRA *l = &m->host.lora;
-    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len, adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) { ia3_backward(l, layer, t, dinp, dout, inp, w, m->a.xdrop, m->a.dora_pre, N); return; }
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
-    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    if (!adapted) return;
     Chunk dc = lora_dropout_chunk(ch, m->row0);
     const float *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora)
@@ -716,7 +726,14 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
     linear_forward(m, act.lora_h, ch, l, LORA_V, a->kv, act.ln1, w.wv);
     carry_copy(vc, a->kv, ch, KV, 1);
     attention_forward(act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
-    linear_forward(m, act.lora_h, ch, l, LORA_O, act.mid, act.atty, w.wo);
+    const float *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
+    LoRA *lo = &m->host.lora;
+    if (m->host.use_lora && adapter_has_prompt(lo, l)) {
+        adaption_prompt_forward(a->adapter_y, act.atty, act.q, adapter_prompt(lo, lo->params, l), adapter_gate(lo, lo->params, l),
+                                w.wk, w.wv, a->adapter_kv, N, D, NH, NKV, hd, lo->adapter_len);
+        o_in = a->adapter_y;
+    }
+    linear_forward(m, act.lora_h, ch, l, LORA_O, act.mid, o_in, w.wo);
     for (size_t i = 0; i < ND; i++) act.mid[i] += act.x[i];
     rmsnorm_forward(act.ln2, act.rstd2, act.mid, w.mlp_norm, N, D, c->norm_eps);
     linear_forward(m, act.lora_h, ch, l, LORA_GATE, act.gate, act.ln2, w.wgate);
@@ -853,6 +870,11 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         memset(a->datty, 0, (size_t)N * Q * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_O, a->datty, g.wo, a->dresid, act.atty, w.wo);
         attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
+        LoRA *lo = &m->host.lora;
+        if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
+            adaption_prompt_backward(a->dq, adapter_prompt(lo, lo->grads, l), adapter_gate(lo, lo->grads, l), a->datty, act.q,
+                                     adapter_prompt(lo, lo->params, l), adapter_gate(lo, lo->params, l), w.wk, w.wv,
+                                     a->adapter_kv, a->adapter_dkv, a->adapter_coef, a->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len);
         rope_backward(a->dq, m->rope_cos, m->rope_sin, ch, NH, hd);
         // LoRA's layer 0: nothing below it trains (unless --trainable_params: the embedding, the
         // norms), so the gradient of its input is not needed: q, k and v skip their input products

@@ -59,6 +59,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "layers.cuh"
 #include "attention.cuh"
 #include "lora.cuh"
+#include "adaption_prompt.cuh" // llama_adapter's branch
 #include "quant.cuh"
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir, on each stream, and NVTX ranges
 
@@ -129,7 +130,9 @@ template <typename floatX> struct Buffers {
     floatX *dgate, *dup, *dhmlp; // (B, C, H)
     floatX *lora_dh;    // (B, C, r)
     floatX *xdrop;      // (B, C, max(D, H, NH*hd)) LoRA dropout scratch
-    floatX *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA scratch
+    floatX *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA and IA3 scratch
+    floatX *adapter_y;  // (B, C, NH*hd) llama_adapter: o_proj's input, attention plus the prompt's branch
+    floatX *adapter_dkv; // (2, NKV*hd, A) llama_adapter: the gradients of Kp and Vp, transposed
 };
 
 // the CUDA backend's model (trainer.h lists what every backend's Model holds)
@@ -179,6 +182,8 @@ typedef struct {
     float *rope_cos, *rope_sin; // (T, hd/2)
     float *rstdf;             // (B, C) the final norm's statistics
     float *dora_norm;         // (L, 7, widest out) DoRA's row norms, set by each forward's first chunk
+    float *adapter_kv;        // llama_adapter (adaption_prompt.cuh): Kp, Vp (2, A, NKV*hd); the backward's
+    float *adapter_coef, *adapter_gz; // coefficients (2, B, C, NH, A) and gate shares (B, C, NH)
     float *logits;            // (ceil(B * C / num_output_chunks), V) one piece of a chunk's rows at a time
     double *loss_sum;         // the micro-batch's summed loss
     double *grad_norm;        // the step's gradient norm
@@ -326,8 +331,11 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     place(a, d.dq, N * Q); place(a, d.datty, N * Q);
     place(a, d.dgate, N * H); place(a, d.dup, N * H); place(a, d.dhmlp, N * H);
     place(a, d.lora_dh, N * r); place(a, d.xdrop, h->use_lora ? N * widest : 0);
-    bool dora = h->use_lora && h->lora.use_dora;
-    place(a, d.dora_pre, dora ? N * widest : 0); place(a, m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
+    bool dora = h->use_lora && h->lora.use_dora, ia3 = h->use_lora && h->lora.ia3;
+    place(a, d.dora_pre, dora || ia3 ? N * widest : 0); place(a, m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
+    size_t A = h->use_lora ? h->lora.adapter_len : 0;
+    place(a, d.adapter_y, A ? N * Q : 0); place(a, d.adapter_dkv, 2 * A * KV); place(a, m->adapter_kv, 2 * A * KV);
+    place(a, m->adapter_coef, 2 * N * c->n_heads * A); place(a, m->adapter_gz, A ? N * c->n_heads : 0);
     place(a, m->rstdf, N); place(a, m->logits, piece * V);
     place(a, m->losses, (size_t)m->B * m->T); place(a, m->loss_sum, 1); place(a, m->grad_norm, 1);
     place(a, m->tokens, (size_t)m->B * m->T); place(a, m->chunk_tokens, N);
@@ -898,17 +906,19 @@ template <typename floatX> LayerActs<floatX> layer_acts(const Model *m, ChunkAct
                              layer_slice(s->lora_h, k, LORA_N_TARGETS * N * r)};
 }
 
-// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len;
-// lora_h: the layer's LoRA A-projections (7, N, r)
+// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
+// (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
 template <typename floatX>
 void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t, floatX *out, const floatX *inp,
                     const floatX *w) {
     LoRA *l = &m->host.lora;
     Buffers<floatX> &d = buffers<floatX>(m);
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
+    bool adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) { ia3_forward(l, m->params, layer, t, out, inp, w, d.xdrop, N, m->stream); return; }
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0, m->stream);
-    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    if (!adapted) return;
     Chunk dc = lora_dropout_chunk(ch, m->row0);
     floatX *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
@@ -925,9 +935,14 @@ void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer,
     LoRA *l = &m->host.lora;
     Buffers<floatX> &d = buffers<floatX>(m);
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
+    bool adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) {
+        ia3_backward(l, m->params, m->grads, layer, t, dinp, dout, inp, w, d.xdrop, d.dora_pre, N, m->stream);
+        return;
+    }
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f, m->stream);
-    if (!m->host.use_lora || !(l->targets & (1u << t))) return;
+    if (!adapted) return;
     Chunk dc = lora_dropout_chunk(ch, m->row0);
     const floatX *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora)
@@ -975,7 +990,14 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     linear_forward(m, act.lora_h, ch, l, LORA_V, d.kv, act.ln1, w.wv);
     carry_copy(vc, d.kv, ch, KV, 1, st);
     attention_forward(act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd, st);
-    linear_forward(m, act.lora_h, ch, l, LORA_O, act.mid, act.atty, w.wo);
+    const floatX *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
+    LoRA *lo = &m->host.lora;
+    if (m->host.use_lora && adapter_has_prompt(lo, l)) {
+        adaption_prompt_forward(d.adapter_y, act.atty, act.q, lora_A(lo, d.lora_w, l, LORA_Q), adapter_gate(lo, m->params, l),
+                                w.wk, w.wv, m->adapter_kv, N, D, NH, NKV, hd, lo->adapter_len, st);
+        o_in = d.adapter_y;
+    }
+    linear_forward(m, act.lora_h, ch, l, LORA_O, act.mid, o_in, w.wo);
     accumulate(act.mid, act.x, ND, st);
     rmsnorm_forward(act.ln2, act.rstd2, act.mid, w.mlp_norm, N, D, c->norm_eps, st);
     linear_forward(m, act.lora_h, ch, l, LORA_GATE, act.gate, act.ln2, w.wgate);
@@ -1109,6 +1131,11 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         cudaCheck(cudaMemsetAsync(d.datty, 0, (size_t)N * Q * sizeof(floatX), st));
         linear_backward(m, act.lora_h, ch, l, LORA_O, d.datty, g.wo, d.dresid, act.atty, w.wo);
         attention_backward(d.dq, dkc, dvc, d.datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd, st);
+        LoRA *lo = &m->host.lora;
+        if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
+            adaption_prompt_backward(d.dq, adapter_prompt(lo, m->grads, l), adapter_gate(lo, m->grads, l), d.datty, act.q,
+                                     lora_A(lo, d.lora_w, l, LORA_Q), adapter_gate(lo, m->params, l), w.wk, w.wv, m->adapter_kv,
+                                     d.adapter_dkv, m->adapter_coef, m->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len, st);
         rope_backward(d.dq, m->rope_cos, m->rope_sin, ch, NH, hd, st);
         cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
         linear_backward(m, act.lora_h, ch, l, LORA_Q, d.dln, g.wq, d.dq, act.ln1, w.wq);

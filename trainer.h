@@ -229,6 +229,8 @@ typedef struct {
     const char *optimizer;
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
     const char *lr_scheduler, *lora_target_modules, *trainable_params, *chunk_memory;
+    const char *peft_method, *ia3_target_modules, *ia3_feedforward_modules;
+    int adapter_len, adapter_layers;
     const char *resume;
     int save_every, keep_checkpoints, max_bad_steps;
     const char *data_format, *batching, *data_slice, *data_cache_dir;
@@ -301,7 +303,12 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"trainable_params", OPT_STR, &(tc)->trainable_params, "", "LoRA: base tensors that also train, whole in fp32 (LongLoRA's; peft's modules_to_save): a comma list of embed (the embedding, with tied embeddings the head too) and norm (every RMSNorm weight)", 0, 0}, \
     {"use_rslora", OPT_INT, &(tc)->use_rslora, "0", "1: scale = alpha / sqrt(r) (rank-stabilised LoRA)", 0, 1}, \
     {"use_dora", OPT_FLAG, &(tc)->use_dora, "0", "DoRA (peft's use_dora): a trained magnitude per output rescales each adapted layer's rows", 0, 1}, \
-    {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (its r, alpha, targets)", 0, 0}, \
+    {"peft_method", OPT_STR, &(tc)->peft_method, "lora", "lora | ia3 | llama_adapter: the adapter trained (ia3: peft's IA3, a learned vector scaling each target module's output, or a feedforward module's input; llama_adapter: peft's AdaptionPrompt, a learned prompt with a gate from 0 in the top layers' attention)", 0, 0}, \
+    {"ia3_target_modules", OPT_STR, &(tc)->ia3_target_modules, "k_proj,v_proj,down_proj", "with --peft_method ia3: comma-separated peft module names, or all-linear (peft's IA3Config target_modules)", 0, 0}, \
+    {"ia3_feedforward_modules", OPT_STR, &(tc)->ia3_feedforward_modules, "down_proj", "with --peft_method ia3: the targets whose input the vector scales (the rest: their output), a subset of --ia3_target_modules", 0, 0}, \
+    {"adapter_len", OPT_INT, &(tc)->adapter_len, "10", "with --peft_method llama_adapter: the prompt's rows (peft's adapter_len; at most 1024)", 1, ADAPTER_MAX_LEN}, \
+    {"adapter_layers", OPT_INT, &(tc)->adapter_layers, "30", "with --peft_method llama_adapter: how many decoder layers, from the top, have a prompt (peft's adapter_layers; at most the model's)", 1, 1 << 20}, \
+    {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (LoRA, IA3 or llama_adapter, with its settings: r, alpha, targets, feedforward modules, adapter_len, adapter_layers)", 0, 0}, \
     {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
     {"activation_checkpointing", OPT_FLAG, &(tc)->activation_checkpointing, "0", "keep only each layer's input and re-run the layer's forward before its backward: less activation memory, the same results (HF's gradient_checkpointing, torchtune's enable_activation_checkpointing)", 0, 1}, \
@@ -318,7 +325,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"temperature", OPT_FLOAT, &(tc)->temperature, "0", "sampling temperature (0: greedy)", 0, 100}, \
     {"cpu_offload", OPT_INT, &(tc)->cpu_offload, "0", "1: full fine-tuning keeps the fp32 masters, gradients and optimizer state in host memory, steps on the CPU and copies the updated weights back to the GPU (llama-recipes' fsdp_cpu_offload, DeepSpeed's ZeRO-Offload); each rank offloads its shards; the results are those without it, bit for bit. The CPU trainer holds them there already", 0, 1}, \
     {"dry_run", OPT_FLAG, &(tc)->dry_run, "0", "print the configuration and the memory plan, then exit", 0, 1}, \
-    {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
+    {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA or IA3: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
     {"top_p", OPT_FLOAT, &(tc)->top_p, "0.9", "nucleus sampling: draw from the smallest set of tokens with this much probability", 0, 1}, \
     {"sharding_strategy", OPT_STR, &(tc)->sharding_strategy, "FULL_SHARD", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD: how the ranks (mpirun -np W, torchrun, dev/launch.sh W) share the model (one process: no effect)", 0, 0}, \
@@ -331,7 +338,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"loss_scale", OPT_STR, &(tc)->loss_scale, "auto", "auto | dynamic | none: dynamic loss scaling as torch.amp.GradScaler (initial scale 65536, x2 after 2000 steps without an overflow, x0.5 and the step skipped on one); auto: dynamic with --precision fp16, else none (as torch). The CPU trainer runs it too (fp32: exact, the same steps except the skipped ones)", 0, 0}, \
     {"collectives", OPT_STR, &(tc)->collectives, backend_collectives[0], "auto | nccl | host: how the ranks' device buffers are gathered and summed (train_llama2cu): nccl, or host: through host memory over MPI or TCP, summed in rank order as the CPU trainer sums (ranks may share a GPU); auto: nccl when every rank of a node has its own GPU, else host. The CPU trainer: host only", 0, 0}, \
     {"random_init", OPT_FLAG, &(tc)->random_init, "0", "for benchmarks only: random weights N(0, initializer_range) drawn from --seed, with --model holding just config.json and tokenizer.model", 0, 1}, \
-    {"quantize", OPT_STR, &(tc)->quantize, "none", "none | nf4 | fp4: QLoRA, the decoder's linear weights quantized to 4 bits as they load, exactly as bitsandbytes (blocks of 64); LoRA only", 0, 0}, \
+    {"quantize", OPT_STR, &(tc)->quantize, "none", "none | nf4 | fp4: QLoRA, the decoder's linear weights quantized to 4 bits as they load, exactly as bitsandbytes (blocks of 64); LoRA or IA3", 0, 0}, \
     {"double_quant", OPT_INT, &(tc)->double_quant, "1", "with --quantize: 1 stores the absmax values in 8 bits too (bitsandbytes' bnb_4bit_use_double_quant)", 0, 1}, \
 }
 
@@ -399,10 +406,52 @@ static int option_choice(const char *option, const char *value, const char *cons
 }
 #define OPTION_CHOICE(option, value, choices, backend) option_choice(option, value, choices, sizeof choices / sizeof *choices, backend)
 
+// IA3's modules from --ia3_target_modules and --ia3_feedforward_modules (empty: none) as bit
+// masks. 0 ok, -1 with a message.
+static int ia3_modules(const TrainConfig *tc, unsigned *targets, unsigned *feedforward) {
+    *feedforward = 0;
+    if (lora_parse_targets(tc->ia3_target_modules, "--ia3_target_modules", targets) != 0) return -1;
+    if (tc->ia3_feedforward_modules[0] &&
+        lora_parse_targets(tc->ia3_feedforward_modules, "--ia3_feedforward_modules", feedforward) != 0) return -1;
+    return 0;
+}
+
+// --peft_method and the options that go with it; lora_option: a LoRA-only option the
+// command line gave (NULL: none). 0 ok, -1 with a message.
+static int check_peft_method(const TrainConfig *tc, const char *lora_option) {
+    if (!strcmp(tc->peft_method, "prefix")) {
+        fprintf(stderr, "error: --peft_method %s is not supported yet (lora, ia3 and llama_adapter are)\n", tc->peft_method);
+        return -1;
+    }
+    static const char *const methods[] = {"lora", "ia3", "llama_adapter"};
+    if (OPTION_CHOICE("peft_method", tc->peft_method, methods, 0) < 0) return -1;
+    if (!strcmp(tc->peft_method, "lora")) return 0;
+    if (tc->full_finetune) {
+        fprintf(stderr, "error: --peft_method %s trains an adapter; with --full_finetune there is none\n", tc->peft_method);
+        return -1;
+    }
+    if (lora_option) {
+        fprintf(stderr, "error: --%s is LoRA's; with --peft_method %s give %s\n", lora_option, tc->peft_method,
+                strcmp(tc->peft_method, "ia3") ? "--adapter_len and --adapter_layers" : "--ia3_target_modules and --ia3_feedforward_modules");
+        return -1;
+    }
+    if (strcmp(tc->peft_method, "ia3") != 0) return 0;
+    if (tc->export_gguf_adapter[0]) { fprintf(stderr, "%s\n", gguf_adapter_no_ia3); return -1; }
+    unsigned targets, feedforward;
+    if (ia3_modules(tc, &targets, &feedforward) != 0) return -1;
+    if (feedforward & ~targets) {
+        fprintf(stderr, "error: --ia3_feedforward_modules %s: must be among --ia3_target_modules %s\n", tc->ia3_feedforward_modules,
+                tc->ia3_target_modules);
+        return -1;
+    }
+    return 0;
+}
+
 // 0: parsed, 1: --help printed, -1: error (message printed)
 static int parse_args(TrainConfig *tc, int argc, char **argv) {
     Option opts[] = OPTIONS(tc);
     int n = (int)(sizeof opts / sizeof opts[0]);
+    const char *lora_option = NULL; // the last LoRA-only option given (IA3 refuses them)
     for (int i = 0; i < n; i++) set_option(&opts[i], opts[i].def);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -414,6 +463,7 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         for (int k = 0; k < n; k++)
             if (strlen(opts[k].name) == len && strncmp(opts[k].name, name, len) == 0) o = &opts[k];
         if (!o) { fprintf(stderr, "error: unknown option '--%.*s' (see --help)\n", (int)len, name); return -1; }
+        if (!strncmp(o->name, "lora_", 5) || !strcmp(o->name, "use_rslora") || !strcmp(o->name, "use_dora")) lora_option = o->name;
         const char *val;
         if (eq) val = eq + 1;
         else if (o->type == OPT_FLAG) val = "1";
@@ -466,18 +516,23 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         return -1;
     }
     unsigned mask;
-    if (lora_parse_targets(tc->lora_target_modules, &mask) != 0) return -1;
+    if (lora_parse_targets(tc->lora_target_modules, "--lora_target_modules", &mask) != 0) return -1;
+    if (check_peft_method(tc, lora_option) != 0) return -1;
     if (lora_parse_saved(tc->trainable_params, &mask, "--trainable_params") != 0) return -1;
     if (mask && tc->full_finetune) {
         fprintf(stderr, "error: --trainable_params names base tensors that train beside a LoRA adapter; with --full_finetune "
                 "every weight trains already\n");
         return -1;
     }
+    if (mask && strcmp(tc->peft_method, "lora") != 0) { // (peft allows it; the saved tensors' files and resume are LoRA's here)
+        fprintf(stderr, "error: --trainable_params with --peft_method %s is not supported yet (only with lora)\n", tc->peft_method);
+        return -1;
+    }
     if (mask && !backend_trainable_params) {
         fprintf(stderr, "error: --trainable_params is not in this trainer yet (train_llama2, the CPU trainer, has it)\n");
         return -1;
     }
-    if (mask && tc->export_gguf_adapter[0]) { fputs(gguf_adapter_saved_error, stderr); return -1; }
+    if (mask && tc->export_gguf_adapter[0]) { fprintf(stderr, "%s\n", gguf_adapter_saved_error); return -1; }
     if (mask && tc->quant_type != QUANT_NONE) {
         fprintf(stderr, "error: --trainable_params with --quantize is not supported yet (QLoRA keeps the norms in its 4-bit runs)\n");
         return -1;
@@ -652,9 +707,28 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
                 host_model_free(h);
                 return -1;
             }
+            const char *kind = lora_method(&h->lora);
+            if (!resume_dir && strcmp(tc->peft_method, "lora") && strcmp(tc->peft_method, kind)) { // (a resume's options match its own)
+                fprintf(stderr, "error: --peft_method %s, but --from_peft_checkpoint %s holds %s\n", tc->peft_method, adapter,
+                        !strcmp(kind, "lora") ? "a LoRA adapter" : !strcmp(kind, "ia3") ? "an IA3 adapter" : "a llama_adapter");
+                host_model_free(h);
+                return -1;
+            }
+        } else if (!strcmp(tc->peft_method, "llama_adapter")) {
+            if (tc->adapter_layers > h->config.n_layers) { // (peft refuses it too)
+                fprintf(stderr, "error: --adapter_layers %d is more than the %d decoder layers of %s (num_hidden_layers)\n",
+                        tc->adapter_layers, h->config.n_layers, tc->model);
+                host_model_free(h);
+                return -1;
+            }
+            adapter_alloc(&h->lora, h->config.n_layers, in, out, tc->adapter_len, tc->adapter_layers, (uint64_t)tc->seed);
+        } else if (!strcmp(tc->peft_method, "ia3")) {
+            unsigned targets, feedforward;
+            ia3_modules(tc, &targets, &feedforward); // (check_peft_method checked them)
+            ia3_alloc(&h->lora, h->config.n_layers, in, out, targets, feedforward);
         } else {
             unsigned targets;
-            lora_parse_targets(tc->lora_target_modules, &targets);
+            lora_parse_targets(tc->lora_target_modules, "--lora_target_modules", &targets);
             lora_alloc(&h->lora, h->config.n_layers, in, out, tc->lora_r, tc->lora_alpha, tc->lora_dropout,
                        tc->use_rslora, tc->use_dora, targets);
             lora_init(&h->lora, (uint64_t)tc->seed);
@@ -667,6 +741,12 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
                 lora_add_saved(&h->lora, saved, h->config.vocab_size, h->config.dim, h->config.tied, !tc->dry_run);
                 if (!tc->dry_run) model_saved_copy(h, 1);
             }
+        }
+        if (h->lora.adapter_len && (tc->merge_adapter || tc->export_gguf[0] || tc->export_gguf_adapter[0])) {
+            fprintf(stderr, "error: %s: a llama_adapter's prompt is no weight change, so it cannot be merged into the model "
+                    "or exported (drop it)\n", tc->merge_adapter ? "--merge_adapter" : tc->export_gguf[0] ? "--export_gguf" : "--export_gguf_adapter");
+            host_model_free(h);
+            return -1;
         }
         if (h->quant_type != QUANT_NONE && h->lora.use_dora) { // DoRA's row norms read W, which QLoRA keeps packed
             fprintf(stderr, "error: --quantize with DoRA (%s) is not supported yet\n", adapter[0] ? adapter : "--use_dora");
@@ -820,7 +900,9 @@ static const char *resume_must_match[] = {
     "model", "data", "max_seq_len", "lr", "optimizer", "momentum", "nesterov",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "freeze_layers", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
-    "use_dora", "from_peft_checkpoint", "data_format", "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
+    "use_dora", "peft_method", "ia3_target_modules", "ia3_feedforward_modules", "adapter_len", "adapter_layers",
+    "from_peft_checkpoint", "data_format",
+    "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
     "quantize", "double_quant", "s2_attn", "trainable_params"};
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's
@@ -1756,8 +1838,9 @@ static double print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
              m->host.frozen_units - 1);
     static const char *saved[4] = {"", " with the embedding", " with the norms", " with the embedding and the norms"};
     printf("training %s%s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
-           !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.use_dora ? "DoRA" : "LoRA",
-           saved[m->host.lora.saved & 3], r->opt.n, host_sharded(&m->host) && !m->host.use_lora ? " (this rank's shard)" : "",
+           !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.adapter_len ? "llama_adapter" : m->host.lora.ia3 ? "IA3" : m->host.lora.use_dora ? "DoRA" : "LoRA",
+           saved[m->host.lora.saved & 3], r->opt.n,
+           host_sharded(&m->host) && !m->host.use_lora ? " (this rank's shard)" : "",
            r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
     double host;
     memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, (long)tc->grad_accum * tc->batch_size, 1, &host);

@@ -73,6 +73,9 @@ step "test_llama2cu --big_logits" 240 test/test_llama2cu --big_logits 35200
 # and the CPU trainer (which it needs built, with st_compare)
 step "build the CPU trainer" 120 make -j"$(nproc)" train_llama2 test/st_compare
 step "sharded on one GPU" 400 env EMU_BIN=./train_llama2cu test/test_llama2cu_sharded.sh
+# --cpu_offload 1 == without it, bit for bit, on the GPU (the host step against the kernels,
+# the unit gradients' trips to the host), one rank and several sharing the GPU
+step "cpu offload" 120 env EMU_BIN=./train_llama2cu test/test_offload.sh
 # the built-in default (a small generated model and data, LoRA), 50 steps: it trains and samples
 step "train_llama2cu default" 300 ./train_llama2cu --max_steps 50 --output_dir out/gpu_check \
     --metrics_file out/gpu_check/metrics.jsonl

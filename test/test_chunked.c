@@ -5,7 +5,8 @@
 // the loss, the logits and every trainable gradient, for several chunk sizes
 // (1, sizes that do not divide T, T itself), both memory modes, GQA and tied
 // models, LoRA (with dropout, whose masks must not depend on the chunking; and
-// DoRA, whose row norms the first chunk computes for all) and
+// DoRA, whose row norms the first chunk computes for all), IA3 (every module, two
+// of them feedforward), llama_adapter (a prompt in every layer) and
 // full fine-tuning, and with sliding windows (Mistral's sliding_window) of one
 // key, of a chunk's length and of more or fewer than a chunk's, so that windows
 // cross chunk boundaries, and with --s2_attn's shifted sparse groups (of 6 positions,
@@ -32,8 +33,9 @@
 
 enum { B = 2, T = 24 };
 
-// LoRA runs with --use_dora (main sets it for a pass of test_equal)
-static int dora_runs;
+// the adapter of the runs that are not full fine-tuning: lora, dora or ia3 (main sets it
+// for a pass of test_equal)
+static const char *adapter_kind = "lora";
 // training runs with --s2_attn 1 (main sets it for a pass of test_equal)
 static int s2_runs;
 
@@ -44,17 +46,29 @@ static void setup(Model *m, const char *model, int full, int chunk, const char *
     snprintf(path, sizeof path, "test/fixtures/%s", model);
     snprintf(cs, sizeof cs, "%d", chunk);
     snprintf(oc, sizeof oc, "%d", out_chunks);
-    char *argv[] = {"x", "--model", path, "--data", "unused", "--max_seq_len", "24", "--lora_r", "4",
-                    "--lora_target_modules", "all-linear", "--lora_dropout", "0.2", "--chunk_size", cs,
-                    "--chunk_memory", (char *)mem, "--num_output_chunks", oc, full ? "--full_finetune" : "--seed=3",
-                    ckpt ? "--activation_checkpointing" : "--activation_checkpointing=0",
-                    dora_runs && !full ? "--use_dora" : "--use_dora=0"};
-    if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0) die("test arguments rejected");
+    char *argv[32] = {"x", "--model", path, "--data", "unused", "--max_seq_len", "24", "--chunk_size", cs,
+                      "--chunk_memory", (char *)mem, "--num_output_chunks", oc, full ? "--full_finetune" : "--seed=3",
+                      ckpt ? "--activation_checkpointing" : "--activation_checkpointing=0"};
+    int n = 15;
+    if (!full && !strcmp(adapter_kind, "ia3")) { // every module, gate_proj's and down_proj's vectors on their inputs
+        argv[n++] = "--peft_method=ia3", argv[n++] = "--ia3_target_modules=all-linear";
+        argv[n++] = "--ia3_feedforward_modules=gate_proj,down_proj";
+    } else if (!full && !strcmp(adapter_kind, "llama_adapter")) { // a prompt in both layers
+        argv[n++] = "--peft_method=llama_adapter", argv[n++] = "--adapter_len=5", argv[n++] = "--adapter_layers=2";
+    } else {
+        argv[n++] = "--lora_r=4", argv[n++] = "--lora_target_modules=all-linear", argv[n++] = "--lora_dropout=0.2";
+        argv[n++] = !full && !strcmp(adapter_kind, "dora") ? "--use_dora" : "--use_dora=0";
+    }
+    if (parse_args(&tc, n, argv) != 0) die("test arguments rejected");
     if (model_setup(m, NULL, &tc, B, T, NULL) != 0) die("cannot set up %s", model);
     if (window >= 0) m->host.config.sliding_window = window; // else the config's
     m->s2_attn = s2_runs; // (parse_args takes --s2_attn with --batching packing only)
-    if (m->host.use_lora) { // B = 0 would leave A without gradient
-        uint64_t state = 11;
+    uint64_t state = 11;
+    if (m->host.use_lora && m->host.lora.ia3) // off their init of 1, as training moves them
+        for (size_t k = 0; k < m->host.lora.num_params; k++) m->host.lora.params[k] = 0.5f + rng_uniform(&state);
+    else if (m->host.use_lora && m->host.lora.adapter_len) // the gates off 0: the branch, and the queries' gradient from it, live
+        for (int i = 0; i < m->host.lora.n_layers; i++) *adapter_gate(&m->host.lora, m->host.lora.params, i) = 0.5f + rng_uniform(&state);
+    else if (m->host.use_lora) { // B = 0 would leave A without gradient
         for (int i = 0; i < m->host.lora.n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++) {
                 float *b = lora_B(&m->host.lora, m->host.lora.params, i, t);
@@ -115,13 +129,11 @@ static double worst_tensor(Model *m, const float *got, const float *want, char *
         LoRA *l = &m->host.lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++)
-                for (int k = 0; k < lora_n_kinds(l); k++) { // A, B (and DoRA's magnitude)
+                for (int k = 0; k < lora_n_kinds(l) && lora_trains(l, i, t); k++) { // A, B (and DoRA's magnitude)
                     size_t off = (size_t)(lora_tensor(l, l->params, i, t, k) - l->params);
-                    int64_t shape[2];
-                    size_t n = lora_tensor_shape(l->r, l->in[t], l->out[t], k, shape) == 1 ? (size_t)shape[0]
-                                                                                      : (size_t)(shape[0] * shape[1]);
+                    size_t n = lora_tensor_numel(l, t, k);
                     double e = normwise(got + off, want + off, n);
-                    if (e > worst) { worst = e; lora_key(name, namelen, i, t, lora_kinds[k]); }
+                    if (e > worst) { worst = e; lora_key(l, name, namelen, i, t, k); }
                 }
         return worst;
     }
@@ -157,7 +169,7 @@ static void test_equal(const char *model, int full, int window) {
         Run c = run(&causal, tokens, targets);
         char w[200];
         snprintf(w, sizeof w, "%s %s window %d s2_attn %d: the training loss differs from plain causal attention's", model,
-                 full ? "full" : dora_runs ? "dora" : "lora", whole.host.config.sliding_window, s2_runs);
+                 full ? "full" : adapter_kind, whole.host.config.sliding_window, s2_runs);
         CHECK(c.loss != ref.loss, w, "%.10g, causal %.10g", ref.loss, c.loss);
         if (s2_runs) { // evaluation (model_forward) attends fully
             snprintf(w, sizeof w, "%s %s s2_attn: evaluation's logits are causal attention's, bit for bit", model,
@@ -176,9 +188,8 @@ static void test_equal(const char *model, int full, int window) {
         setup(&m, model, full, cases[k].chunk, cases[k].mem, cases[k].out_chunks, 0, window);
         Run got = run(&m, tokens, targets);
         char what[256], name[200] = "";
-        snprintf(what, sizeof what, "%s %s C=%d %s output_chunks=%d window=%d s2_attn=%d", model,
-                 full ? "full" : dora_runs ? "dora" : "lora", cases[k].chunk, cases[k].mem, cases[k].out_chunks,
-                 m.host.config.sliding_window, s2_runs);
+        snprintf(what, sizeof what, "%s %s C=%d %s output_chunks=%d window=%d s2_attn=%d", model, full ? "full" : adapter_kind,
+                 cases[k].chunk, cases[k].mem, cases[k].out_chunks, m.host.config.sliding_window, s2_runs);
         char w[400];
         snprintf(w, sizeof w, "%s vs whole: loss", what);
         CHECK(fabs(got.loss - ref.loss) <= 1e-6 * fabs(ref.loss), w, "%.10g vs %.10g", got.loss, ref.loss);
@@ -379,10 +390,16 @@ int main(void) {
     const int windows[] = {1, 5, 11};
     for (int w = 0; w < 3; w++)
         for (int full = 0; full < 2; full++) test_equal("tiny_gqa", full, windows[w]);
-    dora_runs = 1; // DoRA: its norms are computed at a pass's first chunk and serve every chunk
+    adapter_kind = "dora"; // DoRA: its norms are computed at a pass's first chunk and serve every chunk
     test_equal("tiny_gqa", 0, -1);
     test_equal("tiny_tied", 0, -1);
-    dora_runs = 0;
+    adapter_kind = "ia3";
+    test_equal("tiny_gqa", 0, -1);
+    test_equal("tiny_tied", 0, -1);
+    adapter_kind = "llama_adapter"; // each chunk's queries meet the whole prompt, with no carry
+    test_equal("tiny_gqa", 0, -1);
+    test_equal("tiny_tied", 0, -1);
+    adapter_kind = "lora";
     s2_runs = 1; // shifted sparse attention (tiny_llama3: 4 query heads over 2 KV heads, as tiny_gqa, head_dim 12)
     for (int full = 0; full < 2; full++) {
         test_equal("tiny_gqa", full, -1);

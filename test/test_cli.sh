@@ -253,19 +253,49 @@ expect_error "missing data" "nothere.jsonl: cannot read" --model $FIX/tiny_gqa -
 
 # adapters
 expect_error "adapter for another model" "adapter_model.safetensors: tensor .* has shape" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_tied/peft_init
-mkdir -p "$TMP/ad"; cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "IA3"/' "$TMP/ad/adapter_config.json"
-expect_error "non-LoRA adapter" "peft_type must be" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+mkdir -p "$TMP/ad"; cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "PREFIX_TUNING"/' "$TMP/ad/adapter_config.json"
+expect_error "neither a LoRA, an IA3 nor a llama_adapter adapter" 'peft_type must be "LORA", "IA3" or "ADAPTION_PROMPT"' --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "IA3"/' "$TMP/ad/adapter_config.json"
+expect_error "a LoRA adapter's tensors under an IA3 config" "adapter_model.safetensors: tensor '.*ia3_l' is missing" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+rm -f "$TMP/ad/"*; cp $FIX/tiny_gqa/ia3/peft_init/* "$TMP/ad/"; sed -i 's/"down_proj"$/"k_proj"/' "$TMP/ad/adapter_config.json"
+expect_error "IA3: a vector of the other shape (feedforward)" "tensor '.*k_proj.ia3_l' has shape \[32, 1\], expected \[1, 64\]" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+cp $FIX/tiny_gqa/ia3/peft_init/* "$TMP/ad/"; sed -i 's/"down_proj"$/"up_proj"/' "$TMP/ad/adapter_config.json"
+expect_error "IA3: feedforward modules that are not targets" "feedforward_modules must be a subset of target_modules" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"use_dora": false/"use_dora": true/' "$TMP/ad/adapter_config.json"
 expect_error "DoRA config without magnitudes" "adapter_model.safetensors: tensor '.*lora_magnitude_vector' is missing" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 expect_error "DoRA with full fine-tuning" "--use_dora trains a DoRA adapter" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --use_dora
+# --peft_method
+expect_error "prefix tuning" "--peft_method prefix is not supported yet" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method prefix
+expect_error "unknown PEFT method" "--peft_method: 'adalora' is not one of lora, ia3, llama_adapter" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method adalora
+expect_error "IA3 with --lora_r" "--lora_r is LoRA's; with --peft_method ia3" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --lora_r 4
+expect_error "IA3 with --use_dora" "--use_dora is LoRA's; with --peft_method ia3" --model $FIX/tiny_gqa "${RUN[@]}" --use_dora --peft_method ia3
+expect_error "IA3 with full fine-tuning" "--peft_method ia3 trains an adapter; with --full_finetune" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --full_finetune
+expect_error "IA3: unknown target" "--ia3_target_modules: unknown module 'kk_proj'" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --ia3_target_modules kk_proj
+expect_error "IA3: feedforward module not a target" "--ia3_feedforward_modules up_proj: must be among --ia3_target_modules" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --ia3_feedforward_modules up_proj
+expect_error "IA3 from a LoRA adapter" "--peft_method ia3, but --from_peft_checkpoint .* holds a LoRA adapter" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --from_peft_checkpoint $FIX/tiny_gqa/peft_init
+expect_error "llama_adapter: more layers than the model's" "--adapter_layers 30 is more than the 2 decoder layers of $FIX/tiny_gqa" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method llama_adapter
+expect_error "llama_adapter with --lora_r" "--lora_r is LoRA's; with --peft_method llama_adapter give --adapter_len and --adapter_layers" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method llama_adapter --lora_r 4
+expect_error "llama_adapter with full fine-tuning" "--peft_method llama_adapter trains an adapter; with --full_finetune" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method llama_adapter --full_finetune
+expect_error "llama_adapter merged" "--merge_adapter: a llama_adapter's prompt is no weight change" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_gqa/llama_adapter/peft_init --merge_adapter
+expect_error "llama_adapter as GGUF" "--export_gguf: a llama_adapter's prompt is no weight change" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method llama_adapter --adapter_layers 2 --export_gguf "$TMP/m.gguf"
+expect_error "llama_adapter from an IA3 adapter" "--peft_method llama_adapter, but --from_peft_checkpoint .* holds an IA3 adapter" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method llama_adapter --from_peft_checkpoint $FIX/tiny_gqa/ia3/peft_init
+rm -f "$TMP/ad/"*; cp $FIX/tiny_gqa/llama_adapter/peft_init/* "$TMP/ad/"; sed -i 's/"adapter_layers": 1/"adapter_layers": 3/' "$TMP/ad/adapter_config.json"
+expect_error "llama_adapter: a config with more layers than the model's" "adapter_config.json: 'adapter_layers' must be an integer in \[1, 2\]" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+cp $FIX/tiny_gqa/llama_adapter/peft_init/* "$TMP/ad/"; sed -i 's/"adapter_len": 3/"adapter_len": 4/' "$TMP/ad/adapter_config.json"
+expect_error "llama_adapter: a prompt of another length" "tensor '.*layers.1.self_attn.adaption_prompt' has shape \[1, 3, 64\], expected \[1, 4, 64\]" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+expect_error "IA3 as a llama.cpp adapter" "--export_gguf_adapter writes a llama.cpp LoRA adapter, which cannot hold IA3's vectors" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --export_gguf_adapter "$TMP/a.gguf"
 # --trainable_params (peft's modules_to_save)
 expect_error "--trainable_params with full fine-tuning" "--trainable_params names base tensors .* --full_finetune" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --trainable_params norm
 expect_error "--trainable_params unknown name" "--trainable_params: unknown 'lm_head' \(known: embed, norm\)" --model $FIX/tiny_gqa "${RUN[@]}" --trainable_params embed,lm_head
-mkdir -p "$TMP/ad"; rm -f "$TMP/ad/"*; cp $FIX/tiny_gqa/trainable/peft_init/* "$TMP/ad/"; sed -i '/"input_layernorm",/d' "$TMP/ad/adapter_config.json"
+rm -f "$TMP/ad/"*; cp $FIX/tiny_gqa/trainable/peft_init/* "$TMP/ad/"; sed -i '/"input_layernorm",/d' "$TMP/ad/adapter_config.json"
 expect_error "modules_to_save with some of the norms" "adapter_config.json: modules_to_save must list embed_tokens and/or all of" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 rm -f "$TMP/ad/"*; cp $FIX/tiny_tied/trainable/peft_init/* "$TMP/ad/"; sed -i 's/"ensure_weight_tying": true/"ensure_weight_tying": false/' "$TMP/ad/adapter_config.json"
 expect_error "tied embed_tokens saved untied" "without ensure_weight_tying, so peft's head keeps the base embedding" --model $FIX/tiny_tied "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 expect_error "an adapter's modules_to_save against --trainable_params" "--trainable_params norm: .* trains \\[\"embed_tokens\"" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_gqa/trainable/peft_init --trainable_params norm
+expect_error "--trainable_params with IA3" "--trainable_params with --peft_method ia3 is not supported yet \(only with lora\)" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --trainable_params norm
+expect_error "--trainable_params with llama_adapter" "--trainable_params with --peft_method llama_adapter is not supported yet" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method llama_adapter --adapter_layers 2 --trainable_params embed
+rm -f "$TMP/ad/"*; cp $FIX/tiny_gqa/ia3/peft_init/* "$TMP/ad/"; sed -i 's/"modules_to_save": null/"modules_to_save": ["embed_tokens"]/' "$TMP/ad/adapter_config.json"
+expect_error "an IA3 adapter with modules_to_save" "modules_to_save with peft_type \"IA3\" is not supported \(only with LoRA\)" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 
 # and a good run writes the adapter and the metrics
 if "$BIN" --model $FIX/tiny_gqa "${RUN[@]}" --metrics_file "$TMP/metrics.jsonl" >"$TMP/out" 2>&1 &&

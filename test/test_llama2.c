@@ -157,14 +157,12 @@ static int list_trainables(Model *m, Trainable *out) {
         LoRA *l = &m->host.lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++) {
-                if (!(l->targets & (1u << t))) continue;
+                if (!lora_trains(l, i, t)) continue;
                 for (int k = 0; k < lora_n_kinds(l); k++, n++) { // A, B (and DoRA's magnitude)
-                    lora_key(out[n].name, sizeof out[n].name, i, t, lora_kinds[k]);
+                    lora_key(l, out[n].name, sizeof out[n].name, i, t, k);
                     out[n].data = lora_tensor(l, l->params, i, t, k);
                     out[n].grad = lora_tensor(l, l->grads, i, t, k);
-                    int64_t shape[2];
-                    out[n].n = lora_tensor_shape(l->r, l->in[t], l->out[t], k, shape) == 1 ? (size_t)shape[0]
-                                                                                         : (size_t)(shape[0] * shape[1]);
+                    out[n].n = lora_tensor_numel(l, t, k);
                 }
             }
         for (int k = 0; k < lora_n_saved(l); k++) { // --trainable_params' (peft's modules_to_save)
@@ -294,16 +292,20 @@ static void check_step(const char *model, const JsonValue *train, const char *mo
 }
 
 // mode: "full", "lora", DoRA's "dora" and "dora_dropout", whose references are in the
-// model's dora/ (dev/reference/make_dora_fixtures.py, dropout masks as ours), or "trainable":
-// LoRA with the embedding and the norms trained too (--trainable_params embed,norm, peft's
-// modules_to_save), in the model's trainable/ (make_trainable_fixtures.py), which start from
-// the adapter peft saved with them (--from_peft_checkpoint loads them)
+// model's dora/ (dev/reference/make_dora_fixtures.py, dropout masks as ours), "ia3", in its
+// ia3/ (dev/reference/make_ia3_fixtures.py), "llama_adapter", in its llama_adapter/
+// (dev/reference/make_llama_adapter_fixtures.py), or "trainable": LoRA with the embedding and
+// the norms trained too (--trainable_params embed,norm, peft's modules_to_save), in its
+// trainable/ (make_trainable_fixtures.py), which start from the adapter peft saved with them
+// (--from_peft_checkpoint loads them)
 static void test_model(const char *model, const char *mode) {
     char path[600], what[256], outdir[256], metrics[300];
     int full = !strcmp(mode, "full"), dora = !strncmp(mode, "dora", 4), trainable = !strcmp(mode, "trainable");
-    const char *refdir = dora ? "dora" : trainable ? "trainable" : "ref";
-    const char *adapter = full ? NULL : trainable ? "trainable/peft_init" : !dora ? "peft_init"
-                        : !strcmp(mode, "dora") ? "dora/peft_init" : "dora/peft_init_dropout";
+    int own = !strcmp(mode, "ia3") || !strcmp(mode, "llama_adapter") || trainable; // (their own folder, named as the mode)
+    char own_init[64];
+    snprintf(own_init, sizeof own_init, "%s/peft_init", mode);
+    const char *refdir = dora ? "dora" : own ? mode : "ref";
+    const char *adapter = full ? NULL : own ? own_init : !dora ? "peft_init" : !strcmp(mode, "dora") ? "dora/peft_init" : "dora/peft_init_dropout";
     snprintf(path, sizeof path, "test/fixtures/%s/%s/expected.json", model, refdir);
     JsonValue exp = read_json(path);
     const JsonValue *ref = json_get(&exp, mode), *hp = json_get(json_get(&exp, "train"), mode);
@@ -874,9 +876,11 @@ int main(void) {
         test_model(models[i], "lora");
         test_model(models[i], "full");
     }
-    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout; LoRA with the embedding and norms trained
+    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout; IA3; llama_adapter; LoRA with the embedding and norms trained
         test_model(models[i], "dora");
         test_model(models[i], "dora_dropout");
+        test_model(models[i], "ia3");
+        test_model(models[i], "llama_adapter");
         test_model(models[i], "trainable");
     }
     test_freeze("tiny_gqa");  // untied: lm_head trains

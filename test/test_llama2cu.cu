@@ -3,7 +3,9 @@
 // set up from the same arguments on the same checkpoint and batches: the
 // logits and the loss, every trainable gradient, and 10 optimizer steps of
 // losses and gradient norms; for LoRA (with dropout, whose masks are the same
-// hash on both; and DoRA, tiny_gqa's peft adapter) and full fine-tuning, whole sequences and chunks (keep and
+// hash on both; and DoRA, tiny_gqa's peft adapter; and IA3 and llama_adapter, tiny_gqa's and tiny_tied's) and
+// full fine-tuning,
+// whole sequences and chunks (keep and
 // recompute, the head in pieces, --activation_checkpointing), GQA (tiny_gqa) and
 // tied (tiny_tied) models and a random one with head_dim 64 and GQA (bf16
 // attention then runs on tensor cores), and tiny_gqa with a sliding window of 5
@@ -22,7 +24,8 @@
 // within AdamW's step tolerances (SGD's update, linear in the gradient, does not
 // amplify the gradients' rounding as AdamW's m / sqrt(v) does); and QLoRA
 // (--quantize nf4 and fp4 on tiny_qlora, whose 4-bit weights dequantize to the
-// CPU's bits in fp32 and their rounding in bf16, so LoRA's tolerances hold). Each
+// CPU's bits in fp32 and their rounding in bf16, so LoRA's tolerances hold; and IA3 and
+// llama_adapter on its nf4 base). Each
 // comparison prints the worst element of what it compares; the program exits 1
 // when any check fails. A run with --activation_checkpointing must also give the
 // bits of the same CUDA run without it (logits, losses, every gradient): it runs
@@ -98,6 +101,7 @@ struct Case {
     int freeze = 0;        // --freeze_layers (full fine-tuning)
     int T = T_DEFAULT;     // tokens a row (--max_seq_len)
     bool s2 = false;       // --s2_attn 1 (and --batching packing, which it needs)
+    const char *method = NULL; // ia3 or llama_adapter: that adapter, from the fixture's <method>/peft_init, instead of LoRA
 };
 enum { ADAMW, SGD_MOMENTUM, SGD_NESTEROV }; // the optimizer of a Pair (SGD: momentum 0.9, Nesterov or not)
 
@@ -106,7 +110,7 @@ std::string describe(const Case &c, int optimizer = ADAMW) {
     char buf[200];
     const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
     const char *optimizers[] = {"", " sgd momentum", " sgd nesterov"};
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%s%s%.0d%s%.0d%s", model, c.full ? "full" : c.dora ? "dora" : "lora",
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%s%s%.0d%s%.0d%s", model, c.full ? "full" : c.dora ? "dora" : c.method ? c.method : "lora",
              c.precision, c.chunk, c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", optimizers[optimizer],
              c.quantize ? " qlora " : "", c.quantize ? c.quantize : "", c.freeze ? " freeze_layers=" : "", c.freeze,
              c.T != T_DEFAULT ? " T=" : "", c.T != T_DEFAULT ? c.T : 0, c.s2 ? " s2_attn" : "");
@@ -139,7 +143,13 @@ struct Pair {
                                    optimizer == SGD_NESTEROV ? "1" : "0", "--lr", c.full ? "0.1" : "0.5"});
             else a.insert(a.end(), {"--lr", c.full ? "1e-3" : "5e-3"});
             if (c.full) a.push_back("--full_finetune");
-            else a.insert(a.end(), {"--from_peft_checkpoint", model + (c.dora ? "/dora/peft_init" : "/peft_init")}); // B != 0
+            else if (c.method && c.quantize) { // (no fixture for tiny_qlora: a fresh adapter, IA3's vectors at 1, the gates at 0)
+                a.insert(a.end(), {"--peft_method", c.method});
+                if (!strcmp(c.method, "ia3")) a.insert(a.end(), {"--ia3_target_modules", "all-linear"});
+                else a.insert(a.end(), {"--adapter_len", "4", "--adapter_layers", "2"});
+            } else // B != 0, IA3's vectors != 1, the gates != 0
+                a.insert(a.end(), {"--from_peft_checkpoint",
+                                   model + (c.dora ? "/dora/peft_init" : c.method ? "/" + std::string(c.method) + "/peft_init" : "/peft_init")});
             if (c.freeze) a.insert(a.end(), {"--freeze_layers", std::to_string(c.freeze)});
             if (c.quantize) a.insert(a.end(), {"--quantize", c.quantize});
             if (c.s2) a.insert(a.end(), {"--s2_attn", "1", "--batching", "packing"});
@@ -147,7 +157,7 @@ struct Pair {
         }
         cpu = cpu_new((int)argv[0].size(), argv[0].data(), B, T);
         gpu = gpu_new((int)argv[1].size(), argv[1].data(), B, T);
-        if (!c.full) {
+        if (!c.full && !c.method) { // (IA3 and llama_adapter have no dropout)
             cpu_set_lora_dropout(cpu, 0.1f);
             gpu_set_lora_dropout(gpu, 0.1f);
         }
@@ -209,11 +219,9 @@ template <typename F> void for_each_trainable(const HostModel *h, F f) {
         const LoRA *l = &h->lora;
         for (int i = 0; i < l->n_layers; i++)
             for (int t = 0; t < LORA_N_TARGETS; t++)
-                for (int k = 0; k < lora_n_kinds(l) && (l->targets & (1u << t)); k++) { // A, B (DoRA: m)
-                    lora_key(name, sizeof name, i, t, lora_kinds[k]);
-                    int64_t shape[2];
-                    size_t n = lora_tensor_shape(l->r, l->in[t], l->out[t], k, shape) == 1 ? (size_t)shape[0]
-                                                                                      : (size_t)(shape[0] * shape[1]);
+                for (int k = 0; k < lora_n_kinds(l) && lora_trains(l, i, t); k++) { // A, B (DoRA: m); prompt, gate
+                    lora_key(l, name, sizeof name, i, t, k);
+                    size_t n = lora_tensor_numel(l, t, k);
                     f(name, (size_t)(lora_tensor(l, l->params, i, t, k) - l->params), n);
                 }
         return;
@@ -558,6 +566,21 @@ int main(int argc, char **argv) {
         if (mine()) check_steps(dora[0], steps);
         if (!quick && mine()) check_steps(chunked, steps);
     }
+    // IA3 (peft's adapters of tiny_gqa, and of tiny_tied with gate_proj and down_proj
+    // feedforward and o_proj) and llama_adapter (peft's prompts, gates off 0: tiny_gqa's top
+    // layer, GQA; both of tiny_tied's): whole and in chunks with activation checkpointing,
+    // and 10 steps whole and in chunks, in each precision
+    for (const char *method : {"ia3", "llama_adapter"})
+        for (const char *model : {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"})
+            for (const char *precision : precisions) {
+                Case whole = {model, false, precision, 0, "keep", 1, false}, chunked = {model, false, precision, 7, "recompute", 3, true};
+                Case steps_chunked = {model, false, precision, 5, "recompute", 1, false};
+                whole.method = chunked.method = steps_chunked.method = method;
+                if (mine()) check_case(whole);
+                if (mine()) check_case(chunked);
+                if ((!quick || !strcmp(model, "test/fixtures/tiny_gqa")) && mine()) check_steps(whole, steps);
+                if (!quick && mine()) check_steps(steps_chunked, steps);
+            }
     // each family's fixture a few cases (the emulated suite runs them all)
     Case families[] = {{"test/fixtures/tiny_llama3", false, "fp32", 0, "keep", 1, false},
                        {"test/fixtures/tiny_llama3", true, "fp32", 7, "recompute", 3, true},
@@ -610,6 +633,16 @@ int main(int argc, char **argv) {
             if (mine()) check_case(whole);
             if (mine()) check_case(chunked);
             if ((!quick || !strcmp(type, "nf4")) && mine()) check_steps(whole, steps);
+        }
+    // IA3 (every module, down_proj feedforward) and llama_adapter (a prompt in both layers) on
+    // the 4-bit base: their products read the dequantized weights as LoRA's do; one micro-batch
+    // and 10 steps, in each precision
+    for (const char *method : {"ia3", "llama_adapter"})
+        for (const char *precision : precisions) {
+            Case whole = {"test/fixtures/tiny_qlora", false, precision, 0, "keep", 1, false, false, "nf4"};
+            whole.method = method;
+            if (mine()) check_case(whole);
+            if (!quick && mine()) check_steps(whole, steps);
         }
     remove_tree(tmp);
     printf("test_llama2cu: %d passed, %d failed\n", test_passed, test_failed);

@@ -10,7 +10,8 @@
 # adds it; a difference anywhere shows within a step.
 #
 # One process: bf16 with chunks of 7, two micro-batches a step and clipping that bites
-# (the running total goes up and down each chunk); fp32; AdamW8bit; SGD with Nesterov
+# (the running total goes up and down each chunk); fp32; fp16 (its loss scale unscaled on
+# the host); AdamW8bit; SGD with Nesterov
 # momentum; --freeze_layers 1 (the masters a copy of the trained runs); killed after step
 # 3 and resumed from checkpoint 2 == uninterrupted. Ranks (dev/launch.sh, --collectives
 # host): W = 2 FULL_SHARD, 3 SHARD_GRAD_OP (a shard's gradient added on the host), 2
@@ -50,6 +51,7 @@ pair() {
 W1="model.safetensors checkpoint-4/optimizer.safetensors"
 pair "bf16, chunks of 7, 2 micro-batches, clipped" none "$W1" --batch_size 2 --gradient_accumulation_steps 2 --chunk_size 7 --grad_clip 0.05
 pair "fp32" none "$W1" --batch_size 4 --precision fp32
+pair "fp16, dynamic loss scaling" none "$W1" --batch_size 4 --precision fp16
 pair "AdamW8bit" none "$W1" --batch_size 4 --optimizer adamw8bit
 pair "SGD, Nesterov momentum" none "$W1" --batch_size 4 --optimizer sgd --momentum 0.9 --nesterov 1 --lr 5e-2
 pair "--freeze_layers 1" none "$W1" --batch_size 4 --freeze_layers 1

@@ -2,7 +2,7 @@
 # Checkpoints and resume: a run that is killed (at chosen points, in the middle
 # of writing a checkpoint, and at random moments) and resumed ends with exactly
 # the weights and the loss trajectory of a run that was never interrupted, bit
-# for bit (LoRA, full fine-tuning, QLoRA, DoRA, --trainable_params); SIGTERM finishes the step, saves and
+# for bit (LoRA, full fine-tuning, QLoRA, DoRA, IA3, llama_adapter, --trainable_params); SIGTERM finishes the step, saves and
 # exits 0; a resume with changed options or data is refused.
 set -u
 SUITE=resume
@@ -133,42 +133,47 @@ sed -i '/"optimizer": \|"momentum": \|"nesterov": /d' "$TMP/old/checkpoint-9/tra
 ! grep -q '"optimizer": ' "$TMP/old/checkpoint-9/trainer_state.json" && run "$TMP/old" 12 --resume "$TMP/old/checkpoint-9"
 check "a checkpoint without the options added since resumes with their defaults" $? "$(tail -2 "$TMP/old.log")"
 same_result "  and ends as the uninterrupted run, bit for bit" "$TMP/ref" "$TMP/old" adapter_model.safetensors
+# An adapter's run of ARGS killed after step 4 and resumed == uninterrupted (what names it, dir
+# its folders under $TMP); then its checkpoint 3 resumed with the options after message, which
+# must be refused with that message
+killed_resumed_refused() {
+    local what=$1 dir=$2 message=$3; shift 3
+    run "$TMP/$dir-ref" 6
+    LLAMA2TUNE_FAULT=step:4 run "$TMP/$dir" 6
+    run "$TMP/$dir" 6 --resume "$TMP/$dir"
+    same_result "$what killed after step 4 and resumed == uninterrupted" "$TMP/$dir-ref" "$TMP/$dir" adapter_model.safetensors
+    run "$TMP/$dir-changed" 6 --resume "$TMP/$dir-ref/checkpoint-3" "$@"
+    local rc=$?
+    [ $rc -eq 1 ] && grep -q -- "$message" "$TMP/$dir-changed.log"
+    check "$what: its checkpoint resumed with $* is refused" $? "exit $rc: $(tail -2 "$TMP/$dir-changed.log")"
+}
 # QLoRA: the 4-bit base is quantized again from --model at the resume, the same bytes
 ARGS=(--model $FIX/tiny_qlora --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --lora_dropout 0.1
       --lora_target_modules all-linear --quantize nf4 --save_every 3 --threads 1)
-run "$TMP/qref" 6
-LLAMA2TUNE_FAULT=step:4 run "$TMP/q" 6
-run "$TMP/q" 6 --resume "$TMP/q"
-same_result "QLoRA killed after step 4 and resumed == uninterrupted" "$TMP/qref" "$TMP/q" adapter_model.safetensors
-run "$TMP/q2" 6 --resume "$TMP/qref/checkpoint-3" --double_quant 0
-rc=$?
-[ $rc -eq 1 ] && grep -q -- "--double_quant was '1' in the checkpoint but is '0' now" "$TMP/q2.log"
-check "QLoRA resume with another --double_quant is refused" $? "exit $rc: $(tail -2 "$TMP/q2.log")"
+killed_resumed_refused QLoRA q "--double_quant was '1' in the checkpoint but is '0' now" --double_quant 0
 # DoRA: the magnitude vectors are saved with A and B (peft's lora_magnitude_vector) and the AdamW
 # state with them; the row norms they start from are not state (recomputed from the base each step)
 ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --lora_dropout 0.1
-      --lora_target_modules all-linear --save_every 3 --threads 1)
-run "$TMP/dora-ref" 6 --use_dora
-LLAMA2TUNE_FAULT=step:4 run "$TMP/dora" 6 --use_dora
-run "$TMP/dora" 6 --use_dora --resume "$TMP/dora"
-same_result "DoRA killed after step 4 and resumed == uninterrupted" "$TMP/dora-ref" "$TMP/dora" adapter_model.safetensors
-run "$TMP/dora2" 6 --resume "$TMP/dora-ref/checkpoint-3"
-rc=$?
-[ $rc -eq 1 ] && grep -q -- "--use_dora was '1' in the checkpoint but is '0' now" "$TMP/dora2.log"
-check "a DoRA checkpoint resumed without --use_dora is refused" $? "exit $rc: $(tail -2 "$TMP/dora2.log")"
+      --lora_target_modules all-linear --save_every 3 --threads 1 --use_dora)
+killed_resumed_refused DoRA dora "--use_dora was '1' in the checkpoint but is '0' now" --use_dora=0
+# IA3: the vectors are saved as peft's ia3_l with adapter_config.json's targets and feedforward
+# modules, and the AdamW state with them
+ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --save_every 3 --threads 1
+      --peft_method ia3 --ia3_target_modules all-linear --ia3_feedforward_modules gate_proj,down_proj)
+killed_resumed_refused IA3 ia3 "--ia3_feedforward_modules was 'gate_proj,down_proj' in the checkpoint but is 'down_proj' now" \
+    --ia3_feedforward_modules down_proj
+# llama_adapter: the prompts and gates are saved as peft's adaption_prompt and adaption_gate with
+# adapter_config.json's adapter_len and adapter_layers, the AdamW state with them; in chunks
+ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --save_every 3 --threads 1
+      --peft_method llama_adapter --adapter_len 4 --adapter_layers 2 --chunk_size 7)
+killed_resumed_refused llama_adapter la "--adapter_len was '4' in the checkpoint but is '5' now" --adapter_len 5
 # --trainable_params embed,norm (LongLoRA's): the embedding and every norm are saved whole beside
 # A and B (peft's modules_to_save), their AdamW state with the adapter's; on the tied model, whose
 # head is the embedding
 ARGS=(--model $FIX/tiny_tied --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --lora_dropout 0.1
       --save_every 3 --threads 1 --trainable_params embed,norm)
-run "$TMP/tp-ref" 6
-LLAMA2TUNE_FAULT=step:4 run "$TMP/tp" 6
-run "$TMP/tp" 6 --resume "$TMP/tp"
-same_result "--trainable_params embed,norm killed after step 4 and resumed == uninterrupted" "$TMP/tp-ref" "$TMP/tp" adapter_model.safetensors
-run "$TMP/tp2" 6 --resume "$TMP/tp-ref/checkpoint-3" --trainable_params norm
-rc=$?
-[ $rc -eq 1 ] && grep -q -- "--trainable_params norm: .*checkpoint-3 trains \\[\"embed_tokens\"" "$TMP/tp2.log"
-check "a --trainable_params checkpoint resumed with other ones is refused" $? "exit $rc: $(tail -2 "$TMP/tp2.log")"
+killed_resumed_refused "--trainable_params embed,norm" tp "--trainable_params norm: .*checkpoint-3 trains \\[\"embed_tokens\"" \
+    --trainable_params norm
 # AdamW8bit, full fine-tuning: the checkpoint holds the 8-bit tensors' codes and block absmax and
 # the other tensors' fp32 moments, so the state comes back exactly
 ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 2e-3 --full_finetune

@@ -6,7 +6,7 @@
 # (whole sequences, dropout, all-linear) and full fine-tuning (tied embeddings,
 # chunks of 7 with a KV carry): with the same global batch (12 rows = W ranks x
 # 12/W, 2 micro-batches a step) the 10-step trajectory and the final trainable
-# weights equal one process's; and so at W = 2 for each family's fixture, for QLoRA, and with
+# weights equal one process's; and so at W = 2 for each family's fixture, for QLoRA, IA3 and llama_adapter, and with
 # --global_batch_size at W = 1, 2 and 4 (a W = 4 checkpoint of it resumed at W = 2). Then a checkpoint saved at W = 3 resumed at W = 2
 # and W = 1 (and one process's at W = 3) continues the uninterrupted trajectory;
 # --export_hf; a corrupt shard
@@ -144,6 +144,17 @@ out="$TMP/dora-resume2"
 mkdir -p "$out" && cp -r "$TMP/dora-3/checkpoint-5" "$out/" && head -5 "$TMP/dora-3.jsonl" >"$out.jsonl"
 run 2 "$out" "${DORA[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --chunk_size 7 --resume "$out"
 same_run "DoRA saved at W = 3, resumed at W = 2 == uninterrupted (steps 6-10, final adapter)" "$TMP/dora-3" "$out" adapter_model.safetensors 6
+# IA3: its vectors train like LoRA's A and B (replicated, all-reduced), on weights a sharded run
+# sees gathered: W = 2 FULL_SHARD in chunks == one process
+IA3=(--model test/fixtures/tiny_gqa --peft_method ia3 --ia3_target_modules all-linear --ia3_feedforward_modules gate_proj,down_proj)
+run 0 "$TMP/ia3-1" "${IA3[@]}" --batch_size 12
+run 2 "$TMP/ia3-2" "${IA3[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --chunk_size 7
+same_run "IA3, W = 2, FULL_SHARD in chunks == one process" "$TMP/ia3-1" "$TMP/ia3-2" adapter_model.safetensors
+# llama_adapter: its prompts and gates the same, on k_proj and v_proj gathered with their layer
+LA=(--model test/fixtures/tiny_gqa --peft_method llama_adapter --adapter_len 4 --adapter_layers 2)
+run 0 "$TMP/la-1" "${LA[@]}" --batch_size 12
+run 2 "$TMP/la-2" "${LA[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --chunk_size 7
+same_run "llama_adapter, W = 2, FULL_SHARD in chunks == one process" "$TMP/la-1" "$TMP/la-2" adapter_model.safetensors
 run 4 "$TMP/lora-4-hybrid" "${LORA[@]}" --batch_size 3 --sharding_strategy HYBRID_SHARD --shard_group 2
 same_run "LoRA, W = 4, HYBRID_SHARD in two groups of two == one process" "$TMP/lora1" "$TMP/lora-4-hybrid" adapter_model.safetensors
 run 4 "$TMP/full-4-hybrid" "${FULL[@]}" --batch_size 3 --sharding_strategy HYBRID_SHARD --shard_group 2

@@ -38,15 +38,22 @@
 // every path under one folder of this process, so concurrent test runs do not collide
 static char tmpdir[64];
 
-// dora: a DoRA adapter, whose merge rescales each row of W + scale B A to its magnitude
-static void test_merge(int dora) {
+// kind: lora; dora, whose merge rescales each row of W + scale B A to its magnitude; or ia3
+// (every module, gate_proj's and down_proj's vectors scaling W's columns, the others' its rows)
+static void test_merge(const char *kind) {
     char out[128];
-    snprintf(out, sizeof out, "%s/merge%d", tmpdir, dora);
+    snprintf(out, sizeof out, "%s/merge_%s", tmpdir, kind);
+    int ia3 = !strcmp(kind, "ia3");
     char *argv[] = {"x", "--model", "test/fixtures/tiny_gqa", "--data", "test/fixtures/data.jsonl", "--max_seq_len", "24",
-                    "--max_steps", "5", "--lr", "1e-2", "--lora_target_modules", "all-linear", "--lora_dropout", "0",
-                    "--threads", "1", "--output_dir", (char *)out, "--merge_adapter", dora ? "--use_dora" : "--use_dora=0"};
+                    "--max_steps", "5", "--lr", "1e-2", "--threads", "1", "--output_dir", (char *)out, "--merge_adapter",
+                    !strcmp(kind, "dora") ? "--use_dora" : "--use_dora=0", "--lora_target_modules", "all-linear",
+                    "--lora_dropout", "0"};
+    char *argv_ia3[] = {"x", "--model", "test/fixtures/tiny_gqa", "--data", "test/fixtures/data.jsonl", "--max_seq_len", "24",
+                        "--max_steps", "5", "--lr", "1e-2", "--threads", "1", "--output_dir", (char *)out, "--merge_adapter",
+                        "--peft_method", "ia3", "--ia3_target_modules", "all-linear", "--ia3_feedforward_modules", "gate_proj,down_proj"};
     TrainConfig tc;
-    if (parse_args(&tc, sizeof argv / sizeof argv[0], argv) != 0 || train(&tc) != 0) die("merge run failed");
+    int rc = ia3 ? parse_args(&tc, sizeof argv_ia3 / sizeof argv_ia3[0], argv_ia3) : parse_args(&tc, sizeof argv / sizeof argv[0], argv);
+    if (rc != 0 || train(&tc) != 0) die("merge run failed");
     // base + adapter, as saved
     Model lora, merged;
     char *argv2[] = {"x", "--model", "test/fixtures/tiny_gqa", "--data", "unused", "--max_seq_len", "24",
@@ -73,8 +80,9 @@ static void test_merge(int dora) {
     model_alloc(&plain, 2, 24, 0, 0, 1);
     model_forward(&plain, tokens, targets, 2, 24, base);
     for (int i = 0; i < 48 * V; i++) lora_effect = fmax(lora_effect, fabs(a[i] - base[i]));
-    CHECK(err <= 1e-5 * scale && lora_effect > 1e3 * err, dora ? "--merge_adapter --use_dora: merged model's logits == "
-          "base + DoRA adapter" : "--merge_adapter: merged model's logits == base + adapter", "max err %.3e of scale %.3e (tol 1e-5); the adapter moves logits by up to %.3e", err, scale, lora_effect);
+    char what[128];
+    snprintf(what, sizeof what, "--merge_adapter (%s): merged model's logits == base + adapter", kind);
+    CHECK(err <= 1e-5 * scale && lora_effect > 1e3 * err, what, "max err %.3e of scale %.3e (tol 1e-5); the adapter moves logits by up to %.3e", err, scale, lora_effect);
     free(a); free(b); free(base);
     model_free(&lora); model_free(&merged); model_free(&plain);
 }
@@ -725,8 +733,9 @@ int main(void) {
     test_loss_scale_sequence();
     snprintf(tmpdir, sizeof tmpdir, "/tmp/llama2tune_test_trainer_XXXXXX");
     if (!mkdtemp(tmpdir)) die("mkdtemp: %s", strerror(errno));
-    test_merge(0);
-    test_merge(1);
+    test_merge("lora");
+    test_merge("dora");
+    test_merge("ia3");
     test_flops();
     test_config_sliding_window();
     test_sample_escaping();

@@ -171,3 +171,39 @@ void ref_dora_backward(float *dinp, float *dA, float *dB, float *dmag, const flo
     free(dh); free(xdrop); free(pre);
     lora_free(&l);
 }
+
+static LoRA ia3_module(const float *vec, int feedforward, int in, int out_dim) {
+    int ins[LORA_N_TARGETS] = {in}, outs[LORA_N_TARGETS] = {out_dim};
+    LoRA l;
+    ia3_alloc(&l, 1, ins, outs, 1u << LORA_Q, feedforward ? 1u << LORA_Q : 0);
+    memcpy(ia3_vector(&l, l.params, 0, LORA_Q), vec, (feedforward ? in : out_dim) * sizeof(float));
+    return l;
+}
+void ref_ia3_forward(float *out, const float *inp, const float *w, const float *vec, int feedforward, int in, int out_dim,
+                     int N) {
+    LoRA l = ia3_module(vec, feedforward, in, out_dim);
+    float *xs = (float *)mallocCheck((size_t)N * in * sizeof(float));
+    ia3_forward(&l, 0, LORA_Q, out, inp, w, xs, N);
+    free(xs);
+    lora_free(&l);
+}
+void ref_ia3_backward(float *dinp, float *dvec, const float *dout, const float *inp, const float *w, const float *vec,
+                      int feedforward, int in, int out_dim, int N) {
+    LoRA l = ia3_module(vec, feedforward, in, out_dim);
+    size_t n = feedforward ? in : out_dim;
+    float *xs = (float *)mallocCheck((size_t)N * in * sizeof(float)), *pre = (float *)mallocCheck((size_t)N * out_dim * sizeof(float));
+    memcpy(ia3_vector(&l, l.grads, 0, LORA_Q), dvec, n * sizeof(float)); // the gradient is added into
+    ia3_backward(&l, 0, LORA_Q, dinp, dout, inp, w, xs, pre, N);
+    memcpy(dvec, ia3_vector(&l, l.grads, 0, LORA_Q), n * sizeof(float));
+    free(xs); free(pre);
+    lora_free(&l);
+}
+void ref_adaption_prompt_forward(float *out, const float *inp, const float *q, const float *prompt, const float *g,
+                                 const float *wk, const float *wv, float *kpvp, int N, int D, int NH, int NKV, int hd, int A) {
+    adaption_prompt_forward(out, inp, q, prompt, g, wk, wv, kpvp, N, D, NH, NKV, hd, A);
+}
+void ref_adaption_prompt_backward(float *dq, float *dprompt, float *dgate, const float *dout, const float *q,
+                                  const float *prompt, const float *g, const float *wk, const float *wv, float *kpvp,
+                                  float *dkv, float *coef, float *gz, int N, int D, int NH, int NKV, int hd, int A) {
+    adaption_prompt_backward(dq, dprompt, dgate, dout, q, prompt, g, wk, wv, kpvp, dkv, coef, gz, N, D, NH, NKV, hd, A);
+}

@@ -71,6 +71,18 @@ void ref_dora_backward(float *dinp, float *dA, float *dB, float *dmag, const flo
                        const float *w, const float *h, const float *A, const float *Bw, const float *mag,
                        const float *norm, int r, int in, int out_dim, float alpha, float p, int B, int T, int t0, int len,
                        uint64_t key);
+// IA3 on one module (layer 0, q_proj) with vector vec: (in) scaling its input when
+// feedforward, else (out) its output; dvec (its length) is added into
+void ref_ia3_forward(float *out, const float *inp, const float *w, const float *vec, int feedforward, int in, int out_dim,
+                     int N);
+void ref_ia3_backward(float *dinp, float *dvec, const float *dout, const float *inp, const float *w, const float *vec,
+                      int feedforward, int in, int out_dim, int N);
+
+void ref_adaption_prompt_forward(float *out, const float *inp, const float *q, const float *prompt, const float *g,
+                                 const float *wk, const float *wv, float *kpvp, int N, int D, int NH, int NKV, int hd, int A);
+void ref_adaption_prompt_backward(float *dq, float *dprompt, float *dgate, const float *dout, const float *q,
+                                  const float *prompt, const float *g, const float *wk, const float *wv, float *kpvp,
+                                  float *dkv, float *coef, float *gz, int N, int D, int NH, int NKV, int hd, int A);
 
 #ifdef __cplusplus
 }

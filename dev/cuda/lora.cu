@@ -1,6 +1,7 @@
 // lora_dropout, lora_forward and lora_backward (lora.cuh) against lora.h's, for
 // one adapted module (layer 0, q_proj) over a chunk of rows (B, T, t0, len),
-// with and without dropout; and DoRA's dora_norm, dora_forward and dora_backward. The dropout mask is lora.h's counter hash on both
+// with and without dropout; DoRA's dora_norm, dora_forward and dora_backward; and IA3's ia3_forward and
+// ia3_backward (a feedforward module and another). The dropout mask is lora.h's counter hash on both
 // sides, so in fp32 lora_dropout must equal the CPU exactly (tolerance 0): the
 // same mask and the same fp32 product per element.
 #include "common.cuh"
@@ -220,6 +221,40 @@ template <typename T> void check_dora_backward(const Shape &s, float p, bool tim
     free_device();
 }
 
+// IA3 (its vector scaling the input of a feedforward module, else the output): out, dinp and
+// dvec, the last two added into. The vector is fp32 (the masters) on both sides: lora_tol
+template <typename T> void check_ia3(const Shape &s, int feedforward, bool timed) {
+    char shape[160];
+    describe(shape, sizeof shape, s, 0.0f);
+    snprintf(shape + strlen(shape), sizeof shape - strlen(shape), " %s", feedforward ? "feedforward" : "output");
+    int N = s.B * s.len, nv = feedforward ? s.in : s.out;
+    std::vector<float> inp = rounded<T>(random_vector((size_t)N * s.in)), W = rounded<T>(random_vector((size_t)s.out * s.in));
+    std::vector<float> vec = random_vector(nv, 0.5f, 1.5f), dout = rounded<T>(random_vector((size_t)N * s.out));
+    std::vector<float> out((size_t)N * s.out), dinp = rounded<T>(random_vector((size_t)N * s.in)), dvec = random_vector(nv);
+    int ins[LORA_N_TARGETS] = {s.in}, outs[LORA_N_TARGETS] = {s.out};
+    LoRA l;
+    ia3_alloc(&l, 1, ins, outs, 1u << LORA_Q, feedforward ? 1u << LORA_Q : 0);
+    T *d_inp = to_device<T>(inp), *d_W = to_device<T>(W), *d_dout = to_device<T>(dout), *d_dinp = to_device<T>(dinp);
+    T *d_out = device_poisoned<T>((size_t)N * s.out), *d_xs = device_alloc<T>((size_t)N * s.in);
+    T *d_pre = device_alloc<T>((size_t)N * s.out);
+    float *d_vec = to_device<float>(vec), *d_dvec = to_device<float>(dvec);
+    ref_ia3_forward(out.data(), inp.data(), W.data(), vec.data(), feedforward, s.in, s.out, N);
+    ref_ia3_backward(dinp.data(), dvec.data(), dout.data(), inp.data(), W.data(), vec.data(), feedforward, s.in, s.out, N);
+    auto forward = [&] { ia3_forward(&l, d_vec, 0, LORA_Q, d_out, d_inp, d_W, d_xs, N, 0); };
+    auto backward = [&] { ia3_backward(&l, d_vec, d_dvec, 0, LORA_Q, d_dinp, d_dout, d_inp, d_W, d_xs, d_pre, N, 0); };
+    forward();
+    backward();
+    check("ia3_forward", type_name<T>(), "out", shape, to_host(d_out, (size_t)N * s.out), out, lora_tol<T>());
+    check("ia3_backward", type_name<T>(), "dinp", shape, to_host(d_dinp, (size_t)N * s.in), dinp, lora_tol<T>());
+    check("ia3_backward", type_name<T>(), "dvec", shape, to_host(d_dvec, nv), dvec, lora_tol<T>());
+    if (timed) {
+        report_time("ia3_forward", type_name<T>(), shape, time_ms(forward), 0, 2.0 * N * s.in * s.out);
+        report_time("ia3_backward", type_name<T>(), shape, time_ms(backward), 0, 2.0 * N * s.in * s.out * (feedforward ? 1 : 2));
+    }
+    lora_free(&l);
+    free_device();
+}
+
 template <typename T> void check_all(bool quick) {
     // a chunk in the middle of its rows, a whole sequence, then Llama-2-7B's q_proj
     // with r = 16 over 4 x 1024 tokens (timed)
@@ -234,6 +269,8 @@ template <typename T> void check_all(bool quick) {
             if (p == 0) check_dora_norm<T>(shapes[i], i == 2);
             check_dora_forward<T>(shapes[i], p, timed);
             check_dora_backward<T>(shapes[i], p, timed);
+            if (p == 0)
+                for (int ff = 0; ff < 2; ff++) check_ia3<T>(shapes[i], ff, i == 2);
         }
 }
 

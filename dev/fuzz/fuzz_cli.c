@@ -33,7 +33,7 @@ FUZZ_TARGET(cli) {
     if (r == 0) {
         unsigned mask;
         FUZZ_ASSERT(tc.model && tc.model[0] && tc.data && tc.data[0]);
-        FUZZ_ASSERT(lora_parse_targets(tc.lora_target_modules, &mask) == 0 && mask != 0);
+        FUZZ_ASSERT(lora_parse_targets(tc.lora_target_modules, "--lora_target_modules", &mask) == 0 && mask != 0);
         FUZZ_ASSERT(!strcmp(tc.lr_scheduler, "constant") || !strcmp(tc.lr_scheduler, "linear") || !strcmp(tc.lr_scheduler, "cosine"));
         // batch_size 0: auto, grad_accum 0: derived (both settled once the model and world size are known)
         FUZZ_ASSERT(tc.max_seq_len >= 2 && tc.batch_size >= 0 && tc.grad_accum >= 0 && tc.num_epochs >= 1);

@@ -10,8 +10,12 @@ in float64 on the same random tokens. Tolerance: 1e-5 of the logits' scale (the
 merged weights are fp32 sums W + s B A; the float64 PeftModel path computes
 W x + s B (A x) exactly). The adapter must move the logits by far more than that.
 Then the same with DoRA (--use_dora): our merge rescales each row by m / ||W + s B A||,
-which must give what peft's DoRA forward computes; and with --trainable_params embed,norm,
-whose trained embedding and norms (peft's modules_to_save) the merged model holds.
+which must give what peft's DoRA forward computes. And with IA3 (--peft_method ia3, every
+module, gate_proj and down_proj feedforward): our merge scales W's columns or rows by
+the vectors; besides the logits, each merged weight must equal peft's merge_and_unload
+of the same adapter (float64) to 1e-6 of the weight's scale (ours is one fp32 product).
+And with --trainable_params embed,norm, whose trained embedding and norms (peft's
+modules_to_save) the merged model holds.
 Needs torch, transformers, peft (not needed by CI).
 """
 import os, subprocess, sys, tempfile
@@ -23,12 +27,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MODEL = os.path.join(ROOT, "test/fixtures/tiny_gqa")
 
 
+LORA = ["--lora_target_modules", "all-linear", "--lora_dropout", "0"]
+IA3 = ["--peft_method", "ia3", "--ia3_target_modules", "all-linear", "--ia3_feedforward_modules", "gate_proj,down_proj"]
+
+
+def merge_matches_peft(out, merged):
+    """each weight of our merged model against peft's merge_and_unload of our adapter"""
+    base = LlamaForCausalLM.from_pretrained(MODEL, dtype=torch.float64)
+    theirs = PeftModel.from_pretrained(base, out).double().merge_and_unload().state_dict()
+    worst = 0.0
+    for name, w in merged.state_dict().items():
+        ref = theirs[name]
+        worst = max(worst, ((w - ref).abs().max() / ref.abs().max()).item())
+    ok = worst <= 1e-6
+    print(f"  merged weights vs peft's merge_and_unload (float64): worst {worst:.3e} of a weight's scale: "
+          f"{'ok' if ok else 'FAIL'}")
+    return ok
+
+
 def check(flags):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out")
         subprocess.run([os.path.join(ROOT, "train_llama2"), "--model", MODEL, "--data",
                         os.path.join(ROOT, "test/fixtures/data.jsonl"), "--max_seq_len", "24", "--max_steps", "8",
-                        "--lr", "1e-2", "--lora_target_modules", "all-linear", "--lora_dropout", "0", "--threads", "1",
+                        "--lr", "1e-2", "--threads", "1",
                         "--data_cache_dir", tmp, "--output_dir", out, "--merge_adapter"] + flags,
                        check=True, stdout=subprocess.DEVNULL)
         torch.manual_seed(0)
@@ -41,15 +63,18 @@ def check(flags):
             plain = LlamaForCausalLM.from_pretrained(MODEL, dtype=torch.float64).eval()(ids).logits
         err, scale, effect = (a - b).abs().max().item(), b.abs().max().item(), (b - plain).abs().max().item()
         ok = err <= 1e-5 * scale and effect > 1e3 * err
-        print(f"{' '.join(flags) or 'LoRA'}: merged vs base + adapter (transformers, float64): max err {err:.3e} of "
+        print(f"{' '.join(flags)}: merged vs base + adapter (transformers, float64): max err {err:.3e} of "
               f"scale {scale:.3e}; the adapter moves logits by {effect:.3e}: {'ok' if ok else 'FAIL'}")
+        if flags == IA3:
+            ok &= merge_matches_peft(out, merged)
         return ok
 
 
 def main():
-    ok = check([])
-    ok &= check(["--use_dora"])
-    ok &= check(["--trainable_params", "embed,norm"])
+    ok = check(LORA)
+    ok &= check(LORA + ["--use_dora"])
+    ok &= check(IA3)
+    ok &= check(LORA + ["--trainable_params", "embed,norm"])
     sys.exit(0 if ok else 1)
 
 

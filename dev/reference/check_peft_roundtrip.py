@@ -11,13 +11,17 @@
    is loaded by train_llama2 with --max_steps 0, whose val_loss must equal what
    transformers + peft compute with the same adapter.
 Both again with DoRA (--use_dora; peft's test/fixtures/tiny_gqa/dora/peft_init), and
+with IA3 (--peft_method ia3 on every module, gate_proj and down_proj feedforward;
+peft's test/fixtures/tiny_gqa/ia3/peft_init: k_proj, v_proj, down_proj), with
+llama_adapter (--peft_method llama_adapter, 4 prompt rows in both layers, its gates trained
+off 0; peft's test/fixtures/tiny_gqa/llama_adapter/peft_init: 3 rows in the top layer), and
 with --trainable_params embed,norm (peft's modules_to_save; <model>/trainable/peft_init) on
 tiny_gqa and on tiny_tied, whose head is the trained embedding (ensure_weight_tying).
 Tolerance: 1e-5 relative (our fp32 against float64).
 
   python3 dev/reference/check_peft_roundtrip.py --qlora
 
-does the same for QLoRA: our trainer with --quantize nf4 on test/fixtures/tiny_qlora,
+does the same for QLoRA (LoRA both ways, IA3 and llama_adapter ours -> peft): our trainer with --quantize nf4 on test/fixtures/tiny_qlora,
 and peft on that checkpoint loaded by transformers in 4 bits with
 BitsAndBytesConfig(nf4, double quantization, fp32 compute), which computes in fp32
 (tolerance 1e-5 relative all the same: both sides' rounding is ~1e-7). The model runs in
@@ -86,19 +90,24 @@ def report(name, ours, ref):
 
 def main():
     ok = True
-    tied = os.path.join(ROOT, "test/fixtures/tiny_tied")
-    runs = [("LoRA", [], "peft_init", MODEL), ("DoRA", ["--use_dora"], "dora/peft_init", MODEL)]
-    if not QLORA:
-        runs += [(f"LoRA + embed,norm ({os.path.basename(m)})", ["--trainable_params", "embed,norm"], "trainable/peft_init", m)
-                 for m in (MODEL, tied)]
-    for kind, flags, init, model_dir in runs:
+    lora = ["--lora_r", "4", "--lora_alpha", "8", "--lora_dropout", "0.1", "--lora_target_modules", "all-linear"]
+    ia3 = ["--peft_method", "ia3", "--ia3_target_modules", "all-linear", "--ia3_feedforward_modules", "gate_proj,down_proj"]
+    adapter = ["--peft_method", "llama_adapter", "--adapter_len", "4", "--adapter_layers", "2"]
+    kinds = [("LoRA", lora, "peft_init", MODEL), ("DoRA", lora + ["--use_dora"], "dora/peft_init", MODEL),
+             ("IA3", ia3, "ia3/peft_init", MODEL), ("llama_adapter", adapter, "llama_adapter/peft_init", MODEL)]
+    if QLORA:  # (tiny_qlora has LoRA's adapter from peft only; IA3 and llama_adapter cross one way, ours -> peft)
+        kinds = [kinds[0], kinds[2], kinds[3]]
+    else:  # (--trainable_params is not with --quantize)
+        kinds += [(f"LoRA + embed,norm ({os.path.basename(m)})", lora + ["--trainable_params", "embed,norm"], "trainable/peft_init", m)
+                  for m in (MODEL, os.path.join(ROOT, "test/fixtures/tiny_tied"))]
+    for kind, flags, init, model_dir in kinds:
         with tempfile.TemporaryDirectory() as out:
-            ours = run_ours(["--output_dir", out, "--max_steps", "5", "--lr", "1e-2", "--lora_r", "4", "--lora_alpha",
-                             "8", "--lora_dropout", "0.1", "--lora_target_modules", "all-linear", "--batch_size", "2"]
-                            + flags, model_dir)
+            ours = run_ours(["--output_dir", out, "--max_steps", "5", "--lr", "1e-2", "--batch_size", "2"] + flags, model_dir)
             ok &= report(f"{kind} adapter saved by train_llama2, loaded by PeftModel.from_pretrained", ours,
                          val_loss_torch(out, model_dir))
         init = os.path.join(model_dir, init)
+        if not os.path.isdir(init):
+            continue
         with tempfile.TemporaryDirectory() as out:
             ours = run_ours(["--output_dir", out, "--max_steps", "0", "--from_peft_checkpoint", init], model_dir)
         ok &= report(f"{kind} adapter saved by peft, loaded by train_llama2", ours, val_loss_torch(init, model_dir))

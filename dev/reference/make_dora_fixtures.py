@@ -164,12 +164,13 @@ def main():
     for name in ("tiny_gqa", "tiny_tied"):
         spec = mf.MODELS[name]
         print(f"== {name} (DoRA)")
-        folder = mf.fresh_dir(f"{mf.FIX}/{name}/dora")
+        folder = f"{mf.FIX}/{name}/dora"
+        mf.fresh_folder(folder)
         adapter = make_adapter(name, spec, folder)
         expected, out = {}, {}
         for sub in ("peft_init", "peft_init_dropout"):
             reference(name, spec, folder, sub, adapter, rows, expected, out)
-        mf.save_ref(f"{mf.FIX}/{name}", "expected", expected, out, sub="dora")
+        mf.write_expected(folder, expected, out)
     print("done")
 
 

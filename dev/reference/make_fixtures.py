@@ -361,6 +361,86 @@ def save_adapter(pm, out, **config):
         os.remove(out + "/README.md")
 
 
+def fresh_folder(folder):
+    """folder emptied (a run before wrote it) and made"""
+    if os.path.isdir(folder):
+        shutil.rmtree(folder)
+    os.makedirs(folder)
+
+
+def peft_reference(name, mode, folder, adapter, rows, expected, out, hp, rename=lambda k: k, finish=None):
+    """A peft adapter's float64 reference (make_ia3_fixtures.py, make_llama_adapter_fixtures.py,
+    make_trainable_fixtures.py): folder/peft_init loaded on name's base, its trainable tensors
+    (their names through rename) checked against adapter, the file's; then into expected the
+    logits, the step-0 gradients and the final tensors after hp's steps as "<mode>.logits",
+    "<mode>.grad.<name>", "<mode>.final.<name>", and into out the step-0 loss and the steps;
+    finish(lm, expected), when given, last (checks of the trained model, tensors of its own)."""
+    lm = PeftModel.from_pretrained(load_base(f"{FIX}/{name}", torch.float64), f"{folder}/peft_init", is_trainable=True)
+    lm.double()
+    named = [(rename(n), p) for n, p in lm.named_parameters() if p.requires_grad]
+    assert sorted(k for k, _ in named) == sorted(adapter), ("peft key mismatch", sorted(k for k, _ in named))
+    for k, p in named:
+        assert torch.equal(p.detach(), adapter[k].double()), k
+    mbs0 = step_microbatches(rows, 0)
+    lm.eval()
+    with torch.no_grad():
+        expected[f"{mode}.logits"] = forward_logits(lm, mbs0[0][0])
+    lm.train()
+    params = [p for _, p in named]
+    loss0 = step_grads(lm, params, mbs0)
+    for k, p in named:
+        assert p.grad is not None and p.grad.abs().max() > 0, k
+        expected[f"{mode}.grad.{k}"] = p.grad.clone()
+    print(f"    {mode}: step-0 loss {loss0!r}")
+    steps = train(lm, named, rows, hp)
+    assert steps[0]["loss"] == loss0
+    for k, p in named:
+        expected[f"{mode}.final.{k}"] = p.detach().clone()
+    out[mode] = {"loss": loss0, "steps": steps}
+    out["train"] = {mode: hp}
+    if finish:
+        finish(lm, expected)
+
+
+def move_off_init(pm, select, init, offset, scale, seed):
+    """pm's parameters whose names select accepts, checked to be at peft's init value init, drawn
+    again as offset + scale N(0, 1) from seed, so that every gradient term is live"""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if select(n):
+                assert torch.equal(p, torch.full_like(p, init)), n
+                p.copy_(offset + scale * torch.randn(p.shape, generator=g, dtype=torch.float32))
+
+
+def peft_fixtures(mode, specs, make_adapter, rename=lambda k: k, finish=None):
+    """Each model of specs' peft adapter (make_adapter(name, spec, folder) saves it into
+    folder/peft_init and returns its tensors) and its reference, into FIX/<name>/<mode>/;
+    spec["grad_clip"] is its clipping threshold (lr 1e-2); rename and finish as peft_reference's."""
+    os.chdir(ROOT)
+    sp = spm.SentencePieceProcessor(model_file=f"{FIX}/tiny_gqa/tokenizer.model")
+    rows = tokenize_rows(sp)
+    for name, spec in specs.items():
+        print(f"== {name} ({mode})")
+        folder = f"{FIX}/{name}/{mode}"
+        fresh_folder(folder)
+        adapter = make_adapter(name, spec, folder)
+        hp = hparams(dict(lr=1e-2, grad_clip=spec["grad_clip"]))
+        expected, out = {}, {}
+        peft_reference(name, mode, folder, adapter, rows, expected, out, hp, rename, finish)
+        write_expected(folder, expected, out)
+    print("done")
+
+
+def write_expected(folder, expected, out):
+    """a reference's tensors (float32) and its JSON into folder/expected.safetensors and .json"""
+    save_file({k: v.detach().to(torch.float32).contiguous() for k, v in sorted(expected.items())},
+              folder + "/expected.safetensors")
+    with open(folder + "/expected.json", "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+
+
 def loss_sum_count(logits, targets):
     lp = torch.log_softmax(logits.to(torch.float64), dim=-1)
     valid = targets != IGNORE
@@ -409,20 +489,12 @@ def full_and_lora_grads(folder, mbs, expected):
     return full_loss, lora_loss
 
 
-def fresh_dir(folder):
-    """folder, emptied (made when missing)"""
-    if os.path.isdir(folder):
-        shutil.rmtree(folder)
-    os.makedirs(folder)
-    return folder
-
-
-def save_ref(folder, name, expected, summary, sub="ref"):
-    """folder/<sub>/<name>.safetensors (expected's tensors: I32 as they are, the rest F32) and
-    folder/<sub>/<name>.json (summary)"""
+def save_ref(folder, name, expected, summary):
+    """folder/ref/<name>.safetensors (expected's tensors: I32 as they are, the rest F32) and
+    folder/ref/<name>.json (summary)"""
     save_file({k: v.detach().to(torch.int32 if v.dtype == torch.int32 else torch.float32).contiguous()
-               for k, v in sorted(expected.items())}, f"{folder}/{sub}/{name}.safetensors")
-    with open(f"{folder}/{sub}/{name}.json", "w") as f:
+               for k, v in sorted(expected.items())}, f"{folder}/ref/{name}.safetensors")
+    with open(f"{folder}/ref/{name}.json", "w") as f:
         json.dump(summary, f, indent=1)
         f.write("\n")
 

@@ -23,8 +23,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as mf  # noqa: E402  (its float64 patches come with it)
-import sentencepiece as spm  # noqa: E402
-from peft import PeftModel  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 # what --trainable_params embed,norm names in peft's terms (lora.h's lora_saved_modules)
@@ -32,6 +30,7 @@ MODULES = ["embed_tokens", "input_layernorm", "post_attention_layernorm", "norm"
 # the gradient norm with the embedding in is larger than LoRA's alone: a clip threshold that
 # clips some steps only (make_fixtures.train asserts it)
 HEAD = "base_model.model.lm_head.weight"
+MODE = "trainable"
 GRAD_CLIP = {"tiny_gqa": 2.0, "tiny_tied": 2.0}
 
 
@@ -56,60 +55,24 @@ def make_adapter(name, spec, folder):
     assert "base_model.model.model.embed_tokens.weight" in saved and "base_model.model.model.norm.weight" in saved
     if tied:
         assert torch.equal(adapter.pop(HEAD), adapter["base_model.model.model.embed_tokens.weight"])
-    return adapter, tied
+    return adapter
 
 
-def reference(name, spec, folder, adapter, tied, rows, expected, out):
-    mode = "trainable"
-    base64 = mf.load_base(f"{mf.FIX}/{name}", torch.float64, spec.get("arch", "llama"))
-    lm = PeftModel.from_pretrained(base64, f"{folder}/peft_init", is_trainable=True)
-    lm.double()
+def finish(lm, expected):
+    """tied: peft's head must be the saved embedding, one tensor, as the trainers train it; peft
+    saves that head under its own key too (save_pretrained), which the final tensors then hold"""
     inner = lm.base_model.model
     embed = inner.model.embed_tokens.modules_to_save["default"].weight
-    # tied: peft's head must be the saved embedding, one tensor, as the trainers train it
+    tied = inner.config.tie_word_embeddings
     assert (inner.lm_head.weight is embed) == tied, "ensure_weight_tying did not tie the head"
-    named = []
-    for n, p in lm.named_parameters():
-        if p.requires_grad:
-            named.append((n.replace(".modules_to_save.default.", ".").replace(".default.", "."), p))
-    assert sorted(k for k, _ in named) == sorted(adapter), "peft key mismatch"
-    for k, p in named:
-        assert torch.equal(p.detach(), adapter[k].double()), k
-    mbs0 = mf.step_microbatches(rows, 0)
-    lm.eval()
-    with torch.no_grad():
-        expected[mode + ".logits"] = mf.forward_logits(lm, mbs0[0][0])
-    lm.train()
-    params = [p for _, p in named]
-    loss0 = mf.step_grads(lm, params, mbs0)
-    for k, p in named:
-        assert p.grad is not None and p.grad.abs().max() > 0, k
-        expected[mode + ".grad." + k] = p.grad.clone()
-    hp = dict(mf.hparams(spec["train"]["lora"]), grad_clip=GRAD_CLIP[name])
-    print(f"    {mode}: step-0 loss {loss0!r}")
-    steps = mf.train(lm, named, rows, hp)
-    assert steps[0]["loss"] == loss0
-    for k, p in named:
-        expected[mode + ".final." + k] = p.detach().clone()
-    if tied:  # what peft's save_pretrained writes for the head it keeps tied
-        expected[mode + ".final." + HEAD] = embed.detach().clone()
-    out[mode] = {"loss": loss0, "steps": steps}
-    out.setdefault("train", {})[mode] = hp
+    if tied:
+        expected[MODE + ".final." + HEAD] = embed.detach().clone()
 
 
 def main():
-    os.chdir(mf.ROOT)
-    sp = spm.SentencePieceProcessor(model_file=f"{mf.FIX}/tiny_gqa/tokenizer.model")
-    rows = mf.tokenize_rows(sp)
-    for name in ("tiny_gqa", "tiny_tied"):
-        spec = mf.MODELS[name]
-        print(f"== {name} (LoRA + modules_to_save)")
-        folder = mf.fresh_dir(f"{mf.FIX}/{name}/trainable")
-        adapter, tied = make_adapter(name, spec, folder)
-        expected, out = {}, {}
-        reference(name, spec, folder, adapter, tied, rows, expected, out)
-        mf.save_ref(f"{mf.FIX}/{name}", "expected", expected, out, sub="trainable")
-    print("done")
+    specs = {name: dict(mf.MODELS[name], grad_clip=GRAD_CLIP[name]) for name in ("tiny_gqa", "tiny_tied")}
+    mf.peft_fixtures(MODE, specs, make_adapter, finish=finish,
+                     rename=lambda n: n.replace(".modules_to_save.default.", ".").replace(".default.", "."))
 
 
 if __name__ == "__main__":
