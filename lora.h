@@ -205,11 +205,11 @@ static float *lora_saved(const LoRA *l, float *base, int k, int64_t *numel) {
     return base + l->saved_offset + (embed ? 0 : embed_n + (size_t)(k - 1) * l->dim);
 }
 // where the forward reads a norm (layer n_layers: the final one) or the embedding: the trained copy, else w
-static float *lora_norm_or(const LoRA *l, int layer, int j, float *w) {
+static inline float *lora_norm_or(const LoRA *l, int layer, int j, float *w) {
     float *p = l->saved ? lora_saved(l, l->params, 1 + 2 * layer + j, NULL) : NULL;
     return p ? p : w;
 }
-static float *lora_embed_or(const LoRA *l, float *w) {
+static inline float *lora_embed_or(const LoRA *l, float *w) {
     float *p = l->saved ? lora_saved(l, l->params, 0, NULL) : NULL;
     return p ? p : w;
 }
