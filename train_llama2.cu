@@ -64,8 +64,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir, on each stream, and NVTX ranges
 
 #define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
-// fp32 elements a time that upload converts on the device: a 64 MiB staging buffer
-constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements: a 64 MiB staging buffer
+constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements upload converts at a time: a 64 MiB staging buffer
 
 // ----------------------------------------------------------------------------
 // device buffers
@@ -246,21 +245,26 @@ template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Lay
         place(w, d.slot[s], need);
     }
 }
+// the biggest shard of a unit that trains (full fine-tuning's reduced gradient of one unit)
+static size_t widest_trainable_shard(const HostModel *h) {
+    size_t widest = 0;
+    for (int i = h->frozen_units; i < h->units.n_units; i++) widest = std::max(widest, h->units.units[i].shard);
+    return widest;
+}
 // Full fine-tuning's gradient of a unit whole, where it does not go straight into
 // m->grads: sharded (reduce-scattered from there into this rank's shard), or offloaded
 // (to the host from there), and the reduced shard
 static void unit_grad_layout(Model *m, Layout *p) {
     const FsdpUnits *u = &m->host.units;
-    size_t G = m->sharded ? (size_t)m->fsdp->shard.size : 1, grad[2] = {0, 0}, widest = 0;
+    size_t G = m->sharded ? (size_t)m->fsdp->shard.size : 1, grad[2] = {0, 0};
     if (!m->host.full_finetune || (!m->sharded && !m->cpu_offload)) return;
     for (int i = m->host.frozen_units; i < u->n_units; i++) { // frozen units: no gradient
         size_t whole = m->sharded ? G * u->units[i].shard : u->units[i].numel; // (sharded: the padding too)
         grad[i != 0] = std::max(grad[i != 0], whole);
-        widest = std::max(widest, u->units[i].shard);
     }
     place(p, m->unit_grad[0], grad[0]);
     place(p, m->unit_grad[1], grad[1]);
-    if (m->sharded) place(p, m->grad_part, widest);
+    if (m->sharded) place(p, m->grad_part, widest_trainable_shard(&m->host));
 }
 
 // lays out one chunk's activations but its residuals, for Lk layers
@@ -354,14 +358,14 @@ template <typename floatX> void upload(floatX *dst, const float *src, size_t n, 
         cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream));
     } else {
         size_t piece = std::min(n, UPLOAD_PIECE);
-        float *own = stage ? NULL : (float *)cudaMallocCheck(piece * sizeof(float));
+        float *buf = stage ? stage : (float *)cudaMallocCheck(piece * sizeof(float));
         for (size_t i = 0; i < n; i += piece) { // in stream order: a piece's convert runs before the next copy
             size_t k = std::min(piece, n - i);
-            cudaCheck(cudaMemcpyAsync(stage ? stage : own, src + i, k * sizeof(float), cudaMemcpyHostToDevice, stream));
-            convert(dst + i, stage ? stage : own, k, stream);
+            cudaCheck(cudaMemcpyAsync(buf, src + i, k * sizeof(float), cudaMemcpyHostToDevice, stream));
+            convert(dst + i, buf, k, stream);
         }
         cudaCheck(cudaStreamSynchronize(stream));
-        if (own) cudaCheck(cudaFree(own));
+        if (!stage) cudaCheck(cudaFree(buf));
     }
 }
 
@@ -580,11 +584,10 @@ static void offload_alloc(Model *m) {
         cudaCheck(cudaMallocHost(&m->opt_state[i], count * es + 1));
         memset(m->opt_state[i], 0, count * es);
     }
+    memset(m->grads, 0, m->n_train * sizeof(float));
     m->grad_held = (uint8_t *)callocCheck(h->units.n_units, 1);
-    size_t widest = 0;
-    for (int i = h->frozen_units; m->sharded && i < h->units.n_units; i++) widest = std::max(widest, h->units.units[i].shard);
     for (int b = 0; b < 2 && m->sharded; b++) {
-        cudaCheck(cudaMallocHost(&m->grad_stage[b], widest * sizeof(float)));
+        cudaCheck(cudaMallocHost(&m->grad_stage[b], widest_trainable_shard(h) * sizeof(float)));
         cudaCheck(cudaEventCreateWithFlags(&m->staged[b], cudaEventDisableTiming));
     }
     m->stage_pending = -1;
@@ -653,8 +656,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         if (m->cpu_offload) offload_alloc(m);
         if (h->use_lora) upload(m->params, h->lora.params, m->n_train, st);
         else masters_upload(m);
-        if (m->cpu_offload) memset(m->grads, 0, m->n_train * sizeof(float));
-        else {
+        if (!m->cpu_offload) { // (offload_alloc zeroed the host's)
             cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
             for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
                 size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
@@ -664,7 +666,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         if (h->full_finetune && h->frozen_units) upload(d.weights, base, n_base, st);
         else if (h->full_finetune && m->cpu_offload) {
             d.weights = d.params_lo;
-            upload(d.weights, m->params, m->n_train, st, m->upload_stage);
+            weights_upload(m);
         } else if (h->full_finetune) {
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
             else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
@@ -808,6 +810,17 @@ template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
 // (zeros at its first) and down again when done, so the backward adds to it as it
 // adds to m->grads; sharded, the reduced shard goes down and the host adds it
 // (grads_to_host), as accumulate adds it on the device.
+// offloaded, whole: unit u's gradient between its buffer b and the host's flat gradients
+// (model_tensor_offset_from's layout), tensor by tensor, on stream
+static void unit_grad_copy(Model *m, int u, int b, cudaMemcpyKind kind, cudaStream_t stream) {
+    const HostModel *h = &m->host;
+    const FsdpUnit *un = &h->units.units[u];
+    for (int k = 0; k < un->n_tensors; k++) {
+        float *dev = m->unit_grad[b] + un->tensors[k].offset, *host = m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, k);
+        bool up = kind == cudaMemcpyHostToDevice;
+        cudaCheck(cudaMemcpyAsync(up ? dev : host, up ? host : dev, un->tensors[k].numel * sizeof(float), kind, stream));
+    }
+}
 static float *grad_at(Model *m, int u, int j) {
     const HostModel *h = &m->host;
     if (!m->sharded && !m->cpu_offload) return m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, j);
@@ -818,9 +831,7 @@ static float *grad_at(Model *m, int u, int j) {
             size_t n = m->sharded ? (size_t)m->fsdp->shard.size * un->shard : un->numel;
             cudaCheck(cudaMemsetAsync(m->unit_grad[b], 0, n * sizeof(float), m->stream));
         } else {
-            for (int k = 0; k < un->n_tensors; k++)
-                cudaCheck(cudaMemcpyAsync(m->unit_grad[b] + un->tensors[k].offset, m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, k),
-                                          un->tensors[k].numel * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+            unit_grad_copy(m, u, b, cudaMemcpyHostToDevice, m->stream);
         }
         m->grad_open[b] = u;
     }
@@ -863,9 +874,7 @@ static void grads_done(Model *m, int u) {
         if (m->cpu_offload) grads_to_host(m, u, at);
         else accumulate(m->grads + at, m->grad_part, un->shard, m->comm_stream);
     } else {
-        for (int k = 0; k < un->n_tensors; k++)
-            cudaCheck(cudaMemcpyAsync(m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, k), m->unit_grad[u != 0] + un->tensors[k].offset,
-                                      un->tensors[k].numel * sizeof(float), cudaMemcpyDeviceToHost, m->comm_stream));
+        unit_grad_copy(m, u, u != 0, cudaMemcpyDeviceToHost, m->comm_stream);
         m->grad_held[u] = 1;
     }
     stream_after(m->stream, m->comm_stream, m->communicated); // before the unit's gradient is zeroed again
@@ -1514,11 +1523,10 @@ static double model_host_bytes(const Model *m, int part) {
     const HostModel *h = &m->host;
     if (part == 3 && !m->cpu_offload) return 0;
     if (part == 3) {
-        size_t widest = 0;
-        for (int i = h->frozen_units; m->sharded && i < h->units.n_units; i++) widest = std::max(widest, h->units.units[i].shard);
         double masters = m->n_runs == 1 ? 0 : (double)m->n_train * sizeof(float);
+        double stages = m->sharded ? 2.0 * widest_trainable_shard(h) * sizeof(float) : 0;
         return masters + (double)m->n_train * sizeof(float) + (double)optimizer_state_bytes(&m->optimizer, &m->opt_tensors, m->n_train) +
-               2.0 * widest * sizeof(float);
+               stages;
     }
     if (part == 0 && h->base_deferred) return MODEL_STREAM_PIECE * sizeof(float) + (h->config.tied ? h->units.units[0].numel * sizeof(float) : 0);
     if (part == 0) return model_weight_bytes(h) - (h->quant_type != QUANT_NONE ? model_quant_scratch_bytes(h) : 0);
