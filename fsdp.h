@@ -1598,7 +1598,7 @@ static inline int fsdp__read_verified(StFile *sf, const char *name, StDtype dtyp
     }
     for (size_t b = first / FSDP_CKPT_BLOCK; b < blocks && b * FSDP_CKPT_BLOCK < first + count; b++) {
         size_t lo = b * FSDP_CKPT_BLOCK, k = S - lo < FSDP_CKPT_BLOCK ? S - lo : FSDP_CKPT_BLOCK;
-        if ((dtype == ST_U8 ? st_read_u8(sf, t, lo, k, (uint8_t *)block) : st_read_f32(sf, t, lo, k, (float *)block)) != 0) return -1;
+        if (st_read_stored(sf, t, dtype, lo, k, block) != 0) return -1;
         char got[17];
         snprintf(got, sizeof got, "%016llx", (unsigned long long)data_hash_bytes(0, block, k * es));
         if (memcmp(got, sums + b * 17, 16) != 0) {

@@ -839,6 +839,14 @@ static int model_load(HostModel *m, const char *dir) {
     return rc;
 }
 
+// --pure_bf16: the base weights (whole, or this rank's shard) rounded to bf16 in their
+// floats, as llama-recipes' model.to(torch.bfloat16) rounds them
+static void model_round_bf16(HostModel *h) {
+    float *w = host_sharded(h) ? h->shards : h->params;
+    size_t n = host_sharded(h) ? h->units.shard_numel : h->num_params;
+    for (size_t i = 0; i < n; i++) w[i] = bf16_round(w[i]);
+}
+
 // config.json and shard `rank` of n of every unit of a checkpoint folder into
 // h->shards: only those bytes are read, so no rank ever holds the whole model.
 // 0 ok, -1 with a message naming the file.

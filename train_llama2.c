@@ -289,6 +289,7 @@ typedef struct {
     ParameterTensors g;       // gradients of the base weights (full fine-tuning, whole model, no frozen units)
     float *grads;             // full fine-tuning: the whole model's gradients (param_layout's order),
                               // or when sharded this rank's shard of them (host.units.shard_numel)
+    uint16_t *grad_acc;       // --pure_bf16: the step's gradients before this micro-batch's (bf16)
     float **slot;             // (n_slots) units gathered whole: two (the embedding's, and one the
     int *slot_unit;           // others share) when the strategy reshards after the forward, else one
     int n_slots;              // per unit; slot_unit: the unit each slot holds (-1: none)
@@ -304,6 +305,8 @@ typedef struct {
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
     int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
     int cpu_offload;          // set by the trainer: --cpu_offload, where the trainable state is already (host memory)
+    int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16, bf16 values in the weights' and
+                              // gradients' floats (model_forward_backward rounds the gradients)
     int s2_attn;              // set by the trainer before model_alloc: --s2_attn (model_forward_backward's attention)
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     int fp32, fp16;           // --precision fp32: the only one the CPU runs
@@ -404,6 +407,12 @@ static LayerWeights layer_params(Model *m, int l) {
     return w;
 }
 
+// --pure_bf16: x (n) rounded to bf16, in its floats
+static void round_bf16(float *x, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+}
+
 // Full fine-tuning's gradients, of the trainable units only (u >= host.frozen_units).
 // Whole: added straight into m->grads (model_tensor_offset_from's layout) over the
 // step's chunks and micro-batches. Sharded: a unit's backward adds into the
@@ -423,6 +432,7 @@ static float *grad_at(Model *m, int u, int j) {
 static void grads_done(Model *m, int u) {
     if (!m->sharded) return;
     const FsdpUnit *un = &m->host.units.units[u];
+    if (m->pure_bf16) round_bf16(m->unit_grad[u != 0], (size_t)m->fsdp->shard.size * un->shard); // each rank's part bf16
     PROF_BEGIN_UNIT(NULL, "reduce-scatter", u, m->host.config.n_layers, (long long)m->fsdp->shard.size * un->shard * sizeof(float));
     fsdp_reduce_scatter(&m->fsdp->shard, m->grad_part, m->unit_grad[u != 0], un->shard); // collective
     PROF_END(NULL);
@@ -500,6 +510,7 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
     // full fine-tuning's gradients: the trainable weights' (param_layout's order), or when
     // sharded this rank's shard of them
     if (h->full_finetune) place(p, m->grads, model_trainable_numel(h));
+    if (m->pure_bf16) place(p, m->grad_acc, model_trainable_numel(h));
     size_t comm = m->sharded ? sharded_layout(m, w, p) : 0;
     // The head runs on B x ceil(C / piece) pieces of a chunk; with more than one, its weight
     // is packed once for all of them, not again for each, and kept while the head does not
@@ -934,6 +945,25 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     return loss;
 }
 
+// --pure_bf16: the step's gradients are bf16, as a bf16 model's .grad in torch. A micro-batch's
+// are summed in fp32 over its chunks (and, sharded, over the ranks' bf16 parts: grads_done),
+// rounded to bf16 once, then added to the step's so far in fp32 and rounded again:
+// g = bf16(g + bf16(micro-batch's)), torch's .grad += in bf16. grads_bf16_begin moves the
+// step's so far aside and zeroes the gradients; grads_bf16_end adds them back.
+static void grads_bf16_begin(Model *m) {
+    if (!m->pure_bf16) return;
+    size_t n = model_trainable_numel(&m->host);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) m->grad_acc[i] = bf16_from_f32(m->grads[i]); // (exact: bf16 values)
+    memset(m->grads, 0, n * sizeof(float));
+}
+static void grads_bf16_end(Model *m) {
+    if (!m->pure_bf16) return;
+    size_t n = model_trainable_numel(&m->host);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) m->grads[i] = bf16_round(st_bf16_to_f32(m->grad_acc[i]) + bf16_round(m->grads[i]));
+}
+
 // Forward and backward of one micro-batch: returns the summed cross-entropy and
 // adds grad_scale * d(loss)/d(parameter) into the gradients of the trainable ones.
 // Chunks run forward in order, filling the KV carry, then backward in reverse
@@ -946,6 +976,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     size_t carry = (size_t)m->host.config.n_layers * B * T * m->host.config.n_kv_heads * m->host.config.head_dim;
     memset(a->dk, 0, carry * sizeof(float));
     memset(a->dv, 0, carry * sizeof(float));
+    grads_bf16_begin(m);
     int n = (T + m->chunk_size - 1) / m->chunk_size;
     for (int j = 0; j < n; j++) {
         Chunk ch = chunk_at(m, B, T, j, 1);
@@ -962,6 +993,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         chunk_backward(m, s, tokens, &ch);
     }
     units_reshard(m);
+    grads_bf16_end(m);
     return loss;
 }
 
@@ -983,8 +1015,8 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 }
 
 // ----------------------------------------------------------------------------
-// optimizer: AdamW as torch.optim.AdamW, SGD as torch.optim.SGD, clipping as
-// torch.nn.utils.clip_grad_norm_
+// optimizer: AdamW as torch.optim.AdamW, SGD as torch.optim.SGD, AdamW8bit as torchao's,
+// AnyPrecisionAdamW as llama-recipes', clipping as torch.nn.utils.clip_grad_norm_
 
 typedef struct {
     float *run[NUM_PARAM_TENSORS]; // the trainable parameters: runs of memory, n_runs of them, run_n[k]
@@ -994,7 +1026,8 @@ typedef struct {
     size_t n;
     OptimizerSettings s;
     void *state[OPTIMIZER_MAX_STATES]; // AdamW's moments m, v (n each); SGD's momentum buffer (with momentum); AdamW8bit's
-                            // codes, absmax and fp32 moments of m, then v (optimizer_state_count)
+                            // codes, absmax and fp32 moments of m, then v (optimizer_state_count); AnyPrecision's
+                            // bf16 m, v and compensation
     const OptimTensors *tensors; // AdamW8bit: the trainable tensors (the Model's)
     int t;                  // optimizer steps taken
     FsdpComm *grad_sum;     // the ranks whose gradients of these parameters are summed before the step
@@ -1081,22 +1114,29 @@ static void adamw8bit_step(Optimizer *o, float lr) {
 // clipping, then the step
 static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update) {
     const OptimizerSettings *s = &o->s;
-    if (o->grad_sum) {
+    int bf16 = s->kind == OPTIMIZER_ANYPRECISION; // --pure_bf16's gradients
+    if (o->grad_sum) { // (--pure_bf16: the ranks' bf16 gradients summed in fp32, the sum rounded once)
         PROF_BEGIN(NULL, "all-reduce gradients", -1, -1, (long long)(o->n * sizeof(float)));
         fsdp_all_reduce(o->grad_sum, o->grads, o->n, FSDP_F32);
         PROF_END(NULL);
+        if (bf16) round_bf16(o->grads, o->n);
     }
     double sumsq = grad_sumsq(o->grads, o->n);
     if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
     double norm = sqrt(sumsq) * inv_scale; // the same on every rank; unscaled (exact: a power of two)
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
     clip_grads(o->grads, o->n, norm, s->grad_clip, inv_scale);
+    if (bf16) round_bf16(o->grads, o->n); // (clipped or unscaled: as torch's g.mul_ on bf16 gradients)
     o->t++;
     if (s->kind == OPTIMIZER_ADAMW8BIT) { adamw8bit_step(o, lr); return norm; }
     size_t off = 0; // the run's first element in grads and the state
     for (int r = 0; r < o->n_runs; off += o->run_n[r++]) {
-        float *p = o->run[r], *g = o->grads + off, *s0 = o->state[0] ? (float *)o->state[0] + off : NULL;
+        float *p = o->run[r], *g = o->grads + off, *s0 = o->state[0] && !bf16 ? (float *)o->state[0] + off : NULL;
         if (s->kind == OPTIMIZER_SGD) sgd_update(p, g, s0, o->run_n[r], o->t == 1, lr, s->momentum, s->nesterov, s->weight_decay);
+        else if (bf16) // (the hyperparameters as the numbers typed, as llama-recipes passes Python floats)
+            anyprecision_update(p, g, (uint16_t *)o->state[0] + off, (uint16_t *)o->state[1] + off,
+                                s->kahan ? (uint16_t *)o->state[2] + off : NULL, o->run_n[r], o->t, lr, float_decimal(s->beta1),
+                                float_decimal(s->beta2), float_decimal(s->eps), float_decimal(s->weight_decay));
         else adamw_update(p, g, s0, (float *)o->state[1] + off, o->run_n[r], o->t, lr, s->beta1, s->beta2, s->eps, s->weight_decay);
     }
     return norm;
@@ -1115,8 +1155,8 @@ static void optimizer_state_set(Optimizer *o, int i, size_t first, size_t count,
 static int optimizer_state_finite(Optimizer *o) {
     for (int i = 0; i < optimizer_n_states(&o->s); i++) {
         size_t n, es = optimizer_state_elem(&o->s, o->tensors, o->n, i, &n);
-        for (size_t j = 0; es == sizeof(float) && j < n; j++) // (codes are bytes: nothing to check)
-            if (!isfinite(((float *)o->state[i])[j])) return 0;
+        for (size_t j = 0; es > 1 && j < n; j++) // (codes are bytes: nothing to check)
+            if (!isfinite(es == 2 ? st_bf16_to_f32(((uint16_t *)o->state[i])[j]) : ((float *)o->state[i])[j])) return 0;
     }
     return 1;
 }
@@ -1154,6 +1194,7 @@ static size_t model_dequant_scratch_bytes(const Model *m) { return model_quant_s
 static const char *const backend_memory = "resident memory"; // (the host's: the plan is its host plan)
 static const char *const model_host_advice = ", --activation_checkpointing, --chunk_size with --chunk_memory recompute";
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
+static const int backend_pure_bf16 = 1; // --pure_bf16: bf16 values in its fp32 arrays
 static const char *const backend_collectives[] = {"host"}; // its buffers are host memory: MPI or TCP
 static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)
 

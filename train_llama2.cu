@@ -165,6 +165,7 @@ typedef struct {
     float *grad_part;         // a unit's gradient reduced to this rank's shard
     // --cpu_offload (full fine-tuning; docs/memory.md): params, grads and opt_state are host memory
     int cpu_offload;          // set by the trainer before model_alloc
+    int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16 (refused here for now)
     int masters_aliased;      // params are the host model's trainable weights themselves (one run)
     uint8_t *grad_held;       // (n_units) whole: the unit's running total is on the host (its next open uploads it)
     float *grad_stage[2];     // (widest shard, pinned) sharded: reduced shards on their way to the host
@@ -560,6 +561,7 @@ static void weights_upload(Model *m) {
 // least 1 GiB; and no more than --memory_limit when given (a dry run: that alone).
 static const int backend_measures_free_memory = 1;
 static const int backend_trainable_params = 0; // --trainable_params: not here yet (trainer.h refuses it)
+static const int backend_pure_bf16 = 0; // --pure_bf16: not here yet (trainer.h refuses it)
 static const int backend_streams_base = 1; // LoRA's base goes from the files to the GPU a piece at a time
 static double model_memory_budget(Model *m, double limit) {
     if (m->dry_run && limit > 0) return limit; // a dry run touches no GPU: the limit alone

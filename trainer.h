@@ -26,6 +26,11 @@
 //       int fp32, fp16;        set by the trainer before model_alloc: --precision fp32
 //                              or fp16 (neither: bf16; fp16 and bf16 store the weights and
 //                              activations in that type)
+//       int pure_bf16;         set by the trainer before model_alloc: --pure_bf16 (full
+//                              fine-tuning, --optimizer anyprecision): the weights (rounded
+//                              to bf16 at load), gradients and optimizer state bf16, no fp32
+//                              copy; each micro-batch's gradient rounded to bf16 once and
+//                              added to the step's in bf16 (docs/precision.md)
 //       int cpu_offload;       set by the trainer before model_alloc: --cpu_offload (full
 //                              fine-tuning): the masters, gradients and optimizer state in
 //                              host memory, the step on the CPU, the same results
@@ -53,6 +58,7 @@
 //                              sharded host model, the collectives in its forward and
 //                              backward, the gradient sums in optimizer_step); 0: one
 //                              process only
+//   static const int backend_pure_bf16;  1: the backend runs --pure_bf16; 0: trainer.h refuses it
 //   static const char *const backend_precisions[];  the --precision values it runs,
 //                              its default first
 //   static const char *const backend_collectives[]; the --collectives values it runs,
@@ -224,7 +230,7 @@ typedef struct {
     int profile_first, profile_last; // --profile_steps (parse_args)
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
     float memory_limit, host_memory_limit;
-    int eval_every, full_finetune, freeze_layers, cpu_offload, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing, s2_attn;
+    int eval_every, full_finetune, pure_bf16, freeze_layers, cpu_offload, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing, s2_attn;
     float lr, lora_alpha, lora_dropout;
     const char *optimizer;
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
@@ -281,13 +287,14 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"max_steps", OPT_INT, &(tc)->max_steps, "-1", "optimizer steps (-1: as many as --num_epochs needs)", -1, 1 << 30}, \
     {"num_epochs", OPT_INT, &(tc)->num_epochs, "1", "passes over the data when --max_steps is -1", 1, 1 << 20}, \
     {"lr", OPT_FLOAT, &(tc)->lr, "1e-4", "peak learning rate", 0, 1e3}, \
-    {"optimizer", OPT_STR, &(tc)->optimizer, "adamw", "adamw | sgd | adamw8bit: torch.optim.AdamW; torch.optim.SGD (dampening 0; with --momentum and --nesterov); torchao's AdamW8bit (tensors of 4096+ elements in whole blocks of 256 keep 8-bit moments, a code per element and an absmax per block, the rest fp32 ones; checkpoints keep the codes and absmax, so a resume is exact; bitsandbytes' AdamW8bit differs: it decays after the Adam step, places eps otherwise, and its newer unsigned map has one more bit; sharded full fine-tuning cuts the shards at whole blocks, which needs the 8-bit tensors to start at multiples of 256 in their units: every real Llama-family model)", 0, 0}, \
+    {"optimizer", OPT_STR, &(tc)->optimizer, "adamw", "adamw | sgd | adamw8bit | anyprecision: torch.optim.AdamW; torch.optim.SGD (dampening 0; with --momentum and --nesterov); llama-recipes' AnyPrecisionAdamW with bf16 moments (with --pure_bf16 1 only: it steps bf16 weights; --kahan_summation); torchao's AdamW8bit (tensors of 4096+ elements in whole blocks of 256 keep 8-bit moments, a code per element and an absmax per block, the rest fp32 ones; checkpoints keep the codes and absmax, so a resume is exact; bitsandbytes' AdamW8bit differs: it decays after the Adam step, places eps otherwise, and its newer unsigned map has one more bit; sharded full fine-tuning cuts the shards at whole blocks, which needs the 8-bit tensors to start at multiples of 256 in their units: every real Llama-family model)", 0, 0}, \
     {"weight_decay", OPT_FLOAT, &(tc)->optim.weight_decay, "0.0", "weight decay of every trainable tensor: AdamW's is decoupled (p -= lr * wd * p), SGD's is added to the gradient (g += wd * p), as torch's", 0, 1e3}, \
     {"adam_beta1", OPT_FLOAT, &(tc)->optim.beta1, "0.9", "AdamW beta1", 0, 0.999999}, \
     {"adam_beta2", OPT_FLOAT, &(tc)->optim.beta2, "0.999", "AdamW beta2", 0, 0.9999999}, \
     {"adam_epsilon", OPT_FLOAT, &(tc)->optim.eps, "1e-8", "AdamW epsilon", 0, 1}, \
     {"momentum", OPT_FLOAT, &(tc)->optim.momentum, "0", "SGD momentum (0: plain SGD, which keeps no optimizer state)", 0, 1}, \
     {"nesterov", OPT_INT, &(tc)->optim.nesterov, "0", "SGD: 1 for Nesterov momentum (needs --momentum > 0)", 0, 1}, \
+    {"kahan_summation", OPT_INT, &(tc)->optim.kahan, "0", "--optimizer anyprecision: 1 keeps a bf16 compensation buffer (Kahan summation) that carries the part of each update the bf16 weights cannot take into later steps (llama-recipes' use_kahan_summation; 2 more bytes a parameter)", 0, 1}, \
     {"lr_scheduler", OPT_STR, &(tc)->lr_scheduler, "cosine", "constant | linear | cosine (each after --warmup_steps of linear warmup)", 0, 0}, \
     {"warmup_steps", OPT_INT, &(tc)->warmup_steps, "0", "linear warmup steps", 0, 1 << 30}, \
     {"grad_clip", OPT_FLOAT, &(tc)->optim.grad_clip, "1.0", "clip the global gradient norm to this (0: off)", 0, 1e9}, \
@@ -295,6 +302,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"shuffle", OPT_INT, &(tc)->shuffle, "1", "1: shuffle rows every epoch, 0: file order", 0, 1}, \
     {"eval_every", OPT_INT, &(tc)->eval_every, "0", "evaluate --val_data every N steps (0: only at the end)", 0, 1 << 30}, \
     {"full_finetune", OPT_FLAG, &(tc)->full_finetune, "0", "train every weight instead of LoRA adapters", 0, 1}, \
+    {"pure_bf16", OPT_INT, &(tc)->pure_bf16, "0", "1: full fine-tuning in bf16 with no fp32 copy, as llama-recipes' --pure_bf16 (model.to(torch.bfloat16)): the weights (rounded to bf16 at load), gradients and optimizer state bf16; each micro-batch's gradient rounded to bf16 once and added to the step's in bf16, sums over ranks rounded to bf16; with --optimizer anyprecision. The CPU trainer holds the same bf16 values and computes in fp32 from them", 0, 1}, \
     {"freeze_layers", OPT_INT, &(tc)->freeze_layers, "0", "with --full_finetune: the embedding (and a head tied to it) and the first N decoder layers do not train: no gradient, no optimizer state (llama-recipes' freeze_layers / num_freeze_layers, which leaves the embedding training)", 0, 1 << 20}, \
     {"lora_r", OPT_INT, &(tc)->lora_r, "8", "LoRA rank", 1, 65536}, \
     {"lora_alpha", OPT_FLOAT, &(tc)->lora_alpha, "16", "LoRA alpha (scale = alpha / r)", 0, 1e6}, \
@@ -414,6 +422,27 @@ static int ia3_modules(const TrainConfig *tc, unsigned *targets, unsigned *feedf
     if (tc->ia3_feedforward_modules[0] &&
         lora_parse_targets(tc->ia3_feedforward_modules, "--ia3_feedforward_modules", feedforward) != 0) return -1;
     return 0;
+}
+
+// --pure_bf16, --optimizer anyprecision and --kahan_summation, which go together as
+// llama-recipes has them (its pure_bf16 also runs AdamW on bf16 weights; here the bf16
+// weights take AnyPrecisionAdamW, whose state is bf16 too). 0 ok, -1 with a message.
+static int check_pure_bf16(const TrainConfig *tc) {
+    int any = tc->optim.kind == OPTIMIZER_ANYPRECISION;
+    const char *error = NULL;
+    if (tc->optim.kahan && !any) error = "--kahan_summation is AnyPrecisionAdamW's: give it with --optimizer anyprecision";
+    else if (any && !tc->pure_bf16)
+        error = "--optimizer anyprecision steps bf16 weights with bf16 state: give it with --pure_bf16 1 (and --full_finetune)";
+    else if (tc->pure_bf16 && !tc->full_finetune)
+        error = "--pure_bf16 keeps full fine-tuning's weights in bf16 with no fp32 copy: give it with --full_finetune";
+    else if (tc->pure_bf16 && !any)
+        error = "--pure_bf16 has no fp32 weights for AdamW, SGD or AdamW8bit to update: give it with --optimizer anyprecision";
+    else if (tc->pure_bf16 && !backend_pure_bf16)
+        error = "--pure_bf16 is not in this trainer yet (train_llama2, the CPU trainer, has it)";
+    else if (tc->pure_bf16 && tc->cpu_offload)
+        error = "--pure_bf16 with --cpu_offload is not supported yet (the offloaded step keeps fp32 masters)";
+    if (error) fprintf(stderr, "error: %s\n", error);
+    return error ? -1 : 0;
 }
 
 // --peft_method and the options that go with it; lora_option: a LoRA-only option the
@@ -570,6 +599,7 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
                 "with --full_finetune (LoRA's are small)\n");
         return -1;
     }
+    if (check_pure_bf16(tc) != 0) return -1;
     if (tc->freeze_layers && !tc->full_finetune) {
         fprintf(stderr, "error: --freeze_layers freezes layers of full fine-tuning: give it with --full_finetune (LoRA trains no base weight)\n");
         return -1;
@@ -665,6 +695,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     else if (!read_now) rc = model_check(h, weights, G); // the shapes alone: nothing of the model's size
     else rc = G > 1 ? model_load_shard(h, weights, f->shard.rank, G) : model_load(h, weights);
     if (rc != 0) { host_model_free(h); return -1; }
+    if (tc->pure_bf16 && read_now) model_round_bf16(h);
     h->full_finetune = tc->full_finetune;
     h->use_lora = !tc->full_finetune;
     if (tc->freeze_layers > h->config.n_layers) {
@@ -760,6 +791,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     m->dry_run = tc->dry_run;
     m->activation_checkpointing = tc->activation_checkpointing;
     m->cpu_offload = tc->cpu_offload;
+    m->pure_bf16 = tc->pure_bf16;
     m->s2_attn = tc->s2_attn;
     m->optimizer = tc->optim;
     return 0;
@@ -897,7 +929,7 @@ static void fault_point(const char *point, int step) { if (fault_at(point, step)
 // (and the global batch, the rows of an optimizer step over every rank: how they split
 // into ranks, micro-batches and rows may change, e.g. the world size with --global_batch_size)
 static const char *resume_must_match[] = {
-    "model", "data", "max_seq_len", "lr", "optimizer", "momentum", "nesterov",
+    "model", "data", "max_seq_len", "lr", "optimizer", "momentum", "nesterov", "kahan_summation", "pure_bf16",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "freeze_layers", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
     "use_dora", "peft_method", "ia3_target_modules", "ia3_feedforward_modules", "adapter_len", "adapter_layers",
@@ -1152,8 +1184,7 @@ static int read_state_part(StFile *sf, const StTensor *t, const Model *m, const 
             size_t p0 = b->part(b->part_ctx, i, lo), p1 = b->part(b->part_ctx, i, lo + n), in_unit, at;
             if (p0 == p1) continue; // (none of the tensor here, or none of it in this part)
             state_whole_at(h, whole, b, i, j, &in_unit, &at);
-            rc = b->dtype == ST_U8 ? st_read_u8(sf, t, at + (p0 - in_unit), p1 - p0, (uint8_t *)piece + (p0 - mine))
-                                   : st_read_f32(sf, t, at + (p0 - in_unit), p1 - p0, (float *)piece + (p0 - mine));
+            rc = st_read_stored(sf, t, b->dtype, at + (p0 - in_unit), p1 - p0, piece + (p0 - mine) * es);
         }
     }
     return rc;
@@ -1209,7 +1240,7 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
         } else if (!shard) {
             for (size_t first = 0; first < n && rc == 0; first += piece) {
                 size_t k = n - first < piece ? n - first : piece;
-                rc = d == ST_U8 ? st_read_u8(&sf, t, first, k, (uint8_t *)buf) : st_read_f32(&sf, t, first, k, (float *)buf);
+                rc = st_read_stored(&sf, t, d, first, k, buf);
                 if (rc == 0) optimizer_state_set(o, i, first, k, buf);
             }
         } else if (states[i].part) { // AdamW8bit's: this rank's pieces of it
@@ -1219,7 +1250,10 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
                  // units' shards, which have no state, read as zeros and dropped)
             StateFile ctx = {&sf, t, &h->config, h->frozen_units};
             rc = fsdp_read_shard(&h->units, m->fsdp->shard.rank, (float *)buf, read_state, &ctx);
-            if (rc == 0) optimizer_state_set(o, i, 0, o->n, (float *)buf + h->units.units[h->frozen_units].shard_offset);
+            float *mine = (float *)buf + h->units.units[h->frozen_units].shard_offset;
+            if (d == ST_BF16) // (read as floats, exactly: back to bf16 in place, each element over one already read)
+                for (size_t j = 0; j < o->n; j++) ((uint16_t *)mine)[j] = bf16_from_f32(mine[j]);
+            if (rc == 0) optimizer_state_set(o, i, 0, o->n, mine);
         }
     }
     free(buf);
@@ -1365,7 +1399,9 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
     if (host) *host = host_total;
     if (print) {
         printf("memory plan (%s of this process):\n", backend_memory);
-        printf("  %-34s %10.1f MiB\n", m->fp32 ? "base weights (fp32)" : m->fp16 ? "base weights (fp16)" : "base weights (bf16)", weights / MiB);
+        const char *stored = m->pure_bf16 ? (m->fp32 ? "weights (bf16 values in fp32)" : "weights (bf16, no fp32 copy)")
+                             : m->fp32 ? "base weights (fp32)" : m->fp16 ? "base weights (fp16)" : "base weights (bf16)";
+        printf("  %-34s %10.1f MiB\n", stored, weights / MiB);
         if (m->host.quant_type != QUANT_NONE) {
             printf("    %-32s %10.1f MiB   (%s%s, blocks of %d%s)\n", "of which 4-bit layers", model_run_bytes_held(&m->host) / MiB,
                    quant_type_names[m->host.quant_type], m->host.double_quant ? ", double quantization" : "", QUANT_BLOCK,

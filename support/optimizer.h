@@ -1,4 +1,4 @@
-// The optimizers both trainers run, as torch.optim and torchao define them: their
+// The optimizers both trainers run, as torch.optim, torchao and llama-recipes define them: their
 // settings and their state tensors. trainer.h fills the settings from the
 // command line; each backend runs the updates (train_llama2.c's adamw_update,
 // sgd_update and adamw8bit_update, layers.cuh's kernels of the same names);
@@ -14,29 +14,34 @@
 #include <cuda_bf16.h> // bf16_rn on the device
 #endif
 
-enum { OPTIMIZER_ADAMW, OPTIMIZER_SGD, OPTIMIZER_ADAMW8BIT };
-static const char *const optimizer_names[] = {"adamw", "sgd", "adamw8bit"}; // --optimizer, by kind
+enum { OPTIMIZER_ADAMW, OPTIMIZER_SGD, OPTIMIZER_ADAMW8BIT, OPTIMIZER_ANYPRECISION };
+static const char *const optimizer_names[] = {"adamw", "sgd", "adamw8bit", "anyprecision"}; // --optimizer, by kind
 
 typedef struct {
-    int kind;                 // OPTIMIZER_ADAMW, OPTIMIZER_SGD or OPTIMIZER_ADAMW8BIT
+    int kind;                 // OPTIMIZER_ADAMW, OPTIMIZER_SGD, OPTIMIZER_ADAMW8BIT or OPTIMIZER_ANYPRECISION
     float weight_decay;       // AdamW: decoupled, p -= lr * wd * p; SGD: added to the gradient, g += wd * p
     float grad_clip;          // the global gradient norm is clipped to this before the step (0: off)
-    float beta1, beta2, eps;  // AdamW, AdamW8bit
+    float beta1, beta2, eps;  // AdamW, AdamW8bit, AnyPrecisionAdamW
     float momentum;           // SGD: the momentum buffer's decay (0: plain SGD, no buffer)
     int nesterov;             // SGD: Nesterov momentum (needs momentum > 0)
+    int kahan;                // AnyPrecisionAdamW: Kahan summation (a bf16 compensation buffer)
 } OptimizerSettings;
 
 // the state tensors the optimizer keeps: AdamW's two moments and SGD's momentum buffer
 // (none without momentum), one float per trainable parameter; AdamW8bit's two moments as
-// the codes and block absmax of its 8-bit tensors and the fp32 moments of the others
+// the codes and block absmax of its 8-bit tensors and the fp32 moments of the others;
+// AnyPrecisionAdamW's two moments and, with Kahan summation, its compensation, one bf16
+// per parameter (llama-recipes' defaults: momentum, variance and compensation in bf16)
 #define OPTIMIZER_MAX_STATES 6
 static inline int optimizer_n_states(const OptimizerSettings *s) {
-    return s->kind == OPTIMIZER_ADAMW ? 2 : s->kind == OPTIMIZER_ADAMW8BIT ? 6 : s->momentum != 0.0f;
+    return s->kind == OPTIMIZER_ADAMW ? 2 : s->kind == OPTIMIZER_ADAMW8BIT ? 6 : s->kind == OPTIMIZER_ANYPRECISION ? 2 + !!s->kahan
+                                                                                                                : s->momentum != 0.0f;
 }
 static const char *const optimizer_state_names[][OPTIMIZER_MAX_STATES] = {
     {"exp_avg", "exp_avg_sq"}, {"momentum_buffer"},
-    {"exp_avg.codes", "exp_avg.absmax", "exp_avg", "exp_avg_sq.codes", "exp_avg_sq.absmax", "exp_avg_sq"}};
-static const char *const optimizer_state_what[] = {"AdamW", "momentum", "AdamW8bit"}; // (the memory plan's words)
+    {"exp_avg.codes", "exp_avg.absmax", "exp_avg", "exp_avg_sq.codes", "exp_avg_sq.absmax", "exp_avg_sq"},
+    {"exp_avg", "exp_avg_sq", "compensation"}};
+static const char *const optimizer_state_what[] = {"AdamW", "momentum", "AdamW8bit", "AnyPrecision"}; // (the memory plan's words)
 
 // AdamW8bit's state over the trainable tensors, as torchao lays it out: each tensor of at
 // least 4096 elements in whole blocks of 256 keeps 8-bit moments (a code per element and
@@ -88,7 +93,7 @@ static inline void optim_tensors_free(OptimTensors *t) {
 // (exp_avg, exp_avg_sq): the 8-bit tensors' codes, their block absmax, the fp32 moments
 enum { ADAMW8BIT_CODES, ADAMW8BIT_ABSMAX, ADAMW8BIT_FP32, ADAMW8BIT_PARTS };
 static inline size_t optimizer_state_count(const OptimizerSettings *s, const OptimTensors *t, size_t n, int i, StDtype *dtype) {
-    *dtype = ST_F32;
+    *dtype = s->kind == OPTIMIZER_ANYPRECISION ? ST_BF16 : ST_F32;
     if (s->kind != OPTIMIZER_ADAMW8BIT) return n;
     int part = i % ADAMW8BIT_PARTS;
     if (part == ADAMW8BIT_CODES) *dtype = ST_U8;

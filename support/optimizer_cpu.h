@@ -89,20 +89,20 @@ static inline void adamw_torchao_update(float *p, const float *g, float *m, floa
     }
 }
 
-// One AnyPrecisionAdamW step (the t-th) on n bf16 parameters p with bf16 gradients g,
-// bf16 moments m, v and, with Kahan summation, the bf16 compensation comp (NULL: none),
-// all starting at zero. Each op computes in fp32 and rounds to bf16, in the optimizer's
+// One AnyPrecisionAdamW step (the t-th) on n bf16 parameters p with bf16 gradients g (both
+// bf16 values in floats, as the CPU trainer's --pure_bf16 holds them), bf16 moments m, v
+// and, with Kahan summation, the bf16 compensation comp (NULL: none), all starting at zero. Each op computes in fp32 and rounds to bf16, in the optimizer's
 // order: decay p; m = m * beta1 + (1 - beta1) g; v = v * beta2 + (1 - beta2) g^2 (one
 // fma, as torch's addcmul_); denom = sqrt(v) / sqrt(1 - beta2^t) + eps; the step
 // -lr / (1 - beta1^t) * m / denom goes into comp and comp into p, comp keeping what p
 // could not take, or straight into p.
-static inline void anyprecision_update(uint16_t *p, const uint16_t *g, uint16_t *m, uint16_t *v, uint16_t *comp, size_t n,
+static inline void anyprecision_update(float *p, const float *g, uint16_t *m, uint16_t *v, uint16_t *comp, size_t n,
                                 int t, double lr, double beta1, double beta2, double eps, double wd) {
     AnyPrecisionScalars s = anyprecision_scalars(t, lr, beta1, beta2, eps, wd);
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         float mi = st_bf16_to_f32(m[i]), vi = st_bf16_to_f32(v[i]), ci = comp ? st_bf16_to_f32(comp[i]) : 0.0f;
-        p[i] = bf16_from_f32(anyprecision_elem(st_bf16_to_f32(p[i]), st_bf16_to_f32(g[i]), &mi, &vi, comp ? &ci : NULL, &s));
+        p[i] = anyprecision_elem(p[i], g[i], &mi, &vi, comp ? &ci : NULL, &s);
         m[i] = bf16_from_f32(mi);
         v[i] = bf16_from_f32(vi);
         if (comp) comp[i] = bf16_from_f32(ci);

@@ -523,11 +523,13 @@ static inline int st_read_f32(StFile *sf, const StTensor *t, uint64_t first, uin
     return 0;
 }
 
-// Reads elements [first, first + count) of a U8 tensor (bytes, as they are).
-static inline int st_read_u8(StFile *sf, const StTensor *t, uint64_t first, uint64_t count, uint8_t *out) {
-    if (t->dtype != ST_U8) { st__err(sf->path, t->name, "dtype %s is not U8", st_dtype_name(t->dtype)); return -1; }
+// Reads elements [first, first + count) of a tensor of dtype d as they are stored (U8's bytes,
+// BF16's as uint16_t, F32's floats: safetensors is little-endian, as every host this builds for).
+static inline int st_read_stored(StFile *sf, const StTensor *t, StDtype d, uint64_t first, uint64_t count, void *out) {
+    if (t->dtype != d) { st__err(sf->path, t->name, "dtype %s is not %s", st_dtype_name(t->dtype), st_dtype_name(d)); return -1; }
     if (st__check_range(sf, t, first, count) != 0) return -1;
-    return count ? st__read_at(sf, t, t->begin + first, out, (size_t)count) : 0;
+    size_t es = (size_t)st_dtype_size(d);
+    return count ? st__read_at(sf, t, t->begin + first * es, out, (size_t)count * es) : 0;
 }
 
 // Reads all of an I32 or I64 tensor as int32 (I64 values must fit in int32).

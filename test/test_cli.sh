@@ -36,7 +36,14 @@ expect_error "missing value" "--lr needs a value" --model $FIX/tiny_gqa "${RUN[@
 expect_error "missing --model" "--model is required" "${RUN[@]}"
 expect_error "adam_beta2 that rounds to 1" "--adam_beta2: '0.99999999' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --adam_beta2 0.99999999
 expect_error "bad scheduler" "--lr_scheduler: 'step'" --model $FIX/tiny_gqa "${RUN[@]}" --lr_scheduler step
-expect_error "bad optimizer" "--optimizer: 'adam' is not one of adamw, sgd, adamw8bit" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer adam
+expect_error "bad optimizer" "--optimizer: 'adam' is not one of adamw, sgd, adamw8bit, anyprecision" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer adam
+# --pure_bf16, --optimizer anyprecision and --kahan_summation go together
+expect_error "--pure_bf16 without --full_finetune" "--pure_bf16 keeps full fine-tuning's weights in bf16 .*give it with --full_finetune" --model $FIX/tiny_gqa "${RUN[@]}" --pure_bf16 1 --optimizer anyprecision
+expect_error "--pure_bf16 with AdamW" "--pure_bf16 has no fp32 weights for AdamW, SGD or AdamW8bit to update" --model $FIX/tiny_gqa "${RUN[@]}" --pure_bf16 1 --full_finetune
+expect_error "--optimizer anyprecision without --pure_bf16" "--optimizer anyprecision steps bf16 weights with bf16 state: give it with --pure_bf16 1" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer anyprecision --full_finetune
+expect_error "--kahan_summation without anyprecision" "--kahan_summation is AnyPrecisionAdamW's" --model $FIX/tiny_gqa "${RUN[@]}" --kahan_summation 1 --full_finetune
+expect_error "--pure_bf16 with --cpu_offload" "--pure_bf16 with --cpu_offload is not supported yet" --model $FIX/tiny_gqa "${RUN[@]}" --pure_bf16 1 --full_finetune --optimizer anyprecision --cpu_offload 1
+expect_error "--kahan_summation 2" "--kahan_summation" --model $FIX/tiny_gqa "${RUN[@]}" --kahan_summation 2
 expect_error "Nesterov without momentum (torch refuses it too)" "--nesterov 1 needs a --momentum above 0" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer sgd --nesterov 1
 expect_error "--momentum with AdamW" "--momentum and --nesterov are SGD's" --model $FIX/tiny_gqa "${RUN[@]}" --momentum 0.9
 expect_error "negative momentum" "--momentum: '-0.5' is not a number" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer sgd --momentum -0.5

@@ -107,6 +107,10 @@ for c in host nccl auto; do dry "--collectives $c" --collectives $c; done
 rc=$?
 [ $rc -eq 2 ] && grep -q -- "--collectives: 'bogus' is not one this trainer runs (auto, nccl, host)" "$TMP/bogus.log"
 check "--collectives bogus is refused, naming the option" $? "exit $rc: $(tail -2 "$TMP/bogus.log")"
+./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --full_finetune --pure_bf16 1 --optimizer anyprecision >"$TMP/pb.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q -- "--pure_bf16 is not in this trainer yet (train_llama2, the CPU trainer, has it)" "$TMP/pb.log"
+check "--pure_bf16 is refused, saying it is the CPU trainer's for now" $? "exit $rc: $(tail -2 "$TMP/pb.log")"
 # QLoRA's plan of Llama-2-7B in bf16: the layers' runs (3187.0 MiB, as test_cli.sh works them out
 # for the CPU trainer), one layer to dequantize into (4 (4096, 4096) + 3 (11008, 4096) + 2 norms of
 # 4096: 202383360 elements, 386.0 MiB), and the rest in bf16 (the embedding and lm_head, (32000,

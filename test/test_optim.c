@@ -32,6 +32,13 @@ static void *read_raw(const char *name, size_t numel, StDtype d, size_t size) {
 }
 static float *read_f32(const char *name, size_t numel) { return (float *)read_raw(name, numel, ST_F32, 4); }
 static uint16_t *read_bf16(const char *name, size_t numel) { return (uint16_t *)read_raw(name, numel, ST_BF16, 2); }
+// bf16 elements x (n, freed) as floats, as the trainers' --pure_bf16 weights are held
+static float *bf16_floats(uint16_t *x, size_t n) {
+    float *f = (float *)mallocCheck(n * 4 + 1);
+    for (size_t i = 0; i < n; i++) f[i] = st_bf16_to_f32(x[i]);
+    free(x);
+    return f;
+}
 
 static const char *tname(const char *run, const char *x, const char *what, int t) {
     static char name[256];
@@ -136,20 +143,22 @@ static void check_anyprecision(const Run *r) {
         const JsonValue *x = &r->tensors->items[k];
         const char *xn = str(x, "name");
         size_t n = (size_t)num(x, "numel");
-        uint16_t *p = read_bf16(tname(r->name, xn, "p0", -1), n);
-        uint16_t *m = (uint16_t *)callocCheck(n, 2), *v = (uint16_t *)callocCheck(n, 2);
+        float *p = bf16_floats(read_bf16(tname(r->name, xn, "p0", -1), n), n), *g = (float *)mallocCheck(n * 4);
+        uint16_t *m = (uint16_t *)callocCheck(n, 2), *v = (uint16_t *)callocCheck(n, 2), *pb = (uint16_t *)mallocCheck(n * 2);
         uint16_t *c = r->kahan ? (uint16_t *)callocCheck(n, 2) : NULL;
         const char *path = r->kahan ? "Kahan" : "no Kahan";
         for (int t = 1; t <= r->steps; t++) {
-            uint16_t *g = read_bf16(tname(r->name, xn, "g", t), n);
+            uint16_t *gb = read_bf16(tname(r->name, xn, "g", t), n);
+            for (size_t i = 0; i < n; i++) g[i] = st_bf16_to_f32(gb[i]);
             anyprecision_update(p, g, m, v, c, n, t, r->lr, r->beta1, r->beta2, r->eps, r->wd);
-            check_step(r, xn, n, path, t, "params", p, "p", n, ST_BF16);
+            for (size_t i = 0; i < n; i++) pb[i] = bf16_from_f32(p[i]); // (exact: the update returns bf16 values)
+            check_step(r, xn, n, path, t, "params", pb, "p", n, ST_BF16);
             check_step(r, xn, n, path, t, "exp_avg", m, "m", n, ST_BF16);
             check_step(r, xn, n, path, t, "exp_avg_sq", v, "v", n, ST_BF16);
             if (c) check_step(r, xn, n, path, t, "compensation", c, "c", n, ST_BF16);
-            free(g);
+            free(gb);
         }
-        free(p), free(m), free(v), free(c);
+        free(p), free(g), free(m), free(v), free(c), free(pb);
     }
 }
 
@@ -160,8 +169,9 @@ static void check_threads(void) {
     size_t n = 4096;
     float *p[2], *g = (float *)mallocCheck(n * 4), *ma[2], *va[2], *m[2], *v[2];
     uint8_t *mc[2], *vc[2];
-    uint16_t *bp[2], *bg = (uint16_t *)mallocCheck(n * 2), *bm[2], *bv[2], *bc[2];
-    for (size_t i = 0; i < n; i++) g[i] = sinf((float)i) * powf(10.0f, (float)(i % 9) - 6.0f), bg[i] = bf16_from_f32(g[i]);
+    float *bp[2], *bg = (float *)mallocCheck(n * 4); // AnyPrecision's bf16 parameters and gradients
+    uint16_t *bm[2], *bv[2], *bc[2];
+    for (size_t i = 0; i < n; i++) g[i] = sinf((float)i) * powf(10.0f, (float)(i % 9) - 6.0f), bg[i] = bf16_round(g[i]);
     int saved = omp_get_max_threads();
     for (int run = 0; run < 2; run++) {
         omp_set_num_threads(run ? 3 : 1);
@@ -170,9 +180,9 @@ static void check_threads(void) {
         mc[run] = (uint8_t *)callocCheck(n, 1), vc[run] = (uint8_t *)callocCheck(n, 1);
         ma[run] = (float *)callocCheck(n / 256, 4), va[run] = (float *)callocCheck(n / 256, 4);
         m[run] = (float *)callocCheck(n, 4), v[run] = (float *)callocCheck(n, 4);
-        bp[run] = (uint16_t *)mallocCheck(n * 2), bm[run] = (uint16_t *)callocCheck(n, 2);
+        bp[run] = (float *)mallocCheck(n * 4), bm[run] = (uint16_t *)callocCheck(n, 2);
         bv[run] = (uint16_t *)callocCheck(n, 2), bc[run] = (uint16_t *)callocCheck(n, 2);
-        for (size_t i = 0; i < n; i++) bp[run][i] = bf16_from_f32(p[run][i]);
+        for (size_t i = 0; i < n; i++) bp[run][i] = bf16_round(p[run][i]);
         for (int t = 1; t <= 2; t++) {
             adamw8bit_update(p[run], g, mc[run], ma[run], vc[run], va[run], n, t, 1e-3, 0.9, 0.999, 1e-8, 0.1);
             adamw_torchao_update(p[run], g, m[run], v[run], n, t, 1e-3, 0.9, 0.999, 1e-8, 0.1);
@@ -182,7 +192,7 @@ static void check_threads(void) {
     omp_set_num_threads(saved);
     int same = !memcmp(p[0], p[1], n * 4) && !memcmp(mc[0], mc[1], n) && !memcmp(vc[0], vc[1], n) &&
                !memcmp(ma[0], ma[1], n / 256 * 4) && !memcmp(va[0], va[1], n / 256 * 4) && !memcmp(m[0], m[1], n * 4) &&
-               !memcmp(v[0], v[1], n * 4) && !memcmp(bp[0], bp[1], n * 2) && !memcmp(bm[0], bm[1], n * 2) &&
+               !memcmp(v[0], v[1], n * 4) && !memcmp(bp[0], bp[1], n * 4) && !memcmp(bm[0], bm[1], n * 2) &&
                !memcmp(bv[0], bv[1], n * 2) && !memcmp(bc[0], bc[1], n * 2);
     CHECK(same, "optimizer updates: the same bits at 1 and 3 threads", "they differ");
     for (int run = 0; run < 2; run++) {

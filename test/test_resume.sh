@@ -137,11 +137,12 @@ same_result "  and ends as the uninterrupted run, bit for bit" "$TMP/ref" "$TMP/
 # its folders under $TMP); then its checkpoint 3 resumed with the options after message, which
 # must be refused with that message
 killed_resumed_refused() {
-    local what=$1 dir=$2 message=$3; shift 3
+    local what=$1 dir=$2 message=$3 weights=adapter_model.safetensors; shift 3
+    [[ " ${ARGS[*]} " == *" --full_finetune "* ]] && weights=model.safetensors
     run "$TMP/$dir-ref" 6
     LLAMA2TUNE_FAULT=step:4 run "$TMP/$dir" 6
     run "$TMP/$dir" 6 --resume "$TMP/$dir"
-    same_result "$what killed after step 4 and resumed == uninterrupted" "$TMP/$dir-ref" "$TMP/$dir" adapter_model.safetensors
+    same_result "$what killed after step 4 and resumed == uninterrupted" "$TMP/$dir-ref" "$TMP/$dir" "$weights"
     run "$TMP/$dir-changed" 6 --resume "$TMP/$dir-ref/checkpoint-3" "$@"
     local rc=$?
     [ $rc -eq 1 ] && grep -q -- "$message" "$TMP/$dir-changed.log"
@@ -184,4 +185,13 @@ run "$TMP/a8" 6 --resume "$TMP/a8"
 same_result "AdamW8bit full fine-tuning killed after step 4 and resumed == uninterrupted" "$TMP/a8-ref" "$TMP/a8" model.safetensors
 cmp -s "$TMP/a8-ref/checkpoint-6/optimizer.safetensors" "$TMP/a8/checkpoint-6/optimizer.safetensors"
 check "... and its final optimizer state (codes, absmax, fp32 moments) is the same bytes" $? "$(ls "$TMP/a8/checkpoint-6")"
+
+# --pure_bf16 with AnyPrecisionAdamW and Kahan summation, gradient accumulation: the checkpoint
+# holds the bf16 weights and the bf16 moments and compensation, so the state comes back exactly
+ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --gradient_accumulation_steps 2 --lr 2e-3
+      --full_finetune --pure_bf16 1 --optimizer anyprecision --kahan_summation 1 --save_every 3 --threads 1)
+killed_resumed_refused "pure bf16 (AnyPrecisionAdamW, Kahan)" pb "--kahan_summation was '1' in the checkpoint but is '0' now" \
+    --kahan_summation 0
+cmp -s "$TMP/pb-ref/checkpoint-6/optimizer.safetensors" "$TMP/pb/checkpoint-6/optimizer.safetensors"
+check "... and its final optimizer state (bf16 moments, compensation) is the same bytes" $? "$(ls "$TMP/pb/checkpoint-6")"
 exit $((fails > 0))

@@ -340,13 +340,14 @@ run 2 "$TMP/a8-256-freeze2" "${A8F[@]}" --batch_size 6 --sharding_strategy FULL_
 same_run "AdamW8bit, full fine-tuning, --freeze_layers 1, W = 2 FULL_SHARD == one process" "$TMP/a8-256-freeze1" "$TMP/a8-256-freeze2" model.safetensors
 grep -q '"align": 256' "$TMP/a8-256-3/checkpoint-3/fsdp_index.json"
 check "AdamW8bit, W = 3: the sharded checkpoint says its shards are whole blocks" $? "$(head -8 "$TMP/a8-256-3/checkpoint-3/fsdp_index.json")"
-resume_a8() { # resume_a8 FROM W: FROM's checkpoint-3 resumed at W ranks (0: one process) into $TMP/a8-from-FROM-W
-    out="$TMP/a8-from-$1-$2"
-    mkdir -p "$out" && cp -r "$TMP/a8-256-$1/checkpoint-3" "$out/" && head -3 "$TMP/a8-256-$1.jsonl" >"$out.jsonl"
-    local sharded=()
-    [ "$2" -gt 1 ] && sharded=(--sharding_strategy FULL_SHARD)
-    run $2 "$out" "${A8F[@]}" --batch_size $((12 / ($2 > 0 ? $2 : 1))) --resume "$out" "${sharded[@]}"
+resume_at() { # resume_at FROM STEP W OUT ARGS...: FROM's checkpoint-STEP resumed at W ranks (0: one process, else FULL_SHARD) into OUT
+    local from=$1 step=$2 w=$3 out=$4 sharded=()
+    shift 4
+    mkdir -p "$out" && cp -r "$from/checkpoint-$step" "$out/" && head -"$step" "$from.jsonl" >"$out.jsonl"
+    [ "$w" -gt 1 ] && sharded=(--sharding_strategy FULL_SHARD)
+    run "$w" "$out" "$@" --batch_size $((12 / (w > 0 ? w : 1))) --resume "$out" "${sharded[@]}"
 }
+resume_a8() { resume_at "$TMP/a8-256-$1" 3 "$2" "$TMP/a8-from-$1-$2" "${A8F[@]}"; } # resume_a8 FROM-W W
 resume_a8 2 2
 same_bits "AdamW8bit: W = 2's checkpoint resumed at W = 2 == uninterrupted" "$TMP/a8-256-2" "$TMP/a8-from-2-2" model.safetensors
 WEIGHT_TOL=2e-3
@@ -379,6 +380,37 @@ out="$TMP/sgd-resume2"
 mkdir -p "$out" && cp -r "$TMP/sgd-save3/checkpoint-5" "$out/" && head -5 "$TMP/sgd-save3.jsonl" >"$out.jsonl"
 run 2 "$out" "${FULL[@]}" "${SGD[@]}" --batch_size 6 --resume "$out"
 same_run "SGD: the W = 3 checkpoint resumed at W = 2 == uninterrupted (steps 6-10, final weights)" "$TMP/sgd-save3" "$out" model.safetensors 6
+
+# --pure_bf16 with AnyPrecisionAdamW (Kahan summation): bf16 weights, gradients and state sharded
+# as AdamW's fp32 ones. Each rank's part of a unit's gradient is rounded to bf16 before the
+# reduce-scatter (or all-reduce), the ranks' parts summed in fp32 and the sum rounded once, where
+# one process rounds the sum over all rows once; so a W-rank run differs from one process by a
+# bf16 rounding of the gradients, which an update near a weight's rounding boundary turns into
+# a bf16 step of the weight. Measured: trajectories within 1.7e-3 relative, weights within 5.9e-3
+# of their scale (one bf16 ulp of the largest element) at W = 2 FULL_SHARD and NO_SHARD, 3
+# SHARD_GRAD_OP and 4 HYBRID_SHARD. Allowed: 5e-3 and 1e-2 (under two ulps). Resumed: at the
+# same W bit for bit; the state (bf16 tensors) re-sharded at another W, and one process's
+# checkpoint at W = 3, within the same tolerances.
+PB16=("${FULL[@]}" --pure_bf16 1 --optimizer anyprecision --kahan_summation 1 --lr 2e-3 --save_every 5 --keep_checkpoints 0)
+TOLS_FP32=("$TRAJ_TOL" "$WEIGHT_TOL")
+TRAJ_TOL=5e-3 WEIGHT_TOL=1e-2
+run 0 "$TMP/pb16-1" "${PB16[@]}" --batch_size 12
+for c in "2 FULL_SHARD" "3 SHARD_GRAD_OP" "2 NO_SHARD" "4 HYBRID_SHARD --shard_group 2"; do
+    set -- $c
+    run $1 "$TMP/pb16-$1-$2" "${PB16[@]}" --batch_size $((12 / $1)) --sharding_strategy "${@:2}"
+    same_run "pure bf16, AnyPrecisionAdamW, W = $1 ${*:2} == one process" "$TMP/pb16-1" "$TMP/pb16-$1-$2" model.safetensors
+done
+set --
+resume_pb16() { resume_at "$1" 5 "$2" "$3" "${PB16[@]}"; } # resume_pb16 FROM W OUT
+resume_pb16 "$TMP/pb16-2-FULL_SHARD" 2 "$TMP/pb16-from2-2"
+same_bits "pure bf16: W = 2's checkpoint resumed at W = 2 == uninterrupted" "$TMP/pb16-2-FULL_SHARD" "$TMP/pb16-from2-2" model.safetensors
+resume_pb16 "$TMP/pb16-2-FULL_SHARD" 3 "$TMP/pb16-from2-3"
+same_run "pure bf16: W = 2's checkpoint (bf16 state re-sharded) resumed at W = 3 == W = 2 uninterrupted" "$TMP/pb16-2-FULL_SHARD" "$TMP/pb16-from2-3" model.safetensors 6
+resume_pb16 "$TMP/pb16-2-FULL_SHARD" 0 "$TMP/pb16-from2-0"
+same_run "pure bf16: W = 2's checkpoint resumed in one process == W = 2 uninterrupted" "$TMP/pb16-2-FULL_SHARD" "$TMP/pb16-from2-0" model.safetensors 6
+resume_pb16 "$TMP/pb16-1" 3 "$TMP/pb16-from1-3"
+same_run "pure bf16: one process's checkpoint resumed at W = 3 == one process uninterrupted" "$TMP/pb16-1" "$TMP/pb16-from1-3" model.safetensors 6
+TRAJ_TOL=${TOLS_FP32[0]} WEIGHT_TOL=${TOLS_FP32[1]}
 
 # QLoRA: every decoder layer a packed unit, its run (4-bit codes, statistics, fp32 norms) sharded as
 # bytes over the shard group and gathered before it is dequantized; each rank quantizes only the

@@ -138,21 +138,24 @@ static void test_memory_plan(void) {
     write_random_model(model, 256, 688, 4, 4, 4, 512);
     write_words(data, 4, 1200);
     // (each optimizer's state is part of full fine-tuning's plan: AdamW's 8 bytes a parameter,
-    // AdamW8bit's 2 and its staging buffer, SGD's momentum buffer's 4)
-    struct { const char *name, *seq, *chunk, *mem, *flags[5]; } cases[] = {
+    // AdamW8bit's 2 and its staging buffer, SGD's momentum buffer's 4; pure bf16's 6 for
+    // AnyPrecision's bf16 moments and compensation and 2 for the step's bf16 gradient)
+    struct { const char *name, *seq, *chunk, *mem, *flags[7]; } cases[] = {
         {"LoRA, T = 1024, whole", "1024", "0", "keep", {NULL}},
         {"LoRA, T = 1024, whole, activation checkpointing", "1024", "0", "keep", {"--activation_checkpointing"}},
         {"LoRA, T = 1024, chunks of 128, recompute", "1024", "128", "recompute", {NULL}},
         {"full fine-tuning, T = 512, chunks of 256, keep", "512", "256", "keep", {"--full_finetune"}},
         {"full fine-tuning, AdamW8bit", "512", "256", "keep", {"--full_finetune", "--optimizer", "adamw8bit"}},
-        {"full fine-tuning, SGD with momentum", "512", "256", "keep", {"--full_finetune", "--optimizer", "sgd", "--momentum", "0.9"}}};
+        {"full fine-tuning, SGD with momentum", "512", "256", "keep", {"--full_finetune", "--optimizer", "sgd", "--momentum", "0.9"}},
+        {"full fine-tuning, pure bf16, AnyPrecisionAdamW with Kahan summation", "512", "256", "keep",
+         {"--full_finetune", "--pure_bf16", "1", "--optimizer", "anyprecision", "--kahan_summation", "1"}}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         char *argv[] = {"x", "--model", (char *)model, "--data", (char *)data, "--max_seq_len", (char *)cases[k].seq,
                         "--batch_size", "2", "--max_steps", "1", "--chunk_size", (char *)cases[k].chunk, "--chunk_memory",
                         (char *)cases[k].mem, "--threads", "2", "--data_cache_dir", tmpdir, "--output_dir", outdir,
                         (char *)cases[k].flags[0], (char *)cases[k].flags[1], (char *)cases[k].flags[2], (char *)cases[k].flags[3],
-                        (char *)cases[k].flags[4]};
-        int argc = (int)(sizeof argv / sizeof argv[0]) - 5;
+                        (char *)cases[k].flags[4], (char *)cases[k].flags[5], (char *)cases[k].flags[6]};
+        int argc = (int)(sizeof argv / sizeof argv[0]) - 7;
         while (argc < (int)(sizeof argv / sizeof argv[0]) && argv[argc]) argc++;
         double plan, peak = child_peak(argv, argc, &plan);
         char what[200];
