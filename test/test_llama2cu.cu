@@ -608,7 +608,7 @@ int main(int argc, char **argv) {
     // --trainable_params (LoRA, dropout 0.1): embed,norm from each fixture's trainable/peft_init (tiny_tied:
     // the trained embedding is the head too), embed and norm alone on a fresh adapter (the copies seeded
     // from the base as it streams to the GPU); whole and in chunks with activation checkpointing (the head
-    // in 3 pieces), and 10 steps whole and in recomputed chunks, in each precision
+    // in 3 pieces), and 10 steps whole and in recomputed chunks, in each precision; embed,norm in fp16 too
     for (const char *trainable : {"embed,norm", "embed", "norm"})
         for (const char *model : {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"})
             for (const char *precision : precisions) {
@@ -621,6 +621,12 @@ int main(int argc, char **argv) {
                 if ((all || !quick) && mine()) check_steps(whole, steps);
                 if (all && !quick && mine()) check_steps(steps_chunked, steps);
             }
+    for (const char *model : {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"}) { // and fp16 (loss scaling), whole
+        Case whole = {model, false, "fp16", 0, "keep", 1, false};
+        whole.trainable = "embed,norm";
+        if (mine()) check_case(whole);
+        if (!quick && mine()) check_steps(whole, steps);
+    }
     // IA3 (peft's adapters of tiny_gqa, and of tiny_tied with gate_proj and down_proj
     // feedforward and o_proj) and llama_adapter (peft's prompts, gates off 0: tiny_gqa's top
     // layer, GQA; both of tiny_tied's): whole and in chunks with activation checkpointing,
