@@ -196,13 +196,20 @@ static void lora_saved_key(int n_layers, int k, char *key, size_t n) {
 }
 // peft saves a tied head it keeps tied (ensure_weight_tying) under its own key as well
 #define LORA_TIED_HEAD_KEY "base_model.model.lm_head.weight"
-// saved tensor k in base (params or grads), NULL when it does not train; its size into numel when given
-static float *lora_saved(const LoRA *l, float *base, int k, int64_t *numel) {
+// where saved tensor k starts in the flat buffers, -1 when it does not train (or k < 0; the CUDA trainer
+// reads it in its bf16 copy of them too)
+static int64_t lora_saved_at(const LoRA *l, int k) {
     int embed = k == 0;
-    if (!(l->saved & (embed ? LORA_SAVE_EMBED : LORA_SAVE_NORM))) return NULL;
-    if (numel) *numel = embed ? (int64_t)l->vocab * l->dim : l->dim;
+    if (k < 0 || !(l->saved & (embed ? LORA_SAVE_EMBED : LORA_SAVE_NORM))) return -1;
     size_t embed_n = l->saved & LORA_SAVE_EMBED ? (size_t)l->vocab * l->dim : 0;
-    return base + l->saved_offset + (embed ? 0 : embed_n + (size_t)(k - 1) * l->dim);
+    return (int64_t)(l->saved_offset + (embed ? 0 : embed_n + (size_t)(k - 1) * l->dim));
+}
+// saved tensor k in base (params or grads), NULL when it does not train (or k < 0); its size into numel when given
+static float *lora_saved(const LoRA *l, float *base, int k, int64_t *numel) {
+    int64_t at = lora_saved_at(l, k);
+    if (at < 0) return NULL;
+    if (numel) *numel = k == 0 ? (int64_t)l->vocab * l->dim : l->dim;
+    return base + at;
 }
 // where the forward reads a norm (layer n_layers: the final one) or the embedding: the trained copy, else w
 static inline float *lora_norm_or(const LoRA *l, int layer, int j, float *w) {

@@ -483,6 +483,7 @@ typedef struct {
     // the base weights read later, where the backend keeps them (model_stream_base: the CUDA
     // trainer's LoRA), not held here: from the checkpoint folder base_dir, or drawn (random_init)
     int base_deferred, base_random;
+    int saved_from_base;      // --trainable_params' copies start as the base's, which model_stream_base reads
     const char *base_dir;
     uint64_t base_seed;
     size_t run_offset[LAYER_TENSORS]; // where each tensor of a layer lies in the layer's run
@@ -941,11 +942,22 @@ static void model_base_close(BaseSource *b) {
     if (b->open) weights_close(&b->sm);
 }
 
+// --trainable_params: which saved tensor (lora_saved's k) tensor j of unit u is, -1 none: the
+// embedding, a layer's two norms (P_ATTN_NORM, P_MLP_NORM), the final norm
+static int model_saved_index(const HostModel *h, int u, int j) {
+    int L = h->config.n_layers;
+    if (u == 0) return 0;
+    if (u > L) return j == 0 ? 1 + 2 * L : -1; // the head unit: the norm, lm_head
+    int p = P_ATTN_NORM + j; // a layer unit's tensors in enum order
+    return p == P_ATTN_NORM ? 1 + 2 * (u - 1) : p == P_MLP_NORM ? 2 + 2 * (u - 1) : -1;
+}
+
 // The base weights of a model set up without them (base_deferred), a piece of at most
 // MODEL_STREAM_PIECE elements at a time, each handed to put(put_ctx, unit, tensor, first,
 // count, src) and its buffer reused after: the CUDA trainer uploads them, so the model is
 // never whole in host memory (a tied model's embedding is read whole, to check a stored
-// lm_head against it, as model_load does). 0 ok, -1 with a message.
+// lm_head against it, as model_load does). With saved_from_base the trained copies of
+// --trainable_params start as the pieces they read (model_saved_copy's, streamed). 0 ok, -1 with a message.
 #define MODEL_STREAM_PIECE ((size_t)1 << 24)
 typedef void (*ModelPutFn)(void *ctx, int unit, int tensor, size_t first, size_t count, const float *src);
 static int model_stream_base(HostModel *m, ModelPutFn put, void *put_ctx) {
@@ -968,6 +980,8 @@ static int model_stream_base(HostModel *m, ModelPutFn put, void *put_ctx) {
                 rc = read(ctx, i, j, first, count, buf);
                 if (rc == 0 && whole) rc = fsdp_check_tied_head(&b.sm, 0, n, buf);
                 if (rc == 0) put(put_ctx, i, j, first, count, buf);
+                float *saved = m->saved_from_base ? lora_saved(&m->lora, m->lora.params, model_saved_index(m, i, j), NULL) : NULL;
+                if (rc == 0 && saved) memcpy(saved + first, buf, count * sizeof(float));
                 progress_update(&bar, (done += (double)count) / 1e6);
             }
             if (whole) free(buf);
@@ -1129,17 +1143,16 @@ static void model_dequantize_layers(HostModel *m) {
 // --trainable_params: the trained copies (lora_saved) from the base weights (dir > 0: where
 // they start) or into them (dir < 0: a merged model holds the trained ones)
 static void model_saved_copy(HostModel *h, int dir) {
-    const Config *c = &h->config;
     LoRA *l = &h->lora;
-    for (int k = 0; k < lora_n_saved(l); k++) {
-        int64_t n;
-        float *s = lora_saved(l, l->params, k, &n);
-        if (!s) continue;
-        float *w = k == 0 ? h->w.embed : k == 1 + 2 * c->n_layers ? h->w.norm
-                 : ((k - 1) % 2 ? h->w.mlp_norm : h->w.attn_norm) + (size_t)((k - 1) / 2) * c->dim;
-        if (dir > 0) memcpy(s, w, (size_t)n * sizeof(float));
-        else memcpy(w, s, (size_t)n * sizeof(float));
-    }
+    for (int u = 0; u < h->units.n_units; u++)
+        for (int j = 0; j < h->units.units[u].n_tensors; j++) {
+            float *s = lora_saved(l, l->params, model_saved_index(h, u, j), NULL);
+            if (!s) continue;
+            float *w = h->params + model_tensor_offset(&h->config, u, j);
+            size_t n = h->units.units[u].tensors[j].numel;
+            if (dir > 0) memcpy(s, w, n * sizeof(float));
+            else memcpy(w, s, n * sizeof(float));
+        }
 }
 // base + LoRA as one model, in m->params (whole): W += scale * B @ A in every adapted
 // layer, on the host (it runs once, after training). Each element sums its r products in

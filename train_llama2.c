@@ -1179,7 +1179,6 @@ static double model_peak_mb(Model *m) {
 // windows, which the randomized layout moves every run (dev/bench_cpu.md has the peaks).
 static const int backend_measures_free_memory = 0;
 static const int backend_streams_base = 0; // (it computes from m->host's weights)
-static const int backend_trainable_params = 1; // --trainable_params (the CUDA trainer's matmuls do not read the trained copies yet)
 static double model_memory_budget(Model *m, double limit) {
     long pages = 0, resident = 0, shared = 0, text = 0;
     FILE *f = fopen("/proc/self/statm", "r");

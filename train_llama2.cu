@@ -560,7 +560,6 @@ static void weights_upload(Model *m) {
 // workspace, bf16's upload staging, NCCL's buffers, fragmentation): 5% of the GPU, at
 // least 1 GiB; and no more than --memory_limit when given (a dry run: that alone).
 static const int backend_measures_free_memory = 1;
-static const int backend_trainable_params = 0; // --trainable_params: not here yet (trainer.h refuses it)
 static const int backend_pure_bf16 = 0; // --pure_bf16: not here yet (trainer.h refuses it)
 static const int backend_streams_base = 1; // LoRA's base goes from the files to the GPU a piece at a time
 static double model_memory_budget(Model *m, double limit) {
@@ -653,8 +652,10 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             lay[i] = device_layout(m->alloc[i]);
         }
         model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
-        // the trainable masters, then the weights the matmuls read
+        // the trainable masters, then the weights the matmuls read; a streamed base first, as it
+        // seeds the trained copies of --trainable_params (model_stream_base)
         cudaStream_t st = m->stream;
+        if (h->base_deferred && model_stream_base(&m->host, weights_put<floatX>, m) != 0) exit(1); // (it said why)
         if (m->cpu_offload) offload_alloc(m);
         if (h->use_lora) upload(m->params, h->lora.params, m->n_train, st);
         else masters_upload(m);
@@ -673,10 +674,9 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
             else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
         } else {
-            if (h->base_deferred) {
-                if (model_stream_base(&m->host, weights_put<floatX>, m) != 0) exit(1); // (it said why)
-            } else if (h->quant_type == QUANT_NONE || m->sharded) upload(d.weights, base, n_base, st);
-            else { // whole: the weights but the layers' (packed units, kept in runs)
+            if (h->quant_type == QUANT_NONE || m->sharded) {
+                if (!h->base_deferred) upload(d.weights, base, n_base, st); // (else streamed above)
+            } else { // whole: the weights but the layers' (packed units, kept in runs)
                 for (int u = 0; u < h->units.n_units; u++)
                     for (int j = 0; !h->units.units[u].packed && j < h->units.units[u].n_tensors; j++)
                         upload(d.weights + weight_offset(h, u, j), base + model_tensor_offset(c, u, j),
@@ -795,14 +795,29 @@ template <typename floatX> floatX *param_at(Model *m, int u, int j) {
     if (!m->sharded) return buffers<floatX>(m).weights + weight_offset(&m->host, u, j);
     return unit_gather<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
 }
+// --trainable_params: saved tensor k (lora_saved's numbering) where the forward reads it, LoRA's
+// copy for the matmuls (the masters, or the optimizer's bf16/fp16 copy), else w (the base's)
+template <typename floatX> floatX *saved_or(Model *m, int k, floatX *w) {
+    int64_t at = lora_saved_at(&m->host.lora, k);
+    return at < 0 ? w : buffers<floatX>(m).lora_w + at;
+}
+// the embedding (--trainable_params embed: LoRA's trained copy)
+template <typename floatX> floatX *embed_weight(Model *m) { return saved_or(m, 0, param_at<floatX>(m, 0, 0)); }
 // the output projection: lm_head, or with tied embeddings the embedding
 template <typename floatX> floatX *head_weight(Model *m) {
-    return m->host.config.tied ? param_at<floatX>(m, 0, 0) : param_at<floatX>(m, fsdp_head_unit(&m->host.units), 1);
+    return m->host.config.tied ? embed_weight<floatX>(m) : param_at<floatX>(m, fsdp_head_unit(&m->host.units), 1);
+}
+// the final norm (--trainable_params norm: LoRA's trained copy)
+template <typename floatX> floatX *final_norm(Model *m) {
+    return saved_or(m, 1 + 2 * m->host.config.n_layers, param_at<floatX>(m, fsdp_head_unit(&m->host.units), 0));
 }
 template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
     floatX *t[LAYER_TENSORS];
     for (int j = 0; j < LAYER_TENSORS; j++) t[j] = param_at<floatX>(m, fsdp_layer_unit(l), j);
-    return layer_weights(t);
+    LayerWeights<floatX> w = layer_weights(t);
+    w.attn_norm = saved_or(m, 1 + 2 * l, w.attn_norm);
+    w.mlp_norm = saved_or(m, 2 + 2 * l, w.mlp_norm);
+    return w;
 }
 
 // Full fine-tuning's gradients (fp32), as in train_llama2.c: whole, straight in
@@ -887,6 +902,8 @@ static LayerWeights<float> layer_grads(Model *m, int l) {
     for (int j = 0; j < LAYER_TENSORS; j++) t[j] = grad_at(m, fsdp_layer_unit(l), j);
     return layer_weights(t);
 }
+// LoRA's gradient of saved tensor k (lora_saved's numbering), NULL when it does not train
+static float *saved_grad(Model *m, int k) { return lora_saved(&m->host.lora, m->grads, k, NULL); }
 
 // ----------------------------------------------------------------------------
 // forward and backward of one micro-batch, chunk by chunk (docs/chunked.md)
@@ -1028,7 +1045,7 @@ template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, co
     int j = ch->t0 / m->chunk_size; // (the spans' chunk)
     PROF_BEGIN(st, "embedding forward", -1, j, -1);
     chunk_tokens(m->chunk_tokens, m->tokens, ch, st);
-    floatX *embed = param_at<floatX>(m, 0, 0);
+    floatX *embed = embed_weight<floatX>(m);
     prefetch_next<floatX>(m, 0, 1); // layer 0
     embedding_forward(s->resid, m->chunk_tokens, embed, ch->B * ch->len, c->dim, st);
     PROF_END(st);
@@ -1072,9 +1089,12 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
     if (logits_out && nk != N) die("internal: chunk_head wants the logits of every row, but %d of %d are kept", nk, N);
     int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
     const floatX *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
-    floatX *norm = param_at<floatX>(m, hu, 0), *head = head_weight<floatX>(m);
-    int head_trains = full && !(c->tied && m->host.frozen_units); // tied: the head is the embedding, frozen with it
-    float *dnorm = full ? grad_at(m, hu, 0) : NULL, *dhead = head_trains ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : NULL;
+    floatX *norm = final_norm<floatX>(m), *head = head_weight<floatX>(m);
+    // tied: the head is the embedding, frozen with it (--freeze_layers). LoRA: their trained
+    // copies' (--trainable_params), if any
+    int full_head = full && !(c->tied && m->host.frozen_units), lora = grad_scale != 0.0f && !full;
+    float *dnorm = full ? grad_at(m, hu, 0) : lora ? saved_grad(m, 1 + 2 * c->n_layers) : NULL;
+    float *dhead = full_head ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : lora && c->tied ? saved_grad(m, 0) : NULL;
     rmsnorm_forward(d.lnf, m->rstdf, xL, norm, N, D, c->norm_eps, st);
     floatX *xk = d.lnf, *dxk = d.dln; // (nk, D) the kept rows and their gradients
     if (nk < N) {
@@ -1127,6 +1147,7 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         if (m->activation_checkpointing) layer_forward(m, s, ch, l);
         LayerWeights<float> g = {};
         if (full) g = layer_grads(m, l);
+        else g.attn_norm = saved_grad(m, 1 + 2 * l), g.mlp_norm = saved_grad(m, 2 + 2 * l); // (--trainable_params norm)
         LayerActs<floatX> act = layer_acts(m, s, ch, l);
         floatX *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
         floatX *dkc = LAYER(d.dk, l, carry), *dvc = LAYER(d.dv, l, carry);
@@ -1159,11 +1180,12 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         if (full) grads_done(m, fsdp_layer_unit(l));
         PROF_END(st);
     }
-    if (full && !frozen) {
+    float *dembed = full ? (frozen ? NULL : grad_at(m, 0, 0)) : saved_grad(m, 0); // (LoRA: --trainable_params embed)
+    if (dembed) {
         PROF_BEGIN(st, "embedding backward", -1, ch->t0 / m->chunk_size, -1);
         chunk_tokens(m->chunk_tokens, m->tokens, ch, st); // a later chunk's forward replaced them (keep mode)
-        embedding_backward(grad_at(m, 0, 0), d.dresid, m->chunk_tokens, N, D, st);
-        grads_done(m, 0);
+        embedding_backward(dembed, d.dresid, m->chunk_tokens, N, D, st);
+        if (full) grads_done(m, 0);
         PROF_END(st);
     }
 }
@@ -1284,8 +1306,7 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
         Buffers<floatX> &d = buffers<floatX>(m);
         chunk_forward(m, &d.chunk[0], ch);
         const floatX *x = LAYER(d.chunk[0].resid, c->n_layers, (size_t)ch->len * c->dim) + (size_t)(ch->len - 1) * c->dim;
-        rmsnorm_forward(d.lnf, m->rstdf, x, param_at<floatX>(m, fsdp_head_unit(&m->host.units), 0), 1, c->dim,
-                        c->norm_eps, st);
+        rmsnorm_forward(d.lnf, m->rstdf, x, final_norm<floatX>(m), 1, c->dim, c->norm_eps, st);
         matmul_forward(m->logits, d.lnf, head_weight<floatX>(m), 1, c->dim, c->vocab_size, 1.0f, 0, st);
     });
     units_reshard(m);

@@ -557,10 +557,6 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --trainable_params with --peft_method %s is not supported yet (only with lora)\n", tc->peft_method);
         return -1;
     }
-    if (mask && !backend_trainable_params) {
-        fprintf(stderr, "error: --trainable_params is not in this trainer yet (train_llama2, the CPU trainer, has it)\n");
-        return -1;
-    }
     if (mask && tc->export_gguf_adapter[0]) { fprintf(stderr, "%s\n", gguf_adapter_saved_error); return -1; }
     if (mask && tc->quant_type != QUANT_NONE) {
         fprintf(stderr, "error: --trainable_params with --quantize is not supported yet (QLoRA keeps the norms in its 4-bit runs)\n");
@@ -726,7 +722,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
                 host_model_free(h);
                 return -1;
             }
-            if (h->lora.saved && (!backend_trainable_params || host_sharded(h) || h->quant_type != QUANT_NONE)) {
+            if (h->lora.saved && (host_sharded(h) || h->quant_type != QUANT_NONE)) {
                 fprintf(stderr, "error: %s saves base tensors (modules_to_save), which this trainer, sharded or with "
                         "--quantize, does not train yet\n", adapter);
                 host_model_free(h);
@@ -768,9 +764,10 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
                 host_model_free(h);
                 return -1;
             }
-            if (saved) { // they start as the base's (a dry run has no weights)
+            if (saved) { // they start as the base's (a dry run has no weights; a streamed base seeds them as it streams)
                 lora_add_saved(&h->lora, saved, h->config.vocab_size, h->config.dim, h->config.tied, !tc->dry_run);
-                if (!tc->dry_run) model_saved_copy(h, 1);
+                if (!tc->dry_run && h->base_deferred) h->saved_from_base = 1;
+                else if (!tc->dry_run) model_saved_copy(h, 1);
             }
         }
         if (h->lora.adapter_len && (tc->merge_adapter || tc->export_gguf[0] || tc->export_gguf_adapter[0])) {

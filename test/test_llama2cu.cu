@@ -3,7 +3,8 @@
 // set up from the same arguments on the same checkpoint and batches: the
 // logits and the loss, every trainable gradient, and 10 optimizer steps of
 // losses and gradient norms; for LoRA (with dropout, whose masks are the same
-// hash on both; and DoRA, tiny_gqa's peft adapter; and IA3 and llama_adapter, tiny_gqa's and tiny_tied's) and
+// hash on both; and DoRA, tiny_gqa's peft adapter; and IA3 and llama_adapter, tiny_gqa's and tiny_tied's; and
+// --trainable_params embed, norm and both, tiny_gqa's and tiny_tied's, the embedding and norms trained beside) and
 // full fine-tuning,
 // whole sequences and chunks (keep and
 // recompute, the head in pieces, --activation_checkpointing), GQA (tiny_gqa) and
@@ -102,6 +103,8 @@ struct Case {
     int T = T_DEFAULT;     // tokens a row (--max_seq_len)
     bool s2 = false;       // --s2_attn 1 (and --batching packing, which it needs)
     const char *method = NULL; // ia3 or llama_adapter: that adapter, from the fixture's <method>/peft_init, instead of LoRA
+    const char *trainable = NULL; // --trainable_params: "embed,norm" from the fixture's trainable/peft_init (B and the
+                                  // saved tensors off their start); "embed" or "norm" a fresh adapter, the copies the base's
 };
 enum { ADAMW, SGD_MOMENTUM, SGD_NESTEROV }; // the optimizer of a Pair (SGD: momentum 0.9, Nesterov or not)
 
@@ -110,10 +113,11 @@ std::string describe(const Case &c, int optimizer = ADAMW) {
     char buf[200];
     const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
     const char *optimizers[] = {"", " sgd momentum", " sgd nesterov"};
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%s%s%.0d%s%.0d%s", model, c.full ? "full" : c.dora ? "dora" : c.method ? c.method : "lora",
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%s%s%.0d%s%.0d%s%s%s", model, c.full ? "full" : c.dora ? "dora" : c.method ? c.method : "lora",
              c.precision, c.chunk, c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", optimizers[optimizer],
              c.quantize ? " qlora " : "", c.quantize ? c.quantize : "", c.freeze ? " freeze_layers=" : "", c.freeze,
-             c.T != T_DEFAULT ? " T=" : "", c.T != T_DEFAULT ? c.T : 0, c.s2 ? " s2_attn" : "");
+             c.T != T_DEFAULT ? " T=" : "", c.T != T_DEFAULT ? c.T : 0, c.s2 ? " s2_attn" : "",
+             c.trainable ? " trainable_params=" : "", c.trainable ? c.trainable : "");
     return buf;
 }
 
@@ -143,7 +147,10 @@ struct Pair {
                                    optimizer == SGD_NESTEROV ? "1" : "0", "--lr", c.full ? "0.1" : "0.5"});
             else a.insert(a.end(), {"--lr", c.full ? "1e-3" : "5e-3"});
             if (c.full) a.push_back("--full_finetune");
-            else if (c.method && c.quantize) { // (no fixture for tiny_qlora: a fresh adapter, IA3's vectors at 1, the gates at 0)
+            else if (c.trainable) {
+                a.insert(a.end(), {"--trainable_params", c.trainable});
+                if (!strcmp(c.trainable, "embed,norm")) a.insert(a.end(), {"--from_peft_checkpoint", model + "/trainable/peft_init"});
+            } else if (c.method && c.quantize) { // (no fixture for tiny_qlora: a fresh adapter, IA3's vectors at 1, the gates at 0)
                 a.insert(a.end(), {"--peft_method", c.method});
                 if (!strcmp(c.method, "ia3")) a.insert(a.end(), {"--ia3_target_modules", "all-linear"});
                 else a.insert(a.end(), {"--adapter_len", "4", "--adapter_layers", "2"});
@@ -224,6 +231,12 @@ template <typename F> void for_each_trainable(const HostModel *h, F f) {
                     size_t n = lora_tensor_numel(l, t, k);
                     f(name, (size_t)(lora_tensor(l, l->params, i, t, k) - l->params), n);
                 }
+        for (int k = 0; k < lora_n_saved(l); k++) { // --trainable_params' whole tensors, after the adapter
+            int64_t n;
+            if (!lora_saved(l, l->params, k, &n)) continue;
+            lora_saved_key(l->n_layers, k, name, sizeof name);
+            f(name, (size_t)lora_saved_at(l, k), (size_t)n);
+        }
         return;
     }
     for (int u = h->frozen_units; u < h->units.n_units; u++) // the units that train (a tied head is the embedding)
@@ -231,6 +244,31 @@ template <typename F> void for_each_trainable(const HostModel *h, F f) {
             const FsdpTensor *t = &h->units.units[u].tensors[j];
             f(t->name, model_tensor_offset_from(&h->config, h->frozen_units, u, j), t->numel);
         }
+}
+
+// A fresh --trainable_params starts as the base (its copies model_saved_copy's): the CPU twin's
+// logits bit for bit those of the same run without it, whose forward reads the base's own
+// tensors. The GPU, seeded as its base streams, is then judged against that CPU run.
+void check_seeded(Pair &pair, const std::string &name, const std::vector<int> &tokens, const std::vector<int> &targets,
+                  const std::vector<float> &logits) {
+    std::vector<std::string> args;
+    for (size_t i = 0; i < pair.args[0].size(); i++) {
+        if (pair.args[0][i] == "--trainable_params") { i++; continue; }
+        args.push_back(pair.args[0][i]);
+    }
+    std::vector<char *> argv;
+    for (std::string &a : args) argv.push_back(&a[0]);
+    const int T = (int)tokens.size() / B;
+    void *plain = cpu_new((int)argv.size(), argv.data(), B, T);
+    std::vector<float> want(logits.size());
+    cpu_forward(plain, tokens.data(), targets.data(), B, T, want.data());
+    cpu_free(plain);
+    size_t differ = 0;
+    for (size_t i = 0; i < want.size(); i++) differ += memcmp(&want[i], &logits[i], sizeof(float)) != 0;
+    char line[512];
+    snprintf(line, sizeof line, "%s: the trained copies start as the base (the CPU's logits without them: %zu of %zu differ)",
+             name.c_str(), differ, want.size());
+    CHECK(differ == 0, line, "%s", "not bit-identical");
 }
 
 // logits and loss (no dropout), then the loss and every gradient of a training micro-batch;
@@ -254,6 +292,7 @@ void check_case(const Case &c, bool with_logits = true) {
         check_scalar(name + ": evaluation loss", loss_gpu, loss_cpu, tol.loss);
         check_tensor(name + ": logits", logits_gpu.data(), logits_cpu.data(), n_logits, tol.logits);
     }
+    if (c.trainable && with_logits && strcmp(c.trainable, "embed,norm")) check_seeded(pair, name, tokens, targets, logits_cpu);
     // without logits the head runs on the positions with a target only, as in the trainer's evaluation
     check_scalar(name + ": evaluation loss without logits", gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, NULL),
                  loss_cpu, tol.loss);
@@ -565,6 +604,28 @@ int main(int argc, char **argv) {
         Case chunked = {"test/fixtures/tiny_gqa", false, precision, 5, "recompute", 1, false, true};
         if (mine()) check_steps(dora[0], steps);
         if (!quick && mine()) check_steps(chunked, steps);
+    }
+    // --trainable_params (LoRA, dropout 0.1): embed,norm from each fixture's trainable/peft_init (tiny_tied:
+    // the trained embedding is the head too), embed and norm alone on a fresh adapter (the copies seeded
+    // from the base as it streams to the GPU); whole and in chunks with activation checkpointing (the head
+    // in 3 pieces), and 10 steps whole and in recomputed chunks, in each precision; embed,norm in fp16 too
+    for (const char *trainable : {"embed,norm", "embed", "norm"})
+        for (const char *model : {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"})
+            for (const char *precision : precisions) {
+                Case whole = {model, false, precision, 0, "keep", 1, false}, chunked = {model, false, precision, 7, "recompute", 3, true};
+                Case steps_chunked = {model, false, precision, 5, "recompute", 1, false};
+                whole.trainable = chunked.trainable = steps_chunked.trainable = trainable;
+                bool all = !strcmp(trainable, "embed,norm");
+                if (mine()) check_case(whole);
+                if ((all || !quick) && mine()) check_case(chunked);
+                if ((all || !quick) && mine()) check_steps(whole, steps);
+                if (all && !quick && mine()) check_steps(steps_chunked, steps);
+            }
+    for (const char *model : {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"}) { // and fp16 (loss scaling), whole
+        Case whole = {model, false, "fp16", 0, "keep", 1, false};
+        whole.trainable = "embed,norm";
+        if (mine()) check_case(whole);
+        if (!quick && mine()) check_steps(whole, steps);
     }
     // IA3 (peft's adapters of tiny_gqa, and of tiny_tied with gate_proj and down_proj
     // feedforward and o_proj) and llama_adapter (peft's prompts, gates off 0: tiny_gqa's top

@@ -11,7 +11,7 @@
 #    --collectives: auto (the default, shown in --help), nccl and host run; another
 #    value is refused naming the option; two ranks (dev/launch.sh 2) plan with host.
 #    --quantize (QLoRA) plans the 4-bit runs and a one-layer scratch, and over two
-#    ranks each rank's shards of the runs;
+#    ranks each rank's shards of the runs; --trainable_params embed,norm plans its trained copies;
 # 2. test_llama2cu, the CUDA trainer against the CPU twin, where it is built; without a GPU it says SKIP.
 cd "$(dirname "$0")/.."
 if [ ! -x train_llama2cu ]; then
@@ -165,6 +165,20 @@ rc=$?
     plan_line "$TMP/lora7b.log" "LoRA weights and grads" | grep -qE " 152\.5 MiB"
 check "Llama-2-7B LoRA: the host plan holds a piece of the base, which streams to the GPU, not the model" $? \
     "exit $rc: $(grep -A5 '^host memory' "$TMP/lora7b.log"; tail -2 "$TMP/lora7b.log")"
+# --trainable_params embed,norm on Llama-2-7B (LoRA q, v at r 8: 4194304; the embedding, 32000 x 4096, and 65
+# norms of 4096: 135532544 trainable), planned without a GPU: on the GPU each takes an fp32 master and
+# gradient, AdamW's two fp32 moments and the bf16 copy the forward reads, 18 bytes (2326.6 MiB); on the
+# host LoRA's weights and gradients, 8 bytes (1034.0 MiB), the base still a streamed piece (64.0 MiB);
+# in 4 GiB of address space, as a dry run allocates none of them
+(ulimit -v 4194304; ./train_llama2cu "${FARGS[@]/--full_finetune/--activation_checkpointing}" --trainable_params embed,norm \
+    --dry_run) >"$TMP/tp7b.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "^training LoRA with the embedding and the norms: 135532544 trainable parameters" "$TMP/tp7b.log" &&
+    plan_line "$TMP/tp7b.log" "trainable weights, grads, AdamW" | grep -qE " 2326\.6 MiB" &&
+    plan_line "$TMP/tp7b.log" "LoRA weights and grads" | grep -qE " 1034\.0 MiB" &&
+    plan_line "$TMP/tp7b.log" "base weights \(fp32: held, or streamed\)" | grep -qE " 64\.0 MiB"
+check "Llama-2-7B LoRA with --trainable_params embed,norm: the plans count the trained copies (GPU 18 bytes each, host 8)" $? \
+    "exit $rc: $(grep -A12 '^training' "$TMP/tp7b.log"; tail -2 "$TMP/tp7b.log")"
 (ulimit -v 4194304; ./train_llama2cu "${FARGS[@]}" --max_steps 1 --host_memory_limit 20) >"$TMP/refused.log" 2>&1
 rc=$?
 [ $rc -eq 1 ] && grep -q "^error: the host memory plan (25.4 GiB) exceeds the 20.0 GiB of --host_memory_limit" "$TMP/refused.log" &&

@@ -7,7 +7,8 @@
 # through host memory and fsdp.h's host side: the path ranks sharing a GPU
 # take) and --precision fp32, for every sharding strategy: LoRA (dropout,
 # all-linear) on the GQA fixture and full fine-tuning (chunks of 7 with a KV
-# carry) on the tied one, QLoRA (W = 2 and 3, every strategy) and DoRA. With the same global batch (6 rows = W ranks x 6/W)
+# carry) on the tied one, QLoRA (W = 2 and 3, every strategy) and DoRA; LoRA
+# with --trainable_params embed,norm on the tied one (W = 2 and 3 NO_SHARD). With the same global batch (6 rows = W ranks x 6/W)
 # each run's losses and gradient norms must equal one process of the same
 # binary, and the CPU trainer's (train_llama2, $BIN), and its final weights one
 # process's. MPI and TCP must give the same bits (both sum in rank order). The
@@ -202,6 +203,39 @@ for kind in qlora dora; do
         close "$kind, W = $1, $2 == the CPU trainer" "$out" "$TMP/$kind-cpu" $CPU_TOL
     done
 done
+
+# --trainable_params embed,norm on the tied model (its embedding is the head too), LoRA with dropout:
+# the trained copies are seeded from the base as it streams to the device, replicated like the adapter
+# and their gradients all-reduced with its, so one process == the CPU trainer (the saved adapter, its
+# modules_to_save included, and the merged model, the base streamed again with the trained copies
+# written into it, within WEIGHT_TOL), W = 2 and 3 NO_SHARD == one process (the adapter too) and the
+# CPU trainer; killed after step 3 and resumed from checkpoint 2 == uninterrupted, bit for bit (the
+# adapter and its optimizer state); a shard group of more than one rank refused, as the CPU trainer
+# refuses it
+TP=("${LORA[@]/tiny_gqa/tiny_tied}" --trainable_params embed,norm --save_every 2)
+emu none "$TMP/tp-1" "${TP[@]}" --batch_size 6 --merge_adapter
+check "--trainable_params embed,norm: one process of the emulated build" $? "$(tail -3 "$TMP/tp-1.log")"
+"$BIN" "${COMMON[@]}" "${TP[@]}" --batch_size 6 --merge_adapter --output_dir "$TMP/tp-cpu" --metrics_file "$TMP/tp-cpu.jsonl" \
+    >"$TMP/tp-cpu.log" 2>&1
+close "--trainable_params embed,norm: one emulated process == the CPU trainer (adapter_model.safetensors)" "$TMP/tp-1" "$TMP/tp-cpu" \
+    $CPU_TOL adapter_model.safetensors
+close "--trainable_params embed,norm: the merged model == the CPU trainer's" "$TMP/tp-1" "$TMP/tp-cpu" $CPU_TOL merged/model.safetensors
+for w in 2 3; do
+    emu "env $w" "$TMP/tp-$w" "${TP[@]}" --batch_size $((6 / w)) --sharding_strategy NO_SHARD --collectives host
+    close "--trainable_params embed,norm, W = $w, NO_SHARD == one process" "$TMP/tp-$w" "$TMP/tp-1" $SELF_TOL adapter_model.safetensors
+    close "--trainable_params embed,norm, W = $w, NO_SHARD == the CPU trainer" "$TMP/tp-$w" "$TMP/tp-cpu" $CPU_TOL
+done
+LLAMA2TUNE_FAULT=step:3 emu none "$TMP/tp-killed" "${TP[@]}" --batch_size 6
+emu none "$TMP/tp-killed" "${TP[@]}" --batch_size 6 --resume "$TMP/tp-killed"
+rc=$?
+for f in adapter_model.safetensors optimizer.safetensors; do cmp -s "$TMP/tp-1/checkpoint-4/$f" "$TMP/tp-killed/checkpoint-4/$f" || rc=1; done
+grep -q "resumed from $TMP/tp-killed/checkpoint-2 at step 2" "$TMP/tp-killed.log" || rc=1
+check "--trainable_params embed,norm: killed after step 3, resumed from checkpoint 2 == uninterrupted, bit for bit" $rc \
+    "$(tail -3 "$TMP/tp-killed.log")"
+emu "env 2" "$TMP/tp-sharded" "${TP[@]}" --batch_size 3 --sharding_strategy FULL_SHARD --collectives host
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--trainable_params with sharded base weights is not supported yet" "$TMP/tp-sharded.log"
+check "--trainable_params embed,norm, W = 2 FULL_SHARD: refused (a sharded base)" $? "status $rc; $(tail -3 "$TMP/tp-sharded.log")"
 
 # the default on a device two ranks share: host, the same bits as asking for it
 emu "env 2" "$TMP/auto" "${LORA[@]}" --batch_size 3 --sharding_strategy FULL_SHARD
