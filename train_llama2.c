@@ -256,8 +256,8 @@ typedef struct {
     ChunkActs *chunk;  // (n_slots) one per chunk in keep mode, one in all in recompute mode
                        // (with activation checkpointing they share all but their resid)
     int n_slots;
-    float *k, *v;      // (L, B, T, NKV*hd) the KV carry (keys after RoPE)
-    float *dk, *dv;    // (L, B, T, NKV*hd) the dKV carry: gradients for earlier positions
+    float *k, *v;      // (L, B, P + T, NKV*hd) the KV carry (keys after RoPE), a prefix's P positions first
+    float *dk, *dv;    // (L, B, P + T, NKV*hd) the dKV carry: gradients for earlier positions
     // scratch for one chunk
     int *tokens;       // (B, C)
     float *lnf;        // (B, C, D)
@@ -314,10 +314,13 @@ typedef struct {
     void *alloc[4];           // what model_layout places: the slots, the gradients, the activations, the carries
     size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and optimizer state
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
-    float *rope_cos, *rope_sin; // (T, hd/2)
+    float *rope_cos, *rope_sin; // (P + T, hd/2)
     uint64_t dropout_key;     // set per micro-batch by the training loop
     int row0;                 // set by the trainer: this rank's first row in the global micro-batch
 } Model;
+
+// a prefix's virtual positions ahead of every sequence (prefix tuning; 0: none)
+static int model_prefix(const Model *m) { return m->host.use_lora ? m->host.lora.prefix : 0; }
 
 // ----------------------------------------------------------------------------
 // where the base weights are (docs/sharding.md): the whole model in host.params
@@ -527,8 +530,8 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
     size_t A = h->use_lora ? h->lora.adapter_len : 0;
     place(a, ac->adapter_y, A ? N * Q : 0); place(a, ac->adapter_kv, 2 * A * KV); place(a, ac->adapter_dkv, 2 * A * KV);
     place(a, ac->adapter_coef, 2 * N * c->n_heads * A); place(a, ac->adapter_gz, A ? N * c->n_heads : 0);
-    // the carries hold the whole sequence
-    size_t carry = L * m->B * (size_t)m->T * KV;
+    // the carries hold the whole sequence, after a prefix's virtual positions
+    size_t carry = L * m->B * (size_t)(model_prefix(m) + m->T) * KV;
     place(k, ac->k, carry); place(k, ac->v, carry); place(k, ac->dk, carry); place(k, ac->dv, carry);
     return comm;
 }
@@ -586,11 +589,12 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     a->head_packed_ok = 0;
     gemm_reserve(pack);
     const Config *c = &h->config;
-    m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
-    m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
+    int positions = model_prefix(m) + T;
+    m->rope_cos = (float *)mallocCheck((size_t)positions * c->head_dim / 2 * sizeof(float));
+    m->rope_sin = (float *)mallocCheck((size_t)positions * c->head_dim / 2 * sizeof(float));
     float *inv_freq = (float *)mallocCheck(c->head_dim / 2 * sizeof(float));
     rope_inv_freq(c, inv_freq);
-    rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq);
+    rope_tables(m->rope_cos, m->rope_sin, positions, c->head_dim, inv_freq);
     free(inv_freq);
     if (m->sharded) {
         m->slot_unit = (int *)mallocCheck(m->n_slots * sizeof(int));
@@ -704,6 +708,48 @@ static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int di
     }
 }
 
+// Prefix tuning (lora.h; docs/lora.md): its P virtual positions sit ahead of the sequence
+// in the KV carry, as one more chunk before the first, whose keys are never rotated. Real
+// position p is carry row P + p and RoPE position P + p (peft's positions), so the chunk as
+// the carry, RoPE and attention see it starts P further on, in rows of P + T: every query
+// sees the prefix in its one causal softmax, and its dK, dV land in the dKV carry's first
+// rows. P = 0 (no prefix): the chunk itself.
+static Chunk carry_chunk(const Model *m, const Chunk *ch) {
+    Chunk c = *ch;
+    c.t0 += model_prefix(m), c.T += model_prefix(m);
+    return c;
+}
+// the prefix's keys and values (P, NKV*hd) of every layer into rows 0 .. P - 1 of each
+// sequence's carry (before its first chunk)
+static void prefix_to_carry(Model *m, const Chunk *ch) {
+    const LoRA *lo = &m->host.lora;
+    int P = model_prefix(m), L = m->host.config.n_layers;
+    size_t KV = (size_t)lo->out[LORA_K], carry = (size_t)ch->B * (P + ch->T) * KV, row = prefix_row(lo);
+    for (int l = 0; l < L; l++)
+        for (int b = 0; b < ch->B; b++)
+            for (int j = 0; j < P; j++) {
+                const float *kv = prefix_kv(lo, lo->params, l) + (size_t)j * row; // its key, then its value
+                size_t at = ((size_t)b * (P + ch->T) + j) * KV;
+                memcpy(LAYER(m->a.k, l, carry) + at, kv, KV * sizeof(float));
+                memcpy(LAYER(m->a.v, l, carry) + at, kv + KV, KV * sizeof(float));
+            }
+}
+// after a micro-batch's backward: the dKV carry's first P rows, summed over its B rows, are
+// the gradient of the prefix's keys and values
+static void prefix_backward(Model *m, int B, int T) {
+    LoRA *lo = &m->host.lora;
+    int P = model_prefix(m), L = m->host.config.n_layers;
+    size_t KV = (size_t)lo->out[LORA_K], carry = (size_t)B * (P + T) * KV, row = prefix_row(lo);
+    for (int l = 0; l < L; l++)
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < P; j++) {
+                float *g = prefix_kv(lo, lo->grads, l) + (size_t)j * row;
+                size_t at = ((size_t)b * (P + T) + j) * KV;
+                const float *dk = LAYER(m->a.dk, l, carry) + at, *dv = LAYER(m->a.dv, l, carry) + at;
+                for (size_t i = 0; i < KV; i++) g[i] += dk[i], g[KV + i] += dv[i];
+            }
+}
+
 // Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
 // its activations into layer_acts' place and its keys and values into the KV carry.
 // chunk_backward calls it again with activation checkpointing: the same operations
@@ -713,19 +759,20 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
     Config *c = &m->host.config;
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)ch->B * ch->T * KV;
+    Chunk cc = carry_chunk(m, ch);
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cc.B * cc.T * KV;
     LayerWeights w = layer_params(m, l);
     LayerActs act = layer_acts(m, s, ch, l);
     float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
     rmsnorm_forward(act.ln1, act.rstd1, act.x, w.attn_norm, N, D, c->norm_eps);
     linear_forward(m, act.lora_h, ch, l, LORA_Q, act.q, act.ln1, w.wq);
-    rope_forward(act.q, m->rope_cos, m->rope_sin, ch, NH, hd, 0);
+    rope_forward(act.q, m->rope_cos, m->rope_sin, &cc, NH, hd, 0);
     linear_forward(m, act.lora_h, ch, l, LORA_K, a->kv, act.ln1, w.wk);
-    rope_forward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd, 0);
-    carry_copy(kc, a->kv, ch, KV, 1);
+    rope_forward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, 0);
+    carry_copy(kc, a->kv, &cc, KV, 1);
     linear_forward(m, act.lora_h, ch, l, LORA_V, a->kv, act.ln1, w.wv);
-    carry_copy(vc, a->kv, ch, KV, 1);
-    attention_forward(act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
+    carry_copy(vc, a->kv, &cc, KV, 1);
+    attention_forward(act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd);
     const float *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
     LoRA *lo = &m->host.lora;
     if (m->host.use_lora && adapter_has_prompt(lo, l)) {
@@ -748,6 +795,7 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
 static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
     Config *c = &m->host.config;
     int j = ch->t0 / m->chunk_size; // (the spans' chunk)
+    if (ch->t0 == 0 && model_prefix(m)) prefix_to_carry(m, ch);
     PROF_BEGIN(NULL, "embedding forward", -1, j, -1);
     chunk_tokens(m->a.tokens, tokens, ch);
     embedding_forward(s->resid, m->a.tokens, embed_weight(m), ch->B * ch->len, c->dim);
@@ -845,7 +893,8 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
-    size_t carry = (size_t)ch->B * ch->T * KV;
+    Chunk cc = carry_chunk(m, ch);
+    size_t carry = (size_t)cc.B * cc.T * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units;
     // frozen units (the embedding and layers 0 .. frozen - 2) need no gradient, and nothing
     // below them trains: the backward stops at the first layer that trains
@@ -869,23 +918,23 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         // attention block
         memset(a->datty, 0, (size_t)N * Q * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_O, a->datty, g.wo, a->dresid, act.atty, w.wo);
-        attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
+        attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd);
         LoRA *lo = &m->host.lora;
         if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
             adaption_prompt_backward(a->dq, adapter_prompt(lo, lo->grads, l), adapter_gate(lo, lo->grads, l), a->datty, act.q,
                                      adapter_prompt(lo, lo->params, l), adapter_gate(lo, lo->params, l), w.wk, w.wv,
                                      a->adapter_kv, a->adapter_dkv, a->adapter_coef, a->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len);
-        rope_backward(a->dq, m->rope_cos, m->rope_sin, ch, NH, hd);
+        rope_backward(a->dq, m->rope_cos, m->rope_sin, &cc, NH, hd);
         // LoRA's layer 0: nothing below it trains (unless --trainable_params: the embedding, the
         // norms), so the gradient of its input is not needed: q, k and v skip their input products
         // (3 of the layer's 7), as autograd skips them
         float *dln = full || l > 0 || m->host.lora.saved ? a->dln : NULL;
         if (dln) memset(dln, 0, ND * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_Q, dln, g.wq, a->dq, act.ln1, w.wq);
-        carry_copy(dkc, a->kv, ch, KV, -1);
-        rope_backward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd);
+        carry_copy(dkc, a->kv, &cc, KV, -1);
+        rope_backward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd);
         linear_backward(m, act.lora_h, ch, l, LORA_K, dln, g.wk, a->kv, act.ln1, w.wk);
-        carry_copy(dvc, a->kv, ch, KV, -1);
+        carry_copy(dvc, a->kv, &cc, KV, -1);
         linear_backward(m, act.lora_h, ch, l, LORA_V, dln, g.wv, a->kv, act.ln1, w.wv);
         if (dln) rmsnorm_backward(a->dresid, g.attn_norm, dln, act.x, w.attn_norm, act.rstd1, N, D);
         if (full) grads_done(m, fsdp_layer_unit(l));
@@ -943,7 +992,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     check_batch(m, tokens, B, T);
     Activations *a = &m->a;
     if (head_trains(m)) a->head_packed_ok = 0; // the head may have trained since it was packed
-    size_t carry = (size_t)m->host.config.n_layers * B * T * m->host.config.n_kv_heads * m->host.config.head_dim;
+    size_t carry = (size_t)m->host.config.n_layers * B * (model_prefix(m) + T) * m->host.config.n_kv_heads * m->host.config.head_dim;
     memset(a->dk, 0, carry * sizeof(float));
     memset(a->dv, 0, carry * sizeof(float));
     int n = (T + m->chunk_size - 1) / m->chunk_size;
@@ -961,6 +1010,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         PROF_END(NULL);
         chunk_backward(m, s, tokens, &ch);
     }
+    if (model_prefix(m)) prefix_backward(m, B, T);
     units_reshard(m);
     return loss;
 }
@@ -1140,6 +1190,7 @@ static double model_peak_mb(Model *m) {
 static const int backend_measures_free_memory = 0;
 static const int backend_streams_base = 0; // (it computes from m->host's weights)
 static const int backend_trainable_params = 1; // --trainable_params (the CUDA trainer's matmuls do not read the trained copies yet)
+static const int backend_prefix = 1; // --peft_method prefix (not in the CUDA trainer yet)
 static double model_memory_budget(Model *m, double limit) {
     long pages = 0, resident = 0, shared = 0, text = 0;
     FILE *f = fopen("/proc/self/statm", "r");

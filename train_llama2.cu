@@ -560,6 +560,7 @@ static void weights_upload(Model *m) {
 // least 1 GiB; and no more than --memory_limit when given (a dry run: that alone).
 static const int backend_measures_free_memory = 1;
 static const int backend_trainable_params = 0; // --trainable_params: not here yet (trainer.h refuses it)
+static const int backend_prefix = 0; // --peft_method prefix: not here yet (trainer.h refuses it)
 static const int backend_streams_base = 1; // LoRA's base goes from the files to the GPU a piece at a time
 static double model_memory_budget(Model *m, double limit) {
     if (m->dry_run && limit > 0) return limit; // a dry run touches no GPU: the limit alone
