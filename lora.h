@@ -267,12 +267,6 @@ static void adapter_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], c
     for (int i = n_layers - adapter_layers; i < n_layers; i++) *adapter_gate(l, l->params, i) = 0.0f;
 }
 
-// prefix: layer's key (NKV*hd) of virtual position 0 in base; its value follows it, and
-// position j's are prefix_row(l) floats further on
-static inline float *prefix_kv(const LoRA *l, float *base, int layer) {
-    return lora_A(l, base, 0, 0) + (size_t)layer * 2 * l->out[LORA_K];
-}
-
 // prefix tuning's prompt_embeddings for num_virtual_tokens positions, drawn N(0, 1) from
 // seed as peft draws them (nn.Embedding's init; not its stream)
 static void prefix_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const int out[LORA_N_TARGETS],
@@ -321,6 +315,16 @@ static void lora_init(LoRA *l, uint64_t seed) {
 #define CHUNK_DEFINED
 typedef struct { int B, T, t0, len, window, s2_group; } Chunk;
 #endif
+
+// The chunk as the KV carry, RoPE and attention see it with a prefix of P virtual positions
+// ahead of the sequence (prefix tuning, prefix.h): real position p is carry row and RoPE
+// position P + p, in rows of P + T (peft's positions), so every query sees the prefix in its
+// one causal softmax. P = 0: the chunk itself.
+static inline Chunk carry_chunk(const Chunk *ch, int P) {
+    Chunk c = *ch;
+    c.t0 += P, c.T += P;
+    return c;
+}
 
 // the dropout mask's key for one module of one layer, from the micro-batch's key
 static uint64_t lora_dropout_key(uint64_t key, int layer, int t) { return splitmix64(key ^ (uint64_t)(layer * LORA_N_TARGETS + t + 1)); }

@@ -38,6 +38,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "support/optimizer_cpu.h" // adamw_update, sgd_update, adamw8bit_update, ...
 #include "attention.h"     // attention_forward, attention_backward
 #include "adaption_prompt.h" // llama_adapter's branch: adaption_prompt_forward, adaption_prompt_backward
+#include "prefix.h"    // prefix tuning in the KV carry: prefix_to_carry, prefix_backward
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir
 
 // ----------------------------------------------------------------------------
@@ -319,8 +320,6 @@ typedef struct {
     int row0;                 // set by the trainer: this rank's first row in the global micro-batch
 } Model;
 
-// a prefix's virtual positions ahead of every sequence (prefix tuning; 0: none)
-static int model_prefix(const Model *m) { return m->host.use_lora ? m->host.lora.prefix : 0; }
 
 // ----------------------------------------------------------------------------
 // where the base weights are (docs/sharding.md): the whole model in host.params
@@ -531,7 +530,7 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
     place(a, ac->adapter_y, A ? N * Q : 0); place(a, ac->adapter_kv, 2 * A * KV); place(a, ac->adapter_dkv, 2 * A * KV);
     place(a, ac->adapter_coef, 2 * N * c->n_heads * A); place(a, ac->adapter_gz, A ? N * c->n_heads : 0);
     // the carries hold the whole sequence, after a prefix's virtual positions
-    size_t carry = L * m->B * (size_t)(model_prefix(m) + m->T) * KV;
+    size_t carry = L * m->B * (size_t)(host_prefix(&m->host) + m->T) * KV;
     place(k, ac->k, carry); place(k, ac->v, carry); place(k, ac->dk, carry); place(k, ac->dv, carry);
     return comm;
 }
@@ -589,7 +588,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     a->head_packed_ok = 0;
     gemm_reserve(pack);
     const Config *c = &h->config;
-    int positions = model_prefix(m) + T;
+    int positions = host_prefix(&m->host) + T;
     m->rope_cos = (float *)mallocCheck((size_t)positions * c->head_dim / 2 * sizeof(float));
     m->rope_sin = (float *)mallocCheck((size_t)positions * c->head_dim / 2 * sizeof(float));
     float *inv_freq = (float *)mallocCheck(c->head_dim / 2 * sizeof(float));
@@ -708,48 +707,6 @@ static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int di
     }
 }
 
-// Prefix tuning (lora.h; docs/lora.md): its P virtual positions sit ahead of the sequence
-// in the KV carry, as one more chunk before the first, whose keys are never rotated. Real
-// position p is carry row P + p and RoPE position P + p (peft's positions), so the chunk as
-// the carry, RoPE and attention see it starts P further on, in rows of P + T: every query
-// sees the prefix in its one causal softmax, and its dK, dV land in the dKV carry's first
-// rows. P = 0 (no prefix): the chunk itself.
-static Chunk carry_chunk(const Model *m, const Chunk *ch) {
-    Chunk c = *ch;
-    c.t0 += model_prefix(m), c.T += model_prefix(m);
-    return c;
-}
-// the prefix's keys and values (P, NKV*hd) of every layer into rows 0 .. P - 1 of each
-// sequence's carry (before its first chunk)
-static void prefix_to_carry(Model *m, const Chunk *ch) {
-    const LoRA *lo = &m->host.lora;
-    int P = model_prefix(m), L = m->host.config.n_layers;
-    size_t KV = (size_t)lo->out[LORA_K], carry = (size_t)ch->B * (P + ch->T) * KV, row = prefix_row(lo);
-    for (int l = 0; l < L; l++)
-        for (int b = 0; b < ch->B; b++)
-            for (int j = 0; j < P; j++) {
-                const float *kv = prefix_kv(lo, lo->params, l) + (size_t)j * row; // its key, then its value
-                size_t at = ((size_t)b * (P + ch->T) + j) * KV;
-                memcpy(LAYER(m->a.k, l, carry) + at, kv, KV * sizeof(float));
-                memcpy(LAYER(m->a.v, l, carry) + at, kv + KV, KV * sizeof(float));
-            }
-}
-// after a micro-batch's backward: the dKV carry's first P rows, summed over its B rows, are
-// the gradient of the prefix's keys and values
-static void prefix_backward(Model *m, int B, int T) {
-    LoRA *lo = &m->host.lora;
-    int P = model_prefix(m), L = m->host.config.n_layers;
-    size_t KV = (size_t)lo->out[LORA_K], carry = (size_t)B * (P + T) * KV, row = prefix_row(lo);
-    for (int l = 0; l < L; l++)
-        for (int b = 0; b < B; b++)
-            for (int j = 0; j < P; j++) {
-                float *g = prefix_kv(lo, lo->grads, l) + (size_t)j * row;
-                size_t at = ((size_t)b * (P + T) + j) * KV;
-                const float *dk = LAYER(m->a.dk, l, carry) + at, *dv = LAYER(m->a.dv, l, carry) + at;
-                for (size_t i = 0; i < KV; i++) g[i] += dk[i], g[KV + i] += dv[i];
-            }
-}
-
 // Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
 // its activations into layer_acts' place and its keys and values into the KV carry.
 // chunk_backward calls it again with activation checkpointing: the same operations
@@ -759,7 +716,7 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
     Config *c = &m->host.config;
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    Chunk cc = carry_chunk(m, ch);
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
     size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cc.B * cc.T * KV;
     LayerWeights w = layer_params(m, l);
     LayerActs act = layer_acts(m, s, ch, l);
@@ -795,7 +752,9 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
 static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
     Config *c = &m->host.config;
     int j = ch->t0 / m->chunk_size; // (the spans' chunk)
-    if (ch->t0 == 0 && model_prefix(m)) prefix_to_carry(m, ch);
+    const LoRA *lo = &m->host.lora;
+    if (ch->t0 == 0 && host_prefix(&m->host)) // (the prefix: one more chunk ahead of the first)
+        prefix_to_carry(m->a.k, m->a.v, lora_A(lo, lo->params, 0, 0), c->n_layers, ch->B, lo->prefix, ch->T, lo->out[LORA_K]);
     PROF_BEGIN(NULL, "embedding forward", -1, j, -1);
     chunk_tokens(m->a.tokens, tokens, ch);
     embedding_forward(s->resid, m->a.tokens, embed_weight(m), ch->B * ch->len, c->dim);
@@ -893,7 +852,7 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
-    Chunk cc = carry_chunk(m, ch);
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
     size_t carry = (size_t)cc.B * cc.T * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units;
     // frozen units (the embedding and layers 0 .. frozen - 2) need no gradient, and nothing
@@ -992,7 +951,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     check_batch(m, tokens, B, T);
     Activations *a = &m->a;
     if (head_trains(m)) a->head_packed_ok = 0; // the head may have trained since it was packed
-    size_t carry = (size_t)m->host.config.n_layers * B * (model_prefix(m) + T) * m->host.config.n_kv_heads * m->host.config.head_dim;
+    size_t carry = (size_t)m->host.config.n_layers * B * (host_prefix(&m->host) + T) * m->host.config.n_kv_heads * m->host.config.head_dim;
     memset(a->dk, 0, carry * sizeof(float));
     memset(a->dv, 0, carry * sizeof(float));
     int n = (T + m->chunk_size - 1) / m->chunk_size;
@@ -1010,7 +969,9 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         PROF_END(NULL);
         chunk_backward(m, s, tokens, &ch);
     }
-    if (model_prefix(m)) prefix_backward(m, B, T);
+    const LoRA *lo = &m->host.lora;
+    if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
+        prefix_backward(lora_A(lo, lo->grads, 0, 0), a->dk, a->dv, m->host.config.n_layers, B, lo->prefix, T, lo->out[LORA_K]);
     units_reshard(m);
     return loss;
 }
@@ -1190,7 +1151,6 @@ static double model_peak_mb(Model *m) {
 static const int backend_measures_free_memory = 0;
 static const int backend_streams_base = 0; // (it computes from m->host's weights)
 static const int backend_trainable_params = 1; // --trainable_params (the CUDA trainer's matmuls do not read the trained copies yet)
-static const int backend_prefix = 1; // --peft_method prefix (not in the CUDA trainer yet)
 static double model_memory_budget(Model *m, double limit) {
     long pages = 0, resident = 0, shared = 0, text = 0;
     FILE *f = fopen("/proc/self/statm", "r");

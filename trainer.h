@@ -422,10 +422,6 @@ static int ia3_modules(const TrainConfig *tc, unsigned *targets, unsigned *feedf
 static int check_peft_method(const TrainConfig *tc, const char *lora_option) {
     static const char *const methods[] = {"lora", "ia3", "llama_adapter", "prefix"};
     if (OPTION_CHOICE("peft_method", tc->peft_method, methods, 0) < 0) return -1;
-    if (!strcmp(tc->peft_method, "prefix") && !backend_prefix) {
-        fprintf(stderr, "error: --peft_method prefix is not in this trainer yet (train_llama2, the CPU trainer, has it)\n");
-        return -1;
-    }
     if (!strcmp(tc->peft_method, "lora")) return 0;
     if (tc->full_finetune) {
         fprintf(stderr, "error: --peft_method %s trains an adapter; with --full_finetune there is none\n", tc->peft_method);
@@ -719,12 +715,6 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
                 fprintf(stderr, "error: --peft_method %s, but --from_peft_checkpoint %s holds %s\n", tc->peft_method, adapter,
                         !strcmp(kind, "lora") ? "a LoRA adapter" : !strcmp(kind, "ia3") ? "an IA3 adapter"
                         : !strcmp(kind, "prefix") ? "a prefix" : "a llama_adapter");
-                host_model_free(h);
-                return -1;
-            }
-            if (h->lora.prefix && !backend_prefix) {
-                fprintf(stderr, "error: %s holds a prefix (PREFIX_TUNING), which this trainer does not train yet "
-                        "(train_llama2, the CPU trainer, does)\n", adapter);
                 host_model_free(h);
                 return -1;
             }
