@@ -38,6 +38,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "support/optimizer_cpu.h" // adamw_update, sgd_update, adamw8bit_update, ...
 #include "attention.h"     // attention_forward, attention_backward
 #include "adaption_prompt.h" // llama_adapter's branch: adaption_prompt_forward, adaption_prompt_backward
+#include "prefix.h"    // prefix tuning in the KV carry: prefix_to_carry, prefix_backward
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir
 
 // ----------------------------------------------------------------------------
@@ -256,8 +257,8 @@ typedef struct {
     ChunkActs *chunk;  // (n_slots) one per chunk in keep mode, one in all in recompute mode
                        // (with activation checkpointing they share all but their resid)
     int n_slots;
-    float *k, *v;      // (L, B, T, NKV*hd) the KV carry (keys after RoPE)
-    float *dk, *dv;    // (L, B, T, NKV*hd) the dKV carry: gradients for earlier positions
+    float *k, *v;      // (L, B, P + T, NKV*hd) the KV carry (keys after RoPE), a prefix's P positions first
+    float *dk, *dv;    // (L, B, P + T, NKV*hd) the dKV carry: gradients for earlier positions
     // scratch for one chunk
     int *tokens;       // (B, C)
     float *lnf;        // (B, C, D)
@@ -317,10 +318,11 @@ typedef struct {
     void *alloc[4];           // what model_layout places: the slots, the gradients, the activations, the carries
     size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and optimizer state
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
-    float *rope_cos, *rope_sin; // (T, hd/2)
+    float *rope_cos, *rope_sin; // (P + T, hd/2)
     uint64_t dropout_key;     // set per micro-batch by the training loop
     int row0;                 // set by the trainer: this rank's first row in the global micro-batch
 } Model;
+
 
 // ----------------------------------------------------------------------------
 // where the base weights are (docs/sharding.md): the whole model in host.params
@@ -538,8 +540,8 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
     size_t A = h->use_lora ? h->lora.adapter_len : 0;
     place(a, ac->adapter_y, A ? N * Q : 0); place(a, ac->adapter_kv, 2 * A * KV); place(a, ac->adapter_dkv, 2 * A * KV);
     place(a, ac->adapter_coef, 2 * N * c->n_heads * A); place(a, ac->adapter_gz, A ? N * c->n_heads : 0);
-    // the carries hold the whole sequence
-    size_t carry = L * m->B * (size_t)m->T * KV;
+    // the carries hold the whole sequence, after a prefix's virtual positions
+    size_t carry = L * m->B * (size_t)(host_prefix(&m->host) + m->T) * KV;
     place(k, ac->k, carry); place(k, ac->v, carry); place(k, ac->dk, carry); place(k, ac->dv, carry);
     return comm;
 }
@@ -597,11 +599,12 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     a->head_packed_ok = 0;
     gemm_reserve(pack);
     const Config *c = &h->config;
-    m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
-    m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
+    int positions = host_prefix(&m->host) + T;
+    m->rope_cos = (float *)mallocCheck((size_t)positions * c->head_dim / 2 * sizeof(float));
+    m->rope_sin = (float *)mallocCheck((size_t)positions * c->head_dim / 2 * sizeof(float));
     float *inv_freq = (float *)mallocCheck(c->head_dim / 2 * sizeof(float));
     rope_inv_freq(c, inv_freq);
-    rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq);
+    rope_tables(m->rope_cos, m->rope_sin, positions, c->head_dim, inv_freq);
     free(inv_freq);
     if (m->sharded) {
         m->slot_unit = (int *)mallocCheck(m->n_slots * sizeof(int));
@@ -724,19 +727,20 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
     Config *c = &m->host.config;
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)ch->B * ch->T * KV;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cc.B * cc.T * KV;
     LayerWeights w = layer_params(m, l);
     LayerActs act = layer_acts(m, s, ch, l);
     float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
     rmsnorm_forward(act.ln1, act.rstd1, act.x, w.attn_norm, N, D, c->norm_eps);
     linear_forward(m, act.lora_h, ch, l, LORA_Q, act.q, act.ln1, w.wq);
-    rope_forward(act.q, m->rope_cos, m->rope_sin, ch, NH, hd, 0);
+    rope_forward(act.q, m->rope_cos, m->rope_sin, &cc, NH, hd, 0);
     linear_forward(m, act.lora_h, ch, l, LORA_K, a->kv, act.ln1, w.wk);
-    rope_forward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd, 0);
-    carry_copy(kc, a->kv, ch, KV, 1);
+    rope_forward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, 0);
+    carry_copy(kc, a->kv, &cc, KV, 1);
     linear_forward(m, act.lora_h, ch, l, LORA_V, a->kv, act.ln1, w.wv);
-    carry_copy(vc, a->kv, ch, KV, 1);
-    attention_forward(act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
+    carry_copy(vc, a->kv, &cc, KV, 1);
+    attention_forward(act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd);
     const float *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
     LoRA *lo = &m->host.lora;
     if (m->host.use_lora && adapter_has_prompt(lo, l)) {
@@ -759,6 +763,9 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
 static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
     Config *c = &m->host.config;
     int j = ch->t0 / m->chunk_size; // (the spans' chunk)
+    const LoRA *lo = &m->host.lora;
+    if (ch->t0 == 0 && host_prefix(&m->host)) // (the prefix: one more chunk ahead of the first)
+        prefix_to_carry(m->a.k, m->a.v, lora_A(lo, lo->params, 0, 0), c->n_layers, ch->B, lo->prefix, ch->T, lo->out[LORA_K]);
     PROF_BEGIN(NULL, "embedding forward", -1, j, -1);
     chunk_tokens(m->a.tokens, tokens, ch);
     embedding_forward(s->resid, m->a.tokens, embed_weight(m), ch->B * ch->len, c->dim);
@@ -856,7 +863,8 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
-    size_t carry = (size_t)ch->B * ch->T * KV;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
+    size_t carry = (size_t)cc.B * cc.T * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units;
     // frozen units (the embedding and layers 0 .. frozen - 2) need no gradient, and nothing
     // below them trains: the backward stops at the first layer that trains
@@ -880,23 +888,23 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         // attention block
         memset(a->datty, 0, (size_t)N * Q * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_O, a->datty, g.wo, a->dresid, act.atty, w.wo);
-        attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
+        attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd);
         LoRA *lo = &m->host.lora;
         if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
             adaption_prompt_backward(a->dq, adapter_prompt(lo, lo->grads, l), adapter_gate(lo, lo->grads, l), a->datty, act.q,
                                      adapter_prompt(lo, lo->params, l), adapter_gate(lo, lo->params, l), w.wk, w.wv,
                                      a->adapter_kv, a->adapter_dkv, a->adapter_coef, a->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len);
-        rope_backward(a->dq, m->rope_cos, m->rope_sin, ch, NH, hd);
+        rope_backward(a->dq, m->rope_cos, m->rope_sin, &cc, NH, hd);
         // LoRA's layer 0: nothing below it trains (unless --trainable_params: the embedding, the
         // norms), so the gradient of its input is not needed: q, k and v skip their input products
         // (3 of the layer's 7), as autograd skips them
         float *dln = full || l > 0 || m->host.lora.saved ? a->dln : NULL;
         if (dln) memset(dln, 0, ND * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_Q, dln, g.wq, a->dq, act.ln1, w.wq);
-        carry_copy(dkc, a->kv, ch, KV, -1);
-        rope_backward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd);
+        carry_copy(dkc, a->kv, &cc, KV, -1);
+        rope_backward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd);
         linear_backward(m, act.lora_h, ch, l, LORA_K, dln, g.wk, a->kv, act.ln1, w.wk);
-        carry_copy(dvc, a->kv, ch, KV, -1);
+        carry_copy(dvc, a->kv, &cc, KV, -1);
         linear_backward(m, act.lora_h, ch, l, LORA_V, dln, g.wv, a->kv, act.ln1, w.wv);
         if (dln) rmsnorm_backward(a->dresid, g.attn_norm, dln, act.x, w.attn_norm, act.rstd1, N, D);
         if (full) grads_done(m, fsdp_layer_unit(l));
@@ -973,7 +981,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     check_batch(m, tokens, B, T);
     Activations *a = &m->a;
     if (head_trains(m)) a->head_packed_ok = 0; // the head may have trained since it was packed
-    size_t carry = (size_t)m->host.config.n_layers * B * T * m->host.config.n_kv_heads * m->host.config.head_dim;
+    size_t carry = (size_t)m->host.config.n_layers * B * (host_prefix(&m->host) + T) * m->host.config.n_kv_heads * m->host.config.head_dim;
     memset(a->dk, 0, carry * sizeof(float));
     memset(a->dv, 0, carry * sizeof(float));
     grads_bf16_begin(m);
@@ -992,6 +1000,9 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         PROF_END(NULL);
         chunk_backward(m, s, tokens, &ch);
     }
+    const LoRA *lo = &m->host.lora;
+    if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
+        prefix_backward(lora_A(lo, lo->grads, 0, 0), a->dk, a->dv, m->host.config.n_layers, B, lo->prefix, T, lo->out[LORA_K]);
     units_reshard(m);
     grads_bf16_end(m);
     return loss;

@@ -236,7 +236,7 @@ typedef struct {
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
     const char *lr_scheduler, *lora_target_modules, *trainable_params, *chunk_memory;
     const char *peft_method, *ia3_target_modules, *ia3_feedforward_modules;
-    int adapter_len, adapter_layers;
+    int adapter_len, adapter_layers, num_virtual_tokens;
     const char *resume;
     int save_every, keep_checkpoints, max_bad_steps;
     const char *data_format, *batching, *data_slice, *data_cache_dir;
@@ -311,12 +311,13 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"trainable_params", OPT_STR, &(tc)->trainable_params, "", "LoRA: base tensors that also train, whole in fp32 (LongLoRA's; peft's modules_to_save): a comma list of embed (the embedding, with tied embeddings the head too) and norm (every RMSNorm weight)", 0, 0}, \
     {"use_rslora", OPT_INT, &(tc)->use_rslora, "0", "1: scale = alpha / sqrt(r) (rank-stabilised LoRA)", 0, 1}, \
     {"use_dora", OPT_FLAG, &(tc)->use_dora, "0", "DoRA (peft's use_dora): a trained magnitude per output rescales each adapted layer's rows", 0, 1}, \
-    {"peft_method", OPT_STR, &(tc)->peft_method, "lora", "lora | ia3 | llama_adapter: the adapter trained (ia3: peft's IA3, a learned vector scaling each target module's output, or a feedforward module's input; llama_adapter: peft's AdaptionPrompt, a learned prompt with a gate from 0 in the top layers' attention)", 0, 0}, \
+    {"peft_method", OPT_STR, &(tc)->peft_method, "lora", "lora | ia3 | llama_adapter | prefix: the adapter trained (ia3: peft's IA3, a learned vector scaling each target module's output, or a feedforward module's input; llama_adapter: peft's AdaptionPrompt, a learned prompt with a gate from 0 in the top layers' attention; prefix: peft's PrefixTuning, learned keys and values of --num_virtual_tokens positions ahead of the sequence in every layer)", 0, 0}, \
     {"ia3_target_modules", OPT_STR, &(tc)->ia3_target_modules, "k_proj,v_proj,down_proj", "with --peft_method ia3: comma-separated peft module names, or all-linear (peft's IA3Config target_modules)", 0, 0}, \
     {"ia3_feedforward_modules", OPT_STR, &(tc)->ia3_feedforward_modules, "down_proj", "with --peft_method ia3: the targets whose input the vector scales (the rest: their output), a subset of --ia3_target_modules", 0, 0}, \
     {"adapter_len", OPT_INT, &(tc)->adapter_len, "10", "with --peft_method llama_adapter: the prompt's rows (peft's adapter_len; at most 1024)", 1, ADAPTER_MAX_LEN}, \
     {"adapter_layers", OPT_INT, &(tc)->adapter_layers, "30", "with --peft_method llama_adapter: how many decoder layers, from the top, have a prompt (peft's adapter_layers; at most the model's)", 1, 1 << 20}, \
-    {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (LoRA, IA3 or llama_adapter, with its settings: r, alpha, targets, feedforward modules, adapter_len, adapter_layers)", 0, 0}, \
+    {"num_virtual_tokens", OPT_INT, &(tc)->num_virtual_tokens, "30", "with --peft_method prefix: the learned positions ahead of the sequence (peft's num_virtual_tokens; llama-recipes' 30)", 1, PREFIX_MAX_TOKENS}, \
+    {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (LoRA, IA3, llama_adapter or prefix, with its settings: r, alpha, targets, feedforward modules, adapter_len, adapter_layers, num_virtual_tokens)", 0, 0}, \
     {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
     {"activation_checkpointing", OPT_FLAG, &(tc)->activation_checkpointing, "0", "keep only each layer's input and re-run the layer's forward before its backward: less activation memory, the same results (HF's gradient_checkpointing, torchtune's enable_activation_checkpointing)", 0, 1}, \
@@ -448,11 +449,7 @@ static int check_pure_bf16(const TrainConfig *tc) {
 // --peft_method and the options that go with it; lora_option: a LoRA-only option the
 // command line gave (NULL: none). 0 ok, -1 with a message.
 static int check_peft_method(const TrainConfig *tc, const char *lora_option) {
-    if (!strcmp(tc->peft_method, "prefix")) {
-        fprintf(stderr, "error: --peft_method %s is not supported yet (lora, ia3 and llama_adapter are)\n", tc->peft_method);
-        return -1;
-    }
-    static const char *const methods[] = {"lora", "ia3", "llama_adapter"};
+    static const char *const methods[] = {"lora", "ia3", "llama_adapter", "prefix"};
     if (OPTION_CHOICE("peft_method", tc->peft_method, methods, 0) < 0) return -1;
     if (!strcmp(tc->peft_method, "lora")) return 0;
     if (tc->full_finetune) {
@@ -461,7 +458,13 @@ static int check_peft_method(const TrainConfig *tc, const char *lora_option) {
     }
     if (lora_option) {
         fprintf(stderr, "error: --%s is LoRA's; with --peft_method %s give %s\n", lora_option, tc->peft_method,
-                strcmp(tc->peft_method, "ia3") ? "--adapter_len and --adapter_layers" : "--ia3_target_modules and --ia3_feedforward_modules");
+                !strcmp(tc->peft_method, "ia3") ? "--ia3_target_modules and --ia3_feedforward_modules"
+                : !strcmp(tc->peft_method, "prefix") ? "--num_virtual_tokens" : "--adapter_len and --adapter_layers");
+        return -1;
+    }
+    if (!strcmp(tc->peft_method, "prefix") && tc->s2_attn) { // S2-Attn's groups are of the sequence's positions
+        fprintf(stderr, "error: --s2_attn with --peft_method prefix is not supported (shifted sparse attention's groups "
+                "would cut the virtual positions off most queries)\n");
         return -1;
     }
     if (strcmp(tc->peft_method, "ia3") != 0) return 0;
@@ -737,7 +740,8 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
             const char *kind = lora_method(&h->lora);
             if (!resume_dir && strcmp(tc->peft_method, "lora") && strcmp(tc->peft_method, kind)) { // (a resume's options match its own)
                 fprintf(stderr, "error: --peft_method %s, but --from_peft_checkpoint %s holds %s\n", tc->peft_method, adapter,
-                        !strcmp(kind, "lora") ? "a LoRA adapter" : !strcmp(kind, "ia3") ? "an IA3 adapter" : "a llama_adapter");
+                        !strcmp(kind, "lora") ? "a LoRA adapter" : !strcmp(kind, "ia3") ? "an IA3 adapter"
+                        : !strcmp(kind, "prefix") ? "a prefix" : "a llama_adapter");
                 host_model_free(h);
                 return -1;
             }
@@ -749,6 +753,8 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
                 return -1;
             }
             adapter_alloc(&h->lora, h->config.n_layers, in, out, tc->adapter_len, tc->adapter_layers, (uint64_t)tc->seed);
+        } else if (!strcmp(tc->peft_method, "prefix")) {
+            prefix_alloc(&h->lora, h->config.n_layers, in, out, tc->num_virtual_tokens, (uint64_t)tc->seed);
         } else if (!strcmp(tc->peft_method, "ia3")) {
             unsigned targets, feedforward;
             ia3_modules(tc, &targets, &feedforward); // (check_peft_method checked them)
@@ -770,9 +776,17 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
                 else if (!tc->dry_run) model_saved_copy(h, 1);
             }
         }
-        if (h->lora.adapter_len && (tc->merge_adapter || tc->export_gguf[0] || tc->export_gguf_adapter[0])) {
-            fprintf(stderr, "error: %s: a llama_adapter's prompt is no weight change, so it cannot be merged into the model "
-                    "or exported (drop it)\n", tc->merge_adapter ? "--merge_adapter" : tc->export_gguf[0] ? "--export_gguf" : "--export_gguf_adapter");
+        h->lora.kv_heads = h->config.n_kv_heads;
+        if (h->lora.prefix && h->config.sliding_window) { // (its window would count the virtual positions: untested)
+            fprintf(stderr, "error: a prefix on %s, a model with a sliding window (sliding_window %d), is not supported yet\n",
+                    tc->model, h->config.sliding_window);
+            host_model_free(h);
+            return -1;
+        }
+        if ((h->lora.adapter_len || h->lora.prefix) && (tc->merge_adapter || tc->export_gguf[0] || tc->export_gguf_adapter[0])) {
+            fprintf(stderr, "error: %s: %s no weight change, so it cannot be merged into the model or exported (drop it)\n",
+                    tc->merge_adapter ? "--merge_adapter" : tc->export_gguf[0] ? "--export_gguf" : "--export_gguf_adapter",
+                    h->lora.prefix ? "a prefix's keys and values are" : "a llama_adapter's prompt is");
             host_model_free(h);
             return -1;
         }
@@ -929,7 +943,7 @@ static const char *resume_must_match[] = {
     "model", "data", "max_seq_len", "lr", "optimizer", "momentum", "nesterov", "kahan_summation", "pure_bf16",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "freeze_layers", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
-    "use_dora", "peft_method", "ia3_target_modules", "ia3_feedforward_modules", "adapter_len", "adapter_layers",
+    "use_dora", "peft_method", "ia3_target_modules", "ia3_feedforward_modules", "adapter_len", "adapter_layers", "num_virtual_tokens",
     "from_peft_checkpoint", "data_format",
     "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
     "quantize", "double_quant", "s2_attn", "trainable_params"};
@@ -1871,7 +1885,7 @@ static double print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
              m->host.frozen_units - 1);
     static const char *saved[4] = {"", " with the embedding", " with the norms", " with the embedding and the norms"};
     printf("training %s%s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
-           !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.adapter_len ? "llama_adapter" : m->host.lora.ia3 ? "IA3" : m->host.lora.use_dora ? "DoRA" : "LoRA",
+           !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.adapter_len ? "llama_adapter" : m->host.lora.prefix ? "a prefix" : m->host.lora.ia3 ? "IA3" : m->host.lora.use_dora ? "DoRA" : "LoRA",
            saved[m->host.lora.saved & 3], r->opt.n,
            host_sharded(&m->host) && !m->host.use_lora ? " (this rank's shard)" : "",
            r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
