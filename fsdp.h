@@ -74,7 +74,8 @@
 //             whole on every rank, their gradients fsdp_all_reduce over f.world
 //   loss      the label count of the whole global step as the gradients' 1/N (the
 //             dataloader knows every rank's rows: dataloader_global_labels)
-//   data      dataloader_init(&dl, &ds, shuffle, seed, f.world.rank, f.world.size)
+//   data      dataloader_init(&dl, &ds, shuffle, seed, fsdp_data_rank(&f), fsdp_data_size(&f)): the
+//             world's rank and size, or with context parallelism its data-parallel groups'
 //   stop      fsdp_any(&f.world, stop_requested) at each step, so all ranks stop together
 //   save      rank 0 checkpoint_begin; fsdp_save into its .tmp with {"params", p},
 //             {"exp_avg", m}, {"exp_avg_sq", v}; rank 0 checkpoint_commit;
@@ -1190,7 +1191,8 @@ static inline int fsdp_device_backend(const char *requested, int world, int loca
 // over both). Collective over the world. 0 ok; -1 with a message on every rank.
 static inline int fsdp_context_init(Fsdp *f, int P) {
     if (P < 1 || f->world.size % P != 0) {
-        fprintf(stderr, "error: --context_parallel %d does not divide the world size %d\n", P, f->world.size);
+        fprintf(stderr, "error: --context_parallel %d does not divide the world size %d (the ranks that mpirun -np, srun, "
+                "torchrun or dev/launch.sh started)\n", P, f->world.size);
         return -1;
     }
     fsdp_comm_split(&f->context, &f->world, f->world.rank / P, f->world.rank);

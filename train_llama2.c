@@ -1040,7 +1040,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     if (context_size(m) > 1) { // this rank's pieces of the rows padded (context_layout), in step with its group
         int Tp;
         context_layout(m, T, &Tp, &len);
-        for (int b = 0; b < B; b++)
+        for (int b = 0; b < B; b++) // pads: token 0 (any id: nothing real attends to them), no label
             for (int t = 0; t < Tp; t++) {
                 a->context_tokens[(size_t)b * Tp + t] = t < T ? tokens[(size_t)b * T + t] : 0;
                 a->context_targets[(size_t)b * Tp + t] = t < T ? targets[(size_t)b * T + t] : -100;

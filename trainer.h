@@ -1389,8 +1389,8 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
         snprintf(what, sizeof what, "trainable weights, grads%s%s", optimizer_n_states(&m->optimizer) ? ", " : "",
                  optimizer_n_states(&m->optimizer) ? optimizer_state_what[m->optimizer.kind] : "");
         printf("  %-34s %10.1f MiB\n", what, trainable / MiB);
-        printf("  %-34s %10.1f MiB   (chunks of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
-               m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
+        printf("  %-34s %10.1f MiB   (%s of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
+               m->fsdp && m->fsdp->context.size > 1 ? "context-parallel pieces" : "chunks", m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
         printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->carry_bytes / MiB);
 #ifdef BACKEND_HOST_PLAN
         printf("  %-34s %10.1f MiB\n", "total", total / MiB);
