@@ -425,6 +425,7 @@ static const int have_nccl = 1;
 static const int have_nccl = 0;
 #endif
 static const int backend_sharding = 1; // any number of ranks, every strategy
+static const int backend_context_parallel = 0; // --context_parallel: not here yet (trainer.h refuses it)
 static const char *const backend_collectives[] = {"auto", "nccl", "host"};
 
 // Makes this process use its GPU, its rank on its node (as the launcher tells

@@ -59,6 +59,9 @@
 //                              backward, the gradient sums in optimizer_step); 0: one
 //                              process only
 //   static const int backend_pure_bf16;  1: the backend runs --pure_bf16; 0: trainer.h refuses it
+//   static const int backend_context_parallel;  1: its model_forward_backward runs a
+//                              context-parallel group's pieces of the rows
+//                              (--context_parallel, fsdp.h's context group); 0: refused
 //   static const char *const backend_precisions[];  the --precision values it runs,
 //                              its default first
 //   static const char *const backend_collectives[]; the --collectives values it runs,
@@ -230,7 +233,7 @@ typedef struct {
     int profile_first, profile_last; // --profile_steps (parse_args)
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
     float memory_limit, host_memory_limit;
-    int eval_every, full_finetune, pure_bf16, freeze_layers, cpu_offload, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing, s2_attn;
+    int eval_every, full_finetune, pure_bf16, freeze_layers, cpu_offload, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing, s2_attn, context_parallel;
     float lr, lora_alpha, lora_dropout;
     const char *optimizer;
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
@@ -338,6 +341,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
     {"top_p", OPT_FLOAT, &(tc)->top_p, "0.9", "nucleus sampling: draw from the smallest set of tokens with this much probability", 0, 1}, \
     {"sharding_strategy", OPT_STR, &(tc)->sharding_strategy, "FULL_SHARD", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD: how the ranks (mpirun -np W, torchrun, dev/launch.sh W) share the model (one process: no effect)", 0, 0}, \
+    {"context_parallel", OPT_INT, &(tc)->context_parallel, "1", "context parallelism: groups of this many consecutive ranks hold different positions of the same rows (each row padded to a multiple of 2P and cut in 2P pieces, rank r taking pieces r and 2P-1-r; with --chunk_size C, in pieces of C, P to a group, in alternating order), gathering keys and values per layer (docs/long_context.md); it divides the world size, the rest is data parallelism (CPU trainer)", 1, 1 << 20}, \
     {"shard_group", OPT_INT, &(tc)->shard_group, "0", "HYBRID_SHARD: ranks per shard group, a divisor of the world size (0: the ranks of one node)", 0, 1 << 20}, \
     {"export_hf", OPT_STR, &(tc)->export_hf, "", "with --resume: write that checkpoint as a Hugging Face model (full fine-tuning) or PEFT adapter (LoRA) into this folder, then exit", 0, 0}, \
     {"export_gguf", OPT_STR, &(tc)->export_gguf, "", "also write the trained model as GGUF for llama.cpp and ollama to this file: full fine-tuning's weights, or the base with the LoRA adapter merged in (DoRA and QLoRA too); with --resume: that checkpoint's, then exit (docs/export.md)", 0, 0}, \
@@ -540,6 +544,20 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     }
     if (tc->s2_attn && tc->max_seq_len % 4) {
         fprintf(stderr, "error: --s2_attn cuts rows in 4 groups: --max_seq_len %d is not a multiple of 4\n", tc->max_seq_len);
+        return -1;
+    }
+    if (tc->context_parallel > 1 && !backend_context_parallel) {
+        fprintf(stderr, "error: --context_parallel is not supported yet by this trainer (train_llama2, the CPU trainer, has it)\n");
+        return -1;
+    }
+    if (tc->context_parallel > 1 && tc->s2_attn) { // its groups are a fraction of the row, which the padding would move
+        fprintf(stderr, "error: --context_parallel with --s2_attn is not supported yet\n");
+        return -1;
+    }
+    // (a prefix moves the carry's rows, which the context group gathers into; pure bf16's rounding of
+    // each rank's part assumes ranks hold whole rows: neither is tested with context parallelism)
+    if (tc->context_parallel > 1 && (!strcmp(tc->peft_method, "prefix") || tc->pure_bf16)) {
+        fprintf(stderr, "error: --context_parallel with %s is not supported yet\n", tc->pure_bf16 ? "--pure_bf16" : "--peft_method prefix");
         return -1;
     }
     int chunk = tc->chunk_size ? tc->chunk_size : tc->max_seq_len;
@@ -1048,7 +1066,7 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, Fsdp *fs, c
     file_fingerprint(tc->data, fp, sizeof fp);
     fprintf(f, "{\n  \"step\": %d,\n  \"optimizer_step\": %d,\n  \"data_epoch\": %d,\n  \"data_position\": %d,\n"
             "  \"bad_steps_in_row\": %d,\n  \"data_fingerprint\": \"%s\",\n  \"world_size\": %d,\n", ts->step,
-            ts->opt_t, ts->data_epoch, ts->data_pos, ts->bad_in_row, fp, fs->world.size);
+            ts->opt_t, ts->data_epoch, ts->data_pos, ts->bad_in_row, fp, fsdp_data_size(fs));
     if (ts->ls.on) // a power of two: %.9g is exact
         fprintf(f, "  \"loss_scale\": %.9g,\n  \"loss_scale_growth_tracker\": %d,\n", ts->ls.scale, ts->ls.growth_tracker);
     fprintf(f, "  \"files\": ");
@@ -1424,8 +1442,8 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
         snprintf(what, sizeof what, "trainable weights, grads%s%s", optimizer_n_states(&m->optimizer) ? ", " : "",
                  optimizer_n_states(&m->optimizer) ? optimizer_state_what[m->optimizer.kind] : "");
         printf("  %-34s %10.1f MiB\n", what, trainable / MiB);
-        printf("  %-34s %10.1f MiB   (chunks of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
-               m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
+        printf("  %-34s %10.1f MiB   (%s of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
+               m->fsdp && m->fsdp->context.size > 1 ? "context-parallel pieces" : "chunks", m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
         printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->carry_bytes / MiB);
 #ifdef BACKEND_HOST_PLAN
         printf("  %-34s %10.1f MiB\n", "total", total / MiB);
@@ -1481,7 +1499,7 @@ static int batch_derive(TrainConfig *tc, int W, int rank0) {
 // rank says why).
 static int batch_auto(TrainConfig *tc, Model *m, Fsdp *f, const Dataset *train, const Dataset *val, int T) {
     const double MiB = 1048576.0;
-    int W = f->world.size, recompute = !strcmp(tc->chunk_memory, "recompute"), lo = 0, hi = BATCH_SIZE_MAX; // lo fits (0: none)
+    int W = fsdp_data_size(f), recompute = !strcmp(tc->chunk_memory, "recompute"), lo = 0, hi = BATCH_SIZE_MAX; // lo fits (0: none)
     double budget = model_memory_budget(m, tc->memory_limit * 1073741824.0), need[2];
     long G = tc->global_batch_size, GA = tc->grad_accum ? tc->grad_accum : 1;
     #define STEP_ROWS(B) (G ? G / W : GA * (B)) // a rank's rows of a step
@@ -1504,16 +1522,16 @@ static int batch_auto(TrainConfig *tc, Model *m, Fsdp *f, const Dataset *train, 
                 "%.1f MiB %s for it%s (less memory: --chunk_size with --chunk_memory recompute, --activation_checkpointing, "
                 "--max_seq_len, sharding over more ranks)\n", need[0] / MiB, fmax(budget, 0) / MiB,
                 tc->memory_limit > 0 ? "--memory_limit leaves" : "free", f->world.size > 1 ? " on this rank" : "");
-    float mine = (float)lo, *all = (float *)mallocCheck((size_t)W * sizeof(float)); // exact: lo <= 2^16
+    float mine = (float)lo, *all = (float *)mallocCheck((size_t)f->world.size * sizeof(float)); // exact: lo <= 2^16
     fsdp_all_gather(&f->world, all, &mine, 1);
     int B = BATCH_SIZE_MAX;
-    for (int i = 0; i < W; i++) B = all[i] < B ? (int)all[i] : B;
+    for (int i = 0; i < f->world.size; i++) B = all[i] < B ? (int)all[i] : B;
     free(all);
     if (B == 0) return -1;
     tc->batch_size = B;
     if (f->world.rank == 0)
         printf("--batch_size auto: %d rows per micro-batch%s: a memory plan of %.1f MiB of the %.1f MiB %s (%d rows: %.1f MiB)\n",
-               B, W > 1 ? " (the least of every rank's)" : "", need[0] / MiB, budget / MiB,
+               B, f->world.size > 1 ? " (the least of every rank's)" : "", need[0] / MiB, budget / MiB,
                tc->memory_limit > 0 ? "--memory_limit leaves for it" : "free", lo + 1, need[1] / MiB);
     return 0;
 }
@@ -1631,7 +1649,7 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     for (int g = 0; g < GA; g++) { // the whole step's batches first: the loss is normalised by their label count
         dataloader_next_batch(&r->dl, B, r->pad_id, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, &r->Ts[g]);
         labels += dataloader_global_labels(&r->dl);
-        sums[1] += r->dl.batch_tokens;
+        if (r->fsdp.context.rank == 0) sums[1] += r->dl.batch_tokens; // (a context-parallel group shares its rows)
     }
     PROF_END(NULL);
     optimizer_zero_grad(&r->opt);
@@ -1846,12 +1864,16 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T, double available) {
     }
     if (failed_anywhere(r, failed)) return 1;
     if (!tc->batch_size && (batch_auto(tc, m, f, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, *T) != 0 ||
-                            batch_derive(tc, W, f->world.rank == 0) != 0)) return 1;
+                            batch_derive(tc, fsdp_data_size(f), f->world.rank == 0) != 0)) return 1;
     model_alloc(m, tc->batch_size, *T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     print_config(tc);
     if (W > 1)
-        printf("%d ranks, %s: shard groups of %d, %d replica(s)\n", W, f->info->name, f->shard.size, f->replica.size);
-    m->row0 = f->world.rank * tc->batch_size;
+        printf("%d ranks, %s: shard groups of %d, %d replica(s)%s", W, f->info->name, f->shard.size, f->replica.size,
+               f->context.size > 1 ? "" : "\n");
+    if (f->context.size > 1)
+        printf("; context parallel: %d data-parallel groups of %d ranks, each holding pieces of the same rows\n", fsdp_data_size(f),
+               f->context.size);
+    m->row0 = fsdp_data_rank(f) * tc->batch_size; // (the ranks of a context-parallel group share their rows)
     optimizer_init(&r->opt, m);
     return 0;
 }
@@ -1859,7 +1881,7 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T, double available) {
 // --resume: the weights, the optimizer and where training stood (*ts) from the
 // checkpoint. Collective: 0 ok, 1 when a rank failed.
 static int train_resume(TrainConfig *tc, Trainer *r, TrainState *ts) {
-    int failed = load_checkpoint(tc, r->resume_dir, r->fsdp.world.size, &r->m, &r->opt, ts) != 0;
+    int failed = load_checkpoint(tc, r->resume_dir, fsdp_data_size(&r->fsdp), &r->m, &r->opt, ts) != 0;
     if (!failed && ts->data_pos > r->train_ds.n_rows) {
         fprintf(stderr, "error: --resume %s: data position %d is past the %ld rows\n", r->resume_dir, ts->data_pos, r->train_ds.n_rows);
         failed = 1;
@@ -1888,7 +1910,7 @@ static double print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
            !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.adapter_len ? "llama_adapter" : m->host.lora.prefix ? "a prefix" : m->host.lora.ia3 ? "IA3" : m->host.lora.use_dora ? "DoRA" : "LoRA",
            saved[m->host.lora.saved & 3], r->opt.n,
            host_sharded(&m->host) && !m->host.use_lora ? " (this rank's shard)" : "",
-           r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
+           r->train_ds.n_rows, total, tc->grad_accum, fsdp_data_size(&r->fsdp), tc->batch_size, T);
     double host;
     memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, (long)tc->grad_accum * tc->batch_size, 1, &host);
     return host;
@@ -1909,7 +1931,7 @@ static int tensorboard_begin(TrainConfig *tc, TbWriter *tb, int step) {
 // checkpoint's step), the data loader at the resumed position, the buffers of a
 // step's micro-batches, and the signals that stop the run after a step.
 // Collective: 0 ok, 1 when a rank failed.
-static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts, int T) {
+static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts) {
     int rank0 = r->fsdp.world.rank == 0, B = tc->batch_size, GA = tc->grad_accum;
     int failed = rank0 && tc->metrics_file[0] && tc->resume[0] && metrics_truncate(tc->metrics_file, ts->step) != 0;
     if (failed) fprintf(stderr, "error: cannot rewrite --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
@@ -1920,10 +1942,11 @@ static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts, int T)
                           r->fsdp.world.size) != 0;
     if (failed) fprintf(stderr, "error: --profile_dir '%s': cannot write there: %s\n", tc->profile_dir, strerror(errno));
     if (failed_anywhere(r, failed)) return 1;
-    dataloader_init(&r->dl, &r->train_ds, tc->shuffle, (uint64_t)tc->seed, r->fsdp.world.rank, r->fsdp.world.size);
+    dataloader_init(&r->dl, &r->train_ds, tc->shuffle, (uint64_t)tc->seed, fsdp_data_rank(&r->fsdp), fsdp_data_size(&r->fsdp));
     dataloader_seek(&r->dl, ts->data_epoch, ts->data_pos);
-    r->tokens = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
-    r->targets = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
+    size_t room = (size_t)GA * B * r->m.T; // (train_step's rows are m.T apart: context parallelism pads them)
+    r->tokens = (int *)mallocCheck(room * sizeof(int));
+    r->targets = (int *)mallocCheck(room * sizeof(int));
     r->Ts = (int *)mallocCheck(GA * sizeof(int));
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
@@ -1947,7 +1970,7 @@ static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, 
     Model *m = &r->m;
     int W = r->fsdp.world.size;
     double flops = 0;
-    for (int g = 0; g < tc->grad_accum; g++) flops += (double)tc->batch_size * W * flops_per_sequence(&m->host, r->Ts[g], m->s2_attn);
+    for (int g = 0; g < tc->grad_accum; g++) flops += (double)tc->batch_size * fsdp_data_size(&r->fsdp) * flops_per_sequence(&m->host, r->Ts[g], m->s2_attn);
     double tflops = flops / (s->ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / (tc->peak_tflops * W) : -1;
     printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s", ts->step, total,
            s->loss, s->lr, s->norm, s->ms, s->n_tokens / (s->ms / 1e3), tflops);
@@ -2019,7 +2042,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     TrainState ts;
     memset(&ts, 0, sizeof ts);
     loss_scale_init(&ts.ls, !strcmp(tc->loss_scale, "dynamic") || (!strcmp(tc->loss_scale, "auto") && !strcmp(tc->precision, "fp16")));
-    if (tc->batch_size && batch_derive(tc, W, f->world.rank == 0) != 0) return 1; // auto: once train_load chose the batch
+    if (tc->batch_size && batch_derive(tc, fsdp_data_size(f), f->world.rank == 0) != 0) return 1; // auto: once train_load chose the batch
     double available = host_available(); // (before the model is loaded)
     if (train_load(tc, r, &T, available) != 0 || (tc->resume[0] && train_resume(tc, r, &ts) != 0)) return 1;
     int B = tc->batch_size, GA = tc->grad_accum;
@@ -2029,7 +2052,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
                tc->export_hf[0] ? "/" : "", tc->export_gguf[0] ? " " : "", tc->export_gguf, tc->export_gguf_adapter[0] ? " (+ adapter)" : "");
         return save_outputs(tc, r, tc->export_hf[0] ? tc->export_hf : NULL, r->tokpath);
     }
-    long rows_per_step = (long)B * GA * W; // every rank's rows
+    long rows_per_step = (long)B * GA * fsdp_data_size(f); // every data-parallel group's rows
     int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)r->train_ds.n_rows + rows_per_step - 1) / rows_per_step);
     double host = print_plan(tc, r, T, total);
     if (tc->dry_run) { // (a note, not a refusal: a plan may be for another machine)
@@ -2037,7 +2060,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         return 0;
     }
     if (tc->resume[0]) printf("resumed from %s at step %d\n", r->resume_dir, ts.step);
-    if (train_begin(tc, r, &ts, T) != 0) return 1;
+    if (train_begin(tc, r, &ts) != 0) return 1;
 
     Model *m = &r->m;
     if (ts.step == 0) print_samples(m, tc, &r->tok, 0);
@@ -2106,7 +2129,7 @@ static int train(TrainConfig *tc) {
     memset(&r, 0, sizeof r);
     FsdpStrategy strategy = FSDP_FULL_SHARD;
     fsdp_strategy_parse(tc->sharding_strategy, &strategy); // parse_args checked it
-    int rc = fsdp_init(&r.fsdp, strategy, tc->shard_group) != 0;
+    int rc = fsdp_init(&r.fsdp, strategy, tc->shard_group) != 0 || fsdp_context_init(&r.fsdp, tc->context_parallel) != 0;
     int quiet = !rc && r.fsdp.world.rank != 0; // the other ranks' output would repeat rank 0's
     if (quiet) fflush(stdout), rc = freopen("/dev/null", "w", stdout) == NULL;
     if (!rc) rc = train_run(tc, &r);
