@@ -155,5 +155,11 @@ check "--context_parallel 3 on 2 ranks is refused" $? "$(tail -2 "$TMP/bad-p.log
 run 2 "$TMP/bad-s2" "${LORA[@]}" --context_parallel 2 --s2_attn 1 --batching packing --max_seq_len 256
 [ $? -ne 0 ] && grep -q "context_parallel with --s2_attn is not supported yet" "$TMP/bad-s2.log"
 check "--context_parallel with --s2_attn is refused" $? "$(tail -2 "$TMP/bad-s2.log")"
+run 2 "$TMP/bad-prefix" --model $FIX/tiny_gqa --context_parallel 2 --peft_method prefix --num_virtual_tokens 4
+[ $? -ne 0 ] && grep -q "context_parallel with --peft_method prefix is not supported yet" "$TMP/bad-prefix.log"
+check "--context_parallel with --peft_method prefix is refused" $? "$(tail -2 "$TMP/bad-prefix.log")"
+run 2 "$TMP/bad-bf16" "${FULL[@]}" --context_parallel 2 --pure_bf16 1 --optimizer anyprecision
+[ $? -ne 0 ] && grep -q "context_parallel with --pure_bf16 is not supported yet" "$TMP/bad-bf16.log"
+check "--context_parallel with --pure_bf16 is refused" $? "$(tail -2 "$TMP/bad-bf16.log")"
 
 [ $fails -eq 0 ] && echo "ok $SUITE: all passed" || { echo "FAIL $SUITE: $fails failed"; exit 1; }
