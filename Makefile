@@ -86,7 +86,7 @@ TESTS = test/test_json test/test_safetensors test/test_tensorboard test/test_pro
 FUZZ_TARGETS = json safetensors torch_zip st_index config model adapter tokenizer_load tokenizer_encode tokenizer_json tokenizer_bpe cli data tokcache checkpoint fsdp_index tcp_hello meta
 FUZZ_SRCS = $(FUZZ_TARGETS:%=dev/fuzz/fuzz_%.c)
 
-.PHONY: all test run clean cuda cuda-compile-check fuzz emu-test
+.PHONY: all test run clean cuda cuda-compile-check cuda-checks fuzz emu-test
 all: train_llama2
 
 $(B)train_llama2: train_llama2.c $(HEADERS)
@@ -211,6 +211,9 @@ build-arch/test/test_optim: test/test_optim.c support/optimizer_cpu.h support/op
 CUDA_COMPILE_CHECK = train_llama2cu build-arch/sm90/test/test_llama2cu $(if $(NCCL_H),dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp) \
     $(CUDA_CHECKS:%=build-arch/sm90/%) build-arch/train_llama2cu_sm75 $(CUDA_VOLTA) build-arch/test/test_optim
 cuda-compile-check: $(CUDA_COMPILE_CHECK)
+# the kernel checks' names, for the scripts that run each of them (test/test_emu_cuda.sh, dev/gpu_check.sh)
+cuda-checks:
+	@echo $(notdir $(CUDA_CHECKS))
 
 # ----------------------------------------------------------------------------
 # The emulated build (dev/emu/, docs/cuda.md): the CUDA sources compiled by the host

@@ -21,7 +21,7 @@ results=${1:-${OUT:+$OUT/gpu_check.md}}
 results=${results:-gpu_check.md}
 log=${results%.md}.log
 budget=${GPU_CHECK_SECONDS:-540} # sanitizer runs that would start later than this are skipped
-checks="matmul attention embedding rmsnorm rope swiglu crossentropy adamw adamw8bit anyprecision sgd grad_norm elementwise lora dequant"
+checks=$(make --no-print-directory -s cuda-checks | tail -1) # every dev/cuda/ check (the Makefile's CUDA_CHECKS)
 t_start=$(date +%s)
 : >"$log"
 steps=() # "name|result|seconds" for the table
