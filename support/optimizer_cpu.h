@@ -109,7 +109,7 @@ static inline OPTIMIZER_HOST void adamw_torchao_update(float *p, const float *g,
 static inline OPTIMIZER_HOST void anyprecision_update(float *p, const float *g, uint16_t *m, uint16_t *v, uint16_t *comp, size_t n,
                                 int t, double lr, double beta1, double beta2, double eps, double wd) {
     AnyPrecisionScalars s = anyprecision_scalars(t, lr, beta1, beta2, eps, wd);
-    #pragma omp parallel for
+    #pragma omp parallel for firstprivate(s) // (as adamw8bit_update's)
     for (size_t i = 0; i < n; i++) {
         float mi = st_bf16_to_f32(m[i]), vi = st_bf16_to_f32(v[i]), ci = comp ? st_bf16_to_f32(comp[i]) : 0.0f;
         p[i] = anyprecision_elem(p[i], g[i], &mi, &vi, comp ? &ci : NULL, &s);
