@@ -84,7 +84,7 @@ void ref_adamw_torchao_update(float *p, const float *g, float *m, float *v, size
 }
 void ref_anyprecision_update(uint16_t *p, const uint16_t *g, uint16_t *m, uint16_t *v, uint16_t *comp, size_t n,
                              int t, double lr, double beta1, double beta2, double eps, double wd) {
-    float *pf = (float *)mallocCheck(n * 2 * sizeof(float) + 1), *gf = pf + n; // (the CPU loop's floats)
+    float *pf = (float *)callocCheck(2 * n + 1, sizeof(float)), *gf = pf + n; // (the CPU loop's floats)
     for (size_t i = 0; i < n; i++) pf[i] = st_bf16_to_f32(p[i]), gf[i] = st_bf16_to_f32(g[i]);
     anyprecision_update(pf, gf, m, v, comp, n, t, lr, beta1, beta2, eps, wd);
     for (size_t i = 0; i < n; i++) p[i] = bf16_from_f32(pf[i]);
