@@ -149,9 +149,9 @@ struct Pair {
                 a.insert(a.end(), {"--optimizer", "sgd", "--momentum", "0.9", "--nesterov",
                                    optimizer == SGD_NESTEROV ? "1" : "0", "--lr", c.full ? "0.1" : "0.5"});
             else a.insert(a.end(), {"--lr", c.full ? "1e-3" : "5e-3"});
-            if (c.full) a.push_back("--full_finetune");
             if (c.kahan >= 0) // (the CPU holds the same bf16 values in fp32: --precision fp32 is its bf16)
                 a.insert(a.end(), {"--pure_bf16", "1", "--optimizer", "anyprecision", "--kahan_summation", std::to_string(c.kahan)});
+            if (c.full) a.push_back("--full_finetune");
             else if (c.trainable) {
                 a.insert(a.end(), {"--trainable_params", c.trainable});
                 if (!strcmp(c.trainable, "embed,norm")) a.insert(a.end(), {"--from_peft_checkpoint", model + "/trainable/peft_init"});
