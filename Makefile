@@ -11,6 +11,8 @@ MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
 CC ?= gcc
 CFLAGS ?= -O3 -march=native
 CFLAGS += -std=gnu11 -Wall -Wextra -Wno-unused-function -g
+# (nothing reads errno after a math call; with it, sqrtf stops the optimizers' loops from vectorizing)
+CFLAGS += -fno-math-errno
 LDLIBS = -lm
 
 # OpenMP if the compiler supports it (the trainer also builds and runs without it)
@@ -52,12 +54,16 @@ CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 ifdef GPU_ARCH
 CUDA_ARCHS = -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARCH)
 endif
-NVCCFLAGS_BASE = -O3 -std=c++17 --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror $(if $(OPENMP),-Xcompiler -fopenmp)
+# the host code's: --cpu_offload's optimizer step runs support/optimizer_cpu.h's loops on the
+# host, vectorized with this machine's FMA (NVCC_HOST_ARCH= builds for any x86-64, slower)
+NVCC_HOST_ARCH ?= -march=native
+NVCCFLAGS_BASE = -O3 -std=c++17 --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fno-math-errno \
+    $(if $(NVCC_HOST_ARCH),-Xcompiler $(NVCC_HOST_ARCH)) $(if $(OPENMP),-Xcompiler -fopenmp)
 NVCCFLAGS = $(NVCCFLAGS_BASE) $(CUDA_ARCHS)
 CUDA_LDLIBS = -lcublasLt -lcublas -lm
-CUDA_HEADERS = support/cuda_common.cuh layers.cuh quant.cuh quant.h support/matmul.cuh attention_mask.h attention.cuh lora.cuh adaption_prompt.cuh lora.h support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
-CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw adamw8bit anyprecision sgd grad_norm elementwise lora adaption_prompt dequant)
-CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh adaption_prompt.cuh
+CUDA_HEADERS = support/cuda_common.cuh layers.cuh quant.cuh quant.h support/matmul.cuh attention_mask.h attention.cuh lora.cuh adaption_prompt.cuh prefix.cuh lora.h support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
+CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw adamw8bit anyprecision sgd grad_norm elementwise lora adaption_prompt prefix dequant)
+CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh adaption_prompt.cuh prefix.cuh
 
 # SANITIZE=1: the trainer and every test built with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build-san/ (B), so the two builds never mix.
@@ -71,7 +77,7 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = support/utils.h support/vec.h support/matmul.h attention_mask.h attention.h adaption_prompt.h support/optimizer.h support/optimizer_cpu.h support/optimizer_qmap.h support/json.h support/safetensors.h support/weights.h support/gguf.h tokenizer.h lora.h quant.h model.h export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h support/profile.h
+HEADERS = support/utils.h support/vec.h support/matmul.h attention_mask.h attention.h adaption_prompt.h prefix.h support/optimizer.h support/optimizer_cpu.h support/optimizer_qmap.h support/json.h support/safetensors.h support/weights.h support/gguf.h tokenizer.h lora.h quant.h model.h export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h support/profile.h
 TESTS = test/test_json test/test_safetensors test/test_tensorboard test/test_profile test/test_torch_zip test/test_tokenizer test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay test/test_quant \
     test/test_gguf test/test_optim test/test_emu_nccl
 
@@ -130,6 +136,12 @@ dev/bench_dataloader: dev/bench_dataloader.c $(HEADERS)
 
 dev/bench_attention: dev/bench_attention.c train_llama2.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+# the optimizers' host loops, built as the CPU trainer and as nvcc builds train_llama2cu's host code
+dev/bench_optimizer: dev/bench_optimizer.c support/optimizer_cpu.h support/optimizer.h support/optimizer_qmap.h dev/bench_optimizer_nvcc
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+dev/bench_optimizer_nvcc: dev/bench_optimizer.c support/optimizer_cpu.h support/optimizer.h support/optimizer_qmap.h
+	$(NVCC) $(NVCCFLAGS_BASE) -Xcompiler -Wno-unused-function -x cu -o $@ $< $(LDLIBS)
 
 # the built-in default run's model and data (support/default_model.h), written into a folder
 dev/make_default: dev/make_default.c support/default_model.h support/utils.h support/json.h support/safetensors.h
@@ -191,8 +203,13 @@ build-arch/sm90/test/test_llama2cu: test/test_llama2cu.cu test/cpu_twin.o test/t
 	    -o $@ $< test/cpu_twin.o $(CUDA_LDLIBS) $(NVCC_FSDP_LIBS)
 # sm_70 too where this nvcc still has Volta (CUDA 12 and older; 13 dropped it)
 CUDA_VOLTA = $(if $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_70),build-arch/train_llama2cu_sm70)
+# test_optim as nvcc builds the trainer's host code: --cpu_offload's step runs these loops
+# there, and must give torch's bits there too (make test runs it where nvcc is)
+build-arch/test/test_optim: test/test_optim.c support/optimizer_cpu.h support/optimizer.h support/optimizer_qmap.h test/test_common.h
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS_BASE) -Xcompiler -Wno-unused-function -x cu -o $@ $< -lm
 CUDA_COMPILE_CHECK = train_llama2cu build-arch/sm90/test/test_llama2cu $(if $(NCCL_H),dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp) \
-    $(CUDA_CHECKS:%=build-arch/sm90/%) build-arch/train_llama2cu_sm75 $(CUDA_VOLTA)
+    $(CUDA_CHECKS:%=build-arch/sm90/%) build-arch/train_llama2cu_sm75 $(CUDA_VOLTA) build-arch/test/test_optim
 cuda-compile-check: $(CUDA_COMPILE_CHECK)
 
 # ----------------------------------------------------------------------------
@@ -289,14 +306,15 @@ RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
 RUN_JOBS ?= 2
 # The programs are listed longest build first, so that no long build starts last while the
 # other core waits: the emulated trainer alone takes 3 minutes.
-test: $(if $(B),,train_llama2cu_emu $(EMU)/test/test_llama2cu $(if $(shell command -v $(NVCC) 2>/dev/null),$(CUDA_COMPILE_CHECK)) \
+NVCC_FOUND := $(shell command -v $(NVCC) 2>/dev/null)
+test: $(if $(B),,train_llama2cu_emu $(EMU)/test/test_llama2cu $(if $(NVCC_FOUND),$(CUDA_COMPILE_CHECK)) \
     $(EMU)/dev/cuda/fsdp_nccl $(EMU_CHECKS) $(EMU_TESTS)) \
     $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if $(MPICC),$(B)test/train_llama2_nompi)
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} RUN_JOBS=$(RUN_JOBS) BIN=./$(B)train_llama2 EMU_TRAINER=$(if $(B),,./train_llama2cu_emu) $(TEST_ENV) test/run.sh \
-	    test/test_sharded.sh $(if $(B),,test/test_emu_cuda.sh test/test_llama2cu_sharded.sh test/test_offload.sh) $(RUN_TESTS) \
+	    test/test_sharded.sh test/test_context_parallel.sh $(if $(B),,test/test_emu_cuda.sh test/test_llama2cu_sharded.sh test/test_offload.sh) $(RUN_TESTS) \
 	    test/test_fsdp.sh test/test_batch.sh test/test_cli.sh test/test_gguf.sh test/test_checkpoints.sh test/test_tensorboard.sh test/test_profile.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh test/test_docs.sh \
-	    $(if $(B),,dev/cuda/compile_check.sh test/test_llama2cu.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas \
+	    $(if $(B),,dev/cuda/compile_check.sh $(if $(NVCC_FOUND),build-arch/test/test_optim) test/test_llama2cu.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas \
 	    $(EMU)/test/test_emu_runtime $(EMU)-tsan/test/test_emu_runtime test/test_emu_checkers.sh)
 
 # libFuzzer builds: clang with -fsanitize=fuzzer (Debian: clang and libclang-rt-14-dev)
@@ -316,5 +334,5 @@ run: train_llama2
 
 clean:
 	rm -f train_llama2 train_llama2cu train_llama2cu_emu $(TESTS) test/test_fsdp test/st_compare test/train_llama2_nompi dev/bench_tokenizer dev/make_default $(CUDA_CHECKS) dev/cuda/cpu_ref.o \
-	    test/test_llama2cu test/cpu_twin.o dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp dev/bench_fsdp
+	    test/test_llama2cu test/cpu_twin.o dev/cuda/fsdp_nccl dev/cuda/fsdp_nccl_tcp dev/bench_fsdp dev/bench_optimizer dev/bench_optimizer_nvcc
 	rm -rf build-san build-fuzz build-vg build-arch $(EMU) $(EMU)-tsan

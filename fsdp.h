@@ -74,7 +74,8 @@
 //             whole on every rank, their gradients fsdp_all_reduce over f.world
 //   loss      the label count of the whole global step as the gradients' 1/N (the
 //             dataloader knows every rank's rows: dataloader_global_labels)
-//   data      dataloader_init(&dl, &ds, shuffle, seed, f.world.rank, f.world.size)
+//   data      dataloader_init(&dl, &ds, shuffle, seed, fsdp_data_rank(&f), fsdp_data_size(&f)): the
+//             world's rank and size, or with context parallelism its data-parallel groups'
 //   stop      fsdp_any(&f.world, stop_requested) at each step, so all ranks stop together
 //   save      rank 0 checkpoint_begin; fsdp_save into its .tmp with {"params", p},
 //             {"exp_avg", m}, {"exp_avg_sq", v}; rank 0 checkpoint_commit;
@@ -1100,6 +1101,8 @@ typedef struct {
     FsdpComm world;   // every rank
     FsdpComm shard;   // the ranks sharing one copy of the parameters, each holding one shard (size G)
     FsdpComm replica; // the ranks holding the same shard index in the other groups (size W / G)
+    FsdpComm context; // --context_parallel: the ranks holding different positions of the same rows (size P;
+                      // consecutive ranks), set by fsdp_context_init; the data-parallel rank is world.rank / P
     int local_size;   // the ranks on this rank's node: MPI's ranks that share its memory, or the
                       // environment's LOCAL_WORLD_SIZE; 0 when a launch by environment does not say
 } Fsdp;
@@ -1182,7 +1185,25 @@ static inline int fsdp_device_backend(const char *requested, int world, int loca
     return -1;
 }
 
+// Context parallelism (docs/long_context.md): groups of P consecutive ranks hold different
+// positions of the same rows, so the world is W / P data-parallel groups of P; the shard and
+// replica groups are unchanged (parameters are sharded over both dimensions, gradients summed
+// over both). Collective over the world. 0 ok; -1 with a message on every rank.
+static inline int fsdp_context_init(Fsdp *f, int P) {
+    if (P < 1 || f->world.size % P != 0) {
+        fprintf(stderr, "error: --context_parallel %d does not divide the world size %d (the ranks that mpirun -np, srun, "
+                "torchrun or dev/launch.sh started)\n", P, f->world.size);
+        return -1;
+    }
+    fsdp_comm_split(&f->context, &f->world, f->world.rank / P, f->world.rank);
+    return 0;
+}
+// the data-parallel group of this rank and their count: the dataloader's rank and world
+static inline int fsdp_data_rank(const Fsdp *f) { return f->world.rank / (f->context.size ? f->context.size : 1); }
+static inline int fsdp_data_size(const Fsdp *f) { return f->world.size / (f->context.size ? f->context.size : 1); }
+
 static inline void fsdp_free(Fsdp *f) {
+    fsdp_comm_free(&f->context);
     fsdp_comm_free(&f->replica);
     fsdp_comm_free(&f->shard);
     fsdp_comm_free(&f->world);

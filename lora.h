@@ -24,6 +24,12 @@
 // and a gate g (starting at 0). adaption_prompt.h has the maths; here are only its
 // place in the flat buffer (P, then g, where layer l's q_proj's A would be) and files.
 //
+// prefix (peft's PrefixTuningConfig without prefix_projection, peft_method prefix) too:
+// num_virtual_tokens positions of learned keys and values for every layer, ahead of the
+// sequence in the KV carry (the trainers put them there; docs/lora.md). Its one tensor is
+// peft's prompt_embeddings (P, n_layers * 2 * NKV*hd), kept whole where layer 0's q_proj's
+// A would be: row j holds layer 0's key, layer 0's value, layer 1's key, ... of position j.
+//
 // A starts kaiming-uniform with a = sqrt(5), i.e. uniform in +-1/sqrt(in), and
 // B at zero, so training starts exactly at the base model. All adapter tensors
 // live in one flat buffer (params, grads), so the optimizer, the gradient norm
@@ -58,6 +64,8 @@ typedef struct {
     unsigned feedforward;           // IA3, bit t set: module t's vector (in) scales its input, else (out) its output
     int adapter_len, adapter_layers; // llama_adapter (adapter_len > 0): prompt rows, and how many layers
                                     // from the top have one (targets is 0: no linear layer is adapted)
+    int prefix;                     // prefix tuning (> 0): num_virtual_tokens (targets is 0 too)
+    int kv_heads;                   // prefix: the model's KV heads, for adapter_config.json (the loader sets it)
     unsigned char *mag_unset;       // (n_layers, LORA_N_TARGETS) DoRA: m still to be set to the norm (dora_norm)
     int training;                   // dropout applies only while training (not in evaluation)
     unsigned targets;               // bit t set: module t is adapted
@@ -113,13 +121,20 @@ static inline int ia3_feedforward(const LoRA *l, int t) { return (l->feedforward
 // and gate count as module 0's (q_proj's slot) of its top adapter_layers layers
 static inline int adapter_has_prompt(const LoRA *l, int layer) { return l->adapter_len && layer >= l->n_layers - l->adapter_layers; }
 static inline int lora_trains(const LoRA *l, int layer, int t) {
+    if (l->prefix) return layer == 0 && t == 0; // (the whole prompt_embeddings, in one place)
     return l->adapter_len ? t == 0 && adapter_has_prompt(l, layer) : (l->targets >> t) & 1;
 }
+
+// prefix tuning's most virtual tokens (the carry grows by them; peft sets no bound)
+#define PREFIX_MAX_TOKENS 65536
+// prefix: one virtual position's row of prompt_embeddings, every layer's key and value
+static inline size_t prefix_row(const LoRA *l) { return (size_t)l->n_layers * 2 * l->out[LORA_K]; }
 
 // an adapted module's parameters: llama_adapter's prompt and gate, IA3's vector, or LoRA's
 // A, B (and DoRA's m)
 static size_t lora_module_numel(const LoRA *l, int t) {
     if (l->adapter_len) return (size_t)l->adapter_len * l->in[LORA_Q] + 1;
+    if (l->prefix) return (size_t)l->prefix * prefix_row(l);
     if (l->ia3) return (size_t)(ia3_feedforward(l, t) ? l->in[t] : l->out[t]);
     return (size_t)l->r * (l->in[t] + l->out[t]) + (l->use_dora ? l->out[t] : 0);
 }
@@ -164,7 +179,9 @@ static void ia3_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const
 }
 
 // the adapter's kind as --peft_method names it
-static const char *lora_method(const LoRA *l) { return l->adapter_len ? "llama_adapter" : l->ia3 ? "ia3" : "lora"; }
+static const char *lora_method(const LoRA *l) {
+    return l->adapter_len ? "llama_adapter" : l->prefix ? "prefix" : l->ia3 ? "ia3" : "lora";
+}
 
 static void lora_free(LoRA *l) { free(l->offset); free(l->mag_unset); free(l->params); free(l->grads); }
 
@@ -257,6 +274,17 @@ static void adapter_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], c
     for (int i = n_layers - adapter_layers; i < n_layers; i++) *adapter_gate(l, l->params, i) = 0.0f;
 }
 
+// prefix tuning's prompt_embeddings for num_virtual_tokens positions, drawn N(0, 1) from
+// seed as peft draws them (nn.Embedding's init; not its stream)
+static void prefix_alloc(LoRA *l, int n_layers, const int in[LORA_N_TARGETS], const int out[LORA_N_TARGETS],
+                         int num_virtual_tokens, uint64_t seed) {
+    memset(l, 0, sizeof *l);
+    l->prefix = num_virtual_tokens;
+    lora_layout(l, n_layers, in, out);
+    uint64_t key = splitmix64(seed ^ 0x50726566ull);
+    for (size_t i = 0; i < l->num_params; i++) l->params[i] = hash_normal(key, i);
+}
+
 // DoRA's magnitude m (out), after B
 static inline float *lora_mag(const LoRA *l, float *base, int layer, int t) { return lora_B(l, base, layer, t) + (size_t)l->out[t] * l->r; }
 // DoRA: where module t of a layer keeps its row norms in a buffer of (n_layers, LORA_N_TARGETS, widest out)
@@ -294,6 +322,16 @@ static void lora_init(LoRA *l, uint64_t seed) {
 #define CHUNK_DEFINED
 typedef struct { int B, T, t0, len, window, s2_group; } Chunk;
 #endif
+
+// The chunk as the KV carry, RoPE and attention see it with a prefix of P virtual positions
+// ahead of the sequence (prefix tuning, prefix.h): real position p is carry row and RoPE
+// position P + p, in rows of P + T (peft's positions), so every query sees the prefix in its
+// one causal softmax. P = 0: the chunk itself.
+static inline Chunk carry_chunk(const Chunk *ch, int P) {
+    Chunk c = *ch;
+    c.t0 += P, c.T += P;
+    return c;
+}
 
 // the dropout mask's key for one module of one layer, from the micro-batch's key
 static uint64_t lora_dropout_key(uint64_t key, int layer, int t) { return splitmix64(key ^ (uint64_t)(layer * LORA_N_TARGETS + t + 1)); }
@@ -502,20 +540,21 @@ static void ia3_backward(LoRA *l, int layer, int t, float *dinp, const float *do
 // A module's tensors in the files, k = 0 .. lora_n_kinds - 1: LoRA's A (r, in), B (out, r)
 // and with DoRA m (out), which peft names without ".weight"; IA3's vector ia3_l, (1, in)
 // for a feedforward module, else (out, 1); llama_adapter's adaption_prompt (1, adapter_len,
-// D) and adaption_gate (1) of the layer's self_attn
-static int lora_n_kinds(const LoRA *l) { return l->ia3 ? 1 : l->use_dora ? 3 : 2; }
+// D) and adaption_gate (1) of the layer's self_attn; prefix's prompt_embeddings (P, n_layers * 2 * NKV*hd)
+static int lora_n_kinds(const LoRA *l) { return l->ia3 || l->prefix ? 1 : l->use_dora ? 3 : 2; }
 static void lora_key(const LoRA *l, char *buf, size_t n, int layer, int t, int k) {
     static const char *const kinds[3] = {"lora_A.weight", "lora_B.weight", "lora_magnitude_vector"};
     if (l->adapter_len) {
         snprintf(buf, n, "base_model.model.model.layers.%d.self_attn.%s", layer, k ? "adaption_gate" : "adaption_prompt");
         return;
     }
+    if (l->prefix) { snprintf(buf, n, "prompt_embeddings"); return; }
     snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.%s", layer, lora_target_parents[t], lora_target_names[t],
              l->ia3 ? "ia3_l" : kinds[k]);
 }
 static float *lora_tensor(const LoRA *l, float *base, int layer, int t, int k) {
     if (l->adapter_len) return k ? adapter_gate(l, base, layer) : adapter_prompt(l, base, layer);
-    if (l->ia3) return ia3_vector(l, base, layer, t);
+    if (l->ia3 || l->prefix) return lora_A(l, base, layer, t); // (the vector; the prompt embeddings, at layer 0)
     return k == 0 ? lora_A(l, base, layer, t) : k == 1 ? lora_B(l, base, layer, t) : lora_mag(l, base, layer, t);
 }
 // l's settings and shapes (not its buffers) give the shape; returns the number of dimensions
@@ -523,6 +562,10 @@ static int lora_tensor_shape(const LoRA *l, int t, int k, int64_t shape[3]) {
     if (l->adapter_len) {
         shape[0] = 1; shape[1] = l->adapter_len; shape[2] = l->in[LORA_Q];
         return k ? 1 : 3;
+    }
+    if (l->prefix) {
+        shape[0] = l->prefix; shape[1] = (int64_t)prefix_row(l);
+        return 2;
     }
     if (l->ia3) {
         int ff = ia3_feedforward(l, t);
@@ -615,6 +658,12 @@ static int lora_save_peft(const LoRA *l, const char *dir, const char *base_model
                  "{\n  \"peft_type\": \"ADAPTION_PROMPT\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
                  "  \"adapter_len\": %d,\n  \"adapter_layers\": %d,\n  \"target_modules\": \"self_attn\",\n"
                  "  \"inference_mode\": true\n}\n", base_json, l->adapter_len, l->adapter_layers);
+    else if (l->prefix) // (peft's GQA form: token_dim and num_attention_heads are the KV heads')
+        snprintf(cfg, sizeof cfg,
+                 "{\n  \"peft_type\": \"PREFIX_TUNING\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
+                 "  \"num_virtual_tokens\": %d,\n  \"num_layers\": %d,\n  \"token_dim\": %d,\n  \"encoder_hidden_size\": %d,\n"
+                 "  \"num_attention_heads\": %d,\n  \"num_transformer_submodules\": 1,\n  \"prefix_projection\": false,\n"
+                 "  \"inference_mode\": true\n}\n", base_json, l->prefix, l->n_layers, l->out[LORA_K], l->out[LORA_K], l->kv_heads);
     else if (l->ia3)
         snprintf(cfg, sizeof cfg,
                  "{\n  \"peft_type\": \"IA3\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": %s,\n"
@@ -725,7 +774,33 @@ static int adapter_config_read(const JsonValue *cfg, const char *path, int n_lay
     return 0;
 }
 
-// Reads a PEFT LoRA, IA3 or llama_adapter adapter (peft_type) written by peft or by us. The model's shapes
+// A prefix's settings (peft's PrefixTuningConfig): num_virtual_tokens; prefix_projection
+// (an MLP that makes the keys and values, which peft cannot flatten either) is refused, and
+// num_layers and num_transformer_submodules, when given, must be the model's layers and 1
+// (the tensor's shape checks token_dim). 0 ok, -1 with a message naming path.
+static int prefix_config_read(const JsonValue *cfg, const char *path, int n_layers, LoRA *want) {
+    long long p = 0, v;
+    int b;
+    if (json_get_int(cfg, "num_virtual_tokens", &p) != 0 || p < 1 || p > PREFIX_MAX_TOKENS) {
+        fprintf(stderr, "error: %s: 'num_virtual_tokens' must be an integer in [1, %d]\n", path, PREFIX_MAX_TOKENS); return -1;
+    }
+    if (json_get_bool(cfg, "prefix_projection", &b) == 0 && b) {
+        fprintf(stderr, "error: %s: prefix_projection is not supported (its MLP makes the keys and values; only the plain "
+                "prompt_embeddings are)\n", path); return -1;
+    }
+    if (json_get(cfg, "num_layers") && json_get(cfg, "num_layers")->type != JSON_NULL &&
+        (json_get_int(cfg, "num_layers", &v) != 0 || v != n_layers)) {
+        fprintf(stderr, "error: %s: 'num_layers' must be the model's %d layers\n", path, n_layers); return -1;
+    }
+    if (json_get(cfg, "num_transformer_submodules") && json_get(cfg, "num_transformer_submodules")->type != JSON_NULL &&
+        (json_get_int(cfg, "num_transformer_submodules", &v) != 0 || v != 1)) {
+        fprintf(stderr, "error: %s: 'num_transformer_submodules' must be 1 (a decoder)\n", path); return -1;
+    }
+    want->prefix = (int)p;
+    return 0;
+}
+
+// Reads a PEFT LoRA, IA3, llama_adapter or prefix adapter (peft_type) written by peft or by us. The model's shapes
 // come in in[] / out[]; everything in the files is checked against them. 0 ok, -1 with a message.
 static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[LORA_N_TARGETS],
                           const int out[LORA_N_TARGETS], int vocab, int tied) {
@@ -744,8 +819,8 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
     for (int t = 0; t < LORA_N_TARGETS; t++) want.in[t] = in[t], want.out[t] = out[t];
     if (cfg.type != JSON_OBJECT) { fprintf(stderr, "error: %s: not a JSON object\n", path); goto done; }
     if (json_get_string(&cfg, "peft_type", &s, NULL) != 0 ||
-        (strcmp(s, "LORA") != 0 && strcmp(s, "IA3") != 0 && strcmp(s, "ADAPTION_PROMPT") != 0)) {
-        fprintf(stderr, "error: %s: peft_type must be \"LORA\", \"IA3\" or \"ADAPTION_PROMPT\"\n", path); goto done;
+        (strcmp(s, "LORA") != 0 && strcmp(s, "IA3") != 0 && strcmp(s, "ADAPTION_PROMPT") != 0 && strcmp(s, "PREFIX_TUNING") != 0)) {
+        fprintf(stderr, "error: %s: peft_type must be \"LORA\", \"IA3\", \"ADAPTION_PROMPT\" or \"PREFIX_TUNING\"\n", path); goto done;
     }
     if (json_get_bool(&cfg, "fan_in_fan_out", &b) == 0 && b) { fprintf(stderr, "error: %s: fan_in_fan_out adapters are not supported\n", path); goto done; }
     // modules_to_save: the embedding and the norms (--trainable_params), the norms all or none
@@ -779,6 +854,7 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
         goto done;
     }
     if (strcmp(s, "ADAPTION_PROMPT") == 0 ? adapter_config_read(&cfg, path, n_layers, &want)
+        : strcmp(s, "PREFIX_TUNING") == 0 ? prefix_config_read(&cfg, path, n_layers, &want)
         : (strcmp(s, "IA3") == 0 ? ia3_config_read : lora_config_read)(&cfg, path, &want)) goto done;
     // the tensors are checked against the config and the model before anything is
     // allocated for them (r alone, up to 65536, could ask for gigabytes), then read
@@ -795,6 +871,7 @@ static int lora_load_peft(LoRA *l, const char *dir, int n_layers, const int in[L
                 break;
             }
             if (want.adapter_len) adapter_alloc(l, n_layers, in, out, want.adapter_len, want.adapter_layers, 0);
+            else if (want.prefix) prefix_alloc(l, n_layers, in, out, want.prefix, 0);
             else if (want.ia3) ia3_alloc(l, n_layers, in, out, want.targets, want.feedforward);
             else lora_alloc(l, n_layers, in, out, want.r, want.alpha, want.dropout, want.use_rslora, want.use_dora, want.targets);
             lora_add_saved(l, saved, vocab, in[LORA_Q], tied, 1);

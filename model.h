@@ -494,6 +494,8 @@ typedef struct {
 
 // the units sharded over more than one rank: the base weights are this rank's shards
 static int host_sharded(const HostModel *h) { return h->units.n_shards > 1; }
+// a prefix's virtual positions ahead of every sequence in the KV carry (prefix tuning; 0: none)
+static inline int host_prefix(const HostModel *h) { return h->use_lora ? h->lora.prefix : 0; }
 
 static void host_model_free(HostModel *h) {
     free(h->quant_bytes);

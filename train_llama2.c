@@ -38,6 +38,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "support/optimizer_cpu.h" // adamw_update, sgd_update, adamw8bit_update, ...
 #include "attention.h"     // attention_forward, attention_backward
 #include "adaption_prompt.h" // llama_adapter's branch: adaption_prompt_forward, adaption_prompt_backward
+#include "prefix.h"    // prefix tuning in the KV carry: prefix_to_carry, prefix_backward
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir
 
 // ----------------------------------------------------------------------------
@@ -256,8 +257,8 @@ typedef struct {
     ChunkActs *chunk;  // (n_slots) one per chunk in keep mode, one in all in recompute mode
                        // (with activation checkpointing they share all but their resid)
     int n_slots;
-    float *k, *v;      // (L, B, T, NKV*hd) the KV carry (keys after RoPE)
-    float *dk, *dv;    // (L, B, T, NKV*hd) the dKV carry: gradients for earlier positions
+    float *k, *v;      // (L, B, P + T, NKV*hd) the KV carry (keys after RoPE), a prefix's P positions first
+    float *dk, *dv;    // (L, B, P + T, NKV*hd) the dKV carry: gradients for earlier positions
     // scratch for one chunk
     int *tokens;       // (B, C)
     float *lnf;        // (B, C, D)
@@ -279,6 +280,10 @@ typedef struct {
     // (B, C, NH*hd); Kp, Vp (2, A, NKV*hd) and their gradients (2, NKV*hd, A); the backward's
     // coefficients (2, B, C, NH, A) and gate shares (B, C, NH)
     float *adapter_y, *adapter_kv, *adapter_dkv, *adapter_coef, *adapter_gz;
+    // context parallelism (docs/long_context.md): the rows padded to the group's layout (B, T), and
+    // every rank's piece of K, V, dK or dV for a collective over the group (P, B, C, NKV*hd)
+    int *context_tokens, *context_targets;
+    float *context_kv;
 } Activations;
 
 // the CPU backend's model (trainer.h lists what every backend's Model holds)
@@ -317,10 +322,15 @@ typedef struct {
     void *alloc[4];           // what model_layout places: the slots, the gradients, the activations, the carries
     size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and optimizer state
     size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
-    float *rope_cos, *rope_sin; // (T, hd/2)
+    float *rope_cos, *rope_sin; // (P + T, hd/2)
     uint64_t dropout_key;     // set per micro-batch by the training loop
     int row0;                 // set by the trainer: this rank's first row in the global micro-batch
+    int context_len;          // context parallelism with --chunk_size: the pieces' length C (0: each row in 2P pieces)
+    int context_T;            // the rows' length before context_layout's padding, while context is set
+    FsdpComm *context;        // the context-parallel group while model_forward_backward runs this rank's pieces of
+                              // the rows (their keys and values gathered, their gradients reduced); else NULL
 } Model;
+
 
 // ----------------------------------------------------------------------------
 // where the base weights are (docs/sharding.md): the whole model in host.params
@@ -449,6 +459,35 @@ static LayerWeights layer_grads(Model *m, int l) {
 static float *saved_grad(Model *m, int k) { return lora_saved(&m->host.lora, m->host.lora.grads, k, NULL); }
 
 // ----------------------------------------------------------------------------
+// context parallelism (docs/long_context.md): the P ranks of a context group (fsdp.h)
+// hold different positions of the same rows. A row of T positions is padded to *Tp and
+// cut in pieces of *len, P to a group; rank r takes one piece of each group, piece r in
+// even groups and P - 1 - r in odd ones. Without --chunk_size a row is 2P pieces, two
+// groups: rank r holds pieces r and 2P - 1 - r (the head-tail layout of torchtitan and
+// ring-flash-attention, which gives each rank the same causal work). With --chunk_size C
+// the pieces are C long and a row is as many groups as it needs. The ranks run their
+// pieces group by group, in step: at each layer a group's keys and values are all-gathered
+// (context_gather), so every query attends to every earlier position with the attention
+// of a chunk against the KV carry; in the backward a group's dK, dV (every rank's share
+// of them, later groups' included) are reduce-scattered to their owners (context_reduce).
+
+static int context_size(const Model *m) { return m->fsdp && m->fsdp->context.size > 1 ? m->fsdp->context.size : 1; }
+
+// rows of T positions: padded to *Tp, in pieces of *len (pads come last: never attended, never labels)
+static void context_layout(const Model *m, int T, int *Tp, int *len) {
+    int P = context_size(m), C = m->context_len, group = C ? P * C : 2 * P;
+    *Tp = (T + group - 1) / group * group;
+    *len = C ? C : *Tp / (2 * P);
+}
+
+// rank r's piece of group j, in rows of T positions cut in pieces of len
+static Chunk context_piece(const Model *m, int B, int T, int len, int j, int r) {
+    int P = context_size(m), at = j * P + (j % 2 ? P - 1 - r : r);
+    Chunk ch = {B, T, at * len, len, m->host.config.sliding_window, 0};
+    return ch;
+}
+
+// ----------------------------------------------------------------------------
 // building the model's buffers
 
 // p = n elements of the layout l (support/utils.h), left as it is while l only counts
@@ -538,8 +577,11 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
     size_t A = h->use_lora ? h->lora.adapter_len : 0;
     place(a, ac->adapter_y, A ? N * Q : 0); place(a, ac->adapter_kv, 2 * A * KV); place(a, ac->adapter_dkv, 2 * A * KV);
     place(a, ac->adapter_coef, 2 * N * c->n_heads * A); place(a, ac->adapter_gz, A ? N * c->n_heads : 0);
-    // the carries hold the whole sequence
-    size_t carry = L * m->B * (size_t)m->T * KV;
+    int P = context_size(m);
+    place(a, ac->context_tokens, P > 1 ? (size_t)m->B * m->T : 0); place(a, ac->context_targets, P > 1 ? (size_t)m->B * m->T : 0);
+    place(a, ac->context_kv, P > 1 ? P * N * KV : 0);
+    // the carries hold the whole sequence, after a prefix's virtual positions
+    size_t carry = L * m->B * (size_t)(host_prefix(&m->host) + m->T) * KV;
     place(k, ac->k, carry); place(k, ac->v, carry); place(k, ac->dk, carry); place(k, ac->dv, carry);
     return comm;
 }
@@ -565,8 +607,14 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     HostModel *h = &m->host;
     Activations *a = &m->a;
     if (C <= 0 || C > T) C = T;
+    int P = context_size(m), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
+    if (P > 1) { // the longest row, padded, and its pieces (context_layout); evaluation runs in chunks of the pieces' length
+        m->context_len = C < T ? C : 0;
+        context_layout(m, T, &T, &C);
+        pieces = T / C / P;
+    }
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
-    a->n_slots = recompute ? 1 : (T + C - 1) / C;
+    a->n_slots = recompute ? 1 : pieces;
     m->sharded = host_sharded(h);
     if (m->sharded) m->n_slots = m->fsdp->info->reshard_after_forward ? 2 : h->units.n_units;
     free(a->chunk); // a plan before (--batch_size auto tries several)
@@ -597,11 +645,12 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     a->head_packed_ok = 0;
     gemm_reserve(pack);
     const Config *c = &h->config;
-    m->rope_cos = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
-    m->rope_sin = (float *)mallocCheck((size_t)T * c->head_dim / 2 * sizeof(float));
+    int positions = host_prefix(&m->host) + T;
+    m->rope_cos = (float *)mallocCheck((size_t)positions * c->head_dim / 2 * sizeof(float));
+    m->rope_sin = (float *)mallocCheck((size_t)positions * c->head_dim / 2 * sizeof(float));
     float *inv_freq = (float *)mallocCheck(c->head_dim / 2 * sizeof(float));
     rope_inv_freq(c, inv_freq);
-    rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq);
+    rope_tables(m->rope_cos, m->rope_sin, positions, c->head_dim, inv_freq);
     free(inv_freq);
     if (m->sharded) {
         m->slot_unit = (int *)mallocCheck(m->n_slots * sizeof(int));
@@ -666,6 +715,14 @@ static LayerActs layer_acts(const Model *m, ChunkActs *s, const Chunk *ch, int l
     return act;
 }
 
+// where LoRA dropout's masks are drawn for ch (lora_dropout_chunk): positions of the global batch,
+// whose rows are context parallelism's before its padding, so that they drop what one process drops
+static Chunk dropout_chunk(const Model *m, const Chunk *ch) {
+    Chunk d = *ch;
+    if (m->context) d.T = m->context_T;
+    return lora_dropout_chunk(&d, m->row0);
+}
+
 // a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
 // (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
 static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, int t, float *out, const float *inp,
@@ -676,11 +733,11 @@ static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, 
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
     if (!adapted) return;
-    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    Chunk dc = dropout_chunk(m, ch);
     float *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
-        float *norm = m->a.dora_norm + dora_norm_index(l, layer, t);
-        if (ch->t0 == 0) dora_norm(l, layer, t, norm, w);
+        float *norm = m->a.dora_norm + dora_norm_index(l, layer, t);  // (context parallel: its first group)
+        if (ch->t0 < (m->context ? m->context->size * ch->len : 1)) dora_norm(l, layer, t, norm, w);
         dora_forward(l, layer, t, out, inp, w, h, m->a.xdrop, m->a.dora_pre, norm, &dc, m->dropout_key);
     } else lora_forward(l, layer, t, out, inp, h, m->a.xdrop, &dc, m->dropout_key);
 }
@@ -693,7 +750,7 @@ static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int 
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
     if (!adapted) return;
-    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    Chunk dc = dropout_chunk(m, ch);
     const float *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora)
         dora_backward(l, layer, t, dinp, dout, inp, w, h, m->a.lora_dh, m->a.xdrop, m->a.dora_pre,
@@ -715,6 +772,36 @@ static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int di
     }
 }
 
+// The group's keys or values of ch's group: every rank's piece x (B, len, w) into the carry
+// (B, T, w) (this rank's is there already). Collective over the context group.
+static void context_gather(Model *m, float *carry, const float *x, const Chunk *ch, size_t w) {
+    FsdpComm *g = m->context;
+    size_t n = (size_t)ch->B * ch->len * w;
+    PROF_BEGIN(NULL, "context all-gather", -1, -1, (long long)(g->size * n * sizeof(float)));
+    fsdp_all_gather(g, m->a.context_kv, x, n); // (P, B, len, w)
+    for (int r = 0; r < g->size; r++) {
+        Chunk o = context_piece(m, ch->B, ch->T, ch->len, ch->t0 / ch->len / g->size, r);
+        if (r != g->rank) carry_copy(carry, m->a.context_kv + r * n, &o, w, 1);
+    }
+    PROF_END(NULL);
+}
+
+// dK or dV of ch's group, summed over the group's ranks (each added its queries' share), into
+// this rank's rows of the dKV carry (B, T, w); the other ranks' rows are theirs from now on
+// (no later piece of the backward reaches them). Collective over the context group.
+static void context_reduce(Model *m, float *dcarry, const Chunk *ch, size_t w) {
+    FsdpComm *g = m->context;
+    size_t n = (size_t)ch->B * ch->len * w;
+    PROF_BEGIN(NULL, "context reduce-scatter", -1, -1, (long long)(g->size * n * sizeof(float)));
+    for (int r = 0; r < g->size; r++) {
+        Chunk o = context_piece(m, ch->B, ch->T, ch->len, ch->t0 / ch->len / g->size, r);
+        carry_copy(dcarry, m->a.context_kv + r * n, &o, w, -1);
+    }
+    fsdp_reduce_scatter(g, m->a.kv, m->a.context_kv, n); // (B, len, w)
+    carry_copy(dcarry, m->a.kv, ch, w, 1);
+    PROF_END(NULL);
+}
+
 // Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
 // its activations into layer_acts' place and its keys and values into the KV carry.
 // chunk_backward calls it again with activation checkpointing: the same operations
@@ -724,19 +811,22 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
     Config *c = &m->host.config;
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)ch->B * ch->T * KV;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cc.B * cc.T * KV;
     LayerWeights w = layer_params(m, l);
     LayerActs act = layer_acts(m, s, ch, l);
     float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
     rmsnorm_forward(act.ln1, act.rstd1, act.x, w.attn_norm, N, D, c->norm_eps);
     linear_forward(m, act.lora_h, ch, l, LORA_Q, act.q, act.ln1, w.wq);
-    rope_forward(act.q, m->rope_cos, m->rope_sin, ch, NH, hd, 0);
+    rope_forward(act.q, m->rope_cos, m->rope_sin, &cc, NH, hd, 0);
     linear_forward(m, act.lora_h, ch, l, LORA_K, a->kv, act.ln1, w.wk);
-    rope_forward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd, 0);
-    carry_copy(kc, a->kv, ch, KV, 1);
+    rope_forward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, 0);
+    carry_copy(kc, a->kv, &cc, KV, 1);
+    if (m->context) context_gather(m, kc, a->kv, ch, KV); // (no prefix with it: cc is *ch)
     linear_forward(m, act.lora_h, ch, l, LORA_V, a->kv, act.ln1, w.wv);
-    carry_copy(vc, a->kv, ch, KV, 1);
-    attention_forward(act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
+    carry_copy(vc, a->kv, &cc, KV, 1);
+    if (m->context) context_gather(m, vc, a->kv, ch, KV);
+    attention_forward(act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd);
     const float *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
     LoRA *lo = &m->host.lora;
     if (m->host.use_lora && adapter_has_prompt(lo, l)) {
@@ -759,6 +849,9 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
 static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
     Config *c = &m->host.config;
     int j = ch->t0 / m->chunk_size; // (the spans' chunk)
+    const LoRA *lo = &m->host.lora;
+    if (ch->t0 == 0 && host_prefix(&m->host)) // (the prefix: one more chunk ahead of the first)
+        prefix_to_carry(m->a.k, m->a.v, lora_A(lo, lo->params, 0, 0), c->n_layers, ch->B, lo->prefix, ch->T, lo->out[LORA_K]);
     PROF_BEGIN(NULL, "embedding forward", -1, j, -1);
     chunk_tokens(m->a.tokens, tokens, ch);
     embedding_forward(s->resid, m->a.tokens, embed_weight(m), ch->B * ch->len, c->dim);
@@ -856,7 +949,8 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
-    size_t carry = (size_t)ch->B * ch->T * KV;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
+    size_t carry = (size_t)cc.B * cc.T * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units;
     // frozen units (the embedding and layers 0 .. frozen - 2) need no gradient, and nothing
     // below them trains: the backward stops at the first layer that trains
@@ -880,23 +974,24 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         // attention block
         memset(a->datty, 0, (size_t)N * Q * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_O, a->datty, g.wo, a->dresid, act.atty, w.wo);
-        attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd);
+        attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd);
+        if (m->context) context_reduce(m, dkc, ch, KV), context_reduce(m, dvc, ch, KV);
         LoRA *lo = &m->host.lora;
         if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
             adaption_prompt_backward(a->dq, adapter_prompt(lo, lo->grads, l), adapter_gate(lo, lo->grads, l), a->datty, act.q,
                                      adapter_prompt(lo, lo->params, l), adapter_gate(lo, lo->params, l), w.wk, w.wv,
                                      a->adapter_kv, a->adapter_dkv, a->adapter_coef, a->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len);
-        rope_backward(a->dq, m->rope_cos, m->rope_sin, ch, NH, hd);
+        rope_backward(a->dq, m->rope_cos, m->rope_sin, &cc, NH, hd);
         // LoRA's layer 0: nothing below it trains (unless --trainable_params: the embedding, the
         // norms), so the gradient of its input is not needed: q, k and v skip their input products
         // (3 of the layer's 7), as autograd skips them
         float *dln = full || l > 0 || m->host.lora.saved ? a->dln : NULL;
         if (dln) memset(dln, 0, ND * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_Q, dln, g.wq, a->dq, act.ln1, w.wq);
-        carry_copy(dkc, a->kv, ch, KV, -1);
-        rope_backward(a->kv, m->rope_cos, m->rope_sin, ch, NKV, hd);
+        carry_copy(dkc, a->kv, &cc, KV, -1);
+        rope_backward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd);
         linear_backward(m, act.lora_h, ch, l, LORA_K, dln, g.wk, a->kv, act.ln1, w.wk);
-        carry_copy(dvc, a->kv, ch, KV, -1);
+        carry_copy(dvc, a->kv, &cc, KV, -1);
         linear_backward(m, act.lora_h, ch, l, LORA_V, dln, g.wv, a->kv, act.ln1, w.wv);
         if (dln) rmsnorm_backward(a->dresid, g.attn_norm, dln, act.x, w.attn_norm, act.rstd1, N, D);
         if (full) grads_done(m, fsdp_layer_unit(l));
@@ -964,6 +1059,12 @@ static void grads_bf16_end(Model *m) {
     for (size_t i = 0; i < n; i++) m->grads[i] = bf16_grad_add(st_bf16_to_f32(m->grad_acc[i]), m->grads[i]);
 }
 
+// chunk j of what model_forward_backward trains: chunk_at's, or this rank's piece of group j
+// (pieces of len) while it runs a context-parallel group's
+static Chunk train_chunk(const Model *m, int B, int T, int len, int j) {
+    return m->context ? context_piece(m, B, T, len, j, m->context->rank) : chunk_at(m, B, T, j, 1);
+}
+
 // Forward and backward of one micro-batch: returns the summed cross-entropy and
 // adds grad_scale * d(loss)/d(parameter) into the gradients of the trainable ones.
 // Chunks run forward in order, filling the KV carry, then backward in reverse
@@ -973,18 +1074,31 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     check_batch(m, tokens, B, T);
     Activations *a = &m->a;
     if (head_trains(m)) a->head_packed_ok = 0; // the head may have trained since it was packed
-    size_t carry = (size_t)m->host.config.n_layers * B * T * m->host.config.n_kv_heads * m->host.config.head_dim;
+    int n = (T + m->chunk_size - 1) / m->chunk_size, len = 0;
+    if (context_size(m) > 1) { // this rank's pieces of the rows padded (context_layout), in step with its group
+        int Tp;
+        context_layout(m, T, &Tp, &len);
+        for (int b = 0; b < B; b++) // pads: token 0 (any id: nothing real attends to them), no label
+            for (int t = 0; t < Tp; t++) {
+                a->context_tokens[(size_t)b * Tp + t] = t < T ? tokens[(size_t)b * T + t] : 0;
+                a->context_targets[(size_t)b * Tp + t] = t < T ? targets[(size_t)b * T + t] : -100;
+            }
+        m->context_T = T;
+        tokens = a->context_tokens, targets = a->context_targets, T = Tp;
+        n = T / len / context_size(m);
+        m->context = &m->fsdp->context;
+    }
+    size_t carry = (size_t)m->host.config.n_layers * B * (host_prefix(&m->host) + T) * m->host.config.n_kv_heads * m->host.config.head_dim;
     memset(a->dk, 0, carry * sizeof(float));
     memset(a->dv, 0, carry * sizeof(float));
     grads_bf16_begin(m);
-    int n = (T + m->chunk_size - 1) / m->chunk_size;
     for (int j = 0; j < n; j++) {
-        Chunk ch = chunk_at(m, B, T, j, 1);
+        Chunk ch = train_chunk(m, B, T, len, j);
         chunk_forward(m, &a->chunk[m->recompute ? 0 : j], tokens, &ch);
     }
     double loss = 0;
     for (int j = n - 1; j >= 0; j--) {
-        Chunk ch = chunk_at(m, B, T, j, 1);
+        Chunk ch = train_chunk(m, B, T, len, j);
         ChunkActs *s = &a->chunk[m->recompute ? 0 : j];
         if (m->recompute && j < n - 1) chunk_forward(m, s, tokens, &ch);
         PROF_BEGIN(NULL, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
@@ -992,6 +1106,10 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         PROF_END(NULL);
         chunk_backward(m, s, tokens, &ch);
     }
+    const LoRA *lo = &m->host.lora;
+    if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
+        prefix_backward(lora_A(lo, lo->grads, 0, 0), a->dk, a->dv, m->host.config.n_layers, B, lo->prefix, T, lo->out[LORA_K]);
+    m->context = NULL;
     units_reshard(m);
     grads_bf16_end(m);
     return loss;
@@ -1195,6 +1313,7 @@ static const char *const model_host_advice = ", --activation_checkpointing, --ch
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
 static const char *const backend_collectives[] = {"host"}; // its buffers are host memory: MPI or TCP
 static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)
+static const int backend_context_parallel = 1; // --context_parallel (model_forward_backward)
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

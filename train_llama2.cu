@@ -63,6 +63,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "attention.cuh"
 #include "lora.cuh"
 #include "adaption_prompt.cuh" // llama_adapter's branch
+#include "prefix.cuh"  // prefix tuning in the KV carry: prefix_to_carry, prefix_backward
 #include "quant.cuh"
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir, on each stream, and NVTX ranges
 
@@ -120,8 +121,8 @@ template <typename floatX> struct Buffers {
                         // (in weights or lora_w; fp32, or some units frozen: NULL, weights_refresh copies)
     ChunkActs<floatX> *chunk; // (n_slots) one per chunk in keep mode, one in all in recompute mode
                         // (with activation checkpointing they share all but their resid)
-    floatX *k, *v;      // (L, B, T, NKV*hd) the KV carry (keys after RoPE)
-    floatX *dk, *dv;    // (L, B, T, NKV*hd) the dKV carry: gradients for earlier positions
+    floatX *k, *v;      // (L, B, P + T, NKV*hd) the KV carry (keys after RoPE), a prefix's P positions first
+    floatX *dk, *dv;    // (L, B, P + T, NKV*hd) the dKV carry: gradients for earlier positions
     // scratch for one chunk
     floatX *lnf;        // (B, C, D)
     floatX *dlogits;    // (ceil(B * C / num_output_chunks), V) bf16/fp16: the logits' gradient for the head's backward
@@ -187,7 +188,7 @@ typedef struct {
     cudaStream_t comm_stream; // the collectives' stream
     cudaEvent_t computed, communicated; // orders the two streams (stream_after)
     // fp32 in either precision
-    float *rope_cos, *rope_sin; // (T, hd/2)
+    float *rope_cos, *rope_sin; // (P + T, hd/2)
     float *rstdf;             // (B, C) the final norm's statistics
     float *dora_norm;         // (L, 7, widest out) DoRA's row norms, set by each forward's first chunk
     float *adapter_kv;        // llama_adapter (adaption_prompt.cuh): Kp, Vp (2, A, NKV*hd); the backward's
@@ -363,9 +364,10 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     place(a, m->losses, (size_t)m->B * m->T); place(a, m->loss_sum, 1); place(a, m->grad_norm, 1);
     place(a, m->tokens, (size_t)m->B * m->T); place(a, m->chunk_tokens, N);
     place(a, m->kept, (size_t)m->B * m->T); place(a, m->targets, (size_t)m->B * m->T);
-    place(a, m->rope_cos, (size_t)m->T * c->head_dim / 2); place(a, m->rope_sin, (size_t)m->T * c->head_dim / 2);
-    // the carries hold the whole sequence
-    size_t carry = L * m->B * (size_t)m->T * KV;
+    size_t positions = host_prefix(h) + (size_t)m->T; // (a prefix's virtual positions first)
+    place(a, m->rope_cos, positions * c->head_dim / 2); place(a, m->rope_sin, positions * c->head_dim / 2);
+    // the carries hold the whole sequence, after a prefix's virtual positions
+    size_t carry = L * m->B * positions * KV;
     place(k, d.k, carry); place(k, d.v, carry); place(k, d.dk, carry); place(k, d.dv, carry);
 }
 
@@ -452,6 +454,7 @@ static const int have_nccl = 1;
 static const int have_nccl = 0;
 #endif
 static const int backend_sharding = 1; // any number of ranks, every strategy
+static const int backend_context_parallel = 0; // --context_parallel: not here yet (trainer.h refuses it)
 static const char *const backend_collectives[] = {"auto", "nccl", "host"};
 
 // Makes this process use its GPU, its rank on its node (as the launcher tells
@@ -729,7 +732,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         }
         std::vector<float> inv_freq(c->head_dim / 2);
         rope_inv_freq(c, inv_freq.data());
-        rope_tables(m->rope_cos, m->rope_sin, T, c->head_dim, inv_freq.data());
+        rope_tables(m->rope_cos, m->rope_sin, host_prefix(&m->host) + T, c->head_dim, inv_freq.data());
         cudaCheck(cudaDeviceSynchronize()); // rope_tables copies on the legacy stream, which st does not wait for
     });
 }
@@ -1049,19 +1052,20 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     Buffers<floatX> &d = buffers<floatX>(m);
     cudaStream_t st = m->stream;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)ch->B * ch->T * KV;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host)); // the chunk as the carry, RoPE and attention see it
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cc.B * cc.T * KV;
     LayerWeights<floatX> w = layer_params<floatX>(m, l);
     LayerActs<floatX> act = layer_acts(m, s, ch, l);
     floatX *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
     rmsnorm_forward(act.ln1, act.rstd1, act.x, w.attn_norm, N, D, c->norm_eps, st);
     linear_forward(m, act.lora_h, ch, l, LORA_Q, act.q, act.ln1, w.wq);
-    rope_forward(act.q, m->rope_cos, m->rope_sin, ch, NH, hd, 0, st);
+    rope_forward(act.q, m->rope_cos, m->rope_sin, &cc, NH, hd, 0, st);
     linear_forward(m, act.lora_h, ch, l, LORA_K, d.kv, act.ln1, w.wk);
-    rope_forward(d.kv, m->rope_cos, m->rope_sin, ch, NKV, hd, 0, st);
-    carry_copy(kc, d.kv, ch, KV, 1, st);
+    rope_forward(d.kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, 0, st);
+    carry_copy(kc, d.kv, &cc, KV, 1, st);
     linear_forward(m, act.lora_h, ch, l, LORA_V, d.kv, act.ln1, w.wv);
-    carry_copy(vc, d.kv, ch, KV, 1, st);
-    attention_forward(act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd, st);
+    carry_copy(vc, d.kv, &cc, KV, 1, st);
+    attention_forward(act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd, st);
     const floatX *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
     LoRA *lo = &m->host.lora;
     if (m->host.use_lora && adapter_has_prompt(lo, l)) {
@@ -1087,6 +1091,11 @@ template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, co
     Config *c = &m->host.config;
     cudaStream_t st = m->stream;
     int j = ch->t0 / m->chunk_size; // (the spans' chunk)
+    const LoRA *lo = &m->host.lora;
+    if (ch->t0 == 0 && host_prefix(&m->host)) { // (the prefix: one more chunk ahead of the first; the matmuls' copy)
+        Buffers<floatX> &d = buffers<floatX>(m);
+        prefix_to_carry(d.k, d.v, lora_A(lo, d.lora_w, 0, 0), c->n_layers, ch->B, lo->prefix, ch->T, (size_t)lo->out[LORA_K], st);
+    }
     PROF_BEGIN(st, "embedding forward", -1, j, -1);
     chunk_tokens(m->chunk_tokens, m->tokens, ch, st);
     floatX *embed = embed_weight<floatX>(m);
@@ -1182,7 +1191,8 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     cudaStream_t st = m->stream;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
-    size_t carry = (size_t)ch->B * ch->T * KV;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
+    size_t carry = (size_t)cc.B * cc.T * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units, lowest = frozen ? frozen - 1 : 0;
     for (int l = c->n_layers - 1; l >= lowest; l--) { // as on the CPU: nothing below a frozen layer trains
         PROF_BEGIN(st, "backward", l, ch->t0 / m->chunk_size, -1);
@@ -1206,19 +1216,19 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         // attention block
         cudaCheck(cudaMemsetAsync(d.datty, 0, (size_t)N * Q * sizeof(floatX), st));
         linear_backward(m, act.lora_h, ch, l, LORA_O, d.datty, g.wo, d.dresid, act.atty, w.wo);
-        attention_backward(d.dq, dkc, dvc, d.datty, act.atty, act.lse, act.q, kc, vc, ch, NH, NKV, hd, st);
+        attention_backward(d.dq, dkc, dvc, d.datty, act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd, st);
         LoRA *lo = &m->host.lora;
         if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
             adaption_prompt_backward(d.dq, adapter_prompt(lo, m->grads, l), adapter_gate(lo, m->grads, l), d.datty, act.q,
                                      lora_A(lo, d.lora_w, l, LORA_Q), adapter_gate(lo, m->params, l), w.wk, w.wv, m->adapter_kv,
                                      d.adapter_dkv, m->adapter_coef, m->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len, st);
-        rope_backward(d.dq, m->rope_cos, m->rope_sin, ch, NH, hd, st);
+        rope_backward(d.dq, m->rope_cos, m->rope_sin, &cc, NH, hd, st);
         cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
         linear_backward(m, act.lora_h, ch, l, LORA_Q, d.dln, g.wq, d.dq, act.ln1, w.wq);
-        carry_copy(dkc, d.kv, ch, KV, -1, st);
-        rope_backward(d.kv, m->rope_cos, m->rope_sin, ch, NKV, hd, st);
+        carry_copy(dkc, d.kv, &cc, KV, -1, st);
+        rope_backward(d.kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, st);
         linear_backward(m, act.lora_h, ch, l, LORA_K, d.dln, g.wk, d.kv, act.ln1, w.wk);
-        carry_copy(dvc, d.kv, ch, KV, -1, st);
+        carry_copy(dvc, d.kv, &cc, KV, -1, st);
         linear_backward(m, act.lora_h, ch, l, LORA_V, d.dln, g.wv, d.kv, act.ln1, w.wv);
         rmsnorm_backward(d.dresid, g.attn_norm, d.dln, act.x, w.attn_norm, act.rstd1, N, D, st);
         if (full) grads_done(m, fsdp_layer_unit(l));
@@ -1321,7 +1331,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
         const Config *c = &m->host.config;
-        size_t carry = (size_t)c->n_layers * B * T * c->n_kv_heads * c->head_dim;
+        size_t carry = (size_t)c->n_layers * B * (host_prefix(&m->host) + T) * c->n_kv_heads * c->head_dim;
         cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
         cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
         int n = (T + m->chunk_size - 1) / m->chunk_size;
@@ -1338,6 +1348,10 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
             PROF_END(m->stream);
             chunk_backward(m, s, &ch);
         }
+        const LoRA *lo = &m->host.lora;
+        if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
+            prefix_backward(lora_A(lo, m->grads, 0, 0), d.dk, d.dv, c->n_layers, B, lo->prefix, T, (size_t)lo->out[LORA_K],
+                            m->stream);
     });
     units_reshard(m);
     grads_bf16_end(m);

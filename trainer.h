@@ -58,6 +58,9 @@
 //                              sharded host model, the collectives in its forward and
 //                              backward, the gradient sums in optimizer_step); 0: one
 //                              process only
+//   static const int backend_context_parallel;  1: its model_forward_backward runs a
+//                              context-parallel group's pieces of the rows
+//                              (--context_parallel, fsdp.h's context group); 0: refused
 //   static const char *const backend_precisions[];  the --precision values it runs,
 //                              its default first
 //   static const char *const backend_collectives[]; the --collectives values it runs,
@@ -229,13 +232,13 @@ typedef struct {
     int profile_first, profile_last; // --profile_steps (parse_args)
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
     float memory_limit, host_memory_limit;
-    int eval_every, full_finetune, pure_bf16, freeze_layers, cpu_offload, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing, s2_attn;
+    int eval_every, full_finetune, pure_bf16, freeze_layers, cpu_offload, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing, s2_attn, context_parallel;
     float lr, lora_alpha, lora_dropout;
     const char *optimizer;
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
     const char *lr_scheduler, *lora_target_modules, *trainable_params, *chunk_memory;
     const char *peft_method, *ia3_target_modules, *ia3_feedforward_modules;
-    int adapter_len, adapter_layers;
+    int adapter_len, adapter_layers, num_virtual_tokens;
     const char *resume;
     int save_every, keep_checkpoints, max_bad_steps;
     const char *data_format, *batching, *data_slice, *data_cache_dir;
@@ -310,12 +313,13 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"trainable_params", OPT_STR, &(tc)->trainable_params, "", "LoRA: base tensors that also train, whole in fp32 (LongLoRA's; peft's modules_to_save): a comma list of embed (the embedding, with tied embeddings the head too) and norm (every RMSNorm weight)", 0, 0}, \
     {"use_rslora", OPT_INT, &(tc)->use_rslora, "0", "1: scale = alpha / sqrt(r) (rank-stabilised LoRA)", 0, 1}, \
     {"use_dora", OPT_FLAG, &(tc)->use_dora, "0", "DoRA (peft's use_dora): a trained magnitude per output rescales each adapted layer's rows", 0, 1}, \
-    {"peft_method", OPT_STR, &(tc)->peft_method, "lora", "lora | ia3 | llama_adapter: the adapter trained (ia3: peft's IA3, a learned vector scaling each target module's output, or a feedforward module's input; llama_adapter: peft's AdaptionPrompt, a learned prompt with a gate from 0 in the top layers' attention)", 0, 0}, \
+    {"peft_method", OPT_STR, &(tc)->peft_method, "lora", "lora | ia3 | llama_adapter | prefix: the adapter trained (ia3: peft's IA3, a learned vector scaling each target module's output, or a feedforward module's input; llama_adapter: peft's AdaptionPrompt, a learned prompt with a gate from 0 in the top layers' attention; prefix: peft's PrefixTuning, learned keys and values of --num_virtual_tokens positions ahead of the sequence in every layer)", 0, 0}, \
     {"ia3_target_modules", OPT_STR, &(tc)->ia3_target_modules, "k_proj,v_proj,down_proj", "with --peft_method ia3: comma-separated peft module names, or all-linear (peft's IA3Config target_modules)", 0, 0}, \
     {"ia3_feedforward_modules", OPT_STR, &(tc)->ia3_feedforward_modules, "down_proj", "with --peft_method ia3: the targets whose input the vector scales (the rest: their output), a subset of --ia3_target_modules", 0, 0}, \
     {"adapter_len", OPT_INT, &(tc)->adapter_len, "10", "with --peft_method llama_adapter: the prompt's rows (peft's adapter_len; at most 1024)", 1, ADAPTER_MAX_LEN}, \
     {"adapter_layers", OPT_INT, &(tc)->adapter_layers, "30", "with --peft_method llama_adapter: how many decoder layers, from the top, have a prompt (peft's adapter_layers; at most the model's)", 1, 1 << 20}, \
-    {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (LoRA, IA3 or llama_adapter, with its settings: r, alpha, targets, feedforward modules, adapter_len, adapter_layers)", 0, 0}, \
+    {"num_virtual_tokens", OPT_INT, &(tc)->num_virtual_tokens, "30", "with --peft_method prefix: the learned positions ahead of the sequence (peft's num_virtual_tokens; llama-recipes' 30)", 1, PREFIX_MAX_TOKENS}, \
+    {"from_peft_checkpoint", OPT_STR, &(tc)->from_peft_checkpoint, "", "start from this PEFT adapter folder (LoRA, IA3, llama_adapter or prefix, with its settings: r, alpha, targets, feedforward modules, adapter_len, adapter_layers, num_virtual_tokens)", 0, 0}, \
     {"chunk_size", OPT_INT, &(tc)->chunk_size, "0", "train each sequence in chunks of this many tokens with a KV carry (0: whole)", 0, 1 << 20}, \
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
     {"activation_checkpointing", OPT_FLAG, &(tc)->activation_checkpointing, "0", "keep only each layer's input and re-run the layer's forward before its backward: less activation memory, the same results (HF's gradient_checkpointing, torchtune's enable_activation_checkpointing)", 0, 1}, \
@@ -336,6 +340,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
     {"top_p", OPT_FLOAT, &(tc)->top_p, "0.9", "nucleus sampling: draw from the smallest set of tokens with this much probability", 0, 1}, \
     {"sharding_strategy", OPT_STR, &(tc)->sharding_strategy, "FULL_SHARD", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD: how the ranks (mpirun -np W, torchrun, dev/launch.sh W) share the model (one process: no effect)", 0, 0}, \
+    {"context_parallel", OPT_INT, &(tc)->context_parallel, "1", "context parallelism: groups of this many consecutive ranks hold different positions of the same rows (each row padded to a multiple of 2P and cut in 2P pieces, rank r taking pieces r and 2P-1-r; with --chunk_size C, in pieces of C, P to a group, in alternating order), gathering keys and values per layer (docs/long_context.md); it divides the world size, the rest is data parallelism (CPU trainer)", 1, 1 << 20}, \
     {"shard_group", OPT_INT, &(tc)->shard_group, "0", "HYBRID_SHARD: ranks per shard group, a divisor of the world size (0: the ranks of one node)", 0, 1 << 20}, \
     {"export_hf", OPT_STR, &(tc)->export_hf, "", "with --resume: write that checkpoint as a Hugging Face model (full fine-tuning) or PEFT adapter (LoRA) into this folder, then exit", 0, 0}, \
     {"export_gguf", OPT_STR, &(tc)->export_gguf, "", "also write the trained model as GGUF for llama.cpp and ollama to this file: full fine-tuning's weights, or the base with the LoRA adapter merged in (DoRA and QLoRA too); with --resume: that checkpoint's, then exit (docs/export.md)", 0, 0}, \
@@ -447,11 +452,7 @@ static int check_pure_bf16(const TrainConfig *tc) {
 // --peft_method and the options that go with it; lora_option: a LoRA-only option the
 // command line gave (NULL: none). 0 ok, -1 with a message.
 static int check_peft_method(const TrainConfig *tc, const char *lora_option) {
-    if (!strcmp(tc->peft_method, "prefix")) {
-        fprintf(stderr, "error: --peft_method %s is not supported yet (lora, ia3 and llama_adapter are)\n", tc->peft_method);
-        return -1;
-    }
-    static const char *const methods[] = {"lora", "ia3", "llama_adapter"};
+    static const char *const methods[] = {"lora", "ia3", "llama_adapter", "prefix"};
     if (OPTION_CHOICE("peft_method", tc->peft_method, methods, 0) < 0) return -1;
     if (!strcmp(tc->peft_method, "lora")) return 0;
     if (tc->full_finetune) {
@@ -460,7 +461,13 @@ static int check_peft_method(const TrainConfig *tc, const char *lora_option) {
     }
     if (lora_option) {
         fprintf(stderr, "error: --%s is LoRA's; with --peft_method %s give %s\n", lora_option, tc->peft_method,
-                strcmp(tc->peft_method, "ia3") ? "--adapter_len and --adapter_layers" : "--ia3_target_modules and --ia3_feedforward_modules");
+                !strcmp(tc->peft_method, "ia3") ? "--ia3_target_modules and --ia3_feedforward_modules"
+                : !strcmp(tc->peft_method, "prefix") ? "--num_virtual_tokens" : "--adapter_len and --adapter_layers");
+        return -1;
+    }
+    if (!strcmp(tc->peft_method, "prefix") && tc->s2_attn) { // S2-Attn's groups are of the sequence's positions
+        fprintf(stderr, "error: --s2_attn with --peft_method prefix is not supported (shifted sparse attention's groups "
+                "would cut the virtual positions off most queries)\n");
         return -1;
     }
     if (strcmp(tc->peft_method, "ia3") != 0) return 0;
@@ -536,6 +543,20 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     }
     if (tc->s2_attn && tc->max_seq_len % 4) {
         fprintf(stderr, "error: --s2_attn cuts rows in 4 groups: --max_seq_len %d is not a multiple of 4\n", tc->max_seq_len);
+        return -1;
+    }
+    if (tc->context_parallel > 1 && !backend_context_parallel) {
+        fprintf(stderr, "error: --context_parallel is not supported yet by this trainer (train_llama2, the CPU trainer, has it)\n");
+        return -1;
+    }
+    if (tc->context_parallel > 1 && tc->s2_attn) { // its groups are a fraction of the row, which the padding would move
+        fprintf(stderr, "error: --context_parallel with --s2_attn is not supported yet\n");
+        return -1;
+    }
+    // (a prefix moves the carry's rows, which the context group gathers into; pure bf16's rounding of
+    // each rank's part assumes ranks hold whole rows: neither is tested with context parallelism)
+    if (tc->context_parallel > 1 && (!strcmp(tc->peft_method, "prefix") || tc->pure_bf16)) {
+        fprintf(stderr, "error: --context_parallel with %s is not supported yet\n", tc->pure_bf16 ? "--pure_bf16" : "--peft_method prefix");
         return -1;
     }
     int chunk = tc->chunk_size ? tc->chunk_size : tc->max_seq_len;
@@ -736,7 +757,8 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
             const char *kind = lora_method(&h->lora);
             if (!resume_dir && strcmp(tc->peft_method, "lora") && strcmp(tc->peft_method, kind)) { // (a resume's options match its own)
                 fprintf(stderr, "error: --peft_method %s, but --from_peft_checkpoint %s holds %s\n", tc->peft_method, adapter,
-                        !strcmp(kind, "lora") ? "a LoRA adapter" : !strcmp(kind, "ia3") ? "an IA3 adapter" : "a llama_adapter");
+                        !strcmp(kind, "lora") ? "a LoRA adapter" : !strcmp(kind, "ia3") ? "an IA3 adapter"
+                        : !strcmp(kind, "prefix") ? "a prefix" : "a llama_adapter");
                 host_model_free(h);
                 return -1;
             }
@@ -748,6 +770,8 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
                 return -1;
             }
             adapter_alloc(&h->lora, h->config.n_layers, in, out, tc->adapter_len, tc->adapter_layers, (uint64_t)tc->seed);
+        } else if (!strcmp(tc->peft_method, "prefix")) {
+            prefix_alloc(&h->lora, h->config.n_layers, in, out, tc->num_virtual_tokens, (uint64_t)tc->seed);
         } else if (!strcmp(tc->peft_method, "ia3")) {
             unsigned targets, feedforward;
             ia3_modules(tc, &targets, &feedforward); // (check_peft_method checked them)
@@ -769,9 +793,17 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
                 else if (!tc->dry_run) model_saved_copy(h, 1);
             }
         }
-        if (h->lora.adapter_len && (tc->merge_adapter || tc->export_gguf[0] || tc->export_gguf_adapter[0])) {
-            fprintf(stderr, "error: %s: a llama_adapter's prompt is no weight change, so it cannot be merged into the model "
-                    "or exported (drop it)\n", tc->merge_adapter ? "--merge_adapter" : tc->export_gguf[0] ? "--export_gguf" : "--export_gguf_adapter");
+        h->lora.kv_heads = h->config.n_kv_heads;
+        if (h->lora.prefix && h->config.sliding_window) { // (its window would count the virtual positions: untested)
+            fprintf(stderr, "error: a prefix on %s, a model with a sliding window (sliding_window %d), is not supported yet\n",
+                    tc->model, h->config.sliding_window);
+            host_model_free(h);
+            return -1;
+        }
+        if ((h->lora.adapter_len || h->lora.prefix) && (tc->merge_adapter || tc->export_gguf[0] || tc->export_gguf_adapter[0])) {
+            fprintf(stderr, "error: %s: %s no weight change, so it cannot be merged into the model or exported (drop it)\n",
+                    tc->merge_adapter ? "--merge_adapter" : tc->export_gguf[0] ? "--export_gguf" : "--export_gguf_adapter",
+                    h->lora.prefix ? "a prefix's keys and values are" : "a llama_adapter's prompt is");
             host_model_free(h);
             return -1;
         }
@@ -928,7 +960,7 @@ static const char *resume_must_match[] = {
     "model", "data", "max_seq_len", "lr", "optimizer", "momentum", "nesterov", "kahan_summation", "pure_bf16",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "lr_scheduler", "warmup_steps", "grad_clip", "seed",
     "shuffle", "full_finetune", "freeze_layers", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora",
-    "use_dora", "peft_method", "ia3_target_modules", "ia3_feedforward_modules", "adapter_len", "adapter_layers",
+    "use_dora", "peft_method", "ia3_target_modules", "ia3_feedforward_modules", "adapter_len", "adapter_layers", "num_virtual_tokens",
     "from_peft_checkpoint", "data_format",
     "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
     "quantize", "double_quant", "s2_attn", "trainable_params"};
@@ -1033,7 +1065,7 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, Fsdp *fs, c
     file_fingerprint(tc->data, fp, sizeof fp);
     fprintf(f, "{\n  \"step\": %d,\n  \"optimizer_step\": %d,\n  \"data_epoch\": %d,\n  \"data_position\": %d,\n"
             "  \"bad_steps_in_row\": %d,\n  \"data_fingerprint\": \"%s\",\n  \"world_size\": %d,\n", ts->step,
-            ts->opt_t, ts->data_epoch, ts->data_pos, ts->bad_in_row, fp, fs->world.size);
+            ts->opt_t, ts->data_epoch, ts->data_pos, ts->bad_in_row, fp, fsdp_data_size(fs));
     if (ts->ls.on) // a power of two: %.9g is exact
         fprintf(f, "  \"loss_scale\": %.9g,\n  \"loss_scale_growth_tracker\": %d,\n", ts->ls.scale, ts->ls.growth_tracker);
     fprintf(f, "  \"files\": ");
@@ -1409,8 +1441,8 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
         snprintf(what, sizeof what, "trainable weights, grads%s%s", optimizer_n_states(&m->optimizer) ? ", " : "",
                  optimizer_n_states(&m->optimizer) ? optimizer_state_what[m->optimizer.kind] : "");
         printf("  %-34s %10.1f MiB\n", what, trainable / MiB);
-        printf("  %-34s %10.1f MiB   (chunks of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
-               m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
+        printf("  %-34s %10.1f MiB   (%s of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
+               m->fsdp && m->fsdp->context.size > 1 ? "context-parallel pieces" : "chunks", m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
         printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->carry_bytes / MiB);
 #ifdef BACKEND_HOST_PLAN
         printf("  %-34s %10.1f MiB\n", "total", total / MiB);
@@ -1466,7 +1498,7 @@ static int batch_derive(TrainConfig *tc, int W, int rank0) {
 // rank says why).
 static int batch_auto(TrainConfig *tc, Model *m, Fsdp *f, const Dataset *train, const Dataset *val, int T) {
     const double MiB = 1048576.0;
-    int W = f->world.size, recompute = !strcmp(tc->chunk_memory, "recompute"), lo = 0, hi = BATCH_SIZE_MAX; // lo fits (0: none)
+    int W = fsdp_data_size(f), recompute = !strcmp(tc->chunk_memory, "recompute"), lo = 0, hi = BATCH_SIZE_MAX; // lo fits (0: none)
     double budget = model_memory_budget(m, tc->memory_limit * 1073741824.0), need[2];
     long G = tc->global_batch_size, GA = tc->grad_accum ? tc->grad_accum : 1;
     #define STEP_ROWS(B) (G ? G / W : GA * (B)) // a rank's rows of a step
@@ -1489,16 +1521,16 @@ static int batch_auto(TrainConfig *tc, Model *m, Fsdp *f, const Dataset *train, 
                 "%.1f MiB %s for it%s (less memory: --chunk_size with --chunk_memory recompute, --activation_checkpointing, "
                 "--max_seq_len, sharding over more ranks)\n", need[0] / MiB, fmax(budget, 0) / MiB,
                 tc->memory_limit > 0 ? "--memory_limit leaves" : "free", f->world.size > 1 ? " on this rank" : "");
-    float mine = (float)lo, *all = (float *)mallocCheck((size_t)W * sizeof(float)); // exact: lo <= 2^16
+    float mine = (float)lo, *all = (float *)mallocCheck((size_t)f->world.size * sizeof(float)); // exact: lo <= 2^16
     fsdp_all_gather(&f->world, all, &mine, 1);
     int B = BATCH_SIZE_MAX;
-    for (int i = 0; i < W; i++) B = all[i] < B ? (int)all[i] : B;
+    for (int i = 0; i < f->world.size; i++) B = all[i] < B ? (int)all[i] : B;
     free(all);
     if (B == 0) return -1;
     tc->batch_size = B;
     if (f->world.rank == 0)
         printf("--batch_size auto: %d rows per micro-batch%s: a memory plan of %.1f MiB of the %.1f MiB %s (%d rows: %.1f MiB)\n",
-               B, W > 1 ? " (the least of every rank's)" : "", need[0] / MiB, budget / MiB,
+               B, f->world.size > 1 ? " (the least of every rank's)" : "", need[0] / MiB, budget / MiB,
                tc->memory_limit > 0 ? "--memory_limit leaves for it" : "free", lo + 1, need[1] / MiB);
     return 0;
 }
@@ -1616,7 +1648,7 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     for (int g = 0; g < GA; g++) { // the whole step's batches first: the loss is normalised by their label count
         dataloader_next_batch(&r->dl, B, r->pad_id, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, &r->Ts[g]);
         labels += dataloader_global_labels(&r->dl);
-        sums[1] += r->dl.batch_tokens;
+        if (r->fsdp.context.rank == 0) sums[1] += r->dl.batch_tokens; // (a context-parallel group shares its rows)
     }
     PROF_END(NULL);
     optimizer_zero_grad(&r->opt);
@@ -1831,12 +1863,16 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T, double available) {
     }
     if (failed_anywhere(r, failed)) return 1;
     if (!tc->batch_size && (batch_auto(tc, m, f, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, *T) != 0 ||
-                            batch_derive(tc, W, f->world.rank == 0) != 0)) return 1;
+                            batch_derive(tc, fsdp_data_size(f), f->world.rank == 0) != 0)) return 1;
     model_alloc(m, tc->batch_size, *T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     print_config(tc);
     if (W > 1)
-        printf("%d ranks, %s: shard groups of %d, %d replica(s)\n", W, f->info->name, f->shard.size, f->replica.size);
-    m->row0 = f->world.rank * tc->batch_size;
+        printf("%d ranks, %s: shard groups of %d, %d replica(s)%s", W, f->info->name, f->shard.size, f->replica.size,
+               f->context.size > 1 ? "" : "\n");
+    if (f->context.size > 1)
+        printf("; context parallel: %d data-parallel groups of %d ranks, each holding pieces of the same rows\n", fsdp_data_size(f),
+               f->context.size);
+    m->row0 = fsdp_data_rank(f) * tc->batch_size; // (the ranks of a context-parallel group share their rows)
     optimizer_init(&r->opt, m);
     return 0;
 }
@@ -1844,7 +1880,7 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T, double available) {
 // --resume: the weights, the optimizer and where training stood (*ts) from the
 // checkpoint. Collective: 0 ok, 1 when a rank failed.
 static int train_resume(TrainConfig *tc, Trainer *r, TrainState *ts) {
-    int failed = load_checkpoint(tc, r->resume_dir, r->fsdp.world.size, &r->m, &r->opt, ts) != 0;
+    int failed = load_checkpoint(tc, r->resume_dir, fsdp_data_size(&r->fsdp), &r->m, &r->opt, ts) != 0;
     if (!failed && ts->data_pos > r->train_ds.n_rows) {
         fprintf(stderr, "error: --resume %s: data position %d is past the %ld rows\n", r->resume_dir, ts->data_pos, r->train_ds.n_rows);
         failed = 1;
@@ -1870,10 +1906,10 @@ static double print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
              m->host.frozen_units - 1);
     static const char *saved[4] = {"", " with the embedding", " with the norms", " with the embedding and the norms"};
     printf("training %s%s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
-           !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.adapter_len ? "llama_adapter" : m->host.lora.ia3 ? "IA3" : m->host.lora.use_dora ? "DoRA" : "LoRA",
+           !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.adapter_len ? "llama_adapter" : m->host.lora.prefix ? "a prefix" : m->host.lora.ia3 ? "IA3" : m->host.lora.use_dora ? "DoRA" : "LoRA",
            saved[m->host.lora.saved & 3], r->opt.n,
            host_sharded(&m->host) && !m->host.use_lora ? " (this rank's shard)" : "",
-           r->train_ds.n_rows, total, tc->grad_accum, r->fsdp.world.size, tc->batch_size, T);
+           r->train_ds.n_rows, total, tc->grad_accum, fsdp_data_size(&r->fsdp), tc->batch_size, T);
     double host;
     memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, (long)tc->grad_accum * tc->batch_size, 1, &host);
     return host;
@@ -1894,7 +1930,7 @@ static int tensorboard_begin(TrainConfig *tc, TbWriter *tb, int step) {
 // checkpoint's step), the data loader at the resumed position, the buffers of a
 // step's micro-batches, and the signals that stop the run after a step.
 // Collective: 0 ok, 1 when a rank failed.
-static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts, int T) {
+static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts) {
     int rank0 = r->fsdp.world.rank == 0, B = tc->batch_size, GA = tc->grad_accum;
     int failed = rank0 && tc->metrics_file[0] && tc->resume[0] && metrics_truncate(tc->metrics_file, ts->step) != 0;
     if (failed) fprintf(stderr, "error: cannot rewrite --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
@@ -1905,10 +1941,11 @@ static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts, int T)
                           r->fsdp.world.size) != 0;
     if (failed) fprintf(stderr, "error: --profile_dir '%s': cannot write there: %s\n", tc->profile_dir, strerror(errno));
     if (failed_anywhere(r, failed)) return 1;
-    dataloader_init(&r->dl, &r->train_ds, tc->shuffle, (uint64_t)tc->seed, r->fsdp.world.rank, r->fsdp.world.size);
+    dataloader_init(&r->dl, &r->train_ds, tc->shuffle, (uint64_t)tc->seed, fsdp_data_rank(&r->fsdp), fsdp_data_size(&r->fsdp));
     dataloader_seek(&r->dl, ts->data_epoch, ts->data_pos);
-    r->tokens = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
-    r->targets = (int *)mallocCheck((size_t)GA * B * T * sizeof(int));
+    size_t room = (size_t)GA * B * r->m.T; // (train_step's rows are m.T apart: context parallelism pads them)
+    r->tokens = (int *)mallocCheck(room * sizeof(int));
+    r->targets = (int *)mallocCheck(room * sizeof(int));
     r->Ts = (int *)mallocCheck(GA * sizeof(int));
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
@@ -1932,7 +1969,7 @@ static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, 
     Model *m = &r->m;
     int W = r->fsdp.world.size;
     double flops = 0;
-    for (int g = 0; g < tc->grad_accum; g++) flops += (double)tc->batch_size * W * flops_per_sequence(&m->host, r->Ts[g], m->s2_attn);
+    for (int g = 0; g < tc->grad_accum; g++) flops += (double)tc->batch_size * fsdp_data_size(&r->fsdp) * flops_per_sequence(&m->host, r->Ts[g], m->s2_attn);
     double tflops = flops / (s->ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / (tc->peak_tflops * W) : -1;
     printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s", ts->step, total,
            s->loss, s->lr, s->norm, s->ms, s->n_tokens / (s->ms / 1e3), tflops);
@@ -2004,7 +2041,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     TrainState ts;
     memset(&ts, 0, sizeof ts);
     loss_scale_init(&ts.ls, !strcmp(tc->loss_scale, "dynamic") || (!strcmp(tc->loss_scale, "auto") && !strcmp(tc->precision, "fp16")));
-    if (tc->batch_size && batch_derive(tc, W, f->world.rank == 0) != 0) return 1; // auto: once train_load chose the batch
+    if (tc->batch_size && batch_derive(tc, fsdp_data_size(f), f->world.rank == 0) != 0) return 1; // auto: once train_load chose the batch
     double available = host_available(); // (before the model is loaded)
     if (train_load(tc, r, &T, available) != 0 || (tc->resume[0] && train_resume(tc, r, &ts) != 0)) return 1;
     int B = tc->batch_size, GA = tc->grad_accum;
@@ -2014,7 +2051,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
                tc->export_hf[0] ? "/" : "", tc->export_gguf[0] ? " " : "", tc->export_gguf, tc->export_gguf_adapter[0] ? " (+ adapter)" : "");
         return save_outputs(tc, r, tc->export_hf[0] ? tc->export_hf : NULL, r->tokpath);
     }
-    long rows_per_step = (long)B * GA * W; // every rank's rows
+    long rows_per_step = (long)B * GA * fsdp_data_size(f); // every data-parallel group's rows
     int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)r->train_ds.n_rows + rows_per_step - 1) / rows_per_step);
     double host = print_plan(tc, r, T, total);
     if (tc->dry_run) { // (a note, not a refusal: a plan may be for another machine)
@@ -2022,7 +2059,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         return 0;
     }
     if (tc->resume[0]) printf("resumed from %s at step %d\n", r->resume_dir, ts.step);
-    if (train_begin(tc, r, &ts, T) != 0) return 1;
+    if (train_begin(tc, r, &ts) != 0) return 1;
 
     Model *m = &r->m;
     if (ts.step == 0) print_samples(m, tc, &r->tok, 0);
@@ -2091,7 +2128,7 @@ static int train(TrainConfig *tc) {
     memset(&r, 0, sizeof r);
     FsdpStrategy strategy = FSDP_FULL_SHARD;
     fsdp_strategy_parse(tc->sharding_strategy, &strategy); // parse_args checked it
-    int rc = fsdp_init(&r.fsdp, strategy, tc->shard_group) != 0;
+    int rc = fsdp_init(&r.fsdp, strategy, tc->shard_group) != 0 || fsdp_context_init(&r.fsdp, tc->context_parallel) != 0;
     int quiet = !rc && r.fsdp.world.rank != 0; // the other ranks' output would repeat rank 0's
     if (quiet) fflush(stdout), rc = freopen("/dev/null", "w", stdout) == NULL;
     if (!rc) rc = train_run(tc, &r);

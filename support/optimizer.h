@@ -139,16 +139,26 @@ static inline size_t optimizer_staging_bytes(const OptimizerSettings *s, const O
 // (support/optimizer_cpu.h), layers.cuh's kernels and train_llama2.cu's --cpu_offload
 // step on the host, so the three agree bit for bit. Each product that feeds a sum is
 // either an explicit fmaf or rounded on its own (mul_rn): compilers that contract
-// a*b + c (nvcc, GCC in -std=gnu11) then have nothing left to fuse.
-#ifdef __CUDA_ARCH__
+// a*b + c (nvcc, GCC in -std=gnu11 or C++) then have nothing left to fuse.
+// On the device, mul_rn is the intrinsic; the emulated build runs device code on the
+// host, with its volatile twin. Host code built by GCC marks every element and loop
+// OPTIMIZER_HOST (contraction off), so a plain product stays
+// rounded on its own and the loops vectorize (a volatile round trip would stop them:
+// dev/bench_optimizer.md); other host compilers get the volatile round trip.
+#if defined(__CUDA_ARCH__) || (defined(__CUDACC__) && !defined(__NVCC__))
 #define mul_rn(a, b) __fmul_rn(a, b)
+#define OPTIMIZER_HOST
+#elif defined(__GNUC__) && !defined(__clang__)
+#define mul_rn(a, b) ((a) * (b))
+#define OPTIMIZER_HOST __attribute__((optimize("fp-contract=off")))
 #else
 #define mul_rn(a, b) f32_rounded((a) * (b))
+#define OPTIMIZER_HOST
 #endif
 
 // torch.lerp(s, e, w) with a scalar weight: one fma from the nearer end (torch's
 // vector and scalar loops alike)
-static inline HOST_DEVICE float torch_lerp(float s, float e, float w) {
+static inline OPTIMIZER_HOST HOST_DEVICE float torch_lerp(float s, float e, float w) {
     return fabsf(w) < 0.5f ? fmaf(w, e - s, s) : fmaf(w - 1.0f, e - s, e);
 }
 
@@ -173,7 +183,7 @@ static inline AdamWScalars adamw_scalars(int t, float lr, float beta1, float bet
     s.eps = eps;
     return s;
 }
-static inline HOST_DEVICE void adamw_elem(float *p, float g, float *m, float *v, const AdamWScalars *s) {
+static inline OPTIMIZER_HOST HOST_DEVICE void adamw_elem(float *p, float g, float *m, float *v, const AdamWScalars *s) {
     float mi = *m = torch_lerp(*m, g, s->w1);
     float vi = *v = fmaf(s->w2 * g, g, s->beta2 * *v);
     *p = mul_rn(*p, s->decay) + s->neg_step * mi / (sqrtf(vi) / s->bc2_sqrt + s->eps);
@@ -182,7 +192,7 @@ static inline HOST_DEVICE void adamw_elem(float *p, float g, float *m, float *v,
 // torch.optim.SGD's (dampening 0) step on one parameter: weight decay into the gradient,
 // the momentum buffer (b = g at the first step, then momentum * b + g; buf NULL: none),
 // the step along g + momentum * b (Nesterov) or b; every sum one fma, as torch's
-static inline HOST_DEVICE void sgd_elem(float *p, float g, float *buf, int first, float lr, float momentum, int nesterov,
+static inline OPTIMIZER_HOST HOST_DEVICE void sgd_elem(float *p, float g, float *buf, int first, float lr, float momentum, int nesterov,
                                         float wd) {
     g = fmaf(wd, *p, g);
     if (buf) {
@@ -199,21 +209,29 @@ static inline HOST_DEVICE void sgd_elem(float *p, float g, float *buf, int first
 // so an fp32 beta would give another weight. t is the step, 1 for the first.
 
 // bf16 from fp32, to nearest even as torch's c10::BFloat16 (a NaN becomes 0x7fc0)
-static inline uint16_t bf16_from_f32(float x) {
+static inline OPTIMIZER_HOST uint16_t bf16_from_f32(float x) {
     uint32_t u;
     memcpy(&u, &x, 4);
     if (isnan(x)) return 0x7fc0;
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-static inline float bf16_round(float x) { return st_bf16_to_f32(bf16_from_f32(x)); }
+static inline OPTIMIZER_HOST float bf16_round(float x) { return st_bf16_to_f32(bf16_from_f32(x)); }
 
 // torchao's quantize_8bit_with_qmap for x, a moment divided by its block's absmax: a
 // branchless binary search for the last code at or below x in the sorted map, then the
 // code above when x - lo >= (hi - lo) / 2 in fp32, so a tie rounds up (not to the first
 // nearest code)
-static inline HOST_DEVICE uint8_t qmap8_code(float x, const float *qmap) {
+static inline OPTIMIZER_HOST HOST_DEVICE uint8_t qmap8_code(float x, const float *qmap) {
+    // (unrolled, so that the host's loop over a block's elements vectorizes: GCC does not
+    // unroll this search itself before the vectorizer runs, which then sees a loop nest)
     int c = x >= qmap[128] ? 128 : 0;
-    for (int step = 64; step > 0; step /= 2) c += x >= qmap[c + step] ? step : 0;
+    c += x >= qmap[c + 64] ? 64 : 0;
+    c += x >= qmap[c + 32] ? 32 : 0;
+    c += x >= qmap[c + 16] ? 16 : 0;
+    c += x >= qmap[c + 8] ? 8 : 0;
+    c += x >= qmap[c + 4] ? 4 : 0;
+    c += x >= qmap[c + 2] ? 2 : 0;
+    c += x >= qmap[c + 1] ? 1 : 0;
     int up = c < 255 ? c + 1 : 255;
     return (uint8_t)(x - qmap[c] >= (qmap[up] - qmap[c]) * 0.5f ? up : c);
 }
@@ -242,7 +260,7 @@ static inline TorchaoAdamScalars torchao_adam_scalars(int t, double lr, double b
     return s;
 }
 // single_param_adam's update of one parameter p with its new moments m, v: decay first
-static inline HOST_DEVICE float torchao_adam_param(float p, float m, float v, const TorchaoAdamScalars *s) {
+static inline OPTIMIZER_HOST HOST_DEVICE float torchao_adam_param(float p, float m, float v, const TorchaoAdamScalars *s) {
     p -= mul_rn(s->decay, p);
     return p - s->lr * (m / s->bc1) / (sqrtf(v) / s->bc2_sqrt + s->eps);
 }
@@ -287,7 +305,7 @@ static inline HOST_DEVICE float bf16_grad_add(float acc, float g) { return bf16_
 // AnyPrecisionAdamW's step on one bf16 parameter p with its bf16 gradient g, moments m, v and
 // Kahan compensation c (NULL: none), all floats holding bf16 values; returns the new p. The
 // new *c is rounded to bf16 where it is stored.
-static inline HOST_DEVICE float anyprecision_elem(float p, float g, float *m, float *v, float *c, const AnyPrecisionScalars *s) {
+static inline OPTIMIZER_HOST HOST_DEVICE float anyprecision_elem(float p, float g, float *m, float *v, float *c, const AnyPrecisionScalars *s) {
     p = bf16_rn(p * s->decay);
     // (alpha1 * g, two bf16 significands, is exact: fused or not, one rounding)
     float mi = *m = bf16_rn(fmaf(s->alpha1, g, bf16_rn(*m * s->beta1)));

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <errno.h>
 #include <unistd.h>
 
@@ -23,6 +24,9 @@ static void die(const char *fmt, ...) {
 // after it into one fma (GNU C's default -ffp-contract=fast), where a reference (torch)
 // rounds each op
 static inline float f32_rounded(float x) { volatile float v = x; return v; }
+// a float's bits and back
+static inline uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static inline float f32_from_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 
 // the overlap of the ranges [a, a + n) and [b, b + m): its first element into *lo, its
 // length returned (0: they do not overlap)

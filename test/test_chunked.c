@@ -6,7 +6,8 @@
 // (1, sizes that do not divide T, T itself), both memory modes, GQA and tied
 // models, LoRA (with dropout, whose masks must not depend on the chunking; and
 // DoRA, whose row norms the first chunk computes for all), IA3 (every module, two
-// of them feedforward), llama_adapter (a prompt in every layer) and
+// of them feedforward), llama_adapter (a prompt in every layer), prefix (4 virtual
+// positions ahead of the carry, whose gradients every chunk's dK, dV add to) and
 // full fine-tuning, and with sliding windows (Mistral's sliding_window) of one
 // key, of a chunk's length and of more or fewer than a chunk's, so that windows
 // cross chunk boundaries, and with --s2_attn's shifted sparse groups (of 6 positions,
@@ -33,7 +34,7 @@
 
 enum { B = 2, T = 24 };
 
-// the adapter of the runs that are not full fine-tuning: lora, dora or ia3 (main sets it
+// the adapter of the runs that are not full fine-tuning: lora, dora, ia3, llama_adapter or prefix (main sets it
 // for a pass of test_equal)
 static const char *adapter_kind = "lora";
 // training runs with --s2_attn 1 (main sets it for a pass of test_equal)
@@ -55,6 +56,8 @@ static void setup(Model *m, const char *model, int full, int chunk, const char *
         argv[n++] = "--ia3_feedforward_modules=gate_proj,down_proj";
     } else if (!full && !strcmp(adapter_kind, "llama_adapter")) { // a prompt in both layers
         argv[n++] = "--peft_method=llama_adapter", argv[n++] = "--adapter_len=5", argv[n++] = "--adapter_layers=2";
+    } else if (!full && !strcmp(adapter_kind, "prefix")) { // (its N(0, 1) keys and values are live from the start)
+        argv[n++] = "--peft_method=prefix", argv[n++] = "--num_virtual_tokens=4";
     } else {
         argv[n++] = "--lora_r=4", argv[n++] = "--lora_target_modules=all-linear", argv[n++] = "--lora_dropout=0.2";
         argv[n++] = !full && !strcmp(adapter_kind, "dora") ? "--use_dora" : "--use_dora=0";
@@ -359,7 +362,8 @@ static void test_greedy_generation(int window) {
         if (best != gen[i]) bad = i;
     }
     char what[120];
-    snprintf(what, sizeof what, "greedy generation with the KV cache equals argmax of the full forward (window %d)", window);
+    snprintf(what, sizeof what, "greedy generation with the KV cache equals argmax of the full forward (window %d, %s)", window,
+             adapter_kind);
     CHECK(n_new == 12 && bad < 0, what, "%d tokens, first mismatch at %d", n_new, bad);
     free(gen); free(logits);
     model_free(&m);
@@ -381,7 +385,16 @@ static void test_top_p_sampling(void) {
           "counts %d %d %d %d (expected 0 ~2924 ~1076 0), reproducible %d", counts[0], counts[1], counts[2], counts[3], same);
 }
 
-int main(void) {
+// test_chunked KIND: only the adapter KIND's runs (setup's kinds: ia3, prefix, ...) on tiny_gqa
+// and tiny_tied, and its greedy generation; no argument: everything
+int main(int argc, char **argv) {
+    if (argc > 1) {
+        adapter_kind = argv[1];
+        test_equal("tiny_gqa", 0, -1);
+        test_equal("tiny_tied", 0, -1);
+        test_greedy_generation(0);
+        return test_summary();
+    }
     const char *models[] = {"tiny_gqa", "tiny_tied", "tiny_llama3", "tiny_linear", "tiny_codellama", "tiny_mistral"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         for (int full = 0; full < 2; full++) test_equal(models[i], full, -1);
@@ -399,6 +412,10 @@ int main(void) {
     adapter_kind = "llama_adapter"; // each chunk's queries meet the whole prompt, with no carry
     test_equal("tiny_gqa", 0, -1);
     test_equal("tiny_tied", 0, -1);
+    adapter_kind = "prefix"; // one more chunk ahead of the first, in the carry
+    test_equal("tiny_gqa", 0, -1);
+    test_equal("tiny_tied", 0, -1);
+    test_greedy_generation(0); // the prefix in the sampling's cache
     adapter_kind = "lora";
     s2_runs = 1; // shifted sparse attention (tiny_llama3: 4 query heads over 2 KV heads, as tiny_gqa, head_dim 12)
     for (int full = 0; full < 2; full++) {

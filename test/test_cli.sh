@@ -260,8 +260,10 @@ expect_error "missing data" "nothere.jsonl: cannot read" --model $FIX/tiny_gqa -
 
 # adapters
 expect_error "adapter for another model" "adapter_model.safetensors: tensor .* has shape" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_tied/peft_init
-mkdir -p "$TMP/ad"; cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "PREFIX_TUNING"/' "$TMP/ad/adapter_config.json"
-expect_error "neither a LoRA, an IA3 nor a llama_adapter adapter" 'peft_type must be "LORA", "IA3" or "ADAPTION_PROMPT"' --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+mkdir -p "$TMP/ad"; cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "ADALORA"/' "$TMP/ad/adapter_config.json"
+expect_error "neither LoRA, IA3, llama_adapter nor prefix" 'peft_type must be "LORA", "IA3", "ADAPTION_PROMPT" or "PREFIX_TUNING"' --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "PREFIX_TUNING"/' "$TMP/ad/adapter_config.json"
+expect_error "a LoRA config called PREFIX_TUNING" "adapter_config.json: 'num_virtual_tokens' must be an integer in \[1, 65536\]" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"peft_type": "LORA"/"peft_type": "IA3"/' "$TMP/ad/adapter_config.json"
 expect_error "a LoRA adapter's tensors under an IA3 config" "adapter_model.safetensors: tensor '.*ia3_l' is missing" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 rm -f "$TMP/ad/"*; cp $FIX/tiny_gqa/ia3/peft_init/* "$TMP/ad/"; sed -i 's/"down_proj"$/"k_proj"/' "$TMP/ad/adapter_config.json"
@@ -272,8 +274,7 @@ cp $FIX/tiny_gqa/peft_init/* "$TMP/ad/"; sed -i 's/"use_dora": false/"use_dora":
 expect_error "DoRA config without magnitudes" "adapter_model.safetensors: tensor '.*lora_magnitude_vector' is missing" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 expect_error "DoRA with full fine-tuning" "--use_dora trains a DoRA adapter" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --use_dora
 # --peft_method
-expect_error "prefix tuning" "--peft_method prefix is not supported yet" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method prefix
-expect_error "unknown PEFT method" "--peft_method: 'adalora' is not one of lora, ia3, llama_adapter" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method adalora
+expect_error "unknown PEFT method" "--peft_method: 'adalora' is not one of lora, ia3, llama_adapter, prefix" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method adalora
 expect_error "IA3 with --lora_r" "--lora_r is LoRA's; with --peft_method ia3" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --lora_r 4
 expect_error "IA3 with --use_dora" "--use_dora is LoRA's; with --peft_method ia3" --model $FIX/tiny_gqa "${RUN[@]}" --use_dora --peft_method ia3
 expect_error "IA3 with full fine-tuning" "--peft_method ia3 trains an adapter; with --full_finetune" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --full_finetune
@@ -290,6 +291,25 @@ rm -f "$TMP/ad/"*; cp $FIX/tiny_gqa/llama_adapter/peft_init/* "$TMP/ad/"; sed -i
 expect_error "llama_adapter: a config with more layers than the model's" "adapter_config.json: 'adapter_layers' must be an integer in \[1, 2\]" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 cp $FIX/tiny_gqa/llama_adapter/peft_init/* "$TMP/ad/"; sed -i 's/"adapter_len": 3/"adapter_len": 4/' "$TMP/ad/adapter_config.json"
 expect_error "llama_adapter: a prompt of another length" "tensor '.*layers.1.self_attn.adaption_prompt' has shape \[1, 3, 64\], expected \[1, 4, 64\]" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+expect_error "prefix with --lora_alpha" "--lora_alpha is LoRA's; with --peft_method prefix give --num_virtual_tokens" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method prefix --lora_alpha 4
+expect_error "prefix with full fine-tuning" "--peft_method prefix trains an adapter; with --full_finetune" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method prefix --full_finetune
+expect_error "no virtual tokens" "--num_virtual_tokens: '0' is not an integer" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method prefix --num_virtual_tokens 0
+expect_error "prefix merged" "--merge_adapter: a prefix's keys and values are no weight change" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_gqa/prefix/peft_init --merge_adapter
+expect_error "prefix as a llama.cpp adapter" "--export_gguf_adapter: a prefix's keys and values are no weight change" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method prefix --export_gguf_adapter "$TMP/a.gguf"
+expect_error "prefix with --s2_attn" "--s2_attn with --peft_method prefix is not supported" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method prefix --s2_attn 1 --batching packing
+expect_error "prefix on a sliding-window model" "a prefix on $FIX/tiny_mistral, a model with a sliding window \(sliding_window 5\), is not supported yet" --model $FIX/tiny_mistral "${RUN[@]}" --peft_method prefix
+expect_error "prefix from a llama_adapter" "--peft_method prefix, but --from_peft_checkpoint .* holds a llama_adapter" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method prefix --from_peft_checkpoint $FIX/tiny_gqa/llama_adapter/peft_init
+expect_error "llama_adapter from a prefix" "--peft_method llama_adapter, but --from_peft_checkpoint .* holds a prefix" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method llama_adapter --from_peft_checkpoint $FIX/tiny_gqa/prefix/peft_init
+rm -f "$TMP/ad/"*; cp $FIX/tiny_gqa/prefix/peft_init/* "$TMP/ad/"; sed -i 's/"num_virtual_tokens": 3/"num_virtual_tokens": 4/' "$TMP/ad/adapter_config.json"
+expect_error "prefix: another number of virtual tokens" "tensor 'prompt_embeddings' has shape \[3, 128\], expected \[4, 128\]" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+cp $FIX/tiny_gqa/prefix/peft_init/* "$TMP/ad/"; sed -i 's/"prefix_projection": false/"prefix_projection": true/' "$TMP/ad/adapter_config.json"
+expect_error "prefix: prefix_projection" "adapter_config.json: prefix_projection is not supported" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+cp $FIX/tiny_gqa/prefix/peft_init/* "$TMP/ad/"; sed -i 's/"num_layers": 2/"num_layers": 3/' "$TMP/ad/adapter_config.json"
+expect_error "prefix: another model's layers" "adapter_config.json: 'num_layers' must be the model's 2 layers" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+cp $FIX/tiny_gqa/prefix/peft_init/* "$TMP/ad/"; sed -i 's/"num_transformer_submodules": 1/"num_transformer_submodules": 2/' "$TMP/ad/adapter_config.json"
+expect_error "prefix: an encoder-decoder's" "adapter_config.json: 'num_transformer_submodules' must be 1" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
+expect_error "prefix for another model" "tensor 'prompt_embeddings' has shape \[3, 128\], expected \[3, 192\]" --model $FIX/tiny_tied "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_gqa/prefix/peft_init
+expect_error "--trainable_params with prefix" "--trainable_params with --peft_method prefix is not supported yet" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method prefix --trainable_params norm
 expect_error "IA3 as a llama.cpp adapter" "--export_gguf_adapter writes a llama.cpp LoRA adapter, which cannot hold IA3's vectors" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --export_gguf_adapter "$TMP/a.gguf"
 # --trainable_params (peft's modules_to_save)
 expect_error "--trainable_params with full fine-tuning" "--trainable_params names base tensors .* --full_finetune" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --trainable_params norm

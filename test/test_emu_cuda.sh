@@ -14,7 +14,7 @@
 # (EMU_STREAMS, dev/emu/runtime.h), so a missing event wait shows as a wrong result.
 cd "$(dirname "$0")/.."
 EMU=build-emu
-checks="matmul attention embedding rmsnorm rope swiglu crossentropy adamw adamw8bit anyprecision sgd grad_norm elementwise lora dequant"
+checks="matmul attention embedding rmsnorm rope swiglu crossentropy adamw adamw8bit anyprecision sgd grad_norm elementwise lora prefix dequant"
 status=0
 for k in $checks; do
     if [ ! -x "$EMU/dev/cuda/$k" ]; then

@@ -299,14 +299,15 @@ static void check_step(const char *model, const JsonValue *train, const char *mo
 // mode: "full", "lora", DoRA's "dora" and "dora_dropout", whose references are in the
 // model's dora/ (dev/reference/make_dora_fixtures.py, dropout masks as ours), "ia3", in its
 // ia3/ (dev/reference/make_ia3_fixtures.py), "llama_adapter", in its llama_adapter/
-// (dev/reference/make_llama_adapter_fixtures.py), or "trainable": LoRA with the embedding and
+// (dev/reference/make_llama_adapter_fixtures.py), "prefix", in its prefix/
+// (dev/reference/make_prefix_fixtures.py), or "trainable": LoRA with the embedding and
 // the norms trained too (--trainable_params embed,norm, peft's modules_to_save), in its
 // trainable/ (make_trainable_fixtures.py), which start from the adapter peft saved with them
 // (--from_peft_checkpoint loads them)
 static void test_model(const char *model, const char *mode) {
     char path[600], what[256], outdir[256], metrics[300];
     int full = !strcmp(mode, "full"), dora = !strncmp(mode, "dora", 4), trainable = !strcmp(mode, "trainable");
-    int own = !strcmp(mode, "ia3") || !strcmp(mode, "llama_adapter") || trainable; // (their own folder, named as the mode)
+    int own = !strcmp(mode, "ia3") || !strcmp(mode, "llama_adapter") || !strcmp(mode, "prefix") || trainable; // (their own folder, named as the mode)
     char own_init[64];
     snprintf(own_init, sizeof own_init, "%s/peft_init", mode);
     const char *refdir = dora ? "dora" : own ? mode : "ref";
@@ -945,7 +946,13 @@ static void test_grad_scaler(void) {
     if (system(path) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
 }
 
-int main(void) {
+// test_llama2 MODE: only MODE's fixture runs (test_model's modes; "prefix" say), on the
+// models that have it; no argument: everything
+int main(int argc, char **argv) {
+    if (argc > 1) {
+        for (int i = 0; i < 2; i++) test_model(i ? "tiny_tied" : "tiny_gqa", argv[1]);
+        return test_summary();
+    }
     test_qlora();
     test_grad_scaler();
     test_dropout();
@@ -959,11 +966,12 @@ int main(void) {
         test_model(models[i], "lora");
         test_model(models[i], "full");
     }
-    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout; IA3; llama_adapter; LoRA with the embedding and norms trained
+    for (int i = 0; i < 2; i++) { // DoRA, with and without dropout; IA3; llama_adapter; prefix; LoRA with the embedding and norms trained
         test_model(models[i], "dora");
         test_model(models[i], "dora_dropout");
         test_model(models[i], "ia3");
         test_model(models[i], "llama_adapter");
+        test_model(models[i], "prefix");
         test_model(models[i], "trainable");
     }
     test_freeze("tiny_gqa");  // untied: lm_head trains

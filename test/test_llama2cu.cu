@@ -3,7 +3,7 @@
 // set up from the same arguments on the same checkpoint and batches: the
 // logits and the loss, every trainable gradient, and 10 optimizer steps of
 // losses and gradient norms; for LoRA (with dropout, whose masks are the same
-// hash on both; and DoRA, tiny_gqa's peft adapter; and IA3 and llama_adapter, tiny_gqa's and tiny_tied's; and
+// hash on both; and DoRA, tiny_gqa's peft adapter; and IA3, llama_adapter and prefix, tiny_gqa's and tiny_tied's; and
 // --trainable_params embed, norm and both, tiny_gqa's and tiny_tied's, the embedding and norms trained beside) and
 // full fine-tuning,
 // whole sequences and chunks (keep and
@@ -25,8 +25,8 @@
 // within AdamW's step tolerances (SGD's update, linear in the gradient, does not
 // amplify the gradients' rounding as AdamW's m / sqrt(v) does); and QLoRA
 // (--quantize nf4 and fp4 on tiny_qlora, whose 4-bit weights dequantize to the
-// CPU's bits in fp32 and their rounding in bf16, so LoRA's tolerances hold; and IA3 and
-// llama_adapter on its nf4 base); and 10 steps of 2 micro-batches of --pure_bf16 with
+// CPU's bits in fp32 and their rounding in bf16, so LoRA's tolerances hold; and IA3,
+// llama_adapter and prefix on its nf4 base); and 10 steps of 2 micro-batches of --pure_bf16 with
 // AnyPrecisionAdamW (Kahan summation off and on, whole and in chunks, --freeze_layers 1). Each
 // comparison prints the worst element of what it compares; the program exits 1
 // when any check fails. A run with --activation_checkpointing must also give the
@@ -103,7 +103,7 @@ struct Case {
     int freeze = 0;        // --freeze_layers (full fine-tuning)
     int T = T_DEFAULT;     // tokens a row (--max_seq_len)
     bool s2 = false;       // --s2_attn 1 (and --batching packing, which it needs)
-    const char *method = NULL; // ia3 or llama_adapter: that adapter, from the fixture's <method>/peft_init, instead of LoRA
+    const char *method = NULL; // ia3, llama_adapter or prefix: that adapter, from the fixture's <method>/peft_init, instead of LoRA
     const char *trainable = NULL; // --trainable_params: "embed,norm" from the fixture's trainable/peft_init (B and the
                                   // saved tensors off their start); "embed" or "norm" a fresh adapter, the copies the base's
     int kahan = -1;        // full fine-tuning with --pure_bf16 1 --optimizer anyprecision --kahan_summation kahan (-1: not)
@@ -158,6 +158,7 @@ struct Pair {
             } else if (c.method && c.quantize) { // (no fixture for tiny_qlora: a fresh adapter, IA3's vectors at 1, the gates at 0)
                 a.insert(a.end(), {"--peft_method", c.method});
                 if (!strcmp(c.method, "ia3")) a.insert(a.end(), {"--ia3_target_modules", "all-linear"});
+                else if (!strcmp(c.method, "prefix")) a.insert(a.end(), {"--num_virtual_tokens", "4"});
                 else a.insert(a.end(), {"--adapter_len", "4", "--adapter_layers", "2"});
             } else // B != 0, IA3's vectors != 1, the gates != 0
                 a.insert(a.end(), {"--from_peft_checkpoint",
@@ -169,7 +170,7 @@ struct Pair {
         }
         cpu = cpu_new((int)argv[0].size(), argv[0].data(), B, T);
         gpu = gpu_new((int)argv[1].size(), argv[1].data(), B, T);
-        if (!c.full && !c.method) { // (IA3 and llama_adapter have no dropout)
+        if (!c.full && !c.method) { // (IA3, llama_adapter and prefix have no dropout)
             cpu_set_lora_dropout(cpu, 0.1f);
             gpu_set_lora_dropout(gpu, 0.1f);
         }
@@ -635,9 +636,10 @@ int main(int argc, char **argv) {
     }
     // IA3 (peft's adapters of tiny_gqa, and of tiny_tied with gate_proj and down_proj
     // feedforward and o_proj) and llama_adapter (peft's prompts, gates off 0: tiny_gqa's top
-    // layer, GQA; both of tiny_tied's): whole and in chunks with activation checkpointing,
-    // and 10 steps whole and in chunks, in each precision
-    for (const char *method : {"ia3", "llama_adapter"})
+    // layer, GQA; both of tiny_tied's) and prefix (peft's N(0, 1) keys and values, 3 and 5
+    // virtual positions): whole and in chunks with activation checkpointing, and 10 steps
+    // whole and in chunks, in each precision
+    for (const char *method : {"ia3", "llama_adapter", "prefix"})
         for (const char *model : {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"})
             for (const char *precision : precisions) {
                 Case whole = {model, false, precision, 0, "keep", 1, false}, chunked = {model, false, precision, 7, "recompute", 3, true};
@@ -719,10 +721,10 @@ int main(int argc, char **argv) {
             if (mine()) check_case(chunked);
             if ((!quick || !strcmp(type, "nf4")) && mine()) check_steps(whole, steps);
         }
-    // IA3 (every module, down_proj feedforward) and llama_adapter (a prompt in both layers) on
-    // the 4-bit base: their products read the dequantized weights as LoRA's do; one micro-batch
-    // and 10 steps, in each precision
-    for (const char *method : {"ia3", "llama_adapter"})
+    // IA3 (every module, down_proj feedforward), llama_adapter (a prompt in both layers) and
+    // prefix (4 virtual positions) on the 4-bit base: their products read the dequantized
+    // weights as LoRA's do; one micro-batch and 10 steps, in each precision
+    for (const char *method : {"ia3", "llama_adapter", "prefix"})
         for (const char *precision : precisions) {
             Case whole = {"test/fixtures/tiny_qlora", false, precision, 0, "keep", 1, false, false, "nf4"};
             whole.method = method;

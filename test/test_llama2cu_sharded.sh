@@ -7,7 +7,7 @@
 # through host memory and fsdp.h's host side: the path ranks sharing a GPU
 # take) and --precision fp32, for every sharding strategy: LoRA (dropout,
 # all-linear) on the GQA fixture and full fine-tuning (chunks of 7 with a KV
-# carry) on the tied one, QLoRA (W = 2 and 3, every strategy) and DoRA; LoRA
+# carry) on the tied one, QLoRA (W = 2 and 3, every strategy), DoRA and prefix tuning; LoRA
 # with --trainable_params embed,norm on the tied one (W = 2 and 3 NO_SHARD). With the same global batch (6 rows = W ranks x 6/W)
 # each run's losses and gradient norms must equal one process of the same
 # binary, and the CPU trainer's (train_llama2, $BIN), and its final weights one
@@ -230,10 +230,14 @@ done
 # staged backend) into a slot before it is dequantized on the device: W = 2 FULL_SHARD, 3 HYBRID_SHARD,
 # 2 SHARD_GRAD_OP (every run kept gathered) and 3 NO_SHARD (each rank whole). DoRA: its magnitudes
 # all-reduced like A and B, its row norms read from the gathered weights: W = 2 FULL_SHARD and 3
-# HYBRID_SHARD. Each == one process and == the CPU trainer, with the tolerances above (LoRA's products)
-for kind in qlora dora; do
+# HYBRID_SHARD. prefix: its keys and values replicated, each rank's rows' dK, dV summed into their
+# gradient, then all-reduced like A and B: W = 2 FULL_SHARD in chunks of 7 and 3 HYBRID_SHARD. Each ==
+# one process and == the CPU trainer, with the tolerances above (LoRA's products)
+for kind in qlora dora prefix; do
     args=("${LORA[@]}" --quantize nf4) cases=("2 FULL_SHARD" "3 HYBRID_SHARD" "2 SHARD_GRAD_OP" "3 NO_SHARD")
     [ $kind = dora ] && args=("${LORA[@]}" --use_dora) cases=("2 FULL_SHARD" "3 HYBRID_SHARD")
+    [ $kind = prefix ] && args=(--model test/fixtures/tiny_gqa --peft_method prefix --num_virtual_tokens 4 --chunk_size 7) \
+        cases=("2 FULL_SHARD" "3 HYBRID_SHARD")
     emu none "$TMP/$kind-1" "${args[@]}" --batch_size 6
     "$BIN" "${COMMON[@]}" "${args[@]}" --batch_size 6 --output_dir "$TMP/$kind-cpu" --metrics_file "$TMP/$kind-cpu.jsonl" >"$TMP/$kind-cpu.log" 2>&1
     close "$kind: one emulated process == the CPU trainer" "$TMP/$kind-1" "$TMP/$kind-cpu" $CPU_TOL

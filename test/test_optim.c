@@ -8,8 +8,10 @@
 // support/optimizer_qmap.h's tables are torchao's, the 8-bit update of a tensor in two
 // slices of whole blocks is the update of the whole, and the results are the same at
 // any thread count.
-#define TESTING
-#include "../train_llama2.c"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "../support/optimizer_cpu.h"
 #include "test_common.h"
 
 #define DIR "test/fixtures/optim/"

@@ -2,7 +2,7 @@
 # Checkpoints and resume: a run that is killed (at chosen points, in the middle
 # of writing a checkpoint, and at random moments) and resumed ends with exactly
 # the weights and the loss trajectory of a run that was never interrupted, bit
-# for bit (LoRA, full fine-tuning, QLoRA, DoRA, IA3, llama_adapter, --trainable_params); SIGTERM finishes the step, saves and
+# for bit (LoRA, full fine-tuning, QLoRA, DoRA, IA3, llama_adapter, prefix, --trainable_params); SIGTERM finishes the step, saves and
 # exits 0; a resume with changed options or data is refused.
 set -u
 SUITE=resume
@@ -168,6 +168,11 @@ killed_resumed_refused IA3 ia3 "--ia3_feedforward_modules was 'gate_proj,down_pr
 ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --save_every 3 --threads 1
       --peft_method llama_adapter --adapter_len 4 --adapter_layers 2 --chunk_size 7)
 killed_resumed_refused llama_adapter la "--adapter_len was '4' in the checkpoint but is '5' now" --adapter_len 5
+# prefix: its keys and values are saved as peft's prompt_embeddings with adapter_config.json's
+# num_virtual_tokens, the AdamW state with them; in chunks (the prefix is refilled at each first chunk)
+ARGS=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --lr 5e-3 --save_every 3 --threads 1
+      --peft_method prefix --num_virtual_tokens 4 --chunk_size 7)
+killed_resumed_refused prefix pre "--num_virtual_tokens was '4' in the checkpoint but is '5' now" --num_virtual_tokens 5
 # --trainable_params embed,norm (LongLoRA's): the embedding and every norm are saved whole beside
 # A and B (peft's modules_to_save), their AdamW state with the adapter's; on the tied model, whose
 # head is the embedding

@@ -6,7 +6,7 @@
 # (whole sequences, dropout, all-linear) and full fine-tuning (tied embeddings,
 # chunks of 7 with a KV carry): with the same global batch (12 rows = W ranks x
 # 12/W, 2 micro-batches a step) the 10-step trajectory and the final trainable
-# weights equal one process's; and so at W = 2 for each family's fixture, for QLoRA, IA3 and llama_adapter, and with
+# weights equal one process's; and so at W = 2 for each family's fixture, for QLoRA, IA3, llama_adapter and prefix, and with
 # --global_batch_size at W = 1, 2 and 4 (a W = 4 checkpoint of it resumed at W = 2). Then a checkpoint saved at W = 3 resumed at W = 2
 # and W = 1 (and one process's at W = 3) continues the uninterrupted trajectory;
 # --export_hf; a corrupt shard
@@ -155,6 +155,11 @@ LA=(--model test/fixtures/tiny_gqa --peft_method llama_adapter --adapter_len 4 -
 run 0 "$TMP/la-1" "${LA[@]}" --batch_size 12
 run 2 "$TMP/la-2" "${LA[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --chunk_size 7
 same_run "llama_adapter, W = 2, FULL_SHARD in chunks == one process" "$TMP/la-1" "$TMP/la-2" adapter_model.safetensors
+# prefix: its keys and values the same, each rank's rows' dK, dV summed into their gradient
+PRE=(--model test/fixtures/tiny_gqa --peft_method prefix --num_virtual_tokens 4)
+run 0 "$TMP/pre-1" "${PRE[@]}" --batch_size 12
+run 2 "$TMP/pre-2" "${PRE[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --chunk_size 7
+same_run "prefix, W = 2, FULL_SHARD in chunks == one process" "$TMP/pre-1" "$TMP/pre-2" adapter_model.safetensors
 run 4 "$TMP/lora-4-hybrid" "${LORA[@]}" --batch_size 3 --sharding_strategy HYBRID_SHARD --shard_group 2
 same_run "LoRA, W = 4, HYBRID_SHARD in two groups of two == one process" "$TMP/lora1" "$TMP/lora-4-hybrid" adapter_model.safetensors
 run 4 "$TMP/full-4-hybrid" "${FULL[@]}" --batch_size 3 --sharding_strategy HYBRID_SHARD --shard_group 2

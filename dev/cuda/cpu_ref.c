@@ -211,3 +211,9 @@ void ref_adaption_prompt_backward(float *dq, float *dprompt, float *dgate, const
                                   float *dkv, float *coef, float *gz, int N, int D, int NH, int NKV, int hd, int A) {
     adaption_prompt_backward(dq, dprompt, dgate, dout, q, prompt, g, wk, wv, kpvp, dkv, coef, gz, N, D, NH, NKV, hd, A);
 }
+void ref_prefix_to_carry(float *k, float *v, const float *prompt, int L, int B, int P, int T, size_t KV) {
+    prefix_to_carry(k, v, prompt, L, B, P, T, KV);
+}
+void ref_prefix_backward(float *dprompt, const float *dk, const float *dv, int L, int B, int P, int T, size_t KV) {
+    prefix_backward(dprompt, dk, dv, L, B, P, T, KV);
+}

@@ -14,14 +14,15 @@ Both again with DoRA (--use_dora; peft's test/fixtures/tiny_gqa/dora/peft_init),
 with IA3 (--peft_method ia3 on every module, gate_proj and down_proj feedforward;
 peft's test/fixtures/tiny_gqa/ia3/peft_init: k_proj, v_proj, down_proj), with
 llama_adapter (--peft_method llama_adapter, 4 prompt rows in both layers, its gates trained
-off 0; peft's test/fixtures/tiny_gqa/llama_adapter/peft_init: 3 rows in the top layer), and
+off 0; peft's test/fixtures/tiny_gqa/llama_adapter/peft_init: 3 rows in the top layer), with
+prefix (--peft_method prefix, 6 virtual tokens; peft's test/fixtures/tiny_gqa/prefix/peft_init: 3), and
 with --trainable_params embed,norm (peft's modules_to_save; <model>/trainable/peft_init) on
 tiny_gqa and on tiny_tied, whose head is the trained embedding (ensure_weight_tying).
 Tolerance: 1e-5 relative (our fp32 against float64).
 
   python3 dev/reference/check_peft_roundtrip.py --qlora
 
-does the same for QLoRA (LoRA both ways, IA3 and llama_adapter ours -> peft): our trainer with --quantize nf4 on test/fixtures/tiny_qlora,
+does the same for QLoRA (LoRA both ways, IA3, llama_adapter and prefix ours -> peft): our trainer with --quantize nf4 on test/fixtures/tiny_qlora,
 and peft on that checkpoint loaded by transformers in 4 bits with
 BitsAndBytesConfig(nf4, double quantization, fp32 compute), which computes in fp32
 (tolerance 1e-5 relative all the same: both sides' rounding is ~1e-7). The model runs in
@@ -93,10 +94,12 @@ def main():
     lora = ["--lora_r", "4", "--lora_alpha", "8", "--lora_dropout", "0.1", "--lora_target_modules", "all-linear"]
     ia3 = ["--peft_method", "ia3", "--ia3_target_modules", "all-linear", "--ia3_feedforward_modules", "gate_proj,down_proj"]
     adapter = ["--peft_method", "llama_adapter", "--adapter_len", "4", "--adapter_layers", "2"]
+    prefix = ["--peft_method", "prefix", "--num_virtual_tokens", "6"]
     kinds = [("LoRA", lora, "peft_init", MODEL), ("DoRA", lora + ["--use_dora"], "dora/peft_init", MODEL),
-             ("IA3", ia3, "ia3/peft_init", MODEL), ("llama_adapter", adapter, "llama_adapter/peft_init", MODEL)]
-    if QLORA:  # (tiny_qlora has LoRA's adapter from peft only; IA3 and llama_adapter cross one way, ours -> peft)
-        kinds = [kinds[0], kinds[2], kinds[3]]
+             ("IA3", ia3, "ia3/peft_init", MODEL), ("llama_adapter", adapter, "llama_adapter/peft_init", MODEL),
+             ("prefix", prefix, "prefix/peft_init", MODEL)]
+    if QLORA:  # (tiny_qlora has LoRA's adapter from peft only; IA3, llama_adapter and prefix cross one way, ours -> peft)
+        kinds = [kinds[0], kinds[2], kinds[3], kinds[4]]
     else:  # (--trainable_params is not with --quantize)
         kinds += [(f"LoRA + embed,norm ({os.path.basename(m)})", lora + ["--trainable_params", "embed,norm"], "trainable/peft_init", m)
                   for m in (MODEL, os.path.join(ROOT, "test/fixtures/tiny_tied"))]

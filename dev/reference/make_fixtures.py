@@ -37,7 +37,7 @@ import peft
 import safetensors
 import sentencepiece as spm
 import transformers
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           get_cosine_schedule_with_warmup)
@@ -368,6 +368,18 @@ def fresh_folder(folder):
     os.makedirs(folder)
 
 
+def peft_load_trainable(base, path):
+    """path's peft adapter on base, trainable: prompt learning (make_prefix_fixtures.py) peft
+    loads for inference only, so its prompt is set to train by hand"""
+    if PeftConfig.from_pretrained(path).is_prompt_learning:
+        lm = PeftModel.from_pretrained(base, path)
+        lm.active_peft_config.inference_mode = False
+        for p in lm.prompt_encoder.parameters():
+            p.requires_grad_(True)
+        return lm
+    return PeftModel.from_pretrained(base, path, is_trainable=True)
+
+
 def peft_reference(name, mode, folder, adapter, rows, expected, out, hp, rename=lambda k: k, finish=None):
     """A peft adapter's float64 reference (make_ia3_fixtures.py, make_llama_adapter_fixtures.py,
     make_trainable_fixtures.py): folder/peft_init loaded on name's base, its trainable tensors
@@ -375,7 +387,7 @@ def peft_reference(name, mode, folder, adapter, rows, expected, out, hp, rename=
     logits, the step-0 gradients and the final tensors after hp's steps as "<mode>.logits",
     "<mode>.grad.<name>", "<mode>.final.<name>", and into out the step-0 loss and the steps;
     finish(lm, expected), when given, last (checks of the trained model, tensors of its own)."""
-    lm = PeftModel.from_pretrained(load_base(f"{FIX}/{name}", torch.float64), f"{folder}/peft_init", is_trainable=True)
+    lm = peft_load_trainable(load_base(f"{FIX}/{name}", torch.float64), f"{folder}/peft_init")
     lm.double()
     named = [(rename(n), p) for n, p in lm.named_parameters() if p.requires_grad]
     assert sorted(k for k, _ in named) == sorted(adapter), ("peft key mismatch", sorted(k for k, _ in named))
