@@ -2,7 +2,8 @@
 // semantics of their CPU twins in train_llama2.c (dev/cuda/ checks each against
 // its twin). Tensors are float, __nv_bfloat16 or __half (template T); every kernel reads
 // them into fp32 registers, so statistics, softmax and the loss are fp32
-// (docs/precision.md). Gradients of trainable parameters are always fp32.
+// (docs/precision.md). The backward's gradients of trainable parameters are fp32
+// (--pure_bf16 rounds them into a bf16 step's gradient: round_bf16, grads_bf16_add).
 // Every launcher takes the stream it runs on, and no kernel uses atomics: each
 // output is summed in a fixed order, so results repeat bit for bit.
 //
@@ -242,6 +243,29 @@ void convert(TO *out, const TI *x, size_t n, cudaStream_t stream) {
     cudaLaunchCheck();
 }
 
+// --pure_bf16 (docs/precision.md): x (n, fp32) rounded to bf16 in place, as train_llama2.c's
+// round_bf16: each rank's part of a unit's gradient before the sum over ranks
+__global__ void round_bf16_kernel(float *x, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = bf16_rn(x[i]);
+}
+inline void round_bf16(float *x, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    round_bf16_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(x, n);
+    cudaLaunchCheck();
+}
+__global__ void grads_bf16_add_kernel(__nv_bfloat16 *acc, const float *g, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) acc[i] = __float2bfloat16(bf16_grad_add(__bfloat162float(acc[i]), g[i]));
+}
+// --pure_bf16: acc (n, bf16) = bf16(acc + bf16(g)), a micro-batch's fp32 gradient g (n) added
+// to the step's bf16 gradient (support/optimizer.h's bf16_grad_add, as train_llama2.c's grads_bf16_end)
+inline void grads_bf16_add(__nv_bfloat16 *acc, const float *g, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    grads_bf16_add_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(acc, g, n);
+    cudaLaunchCheck();
+}
+
 // ----------------------------------------------------------------------------
 // cross-entropy, fused with its gradient: one block per row of V logits
 
@@ -309,11 +333,13 @@ void crossentropy_forward_backward(T *logits, float *losses, const int *targets,
 constexpr int SUM_BLOCKS = 512, SUM_THREADS = 512;
 __device__ double sum_partials[SUM_BLOCKS]; // used by one reduction at a time (keep them on one stream)
 
-template <bool SQUARES>
-__global__ void sum_partials_kernel(const float *x, size_t n) {
+template <bool SQUARES, typename T>
+__global__ void sum_partials_kernel(const T *x, size_t n) {
     double acc = 0.0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        acc = SQUARES ? fma((double)x[i], (double)x[i], acc) : acc + x[i]; // (fused: as sum_host does)
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        double xi = to_float(x[i]); // (exact)
+        acc = SQUARES ? fma(xi, xi, acc) : acc + xi; // (fused: as sum_host does)
+    }
     acc = block_sum(acc);
     if (threadIdx.x == 0) sum_partials[blockIdx.x] = acc;
 }
@@ -323,9 +349,9 @@ __global__ void sum_final_kernel(double *out, int blocks, bool take_sqrt) {
     if (threadIdx.x == 0) *out = take_sqrt ? sqrt(acc) : acc;
 }
 inline int sum_blocks(size_t n) { return (int)std::min<size_t>(SUM_BLOCKS, std::max<size_t>(1, (n + SUM_THREADS - 1) / SUM_THREADS)); }
-template <bool SQUARES> void sum_launch(double *out, const float *x, size_t n, bool take_sqrt, cudaStream_t stream) {
+template <bool SQUARES, typename T> void sum_launch(double *out, const T *x, size_t n, bool take_sqrt, cudaStream_t stream) {
     int blocks = sum_blocks(n);
-    sum_partials_kernel<SQUARES><<<blocks, SUM_THREADS, 0, stream>>>(x, n);
+    sum_partials_kernel<SQUARES, T><<<blocks, SUM_THREADS, 0, stream>>>(x, n);
     cudaLaunchCheck();
     sum_final_kernel<<<1, ceil_div(blocks, 32) * 32, 0, stream>>>(out, blocks, take_sqrt);
     cudaLaunchCheck();
@@ -362,32 +388,33 @@ template <bool SQUARES> double sum_host(const float *x, size_t n) {
     return block_sum_host(partials.data(), (int)partials.size());
 }
 
-// *out (device) = sum of x (n); e.g. crossentropy_forward_backward's losses
-inline void global_sum(double *out, const float *x, size_t n, cudaStream_t stream) {
+// *out (device) = sum of x (n; fp32, or --pure_bf16's bf16 state); e.g. crossentropy_forward_backward's losses
+template <typename T> void global_sum(double *out, const T *x, size_t n, cudaStream_t stream) {
     sum_launch<false>(out, x, n, false, stream);
 }
 
-// *out (device) = the sum of squares of g (n), or with take_sqrt its L2 norm
-// (a sharded trainer adds the ranks' sums of squares before the root)
-inline void grad_sumsq(double *out, const float *g, size_t n, bool take_sqrt, cudaStream_t stream) {
+// *out (device) = the sum of squares of g (n; fp32, or --pure_bf16's bf16), or with take_sqrt its
+// L2 norm (a sharded trainer adds the ranks' sums of squares before the root)
+template <typename T> void grad_sumsq(double *out, const T *g, size_t n, bool take_sqrt, cudaStream_t stream) {
     sum_launch<true>(out, g, n, take_sqrt, stream);
 }
 // *norm (device) = the global L2 norm of g (n). It stays on the device: clip_grads
 // reads it there, so the step never waits for the host.
 inline void grad_norm(double *norm, const float *g, size_t n, cudaStream_t stream) { grad_sumsq(norm, g, n, true, stream); }
 
-__global__ void clip_grads_kernel(float *g, size_t n, const double *norm, float max_norm, float inv_scale) {
+template <typename T>
+__global__ void clip_grads_kernel(T *g, size_t n, const double *norm, float max_norm, float inv_scale) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     double coef = max_norm > 0 ? max_norm / (*norm + 1e-6) : 1.0;
     coef = coef < 1.0 ? coef * inv_scale : inv_scale;
-    if (i < n && coef != 1.0) g[i] = (float)(g[i] * coef);
+    if (i < n && coef != 1.0) g[i] = from_float<T>((float)(to_float(g[i]) * coef)); // (bf16: as the CPU, fp32 then bf16)
 }
 // g (n) holds 1 / inv_scale times the gradients (a loss scale, a power of two; 1:
 // none): unscaled as torch's GradScaler.unscale_ and clipped as
 // torch.nn.utils.clip_grad_norm_ (times max_norm / (norm + 1e-6) when that is
 // below 1; max_norm <= 0: no clipping) in one pass, as train_llama2.c's clip_grads;
-// norm is the unscaled gradients' norm, on the device
-inline void clip_grads(float *g, size_t n, const double *norm, float max_norm, float inv_scale, cudaStream_t stream) {
+// norm is the unscaled gradients' norm, on the device; g fp32, or --pure_bf16's bf16
+template <typename T> void clip_grads(T *g, size_t n, const double *norm, float max_norm, float inv_scale, cudaStream_t stream) {
     if (max_norm <= 0 && inv_scale == 1.0f) return;
     clip_grads_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(g, n, norm, max_norm, inv_scale);
     cudaLaunchCheck();

@@ -1056,7 +1056,7 @@ static void grads_bf16_end(Model *m) {
     if (!m->pure_bf16) return;
     size_t n = model_trainable_numel(&m->host);
     #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) m->grads[i] = bf16_round(st_bf16_to_f32(m->grad_acc[i]) + bf16_round(m->grads[i]));
+    for (size_t i = 0; i < n; i++) m->grads[i] = bf16_grad_add(st_bf16_to_f32(m->grad_acc[i]), m->grads[i]);
 }
 
 // chunk j of what model_forward_backward trains: chunk_at's, or this rank's piece of group j
@@ -1311,7 +1311,6 @@ static size_t model_dequant_scratch_bytes(const Model *m) { return model_quant_s
 static const char *const backend_memory = "resident memory"; // (the host's: the plan is its host plan)
 static const char *const model_host_advice = ", --activation_checkpointing, --chunk_size with --chunk_memory recompute";
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
-static const int backend_pure_bf16 = 1; // --pure_bf16: bf16 values in its fp32 arrays
 static const char *const backend_collectives[] = {"host"}; // its buffers are host memory: MPI or TCP
 static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)
 static const int backend_context_parallel = 1; // --context_parallel (model_forward_backward)

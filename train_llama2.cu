@@ -14,6 +14,9 @@ with fp16 storage (11 significant bits, but 5 exponent bits: activations above
 65504 overflow, gradients below 2^-24 vanish), for GPUs without bf16 (V100, T4),
 with dynamic loss scaling (trainer.h's LossScale). --precision fp32 runs every
 tensor in fp32 (true fp32, no TF32), to compare with the CPU twin tightly.
+--pure_bf16 (bf16 only) has no fp32 masters: the bf16 weights are the parameters,
+the step's gradient is bf16 (grad_acc) and AnyPrecisionAdamW's state bf16, rounded
+as the CPU twin rounds them (grads_done, grads_bf16_end, anyprecision_step).
 The compute type is a template parameter, floatX (float, bf16 or __half), of
 every function below; the Model holds the buffers of one of them, and the
 backend's entry points pick floatX once (with_precision).
@@ -144,7 +147,9 @@ typedef struct {
     Buffers<bf16> b16;
     Buffers<__half> h16;
     // the trainable parameters, flat (LoRA's layout, or param_layout's of the units that train), fp32 in either precision
-    float *params, *grads;    // (n_train) masters and gradients
+    float *params, *grads;    // (n_train) masters and gradients (--pure_bf16: no masters; grads, a micro-batch's
+                              // sum over its chunks, only in chunks: pure_bf16_chunked)
+    bf16 *grad_acc;           // (n_train) --pure_bf16: the step's gradients, bf16 (the optimizer's)
     int n_runs;               // full fine-tuning: where the masters' runs lie in the base weights (host
     size_t run_first[NUM_PARAM_TENSORS], run_n[NUM_PARAM_TENSORS]; // and d.weights): model_trainable_runs
     OptimizerSettings optimizer; // set by the trainer before model_alloc
@@ -166,7 +171,10 @@ typedef struct {
     float *grad_part;         // a unit's gradient reduced to this rank's shard
     // --cpu_offload (full fine-tuning; docs/memory.md): params, grads and opt_state are host memory
     int cpu_offload;          // set by the trainer before model_alloc
-    int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16 (refused here for now)
+    int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16 (--precision bf16): the bf16
+                              // weights are the parameters (d.weights), no fp32 masters; a unit's fp32 gradient
+                              // rounded and added into grad_acc as its backward ends (in chunks, m->grads' at the
+                              // micro-batch's end); AnyPrecisionAdamW's bf16 state (docs/precision.md)
     int masters_aliased;      // params are the host model's trainable weights themselves (one run)
     uint8_t *grad_held;       // (n_units) whole: the unit's running total is on the host (its next open uploads it)
     float *grad_stage[2];     // (widest shard, pinned) sharded: reduced shards on their way to the host
@@ -222,6 +230,15 @@ template <typename F> auto with_precision(const Model *m, F f) {
     return m->fp32 ? f(type_identity<float>()) : m->fp16 ? f(type_identity<__half>()) : f(type_identity<bf16>());
 }
 
+// --pure_bf16 in chunks: a micro-batch's fp32 gradient is summed over its chunks in m->grads
+// (rounded into grad_acc at its end, grads_bf16_end); whole sequences need no fp32 copy: each
+// unit's backward runs once a micro-batch, its gradient rounded into grad_acc as it ends (grads_done)
+static bool pure_bf16_chunked(const Model *m) { return m->pure_bf16 && m->chunk_size < m->T; }
+// the backward's gradients go into a unit's buffer (unit_grad), not straight into m->grads
+static bool grads_by_unit(const Model *m) {
+    return m->host.full_finetune && (m->sharded || m->cpu_offload || (m->pure_bf16 && !pure_bf16_chunked(m)));
+}
+
 // the slot that holds unit u when gathered: a strategy that reshards after the
 // forward has three, the embedding's and two that the other units take in turn
 // (so the next unit is gathered while this one computes: unit_prefetch); else
@@ -259,7 +276,7 @@ static size_t widest_trainable_shard(const HostModel *h) {
 static void unit_grad_layout(Model *m, Layout *p) {
     const FsdpUnits *u = &m->host.units;
     size_t G = m->sharded ? (size_t)m->fsdp->shard.size : 1, grad[2] = {0, 0};
-    if (!m->host.full_finetune || (!m->sharded && !m->cpu_offload)) return;
+    if (!grads_by_unit(m)) return;
     for (int i = m->host.frozen_units; i < u->n_units; i++) { // frozen units: no gradient
         size_t whole = m->sharded ? G * u->units[i].shard : u->units[i].numel; // (sharded: the padding too)
         grad[i != 0] = std::max(grad[i != 0], whole);
@@ -303,8 +320,9 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     // trainable: fp32 masters and gradients (offloaded: on the host); in bf16 (fp16), and
     // offloaded in any precision, the matmuls read a copy
     if (!m->cpu_offload) {
-        place(p, m->params, m->n_train);
-        place(p, m->grads, m->n_train);
+        if (!m->pure_bf16) place(p, m->params, m->n_train);
+        if (!m->pure_bf16 || pure_bf16_chunked(m)) place(p, m->grads, m->n_train);
+        if (m->pure_bf16) place(p, m->grad_acc, m->n_train);
         for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
             size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
             if (void *at = layout_take(p, count * es)) m->opt_state[i] = at;
@@ -312,7 +330,7 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     }
     bool all_train = h->full_finetune && !h->frozen_units; // then the weights are the masters or their copy
     if ((!fp32 || m->cpu_offload) && (all_train || h->use_lora)) place(p, d.params_lo, m->n_train);
-    if (m->cpu_offload && !fp32) place(p, m->upload_stage, UPLOAD_PIECE);
+    if ((m->cpu_offload || m->pure_bf16) && !fp32) place(p, m->upload_stage, UPLOAD_PIECE); // (pure_bf16: saves too)
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
     // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
     if (!all_train) place(w, d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h));
@@ -369,6 +387,17 @@ template <typename floatX> void upload(floatX *dst, const float *src, size_t n, 
         }
         cudaCheck(cudaStreamSynchronize(stream));
         if (!stage) cudaCheck(cudaFree(buf));
+    }
+}
+
+// dst (n, fp32) on the host = src (n, bf16) on the device, upload's way back: converted on the
+// device in pieces of UPLOAD_PIECE through stage (a device buffer of that many floats)
+static void download(float *dst, const bf16 *src, size_t n, cudaStream_t stream, float *stage) {
+    for (size_t i = 0; i < n; i += UPLOAD_PIECE) {
+        size_t k = std::min(UPLOAD_PIECE, n - i);
+        convert(stage, src + i, k, stream);
+        cudaCheck(cudaMemcpyAsync(dst + i, stage, k * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream)); // (the stage takes the next piece)
     }
 }
 
@@ -517,9 +546,13 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
 }
 
 // Full fine-tuning's masters from the host model's trainable weights (its runs), and back;
-// offloaded, a host copy (none when they are those weights: masters_aliased)
+// offloaded, a host copy (none when they are those weights: masters_aliased); --pure_bf16,
+// the bf16 weights themselves, which are the parameters (exact both ways: bf16 values)
 static void masters_upload(Model *m) {
     const float *base = m->sharded ? m->host.shards : m->host.params;
+    for (int r = 0; r < m->n_runs && m->pure_bf16; r++)
+        upload(m->b16.weights + m->run_first[r], base + m->run_first[r], m->run_n[r], m->stream, m->upload_stage);
+    if (m->pure_bf16) return;
     size_t off = 0; // (a 7B model's runs pass 2^31 elements)
     for (int r = 0; r < m->n_runs && !m->masters_aliased; off += m->run_n[r++]) {
         if (m->cpu_offload) memcpy(m->params + off, base + m->run_first[r], m->run_n[r] * sizeof(float));
@@ -528,6 +561,9 @@ static void masters_upload(Model *m) {
 }
 static void masters_download(Model *m) {
     float *base = m->sharded ? m->host.shards : m->host.params;
+    for (int r = 0; r < m->n_runs && m->pure_bf16; r++)
+        download(base + m->run_first[r], m->b16.weights + m->run_first[r], m->run_n[r], m->stream, m->upload_stage);
+    if (m->pure_bf16) return;
     size_t off = 0;
     for (int r = 0; r < m->n_runs && !m->masters_aliased; off += m->run_n[r++]) {
         if (m->cpu_offload) memcpy(base + m->run_first[r], m->params + off, m->run_n[r] * sizeof(float));
@@ -563,7 +599,6 @@ static void weights_upload(Model *m) {
 // workspace, bf16's upload staging, NCCL's buffers, fragmentation): 5% of the GPU, at
 // least 1 GiB; and no more than --memory_limit when given (a dry run: that alone).
 static const int backend_measures_free_memory = 1;
-static const int backend_pure_bf16 = 0; // --pure_bf16: not here yet (trainer.h refuses it)
 static const int backend_streams_base = 1; // LoRA's base goes from the files to the GPU a piece at a time
 static double model_memory_budget(Model *m, double limit) {
     if (m->dry_run && limit > 0) return limit; // a dry run touches no GPU: the limit alone
@@ -661,9 +696,10 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         if (h->base_deferred && model_stream_base(&m->host, weights_put<floatX>, m) != 0) exit(1); // (it said why)
         if (m->cpu_offload) offload_alloc(m);
         if (h->use_lora) upload(m->params, h->lora.params, m->n_train, st);
-        else masters_upload(m);
+        else if (!m->pure_bf16) masters_upload(m); // (--pure_bf16: the weights are the parameters, uploaded below)
         if (!m->cpu_offload) { // (offload_alloc zeroed the host's)
-            cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
+            if (m->grads) cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
+            if (m->grad_acc) cudaCheck(cudaMemsetAsync(m->grad_acc, 0, m->n_train * sizeof(bf16), st));
             for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
                 size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
                 cudaCheck(cudaMemsetAsync(m->opt_state[i], 0, count * es, st));
@@ -675,6 +711,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             weights_upload(m);
         } else if (h->full_finetune) {
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
+            else if (m->pure_bf16) { d.weights = d.params_lo; upload(d.weights, base, n_base, st, m->upload_stage); }
             else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
         } else {
             if (h->quant_type == QUANT_NONE || m->sharded) {
@@ -843,11 +880,11 @@ static void unit_grad_copy(Model *m, int u, int b, cudaMemcpyKind kind, cudaStre
 }
 static float *grad_at(Model *m, int u, int j) {
     const HostModel *h = &m->host;
-    if (!m->sharded && !m->cpu_offload) return m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, j);
+    if (!grads_by_unit(m)) return m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, j);
     const FsdpUnit *un = &h->units.units[u];
     int b = u != 0;
     if (m->grad_open[b] != u) {
-        if (m->sharded || !m->grad_held[u]) { // (sharded: the padding too)
+        if (m->sharded || !m->cpu_offload || !m->grad_held[u]) { // (sharded: the padding too)
             size_t n = m->sharded ? (size_t)m->fsdp->shard.size * un->shard : un->numel;
             cudaCheck(cudaMemsetAsync(m->unit_grad[b], 0, n * sizeof(float), m->stream));
         } else {
@@ -883,16 +920,23 @@ static void grads_to_host(Model *m, int u, size_t at) {
 }
 static void grads_done(Model *m, int u) {
     const HostModel *h = &m->host;
-    if (!m->sharded && !m->cpu_offload) return;
+    if (!grads_by_unit(m)) return;
     const FsdpUnit *un = &h->units.units[u];
+    float *g = m->unit_grad[u != 0];
     stream_after(m->comm_stream, m->stream, m->computed);
     if (m->sharded) {
+        if (m->pure_bf16) round_bf16(g, (size_t)m->fsdp->shard.size * un->shard, m->comm_stream); // each rank's part bf16
         PROF_BEGIN_UNIT(m->comm_stream, "reduce-scatter", u, h->config.n_layers, (long long)m->fsdp->shard.size * un->shard * sizeof(float));
-        fsdp_reduce_scatter(device_comm(m, &m->dev_shard), m->grad_part, m->unit_grad[u != 0], un->shard);
+        fsdp_reduce_scatter(device_comm(m, &m->dev_shard), m->grad_part, g, un->shard);
         PROF_END(m->comm_stream);
         size_t at = un->shard_offset - h->units.units[h->frozen_units].shard_offset; // m->grads: the trainable units' shards
         if (m->cpu_offload) grads_to_host(m, u, at);
+        else if (m->pure_bf16 && !pure_bf16_chunked(m)) grads_bf16_add(m->grad_acc + at, m->grad_part, un->shard, m->comm_stream);
         else accumulate(m->grads + at, m->grad_part, un->shard, m->comm_stream);
+    } else if (m->pure_bf16) { // whole sequences: the unit's micro-batch gradient into the step's, tensor by tensor
+        for (int k = 0; k < un->n_tensors; k++)
+            grads_bf16_add(m->grad_acc + model_tensor_offset_from(&h->config, h->frozen_units, u, k), g + un->tensors[k].offset,
+                           un->tensors[k].numel, m->comm_stream);
     } else {
         unit_grad_copy(m, u, u != 0, cudaMemcpyDeviceToHost, m->comm_stream);
         m->grad_held[u] = 1;
@@ -1268,6 +1312,14 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     return losses_sum(m, B, T);
 }
 
+// --pure_bf16 in chunks: the micro-batch's fp32 gradient (summed over its chunks, and sharded
+// over the ranks' bf16 parts: grads_done) rounded into the step's bf16 one, then zeroed for the next
+static void grads_bf16_end(Model *m) {
+    if (!pure_bf16_chunked(m)) return;
+    grads_bf16_add(m->grad_acc, m->grads, m->n_train, m->stream);
+    cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), m->stream));
+}
+
 // Forward and backward of one micro-batch: returns the summed cross-entropy and
 // adds grad_scale * d(loss)/d(parameter) into the gradients of the trainable ones.
 // Chunks run forward in order, filling the KV carry, then backward in reverse
@@ -1302,6 +1354,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
                             m->stream);
     });
     units_reshard(m);
+    grads_bf16_end(m);
     return losses_sum(m, B, T);
 }
 
@@ -1366,7 +1419,8 @@ static void optimizer_free(Optimizer *o) { memset(o, 0, sizeof *o); }
 static void optimizer_zero_grad(Optimizer *o) {
     Model *m = o->model;
     if (!m->cpu_offload) {
-        cudaCheck(cudaMemsetAsync(m->grads, 0, o->n * sizeof(float), m->stream));
+        if (m->grads) cudaCheck(cudaMemsetAsync(m->grads, 0, o->n * sizeof(float), m->stream));
+        if (m->grad_acc) cudaCheck(cudaMemsetAsync(m->grad_acc, 0, o->n * sizeof(bf16), m->stream));
         return;
     }
     memset(m->grad_held, 0, m->host.units.n_units);
@@ -1418,9 +1472,34 @@ static double optimizer_step_host(Optimizer *o, float lr, float inv_scale, int u
     return norm;
 }
 
+// --pure_bf16 with replicas (NO_SHARD, HYBRID_SHARD): the step's bf16 gradients summed over c
+// as train_llama2.c sums them: in fp32 (the host collectives: in rank order), the sum rounded to
+// bf16 once; in pieces through the upload stage, on the collectives' stream (no fp32 copy of the whole)
+static void grads_bf16_all_reduce(Model *m, FsdpComm *c) {
+    for (size_t i = 0; i < m->n_train; i += UPLOAD_PIECE) {
+        size_t k = std::min(UPLOAD_PIECE, m->n_train - i);
+        convert(m->upload_stage, m->grad_acc + i, k, m->comm_stream);
+        fsdp_all_reduce(c, m->upload_stage, k, FSDP_F32);
+        convert(m->grad_acc + i, m->upload_stage, k, m->comm_stream);
+    }
+}
+
+// --pure_bf16: AnyPrecisionAdamW's step (the t-th) on the bf16 weights' trainable runs with the
+// step's bf16 gradients and the bf16 state, flat over the runs (as train_llama2.c's)
+static void anyprecision_step(Model *m, int t, float lr) {
+    const OptimizerSettings *s = &m->optimizer;
+    bf16 **state = (bf16 **)m->opt_state; // m, v and with Kahan summation the compensation
+    size_t off = 0; // the run's first element in the gradients and the state
+    for (int r = 0; r < m->n_runs; off += m->run_n[r++]) // (the hyperparameters as the numbers typed, as llama-recipes')
+        anyprecision_update(m->b16.weights + m->run_first[r], m->grad_acc + off, state[0] + off, state[1] + off,
+                            s->kahan ? state[2] + off : NULL, m->run_n[r], t, lr, float_decimal(s->beta1),
+                            float_decimal(s->beta2), float_decimal(s->eps), float_decimal(s->weight_decay), m->stream);
+}
+
 // the global gradient norm (returned, before clipping); if update and the norm
 // is finite, unscaling and clipping, then the optimizer's update, which also
-// writes the bf16/fp16 copy of the parameters the next forward reads
+// writes the bf16/fp16 copy of the parameters the next forward reads (--pure_bf16:
+// the step's bf16 gradients, clipped and rounded to bf16, step the bf16 weights themselves)
 static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update) {
     Model *m = o->model;
     const OptimizerSettings *s = &o->s;
@@ -1428,12 +1507,14 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
     if (o->grad_sum) {
         stream_after(m->comm_stream, m->stream, m->computed);
         PROF_BEGIN(m->comm_stream, "all-reduce gradients", -1, -1, (long long)(o->n * sizeof(float)));
-        fsdp_all_reduce(device_comm(m, o->grad_sum), m->grads, o->n, FSDP_F32);
+        if (m->pure_bf16) grads_bf16_all_reduce(m, device_comm(m, o->grad_sum));
+        else fsdp_all_reduce(device_comm(m, o->grad_sum), m->grads, o->n, FSDP_F32);
         PROF_END(m->comm_stream);
         stream_after(m->stream, m->comm_stream, m->communicated);
     }
-    double sumsq, norm;
-    grad_sumsq(m->grad_norm, m->grads, o->n, false, m->stream);
+    double sumsq, norm; // (--pure_bf16: of the bf16 gradients, which clip_grads rounds to bf16 again)
+    if (m->pure_bf16) grad_sumsq(m->grad_norm, m->grad_acc, o->n, false, m->stream);
+    else grad_sumsq(m->grad_norm, m->grads, o->n, false, m->stream);
     cudaCheck(cudaMemcpyAsync(&sumsq, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
     if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
@@ -1441,8 +1522,13 @@ static double optimizer_step(Optimizer *o, float lr, float inv_scale, int update
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
     // clip_grads reads it there (a pageable source: the call returns once it is copied)
     cudaCheck(cudaMemcpyAsync(m->grad_norm, &norm, sizeof(double), cudaMemcpyHostToDevice, m->stream));
-    clip_grads(m->grads, o->n, m->grad_norm, s->grad_clip, inv_scale, m->stream);
+    if (m->pure_bf16) clip_grads(m->grad_acc, o->n, m->grad_norm, s->grad_clip, inv_scale, m->stream);
+    else clip_grads(m->grads, o->n, m->grad_norm, s->grad_clip, inv_scale, m->stream);
     o->t++;
+    if (m->pure_bf16) {
+        anyprecision_step(m, o->t, lr);
+        return norm;
+    }
     with_precision(m, [&](auto tag) { // (fp32, or some units frozen: no copy, params_lo is NULL)
         auto *copy = buffers<typename decltype(tag)::type>(m).params_lo;
         if (s->kind == OPTIMIZER_SGD)
@@ -1486,14 +1572,15 @@ static int optimizer_state_finite(Optimizer *o) {
     Model *m = o->model;
     int finite = 1;
     for (int i = 0; i < optimizer_n_states(&o->s); i++) {
-        size_t n;
-        if (optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &n) != sizeof(float)) continue;
+        size_t n, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &n);
+        if (es == 1) continue; // (codes)
         double sum;
         if (m->cpu_offload) {
             finite &= isfinite(sum_host<false>((const float *)m->opt_state[i], n)) != 0;
             continue;
         }
-        global_sum(m->grad_norm, (const float *)m->opt_state[i], n, m->stream);
+        if (es == sizeof(bf16)) global_sum(m->grad_norm, (const bf16 *)m->opt_state[i], n, m->stream); // (--pure_bf16's)
+        else global_sum(m->grad_norm, (const float *)m->opt_state[i], n, m->stream);
         cudaCheck(cudaMemcpyAsync(&sum, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
         cudaCheck(cudaStreamSynchronize(m->stream));
         finite &= isfinite(sum) != 0;
@@ -1520,9 +1607,9 @@ static void optimizer_sync_device(Optimizer *o) {
         masters_upload(m);
         weights_upload(m);
     } else if (h->full_finetune) {
-        masters_upload(m);
-        if (h->frozen_units) weights_refresh(m);
-        else with_precision(m, [&](auto tag) {
+        masters_upload(m); // (--pure_bf16: into the bf16 weights themselves, nothing more to copy)
+        if (h->frozen_units && !m->pure_bf16) weights_refresh(m);
+        else if (!m->pure_bf16) with_precision(m, [&](auto tag) {
             using floatX = typename decltype(tag)::type;
             if constexpr (!std::is_same<floatX, float>::value) convert(buffers<floatX>(m).params_lo, m->params, o->n, m->stream);
         });

@@ -58,7 +58,6 @@
 //                              sharded host model, the collectives in its forward and
 //                              backward, the gradient sums in optimizer_step); 0: one
 //                              process only
-//   static const int backend_pure_bf16;  1: the backend runs --pure_bf16; 0: trainer.h refuses it
 //   static const int backend_context_parallel;  1: its model_forward_backward runs a
 //                              context-parallel group's pieces of the rows
 //                              (--context_parallel, fsdp.h's context group); 0: refused
@@ -305,7 +304,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"shuffle", OPT_INT, &(tc)->shuffle, "1", "1: shuffle rows every epoch, 0: file order", 0, 1}, \
     {"eval_every", OPT_INT, &(tc)->eval_every, "0", "evaluate --val_data every N steps (0: only at the end)", 0, 1 << 30}, \
     {"full_finetune", OPT_FLAG, &(tc)->full_finetune, "0", "train every weight instead of LoRA adapters", 0, 1}, \
-    {"pure_bf16", OPT_INT, &(tc)->pure_bf16, "0", "1: full fine-tuning in bf16 with no fp32 copy, as llama-recipes' --pure_bf16 (model.to(torch.bfloat16)): the weights (rounded to bf16 at load), gradients and optimizer state bf16; each micro-batch's gradient rounded to bf16 once and added to the step's in bf16, sums over ranks rounded to bf16; with --optimizer anyprecision. The CPU trainer holds the same bf16 values and computes in fp32 from them", 0, 1}, \
+    {"pure_bf16", OPT_INT, &(tc)->pure_bf16, "0", "1: full fine-tuning in bf16 with no fp32 copy, as llama-recipes' --pure_bf16 (model.to(torch.bfloat16)): the weights (rounded to bf16 at load), gradients and optimizer state bf16; each micro-batch's gradient rounded to bf16 once and added to the step's in bf16, sums over ranks rounded to bf16; with --optimizer anyprecision. train_llama2cu: --precision bf16, the bf16 weights the parameters themselves (8 bytes a parameter, 10 with --kahan_summation 1); the CPU trainer holds the same bf16 values and computes in fp32 from them", 0, 1}, \
     {"freeze_layers", OPT_INT, &(tc)->freeze_layers, "0", "with --full_finetune: the embedding (and a head tied to it) and the first N decoder layers do not train: no gradient, no optimizer state (llama-recipes' freeze_layers / num_freeze_layers, which leaves the embedding training)", 0, 1 << 20}, \
     {"lora_r", OPT_INT, &(tc)->lora_r, "8", "LoRA rank", 1, 65536}, \
     {"lora_alpha", OPT_FLOAT, &(tc)->lora_alpha, "16", "LoRA alpha (scale = alpha / r)", 0, 1e6}, \
@@ -442,8 +441,8 @@ static int check_pure_bf16(const TrainConfig *tc) {
         error = "--pure_bf16 keeps full fine-tuning's weights in bf16 with no fp32 copy: give it with --full_finetune";
     else if (tc->pure_bf16 && !any)
         error = "--pure_bf16 has no fp32 weights for AdamW, SGD or AdamW8bit to update: give it with --optimizer anyprecision";
-    else if (tc->pure_bf16 && !backend_pure_bf16)
-        error = "--pure_bf16 is not in this trainer yet (train_llama2, the CPU trainer, has it)";
+    else if (tc->pure_bf16 && !strcmp(backend_precisions[0], "bf16") && strcmp(tc->precision, "bf16")) // (the CPU
+        error = "--pure_bf16 keeps the weights in bf16 on the GPU: give it with --precision bf16 (the default)"; // twin: fp32 only)
     else if (tc->pure_bf16 && tc->cpu_offload)
         error = "--pure_bf16 with --cpu_offload is not supported yet (the offloaded step keeps fp32 masters)";
     if (error) fprintf(stderr, "error: %s\n", error);

@@ -298,6 +298,10 @@ static inline AnyPrecisionScalars anyprecision_scalars(int t, double lr, double 
 #else
 #define bf16_rn(x) bf16_round(x)
 #endif
+// --pure_bf16: a micro-batch's gradient g (summed in fp32) added to the step's so far, acc (a
+// bf16 value): g rounded once, the sum rounded again, as torch's .grad += on a bf16 tensor
+// (train_llama2.c's grads_bf16_end, layers.cuh's grads_bf16_add)
+static inline HOST_DEVICE float bf16_grad_add(float acc, float g) { return bf16_rn(acc + bf16_rn(g)); }
 // AnyPrecisionAdamW's step on one bf16 parameter p with its bf16 gradient g, moments m, v and
 // Kahan compensation c (NULL: none), all floats holding bf16 values; returns the new p. The
 // new *c is rounded to bf16 where it is stored.

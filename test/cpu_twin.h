@@ -14,7 +14,7 @@ void cpu_set_lora_dropout(void *p, float dropout);
 double cpu_forward(void *p, const int *tokens, const int *targets, int B, int T, float *logits);
 double cpu_forward_backward(void *p, const int *tokens, const int *targets, int B, int T, float grad_scale, uint64_t key);
 double cpu_step(void *p, const int *tokens, const int *targets, int B, int T, float grad_scale, uint64_t key,
-                float loss_scale, double *norm);
+                float loss_scale, double *norm, int micro);
 size_t cpu_grads(void *p, float *out);
 #ifdef __cplusplus
 }

@@ -26,7 +26,8 @@
 // amplify the gradients' rounding as AdamW's m / sqrt(v) does); and QLoRA
 // (--quantize nf4 and fp4 on tiny_qlora, whose 4-bit weights dequantize to the
 // CPU's bits in fp32 and their rounding in bf16, so LoRA's tolerances hold; and IA3,
-// llama_adapter and prefix on its nf4 base). Each
+// llama_adapter and prefix on its nf4 base); and 10 steps of 2 micro-batches of --pure_bf16 with
+// AnyPrecisionAdamW (Kahan summation off and on, whole and in chunks, --freeze_layers 1). Each
 // comparison prints the worst element of what it compares; the program exits 1
 // when any check fails. A run with --activation_checkpointing must also give the
 // bits of the same CUDA run without it (logits, losses, every gradient): it runs
@@ -105,6 +106,7 @@ struct Case {
     const char *method = NULL; // ia3, llama_adapter or prefix: that adapter, from the fixture's <method>/peft_init, instead of LoRA
     const char *trainable = NULL; // --trainable_params: "embed,norm" from the fixture's trainable/peft_init (B and the
                                   // saved tensors off their start); "embed" or "norm" a fresh adapter, the copies the base's
+    int kahan = -1;        // full fine-tuning with --pure_bf16 1 --optimizer anyprecision --kahan_summation kahan (-1: not)
 };
 enum { ADAMW, SGD_MOMENTUM, SGD_NESTEROV }; // the optimizer of a Pair (SGD: momentum 0.9, Nesterov or not)
 
@@ -113,11 +115,12 @@ std::string describe(const Case &c, int optimizer = ADAMW) {
     char buf[200];
     const char *model = strrchr(c.model, '/') ? strrchr(c.model, '/') + 1 : c.model;
     const char *optimizers[] = {"", " sgd momentum", " sgd nesterov"};
-    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%s%s%.0d%s%.0d%s%s%s", model, c.full ? "full" : c.dora ? "dora" : c.method ? c.method : "lora",
+    snprintf(buf, sizeof buf, "%s %s %s C=%d %s out_chunks=%d%s%s%s%s%s%.0d%s%.0d%s%s%s%s", model, c.full ? "full" : c.dora ? "dora" : c.method ? c.method : "lora",
              c.precision, c.chunk, c.mem, c.out_chunks, c.ckpt ? " activation_checkpointing" : "", optimizers[optimizer],
              c.quantize ? " qlora " : "", c.quantize ? c.quantize : "", c.freeze ? " freeze_layers=" : "", c.freeze,
              c.T != T_DEFAULT ? " T=" : "", c.T != T_DEFAULT ? c.T : 0, c.s2 ? " s2_attn" : "",
-             c.trainable ? " trainable_params=" : "", c.trainable ? c.trainable : "");
+             c.trainable ? " trainable_params=" : "", c.trainable ? c.trainable : "",
+             c.kahan < 0 ? "" : c.kahan ? " pure_bf16 kahan" : " pure_bf16");
     return buf;
 }
 
@@ -146,6 +149,8 @@ struct Pair {
                 a.insert(a.end(), {"--optimizer", "sgd", "--momentum", "0.9", "--nesterov",
                                    optimizer == SGD_NESTEROV ? "1" : "0", "--lr", c.full ? "0.1" : "0.5"});
             else a.insert(a.end(), {"--lr", c.full ? "1e-3" : "5e-3"});
+            if (c.kahan >= 0) // (the CPU holds the same bf16 values in fp32: --precision fp32 is its bf16)
+                a.insert(a.end(), {"--pure_bf16", "1", "--optimizer", "anyprecision", "--kahan_summation", std::to_string(c.kahan)});
             if (c.full) a.push_back("--full_finetune");
             else if (c.trainable) {
                 a.insert(a.end(), {"--trainable_params", c.trainable});
@@ -339,29 +344,30 @@ void check_case(const Case &c, bool with_logits = true) {
     }
 }
 
-// optimizer steps, each on a batch of its own: losses and gradient norms
-void check_steps(const Case &c, int steps, int optimizer = ADAMW) {
+// optimizer steps, each on `micro` micro-batches of its own: losses and gradient norms
+void check_steps(const Case &c, int steps, int optimizer = ADAMW, int micro = 1) {
     std::string name = describe(c, optimizer);
     if (filtered_out(c, name)) return;
     const Tol &tol = tol_of(c.precision);
     const int T = c.T;
     Pair pair(c, optimizer);
     int V = pair.host()->config.vocab_size;
-    std::vector<int> tokens(B * T), targets(B * T);
+    std::vector<int> tokens(micro * B * T), targets(micro * B * T);
     double worst_loss = 0, worst_norm = 0;
     int at_loss = 0, at_norm = 0;
     std::vector<double> loss_cpu(steps), loss_gpu(steps);
     for (int s = 0; s < steps; s++) {
-        int labels = make_batch(100 + s, V, T, tokens.data(), targets.data());
+        int labels = 0;
+        for (int k = 0; k < micro; k++) labels += make_batch(100 + s + 1000 * k, V, T, &tokens[k * B * T], &targets[k * B * T]);
         double norm_cpu, norm_gpu;
         // fp16: the scale alternates 2^16, 2^15 as a backoff would change it, on both sides (exact in
         // fp32): AdamW is blind to a constant factor on every gradient, not to one that changes,
         // so a step that did not unscale would show
         float loss_scale = loss_scale_of(c.precision) / (s % 2 ? 2.0f : 1.0f);
         loss_cpu[s] = cpu_step(pair.cpu, tokens.data(), targets.data(), B, T, 1.0f / labels, 1000 + s, loss_scale,
-                               &norm_cpu);
+                               &norm_cpu, micro);
         loss_gpu[s] = gpu_step(pair.gpu, tokens.data(), targets.data(), B, T, 1.0f / labels, 1000 + s, loss_scale,
-                               &norm_gpu);
+                               &norm_gpu, micro);
         double el = fabs(loss_gpu[s] - loss_cpu[s]) / fabs(loss_cpu[s]), en = fabs(norm_gpu - norm_cpu) / norm_cpu;
         printf("    %s step %d: loss gpu %.9g cpu %.9g, grad norm gpu %.9g cpu %.9g\n", name.c_str(), s + 1,
                loss_gpu[s], loss_cpu[s], norm_gpu, norm_cpu);
@@ -683,6 +689,24 @@ int main(int argc, char **argv) {
             Case whole = {model, (bool)full, "fp16", 0, "keep", 1, false};
             if (mine()) check_steps(whole, steps);
         }
+    // --pure_bf16 1 --optimizer anyprecision (llama-recipes' pure bf16; the CPU twin itself against
+    // llama-recipes, test_llama2): bf16 weights, gradients and AnyPrecisionAdamW state, Kahan
+    // summation off and on; 10 steps of 2 micro-batches (each micro-batch's gradient rounded and
+    // added into the step's bf16 one), whole (each unit's gradient rounded as its backward ends)
+    // and in recomputed chunks of 5 (a micro-batch's fp32 sum over its chunks rounded at its
+    // end), within bf16's step tolerances: the GPU computes in bf16, the CPU in fp32 from the
+    // same bf16 weights; and with --freeze_layers 1 (the trained weights then runs of the whole bf16
+    // weights, the frozen ones never written), whole, Kahan summation on
+    for (int kahan : {0, 1})
+        for (int chunk : {0, 5}) {
+            Case c = {"test/fixtures/tiny_gqa", true, "bf16", chunk, chunk ? "recompute" : "keep", 1, false};
+            c.kahan = kahan;
+            if (mine()) check_steps(c, steps, ADAMW, 2);
+        }
+    Case pure_frozen = {"test/fixtures/tiny_gqa", true, "bf16", 0, "keep", 1, false};
+    pure_frozen.kahan = 1;
+    pure_frozen.freeze = 1;
+    if (!quick && mine()) check_steps(pure_frozen, steps, ADAMW, 2);
     if (mine()) check_precision_refusal();
     // QLoRA (tiny_qlora's peft adapter on all seven linear layers, dropout 0.1): the 4-bit
     // weights dequantize to the CPU's exactly in fp32 and to their bf16 rounding (dev/cuda/dequant),

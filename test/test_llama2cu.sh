@@ -13,6 +13,8 @@
 #    --context_parallel is refused (not supported yet).
 #    --quantize (QLoRA) plans the 4-bit runs and a one-layer scratch, and over two
 #    ranks each rank's shards of the runs; --trainable_params embed,norm plans its trained copies;
+#    --pure_bf16 plans Llama-2-7B's bf16 weights, gradients and state (8 bytes a parameter, 10 with
+#    Kahan summation, 12 in chunks) and is refused with --precision fp32;
 # 2. test_llama2cu, the CUDA trainer against the CPU twin, where it is built; without a GPU it says SKIP.
 cd "$(dirname "$0")/.."
 if [ ! -x train_llama2cu ]; then
@@ -108,10 +110,11 @@ for c in host nccl auto; do dry "--collectives $c" --collectives $c; done
 rc=$?
 [ $rc -eq 2 ] && grep -q -- "--collectives: 'bogus' is not one this trainer runs (auto, nccl, host)" "$TMP/bogus.log"
 check "--collectives bogus is refused, naming the option" $? "exit $rc: $(tail -2 "$TMP/bogus.log")"
-./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --full_finetune --pure_bf16 1 --optimizer anyprecision >"$TMP/pb.log" 2>&1
+./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --full_finetune --pure_bf16 1 --optimizer anyprecision \
+    --precision fp32 >"$TMP/pb.log" 2>&1
 rc=$?
-[ $rc -eq 2 ] && grep -q -- "--pure_bf16 is not in this trainer yet (train_llama2, the CPU trainer, has it)" "$TMP/pb.log"
-check "--pure_bf16 is refused, saying it is the CPU trainer's for now" $? "exit $rc: $(tail -2 "$TMP/pb.log")"
+[ $rc -eq 2 ] && grep -q -- "--pure_bf16 keeps the weights in bf16 on the GPU: give it with --precision bf16" "$TMP/pb.log"
+check "--pure_bf16 with --precision fp32 is refused, naming the precision it needs" $? "exit $rc: $(tail -2 "$TMP/pb.log")"
 
 # --context_parallel: the CPU trainer's only, refused here before anything is loaded
 ./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --context_parallel 2 >"$TMP/cp.log" 2>&1
@@ -151,7 +154,8 @@ check "--quantize nf4 over two ranks plans a rank's shards of the runs and the s
 # --host_memory_limit 20 (GiB): refused before any weight is loaded (still under the 4 GiB), with its plan.
 FARGS=(--model "$TMP/7b" --random_init --tokenizer test/fixtures/tiny_gqa/tokenizer.model --data test/fixtures/data.jsonl
        --max_seq_len 512 --batch_size 1 --full_finetune --activation_checkpointing --output_dir "$TMP/out")
-(ulimit -v 4194304; ./train_llama2cu "${FARGS[@]}" --dry_run) >"$TMP/full7b.log" 2>&1
+plan4g() { (ulimit -v 4194304; ./train_llama2cu "${@:2}" --dry_run) >"$1" 2>&1; } # plan4g LOG ARGS: a plan in 4 GiB
+plan4g "$TMP/full7b.log" "${FARGS[@]}"
 rc=$?
 [ $rc -eq 0 ] && plan_line "$TMP/full7b.log" "base weights \(fp32: held, or streamed\)" | grep -qE " 25705\.0 MiB" &&
     plan_line "$TMP/full7b.log" "checkpoint staging" | grep -qE " 256\.0 MiB" && grep -q "^host memory plan" "$TMP/full7b.log"
@@ -165,8 +169,7 @@ check "the same over two ranks in 4 GiB: rank 0's host plan holds its half of th
 # LoRA's frozen base goes from the files to the GPU a piece at a time (model_stream_base): the host
 # plan holds one piece of 2^24 fp32 elements, 64.0 MiB, where it held the whole model, and LoRA's
 # (all-linear, r = 8: 19988480 parameters) weights and gradients, 152.5 MiB
-(ulimit -v 4194304; ./train_llama2cu "${FARGS[@]/--full_finetune/--activation_checkpointing}" --lora_target_modules all-linear \
-    --dry_run) >"$TMP/lora7b.log" 2>&1
+plan4g "$TMP/lora7b.log" "${FARGS[@]/--full_finetune/--activation_checkpointing}" --lora_target_modules all-linear
 rc=$?
 [ $rc -eq 0 ] && plan_line "$TMP/lora7b.log" "base weights \(fp32: held, or streamed\)" | grep -qE " 64\.0 MiB" &&
     plan_line "$TMP/lora7b.log" "LoRA weights and grads" | grep -qE " 152\.5 MiB"
@@ -177,8 +180,7 @@ check "Llama-2-7B LoRA: the host plan holds a piece of the base, which streams t
 # gradient, AdamW's two fp32 moments and the bf16 copy the forward reads, 18 bytes (2326.6 MiB); on the
 # host LoRA's weights and gradients, 8 bytes (1034.0 MiB), the base still a streamed piece (64.0 MiB);
 # in 4 GiB of address space, as a dry run allocates none of them
-(ulimit -v 4194304; ./train_llama2cu "${FARGS[@]/--full_finetune/--activation_checkpointing}" --trainable_params embed,norm \
-    --dry_run) >"$TMP/tp7b.log" 2>&1
+plan4g "$TMP/tp7b.log" "${FARGS[@]/--full_finetune/--activation_checkpointing}" --trainable_params embed,norm
 rc=$?
 [ $rc -eq 0 ] && grep -q "^training LoRA with the embedding and the norms: 135532544 trainable parameters" "$TMP/tp7b.log" &&
     plan_line "$TMP/tp7b.log" "trainable weights, grads, AdamW" | grep -qE " 2326\.6 MiB" &&
@@ -186,6 +188,21 @@ rc=$?
     plan_line "$TMP/tp7b.log" "base weights \(fp32: held, or streamed\)" | grep -qE " 64\.0 MiB"
 check "Llama-2-7B LoRA with --trainable_params embed,norm: the plans count the trained copies (GPU 18 bytes each, host 8)" $? \
     "exit $rc: $(grep -A12 '^training' "$TMP/tp7b.log"; tail -2 "$TMP/tp7b.log")"
+# --pure_bf16 1 --optimizer anyprecision on Llama-2-7B: on the GPU 8 bytes a parameter, the bf16 weights
+# themselves (the parameters), their bf16 gradient and two bf16 moments: 6738415616 x 8 = 51410.0 MiB;
+# plus one unit's fp32 gradient at a time (the embedding's, 32000 x 4096 x 4 = 500.0 MiB, and the largest
+# other's, a layer's 202383360 x 4 = 772.0 MiB) and the 64 MiB upload stage saves go through: 52746.1 MiB
+# (alignment: 0.1); --kahan_summation 1, 2 bytes more (+ 12852.5 = 65598.6); in chunks the micro-batch's
+# fp32 gradient, 4 bytes, instead of the units' (+ 25705.0 - 1272.0 = 77179.0)
+for c in "0 0 52746.1" "1 0 65598.6" "0 16 77179.0"; do
+    set -- $c
+    plan4g "$TMP/pure7b.log" "${FARGS[@]}" --pure_bf16 1 --optimizer anyprecision --kahan_summation $1 --chunk_size $2
+    rc=$?
+    [ $rc -eq 0 ] && plan_line "$TMP/pure7b.log" "trainable weights, grads, AnyPrecision" | grep -qE " $3 MiB" &&
+        plan_line "$TMP/pure7b.log" "weights \(bf16, no fp32 copy\)" | grep -qE " 0\.0 MiB"
+    check "Llama-2-7B --pure_bf16, Kahan $1, chunks of $2 (0: whole): the plan's trainable state is $3 MiB" $? \
+        "exit $rc: $(grep -A3 '^memory plan' "$TMP/pure7b.log"; tail -2 "$TMP/pure7b.log")"
+done
 (ulimit -v 4194304; ./train_llama2cu "${FARGS[@]}" --max_steps 1 --host_memory_limit 20) >"$TMP/refused.log" 2>&1
 rc=$?
 [ $rc -eq 1 ] && grep -q "^error: the host memory plan (25.4 GiB) exceeds the 20.0 GiB of --host_memory_limit" "$TMP/refused.log" &&

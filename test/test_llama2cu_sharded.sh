@@ -95,12 +95,14 @@ done
 # pieces, one of them short). Full fine-tuning killed after step 3 and resumed from checkpoint 2
 # == uninterrupted, bit for bit (the final checkpoint's weights and optimizer state): one process
 # (optimizer.safetensors: AdamW's moments, and AdamW8bit's codes, absmax and fp32 moments) and
-# W = 2 FULL_SHARD (each rank's shards of the weights and AdamW's moments)
-for c in "1 adamw" "2 adamw" "1 adamw8bit"; do
+# W = 2 FULL_SHARD (each rank's shards of the weights and AdamW's moments); and --pure_bf16 with
+# AnyPrecisionAdamW and Kahan summation at W = 1 and 2 (the bf16 weights, moments and compensation)
+for c in "1 adamw" "2 adamw" "1 adamw8bit" "1 anyprecision" "2 anyprecision"; do
     set -- $c
     w=$1 tag="$1-$2" how=none files="model.safetensors optimizer.safetensors"
     [ $w = 2 ] && how="env 2" files="fsdp-00000-of-00002.safetensors fsdp-00001-of-00002.safetensors"
     args=("${FULL[@]}" --batch_size $((6 / w)) --sharding_strategy FULL_SHARD --collectives host --optimizer $2 --save_every 2)
+    [ $2 = anyprecision ] && args+=(--pure_bf16 1 --kahan_summation 1 --precision bf16 --gradient_accumulation_steps 2)
     LLAMA2TUNE_STAGING_BYTES=1000 emu "$how" "$TMP/ckpt-$tag" "${args[@]}"
     LLAMA2TUNE_STAGING_BYTES=1000 LLAMA2TUNE_FAULT=step:3 emu "$how" "$TMP/killed-$tag" "${args[@]}"
     LLAMA2TUNE_STAGING_BYTES=1000 emu "$how" "$TMP/killed-$tag" "${args[@]}" --resume "$TMP/killed-$tag"
@@ -151,6 +153,46 @@ for f in fsdp-00000-of-00002.safetensors fsdp-00001-of-00002.safetensors; do
 done
 check "AdamW8bit, sharded full fine-tuning, W = 2: killed after step 3, resumed from checkpoint 2 == uninterrupted, bit for bit (both shards)" \
     $rc "$(tail -3 "$TMP/a8s-killed.log")"
+
+# --pure_bf16 1 --optimizer anyprecision --kahan_summation 1 (in --precision bf16, the one it runs in) on
+# the tied model, 2 micro-batches a step: whole sequences (each unit's fp32 gradient rounded into the
+# step's bf16 one as its backward ends) and in chunks of 7 (the micro-batch's fp32 sum over its chunks
+# rounded at its end). One process == the CPU trainer within PURE_CPU_TOL, test_llama2cu's bf16 step
+# tolerance for losses (the GPU computes in bf16, the CPU in fp32 from the same bf16 weights; the norms,
+# which test_llama2cu allows 1e-1, stay within it here). W = 2 FULL_SHARD (each rank's part rounded to
+# bf16 before the reduce-scatter) and NO_SHARD (the replicas' bf16 gradients summed in fp32, rounded
+# once) == one process within test_sharded.sh's pure bf16 tolerances, 5e-3 and the weights 1e-2 of their
+# scale: W ranks round the gradient once more than one process (a bf16 ulp, 2^-8 relative, where an
+# update falls near a weight's rounding boundary). (Killed and resumed: with AdamW's, above.)
+PURE=(--model test/fixtures/tiny_tied --full_finetune --pure_bf16 1 --optimizer anyprecision --kahan_summation 1
+      --precision bf16 --gradient_accumulation_steps 2)
+PURE_CPU_TOL=1e-2 PURE_TOL=5e-3
+for chunk in 0 7; do
+    tag=pure-c$chunk
+    emu none "$TMP/$tag-1" "${PURE[@]}" --chunk_size $chunk --batch_size 6 --save_every 2
+    check "pure bf16, chunks of $chunk (0: whole): one process of the emulated build" $? "$(tail -3 "$TMP/$tag-1.log")"
+    "$BIN" "${COMMON[@]}" "${PURE[@]}" --precision fp32 --chunk_size $chunk --batch_size 6 --save_every 2 --output_dir "$TMP/$tag-cpu" \
+        --metrics_file "$TMP/$tag-cpu.jsonl" >"$TMP/$tag-cpu.log" 2>&1
+    close "pure bf16, chunks of $chunk: one emulated process == the CPU trainer" "$TMP/$tag-1" "$TMP/$tag-cpu" $PURE_CPU_TOL
+    for s in FULL_SHARD NO_SHARD; do
+        emu "env 2" "$TMP/$tag-2-$s" "${PURE[@]}" --chunk_size $chunk --batch_size 3 --sharding_strategy $s --collectives host
+        WEIGHT_TOL=1e-2 close "pure bf16, chunks of $chunk, W = 2 $s == one process" "$TMP/$tag-2-$s" "$TMP/$tag-1" $PURE_TOL model.safetensors
+    done
+done
+# either trainer resumes the other's checkpoint (the weights F32 holding bf16 values, the state BF16):
+# the CPU trainer's checkpoint 2 continued by the emulated build == the CPU trainer's run, and the
+# emulated build's continued by the CPU trainer == the emulated run, within PURE_CPU_TOL (steps 3-4)
+for from in cpu 1; do
+    out="$TMP/pure-from-$from"
+    mkdir -p "$out" && cp -r "$TMP/pure-c0-$from/checkpoint-2" "$out/" && head -2 "$TMP/pure-c0-$from.jsonl" >"$out.jsonl"
+    if [ $from = cpu ]; then emu none "$out" "${PURE[@]}" --batch_size 6 --resume "$out"
+    else "$BIN" "${COMMON[@]}" "${PURE[@]}" --precision fp32 --batch_size 6 --resume "$out" --output_dir "$out" \
+        --metrics_file "$out.jsonl" >"$out.log" 2>&1; fi
+    grep -q "resumed from $out/checkpoint-2 at step 2" "$out.log"
+    check "pure bf16: $([ $from = cpu ] && echo "the CPU trainer's checkpoint resumed by the emulated build" ||
+        echo "the emulated build's checkpoint resumed by the CPU trainer")" $? "$(tail -3 "$out.log")"
+    close "pure bf16: that run's steps 3-4 == the uninterrupted one's" "$out" "$TMP/pure-c0-$from" $PURE_CPU_TOL
+done
 
 # mpirun: where it is installed and $EMU_BIN was built with MPI (a build without it says so and stops)
 launchers=(env)

@@ -47,14 +47,20 @@ double TWIN(forward_backward)(void *p, const int *tokens, const int *targets, in
     return model_forward_backward(&t->m, tokens, targets, B, T, grad_scale);
 }
 
-// one optimizer step of one micro-batch with the arguments' optimizer settings, --lr
-// (constant) and clipping, the gradients computed loss_scale times larger and
-// unscaled in the step (a power of two; 1: none); returns the loss, *norm the
-// (unscaled) gradient norm
+// one optimizer step of `micro` micro-batches (tokens and targets (micro, B, T)) with the
+// arguments' optimizer settings, --lr (constant) and clipping, the gradients computed
+// loss_scale times larger and unscaled in the step (a power of two; 1: none); returns the
+// summed loss, *norm the (unscaled) gradient norm
 double TWIN(step)(void *p, const int *tokens, const int *targets, int B, int T, float grad_scale, uint64_t key,
-                  float loss_scale, double *norm) {
+                  float loss_scale, double *norm, int micro) {
     Twin *t = (Twin *)p;
-    double loss = TWIN(forward_backward)(p, tokens, targets, B, T, grad_scale * loss_scale, key);
+    double loss = 0;
+    for (int k = 0; k < micro; k++) { // (the first zeroes the gradients)
+        if (k == 0) optimizer_zero_grad(&t->opt);
+        t->m.dropout_key = key + k;
+        loss += model_forward_backward(&t->m, tokens + (size_t)k * B * T, targets + (size_t)k * B * T, B, T,
+                                       grad_scale * loss_scale);
+    }
     *norm = optimizer_step(&t->opt, t->tc.lr, 1.0f / loss_scale, 1);
     return loss;
 }

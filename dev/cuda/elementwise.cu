@@ -2,6 +2,8 @@
 // train_llama2.c (the residual adds `mid[i] += x[i]`), so the reference is that
 // loop here, with the same fp32 arithmetic and the same rounding to bf16
 // (round to nearest even on both sides): results must be equal (tolerance 0).
+// --pure_bf16's round_bf16 and grads_bf16_add: train_llama2.c's round_bf16 and
+// grads_bf16_end loops, on support/optimizer.h's bf16_round and bf16_grad_add (host).
 #include "common.cuh"
 #include "../../layers.cuh"
 
@@ -38,6 +40,34 @@ void check_convert(size_t n, bool timed) {
     free_device();
 }
 
+// --pure_bf16's gradient rounding: a rank's part rounded in place (round_bf16), a micro-batch's fp32
+// gradient added into the step's bf16 one (grads_bf16_add); every 7th value a tie (half a bf16 ulp
+// below 0x8000 in its low bits), which rounds to even
+void check_pure_bf16(size_t n, bool timed) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    std::vector<float> g = random_vector(n), acc = rounded<__nv_bfloat16>(random_vector(n));
+    for (size_t i = 0; i < n; i += 7) {
+        uint32_t u;
+        memcpy(&u, &g[i], 4);
+        u = (u & 0xffff0000u) | 0x8000u;
+        memcpy(&g[i], &u, 4);
+    }
+    std::vector<float> rounded_g(n), added(n);
+    for (size_t i = 0; i < n; i++) rounded_g[i] = bf16_round(g[i]), added[i] = bf16_grad_add(acc[i], g[i]);
+    float *d_g = to_device<float>(g);
+    __nv_bfloat16 *d_acc = to_device<__nv_bfloat16>(acc);
+    grads_bf16_add(d_acc, d_g, n, 0);
+    check("grads_bf16_add", "bf16+fp32", "acc", shape, to_host(d_acc, n), added, 0.0);
+    round_bf16(d_g, n, 0);
+    check("round_bf16", "fp32", "x", shape, to_host(d_g, n), rounded_g, 0.0);
+    if (timed) {
+        float ms = time_ms([&] { grads_bf16_add(d_acc, d_g, n, 0); });
+        report_time("grads_bf16_add", "bf16+fp32", shape, ms, 8.0 * n);
+    }
+    free_device();
+}
+
 int main(int argc, char **argv) {
     bool quick = quick_mode(argc, argv);
     size_t sizes[] = {1, 1000, (size_t)1 << 20, (size_t)1 << 26};
@@ -47,6 +77,7 @@ int main(int argc, char **argv) {
         check_accumulate<float>(sizes[i], timed);
         check_accumulate<__nv_bfloat16>(sizes[i], timed);
         check_convert(sizes[i], timed);
+        check_pure_bf16(sizes[i], timed);
     }
     return finish("elementwise");
 }

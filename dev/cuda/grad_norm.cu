@@ -2,6 +2,9 @@
 // (layers.cuh) against train_llama2.c's. The GPU sums in fp64 like the CPU, in another
 // fixed order, so the norm agrees to ~1e-12; compared as floats, to 1e-6. sum_host
 // (--cpu_offload's sum on the host, in the GPU's order) and clip_grads: bit for bit.
+// --pure_bf16's bf16 gradients: the sum of squares of their values (exact in double) as
+// the CPU's of the same values in floats, and clip_grads as the CPU's followed by its
+// round_bf16 (bf16_round), bit for bit.
 #include "common.cuh"
 #include "../../layers.cuh"
 
@@ -47,11 +50,32 @@ void check_grad_norm(size_t n, bool timed) {
     free_device();
 }
 
+void check_grad_norm_bf16(size_t n) {
+    char shape[32];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    std::vector<float> g = rounded<__nv_bfloat16>(random_vector(n, -0.01f, 0.01f));
+    __nv_bfloat16 *d_g = to_device<__nv_bfloat16>(g);
+    double *d_norm = device_poisoned<double>(1), sumsq, ref = ref_grad_norm(g.data(), n);
+    grad_sumsq(d_norm, d_g, n, false, 0);
+    cudaCheck(cudaMemcpy(&sumsq, d_norm, sizeof sumsq, cudaMemcpyDeviceToHost));
+    check_bits("grad_sumsq", "bf16", "sumsq", shape, std::vector<double>{sum_host<true>(g.data(), n)}, std::vector<double>{sumsq});
+    double unscaled = ref / 1024; // clipped to half and unscaled by 2^-10, as a loss-scaled step
+    std::vector<float> clipped = g;
+    ref_clip_grads(clipped.data(), n, unscaled, (float)(unscaled * 0.5), 1.0f / 1024);
+    for (float &x : clipped) x = bf16_round(x);
+    cudaCheck(cudaMemcpy(d_norm, &unscaled, sizeof unscaled, cudaMemcpyHostToDevice));
+    clip_grads(d_g, n, d_norm, (float)(unscaled * 0.5), 1.0f / 1024, 0);
+    check_bits("clip_grads", "bf16", "unscaled+clipped", shape, to_host(d_g, n), clipped);
+    free_device();
+}
+
 int main(int argc, char **argv) {
     bool quick = quick_mode(argc, argv);
     check_grad_norm(1, false);
     check_grad_norm(1001, false);
     check_grad_norm(((size_t)1 << 24) + 7, false);
     if (!quick) check_grad_norm((size_t)1 << 27, true); // 134M gradients
+    check_grad_norm_bf16(1001);
+    check_grad_norm_bf16(((size_t)1 << 20) + 7);
     return finish("grad_norm");
 }
