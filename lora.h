@@ -333,6 +333,26 @@ static inline Chunk carry_chunk(const Chunk *ch, int P) {
     return c;
 }
 
+// Context parallelism (docs/long_context.md): the P ranks of a context group hold different
+// positions of the same rows. A row of T positions is padded to *Tp and cut in pieces of
+// *len, P to a group; rank r takes one piece of each group, piece r in even groups and
+// P - 1 - r in odd ones. C = 0 (no --chunk_size): a row is 2P pieces, two groups, and rank r
+// holds pieces r and 2P - 1 - r (the head-tail layout of torchtitan and ring-flash-attention,
+// which gives each rank the same causal work); C > 0: pieces of C, as many groups as the row
+// needs. Pads come last: never attended, never labels.
+static inline void context_layout(int P, int C, int T, int *Tp, int *len) {
+    int group = C ? P * C : 2 * P;
+    *Tp = (T + group - 1) / group * group;
+    *len = C ? C : *Tp / (2 * P);
+}
+
+// rank r's piece of group j, in rows of T positions cut in pieces of len
+static inline Chunk context_piece(int P, int B, int T, int len, int j, int r, int window) {
+    int at = j * P + (j % 2 ? P - 1 - r : r);
+    Chunk ch = {B, T, at * len, len, window, 0};
+    return ch;
+}
+
 // the dropout mask's key for one module of one layer, from the micro-batch's key
 static uint64_t lora_dropout_key(uint64_t key, int layer, int t) { return splitmix64(key ^ (uint64_t)(layer * LORA_N_TARGETS + t + 1)); }
 

@@ -459,32 +459,18 @@ static LayerWeights layer_grads(Model *m, int l) {
 static float *saved_grad(Model *m, int k) { return lora_saved(&m->host.lora, m->host.lora.grads, k, NULL); }
 
 // ----------------------------------------------------------------------------
-// context parallelism (docs/long_context.md): the P ranks of a context group (fsdp.h)
-// hold different positions of the same rows. A row of T positions is padded to *Tp and
-// cut in pieces of *len, P to a group; rank r takes one piece of each group, piece r in
-// even groups and P - 1 - r in odd ones. Without --chunk_size a row is 2P pieces, two
-// groups: rank r holds pieces r and 2P - 1 - r (the head-tail layout of torchtitan and
-// ring-flash-attention, which gives each rank the same causal work). With --chunk_size C
-// the pieces are C long and a row is as many groups as it needs. The ranks run their
-// pieces group by group, in step: at each layer a group's keys and values are all-gathered
-// (context_gather), so every query attends to every earlier position with the attention
-// of a chunk against the KV carry; in the backward a group's dK, dV (every rank's share
-// of them, later groups' included) are reduce-scattered to their owners (context_reduce).
+// context parallelism (docs/long_context.md; the layout: lora.h's context_layout and
+// context_piece): the ranks run their pieces group by group, in step. At each layer a
+// group's keys and values are all-gathered (context_gather), so every query attends to every
+// earlier position with the attention of a chunk against the KV carry; in the backward a
+// group's dK, dV (every rank's share of them, later groups' included) are reduce-scattered to
+// their owners (context_reduce).
 
 static int context_size(const Model *m) { return m->fsdp && m->fsdp->context.size > 1 ? m->fsdp->context.size : 1; }
 
-// rows of T positions: padded to *Tp, in pieces of *len (pads come last: never attended, never labels)
-static void context_layout(const Model *m, int T, int *Tp, int *len) {
-    int P = context_size(m), C = m->context_len, group = C ? P * C : 2 * P;
-    *Tp = (T + group - 1) / group * group;
-    *len = C ? C : *Tp / (2 * P);
-}
-
-// rank r's piece of group j, in rows of T positions cut in pieces of len
-static Chunk context_piece(const Model *m, int B, int T, int len, int j, int r) {
-    int P = context_size(m), at = j * P + (j % 2 ? P - 1 - r : r);
-    Chunk ch = {B, T, at * len, len, m->host.config.sliding_window, 0};
-    return ch;
+// rank r's piece of group j of the rows being trained (pieces of len)
+static Chunk context_piece_of(const Model *m, int B, int T, int len, int j, int r) {
+    return context_piece(context_size(m), B, T, len, j, r, m->host.config.sliding_window);
 }
 
 // ----------------------------------------------------------------------------
@@ -610,7 +596,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     int P = context_size(m), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
     if (P > 1) { // the longest row, padded, and its pieces (context_layout); evaluation runs in chunks of the pieces' length
         m->context_len = C < T ? C : 0;
-        context_layout(m, T, &T, &C);
+        context_layout(P, m->context_len, T, &T, &C);
         pieces = T / C / P;
     }
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
@@ -780,7 +766,7 @@ static void context_gather(Model *m, float *carry, const float *x, const Chunk *
     PROF_BEGIN(NULL, "context all-gather", -1, -1, (long long)(g->size * n * sizeof(float)));
     fsdp_all_gather(g, m->a.context_kv, x, n); // (P, B, len, w)
     for (int r = 0; r < g->size; r++) {
-        Chunk o = context_piece(m, ch->B, ch->T, ch->len, ch->t0 / ch->len / g->size, r);
+        Chunk o = context_piece_of(m, ch->B, ch->T, ch->len, ch->t0 / ch->len / g->size, r);
         if (r != g->rank) carry_copy(carry, m->a.context_kv + r * n, &o, w, 1);
     }
     PROF_END(NULL);
@@ -794,7 +780,7 @@ static void context_reduce(Model *m, float *dcarry, const Chunk *ch, size_t w) {
     size_t n = (size_t)ch->B * ch->len * w;
     PROF_BEGIN(NULL, "context reduce-scatter", -1, -1, (long long)(g->size * n * sizeof(float)));
     for (int r = 0; r < g->size; r++) {
-        Chunk o = context_piece(m, ch->B, ch->T, ch->len, ch->t0 / ch->len / g->size, r);
+        Chunk o = context_piece_of(m, ch->B, ch->T, ch->len, ch->t0 / ch->len / g->size, r);
         carry_copy(dcarry, m->a.context_kv + r * n, &o, w, -1);
     }
     fsdp_reduce_scatter(g, m->a.kv, m->a.context_kv, n); // (B, len, w)
@@ -1062,7 +1048,7 @@ static void grads_bf16_end(Model *m) {
 // chunk j of what model_forward_backward trains: chunk_at's, or this rank's piece of group j
 // (pieces of len) while it runs a context-parallel group's
 static Chunk train_chunk(const Model *m, int B, int T, int len, int j) {
-    return m->context ? context_piece(m, B, T, len, j, m->context->rank) : chunk_at(m, B, T, j, 1);
+    return m->context ? context_piece_of(m, B, T, len, j, m->context->rank) : chunk_at(m, B, T, j, 1);
 }
 
 // Forward and backward of one micro-batch: returns the summed cross-entropy and
@@ -1077,7 +1063,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     int n = (T + m->chunk_size - 1) / m->chunk_size, len = 0;
     if (context_size(m) > 1) { // this rank's pieces of the rows padded (context_layout), in step with its group
         int Tp;
-        context_layout(m, T, &Tp, &len);
+        context_layout(context_size(m), m->context_len, T, &Tp, &len);
         for (int b = 0; b < B; b++) // pads: token 0 (any id: nothing real attends to them), no label
             for (int t = 0; t < Tp; t++) {
                 a->context_tokens[(size_t)b * Tp + t] = t < T ? tokens[(size_t)b * T + t] : 0;
