@@ -15,7 +15,7 @@
 #include "support/utils.h"
 #include "support/json.h"
 #include "support/safetensors.h"
-#include "support/optimizer.h"
+#include "support/optimizer_cpu.h" // round_bf16
 #include "fsdp.h"
 #include "lora.h"
 #include "quant.h"
@@ -846,8 +846,7 @@ static int model_load(HostModel *m, const char *dir) {
 // floats, as llama-recipes' model.to(torch.bfloat16) rounds them
 static void model_round_bf16(HostModel *h) {
     float *w = host_sharded(h) ? h->shards : h->params;
-    size_t n = host_sharded(h) ? h->units.shard_numel : h->num_params;
-    for (size_t i = 0; i < n; i++) w[i] = bf16_round(w[i]);
+    round_bf16(w, host_sharded(h) ? h->units.shard_numel : h->num_params);
 }
 
 // config.json and shard `rank` of n of every unit of a checkpoint folder into

@@ -417,12 +417,6 @@ static LayerWeights layer_params(Model *m, int l) {
     return w;
 }
 
-// --pure_bf16: x (n) rounded to bf16, in its floats
-static void round_bf16(float *x, size_t n) {
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
-}
-
 // Full fine-tuning's gradients, of the trainable units only (u >= host.frozen_units).
 // Whole: added straight into m->grads (model_tensor_offset_from's layout) over the
 // step's chunks and micro-batches. Sharded: a unit's backward adds into the

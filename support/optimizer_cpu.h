@@ -7,6 +7,13 @@
 #include "optimizer.h"
 #include "optimizer_qmap.h" // qmap8_signed, qmap8_unsigned
 
+// x (n) rounded to bf16 in its floats (--pure_bf16: the weights at load, as llama-recipes'
+// model.to(torch.bfloat16); the gradients where torch's are bf16 tensors)
+static inline void round_bf16(float *x, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+}
+
 // one AdamW step (the t-th) on n parameters p with gradients g and moments m, v (adamw_elem)
 static inline OPTIMIZER_HOST void adamw_update(float *p, const float *g, float *m, float *v, size_t n, int t, float lr, float beta1,
                          float beta2, float eps, float wd) {

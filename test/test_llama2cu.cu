@@ -84,6 +84,10 @@ enum { B = 2, T_DEFAULT = 24 }; // rows, and tokens a row but where a case says 
 struct Tol { double logits, loss, grads, steps, norms; }; // steps: their losses; norms: their gradient norms
 const Tol FP32_TOL = {1e-5, 1e-5, 1e-4, 1e-4, 1e-4}, BF16_TOL = {3e-2, 1e-2, 1e-1, 1e-2, 1e-1},
           FP16_TOL = {4e-3, 2e-3, 2e-2, 2e-3, 5e-2};
+// --pure_bf16's steps (check_steps only): both sides hold the same bf16 weights, gradients
+// and moments and round them by the same rules, so the steps differ only by the GPU's bf16
+// activations: a few times what they measure (the pure bf16 cases below say how much)
+const Tol PURE_BF16_TOL = {0, 0, 0, 1e-3, 1e-2};
 const Tol &tol_of(const char *precision) {
     return !strcmp(precision, "fp32") ? FP32_TOL : !strcmp(precision, "fp16") ? FP16_TOL : BF16_TOL;
 }
@@ -348,7 +352,7 @@ void check_case(const Case &c, bool with_logits = true) {
 void check_steps(const Case &c, int steps, int optimizer = ADAMW, int micro = 1) {
     std::string name = describe(c, optimizer);
     if (filtered_out(c, name)) return;
-    const Tol &tol = tol_of(c.precision);
+    const Tol &tol = c.kahan >= 0 ? PURE_BF16_TOL : tol_of(c.precision);
     const int T = c.T;
     Pair pair(c, optimizer);
     int V = pair.host()->config.vocab_size;
@@ -612,22 +616,26 @@ int main(int argc, char **argv) {
         if (mine()) check_steps(dora[0], steps);
         if (!quick && mine()) check_steps(chunked, steps);
     }
+    // an adapter (set on each case) of model in precision: a micro-batch whole and in chunks of 7
+    // with activation checkpointing (the head in 3 pieces), 10 steps whole and in recomputed
+    // chunks of 5; --quick runs the micro-batches of the main ones (main) and tiny_gqa's steps
+    auto check_adapter = [&](const char *model, const char *precision, bool main, const auto &set) {
+        Case whole = {model, false, precision, 0, "keep", 1, false}, chunked = {model, false, precision, 7, "recompute", 3, true};
+        Case steps_chunked = {model, false, precision, 5, "recompute", 1, false};
+        set(whole), set(chunked), set(steps_chunked);
+        bool gqa = !strcmp(model, "test/fixtures/tiny_gqa");
+        if (mine()) check_case(whole);
+        if ((main || !quick) && mine()) check_case(chunked);
+        if ((!quick || (main && gqa)) && mine()) check_steps(whole, steps);
+        if (main && !quick && mine()) check_steps(steps_chunked, steps);
+    };
     // --trainable_params (LoRA, dropout 0.1): embed,norm from each fixture's trainable/peft_init (tiny_tied:
     // the trained embedding is the head too), embed and norm alone on a fresh adapter (the copies seeded
-    // from the base as it streams to the GPU); whole and in chunks with activation checkpointing (the head
-    // in 3 pieces), and 10 steps whole and in recomputed chunks, in each precision; embed,norm in fp16 too
+    // from the base as it streams to the GPU), in each precision; embed,norm in fp16 too
     for (const char *trainable : {"embed,norm", "embed", "norm"})
         for (const char *model : {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"})
-            for (const char *precision : precisions) {
-                Case whole = {model, false, precision, 0, "keep", 1, false}, chunked = {model, false, precision, 7, "recompute", 3, true};
-                Case steps_chunked = {model, false, precision, 5, "recompute", 1, false};
-                whole.trainable = chunked.trainable = steps_chunked.trainable = trainable;
-                bool all = !strcmp(trainable, "embed,norm");
-                if (mine()) check_case(whole);
-                if ((all || !quick) && mine()) check_case(chunked);
-                if ((all || !quick) && mine()) check_steps(whole, steps);
-                if (all && !quick && mine()) check_steps(steps_chunked, steps);
-            }
+            for (const char *precision : precisions)
+                check_adapter(model, precision, !strcmp(trainable, "embed,norm"), [&](Case &c) { c.trainable = trainable; });
     for (const char *model : {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"}) { // and fp16 (loss scaling), whole
         Case whole = {model, false, "fp16", 0, "keep", 1, false};
         whole.trainable = "embed,norm";
@@ -637,19 +645,11 @@ int main(int argc, char **argv) {
     // IA3 (peft's adapters of tiny_gqa, and of tiny_tied with gate_proj and down_proj
     // feedforward and o_proj) and llama_adapter (peft's prompts, gates off 0: tiny_gqa's top
     // layer, GQA; both of tiny_tied's) and prefix (peft's N(0, 1) keys and values, 3 and 5
-    // virtual positions): whole and in chunks with activation checkpointing, and 10 steps
-    // whole and in chunks, in each precision
+    // virtual positions), in each precision
     for (const char *method : {"ia3", "llama_adapter", "prefix"})
         for (const char *model : {"test/fixtures/tiny_gqa", "test/fixtures/tiny_tied"})
-            for (const char *precision : precisions) {
-                Case whole = {model, false, precision, 0, "keep", 1, false}, chunked = {model, false, precision, 7, "recompute", 3, true};
-                Case steps_chunked = {model, false, precision, 5, "recompute", 1, false};
-                whole.method = chunked.method = steps_chunked.method = method;
-                if (mine()) check_case(whole);
-                if (mine()) check_case(chunked);
-                if ((!quick || !strcmp(model, "test/fixtures/tiny_gqa")) && mine()) check_steps(whole, steps);
-                if (!quick && mine()) check_steps(steps_chunked, steps);
-            }
+            for (const char *precision : precisions)
+                check_adapter(model, precision, true, [&](Case &c) { c.method = method; });
     // each family's fixture a few cases (the emulated suite runs them all)
     Case families[] = {{"test/fixtures/tiny_llama3", false, "fp32", 0, "keep", 1, false},
                        {"test/fixtures/tiny_llama3", true, "fp32", 7, "recompute", 3, true},
@@ -694,8 +694,11 @@ int main(int argc, char **argv) {
     // summation off and on; 10 steps of 2 micro-batches (each micro-batch's gradient rounded and
     // added into the step's bf16 one), whole (each unit's gradient rounded as its backward ends)
     // and in recomputed chunks of 5 (a micro-batch's fp32 sum over its chunks rounded at its
-    // end), within bf16's step tolerances: the GPU computes in bf16, the CPU in fp32 from the
-    // same bf16 weights; and with --freeze_layers 1 (the trained weights then runs of the whole bf16
+    // end), within PURE_BF16_TOL: the GPU computes in bf16, the CPU in fp32 from the same bf16
+    // weights (measured: losses within 2.6e-4, the first step's 1.9e-4 already, norms within
+    // 2.0e-3; tolerances 1e-3 and 1e-2). That noise hides a single wrong rounding (a micro-batch's
+    // gradient added unrounded moved nothing outside it): dev/cuda/elementwise's bit-for-bit
+    // checks of round_bf16 and grads_bf16_add carry the rules; and with --freeze_layers 1 (the trained weights then runs of the whole bf16
     // weights, the frozen ones never written), whole, Kahan summation on
     for (int kahan : {0, 1})
         for (int chunk : {0, 5}) {
