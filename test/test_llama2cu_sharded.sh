@@ -179,6 +179,11 @@ for chunk in 0 7; do
         WEIGHT_TOL=1e-2 close "pure bf16, chunks of $chunk, W = 2 $s == one process" "$TMP/$tag-2-$s" "$TMP/$tag-1" $PURE_TOL model.safetensors
     done
 done
+# W = 4 HYBRID_SHARD in groups of 2 (sharded within a group, each shard's bf16 gradients summed over
+# the two replicas), whole; a micro-batch of 3 rows a rank and no accumulation: the same 12 rows a step
+emu "env 4" "$TMP/pure-c0-4-HYBRID_SHARD" "${PURE[@]}" --batch_size 3 --gradient_accumulation_steps 1 \
+    --sharding_strategy HYBRID_SHARD --shard_group 2 --collectives host
+WEIGHT_TOL=1e-2 close "pure bf16, whole, W = 4 HYBRID_SHARD (2 x 2) == one process" "$TMP/pure-c0-4-HYBRID_SHARD" "$TMP/pure-c0-1" $PURE_TOL model.safetensors
 # either trainer resumes the other's checkpoint (the weights F32 holding bf16 values, the state BF16):
 # the CPU trainer's checkpoint 2 continued by the emulated build == the CPU trainer's run, and the
 # emulated build's continued by the CPU trainer == the emulated run, within PURE_CPU_TOL (steps 3-4)
