@@ -30,13 +30,13 @@ int main(int argc, char **argv) {
     uint8_t *mc = (uint8_t *)callocCheck(n, 1), *vc = (uint8_t *)callocCheck(n, 1);
     float *ma = (float *)callocCheck(n / ADAMW8BIT_BLOCK, sizeof(float)), *va = (float *)callocCheck(n / ADAMW8BIT_BLOCK, sizeof(float));
     float *pb = (float *)mallocCheck(n * sizeof(float)), *gb = (float *)mallocCheck(n * sizeof(float)); // (bf16 values)
-    uint16_t *mb = (uint16_t *)callocCheck(n, 2), *vb = (uint16_t *)callocCheck(n, 2);
+    uint16_t *mb = (uint16_t *)callocCheck(n, 2), *vb = (uint16_t *)callocCheck(n, 2), *cb = (uint16_t *)callocCheck(n, 2);
     for (size_t i = 0; i < n; i++) {
         p[i] = (float)(splitmix64(i) >> 40) / 16777216.0f - 0.5f, g[i] = (float)(splitmix64(~i) >> 40) / 16777216.0f - 0.5f;
         pb[i] = bf16_round(p[i]), gb[i] = bf16_round(g[i]);
     }
     int t = 0;
-    double clip, adamw, sgd, a8, ap;
+    double clip, adamw, sgd, a8, ap, apk;
     TIME(&clip, n, clip_grads(g, n, 1e3, 1.0f, 1.0f));
     TIME(&adamw, n, adamw_update(p, g, m, v, n, ++t, 1e-5f, 0.9f, 0.999f, 1e-8f, 0.01f));
     TIME(&sgd, n, sgd_update(p, g, m, n, 0, 1e-5f, 0.9f, 1, 0.01f));
@@ -44,12 +44,14 @@ int main(int argc, char **argv) {
     TIME(&a8, n, adamw8bit_update(p, g, mc, ma, vc, va, n, ++t, 1e-5, 0.9, 0.999, 1e-8, 0.01));
     t = 0;
     TIME(&ap, n, anyprecision_update(pb, gb, mb, vb, NULL, n, ++t, 1e-5, 0.9, 0.999, 1e-8, 0.01));
+    t = 0;
+    TIME(&apk, n, anyprecision_update(pb, gb, mb, vb, cb, n, ++t, 1e-5, 0.9, 0.999, 1e-8, 0.01));
     int threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
     printf("%zu M elements, %d threads; ns an element: clip_grads %.3f  adamw_update %.3f  sgd_update (nesterov) %.3f  "
-           "adamw8bit_update %.3f  anyprecision_update %.3f\n", n >> 20, threads, clip, adamw, sgd, a8, ap);
+           "adamw8bit_update %.3f  anyprecision_update %.3f (Kahan %.3f)\n", n >> 20, threads, clip, adamw, sgd, a8, ap, apk);
     printf("Llama-2-7B (6.74e9 parameters), clip + step: AdamW %.1f s, AdamW8bit %.1f s\n", (clip + adamw) * 6.738, (clip + a8) * 6.738);
     return 0;
 }

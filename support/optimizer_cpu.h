@@ -113,16 +113,25 @@ static inline OPTIMIZER_HOST void adamw_torchao_update(float *p, const float *g,
 // fma, as torch's addcmul_); denom = sqrt(v) / sqrt(1 - beta2^t) + eps; the step
 // -lr / (1 - beta1^t) * m / denom goes into comp and comp into p, comp keeping what p
 // could not take, or straight into p.
+// element i of anyprecision_update: bf16 state in, bf16 state out (kahan 0: no compensation;
+// a constant where it is called, so that each loop is one straight line)
+static inline OPTIMIZER_HOST void anyprecision_at(float *p, const float *g, uint16_t *m, uint16_t *v, uint16_t *comp, int kahan,
+                                                  size_t i, const AnyPrecisionScalars *s) {
+    float mi = st_bf16_to_f32(m[i]), vi = st_bf16_to_f32(v[i]), ci = kahan ? st_bf16_to_f32(comp[i]) : 0.0f;
+    p[i] = anyprecision_elem(p[i], g[i], &mi, &vi, kahan ? &ci : NULL, s);
+    m[i] = bf16_from_f32(mi), v[i] = bf16_from_f32(vi);
+    if (kahan) comp[i] = bf16_from_f32(ci);
+}
 static inline OPTIMIZER_HOST void anyprecision_update(float *p, const float *g, uint16_t *m, uint16_t *v, uint16_t *comp, size_t n,
                                 int t, double lr, double beta1, double beta2, double eps, double wd) {
     AnyPrecisionScalars s = anyprecision_scalars(t, lr, beta1, beta2, eps, wd);
-    #pragma omp parallel for firstprivate(s) // (as adamw8bit_update's)
-    for (size_t i = 0; i < n; i++) {
-        float mi = st_bf16_to_f32(m[i]), vi = st_bf16_to_f32(v[i]), ci = comp ? st_bf16_to_f32(comp[i]) : 0.0f;
-        p[i] = anyprecision_elem(p[i], g[i], &mi, &vi, comp ? &ci : NULL, &s);
-        m[i] = bf16_from_f32(mi);
-        v[i] = bf16_from_f32(vi);
-        if (comp) comp[i] = bf16_from_f32(ci);
+    // (a loop for each case: one loop testing comp at each element does not vectorize)
+    if (comp) {
+        #pragma omp parallel for firstprivate(s) // (as adamw8bit_update's)
+        for (size_t i = 0; i < n; i++) anyprecision_at(p, g, m, v, comp, 1, i, &s);
+    } else {
+        #pragma omp parallel for firstprivate(s)
+        for (size_t i = 0; i < n; i++) anyprecision_at(p, g, m, v, NULL, 0, i, &s);
     }
 }
 
