@@ -1090,9 +1090,14 @@ static int rows_begin(Model *m, const int **tokens, const int **targets, int B, 
     m->context = &m->fsdp->context;
     return Tp / *len / context_size(m);
 }
-// chunk j of the rows rows_begin set up: chunk_at's, or this rank's piece of group j (pieces of len)
+// chunk j of the rows rows_begin set up: chunk_at's, or this rank's piece of group j (pieces of
+// len); train as chunk_at's. --s2_attn's groups are the rows' before their padding, whose pads
+// come after every real position, so they move nothing that a real position sees
 static Chunk rows_chunk(const Model *m, int B, int T, int len, int j, int train) {
-    return m->context ? context_piece_of(m, B, T, len, j, m->context->rank) : chunk_at(m, B, T, j, train);
+    if (!m->context) return chunk_at(m, B, T, j, train);
+    Chunk ch = context_piece_of(m, B, T, len, j, m->context->rank);
+    ch.s2_group = train && m->s2_attn ? s2_group_size(m->context_T) : 0;
+    return ch;
 }
 
 // The summed cross-entropy of B rows of T tokens over targets != -100 (no
@@ -1372,7 +1377,7 @@ static const char *const model_host_advice = ", --activation_checkpointing, --ch
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
 static const char *const backend_collectives[] = {"host"}; // its buffers are host memory: MPI or TCP
 static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)
-static const int backend_context_parallel = 1; // --context_parallel (model_forward_backward)
+static const int backend_context_parallel = 1 | 2; // --context_parallel, with --s2_attn too (model_forward_backward)
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

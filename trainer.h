@@ -60,7 +60,8 @@
 //                              process only
 //   static const int backend_context_parallel;  1: its model_forward_backward runs a
 //                              context-parallel group's pieces of the rows
-//                              (--context_parallel, fsdp.h's context group); 0: refused
+//                              (--context_parallel, fsdp.h's context group); | 2: with
+//                              --s2_attn too (the unpadded rows' groups); 0: refused
 //   static const char *const backend_precisions[];  the --precision values it runs,
 //                              its default first
 //   static const char *const backend_collectives[]; the --collectives values it runs,
@@ -549,8 +550,9 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --context_parallel is not supported yet by this trainer (train_llama2, the CPU trainer, has it)\n");
         return -1;
     }
-    if (tc->context_parallel > 1 && tc->s2_attn) { // its groups are a fraction of the row, which the padding would move
-        fprintf(stderr, "error: --context_parallel with --s2_attn is not supported yet\n");
+    if (tc->context_parallel > 1 && tc->s2_attn && !(backend_context_parallel & 2)) { // (the groups of the unpadded rows)
+        fprintf(stderr, "error: --context_parallel with --s2_attn is not supported yet by this trainer (train_llama2, the CPU "
+                "trainer, has it)\n");
         return -1;
     }
     if (tc->context_parallel > 1 && tc->sample_prompt.n) { // (a rank's carry holds its own pieces' positions only)

@@ -10,7 +10,8 @@
 #     (tiny_tied: tied embeddings), P = 2 and 3, whole rows and with --chunk_size (keep and
 #     recompute), with --activation_checkpointing, FULL_SHARD and NO_SHARD; DoRA (its norms
 #     at each rank's first piece), llama_adapter, a sliding window (tiny_mistral), QLoRA,
-#     --trainable_params embed,norm (NO_SHARD): the 10-step
+#     --trainable_params embed,norm (NO_SHARD), --s2_attn (packed rows of 256, padded at
+#     P = 3; against one process with --s2_attn, whose first loss is not causal's): the 10-step
 #     trajectory (loss and gradient norm at every step), the tokens counted, the final weights;
 #   - every gradient: one SGD step at lr 1000 without clipping (LoRA from an adapter whose
 #     B is not zero, so that A has a gradient too), whose weights are then w - 1000 g, so
@@ -22,7 +23,7 @@
 #     uninterrupted one-process trajectory (the context group changes nothing in a checkpoint);
 #   - evaluation (--val_data), context-parallel as well: the validation loss is one process's;
 #   - under mpirun (when the trainer is built with MPI): the same bits as dev/launch.sh's run;
-#   - refusals: a P that does not divide the world size, --s2_attn, --peft_method prefix,
+#   - refusals: a P that does not divide the world size, --peft_method prefix,
 #     --pure_bf16, --sample_prompt.
 #
 # Tolerances (why): the forward is the same bits as one process (the attention of a piece
@@ -103,13 +104,17 @@ run 0 "$TMP/full1" "${FULL[@]}"
 check "full fine-tuning reference (one process)" $? "$(tail -3 "$TMP/full1.log")"
 
 # P = 2 and 3: whole rows, --chunk_size (keep, recompute), activation checkpointing, strategies
+# --s2_attn: packed rows of 256 (groups of 64), padded at P = 3 to 258 (whole) and 300 (in chunks of 50)
+S2=(--s2_attn 1 --batching packing --max_seq_len 256)
 cases=("lora 2 whole|" "lora 3 whole|" "lora 2 chunks of 64|--chunk_size 64" "lora 3 chunks of 50, recompute|--chunk_size 50 --chunk_memory recompute"
        "lora 2 activation checkpointing|--activation_checkpointing" "lora 3 NO_SHARD|--sharding_strategy NO_SHARD"
        "full 2 whole|" "full 3 whole|" "full 2 chunks of 64, recompute, activation checkpointing|--chunk_size 64 --chunk_memory recompute --activation_checkpointing"
        "full 3 chunks of 50|--chunk_size 50" "full 2 NO_SHARD|--sharding_strategy NO_SHARD"
        "dora 3 chunks of 50|--use_dora --chunk_size 50" "llama_adapter 2 whole|--peft_method llama_adapter --adapter_layers 2 --adapter_len 4"
        "mistral 2 chunks of 64 (sliding window of 5)|--chunk_size 64" "qlora 2 chunks of 64, FULL_SHARD|--chunk_size 64"
-       "trainable 2 NO_SHARD|--sharding_strategy NO_SHARD")
+       "trainable 2 NO_SHARD|--sharding_strategy NO_SHARD"
+       "s2 2 whole|" "s2 3 whole|" "s2 2 chunks of 64|--chunk_size 64"
+       "s2 3 chunks of 50, recompute, activation checkpointing|--chunk_size 50 --chunk_memory recompute --activation_checkpointing")
 for c in "${cases[@]}"; do
     name=${c%%|*} extra=${c#*|}
     read -r mode P rest <<<"$name"
@@ -123,6 +128,7 @@ for c in "${cases[@]}"; do
         mistral) args=(--model $FIX/tiny_mistral --lora_target_modules all-linear) ;;
         qlora) args=(--model $FIX/tiny_llama3 --quantize nf4 --double_quant 1) ;;
         trainable) args=("${LORA[@]}" --trainable_params embed,norm) ;; # (with sharded base weights: not supported yet)
+        s2) args=("${LORA[@]}" "${S2[@]}") ;;
     esac
     [ -f "$ref.jsonl" ] || run 0 "$ref" "${args[@]}" # (one process, in chunks or not: the same bits)
     # shellcheck disable=SC2086
@@ -132,6 +138,12 @@ for c in "${cases[@]}"; do
         "$(first_loss "$out.jsonl") against $(first_loss "$ref.jsonl"); $(tail -2 "$out.log")"
     same_run "$mode, P = $P, $rest == one process" "$ref" "$out" $weights
 done
+
+# the --s2_attn cases compare with a run that trains S2's mask: its first loss is not causal attention's on the same rows
+run 0 "$TMP/s2-causal" "${LORA[@]}" --batching packing --max_seq_len 256
+[ -n "$(first_loss "$TMP/s2-ref.jsonl")" ] && [ "$(first_loss "$TMP/s2-ref.jsonl")" != "$(first_loss "$TMP/s2-causal.jsonl")" ]
+check "--s2_attn's one-process run trains S2's mask (first loss $(first_loss "$TMP/s2-ref.jsonl"), causal attention's $(first_loss "$TMP/s2-causal.jsonl"))" $? \
+    "$(tail -2 "$TMP/s2-causal.log")"
 
 # every gradient: one SGD step at lr 1000 (w - 1000 g), no clipping, no decay
 SGD=(--optimizer sgd --lr 1000 --grad_clip 0 --weight_decay 0 --warmup_steps 0 --max_steps 1)
@@ -196,9 +208,6 @@ fi
 run 2 "$TMP/bad-p" "${LORA[@]}" --context_parallel 3
 [ $? -ne 0 ] && grep -q "context_parallel 3 does not divide the world size 2" "$TMP/bad-p.log"
 check "--context_parallel 3 on 2 ranks is refused" $? "$(tail -2 "$TMP/bad-p.log")"
-run 2 "$TMP/bad-s2" "${LORA[@]}" --context_parallel 2 --s2_attn 1 --batching packing --max_seq_len 256
-[ $? -ne 0 ] && grep -q "context_parallel with --s2_attn is not supported yet" "$TMP/bad-s2.log"
-check "--context_parallel with --s2_attn is refused" $? "$(tail -2 "$TMP/bad-s2.log")"
 run 2 "$TMP/bad-prefix" --model $FIX/tiny_gqa --context_parallel 2 --peft_method prefix --num_virtual_tokens 4
 [ $? -ne 0 ] && grep -q "context_parallel with --peft_method prefix is not supported yet" "$TMP/bad-prefix.log"
 check "--context_parallel with --peft_method prefix is refused" $? "$(tail -2 "$TMP/bad-prefix.log")"
