@@ -560,7 +560,7 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
                 "keys and values, and each rank's carry holds its own positions only\n");
         return -1;
     }
-    // (a prefix moves the carry's rows, which the context group gathers into; pure bf16's rounding of
+    // (a prefix moves the carry's rows, which the context group gathers from; pure bf16's rounding of
     // each rank's part assumes ranks hold whole rows: neither is tested with context parallelism)
     if (tc->context_parallel > 1 && (!strcmp(tc->peft_method, "prefix") || tc->pure_bf16)) {
         fprintf(stderr, "error: --context_parallel with %s is not supported yet\n", tc->pure_bf16 ? "--pure_bf16" : "--peft_method prefix");
