@@ -257,8 +257,9 @@ typedef struct {
     ChunkActs *chunk;  // (n_slots) one per chunk in keep mode, one in all in recompute mode
                        // (with activation checkpointing they share all but their resid)
     int n_slots;
-    float *k, *v;      // (L, B, P + T, NKV*hd) the KV carry (keys after RoPE), a prefix's P positions first
-    float *dk, *dv;    // (L, B, P + T, NKV*hd) the dKV carry: gradients for earlier positions
+    float *k, *v;      // (L, B, P + T, NKV*hd) the KV carry (keys after RoPE), a prefix's P positions first;
+                       // context parallel: (L, B, T / P, NKV*hd) this rank's positions only (context_own)
+    float *dk, *dv;    // the dKV carry, the same shape: gradients for earlier positions
     // scratch for one chunk
     int *tokens;       // (B, C)
     float *lnf;        // (B, C, D)
@@ -280,10 +281,11 @@ typedef struct {
     // (B, C, NH*hd); Kp, Vp (2, A, NKV*hd) and their gradients (2, NKV*hd, A); the backward's
     // coefficients (2, B, C, NH, A) and gate shares (B, C, NH)
     float *adapter_y, *adapter_kv, *adapter_dkv, *adapter_coef, *adapter_gz;
-    // context parallelism (docs/long_context.md): the rows padded to the group's layout (B, T), and
-    // every rank's piece of K, V, dK or dV for a collective over the group (P, B, C, NKV*hd)
+    // context parallelism (docs/long_context.md): the rows padded to the group's layout (B, T); one
+    // layer's keys, values and their gradients at absolute positions (B, T, NKV*hd), gathered from
+    // every rank's carry (context_gather) or reduced into it (context_reduce)
     int *context_tokens, *context_targets;
-    float *context_kv;
+    float *context_k, *context_v, *context_dk, *context_dv;
 } Activations;
 
 // the CPU backend's model (trainer.h lists what every backend's Model holds)
@@ -454,11 +456,12 @@ static float *saved_grad(Model *m, int k) { return lora_saved(&m->host.lora, m->
 
 // ----------------------------------------------------------------------------
 // context parallelism (docs/long_context.md; the layout: lora.h's context_layout and
-// context_piece): the ranks run their pieces group by group, in step. At each layer a
-// group's keys and values are all-gathered (context_gather), so every query attends to every
-// earlier position with the attention of a chunk against the KV carry; in the backward a
-// group's dK, dV (every rank's share of them, later groups' included) are reduce-scattered to
-// their owners (context_reduce).
+// context_piece): the ranks run their pieces group by group, in step. A rank's KV and dKV
+// carries hold its own positions only (context_own). At each layer the keys and values of the
+// group's and the earlier groups' positions are all-gathered from the ranks' carries to their
+// absolute positions (context_gather), so every query attends to every earlier position with
+// the attention of a chunk against a carry; in the backward their dK, dV, every rank's share,
+// are reduce-scattered into their owners' dKV carries (context_reduce).
 
 static int context_size(const Model *m) { return m->fsdp && m->fsdp->context.size > 1 ? m->fsdp->context.size : 1; }
 
@@ -557,12 +560,15 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
     size_t A = h->use_lora ? h->lora.adapter_len : 0;
     place(a, ac->adapter_y, A ? N * Q : 0); place(a, ac->adapter_kv, 2 * A * KV); place(a, ac->adapter_dkv, 2 * A * KV);
     place(a, ac->adapter_coef, 2 * N * c->n_heads * A); place(a, ac->adapter_gz, A ? N * c->n_heads : 0);
-    int P = context_size(m);
-    place(a, ac->context_tokens, P > 1 ? (size_t)m->B * m->T : 0); place(a, ac->context_targets, P > 1 ? (size_t)m->B * m->T : 0);
-    place(a, ac->context_kv, P > 1 ? P * N * KV : 0);
-    // the carries hold the whole sequence, after a prefix's virtual positions
-    size_t carry = L * m->B * (size_t)(host_prefix(&m->host) + m->T) * KV;
+    // Context parallelism's padded rows. The carries hold the whole sequence, after a prefix's virtual
+    // positions; with context parallelism this rank's positions (T / P of the padded rows), and one
+    // layer's K, V, dK, dV at every position.
+    size_t P = context_size(m), rows = P > 1 ? (size_t)m->B * m->T : 0;
+    place(a, ac->context_tokens, rows); place(a, ac->context_targets, rows);
+    size_t carry = L * m->B * (size_t)(host_prefix(&m->host) + m->T / P) * KV;
     place(k, ac->k, carry); place(k, ac->v, carry); place(k, ac->dk, carry); place(k, ac->dv, carry);
+    place(k, ac->context_k, rows * KV); place(k, ac->context_v, rows * KV);
+    place(k, ac->context_dk, rows * KV); place(k, ac->context_dv, rows * KV);
     return comm;
 }
 
@@ -588,7 +594,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     Activations *a = &m->a;
     if (C <= 0 || C > T) C = T;
     int P = context_size(m), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
-    if (P > 1) { // the longest row, padded, and its pieces (context_layout); evaluation runs in chunks of the pieces' length
+    if (P > 1) { // the longest row, padded, and its pieces (context_layout), for training and evaluation alike
         m->context_len = C < T ? C : 0;
         context_layout(P, m->context_len, T, &T, &C);
         pieces = T / C / P;
@@ -611,7 +617,10 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     m->weight_bytes = lay[0].bytes + model_weight_bytes(h);
     m->param_bytes = lay[1].bytes + comm + n * sizeof(float) * (h->use_lora ? 2 : 0) + optimizer_state_bytes(&m->optimizer, &m->opt_tensors, n) +
                      optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, n); // (a checkpoint's, support/optimizer.h)
-    m->act_bytes = lay[2].bytes + pack * sizeof(float);
+    // (and the context group's reduce-scatter receive buffer, fsdp.h's, allocated at its first use: room
+    // for every rank's block, a layer's dK or dV for every position of the longest row)
+    size_t context_recv = P > 1 ? (size_t)B * T * h->config.n_kv_heads * h->config.head_dim * sizeof(float) : 0;
+    m->act_bytes = lay[2].bytes + pack * sizeof(float) + context_recv;
     m->carry_bytes = lay[3].bytes;
     if (!alloc) return;
     // the activations from a cache line on (the packed head's vector loads); the gradients zeroed
@@ -743,43 +752,92 @@ static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch) {
     for (int b = 0; b < ch->B; b++)
         memcpy(dst + (size_t)b * ch->len, tokens + (size_t)b * ch->T + ch->t0, ch->len * sizeof(int));
 }
+// rows [t0, t0 + n) of each of B rows: dst (B, dT, w) from dt0 on = src (B, sT, w) from st0 on
+static void rows_copy(float *dst, int dT, int dt0, const float *src, int sT, int st0, int B, int n, size_t w) {
+    for (int b = 0; b < B; b++)
+        memcpy(dst + ((size_t)b * dT + dt0) * w, src + ((size_t)b * sT + st0) * w, (size_t)n * w * sizeof(float));
+}
 // a chunk's rows x (B, len, w) into the carry (B, T, w), or back out (dir = -1)
 static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int dir) {
-    for (int b = 0; b < ch->B; b++) {
-        float *c = carry + ((size_t)b * ch->T + ch->t0) * w, *xb = x + (size_t)b * ch->len * w;
-        if (dir > 0) memcpy(c, xb, ch->len * w * sizeof(float));
-        else memcpy(xb, c, ch->len * w * sizeof(float));
-    }
+    if (dir > 0) rows_copy(carry, ch->T, ch->t0, x, ch->len, 0, ch->B, ch->len, w);
+    else rows_copy(x, ch->len, 0, carry, ch->T, ch->t0, ch->B, ch->len, w);
 }
 
-// The group's keys or values of ch's group: every rank's piece x (B, len, w) into the carry
-// (B, T, w) (this rank's is there already). Collective over the context group.
-static void context_gather(Model *m, float *carry, const float *x, const Chunk *ch, size_t w) {
+// Context parallelism's carries hold each rank's own positions only, compact: ch, this rank's
+// piece of group j in rows of T (padded), is rows [j len, (j + 1) len) of rows of T / P there.
+static Chunk context_own(const Model *m, const Chunk *ch) {
+    Chunk o = *ch;
+    o.T = ch->T / m->context->size, o.t0 = ch->t0 / (ch->len * m->context->size) * ch->len;
+    return o;
+}
+// Between every rank's compact rows [0, (j + 1) len) (its pieces of groups 0 .. j, ch being this
+// rank's piece of group j), one block (B, (j + 1) len, w) a rank in blocks (P, ...), and x (B, T, w),
+// where those pieces sit at their absolute positions: dir > 0 into x, < 0 out of it.
+static void context_place(const Model *m, float *x, float *blocks, const Chunk *ch, size_t w, int dir) {
+    int P = m->context->size, j = ch->t0 / (ch->len * P), rows = (j + 1) * ch->len;
+    size_t n = (size_t)ch->B * rows * w;
+    for (int r = 0; r < P; r++)
+        for (int i = 0; i <= j; i++) {
+            Chunk o = context_piece_of(m, ch->B, ch->T, ch->len, i, r);
+            if (dir > 0) rows_copy(x, ch->T, o.t0, blocks + r * n, rows, i * ch->len, ch->B, ch->len, w);
+            else rows_copy(blocks + r * n, rows, i * ch->len, x, ch->T, o.t0, ch->B, ch->len, w);
+        }
+}
+
+// x (B, T, w) = a layer's keys or values at every position of groups 0 .. j of ch's rows (ch:
+// this rank's piece of group j), all-gathered from the ranks' compact carries (B, T / P, w), this
+// rank's carry among them; through stage (P, B, (j + 1) len, w). Collective over the context group.
+static void context_gather(Model *m, float *x, const float *carry, float *stage, const Chunk *ch, size_t w) {
     FsdpComm *g = m->context;
-    size_t n = (size_t)ch->B * ch->len * w;
+    int rows = (ch->t0 / (ch->len * g->size) + 1) * ch->len;
+    size_t n = (size_t)ch->B * rows * w;
     PROF_BEGIN(NULL, "context all-gather", -1, -1, (long long)(g->size * n * sizeof(float)));
-    fsdp_all_gather(g, m->a.context_kv, x, n); // (P, B, len, w)
-    for (int r = 0; r < g->size; r++) {
-        Chunk o = context_piece_of(m, ch->B, ch->T, ch->len, ch->t0 / ch->len / g->size, r);
-        if (r != g->rank) carry_copy(carry, m->a.context_kv + r * n, &o, w, 1);
+    rows_copy(stage + g->rank * n, rows, 0, carry, ch->T / g->size, 0, ch->B, rows, w); // (in place: this rank's block)
+    fsdp_all_gather(g, stage, stage + g->rank * n, n);
+    context_place(m, x, stage, ch, w, 1);
+    PROF_END(NULL);
+}
+
+// dx (B, T, w) holds this rank's share of dK or dV at every position of groups 0 .. j (ch: this
+// rank's piece of group j; each rank's queries add theirs): summed over the group's ranks, each
+// owner's positions are added into its compact dKV carry (B, T / P, w). Its piece of group j is
+// complete then (later groups added theirs before). Through stage (P, B, (j + 1) len, w); dx is
+// spent (it receives the sum). Collective over the context group.
+static void context_reduce(Model *m, float *dcarry, float *dx, float *stage, const Chunk *ch, size_t w) {
+    FsdpComm *g = m->context;
+    int rows = (ch->t0 / (ch->len * g->size) + 1) * ch->len, own_T = ch->T / g->size;
+    size_t per_row = (size_t)rows * w, n = ch->B * per_row;
+    PROF_BEGIN(NULL, "context reduce-scatter", -1, -1, (long long)(g->size * n * sizeof(float)));
+    context_place(m, dx, stage, ch, w, -1);
+    fsdp_reduce_scatter(g, dx, stage, n); // (B, (j + 1) len, w)
+    for (int b = 0; b < ch->B; b++) {
+        float *d = dcarry + (size_t)b * own_T * w, *s = dx + b * per_row;
+        #pragma omp parallel for
+        for (size_t i = 0; i < per_row; i++) d[i] += s[i];
     }
     PROF_END(NULL);
 }
 
-// dK or dV of ch's group, summed over the group's ranks (each added its queries' share), into
-// this rank's rows of the dKV carry (B, T, w); the other ranks' rows are theirs from now on
-// (no later piece of the backward reaches them). Collective over the context group.
-static void context_reduce(Model *m, float *dcarry, const Chunk *ch, size_t w) {
-    FsdpComm *g = m->context;
-    size_t n = (size_t)ch->B * ch->len * w;
-    PROF_BEGIN(NULL, "context reduce-scatter", -1, -1, (long long)(g->size * n * sizeof(float)));
-    for (int r = 0; r < g->size; r++) {
-        Chunk o = context_piece_of(m, ch->B, ch->T, ch->len, ch->t0 / ch->len / g->size, r);
-        carry_copy(dcarry, m->a.context_kv + r * n, &o, w, -1);
+// What layer l's attention for ch reads, its keys and values, and where it adds dK, dV: the
+// carries (k, v, dk, dv: the layer's); with context parallelism the gathered ones, every rank's
+// pieces of ch's group and the groups before at their absolute positions. Those are gathered
+// now (collective), but in a backward with activation checkpointing, whose layer_forward has just
+// gathered them; a backward zeroes dK, dV for the positions of ch's group and the groups before.
+typedef struct { float *k, *v, *dk, *dv; } AttentionKV;
+static AttentionKV attention_kv(Model *m, float *k, float *v, float *dk, float *dv, const Chunk *ch, int backward) {
+    Activations *a = &m->a;
+    if (!m->context) return (AttentionKV){k, v, dk, dv};
+    size_t KV = (size_t)m->host.config.n_kv_heads * m->host.config.head_dim;
+    if (!backward || !m->activation_checkpointing) { // (both through dK's buffer, which a backward zeroes after)
+        context_gather(m, a->context_k, k, a->context_dk, ch, KV);
+        context_gather(m, a->context_v, v, a->context_dk, ch, KV);
     }
-    fsdp_reduce_scatter(g, m->a.kv, m->a.context_kv, n); // (B, len, w)
-    carry_copy(dcarry, m->a.kv, ch, w, 1);
-    PROF_END(NULL);
+    size_t end = (size_t)(ch->t0 / (ch->len * m->context->size) + 1) * ch->len * m->context->size;
+    for (int b = 0; backward && b < ch->B; b++) {
+        memset(a->context_dk + (size_t)b * ch->T * KV, 0, end * KV * sizeof(float));
+        memset(a->context_dv + (size_t)b * ch->T * KV, 0, end * KV * sizeof(float));
+    }
+    return (AttentionKV){a->context_k, a->context_v, a->context_dk, a->context_dv};
 }
 
 // Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
@@ -792,7 +850,8 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     Chunk cc = carry_chunk(ch, host_prefix(&m->host));
-    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cc.B * cc.T * KV;
+    Chunk own = m->context ? context_own(m, ch) : cc; // where its keys and values sit in the carry (no prefix with context)
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)own.B * own.T * KV;
     LayerWeights w = layer_params(m, l);
     LayerActs act = layer_acts(m, s, ch, l);
     float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
@@ -801,12 +860,11 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
     rope_forward(act.q, m->rope_cos, m->rope_sin, &cc, NH, hd, 0);
     linear_forward(m, act.lora_h, ch, l, LORA_K, a->kv, act.ln1, w.wk);
     rope_forward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, 0);
-    carry_copy(kc, a->kv, &cc, KV, 1);
-    if (m->context) context_gather(m, kc, a->kv, ch, KV); // (no prefix with it: cc is *ch)
+    carry_copy(kc, a->kv, &own, KV, 1);
     linear_forward(m, act.lora_h, ch, l, LORA_V, a->kv, act.ln1, w.wv);
-    carry_copy(vc, a->kv, &cc, KV, 1);
-    if (m->context) context_gather(m, vc, a->kv, ch, KV);
-    attention_forward(act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd);
+    carry_copy(vc, a->kv, &own, KV, 1);
+    AttentionKV at = attention_kv(m, kc, vc, NULL, NULL, ch, 0);
+    attention_forward(act.atty, act.lse, act.q, at.k, at.v, &cc, NH, NKV, hd);
     const float *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
     LoRA *lo = &m->host.lora;
     if (m->host.use_lora && adapter_has_prompt(lo, l)) {
@@ -921,7 +979,8 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
 
 // Backward of one chunk through every decoder layer, from a->dresid (chunk_head's).
 // At each layer's attention the chunk adds dK, dV for every position before its
-// end into the dKV carry; its own rows are complete then (later chunks ran
+// end into the dKV carry (context parallel: into the gathered dK, dV, reduced into
+// the ranks' carries: context_reduce); its own rows are complete then (later chunks ran
 // first), so they flow on through its key and value projections at once. With
 // activation checkpointing each layer first re-runs its forward from its input.
 static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
@@ -929,8 +988,8 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
-    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
-    size_t carry = (size_t)cc.B * cc.T * KV;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host)), own = m->context ? context_own(m, ch) : cc;
+    size_t carry = (size_t)own.B * own.T * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units;
     // frozen units (the embedding and layers 0 .. frozen - 2) need no gradient, and nothing
     // below them trains: the backward stops at the first layer that trains
@@ -954,8 +1013,9 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         // attention block
         memset(a->datty, 0, (size_t)N * Q * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_O, a->datty, g.wo, a->dresid, act.atty, w.wo);
-        attention_backward(a->dq, dkc, dvc, a->datty, act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd);
-        if (m->context) context_reduce(m, dkc, ch, KV), context_reduce(m, dvc, ch, KV);
+        AttentionKV at = attention_kv(m, kc, vc, dkc, dvc, ch, 1);
+        attention_backward(a->dq, at.dk, at.dv, a->datty, act.atty, act.lse, act.q, at.k, at.v, &cc, NH, NKV, hd);
+        if (m->context) context_reduce(m, dkc, at.dk, at.k, ch, KV), context_reduce(m, dvc, at.dv, at.v, ch, KV);
         LoRA *lo = &m->host.lora;
         if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
             adaption_prompt_backward(a->dq, adapter_prompt(lo, lo->grads, l), adapter_gate(lo, lo->grads, l), a->datty, act.q,
@@ -968,10 +1028,10 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         float *dln = full || l > 0 || m->host.lora.saved ? a->dln : NULL;
         if (dln) memset(dln, 0, ND * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_Q, dln, g.wq, a->dq, act.ln1, w.wq);
-        carry_copy(dkc, a->kv, &cc, KV, -1);
+        carry_copy(dkc, a->kv, &own, KV, -1);
         rope_backward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd);
         linear_backward(m, act.lora_h, ch, l, LORA_K, dln, g.wk, a->kv, act.ln1, w.wk);
-        carry_copy(dvc, a->kv, &cc, KV, -1);
+        carry_copy(dvc, a->kv, &own, KV, -1);
         linear_backward(m, act.lora_h, ch, l, LORA_V, dln, g.wv, a->kv, act.ln1, w.wv);
         if (dln) rmsnorm_backward(a->dresid, g.attn_norm, dln, act.x, w.attn_norm, act.rstd1, N, D);
         if (full) grads_done(m, fsdp_layer_unit(l));
@@ -1003,19 +1063,55 @@ static Chunk chunk_at(const Model *m, int B, int T, int j, int train) {
     return ch;
 }
 
+// The rows a forward (and backward) runs: B rows of tokens, targets (B, T). With context
+// parallelism, the rows padded to the group's layout (context_layout) in context_tokens and
+// context_targets, *T their padded length, *len the pieces', and m->context set (the forward
+// sets it back to NULL at its end): this rank runs its pieces, in step with its group. Returns
+// the chunks (or this rank's pieces) of a row.
+static int rows_begin(Model *m, const int **tokens, const int **targets, int B, int *T, int *len) {
+    Activations *a = &m->a;
+    *len = 0;
+    if (context_size(m) == 1) return (*T + m->chunk_size - 1) / m->chunk_size;
+    int Tp;
+    context_layout(context_size(m), m->context_len, *T, &Tp, len);
+    for (int b = 0; b < B; b++) // pads: token 0 (any id: nothing real attends to them), no label
+        for (int t = 0; t < Tp; t++) {
+            a->context_tokens[(size_t)b * Tp + t] = t < *T ? (*tokens)[(size_t)b * *T + t] : 0;
+            a->context_targets[(size_t)b * Tp + t] = t < *T ? (*targets)[(size_t)b * *T + t] : -100;
+        }
+    m->context_T = *T;
+    *tokens = a->context_tokens, *targets = a->context_targets, *T = Tp;
+    m->context = &m->fsdp->context;
+    return Tp / *len / context_size(m);
+}
+// chunk j of the rows rows_begin set up: chunk_at's, or this rank's piece of group j (pieces of
+// len); train as chunk_at's. --s2_attn's groups are the rows' before their padding, whose pads
+// come after every real position, so they move nothing that a real position sees
+static Chunk rows_chunk(const Model *m, int B, int T, int len, int j, int train) {
+    if (!m->context) return chunk_at(m, B, T, j, train);
+    Chunk ch = context_piece_of(m, B, T, len, j, m->context->rank);
+    ch.s2_group = train && m->s2_attn ? s2_group_size(m->context_T) : 0;
+    return ch;
+}
+
 // The summed cross-entropy of B rows of T tokens over targets != -100 (no
-// gradients: evaluation, tests). logits_out as in chunk_head.
+// gradients: evaluation, tests). logits_out as in chunk_head (not with context
+// parallelism, whose ranks hold pieces of the rows: the sum is the group's).
 static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
     check_batch(m, tokens, B, T);
     if (head_trains(m)) m->a.head_packed_ok = 0; // the head may have trained since it was packed
+    int len, n = rows_begin(m, &tokens, &targets, B, &T, &len);
+    if (m->context && logits_out) die("internal: model_forward's logits with context parallelism");
     double loss = 0;
-    for (int j = 0; j * m->chunk_size < T; j++) {
-        Chunk ch = chunk_at(m, B, T, j, 0);
+    for (int j = 0; j < n; j++) {
+        Chunk ch = rows_chunk(m, B, T, len, j, 0);
         chunk_forward(m, &m->a.chunk[0], tokens, &ch);
         PROF_BEGIN(NULL, "head", -1, j, -1);
         loss += chunk_head(m, &m->a.chunk[0], targets, &ch, 0.0f, logits_out);
         PROF_END(NULL);
     }
+    if (m->context) fsdp_all_reduce(m->context, &loss, 1, FSDP_F64); // (in rank order: every rank the same)
+    m->context = NULL;
     units_reshard(m);
     return loss;
 }
@@ -1039,12 +1135,6 @@ static void grads_bf16_end(Model *m) {
     for (size_t i = 0; i < n; i++) m->grads[i] = bf16_grad_add(st_bf16_to_f32(m->grad_acc[i]), m->grads[i]);
 }
 
-// chunk j of what model_forward_backward trains: chunk_at's, or this rank's piece of group j
-// (pieces of len) while it runs a context-parallel group's
-static Chunk train_chunk(const Model *m, int B, int T, int len, int j) {
-    return m->context ? context_piece_of(m, B, T, len, j, m->context->rank) : chunk_at(m, B, T, j, 1);
-}
-
 // Forward and backward of one micro-batch: returns the summed cross-entropy and
 // adds grad_scale * d(loss)/d(parameter) into the gradients of the trainable ones.
 // Chunks run forward in order, filling the KV carry, then backward in reverse
@@ -1054,31 +1144,19 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     check_batch(m, tokens, B, T);
     Activations *a = &m->a;
     if (head_trains(m)) a->head_packed_ok = 0; // the head may have trained since it was packed
-    int n = (T + m->chunk_size - 1) / m->chunk_size, len = 0;
-    if (context_size(m) > 1) { // this rank's pieces of the rows padded (context_layout), in step with its group
-        int Tp;
-        context_layout(context_size(m), m->context_len, T, &Tp, &len);
-        for (int b = 0; b < B; b++) // pads: token 0 (any id: nothing real attends to them), no label
-            for (int t = 0; t < Tp; t++) {
-                a->context_tokens[(size_t)b * Tp + t] = t < T ? tokens[(size_t)b * T + t] : 0;
-                a->context_targets[(size_t)b * Tp + t] = t < T ? targets[(size_t)b * T + t] : -100;
-            }
-        m->context_T = T;
-        tokens = a->context_tokens, targets = a->context_targets, T = Tp;
-        n = T / len / context_size(m);
-        m->context = &m->fsdp->context;
-    }
-    size_t carry = (size_t)m->host.config.n_layers * B * (host_prefix(&m->host) + T) * m->host.config.n_kv_heads * m->host.config.head_dim;
+    int len, n = rows_begin(m, &tokens, &targets, B, &T, &len);
+    size_t carry = (size_t)m->host.config.n_layers * B * (host_prefix(&m->host) + T / context_size(m)) *
+                   m->host.config.n_kv_heads * m->host.config.head_dim;
     memset(a->dk, 0, carry * sizeof(float));
     memset(a->dv, 0, carry * sizeof(float));
     grads_bf16_begin(m);
     for (int j = 0; j < n; j++) {
-        Chunk ch = train_chunk(m, B, T, len, j);
+        Chunk ch = rows_chunk(m, B, T, len, j, 1);
         chunk_forward(m, &a->chunk[m->recompute ? 0 : j], tokens, &ch);
     }
     double loss = 0;
     for (int j = n - 1; j >= 0; j--) {
-        Chunk ch = train_chunk(m, B, T, len, j);
+        Chunk ch = rows_chunk(m, B, T, len, j, 1);
         ChunkActs *s = &a->chunk[m->recompute ? 0 : j];
         if (m->recompute && j < n - 1) chunk_forward(m, s, tokens, &ch);
         PROF_BEGIN(NULL, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
@@ -1293,7 +1371,7 @@ static const char *const model_host_advice = ", --activation_checkpointing, --ch
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
 static const char *const backend_collectives[] = {"host"}; // its buffers are host memory: MPI or TCP
 static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)
-static const int backend_context_parallel = 1; // --context_parallel (model_forward_backward)
+static const int backend_context_parallel = 1 | 2; // --context_parallel, with --s2_attn too (model_forward_backward)
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

@@ -5,8 +5,9 @@
 # Perfetto trace of step 3, --profile_dir; rank 0's CPU time from its metrics) and the bytes
 # the context collectives moved in it (the trace's "bytes": each all-gather and
 # reduce-scatter counts its whole buffer, P pieces, of which a rank receives P - 1), against
-# the estimate of docs/long_context.md: per layer and group, K and V gathered and dK and dV
-# reduce-scattered, 4 collectives of B n NKV hd floats a piece, n = T / 2P. The model:
+# the estimate of docs/long_context.md: per layer and group j (of G = 2), K and V gathered in
+# the forward and again in the backward, and dK and dV reduce-scattered, 6 collectives of
+# B (j + 1) n NKV hd floats a rank (its pieces of groups 0 .. j), n = T / 2P. The model:
 # train_helpers.sh's aligned_model (hidden size 256, 2 layers, 4 heads, 2 KV heads of 64),
 # made in a temporary folder. Prints dev/bench_context_parallel.md's table.
 set -euo pipefail
@@ -31,7 +32,7 @@ for P in 1 2 4; do
         --sharding_strategy NO_SHARD --context_parallel $P --profile_dir "$dir/prof" --profile_steps 3-3 \
         --output_dir "$dir/out" --metrics_file "$dir/m.jsonl" >"$dir/log" 2>&1 || { tail -3 "$dir/log"; exit 1; }
     n=$(( (T + 2 * P - 1) / (2 * P) )) # a piece: T padded to 2P pieces
-    est=$(( P > 1 ? 8 * L * (P - 1) * B * n * KV * 4 : 0 )) # 2 groups x 2 tensors x (forward + backward) per layer
+    est=$(( P > 1 ? 6 * 3 * L * (P - 1) * B * n * KV * 4 : 0 )) # 6 collectives x (1 + 2) pieces a rank per layer
     for ((r = 0; r < P; r++)); do
         cpu=""; if [ $r = 0 ]; then cpu=$(sed -n '3s/.*"cpu_ms": \([0-9.]*\).*/\1/p' "$dir/m.jsonl"); fi
         awk -v P=$P -v r=$r -v est=$est -v cpu="$cpu" 'function arg(k,   m) { return match($0, "\"" k "\": [0-9.]+") ? substr($0, RSTART + length(k) + 4, RLENGTH - length(k) - 4) + 0 : 0 }
