@@ -19,8 +19,9 @@
 #     gradient's error relative to its largest element wherever 1000 |g| outweighs |w|;
 #   - data parallel x context parallel on 4 ranks (2 groups of 2): NO_SHARD, FULL_SHARD
 #     (parameters sharded over all 4) and HYBRID_SHARD;
-#   - a checkpoint saved by a P = 2 run resumes in one process and continues the
-#     uninterrupted one-process trajectory (the context group changes nothing in a checkpoint);
+#   - a checkpoint saved by a P = 2 run resumes in one process and at P = 3, and one process's at
+#     P = 2, each continuing the uninterrupted one-process trajectory (the context group changes
+#     nothing in a checkpoint);
 #   - evaluation (--val_data), context-parallel as well: the validation loss is one process's;
 #   - under mpirun (when the trainer is built with MPI): the same bits as dev/launch.sh's run;
 #   - refusals: a P that does not divide the world size, --peft_method prefix,
@@ -180,6 +181,19 @@ w=$("$compare" "$TMP/resume1/model.safetensors" "$TMP/full1/model.safetensors" $
 rc=$?
 awk -v t="$t" -v tol=$TRAJ_TOL 'BEGIN { exit !(t <= tol) }' && [ $rc -eq 0 ] && grep -q '"world_size": 1' "$TMP/save2/checkpoint-5/trainer_state.json"
 check "a P = 2 checkpoint (world_size 1: one data-parallel group) resumed in one process == uninterrupted (steps 6-10 within $t, $w)" $? "$(tail -2 "$TMP/resume1.log")"
+# and at another P: the same checkpoint continued by 3 ranks at P = 3 (still one data-parallel group;
+# the sharded weights and moments re-sharded over 3), and one process's checkpoint continued at P = 2
+run 0 "$TMP/save1" "${FULL[@]}" --save_every 5 --keep_checkpoints 0
+for from in "save2 3" "save1 2"; do
+    set -- $from
+    run $2 "$TMP/resume-$1-p$2" "${FULL[@]}" --context_parallel $2 --resume "$TMP/$1/checkpoint-5"
+    t=$(trajectory_diff "$TMP/resume-$1-p$2.jsonl" "$TMP/full1.jsonl" 6)
+    w=$("$compare" "$TMP/resume-$1-p$2/model.safetensors" "$TMP/full1/model.safetensors" $WEIGHT_TOL 2>&1)
+    rc=$?
+    awk -v t="$t" -v tol=$TRAJ_TOL 'BEGIN { exit !(t <= tol) }' && [ $rc -eq 0 ] && grep -q "resumed from $TMP/$1/checkpoint-5 at step 5" "$TMP/resume-$1-p$2.log"
+    check "$([ $1 = save2 ] && echo "the P = 2 checkpoint" || echo "one process's checkpoint") resumed at P = $2 == uninterrupted (steps 6-10 within $t, $w)" $? "$(tail -2 "$TMP/resume-$1-p$2.log")"
+done
+set --
 
 # evaluation runs context-parallel too (each rank's pieces forward, the loss summed over the group):
 # --val_data before training (--max_steps 0), P = 2 whole and P = 3 in chunks of 50, against one
