@@ -1198,6 +1198,8 @@ static inline int fsdp_context_init(Fsdp *f, int P) {
     fsdp_comm_split(&f->context, &f->world, f->world.rank / P, f->world.rank);
     return 0;
 }
+// the context group's size P (1: none; f NULL: one process)
+static inline int fsdp_context_size(const Fsdp *f) { return f && f->context.size > 1 ? f->context.size : 1; }
 // the data-parallel group of this rank and their count: the dataloader's rank and world
 static inline int fsdp_data_rank(const Fsdp *f) { return f->world.rank / (f->context.size ? f->context.size : 1); }
 static inline int fsdp_data_size(const Fsdp *f) { return f->world.size / (f->context.size ? f->context.size : 1); }

@@ -463,11 +463,10 @@ static float *saved_grad(Model *m, int k) { return lora_saved(&m->host.lora, m->
 // the attention of a chunk against a carry; in the backward their dK, dV, every rank's share,
 // are reduce-scattered into their owners' dKV carries (context_reduce).
 
-static int context_size(const Model *m) { return m->fsdp && m->fsdp->context.size > 1 ? m->fsdp->context.size : 1; }
 
 // rank r's piece of group j of the rows being trained (pieces of len)
 static Chunk context_piece_of(const Model *m, int B, int T, int len, int j, int r) {
-    return context_piece(context_size(m), B, T, len, j, r, m->host.config.sliding_window);
+    return context_piece(fsdp_context_size(m->fsdp), B, T, len, j, r, m->host.config.sliding_window);
 }
 
 // ----------------------------------------------------------------------------
@@ -563,7 +562,7 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
     // Context parallelism's padded rows. The carries hold the whole sequence, after a prefix's virtual
     // positions; with context parallelism this rank's positions (T / P of the padded rows), and one
     // layer's K, V, dK, dV at every position.
-    size_t P = context_size(m), rows = P > 1 ? (size_t)m->B * m->T : 0;
+    size_t P = fsdp_context_size(m->fsdp), rows = P > 1 ? (size_t)m->B * m->T : 0;
     place(a, ac->context_tokens, rows); place(a, ac->context_targets, rows);
     size_t carry = L * m->B * (size_t)(host_prefix(&m->host) + m->T / P) * KV;
     place(k, ac->k, carry); place(k, ac->v, carry); place(k, ac->dk, carry); place(k, ac->dv, carry);
@@ -593,7 +592,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     HostModel *h = &m->host;
     Activations *a = &m->a;
     if (C <= 0 || C > T) C = T;
-    int P = context_size(m), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
+    int P = fsdp_context_size(m->fsdp), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
     if (P > 1) { // the longest row, padded, and its pieces (context_layout), for training and evaluation alike
         m->context_len = C < T ? C : 0;
         context_layout(P, m->context_len, T, &T, &C);
@@ -1071,9 +1070,9 @@ static Chunk chunk_at(const Model *m, int B, int T, int j, int train) {
 static int rows_begin(Model *m, const int **tokens, const int **targets, int B, int *T, int *len) {
     Activations *a = &m->a;
     *len = 0;
-    if (context_size(m) == 1) return (*T + m->chunk_size - 1) / m->chunk_size;
+    if (fsdp_context_size(m->fsdp) == 1) return (*T + m->chunk_size - 1) / m->chunk_size;
     int Tp;
-    context_layout(context_size(m), m->context_len, *T, &Tp, len);
+    context_layout(fsdp_context_size(m->fsdp), m->context_len, *T, &Tp, len);
     for (int b = 0; b < B; b++) // pads: token 0 (any id: nothing real attends to them), no label
         for (int t = 0; t < Tp; t++) {
             a->context_tokens[(size_t)b * Tp + t] = t < *T ? (*tokens)[(size_t)b * *T + t] : 0;
@@ -1082,7 +1081,7 @@ static int rows_begin(Model *m, const int **tokens, const int **targets, int B, 
     m->context_T = *T;
     *tokens = a->context_tokens, *targets = a->context_targets, *T = Tp;
     m->context = &m->fsdp->context;
-    return Tp / *len / context_size(m);
+    return Tp / *len / fsdp_context_size(m->fsdp);
 }
 // chunk j of the rows rows_begin set up: chunk_at's, or this rank's piece of group j (pieces of
 // len); train as chunk_at's. --s2_attn's groups are the rows' before their padding, whose pads
@@ -1145,7 +1144,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     Activations *a = &m->a;
     if (head_trains(m)) a->head_packed_ok = 0; // the head may have trained since it was packed
     int len, n = rows_begin(m, &tokens, &targets, B, &T, &len);
-    size_t carry = (size_t)m->host.config.n_layers * B * (host_prefix(&m->host) + T / context_size(m)) *
+    size_t carry = (size_t)m->host.config.n_layers * B * (host_prefix(&m->host) + T / fsdp_context_size(m->fsdp)) *
                    m->host.config.n_kv_heads * m->host.config.head_dim;
     memset(a->dk, 0, carry * sizeof(float));
     memset(a->dv, 0, carry * sizeof(float));

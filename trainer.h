@@ -102,7 +102,8 @@
 //       the same loss, and adds grad_scale * d(loss)/d(trainable) into the gradients
 //   float *model_next_logits(Model *m, const int *seq, const Chunk *ch);
 //       runs positions ch->t0 .. ch->t0 + ch->len - 1 of one sequence (ch->B = 1,
-//       ch->T = m->T, ch->len <= m->B * m->chunk_size) through the model,
+//       ch->T = m->T, or with context parallelism, whose carries hold m->B m->T / P
+//       positions a layer, that many if fewer; ch->len <= m->B * m->chunk_size) through the model,
 //       adding their keys and values to the KV carry; returns the last
 //       position's logits (V) in host memory, valid until the next call
 //   typedef struct { ... } Optimizer; with at least these members:
@@ -555,11 +556,6 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
                 "trainer, has it)\n");
         return -1;
     }
-    if (tc->context_parallel > 1 && tc->sample_prompt.n) { // (a rank's carry holds its own pieces' positions only)
-        fprintf(stderr, "error: --context_parallel with --sample_prompt is not supported yet: sampling needs every position's "
-                "keys and values, and each rank's carry holds its own positions only\n");
-        return -1;
-    }
     // (a prefix moves the carry's rows, which the context group gathers from; pure bf16's rounding of
     // each rank's part assumes ranks hold whole rows: neither is tested with context parallelism)
     if (tc->context_parallel > 1 && (!strcmp(tc->peft_method, "prefix") || tc->pure_bf16)) {
@@ -872,7 +868,10 @@ static int sample_token(float *z, int V, float temperature, float top_p, uint64_
 // tokens (malloc'd, *n_new of them); the length is capped by the model's T.
 static int *generate(Model *m, const int *prompt, int n_prompt, int max_new, float temperature, float top_p,
                      uint64_t seed, int eos, int *n_new) {
-    int T = m->T, cap = m->B * m->chunk_size; // positions the carry / a chunk's activations hold
+    // positions the carry / a chunk's activations hold for one sequence: a row's, or with context
+    // parallelism, whose carries hold B T / P positions a layer (every rank samples alike), at
+    // most those
+    int P = fsdp_context_size(m->fsdp), T = P > 1 && m->B < P ? m->B * m->T / P : m->T, cap = m->B * m->chunk_size;
     if (n_prompt > T - 1) n_prompt = T - 1;   // keep the end of a long prompt's room for one token
     if (max_new > T - n_prompt) max_new = T - n_prompt;
     int *seq = (int *)callocCheck(T, sizeof(int)), *out = (int *)mallocCheck((max_new + 1) * sizeof(int));

@@ -23,9 +23,10 @@
 #     P = 2, each continuing the uninterrupted one-process trajectory (the context group changes
 #     nothing in a checkpoint);
 #   - evaluation (--val_data), context-parallel as well: the validation loss is one process's;
+#   - sampling at P = 2 with one row (a carry of half a row): one process's greedy sample;
 #   - under mpirun (when the trainer is built with MPI): the same bits as dev/launch.sh's run;
 #   - refusals: a P that does not divide the world size, --peft_method prefix,
-#     --pure_bf16, --sample_prompt.
+#     --pure_bf16.
 #
 # Tolerances (why): the forward is the same bits as one process (the attention of a piece
 # against the gathered keys meets the same key tiles as whole-row attention, and the
@@ -229,8 +230,14 @@ run 2 "$TMP/bad-bf16" "${FULL[@]}" --context_parallel 2 --pure_bf16 1 --optimize
 [ $? -ne 0 ] && grep -q "context_parallel with --pure_bf16 is not supported yet" "$TMP/bad-bf16.log"
 check "--context_parallel with --pure_bf16 is refused" $? "$(tail -2 "$TMP/bad-bf16.log")"
 
-run 2 "$TMP/bad-sample" "${LORA[@]}" --context_parallel 2 --sample_prompt "the cat"
-[ $? -ne 0 ] && grep -q "context_parallel with --sample_prompt is not supported yet" "$TMP/bad-sample.log"
-check "--context_parallel with --sample_prompt is refused" $? "$(tail -2 "$TMP/bad-sample.log")"
+# sampling (--sample_prompt, greedy): every rank samples the whole sequence, in a row of its carry's
+# B T / P positions a layer (here B = 1 < P = 2: half a row): before training (the same weights) the
+# continuation is one process's, token for token (the CPU trainer's chunks give whole rows' bits)
+SAMPLE=(--sample_prompt "the cat sat on" --max_new_tokens 24 --max_steps 1)
+run 0 "$TMP/sample1" "${LORA[@]}" --batch_size 1 "${SAMPLE[@]}"
+run 2 "$TMP/sample2" "${LORA[@]}" --batch_size 1 --context_parallel 2 "${SAMPLE[@]}"
+a=$(grep -m1 "^sample at step 0 |" "$TMP/sample1.log") b=$(grep -m1 "^sample at step 0 |" "$TMP/sample2.log")
+[ -n "$a" ] && [ "$a" = "$b" ]
+check "--sample_prompt at P = 2 (batch 1) == one process's sample ($a)" $? "$(tail -2 "$TMP/sample2.log")"
 
 [ $fails -eq 0 ] && echo "ok $SUITE: all passed" || { echo "FAIL $SUITE: $fails failed"; exit 1; }
