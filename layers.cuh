@@ -217,15 +217,15 @@ void swiglu_backward(T *dgate, T *dup, const T *dout, const T *gate, const T *up
 // ----------------------------------------------------------------------------
 // elementwise: sums into a buffer, and storage conversion
 
-template <typename T>
-__global__ void accumulate_kernel(T *out, const T *x, size_t n) {
+template <typename T, typename X>
+__global__ void accumulate_kernel(T *out, const X *x, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = from_float<T>(to_float(out[i]) + to_float(x[i]));
 }
-// out (n) += x (n): the residual connections (the CPU's `mid[i] += x[i]` loops) and
-// the LoRA dropout's input gradient
-template <typename T>
-void accumulate(T *out, const T *x, size_t n, cudaStream_t stream) {
+// out (n) += x (n): the residual connections (the CPU's `mid[i] += x[i]` loops), the LoRA
+// dropout's input gradient, and fp32 sums into the compute type's dKV carry (context_reduce)
+template <typename T, typename X>
+void accumulate(T *out, const X *x, size_t n, cudaStream_t stream) {
     accumulate_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(out, x, n);
     cudaLaunchCheck();
 }

@@ -1370,7 +1370,7 @@ static const char *const model_host_advice = ", --activation_checkpointing, --ch
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
 static const char *const backend_collectives[] = {"host"}; // its buffers are host memory: MPI or TCP
 static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)
-static const int backend_context_parallel = 1 | 2; // --context_parallel, with --s2_attn too (model_forward_backward)
+static const int backend_context_parallel = 1; // --context_parallel with every option it runs (model_forward_backward, model_forward)
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

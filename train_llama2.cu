@@ -121,8 +121,12 @@ template <typename floatX> struct Buffers {
                         // (in weights or lora_w; fp32, or some units frozen: NULL, weights_refresh copies)
     ChunkActs<floatX> *chunk; // (n_slots) one per chunk in keep mode, one in all in recompute mode
                         // (with activation checkpointing they share all but their resid)
-    floatX *k, *v;      // (L, B, P + T, NKV*hd) the KV carry (keys after RoPE), a prefix's P positions first
-    floatX *dk, *dv;    // (L, B, P + T, NKV*hd) the dKV carry: gradients for earlier positions
+    floatX *k, *v;      // (L, B, P + T, NKV*hd) the KV carry (keys after RoPE), a prefix's P positions first;
+                        // context parallel: (L, B, T / P, NKV*hd), this rank's positions alone (context_rows)
+    floatX *dk, *dv;    // (L, B, P + T, NKV*hd) the dKV carry: gradients for earlier positions (the same shape)
+    floatX *ck, *cv;    // (B, T, NKV*hd) context parallel: one layer's keys and values gathered from the group's
+                        // carries at their absolute positions (context_gather), what the attention reads
+    floatX *cdk, *cdv;  // (B, T, NKV*hd) and their gradients, the attention backward's, before context_reduce
     // scratch for one chunk
     floatX *lnf;        // (B, C, D)
     floatX *dlogits;    // (ceil(B * C / num_output_chunks), V) bf16/fp16: the logits' gradient for the head's backward
@@ -185,6 +189,7 @@ typedef struct {
     const char *collectives;  // set by the trainer before model_alloc: --collectives (auto, nccl, host)
     int device_backend;       // what set_device chose for it: FSDP_BACKEND_NCCL or FSDP_BACKEND_STAGED
     FsdpComm dev_world, dev_shard, dev_replica; // fsdp's communicators for device buffers (W > 1; device_comm)
+    FsdpComm dev_context;     // and the context group's (--context_parallel)
     cudaStream_t comm_stream; // the collectives' stream
     cudaEvent_t computed, communicated; // orders the two streams (stream_after)
     // fp32 in either precision
@@ -216,6 +221,14 @@ typedef struct {
     double peak_mb;           // the most device memory seen in use (model_peak_mb)
     uint64_t dropout_key;     // set per micro-batch by the training loop
     int row0;                 // set by the trainer: this rank's first row in the global micro-batch
+    // context parallelism (docs/long_context.md): B, T and chunk_size above are the padded rows' and the pieces'
+    int context_len;          // --chunk_size's C, the pieces' length (0: each row in 2P pieces: context_layout)
+    int context_T;            // the rows' length before the padding, while context is set
+    FsdpComm *context;        // the context group while a micro-batch runs this rank's pieces (else NULL)
+    int held_layer, held_group; // the layer and group whose keys and values ck, cv hold (-1: none)
+    float *context_stage;     // (B, T, NKV*hd) every rank's rows in a collective: gathered (in the carry's type), or dK
+                              // or dV in fp32 to reduce-scatter
+    float *context_part;      // (B, T / P, NKV*hd) this rank's rows in one: the carry's to gather, or the summed fp32
     Fsdp *fsdp;               // set by the trainer before model_alloc: the ranks (host side: MPI or TCP)
     cudaStream_t stream;      // the compute stream: everything but the collectives, in order
 } Model;
@@ -285,6 +298,9 @@ static void unit_grad_layout(Model *m, Layout *p) {
     place(p, m->unit_grad[1], grad[1]);
     if (m->sharded) place(p, m->grad_part, widest_trainable_shard(&m->host));
 }
+
+// the context group's size (--context_parallel; 1 without)
+static int context_size(const Model *m) { return m->fsdp && m->fsdp->context.size > 1 ? m->fsdp->context.size : 1; }
 
 // lays out one chunk's activations but its residuals, for Lk layers
 template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, ChunkActs<floatX> *s,
@@ -366,9 +382,14 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     place(a, m->kept, (size_t)m->B * m->T); place(a, m->targets, (size_t)m->B * m->T);
     size_t positions = host_prefix(h) + (size_t)m->T; // (a prefix's virtual positions first)
     place(a, m->rope_cos, positions * c->head_dim / 2); place(a, m->rope_sin, positions * c->head_dim / 2);
-    // the carries hold the whole sequence, after a prefix's virtual positions
-    size_t carry = L * m->B * positions * KV;
+    // the carries hold the whole sequence, after a prefix's virtual positions; context parallel,
+    // this rank's positions (T / P of each row), and one layer's worth of the group's gathered
+    // (K, V, dK, dV at their absolute positions, and the collectives' fp32 stages: context_gather)
+    int P = context_size(m);
+    size_t carry = L * m->B * (P > 1 ? m->T / P : positions) * KV, one = P > 1 ? m->B * positions * KV : 0;
     place(k, d.k, carry); place(k, d.v, carry); place(k, d.dk, carry); place(k, d.dv, carry);
+    place(k, d.ck, one); place(k, d.cv, one); place(k, d.cdk, one); place(k, d.cdv, one);
+    place(k, m->context_stage, one); place(k, m->context_part, one / P);
 }
 
 // dst (n, floatX) on the device = src (n, fp32) on the host; bf16 is converted on
@@ -454,7 +475,7 @@ static const int have_nccl = 1;
 static const int have_nccl = 0;
 #endif
 static const int backend_sharding = 1; // any number of ranks, every strategy
-static const int backend_context_parallel = 0; // --context_parallel: not here yet (trainer.h refuses it)
+static const int backend_context_parallel = 2; // --context_parallel, with what its tests cover (model_forward_backward, model_forward)
 static const char *const backend_collectives[] = {"auto", "nccl", "host"};
 
 // Makes this process use its GPU, its rank on its node (as the launcher tells
@@ -485,9 +506,9 @@ static void set_device(Model *m) {
 // staged ones run their collectives over.
 static void comms_init(Model *m) {
     int staged = fsdp_any(&m->fsdp->world, m->device_backend == FSDP_BACKEND_STAGED);
-    FsdpComm *dev[3] = {&m->dev_world, &m->dev_shard, &m->dev_replica};
-    const FsdpComm *host[3] = {&m->fsdp->world, &m->fsdp->shard, &m->fsdp->replica};
-    for (int i = 0; i < 3; i++) {
+    FsdpComm *dev[4] = {&m->dev_world, &m->dev_shard, &m->dev_replica, &m->dev_context};
+    const FsdpComm *host[4] = {&m->fsdp->world, &m->fsdp->shard, &m->fsdp->replica, &m->fsdp->context};
+    for (int i = 0; i < (context_size(m) > 1 ? 4 : 3); i++) {
         *dev[i] = *host[i];
         dev[i]->scratch = NULL, dev[i]->scratch_bytes = 0; // the host communicator's own
         if (staged) fsdp_staged_init(dev[i], m->comm_stream);
@@ -497,8 +518,8 @@ static void comms_init(Model *m) {
     }
 }
 static void comms_free(Model *m) { // (before the collectives' stream is destroyed)
-    FsdpComm *dev[3] = {&m->dev_world, &m->dev_shard, &m->dev_replica};
-    for (int i = 0; i < 3; i++) {
+    FsdpComm *dev[4] = {&m->dev_world, &m->dev_shard, &m->dev_replica, &m->dev_context};
+    for (int i = 0; i < 4; i++) {
         fsdp_device_free(dev[i]); // the host side is the trainer's
         free(dev[i]->scratch);
     }
@@ -524,8 +545,14 @@ static void stream_after(cudaStream_t waiter, cudaStream_t stream, cudaEvent_t e
 static void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
     const HostModel *h = &m->host;
     if (C <= 0 || C > T) C = T;
+    int P = context_size(m), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
+    if (P > 1) { // the longest row, padded, and its pieces (context_layout); evaluation runs in pieces too
+        m->context_len = C < T ? C : 0;
+        context_layout(P, m->context_len, T, &T, &C);
+        pieces = T / C / P;
+    }
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
-    m->n_slots = recompute ? 1 : (T + C - 1) / C;
+    m->n_slots = recompute ? 1 : pieces;
     m->sharded = host_sharded(h);
     m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
     m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
@@ -678,7 +705,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     for (int b = 0; b < 2; b++) m->grad_open[b] = -1;
     matmul_setup();
     m->next_logits = (float *)mallocCheck((size_t)c->vocab_size * sizeof(float));
-    m->n_kept = (int *)mallocCheck((size_t)(T + m->chunk_size - 1) / m->chunk_size * sizeof(int));
+    m->n_kept = (int *)mallocCheck((size_t)(m->T + m->chunk_size - 1) / m->chunk_size * sizeof(int)); // (m->T: padded)
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
@@ -732,7 +759,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         }
         std::vector<float> inv_freq(c->head_dim / 2);
         rope_inv_freq(c, inv_freq.data());
-        rope_tables(m->rope_cos, m->rope_sin, host_prefix(&m->host) + T, c->head_dim, inv_freq.data());
+        rope_tables(m->rope_cos, m->rope_sin, host_prefix(&m->host) + m->T, c->head_dim, inv_freq.data());
         cudaCheck(cudaDeviceSynchronize()); // rope_tables copies on the legacy stream, which st does not wait for
     });
 }
@@ -774,6 +801,12 @@ template <typename E> LayerWeights<E> layer_weights(E *const t[LAYER_TENSORS]) {
     return LayerWeights<E>{t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
 }
 
+// full (size * n) = every rank's part (n) of a device buffer in the compute type, in rank order
+template <typename floatX> void all_gather(FsdpComm *c, floatX *full, const floatX *part, size_t n) {
+    if constexpr (std::is_same<floatX, float>::value) fsdp_all_gather(c, full, part, n);
+    else fsdp_all_gather_bf16(c, full, part, n); // (16-bit: fp16 moves as bf16 does)
+}
+
 // Starts gathering unit u (0 .. n_units - 1; sharded) into its slot from the
 // shards, unless the slot holds it (collective). The gather waits for the
 // compute enqueued so far, which holds the last reads of the slot's old unit;
@@ -788,9 +821,7 @@ template <typename floatX> void unit_prefetch(Model *m, int u) {
                     (long long)m->fsdp->shard.size * (un->packed ? un->packed_shard : un->shard * sizeof(floatX)));
     if (un->packed) // QLoRA: a layer's run, as bytes
         fsdp_all_gather_u8(device_comm(m, &m->dev_shard), d.slot[s], m->quant_bytes + un->packed_offset, un->packed_shard);
-    else if constexpr (std::is_same<floatX, float>::value)
-        fsdp_all_gather(device_comm(m, &m->dev_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
-    else fsdp_all_gather_bf16(device_comm(m, &m->dev_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
+    else all_gather(device_comm(m, &m->dev_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
     PROF_END(m->comm_stream);
     cudaCheck(cudaEventRecord(m->gathered[s], m->comm_stream));
     m->slot_unit[s] = u;
@@ -981,6 +1012,14 @@ template <typename floatX> LayerActs<floatX> layer_acts(const Model *m, ChunkAct
                              layer_slice(s->lora_h, k, LORA_N_TARGETS * N * r)};
 }
 
+// where LoRA dropout's masks are drawn for ch (lora_dropout_chunk): positions of the global batch,
+// whose rows are context parallelism's before its padding, so that they drop what one process drops
+static Chunk dropout_chunk(const Model *m, const Chunk *ch) {
+    Chunk d = *ch;
+    if (m->context) d.T = m->context_T;
+    return lora_dropout_chunk(&d, m->row0);
+}
+
 // a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
 // (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
 template <typename floatX>
@@ -994,11 +1033,12 @@ void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t,
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0, m->stream);
     if (!adapted) return;
-    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    Chunk dc = dropout_chunk(m, ch);
     floatX *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
         float *norm = m->dora_norm + dora_norm_index(l, layer, t);
-        if (ch->t0 == 0) dora_norm(l, (const floatX *)d.lora_w, m->params, layer, t, norm, w, m->stream);
+        if (ch->t0 < (m->context ? m->context->size * ch->len : 1)) // (context parallel: the rank's piece of group 0)
+            dora_norm(l, (const floatX *)d.lora_w, m->params, layer, t, norm, w, m->stream);
         dora_forward(l, (const floatX *)d.lora_w, m->params, layer, t, out, inp, w, h, d.xdrop, d.dora_pre, norm, &dc,
                      m->dropout_key, m->stream);
     } else lora_forward(l, d.lora_w, layer, t, out, inp, h, d.xdrop, &dc, m->dropout_key, m->stream);
@@ -1018,7 +1058,7 @@ void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer,
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f, m->stream);
     if (!adapted) return;
-    Chunk dc = lora_dropout_chunk(ch, m->row0);
+    Chunk dc = dropout_chunk(m, ch);
     const floatX *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora)
         dora_backward(l, (const floatX *)d.lora_w, m->params, m->grads, layer, t, dinp, dout, inp, w, h, d.lora_dh,
@@ -1033,12 +1073,92 @@ static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch, cudaStrea
     cudaCheck(cudaMemcpy2DAsync(dst, row, tokens + ch->t0, ch->T * sizeof(int), row, ch->B, cudaMemcpyDeviceToDevice,
                                 stream));
 }
+// positions from->t0 .. + len of src (B, from->T, w) to positions to->t0 .. + len of dst (B, to->T, w)
+template <typename E> void rows_copy(E *dst, const Chunk *to, const E *src, const Chunk *from, size_t w, cudaStream_t stream) {
+    size_t row = (size_t)to->len * w * sizeof(E);
+    cudaCheck(cudaMemcpy2DAsync(dst + (size_t)to->t0 * w, (size_t)to->T * w * sizeof(E), src + (size_t)from->t0 * w,
+                                (size_t)from->T * w * sizeof(E), row, to->B, cudaMemcpyDeviceToDevice, stream));
+}
 // a chunk's rows x (B, len, w) into the carry (B, T, w), or back out (dir = -1)
 template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w, int dir, cudaStream_t stream) {
-    size_t row = ch->len * w * sizeof(E), pitch = ch->T * w * sizeof(E);
-    E *c = carry + ch->t0 * w;
-    if (dir > 0) cudaCheck(cudaMemcpy2DAsync(c, pitch, x, row, row, ch->B, cudaMemcpyDeviceToDevice, stream));
-    else cudaCheck(cudaMemcpy2DAsync(x, row, c, pitch, row, ch->B, cudaMemcpyDeviceToDevice, stream));
+    Chunk packed = {ch->B, ch->len, 0, ch->len, 0, 0};
+    if (dir > 0) rows_copy(carry, ch, x, &packed, w, stream);
+    else rows_copy(x, &packed, carry, ch, w, stream);
+}
+
+// ----------------------------------------------------------------------------
+// context parallelism (docs/long_context.md; the layout: lora.h's context_layout and
+// context_piece): the ranks run their pieces group by group, in step. Each rank's KV and
+// dKV carries hold its own positions alone, compact: its piece of group j at rows
+// [j len, (j + 1) len) of T / P (carry_rows). At each layer a piece's keys and values are
+// gathered from the group's carries into one layer's buffers at their absolute positions
+// (context_gather), where the attention reads them as it reads the carry; in the backward
+// the gradients it gives them there are summed over the group into their owners' dKV
+// carries (context_reduce).
+
+// the group of piece ch (this rank's: context_piece's)
+static int context_group(const Model *m, const Chunk *ch) { return ch->t0 / ch->len / m->context->size; }
+// where chunk ch's keys and values lie in the carries: at its positions after a prefix's, or
+// context parallel at its rank's compact rows
+static Chunk carry_rows(const Model *m, const Chunk *ch) {
+    if (!m->context) return carry_chunk(ch, host_prefix(&m->host));
+    Chunk c = *ch;
+    c.T = ch->T / m->context->size, c.t0 = context_group(m, ch) * ch->len;
+    return c;
+}
+
+// Layer l's keys and values of every position up to the end of piece ch's group j into ck, cv
+// (B, T, KV) at their absolute positions: each rank's compact rows of groups 0 .. j (B, (j + 1) len,
+// KV), all-gathered over the context group (collective), rank r's piece of group g where
+// context_piece puts it. Nothing when they are there already (held_layer, held_group).
+template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l) {
+    Buffers<floatX> &d = buffers<floatX>(m);
+    const Config *c = &m->host.config;
+    int P = m->context->size, j = context_group(m, ch), len = ch->len, B = ch->B, T = ch->T;
+    if (m->held_layer == l && m->held_group == j) return;
+    size_t KV = (size_t)c->n_kv_heads * c->head_dim, n = (size_t)B * (j + 1) * len * KV, carry = (size_t)B * (T / P) * KV;
+    Chunk mine = {B, T / P, 0, (j + 1) * len, 0, 0}, packed = {B, (j + 1) * len, 0, (j + 1) * len, 0, 0};
+    floatX *part = (floatX *)m->context_part, *all = (floatX *)m->context_stage; // (B, (j + 1) len, KV), P of them
+    PROF_BEGIN(m->stream, "context all-gather", l, j, (long long)(2 * P * n * sizeof(floatX)));
+    for (int kv = 0; kv < 2; kv++) {
+        rows_copy(part, &packed, LAYER(kv ? d.v : d.k, l, carry), &mine, KV, m->stream);
+        stream_after(m->comm_stream, m->stream, m->computed);
+        all_gather(device_comm(m, &m->dev_context), all, part, n);
+        stream_after(m->stream, m->comm_stream, m->communicated);
+        for (int r = 0; r < P; r++)
+            for (int g = 0; g <= j; g++) {
+                Chunk from = {B, (j + 1) * len, g * len, len, 0, 0}, to = context_piece(P, B, T, len, g, r, 0);
+                rows_copy(kv ? d.cv : d.ck, &to, all + r * n, &from, KV, m->stream);
+            }
+    }
+    PROF_END(m->stream);
+    m->held_layer = l, m->held_group = j;
+}
+
+// The gradients cdk, cdv (B, T, KV) that the ranks' pieces of group j gave the positions up to
+// its end, summed over the context group in fp32 (a reduce-scatter: collective) and added into
+// the owners' dKV carries of layer l, rows of groups 0 .. j. The rank's piece of group j is
+// complete then (the later groups' shares came first).
+template <typename floatX> void context_reduce(Model *m, const Chunk *ch, int l) {
+    Buffers<floatX> &d = buffers<floatX>(m);
+    const Config *c = &m->host.config;
+    int P = m->context->size, j = context_group(m, ch), len = ch->len, B = ch->B, T = ch->T;
+    size_t KV = (size_t)c->n_kv_heads * c->head_dim, rows = (size_t)(j + 1) * len, n = B * rows * KV, carry = (size_t)B * (T / P) * KV;
+    PROF_BEGIN(m->stream, "context reduce-scatter", l, j, (long long)(2 * P * n * sizeof(float)));
+    for (int kv = 0; kv < 2; kv++) {
+        floatX *g = kv ? d.cdv : d.cdk, *dc = LAYER(kv ? d.dv : d.dk, l, carry);
+        for (int r = 0; r < P; r++) // rank r's rows (B, (j + 1) len, KV) in fp32, in its compact order
+            for (int p = 0; p <= j; p++) {
+                Chunk at = context_piece(P, B, T, len, p, r, 0);
+                for (int b = 0; b < B; b++)
+                    convert(m->context_stage + r * n + (b * rows + p * len) * KV, g + ((size_t)b * T + at.t0) * KV, len * KV, m->stream);
+            }
+        stream_after(m->comm_stream, m->stream, m->computed);
+        fsdp_reduce_scatter(device_comm(m, &m->dev_context), m->context_part, m->context_stage, n);
+        stream_after(m->stream, m->comm_stream, m->communicated);
+        for (int b = 0; b < B; b++) accumulate(dc + b * (T / P) * KV, m->context_part + b * rows * KV, rows * KV, m->stream);
+    }
+    PROF_END(m->stream);
 }
 
 // Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
@@ -1052,8 +1172,9 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     Buffers<floatX> &d = buffers<floatX>(m);
     cudaStream_t st = m->stream;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    Chunk cc = carry_chunk(ch, host_prefix(&m->host)); // the chunk as the carry, RoPE and attention see it
-    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cc.B * cc.T * KV;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host)); // the chunk as RoPE and attention see it
+    Chunk cr = carry_rows(m, ch);                        // and where its keys and values go in the carries
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cr.B * cr.T * KV;
     LayerWeights<floatX> w = layer_params<floatX>(m, l);
     LayerActs<floatX> act = layer_acts(m, s, ch, l);
     floatX *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
@@ -1062,9 +1183,10 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     rope_forward(act.q, m->rope_cos, m->rope_sin, &cc, NH, hd, 0, st);
     linear_forward(m, act.lora_h, ch, l, LORA_K, d.kv, act.ln1, w.wk);
     rope_forward(d.kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, 0, st);
-    carry_copy(kc, d.kv, &cc, KV, 1, st);
+    carry_copy(kc, d.kv, &cr, KV, 1, st);
     linear_forward(m, act.lora_h, ch, l, LORA_V, d.kv, act.ln1, w.wv);
-    carry_copy(vc, d.kv, &cc, KV, 1, st);
+    carry_copy(vc, d.kv, &cr, KV, 1, st);
+    if (m->context) context_gather<floatX>(m, ch, l), kc = d.ck, vc = d.cv; // (no prefix with it: cc is *ch)
     attention_forward(act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd, st);
     const floatX *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
     LoRA *lo = &m->host.lora;
@@ -1191,8 +1313,8 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     cudaStream_t st = m->stream;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
-    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
-    size_t carry = (size_t)cc.B * cc.T * KV;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host)), cr = carry_rows(m, ch); // (as layer_forward's)
+    size_t carry = (size_t)cr.B * cr.T * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units, lowest = frozen ? frozen - 1 : 0;
     for (int l = c->n_layers - 1; l >= lowest; l--) { // as on the CPU: nothing below a frozen layer trains
         PROF_BEGIN(st, "backward", l, ch->t0 / m->chunk_size, -1);
@@ -1205,6 +1327,13 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         LayerActs<floatX> act = layer_acts(m, s, ch, l);
         floatX *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
         floatX *dkc = LAYER(d.dk, l, carry), *dvc = LAYER(d.dv, l, carry);
+        floatX *ka = kc, *va = vc, *dka = dkc, *dva = dvc; // what the attention reads and adds into
+        if (m->context) { // the group's keys and values again, gradients from zero (context_reduce sums them)
+            context_gather<floatX>(m, ch, l);
+            ka = d.ck, va = d.cv, dka = d.cdk, dva = d.cdv;
+            cudaCheck(cudaMemsetAsync(d.cdk, 0, (size_t)cc.B * cc.T * KV * sizeof(floatX), st));
+            cudaCheck(cudaMemsetAsync(d.cdv, 0, (size_t)cc.B * cc.T * KV * sizeof(floatX), st));
+        }
         // MLP block; the residual passes dresid through unchanged
         cudaCheck(cudaMemsetAsync(d.dhmlp, 0, NHd * sizeof(floatX), st));
         linear_backward(m, act.lora_h, ch, l, LORA_DOWN, d.dhmlp, g.wdown, d.dresid, act.hm, w.wdown);
@@ -1216,7 +1345,8 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         // attention block
         cudaCheck(cudaMemsetAsync(d.datty, 0, (size_t)N * Q * sizeof(floatX), st));
         linear_backward(m, act.lora_h, ch, l, LORA_O, d.datty, g.wo, d.dresid, act.atty, w.wo);
-        attention_backward(d.dq, dkc, dvc, d.datty, act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd, st);
+        attention_backward(d.dq, dka, dva, d.datty, act.atty, act.lse, act.q, ka, va, &cc, NH, NKV, hd, st);
+        if (m->context) context_reduce<floatX>(m, ch, l);
         LoRA *lo = &m->host.lora;
         if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
             adaption_prompt_backward(d.dq, adapter_prompt(lo, m->grads, l), adapter_gate(lo, m->grads, l), d.datty, act.q,
@@ -1225,10 +1355,10 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         rope_backward(d.dq, m->rope_cos, m->rope_sin, &cc, NH, hd, st);
         cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
         linear_backward(m, act.lora_h, ch, l, LORA_Q, d.dln, g.wq, d.dq, act.ln1, w.wq);
-        carry_copy(dkc, d.kv, &cc, KV, -1, st);
+        carry_copy(dkc, d.kv, &cr, KV, -1, st);
         rope_backward(d.kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, st);
         linear_backward(m, act.lora_h, ch, l, LORA_K, d.dln, g.wk, d.kv, act.ln1, w.wk);
-        carry_copy(dvc, d.kv, &cc, KV, -1, st);
+        carry_copy(dvc, d.kv, &cr, KV, -1, st);
         linear_backward(m, act.lora_h, ch, l, LORA_V, d.dln, g.wv, d.kv, act.ln1, w.wv);
         rmsnorm_backward(d.dresid, g.attn_norm, d.dln, act.x, w.attn_norm, act.rstd1, N, D, st);
         if (full) grads_done(m, fsdp_layer_unit(l));
@@ -1293,15 +1423,59 @@ static double losses_sum(Model *m, int B, int T) {
     return loss;
 }
 
+// Context parallel: B rows of T tokens padded to the group's layout (context_layout) into
+// padded[0], padded[1] (B, Tp; pads: token 0, which nothing real attends to, and no label);
+// the micro-batch's pieces run as its chunks (m->chunk_size their length until context_end).
+// Returns Tp.
+static int context_begin(Model *m, const int **tokens, const int **targets, int B, int T, std::vector<int> padded[2]) {
+    int Tp, len;
+    context_layout(context_size(m), m->context_len, T, &Tp, &len);
+    padded[0].assign((size_t)B * Tp, 0);
+    padded[1].assign((size_t)B * Tp, -100);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            padded[0][(size_t)b * Tp + t] = (*tokens)[(size_t)b * T + t];
+            padded[1][(size_t)b * Tp + t] = (*targets)[(size_t)b * T + t];
+        }
+    *tokens = padded[0].data(), *targets = padded[1].data();
+    m->context_T = T;
+    m->chunk_size = len;
+    m->context = &m->fsdp->context;
+    m->held_layer = m->held_group = -1;
+    return Tp;
+}
+// the chunks again the capacity's (C: what m->chunk_size was before context_begin)
+static void context_end(Model *m, int C) {
+    m->context = NULL;
+    m->chunk_size = C;
+}
+// the micro-batch's chunks: a row's, or context parallel this rank's pieces (one a group)
+static int train_chunks(const Model *m, int T) {
+    return m->context ? T / m->chunk_size / m->context->size : (T + m->chunk_size - 1) / m->chunk_size;
+}
+// chunk j of what model_forward_backward (train) or model_forward runs: chunk_at's, or this
+// rank's piece of group j
+static Chunk train_chunk(const Model *m, int B, int T, int j, int train) {
+    if (!m->context) return chunk_at(m, B, T, j, train);
+    return context_piece(m->context->size, B, T, m->chunk_size, j, m->context->rank, m->host.config.sliding_window);
+}
+
 // The summed cross-entropy of B rows of T tokens over targets != -100 (no
-// gradients: evaluation, tests). logits_out as in chunk_head.
+// gradients: evaluation, tests). logits_out as in chunk_head. Context parallel,
+// every rank of the group runs its pieces and returns the rows' sum.
 static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
+    std::vector<int> padded[2];
+    int C = m->chunk_size;
+    if (context_size(m) > 1) {
+        if (logits_out) die("internal: model_forward's logits are not gathered over the context group");
+        T = context_begin(m, &tokens, &targets, B, T, padded);
+    }
     upload_batch(m, tokens, targets, B, T, logits_out != NULL);
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         ChunkActs<floatX> *s = &buffers<floatX>(m).chunk[0];
-        for (int j = 0; j * m->chunk_size < T; j++) {
-            Chunk ch = chunk_at(m, B, T, j, 0);
+        for (int j = 0; j < train_chunks(m, T); j++) {
+            Chunk ch = train_chunk(m, B, T, j, 0);
             chunk_forward(m, s, &ch);
             PROF_BEGIN(m->stream, "head", -1, j, -1);
             chunk_head(m, s, &ch, 0.0f, logits_out);
@@ -1309,7 +1483,10 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
         }
     });
     units_reshard(m);
-    return losses_sum(m, B, T);
+    double loss = losses_sum(m, B, T);
+    if (m->context) fsdp_all_reduce(m->context, &loss, 1, FSDP_F64); // (the host's communicator)
+    context_end(m, C);
+    return loss;
 }
 
 // --pure_bf16 in chunks: the micro-batch's fp32 gradient (summed over its chunks, and sharded
@@ -1326,21 +1503,25 @@ static void grads_bf16_end(Model *m) {
 // order with the dKV carry; in recompute mode a chunk's forward runs again just
 // before its backward (the last chunk's activations are still there).
 static double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale) {
+    std::vector<int> padded[2];
+    int C = m->chunk_size;
+    if (context_size(m) > 1) T = context_begin(m, &tokens, &targets, B, T, padded);
     upload_batch(m, tokens, targets, B, T, false);
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
         const Config *c = &m->host.config;
-        size_t carry = (size_t)c->n_layers * B * (host_prefix(&m->host) + T) * c->n_kv_heads * c->head_dim;
+        Chunk first = train_chunk(m, B, T, 0, 1), rows = carry_rows(m, &first); // (the carries' rows)
+        size_t carry = (size_t)c->n_layers * B * rows.T * c->n_kv_heads * c->head_dim;
         cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
         cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
-        int n = (T + m->chunk_size - 1) / m->chunk_size;
+        int n = train_chunks(m, T);
         for (int j = 0; j < n; j++) {
-            Chunk ch = chunk_at(m, B, T, j, 1);
+            Chunk ch = train_chunk(m, B, T, j, 1);
             chunk_forward(m, &d.chunk[m->recompute ? 0 : j], &ch);
         }
         for (int j = n - 1; j >= 0; j--) {
-            Chunk ch = chunk_at(m, B, T, j, 1);
+            Chunk ch = train_chunk(m, B, T, j, 1);
             ChunkActs<floatX> *s = &d.chunk[m->recompute ? 0 : j];
             if (m->recompute && j < n - 1) chunk_forward(m, s, &ch);
             PROF_BEGIN(m->stream, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
@@ -1355,7 +1536,9 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     });
     units_reshard(m);
     grads_bf16_end(m);
-    return losses_sum(m, B, T);
+    double loss = losses_sum(m, B, T);
+    context_end(m, C);
+    return loss;
 }
 
 // ----------------------------------------------------------------------------

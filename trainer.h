@@ -60,8 +60,11 @@
 //                              process only
 //   static const int backend_context_parallel;  1: its model_forward_backward runs a
 //                              context-parallel group's pieces of the rows
-//                              (--context_parallel, fsdp.h's context group); | 2: with
-//                              --s2_attn too (the unpadded rows' groups); 0: refused
+//                              (--context_parallel, fsdp.h's context group), its
+//                              model_forward (evaluation) too, its carries this rank's
+//                              positions only (B T / P a layer); 1: with every option the
+//                              CPU trainer runs (--s2_attn, sampling, ...); 2: with what its
+//                              tests cover so far (parse_args refuses the rest); 0: refused
 //   static const char *const backend_precisions[];  the --precision values it runs,
 //                              its default first
 //   static const char *const backend_collectives[]; the --collectives values it runs,
@@ -342,7 +345,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
     {"top_p", OPT_FLOAT, &(tc)->top_p, "0.9", "nucleus sampling: draw from the smallest set of tokens with this much probability", 0, 1}, \
     {"sharding_strategy", OPT_STR, &(tc)->sharding_strategy, "FULL_SHARD", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD: how the ranks (mpirun -np W, torchrun, dev/launch.sh W) share the model (one process: no effect)", 0, 0}, \
-    {"context_parallel", OPT_INT, &(tc)->context_parallel, "1", "context parallelism: groups of this many consecutive ranks hold different positions of the same rows (each row padded to a multiple of 2P and cut in 2P pieces, rank r taking pieces r and 2P-1-r; with --chunk_size C, in pieces of C, P to a group, in alternating order), each rank keeping its own positions' keys and values and gathering every rank's per layer (docs/long_context.md); it divides the world size, the rest is data parallelism (CPU trainer)", 1, 1 << 20}, \
+    {"context_parallel", OPT_INT, &(tc)->context_parallel, "1", "context parallelism: groups of this many consecutive ranks hold different positions of the same rows (each row padded to a multiple of 2P and cut in 2P pieces, rank r taking pieces r and 2P-1-r; with --chunk_size C, in pieces of C, P to a group, in alternating order), each rank keeping its own positions' keys and values and gathering every rank's per layer (docs/long_context.md); it divides the world size, the rest is data parallelism", 1, 1 << 20}, \
     {"shard_group", OPT_INT, &(tc)->shard_group, "0", "HYBRID_SHARD: ranks per shard group, a divisor of the world size (0: the ranks of one node)", 0, 1 << 20}, \
     {"export_hf", OPT_STR, &(tc)->export_hf, "", "with --resume: write that checkpoint as a Hugging Face model (full fine-tuning) or PEFT adapter (LoRA) into this folder, then exit", 0, 0}, \
     {"export_gguf", OPT_STR, &(tc)->export_gguf, "", "also write the trained model as GGUF for llama.cpp and ollama to this file: full fine-tuning's weights, or the base with the LoRA adapter merged in (DoRA and QLoRA too); with --resume: that checkpoint's, then exit (docs/export.md)", 0, 0}, \
@@ -551,15 +554,21 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         fprintf(stderr, "error: --context_parallel is not supported yet by this trainer (train_llama2, the CPU trainer, has it)\n");
         return -1;
     }
-    if (tc->context_parallel > 1 && tc->s2_attn && !(backend_context_parallel & 2)) { // (the groups of the unpadded rows)
-        fprintf(stderr, "error: --context_parallel with --s2_attn is not supported yet by this trainer (train_llama2, the CPU "
-                "trainer, has it)\n");
-        return -1;
-    }
     // (a prefix moves the carry's rows, which the context group gathers from; pure bf16's rounding of
     // each rank's part assumes ranks hold whole rows: neither is tested with context parallelism)
     if (tc->context_parallel > 1 && (!strcmp(tc->peft_method, "prefix") || tc->pure_bf16)) {
         fprintf(stderr, "error: --context_parallel with %s is not supported yet\n", tc->pure_bf16 ? "--pure_bf16" : "--peft_method prefix");
+        return -1;
+    }
+    // the CUDA trainer's (2): what its tests cover so far
+    const char *untested = tc->s2_attn ? "--s2_attn" : tc->quant_type != QUANT_NONE ? "--quantize"
+                         : tc->use_dora ? "--use_dora" : strcmp(tc->peft_method, "lora") ? "--peft_method other than lora"
+                         : tc->trainable_params[0] ? "--trainable_params" : tc->cpu_offload ? "--cpu_offload"
+                         : strcmp(tc->sharding_strategy, "NO_SHARD") && strcmp(tc->sharding_strategy, "FULL_SHARD")
+                             ? "--sharding_strategy other than NO_SHARD and FULL_SHARD" : NULL;
+    if (tc->context_parallel > 1 && backend_context_parallel == 2 && untested) {
+        fprintf(stderr, "error: --context_parallel with %s is not supported yet by this trainer (train_llama2, the CPU "
+                "trainer, has it)\n", untested);
         return -1;
     }
     int chunk = tc->chunk_size ? tc->chunk_size : tc->max_seq_len;

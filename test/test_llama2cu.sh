@@ -10,7 +10,8 @@
 #    --precision fp16 plans the bytes of bf16.
 #    --collectives: auto (the default, shown in --help), nccl and host run; another
 #    value is refused naming the option; two ranks (dev/launch.sh 2) plan with host.
-#    --context_parallel is refused (not supported yet).
+#    --context_parallel 2 plans each rank's own positions in its carries and one gathered
+#    layer; what it has not been tested with yet is refused (--use_dora).
 #    --quantize (QLoRA) plans the 4-bit runs and a one-layer scratch, and over two
 #    ranks each rank's shards of the runs; --trainable_params embed,norm plans its trained copies;
 #    --pure_bf16 plans Llama-2-7B's bf16 weights, gradients and state (8 bytes a parameter, 10 with
@@ -116,16 +117,30 @@ rc=$?
 [ $rc -eq 2 ] && grep -q -- "--pure_bf16 keeps the weights in bf16 on the GPU: give it with --precision bf16" "$TMP/pb.log"
 check "--pure_bf16 with --precision fp32 is refused, naming the precision it needs" $? "exit $rc: $(tail -2 "$TMP/pb.log")"
 
-# --context_parallel: the CPU trainer's only, refused here before anything is loaded
-./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --context_parallel 2 >"$TMP/cp.log" 2>&1
+# --context_parallel: what the CUDA trainer has not been tested with yet is refused before anything is loaded
+./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --context_parallel 2 --use_dora >"$TMP/cp.log" 2>&1
 rc=$?
-[ $rc -ne 0 ] && grep -q -- "--context_parallel is not supported yet by this trainer" "$TMP/cp.log"
-check "--context_parallel is refused: not supported yet" $? "exit $rc: $(tail -2 "$TMP/cp.log")"
+[ $rc -ne 0 ] && grep -q -- "--context_parallel with --use_dora is not supported yet by this trainer" "$TMP/cp.log"
+check "--context_parallel with --use_dora is refused: not supported yet" $? "exit $rc: $(tail -2 "$TMP/cp.log")"
 # QLoRA's plan of Llama-2-7B in bf16: the layers' runs (3187.0 MiB, as test_cli.sh works them out
 # for the CPU trainer), one layer to dequantize into (4 (4096, 4096) + 3 (11008, 4096) + 2 norms of
 # 4096: 202383360 elements, 386.0 MiB), and the rest in bf16 (the embedding and lm_head, (32000,
 # 4096) each, and the final norm: 262148096 elements, 500.0 MiB): 4073.0 MiB, not the 12852.5 of bf16
 mkdir -p "$TMP/7b"; cp test/fixtures/configs/llama-2-7b/config.json "$TMP/7b/"
+# --context_parallel 2 (dev/launch.sh 2; docs/long_context.md): each rank's carries hold its own positions.
+# Llama-2-7B LoRA in bf16, the data's longest row of 49 tokens padded to 52 (a multiple of 2P): the
+# carries 4 L (52 / 2) NKV hd = 4 x 32 x 26 x 4096 bf16 (26.0 MiB), one layer's gathered K, V, dK, dV
+# 4 x 52 x 4096 bf16 (1.625 MiB) and the collectives' fp32 stages (52 + 26) x 4096 (1.22 MiB): 28.8 MiB,
+# against one process's 4 x 32 x 49 x 4096 bf16, 49.0 MiB
+for P in 1 2; do
+    dev/launch.sh $P ./train_llama2cu --model "$TMP/7b" --random_init --tokenizer test/fixtures/tiny_gqa/tokenizer.model \
+        --data test/fixtures/data.jsonl --max_seq_len 4096 --batch_size 1 --context_parallel $P --collectives host --dry_run \
+        --output_dir "$TMP/out" >"$TMP/cp$P.log" 2>&1
+done
+plan_line "$TMP/cp1.log" "KV and dKV carry" | grep -qE " 49\.0 MiB" && plan_line "$TMP/cp2.log" "KV and dKV carry" | grep -qE " 28\.8 MiB" &&
+    grep -q "context-parallel pieces of 13" "$TMP/cp2.log"
+check "--context_parallel 2 plans each rank's own positions and one gathered layer: 28.8 MiB of carries, one process's 49.0" $? \
+    "$(plan_line "$TMP/cp1.log" "KV and dKV carry"); $(plan_line "$TMP/cp2.log" "KV and dKV carry")"
 QARGS=(--model "$TMP/7b" --random_init --tokenizer test/fixtures/tiny_gqa/tokenizer.model --data test/fixtures/data.jsonl
        --max_seq_len 24 --quantize nf4 --lora_target_modules all-linear --dry_run --output_dir "$TMP/out")
 ./train_llama2cu "${QARGS[@]}" >"$TMP/qlora.log" 2>&1

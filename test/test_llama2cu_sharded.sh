@@ -34,12 +34,8 @@
 set -u
 cd "$(dirname "$0")/.."
 SUITE="llama2cu sharded"
-source test/train_helpers.sh # BIN (the CPU trainer), TMP, check, trajectory_diff
-EMU_BIN=${EMU_BIN:-./train_llama2cu_emu}
-if [ ! -x "$EMU_BIN" ]; then
-    echo "SKIP train_llama2cu over several ranks: no emulated build at $EMU_BIN (make train_llama2cu_emu; or set EMU_BIN)"
-    exit 0
-fi
+source test/train_helpers.sh # BIN (the CPU trainer), TMP, check, trajectory_diff, need_emu
+need_emu "train_llama2cu over several ranks" # EMU_BIN
 compare="$(dirname "$BIN")/test/st_compare"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
 export LLAMA2TUNE_TIMEOUT=60 LAUNCH_GRACE=20

@@ -11,6 +11,13 @@ fails=0
 check() { # check NAME CONDITION-EXIT-CODE DETAIL
     if [ "$2" -eq 0 ]; then echo "ok $SUITE: $1"; else echo "FAIL $SUITE: $1: $3"; fails=$((fails + 1)); fi
 }
+need_emu() { # need_emu WHAT: EMU_BIN, the emulated CUDA trainer (default ./train_llama2cu_emu), or SKIP WHAT and exit 0
+    EMU_BIN=${EMU_BIN:-./train_llama2cu_emu}
+    if [ ! -x "$EMU_BIN" ]; then
+        echo "SKIP $1: no emulated build at $EMU_BIN (make train_llama2cu_emu; or set EMU_BIN)"
+        exit 0
+    fi
+}
 run() { # run DIR STEPS [extra args]: output in DIR, metrics in DIR.jsonl, log in DIR.log
     local dir=$1 steps=$2; shift 2
     "$BIN" "${ARGS[@]}" --max_steps "$steps" --output_dir "$dir" --metrics_file "$dir.jsonl" "$@" >"$dir.log" 2>&1

@@ -7,17 +7,20 @@
 #include "common.cuh"
 #include "../../layers.cuh"
 
-template <typename T> void check_accumulate(size_t n, bool timed) {
-    char shape[64];
+// out (T) += x (X): X = T, or fp32 sums into a bf16 out (context parallelism's dKV carry, one rounding)
+template <typename T, typename X = T> void check_accumulate(size_t n, bool timed) {
+    char shape[64], types[32];
     snprintf(shape, sizeof shape, "n=%zu", n);
-    std::vector<float> out = rounded<T>(random_vector(n)), x = rounded<T>(random_vector(n));
-    T *d_out = to_device<T>(out), *d_x = to_device<T>(x);
+    snprintf(types, sizeof types, "%s+%s", type_name<T>(), type_name<X>());
+    std::vector<float> out = rounded<T>(random_vector(n)), x = rounded<X>(random_vector(n));
+    T *d_out = to_device<T>(out);
+    X *d_x = to_device<X>(x);
     for (size_t i = 0; i < n; i++) out[i] = to_float(from_float<T>(out[i] + x[i]));
     accumulate(d_out, d_x, n, 0);
-    check("accumulate", type_name<T>(), "out", shape, to_host(d_out, n), out, 0.0);
+    check("accumulate", types, "out", shape, to_host(d_out, n), out, 0.0);
     if (timed) {
         float ms = time_ms([&] { accumulate(d_out, d_x, n, 0); });
-        report_time("accumulate", type_name<T>(), shape, ms, 3.0 * n * sizeof(T));
+        report_time("accumulate", types, shape, ms, (2.0 * sizeof(T) + sizeof(X)) * n);
     }
     free_device();
 }
@@ -76,6 +79,7 @@ int main(int argc, char **argv) {
         bool timed = i == 3;
         check_accumulate<float>(sizes[i], timed);
         check_accumulate<__nv_bfloat16>(sizes[i], timed);
+        check_accumulate<__nv_bfloat16, float>(sizes[i], timed);
         check_convert(sizes[i], timed);
         check_pure_bf16(sizes[i], timed);
     }
