@@ -1779,11 +1779,8 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
         if (export_gguf_adapter(h, tc->export_gguf_adapter, tc->gguf_ftype) != 0) return 1;
         printf("saved the adapter as a llama.cpp GGUF adapter (%s) to %s\n", tc->gguf_type, tc->export_gguf_adapter);
     }
-    // a base the GPU holds alone is read again for the merge, and full fine-tuning's weights back
-    // for the GGUF writer, which takes them whole (a copy in host memory until the end)
+    // a base the GPU holds alone is read again for the merge (a copy in host memory until the end)
     if (merge && h->base_deferred && model_load_base(h, "loading the base weights to merge the adapter into") != 0) return 1;
-    if (!h->use_lora && h->weights_get && tc->export_gguf[0] &&
-        model_fill(h, "reading the weights back for the GGUF export", h->weights_get, h->weights_ctx) != 0) return 1;
     float *saved = merge ? model_merge_adapter(h, !h->base_deferred) : NULL;
     int rc = 0;
     if (dir && h->use_lora && tc->merge_adapter) {
@@ -1797,7 +1794,7 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
         if (!rc) printf("saved the model%s as GGUF (%s) to %s\n", h->use_lora ? " with the adapter merged in" : "", tc->gguf_type, tc->export_gguf);
     }
     if (merge) model_unmerge_adapter(h, saved);
-    if (h->base_deferred) free(h->params), h->params = NULL;
+    if (merge && h->base_deferred) free(h->params), h->params = NULL;
     return rc;
 }
 
