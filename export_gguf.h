@@ -169,7 +169,7 @@ static int gguf_llama_vocab(GgufWriter *w, const char *tokpath, const JsonValue 
 }
 
 // The model m (m->params whole: the fine-tuned weights, or the base with the adapter merged
-// in) as GGUF at path, its type gtype (an index of gguf_type_names); model_dir's config.json
+// in; or, where the backend keeps them, read through weights_get a row at a time) as GGUF at path, its type gtype (an index of gguf_type_names); model_dir's config.json
 // (config_json_load) says which keys the converter would write, tokpath is the vocabulary. 0 ok, -1 with a message.
 static int export_gguf_model(const HostModel *m, const char *path, const char *model_dir, const char *tokpath, int gtype) {
     const Config *c = &m->config;
@@ -217,6 +217,7 @@ static int export_gguf_model(const HostModel *m, const char *path, const char *m
     }
     float *ptrs[NUM_PARAM_TENSORS];
     param_tensors(&m->w, ptrs);
+    TensorRef *refs = (TensorRef *)callocCheck((size_t)NUM_PARAM_TENSORS * c->n_layers, sizeof(TensorRef)), *ref = refs;
     int order[NUM_PARAM_TENSORS] = {P_EMBED, P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_MLP_NORM, P_WGATE, P_WUP, P_WDOWN, P_NORM, P_HEAD};
     for (int pass = 0; pass < 3 && rc == 0; pass++) // the embedding, the layers, the final norm and head
         for (int l = 0; l < (pass == 1 ? c->n_layers : 1) && rc == 0; l++)
@@ -229,13 +230,18 @@ static int export_gguf_model(const HostModel *m, const char *path, const char *m
                 snprintf(name, sizeof name - 8, gguf_param_names[p], l);
                 strcat(name, ".weight");
                 uint64_t ne[2] = {(uint64_t)cols, (uint64_t)rows};
-                int vec = rows == 1;
-                rc = gguf_add_tensor(&w, name, vec ? GGML_F32 : gguf_weight_type(gtype, cols), vec ? 1 : 2, ne,
-                                     ptrs[p] + (size_t)l * rows * cols, p == P_WQ ? qmap : p == P_WK ? kmap : NULL);
+                int vec = rows == 1, type = vec ? GGML_F32 : gguf_weight_type(gtype, cols);
+                const int *map = p == P_WQ ? qmap : p == P_WK ? kmap : NULL;
+                if (m->params) rc = gguf_add_tensor(&w, name, type, vec ? 1 : 2, ne, ptrs[p] + (size_t)l * rows * cols, map);
+                else { // (the backend's)
+                    ref->m = m;
+                    param_unit(c, p, l, &ref->u, &ref->j);
+                    rc = gguf_add_tensor_fill(&w, name, type, vec ? 1 : 2, ne, tensor_fill, ref++, map);
+                }
             }
     if (rc == 0) rc = gguf_write(&w, path);
     gguf_free(&w);
-    free(qmap); free(kmap); free(freqs);
+    free(qmap); free(kmap); free(freqs); free(refs);
     return rc;
 }
 

@@ -481,11 +481,18 @@ typedef struct {
     int double_quant;         // (set before loading) the absmax values in 8 bits too
     int align_blocks;         // (set before loading) AdamW8bit's sharded full fine-tuning: shards of whole blocks (model_align_blocks)
     // the base weights read later, where the backend keeps them (model_stream_base: the CUDA
-    // trainer's LoRA), not held here: from the checkpoint folder base_dir, or drawn (random_init)
+    // trainer's LoRA and full fine-tuning), not held here: from the checkpoint folder base_dir, or
+    // drawn (random_init)
     int base_deferred, base_random;
     int saved_from_base;      // --trainable_params' copies start as the base's, which model_stream_base reads
     const char *base_dir;
     uint64_t base_seed;
+    int base_keep;            // (set before model_stream_base) keep the source open after: model_base_read
+    struct BaseSource *base;  // that source, open (NULL: none kept)
+    // full fine-tuning's weights where the backend keeps them (base_deferred): elements [first,
+    // first + count) of tensor j of unit u into dst (fsdp.h's FsdpReadFn), for a save; NULL: params
+    FsdpReadFn weights_get;
+    void *weights_ctx;
     size_t run_offset[LAYER_TENSORS]; // where each tensor of a layer lies in the layer's run
     size_t run_bytes;         // one layer's run (the same for every layer)
     uint8_t *quant_bytes;     // whole: every layer's run, one after another (L * run_bytes)
@@ -497,7 +504,9 @@ static int host_sharded(const HostModel *h) { return h->units.n_shards > 1; }
 // a prefix's virtual positions ahead of every sequence in the KV carry (prefix tuning; 0: none)
 static inline int host_prefix(const HostModel *h) { return h->use_lora ? h->lora.prefix : 0; }
 
+static void model_base_free(HostModel *h);
 static void host_model_free(HostModel *h) {
+    model_base_free(h);
     free(h->quant_bytes);
     free(h->quant_shards);
     free(h->params);
@@ -923,24 +932,35 @@ static int model_init_random(HostModel *m, const char *dir, uint64_t seed, int r
 
 // Where a model's base weights come from when they are read after the model is set up
 // (base_deferred): the checkpoint folder, opened again and checked against the units, or
-// the random draw. *read and *ctx read a tensor's elements as model_fill takes them.
-typedef struct { Weights sm; FsdpCheckpoint ck; RandomWeights rw; int open; } BaseSource;
-static int model_base_open(const HostModel *m, BaseSource *b, FsdpReadFn *read, void **ctx) {
+// the random draw. read(ctx, ...) reads a tensor's elements as model_fill takes them.
+typedef struct BaseSource { Weights sm; FsdpCheckpoint ck; RandomWeights rw; int open; FsdpReadFn read; void *ctx; } BaseSource;
+static int model_base_open(const HostModel *m, BaseSource *b) {
     memset(b, 0, sizeof *b);
     if (m->base_random) {
         b->rw = (RandomWeights){&m->units, m->base_seed, m->config.init_std};
-        *read = random_tensor, *ctx = &b->rw;
+        b->read = random_tensor, b->ctx = &b->rw;
         return 0;
     }
     if (weights_open(&b->sm, m->base_dir) != 0) return -1;
     b->open = 1;
     if (fsdp_check_model(&m->units, &b->sm) != 0) { weights_close(&b->sm); return -1; }
     b->ck = (FsdpCheckpoint){&m->units, &b->sm};
-    *read = fsdp_read_checkpoint, *ctx = &b->ck;
+    b->read = fsdp_read_checkpoint, b->ctx = &b->ck;
     return 0;
 }
 static void model_base_close(BaseSource *b) {
     if (b->open) weights_close(&b->sm);
+}
+static void model_base_free(HostModel *h) {
+    if (h->base) model_base_close(h->base);
+    free(h->base);
+    h->base = NULL;
+}
+// elements [first, first + count) of tensor j of unit u of the base weights, from the source
+// model_stream_base kept open (base_keep: the files stay readable when a later checkpoint
+// rotation deletes them). 0 ok, -1 with a message.
+static int model_base_read(const HostModel *m, int u, int j, size_t first, size_t count, float *dst) {
+    return m->base->read(m->base->ctx, u, j, first, count, dst);
 }
 
 // --trainable_params: which saved tensor (lora_saved's k) tensor j of unit u is, -1 none: the
@@ -958,14 +978,13 @@ static int model_saved_index(const HostModel *h, int u, int j) {
 // count, src) and its buffer reused after: the CUDA trainer uploads them, so the model is
 // never whole in host memory (a tied model's embedding is read whole, to check a stored
 // lm_head against it, as model_load does). With saved_from_base the trained copies of
-// --trainable_params start as the pieces they read (model_saved_copy's, streamed). 0 ok, -1 with a message.
+// --trainable_params start as the pieces they read (model_saved_copy's, streamed). With
+// base_keep the source stays open after (model_base_read). 0 ok, -1 with a message.
 #define MODEL_STREAM_PIECE ((size_t)1 << 24)
 typedef void (*ModelPutFn)(void *ctx, int unit, int tensor, size_t first, size_t count, const float *src);
 static int model_stream_base(HostModel *m, ModelPutFn put, void *put_ctx) {
-    BaseSource b;
-    FsdpReadFn read;
-    void *ctx;
-    if (model_base_open(m, &b, &read, &ctx) != 0) return -1;
+    BaseSource *b = (BaseSource *)mallocCheck(sizeof *b);
+    if (model_base_open(m, b) != 0) { free(b); return -1; }
     float *piece = (float *)mallocCheck(MODEL_STREAM_PIECE * sizeof(float));
     Progress bar = progress_begin(stderr, "loading the weights", m->num_params / 1e6, "M params");
     double done = 0;
@@ -973,13 +992,13 @@ static int model_stream_base(HostModel *m, ModelPutFn put, void *put_ctx) {
     for (int i = 0; i < m->units.n_units && rc == 0; i++)
         for (int j = 0; j < m->units.units[i].n_tensors && rc == 0; j++) {
             size_t n = m->units.units[i].tensors[j].numel;
-            int whole = i == 0 && m->config.tied && b.open; // the embedding, which a stored lm_head must equal
+            int whole = i == 0 && m->config.tied && b->open; // the embedding, which a stored lm_head must equal
             float *buf = whole ? (float *)mallocCheck(n * sizeof(float)) : piece;
             size_t step = whole ? n : MODEL_STREAM_PIECE;
             for (size_t first = 0; first < n && rc == 0; first += step) {
                 size_t count = n - first < step ? n - first : step;
-                rc = read(ctx, i, j, first, count, buf);
-                if (rc == 0 && whole) rc = fsdp_check_tied_head(&b.sm, 0, n, buf);
+                rc = b->read(b->ctx, i, j, first, count, buf);
+                if (rc == 0 && whole) rc = fsdp_check_tied_head(&b->sm, 0, n, buf);
                 if (rc == 0) put(put_ctx, i, j, first, count, buf);
                 float *saved = m->saved_from_base ? lora_saved(&m->lora, m->lora.params, model_saved_index(m, i, j), NULL) : NULL;
                 if (rc == 0 && saved) memcpy(saved + first, buf, count * sizeof(float));
@@ -989,7 +1008,8 @@ static int model_stream_base(HostModel *m, ModelPutFn put, void *put_ctx) {
         }
     if (rc == 0) progress_end(&bar, m->num_params / 1e6);
     free(piece);
-    model_base_close(&b);
+    if (rc == 0 && m->base_keep) m->base = b;
+    else model_base_close(b), free(b);
     return rc;
 }
 
@@ -997,10 +1017,8 @@ static int model_stream_base(HostModel *m, ModelPutFn put, void *put_ctx) {
 // what needs them on the host once, a merged export. 0 ok, -1 with a message.
 static int model_load_base(HostModel *m, const char *what) {
     BaseSource b;
-    FsdpReadFn read;
-    void *ctx;
-    if (model_base_open(m, &b, &read, &ctx) != 0) return -1;
-    int rc = model_fill(m, what, read, ctx);
+    if (model_base_open(m, &b) != 0) return -1;
+    int rc = model_fill(m, what, b.read, b.ctx);
     model_base_close(&b);
     return rc;
 }
@@ -1070,7 +1088,7 @@ static int config_json_load(const Config *c, const char *model_dir, JsonValue *o
 // full fine-tuning output: a Hugging Face folder (config.json, copied from the
 // input's or else written from the model's, and the tokenizer, tokenizer.model or
 // tokenizer.json, copied from the inputs, model.safetensors in F32 with the
-// standard names)
+// standard names, from m->params or, where the backend keeps the weights, weights_get)
 static int copy_file(const char *from, const char *to) {
     size_t len;
     char *buf = read_file(from, &len);
@@ -1078,6 +1096,18 @@ static int copy_file(const char *from, const char *to) {
     int rc = write_bytes_atomic(to, buf, len);
     free(buf);
     return rc;
+}
+
+// the unit u and its tensor j that holds layer l of tensor type p (model_units' order)
+static void param_unit(const Config *c, int p, int l, int *u, int *j) {
+    *u = p == P_EMBED ? 0 : param_per_layer(p) ? 1 + l : c->n_layers + 1;
+    *j = param_per_layer(p) ? p - P_ATTN_NORM : p == P_HEAD;
+}
+// a tensor of a model whose weights the backend keeps (weights_get), written a staging buffer at a time (StFillFn)
+typedef struct { const HostModel *m; int u, j; } TensorRef;
+static int tensor_fill(void *ctx, size_t first, size_t count, void *dst) {
+    const TensorRef *r = (const TensorRef *)ctx;
+    return r->m->weights_get(r->m->weights_ctx, r->u, r->j, first, count, (float *)dst);
 }
 
 static int model_save_hf(const HostModel *m, const char *dir, const char *model_dir, const char *tokpath) {
@@ -1090,6 +1120,7 @@ static int model_save_hf(const HostModel *m, const char *dir, const char *model_
     param_tensors(&m->w, ptrs);
     int cap = NUM_PARAM_TENSORS * c->n_layers, n = 0;
     StWriteTensor *ts = (StWriteTensor *)callocCheck(cap, sizeof(StWriteTensor));
+    TensorRef *refs = (TensorRef *)callocCheck(cap, sizeof(TensorRef));
     char (*names)[128] = (char (*)[128])mallocCheck((size_t)cap * 128);
     for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
         if (p == P_HEAD && c->tied) continue;
@@ -1102,14 +1133,19 @@ static int model_save_hf(const HostModel *m, const char *dir, const char *model_
             ts[n].ndim = rows == 1 ? 1 : 2;
             ts[n].shape[0] = rows == 1 ? cols : rows;
             ts[n].shape[1] = cols;
-            ts[n].data = ptrs[p] + (size_t)l * rows * cols;
+            if (m->params) ts[n].data = ptrs[p] + (size_t)l * rows * cols;
+            else { // (the backend's: read back as it is written)
+                refs[n].m = m;
+                param_unit(c, p, l, &refs[n].u, &refs[n].j);
+                ts[n].fill = tensor_fill, ts[n].ctx = &refs[n];
+            }
         }
     }
     char path[4096], from[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     const char *meta[2] = {"format", "pt"};
     int rc = st_write(path, ts, n, meta, 1);
-    free(ts); free(names);
+    free(ts); free(refs); free(names);
     snprintf(from, sizeof from, "%s/config.json", model_dir);
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (rc == 0) rc = access(from, F_OK) == 0 ? copy_file(from, path) : config_save(c, path);

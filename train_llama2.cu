@@ -673,8 +673,32 @@ static void offload_free(Model *m) {
 // a piece of a frozen base weight from the host (model_stream_base) into its place in d.weights
 template <typename floatX> void weights_put(void *ctx, int u, int j, size_t first, size_t count, const float *src) {
     Model *m = (Model *)ctx;
-    upload(buffers<floatX>(m).weights + weight_offset(&m->host, u, j) + first, src, count, m->stream);
+    upload(buffers<floatX>(m).weights + weight_offset(&m->host, u, j) + first, src, count, m->stream, m->upload_stage);
     cudaCheck(cudaStreamSynchronize(m->stream)); // (src is the next piece's buffer)
+}
+// Full fine-tuning's base streamed (model_stream_base), a piece at a time: a unit that trains
+// into its masters (model_tensor_offset_from's layout of the trainable units), and into the
+// weights the matmuls read where those are not the masters' copy made after (--freeze_layers),
+// or are the parameters (--pure_bf16, rounded to bf16 as they go up, as model_round_bf16 rounds)
+template <typename floatX> void masters_put(void *ctx, int u, int j, size_t first, size_t count, const float *src) {
+    Model *m = (Model *)ctx;
+    const HostModel *h = &m->host;
+    if (!m->pure_bf16 && u >= h->frozen_units)
+        upload(m->params + model_tensor_offset_from(&h->config, h->frozen_units, u, j) + first, src, count, m->stream);
+    if (m->pure_bf16 || h->frozen_units) weights_put<floatX>(ctx, u, j, first, count, src);
+    cudaCheck(cudaStreamSynchronize(m->stream));
+}
+// ... and back, for a save (host.weights_get): the masters, --pure_bf16's bf16 weights, or a
+// frozen unit's from the files it came from (model_base_read: the GPU has them in bf16 alone)
+static int masters_get(void *ctx, int u, int j, size_t first, size_t count, float *dst) {
+    Model *m = (Model *)ctx;
+    const HostModel *h = &m->host;
+    if (m->pure_bf16) download(dst, m->b16.weights + model_tensor_offset(&h->config, u, j) + first, count, m->stream, m->upload_stage);
+    else if (u < h->frozen_units) return model_base_read(h, u, j, first, count, dst);
+    else cudaCheck(cudaMemcpyAsync(dst, m->params + model_tensor_offset_from(&h->config, h->frozen_units, u, j) + first,
+                                   count * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    return 0;
 }
 
 // Device buffers for micro-batches of up to B rows of T tokens, run in chunks of
@@ -718,12 +742,20 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         }
         model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
         // the trainable masters, then the weights the matmuls read; a streamed base first, as it
-        // seeds the trained copies of --trainable_params (model_stream_base)
+        // seeds the trained copies of --trainable_params (model_stream_base), or full fine-tuning's
+        // masters (and what masters_put puts beside them), which saves read back (masters_get)
         cudaStream_t st = m->stream;
-        if (h->base_deferred && model_stream_base(&m->host, weights_put<floatX>, m) != 0) exit(1); // (it said why)
+        bool streamed = h->base_deferred && h->full_finetune;
+        if (streamed) {
+            if (m->pure_bf16 && !h->frozen_units) d.weights = d.params_lo; // (the parameters)
+            h->base_keep = h->frozen_units && !m->pure_bf16; // (masters_get reads the frozen units' there)
+            h->weights_get = masters_get, h->weights_ctx = m;
+        }
+        if (h->base_deferred && model_stream_base(&m->host, streamed ? masters_put<floatX> : weights_put<floatX>, m) != 0)
+            exit(1); // (it said why)
         if (m->cpu_offload) offload_alloc(m);
         if (h->use_lora) upload(m->params, h->lora.params, m->n_train, st);
-        else if (!m->pure_bf16) masters_upload(m); // (--pure_bf16: the weights are the parameters, uploaded below)
+        else if (!m->pure_bf16 && !streamed) masters_upload(m); // (--pure_bf16: the weights are the parameters, uploaded below)
         if (!m->cpu_offload) { // (offload_alloc zeroed the host's)
             if (m->grads) cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
             if (m->grad_acc) cudaCheck(cudaMemsetAsync(m->grad_acc, 0, m->n_train * sizeof(bf16), st));
@@ -732,13 +764,14 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
                 cudaCheck(cudaMemsetAsync(m->opt_state[i], 0, count * es, st));
             }
         }
-        if (h->full_finetune && h->frozen_units) upload(d.weights, base, n_base, st);
-        else if (h->full_finetune && m->cpu_offload) {
+        if (h->full_finetune && h->frozen_units) {
+            if (!streamed) upload(d.weights, base, n_base, st);
+        } else if (h->full_finetune && m->cpu_offload) {
             d.weights = d.params_lo;
             weights_upload(m);
         } else if (h->full_finetune) {
             if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
-            else if (m->pure_bf16) { d.weights = d.params_lo; upload(d.weights, base, n_base, st, m->upload_stage); }
+            else if (m->pure_bf16) { d.weights = d.params_lo; if (!streamed) upload(d.weights, base, n_base, st, m->upload_stage); }
             else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
         } else {
             if (h->quant_type == QUANT_NONE || m->sharded) {
@@ -1776,20 +1809,21 @@ static void model_sync_host(Model *m) {
     HostModel *h = &m->host;
     cudaStream_t st = m->stream;
     if (h->use_lora) cudaCheck(cudaMemcpyAsync(h->lora.params, m->params, m->n_train * sizeof(float), cudaMemcpyDeviceToHost, st));
-    else masters_download(m);
+    else if (!h->base_deferred) masters_download(m); // (streamed: the save reads them back, masters_get)
     cudaCheck(cudaStreamSynchronize(st));
 }
 
 // full fine-tuning's weights a resumed run read from its checkpoint (a sharded checkpoint's
 // are read after model_alloc), onto the device with the copy the matmuls read (the
-// optimizer state went there as it was read: optimizer_state_set)
+// optimizer state went there as it was read: optimizer_state_set); a streamed base is
+// the checkpoint's already (model_alloc read it from there)
 static void optimizer_sync_device(Optimizer *o) {
     Model *m = o->model;
     const HostModel *h = &m->host;
     if (h->full_finetune && m->cpu_offload) {
         masters_upload(m);
         weights_upload(m);
-    } else if (h->full_finetune) {
+    } else if (h->full_finetune && !h->base_deferred) {
         masters_upload(m); // (--pure_bf16: into the bf16 weights themselves, nothing more to copy)
         if (h->frozen_units && !m->pure_bf16) weights_refresh(m);
         else if (!m->pure_bf16) with_precision(m, [&](auto tag) {
@@ -1815,9 +1849,10 @@ static size_t model_dequant_scratch_bytes(const Model *m) {
     return m->host.units.units[fsdp_layer_unit(0)].numel * (m->fp32 ? sizeof(float) : sizeof(bf16));
 }
 static const char *const backend_memory = "GPU memory";
-// beside the GPU's plan, the host's: the host model as loaded (fp32, whole or this rank's
-// shards, and QLoRA's 4-bit runs; full fine-tuning's saves download the masters into it),
-// or for LoRA's base, which streams to the GPU, a piece of it (and a tied embedding whole),
+// beside the GPU's plan, the host's: the host model as loaded (fp32, this rank's shards,
+// and QLoRA's 4-bit runs; sharded full fine-tuning's saves download the masters into it;
+// --cpu_offload's whole), or for a base whole on one rank, which streams to the GPU (LoRA's,
+// full fine-tuning's, whose saves stream it back), a piece of it (and a tied embedding whole),
 // LoRA's weights and gradients, and the buffer a checkpoint streams the optimizer state
 // through (optimizer_state_get; none of it stays on the host); with --cpu_offload, the
 // gradients, the optimizer state, the masters when they are not the host model's weights

@@ -89,9 +89,11 @@
 //       a GPU backend uploads m->host here
 //   static const int backend_measures_free_memory;  1: model_memory_budget knows what is
 //                              free without --memory_limit; 0: --batch_size auto needs it
-//   static const int backend_streams_base;  1: a frozen base whole on one rank (LoRA) is not
-//                              loaded into m->host (base_deferred): model_alloc reads it
-//                              (model_stream_base) where the backend computes from it
+//   static const int backend_streams_base;  1: a base whole on one rank (LoRA's; full
+//                              fine-tuning's without --cpu_offload) is not loaded into m->host
+//                              (base_deferred): model_alloc reads it (model_stream_base) where
+//                              the backend computes from it, and full fine-tuning's saves read
+//                              the weights back a piece at a time through host.weights_get
 //   double model_memory_budget(Model *m, double limit);
 //       before model_alloc: the bytes the memory plan may total under --memory_limit
 //       (limit bytes; 0: none given)
@@ -136,8 +138,8 @@
 //       trainer keeps no host copy of it. get returns 0.
 //   int optimizer_state_finite(Optimizer *o);   1 when every state element is finite
 //   void model_sync_host(Model *m);
-//       before a save: the trainable weights into m->host (sharded: host.shards)
-//       (the CPU backend: nothing to do)
+//       before a save: the trainable weights into m->host (sharded: host.shards; a streamed
+//       base's: nothing, weights_get reads them) (the CPU backend: nothing to do)
 //   void optimizer_sync_device(Optimizer *o);
 //       after a checkpoint's t (and a sharded one's weights, into m->host.shards)
 //       were read into o and m (the CPU: nothing)
@@ -714,8 +716,10 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     h->quant_type = tc->quant_type;
     h->double_quant = tc->double_quant;
     h->align_blocks = tc->optim.kind == OPTIMIZER_ADAMW8BIT && tc->full_finetune;
-    // a frozen base whole on one rank, which the backend reads where it keeps it (the GPU's): none here
-    h->base_deferred = backend_streams_base && !tc->full_finetune && tc->quant_type == QUANT_NONE && G == 1;
+    // a base whole on one rank, which the backend reads where it keeps it (the GPU's): none here; but
+    // --cpu_offload's masters, which are the host's, and a sharded checkpoint read into a whole model
+    h->base_deferred = backend_streams_base && tc->quant_type == QUANT_NONE && G == 1 &&
+                       !(tc->full_finetune && (tc->cpu_offload || resume_sharded));
     h->base_dir = weights, h->base_random = tc->random_init, h->base_seed = (uint64_t)tc->seed;
     int read_now = !tc->dry_run && !h->base_deferred;
     if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, read_now);
@@ -1000,6 +1004,22 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
+// the trainable weights of a model whose backend keeps them (weights_get) all finite: read
+// back a staging buffer at a time (the frozen units' are the files')
+static int trainable_finite(const HostModel *h) {
+    size_t piece = st_staging_bytes() / sizeof(float);
+    float *buf = (float *)mallocCheck(piece * sizeof(float));
+    int finite = 1;
+    for (int i = h->frozen_units; i < h->units.n_units && finite; i++)
+        for (int j = 0; j < h->units.units[i].n_tensors && finite; j++)
+            for (size_t first = 0, n = h->units.units[i].tensors[j].numel; first < n && finite; first += piece) {
+                size_t k = n - first < piece ? n - first : piece;
+                finite = h->weights_get(h->weights_ctx, i, j, first, k, buf) == 0 && all_finite(buf, k);
+            }
+    free(buf);
+    return finite;
+}
+
 // state tensor i of an optimizer, to be saved through optimizer_state_get (StFillFn)
 typedef struct { Optimizer *o; int i; const HostModel *h; } StateRef;
 static int state_fill(void *ctx, size_t first, size_t count, void *dst) {
@@ -1115,7 +1135,8 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     size_t nw = h->use_lora ? h->lora.num_params : host_sharded(h) ? h->units.shard_numel : h->num_params;
     FsdpBuffer states[OPTIMIZER_MAX_STATES];
     StateRef refs[OPTIMIZER_MAX_STATES];
-    int n_states = optimizer_state(o, m, states, refs), bad = !all_finite(w, nw) || !optimizer_state_finite(o);
+    int finite = h->weights_get && !h->use_lora ? trainable_finite(h) : all_finite(w, nw);
+    int n_states = optimizer_state(o, m, states, refs), bad = !finite || !optimizer_state_finite(o);
     if (fsdp_any(&fs->world, bad)) {
         if (fs->world.rank == 0)
             fprintf(stderr, "error: not saving checkpoint %d: the trainable weights or the optimizer state hold NaN or inf (an update "

@@ -120,13 +120,18 @@ static inline void gguf_encode_row(int type, const float *x, uint64_t n, uint8_t
 
 // A tensor to write: fp32 values, row-major with ne[0] elements a row, encoded as type when
 // the file is written. row_map (optional): row r of the tensor is row row_map[r] of data
-// (a permutation, e.g. Llama's q/k rows); it and data must live until gguf_write.
+// (a permutation, e.g. Llama's q/k rows); it and data must live until gguf_write. Or, with
+// data NULL (gguf_add_tensor_fill), each row read as it is written: fill(ctx, first, count,
+// dst) puts elements [first, first + count) of the tensor (fp32) into dst, 0 ok.
+typedef int (*GgufFillFn)(void *ctx, size_t first, size_t count, void *dst);
 typedef struct {
     char *name;
     int type, n_dims;
     uint64_t ne[GGUF_MAX_DIMS];
     const float *data;
     const int *row_map;
+    GgufFillFn fill;
+    void *ctx;
     uint64_t offset; // in the data section (gguf_write sets it)
 } GgufTensor;
 
@@ -217,6 +222,14 @@ static inline int gguf_add_tensor(GgufWriter *w, const char *name, int type, int
     return 0;
 }
 
+// the same, its values read a row at a time as the file is written (see GgufTensor)
+static inline int gguf_add_tensor_fill(GgufWriter *w, const char *name, int type, int n_dims, const uint64_t *ne,
+                                       GgufFillFn fill, void *ctx, const int *row_map) {
+    if (gguf_add_tensor(w, name, type, n_dims, ne, NULL, row_map) != 0) return -1;
+    w->t[w->n_t - 1].fill = fill, w->t[w->n_t - 1].ctx = ctx;
+    return 0;
+}
+
 static inline uint64_t gguf__tensor_bytes(const GgufTensor *t) {
     return gguf_row_bytes(t->type, t->ne[0]) * t->ne[1] * t->ne[2] * t->ne[3];
 }
@@ -264,22 +277,28 @@ static inline int gguf__write_contents(GgufWriter *w, FILE *f) {
     }
     int rc = h.oom || fwrite(h.kv, 1, h.kv_n, f) != h.kv_n || gguf__pad(f, h.kv_n) != 0 ? -1 : 0;
     gguf_free(&h);
-    size_t most = 0;
-    for (int i = 0; i < w->n_t; i++) most = gguf_row_bytes(w->t[i].type, w->t[i].ne[0]) > most ? gguf_row_bytes(w->t[i].type, w->t[i].ne[0]) : most;
+    size_t most = 0, widest = 0;
+    for (int i = 0; i < w->n_t; i++) {
+        most = gguf_row_bytes(w->t[i].type, w->t[i].ne[0]) > most ? gguf_row_bytes(w->t[i].type, w->t[i].ne[0]) : most;
+        widest = w->t[i].ne[0] > widest ? (size_t)w->t[i].ne[0] : widest;
+    }
     uint8_t *row = (uint8_t *)malloc(most ? most : 1);
-    if (!row) return -1;
+    float *values = (float *)malloc((widest ? widest : 1) * sizeof(float)); // a filled tensor's row
+    if (!row || !values) { free(row); free(values); return -1; }
     for (int i = 0; i < w->n_t && rc == 0; i++) {
         const GgufTensor *t = &w->t[i];
         uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
         size_t rb = gguf_row_bytes(t->type, t->ne[0]);
         for (uint64_t r = 0; r < rows && rc == 0; r++) {
             uint64_t src = t->row_map ? (uint64_t)t->row_map[r] : r;
-            gguf_encode_row(t->type, t->data + src * t->ne[0], t->ne[0], row);
+            if (!t->data && t->fill(t->ctx, src * t->ne[0], t->ne[0], values) != 0) { rc = -1; break; }
+            gguf_encode_row(t->type, t->data ? t->data + src * t->ne[0] : values, t->ne[0], row);
             if (fwrite(row, 1, rb, f) != rb) rc = -1;
         }
         if (rc == 0) rc = gguf__pad(f, gguf__tensor_bytes(t));
     }
     free(row);
+    free(values);
     return rc;
 }
 

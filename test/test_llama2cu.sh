@@ -164,17 +164,23 @@ check "--quantize nf4 over two ranks plans a rank's shards of the runs and the s
 # the host's memory: Llama-2-7B full fine-tuning's plan made on a host with 4 GiB of address space
 # (ulimit -v), one process and two ranks (FULL_SHARD): a dry run allocates nothing of the model's
 # size (neither the weights nor the optimizer state, which stays on the GPU alone). The host plan:
-# the fp32 weights as loaded, 6738415616 x 4 bytes = 25705.0 MiB whole, 3369207808 x 4 = 12852.5
-# MiB a rank; the checkpoint staging buffer, 256.0 MiB. Then the run itself with
-# --host_memory_limit 20 (GiB): refused before any weight is loaded (still under the 4 GiB), with its plan.
+# one process streams the base from the files to the GPU (model_stream_base) and saves it back a
+# staging buffer at a time, so it holds a piece of 2^24 fp32 elements, 64.0 MiB, not the fp32 model
+# (6738415616 x 4 bytes = 25705.0 MiB), and its whole plan stays under 1 GiB (the piece, the
+# checkpoint staging buffer of 256.0 MiB, the tokens); a rank of two holds its shard, 3369207808 x 4
+# = 12852.5 MiB. Then the run itself with --cpu_offload 1 (whose host masters, gradients and
+# AdamW's moments take 16 bytes a parameter: 100.7 GiB) and --host_memory_limit 20 (GiB): refused before any
+# weight is loaded (still under the 4 GiB), with its plan.
 FARGS=(--model "$TMP/7b" --random_init --tokenizer test/fixtures/tiny_gqa/tokenizer.model --data test/fixtures/data.jsonl
        --max_seq_len 512 --batch_size 1 --full_finetune --activation_checkpointing --output_dir "$TMP/out")
 plan4g() { (ulimit -v 4194304; ./train_llama2cu "${@:2}" --dry_run) >"$1" 2>&1; } # plan4g LOG ARGS: a plan in 4 GiB
 plan4g "$TMP/full7b.log" "${FARGS[@]}"
 rc=$?
-[ $rc -eq 0 ] && plan_line "$TMP/full7b.log" "base weights \(fp32: held, or streamed\)" | grep -qE " 25705\.0 MiB" &&
-    plan_line "$TMP/full7b.log" "checkpoint staging" | grep -qE " 256\.0 MiB" && grep -q "^host memory plan" "$TMP/full7b.log"
-check "Llama-2-7B full fine-tuning planned in 4 GiB of address space: the host plan holds the fp32 weights and the staging buffer" $? \
+host_total=$(awk '/^host memory plan/ { h = 1 } h && /^  total/ { print $2; exit }' "$TMP/full7b.log")
+[ $rc -eq 0 ] && plan_line "$TMP/full7b.log" "base weights \(fp32: held, or streamed\)" | grep -qE " 64\.0 MiB" &&
+    plan_line "$TMP/full7b.log" "checkpoint staging" | grep -qE " 256\.0 MiB" && grep -q "^host memory plan" "$TMP/full7b.log" &&
+    awk -v t="$host_total" 'BEGIN { exit !(t + 0 > 0 && t + 0 < 1024) }'
+check "Llama-2-7B full fine-tuning planned in 4 GiB of address space: the host plan ($host_total MiB) holds a streamed piece and the staging buffer, not the fp32 model" $? \
     "exit $rc: $(grep -A5 '^host memory' "$TMP/full7b.log"; tail -2 "$TMP/full7b.log")"
 (ulimit -v 4194304; dev/launch.sh 2 ./train_llama2cu "${FARGS[@]}" --dry_run --collectives host) >"$TMP/full7b_w2.log" 2>&1
 rc=$?
@@ -218,9 +224,9 @@ for c in "0 0 52746.1" "1 0 65598.6" "0 16 77179.0"; do
     check "Llama-2-7B --pure_bf16, Kahan $1, chunks of $2 (0: whole): the plan's trainable state is $3 MiB" $? \
         "exit $rc: $(grep -A3 '^memory plan' "$TMP/pure7b.log"; tail -2 "$TMP/pure7b.log")"
 done
-(ulimit -v 4194304; ./train_llama2cu "${FARGS[@]}" --max_steps 1 --host_memory_limit 20) >"$TMP/refused.log" 2>&1
+(ulimit -v 4194304; ./train_llama2cu "${FARGS[@]}" --cpu_offload 1 --max_steps 1 --host_memory_limit 20) >"$TMP/refused.log" 2>&1
 rc=$?
-[ $rc -eq 1 ] && grep -q "^error: the host memory plan (25.4 GiB) exceeds the 20.0 GiB of --host_memory_limit" "$TMP/refused.log" &&
+[ $rc -eq 1 ] && grep -q "^error: the host memory plan (100.7 GiB) exceeds the 20.0 GiB of --host_memory_limit" "$TMP/refused.log" &&
     grep -q "^host memory plan" "$TMP/refused.log" && ! grep -q "out of memory" "$TMP/refused.log"
 check "a run whose host plan exceeds --host_memory_limit is refused with the plan, before loading" $? "exit $rc: $(tail -3 "$TMP/refused.log")"
 dev/launch.sh 2 ./train_llama2cu "${ARGS[@]}" --dry_run --output_dir "$TMP/out" --collectives host >"$TMP/w2.log" 2>&1

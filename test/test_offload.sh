@@ -13,7 +13,9 @@
 # (the running total goes up and down each chunk); fp32; fp16 (its loss scale unscaled on
 # the host); AdamW8bit; SGD with Nesterov
 # momentum; --freeze_layers 1 (the masters a copy of the trained runs); killed after step
-# 3 and resumed from checkpoint 2 == uninterrupted. Ranks (dev/launch.sh, --collectives
+# 3 and resumed from checkpoint 2 == uninterrupted (with the offload; and without it, whose
+# saves stream the weights back from the GPU and the frozen units from their files, after a
+# checkpoint rotation deleted those files). Ranks (dev/launch.sh, --collectives
 # host): W = 2 FULL_SHARD, 3 SHARD_GRAD_OP (a shard's gradient added on the host), 2
 # NO_SHARD (summed over the host's communicator); --dry_run's host plan.
 set -u
@@ -71,6 +73,18 @@ rc=0
 for f in $W1; do cmp -s "$TMP/resume/$f" "$TMP/resume-ref/$f" || rc=1; done
 grep -q "resumed from $TMP/resume/checkpoint-2 at step 2" "$TMP/resume.log" || rc=1
 check "--cpu_offload 1: killed after step 3, resumed from checkpoint 2 == uninterrupted, bit for bit" $rc "$(tail -3 "$TMP/resume.log")"
+# without it the base streams from the files to the GPU and saves stream it back, a frozen unit's
+# from the files it came from, which the run keeps open: resumed from checkpoint 2 with
+# --keep_checkpoints 1, whose rotation deletes that checkpoint when checkpoint 4 is written, before
+# the final save reads the frozen units again == the offloaded run (host masters) uninterrupted
+args=(--batch_size 4 --freeze_layers 1 --save_every 2)
+LLAMA2TUNE_FAULT=step:3 run none "$TMP/stream" "${args[@]}"
+run none "$TMP/stream" "${args[@]}" --resume "$TMP/stream" --keep_checkpoints 1
+rc=0
+for f in $W1; do cmp -s "$TMP/stream/$f" "$TMP/__freeze_layers_1-host/$f" || rc=1; done
+grep -q "resumed from $TMP/stream/checkpoint-2 at step 2" "$TMP/stream.log" && [ ! -e "$TMP/stream/checkpoint-2" ] || rc=1
+check "--freeze_layers 1 without offload: resumed from checkpoint 2, deleted by the rotation before the final save == offloaded, bit for bit" \
+    $rc "$(tail -3 "$TMP/stream.log")"
 
 # the plan: the offloaded state on the host's side, off the GPU's
 "$EMU_BIN" "${FULL[@]}" --batch_size 4 --dry_run >"$TMP/plan-dev.log" 2>&1
