@@ -3,7 +3,7 @@
 # the device, a build for the GPU that is present, every dev/cuda check
 # (validation against the CPU twins, then timing), test_llama2cu (the CUDA
 # trainer against the CPU twin; then its logits of more than 2^31 elements), dev/cuda/fsdp_nccl as one rank (where it is
-# built), W = 2 and 3 ranks sharing the GPU (test_llama2cu_sharded.sh), compute-sanitizer on the small shapes
+# built), W = 2 and 3 ranks sharing the GPU (test_llama2cu_sharded.sh, test_llama2cu_context.sh), compute-sanitizer on the small shapes
 # (memcheck on every check and on test_llama2cu --quick; racecheck on
 # attention and test_llama2cu; synccheck on attention), a short run of the
 # built-in default through train_llama2cu, --profile_dir's trace (and NVTX under nsys, where it
@@ -76,6 +76,9 @@ step "sharded on one GPU" 400 env EMU_BIN=./train_llama2cu test/test_llama2cu_sh
 # --cpu_offload 1 == without it, bit for bit, on the GPU (the host step against the kernels,
 # the unit gradients' trips to the host), one rank and several sharing the GPU
 step "cpu offload" 120 env EMU_BIN=./train_llama2cu test/test_offload.sh
+# --context_parallel 2 and 3 (and 2 x 2) with ranks sharing the GPU: == one process and the CPU
+# trainer, sampling, the refusals
+step "context parallel on one GPU" 180 env EMU_BIN=./train_llama2cu test/test_llama2cu_context.sh
 # the built-in default (a small generated model and data, LoRA), 50 steps: it trains and samples
 step "train_llama2cu default" 300 ./train_llama2cu --max_steps 50 --output_dir out/gpu_check \
     --metrics_file out/gpu_check/metrics.jsonl
