@@ -169,7 +169,7 @@ static int gguf_llama_vocab(GgufWriter *w, const char *tokpath, const JsonValue 
 }
 
 // The model m (m->params whole: the fine-tuned weights, or the base with the adapter merged
-// in; or, where the backend keeps them, read through weights_get a row at a time) as GGUF at path, its type gtype (an index of gguf_type_names); model_dir's config.json
+// in; or, where the backend keeps them, read through weights_get a block of rows at a time) as GGUF at path, its type gtype (an index of gguf_type_names); model_dir's config.json
 // (config_json_load) says which keys the converter would write, tokpath is the vocabulary. 0 ok, -1 with a message.
 static int export_gguf_model(const HostModel *m, const char *path, const char *model_dir, const char *tokpath, int gtype) {
     const Config *c = &m->config;
@@ -180,6 +180,7 @@ static int export_gguf_model(const HostModel *m, const char *path, const char *m
     if (rope && rope->type != JSON_OBJECT) rope = NULL;
     GgufWriter w;
     gguf_init(&w);
+    w.fill_bytes = st_staging_bytes(); // (the backend's weights: a staging buffer's worth of rows a read)
     gguf_kv_str(&w, "general.architecture", "llama");
     gguf_kv_str(&w, "general.type", "model");
     gguf_kv_u32(&w, "llama.block_count", (uint32_t)c->n_layers);
@@ -266,6 +267,7 @@ static int export_gguf_adapter(const HostModel *m, const char *path, int gtype) 
     if (l->saved) { fprintf(stderr, "%s\n", gguf_adapter_saved_error); return -1; }
     GgufWriter w;
     gguf_init(&w);
+    w.fill_bytes = st_staging_bytes(); // (the backend's weights: a staging buffer's worth of rows a read)
     gguf_kv_str(&w, "general.architecture", "llama");
     gguf_kv_str(&w, "general.type", "adapter");
     gguf_kv_str(&w, "adapter.type", "lora");

@@ -492,6 +492,7 @@ typedef struct {
     // full fine-tuning's weights where the backend keeps them (base_deferred): elements [first,
     // first + count) of tensor j of unit u into dst (fsdp.h's FsdpReadFn), for a save; NULL: params
     FsdpReadFn weights_get;
+    int (*weights_finite)(void *ctx); // 1 when every trainable weight it reads is finite (checked where they are)
     void *weights_ctx;
     size_t run_offset[LAYER_TENSORS]; // where each tensor of a layer lies in the layer's run
     size_t run_bytes;         // one layer's run (the same for every layer)

@@ -700,6 +700,24 @@ static int masters_get(void *ctx, int u, int j, size_t first, size_t count, floa
     cudaCheck(cudaStreamSynchronize(m->stream));
     return 0;
 }
+// ... and whether those of the units that train are all finite (host.weights_finite), without
+// the copy: each tensor's sum in double where it lies (as optimizer_state_finite checks the state)
+static int masters_finite(void *ctx) {
+    Model *m = (Model *)ctx;
+    const HostModel *h = &m->host;
+    int finite = 1;
+    for (int u = h->frozen_units; u < h->units.n_units && finite; u++)
+        for (int j = 0; j < h->units.units[u].n_tensors && finite; j++) {
+            size_t n = h->units.units[u].tensors[j].numel;
+            double sum;
+            if (m->pure_bf16) global_sum(m->grad_norm, m->b16.weights + model_tensor_offset(&h->config, u, j), n, m->stream);
+            else global_sum(m->grad_norm, m->params + model_tensor_offset_from(&h->config, h->frozen_units, u, j), n, m->stream);
+            cudaCheck(cudaMemcpyAsync(&sum, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+            cudaCheck(cudaStreamSynchronize(m->stream));
+            finite = isfinite(sum) != 0;
+        }
+    return finite;
+}
 
 // Device buffers for micro-batches of up to B rows of T tokens, run in chunks of
 // C positions (C = 0: T), and the host model (loaded by model_setup) uploaded.
@@ -749,7 +767,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         if (streamed) {
             if (m->pure_bf16 && !h->frozen_units) d.weights = d.params_lo; // (the parameters)
             h->base_keep = h->frozen_units && !m->pure_bf16; // (masters_get reads the frozen units' there)
-            h->weights_get = masters_get, h->weights_ctx = m;
+            h->weights_get = masters_get, h->weights_finite = masters_finite, h->weights_ctx = m;
         }
         if (h->base_deferred && model_stream_base(&m->host, streamed ? masters_put<floatX> : weights_put<floatX>, m) != 0)
             exit(1); // (it said why)

@@ -1004,22 +1004,6 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
-// the trainable weights of a model whose backend keeps them (weights_get) all finite: read
-// back a staging buffer at a time (the frozen units' are the files')
-static int trainable_finite(const HostModel *h) {
-    size_t piece = st_staging_bytes() / sizeof(float);
-    float *buf = (float *)mallocCheck(piece * sizeof(float));
-    int finite = 1;
-    for (int i = h->frozen_units; i < h->units.n_units && finite; i++)
-        for (int j = 0; j < h->units.units[i].n_tensors && finite; j++)
-            for (size_t first = 0, n = h->units.units[i].tensors[j].numel; first < n && finite; first += piece) {
-                size_t k = n - first < piece ? n - first : piece;
-                finite = h->weights_get(h->weights_ctx, i, j, first, k, buf) == 0 && all_finite(buf, k);
-            }
-    free(buf);
-    return finite;
-}
-
 // state tensor i of an optimizer, to be saved through optimizer_state_get (StFillFn)
 typedef struct { Optimizer *o; int i; const HostModel *h; } StateRef;
 static int state_fill(void *ctx, size_t first, size_t count, void *dst) {
@@ -1135,7 +1119,7 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     size_t nw = h->use_lora ? h->lora.num_params : host_sharded(h) ? h->units.shard_numel : h->num_params;
     FsdpBuffer states[OPTIMIZER_MAX_STATES];
     StateRef refs[OPTIMIZER_MAX_STATES];
-    int finite = h->weights_get && !h->use_lora ? trainable_finite(h) : all_finite(w, nw);
+    int finite = h->weights_get && !h->use_lora ? h->weights_finite(h->weights_ctx) : all_finite(w, nw);
     int n_states = optimizer_state(o, m, states, refs), bad = !finite || !optimizer_state_finite(o);
     if (fsdp_any(&fs->world, bad)) {
         if (fs->world.rank == 0)

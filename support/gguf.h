@@ -121,8 +121,9 @@ static inline void gguf_encode_row(int type, const float *x, uint64_t n, uint8_t
 // A tensor to write: fp32 values, row-major with ne[0] elements a row, encoded as type when
 // the file is written. row_map (optional): row r of the tensor is row row_map[r] of data
 // (a permutation, e.g. Llama's q/k rows); it and data must live until gguf_write. Or, with
-// data NULL (gguf_add_tensor_fill), each row read as it is written: fill(ctx, first, count,
-// dst) puts elements [first, first + count) of the tensor (fp32) into dst, 0 ok.
+// data NULL (gguf_add_tensor_fill), its rows read as they are written, a block of whole rows
+// at a time (GgufWriter's fill_bytes): fill(ctx, first, count, dst) puts elements
+// [first, first + count) of the tensor (fp32) into dst, 0 ok.
 typedef int (*GgufFillFn)(void *ctx, size_t first, size_t count, void *dst);
 typedef struct {
     char *name;
@@ -140,6 +141,7 @@ typedef struct {
     uint64_t n_kv;
     GgufTensor *t; int n_t, cap_t;
     int oom;
+    size_t fill_bytes; // a fill reads up to this many bytes of whole rows (at least one row; 0: one row a fill)
 } GgufWriter;
 
 static inline void gguf_init(GgufWriter *w) { memset(w, 0, sizeof *w); }
@@ -222,7 +224,7 @@ static inline int gguf_add_tensor(GgufWriter *w, const char *name, int type, int
     return 0;
 }
 
-// the same, its values read a row at a time as the file is written (see GgufTensor)
+// the same, its values read a block of rows at a time as the file is written (see GgufTensor)
 static inline int gguf_add_tensor_fill(GgufWriter *w, const char *name, int type, int n_dims, const uint64_t *ne,
                                        GgufFillFn fill, void *ctx, const int *row_map) {
     if (gguf_add_tensor(w, name, type, n_dims, ne, NULL, row_map) != 0) return -1;
@@ -255,6 +257,13 @@ static inline int gguf__pad(FILE *f, uint64_t at) {
     return n && fwrite(zeros, 1, n, f) != n ? -1 : 0;
 }
 
+// the rows of tensor t one fill reads (fill_bytes' worth, at least one; a tensor in memory: all)
+static inline uint64_t gguf__fill_rows(const GgufWriter *w, const GgufTensor *t) {
+    uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3], per = w->fill_bytes / (t->ne[0] * sizeof(float));
+    if (t->data) return rows;
+    return per < 1 ? 1 : per < rows ? per : rows;
+}
+
 // the whole file into f: header, KVs, tensor infos, padding, data (encoded a row at a time)
 static inline int gguf__write_contents(GgufWriter *w, FILE *f) {
     GgufWriter h; // the header and the tensor infos, built with the KV encoder
@@ -277,23 +286,36 @@ static inline int gguf__write_contents(GgufWriter *w, FILE *f) {
     }
     int rc = h.oom || fwrite(h.kv, 1, h.kv_n, f) != h.kv_n || gguf__pad(f, h.kv_n) != 0 ? -1 : 0;
     gguf_free(&h);
-    size_t most = 0, widest = 0;
+    size_t most = 0, block = 0; // a row's bytes; a filled tensor's block of rows, in elements
     for (int i = 0; i < w->n_t; i++) {
         most = gguf_row_bytes(w->t[i].type, w->t[i].ne[0]) > most ? gguf_row_bytes(w->t[i].type, w->t[i].ne[0]) : most;
-        widest = w->t[i].ne[0] > widest ? (size_t)w->t[i].ne[0] : widest;
+        size_t per = w->t[i].data ? 0 : gguf__fill_rows(w, &w->t[i]) * (size_t)w->t[i].ne[0];
+        block = per > block ? per : block;
     }
     uint8_t *row = (uint8_t *)malloc(most ? most : 1);
-    float *values = (float *)malloc((widest ? widest : 1) * sizeof(float)); // a filled tensor's row
+    float *values = (float *)malloc((block ? block : 1) * sizeof(float)); // a filled tensor's block
     if (!row || !values) { free(row); free(values); return -1; }
     for (int i = 0; i < w->n_t && rc == 0; i++) {
         const GgufTensor *t = &w->t[i];
-        uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
-        size_t rb = gguf_row_bytes(t->type, t->ne[0]);
-        for (uint64_t r = 0; r < rows && rc == 0; r++) {
-            uint64_t src = t->row_map ? (uint64_t)t->row_map[r] : r;
-            if (!t->data && t->fill(t->ctx, src * t->ne[0], t->ne[0], values) != 0) { rc = -1; break; }
-            gguf_encode_row(t->type, t->data ? t->data + src * t->ne[0] : values, t->ne[0], row);
-            if (fwrite(row, 1, rb, f) != rb) rc = -1;
+        uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3], per = gguf__fill_rows(w, t), n = t->ne[0];
+        size_t rb = gguf_row_bytes(t->type, n);
+        for (uint64_t r0 = 0, r1; r0 < rows && rc == 0; r0 = r1) {
+            // rows r0 .. r1 - 1 come from the source rows lo .. hi: one fill when those are
+            // exactly as many (row_map permutes within the block, as Llama's q/k within a head)
+            r1 = r0 + per < rows ? r0 + per : rows;
+            uint64_t lo = UINT64_MAX, hi = 0;
+            for (uint64_t r = r0; r < r1; r++) {
+                uint64_t src = t->row_map ? (uint64_t)t->row_map[r] : r;
+                lo = src < lo ? src : lo, hi = src > hi ? src : hi;
+            }
+            if (hi - lo + 1 != r1 - r0) r1 = r0 + 1, lo = t->row_map ? (uint64_t)t->row_map[r0] : r0; // (one row)
+            if (!t->data && t->fill(t->ctx, lo * n, (r1 - r0) * n, values) != 0) { rc = -1; break; }
+            const float *from = t->data ? t->data + lo * n : values;
+            for (uint64_t r = r0; r < r1 && rc == 0; r++) {
+                uint64_t src = t->row_map ? (uint64_t)t->row_map[r] : r;
+                gguf_encode_row(t->type, from + (src - lo) * n, n, row);
+                if (fwrite(row, 1, rb, f) != rb) rc = -1;
+            }
         }
         if (rc == 0) rc = gguf__pad(f, gguf__tensor_bytes(t));
     }

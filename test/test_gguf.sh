@@ -6,7 +6,8 @@
 #    our forward on their weights against the committed logits of transformers and llama.cpp;
 # 2. --resume CHECKPOINT alone exports that checkpoint (and trains nothing): the same bytes
 #    as the end of the run; with the emulated CUDA trainer (train_llama2cu_emu) the same bytes
-#    as the CPU trainer's, for LoRA (q8_0) and full fine-tuning (tiny_tied, bf16); the types
+#    as the CPU trainer's, for LoRA (q8_0) and full fine-tuning (tiny_tied, bf16; f32 and q8_0
+#    read back in small blocks of rows: LLAMA2TUNE_STAGING_BYTES); the types
 #    of --gguf_type; QLoRA's export (the 4-bit base dequantized) writes every weight;
 # 3. refusals: --export_gguf_adapter with DoRA and with full fine-tuning, an unknown
 #    --gguf_type, a tokenizer.json (byte-level BPE or not), each with its message.
@@ -50,8 +51,8 @@ export_both() { # export_both NAME TYPE CHECKPOINT ARGS...: both trainers export
         return
     fi
     [ "$name" = lora ] && extra=(--export_gguf_adapter "$TMP/$name.emu.adapter.gguf")
-    "$EMU_BIN" "$@" --precision fp32 --resume "$ckpt" --gguf_type "$type" --export_gguf "$TMP/$name.emu.gguf" "${extra[@]}" \
-        >"$TMP/$name.emu.log" 2>&1
+    LLAMA2TUNE_STAGING_BYTES=${STAGING:-0} "$EMU_BIN" "$@" --precision fp32 --resume "$ckpt" --gguf_type "$type" \
+        --export_gguf "$TMP/$name.emu.gguf" "${extra[@]}" >"$TMP/$name.emu.log" 2>&1
     local rc=$?
     [ $rc -eq 0 ] && cmp -s "$TMP/$name.cpu.gguf" "$TMP/$name.emu.gguf" &&
         { [ "$name" != lora ] || cmp -s "$TMP/$name.cpu.adapter.gguf" "$TMP/$name.emu.adapter.gguf"; }
@@ -62,6 +63,11 @@ FULL=(--model $FIX/tiny_tied --data $FIX/data.jsonl --max_seq_len 24 --batch_siz
 "$BIN" "${FULL[@]}" --max_steps 1 --output_dir "$TMP/full" >"$TMP/full.log" 2>&1
 check "full fine-tuning (tied) run" $? "$(tail -2 "$TMP/full.log")"
 export_both full bf16 "$TMP/full/checkpoint-1" "${FULL[@]}" --max_steps 1 --output_dir "$TMP/full"
+# the CUDA trainer reads its weights back a staging buffer of rows a fill (support/gguf.h's fill_bytes):
+# 1000 bytes is 5 rows of 48 (3 of 80), so the blocks end mid-tensor and q/k's within a head, whose rows
+# GGUF permutes, fall back to a row a fill; 3072 is a head's 16 rows of 48, so q/k's blocks are whole heads
+STAGING=1000 export_both full_f32 f32 "$TMP/full/checkpoint-1" "${FULL[@]}" --max_steps 1 --output_dir "$TMP/full"
+STAGING=3072 export_both full_q8_0 q8_0 "$TMP/full/checkpoint-1" "${FULL[@]}" --max_steps 1 --output_dir "$TMP/full"
 
 # QLoRA: the 4-bit base dequantized and the adapter merged in
 "$BIN" --model $FIX/tiny_qlora --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --threads 1 --max_steps 1 \

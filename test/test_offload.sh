@@ -17,7 +17,8 @@
 # saves stream the weights back from the GPU and the frozen units from their files, after a
 # checkpoint rotation deleted those files). Ranks (dev/launch.sh, --collectives
 # host): W = 2 FULL_SHARD, 3 SHARD_GRAD_OP (a shard's gradient added on the host), 2
-# NO_SHARD (summed over the host's communicator); --dry_run's host plan.
+# NO_SHARD (summed over the host's communicator); a NaN planted in a weight's file is not
+# saved without the offload (fp32 masters, --pure_bf16); --dry_run's host plan.
 set -u
 cd "$(dirname "$0")/.."
 SUITE="cpu offload"
@@ -85,6 +86,22 @@ for f in $W1; do cmp -s "$TMP/stream/$f" "$TMP/__freeze_layers_1-host/$f" || rc=
 grep -q "resumed from $TMP/stream/checkpoint-2 at step 2" "$TMP/stream.log" && [ ! -e "$TMP/stream/checkpoint-2" ] || rc=1
 check "--freeze_layers 1 without offload: resumed from checkpoint 2, deleted by the rotation before the final save == offloaded, bit for bit" \
     $rc "$(tail -3 "$TMP/stream.log")"
+
+# a NaN in a trained weight is never saved: without the offload the check runs on the GPU
+# (masters_finite: each tensor's sum), and says what trainer.h's check of host weights says.
+# The NaN is planted in the file (the final norm's last element, bf16 0x7fc0): every step's
+# loss is NaN and skipped, so the optimizer state stays zero and the weights alone trip it
+cp -r test/fixtures/tiny_tied "$TMP/nan_model"
+f="$TMP/nan_model/model-00002-of-00002.safetensors"
+printf '\xc0\x7f' | dd of="$f" bs=1 seek=$(($(stat -c %s "$f") - 2)) conv=notrunc status=none
+for how in "fp32 masters:" "--pure_bf16 1:--pure_bf16 1 --optimizer anyprecision"; do
+    run none "$TMP/nan" --model "$TMP/nan_model" --max_steps 2 --save_every 1 ${how#*:}
+    rc=$?
+    [ $rc -eq 1 ] && grep -q "error: not saving checkpoint 1: the trainable weights or the optimizer state hold NaN or inf" "$TMP/nan.log" &&
+        [ ! -e "$TMP/nan/checkpoint-1" ]
+    check "a NaN weight (${how%%:*}) is not saved: exit 1 at checkpoint 1 with the message" $? "exit $rc: $(grep error "$TMP/nan.log" | tail -2)"
+    rm -rf "$TMP/nan"
+done
 
 # the plan: the offloaded state on the host's side, off the GPU's
 "$EMU_BIN" "${FULL[@]}" --batch_size 4 --dry_run >"$TMP/plan-dev.log" 2>&1
