@@ -299,9 +299,6 @@ static void unit_grad_layout(Model *m, Layout *p) {
     if (m->sharded) place(p, m->grad_part, widest_trainable_shard(&m->host));
 }
 
-// the context group's size (--context_parallel; 1 without)
-static int context_size(const Model *m) { return m->fsdp && m->fsdp->context.size > 1 ? m->fsdp->context.size : 1; }
-
 // lays out one chunk's activations but its residuals, for Lk layers
 template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, ChunkActs<floatX> *s,
                                                   Layout *a) {
@@ -385,7 +382,7 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     // the carries hold the whole sequence, after a prefix's virtual positions; context parallel,
     // this rank's positions (T / P of each row), and one layer's worth of the group's gathered
     // (K, V, dK, dV at their absolute positions, and the collectives' fp32 stages: context_gather)
-    int P = context_size(m);
+    int P = fsdp_context_size(m->fsdp);
     size_t carry = L * m->B * (P > 1 ? m->T / P : positions) * KV, one = P > 1 ? m->B * positions * KV : 0;
     place(k, d.k, carry); place(k, d.v, carry); place(k, d.dk, carry); place(k, d.dv, carry);
     place(k, d.ck, one); place(k, d.cv, one); place(k, d.cdk, one); place(k, d.cdv, one);
@@ -508,7 +505,7 @@ static void comms_init(Model *m) {
     int staged = fsdp_any(&m->fsdp->world, m->device_backend == FSDP_BACKEND_STAGED);
     FsdpComm *dev[4] = {&m->dev_world, &m->dev_shard, &m->dev_replica, &m->dev_context};
     const FsdpComm *host[4] = {&m->fsdp->world, &m->fsdp->shard, &m->fsdp->replica, &m->fsdp->context};
-    for (int i = 0; i < (context_size(m) > 1 ? 4 : 3); i++) {
+    for (int i = 0; i < (fsdp_context_size(m->fsdp) > 1 ? 4 : 3); i++) {
         *dev[i] = *host[i];
         dev[i]->scratch = NULL, dev[i]->scratch_bytes = 0; // the host communicator's own
         if (staged) fsdp_staged_init(dev[i], m->comm_stream);
@@ -545,7 +542,7 @@ static void stream_after(cudaStream_t waiter, cudaStream_t stream, cudaEvent_t e
 static void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
     const HostModel *h = &m->host;
     if (C <= 0 || C > T) C = T;
-    int P = context_size(m), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
+    int P = fsdp_context_size(m->fsdp), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
     if (P > 1) { // the longest row, padded, and its pieces (context_layout); evaluation runs in pieces too
         m->context_len = C < T ? C : 0;
         context_layout(P, m->context_len, T, &T, &C);
@@ -1480,7 +1477,7 @@ static double losses_sum(Model *m, int B, int T) {
 // Returns Tp.
 static int context_begin(Model *m, const int **tokens, const int **targets, int B, int T, std::vector<int> padded[2]) {
     int Tp, len;
-    context_layout(context_size(m), m->context_len, T, &Tp, &len);
+    context_layout(fsdp_context_size(m->fsdp), m->context_len, T, &Tp, &len);
     padded[0].assign((size_t)B * Tp, 0);
     padded[1].assign((size_t)B * Tp, -100);
     for (int b = 0; b < B; b++)
@@ -1517,7 +1514,7 @@ static Chunk train_chunk(const Model *m, int B, int T, int j, int train) {
 static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
     std::vector<int> padded[2];
     int C = m->chunk_size;
-    if (context_size(m) > 1) {
+    if (fsdp_context_size(m->fsdp) > 1) {
         if (logits_out) die("internal: model_forward's logits are not gathered over the context group");
         T = context_begin(m, &tokens, &targets, B, T, padded);
     }
@@ -1556,7 +1553,7 @@ static void grads_bf16_end(Model *m) {
 static double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale) {
     std::vector<int> padded[2];
     int C = m->chunk_size;
-    if (context_size(m) > 1) T = context_begin(m, &tokens, &targets, B, T, padded);
+    if (fsdp_context_size(m->fsdp) > 1) T = context_begin(m, &tokens, &targets, B, T, padded);
     upload_batch(m, tokens, targets, B, T, false);
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
