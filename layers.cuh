@@ -265,6 +265,11 @@ inline void grads_bf16_add(__nv_bfloat16 *acc, const float *g, size_t n, cudaStr
     grads_bf16_add_kernel<<<ceil_div(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(acc, g, n);
     cudaLaunchCheck();
 }
+// ... and the same on the host (acc and g host memory: --cpu_offload's)
+inline void grads_bf16_add(__nv_bfloat16 *acc, const float *g, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) acc[i] = __float2bfloat16(bf16_grad_add(__bfloat162float(acc[i]), g[i]));
+}
 
 // ----------------------------------------------------------------------------
 // cross-entropy, fused with its gradient: one block per row of V logits
@@ -358,7 +363,7 @@ template <bool SQUARES, typename T> void sum_launch(double *out, const T *x, siz
 }
 
 // The same sum on the host, in the same order, for what lives there (--cpu_offload's
-// gradients): each thread's strided partial, then block_sum's butterflies (within a warp,
+// gradients and state): each thread's strided partial, then block_sum's butterflies (within a warp,
 // lane 0 adds its partner at offsets 16, 8, .., 1; a + b == b + a in IEEE arithmetic, so
 // every lane's pairs are lane 0's), over the warps' sums, over the blocks' partials.
 inline double warp_sum_host(const double *lanes) { // (32)
@@ -375,7 +380,7 @@ inline double block_sum_host(const double *x, int threads) { // (threads) a mult
     for (int w = 0; w < threads / 32; w++) warps[w] = warp_sum_host(x + 32 * w);
     return warp_sum_host(warps);
 }
-template <bool SQUARES> double sum_host(const float *x, size_t n) {
+template <bool SQUARES, typename T> double sum_host(const T *x, size_t n) { // (fp32, or --pure_bf16's bf16)
     int blocks = sum_blocks(n);
     size_t G = (size_t)blocks * SUM_THREADS; // the threads, each summing x[i], x[i + G], ...
     std::vector<double> acc(G, 0.0), partials(ceil_div(blocks, 32) * 32, 0.0);
@@ -383,7 +388,7 @@ template <bool SQUARES> double sum_host(const float *x, size_t n) {
     for (size_t t0 = 0; t0 < G; t0 += SUM_THREADS) // (a block's threads: contiguous reads)
         for (size_t i0 = 0; i0 + t0 < n; i0 += G)
             for (size_t t = t0; t < t0 + SUM_THREADS && i0 + t < n; t++)
-                acc[t] = SQUARES ? fma((double)x[i0 + t], (double)x[i0 + t], acc[t]) : acc[t] + x[i0 + t];
+                acc[t] = SQUARES ? fma((double)to_float(x[i0 + t]), (double)to_float(x[i0 + t]), acc[t]) : acc[t] + to_float(x[i0 + t]);
     for (int b = 0; b < blocks; b++) partials[b] = block_sum_host(&acc[(size_t)b * SUM_THREADS], SUM_THREADS);
     return block_sum_host(partials.data(), (int)partials.size());
 }

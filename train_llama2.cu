@@ -153,7 +153,7 @@ typedef struct {
     // the trainable parameters, flat (LoRA's layout, or param_layout's of the units that train), fp32 in either precision
     float *params, *grads;    // (n_train) masters and gradients (--pure_bf16: no masters; grads, a micro-batch's
                               // sum over its chunks, only in chunks: pure_bf16_chunked)
-    bf16 *grad_acc;           // (n_train) --pure_bf16: the step's gradients, bf16 (the optimizer's)
+    bf16 *grad_acc;           // (n_train) --pure_bf16: the step's gradients, bf16 (the optimizer's; offloaded, host memory)
     int n_runs;               // full fine-tuning: where the masters' runs lie in the base weights (host
     size_t run_first[NUM_PARAM_TENSORS], run_n[NUM_PARAM_TENSORS]; // and d.weights): model_trainable_runs
     OptimizerSettings optimizer; // set by the trainer before model_alloc
@@ -175,16 +175,19 @@ typedef struct {
     float *grad_part;         // a unit's gradient reduced to this rank's shard
     // --cpu_offload (full fine-tuning; docs/memory.md): params, grads and opt_state are host memory
     int cpu_offload;          // set by the trainer before model_alloc
+    bf16 *params_bf16;        // (n_train, host) --pure_bf16 offloaded: the bf16 parameters (no params; grads only in chunks)
     int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16 (--precision bf16): the bf16
                               // weights are the parameters (d.weights), no fp32 masters; a unit's fp32 gradient
                               // rounded and added into grad_acc as its backward ends (in chunks, m->grads' at the
                               // micro-batch's end); AnyPrecisionAdamW's bf16 state (docs/precision.md)
     int masters_aliased;      // params are the host model's trainable weights themselves (one run)
     uint8_t *grad_held;       // (n_units) whole: the unit's running total is on the host (its next open uploads it)
-    float *grad_stage[2];     // (widest shard, pinned) sharded: reduced shards on their way to the host
+    float *grad_stage[2];     // (offload_stage_numel, pinned) sharded: reduced shards on their way to the host;
+                              // --pure_bf16 whole, not in chunks: a unit's micro-batch gradient
     cudaEvent_t staged[2];    // each one's copy to the host
     int stage_next, stage_pending; // the stage the next shard takes; the one not yet added (-1: none)
-    size_t pending_at, pending_n;  // where in grads that one adds, and its elements
+    size_t pending_at, pending_n;  // sharded: where in grads that one adds, and its elements
+    int pending_u;            // its unit
     float *upload_stage;      // (UPLOAD_PIECE) device: fp32 on its way into the bf16/fp16 weights
     const char *collectives;  // set by the trainer before model_alloc: --collectives (auto, nccl, host)
     int device_backend;       // what set_device chose for it: FSDP_BACKEND_NCCL or FSDP_BACKEND_STAGED
@@ -609,8 +612,20 @@ static void weights_refresh(Model *m) {
         }
     });
 }
+// --pure_bf16 offloaded: the host's bf16 parameters (flat over the runs) and the GPU's bf16
+// weights, run by run, as they are (no conversion): up after a step (weights_upload), down once
+// the weights are there (model_alloc, a resume's optimizer_sync_device)
+static void params_bf16_copy(Model *m, cudaMemcpyKind kind) {
+    size_t off = 0;
+    for (int r = 0; r < m->n_runs; off += m->run_n[r++]) {
+        bf16 *dev = m->b16.weights + m->run_first[r], *host = m->params_bf16 + off;
+        bool up = kind == cudaMemcpyHostToDevice;
+        cudaCheck(cudaMemcpyAsync(up ? dev : host, up ? host : dev, m->run_n[r] * sizeof(bf16), kind, m->stream));
+    }
+}
 // --cpu_offload: the weights the matmuls read get the masters' new values from the host
 static void weights_upload(Model *m) {
+    if (m->pure_bf16) { params_bf16_copy(m, cudaMemcpyHostToDevice); return; }
     if (m->host.frozen_units) { weights_refresh(m); return; }
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
@@ -633,34 +648,57 @@ static double model_memory_budget(Model *m, double limit) {
     return limit > 0 ? std::min(limit, budget) : budget;
 }
 
+// --cpu_offload's stages, in floats each, for gradients on their way to the host (grads_to_host):
+// sharded, a reduced shard; whole with --pure_bf16 not in chunks, a unit's micro-batch gradient,
+// which the host rounds into grad_acc; else none (the running totals go straight down: grads_done)
+static size_t offload_stage_numel(const Model *m) {
+    const HostModel *h = &m->host;
+    if (m->sharded) return widest_trainable_shard(h);
+    size_t widest = 0;
+    for (int i = h->frozen_units; i < h->units.n_units && m->pure_bf16 && !pure_bf16_chunked(m); i++)
+        widest = std::max(widest, h->units.units[i].numel);
+    return widest;
+}
 // --cpu_offload's host memory (pinned, so its copies run in stream order): the masters (the
-// host model's trainable weights themselves when they are one run, else a copy), the
-// gradients and the optimizer state at zero; sharded, two stages for reduced shards
+// host model's trainable weights themselves when they are one run, else a copy; --pure_bf16:
+// the bf16 parameters, which model_alloc fetches from the GPU), the gradients (--pure_bf16: the
+// step's bf16 ones, and in chunks a micro-batch's fp32 sum) and the optimizer state at zero;
+// two stages (offload_stage_numel)
 static void offload_alloc(Model *m) {
     HostModel *h = &m->host;
-    m->masters_aliased = m->n_runs == 1;
-    if (m->masters_aliased) m->params = (m->sharded ? h->shards : h->params) + m->run_first[0];
+    m->masters_aliased = m->n_runs == 1 && !m->pure_bf16;
+    if (m->pure_bf16) cudaCheck(cudaMallocHost(&m->params_bf16, m->n_train * sizeof(bf16) + 1));
+    else if (m->masters_aliased) m->params = (m->sharded ? h->shards : h->params) + m->run_first[0];
     else cudaCheck(cudaMallocHost(&m->params, m->n_train * sizeof(float) + 1));
-    cudaCheck(cudaMallocHost(&m->grads, m->n_train * sizeof(float) + 1));
+    if (m->pure_bf16) {
+        cudaCheck(cudaMallocHost(&m->grad_acc, m->n_train * sizeof(bf16) + 1));
+        memset(m->grad_acc, 0, m->n_train * sizeof(bf16));
+    }
+    if (!m->pure_bf16 || pure_bf16_chunked(m)) {
+        cudaCheck(cudaMallocHost(&m->grads, m->n_train * sizeof(float) + 1));
+        memset(m->grads, 0, m->n_train * sizeof(float));
+    }
     for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
         size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
         cudaCheck(cudaMallocHost(&m->opt_state[i], count * es + 1));
         memset(m->opt_state[i], 0, count * es);
     }
-    memset(m->grads, 0, m->n_train * sizeof(float));
     m->grad_held = (uint8_t *)callocCheck(h->units.n_units, 1);
-    for (int b = 0; b < 2 && m->sharded; b++) {
-        cudaCheck(cudaMallocHost(&m->grad_stage[b], widest_trainable_shard(h) * sizeof(float)));
+    for (int b = 0; b < 2 && offload_stage_numel(m); b++) {
+        cudaCheck(cudaMallocHost(&m->grad_stage[b], offload_stage_numel(m) * sizeof(float)));
         cudaCheck(cudaEventCreateWithFlags(&m->staged[b], cudaEventDisableTiming));
     }
     m->stage_pending = -1;
 }
 static void offload_free(Model *m) {
     if (!m->grad_held) return; // (never allocated)
-    if (!m->masters_aliased) cudaCheck(cudaFreeHost(m->params));
-    cudaCheck(cudaFreeHost(m->grads));
+    if (m->pure_bf16) {
+        cudaCheck(cudaFreeHost(m->params_bf16));
+        cudaCheck(cudaFreeHost(m->grad_acc));
+    } else if (!m->masters_aliased) cudaCheck(cudaFreeHost(m->params));
+    if (m->grads) cudaCheck(cudaFreeHost(m->grads));
     for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) cudaCheck(cudaFreeHost(m->opt_state[i]));
-    for (int b = 0; b < 2 && m->sharded; b++) {
+    for (int b = 0; b < 2 && offload_stage_numel(m); b++) {
         cudaCheck(cudaFreeHost(m->grad_stage[b]));
         cudaCheck(cudaEventDestroy(m->staged[b]));
     }
@@ -781,7 +819,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         }
         if (h->full_finetune && h->frozen_units) {
             if (!streamed) upload(d.weights, base, n_base, st);
-        } else if (h->full_finetune && m->cpu_offload) {
+        } else if (h->full_finetune && m->cpu_offload && !m->pure_bf16) {
             d.weights = d.params_lo;
             weights_upload(m);
         } else if (h->full_finetune) {
@@ -805,6 +843,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             if constexpr (std::is_same<floatX, float>::value) d.lora_w = m->params;
             else { d.lora_w = d.params_lo; convert(d.lora_w, m->params, m->n_train, st); }
         }
+        if (m->cpu_offload && m->pure_bf16) params_bf16_copy(m, cudaMemcpyDeviceToHost); // (the bf16 weights as uploaded)
         std::vector<float> inv_freq(c->head_dim / 2);
         rope_inv_freq(c, inv_freq.data());
         rope_tables(m->rope_cos, m->rope_sin, host_prefix(&m->host) + m->T, c->head_dim, inv_freq.data());
@@ -973,28 +1012,42 @@ static float *grad_at(Model *m, int u, int j) {
     }
     return m->unit_grad[b] + un->tensors[j].offset;
 }
-// offloaded, sharded: adds the shard staged last (grads_to_host) to the host's total, once
-// its copy is in
+// offloaded: n gradients x that came down added to the host's at element at: into the fp32
+// running total, or (--pure_bf16, not in chunks: a micro-batch's whole) into grad_acc, rounded as
+// the device rounds them there (grads_bf16_add)
+static void grads_add_host(Model *m, size_t at, const float *x, size_t n) {
+    if (m->pure_bf16 && !pure_bf16_chunked(m)) { grads_bf16_add(m->grad_acc + at, x, n); return; }
+    float *g = m->grads + at;
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) g[i] += x[i];
+}
+// offloaded: adds the gradient staged last (grads_to_host) to the host's, once its copy is in:
+// a shard at pending_at, or a whole unit's tensor by tensor
 static void grads_add_staged(Model *m) {
     int s = m->stage_pending;
     if (s < 0) return;
     cudaCheck(cudaEventSynchronize(m->staged[s]));
-    float *g = m->grads + m->pending_at;
-    const float *x = m->grad_stage[s];
-    #pragma omp parallel for
-    for (size_t i = 0; i < m->pending_n; i++) g[i] += x[i];
+    const HostModel *h = &m->host;
+    const FsdpUnit *un = &h->units.units[m->pending_u];
+    if (m->sharded) grads_add_host(m, m->pending_at, m->grad_stage[s], m->pending_n);
+    else
+        for (int k = 0; k < un->n_tensors; k++)
+            grads_add_host(m, model_tensor_offset_from(&h->config, h->frozen_units, m->pending_u, k),
+                           m->grad_stage[s] + un->tensors[k].offset, un->tensors[k].numel);
     m->stage_pending = -1;
 }
-// The reduced shard of unit u (grad_part) down to a stage, on the collectives' stream; the
-// shard before it, staged last time, is added meanwhile (so the host adds one while the
-// GPU goes on with the backward), its stage then free for the next.
+// The reduced shard of unit u (grad_part; whole, --pure_bf16 not in chunks: its gradient) down
+// to a stage, on the collectives' stream; the one before it, staged last time, is added
+// meanwhile (so the host adds one while the GPU goes on with the backward), its stage then
+// free for the next.
 static void grads_to_host(Model *m, int u, size_t at) {
     int s = m->stage_next;
-    size_t n = m->host.units.units[u].shard;
-    cudaCheck(cudaMemcpyAsync(m->grad_stage[s], m->grad_part, n * sizeof(float), cudaMemcpyDeviceToHost, m->comm_stream));
+    size_t n = m->sharded ? m->host.units.units[u].shard : m->host.units.units[u].numel;
+    cudaCheck(cudaMemcpyAsync(m->grad_stage[s], m->sharded ? m->grad_part : m->unit_grad[u != 0], n * sizeof(float),
+                              cudaMemcpyDeviceToHost, m->comm_stream));
     cudaCheck(cudaEventRecord(m->staged[s], m->comm_stream));
     grads_add_staged(m);
-    m->stage_pending = s, m->pending_at = at, m->pending_n = n;
+    m->stage_pending = s, m->pending_at = at, m->pending_n = n, m->pending_u = u;
     m->stage_next = s ^ 1;
 }
 static void grads_done(Model *m, int u) {
@@ -1012,10 +1065,12 @@ static void grads_done(Model *m, int u) {
         if (m->cpu_offload) grads_to_host(m, u, at);
         else if (m->pure_bf16 && !pure_bf16_chunked(m)) grads_bf16_add(m->grad_acc + at, m->grad_part, un->shard, m->comm_stream);
         else accumulate(m->grads + at, m->grad_part, un->shard, m->comm_stream);
-    } else if (m->pure_bf16) { // whole sequences: the unit's micro-batch gradient into the step's, tensor by tensor
+    } else if (m->pure_bf16 && !m->cpu_offload) { // whole sequences: the unit's micro-batch gradient into the step's, tensor by tensor
         for (int k = 0; k < un->n_tensors; k++)
             grads_bf16_add(m->grad_acc + model_tensor_offset_from(&h->config, h->frozen_units, u, k), g + un->tensors[k].offset,
                            un->tensors[k].numel, m->comm_stream);
+    } else if (m->pure_bf16 && !pure_bf16_chunked(m)) { // offloaded, whole sequences: the same, on the host
+        grads_to_host(m, u, 0);
     } else {
         unit_grad_copy(m, u, u != 0, cudaMemcpyDeviceToHost, m->comm_stream);
         m->grad_held[u] = 1;
@@ -1537,10 +1592,25 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     return loss;
 }
 
+// offloaded: the host's fp32 gradients at zero, none of them held (in parallel: a 7B model's are 27 GB)
+static void grads_host_zero(Model *m) {
+    memset(m->grad_held, 0, m->host.units.n_units);
+    size_t n = m->grads ? m->n_train : 0;
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) m->grads[i] = 0.0f;
+}
+
 // --pure_bf16 in chunks: the micro-batch's fp32 gradient (summed over its chunks, and sharded
 // over the ranks' bf16 parts: grads_done) rounded into the step's bf16 one, then zeroed for the next
 static void grads_bf16_end(Model *m) {
     if (!pure_bf16_chunked(m)) return;
+    if (m->cpu_offload) { // on the host, once the micro-batch's is all there
+        cudaCheck(cudaStreamSynchronize(m->comm_stream));
+        grads_add_staged(m);
+        grads_bf16_add(m->grad_acc, m->grads, m->n_train);
+        grads_host_zero(m);
+        return;
+    }
     grads_bf16_add(m->grad_acc, m->grads, m->n_train, m->stream);
     cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), m->stream));
 }
@@ -1654,9 +1724,8 @@ static void optimizer_zero_grad(Optimizer *o) {
         if (m->grad_acc) cudaCheck(cudaMemsetAsync(m->grad_acc, 0, o->n * sizeof(bf16), m->stream));
         return;
     }
-    memset(m->grad_held, 0, m->host.units.n_units);
-    #pragma omp parallel for
-    for (size_t i = 0; i < o->n; i++) m->grads[i] = 0.0f;
+    grads_host_zero(m);
+    if (m->grad_acc) memset(m->grad_acc, 0, o->n * sizeof(bf16));
 }
 
 // AdamW8bit's step (the t-th) over the trainable tensors (or this rank's pieces of them),
@@ -1681,6 +1750,41 @@ template <typename E> void adamw8bit_step(Model *m, int t, float lr, E *copy) {
     }
 }
 
+// --pure_bf16 offloaded with replicas: grads_bf16_all_reduce on the host, the step's bf16 gradients
+// a piece at a time in fp32 summed over c (the host collectives, in rank order), each sum rounded to bf16 once
+static void grads_bf16_all_reduce_host(Model *m, FsdpComm *c) {
+    std::vector<float> piece(std::min(UPLOAD_PIECE, m->n_train));
+    for (size_t i = 0; i < m->n_train; i += UPLOAD_PIECE) {
+        size_t k = std::min(UPLOAD_PIECE, m->n_train - i);
+        #pragma omp parallel for
+        for (size_t j = 0; j < k; j++) piece[j] = __bfloat162float(m->grad_acc[i + j]);
+        fsdp_all_reduce(c, piece.data(), k, FSDP_F32);
+        #pragma omp parallel for
+        for (size_t j = 0; j < k; j++) m->grad_acc[i + j] = __float2bfloat16(piece[j]);
+    }
+}
+
+// --pure_bf16 offloaded: anyprecision_step on the host, with the clipping (on the device
+// clip_grads'): the bf16 parameters and gradients a piece at a time in fp32 through the CPU
+// twin's code (train_llama2.c's optimizer_step: clip_grads, round_bf16, anyprecision_update;
+// each element the kernels'), the state bf16 where it lies; flat over the runs
+static void anyprecision_step_host(Model *m, int t, float lr, double norm, float inv_scale) {
+    const OptimizerSettings *s = &m->optimizer;
+    uint16_t **state = (uint16_t **)m->opt_state; // m, v and with Kahan summation the compensation
+    std::vector<float> p(std::min(UPLOAD_PIECE, m->n_train)), g(p.size());
+    for (size_t i = 0; i < m->n_train; i += UPLOAD_PIECE) {
+        size_t k = std::min(UPLOAD_PIECE, m->n_train - i);
+        #pragma omp parallel for
+        for (size_t j = 0; j < k; j++) p[j] = __bfloat162float(m->params_bf16[i + j]), g[j] = __bfloat162float(m->grad_acc[i + j]);
+        clip_grads(g.data(), k, norm, s->grad_clip, inv_scale);
+        round_bf16(g.data(), k); // (clipped or unscaled: as clip_grads' kernel stores bf16)
+        anyprecision_update(p.data(), g.data(), state[0] + i, state[1] + i, s->kahan ? state[2] + i : NULL, k, t, lr,
+                            float_decimal(s->beta1), float_decimal(s->beta2), float_decimal(s->eps), float_decimal(s->weight_decay));
+        #pragma omp parallel for
+        for (size_t j = 0; j < k; j++) m->params_bf16[i + j] = __float2bfloat16(p[j]); // (exact: bf16 values)
+    }
+}
+
 // --cpu_offload: the host's part of the step, where the gradients and the state are: the
 // norm in the device's order (sum_host), clipping, the update with the CPU's code, whose
 // elements are the kernels' (support/optimizer.h), and the new weights up to the GPU
@@ -1689,14 +1793,16 @@ static double optimizer_step_host(Optimizer *o, float lr, float inv_scale, int u
     const OptimizerSettings *s = &o->s;
     cudaCheck(cudaStreamSynchronize(m->comm_stream)); // every gradient is down
     grads_add_staged(m);
-    if (o->grad_sum) fsdp_all_reduce(o->grad_sum, m->grads, o->n, FSDP_F32);
-    double sumsq = sum_host<true>(m->grads, o->n);
+    if (o->grad_sum && m->pure_bf16) grads_bf16_all_reduce_host(m, o->grad_sum);
+    else if (o->grad_sum) fsdp_all_reduce(o->grad_sum, m->grads, o->n, FSDP_F32);
+    double sumsq = m->pure_bf16 ? sum_host<true>(m->grad_acc, o->n) : sum_host<true>(m->grads, o->n);
     if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
     double norm = sqrt(sumsq) * inv_scale; // the same on every rank; unscaled (exact: a power of two)
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
-    clip_grads(m->grads, o->n, norm, s->grad_clip, inv_scale);
+    if (!m->pure_bf16) clip_grads(m->grads, o->n, norm, s->grad_clip, inv_scale); // (--pure_bf16's: anyprecision_step_host)
     o->t++;
-    if (s->kind == OPTIMIZER_SGD) sgd_update(m->params, m->grads, (float *)m->opt_state[0], o->n, o->t == 1, lr, s->momentum, s->nesterov, s->weight_decay);
+    if (m->pure_bf16) anyprecision_step_host(m, o->t, lr, norm, inv_scale);
+    else if (s->kind == OPTIMIZER_SGD) sgd_update(m->params, m->grads, (float *)m->opt_state[0], o->n, o->t == 1, lr, s->momentum, s->nesterov, s->weight_decay);
     else if (s->kind == OPTIMIZER_ADAMW8BIT) adamw8bit_step<float>(m, o->t, lr, NULL);
     else adamw_update(m->params, m->grads, (float *)m->opt_state[0], (float *)m->opt_state[1], o->n, o->t, lr, s->beta1, s->beta2, s->eps, s->weight_decay);
     weights_upload(m);
@@ -1807,7 +1913,8 @@ static int optimizer_state_finite(Optimizer *o) {
         if (es == 1) continue; // (codes)
         double sum;
         if (m->cpu_offload) {
-            finite &= isfinite(sum_host<false>((const float *)m->opt_state[i], n)) != 0;
+            sum = es == sizeof(bf16) ? sum_host<false>((const bf16 *)m->opt_state[i], n) : sum_host<false>((const float *)m->opt_state[i], n);
+            finite &= isfinite(sum) != 0;
             continue;
         }
         if (es == sizeof(bf16)) global_sum(m->grad_norm, (const bf16 *)m->opt_state[i], n, m->stream); // (--pure_bf16's)
@@ -1835,9 +1942,10 @@ static void model_sync_host(Model *m) {
 static void optimizer_sync_device(Optimizer *o) {
     Model *m = o->model;
     const HostModel *h = &m->host;
-    if (h->full_finetune && m->cpu_offload) {
-        masters_upload(m);
-        weights_upload(m);
+    if (h->full_finetune && m->cpu_offload && !h->base_deferred) {
+        masters_upload(m); // (--pure_bf16: into the GPU's bf16 weights, which the host's then copy)
+        if (m->pure_bf16) params_bf16_copy(m, cudaMemcpyDeviceToHost);
+        else weights_upload(m);
     } else if (h->full_finetune && !h->base_deferred) {
         masters_upload(m); // (--pure_bf16: into the bf16 weights themselves, nothing more to copy)
         if (h->frozen_units && !m->pure_bf16) weights_refresh(m);
@@ -1871,7 +1979,8 @@ static const char *const backend_memory = "GPU memory";
 // LoRA's weights and gradients, and the buffer a checkpoint streams the optimizer state
 // through (optimizer_state_get; none of it stays on the host); with --cpu_offload, the
 // gradients, the optimizer state, the masters when they are not the host model's weights
-// (some units frozen), and the stages of reduced shards
+// (some units frozen; --pure_bf16: the bf16 parameters, the step's bf16 gradients, in chunks a
+// micro-batch's fp32 sum, and the step's two pieces in fp32), and the stages (offload_stage_numel)
 #define BACKEND_HOST_PLAN
 enum { HOST_PLAN_PARTS = 4 };
 static const char *const host_plan_names[HOST_PLAN_PARTS] = {"base weights (fp32: held, or streamed)", "LoRA weights and grads",
@@ -1880,10 +1989,11 @@ static double model_host_bytes(const Model *m, int part) {
     const HostModel *h = &m->host;
     if (part == 3 && !m->cpu_offload) return 0;
     if (part == 3) {
-        double masters = m->n_runs == 1 ? 0 : (double)m->n_train * sizeof(float);
-        double stages = m->sharded ? 2.0 * widest_trainable_shard(h) * sizeof(float) : 0;
-        return masters + (double)m->n_train * sizeof(float) + (double)optimizer_state_bytes(&m->optimizer, &m->opt_tensors, m->n_train) +
-               stages;
+        double n = (double)m->n_train, stages = 2.0 * offload_stage_numel(m) * sizeof(float);
+        double masters = m->pure_bf16 ? n * sizeof(bf16) : m->n_runs == 1 ? 0 : n * sizeof(float);
+        double grads = (m->pure_bf16 ? n * sizeof(bf16) : 0) + (!m->pure_bf16 || pure_bf16_chunked(m) ? n * sizeof(float) : 0);
+        double pieces = m->pure_bf16 ? 2.0 * std::min(UPLOAD_PIECE, m->n_train) * sizeof(float) : 0;
+        return masters + grads + (double)optimizer_state_bytes(&m->optimizer, &m->opt_tensors, m->n_train) + stages + pieces;
     }
     if (part == 0 && h->base_deferred) return MODEL_STREAM_PIECE * sizeof(float) + (h->config.tied ? h->units.units[0].numel * sizeof(float) : 0);
     if (part == 0) return model_weight_bytes(h) - (h->quant_type != QUANT_NONE ? model_quant_scratch_bytes(h) : 0);

@@ -341,7 +341,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"sample_every", OPT_INT, &(tc)->sample_every, "0", "also print the samples every N steps (0: only before and after)", 0, 1 << 30}, \
     {"max_new_tokens", OPT_INT, &(tc)->max_new_tokens, "48", "tokens to generate per sample", 1, 1 << 20}, \
     {"temperature", OPT_FLOAT, &(tc)->temperature, "0", "sampling temperature (0: greedy)", 0, 100}, \
-    {"cpu_offload", OPT_INT, &(tc)->cpu_offload, "0", "1: full fine-tuning keeps the fp32 masters, gradients and optimizer state in host memory, steps on the CPU and copies the updated weights back to the GPU (llama-recipes' fsdp_cpu_offload, DeepSpeed's ZeRO-Offload); each rank offloads its shards; the results are those without it, bit for bit. The CPU trainer holds them there already", 0, 1}, \
+    {"cpu_offload", OPT_INT, &(tc)->cpu_offload, "0", "1: full fine-tuning keeps the fp32 masters, gradients and optimizer state in host memory (--pure_bf16: the bf16 weights, the step's bf16 gradients and AnyPrecisionAdamW's bf16 state), steps on the CPU and copies the updated weights back to the GPU (llama-recipes' fsdp_cpu_offload, DeepSpeed's ZeRO-Offload); each rank offloads its shards; the results are those without it, bit for bit. The CPU trainer holds them there already", 0, 1}, \
     {"dry_run", OPT_FLAG, &(tc)->dry_run, "0", "print the configuration and the memory plan, then exit", 0, 1}, \
     {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA or IA3: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
@@ -450,8 +450,6 @@ static int check_pure_bf16(const TrainConfig *tc) {
         error = "--pure_bf16 has no fp32 weights for AdamW, SGD or AdamW8bit to update: give it with --optimizer anyprecision";
     else if (tc->pure_bf16 && !strcmp(backend_precisions[0], "bf16") && strcmp(tc->precision, "bf16")) // (the CPU
         error = "--pure_bf16 keeps the weights in bf16 on the GPU: give it with --precision bf16 (the default)"; // twin: fp32 only)
-    else if (tc->pure_bf16 && tc->cpu_offload)
-        error = "--pure_bf16 with --cpu_offload is not supported yet (the offloaded step keeps fp32 masters)";
     if (error) fprintf(stderr, "error: %s\n", error);
     return error ? -1 : 0;
 }
@@ -713,9 +711,9 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     h->double_quant = tc->double_quant;
     h->align_blocks = tc->optim.kind == OPTIMIZER_ADAMW8BIT && tc->full_finetune;
     // a base whole on one rank, which the backend reads where it keeps it (the GPU's): none here; but
-    // --cpu_offload's masters, which are the host's, and a sharded checkpoint read into a whole model
+    // --cpu_offload's fp32 masters, which are the host's, and a sharded checkpoint read into a whole model
     h->base_deferred = backend_streams_base && tc->quant_type == QUANT_NONE && G == 1 &&
-                       !(tc->full_finetune && (tc->cpu_offload || resume_sharded));
+                       !(tc->full_finetune && ((tc->cpu_offload && !tc->pure_bf16) || resume_sharded));
     h->base_dir = weights, h->base_random = tc->random_init, h->base_seed = (uint64_t)tc->seed;
     int read_now = !tc->dry_run && !h->base_deferred;
     if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, read_now);

@@ -42,7 +42,6 @@ expect_error "--pure_bf16 without --full_finetune" "--pure_bf16 keeps full fine-
 expect_error "--pure_bf16 with AdamW" "--pure_bf16 has no fp32 weights for AdamW, SGD or AdamW8bit to update" --model $FIX/tiny_gqa "${RUN[@]}" --pure_bf16 1 --full_finetune
 expect_error "--optimizer anyprecision without --pure_bf16" "--optimizer anyprecision steps bf16 weights with bf16 state: give it with --pure_bf16 1" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer anyprecision --full_finetune
 expect_error "--kahan_summation without anyprecision" "--kahan_summation is AnyPrecisionAdamW's" --model $FIX/tiny_gqa "${RUN[@]}" --kahan_summation 1 --full_finetune
-expect_error "--pure_bf16 with --cpu_offload" "--pure_bf16 with --cpu_offload is not supported yet" --model $FIX/tiny_gqa "${RUN[@]}" --pure_bf16 1 --full_finetune --optimizer anyprecision --cpu_offload 1
 expect_error "--kahan_summation 2" "--kahan_summation" --model $FIX/tiny_gqa "${RUN[@]}" --kahan_summation 2
 expect_error "Nesterov without momentum (torch refuses it too)" "--nesterov 1 needs a --momentum above 0" --model $FIX/tiny_gqa "${RUN[@]}" --optimizer sgd --nesterov 1
 expect_error "--momentum with AdamW" "--momentum and --nesterov are SGD's" --model $FIX/tiny_gqa "${RUN[@]}" --momentum 0.9

@@ -19,6 +19,14 @@
 # host): W = 2 FULL_SHARD, 3 SHARD_GRAD_OP (a shard's gradient added on the host), 2
 # NO_SHARD (summed over the host's communicator); a NaN planted in a weight's file is not
 # saved without the offload (fp32 masters, --pure_bf16); --dry_run's host plan.
+# --pure_bf16 1 --optimizer anyprecision (the host keeps the bf16 parameters, the step's bf16
+# gradient and the bf16 state): whole sequences, 2 micro-batches, clipped (each micro-batch's
+# gradient rounded into the bf16 sum on the host); chunks of 7 with Kahan summation (the fp32
+# micro-batch sum on the host, then rounded); --freeze_layers 1 (the parameters in runs); W = 2
+# FULL_SHARD in chunks, 3 SHARD_GRAD_OP with Kahan, 2 NO_SHARD clipped (the bf16 sum over ranks in
+# fp32, rounded once); killed and resumed, one process (the streamed base) and W = 2 (the shards);
+# the CPU trainer, which holds it all on the host anyway, takes the combination and changes nothing;
+# Llama-2-7B's plans.
 set -u
 cd "$(dirname "$0")/.."
 SUITE="cpu offload"
@@ -64,16 +72,42 @@ pair "W = 3 SHARD_GRAD_OP, 2 micro-batches" 3 \
     "model.safetensors $(printf 'checkpoint-4/fsdp-%05d-of-00003.safetensors ' 0 1 2)" \
     --batch_size 1 --gradient_accumulation_steps 2 --sharding_strategy SHARD_GRAD_OP --collectives host
 pair "W = 2 NO_SHARD" 2 "$W1" --batch_size 2 --sharding_strategy NO_SHARD --collectives host
+PURE=(--pure_bf16 1 --optimizer anyprecision)
+pair "pure bf16: whole, 2 micro-batches, clipped" none "$W1" "${PURE[@]}" --batch_size 2 --gradient_accumulation_steps 2 --grad_clip 0.05
+pair "pure bf16: chunks of 7, 2 micro-batches, Kahan, clipped" none "$W1" "${PURE[@]}" --batch_size 2 --gradient_accumulation_steps 2 \
+    --chunk_size 7 --kahan_summation 1 --grad_clip 0.05
+pair "pure bf16: --freeze_layers 1" none "$W1" "${PURE[@]}" --batch_size 4 --freeze_layers 1
+pair "pure bf16: W = 2 FULL_SHARD, chunks of 7" 2 "$S2" "${PURE[@]}" --batch_size 2 --sharding_strategy FULL_SHARD --collectives host --chunk_size 7
+pair "pure bf16: W = 3 SHARD_GRAD_OP, 2 micro-batches, Kahan" 3 \
+    "model.safetensors $(printf 'checkpoint-4/fsdp-%05d-of-00003.safetensors ' 0 1 2)" \
+    "${PURE[@]}" --batch_size 1 --gradient_accumulation_steps 2 --sharding_strategy SHARD_GRAD_OP --collectives host --kahan_summation 1
+pair "pure bf16: W = 2 NO_SHARD, clipped" 2 "$W1" "${PURE[@]}" --batch_size 2 --sharding_strategy NO_SHARD --collectives host --grad_clip 0.05
+# the CPU trainer: its state is on the host already, so the combination changes nothing
+for o in 0 1; do
+    timeout $TIMEOUT "$BIN" "${FULL[@]}" "${PURE[@]}" --batch_size 2 --gradient_accumulation_steps 2 --chunk_size 7 --grad_clip 0.05 \
+        --cpu_offload $o --output_dir "$TMP/cpu$o" --metrics_file "$TMP/cpu$o.jsonl" >"$TMP/cpu$o.log" 2>&1
+done
+diff -q <(trajectory "$TMP/cpu1.jsonl") <(trajectory "$TMP/cpu0.jsonl") >/dev/null && grep -q '"step": *4' "$TMP/cpu1.jsonl" &&
+    cmp -s "$TMP/cpu1/model.safetensors" "$TMP/cpu0/model.safetensors" &&
+    cmp -s "$TMP/cpu1/checkpoint-4/optimizer.safetensors" "$TMP/cpu0/checkpoint-4/optimizer.safetensors"
+check "the CPU trainer ($BIN): pure bf16 with --cpu_offload 1 == without, bit for bit" $? "$(tail -3 "$TMP/cpu1.log")"
 
 # resume: the state streams from the host's memory into the checkpoint and back
-args=(--batch_size 4 --cpu_offload 1 --save_every 2)
-run none "$TMP/resume-ref" "${args[@]}"
-LLAMA2TUNE_FAULT=step:3 run none "$TMP/resume" "${args[@]}"
-run none "$TMP/resume" "${args[@]}" --resume "$TMP/resume"
-rc=0
-for f in $W1; do cmp -s "$TMP/resume/$f" "$TMP/resume-ref/$f" || rc=1; done
-grep -q "resumed from $TMP/resume/checkpoint-2 at step 2" "$TMP/resume.log" || rc=1
-check "--cpu_offload 1: killed after step 3, resumed from checkpoint 2 == uninterrupted, bit for bit" $rc "$(tail -3 "$TMP/resume.log")"
+# resumed NAME LAUNCH FILES [args]: killed after step 3, resumed from checkpoint 2 == uninterrupted
+resumed() {
+    local name=$1 launch=$2 files=$3 tag rc=0
+    shift 3
+    tag=resume_$(echo "$name" | tr -c 'A-Za-z0-9\n' _)
+    run "$launch" "$TMP/$tag-ref" "$@" --cpu_offload 1 --save_every 2
+    LLAMA2TUNE_FAULT=step:3 run "$launch" "$TMP/$tag" "$@" --cpu_offload 1 --save_every 2
+    run "$launch" "$TMP/$tag" "$@" --cpu_offload 1 --save_every 2 --resume "$TMP/$tag"
+    for f in $files; do cmp -s "$TMP/$tag/$f" "$TMP/$tag-ref/$f" || rc=1; done
+    grep -q "resumed from $TMP/$tag/checkpoint-2 at step 2" "$TMP/$tag.log" || rc=1
+    check "--cpu_offload 1, $name: killed after step 3, resumed from checkpoint 2 == uninterrupted, bit for bit" $rc "$(tail -3 "$TMP/$tag.log")"
+}
+resumed "AdamW" none "$W1" --batch_size 4
+resumed "pure bf16, Kahan" none "$W1" "${PURE[@]}" --batch_size 4 --kahan_summation 1
+resumed "pure bf16, W = 2 FULL_SHARD" 2 "$S2" "${PURE[@]}" --batch_size 2 --sharding_strategy FULL_SHARD --collectives host
 # without it the base streams from the files to the GPU and saves stream it back, a frozen unit's
 # from the files it came from, which the run keeps open: resumed from checkpoint 2 with
 # --keep_checkpoints 1, whose rotation deletes that checkpoint when checkpoint 4 is written, before
@@ -94,7 +128,8 @@ check "--freeze_layers 1 without offload: resumed from checkpoint 2, deleted by 
 cp -r test/fixtures/tiny_tied "$TMP/nan_model"
 f="$TMP/nan_model/model-00002-of-00002.safetensors"
 printf '\xc0\x7f' | dd of="$f" bs=1 seek=$(($(stat -c %s "$f") - 2)) conv=notrunc status=none
-for how in "fp32 masters:" "--pure_bf16 1:--pure_bf16 1 --optimizer anyprecision"; do
+for how in "fp32 masters:" "--pure_bf16 1:--pure_bf16 1 --optimizer anyprecision" \
+    "--pure_bf16 1 offloaded:--pure_bf16 1 --optimizer anyprecision --cpu_offload 1"; do
     run none "$TMP/nan" --model "$TMP/nan_model" --max_steps 2 --save_every 1 ${how#*:}
     rc=$?
     [ $rc -eq 1 ] && grep -q "error: not saving checkpoint 1: the trainable weights or the optimizer state hold NaN or inf" "$TMP/nan.log" &&
@@ -109,6 +144,27 @@ done
 rc=0
 grep -q "offloaded grads and optimizer state" "$TMP/plan-host.log" || rc=1
 check "--dry_run --cpu_offload 1 plans the offloaded state in host memory" $rc "$(tail -5 "$TMP/plan-host.log")"
+# --pure_bf16 offloaded on Llama-2-7B (6738415616 parameters; no GPU, no weights): the GPU keeps the
+# bf16 weights, 12852.5 MiB, a unit's fp32 gradient at a time (the embedding's 500.0 MiB and a
+# layer's 202383360 x 4 = 772.0) and the 64 MiB upload stage: 14188.5 MiB; the host the bf16
+# parameters, their bf16 gradient and two bf16 moments, 8 bytes a parameter (51410.0 MiB), two
+# stages of a layer's fp32 gradient (1544.1) and the step's two 64 MiB pieces: 53082.1 (alignment:
+# 0.1); Kahan summation 2 bytes more (+ 12852.5 = 65934.6); in chunks the micro-batch's fp32 sum,
+# 4 bytes, instead of the stages (+ 25705.0 - 1544.1 = 77243.0); the base a streamed 64 MiB piece
+mkdir -p "$TMP/7b"
+cp test/fixtures/configs/llama-2-7b/config.json "$TMP/7b/"
+for c in "0 0 53082.1" "1 0 65934.6" "0 16 77243.0"; do
+    set -- $c
+    "$EMU_BIN" --model "$TMP/7b" --random_init --tokenizer test/fixtures/tiny_gqa/tokenizer.model --data test/fixtures/data.jsonl \
+        --max_seq_len 512 --batch_size 1 --full_finetune --activation_checkpointing --output_dir "$TMP/out" --pure_bf16 1 \
+        --optimizer anyprecision --kahan_summation $1 --chunk_size $2 --cpu_offload 1 --dry_run >"$TMP/pure7b.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] && grep -qE "trainable weights, grads, AnyPrecision +14188\.5 MiB" "$TMP/pure7b.log" &&
+        grep -qE "offloaded grads and optimizer state +$3 MiB" "$TMP/pure7b.log" &&
+        grep -qE "base weights \(fp32: held, or streamed\) +64\.0 MiB" "$TMP/pure7b.log"
+    check "Llama-2-7B --pure_bf16 --cpu_offload 1, Kahan $1, chunks of $2 (0: whole): 14188.5 MiB on the GPU, $3 MiB offloaded" $? \
+        "exit $rc: $(grep -A12 '^memory plan' "$TMP/pure7b.log" | tail -12)"
+done
 rc=0
 "$EMU_BIN" --model test/fixtures/tiny_tied --data test/fixtures/data.jsonl --cpu_offload 1 >"$TMP/lora.log" 2>&1 && rc=1
 grep -q -- "--cpu_offload .*--full_finetune" "$TMP/lora.log" || rc=1
