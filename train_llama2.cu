@@ -16,7 +16,9 @@ with dynamic loss scaling (trainer.h's LossScale). --precision fp32 runs every
 tensor in fp32 (true fp32, no TF32), to compare with the CPU twin tightly.
 --pure_bf16 (bf16 only) has no fp32 masters: the bf16 weights are the parameters,
 the step's gradient is bf16 (grad_acc) and AnyPrecisionAdamW's state bf16, rounded
-as the CPU twin rounds them (grads_done, grads_bf16_end, anyprecision_step).
+as the CPU twin rounds them (grads_done, grads_bf16_end, anyprecision_step); offloaded,
+the bf16 parameters (params_bf16), grad_acc and the state are the host's, the same
+roundings there (grads_add_host, anyprecision_step_host).
 The compute type is a template parameter, floatX (float, bf16 or __half), of
 every function below; the Model holds the buffers of one of them, and the
 backend's entry points pick floatX once (with_precision).

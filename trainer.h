@@ -90,7 +90,7 @@
 //   static const int backend_measures_free_memory;  1: model_memory_budget knows what is
 //                              free without --memory_limit; 0: --batch_size auto needs it
 //   static const int backend_streams_base;  1: a base whole on one rank (LoRA's; full
-//                              fine-tuning's without --cpu_offload) is not loaded into m->host
+//                              fine-tuning's without --cpu_offload's fp32 masters) is not loaded into m->host
 //                              (base_deferred): model_alloc reads it (model_stream_base) where
 //                              the backend computes from it, and full fine-tuning's saves read
 //                              the weights back a piece at a time through host.weights_get

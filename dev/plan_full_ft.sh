@@ -5,7 +5,8 @@
 # heads), bf16, batch 1 of 512 tokens with --activation_checkpointing, on one GPU and on four
 # (FULL_SHARD over dev/launch.sh 4, --collectives host: the plan is per rank, the same with
 # NCCL), with each optimizer the run can take, with and without --cpu_offload 1, and
-# --pure_bf16 1 with AnyPrecisionAdamW (Kahan summation off and on; no offload). Per GPU: the
+# --pure_bf16 1 with AnyPrecisionAdamW (Kahan summation off and on; with and without
+# --cpu_offload 1). Per GPU: the
 # plan's total (what the trainer allocates, without the CUDA context and cuBLAS' workspace,
 # about 1 GiB more); the host's:
 # its host plan per process (four ranks on one machine: four of them). Prints a markdown table (GiB).
@@ -23,7 +24,7 @@ echo "| model | GPUs | optimizer | offload | weights | trainable weights, grads,
 echo "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"
 for model in llama-2-7b llama-2-13b; do
     for gpus in 1 4; do
-        for run in adamw:0 adamw8bit:0 adamw:1 adamw8bit:1 anyprecision:0 anyprecision-kahan:0; do
+        for run in adamw:0 adamw8bit:0 adamw:1 adamw8bit:1 anyprecision:0 anyprecision-kahan:0 anyprecision:1 anyprecision-kahan:1; do
             opt=${run%:*} offload=${run#*:} pure=()
             [ "${opt%-kahan}" = anyprecision ] && pure=(--pure_bf16 1 --kahan_summation $([ $opt = anyprecision ] && echo 0 || echo 1))
             launch=(); [ $gpus = 4 ] && launch=(dev/launch.sh 4)

@@ -3,7 +3,8 @@
 // loop here, with the same fp32 arithmetic and the same rounding to bf16
 // (round to nearest even on both sides): results must be equal (tolerance 0).
 // --pure_bf16's round_bf16 and grads_bf16_add: train_llama2.c's round_bf16 and
-// grads_bf16_end loops, on support/optimizer.h's bf16_round and bf16_grad_add (host).
+// grads_bf16_end loops, on support/optimizer.h's bf16_round and bf16_grad_add (host); and
+// grads_bf16_add's host loop (--cpu_offload's) against the same.
 #include "common.cuh"
 #include "../../layers.cuh"
 
@@ -62,6 +63,12 @@ void check_pure_bf16(size_t n, bool timed) {
     __nv_bfloat16 *d_acc = to_device<__nv_bfloat16>(acc);
     grads_bf16_add(d_acc, d_g, n, 0);
     check("grads_bf16_add", "bf16+fp32", "acc", shape, to_host(d_acc, n), added, 0.0);
+    std::vector<__nv_bfloat16> host_acc(n); // the host's (--cpu_offload)
+    std::vector<float> host_added(n);
+    for (size_t i = 0; i < n; i++) host_acc[i] = __float2bfloat16(acc[i]);
+    grads_bf16_add(host_acc.data(), g.data(), n);
+    for (size_t i = 0; i < n; i++) host_added[i] = __bfloat162float(host_acc[i]);
+    check("grads_bf16_add (host)", "bf16+fp32", "acc", shape, host_added, added, 0.0);
     round_bf16(d_g, n, 0);
     check("round_bf16", "fp32", "x", shape, to_host(d_g, n), rounded_g, 0.0);
     if (timed) {

@@ -3,8 +3,8 @@
 // fixed order, so the norm agrees to ~1e-12; compared as floats, to 1e-6. sum_host
 // (--cpu_offload's sum on the host, in the GPU's order) and clip_grads: bit for bit.
 // --pure_bf16's bf16 gradients: the sum of squares of their values (exact in double) as
-// the CPU's of the same values in floats, and clip_grads as the CPU's followed by its
-// round_bf16 (bf16_round), bit for bit.
+// the CPU's of the same values in floats (and sum_host's of them in bf16 storage), and
+// clip_grads as the CPU's followed by its round_bf16 (bf16_round), bit for bit.
 #include "common.cuh"
 #include "../../layers.cuh"
 
@@ -59,6 +59,9 @@ void check_grad_norm_bf16(size_t n) {
     grad_sumsq(d_norm, d_g, n, false, 0);
     cudaCheck(cudaMemcpy(&sumsq, d_norm, sizeof sumsq, cudaMemcpyDeviceToHost));
     check_bits("grad_sumsq", "bf16", "sumsq", shape, std::vector<double>{sum_host<true>(g.data(), n)}, std::vector<double>{sumsq});
+    std::vector<__nv_bfloat16> gb(n); // sum_host of bf16 storage (--cpu_offload's --pure_bf16 gradients)
+    for (size_t i = 0; i < n; i++) gb[i] = __float2bfloat16(g[i]);
+    check_bits("sum_host", "bf16", "sumsq", shape, std::vector<double>{sum_host<true>(gb.data(), n)}, std::vector<double>{sumsq});
     double unscaled = ref / 1024; // clipped to half and unscaled by 2^-10, as a loss-scaled step
     std::vector<float> clipped = g;
     ref_clip_grads(clipped.data(), n, unscaled, (float)(unscaled * 0.5), 1.0f / 1024);
