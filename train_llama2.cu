@@ -68,6 +68,7 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "prefix.cuh"  // prefix tuning in the KV carry: prefix_to_carry, prefix_backward
 #include "quant.cuh"
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir, on each stream, and NVTX ranges
+#include <pthread.h> // --cpu_offload's step overlapped with the backward (OffloadStep)
 
 #define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
 constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements upload converts at a time: a 64 MiB staging buffer
@@ -190,7 +191,9 @@ typedef struct {
     int stage_next, stage_pending; // the stage the next shard takes; the one not yet added (-1: none)
     size_t pending_at, pending_n;  // sharded: where in grads that one adds, and its elements
     int pending_u;            // its unit
+    bool pending_final;       // its gradient is then final (offload_step_final): the overlapped step takes it
     float *upload_stage;      // (UPLOAD_PIECE) device: fp32 on its way into the bf16/fp16 weights
+    struct OffloadStep *offload_step; // the step's units stepped as their gradients are final (NULL: after the backward)
     const char *collectives;  // set by the trainer before model_alloc: --collectives (auto, nccl, host)
     int device_backend;       // what set_device chose for it: FSDP_BACKEND_NCCL or FSDP_BACKEND_STAGED
     FsdpComm dev_world, dev_shard, dev_replica; // fsdp's communicators for device buffers (W > 1; device_comm)
@@ -396,8 +399,11 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
 
 // dst (n, floatX) on the device = src (n, fp32) on the host; bf16 is converted on
 // the device in pieces of UPLOAD_PIECE, so the model never needs an fp32 copy of itself there
-// (stage: a device buffer of UPLOAD_PIECE floats, or NULL: one is allocated for the call)
-template <typename floatX> void upload(floatX *dst, const float *src, size_t n, cudaStream_t stream, float *stage = NULL) {
+// (stage: a device buffer of UPLOAD_PIECE floats, or NULL: one is allocated for the call);
+// wait false with a stage: returns with the copies queued, src and the stage the stream's
+// until it is synchronized (the overlapped offload step's uploads, beside the backward)
+template <typename floatX> void upload(floatX *dst, const float *src, size_t n, cudaStream_t stream, float *stage = NULL,
+                                       bool wait = true) {
     if constexpr (std::is_same<floatX, float>::value) {
         cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream));
     } else {
@@ -408,7 +414,7 @@ template <typename floatX> void upload(floatX *dst, const float *src, size_t n, 
             cudaCheck(cudaMemcpyAsync(buf, src + i, k * sizeof(float), cudaMemcpyHostToDevice, stream));
             convert(dst + i, buf, k, stream);
         }
-        cudaCheck(cudaStreamSynchronize(stream));
+        if (wait || !stage) cudaCheck(cudaStreamSynchronize(stream)); // (else the caller's: the stage's next user waits)
         if (!stage) cudaCheck(cudaFree(buf));
     }
 }
@@ -980,6 +986,171 @@ template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
     return w;
 }
 
+// ----------------------------------------------------------------------------
+// --cpu_offload's step overlapped with the backward (docs/memory.md "Optimizer offload").
+// Where nothing can veto a step once its backward has begun (no clipping, no loss scale, no
+// sum over replicas: offload_step_start, optimizer_begin_step), each unit that trains steps
+// on the host as soon as its gradient there is final (the step's last micro-batch, its first
+// chunk's backward over the unit), on a worker thread, while the GPU runs the rest of the
+// backward. The worker touches the unit's masters, gradients and state on the host alone;
+// this thread makes every CUDA call: it waits for each unit's last gradient copy in the order
+// the backward made them (offload_step_dispatch; sharded, grads_add_staged hands each shard
+// over once it has added it), and uploads each stepped unit's new weights on a stream of
+// their own (offload_step_upload). The rest of the backward reads no weight of a unit done
+// (a layer's backward reads its own; the tied embedding's other reader, the head, runs
+// before the embedding's backward; a sharded unit is gathered before its backward), and
+// the step ends with every upload done, before the next forward.
+typedef struct OffloadStep {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;     // a unit handed over, a unit stepped, or stop
+    int *queue;              // (n_units) the step's units in the order their gradients became final
+    int queued, taken, stepped, uploaded, stop; // (queue's counts: the worker takes, steps; this thread uploads)
+    int on, step, t;         // this step overlaps; the trainer's step (1-based), the optimizer's
+    float lr;
+    int passes_left;         // the step's micro-batches yet to start
+    int last_pass;           // the backward's last pass over the units runs (the last micro-batch's first chunk)
+    int *copying, n_copying; // (n_units) whole: the units whose last gradient copy ready[] marks, in order
+    cudaEvent_t *ready;      // (n_units) whole: each one's
+    cudaStream_t upload;     // the new weights' way up
+    int n_units;             // the units that train
+    int stepped_early;       // of them, those stepped when the last was handed over
+    int log;                 // LLAMA2TUNE_OFFLOAD_LOG set: a line a step (test_offload.sh checks the overlap ran)
+} OffloadStep;
+
+static void optimizer_update_host(Model *m, size_t first, size_t n, int t, float lr); // (the optimizer's section)
+
+// where unit u's shard is in the trainable units' shards (sharded m->grads, m->params)
+static size_t trainable_shard_at(const HostModel *h, int u) {
+    return h->units.units[u].shard_offset - h->units.units[h->frozen_units].shard_offset;
+}
+// whether a unit's gradient is final when its backward ends now (the step's last pass over it)
+static bool offload_step_final(const Model *m) { return m->offload_step && m->offload_step->last_pass; }
+
+// the worker: unit after unit as handed over, its ranges of the flat masters, gradients and
+// state stepped (each tensor's, whole; sharded, the unit's shard)
+static void *offload_step_worker(void *arg) {
+    Model *m = (Model *)arg;
+    OffloadStep *w = m->offload_step;
+    const HostModel *h = &m->host;
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        while (!w->stop && w->taken == w->queued) pthread_cond_wait(&w->cond, &w->lock);
+        if (w->stop) break;
+        int u = w->queue[w->taken++];
+        const FsdpUnit *un = &h->units.units[u];
+        pthread_mutex_unlock(&w->lock);
+        if (m->sharded) optimizer_update_host(m, trainable_shard_at(h, u), un->shard, w->t, w->lr);
+        else for (int j = 0; j < un->n_tensors; j++)
+            optimizer_update_host(m, model_tensor_offset_from(&h->config, h->frozen_units, u, j), un->tensors[j].numel, w->t, w->lr);
+        pthread_mutex_lock(&w->lock);
+        w->stepped++;
+        pthread_cond_broadcast(&w->cond);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+// unit u's gradient on the host is final: to the worker
+static void offload_step_hand(OffloadStep *w, int u) {
+    pthread_mutex_lock(&w->lock);
+    if (w->queued == w->n_units) die("internal: the overlapped offload step got unit %d after its %d units", u, w->n_units);
+    w->queue[w->queued++] = u;
+    if (w->queued == w->n_units) w->stepped_early = w->stepped;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+// whole: unit u's last gradient copy is queued on the collectives' stream (grads_done)
+static void offload_step_copied(Model *m, int u) {
+    OffloadStep *w = m->offload_step;
+    cudaCheck(cudaEventRecord(w->ready[u], m->comm_stream));
+    w->copying[w->n_copying++] = u;
+}
+// the new weights of the units stepped so far (wait: of all, once stepped) up into those the
+// matmuls read (the bf16/fp16 copy, or with --freeze_layers the weights), in the order stepped;
+// bf16's through the upload stage, which nothing else uses before the step ends (so queued
+// without waiting: offload_step_join synchronizes the stream)
+static void offload_step_upload(Model *m, bool wait) {
+    OffloadStep *w = m->offload_step;
+    const HostModel *h = &m->host;
+    for (;;) {
+        pthread_mutex_lock(&w->lock);
+        while (wait && w->stepped == w->uploaded && w->uploaded < w->queued) pthread_cond_wait(&w->cond, &w->lock);
+        int stepped = w->stepped;
+        pthread_mutex_unlock(&w->lock);
+        if (stepped == w->uploaded) return;
+        for (; w->uploaded < stepped; w->uploaded++) {
+            int u = w->queue[w->uploaded];
+            const FsdpUnit *un = &h->units.units[u];
+            with_precision(m, [&](auto tag) {
+                using floatX = typename decltype(tag)::type;
+                floatX *weights = buffers<floatX>(m).weights;
+                if (m->sharded) upload(weights + un->shard_offset, m->params + trainable_shard_at(h, u), un->shard, w->upload, m->upload_stage, false);
+                else for (int j = 0; j < un->n_tensors; j++)
+                    upload(weights + weight_offset(h, u, j), m->params + model_tensor_offset_from(&h->config, h->frozen_units, u, j),
+                           un->tensors[j].numel, w->upload, m->upload_stage, false);
+            });
+        }
+    }
+}
+// whole: each unit handed over once its last gradient copy is in, in the order the backward
+// queued them (the GPU runs the rest of the backward meanwhile), and the stepped ones uploaded
+// (sharded, grads_add_staged does both as the backward runs)
+static void offload_step_dispatch(Model *m) {
+    OffloadStep *w = m->offload_step;
+    for (int i = 0; i < w->n_copying; i++) {
+        cudaCheck(cudaEventSynchronize(w->ready[w->copying[i]]));
+        offload_step_hand(w, w->copying[i]);
+        offload_step_upload(m, false);
+    }
+}
+// the step's end: every unit that trains stepped, its weights up (before the next forward)
+static void offload_step_join(Model *m) {
+    OffloadStep *w = m->offload_step;
+    if (w->queued != w->n_units) die("internal: the overlapped offload step got %d of %d units", w->queued, w->n_units);
+    offload_step_upload(m, true);
+    cudaCheck(cudaStreamSynchronize(w->upload));
+    if (w->log)
+        fprintf(stderr, "offload step %d: %d units stepped as their gradients became final, %d of them before the last was\n",
+                w->step, w->queued, w->stepped_early);
+    w->on = 0;
+}
+
+// optimizer_init: the worker, where no step can be vetoed once its backward has begun: no
+// clipping (whose factor needs every gradient), no sum over replicas (summed; after the
+// backward), not --pure_bf16 (its step: optimizer_step_host's); a loss scale is checked each step
+static void offload_step_start(Model *m, bool summed) {
+    const HostModel *h = &m->host;
+    if (!m->cpu_offload || m->dry_run || m->pure_bf16 || m->optimizer.grad_clip > 0 || summed) return;
+    OffloadStep *w = (OffloadStep *)callocCheck(1, sizeof *w);
+    int n = h->units.n_units;
+    w->queue = (int *)mallocCheck(n * sizeof(int));
+    w->copying = (int *)mallocCheck(n * sizeof(int));
+    w->ready = (cudaEvent_t *)callocCheck(n, sizeof(cudaEvent_t));
+    w->n_units = n - h->frozen_units;
+    for (int u = 0; u < n && !m->sharded; u++) cudaCheck(cudaEventCreateWithFlags(&w->ready[u], cudaEventDisableTiming));
+    cudaCheck(cudaStreamCreateWithFlags(&w->upload, cudaStreamNonBlocking));
+    w->log = getenv("LLAMA2TUNE_OFFLOAD_LOG") != NULL;
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->cond, NULL);
+    m->offload_step = w; // (before the worker reads it)
+    if (pthread_create(&w->thread, NULL, offload_step_worker, m) != 0) die("cannot start --cpu_offload's step thread");
+}
+static void offload_step_stop(Model *m) {
+    OffloadStep *w = m->offload_step;
+    if (!w) return;
+    pthread_mutex_lock(&w->lock);
+    w->stop = 1;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(w->thread, NULL);
+    for (int u = 0; u < m->host.units.n_units && !m->sharded; u++) cudaCheck(cudaEventDestroy(w->ready[u]));
+    cudaCheck(cudaStreamDestroy(w->upload));
+    pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->cond);
+    free(w->queue), free(w->copying), free(w->ready), free(w);
+    m->offload_step = NULL;
+}
+
 // Full fine-tuning's gradients (fp32), as in train_llama2.c: whole, straight in
 // m->grads; sharded, a unit's gradient whole (zeroed as it opens), reduce-scattered
 // by grads_done into this rank's shard of m->grads, on the collectives' stream.
@@ -1037,6 +1208,9 @@ static void grads_add_staged(Model *m) {
             grads_add_host(m, model_tensor_offset_from(&h->config, h->frozen_units, m->pending_u, k),
                            m->grad_stage[s] + un->tensors[k].offset, un->tensors[k].numel);
     m->stage_pending = -1;
+    if (!m->pending_final) return;
+    offload_step_hand(m->offload_step, m->pending_u); // (the overlapped step's)
+    offload_step_upload(m, false);
 }
 // The reduced shard of unit u (grad_part; whole, --pure_bf16 not in chunks: its gradient) down
 // to a stage, on the collectives' stream; the one before it, staged last time, is added
@@ -1049,7 +1223,7 @@ static void grads_to_host(Model *m, int u, size_t at) {
                               cudaMemcpyDeviceToHost, m->comm_stream));
     cudaCheck(cudaEventRecord(m->staged[s], m->comm_stream));
     grads_add_staged(m);
-    m->stage_pending = s, m->pending_at = at, m->pending_n = n, m->pending_u = u;
+    m->stage_pending = s, m->pending_at = at, m->pending_n = n, m->pending_u = u, m->pending_final = offload_step_final(m);
     m->stage_next = s ^ 1;
 }
 static void grads_done(Model *m, int u) {
@@ -1063,7 +1237,7 @@ static void grads_done(Model *m, int u) {
         PROF_BEGIN_UNIT(m->comm_stream, "reduce-scatter", u, h->config.n_layers, (long long)m->fsdp->shard.size * un->shard * sizeof(float));
         fsdp_reduce_scatter(device_comm(m, &m->dev_shard), m->grad_part, g, un->shard);
         PROF_END(m->comm_stream);
-        size_t at = un->shard_offset - h->units.units[h->frozen_units].shard_offset; // m->grads: the trainable units' shards
+        size_t at = trainable_shard_at(h, u); // m->grads: the trainable units' shards
         if (m->cpu_offload) grads_to_host(m, u, at);
         else if (m->pure_bf16 && !pure_bf16_chunked(m)) grads_bf16_add(m->grad_acc + at, m->grad_part, un->shard, m->comm_stream);
         else accumulate(m->grads + at, m->grad_part, un->shard, m->comm_stream);
@@ -1076,6 +1250,7 @@ static void grads_done(Model *m, int u) {
     } else {
         unit_grad_copy(m, u, u != 0, cudaMemcpyDeviceToHost, m->comm_stream);
         m->grad_held[u] = 1;
+        if (offload_step_final(m)) offload_step_copied(m, u);
     }
     stream_after(m->stream, m->comm_stream, m->communicated); // before the unit's gradient is zeroed again
     m->grad_open[u != 0] = -1;
@@ -1636,6 +1811,8 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
         cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
         int n = train_chunks(m, T);
+        OffloadStep *w = m->offload_step && m->offload_step->on ? m->offload_step : NULL; // (the step's units step in its last backward)
+        bool last = w && --w->passes_left == 0;
         for (int j = 0; j < n; j++) {
             Chunk ch = train_chunk(m, B, T, j, 1);
             chunk_forward(m, &d.chunk[m->recompute ? 0 : j], &ch);
@@ -1644,11 +1821,13 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
             Chunk ch = train_chunk(m, B, T, j, 1);
             ChunkActs<floatX> *s = &d.chunk[m->recompute ? 0 : j];
             if (m->recompute && j < n - 1) chunk_forward(m, s, &ch);
+            if (w) w->last_pass = last && j == 0;
             PROF_BEGIN(m->stream, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
             chunk_head(m, s, &ch, grad_scale, NULL);
             PROF_END(m->stream);
             chunk_backward(m, s, &ch);
         }
+        if (w) w->last_pass = 0;
         const LoRA *lo = &m->host.lora;
         if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
             prefix_backward(lora_A(lo, m->grads, 0, 0), d.dk, d.dv, c->n_layers, B, lo->prefix, T, (size_t)lo->out[LORA_K],
@@ -1715,9 +1894,26 @@ static void optimizer_init(Optimizer *o, Model *m) {
         o->grad_sum = sum_over->size == 1 ? NULL : m->cpu_offload ? (FsdpComm *)sum_over : shard ? &m->dev_replica : &m->dev_world;
         o->norm_sum = shard ? &m->fsdp->shard : NULL;
     }
+    offload_step_start(m, o->grad_sum != NULL);
 }
 
-static void optimizer_free(Optimizer *o) { memset(o, 0, sizeof *o); }
+static void optimizer_free(Optimizer *o) {
+    if (o->model) offload_step_stop(o->model);
+    memset(o, 0, sizeof *o);
+}
+
+// the trainer, before a step's first micro-batch (BACKEND_STEP_IN_BACKWARD): with the overlapped
+// offload step, whether this one overlaps (not with a loss scale, which skips a step whose
+// gradients overflow), and what its units step with
+#define BACKEND_STEP_IN_BACKWARD
+static void optimizer_begin_step(Optimizer *o, int step, float lr, int micro_batches, int loss_scaled) {
+    OffloadStep *w = o->model->offload_step;
+    if (!w) return;
+    pthread_mutex_lock(&w->lock); // (the worker is idle: the last step joined it)
+    w->on = !loss_scaled, w->step = step, w->t = o->t + 1, w->lr = lr, w->passes_left = micro_batches;
+    w->queued = w->taken = w->stepped = w->uploaded = w->n_copying = 0;
+    pthread_mutex_unlock(&w->lock);
+}
 
 static void optimizer_zero_grad(Optimizer *o) {
     Model *m = o->model;
@@ -1732,14 +1928,16 @@ static void optimizer_zero_grad(Optimizer *o) {
 
 // AdamW8bit's step (the t-th) over the trainable tensors (or this rank's pieces of them),
 // each on its own as torchao steps it (8-bit or fp32 state; as train_llama2.c's
-// adamw8bit_step), writing the bf16/fp16 copy too (copy NULL: none); offloaded, on the host
-template <typename E> void adamw8bit_step(Model *m, int t, float lr, E *copy) {
+// adamw8bit_step), writing the bf16/fp16 copy too (copy NULL: none); offloaded, on the host,
+// those that start in elements [lo, hi) of the flat parameters
+template <typename E> void adamw8bit_step(Model *m, int t, float lr, E *copy, size_t lo = 0, size_t hi = SIZE_MAX) {
     const OptimizerSettings *s = &m->optimizer;
     const OptimTensors *ts = &m->opt_tensors;
     double b1 = float_decimal(s->beta1), b2 = float_decimal(s->beta2), eps = float_decimal(s->eps), wd = float_decimal(s->weight_decay);
     Adamw8bitState a = adamw8bit_state(m->opt_state);
     for (int k = 0; k < ts->n; k++) {
         size_t n = ts->numel[k], at = ts->at[k], f = ts->first[k]; // f: in the flat masters, gradients and copy
+        if (f < lo || f >= hi) continue;
         E *c = copy ? copy + f : NULL;
         if (m->cpu_offload && ts->quant[k])
             adamw8bit_update(m->params + f, m->grads + f, a.codes[0] + at, a.absmax[0] + at / ADAMW8BIT_BLOCK, a.codes[1] + at,
@@ -1787,12 +1985,27 @@ static void anyprecision_step_host(Model *m, int t, float lr, double norm, float
     }
 }
 
+// --cpu_offload: the update (the t-th) of elements [first, first + n) of the masters with their
+// gradients and state, with the CPU's code, whose elements are the kernels' (support/optimizer.h):
+// element by element (AdamW8bit's tensor by tensor), so a unit's ranges step as the whole does
+static void optimizer_update_host(Model *m, size_t first, size_t n, int t, float lr) {
+    const OptimizerSettings *s = &m->optimizer;
+    float *p = m->params + first, *g = m->grads + first, **state = (float **)m->opt_state;
+    if (s->kind == OPTIMIZER_SGD) sgd_update(p, g, state[0] ? state[0] + first : NULL, n, t == 1, lr, s->momentum, s->nesterov, s->weight_decay);
+    else if (s->kind == OPTIMIZER_ADAMW8BIT) adamw8bit_step<float>(m, t, lr, NULL, first, first + n);
+    else adamw_update(p, g, state[0] + first, state[1] + first, n, t, lr, s->beta1, s->beta2, s->eps, s->weight_decay);
+}
+
 // --cpu_offload: the host's part of the step, where the gradients and the state are: the
-// norm in the device's order (sum_host), clipping, the update with the CPU's code, whose
-// elements are the kernels' (support/optimizer.h), and the new weights up to the GPU
+// norm in the device's order (sum_host), clipping, the update (optimizer_update_host), and
+// the new weights up to the GPU; or, overlapped with the backward (OffloadStep), each unit's
+// update and upload as its gradient became final, the norm meanwhile (the gradients are the
+// same: nothing clips them)
 static double optimizer_step_host(Optimizer *o, float lr, float inv_scale, int update) {
     Model *m = o->model;
     const OptimizerSettings *s = &o->s;
+    bool overlapped = m->offload_step && m->offload_step->on;
+    if (overlapped) offload_step_dispatch(m);
     cudaCheck(cudaStreamSynchronize(m->comm_stream)); // every gradient is down
     grads_add_staged(m);
     if (o->grad_sum && m->pure_bf16) grads_bf16_all_reduce_host(m, o->grad_sum);
@@ -1800,13 +2013,23 @@ static double optimizer_step_host(Optimizer *o, float lr, float inv_scale, int u
     double sumsq = m->pure_bf16 ? sum_host<true>(m->grad_acc, o->n) : sum_host<true>(m->grads, o->n);
     if (o->norm_sum) fsdp_all_reduce(o->norm_sum, &sumsq, 1, FSDP_F64);
     double norm = sqrt(sumsq) * inv_scale; // the same on every rank; unscaled (exact: a power of two)
+    if (overlapped) {
+        offload_step_join(m);
+        if (!update || !isfinite(norm)) { // (on every rank: the loss and the norm are every rank's)
+            fprintf(stderr, "error: step %d: the loss or the gradient norm is NaN or inf, but --cpu_offload without --grad_clip "
+                    "has already stepped each unit as its gradient was final, so the step cannot be skipped; stopping (the "
+                    "last checkpoint is intact). To have such steps skipped, resume with --grad_clip (1e9 clips no norm "
+                    "below it: the same results, the step after the backward)\n", m->offload_step->step);
+            exit(EXIT_FAILURE);
+        }
+        o->t++;
+        return norm;
+    }
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
     if (!m->pure_bf16) clip_grads(m->grads, o->n, norm, s->grad_clip, inv_scale); // (--pure_bf16's: anyprecision_step_host)
     o->t++;
     if (m->pure_bf16) anyprecision_step_host(m, o->t, lr, norm, inv_scale);
-    else if (s->kind == OPTIMIZER_SGD) sgd_update(m->params, m->grads, (float *)m->opt_state[0], o->n, o->t == 1, lr, s->momentum, s->nesterov, s->weight_decay);
-    else if (s->kind == OPTIMIZER_ADAMW8BIT) adamw8bit_step<float>(m, o->t, lr, NULL);
-    else adamw_update(m->params, m->grads, (float *)m->opt_state[0], (float *)m->opt_state[1], o->n, o->t, lr, s->beta1, s->beta2, s->eps, s->weight_decay);
+    else optimizer_update_host(m, 0, o->n, o->t, lr);
     weights_upload(m);
     return norm;
 }

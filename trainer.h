@@ -76,6 +76,11 @@
 //       double model_host_bytes(const Model *m, int part): the host memory beside
 //       it, part by part (the plan's host section); without it the plan is host memory
 //   static const char *const model_host_advice;     what else makes the host plan smaller
+//   BACKEND_STEP_IN_BACKWARD (a macro) where the optimizer may step parameters while the
+//       backward runs, with void optimizer_begin_step(Optimizer *o, int step, float lr,
+//       int micro_batches, int loss_scaled): before a step's first model_forward_backward,
+//       its number (1-based), learning rate (optimizer_step's lr), micro-batches, and whether
+//       a loss scale may skip it
 //   size_t model_dequant_scratch_bytes(const Model *m);
 //       QLoRA (m->host.quant_type): the bytes of the memory a layer's 4-bit weights are
 //       dequantized into (part of m->weight_bytes)
@@ -341,7 +346,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"sample_every", OPT_INT, &(tc)->sample_every, "0", "also print the samples every N steps (0: only before and after)", 0, 1 << 30}, \
     {"max_new_tokens", OPT_INT, &(tc)->max_new_tokens, "48", "tokens to generate per sample", 1, 1 << 20}, \
     {"temperature", OPT_FLOAT, &(tc)->temperature, "0", "sampling temperature (0: greedy)", 0, 100}, \
-    {"cpu_offload", OPT_INT, &(tc)->cpu_offload, "0", "1: full fine-tuning keeps the fp32 masters, gradients and optimizer state in host memory (--pure_bf16: the bf16 weights, the step's bf16 gradients and AnyPrecisionAdamW's bf16 state), steps on the CPU and copies the updated weights back to the GPU (llama-recipes' fsdp_cpu_offload, DeepSpeed's ZeRO-Offload); each rank offloads its shards; the results are those without it, bit for bit. The CPU trainer holds them there already", 0, 1}, \
+    {"cpu_offload", OPT_INT, &(tc)->cpu_offload, "0", "1: full fine-tuning keeps the fp32 masters, gradients and optimizer state in host memory (--pure_bf16: the bf16 weights, the step's bf16 gradients and AnyPrecisionAdamW's bf16 state), steps on the CPU and copies the updated weights back to the GPU (llama-recipes' fsdp_cpu_offload, DeepSpeed's ZeRO-Offload); each rank offloads its shards; the results are those without it, bit for bit. With --grad_clip 0, no loss scale and no sum over replicas (one process, FULL_SHARD, SHARD_GRAD_OP; not --pure_bf16) each unit steps as soon as its gradient is final, overlapped with the rest of the backward, and a NaN or inf gradient then stops the run instead of skipping the step (--grad_clip 1e9: the same results, the step after the backward). The CPU trainer holds them there already", 0, 1}, \
     {"dry_run", OPT_FLAG, &(tc)->dry_run, "0", "print the configuration and the memory plan, then exit", 0, 1}, \
     {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA or IA3: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
@@ -1666,6 +1671,10 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     }
     PROF_END(NULL);
     optimizer_zero_grad(&r->opt);
+    *lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
+#ifdef BACKEND_STEP_IN_BACKWARD
+    optimizer_begin_step(&r->opt, step + 1, *lr, GA, ls->on);
+#endif
     float scale = labels ? ls->scale / (float)labels : 0.0f; // (exact: ls->scale is a power of two)
     // the tests' injected faults (1-based steps, as printed): NaN gradients, or finite ones whose squares overflow
     if (fault_at("nan", step + 1)) scale = NAN;
@@ -1676,7 +1685,6 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
         sums[0] += model_forward_backward(m, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, B, r->Ts[g], scale);
         PROF_END(NULL);
     }
-    *lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
     PROF_BEGIN(NULL, "all-reduce loss", -1, -1, sizeof sums);
     fsdp_all_reduce(&r->fsdp.world, sums, 2, FSDP_F64);
     PROF_END(NULL);

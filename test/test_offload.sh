@@ -10,8 +10,8 @@
 # adds it; a difference anywhere shows within a step.
 #
 # One process: bf16 with chunks of 7, two micro-batches a step and clipping that bites
-# (the running total goes up and down each chunk); fp32; fp16 (its loss scale unscaled on
-# the host); AdamW8bit; SGD with Nesterov
+# (the running total goes up and down each chunk); the same unclipped; fp32; fp16 (its loss
+# scale unscaled on the host); AdamW8bit; SGD with Nesterov
 # momentum; --freeze_layers 1 (the masters a copy of the trained runs); killed after step
 # 3 and resumed from checkpoint 2 == uninterrupted (with the offload; and without it, whose
 # saves stream the weights back from the GPU and the frozen units from their files, after a
@@ -27,6 +27,13 @@
 # fp32, rounded once); killed and resumed, one process (the streamed base) and W = 2 (the shards);
 # the CPU trainer, which holds it all on the host anyway, takes the combination and changes nothing;
 # Llama-2-7B's plans.
+# The cases with --grad_clip 0 but fp16 and NO_SHARD step each unit as its gradient becomes
+# final, overlapped with the backward (train_llama2.cu's OffloadStep; fp16's loss scale and
+# NO_SHARD's sum over replicas keep the step after the backward): LLAMA2TUNE_OFFLOAD_LOG's
+# line each step says so (every unit that trains stepped that way) and how many units were
+# stepped before the last one's gradient was final (timing: counted over the cases, > 0).
+# With the overlap a NaN gradient stops the run (the units are stepped already): exit 1 with
+# the step's message, the checkpoint before it intact.
 set -u
 cd "$(dirname "$0")/.."
 SUITE="cpu offload"
@@ -46,32 +53,57 @@ run() { # run LAUNCH OUT [args]: $EMU_BIN (LAUNCH: none, or W for dev/launch.sh)
     shift 2
     "${launch[@]}" "$EMU_BIN" "${FULL[@]}" --output_dir "$out" --metrics_file "$out.jsonl" "$@" >"$out.log" 2>&1
 }
-# pair NAME LAUNCH FILES [args]: the run with --cpu_offload 1 == without, bit for bit
+# pair NAME LAUNCH FILES [args]: the run with --cpu_offload 1 == without, bit for bit; with
+# OVERLAP=1 its step overlapped the backward at each of the 4 steps (else never)
+early=0 # units stepped before the step's last gradient was final, over the overlapped cases
 pair() {
-    local name=$1 launch=$2 files=$3 tag rc=0 t
+    local name=$1 launch=$2 files=$3 tag rc=0 t lines e how
     shift 3
     tag=$(echo "$name" | tr -c 'A-Za-z0-9\n' _)
     run "$launch" "$TMP/$tag-dev" "$@" || rc=1
-    run "$launch" "$TMP/$tag-host" "$@" --cpu_offload 1 || rc=1
+    LLAMA2TUNE_OFFLOAD_LOG=1 run "$launch" "$TMP/$tag-host" "$@" --cpu_offload 1 || rc=1
     t=$(trajectory_diff "$TMP/$tag-host.jsonl" "$TMP/$tag-dev.jsonl")
     diff -q <(trajectory "$TMP/$tag-host.jsonl") <(trajectory "$TMP/$tag-dev.jsonl") >/dev/null || rc=1
     for f in $files; do cmp -s "$TMP/$tag-host/$f" "$TMP/$tag-dev/$f" || rc=1; done
     grep -q '"step": *4' "$TMP/$tag-host.jsonl" || rc=1
-    check "$name: --cpu_offload 1 == without, bit for bit (trajectory difference $t; $files)" $rc "$(tail -3 "$TMP/$tag-host.log")"
+    # (rank 0's lines: each rank says the same of its shards)
+    lines=$(grep -E "^offload step [1-4]: [1-9][0-9]* units stepped as their gradients became final" "$TMP/$tag-host.log" |
+        sort -u -t: -k1,1)
+    if [ "${OVERLAP:-0}" = 1 ]; then
+        [ "$(echo "$lines" | grep -c .)" -eq 4 ] || rc=1
+        e=$(echo "$lines" | awk 'NF > 6 { s += $(NF - 6) } END { print s + 0 }')
+        early=$((early + e))
+        how="overlapped at 4 of 4 steps, $e units stepped before the last was final"
+    else
+        [ -z "$lines" ] || rc=1
+        how="the step after the backward"
+    fi
+    check "$name: --cpu_offload 1 == without, bit for bit ($how; trajectory difference $t; $files)" $rc "$(tail -3 "$TMP/$tag-host.log")"
 }
 W1="model.safetensors checkpoint-4/optimizer.safetensors"
 pair "bf16, chunks of 7, 2 micro-batches, clipped" none "$W1" --batch_size 2 --gradient_accumulation_steps 2 --chunk_size 7 --grad_clip 0.05
-pair "fp32" none "$W1" --batch_size 4 --precision fp32
-pair "fp16, dynamic loss scaling" none "$W1" --batch_size 4 --precision fp16
-pair "AdamW8bit" none "$W1" --batch_size 4 --optimizer adamw8bit
-pair "SGD, Nesterov momentum" none "$W1" --batch_size 4 --optimizer sgd --momentum 0.9 --nesterov 1 --lr 5e-2
-pair "--freeze_layers 1" none "$W1" --batch_size 4 --freeze_layers 1
+OVERLAP=1 pair "bf16, chunks of 7, 2 micro-batches, unclipped" none "$W1" --batch_size 2 --gradient_accumulation_steps 2 --chunk_size 7 --grad_clip 0
+OVERLAP=1 pair "fp32, unclipped" none "$W1" --batch_size 4 --precision fp32 --grad_clip 0
+pair "fp16, dynamic loss scaling, unclipped" none "$W1" --batch_size 4 --precision fp16 --grad_clip 0
+OVERLAP=1 pair "AdamW8bit, unclipped" none "$W1" --batch_size 4 --optimizer adamw8bit --grad_clip 0
+OVERLAP=1 pair "SGD, Nesterov momentum, unclipped" none "$W1" --batch_size 4 --optimizer sgd --momentum 0.9 --nesterov 1 --lr 5e-2 --grad_clip 0
+OVERLAP=1 pair "--freeze_layers 1" none "$W1" --batch_size 4 --freeze_layers 1 --grad_clip 0
 S2="model.safetensors checkpoint-4/fsdp-00000-of-00002.safetensors checkpoint-4/fsdp-00001-of-00002.safetensors"
-pair "W = 2 FULL_SHARD, chunks of 7" 2 "$S2" --batch_size 2 --sharding_strategy FULL_SHARD --collectives host --chunk_size 7
-pair "W = 3 SHARD_GRAD_OP, 2 micro-batches" 3 \
+OVERLAP=1 pair "W = 2 FULL_SHARD, chunks of 7, unclipped" 2 "$S2" --batch_size 2 --sharding_strategy FULL_SHARD --collectives host --chunk_size 7 --grad_clip 0
+OVERLAP=1 pair "W = 3 SHARD_GRAD_OP, 2 micro-batches, unclipped" 3 \
     "model.safetensors $(printf 'checkpoint-4/fsdp-%05d-of-00003.safetensors ' 0 1 2)" \
-    --batch_size 1 --gradient_accumulation_steps 2 --sharding_strategy SHARD_GRAD_OP --collectives host
-pair "W = 2 NO_SHARD" 2 "$W1" --batch_size 2 --sharding_strategy NO_SHARD --collectives host
+    --batch_size 1 --gradient_accumulation_steps 2 --sharding_strategy SHARD_GRAD_OP --collectives host --grad_clip 0
+pair "W = 2 NO_SHARD, unclipped" 2 "$W1" --batch_size 2 --sharding_strategy NO_SHARD --collectives host --grad_clip 0
+[ "$early" -gt 0 ]
+check "the overlapped step: $early units stepped before their step's last gradient was final, over the cases' steps" $? ""
+# --grad_clip 1e9 (the way back to skipping bad steps) clips nothing here and keeps the step after the backward
+tag=bf16__chunks_of_7__2_micro_batches__unclipped
+LLAMA2TUNE_OFFLOAD_LOG=1 run none "$TMP/clip1e9" --batch_size 2 --gradient_accumulation_steps 2 --chunk_size 7 --grad_clip 1e9 --cpu_offload 1
+rc=$?
+for f in $W1; do cmp -s "$TMP/clip1e9/$f" "$TMP/$tag-host/$f" || rc=1; done
+diff -q <(trajectory "$TMP/clip1e9.jsonl") <(trajectory "$TMP/$tag-host.jsonl") >/dev/null && ! grep -q "^offload step" "$TMP/clip1e9.log" || rc=1
+check "--grad_clip 1e9 == --grad_clip 0 with the offload, bit for bit, the step after the backward" $rc "$(tail -3 "$TMP/clip1e9.log")"
+
 PURE=(--pure_bf16 1 --optimizer anyprecision)
 pair "pure bf16: whole, 2 micro-batches, clipped" none "$W1" "${PURE[@]}" --batch_size 2 --gradient_accumulation_steps 2 --grad_clip 0.05
 pair "pure bf16: chunks of 7, 2 micro-batches, Kahan, clipped" none "$W1" "${PURE[@]}" --batch_size 2 --gradient_accumulation_steps 2 \
@@ -92,7 +124,9 @@ diff -q <(trajectory "$TMP/cpu1.jsonl") <(trajectory "$TMP/cpu0.jsonl") >/dev/nu
     cmp -s "$TMP/cpu1/checkpoint-4/optimizer.safetensors" "$TMP/cpu0/checkpoint-4/optimizer.safetensors"
 check "the CPU trainer ($BIN): pure bf16 with --cpu_offload 1 == without, bit for bit" $? "$(tail -3 "$TMP/cpu1.log")"
 
-# resume: the state streams from the host's memory into the checkpoint and back
+
+# resume: the state streams from the host's memory into the checkpoint and back (AdamW
+# unclipped: the step overlapped, the optimizer's step count the checkpoint's)
 # resumed NAME LAUNCH FILES [args]: killed after step 3, resumed from checkpoint 2 == uninterrupted
 resumed() {
     local name=$1 launch=$2 files=$3 tag rc=0
@@ -105,14 +139,14 @@ resumed() {
     grep -q "resumed from $TMP/$tag/checkpoint-2 at step 2" "$TMP/$tag.log" || rc=1
     check "--cpu_offload 1, $name: killed after step 3, resumed from checkpoint 2 == uninterrupted, bit for bit" $rc "$(tail -3 "$TMP/$tag.log")"
 }
-resumed "AdamW" none "$W1" --batch_size 4
+resumed "AdamW, unclipped" none "$W1" --batch_size 4 --grad_clip 0
 resumed "pure bf16, Kahan" none "$W1" "${PURE[@]}" --batch_size 4 --kahan_summation 1
 resumed "pure bf16, W = 2 FULL_SHARD" 2 "$S2" "${PURE[@]}" --batch_size 2 --sharding_strategy FULL_SHARD --collectives host
 # without it the base streams from the files to the GPU and saves stream it back, a frozen unit's
 # from the files it came from, which the run keeps open: resumed from checkpoint 2 with
 # --keep_checkpoints 1, whose rotation deletes that checkpoint when checkpoint 4 is written, before
 # the final save reads the frozen units again == the offloaded run (host masters) uninterrupted
-args=(--batch_size 4 --freeze_layers 1 --save_every 2)
+args=(--batch_size 4 --freeze_layers 1 --save_every 2 --grad_clip 0)
 LLAMA2TUNE_FAULT=step:3 run none "$TMP/stream" "${args[@]}"
 run none "$TMP/stream" "${args[@]}" --resume "$TMP/stream" --keep_checkpoints 1
 rc=0
@@ -120,6 +154,17 @@ for f in $W1; do cmp -s "$TMP/stream/$f" "$TMP/__freeze_layers_1-host/$f" || rc=
 grep -q "resumed from $TMP/stream/checkpoint-2 at step 2" "$TMP/stream.log" && [ ! -e "$TMP/stream/checkpoint-2" ] || rc=1
 check "--freeze_layers 1 without offload: resumed from checkpoint 2, deleted by the rotation before the final save == offloaded, bit for bit" \
     $rc "$(tail -3 "$TMP/stream.log")"
+
+# the overlapped step cannot skip a step whose gradients turn out NaN (its units are stepped
+# already): NaN gradients at step 3 (as the resumed run's) stop the run with the message, exit
+# 1, checkpoint 2 as the uninterrupted run saved it
+args=(--batch_size 4 --cpu_offload 1 --save_every 2 --grad_clip 0)
+LLAMA2TUNE_FAULT=nan:3 run none "$TMP/nanstep" "${args[@]}"
+rc=$?
+[ $rc -eq 1 ] && grep -q "error: step 3: the loss or the gradient norm is NaN or inf, but --cpu_offload without --grad_clip" "$TMP/nanstep.log" &&
+    cmp -s "$TMP/nanstep/checkpoint-2/optimizer.safetensors" "$TMP/resume_AdamW__unclipped-ref/checkpoint-2/optimizer.safetensors" &&
+    cmp -s "$TMP/nanstep/checkpoint-2/model.safetensors" "$TMP/resume_AdamW__unclipped-ref/checkpoint-2/model.safetensors" && [ ! -e "$TMP/nanstep/checkpoint-3" ]
+check "the overlapped step: NaN gradients at step 3 stop the run (exit 1, the message), checkpoint 2 intact" $? "exit $rc: $(grep error "$TMP/nanstep.log" | tail -2)"
 
 # a NaN in a trained weight is never saved: without the offload the check runs on the GPU
 # (masters_finite: each tensor's sum), and says what trainer.h's check of host weights says.
