@@ -49,8 +49,8 @@
 //       int row0;              set by the trainer: this rank's first row in the global
 //                              micro-batch (LoRA dropout: lora_dropout_chunk)
 //       Fsdp *fsdp;            set by the trainer before model_alloc: the ranks and the
-//                              sharding strategy; m->host.shards (rather than
-//                              m->host.params) means the base weights are sharded
+//                              sharding strategy; host_sharded(&m->host) means the base
+//                              weights are sharded (m->host.shards, or the backend's)
 //       OptimizerSettings optimizer;  set by the trainer before model_alloc: what
 //                              optimizer_init sets up and optimizer_step runs
 //                              (support/optimizer.h; its state counts in param_bytes)
@@ -90,10 +90,13 @@
 //   static const int backend_measures_free_memory;  1: model_memory_budget knows what is
 //                              free without --memory_limit; 0: --batch_size auto needs it
 //   static const int backend_streams_base;  1: a base whole on one rank (LoRA's; full
-//                              fine-tuning's without --cpu_offload) is not loaded into m->host
-//                              (base_deferred): model_alloc reads it (model_stream_base) where
-//                              the backend computes from it, and full fine-tuning's saves read
-//                              the weights back a piece at a time through host.weights_get
+//                              fine-tuning's without --cpu_offload), or full fine-tuning's
+//                              shards of it, is not loaded into m->host (base_deferred):
+//                              model_alloc reads it (model_stream_base; a sharded checkpoint's:
+//                              load_trainable through host.shards_put) where the backend
+//                              computes from it, and full fine-tuning's saves read the weights
+//                              back a piece at a time through host.weights_get (sharded:
+//                              host.shards_get)
 //   double model_memory_budget(Model *m, double limit);
 //       before model_alloc: the bytes the memory plan may total under --memory_limit
 //       (limit bytes; 0: none given)
@@ -139,10 +142,10 @@
 //   int optimizer_state_finite(Optimizer *o);   1 when every state element is finite
 //   void model_sync_host(Model *m);
 //       before a save: the trainable weights into m->host (sharded: host.shards; a streamed
-//       base's: nothing, weights_get reads them) (the CPU backend: nothing to do)
+//       base's: nothing, weights_get or shards_get reads them) (the CPU backend: nothing to do)
 //   void optimizer_sync_device(Optimizer *o);
-//       after a checkpoint's t (and a sharded one's weights, into m->host.shards)
-//       were read into o and m (the CPU: nothing)
+//       after a checkpoint's t (and a sharded one's weights, into m->host.shards or through
+//       host.shards_put) were read into o and m (the CPU: nothing)
 //
 // A test or tool can include the trainer with -DTESTING and call any of it;
 // main is the trainer's own, a call to train_main.
@@ -712,14 +715,18 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     h->quant_type = tc->quant_type;
     h->double_quant = tc->double_quant;
     h->align_blocks = tc->optim.kind == OPTIMIZER_ADAMW8BIT && tc->full_finetune;
-    // a base whole on one rank, which the backend reads where it keeps it (the GPU's): none here; but
-    // --cpu_offload's masters, which are the host's, and a sharded checkpoint read into a whole model
-    h->base_deferred = backend_streams_base && tc->quant_type == QUANT_NONE && G == 1 &&
-                       !(tc->full_finetune && (tc->cpu_offload || resume_sharded));
+    // a base whole on one rank, or full fine-tuning's shards of it, which the backend reads where it
+    // keeps it (the GPU's): none here; but --cpu_offload's masters, which are the host's, a sharded
+    // checkpoint read into a whole model, LoRA's shards, and the shards of units frozen in fp32 (a
+    // sharded checkpoint's could not be read again for a save: no --pure_bf16 weights hold them)
+    h->base_deferred = backend_streams_base && tc->quant_type == QUANT_NONE &&
+                       (G == 1 ? !(tc->full_finetune && (tc->cpu_offload || resume_sharded))
+                               : tc->full_finetune && !tc->cpu_offload && !(tc->freeze_layers && !tc->pure_bf16));
+    h->base_resumed = h->base_deferred && resume_sharded; // (its weights come with its optimizer state)
     h->base_dir = weights, h->base_random = tc->random_init, h->base_seed = (uint64_t)tc->seed;
     int read_now = !tc->dry_run && !h->base_deferred;
     if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, read_now);
-    else if (resume_sharded) rc = model_shape(h, tc->model, G, !tc->dry_run); // load_checkpoint reads every weight: none from --model
+    else if (resume_sharded) rc = model_shape(h, tc->model, G, read_now); // load_checkpoint reads every weight: none from --model
     else if (!read_now) rc = model_check(h, weights, G); // the shapes alone: nothing of the model's size
     else rc = G > 1 ? model_load_shard(h, weights, f->shard.rank, G) : model_load(h, weights);
     if (rc != 0) { host_model_free(h); return -1; }
@@ -1006,6 +1013,11 @@ static int state_fill(void *ctx, size_t first, size_t count, void *dst) {
     const StateRef *r = (const StateRef *)ctx;
     return optimizer_state_get(r->o, r->i, first, count, dst);
 }
+// ... and loaded through optimizer_state_set, a piece at a time (FsdpPutFn: a sharded resume)
+static void state_put(void *ctx, size_t first, size_t count, const void *src) {
+    const StateRef *r = (const StateRef *)ctx;
+    optimizer_state_set(r->o, r->i, first, count, src);
+}
 // AdamW8bit's state tensor i in a sharded checkpoint: a part of each unit (FsdpPartFn)
 static size_t state_part(void *ctx, int unit, size_t x) {
     const StateRef *r = (const StateRef *)ctx;
@@ -1022,7 +1034,7 @@ static int optimizer_state(Optimizer *o, const Model *m, FsdpBuffer states[OPTIM
         optimizer_state_count(&m->optimizer, &m->opt_tensors, o->n, i, &d);
         refs[i] = (StateRef){o, i, &m->host};
         states[i] = (FsdpBuffer){optimizer_state_names[m->optimizer.kind][i], NULL, m->host.frozen_units, state_fill, &refs[i], d,
-                                 a8 ? state_part : NULL, &refs[i]};
+                                 a8 ? state_part : NULL, &refs[i], state_put};
     }
     return n;
 }
@@ -1030,7 +1042,9 @@ static int optimizer_state(Optimizer *o, const Model *m, FsdpBuffer states[OPTIM
 // the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights and the optimizer state
 static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES], StateRef refs[OPTIMIZER_MAX_STATES],
                            char fingerprint[17]) {
-    bufs[0] = (FsdpBuffer){"params", m->host.shards, 0, NULL, NULL, ST_F32, NULL, NULL};
+    const HostModel *h = &m->host; // (the shards on the host, or where the backend keeps them)
+    bufs[0] = (FsdpBuffer){"params", h->shards, 0, h->shards ? NULL : h->shards_get, h->weights_ctx, ST_F32, NULL, NULL,
+                           h->shards ? NULL : h->shards_put};
     fsdp_fingerprint(&m->host.units, "", fingerprint);
     return 1 + optimizer_state(o, m, bufs + 1, refs);
 }
@@ -1115,7 +1129,7 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     size_t nw = h->use_lora ? h->lora.num_params : host_sharded(h) ? h->units.shard_numel : h->num_params;
     FsdpBuffer states[OPTIMIZER_MAX_STATES];
     StateRef refs[OPTIMIZER_MAX_STATES];
-    int finite = h->weights_get && !h->use_lora ? h->weights_finite(h->weights_ctx) : all_finite(w, nw);
+    int finite = h->weights_finite && !h->use_lora ? h->weights_finite(h->weights_ctx) : all_finite(w, nw);
     int n_states = optimizer_state(o, m, states, refs), bad = !finite || !optimizer_state_finite(o);
     if (fsdp_any(&fs->world, bad)) {
         if (fs->world.rank == 0)
@@ -1184,7 +1198,7 @@ static int load_sharded_whole(const char *dir, Model *m, Optimizer *o) {
     char *buf = (char *)mallocCheck(one.shard_numel * sizeof(float)); // (every buffer's whole is at most that)
     for (int b = 0; b < nb && rc == 0; b++) {
         FsdpBuffer one_buf = bufs[b];
-        one_buf.data = buf, one_buf.fill = NULL;
+        one_buf.data = buf, one_buf.fill = NULL, one_buf.put = NULL;
         rc = fsdp_load(dir, &one, &one_buf, 1, 0, fp);
         for (int i = one_buf.first; i < one.n_units && rc == 0; i++) {
             const char *unit = (const char *)fsdp__buffer_unit(&one, &one_buf, i, 0);
@@ -1245,18 +1259,10 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
         FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES];
         StateRef refs[OPTIMIZER_MAX_STATES];
         char fp[17];
-        int nb = sharded_buffers(m, o, bufs, refs, fp), rc = fsdp_load(dir, &m->host.units, bufs, 1, m->fsdp->shard.rank, fp);
-        // the state a buffer at a time through this rank's shard of it
-        void *shard = nb > 1 ? mallocCheck(o->n * sizeof(float) + 1) : NULL; // (AdamW8bit's parts are smaller)
-        for (int b = 1; b < nb && rc == 0; b++) {
-            FsdpBuffer to_host = bufs[b];
-            to_host.data = shard, to_host.fill = NULL;
-            StDtype d;
-            size_t n = optimizer_state_count(&m->optimizer, &m->opt_tensors, o->n, b - 1, &d);
-            if ((rc = fsdp_load(dir, &m->host.units, &to_host, 1, m->fsdp->shard.rank, fp)) == 0) optimizer_state_set(o, b - 1, 0, n, shard);
-        }
-        free(shard);
-        return rc;
+        // the weights into the host's shards or through the backend's shards_put, the state through
+        // optimizer_state_set, a block of the file at a time
+        int nb = sharded_buffers(m, o, bufs, refs, fp);
+        return fsdp_load(dir, &m->host.units, bufs, nb, m->fsdp->shard.rank, fp);
     }
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
@@ -1755,10 +1761,15 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
         size_t biggest = 0;
         for (int i = 0; i < h->units.n_units; i++) biggest = h->units.units[i].shard > biggest ? h->units.units[i].shard : biggest;
         float *unit = (float *)mallocCheck(biggest * r->fsdp.shard.size * sizeof(float));
+        // (shards the backend keeps come to the host a unit's shard at a time, in the units' layout)
+        float *mine = h->shards ? NULL : (float *)mallocCheck(biggest * sizeof(float));
         for (int i = 0; i < h->units.n_units; i++) {
-            fsdp_gather(&r->fsdp, &h->units.units[i], h->shards, unit);
+            const FsdpUnit *un = &h->units.units[i];
+            if (mine && h->shards_get(h->weights_ctx, un->shard_offset, un->shard, mine) != 0) die("reading the trained weights back");
+            fsdp_all_gather(&r->fsdp.shard, unit, mine ? mine : h->shards + un->shard_offset, un->shard); // (shard group > 1)
             if (rank0) model_put_unit(h, 0, i, unit, h->params);
         }
+        free(mine);
         free(unit);
     }
     if (!rank0) return 0;
