@@ -1384,9 +1384,10 @@ static inline int fsdp_load_model(const FsdpUnits *u, Weights *sm, int rank, flo
 // with a part function holds a part of each unit's elements (AdamW8bit's codes: those of
 // its 8-bit tensors): part(part_ctx, i, x) counts the part's elements before element x of
 // unit i (never decreasing in x); a rank's piece of the unit is the part of its shard's
-// real elements, without padding, its units' pieces one after another in data. Such a buffer
-// is loaded through put(ctx, first, count, src), a piece of at most FSDP_CKPT_BLOCK elements at
-// a time, into a destination that starts zeroed (the padding is never put).
+// real elements, without padding, its units' pieces one after another in data. A buffer with
+// data NULL is loaded through put(ctx, first, count, src), elements of the same flat layout, a
+// piece of at most FSDP_CKPT_BLOCK at a time, into a destination that starts zeroed (the
+// padding is never put).
 typedef size_t (*FsdpPartFn)(void *ctx, int unit, size_t x);
 typedef void (*FsdpPutFn)(void *ctx, size_t first, size_t count, const void *src);
 typedef struct {
@@ -1398,7 +1399,7 @@ typedef struct {
     StDtype dtype;       // F32, or U8
     FsdpPartFn part;     // NULL: the weights' layout
     void *part_ctx;
-    FsdpPutFn put;       // (with fill, data NULL: how it loads)
+    FsdpPutFn put;       // (data NULL: how it loads)
 } FsdpBuffer;
 
 // rank r's piece of unit i of buffer b, the unit sharded n ways (align as fsdp_shard_size's):

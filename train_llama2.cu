@@ -1918,9 +1918,10 @@ static const char *const backend_memory = "GPU memory";
 // beside the GPU's plan, the host's: the host model as loaded (fp32, this rank's shards of
 // LoRA's base, and QLoRA's 4-bit runs; --cpu_offload's whole or its shards), or for a base that
 // streams to the GPU (whole on one rank: LoRA's, full fine-tuning's; and full fine-tuning's
-// shards; its saves stream it back), a piece of it (and a tied embedding, or its shard, whole),
-// LoRA's weights and gradients, and the buffer a checkpoint streams the optimizer state
-// through (optimizer_state_get; none of it stays on the host); with --cpu_offload, the
+// shards; its saves stream it back, a sharded final save a piece at a time from each rank), a
+// piece of it (and a tied embedding, or its shard, whole), LoRA's weights and gradients, and
+// the buffer a checkpoint streams the optimizer state through (optimizer_state_get; none of it
+// stays on the host); with --cpu_offload, the
 // gradients, the optimizer state, the masters when they are not the host model's weights
 // (some units frozen), and the stages of reduced shards
 #define BACKEND_HOST_PLAN

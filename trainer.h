@@ -1741,38 +1741,50 @@ static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int
     return 0;
 }
 
-// The trained model into dir (NULL: none): the PEFT adapter (and with --merge_adapter the
-// merged model in dir/merged), or the Hugging Face model of full fine-tuning; then the GGUF
-// files of --export_gguf (the model, with a LoRA adapter merged in) and --export_gguf_adapter.
-// Collective when the base weights are sharded and rank 0 needs them whole (it
-// then holds the whole model, as PyTorch's full state dict on rank 0); the
-// files are rank 0's. Returns the exit code.
-static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, const char *tokpath) {
-    Model *m = &r->m;
-    model_sync_host(m);
-    HostModel *h = &m->host;
-    int rank0 = r->fsdp.world.rank == 0;
-    int merge = h->use_lora && ((dir && tc->merge_adapter) || tc->export_gguf[0]); // the base with the adapter folded in
-    if (host_sharded(h) && (!h->use_lora || merge)) { // every unit gathered in turn, rank 0 keeps it
-        if (rank0) {
-            h->params = (float *)mallocCheck(h->num_params * sizeof(float));
-            param_layout(&h->config, &h->w, h->params);
-        }
-        size_t biggest = 0;
-        for (int i = 0; i < h->units.n_units; i++) biggest = h->units.units[i].shard > biggest ? h->units.units[i].shard : biggest;
-        float *unit = (float *)mallocCheck(biggest * r->fsdp.shard.size * sizeof(float));
-        // (shards the backend keeps come to the host a unit's shard at a time, in the units' layout)
-        float *mine = h->shards ? NULL : (float *)mallocCheck(biggest * sizeof(float));
-        for (int i = 0; i < h->units.n_units; i++) {
-            const FsdpUnit *un = &h->units.units[i];
-            if (mine && h->shards_get(h->weights_ctx, un->shard_offset, un->shard, mine) != 0) die("reading the trained weights back");
-            fsdp_all_gather(&r->fsdp.shard, unit, mine ? mine : h->shards + un->shard_offset, un->shard); // (shard group > 1)
-            if (rank0) model_put_unit(h, 0, i, unit, h->params);
-        }
-        free(mine);
-        free(unit);
+// The final save of shards the backend keeps (sharded full fine-tuning's, streamed): rank 0 writes
+// the files a piece at a time through weights_get (shard_gather_get), and every rank of its shard
+// group sends its part of each piece: rank 0 broadcasts what it asks for (unit, tensor, first,
+// count; unit -1: done), then each rank whose shard holds some of the piece reads that part from
+// its backend (shards_get) and broadcasts it, in rank order. Collective over the first shard group
+// (the other replicas hold the same shards), in the order rank 0's writers ask: no rank holds the
+// model, rank 0 a piece of it and the others their part of one.
+typedef struct { Fsdp *f; const HostModel *h; void *shards_ctx; } ShardGather;
+static void shard_gather_piece(const ShardGather *g, int u, int j, size_t first, size_t count, float *dst) {
+    const FsdpUnits *us = &g->h->units;
+    const FsdpUnit *un = &us->units[u];
+    size_t x = un->tensors[j].offset + first; // dst[0]'s element of the unit
+    for (int r = 0; r < g->f->shard.size; r++) {
+        size_t begin, held = fsdp_shard_range(un->numel, us->n_shards, us->align, r, &begin), lo;
+        size_t n = range_overlap(x, count, begin, held, &lo);
+        if (!n) continue;
+        if (r == g->f->shard.rank && g->h->shards_get(g->shards_ctx, un->shard_offset + (lo - begin), n, dst + (lo - x)) != 0)
+            fsdp_abort(&g->f->world, "reading rank %d's shard of %s back for the final save failed", r, un->name);
+        fsdp_broadcast(&g->f->shard, dst + (lo - x), n * sizeof(float), r);
     }
-    if (!rank0) return 0;
+}
+static int shard_gather_get(void *ctx, int u, int j, size_t first, size_t count, float *dst) {
+    const ShardGather *g = (const ShardGather *)ctx;
+    long long ask[4] = {u, j, (long long)first, (long long)count};
+    fsdp_broadcast(&g->f->shard, ask, sizeof ask, 0);
+    shard_gather_piece(g, u, j, first, count, dst);
+    return 0;
+}
+// the other ranks of the first shard group: each piece rank 0 asks for, until it is done
+static void shard_gather_serve(const ShardGather *g) {
+    float *piece = NULL;
+    size_t room = 0;
+    for (;;) {
+        long long ask[4];
+        fsdp_broadcast(&g->f->shard, ask, sizeof ask, 0);
+        if (ask[0] < 0) break;
+        if ((size_t)ask[3] > room) free(piece), piece = (float *)mallocCheck((room = (size_t)ask[3]) * sizeof(float));
+        shard_gather_piece(g, (int)ask[0], (int)ask[1], (size_t)ask[2], (size_t)ask[3], piece);
+    }
+    free(piece);
+}
+
+// rank 0's part of save_outputs: the files
+static int write_outputs(const TrainConfig *tc, HostModel *h, int merge, const char *dir, const char *tokpath) {
     if (dir && !h->use_lora) {
         if (model_save_hf(h, dir, tc->model, tokpath) != 0) return 1;
         printf("saved the model to %s/\n", dir);
@@ -1802,6 +1814,47 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
     if (merge) model_unmerge_adapter(h, saved);
     if (merge && h->base_deferred) free(h->params), h->params = NULL;
     return rc;
+}
+
+// The trained model into dir (NULL: none): the PEFT adapter (and with --merge_adapter the
+// merged model in dir/merged), or the Hugging Face model of full fine-tuning; then the GGUF
+// files of --export_gguf (the model, with a LoRA adapter merged in) and --export_gguf_adapter.
+// Collective when the base weights are sharded: shards the backend keeps stream to rank 0 a
+// piece at a time as it writes them (shard_gather_get); shards in host memory (LoRA's base to
+// merge into, units frozen in fp32) are gathered whole into rank 0 (as PyTorch's full state
+// dict on rank 0). The files are rank 0's. Returns the exit code.
+static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, const char *tokpath) {
+    Model *m = &r->m;
+    model_sync_host(m);
+    HostModel *h = &m->host;
+    int rank0 = r->fsdp.world.rank == 0;
+    int merge = h->use_lora && ((dir && tc->merge_adapter) || tc->export_gguf[0]); // the base with the adapter folded in
+    if (host_sharded(h) && !h->use_lora && !h->shards) {
+        ShardGather g = {&r->fsdp, h, h->weights_ctx};
+        if (r->fsdp.replica.rank != 0) return 0;
+        if (!rank0) { shard_gather_serve(&g); return 0; }
+        h->weights_get = shard_gather_get, h->weights_ctx = &g;
+        int rc = write_outputs(tc, h, merge, dir, tokpath);
+        long long done[4] = {-1, 0, 0, 0};
+        fsdp_broadcast(&r->fsdp.shard, done, sizeof done, 0);
+        h->weights_get = NULL, h->weights_ctx = g.shards_ctx;
+        return rc;
+    }
+    if (host_sharded(h) && (!h->use_lora || merge)) { // every unit gathered in turn, rank 0 keeps it
+        if (rank0) {
+            h->params = (float *)mallocCheck(h->num_params * sizeof(float));
+            param_layout(&h->config, &h->w, h->params);
+        }
+        size_t biggest = 0;
+        for (int i = 0; i < h->units.n_units; i++) biggest = h->units.units[i].shard > biggest ? h->units.units[i].shard : biggest;
+        float *unit = (float *)mallocCheck(biggest * r->fsdp.shard.size * sizeof(float));
+        for (int i = 0; i < h->units.n_units; i++) {
+            fsdp_gather(&r->fsdp, &h->units.units[i], h->shards, unit);
+            if (rank0) model_put_unit(h, 0, i, unit, h->params);
+        }
+        free(unit);
+    }
+    return rank0 ? write_outputs(tc, h, merge, dir, tokpath) : 0;
 }
 
 // the host memory available now (/proc/meminfo's MemAvailable: free, and what the kernel can

@@ -110,23 +110,29 @@ for c in "1 adamw" "2 adamw" "1 adamw8bit" "1 anyprecision" "2 anyprecision"; do
 done
 # Sharded full fine-tuning streams each rank's shards between the files and the GPU: loaded a piece at
 # a time (model_stream_base; a sharded checkpoint's through fsdp_load's put), saved a staging buffer at
-# a time from the GPU (shards_get), never held in host memory. With SGD at lr 0 (no state, and the
-# weights as loaded: a zero update leaves them) a checkpoint's shard files and index == the CPU
-# trainer's, byte for byte (it reads its shards into host memory, fsdp_load_model, and saves them from
-# there): W = 2 FULL_SHARD, 3 SHARD_GRAD_OP and 4 HYBRID_SHARD (2 x 2), each also killed after step 2
-# and resumed from checkpoint 1 (its shards put back through fsdp_load) == uninterrupted, byte for byte
+# a time from the GPU (shards_get; the final model and --export_gguf by rank 0 as the ranks send it
+# each piece, shard_gather_get), never held in host memory. With SGD at lr 0 (no state, and the
+# weights as loaded: a zero update leaves them) a checkpoint's shard files and index, the final
+# model.safetensors and the GGUF file == the CPU trainer's, byte for byte (it reads its shards into
+# host memory, fsdp_load_model, saves them from there, and gathers the whole model into rank 0 for the
+# final files): W = 2 FULL_SHARD, 3 SHARD_GRAD_OP and 4 HYBRID_SHARD (2 x 2), each also killed after
+# step 2 and resumed from checkpoint 1 (its shards put back through fsdp_load) == uninterrupted, byte for byte
 for c in "2 FULL_SHARD 2" "3 SHARD_GRAD_OP 3" "4 HYBRID_SHARD 2"; do
     set -- $c
     tag="lr0-$1-$2" files="fsdp_index.json"
     for ((k = 0; k < $3; k++)); do files+=" $(printf 'fsdp-%05d-of-%05d.safetensors' $k $3)"; done
     args=("${FULL[@]}" --batch_size 1 --max_steps 2 --save_every 1 --optimizer sgd --lr 0 --sharding_strategy $2)
     [ $2 = HYBRID_SHARD ] && args+=(--shard_group 2)
-    emu "env $1" "$TMP/$tag" "${args[@]}" --collectives host
+    emu "env $1" "$TMP/$tag" "${args[@]}" --collectives host --export_gguf "$TMP/$tag.gguf"
     timeout $TIMEOUT dev/launch.sh $1 "$BIN" "${COMMON[@]}" "${args[@]}" --output_dir "$TMP/$tag-cpu" \
-        --metrics_file "$TMP/$tag-cpu.jsonl" >"$TMP/$tag-cpu.log" 2>&1
+        --metrics_file "$TMP/$tag-cpu.jsonl" --export_gguf "$TMP/$tag-cpu.gguf" >"$TMP/$tag-cpu.log" 2>&1
     rc=$?
     for f in $files; do cmp "$TMP/$tag/checkpoint-2/$f" "$TMP/$tag-cpu/checkpoint-2/$f" >>"$TMP/$tag.log" 2>&1 || rc=1; done
     check "sharded full fine-tuning, W = $1 $2, SGD at lr 0: the checkpoint == the CPU trainer's, byte for byte ($files)" $rc \
+        "$(tail -3 "$TMP/$tag.log")"
+    cmp "$TMP/$tag/model.safetensors" "$TMP/$tag-cpu/model.safetensors" >>"$TMP/$tag.log" 2>&1 &&
+        cmp "$TMP/$tag.gguf" "$TMP/$tag-cpu.gguf" >>"$TMP/$tag.log" 2>&1
+    check "sharded full fine-tuning, W = $1 $2, SGD at lr 0: the final model and --export_gguf == the CPU trainer's, byte for byte" $? \
         "$(tail -3 "$TMP/$tag.log")"
     LLAMA2TUNE_FAULT=step:2 emu "env $1" "$TMP/$tag-killed" "${args[@]}" --collectives host
     emu "env $1" "$TMP/$tag-killed" "${args[@]}" --collectives host --resume "$TMP/$tag-killed"
