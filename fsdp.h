@@ -1310,17 +1310,25 @@ static inline int fsdp_check_tied_head(Weights *sm, size_t begin, size_t count, 
 // [first, first + count) of tensor `tensor` of unit `unit` into dst, wherever the
 // caller keeps it. 0 ok, -1 when a read failed (it has said why).
 typedef int (*FsdpReadFn)(void *ctx, int unit, int tensor, size_t first, size_t count, float *dst);
+// the part of tensor j of unit i in shard `rank`: its elements [*first, *first + count) (count
+// returned, may be 0), which lie at *at of the rank's flat shard buffer
+static inline size_t fsdp_tensor_shard(const FsdpUnits *u, int i, int j, int rank, size_t *first, size_t *at) {
+    const FsdpUnit *un = &u->units[i];
+    const FsdpTensor *t = &un->tensors[j];
+    size_t begin, count = fsdp_shard_range(un->numel, u->n_shards, u->align, rank, &begin);
+    size_t lo, n = range_overlap(begin, count, t->offset, t->numel, &lo);
+    *first = n ? lo - t->offset : 0;
+    *at = un->shard_offset + (n ? lo - begin : 0);
+    return n;
+}
 static inline int fsdp_read_shard(const FsdpUnits *u, int rank, float *out, FsdpReadFn read, void *ctx) {
     for (int i = 0; i < u->n_units; i++) {
         const FsdpUnit *un = &u->units[i];
         if (un->packed) continue; // its model fills its bytes
-        float *dst = out + un->shard_offset;
-        size_t begin, count = fsdp_shard_range(un->numel, u->n_shards, u->align, rank, &begin);
-        memset(dst, 0, un->shard * sizeof(float));
+        memset(out + un->shard_offset, 0, un->shard * sizeof(float));
         for (int j = 0; j < un->n_tensors; j++) {
-            const FsdpTensor *t = &un->tensors[j];
-            size_t lo, n = range_overlap(begin, count, t->offset, t->numel, &lo);
-            if (n && read(ctx, i, j, lo - t->offset, n, dst + (lo - begin)) != 0) return -1;
+            size_t first, at, n = fsdp_tensor_shard(u, i, j, rank, &first, &at);
+            if (n && read(ctx, i, j, first, n, out + at) != 0) return -1;
         }
     }
     return 0;
@@ -1376,8 +1384,12 @@ static inline int fsdp_load_model(const FsdpUnits *u, Weights *sm, int rank, flo
 // with a part function holds a part of each unit's elements (AdamW8bit's codes: those of
 // its 8-bit tensors): part(part_ctx, i, x) counts the part's elements before element x of
 // unit i (never decreasing in x); a rank's piece of the unit is the part of its shard's
-// real elements, without padding, its units' pieces one after another in data.
+// real elements, without padding, its units' pieces one after another in data. A buffer with
+// data NULL is loaded through put(ctx, first, count, src), elements of the same flat layout, a
+// piece of at most FSDP_CKPT_BLOCK at a time, into a destination that starts zeroed (the
+// padding is never put).
 typedef size_t (*FsdpPartFn)(void *ctx, int unit, size_t x);
+typedef void (*FsdpPutFn)(void *ctx, size_t first, size_t count, const void *src);
 typedef struct {
     const char *name;
     void *data;
@@ -1387,6 +1399,7 @@ typedef struct {
     StDtype dtype;       // F32, or U8
     FsdpPartFn part;     // NULL: the weights' layout
     void *part_ctx;
+    FsdpPutFn put;       // (data NULL: how it loads)
 } FsdpBuffer;
 
 // rank r's piece of unit i of buffer b, the unit sharded n ways (align as fsdp_shard_size's):
@@ -1605,9 +1618,11 @@ static inline int fsdp__open_shard(StFile *sf, const char *dir, int k, int n, co
 }
 
 // Reads elements [first, first + count) of the tensor `name` (S elements of dtype) of
-// shard file sf into out, verifying the checksum of every block it touches.
+// shard file sf into out, verifying the checksum of every block it touches; or with out
+// NULL, a block's overlap at a time through into's put, element `at` of the buffer's layout
+// being the range's first.
 static inline int fsdp__read_verified(StFile *sf, const char *name, StDtype dtype, size_t S, size_t first, size_t count, void *out,
-                                      void *block) {
+                                      void *block, const FsdpBuffer *into, size_t at) {
     const StTensor *t = st_find(sf, name);
     const char *sums;
     size_t len, blocks = (S + FSDP_CKPT_BLOCK - 1) / FSDP_CKPT_BLOCK, es = (size_t)st_dtype_size(dtype);
@@ -1630,13 +1645,15 @@ static inline int fsdp__read_verified(StFile *sf, const char *name, StDtype dtyp
             return -1;
         }
         size_t a, na = range_overlap(first, count, lo, k, &a);
-        memcpy((char *)out + (a - first) * es, (char *)block + (a - lo) * es, na * es);
+        if (out) memcpy((char *)out + (a - first) * es, (char *)block + (a - lo) * es, na * es);
+        else into->put(into->ctx, at + (a - first), na, (char *)block + (a - lo) * es);
     }
     return 0;
 }
 
 // Reads shard `rank` (of u->n_shards) of each buffer from the checkpoint in dir,
-// whatever shard count it was saved with, into bufs[i].data (padding zeroed).
+// whatever shard count it was saved with, into bufs[i].data (padding zeroed), or where
+// that is NULL through bufs[i].put.
 // Refuses another model's checkpoint, a missing buffer, and a missing,
 // truncated or corrupt shard file. Local: no collectives. 0 ok, -1 with a message.
 static inline int fsdp_load(const char *dir, const FsdpUnits *u, FsdpBuffer *bufs, int nb, int rank, const char *fingerprint) {
@@ -1659,8 +1676,9 @@ static inline int fsdp_load(const char *dir, const FsdpUnits *u, FsdpBuffer *buf
         for (int i = bufs[b].first; i < u->n_units; i++) {
             size_t es = (size_t)st_dtype_size(bufs[b].dtype), begin, own;
             size_t count = fsdp__piece(u, &bufs[b], i, u->n_shards, u->align, rank, &begin, &own);
-            char *dst = (char *)fsdp__buffer_unit(u, &bufs[b], i, rank);
-            memset(dst, 0, own * es);
+            size_t at = fsdp__unit_start(u, &bufs[b], i, rank);
+            char *dst = bufs[b].data ? (char *)bufs[b].data + at * es : NULL;
+            if (dst) memset(dst, 0, own * es);
             char name[FSDP_NAME_MAX];
             snprintf(name, sizeof name, "%s/%s", bufs[b].name, u->units[i].name);
             for (int k = 0; count && k < shards; k++) { // the saved shards that hold some of it
@@ -1668,7 +1686,8 @@ static inline int fsdp_load(const char *dir, const FsdpUnits *u, FsdpBuffer *buf
                 size_t lo, n = range_overlap(begin, count, kb, kc, &lo);
                 if (!n) continue;
                 if (!files[k].path && fsdp__open_shard(&files[k], dir, k, shards, fingerprint) != 0) goto done;
-                if (fsdp__read_verified(&files[k], name, bufs[b].dtype, S, lo - kb, n, dst + (lo - begin) * es, block) != 0) goto done;
+                if (fsdp__read_verified(&files[k], name, bufs[b].dtype, S, lo - kb, n, dst ? dst + (lo - begin) * es : NULL, block,
+                                        &bufs[b], at + (lo - begin)) != 0) goto done;
             }
         }
     rc = 0;

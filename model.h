@@ -468,7 +468,8 @@ typedef struct {
     size_t num_params;        // every base weight (the whole model's, sharded or not)
     FsdpUnits units;          // the model's units, sharded units.n_shards ways
     float *shards;            // sharded (host_sharded): this rank's shard of every unit
-                              // (units.shard_numel, fsdp.h's layout); NULL when whole, and in a dry run
+                              // (units.shard_numel, fsdp.h's layout); NULL when whole, in a dry run,
+                              // and where the backend keeps them (base_deferred)
     int full_finetune;        // train every weight (else LoRA on frozen weights)
     int frozen_units;         // full fine-tuning: units 0 .. frozen_units - 1 do not train (the
                               // embedding and the first --freeze_layers layers; 0: every unit trains)
@@ -481,9 +482,10 @@ typedef struct {
     int double_quant;         // (set before loading) the absmax values in 8 bits too
     int align_blocks;         // (set before loading) AdamW8bit's sharded full fine-tuning: shards of whole blocks (model_align_blocks)
     // the base weights read later, where the backend keeps them (model_stream_base: the CUDA
-    // trainer's LoRA and full fine-tuning), not held here: from the checkpoint folder base_dir, or
-    // drawn (random_init)
-    int base_deferred, base_random;
+    // trainer's LoRA and full fine-tuning, sharded full fine-tuning's shards), not held here: from
+    // the checkpoint folder base_dir, or drawn (random_init); or with base_resumed from a sharded
+    // checkpoint, which a resume reads through shards_put
+    int base_deferred, base_random, base_resumed;
     int saved_from_base;      // --trainable_params' copies start as the base's, which model_stream_base reads
     const char *base_dir;
     uint64_t base_seed;
@@ -494,6 +496,10 @@ typedef struct {
     FsdpReadFn weights_get;
     int (*weights_finite)(void *ctx); // 1 when every trainable weight it reads is finite (checked where they are)
     void *weights_ctx;
+    // ... sharded: elements [first, first + count) of the rank's flat shard buffer (shards' layout)
+    // from where the backend keeps them, and into it (a sharded checkpoint's "params": FsdpBuffer)
+    StFillFn shards_get;
+    FsdpPutFn shards_put;
     size_t run_offset[LAYER_TENSORS]; // where each tensor of a layer lies in the layer's run
     size_t run_bytes;         // one layer's run (the same for every layer)
     uint8_t *quant_bytes;     // whole: every layer's run, one after another (L * run_bytes)
@@ -974,32 +980,34 @@ static int model_saved_index(const HostModel *h, int u, int j) {
     return p == P_ATTN_NORM ? 1 + 2 * (u - 1) : p == P_MLP_NORM ? 2 + 2 * (u - 1) : -1;
 }
 
-// The base weights of a model set up without them (base_deferred), a piece of at most
-// MODEL_STREAM_PIECE elements at a time, each handed to put(put_ctx, unit, tensor, first,
-// count, src) and its buffer reused after: the CUDA trainer uploads them, so the model is
-// never whole in host memory (a tied model's embedding is read whole, to check a stored
-// lm_head against it, as model_load does). With saved_from_base the trained copies of
-// --trainable_params start as the pieces they read (model_saved_copy's, streamed). With
+// The base weights of a model set up without them (base_deferred), or with its units sharded
+// (host_sharded) shard `rank` of each, a piece of at most MODEL_STREAM_PIECE elements at a
+// time, each handed to put(put_ctx, unit, tensor, first, count, src) and its buffer reused
+// after: the CUDA trainer uploads them, so the model (the rank's shard) is never whole in host
+// memory (a tied model's embedding, or the rank's part of it, is read whole, to check a stored
+// lm_head against it, as model_load and fsdp_load_model do). With saved_from_base the trained
+// copies of --trainable_params start as the pieces they read (model_saved_copy's, streamed). With
 // base_keep the source stays open after (model_base_read). 0 ok, -1 with a message.
 #define MODEL_STREAM_PIECE ((size_t)1 << 24)
 typedef void (*ModelPutFn)(void *ctx, int unit, int tensor, size_t first, size_t count, const float *src);
-static int model_stream_base(HostModel *m, ModelPutFn put, void *put_ctx) {
+static int model_stream_base(HostModel *m, int rank, ModelPutFn put, void *put_ctx) {
     BaseSource *b = (BaseSource *)mallocCheck(sizeof *b);
     if (model_base_open(m, b) != 0) { free(b); return -1; }
     float *piece = (float *)mallocCheck(MODEL_STREAM_PIECE * sizeof(float));
-    Progress bar = progress_begin(stderr, "loading the weights", m->num_params / 1e6, "M params");
-    double done = 0;
+    double total = (double)(host_sharded(m) ? m->units.shard_numel : m->num_params), done = 0;
+    Progress bar = progress_begin(stderr, "loading the weights", total / 1e6, "M params");
     int rc = 0;
     for (int i = 0; i < m->units.n_units && rc == 0; i++)
         for (int j = 0; j < m->units.units[i].n_tensors && rc == 0; j++) {
-            size_t n = m->units.units[i].tensors[j].numel;
+            size_t lo = 0, at, n = m->units.units[i].tensors[j].numel; // its elements [lo, lo + n) on this rank
+            if (host_sharded(m)) n = fsdp_tensor_shard(&m->units, i, j, rank, &lo, &at);
             int whole = i == 0 && m->config.tied && b->open; // the embedding, which a stored lm_head must equal
-            float *buf = whole ? (float *)mallocCheck(n * sizeof(float)) : piece;
+            float *buf = whole ? (float *)mallocCheck(n * sizeof(float) + 1) : piece;
             size_t step = whole ? n : MODEL_STREAM_PIECE;
-            for (size_t first = 0; first < n && rc == 0; first += step) {
-                size_t count = n - first < step ? n - first : step;
+            for (size_t first = lo; first < lo + n && rc == 0; first += step) {
+                size_t count = lo + n - first < step ? lo + n - first : step;
                 rc = b->read(b->ctx, i, j, first, count, buf);
-                if (rc == 0 && whole) rc = fsdp_check_tied_head(&b->sm, 0, n, buf);
+                if (rc == 0 && whole) rc = fsdp_check_tied_head(&b->sm, lo, n, buf);
                 if (rc == 0) put(put_ctx, i, j, first, count, buf);
                 float *saved = m->saved_from_base ? lora_saved(&m->lora, m->lora.params, model_saved_index(m, i, j), NULL) : NULL;
                 if (rc == 0 && saved) memcpy(saved + first, buf, count * sizeof(float));
@@ -1007,7 +1015,7 @@ static int model_stream_base(HostModel *m, ModelPutFn put, void *put_ctx) {
             }
             if (whole) free(buf);
         }
-    if (rc == 0) progress_end(&bar, m->num_params / 1e6);
+    if (rc == 0) progress_end(&bar, total / 1e6);
     free(piece);
     if (rc == 0 && m->base_keep) m->base = b;
     else model_base_close(b), free(b);

@@ -719,42 +719,84 @@ template <typename floatX> void weights_put(void *ctx, int u, int j, size_t firs
     upload(buffers<floatX>(m).weights + weight_offset(&m->host, u, j) + first, src, count, m->stream, m->upload_stage);
     cudaCheck(cudaStreamSynchronize(m->stream)); // (src is the next piece's buffer)
 }
-// Full fine-tuning's base streamed (model_stream_base), a piece at a time: a unit that trains
-// into its masters (model_tensor_offset_from's layout of the trainable units), and into the
-// weights the matmuls read where those are not the masters' copy made after (--freeze_layers),
-// or are the parameters (--pure_bf16, rounded to bf16 as they go up, as model_round_bf16 rounds)
+// the part of tensor j of unit u this rank holds: its elements [*first, *first + count) (count
+// returned), at *at of the base weights it holds (and of d.weights: weight_offset's, a streamed
+// base being no QLoRA's): the whole model's layout, or the rank's flat shard buffer (fsdp.h's)
+static size_t base_part(const Model *m, int u, int j, size_t *first, size_t *at) {
+    const HostModel *h = &m->host;
+    if (m->sharded) return fsdp_tensor_shard(&h->units, u, j, m->fsdp->shard.rank, first, at);
+    *first = 0, *at = model_tensor_offset(&h->config, u, j);
+    return h->units.units[u].tensors[j].numel;
+}
+// where element x of the base weights this rank holds lies in the masters (their runs one
+// after another: model_tensor_offset_from's layout, or the trainable units' shards), SIZE_MAX
+// where no run holds it (a frozen unit's)
+static size_t masters_offset(const Model *m, size_t x) {
+    size_t off = 0;
+    for (int r = 0; r < m->n_runs; off += m->run_n[r++])
+        if (x - m->run_first[r] < m->run_n[r]) return off + (x - m->run_first[r]);
+    return SIZE_MAX;
+}
+// Full fine-tuning's base streamed, a piece at a time (elements [x, x + count) of the base
+// weights this rank holds, of one unit: so in one run or none): a unit that trains into its
+// masters, and into the weights the matmuls read where those are not the masters' copy made
+// after (--freeze_layers), or are the parameters (--pure_bf16, rounded to bf16 as they go up, as
+// model_round_bf16 rounds)
+template <typename floatX> void masters_put_at(Model *m, size_t x, size_t count, const float *src) {
+    size_t at = masters_offset(m, x);
+    if (!m->pure_bf16 && at != SIZE_MAX) upload(m->params + at, src, count, m->stream);
+    if (m->pure_bf16 || m->host.frozen_units) upload(buffers<floatX>(m).weights + x, src, count, m->stream, m->upload_stage);
+    cudaCheck(cudaStreamSynchronize(m->stream)); // (src is the next piece's buffer)
+}
+// ... from the files (model_stream_base), by tensor
 template <typename floatX> void masters_put(void *ctx, int u, int j, size_t first, size_t count, const float *src) {
     Model *m = (Model *)ctx;
-    const HostModel *h = &m->host;
-    if (!m->pure_bf16 && u >= h->frozen_units)
-        upload(m->params + model_tensor_offset_from(&h->config, h->frozen_units, u, j) + first, src, count, m->stream);
-    if (m->pure_bf16 || h->frozen_units) weights_put<floatX>(ctx, u, j, first, count, src);
+    size_t lo, at;
+    base_part(m, u, j, &lo, &at);
+    masters_put_at<floatX>(m, at + (first - lo), count, src);
+}
+// ... from a sharded checkpoint's "params" (host.shards_put), in the rank's flat shard layout
+template <typename floatX> void shards_put(void *ctx, size_t first, size_t count, const void *src) {
+    masters_put_at<floatX>((Model *)ctx, first, count, (const float *)src);
+}
+// ... and back, for a save: the masters, or --pure_bf16's bf16 weights, widened
+static void masters_get_at(Model *m, size_t x, size_t count, float *dst) {
+    if (m->pure_bf16) download(dst, m->b16.weights + x, count, m->stream, m->upload_stage);
+    else cudaCheck(cudaMemcpyAsync(dst, m->params + masters_offset(m, x), count * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
 }
-// ... and back, for a save (host.weights_get): the masters, --pure_bf16's bf16 weights, or a
-// frozen unit's from the files it came from (model_base_read: the GPU has them in bf16 alone)
+// ... by tensor (host.weights_get), a frozen unit's from the files it came from (model_base_read:
+// the GPU has them in bf16 alone)
 static int masters_get(void *ctx, int u, int j, size_t first, size_t count, float *dst) {
     Model *m = (Model *)ctx;
     const HostModel *h = &m->host;
-    if (m->pure_bf16) download(dst, m->b16.weights + model_tensor_offset(&h->config, u, j) + first, count, m->stream, m->upload_stage);
-    else if (u < h->frozen_units) return model_base_read(h, u, j, first, count, dst);
-    else cudaCheck(cudaMemcpyAsync(dst, m->params + model_tensor_offset_from(&h->config, h->frozen_units, u, j) + first,
-                                   count * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    cudaCheck(cudaStreamSynchronize(m->stream));
+    if (u < h->frozen_units && !m->pure_bf16) return model_base_read(h, u, j, first, count, dst);
+    size_t lo, at;
+    base_part(m, u, j, &lo, &at);
+    masters_get_at(m, at + (first - lo), count, dst);
+    return 0;
+}
+// ... sharded, in the rank's flat shard layout (host.shards_get: a sharded checkpoint's "params",
+// the final save's gather; the units frozen with --freeze_layers are not streamed sharded but
+// with --pure_bf16, whose bf16 weights hold them exactly)
+static int shards_get(void *ctx, size_t first, size_t count, void *dst) {
+    masters_get_at((Model *)ctx, first, count, (float *)dst);
     return 0;
 }
 // ... and whether those of the units that train are all finite (host.weights_finite), without
-// the copy: each tensor's sum in double where it lies (as optimizer_state_finite checks the state)
+// the copy: each tensor's (this rank's part of it) sum in double where it lies (as
+// optimizer_state_finite checks the state)
 static int masters_finite(void *ctx) {
     Model *m = (Model *)ctx;
     const HostModel *h = &m->host;
     int finite = 1;
     for (int u = h->frozen_units; u < h->units.n_units && finite; u++)
         for (int j = 0; j < h->units.units[u].n_tensors && finite; j++) {
-            size_t n = h->units.units[u].tensors[j].numel;
+            size_t lo, at, n = base_part(m, u, j, &lo, &at);
             double sum;
-            if (m->pure_bf16) global_sum(m->grad_norm, m->b16.weights + model_tensor_offset(&h->config, u, j), n, m->stream);
-            else global_sum(m->grad_norm, m->params + model_tensor_offset_from(&h->config, h->frozen_units, u, j), n, m->stream);
+            if (!n) continue;
+            if (m->pure_bf16) global_sum(m->grad_norm, m->b16.weights + at, n, m->stream);
+            else global_sum(m->grad_norm, m->params + masters_offset(m, at), n, m->stream);
             cudaCheck(cudaMemcpyAsync(&sum, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
             cudaCheck(cudaStreamSynchronize(m->stream));
             finite = isfinite(sum) != 0;
@@ -810,9 +852,17 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         if (streamed) {
             if (m->pure_bf16 && !h->frozen_units) d.weights = d.params_lo; // (the parameters)
             h->base_keep = h->frozen_units && !m->pure_bf16; // (masters_get reads the frozen units' there)
-            h->weights_get = masters_get, h->weights_finite = masters_finite, h->weights_ctx = m;
+            h->weights_finite = masters_finite, h->weights_ctx = m;
+            if (m->sharded) h->shards_get = shards_get, h->shards_put = shards_put<floatX>;
+            else h->weights_get = masters_get;
         }
-        if (h->base_deferred && model_stream_base(&m->host, streamed ? masters_put<floatX> : weights_put<floatX>, m) != 0)
+        if (streamed && m->sharded) { // the shards' padding, which no piece puts, is zero (as the host's shards)
+            if (!m->pure_bf16) cudaCheck(cudaMemsetAsync(m->params, 0, m->n_train * sizeof(float), st));
+            if (m->pure_bf16 || h->frozen_units) cudaCheck(cudaMemsetAsync(d.weights, 0, n_base * sizeof(floatX), st));
+        }
+        // (a sharded checkpoint's weights come with its optimizer state: load_trainable, shards_put)
+        if (h->base_deferred && !h->base_resumed &&
+            model_stream_base(&m->host, m->sharded ? m->fsdp->shard.rank : 0, streamed ? masters_put<floatX> : weights_put<floatX>, m) != 0)
             exit(1); // (it said why)
         if (m->cpu_offload) offload_alloc(m);
         if (h->use_lora) upload(m->params, h->lora.params, m->n_train, st);
@@ -2163,7 +2213,8 @@ static void model_sync_host(Model *m) {
 // full fine-tuning's weights a resumed run read from its checkpoint (a sharded checkpoint's
 // are read after model_alloc), onto the device with the copy the matmuls read (the
 // optimizer state went there as it was read: optimizer_state_set); a streamed base is
-// the checkpoint's already (model_alloc read it from there)
+// the checkpoint's already (model_alloc read it from there; a sharded checkpoint's went into
+// the masters as it was read, shards_put: only their copy is left)
 static void optimizer_sync_device(Optimizer *o) {
     Model *m = o->model;
     const HostModel *h = &m->host;
@@ -2171,8 +2222,8 @@ static void optimizer_sync_device(Optimizer *o) {
         masters_upload(m); // (--pure_bf16: into the GPU's bf16 weights, which the host's then copy)
         if (m->pure_bf16) params_bf16_copy(m, cudaMemcpyDeviceToHost);
         else weights_upload(m);
-    } else if (h->full_finetune && !h->base_deferred) {
-        masters_upload(m); // (--pure_bf16: into the bf16 weights themselves, nothing more to copy)
+    } else if (h->full_finetune && (!h->base_deferred || h->base_resumed)) {
+        if (!h->base_deferred) masters_upload(m); // (--pure_bf16: into the bf16 weights themselves, nothing more to copy)
         if (h->frozen_units && !m->pure_bf16) weights_refresh(m);
         else if (!m->pure_bf16) with_precision(m, [&](auto tag) {
             using floatX = typename decltype(tag)::type;
@@ -2197,12 +2248,13 @@ static size_t model_dequant_scratch_bytes(const Model *m) {
     return m->host.units.units[fsdp_layer_unit(0)].numel * (m->fp32 ? sizeof(float) : sizeof(bf16));
 }
 static const char *const backend_memory = "GPU memory";
-// beside the GPU's plan, the host's: the host model as loaded (fp32, this rank's shards,
-// and QLoRA's 4-bit runs; sharded full fine-tuning's saves download the masters into it;
-// --cpu_offload's whole), or for a base whole on one rank, which streams to the GPU (LoRA's,
-// full fine-tuning's, whose saves stream it back), a piece of it (and a tied embedding whole),
-// LoRA's weights and gradients, and the buffer a checkpoint streams the optimizer state
-// through (optimizer_state_get; none of it stays on the host); with --cpu_offload, the
+// beside the GPU's plan, the host's: the host model as loaded (fp32, this rank's shards of
+// LoRA's base, and QLoRA's 4-bit runs; --cpu_offload's whole or its shards), or for a base that
+// streams to the GPU (whole on one rank: LoRA's, full fine-tuning's; and full fine-tuning's
+// shards; its saves stream it back, a sharded final save a piece at a time from each rank), a
+// piece of it (and a tied embedding, or its shard, whole), LoRA's weights and gradients, and
+// the buffer a checkpoint streams the optimizer state through (optimizer_state_get; none of it
+// stays on the host); with --cpu_offload, the
 // gradients, the optimizer state, the masters when they are not the host model's weights
 // (some units frozen; --pure_bf16: the bf16 parameters, the step's bf16 gradients, in chunks a
 // micro-batch's fp32 sum, and the step's two pieces in fp32), and the stages (offload_stage_numel)
@@ -2220,7 +2272,8 @@ static double model_host_bytes(const Model *m, int part) {
         double pieces = m->pure_bf16 ? 2.0 * std::min(UPLOAD_PIECE, m->n_train) * sizeof(float) : 0;
         return masters + grads + (double)optimizer_state_bytes(&m->optimizer, &m->opt_tensors, m->n_train) + stages + pieces;
     }
-    if (part == 0 && h->base_deferred) return MODEL_STREAM_PIECE * sizeof(float) + (h->config.tied ? h->units.units[0].numel * sizeof(float) : 0);
+    if (part == 0 && h->base_deferred) // (a tied embedding whole, or this rank's shard of it)
+        return MODEL_STREAM_PIECE * sizeof(float) + (h->config.tied ? (m->sharded ? h->units.units[0].shard : h->units.units[0].numel) * sizeof(float) : 0);
     if (part == 0) return model_weight_bytes(h) - (h->quant_type != QUANT_NONE ? model_quant_scratch_bytes(h) : 0);
     if (part == 1) return h->use_lora ? 2.0 * h->lora.num_params * sizeof(float) : 0;
     return (double)optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, m->n_train);

@@ -49,8 +49,8 @@
 //       int row0;              set by the trainer: this rank's first row in the global
 //                              micro-batch (LoRA dropout: lora_dropout_chunk)
 //       Fsdp *fsdp;            set by the trainer before model_alloc: the ranks and the
-//                              sharding strategy; m->host.shards (rather than
-//                              m->host.params) means the base weights are sharded
+//                              sharding strategy; host_sharded(&m->host) means the base
+//                              weights are sharded (m->host.shards, or the backend's)
 //       OptimizerSettings optimizer;  set by the trainer before model_alloc: what
 //                              optimizer_init sets up and optimizer_step runs
 //                              (support/optimizer.h; its state counts in param_bytes)
@@ -95,10 +95,13 @@
 //   static const int backend_measures_free_memory;  1: model_memory_budget knows what is
 //                              free without --memory_limit; 0: --batch_size auto needs it
 //   static const int backend_streams_base;  1: a base whole on one rank (LoRA's; full
-//                              fine-tuning's without --cpu_offload's fp32 masters) is not loaded into m->host
-//                              (base_deferred): model_alloc reads it (model_stream_base) where
-//                              the backend computes from it, and full fine-tuning's saves read
-//                              the weights back a piece at a time through host.weights_get
+//                              fine-tuning's without --cpu_offload's fp32 masters), or full fine-tuning's
+//                              shards of it, is not loaded into m->host (base_deferred):
+//                              model_alloc reads it (model_stream_base; a sharded checkpoint's:
+//                              load_trainable through host.shards_put) where the backend
+//                              computes from it, and full fine-tuning's saves read the weights
+//                              back a piece at a time through host.weights_get (sharded:
+//                              host.shards_get)
 //   double model_memory_budget(Model *m, double limit);
 //       before model_alloc: the bytes the memory plan may total under --memory_limit
 //       (limit bytes; 0: none given)
@@ -144,10 +147,10 @@
 //   int optimizer_state_finite(Optimizer *o);   1 when every state element is finite
 //   void model_sync_host(Model *m);
 //       before a save: the trainable weights into m->host (sharded: host.shards; a streamed
-//       base's: nothing, weights_get reads them) (the CPU backend: nothing to do)
+//       base's: nothing, weights_get or shards_get reads them) (the CPU backend: nothing to do)
 //   void optimizer_sync_device(Optimizer *o);
-//       after a checkpoint's t (and a sharded one's weights, into m->host.shards)
-//       were read into o and m (the CPU: nothing)
+//       after a checkpoint's t (and a sharded one's weights, into m->host.shards or through
+//       host.shards_put) were read into o and m (the CPU: nothing)
 //
 // A test or tool can include the trainer with -DTESTING and call any of it;
 // main is the trainer's own, a call to train_main.
@@ -715,14 +718,19 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     h->quant_type = tc->quant_type;
     h->double_quant = tc->double_quant;
     h->align_blocks = tc->optim.kind == OPTIMIZER_ADAMW8BIT && tc->full_finetune;
-    // a base whole on one rank, which the backend reads where it keeps it (the GPU's): none here; but
-    // --cpu_offload's fp32 masters, which are the host's, and a sharded checkpoint read into a whole model
-    h->base_deferred = backend_streams_base && tc->quant_type == QUANT_NONE && G == 1 &&
-                       !(tc->full_finetune && ((tc->cpu_offload && !tc->pure_bf16) || resume_sharded));
+    // a base whole on one rank, or full fine-tuning's shards of it, which the backend reads where it
+    // keeps it (the GPU's): none here; but --cpu_offload's fp32 masters, which are the host's (and
+    // sharded, its bf16 ones), a sharded checkpoint read into a whole model, LoRA's shards, and the
+    // shards of units frozen in fp32 (a sharded checkpoint's could not be read again for a save: no
+    // --pure_bf16 weights hold them)
+    h->base_deferred = backend_streams_base && tc->quant_type == QUANT_NONE &&
+                       (G == 1 ? !(tc->full_finetune && ((tc->cpu_offload && !tc->pure_bf16) || resume_sharded))
+                               : tc->full_finetune && !tc->cpu_offload && !(tc->freeze_layers && !tc->pure_bf16));
+    h->base_resumed = h->base_deferred && resume_sharded; // (its weights come with its optimizer state)
     h->base_dir = weights, h->base_random = tc->random_init, h->base_seed = (uint64_t)tc->seed;
     int read_now = !tc->dry_run && !h->base_deferred;
     if (tc->random_init) rc = model_init_random(h, tc->model, (uint64_t)tc->seed, G > 1 ? f->shard.rank : 0, G, read_now);
-    else if (resume_sharded) rc = model_shape(h, tc->model, G, !tc->dry_run); // load_checkpoint reads every weight: none from --model
+    else if (resume_sharded) rc = model_shape(h, tc->model, G, read_now); // load_checkpoint reads every weight: none from --model
     else if (!read_now) rc = model_check(h, weights, G); // the shapes alone: nothing of the model's size
     else rc = G > 1 ? model_load_shard(h, weights, f->shard.rank, G) : model_load(h, weights);
     if (rc != 0) { host_model_free(h); return -1; }
@@ -1009,6 +1017,11 @@ static int state_fill(void *ctx, size_t first, size_t count, void *dst) {
     const StateRef *r = (const StateRef *)ctx;
     return optimizer_state_get(r->o, r->i, first, count, dst);
 }
+// ... and loaded through optimizer_state_set, a piece at a time (FsdpPutFn: a sharded resume)
+static void state_put(void *ctx, size_t first, size_t count, const void *src) {
+    const StateRef *r = (const StateRef *)ctx;
+    optimizer_state_set(r->o, r->i, first, count, src);
+}
 // AdamW8bit's state tensor i in a sharded checkpoint: a part of each unit (FsdpPartFn)
 static size_t state_part(void *ctx, int unit, size_t x) {
     const StateRef *r = (const StateRef *)ctx;
@@ -1025,7 +1038,7 @@ static int optimizer_state(Optimizer *o, const Model *m, FsdpBuffer states[OPTIM
         optimizer_state_count(&m->optimizer, &m->opt_tensors, o->n, i, &d);
         refs[i] = (StateRef){o, i, &m->host};
         states[i] = (FsdpBuffer){optimizer_state_names[m->optimizer.kind][i], NULL, m->host.frozen_units, state_fill, &refs[i], d,
-                                 a8 ? state_part : NULL, &refs[i]};
+                                 a8 ? state_part : NULL, &refs[i], state_put};
     }
     return n;
 }
@@ -1033,7 +1046,9 @@ static int optimizer_state(Optimizer *o, const Model *m, FsdpBuffer states[OPTIM
 // the buffers of a sharded checkpoint (fsdp.h): this rank's shards of the weights and the optimizer state
 static int sharded_buffers(Model *m, Optimizer *o, FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES], StateRef refs[OPTIMIZER_MAX_STATES],
                            char fingerprint[17]) {
-    bufs[0] = (FsdpBuffer){"params", m->host.shards, 0, NULL, NULL, ST_F32, NULL, NULL};
+    const HostModel *h = &m->host; // (the shards on the host, or where the backend keeps them)
+    bufs[0] = (FsdpBuffer){"params", h->shards, 0, h->shards ? NULL : h->shards_get, h->weights_ctx, ST_F32, NULL, NULL,
+                           h->shards ? NULL : h->shards_put};
     fsdp_fingerprint(&m->host.units, "", fingerprint);
     return 1 + optimizer_state(o, m, bufs + 1, refs);
 }
@@ -1118,7 +1133,7 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
     size_t nw = h->use_lora ? h->lora.num_params : host_sharded(h) ? h->units.shard_numel : h->num_params;
     FsdpBuffer states[OPTIMIZER_MAX_STATES];
     StateRef refs[OPTIMIZER_MAX_STATES];
-    int finite = h->weights_get && !h->use_lora ? h->weights_finite(h->weights_ctx) : all_finite(w, nw);
+    int finite = h->weights_finite && !h->use_lora ? h->weights_finite(h->weights_ctx) : all_finite(w, nw);
     int n_states = optimizer_state(o, m, states, refs), bad = !finite || !optimizer_state_finite(o);
     if (fsdp_any(&fs->world, bad)) {
         if (fs->world.rank == 0)
@@ -1187,7 +1202,7 @@ static int load_sharded_whole(const char *dir, Model *m, Optimizer *o) {
     char *buf = (char *)mallocCheck(one.shard_numel * sizeof(float)); // (every buffer's whole is at most that)
     for (int b = 0; b < nb && rc == 0; b++) {
         FsdpBuffer one_buf = bufs[b];
-        one_buf.data = buf, one_buf.fill = NULL;
+        one_buf.data = buf, one_buf.fill = NULL, one_buf.put = NULL;
         rc = fsdp_load(dir, &one, &one_buf, 1, 0, fp);
         for (int i = one_buf.first; i < one.n_units && rc == 0; i++) {
             const char *unit = (const char *)fsdp__buffer_unit(&one, &one_buf, i, 0);
@@ -1248,18 +1263,10 @@ static int load_trainable(const char *dir, Model *m, Optimizer *o) {
         FsdpBuffer bufs[1 + OPTIMIZER_MAX_STATES];
         StateRef refs[OPTIMIZER_MAX_STATES];
         char fp[17];
-        int nb = sharded_buffers(m, o, bufs, refs, fp), rc = fsdp_load(dir, &m->host.units, bufs, 1, m->fsdp->shard.rank, fp);
-        // the state a buffer at a time through this rank's shard of it
-        void *shard = nb > 1 ? mallocCheck(o->n * sizeof(float) + 1) : NULL; // (AdamW8bit's parts are smaller)
-        for (int b = 1; b < nb && rc == 0; b++) {
-            FsdpBuffer to_host = bufs[b];
-            to_host.data = shard, to_host.fill = NULL;
-            StDtype d;
-            size_t n = optimizer_state_count(&m->optimizer, &m->opt_tensors, o->n, b - 1, &d);
-            if ((rc = fsdp_load(dir, &m->host.units, &to_host, 1, m->fsdp->shard.rank, fp)) == 0) optimizer_state_set(o, b - 1, 0, n, shard);
-        }
-        free(shard);
-        return rc;
+        // the weights into the host's shards or through the backend's shards_put, the state through
+        // optimizer_state_set, a block of the file at a time
+        int nb = sharded_buffers(m, o, bufs, refs, fp);
+        return fsdp_load(dir, &m->host.units, bufs, nb, m->fsdp->shard.rank, fp);
     }
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
@@ -1741,33 +1748,50 @@ static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int
     return 0;
 }
 
-// The trained model into dir (NULL: none): the PEFT adapter (and with --merge_adapter the
-// merged model in dir/merged), or the Hugging Face model of full fine-tuning; then the GGUF
-// files of --export_gguf (the model, with a LoRA adapter merged in) and --export_gguf_adapter.
-// Collective when the base weights are sharded and rank 0 needs them whole (it
-// then holds the whole model, as PyTorch's full state dict on rank 0); the
-// files are rank 0's. Returns the exit code.
-static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, const char *tokpath) {
-    Model *m = &r->m;
-    model_sync_host(m);
-    HostModel *h = &m->host;
-    int rank0 = r->fsdp.world.rank == 0;
-    int merge = h->use_lora && ((dir && tc->merge_adapter) || tc->export_gguf[0]); // the base with the adapter folded in
-    if (host_sharded(h) && (!h->use_lora || merge)) { // every unit gathered in turn, rank 0 keeps it
-        if (rank0) {
-            h->params = (float *)mallocCheck(h->num_params * sizeof(float));
-            param_layout(&h->config, &h->w, h->params);
-        }
-        size_t biggest = 0;
-        for (int i = 0; i < h->units.n_units; i++) biggest = h->units.units[i].shard > biggest ? h->units.units[i].shard : biggest;
-        float *unit = (float *)mallocCheck(biggest * r->fsdp.shard.size * sizeof(float));
-        for (int i = 0; i < h->units.n_units; i++) {
-            fsdp_gather(&r->fsdp, &h->units.units[i], h->shards, unit);
-            if (rank0) model_put_unit(h, 0, i, unit, h->params);
-        }
-        free(unit);
+// The final save of shards the backend keeps (sharded full fine-tuning's, streamed): rank 0 writes
+// the files a piece at a time through weights_get (shard_gather_get), and every rank of its shard
+// group sends its part of each piece: rank 0 broadcasts what it asks for (unit, tensor, first,
+// count; unit -1: done), then each rank whose shard holds some of the piece reads that part from
+// its backend (shards_get) and broadcasts it, in rank order. Collective over the first shard group
+// (the other replicas hold the same shards), in the order rank 0's writers ask: no rank holds the
+// model, rank 0 a piece of it and the others their part of one.
+typedef struct { Fsdp *f; const HostModel *h; void *shards_ctx; } ShardGather;
+static void shard_gather_piece(const ShardGather *g, int u, int j, size_t first, size_t count, float *dst) {
+    const FsdpUnits *us = &g->h->units;
+    const FsdpUnit *un = &us->units[u];
+    size_t x = un->tensors[j].offset + first; // dst[0]'s element of the unit
+    for (int r = 0; r < g->f->shard.size; r++) {
+        size_t begin, held = fsdp_shard_range(un->numel, us->n_shards, us->align, r, &begin), lo;
+        size_t n = range_overlap(x, count, begin, held, &lo);
+        if (!n) continue;
+        if (r == g->f->shard.rank && g->h->shards_get(g->shards_ctx, un->shard_offset + (lo - begin), n, dst + (lo - x)) != 0)
+            fsdp_abort(&g->f->world, "reading rank %d's shard of %s back for the final save failed", r, un->name);
+        fsdp_broadcast(&g->f->shard, dst + (lo - x), n * sizeof(float), r);
     }
-    if (!rank0) return 0;
+}
+static int shard_gather_get(void *ctx, int u, int j, size_t first, size_t count, float *dst) {
+    const ShardGather *g = (const ShardGather *)ctx;
+    long long ask[4] = {u, j, (long long)first, (long long)count};
+    fsdp_broadcast(&g->f->shard, ask, sizeof ask, 0);
+    shard_gather_piece(g, u, j, first, count, dst);
+    return 0;
+}
+// the other ranks of the first shard group: each piece rank 0 asks for, until it is done
+static void shard_gather_serve(const ShardGather *g) {
+    float *piece = NULL;
+    size_t room = 0;
+    for (;;) {
+        long long ask[4];
+        fsdp_broadcast(&g->f->shard, ask, sizeof ask, 0);
+        if (ask[0] < 0) break;
+        if ((size_t)ask[3] > room) free(piece), piece = (float *)mallocCheck((room = (size_t)ask[3]) * sizeof(float));
+        shard_gather_piece(g, (int)ask[0], (int)ask[1], (size_t)ask[2], (size_t)ask[3], piece);
+    }
+    free(piece);
+}
+
+// rank 0's part of save_outputs: the files
+static int write_outputs(const TrainConfig *tc, HostModel *h, int merge, const char *dir, const char *tokpath) {
     if (dir && !h->use_lora) {
         if (model_save_hf(h, dir, tc->model, tokpath) != 0) return 1;
         printf("saved the model to %s/\n", dir);
@@ -1797,6 +1821,47 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
     if (merge) model_unmerge_adapter(h, saved);
     if (merge && h->base_deferred) free(h->params), h->params = NULL;
     return rc;
+}
+
+// The trained model into dir (NULL: none): the PEFT adapter (and with --merge_adapter the
+// merged model in dir/merged), or the Hugging Face model of full fine-tuning; then the GGUF
+// files of --export_gguf (the model, with a LoRA adapter merged in) and --export_gguf_adapter.
+// Collective when the base weights are sharded: shards the backend keeps stream to rank 0 a
+// piece at a time as it writes them (shard_gather_get); shards in host memory (LoRA's base to
+// merge into, units frozen in fp32) are gathered whole into rank 0 (as PyTorch's full state
+// dict on rank 0). The files are rank 0's. Returns the exit code.
+static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, const char *tokpath) {
+    Model *m = &r->m;
+    model_sync_host(m);
+    HostModel *h = &m->host;
+    int rank0 = r->fsdp.world.rank == 0;
+    int merge = h->use_lora && ((dir && tc->merge_adapter) || tc->export_gguf[0]); // the base with the adapter folded in
+    if (host_sharded(h) && !h->use_lora && !h->shards) {
+        ShardGather g = {&r->fsdp, h, h->weights_ctx};
+        if (r->fsdp.replica.rank != 0) return 0;
+        if (!rank0) { shard_gather_serve(&g); return 0; }
+        h->weights_get = shard_gather_get, h->weights_ctx = &g;
+        int rc = write_outputs(tc, h, merge, dir, tokpath);
+        long long done[4] = {-1, 0, 0, 0};
+        fsdp_broadcast(&r->fsdp.shard, done, sizeof done, 0);
+        h->weights_get = NULL, h->weights_ctx = g.shards_ctx;
+        return rc;
+    }
+    if (host_sharded(h) && (!h->use_lora || merge)) { // every unit gathered in turn, rank 0 keeps it
+        if (rank0) {
+            h->params = (float *)mallocCheck(h->num_params * sizeof(float));
+            param_layout(&h->config, &h->w, h->params);
+        }
+        size_t biggest = 0;
+        for (int i = 0; i < h->units.n_units; i++) biggest = h->units.units[i].shard > biggest ? h->units.units[i].shard : biggest;
+        float *unit = (float *)mallocCheck(biggest * r->fsdp.shard.size * sizeof(float));
+        for (int i = 0; i < h->units.n_units; i++) {
+            fsdp_gather(&r->fsdp, &h->units.units[i], h->shards, unit);
+            if (rank0) model_put_unit(h, 0, i, unit, h->params);
+        }
+        free(unit);
+    }
+    return rank0 ? write_outputs(tc, h, merge, dir, tokpath) : 0;
 }
 
 // the host memory available now (/proc/meminfo's MemAvailable: free, and what the kernel can

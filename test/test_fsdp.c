@@ -360,7 +360,7 @@ static void test_load_refusals(void) {
     FsdpUnits u;
     model_units(&c, &u, 2);
     float *out = (float *)mallocCheck(u.shard_numel * sizeof(float));
-    FsdpBuffer b = {"params", out, 0, NULL, NULL, ST_F32, NULL, NULL};
+    FsdpBuffer b = {"params", out, 0, NULL, NULL, ST_F32, NULL, NULL, NULL};
     int refused = 0;
     for (int r = 0; r < 2; r++) {
         LoadArgs a = {dir, &u, &b, 1, r, ""};
@@ -409,7 +409,7 @@ static const char *buf_names[NBUF] = {"params", "exp_avg", "exp_avg.codes"};
 static void fill_buffers(const FsdpUnits *u, int rank, FsdpBuffer *bufs, size_t bytes[NBUF]) {
     for (int b = 0; b < NBUF; b++) {
         int part = b == 2;
-        bufs[b] = (FsdpBuffer){buf_names[b], NULL, 0, NULL, NULL, part ? ST_U8 : ST_F32, part ? matrix_part : NULL, (void *)u};
+        bufs[b] = (FsdpBuffer){buf_names[b], NULL, 0, NULL, NULL, part ? ST_U8 : ST_F32, part ? matrix_part : NULL, (void *)u, NULL};
         size_t n = 0; // the rank's part of every unit
         for (int i = 0; part && i < u->n_units; i++) {
             size_t begin, count = fsdp_shard_range(u->units[i].numel, u->n_shards, u->align, rank, &begin);
@@ -430,17 +430,39 @@ static void fill_buffers(const FsdpUnits *u, int rank, FsdpBuffer *bufs, size_t 
 }
 static void free_buffers(FsdpBuffer *bufs) { for (int b = 0; b < NBUF; b++) free(bufs[b].data); }
 
-// loads rank's shards from dir; 1 if they are the expected values bit for bit, padding zero
+// a put (FsdpPutFn) into memory standing in for a buffer kept elsewhere (the CUDA trainer's, on
+// its GPU): src's elements at first; most: the longest piece put
+typedef struct { char *data; size_t es, most; } PutTarget;
+static void put_into(void *ctx, size_t first, size_t count, const void *src) {
+    PutTarget *t = (PutTarget *)ctx;
+    memcpy(t->data + first * t->es, src, count * t->es);
+    t->most = count > t->most ? count : t->most;
+}
+
+// loads rank's shards from dir; 1 if they are the expected values bit for bit, padding zero: into
+// the buffers' data, and through their put (data NULL) into zeroed memory, no piece longer than a block
 static int ckpt_matches(const char *dir, const FsdpUnits *u, int rank, const char *fp) {
-    FsdpBuffer got[NBUF], want[NBUF];
+    FsdpBuffer got[NBUF], want[NBUF], put[NBUF];
+    PutTarget to[NBUF];
     size_t bytes[NBUF];
     fill_buffers(u, rank, want, bytes);
     fill_buffers(u, rank, got, NULL);
-    for (int b = 0; b < NBUF; b++) memset(got[b].data, 0xff, bytes[b]); // NaN: must all be overwritten
-    int ok = fsdp_load(dir, u, got, NBUF, rank, fp) == 0;
-    for (int b = 0; b < NBUF; b++) ok &= memcmp(got[b].data, want[b].data, bytes[b]) == 0;
+    fill_buffers(u, rank, put, NULL);
+    for (int b = 0; b < NBUF; b++) {
+        memset(got[b].data, 0xff, bytes[b]); // NaN: must all be overwritten
+        memset(put[b].data, 0, bytes[b]);
+        to[b] = (PutTarget){(char *)put[b].data, (size_t)st_dtype_size(put[b].dtype), 0};
+        put[b].data = NULL, put[b].put = put_into, put[b].ctx = &to[b];
+    }
+    int ok = fsdp_load(dir, u, got, NBUF, rank, fp) == 0 && fsdp_load(dir, u, put, NBUF, rank, fp) == 0;
+    for (int b = 0; b < NBUF; b++) {
+        ok &= memcmp(got[b].data, want[b].data, bytes[b]) == 0 && memcmp(to[b].data, want[b].data, bytes[b]) == 0;
+        ok &= to[b].most > 0 && to[b].most <= FSDP_CKPT_BLOCK;
+        put[b].data = to[b].data;
+    }
     free_buffers(got);
     free_buffers(want);
+    free_buffers(put);
     return ok;
 }
 
@@ -486,7 +508,8 @@ static void test_checkpoints(void) {
             int ok = 1;
             for (int r = 0; r < n; r++) ok &= ckpt_matches(dir, &u, r, fp);
             snprintf(what, sizeof what, "checkpoint saved at n = %d (shards aligned to %zu), loaded at n = %d (to %zu): every rank's "
-                     "buffers bit-identical, a byte buffer of a part of each unit's elements too", saved, saved_align, n, align);
+                     "buffers bit-identical, a byte buffer of a part of each unit's elements too, into memory and through put", saved,
+                     saved_align, n, align);
             CHECK(ok, what, "mismatch or load error");
             fsdp_units_free(&u);
         }
@@ -537,7 +560,7 @@ static void test_checkpoints(void) {
     rc = capture(load_args, &xa, msg, sizeof msg);
     CHECK(rc != 0 && strstr(msg, "the checkpoint is of another model") && strcmp(fp, xfp) != 0,
           "checkpoint load refuses the same shapes with another model identity", "%s", msg);
-    FsdpBuffer more[NBUF + 1] = {bufs[0], bufs[1], bufs[2], {"exp_avg_sq", bufs[1].data, 0, NULL, NULL, ST_F32, NULL, NULL}};
+    FsdpBuffer more[NBUF + 1] = {bufs[0], bufs[1], bufs[2], {"exp_avg_sq", bufs[1].data, 0, NULL, NULL, ST_F32, NULL, NULL, NULL}};
     LoadArgs ma = {ref, &u, more, NBUF + 1, 1, fp};
     rc = capture(load_args, &ma, msg, sizeof msg);
     CHECK(rc != 0 && strstr(msg, "has no buffer \"exp_avg_sq\""), "checkpoint load refuses a buffer it does not hold", "%s", msg);

@@ -168,8 +168,9 @@ check "--quantize nf4 over two ranks plans a rank's shards of the runs and the s
 # one process streams the base from the files to the GPU (model_stream_base) and saves it back a
 # staging buffer at a time, so it holds a piece of 2^24 fp32 elements, 64.0 MiB, not the fp32 model
 # (6738415616 x 4 bytes = 25705.0 MiB), and its whole plan stays under 1 GiB (the piece, the
-# checkpoint staging buffer of 256.0 MiB, the tokens); a rank of two holds its shard, 3369207808 x 4
-# = 12852.5 MiB. Then the run itself with --cpu_offload 1 (whose host masters, gradients and
+# checkpoint staging buffer of 256.0 MiB, the tokens); so does a rank of two, and of four
+# (FULL_SHARD), whose shard streams the same way, where it held its shard (3369207808 x 4 =
+# 12852.5 MiB, and a quarter of the model, 6.3 GiB). Then the run itself with --cpu_offload 1 (whose host masters, gradients and
 # AdamW's moments take 16 bytes a parameter: 100.7 GiB) and --host_memory_limit 20 (GiB): refused before any
 # weight is loaded (still under the 4 GiB), with its plan.
 FARGS=(--model "$TMP/7b" --random_init --tokenizer test/fixtures/tiny_gqa/tokenizer.model --data test/fixtures/data.jsonl
@@ -183,11 +184,15 @@ host_total=$(awk '/^host memory plan/ { h = 1 } h && /^  total/ { print $2; exit
     awk -v t="$host_total" 'BEGIN { exit !(t + 0 > 0 && t + 0 < 1024) }'
 check "Llama-2-7B full fine-tuning planned in 4 GiB of address space: the host plan ($host_total MiB) holds a streamed piece and the staging buffer, not the fp32 model" $? \
     "exit $rc: $(grep -A5 '^host memory' "$TMP/full7b.log"; tail -2 "$TMP/full7b.log")"
-(ulimit -v 4194304; dev/launch.sh 2 ./train_llama2cu "${FARGS[@]}" --dry_run --collectives host) >"$TMP/full7b_w2.log" 2>&1
-rc=$?
-[ $rc -eq 0 ] && plan_line "$TMP/full7b_w2.log" "base weights \(fp32: held, or streamed\)" | grep -qE " 12852\.5 MiB"
-check "the same over two ranks in 4 GiB: rank 0's host plan holds its half of the weights" $? \
-    "exit $rc: $(grep -A2 '^host memory' "$TMP/full7b_w2.log"; tail -2 "$TMP/full7b_w2.log")"
+for w in 2 4; do
+    (ulimit -v 4194304; dev/launch.sh $w ./train_llama2cu "${FARGS[@]}" --dry_run --collectives host) >"$TMP/full7b_w$w.log" 2>&1
+    rc=$?
+    host_total=$(awk '/^host memory plan/ { h = 1 } h && /^  total/ { print $2; exit }' "$TMP/full7b_w$w.log")
+    [ $rc -eq 0 ] && plan_line "$TMP/full7b_w$w.log" "base weights \(fp32: held, or streamed\)" | grep -qE " 64\.0 MiB" &&
+        awk -v t="$host_total" 'BEGIN { exit !(t + 0 > 0 && t + 0 < 1024) }'
+    check "the same over $w ranks (FULL_SHARD) in 4 GiB: rank 0's host plan ($host_total MiB) holds a streamed piece of its shard, not the shard" $? \
+        "exit $rc: $(grep -A5 '^host memory' "$TMP/full7b_w$w.log"; tail -2 "$TMP/full7b_w$w.log")"
+done
 # LoRA's frozen base goes from the files to the GPU a piece at a time (model_stream_base): the host
 # plan holds one piece of 2^24 fp32 elements, 64.0 MiB, where it held the whole model, and LoRA's
 # (all-linear, r = 8: 19988480 parameters) weights and gradients, 152.5 MiB

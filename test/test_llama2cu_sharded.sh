@@ -108,6 +108,64 @@ for c in "1 adamw" "2 adamw" "1 adamw8bit" "1 anyprecision" "2 anyprecision"; do
     check "full fine-tuning, $2, W = $w: killed after step 3, resumed from checkpoint 2 == uninterrupted, bit for bit ($files)" $rc \
         "$(tail -3 "$TMP/killed-$tag.log")"
 done
+# Sharded full fine-tuning streams each rank's shards between the files and the GPU: loaded a piece at
+# a time (model_stream_base; a sharded checkpoint's through fsdp_load's put), saved a staging buffer at
+# a time from the GPU (shards_get; the final model and --export_gguf by rank 0 as the ranks send it
+# each piece, shard_gather_get), never held in host memory. With SGD at lr 0 (no state, and the
+# weights as loaded: a zero update leaves them) a checkpoint's shard files and index, the final
+# model.safetensors and the GGUF file == the CPU trainer's, byte for byte (it reads its shards into
+# host memory, fsdp_load_model, saves them from there, and gathers the whole model into rank 0 for the
+# final files): W = 2 FULL_SHARD, 3 SHARD_GRAD_OP and 4 HYBRID_SHARD (2 x 2), each also killed after
+# step 2 and resumed from checkpoint 1 (its shards put back through fsdp_load) == uninterrupted, byte for byte
+for c in "2 FULL_SHARD 2" "3 SHARD_GRAD_OP 3" "4 HYBRID_SHARD 2"; do
+    set -- $c
+    tag="lr0-$1-$2" files="fsdp_index.json"
+    for ((k = 0; k < $3; k++)); do files+=" $(printf 'fsdp-%05d-of-%05d.safetensors' $k $3)"; done
+    args=("${FULL[@]}" --batch_size 1 --max_steps 2 --save_every 1 --optimizer sgd --lr 0 --sharding_strategy $2)
+    [ $2 = HYBRID_SHARD ] && args+=(--shard_group 2)
+    emu "env $1" "$TMP/$tag" "${args[@]}" --collectives host --export_gguf "$TMP/$tag.gguf"
+    timeout $TIMEOUT dev/launch.sh $1 "$BIN" "${COMMON[@]}" "${args[@]}" --output_dir "$TMP/$tag-cpu" \
+        --metrics_file "$TMP/$tag-cpu.jsonl" --export_gguf "$TMP/$tag-cpu.gguf" >"$TMP/$tag-cpu.log" 2>&1
+    rc=$?
+    for f in $files; do cmp "$TMP/$tag/checkpoint-2/$f" "$TMP/$tag-cpu/checkpoint-2/$f" >>"$TMP/$tag.log" 2>&1 || rc=1; done
+    check "sharded full fine-tuning, W = $1 $2, SGD at lr 0: the checkpoint == the CPU trainer's, byte for byte ($files)" $rc \
+        "$(tail -3 "$TMP/$tag.log")"
+    cmp "$TMP/$tag/model.safetensors" "$TMP/$tag-cpu/model.safetensors" >>"$TMP/$tag.log" 2>&1 &&
+        cmp "$TMP/$tag.gguf" "$TMP/$tag-cpu.gguf" >>"$TMP/$tag.log" 2>&1
+    check "sharded full fine-tuning, W = $1 $2, SGD at lr 0: the final model and --export_gguf == the CPU trainer's, byte for byte" $? \
+        "$(tail -3 "$TMP/$tag.log")"
+    LLAMA2TUNE_FAULT=step:2 emu "env $1" "$TMP/$tag-killed" "${args[@]}" --collectives host
+    emu "env $1" "$TMP/$tag-killed" "${args[@]}" --collectives host --resume "$TMP/$tag-killed"
+    rc=$?
+    for f in $files; do cmp -s "$TMP/$tag/checkpoint-2/$f" "$TMP/$tag-killed/checkpoint-2/$f" || rc=1; done
+    grep -q "resumed from $TMP/$tag-killed/checkpoint-1 at step 1" "$TMP/$tag-killed.log" || rc=1
+    check "sharded full fine-tuning, W = $1 $2, SGD at lr 0: killed after step 2, resumed from checkpoint 1 == uninterrupted, byte for byte" $rc \
+        "$(tail -3 "$TMP/$tag-killed.log")"
+done
+# at lr 5e-3 (AdamW; the shards move): W = 3 SHARD_GRAD_OP killed after step 3, resumed from its checkpoint 2
+# == uninterrupted, bit for bit (W = 2 FULL_SHARD: above); one process's checkpoint 2 (model.safetensors, the
+# whole model read a rank's shard at a time, a piece at a time) resumed at W = 2 FULL_SHARD, and --pure_bf16
+# with --freeze_layers 1 at W = 2 (the frozen units' shards in the bf16 weights, saved from there) == one
+# process, at the tolerances above
+S3=("${FULL[@]}" --batch_size 2 --sharding_strategy SHARD_GRAD_OP --collectives host --save_every 2)
+emu "env 3" "$TMP/sgo-3" "${S3[@]}"
+LLAMA2TUNE_FAULT=step:3 emu "env 3" "$TMP/sgo-3-killed" "${S3[@]}"
+emu "env 3" "$TMP/sgo-3-killed" "${S3[@]}" --resume "$TMP/sgo-3-killed"
+rc=$?
+for f in fsdp-0000{0,1,2}-of-00003.safetensors; do cmp -s "$TMP/sgo-3/checkpoint-4/$f" "$TMP/sgo-3-killed/checkpoint-4/$f" || rc=1; done
+check "full fine-tuning, W = 3 SHARD_GRAD_OP: killed after step 3, resumed from checkpoint 2 == uninterrupted, bit for bit" $rc \
+    "$(tail -3 "$TMP/sgo-3-killed.log")"
+emu none "$TMP/whole-1" "${FULL[@]}" --batch_size 6 --save_every 2
+mkdir -p "$TMP/whole-2" && cp -r "$TMP/whole-1/checkpoint-2" "$TMP/whole-2/" && head -2 "$TMP/whole-1.jsonl" >"$TMP/whole-2.jsonl"
+emu "env 2" "$TMP/whole-2" "${FULL[@]}" --batch_size 3 --sharding_strategy FULL_SHARD --collectives host --resume "$TMP/whole-2"
+grep -q "resumed from $TMP/whole-2/checkpoint-2 at step 2" "$TMP/whole-2.log"
+check "one process's checkpoint resumed at W = 2 FULL_SHARD" $? "$(tail -3 "$TMP/whole-2.log")"
+close "one process's checkpoint resumed at W = 2 FULL_SHARD == one process uninterrupted" "$TMP/whole-2" "$TMP/whole-1" $SELF_TOL model.safetensors
+PF=(--model test/fixtures/tiny_tied --full_finetune --pure_bf16 1 --optimizer anyprecision --precision bf16 --freeze_layers 1)
+emu none "$TMP/pf-1" "${PF[@]}" --batch_size 6
+emu "env 2" "$TMP/pf-2" "${PF[@]}" --batch_size 3 --sharding_strategy FULL_SHARD --collectives host
+WEIGHT_TOL=1e-2 close "pure bf16, --freeze_layers 1, W = 2 FULL_SHARD == one process" "$TMP/pf-2" "$TMP/pf-1" 5e-3 model.safetensors
+
 # AdamW8bit (fp32): the emulated build's trajectory == the CPU trainer's (the tolerance above: the
 # kernels == the CPU twin bit for bit from equal inputs, dev/cuda/adamw8bit.cu; the products' orders
 # differ), and LoRA over W = 2 FULL_SHARD == one process

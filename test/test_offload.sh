@@ -18,7 +18,8 @@
 # checkpoint rotation deleted those files). Ranks (dev/launch.sh, --collectives
 # host): W = 2 FULL_SHARD, 3 SHARD_GRAD_OP (a shard's gradient added on the host), 2
 # NO_SHARD (summed over the host's communicator); a NaN planted in a weight's file is not
-# saved without the offload (fp32 masters, --pure_bf16); --dry_run's host plan.
+# saved without the offload (fp32 masters, --pure_bf16; one process and W = 2 FULL_SHARD) nor
+# --pure_bf16 offloaded; --dry_run's host plan.
 # --pure_bf16 1 --optimizer anyprecision (the host keeps the bf16 parameters, the step's bf16
 # gradient and the bf16 state): whole sequences, 2 micro-batches, clipped (each micro-batch's
 # gradient rounded into the bf16 sum on the host); chunks of 7 with Kahan summation (the fp32
@@ -169,18 +170,25 @@ check "the overlapped step: NaN gradients at step 3 stop the run (exit 1, the me
 # a NaN in a trained weight is never saved: without the offload the check runs on the GPU
 # (masters_finite: each tensor's sum), and says what trainer.h's check of host weights says.
 # The NaN is planted in the file (the final norm's last element, bf16 0x7fc0): every step's
-# loss is NaN and skipped, so the optimizer state stays zero and the weights alone trip it
+# loss is NaN and skipped, so the optimizer state stays zero and the weights alone trip it.
+# One process, and W = 2 FULL_SHARD (the NaN in rank 1's shard, which streams to its GPU: its
+# check trips and every rank refuses)
 cp -r test/fixtures/tiny_tied "$TMP/nan_model"
 f="$TMP/nan_model/model-00002-of-00002.safetensors"
 printf '\xc0\x7f' | dd of="$f" bs=1 seek=$(($(stat -c %s "$f") - 2)) conv=notrunc status=none
-for how in "fp32 masters:" "--pure_bf16 1:--pure_bf16 1 --optimizer anyprecision" \
-    "--pure_bf16 1 offloaded:--pure_bf16 1 --optimizer anyprecision --cpu_offload 1"; do
-    run none "$TMP/nan" --model "$TMP/nan_model" --max_steps 2 --save_every 1 ${how#*:}
-    rc=$?
-    [ $rc -eq 1 ] && grep -q "error: not saving checkpoint 1: the trainable weights or the optimizer state hold NaN or inf" "$TMP/nan.log" &&
-        [ ! -e "$TMP/nan/checkpoint-1" ]
-    check "a NaN weight (${how%%:*}) is not saved: exit 1 at checkpoint 1 with the message" $? "exit $rc: $(grep error "$TMP/nan.log" | tail -2)"
-    rm -rf "$TMP/nan"
+for w in none 2; do
+    for how in "fp32 masters:" "--pure_bf16 1:--pure_bf16 1 --optimizer anyprecision" \
+        "--pure_bf16 1 offloaded:--pure_bf16 1 --optimizer anyprecision --cpu_offload 1"; do
+        run $w "$TMP/nan" --model "$TMP/nan_model" --max_steps 2 --save_every 1 --collectives host ${how#*:}
+        rc=$?
+        [ $rc -eq 1 ] && grep -q "error: not saving checkpoint 1: the trainable weights or the optimizer state hold NaN or inf" "$TMP/nan.log" &&
+            [ ! -e "$TMP/nan/checkpoint-1" ]
+        ok=$? where=""
+        [ $w = 2 ] && where=", W = 2 FULL_SHARD"
+        check "a NaN weight (${how%%:*}$where) is not saved: exit 1 at checkpoint 1 with the message" $ok \
+            "exit $rc: $(grep error "$TMP/nan.log" | tail -2)"
+        rm -rf "$TMP/nan"
+    done
 done
 
 # the plan: the offloaded state on the host's side, off the GPU's
