@@ -74,8 +74,10 @@ step "test_llama2cu --big_logits" 240 test/test_llama2cu --big_logits 35200
 step "build the CPU trainer" 120 make -j"$(nproc)" train_llama2 test/st_compare
 step "sharded on one GPU" 400 env EMU_BIN=./train_llama2cu test/test_llama2cu_sharded.sh
 # --cpu_offload 1 == without it, bit for bit, on the GPU (the host step against the kernels,
-# the unit gradients' trips to the host), one rank and several sharing the GPU
-step "cpu offload" 120 env EMU_BIN=./train_llama2cu test/test_offload.sh
+# the unit gradients' trips to the host; the step overlapped with the backward where unclipped,
+# its threads and streams for real; --pure_bf16 offloaded), one rank and several sharing the GPU
+# (about 90 trainer runs: 90 s emulated on 2 cores)
+step "cpu offload" 240 env EMU_BIN=./train_llama2cu test/test_offload.sh
 # --context_parallel 2 and 3 (and 2 x 2) with ranks sharing the GPU: == one process and the CPU
 # trainer, sampling, the refusals
 step "context parallel on one GPU" 180 env EMU_BIN=./train_llama2cu test/test_llama2cu_context.sh
