@@ -24,8 +24,8 @@
 # gradient and the bf16 state): whole sequences, 2 micro-batches, clipped (each micro-batch's
 # gradient rounded into the bf16 sum on the host); chunks of 7 with Kahan summation (the fp32
 # micro-batch sum on the host, then rounded); --freeze_layers 1 (the parameters in runs); W = 2
-# FULL_SHARD in chunks, 3 SHARD_GRAD_OP with Kahan, 2 NO_SHARD clipped (the bf16 sum over ranks in
-# fp32, rounded once); killed and resumed, one process and W = 2 (the base, or each rank's shards,
+# FULL_SHARD in chunks and with --freeze_layers 1, 3 SHARD_GRAD_OP with Kahan, 2 NO_SHARD
+# clipped (the bf16 sum over ranks in fp32, rounded once); killed and resumed, one process and W = 2 (the base, or each rank's shards,
 # streamed to the GPU's bf16 weights and copied down; the resume's through shards_put); the CPU
 # trainer, which holds it all on the host anyway, takes the combination and changes nothing;
 # Llama-2-7B's plans, one process and four ranks (no fp32 shard on the host).
@@ -112,6 +112,8 @@ pair "pure bf16: chunks of 7, 2 micro-batches, Kahan, clipped" none "$W1" "${PUR
     --chunk_size 7 --kahan_summation 1 --grad_clip 0.05
 pair "pure bf16: --freeze_layers 1" none "$W1" "${PURE[@]}" --batch_size 4 --freeze_layers 1
 pair "pure bf16: W = 2 FULL_SHARD, chunks of 7" 2 "$S2" "${PURE[@]}" --batch_size 2 --sharding_strategy FULL_SHARD --collectives host --chunk_size 7
+pair "pure bf16: W = 2 FULL_SHARD, --freeze_layers 1" 2 "$S2" "${PURE[@]}" --batch_size 2 --sharding_strategy FULL_SHARD --collectives host \
+    --freeze_layers 1
 pair "pure bf16: W = 3 SHARD_GRAD_OP, 2 micro-batches, Kahan" 3 \
     "model.safetensors $(printf 'checkpoint-4/fsdp-%05d-of-00003.safetensors ' 0 1 2)" \
     "${PURE[@]}" --batch_size 1 --gradient_accumulation_steps 2 --sharding_strategy SHARD_GRAD_OP --collectives host --kahan_summation 1
