@@ -2214,7 +2214,8 @@ static void model_sync_host(Model *m) {
 // are read after model_alloc), onto the device with the copy the matmuls read (the
 // optimizer state went there as it was read: optimizer_state_set); a streamed base is
 // the checkpoint's already (model_alloc read it from there; a sharded checkpoint's went into
-// the masters as it was read, shards_put: only their copy is left)
+// the masters as it was read, shards_put: only their copy is left, and --cpu_offload's bf16
+// parameters, the host's copy of what went into the GPU's bf16 weights)
 static void optimizer_sync_device(Optimizer *o) {
     Model *m = o->model;
     const HostModel *h = &m->host;
@@ -2224,6 +2225,7 @@ static void optimizer_sync_device(Optimizer *o) {
         else weights_upload(m);
     } else if (h->full_finetune && (!h->base_deferred || h->base_resumed)) {
         if (!h->base_deferred) masters_upload(m); // (--pure_bf16: into the bf16 weights themselves, nothing more to copy)
+        if (m->cpu_offload) params_bf16_copy(m, cudaMemcpyDeviceToHost); // (streamed offloaded: --pure_bf16)
         if (h->frozen_units && !m->pure_bf16) weights_refresh(m);
         else if (!m->pure_bf16) with_precision(m, [&](auto tag) {
             using floatX = typename decltype(tag)::type;

@@ -96,7 +96,7 @@
 //                              free without --memory_limit; 0: --batch_size auto needs it
 //   static const int backend_streams_base;  1: a base whole on one rank (LoRA's; full
 //                              fine-tuning's without --cpu_offload's fp32 masters), or full fine-tuning's
-//                              shards of it, is not loaded into m->host (base_deferred):
+//                              shards of it (without them too), is not loaded into m->host (base_deferred):
 //                              model_alloc reads it (model_stream_base; a sharded checkpoint's:
 //                              load_trainable through host.shards_put) where the backend
 //                              computes from it, and full fine-tuning's saves read the weights
@@ -719,13 +719,15 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     h->double_quant = tc->double_quant;
     h->align_blocks = tc->optim.kind == OPTIMIZER_ADAMW8BIT && tc->full_finetune;
     // a base whole on one rank, or full fine-tuning's shards of it, which the backend reads where it
-    // keeps it (the GPU's): none here; but --cpu_offload's fp32 masters, which are the host's (and
-    // sharded, its bf16 ones), a sharded checkpoint read into a whole model, LoRA's shards, and the
-    // shards of units frozen in fp32 (a sharded checkpoint's could not be read again for a save: no
-    // --pure_bf16 weights hold them)
+    // keeps it (the GPU's): none here (--pure_bf16 --cpu_offload: the GPU's bf16 weights, copied
+    // down once into the host's bf16 parameters); but --cpu_offload's fp32 masters, which are the
+    // host's, a sharded checkpoint read into a whole model, LoRA's shards, and the shards of units
+    // frozen in fp32 (a sharded checkpoint's could not be read again for a save: no --pure_bf16
+    // weights hold them)
+    int fp32_offload = tc->cpu_offload && !tc->pure_bf16;
     h->base_deferred = backend_streams_base && tc->quant_type == QUANT_NONE &&
-                       (G == 1 ? !(tc->full_finetune && ((tc->cpu_offload && !tc->pure_bf16) || resume_sharded))
-                               : tc->full_finetune && !tc->cpu_offload && !(tc->freeze_layers && !tc->pure_bf16));
+                       (G == 1 ? !(tc->full_finetune && (fp32_offload || resume_sharded))
+                               : tc->full_finetune && !fp32_offload && !(tc->freeze_layers && !tc->pure_bf16));
     h->base_resumed = h->base_deferred && resume_sharded; // (its weights come with its optimizer state)
     h->base_dir = weights, h->base_random = tc->random_init, h->base_seed = (uint64_t)tc->seed;
     int read_now = !tc->dry_run && !h->base_deferred;

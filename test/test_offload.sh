@@ -24,10 +24,11 @@
 # gradient and the bf16 state): whole sequences, 2 micro-batches, clipped (each micro-batch's
 # gradient rounded into the bf16 sum on the host); chunks of 7 with Kahan summation (the fp32
 # micro-batch sum on the host, then rounded); --freeze_layers 1 (the parameters in runs); W = 2
-# FULL_SHARD in chunks, 3 SHARD_GRAD_OP with Kahan, 2 NO_SHARD clipped (the bf16 sum over ranks in
-# fp32, rounded once); killed and resumed, one process (the streamed base) and W = 2 (the shards);
-# the CPU trainer, which holds it all on the host anyway, takes the combination and changes nothing;
-# Llama-2-7B's plans.
+# FULL_SHARD in chunks and with --freeze_layers 1, 3 SHARD_GRAD_OP with Kahan, 2 NO_SHARD
+# clipped (the bf16 sum over ranks in fp32, rounded once); killed and resumed, one process and W = 2 (the base, or each rank's shards,
+# streamed to the GPU's bf16 weights and copied down; the resume's through shards_put); the CPU
+# trainer, which holds it all on the host anyway, takes the combination and changes nothing;
+# Llama-2-7B's plans, one process and four ranks (no fp32 shard on the host).
 # The cases with --grad_clip 0 but fp16 and NO_SHARD step each unit as its gradient becomes
 # final, overlapped with the backward (train_llama2.cu's OffloadStep; fp16's loss scale and
 # NO_SHARD's sum over replicas keep the step after the backward): LLAMA2TUNE_OFFLOAD_LOG's
@@ -111,6 +112,8 @@ pair "pure bf16: chunks of 7, 2 micro-batches, Kahan, clipped" none "$W1" "${PUR
     --chunk_size 7 --kahan_summation 1 --grad_clip 0.05
 pair "pure bf16: --freeze_layers 1" none "$W1" "${PURE[@]}" --batch_size 4 --freeze_layers 1
 pair "pure bf16: W = 2 FULL_SHARD, chunks of 7" 2 "$S2" "${PURE[@]}" --batch_size 2 --sharding_strategy FULL_SHARD --collectives host --chunk_size 7
+pair "pure bf16: W = 2 FULL_SHARD, --freeze_layers 1" 2 "$S2" "${PURE[@]}" --batch_size 2 --sharding_strategy FULL_SHARD --collectives host \
+    --freeze_layers 1
 pair "pure bf16: W = 3 SHARD_GRAD_OP, 2 micro-batches, Kahan" 3 \
     "model.safetensors $(printf 'checkpoint-4/fsdp-%05d-of-00003.safetensors ' 0 1 2)" \
     "${PURE[@]}" --batch_size 1 --gradient_accumulation_steps 2 --sharding_strategy SHARD_GRAD_OP --collectives host --kahan_summation 1
@@ -218,6 +221,18 @@ for c in "0 0 53082.1" "1 0 65934.6" "0 16 77243.0"; do
     check "Llama-2-7B --pure_bf16 --cpu_offload 1, Kahan $1, chunks of $2 (0: whole): 14188.5 MiB on the GPU, $3 MiB offloaded" $? \
         "exit $rc: $(grep -A12 '^memory plan' "$TMP/pure7b.log" | tail -12)"
 done
+# ... and over four ranks (FULL_SHARD): a rank's shard of 1684603904 parameters (the 6738415616
+# divide by 4 unit by unit, no padding) as 8 bytes on the host (12852.5 MiB), two stages of the
+# widest shard, a layer's 202383360 / 4 x 4 bytes (386.0), the step's two 64 MiB pieces: 13366.5;
+# the base a streamed 64 MiB piece, not the rank's fp32 shards (1684603904 x 4 = 6426.0 MiB more)
+dev/launch.sh 4 "$EMU_BIN" --model "$TMP/7b" --random_init --tokenizer test/fixtures/tiny_gqa/tokenizer.model \
+    --data test/fixtures/data.jsonl --max_seq_len 512 --batch_size 1 --full_finetune --activation_checkpointing \
+    --output_dir "$TMP/out" --pure_bf16 1 --optimizer anyprecision --cpu_offload 1 --collectives host --dry_run >"$TMP/pure7b4.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -qE "offloaded grads and optimizer state +13366\.5 MiB" "$TMP/pure7b4.log" &&
+    grep -qE "base weights \(fp32: held, or streamed\) +64\.0 MiB" "$TMP/pure7b4.log"
+check "Llama-2-7B x 4 FULL_SHARD --pure_bf16 --cpu_offload 1: a rank's host 13366.5 MiB offloaded, its shards a streamed 64 MiB piece" $? \
+    "exit $rc: $(grep -A7 '^host memory plan' "$TMP/pure7b4.log" | tail -7)"
 rc=0
 "$EMU_BIN" --model test/fixtures/tiny_tied --data test/fixtures/data.jsonl --cpu_offload 1 >"$TMP/lora.log" 2>&1 && rc=1
 grep -q -- "--cpu_offload .*--full_finetune" "$TMP/lora.log" || rc=1
