@@ -1042,7 +1042,8 @@ template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
 // sum over replicas: offload_step_start, optimizer_begin_step), each unit that trains steps
 // on the host as soon as its gradient there is final (the step's last micro-batch, its first
 // chunk's backward over the unit), on a worker thread, while the GPU runs the rest of the
-// backward. The worker touches the unit's masters, gradients and state on the host alone;
+// backward. The worker touches the unit's masters, gradients and state (--pure_bf16: its bf16
+// parameters, gradient and state; whole sequences only: offload_step_start) on the host alone;
 // this thread makes every CUDA call: it waits for each unit's last gradient copy in the order
 // the backward made them (offload_step_dispatch; sharded, grads_add_staged hands each shard
 // over once it has added it), and uploads each stepped unit's new weights on a stream of
@@ -1069,6 +1070,13 @@ typedef struct OffloadStep {
 } OffloadStep;
 
 static void optimizer_update_host(Model *m, size_t first, size_t n, int t, float lr); // (the optimizer's section)
+static void anyprecision_step_host(Model *m, size_t first, size_t n, int t, float lr, double norm, float inv_scale);
+// the overlapped step's update of elements [first, first + n): --pure_bf16's unclipped and
+// unscaled (clip_grads then changes nothing: the norm is not needed)
+static void offload_step_update(Model *m, size_t first, size_t n, int t, float lr) {
+    if (m->pure_bf16) anyprecision_step_host(m, first, n, t, lr, 0.0, 1.0f);
+    else optimizer_update_host(m, first, n, t, lr);
+}
 
 // where unit u's shard is in the trainable units' shards (sharded m->grads, m->params)
 static size_t trainable_shard_at(const HostModel *h, int u) {
@@ -1090,9 +1098,9 @@ static void *offload_step_worker(void *arg) {
         int u = w->queue[w->taken++];
         const FsdpUnit *un = &h->units.units[u];
         pthread_mutex_unlock(&w->lock);
-        if (m->sharded) optimizer_update_host(m, trainable_shard_at(h, u), un->shard, w->t, w->lr);
+        if (m->sharded) offload_step_update(m, trainable_shard_at(h, u), un->shard, w->t, w->lr);
         else for (int j = 0; j < un->n_tensors; j++)
-            optimizer_update_host(m, model_tensor_offset_from(&h->config, h->frozen_units, u, j), un->tensors[j].numel, w->t, w->lr);
+            offload_step_update(m, model_tensor_offset_from(&h->config, h->frozen_units, u, j), un->tensors[j].numel, w->t, w->lr);
         pthread_mutex_lock(&w->lock);
         w->stepped++;
         pthread_cond_broadcast(&w->cond);
@@ -1115,10 +1123,23 @@ static void offload_step_copied(Model *m, int u) {
     cudaCheck(cudaEventRecord(w->ready[u], m->comm_stream));
     w->copying[w->n_copying++] = u;
 }
+// n new weights from element src of the host's (masters, or --pure_bf16's bf16 parameters) up to
+// element dst of those the matmuls read, on the upload stream: --pure_bf16's as they are (as
+// params_bf16_copy); the masters' converted, bf16's through the upload stage, which nothing else
+// uses before the step ends (so queued without waiting: offload_step_join synchronizes the stream)
+static void offload_step_put(Model *m, size_t dst, size_t src, size_t n) {
+    cudaStream_t st = m->offload_step->upload;
+    if (m->pure_bf16) {
+        cudaCheck(cudaMemcpyAsync(m->b16.weights + dst, m->params_bf16 + src, n * sizeof(bf16), cudaMemcpyHostToDevice, st));
+        return;
+    }
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        upload(buffers<floatX>(m).weights + dst, m->params + src, n, st, m->upload_stage, false);
+    });
+}
 // the new weights of the units stepped so far (wait: of all, once stepped) up into those the
-// matmuls read (the bf16/fp16 copy, or with --freeze_layers the weights), in the order stepped;
-// bf16's through the upload stage, which nothing else uses before the step ends (so queued
-// without waiting: offload_step_join synchronizes the stream)
+// matmuls read (the bf16/fp16 copy, or with --freeze_layers the weights), in the order stepped
 static void offload_step_upload(Model *m, bool wait) {
     OffloadStep *w = m->offload_step;
     const HostModel *h = &m->host;
@@ -1131,14 +1152,9 @@ static void offload_step_upload(Model *m, bool wait) {
         for (; w->uploaded < stepped; w->uploaded++) {
             int u = w->queue[w->uploaded];
             const FsdpUnit *un = &h->units.units[u];
-            with_precision(m, [&](auto tag) {
-                using floatX = typename decltype(tag)::type;
-                floatX *weights = buffers<floatX>(m).weights;
-                if (m->sharded) upload(weights + un->shard_offset, m->params + trainable_shard_at(h, u), un->shard, w->upload, m->upload_stage, false);
-                else for (int j = 0; j < un->n_tensors; j++)
-                    upload(weights + weight_offset(h, u, j), m->params + model_tensor_offset_from(&h->config, h->frozen_units, u, j),
-                           un->tensors[j].numel, w->upload, m->upload_stage, false);
-            });
+            if (m->sharded) offload_step_put(m, un->shard_offset, trainable_shard_at(h, u), un->shard);
+            else for (int j = 0; j < un->n_tensors; j++)
+                offload_step_put(m, weight_offset(h, u, j), model_tensor_offset_from(&h->config, h->frozen_units, u, j), un->tensors[j].numel);
         }
     }
 }
@@ -1167,10 +1183,12 @@ static void offload_step_join(Model *m) {
 
 // optimizer_init: the worker, where no step can be vetoed once its backward has begun: no
 // clipping (whose factor needs every gradient), no sum over replicas (summed; after the
-// backward), not --pure_bf16 (its step: optimizer_step_host's); a loss scale is checked each step
+// backward), not --pure_bf16 in chunks (its micro-batch's fp32 sum is rounded into the step's
+// bf16 gradient at the micro-batch's end, grads_bf16_end, not unit by unit); a loss scale is
+// checked each step
 static void offload_step_start(Model *m, bool summed) {
     const HostModel *h = &m->host;
-    if (!m->cpu_offload || m->dry_run || m->pure_bf16 || m->optimizer.grad_clip > 0 || summed) return;
+    if (!m->cpu_offload || m->dry_run || pure_bf16_chunked(m) || m->optimizer.grad_clip > 0 || summed) return;
     OffloadStep *w = (OffloadStep *)callocCheck(1, sizeof *w);
     int n = h->units.n_units;
     w->queue = (int *)mallocCheck(n * sizeof(int));
@@ -2017,13 +2035,14 @@ static void grads_bf16_all_reduce_host(Model *m, FsdpComm *c) {
 // --pure_bf16 offloaded: anyprecision_step on the host, with the clipping (on the device
 // clip_grads'): the bf16 parameters and gradients a piece at a time in fp32 through the CPU
 // twin's code (train_llama2.c's optimizer_step: clip_grads, round_bf16, anyprecision_update;
-// each element the kernels'), the state bf16 where it lies; flat over the runs
-static void anyprecision_step_host(Model *m, int t, float lr, double norm, float inv_scale) {
+// each element the kernels'), the state bf16 where it lies; flat over the runs, elements
+// [first, first + n) (element by element: a unit's ranges step as the whole does, OffloadStep)
+static void anyprecision_step_host(Model *m, size_t first, size_t n, int t, float lr, double norm, float inv_scale) {
     const OptimizerSettings *s = &m->optimizer;
     uint16_t **state = (uint16_t **)m->opt_state; // m, v and with Kahan summation the compensation
-    std::vector<float> p(std::min(UPLOAD_PIECE, m->n_train)), g(p.size());
-    for (size_t i = 0; i < m->n_train; i += UPLOAD_PIECE) {
-        size_t k = std::min(UPLOAD_PIECE, m->n_train - i);
+    std::vector<float> p(std::min(UPLOAD_PIECE, n)), g(p.size());
+    for (size_t i = first; i < first + n; i += UPLOAD_PIECE) {
+        size_t k = std::min(UPLOAD_PIECE, first + n - i);
         #pragma omp parallel for
         for (size_t j = 0; j < k; j++) p[j] = __bfloat162float(m->params_bf16[i + j]), g[j] = __bfloat162float(m->grad_acc[i + j]);
         clip_grads(g.data(), k, norm, s->grad_clip, inv_scale);
@@ -2078,7 +2097,7 @@ static double optimizer_step_host(Optimizer *o, float lr, float inv_scale, int u
     if (!update || !isfinite(norm)) return norm; // a skipped step: nothing changes
     if (!m->pure_bf16) clip_grads(m->grads, o->n, norm, s->grad_clip, inv_scale); // (--pure_bf16's: anyprecision_step_host)
     o->t++;
-    if (m->pure_bf16) anyprecision_step_host(m, o->t, lr, norm, inv_scale);
+    if (m->pure_bf16) anyprecision_step_host(m, 0, o->n, o->t, lr, norm, inv_scale);
     else optimizer_update_host(m, 0, o->n, o->t, lr);
     weights_upload(m);
     return norm;

@@ -26,16 +26,20 @@
 # micro-batch sum on the host, then rounded); --freeze_layers 1 (the parameters in runs); W = 2
 # FULL_SHARD in chunks and with --freeze_layers 1, 3 SHARD_GRAD_OP with Kahan, 2 NO_SHARD
 # clipped (the bf16 sum over ranks in fp32, rounded once); killed and resumed, one process and W = 2 (the base, or each rank's shards,
-# streamed to the GPU's bf16 weights and copied down; the resume's through shards_put); the CPU
-# trainer, which holds it all on the host anyway, takes the combination and changes nothing;
+# streamed to the GPU's bf16 weights and copied down; the resume's through shards_put);
+# unclipped, overlapped (below): whole sequences with 2 micro-batches (each unit's bf16 gradient
+# final once the last micro-batch's is rounded into the sum on the host), W = 2 FULL_SHARD with
+# Kahan summation, and killed and resumed; in chunks of 7 unclipped the step stays after the
+# backward (the micro-batch's fp32 sum is rounded into the bf16 one at its end);
+# the CPU trainer, which holds it all on the host anyway, takes the combination and changes nothing;
 # Llama-2-7B's plans, one process and four ranks (no fp32 shard on the host).
-# The cases with --grad_clip 0 but fp16 and NO_SHARD step each unit as its gradient becomes
+# The cases with --grad_clip 0 but fp16, NO_SHARD and pure bf16 in chunks step each unit as its gradient becomes
 # final, overlapped with the backward (train_llama2.cu's OffloadStep; fp16's loss scale and
 # NO_SHARD's sum over replicas keep the step after the backward): LLAMA2TUNE_OFFLOAD_LOG's
 # line each step says so (every unit that trains stepped that way) and how many units were
 # stepped before the last one's gradient was final (timing: counted over the cases, > 0).
 # With the overlap a NaN gradient stops the run (the units are stepped already): exit 1 with
-# the step's message, the checkpoint before it intact.
+# the step's message, the checkpoint before it intact (AdamW; pure bf16).
 set -u
 cd "$(dirname "$0")/.."
 SUITE="cpu offload"
@@ -118,6 +122,11 @@ pair "pure bf16: W = 3 SHARD_GRAD_OP, 2 micro-batches, Kahan" 3 \
     "model.safetensors $(printf 'checkpoint-4/fsdp-%05d-of-00003.safetensors ' 0 1 2)" \
     "${PURE[@]}" --batch_size 1 --gradient_accumulation_steps 2 --sharding_strategy SHARD_GRAD_OP --collectives host --kahan_summation 1
 pair "pure bf16: W = 2 NO_SHARD, clipped" 2 "$W1" "${PURE[@]}" --batch_size 2 --sharding_strategy NO_SHARD --collectives host --grad_clip 0.05
+# unclipped: each unit's AnyPrecisionAdamW step overlapped with the backward (whole sequences)
+OVERLAP=1 pair "pure bf16: whole, 2 micro-batches, unclipped" none "$W1" "${PURE[@]}" --batch_size 2 --gradient_accumulation_steps 2 --grad_clip 0
+OVERLAP=1 pair "pure bf16: W = 2 FULL_SHARD, Kahan, unclipped" 2 "$S2" "${PURE[@]}" --batch_size 2 --sharding_strategy FULL_SHARD \
+    --collectives host --kahan_summation 1 --grad_clip 0
+pair "pure bf16: chunks of 7, unclipped" none "$W1" "${PURE[@]}" --batch_size 4 --chunk_size 7 --grad_clip 0
 # the CPU trainer: its state is on the host already, so the combination changes nothing
 for o in 0 1; do
     timeout $TIMEOUT "$BIN" "${FULL[@]}" "${PURE[@]}" --batch_size 2 --gradient_accumulation_steps 2 --chunk_size 7 --grad_clip 0.05 \
@@ -146,6 +155,7 @@ resumed() {
 resumed "AdamW, unclipped" none "$W1" --batch_size 4 --grad_clip 0
 resumed "pure bf16, Kahan" none "$W1" "${PURE[@]}" --batch_size 4 --kahan_summation 1
 resumed "pure bf16, W = 2 FULL_SHARD" 2 "$S2" "${PURE[@]}" --batch_size 2 --sharding_strategy FULL_SHARD --collectives host
+resumed "pure bf16, unclipped (overlapped)" none "$W1" "${PURE[@]}" --batch_size 4 --grad_clip 0
 # without it the base streams from the files to the GPU and saves stream it back, a frozen unit's
 # from the files it came from, which the run keeps open: resumed from checkpoint 2 with
 # --keep_checkpoints 1, whose rotation deletes that checkpoint when checkpoint 4 is written, before
@@ -162,13 +172,21 @@ check "--freeze_layers 1 without offload: resumed from checkpoint 2, deleted by 
 # the overlapped step cannot skip a step whose gradients turn out NaN (its units are stepped
 # already): NaN gradients at step 3 (as the resumed run's) stop the run with the message, exit
 # 1, checkpoint 2 as the uninterrupted run saved it
-args=(--batch_size 4 --cpu_offload 1 --save_every 2 --grad_clip 0)
-LLAMA2TUNE_FAULT=nan:3 run none "$TMP/nanstep" "${args[@]}"
-rc=$?
-[ $rc -eq 1 ] && grep -q "error: step 3: the loss or the gradient norm is NaN or inf, but --cpu_offload without --grad_clip" "$TMP/nanstep.log" &&
-    cmp -s "$TMP/nanstep/checkpoint-2/optimizer.safetensors" "$TMP/resume_AdamW__unclipped-ref/checkpoint-2/optimizer.safetensors" &&
-    cmp -s "$TMP/nanstep/checkpoint-2/model.safetensors" "$TMP/resume_AdamW__unclipped-ref/checkpoint-2/model.safetensors" && [ ! -e "$TMP/nanstep/checkpoint-3" ]
-check "the overlapped step: NaN gradients at step 3 stop the run (exit 1, the message), checkpoint 2 intact" $? "exit $rc: $(grep error "$TMP/nanstep.log" | tail -2)"
+# nanstep NAME REF [args]: the same of the run resumed() ran as REF
+nanstep() {
+    local name=$1 ref=$TMP/$2-ref rc
+    shift 2
+    LLAMA2TUNE_FAULT=nan:3 run none "$TMP/nanstep" --batch_size 4 --cpu_offload 1 --save_every 2 --grad_clip 0 "$@"
+    rc=$?
+    [ $rc -eq 1 ] && grep -q "error: step 3: the loss or the gradient norm is NaN or inf, but --cpu_offload without --grad_clip" "$TMP/nanstep.log" &&
+        cmp -s "$TMP/nanstep/checkpoint-2/optimizer.safetensors" "$ref/checkpoint-2/optimizer.safetensors" &&
+        cmp -s "$TMP/nanstep/checkpoint-2/model.safetensors" "$ref/checkpoint-2/model.safetensors" && [ ! -e "$TMP/nanstep/checkpoint-3" ]
+    check "the overlapped step ($name): NaN gradients at step 3 stop the run (exit 1, the message), checkpoint 2 intact" $? \
+        "exit $rc: $(grep error "$TMP/nanstep.log" | tail -2)"
+    rm -rf "$TMP/nanstep"
+}
+nanstep AdamW resume_AdamW__unclipped
+nanstep "pure bf16" resume_pure_bf16__unclipped__overlapped_ "${PURE[@]}"
 
 # a NaN in a trained weight is never saved: without the offload the check runs on the GPU
 # (masters_finite: each tensor's sum), and says what trainer.h's check of host weights says.
