@@ -980,6 +980,15 @@ static int model_saved_index(const HostModel *h, int u, int j) {
     return p == P_ATTN_NORM ? 1 + 2 * (u - 1) : p == P_MLP_NORM ? 2 + 2 * (u - 1) : -1;
 }
 
+// the part of tensor j of unit u that rank holds: its elements [*first, *first + count) (count
+// returned, 0 when none), at *at of the base weights it holds: the whole model's layout
+// (model_tensor_offset), or with its units sharded (host_sharded) the rank's flat shard buffer
+static size_t model_tensor_part(const HostModel *m, int u, int j, int rank, size_t *first, size_t *at) {
+    if (host_sharded(m)) return fsdp_tensor_shard(&m->units, u, j, rank, first, at);
+    *first = 0, *at = model_tensor_offset(&m->config, u, j);
+    return m->units.units[u].tensors[j].numel;
+}
+
 // The base weights of a model set up without them (base_deferred), or with its units sharded
 // (host_sharded) shard `rank` of each, a piece of at most MODEL_STREAM_PIECE elements at a
 // time, each handed to put(put_ctx, unit, tensor, first, count, src) and its buffer reused
@@ -999,8 +1008,7 @@ static int model_stream_base(HostModel *m, int rank, ModelPutFn put, void *put_c
     int rc = 0;
     for (int i = 0; i < m->units.n_units && rc == 0; i++)
         for (int j = 0; j < m->units.units[i].n_tensors && rc == 0; j++) {
-            size_t lo = 0, at, n = m->units.units[i].tensors[j].numel; // its elements [lo, lo + n) on this rank
-            if (host_sharded(m)) n = fsdp_tensor_shard(&m->units, i, j, rank, &lo, &at);
+            size_t lo, at, n = model_tensor_part(m, i, j, rank, &lo, &at); // its elements [lo, lo + n) on this rank
             int whole = i == 0 && m->config.tied && b->open; // the embedding, which a stored lm_head must equal
             float *buf = whole ? (float *)mallocCheck(n * sizeof(float) + 1) : piece;
             size_t step = whole ? n : MODEL_STREAM_PIECE;

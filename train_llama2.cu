@@ -179,6 +179,8 @@ typedef struct {
     // --cpu_offload (full fine-tuning; docs/memory.md): params, grads and opt_state are host memory
     int cpu_offload;          // set by the trainer before model_alloc
     bf16 *params_bf16;        // (n_train, host) --pure_bf16 offloaded: the bf16 parameters (no params; grads only in chunks)
+    float *step_pieces;       // (2, min(UPLOAD_PIECE, n_train), host) --pure_bf16 offloaded: the step's pieces of the
+                              // parameters and gradients in fp32 (anyprecision_step_host, grads_bf16_all_reduce_host)
     int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16 (--precision bf16): the bf16
                               // weights are the parameters (d.weights), no fp32 masters; a unit's fp32 gradient
                               // rounded and added into grad_acc as its backward ends (in chunks, m->grads' at the
@@ -681,6 +683,7 @@ static void offload_alloc(Model *m) {
     if (m->pure_bf16) {
         cudaCheck(cudaMallocHost(&m->grad_acc, m->n_train * sizeof(bf16) + 1));
         memset(m->grad_acc, 0, m->n_train * sizeof(bf16));
+        m->step_pieces = (float *)mallocCheck(2 * std::min(UPLOAD_PIECE, m->n_train) * sizeof(float) + 1);
     }
     if (!m->pure_bf16 || pure_bf16_chunked(m)) {
         cudaCheck(cudaMallocHost(&m->grads, m->n_train * sizeof(float) + 1));
@@ -703,6 +706,7 @@ static void offload_free(Model *m) {
     if (m->pure_bf16) {
         cudaCheck(cudaFreeHost(m->params_bf16));
         cudaCheck(cudaFreeHost(m->grad_acc));
+        free(m->step_pieces);
     } else if (!m->masters_aliased) cudaCheck(cudaFreeHost(m->params));
     if (m->grads) cudaCheck(cudaFreeHost(m->grads));
     for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) cudaCheck(cudaFreeHost(m->opt_state[i]));
@@ -719,14 +723,10 @@ template <typename floatX> void weights_put(void *ctx, int u, int j, size_t firs
     upload(buffers<floatX>(m).weights + weight_offset(&m->host, u, j) + first, src, count, m->stream, m->upload_stage);
     cudaCheck(cudaStreamSynchronize(m->stream)); // (src is the next piece's buffer)
 }
-// the part of tensor j of unit u this rank holds: its elements [*first, *first + count) (count
-// returned), at *at of the base weights it holds (and of d.weights: weight_offset's, a streamed
-// base being no QLoRA's): the whole model's layout, or the rank's flat shard buffer (fsdp.h's)
+// the part of tensor j of unit u this rank holds (model_tensor_part), at *at of d.weights too
+// (weight_offset's, a streamed base being no QLoRA's)
 static size_t base_part(const Model *m, int u, int j, size_t *first, size_t *at) {
-    const HostModel *h = &m->host;
-    if (m->sharded) return fsdp_tensor_shard(&h->units, u, j, m->fsdp->shard.rank, first, at);
-    *first = 0, *at = model_tensor_offset(&h->config, u, j);
-    return h->units.units[u].tensors[j].numel;
+    return model_tensor_part(&m->host, u, j, m->sharded ? m->fsdp->shard.rank : 0, first, at);
 }
 // where element x of the base weights this rank holds lies in the masters (their runs one
 // after another: model_tensor_offset_from's layout, or the trainable units' shards), SIZE_MAX
@@ -2021,12 +2021,12 @@ template <typename E> void adamw8bit_step(Model *m, int t, float lr, E *copy, si
 // --pure_bf16 offloaded with replicas: grads_bf16_all_reduce on the host, the step's bf16 gradients
 // a piece at a time in fp32 summed over c (the host collectives, in rank order), each sum rounded to bf16 once
 static void grads_bf16_all_reduce_host(Model *m, FsdpComm *c) {
-    std::vector<float> piece(std::min(UPLOAD_PIECE, m->n_train));
+    float *piece = m->step_pieces;
     for (size_t i = 0; i < m->n_train; i += UPLOAD_PIECE) {
         size_t k = std::min(UPLOAD_PIECE, m->n_train - i);
         #pragma omp parallel for
         for (size_t j = 0; j < k; j++) piece[j] = __bfloat162float(m->grad_acc[i + j]);
-        fsdp_all_reduce(c, piece.data(), k, FSDP_F32);
+        fsdp_all_reduce(c, piece, k, FSDP_F32);
         #pragma omp parallel for
         for (size_t j = 0; j < k; j++) m->grad_acc[i + j] = __float2bfloat16(piece[j]);
     }
@@ -2040,14 +2040,14 @@ static void grads_bf16_all_reduce_host(Model *m, FsdpComm *c) {
 static void anyprecision_step_host(Model *m, size_t first, size_t n, int t, float lr, double norm, float inv_scale) {
     const OptimizerSettings *s = &m->optimizer;
     uint16_t **state = (uint16_t **)m->opt_state; // m, v and with Kahan summation the compensation
-    std::vector<float> p(std::min(UPLOAD_PIECE, n)), g(p.size());
+    float *p = m->step_pieces, *g = p + std::min(UPLOAD_PIECE, m->n_train); // (one step at a time: the overlapped one or this)
     for (size_t i = first; i < first + n; i += UPLOAD_PIECE) {
         size_t k = std::min(UPLOAD_PIECE, first + n - i);
         #pragma omp parallel for
         for (size_t j = 0; j < k; j++) p[j] = __bfloat162float(m->params_bf16[i + j]), g[j] = __bfloat162float(m->grad_acc[i + j]);
-        clip_grads(g.data(), k, norm, s->grad_clip, inv_scale);
-        round_bf16(g.data(), k); // (clipped or unscaled: as clip_grads' kernel stores bf16)
-        anyprecision_update(p.data(), g.data(), state[0] + i, state[1] + i, s->kahan ? state[2] + i : NULL, k, t, lr,
+        clip_grads(g, k, norm, s->grad_clip, inv_scale);
+        round_bf16(g, k); // (clipped or unscaled: as clip_grads' kernel stores bf16)
+        anyprecision_update(p, g, state[0] + i, state[1] + i, s->kahan ? state[2] + i : NULL, k, t, lr,
                             float_decimal(s->beta1), float_decimal(s->beta2), float_decimal(s->eps), float_decimal(s->weight_decay));
         #pragma omp parallel for
         for (size_t j = 0; j < k; j++) m->params_bf16[i + j] = __float2bfloat16(p[j]); // (exact: bf16 values)
