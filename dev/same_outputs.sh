@@ -8,8 +8,7 @@
 #   (cd ../before && dev/same_outputs.sh /tmp/before) && dev/same_outputs.sh /tmp/after
 #   diff /tmp/before/manifest.txt /tmp/after/manifest.txt && echo same
 # What differs from run to run by nature is left out of the hashes: each metrics record's
-# times and memory (from "ms" on), a log's timings, memory readings, temporary paths and
-# ports. Everything else is compared byte for byte: weights, adapters, optimizer state,
+# times and memory (from "ms" on), a log's timings and memory readings, this folder's path. Everything else is compared byte for byte: weights, adapters, optimizer state,
 # checkpoints, GGUF files, plans, --help, refusals. Runs single-threaded: ~4 min on 2 cores.
 set -u
 if [ $# -ne 1 ]; then echo "usage: $0 OUT" >&2; exit 2; fi
@@ -22,7 +21,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 R="$out/runs"
 rm -rf "$R" && mkdir -p "$R"
 FIX=test/fixtures
-DATA=(--data $FIX/data.jsonl --data_cache_dir "$R/cache" --max_seq_len 24 --lr 5e-3 --warmup_steps 1 --weight_decay 0.01 --threads 1 --seed 7)
+# the data as a copy with a fixed time: its fingerprint (in checkpoints and the token cache's
+# name) holds the file's modification time, which differs between checkouts
+cp $FIX/data.jsonl "$R/data.jsonl" && touch -d '2026-01-01 00:00:00 UTC' "$R/data.jsonl"
+DATA=(--data "$R/data.jsonl" --data_cache_dir "$R/cache" --max_seq_len 24 --lr 5e-3 --warmup_steps 1 --weight_decay 0.01 --threads 1 --seed 7)
 LORA=(--model $FIX/tiny_gqa --lora_r 4 --lora_target_modules all-linear --lora_dropout 0.1)
 FULL=(--model $FIX/tiny_tied --full_finetune)
 
@@ -43,7 +45,7 @@ say() { # say NAME PROGRAM ARGS...: what a program prints, with its exit status 
 }
 
 # the CPU trainer, one process
-run cpu_lora "$BIN" -- "${LORA[@]}" "${DATA[@]}" --max_steps 4 --batch_size 2 --chunk_size 7 --val_data $FIX/data.jsonl \
+run cpu_lora "$BIN" -- "${LORA[@]}" "${DATA[@]}" --max_steps 4 --batch_size 2 --chunk_size 7 --val_data "$R/data.jsonl" \
     --eval_every 2 --save_every 2 --export_gguf "$R/cpu_lora/m.gguf" --gguf_type q8_0
 run cpu_full "$BIN" -- "${FULL[@]}" "${DATA[@]}" --max_steps 3 --batch_size 2 --chunk_size 7 --chunk_memory recompute \
     --activation_checkpointing --export_gguf "$R/cpu_full/m.gguf"
@@ -65,8 +67,8 @@ if command -v mpirun >/dev/null; then
     run cpu_mpi3 mpirun -np 3 "$BIN" -- "${FULL[@]}" "${DATA[@]}" --max_steps 3 --batch_size 6 --sharding_strategy SHARD_GRAD_OP
 fi
 say cpu_help "$BIN" --help
-say cpu_plan "$BIN" --model $FIX/configs/llama-2-7b --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --data $FIX/data.jsonl --dry_run --max_seq_len 4096 --batch_size 2 --quantize nf4
-say cpu_refuse "$BIN" --model $FIX/tiny_gqa --data $FIX/data.jsonl --full_finetune --lora_r 8 --quantize nf4
+say cpu_plan "$BIN" --model $FIX/configs/llama-2-7b --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --data "$R/data.jsonl" --dry_run --max_seq_len 4096 --batch_size 2 --quantize nf4
+say cpu_refuse "$BIN" --model $FIX/tiny_gqa --data "$R/data.jsonl" --full_finetune --lora_r 8 --quantize nf4
 
 # the emulated CUDA trainer
 if [ -x "$EMU_BIN" ]; then
@@ -93,26 +95,29 @@ if [ -x "$EMU_BIN" ]; then
     run cu_cp2 dev/launch.sh 2 "$EMU_BIN" -- "${LORA[@]}" "${DATA[@]}" --max_steps 2 --batch_size 2 --chunk_size 7 \
         --precision fp32 --collectives host --context_parallel 2
     say cu_help "$EMU_BIN" --help
-    say cu_plan "$EMU_BIN" --model $FIX/configs/llama-3.1-8b --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --data $FIX/data.jsonl --dry_run --max_seq_len 8192 --batch_size 1 \
+    say cu_plan "$EMU_BIN" --model $FIX/configs/llama-3.1-8b --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --data "$R/data.jsonl" --dry_run --max_seq_len 8192 --batch_size 1 \
         --quantize nf4 --lora_r 32 --lora_target_modules all-linear --chunk_size 2048 --chunk_memory recompute
-    say cu_plan_full "$EMU_BIN" --model $FIX/configs/llama-2-7b --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --data $FIX/data.jsonl --dry_run --full_finetune --max_seq_len 2048 \
+    say cu_plan_full "$EMU_BIN" --model $FIX/configs/llama-2-7b --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --data "$R/data.jsonl" --dry_run --full_finetune --max_seq_len 2048 \
         --batch_size 1 --pure_bf16 1 --optimizer anyprecision --cpu_offload 1 --host_memory_limit 100
 else
     echo "no emulated trainer at $EMU_BIN: its runs left out" >"$R/cu_missing.log"
 fi
 
-# the manifest: a hash per output file (metrics without their times); each log as
+# the manifest: a hash per output file (metrics without their times; JSON without this
+# folder's path and the data's modification time, which a generated default dataset has anew;
+# the token cache by a name without its hash of the data's path); each log as
 # out/logs/NAME.log without what differs between runs by nature (times, rates, memory
-# readings, paths, ports), hashed there too, so that a difference can be read
+# readings, paths), hashed there too, so that a difference can be read
 mkdir -p "$out/logs"
 cd "$R"
 for f in $(find . -type f | LC_ALL=C sort); do
     case $f in
-    *.log) sed -E -f "$OLDPWD/dev/same_outputs.sed" -e "s#$R#RUNS#g" "$f" >"$out/logs/$(basename "$f")"
+    *.log) sed -E -f "$OLDPWD/dev/same_outputs.sed" -e "s#$R#RUNS#g" "$f" >"$out/logs/$(basename "$f")" || exit 1
            sha256sum <"$out/logs/$(basename "$f")" | sed "s#-#$f#" ;;
     */metrics.jsonl) sed -E 's/, "ms".*//' "$f" | sha256sum | sed "s#-#$f#" ;;
-    *.json) sed "s#$R#RUNS#g" "$f" | sha256sum | sed "s#-#$f#" ;;
-    *) sha256sum "$f" ;;
-    esac
+    *.json) sed -E -e "s#$R#RUNS#g" -e 's/"data_fingerprint": "([0-9]+):[0-9]+:/"data_fingerprint": "\1:MTIME:/' "$f" |
+            sha256sum | sed "s#-#$f#" ;;
+    *) sha256sum <"$f" | sed "s#-#$f#" ;;
+    esac | sed -E 's/\.[0-9a-f]{16}\.tokcache$/.H.tokcache/'
 done >"$out/manifest.txt"
 echo "$(wc -l <"$out/manifest.txt") files hashed into $out/manifest.txt"
