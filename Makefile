@@ -61,9 +61,9 @@ NVCCFLAGS_BASE = -O3 -std=c++17 --Werror all-warnings -Xcompiler -Wall,-Wextra,-
     $(if $(NVCC_HOST_ARCH),-Xcompiler $(NVCC_HOST_ARCH)) $(if $(OPENMP),-Xcompiler -fopenmp)
 NVCCFLAGS = $(NVCCFLAGS_BASE) $(CUDA_ARCHS)
 CUDA_LDLIBS = -lcublasLt -lcublas -lm
-CUDA_HEADERS = support/cuda_common.cuh layers.cuh quant.cuh quant.h support/matmul.cuh attention_mask.h attention.cuh lora.cuh adaption_prompt.cuh prefix.cuh lora.h support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
+CUDA_HEADERS = support/cuda_common.cuh layers.cuh peft/quant.cuh peft/quant.h support/matmul.cuh chunk.h attention.cuh lora.cuh peft/ia3.cuh peft/adaption_prompt.cuh peft/prefix.cuh lora.h support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
 CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw adamw8bit anyprecision sgd grad_norm elementwise lora adaption_prompt prefix dequant)
-CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh adaption_prompt.cuh prefix.cuh
+CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh peft/ia3.cuh peft/adaption_prompt.cuh peft/prefix.cuh peft/quant.cuh
 
 # SANITIZE=1: the trainer and every test built with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build-san/ (B), so the two builds never mix.
@@ -77,7 +77,7 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = support/utils.h support/vec.h support/matmul.h attention_mask.h attention.h adaption_prompt.h prefix.h support/optimizer.h support/optimizer_cpu.h support/optimizer_qmap.h support/json.h support/safetensors.h support/weights.h support/gguf.h tokenizer.h lora.h quant.h model.h export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h support/profile.h
+HEADERS = support/utils.h support/vec.h support/matmul.h chunk.h attention.h peft/ia3.h peft/adaption_prompt.h peft/prefix.h support/optimizer.h support/optimizer_cpu.h support/optimizer_qmap.h support/json.h support/safetensors.h support/weights.h support/gguf.h tokenizer.h lora.h peft/quant.h model.h support/export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h support/profile.h
 TESTS = test/test_json test/test_safetensors test/test_tensorboard test/test_profile test/test_torch_zip test/test_tokenizer test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay test/test_quant \
     test/test_gguf test/test_optim test/test_emu_nccl
 
@@ -234,7 +234,7 @@ EMU_TSAN = -fsanitize=thread
 # clang's TSan runtime (14: "v3") creates a fiber in ~0.5 us; GCC 12's in ~500 us
 EMU_TSAN_CXX ?= $(if $(shell command -v clang++),clang++,$(EMU_CXX))
 EMU_PRELUDE = -include dev/emu/cuda_runtime.h
-EMU_SRCS = $(wildcard *.h *.cu *.cuh support/*.h support/*.cuh dev/cuda/*.h dev/cuda/*.cu dev/cuda/*.cuh \
+EMU_SRCS = $(wildcard *.h *.cu *.cuh support/*.h support/*.cuh peft/*.h peft/*.cuh dev/cuda/*.h dev/cuda/*.cu dev/cuda/*.cuh \
     test/*.h test/*.cu test/emu_planted/*.cu)
 EMU_HEADERS = $(wildcard dev/emu/*.h)
 EMU_PLANTED = $(basename $(wildcard test/emu_planted/*.cu))

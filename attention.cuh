@@ -1,6 +1,6 @@
 // Attention of a chunk of queries against the KV carry, forward and backward, on
 // the GPU: the twin of attention_forward / attention_backward in attention.h, with
-// the same arguments (plus the stream), the same mask (attention_mask.h: bottom-right
+// the same arguments (plus the stream), the same mask (chunk.h: bottom-right
 // causal, Mistral's sliding window, or shifted sparse attention's groups), GQA and
 // shapes; attention.h's opening comment explains them. What differs: lse is fp32
 // whatever the storage type, and the backward's dk, dv are ADDED into as on the CPU
@@ -33,7 +33,7 @@
 #include <type_traits>
 #include <mma.h>
 #include "support/cuda_common.cuh"
-#include "attention_mask.h"
+#include "chunk.h" // Chunk and the attention mask
 
 // set to run the SIMT kernels also where the tensor-core ones would (checks, debugging)
 inline bool attention_force_simt = false;

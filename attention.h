@@ -1,7 +1,7 @@
 // attention.h: the CPU twin's attention, forward and backward, for a chunk of
 // queries against the KV carry (docs/chunked.md), causal with the mask aligned
 // bottom-right: query i of the chunk sits at position t0 + i and sees keys
-// attention_first_key .. t0 + i (attention_mask.h: 0, a sliding window's start, or
+// attention_first_key .. t0 + i (chunk.h: 0, a sliding window's start, or
 // the start of the query's group under shifted sparse attention, per query head).
 // GQA: query head h reads key/value head h / (NH / NKV).
 // Like flash attention it keeps only each row's log-sum-exp, not the (len, t0 + len)
@@ -15,8 +15,7 @@
 #include "support/utils.h"
 #include "support/vec.h"
 #include "support/matmul.h"
-#include "lora.h" // Chunk
-#include "attention_mask.h"
+#include "chunk.h" // Chunk and the attention mask
 
 // Tiled for the caches and the vector units: ATT_QT queries of one head meet
 // ATT_KT keys at a time, and every product is a gemm_tile. The scores are kept

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <vector>
 #include "support/cuda_common.cuh"
+#include "chunk.h"
 #include "support/optimizer.h"
 #include "support/optimizer_qmap.h"
 

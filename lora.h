@@ -17,11 +17,12 @@
 // vector per adapted module, starting at 1. A feedforward module's vector (in) scales
 // its input, y = W (l * x); any other module's (out) scales its output, y = l * (W x)
 // (k_proj, v_proj: before RoPE). It reuses LoRA's layout (one flat buffer, a vector where
-// A would start) and files' code; r is 0, so LoRA's activations take no room.
+// A would start) and files' code; r is 0, so LoRA's activations take no room. Its
+// forward and backward are peft/ia3.h's (the GPU's peft/ia3.cuh).
 //
 // llama_adapter (peft's AdaptionPromptConfig, peft_method llama_adapter) is kept here
 // too: each of the top adapter_layers decoder layers learns a prompt P (adapter_len, D)
-// and a gate g (starting at 0). adaption_prompt.h has the maths; here are only its
+// and a gate g (starting at 0). peft/adaption_prompt.h has the maths; here are only its
 // place in the flat buffer (P, then g, where layer l's q_proj's A would be) and files.
 //
 // prefix (peft's PrefixTuningConfig without prefix_projection, peft_method prefix) too:
@@ -47,6 +48,7 @@
 #include "support/utils.h"
 #include "support/json.h"
 #include "support/safetensors.h"
+#include "chunk.h" // Chunk, and the KV carry's layout
 
 // peft's module names, in the order they appear in a decoder layer
 enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_N_TARGETS };
@@ -310,49 +312,6 @@ static void lora_init(LoRA *l, uint64_t seed) {
         }
 }
 
-// Where the N rows of a layer's input sit in the batch: the trainer runs a
-// batch of B sequences of T tokens in chunks, and row n of a chunk is position
-// t0 + n % len of sequence n / len. Whole-sequence training is t0 = 0, len = T.
-// window and s2_group, which only attention reads (attention_mask.h): the sliding
-// window (Config's sliding_window: the query at position p sees keys
-// p - window + 1 .. p) and the group size of shifted sparse attention (--s2_attn,
-// in training); 0 (what an initializer that leaves them out gives): keys 0 .. p,
-// plain causal.
-#ifndef CHUNK_DEFINED // cuda_common.cuh has the same, for the kernels that need no LoRA
-#define CHUNK_DEFINED
-typedef struct { int B, T, t0, len, window, s2_group; } Chunk;
-#endif
-
-// The chunk as the KV carry, RoPE and attention see it with a prefix of P virtual positions
-// ahead of the sequence (prefix tuning, prefix.h): real position p is carry row and RoPE
-// position P + p, in rows of P + T (peft's positions), so every query sees the prefix in its
-// one causal softmax. P = 0: the chunk itself.
-static inline Chunk carry_chunk(const Chunk *ch, int P) {
-    Chunk c = *ch;
-    c.t0 += P, c.T += P;
-    return c;
-}
-
-// Context parallelism (docs/long_context.md): the P ranks of a context group hold different
-// positions of the same rows. A row of T positions is padded to *Tp and cut in pieces of
-// *len, P to a group; rank r takes one piece of each group, piece r in even groups and
-// P - 1 - r in odd ones. C = 0 (no --chunk_size): a row is 2P pieces, two groups, and rank r
-// holds pieces r and 2P - 1 - r (the head-tail layout of torchtitan and ring-flash-attention,
-// which gives each rank the same causal work); C > 0: pieces of C, as many groups as the row
-// needs. Pads come last: never attended, never labels.
-static inline void context_layout(int P, int C, int T, int *Tp, int *len) {
-    int group = C ? P * C : 2 * P;
-    *Tp = (T + group - 1) / group * group;
-    *len = C ? C : *Tp / (2 * P);
-}
-
-// rank r's piece of group j, in rows of T positions cut in pieces of len
-static inline Chunk context_piece(int P, int B, int T, int len, int j, int r, int window) {
-    int at = j * P + (j % 2 ? P - 1 - r : r);
-    Chunk ch = {B, T, at * len, len, window, 0};
-    return ch;
-}
-
 // the dropout mask's key for one module of one layer, from the micro-batch's key
 static uint64_t lora_dropout_key(uint64_t key, int layer, int t) { return splitmix64(key ^ (uint64_t)(layer * LORA_N_TARGETS + t + 1)); }
 
@@ -513,43 +472,6 @@ static void dora_backward(LoRA *l, int layer, int t, float *dinp, const float *d
     // the LoRA path, s scale B A xd: LoRA's backward of s dout
     dora_scale(pre, dout, mag, norm, N, O, 0.0f, 0);
     lora_backward(l, layer, t, dinp, pre, inp, h, dh, xdrop, ch, key);
-}
-
-// IA3: out (N, O) = W (l * inp) for a feedforward module, else l * (W inp), inp (N, in),
-// w: W (O, in); xs (N, in) scratch
-static void ia3_forward(const LoRA *l, int layer, int t, float *out, const float *inp, const float *w, float *xs, int N) {
-    int in = l->in[t], O = l->out[t];
-    const float *vec = ia3_vector(l, l->params, layer, t);
-    if (ia3_feedforward(l, t)) {
-        dora_scale(xs, inp, vec, NULL, N, in, 0.0f, 0);
-        matmul_forward(out, xs, w, N, in, O, 1.0f, 0);
-    } else {
-        matmul_forward(out, inp, w, N, in, O, 1.0f, 0);
-        dora_scale(out, out, vec, NULL, N, O, 0.0f, 0);
-    }
-}
-
-// IA3's backward for dout (N, O): the vector's gradient, and dinp (N, in) += the input's
-// (dinp NULL: not needed). A feedforward module: dx = dout W, dl += sum x dx, dinp += l dx;
-// another: dl += sum dout (W x), the product recomputed, and dinp += (l dout) W.
-// xs (N, in), pre (N, O) scratch.
-static void ia3_backward(LoRA *l, int layer, int t, float *dinp, const float *dout, const float *inp, const float *w,
-                         float *xs, float *pre, int N) {
-    int in = l->in[t], O = l->out[t];
-    const float *vec = ia3_vector(l, l->params, layer, t);
-    float *dvec = ia3_vector(l, l->grads, layer, t);
-    if (ia3_feedforward(l, t)) {
-        memset(xs, 0, (size_t)N * in * sizeof(float));
-        matmul_backward(xs, NULL, dout, NULL, w, N, in, O, 1.0f);
-        dora_magnitude_backward(dvec, xs, inp, NULL, N, in);
-        if (dinp) dora_scale(dinp, xs, vec, NULL, N, in, 0.0f, 1);
-        return;
-    }
-    matmul_forward(pre, inp, w, N, in, O, 1.0f, 0);
-    dora_magnitude_backward(dvec, dout, pre, NULL, N, O);
-    if (!dinp) return;
-    dora_scale(pre, dout, vec, NULL, N, O, 0.0f, 0);
-    matmul_backward(dinp, NULL, pre, NULL, w, N, in, O, 1.0f);
 }
 
 #endif

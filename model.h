@@ -18,7 +18,7 @@
 #include "support/optimizer_cpu.h" // round_bf16
 #include "fsdp.h"
 #include "lora.h"
-#include "quant.h"
+#include "peft/quant.h"
 #include "tokenizer.h" // model_save_hf names the tokenizer copy by its format
 #include "support/progress.h"
 
@@ -476,7 +476,7 @@ typedef struct {
     int use_lora;
     LoRA lora;                // adapters: shapes, targets, dropout flag, params (and grads)
     // QLoRA (--quantize): each decoder layer kept as one run of bytes (model_run_layout: its
-    // linear weights in 4 bits, quant.h, quantized as they load; its norms in fp32), a packed
+    // linear weights in 4 bits, peft/quant.h, quantized as they load; its norms in fp32), a packed
     // unit (fsdp.h); its place in params is never written (its pages take no memory)
     int quant_type;           // QUANT_NONE, QUANT_NF4 or QUANT_FP4 (set before loading)
     int double_quant;         // (set before loading) the absmax values in 8 bits too

@@ -37,8 +37,9 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "support/optimizer.h"
 #include "support/optimizer_cpu.h" // adamw_update, sgd_update, adamw8bit_update, ...
 #include "attention.h"     // attention_forward, attention_backward
-#include "adaption_prompt.h" // llama_adapter's branch: adaption_prompt_forward, adaption_prompt_backward
-#include "prefix.h"    // prefix tuning in the KV carry: prefix_to_carry, prefix_backward
+#include "peft/ia3.h"     // IA3: ia3_forward, ia3_backward
+#include "peft/adaption_prompt.h" // llama_adapter's branch: adaption_prompt_forward, adaption_prompt_backward
+#include "peft/prefix.h"   // prefix tuning in the KV carry: prefix_to_carry, prefix_backward
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir
 
 // ----------------------------------------------------------------------------

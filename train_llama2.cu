@@ -64,9 +64,10 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "layers.cuh"
 #include "attention.cuh"
 #include "lora.cuh"
-#include "adaption_prompt.cuh" // llama_adapter's branch
-#include "prefix.cuh"  // prefix tuning in the KV carry: prefix_to_carry, prefix_backward
-#include "quant.cuh"
+#include "peft/ia3.cuh"
+#include "peft/adaption_prompt.cuh" // llama_adapter's branch
+#include "peft/prefix.cuh" // prefix tuning in the KV carry: prefix_to_carry, prefix_backward
+#include "peft/quant.cuh"
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir, on each stream, and NVTX ranges
 #include <pthread.h> // --cpu_offload's step overlapped with the backward (OffloadStep)
 

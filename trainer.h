@@ -20,7 +20,7 @@
 //                              a layer's forward before its backward (the same
 //                              results, bit for bit, in less memory)
 //       int s2_attn;           set by the trainer before model_alloc: --s2_attn, LongLoRA's
-//                              shifted sparse attention (attention_mask.h) in
+//                              shifted sparse attention (chunk.h) in
 //                              model_forward_backward only: model_forward (evaluation)
 //                              and model_next_logits (sampling) attend fully
 //       int fp32, fp16;        set by the trainer before model_alloc: --precision fp32
@@ -180,7 +180,7 @@
 #include "support/profile.h"
 #include "support/optimizer.h"
 #include "model.h"
-#include "export_gguf.h"
+#include "support/export_gguf.h"
 
 // ----------------------------------------------------------------------------
 // learning-rate schedules as transformers'

@@ -94,15 +94,6 @@ template <> __host__ __device__ inline __half from_float<__half>(float x) {
     return __float2half_rn(x); // round to nearest even; above 65504 (halfway to 2^16): infinity
 }
 
-// lora.h's Chunk: row n of a chunk is position t0 + n % len of sequence n / len of
-// B sequences of T tokens; window and s2_group, attention's sliding window and
-// shifted sparse groups (0: none; attention_mask.h). Defined
-// by whichever of the two comes first.
-#ifndef CHUNK_DEFINED
-#define CHUNK_DEFINED
-typedef struct { int B, T, t0, len, window, s2_group; } Chunk;
-#endif
-
 inline int ceil_div(size_t a, size_t b) { return (int)((a + b - 1) / b); }
 
 // ----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 // the header, typed key-value pairs and arrays, tensor infos, alignment, the tensor data in
 // F32, F16, BF16 or Q8_0, and an atomic write (a temp file, flushed and fsynced, renamed over
 // the path, the directory fsynced), as support/safetensors.h's st_write. What the keys and
-// tensors of a model are is the caller's (export_gguf.h: Llama).
+// tensors of a model are is the caller's (support/export_gguf.h: Llama).
 //
 //   file     "GGUF", u32 version 3, u64 tensor count, u64 KV count, the KVs, the tensor
 //            infos, zero padding to the alignment (32), the tensors' data, each one starting

@@ -750,7 +750,7 @@ static void test_dropout(void) {
 // QLoRA (--quantize nf4, double quantization) against transformers + peft on a
 // bitsandbytes 4-bit model (dev/reference/make_qlora_fixtures.py): the weights as
 // dequantized for the products bit for bit (the same bytes from the same BF16
-// checkpoint, quant.h), then logits, loss and every LoRA gradient of one batch.
+// checkpoint, peft/quant.h), then logits, loss and every LoRA gradient of one batch.
 // Both sides compute in fp32 (bitsandbytes dequantizes to fp32; there is no fp64
 // 4-bit model) from the same weights, each rounding ~1e-7 per operation in its own
 // summation order: logits and gradients within 1e-5 of a tensor's largest magnitude

@@ -1,9 +1,9 @@
-// quant.h against bitsandbytes: every case of test/fixtures/quant/cases.safetensors
+// peft/quant.h against bitsandbytes: every case of test/fixtures/quant/cases.safetensors
 // (dev/reference/make_quant_fixtures.py: bnb.functional.quantize_4bit with blocksize
 // 64, nf4 and fp4, compress_statistics off and on, and dequantize_4bit) byte for byte:
 // the packed codes, the absmax values, the double quantization's 8-bit codes and
 // scales, and the dequantized weights bit for bit. The one statistic not compared
-// exactly is the double quantization's offset, torch.mean's fp32 rounding (quant.h's
+// exactly is the double quantization's offset, torch.mean's fp32 rounding (peft/quant.h's
 // opening comment): it must be within 2 ulp, and the 8-bit codes are compared twice,
 // from bitsandbytes' offset (always exact) and from ours (exact whenever the offsets agree).
 #include <stdint.h>
@@ -11,7 +11,7 @@
 #include "../support/utils.h"
 #include "../support/json.h"
 #include "../support/safetensors.h"
-#include "../quant.h"
+#include "../peft/quant.h"
 #include "test_common.h"
 
 #define FIXTURE "test/fixtures/quant/cases.safetensors"
@@ -127,7 +127,7 @@ static void check_case(const char *c) {
         free(qabsmax), free(absmax2), free(offset), free(q8), free(a2);
     }
     // dequantize bitsandbytes' own quantization: its dequantize_4bit bit for bit, but for
-    // the sign of FP4's zero code (quant.h's quant_fp4), which no product or sum can see
+    // the sign of FP4's zero code (peft/quant.h's quant_fp4), which no product or sum can see
     dequant_tensor(&ref, out, scratch);
     d = -1;
     for (size_t i = 0; i < nw && d < 0; i++)

@@ -1,9 +1,9 @@
-// adaption_prompt_forward and adaption_prompt_backward (adaption_prompt.cuh, llama_adapter's
-// attention branch) against adaption_prompt.h's, for chunks of queries with GQA (4 query heads
+// adaption_prompt_forward and adaption_prompt_backward (peft/adaption_prompt.cuh, llama_adapter's
+// attention branch) against peft/adaption_prompt.h's, for chunks of queries with GQA (4 query heads
 // on 2 KV heads, and 1 on 1) and prompts of 1, 10 and 40 rows: out, and dq, the prompt's and
 // the gate's gradients, each added into. The gate and the gradients are fp32 (the masters).
 #include "common.cuh"
-#include "../../adaption_prompt.cuh"
+#include "../../peft/adaption_prompt.cuh"
 
 struct Shape { int N, D, NH, NKV, hd, A; };
 

@@ -84,7 +84,7 @@ void ref_adaption_prompt_backward(float *dq, float *dprompt, float *dgate, const
                                   const float *prompt, const float *g, const float *wk, const float *wv, float *kpvp,
                                   float *dkv, float *coef, float *gz, int N, int D, int NH, int NKV, int hd, int A);
 
-// prefix tuning (prefix.h): the prompt (P, L * 2 * KV) into the carries' first P rows of
+// prefix tuning (peft/prefix.h): the prompt (P, L * 2 * KV) into the carries' first P rows of
 // (L, B, P + T, KV); dprompt += the dKV carries' first P rows, summed over the B rows
 void ref_prefix_to_carry(float *k, float *v, const float *prompt, int L, int B, int P, int T, size_t KV);
 void ref_prefix_backward(float *dprompt, const float *dk, const float *dv, int L, int B, int P, int T, size_t KV);

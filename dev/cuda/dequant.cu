@@ -1,4 +1,4 @@
-// dequant_tensor (quant.cuh) against quant.h's, the CPU trainer's: random weights
+// dequant_tensor (peft/quant.cuh) against peft/quant.h's, the CPU trainer's: random weights
 // quantized on the host by quant_tensor, their packed bytes copied to the device as
 // they are, and dequantized there. Both sides do the same fp32 operations in the
 // same order (no fused multiply-add), so the tolerance is 0: fp32 bit for bit, bf16
@@ -7,7 +7,7 @@
 // layer's seven weights): a single weight, a last short block of 64, an odd count
 // (the last byte's pad nibble), several blocks of 256 absmax values, a block of zeros.
 #include "common.cuh"
-#include "../../quant.cuh"
+#include "../../peft/quant.cuh"
 
 // weights (n) whose blocks of 64 have absmax values spread over two decades (so the
 // 8-bit codes of double quantization take many values), the second block all zeros

@@ -6,6 +6,7 @@
 // same mask and the same fp32 product per element.
 #include "common.cuh"
 #include "../../lora.cuh"
+#include "../../peft/ia3.cuh"
 
 // an adapter of one module with A (r, in) then B (out, r) in one flat buffer, as lora.h lays it out
 // (dora: and its magnitude m (out) after B)

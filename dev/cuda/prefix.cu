@@ -1,8 +1,8 @@
-// prefix_to_carry and prefix_backward (prefix.cuh, prefix tuning's place in the KV carry)
-// against prefix.h's, for GQA's and plain shapes, one row and several: the carries' first P
+// prefix_to_carry and prefix_backward (peft/prefix.cuh, prefix tuning's place in the KV carry)
+// against peft/prefix.h's, for GQA's and plain shapes, one row and several: the carries' first P
 // rows of every layer (the rest must stay as they were), and the prompt's gradient, added into.
 #include "common.cuh"
-#include "../../prefix.cuh"
+#include "../../peft/prefix.cuh"
 
 struct Shape { int L, B, P, T, KV; };
 

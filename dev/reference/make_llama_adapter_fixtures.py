@@ -48,7 +48,7 @@ def make_adapter(name, spec, folder):
 
 def branch_check():
     """peft's adapted attention on tiny_gqa's last layer against the maths the trainers
-    implement (adaption_prompt.h): the prompt through the layer's k_proj and v_proj without
+    implement (peft/adaption_prompt.h): the prompt through the layer's k_proj and v_proj without
     RoPE, the RoPE'd queries, query head h on KV head h // (NH / NKV), no mask, the plain
     gate, then o_proj, added to the attention's output."""
     base = mf.load_base(f"{mf.FIX}/tiny_gqa", torch.float64)
@@ -80,7 +80,7 @@ def branch_check():
         want = y.reshape(2, 7, -1) @ attn.o_proj.weight.T
     err = (got - want).abs().max().item() / want.abs().max().item()
     assert err < 1e-6, err  # (peft's softmax is float32's)
-    print(f"    peft's branch == adaption_prompt.h's maths: {err:.1e} of its scale")
+    print(f"    peft's branch == peft/adaption_prompt.h's maths: {err:.1e} of its scale")
 
 
 def main():

@@ -6,7 +6,7 @@
 # Writes test/fixtures/quant/cases.safetensors: bitsandbytes' own 4-bit quantization
 # of a set of weight tensors (bnb.functional.quantize_4bit with blocksize 64, nf4 and
 # fp4, compress_statistics off and on) and its dequantize_4bit, which test/test_quant.c
-# compares byte for byte with quant.h. Per case <c>:
+# compares byte for byte with peft/quant.h. Per case <c>:
 #   <w>.w         the input <w>, in the dtype bitsandbytes quantized (F32, BF16 or F16);
 #                 the cases <c> = <w>.<nf4|fp4>.dq<0|1> quantize it
 #   <c>.meta      I32 [type (1 nf4, 2 fp4), double_quant, rows, cols]

@@ -1,10 +1,10 @@
-// prefix.cuh: prefix tuning's place in the KV carry on the GPU, the twins of prefix.h's
+// peft/prefix.cuh: prefix tuning's place in the KV carry on the GPU, the twins of peft/prefix.h's
 // prefix_to_carry and prefix_backward (which says the layout), with the same names and
-// arguments and a stream (dev/cuda/prefix.cu checks them against prefix.h). The prompt is
+// arguments and a stream (dev/cuda/prefix.cu checks them against peft/prefix.h). The prompt is
 // read in the carry's type T (the bf16 copy of the masters, or the masters), its gradient
 // goes to the fp32 masters' gradients.
 #pragma once
-#include "layers.cuh" // ELEMENTWISE_THREADS
+#include "../layers.cuh" // ELEMENTWISE_THREADS
 
 // the prefix's keys and values into rows 0 .. P - 1 of every row's carry, every layer: one
 // strided copy of P rows per (layer, row, key or value)

@@ -1,4 +1,4 @@
-// prefix.h: prefix tuning's place in the KV carry (peft's PrefixTuningConfig without
+// peft/prefix.h: prefix tuning's place in the KV carry (peft's PrefixTuningConfig without
 // prefix_projection; docs/lora.md), the CPU's. The prefix is one more chunk ahead of the
 // first (docs/chunked.md): its P virtual positions' keys and values (never rotated) fill
 // rows 0 .. P - 1 of every layer's carry, and the attention's backward adds their
@@ -6,7 +6,7 @@
 //   prompt (P, L * 2 * KV): peft's prompt_embeddings, row j = layer 0's key, layer 0's
 //   value, layer 1's key, ... of position j (lora.h keeps it); KV = NKV * hd
 //   k, v, dk, dv (L, B, P + T, KV): the carries of B rows of T real positions
-// prefix.cuh has the GPU's twins, with the same names and arguments (and a stream).
+// peft/prefix.cuh has the GPU's twins, with the same names and arguments (and a stream).
 #ifndef PREFIX_H
 #define PREFIX_H
 #include <string.h>

@@ -1,13 +1,13 @@
-// adaption_prompt.cuh: llama_adapter's attention branch on the GPU, the twins of
-// adaption_prompt_forward and adaption_prompt_backward in adaption_prompt.h (which says
+// peft/adaption_prompt.cuh: llama_adapter's attention branch on the GPU, the twins of
+// adaption_prompt_forward and adaption_prompt_backward in peft/adaption_prompt.h (which says
 // the maths), with the same names and arguments (dev/cuda/adaption_prompt.cu checks
 // them against it). Kp and Vp come from cuBLASLt in fp32; each query head is one
 // warp, its A probabilities in shared memory, softmax in fp32 as peft's; the prompt
 // is read in the compute type T (the bf16 copy of the masters, or the masters), the
 // gate from the fp32 masters, and the prompt's and gate's gradients go to fp32.
 #pragma once
-#include "support/cuda_common.cuh"
-#include "support/matmul.cuh"
+#include "../support/cuda_common.cuh"
+#include "../support/matmul.cuh"
 
 constexpr int ADAPTION_WARPS = 4; // query heads per block, one warp each
 

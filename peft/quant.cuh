@@ -1,6 +1,6 @@
-// QLoRA on the GPU: 4-bit weights (quant.h's layout, packed by quant_tensor on the
+// QLoRA on the GPU: 4-bit weights (peft/quant.h's layout, packed by quant_tensor on the
 // host) dequantized into the compute type, with the name and the arithmetic of
-// quant.h's dequant_tensor: each absmax of double quantization is
+// peft/quant.h's dequant_tensor: each absmax of double quantization is
 // code8 * absmax2 + offset, the product and the sum each rounded to fp32 (never
 // one fused multiply-add, as the CPU rounds them), then w = code4 * absmax. So the
 // fp32 output is the CPU's bit for bit and the bf16 one its round-to-nearest
@@ -8,11 +8,11 @@
 #pragma once
 #include <string.h>
 #include "quant.h"
-#include "support/cuda_common.cuh"
+#include "../support/cuda_common.cuh"
 
 constexpr int DEQUANT_THREADS = 256;
 
-// bitsandbytes' tables, quant.h's values, handed to the kernel by value
+// bitsandbytes' tables, peft/quant.h's values, handed to the kernel by value
 struct QuantCodes {
     float code4[16];  // NF4 or FP4
     float code8[256]; // the signed 8-bit dynamic code (double quantization)

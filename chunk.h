@@ -1,5 +1,53 @@
-// attention_mask.h: which keys a query sees, one definition for both attentions
-// (attention.h on the CPU, attention.cuh on the GPU). The mask is causal, aligned
+// chunk.h: a chunk of the sequence against the KV carry, for both trainers and every kernel:
+// which rows and positions a chunk holds (Chunk), where they sit in the carry (a prefix's
+// virtual positions, context parallelism's pieces) and which keys each of its queries sees
+// (the attention mask, one definition for attention.h on the CPU and attention.cuh on the GPU).
+#ifndef CHUNK_H
+#define CHUNK_H
+#include "support/utils.h" // HOST_DEVICE, die
+
+// Where the N rows of a layer's input sit in the batch: the trainer runs a
+// batch of B sequences of T tokens in chunks, and row n of a chunk is position
+// t0 + n % len of sequence n / len. Whole-sequence training is t0 = 0, len = T.
+// window and s2_group, which only attention reads (below): the sliding
+// window (Config's sliding_window: the query at position p sees keys
+// p - window + 1 .. p) and the group size of shifted sparse attention (--s2_attn,
+// in training); 0 (what an initializer that leaves them out gives): keys 0 .. p,
+// plain causal.
+typedef struct { int B, T, t0, len, window, s2_group; } Chunk;
+
+// The chunk as the KV carry, RoPE and attention see it with a prefix of P virtual positions
+// ahead of the sequence (prefix tuning, peft/prefix.h): real position p is carry row and RoPE
+// position P + p, in rows of P + T (peft's positions), so every query sees the prefix in its
+// one causal softmax. P = 0: the chunk itself.
+static inline Chunk carry_chunk(const Chunk *ch, int P) {
+    Chunk c = *ch;
+    c.t0 += P, c.T += P;
+    return c;
+}
+
+// Context parallelism (docs/long_context.md): the P ranks of a context group hold different
+// positions of the same rows. A row of T positions is padded to *Tp and cut in pieces of
+// *len, P to a group; rank r takes one piece of each group, piece r in even groups and
+// P - 1 - r in odd ones. C = 0 (no --chunk_size): a row is 2P pieces, two groups, and rank r
+// holds pieces r and 2P - 1 - r (the head-tail layout of torchtitan and ring-flash-attention,
+// which gives each rank the same causal work); C > 0: pieces of C, as many groups as the row
+// needs. Pads come last: never attended, never labels.
+static inline void context_layout(int P, int C, int T, int *Tp, int *len) {
+    int group = C ? P * C : 2 * P;
+    *Tp = (T + group - 1) / group * group;
+    *len = C ? C : *Tp / (2 * P);
+}
+
+// rank r's piece of group j, in rows of T positions cut in pieces of len
+static inline Chunk context_piece(int P, int B, int T, int len, int j, int r, int window) {
+    int at = j * P + (j % 2 ? P - 1 - r : r);
+    Chunk ch = {B, T, at * len, len, window, 0};
+    return ch;
+}
+
+// ----------------------------------------------------------------------------
+// The attention mask: which keys a query sees. It is causal, aligned
 // bottom-right: the query at position p sees keys attention_first_key .. p, the
 // first key being
 //   0                        plain causal;
@@ -19,9 +67,6 @@
 // first key (and the GPU's dk, dv kernels the query tiles after a key's last query).
 // Whole-sequence and chunked attention see the same mask, as positions are absolute
 // (a chunk's queries see the KV carry's keys only within their group).
-#ifndef ATTENTION_MASK_H
-#define ATTENTION_MASK_H
-#include "support/utils.h" // HOST_DEVICE
 
 // LongLoRA's group size for rows of T positions: a quarter of them (4 groups; the
 // trainer refuses other row lengths with --s2_attn before it trains)

@@ -1,4 +1,4 @@
-// adaption_prompt.h: llama_adapter's attention branch (peft's AdaptionPromptConfig, the
+// peft/adaption_prompt.h: llama_adapter's attention branch (peft's AdaptionPromptConfig, the
 // LLaMA-Adapter paper's zero-init attention), the CPU's forward and backward.
 //
 // A layer with a prompt P (A, D) (lora.h keeps it, and its gate g) adds to its attention
@@ -11,14 +11,14 @@
 // nothing but itself: a chunk's queries need no carry. GQA's kv is peft's
 // repeat_interleave of the KV heads. The gate multiplies plainly (no tanh), from 0:
 // training starts at the base model. The backward recomputes Kp, Vp and the
-// probabilities (A rows per query) rather than keep them. adaption_prompt.cuh has the
+// probabilities (A rows per query) rather than keep them. peft/adaption_prompt.cuh has the
 // GPU's twins, with the same names and arguments (the gate is read where the optimizer
 // keeps it, as a pointer; Kp and Vp are fp32, their gradients in the compute type).
 #ifndef ADAPTION_PROMPT_H
 #define ADAPTION_PROMPT_H
 #include <math.h>
 #include <string.h>
-#include "support/matmul.h"
+#include "../support/matmul.h"
 
 // kpvp (2, A, KV) = Kp, Vp: the prompt (A, D) through the layer's k_proj and v_proj (KV, D)
 static void adaption_kv(float *kpvp, const float *prompt, const float *wk, const float *wv, int A, int D, int KV) {

@@ -40,8 +40,8 @@
 //             DoRA's magnitudes have no place there: refused.
 #ifndef EXPORT_GGUF_H
 #define EXPORT_GGUF_H
-#include "support/gguf.h"
-#include "model.h"
+#include "gguf.h"
+#include "../model.h"
 
 // --gguf_type: the names, ggml's tensor type and llama.cpp's general.file_type of each
 static const char *const gguf_type_names[] = {"f32", "f16", "bf16", "q8_0"};
