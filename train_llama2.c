@@ -11,10 +11,11 @@ behind every linear layer's forward and both backward products
 dominates long sequences (attention.h); both are checked against plain
 definitions (test/test_llama2.c, test/test_attention.c).
 
-This file is the CPU backend: the layers, the Model with its forward and
-backward, AdamW and SGD, and the few functions trainer.h's contract asks for. The
-host side (options, loading and saving, the training loop, checkpoints, main's
-default run) is trainer.h and model.h, shared with train_llama2.cu.
+This file is the CPU backend, in reading order: the layers, the Model with its
+forward and backward, then the machinery they call, AdamW and SGD, and the few
+functions trainer.h's contract asks for. The host side (options, loading and
+saving, the training loop, checkpoints, main's default run) is trainer.h and
+model.h, shared with train_llama2.cu.
 
 Shapes: B rows of T tokens, D = hidden_size, H = intermediate_size,
 NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
@@ -222,9 +223,8 @@ static void swiglu_backward(float *dgate, float *dup, const float *dout, const f
     }
 }
 
-
 // ----------------------------------------------------------------------------
-// activations, run chunk by chunk (docs/chunked.md)
+// the Model and its activations, run chunk by chunk (docs/chunked.md)
 //
 // A batch of B sequences of T tokens runs in chunks of C positions (C = T: the
 // whole sequence). Attention needs the keys and values of every earlier position,
@@ -248,8 +248,7 @@ typedef struct {
     float *resid_mid;  // (Lk, B, C, D) after the attention block
     float *ln2;        // (Lk, B, C, D)
     float *rstd2;      // (Lk, B, C)
-    float *gate;       // (Lk, B, C, H) pre-activation
-    float *up;         // (Lk, B, C, H)
+    float *gate, *up;  // (Lk, B, C, H) gate: pre-activation
     float *hmlp;       // (Lk, B, C, H) silu(gate) * up
     float *lora_h;     // (Lk, 7, B, C, r) LoRA A-projections
 } ChunkActs;
@@ -270,8 +269,7 @@ typedef struct {
                         // when a micro-batch runs the head more than once (NULL: not)
     int head_packed_ok; // which of them hold the head now: 1 the forward's, 2 the backward's
     float *kv;         // (B, C, NKV*hd) a chunk's keys or values before they enter the carry
-    float *dresid;     // (B, C, D)
-    float *dln;        // (B, C, D)
+    float *dresid, *dln; // (B, C, D)
     float *dq, *datty; // (B, C, NH*hd)
     float *dgate, *dup, *dhmlp;  // (B, C, H)
     float *lora_dh;    // (B, C, r)
@@ -308,8 +306,7 @@ typedef struct {
     float *deq_absmax;        // (the absmax values of one weight, double quantization)
     int deq_unit;             // the unit deq holds (-1: none)
     Activations a;
-    int B, T;                 // activation capacity
-    int chunk_size;           // C (== T: whole sequence)
+    int B, T, chunk_size;     // activation capacity; chunk_size: C (== T: whole sequence)
     int recompute;            // chunk memory mode: 1 recompute, 0 keep
     int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
     int cpu_offload;          // set by the trainer: --cpu_offload, where the trainable state is already (host memory)
@@ -330,10 +327,394 @@ typedef struct {
     int row0;                 // set by the trainer: this rank's first row in the global micro-batch
     int context_len;          // context parallelism with --chunk_size: the pieces' length C (0: each row in 2P pieces)
     int context_T;            // the rows' length before context_layout's padding, while context is set
-    FsdpComm *context;        // the context-parallel group while model_forward_backward runs this rank's pieces of
-                              // the rows (their keys and values gathered, their gradients reduced); else NULL
+    FsdpComm *context;        // the context-parallel group while model_forward(_backward) runs this rank's pieces of the rows; else NULL
 } Model;
 
+// ----------------------------------------------------------------------------
+// the model, top down: model_forward_backward runs a micro-batch's chunks through chunk_forward
+// (layer_forward for each layer), then back through chunk_head and chunk_backward (docs/chunked.md)
+
+#define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
+
+// one decoder layer's tensors (a layer unit's, P_ATTN_NORM .. P_WDOWN), wherever they are
+typedef struct { float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown; } LayerWeights;
+
+// Layer l's activations within a chunk's (s): its input and output residuals, and
+// the rest at layer l, or with activation checkpointing in the one layer's worth
+// that every layer shares. len is the chunk's length: a layer's arrays are packed
+// for it (the last chunk may be shorter than C).
+typedef struct {
+    float *x, *out;         // (B, len, D) the layer's input resid[l] and output resid[l + 1]
+    float *ln1, *mid, *ln2; // (B, len, D) mid: the residual after the attention block
+    float *rstd1, *rstd2;   // (B, len)
+    float *q, *atty;        // (B, len, NH*hd) the queries after RoPE, the attention output
+    float *lse;             // (B, NH, len)
+    float *gate, *up, *hm;  // (B, len, H) hm = silu(gate) * up
+    float *lora_h;          // (7, B, len, r) LoRA A-projections
+} LayerActs;
+
+typedef struct { float *k, *v, *dk, *dv; } AttentionKV; // what a layer's attention reads, and adds dK, dV into (attention_kv)
+
+// declared ahead: the model's functions below model_forward_backward,
+static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch);
+static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l);
+static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch);
+static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk *ch, float grad_scale, float *logits_out);
+// and the machinery the model calls, defined after it in this order: a base linear layer and its adapter,
+static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, int t, float *out, const float *inp, const float *w);
+static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int layer, int t, float *dinp, float *dw,
+                            const float *dout, const float *inp, const float *w);
+// where the weights and their gradients are (sharded: gathered, reduce-scattered; QLoRA: dequantized),
+static void units_reshard(Model *m);
+static float *embed_weight(Model *m), *head_weight(Model *m), *final_norm(Model *m);
+static int head_trains(const Model *m);
+static LayerWeights layer_params(Model *m, int l), layer_grads(Model *m, int l);
+static float *grad_at(Model *m, int u, int j);
+static void grads_done(Model *m, int u);
+static float *saved_grad(Model *m, int k);
+static void grads_bf16_begin(Model *m), grads_bf16_end(Model *m);
+// a layer's activations within its chunk's, the chunk's tokens, the KV carry, context parallelism,
+static LayerActs layer_acts(const Model *m, ChunkActs *s, const Chunk *ch, int l);
+static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch);
+static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int dir);
+static Chunk context_own(const Model *m, const Chunk *ch);
+static void context_reduce(Model *m, float *dcarry, float *dx, float *stage, const Chunk *ch, size_t w);
+static AttentionKV attention_kv(Model *m, float *k, float *v, float *dk, float *dv, const Chunk *ch, int backward);
+// the rows and chunks of a micro-batch
+static void check_batch(const Model *m, const int *tokens, int B, int T);
+static int rows_begin(Model *m, const int **tokens, const int **targets, int B, int *T, int *len);
+static Chunk rows_chunk(const Model *m, int B, int T, int len, int j, int train);
+
+// Forward and backward of one micro-batch: returns the summed cross-entropy and
+// adds grad_scale * d(loss)/d(parameter) into the gradients of the trainable ones.
+// Chunks run forward in order, filling the KV carry, then backward in reverse
+// order with the dKV carry; in recompute mode a chunk's forward runs again just
+// before its backward (the last chunk's activations are still there).
+static double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale) {
+    check_batch(m, tokens, B, T);
+    Activations *a = &m->a;
+    if (head_trains(m)) a->head_packed_ok = 0; // the head may have trained since it was packed
+    int len, n = rows_begin(m, &tokens, &targets, B, &T, &len);
+    size_t carry = (size_t)m->host.config.n_layers * B * (host_prefix(&m->host) + T / fsdp_context_size(m->fsdp)) *
+                   m->host.config.n_kv_heads * m->host.config.head_dim;
+    memset(a->dk, 0, carry * sizeof(float));
+    memset(a->dv, 0, carry * sizeof(float));
+    grads_bf16_begin(m);
+    for (int j = 0; j < n; j++) {
+        Chunk ch = rows_chunk(m, B, T, len, j, 1);
+        chunk_forward(m, &a->chunk[m->recompute ? 0 : j], tokens, &ch);
+    }
+    double loss = 0;
+    for (int j = n - 1; j >= 0; j--) {
+        Chunk ch = rows_chunk(m, B, T, len, j, 1);
+        ChunkActs *s = &a->chunk[m->recompute ? 0 : j];
+        if (m->recompute && j < n - 1) chunk_forward(m, s, tokens, &ch);
+        PROF_BEGIN(NULL, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
+        loss += chunk_head(m, s, targets, &ch, grad_scale, NULL);
+        PROF_END(NULL);
+        chunk_backward(m, s, tokens, &ch);
+    }
+    const LoRA *lo = &m->host.lora;
+    if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
+        prefix_backward(lora_A(lo, lo->grads, 0, 0), a->dk, a->dv, m->host.config.n_layers, B, lo->prefix, T, lo->out[LORA_K]);
+    m->context = NULL;
+    units_reshard(m);
+    grads_bf16_end(m);
+    return loss;
+}
+
+// Forward of one chunk through every decoder layer into the activations s,
+// appending the chunk's keys and values to the KV carry.
+static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
+    Config *c = &m->host.config;
+    int j = ch->t0 / m->chunk_size; // (the spans' chunk)
+    const LoRA *lo = &m->host.lora;
+    if (ch->t0 == 0 && host_prefix(&m->host)) // (the prefix: one more chunk ahead of the first)
+        prefix_to_carry(m->a.k, m->a.v, lora_A(lo, lo->params, 0, 0), c->n_layers, ch->B, lo->prefix, ch->T, lo->out[LORA_K]);
+    PROF_BEGIN(NULL, "embedding forward", -1, j, -1);
+    chunk_tokens(m->a.tokens, tokens, ch);
+    embedding_forward(s->resid, m->a.tokens, embed_weight(m), ch->B * ch->len, c->dim);
+    PROF_END(NULL);
+    for (int l = 0; l < c->n_layers; l++) {
+        PROF_BEGIN(NULL, "forward", l, j, -1);
+        layer_forward(m, s, ch, l);
+        PROF_END(NULL);
+    }
+}
+
+// Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
+// its activations into layer_acts' place and its keys and values into the KV carry.
+// chunk_backward calls it again with activation checkpointing: the same operations
+// on the same input (LoRA dropout masks hash the absolute position) give the same
+// bits, the carry's rows included.
+static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
+    Config *c = &m->host.config;
+    Activations *a = &m->a;
+    int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
+    Chunk own = m->context ? context_own(m, ch) : cc; // where its keys and values sit in the carry (no prefix with context)
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)own.B * own.T * KV;
+    LayerWeights w = layer_params(m, l);
+    LayerActs act = layer_acts(m, s, ch, l);
+    float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
+    rmsnorm_forward(act.ln1, act.rstd1, act.x, w.attn_norm, N, D, c->norm_eps);
+    linear_forward(m, act.lora_h, ch, l, LORA_Q, act.q, act.ln1, w.wq);
+    rope_forward(act.q, m->rope_cos, m->rope_sin, &cc, NH, hd, 0);
+    linear_forward(m, act.lora_h, ch, l, LORA_K, a->kv, act.ln1, w.wk);
+    rope_forward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, 0);
+    carry_copy(kc, a->kv, &own, KV, 1);
+    linear_forward(m, act.lora_h, ch, l, LORA_V, a->kv, act.ln1, w.wv);
+    carry_copy(vc, a->kv, &own, KV, 1);
+    AttentionKV at = attention_kv(m, kc, vc, NULL, NULL, ch, 0);
+    attention_forward(act.atty, act.lse, act.q, at.k, at.v, &cc, NH, NKV, hd);
+    const float *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
+    LoRA *lo = &m->host.lora;
+    if (m->host.use_lora && adapter_has_prompt(lo, l)) {
+        adaption_prompt_forward(a->adapter_y, act.atty, act.q, adapter_prompt(lo, lo->params, l), adapter_gate(lo, lo->params, l),
+                                w.wk, w.wv, a->adapter_kv, N, D, NH, NKV, hd, lo->adapter_len);
+        o_in = a->adapter_y;
+    }
+    linear_forward(m, act.lora_h, ch, l, LORA_O, act.mid, o_in, w.wo);
+    for (size_t i = 0; i < ND; i++) act.mid[i] += act.x[i];
+    rmsnorm_forward(act.ln2, act.rstd2, act.mid, w.mlp_norm, N, D, c->norm_eps);
+    linear_forward(m, act.lora_h, ch, l, LORA_GATE, act.gate, act.ln2, w.wgate);
+    linear_forward(m, act.lora_h, ch, l, LORA_UP, act.up, act.ln2, w.wup);
+    swiglu_forward(act.hm, act.gate, act.up, (size_t)N * c->hidden_dim);
+    linear_forward(m, act.lora_h, ch, l, LORA_DOWN, act.out, act.hm, w.wdown);
+    for (size_t i = 0; i < ND; i++) act.out[i] += act.mid[i];
+}
+
+// Backward of one chunk through every decoder layer, from a->dresid (chunk_head's).
+// At each layer's attention the chunk adds dK, dV for every position before its
+// end into the dKV carry (context parallel: into the gathered dK, dV, reduced into
+// the ranks' carries: context_reduce); its own rows are complete then (later chunks ran
+// first), so they flow on through its key and value projections at once. With
+// activation checkpointing each layer first re-runs its forward from its input.
+static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
+    Config *c = &m->host.config;
+    Activations *a = &m->a;
+    int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
+    size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host)), own = m->context ? context_own(m, ch) : cc;
+    size_t carry = (size_t)own.B * own.T * KV;
+    int full = m->host.full_finetune, frozen = m->host.frozen_units;
+    // frozen units (the embedding and layers 0 .. frozen - 2) need no gradient, and nothing
+    // below them trains: the backward stops at the first layer that trains
+    for (int l = c->n_layers - 1; l >= (frozen ? frozen - 1 : 0); l--) {
+        PROF_BEGIN(NULL, "backward", l, ch->t0 / m->chunk_size, -1);
+        if (m->activation_checkpointing) layer_forward(m, s, ch, l);
+        LayerWeights w = layer_params(m, l), g = {0};
+        if (full) g = layer_grads(m, l);
+        else g.attn_norm = saved_grad(m, 1 + 2 * l), g.mlp_norm = saved_grad(m, 2 + 2 * l); // (--trainable_params norm)
+        LayerActs act = layer_acts(m, s, ch, l);
+        float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
+        float *dkc = LAYER(a->dk, l, carry), *dvc = LAYER(a->dv, l, carry);
+        // MLP block; the residual passes dresid through unchanged
+        memset(a->dhmlp, 0, NHd * sizeof(float));
+        linear_backward(m, act.lora_h, ch, l, LORA_DOWN, a->dhmlp, g.wdown, a->dresid, act.hm, w.wdown);
+        swiglu_backward(a->dgate, a->dup, a->dhmlp, act.gate, act.up, NHd);
+        memset(a->dln, 0, ND * sizeof(float));
+        linear_backward(m, act.lora_h, ch, l, LORA_GATE, a->dln, g.wgate, a->dgate, act.ln2, w.wgate);
+        linear_backward(m, act.lora_h, ch, l, LORA_UP, a->dln, g.wup, a->dup, act.ln2, w.wup);
+        rmsnorm_backward(a->dresid, g.mlp_norm, a->dln, act.mid, w.mlp_norm, act.rstd2, N, D);
+        // attention block
+        memset(a->datty, 0, (size_t)N * Q * sizeof(float));
+        linear_backward(m, act.lora_h, ch, l, LORA_O, a->datty, g.wo, a->dresid, act.atty, w.wo);
+        AttentionKV at = attention_kv(m, kc, vc, dkc, dvc, ch, 1);
+        attention_backward(a->dq, at.dk, at.dv, a->datty, act.atty, act.lse, act.q, at.k, at.v, &cc, NH, NKV, hd);
+        if (m->context) context_reduce(m, dkc, at.dk, at.k, ch, KV), context_reduce(m, dvc, at.dv, at.v, ch, KV);
+        LoRA *lo = &m->host.lora;
+        if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
+            adaption_prompt_backward(a->dq, adapter_prompt(lo, lo->grads, l), adapter_gate(lo, lo->grads, l), a->datty, act.q,
+                                     adapter_prompt(lo, lo->params, l), adapter_gate(lo, lo->params, l), w.wk, w.wv,
+                                     a->adapter_kv, a->adapter_dkv, a->adapter_coef, a->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len);
+        rope_backward(a->dq, m->rope_cos, m->rope_sin, &cc, NH, hd);
+        // LoRA's layer 0: nothing below it trains (unless --trainable_params: the embedding, the
+        // norms), so the gradient of its input is not needed: q, k and v skip their input products
+        // (3 of the layer's 7), as autograd skips them
+        float *dln = full || l > 0 || m->host.lora.saved ? a->dln : NULL;
+        if (dln) memset(dln, 0, ND * sizeof(float));
+        linear_backward(m, act.lora_h, ch, l, LORA_Q, dln, g.wq, a->dq, act.ln1, w.wq);
+        carry_copy(dkc, a->kv, &own, KV, -1);
+        rope_backward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd);
+        linear_backward(m, act.lora_h, ch, l, LORA_K, dln, g.wk, a->kv, act.ln1, w.wk);
+        carry_copy(dvc, a->kv, &own, KV, -1);
+        linear_backward(m, act.lora_h, ch, l, LORA_V, dln, g.wv, a->kv, act.ln1, w.wv);
+        if (dln) rmsnorm_backward(a->dresid, g.attn_norm, dln, act.x, w.attn_norm, act.rstd1, N, D);
+        if (full) grads_done(m, fsdp_layer_unit(l));
+        PROF_END(NULL);
+    }
+    float *dembed = full ? (frozen ? NULL : grad_at(m, 0, 0)) : saved_grad(m, 0);
+    if (dembed) {
+        PROF_BEGIN(NULL, "embedding backward", -1, ch->t0 / m->chunk_size, -1);
+        chunk_tokens(a->tokens, tokens, ch);
+        embedding_backward(dembed, a->dresid, a->tokens, N, D);
+        if (full) grads_done(m, 0);
+        PROF_END(NULL);
+    }
+}
+
+// Final norm, output head and cross-entropy of one chunk; returns the summed loss
+// over its targets != -100. The head runs on pieces of ceil(len / num_output_chunks)
+// positions of one row at a time, so full-vocabulary logits exist only for a
+// piece. With grad_scale != 0 each piece's d(grad_scale * loss)/d(logits) is
+// formed in place while its logits are at hand, and a->dresid ends up holding
+// d loss / d(final residual) for the chunk. logits_out (B, T, V), when given,
+// receives the logits (for tests).
+//
+// Positions without a target (-100: the prompt and the padding of SFT data, often most
+// of a batch) need neither logits nor their gradient, whose rows are zeros: each piece
+// runs the head on its positions that have a target only, their rows of lnf moved to
+// the piece's front (lnf is not read after the head), and their rows of dln moved back
+// after. Each row's logits, loss and gradient are the ones computed in place (rows are
+// independent); the head's own gradient (full fine-tuning) leaves out terms that were
+// zeros, so it is the same bits too where a piece fits one block of k (GEMM_KC rows),
+// and the same sum blocked differently where it does not.
+static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk *ch, float grad_scale,
+                         float *logits_out) {
+    Config *c = &m->host.config;
+    Activations *a = &m->a;
+    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size;
+    int piece = (ch->len + m->num_output_chunks - 1) / m->num_output_chunks;
+    const float *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
+    int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
+    float *norm = final_norm(m), *head = head_weight(m);
+    // tied embeddings: the head is the embedding, frozen with it (--freeze_layers); the final norm trains.
+    // LoRA: their trained copies' (--trainable_params), if any
+    int full_head = full && !(c->tied && m->host.frozen_units), lora = grad_scale != 0.0f && !full;
+    float *dnorm = full ? grad_at(m, hu, 0) : lora ? saved_grad(m, 1 + 2 * c->n_layers) : NULL;
+    float *dhead = full_head ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : lora && c->tied ? saved_grad(m, 0) : NULL;
+    rmsnorm_forward(a->lnf, a->rstdf, xL, norm, N, D, c->norm_eps);
+    if (grad_scale != 0.0f) memset(a->dln, 0, (size_t)N * D * sizeof(float));
+    int *kept = (int *)mallocCheck(2 * (size_t)piece * sizeof(int)), *kept_targets = kept + piece; // (piece)
+    int any = logits_out != NULL; // a target anywhere in the chunk: else the head is not even packed
+    for (int b = 0; b < ch->B && !any; b++)
+        for (int p = 0; p < ch->len && !any; p++) any = targets[(size_t)b * ch->T + ch->t0 + p] >= 0;
+    // the head (V, D) packed as the B of logits = xf head^T, and of dxf = dlogits head; when the
+    // head does not train (head_trains) it is packed once in a run, not twice a micro-batch
+    float *head_fwd = a->head_packed, *head_bwd = head_fwd ? head_fwd + gemm_packed_b_floats(V, D) : NULL;
+    if (head_fwd && any && !(a->head_packed_ok & 1)) gemm_pack_b(head_fwd, V, D, head, D, 1), a->head_packed_ok |= 1;
+    if (head_bwd && any && grad_scale != 0.0f && !(a->head_packed_ok & 2))
+        gemm_pack_b(head_bwd, D, V, head, D, 0), a->head_packed_ok |= 2;
+    double loss = 0;
+    for (int b = 0; b < ch->B && any; b++)
+        for (int p0 = 0; p0 < ch->len; p0 += piece) {
+            int n = ch->len - p0 < piece ? ch->len - p0 : piece, nk = 0;
+            size_t row = (size_t)b * ch->len + p0, pos = (size_t)b * ch->T + ch->t0 + p0; // in the chunk, in the batch
+            float *xf = a->lnf + row * D, *dxf = a->dln + row * D; // (n, D)
+            for (int i = 0; i < n; i++) // all of them for logits_out
+                if (logits_out || targets[pos + i] >= 0) kept[nk] = i, kept_targets[nk++] = targets[pos + i];
+            if (nk == 0) continue;
+            for (int j = 0; j < nk; j++) // kept[j] >= j: no row is overwritten before it moves
+                if (kept[j] != j) memcpy(xf + (size_t)j * D, xf + (size_t)kept[j] * D, D * sizeof(float));
+            float *lg = a->logits; // (nk, V)
+            gemm(nk, V, D, 1.0f, xf, D, 0, head, D, 1, head_fwd, lg, V, 0); // matmul_forward's
+            if (logits_out) memcpy(logits_out + pos * V, lg, (size_t)n * V * sizeof(float));
+            loss += crossentropy_forward_backward(lg, kept_targets, nk, V, grad_scale);
+            if (grad_scale != 0.0f) { // matmul_backward's
+                gemm(nk, D, V, 1.0f, lg, V, 0, head, D, 0, head_bwd, dxf, D, 1);
+                if (dhead) gemm(V, D, nk, 1.0f, lg, V, 1, xf, D, 0, NULL, dhead, D, 1);
+                for (int j = nk - 1; j >= 0; j--) // back to their rows, last first; the rows left are zeros
+                    if (kept[j] != j) {
+                        memcpy(dxf + (size_t)kept[j] * D, dxf + (size_t)j * D, D * sizeof(float));
+                        memset(dxf + (size_t)j * D, 0, D * sizeof(float));
+                    }
+            }
+        }
+    free(kept);
+    if (grad_scale != 0.0f) {
+        memset(a->dresid, 0, (size_t)N * D * sizeof(float));
+        rmsnorm_backward(a->dresid, dnorm, a->dln, xL, norm, a->rstdf, N, D);
+    }
+    if (full) grads_done(m, hu); // tied: the embedding's gradient stays open for the embedding's backward
+    return loss;
+}
+
+// The summed cross-entropy of B rows of T tokens over targets != -100 (no
+// gradients: evaluation, tests). logits_out as in chunk_head (not with context
+// parallelism, whose ranks hold pieces of the rows: the sum is the group's).
+static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
+    check_batch(m, tokens, B, T);
+    if (head_trains(m)) m->a.head_packed_ok = 0; // the head may have trained since it was packed
+    int len, n = rows_begin(m, &tokens, &targets, B, &T, &len);
+    if (m->context && logits_out) die("internal: model_forward's logits with context parallelism");
+    double loss = 0;
+    for (int j = 0; j < n; j++) {
+        Chunk ch = rows_chunk(m, B, T, len, j, 0);
+        chunk_forward(m, &m->a.chunk[0], tokens, &ch);
+        PROF_BEGIN(NULL, "head", -1, j, -1);
+        loss += chunk_head(m, &m->a.chunk[0], targets, &ch, 0.0f, logits_out);
+        PROF_END(NULL);
+    }
+    if (m->context) fsdp_all_reduce(m->context, &loss, 1, FSDP_F64); // (in rank order: every rank the same)
+    m->context = NULL;
+    units_reshard(m);
+    return loss;
+}
+
+// ----------------------------------------------------------------------------
+// sampling (generate, in trainer.h): one sequence, with the KV carry as the cache
+
+// Runs positions ch->t0 .. ch->t0 + ch->len - 1 of one sequence seq (B = 1)
+// forward, adding their keys and values to the KV carry; returns the logits (V)
+// of the last of them.
+static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
+    Config *c = &m->host.config;
+    Activations *a = &m->a;
+    chunk_forward(m, &a->chunk[0], seq, ch);
+    const float *x = LAYER(a->chunk[0].resid, c->n_layers, (size_t)ch->len * c->dim) + (size_t)(ch->len - 1) * c->dim;
+    rmsnorm_forward(a->lnf, a->rstdf, x, final_norm(m), 1, c->dim, c->norm_eps);
+    matmul_forward(a->logits, a->lnf, head_weight(m), 1, c->dim, c->vocab_size, 1.0f, 0);
+    units_reshard(m);
+    return a->logits;
+}
+
+// ----------------------------------------------------------------------------
+// the machinery the model calls, from here to the optimizer; first a base linear layer
+// and its adapter (lora.h), and where LoRA dropout draws its masks
+
+// where LoRA dropout's masks are drawn for ch (lora_dropout_chunk): positions of the global batch,
+// whose rows are context parallelism's before its padding, so that they drop what one process drops
+static Chunk dropout_chunk(const Model *m, const Chunk *ch) {
+    Chunk d = *ch;
+    if (m->context) d.T = m->context_T;
+    return lora_dropout_chunk(&d, m->row0);
+}
+
+// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
+// (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
+static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, int t, float *out, const float *inp,
+                           const float *w) {
+    LoRA *l = &m->host.lora;
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len, adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) { ia3_forward(l, layer, t, out, inp, w, m->a.xdrop, N); return; }
+    lora_shapes(&m->host.config, in, outd);
+    matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
+    if (!adapted) return;
+    Chunk dc = dropout_chunk(m, ch);
+    float *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
+        float *norm = m->a.dora_norm + dora_norm_index(l, layer, t);  // (context parallel: its first group)
+        if (ch->t0 < (m->context ? m->context->size * ch->len : 1)) dora_norm(l, layer, t, norm, w);
+        dora_forward(l, layer, t, out, inp, w, h, m->a.xdrop, m->a.dora_pre, norm, &dc, m->dropout_key);
+    } else lora_forward(l, layer, t, out, inp, h, m->a.xdrop, &dc, m->dropout_key);
+}
+// dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
+static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int layer, int t, float *dinp, float *dw,
+                            const float *dout, const float *inp, const float *w) {
+    LoRA *l = &m->host.lora;
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len, adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) { ia3_backward(l, layer, t, dinp, dout, inp, w, m->a.xdrop, m->a.dora_pre, N); return; }
+    lora_shapes(&m->host.config, in, outd);
+    matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
+    if (!adapted) return;
+    Chunk dc = dropout_chunk(m, ch);
+    const float *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora)
+        dora_backward(l, layer, t, dinp, dout, inp, w, h, m->a.lora_dh, m->a.xdrop, m->a.dora_pre,
+                      m->a.dora_norm + dora_norm_index(l, layer, t), &dc, m->dropout_key);
+    else lora_backward(l, layer, t, dinp, dout, inp, h, m->a.lora_dh, m->a.xdrop, &dc, m->dropout_key);
+}
 
 // ----------------------------------------------------------------------------
 // where the base weights are (docs/sharding.md): the whole model in host.params
@@ -343,8 +724,6 @@ typedef struct {
 
 static int unit_slot(const Model *m, int u) { return m->n_slots == 2 ? u != 0 : u; }
 
-// one decoder layer's tensors (a layer unit's, P_ATTN_NORM .. P_WDOWN), wherever they are
-typedef struct { float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown; } LayerWeights;
 static LayerWeights layer_weights(float *const t[LAYER_TENSORS]) {
     LayerWeights w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
     return w;
@@ -455,6 +834,57 @@ static LayerWeights layer_grads(Model *m, int l) {
 // LoRA's gradient of saved tensor k (lora_saved's numbering), NULL when it does not train
 static float *saved_grad(Model *m, int k) { return lora_saved(&m->host.lora, m->host.lora.grads, k, NULL); }
 
+// --pure_bf16: the step's gradients are bf16, as a bf16 model's .grad in torch. A micro-batch's
+// are summed in fp32 over its chunks (and, sharded, over the ranks' bf16 parts: grads_done),
+// rounded to bf16 once, then added to the step's so far in fp32 and rounded again:
+// g = bf16(g + bf16(micro-batch's)), torch's .grad += in bf16. grads_bf16_begin moves the
+// step's so far aside and zeroes the gradients; grads_bf16_end adds them back.
+static void grads_bf16_begin(Model *m) {
+    if (!m->pure_bf16) return;
+    size_t n = model_trainable_numel(&m->host);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) m->grad_acc[i] = bf16_from_f32(m->grads[i]); // (exact: bf16 values)
+    memset(m->grads, 0, n * sizeof(float));
+}
+static void grads_bf16_end(Model *m) {
+    if (!m->pure_bf16) return;
+    size_t n = model_trainable_numel(&m->host);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) m->grads[i] = bf16_grad_add(st_bf16_to_f32(m->grad_acc[i]), m->grads[i]);
+}
+
+// ----------------------------------------------------------------------------
+// a layer's activations within its chunk's, the chunk's tokens, the KV carry
+
+static LayerActs layer_acts(const Model *m, ChunkActs *s, const Chunk *ch, int l) {
+    const Config *c = &m->host.config;
+    size_t N = (size_t)ch->B * ch->len, ND = N * c->dim, NQ = N * c->n_heads * c->head_dim, NH = N * c->hidden_dim;
+    size_t r = m->host.use_lora ? m->host.lora.r : 0;
+    int k = m->activation_checkpointing ? 0 : l;
+    LayerActs act = {LAYER(s->resid, l, ND), LAYER(s->resid, l + 1, ND), LAYER(s->ln1, k, ND),
+                     LAYER(s->resid_mid, k, ND), LAYER(s->ln2, k, ND), LAYER(s->rstd1, k, N), LAYER(s->rstd2, k, N),
+                     LAYER(s->q, k, NQ), LAYER(s->atty, k, NQ), LAYER(s->lse, k, N * c->n_heads),
+                     LAYER(s->gate, k, NH), LAYER(s->up, k, NH), LAYER(s->hmlp, k, NH),
+                     LAYER(s->lora_h, k, LORA_N_TARGETS * N * r)};
+    return act;
+}
+
+// the chunk's tokens (B, len) out of the batch's (B, T)
+static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch) {
+    for (int b = 0; b < ch->B; b++)
+        memcpy(dst + (size_t)b * ch->len, tokens + (size_t)b * ch->T + ch->t0, ch->len * sizeof(int));
+}
+// rows [t0, t0 + n) of each of B rows: dst (B, dT, w) from dt0 on = src (B, sT, w) from st0 on
+static void rows_copy(float *dst, int dT, int dt0, const float *src, int sT, int st0, int B, int n, size_t w) {
+    for (int b = 0; b < B; b++)
+        memcpy(dst + ((size_t)b * dT + dt0) * w, src + ((size_t)b * sT + st0) * w, (size_t)n * w * sizeof(float));
+}
+// a chunk's rows x (B, len, w) into the carry (B, T, w), or back out (dir = -1)
+static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int dir) {
+    if (dir > 0) rows_copy(carry, ch->T, ch->t0, x, ch->len, 0, ch->B, ch->len, w);
+    else rows_copy(x, ch->len, 0, carry, ch->T, ch->t0, ch->B, ch->len, w);
+}
+
 // ----------------------------------------------------------------------------
 // context parallelism (docs/long_context.md; the layout: lora.h's context_layout and
 // context_piece): the ranks run their pieces group by group, in step. A rank's KV and dKV
@@ -464,10 +894,135 @@ static float *saved_grad(Model *m, int k) { return lora_saved(&m->host.lora, m->
 // the attention of a chunk against a carry; in the backward their dK, dV, every rank's share,
 // are reduce-scattered into their owners' dKV carries (context_reduce).
 
-
 // rank r's piece of group j of the rows being trained (pieces of len)
 static Chunk context_piece_of(const Model *m, int B, int T, int len, int j, int r) {
     return context_piece(fsdp_context_size(m->fsdp), B, T, len, j, r, m->host.config.sliding_window);
+}
+
+// Context parallelism's carries hold each rank's own positions only, compact: ch, this rank's
+// piece of group j in rows of T (padded), is rows [j len, (j + 1) len) of rows of T / P there.
+static Chunk context_own(const Model *m, const Chunk *ch) {
+    Chunk o = *ch;
+    o.T = ch->T / m->context->size, o.t0 = ch->t0 / (ch->len * m->context->size) * ch->len;
+    return o;
+}
+// Between every rank's compact rows [0, (j + 1) len) (its pieces of groups 0 .. j, ch being this
+// rank's piece of group j), one block (B, (j + 1) len, w) a rank in blocks (P, ...), and x (B, T, w),
+// where those pieces sit at their absolute positions: dir > 0 into x, < 0 out of it.
+static void context_place(const Model *m, float *x, float *blocks, const Chunk *ch, size_t w, int dir) {
+    int P = m->context->size, j = ch->t0 / (ch->len * P), rows = (j + 1) * ch->len;
+    size_t n = (size_t)ch->B * rows * w;
+    for (int r = 0; r < P; r++)
+        for (int i = 0; i <= j; i++) {
+            Chunk o = context_piece_of(m, ch->B, ch->T, ch->len, i, r);
+            if (dir > 0) rows_copy(x, ch->T, o.t0, blocks + r * n, rows, i * ch->len, ch->B, ch->len, w);
+            else rows_copy(blocks + r * n, rows, i * ch->len, x, ch->T, o.t0, ch->B, ch->len, w);
+        }
+}
+
+// x (B, T, w) = a layer's keys or values at every position of groups 0 .. j of ch's rows (ch:
+// this rank's piece of group j), all-gathered from the ranks' compact carries (B, T / P, w), this
+// rank's carry among them; through stage (P, B, (j + 1) len, w). Collective over the context group.
+static void context_gather(Model *m, float *x, const float *carry, float *stage, const Chunk *ch, size_t w) {
+    FsdpComm *g = m->context;
+    int rows = (ch->t0 / (ch->len * g->size) + 1) * ch->len;
+    size_t n = (size_t)ch->B * rows * w;
+    PROF_BEGIN(NULL, "context all-gather", -1, -1, (long long)(g->size * n * sizeof(float)));
+    rows_copy(stage + g->rank * n, rows, 0, carry, ch->T / g->size, 0, ch->B, rows, w); // (in place: this rank's block)
+    fsdp_all_gather(g, stage, stage + g->rank * n, n);
+    context_place(m, x, stage, ch, w, 1);
+    PROF_END(NULL);
+}
+
+// dx (B, T, w) holds this rank's share of dK or dV at every position of groups 0 .. j (ch: this
+// rank's piece of group j; each rank's queries add theirs): summed over the group's ranks, each
+// owner's positions are added into its compact dKV carry (B, T / P, w). Its piece of group j is
+// complete then (later groups added theirs before). Through stage (P, B, (j + 1) len, w); dx is
+// spent (it receives the sum). Collective over the context group.
+static void context_reduce(Model *m, float *dcarry, float *dx, float *stage, const Chunk *ch, size_t w) {
+    FsdpComm *g = m->context;
+    int rows = (ch->t0 / (ch->len * g->size) + 1) * ch->len, own_T = ch->T / g->size;
+    size_t per_row = (size_t)rows * w, n = ch->B * per_row;
+    PROF_BEGIN(NULL, "context reduce-scatter", -1, -1, (long long)(g->size * n * sizeof(float)));
+    context_place(m, dx, stage, ch, w, -1);
+    fsdp_reduce_scatter(g, dx, stage, n); // (B, (j + 1) len, w)
+    for (int b = 0; b < ch->B; b++) {
+        float *d = dcarry + (size_t)b * own_T * w, *s = dx + b * per_row;
+        #pragma omp parallel for
+        for (size_t i = 0; i < per_row; i++) d[i] += s[i];
+    }
+    PROF_END(NULL);
+}
+
+// What layer l's attention for ch reads, its keys and values, and where it adds dK, dV: the
+// carries (k, v, dk, dv: the layer's); with context parallelism the gathered ones, every rank's
+// pieces of ch's group and the groups before at their absolute positions. Those are gathered
+// now (collective), but in a backward with activation checkpointing, whose layer_forward has just
+// gathered them; a backward zeroes dK, dV for the positions of ch's group and the groups before.
+static AttentionKV attention_kv(Model *m, float *k, float *v, float *dk, float *dv, const Chunk *ch, int backward) {
+    Activations *a = &m->a;
+    if (!m->context) return (AttentionKV){k, v, dk, dv};
+    size_t KV = (size_t)m->host.config.n_kv_heads * m->host.config.head_dim;
+    if (!backward || !m->activation_checkpointing) { // (both through dK's buffer, which a backward zeroes after)
+        context_gather(m, a->context_k, k, a->context_dk, ch, KV);
+        context_gather(m, a->context_v, v, a->context_dk, ch, KV);
+    }
+    size_t end = (size_t)(ch->t0 / (ch->len * m->context->size) + 1) * ch->len * m->context->size;
+    for (int b = 0; backward && b < ch->B; b++) {
+        memset(a->context_dk + (size_t)b * ch->T * KV, 0, end * KV * sizeof(float));
+        memset(a->context_dv + (size_t)b * ch->T * KV, 0, end * KV * sizeof(float));
+    }
+    return (AttentionKV){a->context_k, a->context_v, a->context_dk, a->context_dv};
+}
+
+// ----------------------------------------------------------------------------
+// the rows and chunks of a micro-batch
+
+static void check_batch(const Model *m, const int *tokens, int B, int T) {
+    if (B > m->B || T > m->T) die("internal: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
+    for (int i = 0; i < B * T; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->host.config.vocab_size)
+            die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, m->host.config.vocab_size);
+}
+
+// chunk j of B rows of T positions; train: model_forward_backward's, whose attention
+// takes --s2_attn's groups (evaluation and sampling attend to every earlier position)
+static Chunk chunk_at(const Model *m, int B, int T, int j, int train) {
+    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window,
+                train && m->s2_attn ? s2_group_size(T) : 0};
+    if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
+    return ch;
+}
+
+// The rows a forward (and backward) runs: B rows of tokens, targets (B, T). With context
+// parallelism, the rows padded to the group's layout (context_layout) in context_tokens and
+// context_targets, *T their padded length, *len the pieces', and m->context set (the forward
+// sets it back to NULL at its end): this rank runs its pieces, in step with its group. Returns
+// the chunks (or this rank's pieces) of a row.
+static int rows_begin(Model *m, const int **tokens, const int **targets, int B, int *T, int *len) {
+    Activations *a = &m->a;
+    *len = 0;
+    if (fsdp_context_size(m->fsdp) == 1) return (*T + m->chunk_size - 1) / m->chunk_size;
+    int Tp;
+    context_layout(fsdp_context_size(m->fsdp), m->context_len, *T, &Tp, len);
+    for (int b = 0; b < B; b++) // pads: token 0 (any id: nothing real attends to them), no label
+        for (int t = 0; t < Tp; t++) {
+            a->context_tokens[(size_t)b * Tp + t] = t < *T ? (*tokens)[(size_t)b * *T + t] : 0;
+            a->context_targets[(size_t)b * Tp + t] = t < *T ? (*targets)[(size_t)b * *T + t] : -100;
+        }
+    m->context_T = *T;
+    *tokens = a->context_tokens, *targets = a->context_targets, *T = Tp;
+    m->context = &m->fsdp->context;
+    return Tp / *len / fsdp_context_size(m->fsdp);
+}
+// chunk j of the rows rows_begin set up: chunk_at's, or this rank's piece of group j (pieces of
+// len); train as chunk_at's. --s2_attn's groups are the rows' before their padding, whose pads
+// come after every real position, so they move nothing that a real position sees
+static Chunk rows_chunk(const Model *m, int B, int T, int len, int j, int train) {
+    if (!m->context) return chunk_at(m, B, T, j, train);
+    Chunk ch = context_piece_of(m, B, T, len, j, m->context->rank);
+    ch.s2_group = train && m->s2_attn ? s2_group_size(m->context_T) : 0;
+    return ch;
 }
 
 // ----------------------------------------------------------------------------
@@ -673,524 +1228,6 @@ static void model_free(Model *m) {
 }
 
 // ----------------------------------------------------------------------------
-// forward and backward of one micro-batch, chunk by chunk (docs/chunked.md)
-
-#define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
-
-// Layer l's activations within a chunk's (s): its input and output residuals, and
-// the rest at layer l, or with activation checkpointing in the one layer's worth
-// that every layer shares. len is the chunk's length: a layer's arrays are packed
-// for it (the last chunk may be shorter than C).
-typedef struct {
-    float *x, *out;         // (B, len, D) the layer's input resid[l] and output resid[l + 1]
-    float *ln1, *mid, *ln2; // (B, len, D) mid: the residual after the attention block
-    float *rstd1, *rstd2;   // (B, len)
-    float *q, *atty;        // (B, len, NH*hd) the queries after RoPE, the attention output
-    float *lse;             // (B, NH, len)
-    float *gate, *up, *hm;  // (B, len, H) hm = silu(gate) * up
-    float *lora_h;          // (7, B, len, r) LoRA A-projections
-} LayerActs;
-
-static LayerActs layer_acts(const Model *m, ChunkActs *s, const Chunk *ch, int l) {
-    const Config *c = &m->host.config;
-    size_t N = (size_t)ch->B * ch->len, ND = N * c->dim, NQ = N * c->n_heads * c->head_dim, NH = N * c->hidden_dim;
-    size_t r = m->host.use_lora ? m->host.lora.r : 0;
-    int k = m->activation_checkpointing ? 0 : l;
-    LayerActs act = {LAYER(s->resid, l, ND), LAYER(s->resid, l + 1, ND), LAYER(s->ln1, k, ND),
-                     LAYER(s->resid_mid, k, ND), LAYER(s->ln2, k, ND), LAYER(s->rstd1, k, N), LAYER(s->rstd2, k, N),
-                     LAYER(s->q, k, NQ), LAYER(s->atty, k, NQ), LAYER(s->lse, k, N * c->n_heads),
-                     LAYER(s->gate, k, NH), LAYER(s->up, k, NH), LAYER(s->hmlp, k, NH),
-                     LAYER(s->lora_h, k, LORA_N_TARGETS * N * r)};
-    return act;
-}
-
-// where LoRA dropout's masks are drawn for ch (lora_dropout_chunk): positions of the global batch,
-// whose rows are context parallelism's before its padding, so that they drop what one process drops
-static Chunk dropout_chunk(const Model *m, const Chunk *ch) {
-    Chunk d = *ch;
-    if (m->context) d.T = m->context_T;
-    return lora_dropout_chunk(&d, m->row0);
-}
-
-// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
-// (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
-static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, int t, float *out, const float *inp,
-                           const float *w) {
-    LoRA *l = &m->host.lora;
-    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len, adapted = m->host.use_lora && (l->targets & (1u << t));
-    if (adapted && l->ia3) { ia3_forward(l, layer, t, out, inp, w, m->a.xdrop, N); return; }
-    lora_shapes(&m->host.config, in, outd);
-    matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
-    if (!adapted) return;
-    Chunk dc = dropout_chunk(m, ch);
-    float *h = lora_h + (size_t)t * N * l->r;
-    if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
-        float *norm = m->a.dora_norm + dora_norm_index(l, layer, t);  // (context parallel: its first group)
-        if (ch->t0 < (m->context ? m->context->size * ch->len : 1)) dora_norm(l, layer, t, norm, w);
-        dora_forward(l, layer, t, out, inp, w, h, m->a.xdrop, m->a.dora_pre, norm, &dc, m->dropout_key);
-    } else lora_forward(l, layer, t, out, inp, h, m->a.xdrop, &dc, m->dropout_key);
-}
-// dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
-static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int layer, int t, float *dinp, float *dw,
-                            const float *dout, const float *inp, const float *w) {
-    LoRA *l = &m->host.lora;
-    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len, adapted = m->host.use_lora && (l->targets & (1u << t));
-    if (adapted && l->ia3) { ia3_backward(l, layer, t, dinp, dout, inp, w, m->a.xdrop, m->a.dora_pre, N); return; }
-    lora_shapes(&m->host.config, in, outd);
-    matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
-    if (!adapted) return;
-    Chunk dc = dropout_chunk(m, ch);
-    const float *h = lora_h + (size_t)t * N * l->r;
-    if (l->use_dora)
-        dora_backward(l, layer, t, dinp, dout, inp, w, h, m->a.lora_dh, m->a.xdrop, m->a.dora_pre,
-                      m->a.dora_norm + dora_norm_index(l, layer, t), &dc, m->dropout_key);
-    else lora_backward(l, layer, t, dinp, dout, inp, h, m->a.lora_dh, m->a.xdrop, &dc, m->dropout_key);
-}
-
-// the chunk's tokens (B, len) out of the batch's (B, T)
-static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch) {
-    for (int b = 0; b < ch->B; b++)
-        memcpy(dst + (size_t)b * ch->len, tokens + (size_t)b * ch->T + ch->t0, ch->len * sizeof(int));
-}
-// rows [t0, t0 + n) of each of B rows: dst (B, dT, w) from dt0 on = src (B, sT, w) from st0 on
-static void rows_copy(float *dst, int dT, int dt0, const float *src, int sT, int st0, int B, int n, size_t w) {
-    for (int b = 0; b < B; b++)
-        memcpy(dst + ((size_t)b * dT + dt0) * w, src + ((size_t)b * sT + st0) * w, (size_t)n * w * sizeof(float));
-}
-// a chunk's rows x (B, len, w) into the carry (B, T, w), or back out (dir = -1)
-static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int dir) {
-    if (dir > 0) rows_copy(carry, ch->T, ch->t0, x, ch->len, 0, ch->B, ch->len, w);
-    else rows_copy(x, ch->len, 0, carry, ch->T, ch->t0, ch->B, ch->len, w);
-}
-
-// Context parallelism's carries hold each rank's own positions only, compact: ch, this rank's
-// piece of group j in rows of T (padded), is rows [j len, (j + 1) len) of rows of T / P there.
-static Chunk context_own(const Model *m, const Chunk *ch) {
-    Chunk o = *ch;
-    o.T = ch->T / m->context->size, o.t0 = ch->t0 / (ch->len * m->context->size) * ch->len;
-    return o;
-}
-// Between every rank's compact rows [0, (j + 1) len) (its pieces of groups 0 .. j, ch being this
-// rank's piece of group j), one block (B, (j + 1) len, w) a rank in blocks (P, ...), and x (B, T, w),
-// where those pieces sit at their absolute positions: dir > 0 into x, < 0 out of it.
-static void context_place(const Model *m, float *x, float *blocks, const Chunk *ch, size_t w, int dir) {
-    int P = m->context->size, j = ch->t0 / (ch->len * P), rows = (j + 1) * ch->len;
-    size_t n = (size_t)ch->B * rows * w;
-    for (int r = 0; r < P; r++)
-        for (int i = 0; i <= j; i++) {
-            Chunk o = context_piece_of(m, ch->B, ch->T, ch->len, i, r);
-            if (dir > 0) rows_copy(x, ch->T, o.t0, blocks + r * n, rows, i * ch->len, ch->B, ch->len, w);
-            else rows_copy(blocks + r * n, rows, i * ch->len, x, ch->T, o.t0, ch->B, ch->len, w);
-        }
-}
-
-// x (B, T, w) = a layer's keys or values at every position of groups 0 .. j of ch's rows (ch:
-// this rank's piece of group j), all-gathered from the ranks' compact carries (B, T / P, w), this
-// rank's carry among them; through stage (P, B, (j + 1) len, w). Collective over the context group.
-static void context_gather(Model *m, float *x, const float *carry, float *stage, const Chunk *ch, size_t w) {
-    FsdpComm *g = m->context;
-    int rows = (ch->t0 / (ch->len * g->size) + 1) * ch->len;
-    size_t n = (size_t)ch->B * rows * w;
-    PROF_BEGIN(NULL, "context all-gather", -1, -1, (long long)(g->size * n * sizeof(float)));
-    rows_copy(stage + g->rank * n, rows, 0, carry, ch->T / g->size, 0, ch->B, rows, w); // (in place: this rank's block)
-    fsdp_all_gather(g, stage, stage + g->rank * n, n);
-    context_place(m, x, stage, ch, w, 1);
-    PROF_END(NULL);
-}
-
-// dx (B, T, w) holds this rank's share of dK or dV at every position of groups 0 .. j (ch: this
-// rank's piece of group j; each rank's queries add theirs): summed over the group's ranks, each
-// owner's positions are added into its compact dKV carry (B, T / P, w). Its piece of group j is
-// complete then (later groups added theirs before). Through stage (P, B, (j + 1) len, w); dx is
-// spent (it receives the sum). Collective over the context group.
-static void context_reduce(Model *m, float *dcarry, float *dx, float *stage, const Chunk *ch, size_t w) {
-    FsdpComm *g = m->context;
-    int rows = (ch->t0 / (ch->len * g->size) + 1) * ch->len, own_T = ch->T / g->size;
-    size_t per_row = (size_t)rows * w, n = ch->B * per_row;
-    PROF_BEGIN(NULL, "context reduce-scatter", -1, -1, (long long)(g->size * n * sizeof(float)));
-    context_place(m, dx, stage, ch, w, -1);
-    fsdp_reduce_scatter(g, dx, stage, n); // (B, (j + 1) len, w)
-    for (int b = 0; b < ch->B; b++) {
-        float *d = dcarry + (size_t)b * own_T * w, *s = dx + b * per_row;
-        #pragma omp parallel for
-        for (size_t i = 0; i < per_row; i++) d[i] += s[i];
-    }
-    PROF_END(NULL);
-}
-
-// What layer l's attention for ch reads, its keys and values, and where it adds dK, dV: the
-// carries (k, v, dk, dv: the layer's); with context parallelism the gathered ones, every rank's
-// pieces of ch's group and the groups before at their absolute positions. Those are gathered
-// now (collective), but in a backward with activation checkpointing, whose layer_forward has just
-// gathered them; a backward zeroes dK, dV for the positions of ch's group and the groups before.
-typedef struct { float *k, *v, *dk, *dv; } AttentionKV;
-static AttentionKV attention_kv(Model *m, float *k, float *v, float *dk, float *dv, const Chunk *ch, int backward) {
-    Activations *a = &m->a;
-    if (!m->context) return (AttentionKV){k, v, dk, dv};
-    size_t KV = (size_t)m->host.config.n_kv_heads * m->host.config.head_dim;
-    if (!backward || !m->activation_checkpointing) { // (both through dK's buffer, which a backward zeroes after)
-        context_gather(m, a->context_k, k, a->context_dk, ch, KV);
-        context_gather(m, a->context_v, v, a->context_dk, ch, KV);
-    }
-    size_t end = (size_t)(ch->t0 / (ch->len * m->context->size) + 1) * ch->len * m->context->size;
-    for (int b = 0; backward && b < ch->B; b++) {
-        memset(a->context_dk + (size_t)b * ch->T * KV, 0, end * KV * sizeof(float));
-        memset(a->context_dv + (size_t)b * ch->T * KV, 0, end * KV * sizeof(float));
-    }
-    return (AttentionKV){a->context_k, a->context_v, a->context_dk, a->context_dv};
-}
-
-// Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
-// its activations into layer_acts' place and its keys and values into the KV carry.
-// chunk_backward calls it again with activation checkpointing: the same operations
-// on the same input (LoRA dropout masks hash the absolute position) give the same
-// bits, the carry's rows included.
-static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
-    Config *c = &m->host.config;
-    Activations *a = &m->a;
-    int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
-    Chunk own = m->context ? context_own(m, ch) : cc; // where its keys and values sit in the carry (no prefix with context)
-    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)own.B * own.T * KV;
-    LayerWeights w = layer_params(m, l);
-    LayerActs act = layer_acts(m, s, ch, l);
-    float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
-    rmsnorm_forward(act.ln1, act.rstd1, act.x, w.attn_norm, N, D, c->norm_eps);
-    linear_forward(m, act.lora_h, ch, l, LORA_Q, act.q, act.ln1, w.wq);
-    rope_forward(act.q, m->rope_cos, m->rope_sin, &cc, NH, hd, 0);
-    linear_forward(m, act.lora_h, ch, l, LORA_K, a->kv, act.ln1, w.wk);
-    rope_forward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, 0);
-    carry_copy(kc, a->kv, &own, KV, 1);
-    linear_forward(m, act.lora_h, ch, l, LORA_V, a->kv, act.ln1, w.wv);
-    carry_copy(vc, a->kv, &own, KV, 1);
-    AttentionKV at = attention_kv(m, kc, vc, NULL, NULL, ch, 0);
-    attention_forward(act.atty, act.lse, act.q, at.k, at.v, &cc, NH, NKV, hd);
-    const float *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
-    LoRA *lo = &m->host.lora;
-    if (m->host.use_lora && adapter_has_prompt(lo, l)) {
-        adaption_prompt_forward(a->adapter_y, act.atty, act.q, adapter_prompt(lo, lo->params, l), adapter_gate(lo, lo->params, l),
-                                w.wk, w.wv, a->adapter_kv, N, D, NH, NKV, hd, lo->adapter_len);
-        o_in = a->adapter_y;
-    }
-    linear_forward(m, act.lora_h, ch, l, LORA_O, act.mid, o_in, w.wo);
-    for (size_t i = 0; i < ND; i++) act.mid[i] += act.x[i];
-    rmsnorm_forward(act.ln2, act.rstd2, act.mid, w.mlp_norm, N, D, c->norm_eps);
-    linear_forward(m, act.lora_h, ch, l, LORA_GATE, act.gate, act.ln2, w.wgate);
-    linear_forward(m, act.lora_h, ch, l, LORA_UP, act.up, act.ln2, w.wup);
-    swiglu_forward(act.hm, act.gate, act.up, (size_t)N * c->hidden_dim);
-    linear_forward(m, act.lora_h, ch, l, LORA_DOWN, act.out, act.hm, w.wdown);
-    for (size_t i = 0; i < ND; i++) act.out[i] += act.mid[i];
-}
-
-// Forward of one chunk through every decoder layer into the activations s,
-// appending the chunk's keys and values to the KV carry.
-static void chunk_forward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
-    Config *c = &m->host.config;
-    int j = ch->t0 / m->chunk_size; // (the spans' chunk)
-    const LoRA *lo = &m->host.lora;
-    if (ch->t0 == 0 && host_prefix(&m->host)) // (the prefix: one more chunk ahead of the first)
-        prefix_to_carry(m->a.k, m->a.v, lora_A(lo, lo->params, 0, 0), c->n_layers, ch->B, lo->prefix, ch->T, lo->out[LORA_K]);
-    PROF_BEGIN(NULL, "embedding forward", -1, j, -1);
-    chunk_tokens(m->a.tokens, tokens, ch);
-    embedding_forward(s->resid, m->a.tokens, embed_weight(m), ch->B * ch->len, c->dim);
-    PROF_END(NULL);
-    for (int l = 0; l < c->n_layers; l++) {
-        PROF_BEGIN(NULL, "forward", l, j, -1);
-        layer_forward(m, s, ch, l);
-        PROF_END(NULL);
-    }
-}
-
-// Final norm, output head and cross-entropy of one chunk; returns the summed loss
-// over its targets != -100. The head runs on pieces of ceil(len / num_output_chunks)
-// positions of one row at a time, so full-vocabulary logits exist only for a
-// piece. With grad_scale != 0 each piece's d(grad_scale * loss)/d(logits) is
-// formed in place while its logits are at hand, and a->dresid ends up holding
-// d loss / d(final residual) for the chunk. logits_out (B, T, V), when given,
-// receives the logits (for tests).
-//
-// Positions without a target (-100: the prompt and the padding of SFT data, often most
-// of a batch) need neither logits nor their gradient, whose rows are zeros: each piece
-// runs the head on its positions that have a target only, their rows of lnf moved to
-// the piece's front (lnf is not read after the head), and their rows of dln moved back
-// after. Each row's logits, loss and gradient are the ones computed in place (rows are
-// independent); the head's own gradient (full fine-tuning) leaves out terms that were
-// zeros, so it is the same bits too where a piece fits one block of k (GEMM_KC rows),
-// and the same sum blocked differently where it does not.
-static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk *ch, float grad_scale,
-                         float *logits_out) {
-    Config *c = &m->host.config;
-    Activations *a = &m->a;
-    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size;
-    int piece = (ch->len + m->num_output_chunks - 1) / m->num_output_chunks;
-    const float *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
-    int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
-    float *norm = final_norm(m), *head = head_weight(m);
-    // tied embeddings: the head is the embedding, frozen with it (--freeze_layers); the final norm trains.
-    // LoRA: their trained copies' (--trainable_params), if any
-    int full_head = full && !(c->tied && m->host.frozen_units), lora = grad_scale != 0.0f && !full;
-    float *dnorm = full ? grad_at(m, hu, 0) : lora ? saved_grad(m, 1 + 2 * c->n_layers) : NULL;
-    float *dhead = full_head ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : lora && c->tied ? saved_grad(m, 0) : NULL;
-    rmsnorm_forward(a->lnf, a->rstdf, xL, norm, N, D, c->norm_eps);
-    if (grad_scale != 0.0f) memset(a->dln, 0, (size_t)N * D * sizeof(float));
-    int *kept = (int *)mallocCheck(2 * (size_t)piece * sizeof(int)), *kept_targets = kept + piece; // (piece)
-    int any = logits_out != NULL; // a target anywhere in the chunk: else the head is not even packed
-    for (int b = 0; b < ch->B && !any; b++)
-        for (int p = 0; p < ch->len && !any; p++) any = targets[(size_t)b * ch->T + ch->t0 + p] >= 0;
-    // the head (V, D) packed as the B of logits = xf head^T, and of dxf = dlogits head; when the
-    // head does not train (head_trains) it is packed once in a run, not twice a micro-batch
-    float *head_fwd = a->head_packed, *head_bwd = head_fwd ? head_fwd + gemm_packed_b_floats(V, D) : NULL;
-    if (head_fwd && any && !(a->head_packed_ok & 1)) gemm_pack_b(head_fwd, V, D, head, D, 1), a->head_packed_ok |= 1;
-    if (head_bwd && any && grad_scale != 0.0f && !(a->head_packed_ok & 2))
-        gemm_pack_b(head_bwd, D, V, head, D, 0), a->head_packed_ok |= 2;
-    double loss = 0;
-    for (int b = 0; b < ch->B && any; b++)
-        for (int p0 = 0; p0 < ch->len; p0 += piece) {
-            int n = ch->len - p0 < piece ? ch->len - p0 : piece, nk = 0;
-            size_t row = (size_t)b * ch->len + p0, pos = (size_t)b * ch->T + ch->t0 + p0; // in the chunk, in the batch
-            float *xf = a->lnf + row * D, *dxf = a->dln + row * D; // (n, D)
-            for (int i = 0; i < n; i++) // all of them for logits_out
-                if (logits_out || targets[pos + i] >= 0) kept[nk] = i, kept_targets[nk++] = targets[pos + i];
-            if (nk == 0) continue;
-            for (int j = 0; j < nk; j++) // kept[j] >= j: no row is overwritten before it moves
-                if (kept[j] != j) memcpy(xf + (size_t)j * D, xf + (size_t)kept[j] * D, D * sizeof(float));
-            float *lg = a->logits; // (nk, V)
-            gemm(nk, V, D, 1.0f, xf, D, 0, head, D, 1, head_fwd, lg, V, 0); // matmul_forward's
-            if (logits_out) memcpy(logits_out + pos * V, lg, (size_t)n * V * sizeof(float));
-            loss += crossentropy_forward_backward(lg, kept_targets, nk, V, grad_scale);
-            if (grad_scale != 0.0f) { // matmul_backward's
-                gemm(nk, D, V, 1.0f, lg, V, 0, head, D, 0, head_bwd, dxf, D, 1);
-                if (dhead) gemm(V, D, nk, 1.0f, lg, V, 1, xf, D, 0, NULL, dhead, D, 1);
-                for (int j = nk - 1; j >= 0; j--) // back to their rows, last first; the rows left are zeros
-                    if (kept[j] != j) {
-                        memcpy(dxf + (size_t)kept[j] * D, dxf + (size_t)j * D, D * sizeof(float));
-                        memset(dxf + (size_t)j * D, 0, D * sizeof(float));
-                    }
-            }
-        }
-    free(kept);
-    if (grad_scale != 0.0f) {
-        memset(a->dresid, 0, (size_t)N * D * sizeof(float));
-        rmsnorm_backward(a->dresid, dnorm, a->dln, xL, norm, a->rstdf, N, D);
-    }
-    if (full) grads_done(m, hu); // tied: the embedding's gradient stays open for the embedding's backward
-    return loss;
-}
-
-// Backward of one chunk through every decoder layer, from a->dresid (chunk_head's).
-// At each layer's attention the chunk adds dK, dV for every position before its
-// end into the dKV carry (context parallel: into the gathered dK, dV, reduced into
-// the ranks' carries: context_reduce); its own rows are complete then (later chunks ran
-// first), so they flow on through its key and value projections at once. With
-// activation checkpointing each layer first re-runs its forward from its input.
-static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chunk *ch) {
-    Config *c = &m->host.config;
-    Activations *a = &m->a;
-    int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
-    Chunk cc = carry_chunk(ch, host_prefix(&m->host)), own = m->context ? context_own(m, ch) : cc;
-    size_t carry = (size_t)own.B * own.T * KV;
-    int full = m->host.full_finetune, frozen = m->host.frozen_units;
-    // frozen units (the embedding and layers 0 .. frozen - 2) need no gradient, and nothing
-    // below them trains: the backward stops at the first layer that trains
-    for (int l = c->n_layers - 1; l >= (frozen ? frozen - 1 : 0); l--) {
-        PROF_BEGIN(NULL, "backward", l, ch->t0 / m->chunk_size, -1);
-        if (m->activation_checkpointing) layer_forward(m, s, ch, l);
-        LayerWeights w = layer_params(m, l), g = {0};
-        if (full) g = layer_grads(m, l);
-        else g.attn_norm = saved_grad(m, 1 + 2 * l), g.mlp_norm = saved_grad(m, 2 + 2 * l); // (--trainable_params norm)
-        LayerActs act = layer_acts(m, s, ch, l);
-        float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
-        float *dkc = LAYER(a->dk, l, carry), *dvc = LAYER(a->dv, l, carry);
-        // MLP block; the residual passes dresid through unchanged
-        memset(a->dhmlp, 0, NHd * sizeof(float));
-        linear_backward(m, act.lora_h, ch, l, LORA_DOWN, a->dhmlp, g.wdown, a->dresid, act.hm, w.wdown);
-        swiglu_backward(a->dgate, a->dup, a->dhmlp, act.gate, act.up, NHd);
-        memset(a->dln, 0, ND * sizeof(float));
-        linear_backward(m, act.lora_h, ch, l, LORA_GATE, a->dln, g.wgate, a->dgate, act.ln2, w.wgate);
-        linear_backward(m, act.lora_h, ch, l, LORA_UP, a->dln, g.wup, a->dup, act.ln2, w.wup);
-        rmsnorm_backward(a->dresid, g.mlp_norm, a->dln, act.mid, w.mlp_norm, act.rstd2, N, D);
-        // attention block
-        memset(a->datty, 0, (size_t)N * Q * sizeof(float));
-        linear_backward(m, act.lora_h, ch, l, LORA_O, a->datty, g.wo, a->dresid, act.atty, w.wo);
-        AttentionKV at = attention_kv(m, kc, vc, dkc, dvc, ch, 1);
-        attention_backward(a->dq, at.dk, at.dv, a->datty, act.atty, act.lse, act.q, at.k, at.v, &cc, NH, NKV, hd);
-        if (m->context) context_reduce(m, dkc, at.dk, at.k, ch, KV), context_reduce(m, dvc, at.dv, at.v, ch, KV);
-        LoRA *lo = &m->host.lora;
-        if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
-            adaption_prompt_backward(a->dq, adapter_prompt(lo, lo->grads, l), adapter_gate(lo, lo->grads, l), a->datty, act.q,
-                                     adapter_prompt(lo, lo->params, l), adapter_gate(lo, lo->params, l), w.wk, w.wv,
-                                     a->adapter_kv, a->adapter_dkv, a->adapter_coef, a->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len);
-        rope_backward(a->dq, m->rope_cos, m->rope_sin, &cc, NH, hd);
-        // LoRA's layer 0: nothing below it trains (unless --trainable_params: the embedding, the
-        // norms), so the gradient of its input is not needed: q, k and v skip their input products
-        // (3 of the layer's 7), as autograd skips them
-        float *dln = full || l > 0 || m->host.lora.saved ? a->dln : NULL;
-        if (dln) memset(dln, 0, ND * sizeof(float));
-        linear_backward(m, act.lora_h, ch, l, LORA_Q, dln, g.wq, a->dq, act.ln1, w.wq);
-        carry_copy(dkc, a->kv, &own, KV, -1);
-        rope_backward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd);
-        linear_backward(m, act.lora_h, ch, l, LORA_K, dln, g.wk, a->kv, act.ln1, w.wk);
-        carry_copy(dvc, a->kv, &own, KV, -1);
-        linear_backward(m, act.lora_h, ch, l, LORA_V, dln, g.wv, a->kv, act.ln1, w.wv);
-        if (dln) rmsnorm_backward(a->dresid, g.attn_norm, dln, act.x, w.attn_norm, act.rstd1, N, D);
-        if (full) grads_done(m, fsdp_layer_unit(l));
-        PROF_END(NULL);
-    }
-    float *dembed = full ? (frozen ? NULL : grad_at(m, 0, 0)) : saved_grad(m, 0);
-    if (dembed) {
-        PROF_BEGIN(NULL, "embedding backward", -1, ch->t0 / m->chunk_size, -1);
-        chunk_tokens(a->tokens, tokens, ch);
-        embedding_backward(dembed, a->dresid, a->tokens, N, D);
-        if (full) grads_done(m, 0);
-        PROF_END(NULL);
-    }
-}
-
-static void check_batch(const Model *m, const int *tokens, int B, int T) {
-    if (B > m->B || T > m->T) die("internal: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
-    for (int i = 0; i < B * T; i++)
-        if (tokens[i] < 0 || tokens[i] >= m->host.config.vocab_size)
-            die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, m->host.config.vocab_size);
-}
-
-// chunk j of B rows of T positions; train: model_forward_backward's, whose attention
-// takes --s2_attn's groups (evaluation and sampling attend to every earlier position)
-static Chunk chunk_at(const Model *m, int B, int T, int j, int train) {
-    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window,
-                train && m->s2_attn ? s2_group_size(T) : 0};
-    if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
-    return ch;
-}
-
-// The rows a forward (and backward) runs: B rows of tokens, targets (B, T). With context
-// parallelism, the rows padded to the group's layout (context_layout) in context_tokens and
-// context_targets, *T their padded length, *len the pieces', and m->context set (the forward
-// sets it back to NULL at its end): this rank runs its pieces, in step with its group. Returns
-// the chunks (or this rank's pieces) of a row.
-static int rows_begin(Model *m, const int **tokens, const int **targets, int B, int *T, int *len) {
-    Activations *a = &m->a;
-    *len = 0;
-    if (fsdp_context_size(m->fsdp) == 1) return (*T + m->chunk_size - 1) / m->chunk_size;
-    int Tp;
-    context_layout(fsdp_context_size(m->fsdp), m->context_len, *T, &Tp, len);
-    for (int b = 0; b < B; b++) // pads: token 0 (any id: nothing real attends to them), no label
-        for (int t = 0; t < Tp; t++) {
-            a->context_tokens[(size_t)b * Tp + t] = t < *T ? (*tokens)[(size_t)b * *T + t] : 0;
-            a->context_targets[(size_t)b * Tp + t] = t < *T ? (*targets)[(size_t)b * *T + t] : -100;
-        }
-    m->context_T = *T;
-    *tokens = a->context_tokens, *targets = a->context_targets, *T = Tp;
-    m->context = &m->fsdp->context;
-    return Tp / *len / fsdp_context_size(m->fsdp);
-}
-// chunk j of the rows rows_begin set up: chunk_at's, or this rank's piece of group j (pieces of
-// len); train as chunk_at's. --s2_attn's groups are the rows' before their padding, whose pads
-// come after every real position, so they move nothing that a real position sees
-static Chunk rows_chunk(const Model *m, int B, int T, int len, int j, int train) {
-    if (!m->context) return chunk_at(m, B, T, j, train);
-    Chunk ch = context_piece_of(m, B, T, len, j, m->context->rank);
-    ch.s2_group = train && m->s2_attn ? s2_group_size(m->context_T) : 0;
-    return ch;
-}
-
-// The summed cross-entropy of B rows of T tokens over targets != -100 (no
-// gradients: evaluation, tests). logits_out as in chunk_head (not with context
-// parallelism, whose ranks hold pieces of the rows: the sum is the group's).
-static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
-    check_batch(m, tokens, B, T);
-    if (head_trains(m)) m->a.head_packed_ok = 0; // the head may have trained since it was packed
-    int len, n = rows_begin(m, &tokens, &targets, B, &T, &len);
-    if (m->context && logits_out) die("internal: model_forward's logits with context parallelism");
-    double loss = 0;
-    for (int j = 0; j < n; j++) {
-        Chunk ch = rows_chunk(m, B, T, len, j, 0);
-        chunk_forward(m, &m->a.chunk[0], tokens, &ch);
-        PROF_BEGIN(NULL, "head", -1, j, -1);
-        loss += chunk_head(m, &m->a.chunk[0], targets, &ch, 0.0f, logits_out);
-        PROF_END(NULL);
-    }
-    if (m->context) fsdp_all_reduce(m->context, &loss, 1, FSDP_F64); // (in rank order: every rank the same)
-    m->context = NULL;
-    units_reshard(m);
-    return loss;
-}
-
-// --pure_bf16: the step's gradients are bf16, as a bf16 model's .grad in torch. A micro-batch's
-// are summed in fp32 over its chunks (and, sharded, over the ranks' bf16 parts: grads_done),
-// rounded to bf16 once, then added to the step's so far in fp32 and rounded again:
-// g = bf16(g + bf16(micro-batch's)), torch's .grad += in bf16. grads_bf16_begin moves the
-// step's so far aside and zeroes the gradients; grads_bf16_end adds them back.
-static void grads_bf16_begin(Model *m) {
-    if (!m->pure_bf16) return;
-    size_t n = model_trainable_numel(&m->host);
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) m->grad_acc[i] = bf16_from_f32(m->grads[i]); // (exact: bf16 values)
-    memset(m->grads, 0, n * sizeof(float));
-}
-static void grads_bf16_end(Model *m) {
-    if (!m->pure_bf16) return;
-    size_t n = model_trainable_numel(&m->host);
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) m->grads[i] = bf16_grad_add(st_bf16_to_f32(m->grad_acc[i]), m->grads[i]);
-}
-
-// Forward and backward of one micro-batch: returns the summed cross-entropy and
-// adds grad_scale * d(loss)/d(parameter) into the gradients of the trainable ones.
-// Chunks run forward in order, filling the KV carry, then backward in reverse
-// order with the dKV carry; in recompute mode a chunk's forward runs again just
-// before its backward (the last chunk's activations are still there).
-static double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale) {
-    check_batch(m, tokens, B, T);
-    Activations *a = &m->a;
-    if (head_trains(m)) a->head_packed_ok = 0; // the head may have trained since it was packed
-    int len, n = rows_begin(m, &tokens, &targets, B, &T, &len);
-    size_t carry = (size_t)m->host.config.n_layers * B * (host_prefix(&m->host) + T / fsdp_context_size(m->fsdp)) *
-                   m->host.config.n_kv_heads * m->host.config.head_dim;
-    memset(a->dk, 0, carry * sizeof(float));
-    memset(a->dv, 0, carry * sizeof(float));
-    grads_bf16_begin(m);
-    for (int j = 0; j < n; j++) {
-        Chunk ch = rows_chunk(m, B, T, len, j, 1);
-        chunk_forward(m, &a->chunk[m->recompute ? 0 : j], tokens, &ch);
-    }
-    double loss = 0;
-    for (int j = n - 1; j >= 0; j--) {
-        Chunk ch = rows_chunk(m, B, T, len, j, 1);
-        ChunkActs *s = &a->chunk[m->recompute ? 0 : j];
-        if (m->recompute && j < n - 1) chunk_forward(m, s, tokens, &ch);
-        PROF_BEGIN(NULL, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
-        loss += chunk_head(m, s, targets, &ch, grad_scale, NULL);
-        PROF_END(NULL);
-        chunk_backward(m, s, tokens, &ch);
-    }
-    const LoRA *lo = &m->host.lora;
-    if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
-        prefix_backward(lora_A(lo, lo->grads, 0, 0), a->dk, a->dv, m->host.config.n_layers, B, lo->prefix, T, lo->out[LORA_K]);
-    m->context = NULL;
-    units_reshard(m);
-    grads_bf16_end(m);
-    return loss;
-}
-
-// ----------------------------------------------------------------------------
-// sampling (generate, in trainer.h): one sequence, with the KV carry as the cache
-
-// Runs positions ch->t0 .. ch->t0 + ch->len - 1 of one sequence seq (B = 1)
-// forward, adding their keys and values to the KV carry; returns the logits (V)
-// of the last of them.
-static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
-    Config *c = &m->host.config;
-    Activations *a = &m->a;
-    chunk_forward(m, &a->chunk[0], seq, ch);
-    const float *x = LAYER(a->chunk[0].resid, c->n_layers, (size_t)ch->len * c->dim) + (size_t)(ch->len - 1) * c->dim;
-    rmsnorm_forward(a->lnf, a->rstdf, x, final_norm(m), 1, c->dim, c->norm_eps);
-    matmul_forward(a->logits, a->lnf, head_weight(m), 1, c->dim, c->vocab_size, 1.0f, 0);
-    units_reshard(m);
-    return a->logits;
-}
-
-// ----------------------------------------------------------------------------
 // optimizer: AdamW as torch.optim.AdamW, SGD as torch.optim.SGD, AdamW8bit as torchao's,
 // AnyPrecisionAdamW as llama-recipes', clipping as torch.nn.utils.clip_grad_norm_
 
@@ -1336,6 +1373,11 @@ static int optimizer_state_finite(Optimizer *o) {
     }
     return 1;
 }
+
+// ----------------------------------------------------------------------------
+// the rest of trainer.h's contract: no copies to sync (one memory), the memory plan's
+// measures, the backend's constants
+
 static void model_sync_host(Model *m) { (void)m; }
 static void optimizer_sync_device(Optimizer *o) { (void)o; }
 
