@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 out=$(mkdir -p "$1" && cd "$1" && pwd)
 BIN=${BIN:-./train_llama2}
 EMU_BIN=${EMU_BIN:-./train_llama2cu_emu}
+BIN_ABS=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 export OMP_NUM_THREADS=1 LAUNCH_GRACE=20 LLAMA2TUNE_TIMEOUT=60
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 R="$out/runs"
@@ -57,7 +58,8 @@ run cpu_adapter "$BIN" -- --model $FIX/tiny_gqa --peft_method llama_adapter --ad
 run cpu_prefix "$BIN" -- --model $FIX/tiny_gqa --peft_method prefix "${DATA[@]}" --max_steps 3 --batch_size 2 --chunk_size 7
 run cpu_trainable "$BIN" -- --model $FIX/tiny_gqa --trainable_params embed,norm --s2_attn 1 --batching packing "${DATA[@]}" --max_steps 2 \
     --batch_size 2 --optimizer adamw8bit
-run cpu_default "$BIN" -- --max_steps 30 --sample_every 15
+# (in the runs' folder: the default run makes its model and data in out/default/ where it starts)
+(cd "$R" && run cpu_default "$BIN_ABS" -- --max_steps 30 --sample_every 15)
 # sharded: ranks by the environment (TCP) and, where the trainer has MPI, by mpirun; context parallelism
 run cpu_fsdp2 dev/launch.sh 2 "$BIN" -- "${FULL[@]}" "${DATA[@]}" --max_steps 3 --batch_size 4 --chunk_size 7 --save_every 3
 run cpu_hybrid4 dev/launch.sh 4 "$BIN" -- "${LORA[@]}" "${DATA[@]}" --max_steps 3 --batch_size 4 \
@@ -112,6 +114,7 @@ mkdir -p "$out/logs"
 cd "$R"
 for f in $(find . -type f | LC_ALL=C sort); do
     case $f in
+    ./out/default/*.tokcache) ;; # (left out: it holds the generated data's time)
     *.log) sed -E -f "$OLDPWD/dev/same_outputs.sed" -e "s#$R#RUNS#g" "$f" >"$out/logs/$(basename "$f")" || exit 1
            sha256sum <"$out/logs/$(basename "$f")" | sed "s#-#$f#" ;;
     */metrics.jsonl) sed -E 's/, "ms".*//' "$f" | sha256sum | sed "s#-#$f#" ;;
