@@ -595,7 +595,8 @@ static int train(TrainConfig *tc) {
 static int train_main(int argc, char **argv) {
     int given = 0;
     for (int i = 1; i < argc; i++)
-        given |= !strncmp(argv[i], "--model", 7) || !strncmp(argv[i], "--data", 6) || !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+        given |= !strncmp(argv[i], "--model", 7) || !strncmp(argv[i], "--data", 6) || !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") ||
+                 !strcmp(argv[i], "--refusals");
     char model_dir[4096], data_path[4096];
     int n_def = (int)(sizeof default_run_args / sizeof default_run_args[0]);
     char **args = NULL;

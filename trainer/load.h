@@ -111,7 +111,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
             prefix_alloc(&h->lora, h->config.n_layers, in, out, tc->num_virtual_tokens, (uint64_t)tc->seed);
         } else if (!strcmp(tc->peft_method, "ia3")) {
             unsigned targets, feedforward;
-            ia3_modules(tc, &targets, &feedforward); // (check_peft_method checked them)
+            ia3_modules(tc, &targets, &feedforward); // (parse_args checked them)
             ia3_alloc(&h->lora, h->config.n_layers, in, out, targets, feedforward);
         } else {
             unsigned targets;

@@ -1,6 +1,7 @@
 // trainer/options.h: the command line. TrainConfig holds every option; OPTIONS is their
 // table (name, type, default, help, range), which --help, the start-up table, TensorBoard's
-// text and a checkpoint's options all read; parse_args sets them and checks them.
+// text and a checkpoint's options all read; parse_args sets them, checks each alone, then
+// refuses the ones that do not go together from a second table, refusals.
 #ifndef TRAINER_OPTIONS_H
 #define TRAINER_OPTIONS_H
 
@@ -39,6 +40,7 @@ typedef struct {
     int random_init;
     const char *quantize;
     int quant_type;           // --quantize as quant.h's type (parse_args)
+    const char *lora_option;  // the last LoRA-only option given (parse_args; the other adapters refuse them)
     int double_quant;
 } TrainConfig;
 
@@ -210,67 +212,223 @@ static int ia3_modules(const TrainConfig *tc, unsigned *targets, unsigned *feedf
     return 0;
 }
 
-// --pure_bf16, --optimizer anyprecision and --kahan_summation, which go together as
-// llama-recipes has them (its pure_bf16 also runs AdamW on bf16 weights; here the bf16
-// weights take AnyPrecisionAdamW, whose state is bf16 too). 0 ok, -1 with a message.
-static int check_pure_bf16(const TrainConfig *tc) {
-    int any = tc->optim.kind == OPTIMIZER_ANYPRECISION;
-    const char *error = NULL;
-    if (tc->optim.kahan && !any) error = "--kahan_summation is AnyPrecisionAdamW's: give it with --optimizer anyprecision";
-    else if (any && !tc->pure_bf16)
-        error = "--optimizer anyprecision steps bf16 weights with bf16 state: give it with --pure_bf16 1 (and --full_finetune)";
-    else if (tc->pure_bf16 && !tc->full_finetune)
-        error = "--pure_bf16 keeps full fine-tuning's weights in bf16 with no fp32 copy: give it with --full_finetune";
-    else if (tc->pure_bf16 && !any)
-        error = "--pure_bf16 has no fp32 weights for AdamW, SGD or AdamW8bit to update: give it with --optimizer anyprecision";
-    else if (tc->pure_bf16 && !strcmp(backend_precisions[0], "bf16") && strcmp(tc->precision, "bf16")) // (the CPU
-        error = "--pure_bf16 keeps the weights in bf16 on the GPU: give it with --precision bf16 (the default)"; // twin: fp32 only)
-    if (error) fprintf(stderr, "error: %s\n", error);
-    return error ? -1 : 0;
-}
+// ----------------------------------------------------------------------------
+// the options that do not go together
+//
+// Each row of refusals refuses --option with another option (or a condition on one, or on
+// the trainer), saying why. parse_args checks the rows in this order, the first that applies
+// being the one a user sees, in groups between its steps that parse the values some rows read
+// (a row's after: the step it comes after). docs/training.md lists the rows (--refusals
+// prints them; test/test_cli.sh compares the two).
 
-// --peft_method and the options that go with it; lora_option: a LoRA-only option the
-// command line gave (NULL: none). 0 ok, -1 with a message.
-static int check_peft_method(const TrainConfig *tc, const char *lora_option) {
-    static const char *const methods[] = {"lora", "ia3", "llama_adapter", "prefix"};
-    if (OPTION_CHOICE("peft_method", tc->peft_method, methods, 0) < 0) return -1;
-    if (!strcmp(tc->peft_method, "lora")) return 0;
-    if (tc->full_finetune) {
-        fprintf(stderr, "error: --peft_method %s trains an adapter; with --full_finetune there is none\n", tc->peft_method);
-        return -1;
-    }
-    if (lora_option) {
-        fprintf(stderr, "error: --%s is LoRA's; with --peft_method %s give %s\n", lora_option, tc->peft_method,
-                !strcmp(tc->peft_method, "ia3") ? "--ia3_target_modules and --ia3_feedforward_modules"
-                : !strcmp(tc->peft_method, "prefix") ? "--num_virtual_tokens" : "--adapter_len and --adapter_layers");
-        return -1;
-    }
-    if (!strcmp(tc->peft_method, "prefix") && tc->s2_attn) { // S2-Attn's groups are of the sequence's positions
-        fprintf(stderr, "error: --s2_attn with --peft_method prefix is not supported (shifted sparse attention's groups "
-                "would cut the virtual positions off most queries)\n");
-        return -1;
-    }
-    if (strcmp(tc->peft_method, "ia3") != 0) return 0;
-    if (tc->export_gguf_adapter[0]) { fprintf(stderr, "%s\n", gguf_adapter_no_ia3); return -1; }
-    unsigned targets, feedforward;
-    if (ia3_modules(tc, &targets, &feedforward) != 0) return -1;
-    if (feedforward & ~targets) {
-        fprintf(stderr, "error: --ia3_feedforward_modules %s: must be among --ia3_target_modules %s\n", tc->ia3_feedforward_modules,
-                tc->ia3_target_modules);
+// the step of parse_args a refusal comes after
+enum { AFTER_CHOICES, AFTER_PEFT_METHOD, AFTER_IA3_MODULES, AFTER_TRAINABLE_PARAMS, AFTER_SHARDING, AFTER_REQUIRED };
+typedef struct {
+    const char *option, *with;   // what is refused with what, as docs/training.md lists them
+    int after;
+    int (*applies)(const TrainConfig *tc);
+    const char *why;             // the message after "error: "; {name}: --name's value ({lora_option}: tc->lora_option)
+} Refusal;
+
+static int sgd_options_without_sgd(const TrainConfig *tc) {
+    return tc->optim.kind != OPTIMIZER_SGD && (tc->optim.momentum != 0 || tc->optim.nesterov);
+}
+static int nesterov_without_momentum(const TrainConfig *tc) { return tc->optim.nesterov && tc->optim.momentum == 0; }
+static int val_data_with_val_split(const TrainConfig *tc) { return tc->val_data[0] && tc->val_split > 0; }
+static int chunk_over_max_seq_len(const TrainConfig *tc) { return tc->chunk_size > tc->max_seq_len; }
+static int s2_attn_without_packing(const TrainConfig *tc) { return tc->s2_attn && strcmp(tc->batching, "packing"); }
+static int s2_attn_with_odd_rows(const TrainConfig *tc) { return tc->s2_attn && tc->max_seq_len % 4; }
+static int context_parallel_unsupported(const TrainConfig *tc) { return tc->context_parallel > 1 && !backend_context_parallel; }
+static int context_parallel_with_pure_bf16(const TrainConfig *tc) { return tc->context_parallel > 1 && tc->pure_bf16; }
+static int context_parallel_with_prefix(const TrainConfig *tc) { return tc->context_parallel > 1 && !strcmp(tc->peft_method, "prefix"); }
+static int context_parallel_untested(const TrainConfig *tc) { return tc->context_parallel > 1 && backend_context_parallel == 2; }
+static int context_parallel_with_s2_attn(const TrainConfig *tc) { return context_parallel_untested(tc) && tc->s2_attn; }
+static int context_parallel_with_cpu_offload(const TrainConfig *tc) { return context_parallel_untested(tc) && tc->cpu_offload; }
+static int output_chunks_over_chunk(const TrainConfig *tc) { return tc->chunk_size && tc->num_output_chunks > tc->chunk_size; }
+static int output_chunks_over_row(const TrainConfig *tc) { return !tc->chunk_size && tc->num_output_chunks > tc->max_seq_len; }
+static int adapter_other_than_lora(const TrainConfig *tc) { return strcmp(tc->peft_method, "lora") != 0; }
+static int adapter_with_full_finetune(const TrainConfig *tc) { return adapter_other_than_lora(tc) && tc->full_finetune; }
+static int lora_option_with_ia3(const TrainConfig *tc) { return tc->lora_option && !strcmp(tc->peft_method, "ia3"); }
+static int lora_option_with_prefix(const TrainConfig *tc) { return tc->lora_option && !strcmp(tc->peft_method, "prefix"); }
+static int lora_option_with_llama_adapter(const TrainConfig *tc) { return tc->lora_option && !strcmp(tc->peft_method, "llama_adapter"); }
+static int s2_attn_with_prefix(const TrainConfig *tc) { return tc->s2_attn && !strcmp(tc->peft_method, "prefix"); }
+static int gguf_adapter_with_ia3(const TrainConfig *tc) { return tc->export_gguf_adapter[0] && !strcmp(tc->peft_method, "ia3"); }
+static int ia3_feedforward_outside_targets(const TrainConfig *tc) {
+    unsigned targets, feedforward; // (parse_args has parsed them: no message)
+    return !strcmp(tc->peft_method, "ia3") && ia3_modules(tc, &targets, &feedforward) == 0 && (feedforward & ~targets);
+}
+static int trainable_params_with_full_finetune(const TrainConfig *tc) { return tc->trainable_params[0] && tc->full_finetune; }
+static int trainable_params_with_adapter(const TrainConfig *tc) { return tc->trainable_params[0] && adapter_other_than_lora(tc); }
+static int trainable_params_with_gguf_adapter(const TrainConfig *tc) { return tc->trainable_params[0] && tc->export_gguf_adapter[0]; }
+static int trainable_params_with_quantize(const TrainConfig *tc) { return tc->trainable_params[0] && tc->quant_type != QUANT_NONE; }
+static int random_init_with_resume(const TrainConfig *tc) { return tc->random_init && tc->resume[0]; }
+static int export_hf_without_resume(const TrainConfig *tc) { return tc->export_hf[0] && !tc->resume[0]; }
+static int memory_limit_with_batch_size(const TrainConfig *tc) { return tc->memory_limit > 0 && tc->batch_size; }
+static int batch_size_auto_without_limit(const TrainConfig *tc) {
+    return !tc->batch_size && !tc->memory_limit && !backend_measures_free_memory;
+}
+static int use_dora_with_full_finetune(const TrainConfig *tc) { return tc->full_finetune && tc->use_dora; }
+static int merge_adapter_with_full_finetune(const TrainConfig *tc) { return tc->full_finetune && tc->merge_adapter; }
+static int cpu_offload_without_full_finetune(const TrainConfig *tc) { return tc->cpu_offload && !tc->full_finetune; }
+static int anyprecision(const TrainConfig *tc) { return tc->optim.kind == OPTIMIZER_ANYPRECISION; }
+static int kahan_without_anyprecision(const TrainConfig *tc) { return tc->optim.kahan && !anyprecision(tc); }
+static int anyprecision_without_pure_bf16(const TrainConfig *tc) { return anyprecision(tc) && !tc->pure_bf16; }
+static int pure_bf16_without_full_finetune(const TrainConfig *tc) { return tc->pure_bf16 && !tc->full_finetune; }
+static int pure_bf16_without_anyprecision(const TrainConfig *tc) { return tc->pure_bf16 && !anyprecision(tc); }
+static int pure_bf16_without_bf16(const TrainConfig *tc) { // (the CPU twin: fp32 only)
+    return tc->pure_bf16 && !strcmp(backend_precisions[0], "bf16") && strcmp(tc->precision, "bf16");
+}
+static int freeze_layers_without_full_finetune(const TrainConfig *tc) { return tc->freeze_layers && !tc->full_finetune; }
+static int peft_checkpoint_with_full_finetune(const TrainConfig *tc) { return tc->full_finetune && tc->from_peft_checkpoint[0]; }
+static int quantize_with_full_finetune(const TrainConfig *tc) { return tc->quant_type != QUANT_NONE && tc->full_finetune; }
+static int gguf_adapter_with_full_finetune(const TrainConfig *tc) { return tc->export_gguf_adapter[0] && tc->full_finetune; }
+static int gguf_adapter_with_dora(const TrainConfig *tc) { return tc->export_gguf_adapter[0] && tc->use_dora; }
+static int quantize_with_merge_adapter(const TrainConfig *tc) { return tc->quant_type != QUANT_NONE && tc->merge_adapter; }
+
+static const Refusal refusals[] = {
+    {"--momentum, --nesterov", "--optimizer other than sgd", AFTER_CHOICES, sgd_options_without_sgd,
+     "--momentum and --nesterov are SGD's: give them with --optimizer sgd"},
+    {"--nesterov 1", "--momentum 0", AFTER_CHOICES, nesterov_without_momentum, // torch.optim.SGD refuses it too
+     "--nesterov 1 needs a --momentum above 0 (Nesterov momentum without momentum is plain SGD)"},
+    {"--val_data", "--val_split", AFTER_CHOICES, val_data_with_val_split,
+     "--val_data and --val_split do not go together (one validation set)"},
+    {"--chunk_size", "a shorter --max_seq_len", AFTER_CHOICES, chunk_over_max_seq_len,
+     "--chunk_size {chunk_size} is larger than --max_seq_len {max_seq_len} (use 0 for whole sequences)"},
+    {"--s2_attn 1", "--batching padding", AFTER_CHOICES, s2_attn_without_packing, // padding's micro-batches take their longest row's length
+     "--s2_attn needs --batching packing: its 4 groups cut rows of one length, a multiple of 4 (--max_seq_len)"},
+    {"--s2_attn 1", "a --max_seq_len not a multiple of 4", AFTER_CHOICES, s2_attn_with_odd_rows,
+     "--s2_attn cuts rows in 4 groups: --max_seq_len {max_seq_len} is not a multiple of 4"},
+    {"--context_parallel above 1", "a trainer without it", AFTER_CHOICES, context_parallel_unsupported,
+     "--context_parallel is not supported yet by this trainer (train_llama2, the CPU trainer, has it)"},
+    // (a prefix moves the carry's rows, which the context group gathers from; pure bf16's rounding of
+    // each rank's part assumes ranks hold whole rows: neither is tested with context parallelism)
+    {"--context_parallel above 1", "--pure_bf16 1", AFTER_CHOICES, context_parallel_with_pure_bf16,
+     "--context_parallel with --pure_bf16 is not supported yet"},
+    {"--context_parallel above 1", "--peft_method prefix", AFTER_CHOICES, context_parallel_with_prefix,
+     "--context_parallel with --peft_method prefix is not supported yet"},
+    // the CUDA trainer's (2): what its tests cover so far
+    {"--context_parallel above 1", "--s2_attn 1 (train_llama2cu)", AFTER_CHOICES, context_parallel_with_s2_attn,
+     "--context_parallel with --s2_attn is not supported yet by this trainer (train_llama2, the CPU trainer, has it)"},
+    {"--context_parallel above 1", "--cpu_offload 1 (train_llama2cu)", AFTER_CHOICES, context_parallel_with_cpu_offload,
+     "--context_parallel with --cpu_offload is not supported yet by this trainer (train_llama2, the CPU trainer, has it)"},
+    {"--num_output_chunks", "a smaller --chunk_size", AFTER_CHOICES, output_chunks_over_chunk,
+     "--num_output_chunks {num_output_chunks} is more than the {chunk_size} tokens of a chunk"},
+    {"--num_output_chunks", "a smaller --max_seq_len (no --chunk_size)", AFTER_CHOICES, output_chunks_over_row,
+     "--num_output_chunks {num_output_chunks} is more than the {max_seq_len} tokens of a chunk"},
+    // --peft_method and the options that go with it
+    {"--peft_method other than lora", "--full_finetune", AFTER_PEFT_METHOD, adapter_with_full_finetune,
+     "--peft_method {peft_method} trains an adapter; with --full_finetune there is none"},
+    {"--lora_*, --use_rslora, --use_dora", "--peft_method ia3", AFTER_PEFT_METHOD, lora_option_with_ia3,
+     "--{lora_option} is LoRA's; with --peft_method ia3 give --ia3_target_modules and --ia3_feedforward_modules"},
+    {"--lora_*, --use_rslora, --use_dora", "--peft_method prefix", AFTER_PEFT_METHOD, lora_option_with_prefix,
+     "--{lora_option} is LoRA's; with --peft_method prefix give --num_virtual_tokens"},
+    {"--lora_*, --use_rslora, --use_dora", "--peft_method llama_adapter", AFTER_PEFT_METHOD, lora_option_with_llama_adapter,
+     "--{lora_option} is LoRA's; with --peft_method llama_adapter give --adapter_len and --adapter_layers"},
+    {"--s2_attn 1", "--peft_method prefix", AFTER_PEFT_METHOD, s2_attn_with_prefix, // S2-Attn's groups are of the sequence's positions
+     "--s2_attn with --peft_method prefix is not supported (shifted sparse attention's groups would cut the virtual "
+     "positions off most queries)"},
+    {"--export_gguf_adapter", "--peft_method ia3", AFTER_PEFT_METHOD, gguf_adapter_with_ia3, gguf_adapter_no_ia3},
+    {"--ia3_feedforward_modules", "one not in --ia3_target_modules", AFTER_IA3_MODULES, ia3_feedforward_outside_targets,
+     "--ia3_feedforward_modules {ia3_feedforward_modules}: must be among --ia3_target_modules {ia3_target_modules}"},
+    {"--trainable_params", "--full_finetune", AFTER_TRAINABLE_PARAMS, trainable_params_with_full_finetune,
+     "--trainable_params names base tensors that train beside a LoRA adapter; with --full_finetune every weight trains already"},
+    // (peft allows it; the saved tensors' files and resume are LoRA's here)
+    {"--trainable_params", "--peft_method other than lora", AFTER_TRAINABLE_PARAMS, trainable_params_with_adapter,
+     "--trainable_params with --peft_method {peft_method} is not supported yet (only with lora)"},
+    {"--trainable_params", "--export_gguf_adapter", AFTER_TRAINABLE_PARAMS, trainable_params_with_gguf_adapter,
+     gguf_adapter_saved_error},
+    {"--trainable_params", "--quantize", AFTER_TRAINABLE_PARAMS, trainable_params_with_quantize,
+     "--trainable_params with --quantize is not supported yet (QLoRA keeps the norms in its 4-bit runs)"},
+    {"--random_init", "--resume", AFTER_SHARDING, random_init_with_resume,
+     "--random_init is for benchmarks, which start fresh: it does not go with --resume"},
+    {"--export_hf", "no --resume", AFTER_SHARDING, export_hf_without_resume,
+     "--export_hf writes a checkpoint out: give it with --resume CHECKPOINT"},
+    {"--memory_limit", "--batch_size other than auto", AFTER_SHARDING, memory_limit_with_batch_size,
+     "--memory_limit is what --batch_size auto fits the batch in; give --batch_size auto with it"},
+    {"--batch_size auto", "no --memory_limit (train_llama2)", AFTER_SHARDING, batch_size_auto_without_limit,
+     "--batch_size auto needs --memory_limit GiB with this trainer (it cannot tell what memory is free)"},
+    {"--use_dora", "--full_finetune", AFTER_REQUIRED, use_dora_with_full_finetune,
+     "--use_dora trains a DoRA adapter; with --full_finetune there is none"},
+    {"--merge_adapter", "--full_finetune", AFTER_REQUIRED, merge_adapter_with_full_finetune,
+     "--merge_adapter folds a LoRA adapter in; with --full_finetune there is none"},
+    {"--cpu_offload 1", "no --full_finetune", AFTER_REQUIRED, cpu_offload_without_full_finetune,
+     "--cpu_offload moves full fine-tuning's masters, gradients and optimizer state to the host: give it with "
+     "--full_finetune (LoRA's are small)"},
+    // --pure_bf16, --optimizer anyprecision and --kahan_summation, which go together as
+    // llama-recipes has them (its pure_bf16 also runs AdamW on bf16 weights; here the bf16
+    // weights take AnyPrecisionAdamW, whose state is bf16 too)
+    {"--kahan_summation 1", "--optimizer other than anyprecision", AFTER_REQUIRED, kahan_without_anyprecision,
+     "--kahan_summation is AnyPrecisionAdamW's: give it with --optimizer anyprecision"},
+    {"--optimizer anyprecision", "--pure_bf16 0", AFTER_REQUIRED, anyprecision_without_pure_bf16,
+     "--optimizer anyprecision steps bf16 weights with bf16 state: give it with --pure_bf16 1 (and --full_finetune)"},
+    {"--pure_bf16 1", "no --full_finetune", AFTER_REQUIRED, pure_bf16_without_full_finetune,
+     "--pure_bf16 keeps full fine-tuning's weights in bf16 with no fp32 copy: give it with --full_finetune"},
+    {"--pure_bf16 1", "--optimizer other than anyprecision", AFTER_REQUIRED, pure_bf16_without_anyprecision,
+     "--pure_bf16 has no fp32 weights for AdamW, SGD or AdamW8bit to update: give it with --optimizer anyprecision"},
+    {"--pure_bf16 1", "--precision other than bf16 (train_llama2cu)", AFTER_REQUIRED, pure_bf16_without_bf16,
+     "--pure_bf16 keeps the weights in bf16 on the GPU: give it with --precision bf16 (the default)"},
+    {"--freeze_layers", "no --full_finetune", AFTER_REQUIRED, freeze_layers_without_full_finetune,
+     "--freeze_layers freezes layers of full fine-tuning: give it with --full_finetune (LoRA trains no base weight)"},
+    {"--from_peft_checkpoint", "--full_finetune", AFTER_REQUIRED, peft_checkpoint_with_full_finetune,
+     "--from_peft_checkpoint and --full_finetune do not go together"},
+    {"--quantize", "--full_finetune", AFTER_REQUIRED, quantize_with_full_finetune,
+     "--quantize keeps the base weights frozen in 4 bits (QLoRA): it does not go with --full_finetune"},
+    {"--export_gguf_adapter", "--full_finetune", AFTER_REQUIRED, gguf_adapter_with_full_finetune,
+     "--export_gguf_adapter writes a LoRA adapter; with --full_finetune there is none (use --export_gguf)"},
+    {"--export_gguf_adapter", "--use_dora", AFTER_REQUIRED, gguf_adapter_with_dora,
+     "--export_gguf_adapter: DoRA cannot be expressed as a llama.cpp adapter (it has no place for DoRA's magnitudes); "
+     "use --export_gguf for the model with the adapter merged in"},
+    {"--quantize", "--merge_adapter", AFTER_REQUIRED, quantize_with_merge_adapter,
+     "--merge_adapter with --quantize is not supported yet (it would fold the adapter into 4-bit weights)"},
+};
+
+// The first row after step that applies, printed: -1; none: 0. opts: the option table, for
+// the values a message names.
+static int refuse(const TrainConfig *tc, const Option *opts, int n, int step) {
+    for (size_t i = 0; i < sizeof refusals / sizeof *refusals; i++) {
+        const Refusal *r = &refusals[i];
+        if (r->after != step || !r->applies(tc)) continue;
+        char *msg, val[PATH_MAX + 64];
+        size_t len;
+        FILE *f = open_memstream(&msg, &len); // (the message whole, then one write, as before the table)
+        if (!f) die("out of memory");
+        for (const char *p = r->why; *p; p++) {
+            if (*p != '{') { fputc(*p, f); continue; }
+            size_t name = strcspn(++p, "}"); // {name}'s length
+            const char *v = tc->lora_option;  // (the one name that is not an option's)
+            for (int k = 0; k < n; k++) {
+                if (strlen(opts[k].name) != name || strncmp(opts[k].name, p, name)) continue;
+                option_value(&opts[k], val, sizeof val, 0);
+                v = opts[k].type == OPT_STR ? *(const char *const *)opts[k].ptr : val; // (a string whole, however long)
+            }
+            fputs(v, f);
+            p += name;
+        }
+        if (fclose(f) != 0) die("out of memory");
+        fprintf(stderr, "error: %s\n", msg);
+        free(msg);
         return -1;
     }
     return 0;
 }
 
-// 0: parsed, 1: --help printed, -1: error (message printed)
+// the rows as docs/training.md lists them (--refusals)
+static void print_refusals(void) {
+    printf("| option | with | the message |\n| --- | --- | --- |\n");
+    for (size_t i = 0; i < sizeof refusals / sizeof *refusals; i++)
+        printf("| %s | %s | %s |\n", refusals[i].option, refusals[i].with, refusals[i].why);
+}
+
+// 0: parsed, 1: --help (or --refusals) printed, -1: error (message printed)
 static int parse_args(TrainConfig *tc, int argc, char **argv) {
     Option opts[] = OPTIONS(tc);
     int n = (int)(sizeof opts / sizeof opts[0]);
-    const char *lora_option = NULL; // the last LoRA-only option given (IA3 refuses them)
+    tc->lora_option = NULL;
     for (int i = 0; i < n; i++) set_option(&opts[i], opts[i].def);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) { print_help(opts, n); return 1; }
+        if (strcmp(arg, "--refusals") == 0) { print_refusals(); return 1; } // (not in --help: docs/training.md lists them)
         if (strncmp(arg, "--", 2) != 0) { fprintf(stderr, "error: unexpected argument '%s' (options start with --; see --help)\n", arg); return -1; }
         const char *name = arg + 2, *eq = strchr(name, '=');
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
@@ -278,7 +436,7 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         for (int k = 0; k < n; k++)
             if (strlen(opts[k].name) == len && strncmp(opts[k].name, name, len) == 0) o = &opts[k];
         if (!o) { fprintf(stderr, "error: unknown option '--%.*s' (see --help)\n", (int)len, name); return -1; }
-        if (!strncmp(o->name, "lora_", 5) || !strcmp(o->name, "use_rslora") || !strcmp(o->name, "use_dora")) lora_option = o->name;
+        if (!strncmp(o->name, "lora_", 5) || !strcmp(o->name, "use_rslora") || !strcmp(o->name, "use_dora")) tc->lora_option = o->name;
         const char *val;
         if (eq) val = eq + 1;
         else if (o->type == OPT_FLAG) val = "1";
@@ -299,132 +457,21 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         OPTION_CHOICE("collectives", tc->collectives, backend_collectives, 1) < 0 ||
         profile_parse_steps(tc->profile_steps, &tc->profile_first, &tc->profile_last) < 0)
         return -1;
-    if (tc->optim.kind != OPTIMIZER_SGD && (tc->optim.momentum != 0 || tc->optim.nesterov)) {
-        fprintf(stderr, "error: --momentum and --nesterov are SGD's: give them with --optimizer sgd\n");
+    if (refuse(tc, opts, n, AFTER_CHOICES) != 0) return -1;
+    static const char *const methods[] = {"lora", "ia3", "llama_adapter", "prefix"};
+    unsigned mask, targets, feedforward;
+    if (lora_parse_targets(tc->lora_target_modules, "--lora_target_modules", &mask) != 0 ||
+        OPTION_CHOICE("peft_method", tc->peft_method, methods, 0) < 0 || refuse(tc, opts, n, AFTER_PEFT_METHOD) != 0)
         return -1;
-    }
-    if (tc->optim.nesterov && tc->optim.momentum == 0) { // torch.optim.SGD refuses it too
-        fprintf(stderr, "error: --nesterov 1 needs a --momentum above 0 (Nesterov momentum without momentum is plain SGD)\n");
+    if (!strcmp(tc->peft_method, "ia3") && ia3_modules(tc, &targets, &feedforward) != 0) return -1;
+    if (refuse(tc, opts, n, AFTER_IA3_MODULES) != 0) return -1;
+    if (lora_parse_saved(tc->trainable_params, &mask, "--trainable_params") != 0 || refuse(tc, opts, n, AFTER_TRAINABLE_PARAMS) != 0)
         return -1;
-    }
-    if (tc->val_data[0] && tc->val_split > 0) {
-        fprintf(stderr, "error: --val_data and --val_split do not go together (one validation set)\n");
-        return -1;
-    }
-    if (tc->chunk_size > tc->max_seq_len) {
-        fprintf(stderr, "error: --chunk_size %d is larger than --max_seq_len %d (use 0 for whole sequences)\n",
-                tc->chunk_size, tc->max_seq_len);
-        return -1;
-    }
-    if (tc->s2_attn && strcmp(tc->batching, "packing")) { // padding's micro-batches take their longest row's length
-        fprintf(stderr, "error: --s2_attn needs --batching packing: its 4 groups cut rows of one length, a multiple of 4 "
-                "(--max_seq_len)\n");
-        return -1;
-    }
-    if (tc->s2_attn && tc->max_seq_len % 4) {
-        fprintf(stderr, "error: --s2_attn cuts rows in 4 groups: --max_seq_len %d is not a multiple of 4\n", tc->max_seq_len);
-        return -1;
-    }
-    if (tc->context_parallel > 1 && !backend_context_parallel) {
-        fprintf(stderr, "error: --context_parallel is not supported yet by this trainer (train_llama2, the CPU trainer, has it)\n");
-        return -1;
-    }
-    // (a prefix moves the carry's rows, which the context group gathers from; pure bf16's rounding of
-    // each rank's part assumes ranks hold whole rows: neither is tested with context parallelism)
-    if (tc->context_parallel > 1 && (!strcmp(tc->peft_method, "prefix") || tc->pure_bf16)) {
-        fprintf(stderr, "error: --context_parallel with %s is not supported yet\n", tc->pure_bf16 ? "--pure_bf16" : "--peft_method prefix");
-        return -1;
-    }
-    // the CUDA trainer's (2): what its tests cover so far
-    const char *untested = tc->s2_attn ? "--s2_attn" : tc->cpu_offload ? "--cpu_offload" : NULL;
-    if (tc->context_parallel > 1 && backend_context_parallel == 2 && untested) {
-        fprintf(stderr, "error: --context_parallel with %s is not supported yet by this trainer (train_llama2, the CPU "
-                "trainer, has it)\n", untested);
-        return -1;
-    }
-    int chunk = tc->chunk_size ? tc->chunk_size : tc->max_seq_len;
-    if (tc->num_output_chunks > chunk) {
-        fprintf(stderr, "error: --num_output_chunks %d is more than the %d tokens of a chunk\n", tc->num_output_chunks, chunk);
-        return -1;
-    }
-    unsigned mask;
-    if (lora_parse_targets(tc->lora_target_modules, "--lora_target_modules", &mask) != 0) return -1;
-    if (check_peft_method(tc, lora_option) != 0) return -1;
-    if (lora_parse_saved(tc->trainable_params, &mask, "--trainable_params") != 0) return -1;
-    if (mask && tc->full_finetune) {
-        fprintf(stderr, "error: --trainable_params names base tensors that train beside a LoRA adapter; with --full_finetune "
-                "every weight trains already\n");
-        return -1;
-    }
-    if (mask && strcmp(tc->peft_method, "lora") != 0) { // (peft allows it; the saved tensors' files and resume are LoRA's here)
-        fprintf(stderr, "error: --trainable_params with --peft_method %s is not supported yet (only with lora)\n", tc->peft_method);
-        return -1;
-    }
-    if (mask && tc->export_gguf_adapter[0]) { fprintf(stderr, "%s\n", gguf_adapter_saved_error); return -1; }
-    if (mask && tc->quant_type != QUANT_NONE) {
-        fprintf(stderr, "error: --trainable_params with --quantize is not supported yet (QLoRA keeps the norms in its 4-bit runs)\n");
-        return -1;
-    }
     FsdpStrategy strategy;
-    if (fsdp_strategy_parse(tc->sharding_strategy, &strategy) != 0) return -1;
-    if (tc->random_init && tc->resume[0]) {
-        fprintf(stderr, "error: --random_init is for benchmarks, which start fresh: it does not go with --resume\n");
-        return -1;
-    }
-    if (tc->export_hf[0] && !tc->resume[0]) {
-        fprintf(stderr, "error: --export_hf writes a checkpoint out: give it with --resume CHECKPOINT\n");
-        return -1;
-    }
-    if (tc->memory_limit > 0 && tc->batch_size) {
-        fprintf(stderr, "error: --memory_limit is what --batch_size auto fits the batch in; give --batch_size auto with it\n");
-        return -1;
-    }
-    if (!tc->batch_size && !tc->memory_limit && !backend_measures_free_memory) {
-        fprintf(stderr, "error: --batch_size auto needs --memory_limit GiB with this trainer (it cannot tell what memory is free)\n");
-        return -1;
-    }
+    if (fsdp_strategy_parse(tc->sharding_strategy, &strategy) != 0 || refuse(tc, opts, n, AFTER_SHARDING) != 0) return -1;
     if (!tc->model[0]) { fprintf(stderr, "error: --model is required (see --help)\n"); return -1; }
     if (!tc->data[0]) { fprintf(stderr, "error: --data is required (see --help)\n"); return -1; }
-    if (tc->full_finetune && tc->use_dora) {
-        fprintf(stderr, "error: --use_dora trains a DoRA adapter; with --full_finetune there is none\n");
-        return -1;
-    }
-    if (tc->full_finetune && tc->merge_adapter) {
-        fprintf(stderr, "error: --merge_adapter folds a LoRA adapter in; with --full_finetune there is none\n");
-        return -1;
-    }
-    if (tc->cpu_offload && !tc->full_finetune) {
-        fprintf(stderr, "error: --cpu_offload moves full fine-tuning's masters, gradients and optimizer state to the host: give it "
-                "with --full_finetune (LoRA's are small)\n");
-        return -1;
-    }
-    if (check_pure_bf16(tc) != 0) return -1;
-    if (tc->freeze_layers && !tc->full_finetune) {
-        fprintf(stderr, "error: --freeze_layers freezes layers of full fine-tuning: give it with --full_finetune (LoRA trains no base weight)\n");
-        return -1;
-    }
-    if (tc->full_finetune && tc->from_peft_checkpoint[0]) {
-        fprintf(stderr, "error: --from_peft_checkpoint and --full_finetune do not go together\n");
-        return -1;
-    }
-    if (tc->quant_type != QUANT_NONE && tc->full_finetune) {
-        fprintf(stderr, "error: --quantize keeps the base weights frozen in 4 bits (QLoRA): it does not go with --full_finetune\n");
-        return -1;
-    }
-    if (tc->export_gguf_adapter[0] && tc->full_finetune) {
-        fprintf(stderr, "error: --export_gguf_adapter writes a LoRA adapter; with --full_finetune there is none (use --export_gguf)\n");
-        return -1;
-    }
-    if (tc->export_gguf_adapter[0] && tc->use_dora) {
-        fprintf(stderr, "error: --export_gguf_adapter: DoRA cannot be expressed as a llama.cpp adapter (it has no place for "
-                "DoRA's magnitudes); use --export_gguf for the model with the adapter merged in\n");
-        return -1;
-    }
-    if (tc->quant_type != QUANT_NONE && tc->merge_adapter) {
-        fprintf(stderr, "error: --merge_adapter with --quantize is not supported yet (it would fold the adapter into 4-bit weights)\n");
-        return -1;
-    }
-    return 0;
+    return refuse(tc, opts, n, AFTER_REQUIRED);
 }
 
 // The start-up table: every option with its value, three to a line in
