@@ -216,16 +216,16 @@ static int ia3_modules(const TrainConfig *tc, unsigned *targets, unsigned *feedf
 // the options that do not go together
 //
 // Each row of refusals refuses --option with another option (or a condition on one, or on
-// the trainer), saying why. parse_args checks the rows in this order, the first that applies
-// being the one a user sees, in groups between its steps that parse the values some rows read
-// (a row's after: the step it comes after). docs/training.md lists the rows (--refusals
-// prints them; test/test_cli.sh compares the two).
+// the trainer), saying why. parse_args checks the rows in this order, and the first that
+// applies is the one a user sees; it checks them in groups, between its steps that parse the
+// values some rows read. docs/training.md lists the rows (--refusals prints them;
+// test/test_cli.sh checks that the two agree).
 
-// the step of parse_args a refusal comes after
+// the step of parse_args a row comes after
 enum { AFTER_CHOICES, AFTER_PEFT_METHOD, AFTER_IA3_MODULES, AFTER_TRAINABLE_PARAMS, AFTER_SHARDING, AFTER_REQUIRED };
 typedef struct {
     const char *option, *with;   // what is refused with what, as docs/training.md lists them
-    int after;
+    int after;                   // AFTER_*
     int (*applies)(const TrainConfig *tc);
     const char *why;             // the message after "error: "; {name}: --name's value ({lora_option}: tc->lora_option)
 } Refusal;
@@ -237,7 +237,7 @@ static int nesterov_without_momentum(const TrainConfig *tc) { return tc->optim.n
 static int val_data_with_val_split(const TrainConfig *tc) { return tc->val_data[0] && tc->val_split > 0; }
 static int chunk_over_max_seq_len(const TrainConfig *tc) { return tc->chunk_size > tc->max_seq_len; }
 static int s2_attn_without_packing(const TrainConfig *tc) { return tc->s2_attn && strcmp(tc->batching, "packing"); }
-static int s2_attn_with_odd_rows(const TrainConfig *tc) { return tc->s2_attn && tc->max_seq_len % 4; }
+static int s2_attn_rows_not_by_4(const TrainConfig *tc) { return tc->s2_attn && tc->max_seq_len % 4; }
 static int context_parallel_unsupported(const TrainConfig *tc) { return tc->context_parallel > 1 && !backend_context_parallel; }
 static int context_parallel_with_pure_bf16(const TrainConfig *tc) { return tc->context_parallel > 1 && tc->pure_bf16; }
 static int context_parallel_with_prefix(const TrainConfig *tc) { return tc->context_parallel > 1 && !strcmp(tc->peft_method, "prefix"); }
@@ -296,7 +296,7 @@ static const Refusal refusals[] = {
      "--chunk_size {chunk_size} is larger than --max_seq_len {max_seq_len} (use 0 for whole sequences)"},
     {"--s2_attn 1", "--batching padding", AFTER_CHOICES, s2_attn_without_packing, // padding's micro-batches take their longest row's length
      "--s2_attn needs --batching packing: its 4 groups cut rows of one length, a multiple of 4 (--max_seq_len)"},
-    {"--s2_attn 1", "a --max_seq_len not a multiple of 4", AFTER_CHOICES, s2_attn_with_odd_rows,
+    {"--s2_attn 1", "a --max_seq_len not a multiple of 4", AFTER_CHOICES, s2_attn_rows_not_by_4,
      "--s2_attn cuts rows in 4 groups: --max_seq_len {max_seq_len} is not a multiple of 4"},
     {"--context_parallel above 1", "a trainer without it", AFTER_CHOICES, context_parallel_unsupported,
      "--context_parallel is not supported yet by this trainer (train_llama2, the CPU trainer, has it)"},
@@ -390,7 +390,7 @@ static int refuse(const TrainConfig *tc, const Option *opts, int n, int step) {
         if (r->after != step || !r->applies(tc)) continue;
         char *msg, val[PATH_MAX + 64];
         size_t len;
-        FILE *f = open_memstream(&msg, &len); // (the message whole, then one write, as before the table)
+        FILE *f = open_memstream(&msg, &len); // (whole, then one write: ranks printing it at once do not interleave)
         if (!f) die("out of memory");
         for (const char *p = r->why; *p; p++) {
             if (*p != '{') { fputc(*p, f); continue; }
