@@ -77,7 +77,7 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = support/utils.h support/vec.h support/matmul.h chunk.h attention.h peft/ia3.h peft/adaption_prompt.h peft/prefix.h support/optimizer.h support/optimizer_cpu.h support/optimizer_qmap.h support/json.h support/safetensors.h support/weights.h support/gguf.h tokenizer.h lora.h peft/quant.h model.h support/export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h support/profile.h
+HEADERS = support/utils.h support/vec.h support/matmul.h chunk.h attention.h peft/ia3.h peft/adaption_prompt.h peft/prefix.h support/optimizer.h support/optimizer_cpu.h support/optimizer_qmap.h support/json.h support/safetensors.h support/weights.h support/gguf.h tokenizer.h lora.h peft/quant.h model.h support/export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h trainer/options.h trainer/load.h trainer/plan.h trainer/schedule.h trainer/checkpoint.h trainer/sample.h trainer/report.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h support/profile.h
 TESTS = test/test_json test/test_safetensors test/test_tensorboard test/test_profile test/test_torch_zip test/test_tokenizer test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay test/test_quant \
     test/test_gguf test/test_optim test/test_emu_nccl
 
@@ -234,7 +234,7 @@ EMU_TSAN = -fsanitize=thread
 # clang's TSan runtime (14: "v3") creates a fiber in ~0.5 us; GCC 12's in ~500 us
 EMU_TSAN_CXX ?= $(if $(shell command -v clang++),clang++,$(EMU_CXX))
 EMU_PRELUDE = -include dev/emu/cuda_runtime.h
-EMU_SRCS = $(wildcard *.h *.cu *.cuh support/*.h support/*.cuh peft/*.h peft/*.cuh dev/cuda/*.h dev/cuda/*.cu dev/cuda/*.cuh \
+EMU_SRCS = $(wildcard *.h *.cu *.cuh trainer/*.h support/*.h support/*.cuh peft/*.h peft/*.cuh dev/cuda/*.h dev/cuda/*.cu dev/cuda/*.cuh \
     test/*.h test/*.cu test/emu_planted/*.cu)
 EMU_HEADERS = $(wildcard dev/emu/*.h)
 EMU_PLANTED = $(basename $(wildcard test/emu_planted/*.cu))

@@ -246,10 +246,10 @@ static int export_gguf_model(const HostModel *m, const char *path, const char *m
     return rc;
 }
 
-// (trainer.h refuses these options together before training)
-static const char *const gguf_adapter_no_ia3 = "error: --export_gguf_adapter writes a llama.cpp LoRA adapter, which cannot "
-                                               "hold IA3's vectors; use --export_gguf for the model with the adapter merged in";
-static const char *const gguf_adapter_saved_error = "error: --export_gguf_adapter: a llama.cpp adapter holds LoRA's A and B "
+// (trainer/options.h's refusals refuse these options together before training)
+static const char gguf_adapter_no_ia3[] = "--export_gguf_adapter writes a llama.cpp LoRA adapter, which cannot "
+                                          "hold IA3's vectors; use --export_gguf for the model with the adapter merged in";
+static const char gguf_adapter_saved_error[] = "--export_gguf_adapter: a llama.cpp adapter holds LoRA's A and B "
     "only, not the base tensors --trainable_params trains (modules_to_save); use --export_gguf for the model with them merged in";
 
 // The LoRA adapter of m as llama.cpp's GGUF adapter at path (tensors of type gtype).
@@ -258,13 +258,13 @@ static int export_gguf_adapter(const HostModel *m, const char *path, int gtype) 
     const Config *c = &m->config;
     const LoRA *l = &m->lora;
     if (!m->use_lora) { fprintf(stderr, "error: --export_gguf_adapter writes a LoRA adapter; with --full_finetune there is none\n"); return -1; }
-    if (l->ia3) { fprintf(stderr, "%s\n", gguf_adapter_no_ia3); return -1; }
+    if (l->ia3) { fprintf(stderr, "error: %s\n", gguf_adapter_no_ia3); return -1; }
     if (l->use_dora) {
         fprintf(stderr, "error: --export_gguf_adapter: DoRA cannot be expressed as a llama.cpp adapter (it has no place for "
                 "DoRA's magnitudes); use --export_gguf for the model with the adapter merged in\n");
         return -1;
     }
-    if (l->saved) { fprintf(stderr, "%s\n", gguf_adapter_saved_error); return -1; }
+    if (l->saved) { fprintf(stderr, "error: %s\n", gguf_adapter_saved_error); return -1; }
     GgufWriter w;
     gguf_init(&w);
     w.fill_bytes = st_staging_bytes(); // (the backend's weights: a staging buffer's worth of rows a read)

@@ -172,6 +172,10 @@ for dq in 1 0; do
     fi
 done
 if "$BIN" --help | grep -q -- "--gradient_accumulation_steps"; then echo "ok cli: --help lists the options"; else echo "FAIL cli: --help"; fails=$((fails + 1)); fi
+# docs/training.md lists the refusals parse_args checks, row for row (trainer/options.h's table)
+if diff <("$BIN" --refusals) <(sed -n '/^| option | with | the message |$/,/^$/p' docs/training.md | sed '/^$/d') >"$TMP/refusals.diff"
+then echo "ok cli: docs/training.md lists the options that do not go together as --refusals prints them"
+else echo "FAIL cli: docs/training.md's refusals differ from --refusals: $(head -6 "$TMP/refusals.diff")"; fails=$((fails + 1)); fi
 
 # checkpoints
 expect_error "missing model folder" "$TMP/nope/(config.json|tokenizer.model)" --model "$TMP/nope" "${RUN[@]}"
