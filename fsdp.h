@@ -38,7 +38,7 @@
 // a single process only by where fp32 rounding falls. NCCL's order is its own
 // (ring or tree): deterministic for a fixed NCCL version, topology and
 // NCCL_ALGO, and the same on every rank. Which of the two a run uses:
-// fsdp_device_backend; the CUDA trainer's communicators of each kind: FsdpDeviceComms.
+// fsdp_device_backend; the CUDA trainer's device communicators, one a group: FsdpDeviceComms.
 //
 // Strategies are data (fsdp_strategies): which ranks share one copy of the
 // parameters (the shard group, size G) and whether a unit gathered for its
@@ -1251,7 +1251,8 @@ static inline void fsdp_device_comms_free(FsdpDeviceComms *d) { // (before the c
 // that every rank's load went well (the model's allocation is too early: a rank whose load
 // failed never calls it)
 static inline FsdpComm *fsdp_device_comm(FsdpDeviceComms *d, Fsdp *f, int backend, cudaStream_t stream, FsdpComm *c) {
-    if (d->world.backend != FSDP_BACKEND_NCCL && d->world.backend != FSDP_BACKEND_STAGED) fsdp_device_comms_init(d, f, backend, stream);
+    if (d->world.backend != FSDP_BACKEND_NCCL && d->world.backend != FSDP_BACKEND_STAGED)
+        fsdp_device_comms_init(d, f, backend, stream);
     return c;
 }
 #endif

@@ -147,7 +147,7 @@ typedef struct {
     HostModel host;           // config, fp32 weights, LoRA layout: loaded here, uploaded, saved from here
     int fp32, fp16;           // --precision fp32: every tensor fp32; fp16: fp16 storage (neither: bf16)
     int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16 (--precision bf16): the bf16
-                              // weights are the parameters (d.weights), no fp32 masters (above; docs/precision.md)
+                              // weights are the parameters (d.weights), no fp32 masters (docs/precision.md)
     int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), touches no GPU
     Buffers<float> f32;       // the buffers of the run's precision (the other stays empty)
     Buffers<bf16> b16;
@@ -384,7 +384,6 @@ template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w,
     if (dir > 0) rows_copy(carry, ch, x, &packed, w, stream);
     else rows_copy(x, &packed, carry, ch, w, stream);
 }
-
 
 // Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
 // its activations into layer_acts' place and its keys and values into the KV carry.
@@ -1409,7 +1408,6 @@ static void model_free(Model *m) {
 // where the base weights are (docs/sharding.md), as on the CPU: whole in
 // d.weights, or sharded over the shard group, each unit gathered whole into a
 // slot when the forward or backward needs it (collective)
-
 
 // full (size * n) = every rank's part (n) of a device buffer in the compute type, in rank order
 template <typename floatX> void all_gather(FsdpComm *c, floatX *full, const floatX *part, size_t n) {
