@@ -38,7 +38,7 @@
 // a single process only by where fp32 rounding falls. NCCL's order is its own
 // (ring or tree): deterministic for a fixed NCCL version, topology and
 // NCCL_ALGO, and the same on every rank. Which of the two a run uses:
-// fsdp_device_backend.
+// fsdp_device_backend; the CUDA trainer's device communicators, one a group: FsdpDeviceComms.
 //
 // Strategies are data (fsdp_strategies): which ranks share one copy of the
 // parameters (the shard group, size G) and whether a unit gathered for its
@@ -1210,6 +1210,52 @@ static inline void fsdp_free(Fsdp *f) {
     fsdp_comm_free(&f->shard);
     fsdp_comm_free(&f->world);
 }
+
+#ifdef FSDP_DEVICE
+// ---- the device communicators (the CUDA trainer's): f's groups again, for device buffers
+
+typedef struct {
+    FsdpComm world, shard, replica; // NCCL or staged copies of f's groups (W > 1; fsdp_device_comm)
+    FsdpComm context;               // and of the context group (--context_parallel)
+} FsdpDeviceComms;
+
+// Gives the world, shard and replica groups a device communicator each, on the
+// collectives' stream (collective: every rank calls it, in this order): staged
+// when any rank's backend (the trainer's set_device chose it: fsdp_device_backend)
+// is that (auto can choose differently on nodes with other GPU counts; the ranks
+// must agree), else NCCL. The trainer's communicators (f) stay as they are (MPI or
+// TCP) for the host side, which the staged ones run their collectives over.
+static inline void fsdp_device_comms_init(FsdpDeviceComms *d, Fsdp *f, int backend, cudaStream_t stream) {
+    int staged = fsdp_any(&f->world, backend == FSDP_BACKEND_STAGED);
+    FsdpComm *dev[4] = {&d->world, &d->shard, &d->replica, &d->context};
+    const FsdpComm *host[4] = {&f->world, &f->shard, &f->replica, &f->context};
+    for (int i = 0; i < (fsdp_context_size(f) > 1 ? 4 : 3); i++) {
+        *dev[i] = *host[i];
+        dev[i]->scratch = NULL, dev[i]->scratch_bytes = 0; // the host communicator's own
+        if (staged) fsdp_staged_init(dev[i], stream);
+#ifdef FSDP_NCCL
+        else fsdp_nccl_init(dev[i], stream);
+#endif
+    }
+}
+static inline void fsdp_device_comms_free(FsdpDeviceComms *d) { // (before the collectives' stream is destroyed)
+    FsdpComm *dev[4] = {&d->world, &d->shard, &d->replica, &d->context};
+    for (int i = 0; i < 4; i++) {
+        fsdp_device_free(dev[i]); // the host side is the trainer's
+        free(dev[i]->scratch);
+    }
+}
+
+// c, one of d's communicators, made at the first device collective (fsdp_device_comms_init
+// with f, backend and stream): every rank reaches that in step, after the trainer agreed
+// that every rank's load went well (the model's allocation is too early: a rank whose load
+// failed never calls it)
+static inline FsdpComm *fsdp_device_comm(FsdpDeviceComms *d, Fsdp *f, int backend, cudaStream_t stream, FsdpComm *c) {
+    if (d->world.backend != FSDP_BACKEND_NCCL && d->world.backend != FSDP_BACKEND_STAGED)
+        fsdp_device_comms_init(d, f, backend, stream);
+    return c;
+}
+#endif
 
 // A unit's parameters, whole: with a shard group of one (NO_SHARD) the shard is
 // the unit; else gathered into buf (shard.size * unit.shard floats).

@@ -52,6 +52,14 @@ their own stream, ordered against the compute stream by events: the next
 layer's gather overlaps this layer's compute (unit_prefetch), the reduce-scatter
 of full fine-tuning's gradients does not. Compiled, not yet run on GPUs.
 
+The file reads as train_llama2.c does: the device Model, then the model (layer_forward,
+chunk_forward, chunk_head, chunk_backward, model_forward, model_forward_backward,
+model_next_logits), then the machinery it calls, declared ahead of it: each rank's GPU
+and device communicators (fsdp.h's FsdpDeviceComms), the buffers' layout and allocation
+(model_plan, model_alloc; --cpu_offload's host side in offload.cuh), where the weights
+are, context parallelism's collectives, the gradients, the optimizer, and the backend's
+constants for trainer.h.
+
 Shapes: B rows of T tokens in chunks of C, D = hidden_size, H = intermediate_size,
 NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 */
@@ -69,13 +77,12 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "peft/prefix.cuh" // prefix tuning in the KV carry: prefix_to_carry, prefix_backward
 #include "peft/quant.cuh"
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir, on each stream, and NVTX ranges
-#include <pthread.h> // --cpu_offload's step overlapped with the backward (OffloadStep)
 
 #define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
 constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements upload converts at a time: a 64 MiB staging buffer
 
 // ----------------------------------------------------------------------------
-// device buffers
+// the device model: its buffers
 
 // A layer's slice of n elements in a per-layer activation array (Lk, n) starts
 // 256-byte aligned too: cuBLASLt's plans depend on the operands' alignment, so
@@ -83,16 +90,6 @@ constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements upload convert
 // activation checkpointing (every layer at slice 0) or without (the same bits).
 template <typename E> size_t layer_stride(size_t n) { return (n * sizeof(E) + 255) / 256 * 256 / sizeof(E); }
 template <typename E> E *layer_slice(E *buf, int l, size_t n) { return buf + (size_t)l * layer_stride<E>(n); }
-
-// p = n elements of the layout l (support/utils.h), left as it is while l only counts.
-// Device layouts start each piece 256-byte aligned (cuBLASLt and the tensor-core
-// attention want aligned rows).
-static Layout device_layout(void *base) { return Layout{(char *)base, 0, 256}; }
-template <typename E> void place(Layout *l, E *&p, size_t n) {
-    if (void *at = layout_take(l, n * sizeof(E))) p = (E *)at;
-}
-// an activation array of `layers` slices of n (layer_slice)
-template <typename E> void place_layers(Layout *l, E *&p, size_t layers, size_t n) { place(l, p, layers * layer_stride<E>(n)); }
 
 // one chunk's activations, kept from its forward for its backward; with
 // activation checkpointing all but resid hold Lk = 1 layer (else Lk = L), which
@@ -150,6 +147,8 @@ template <typename floatX> struct Buffers {
 typedef struct {
     HostModel host;           // config, fp32 weights, LoRA layout: loaded here, uploaded, saved from here
     int fp32, fp16;           // --precision fp32: every tensor fp32; fp16: fp16 storage (neither: bf16)
+    int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16 (--precision bf16): the bf16
+                              // weights are the parameters (d.weights), no fp32 masters (docs/precision.md)
     int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), touches no GPU
     Buffers<float> f32;       // the buffers of the run's precision (the other stays empty)
     Buffers<bf16> b16;
@@ -182,10 +181,6 @@ typedef struct {
     bf16 *params_bf16;        // (n_train, host) --pure_bf16 offloaded: the bf16 parameters (no params; grads only in chunks)
     float *step_pieces;       // (2, min(UPLOAD_PIECE, n_train), host) --pure_bf16 offloaded: the step's pieces of the
                               // parameters and gradients in fp32 (anyprecision_step_host, grads_bf16_all_reduce_host)
-    int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16 (--precision bf16): the bf16
-                              // weights are the parameters (d.weights), no fp32 masters; a unit's fp32 gradient
-                              // rounded and added into grad_acc as its backward ends (in chunks, m->grads' at the
-                              // micro-batch's end); AnyPrecisionAdamW's bf16 state (docs/precision.md)
     int masters_aliased;      // params are the host model's trainable weights themselves (one run)
     uint8_t *grad_held;       // (n_units) whole: the unit's running total is on the host (its next open uploads it)
     float *grad_stage[2];     // (offload_stage_numel, pinned) sharded: reduced shards on their way to the host;
@@ -199,8 +194,7 @@ typedef struct {
     struct OffloadStep *offload_step; // the step's units stepped as their gradients are final (NULL: after the backward)
     const char *collectives;  // set by the trainer before model_alloc: --collectives (auto, nccl, host)
     int device_backend;       // what set_device chose for it: FSDP_BACKEND_NCCL or FSDP_BACKEND_STAGED
-    FsdpComm dev_world, dev_shard, dev_replica; // fsdp's communicators for device buffers (W > 1; device_comm)
-    FsdpComm dev_context;     // and the context group's (--context_parallel)
+    FsdpDeviceComms dev;      // fsdp's communicators for device buffers (W > 1; device_comm)
     cudaStream_t comm_stream; // the collectives' stream
     cudaEvent_t computed, communicated; // orders the two streams (stream_after)
     // fp32 in either precision
@@ -258,688 +252,6 @@ template <typename F> auto with_precision(const Model *m, F f) {
 // (rounded into grad_acc at its end, grads_bf16_end); whole sequences need no fp32 copy: each
 // unit's backward runs once a micro-batch, its gradient rounded into grad_acc as it ends (grads_done)
 static bool pure_bf16_chunked(const Model *m) { return m->pure_bf16 && m->chunk_size < m->T; }
-// the backward's gradients go into a unit's buffer (unit_grad), not straight into m->grads
-static bool grads_by_unit(const Model *m) {
-    return m->host.full_finetune && (m->sharded || m->cpu_offload || (m->pure_bf16 && !pure_bf16_chunked(m)));
-}
-
-// the slot that holds unit u when gathered: a strategy that reshards after the
-// forward has three, the embedding's and two that the other units take in turn
-// (so the next unit is gathered while this one computes: unit_prefetch); else
-// every unit has its own
-static int unit_slot(const Model *m, int u) { return m->fsdp->info->reshard_after_forward ? (u ? 1 + (u & 1) : 0) : u; }
-// empties the slots (the forward-backward's end): the next use gathers again
-static void units_reshard(Model *m) {
-    for (int s = 0; s < m->n_unit_slots; s++) m->slot_unit[s] = -1;
-}
-
-// ----------------------------------------------------------------------------
-// building the model's buffers
-
-// The sharded model's slots, a slot as big as the biggest unit it holds, padding included
-template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Layout *w) {
-    const FsdpUnits *u = &m->host.units;
-    size_t G = (size_t)m->fsdp->shard.size;
-    for (int s = 0; s < m->n_unit_slots; s++) {
-        size_t need = 0;
-        for (int i = 0; i < u->n_units; i++) // (a packed unit's bytes in elements)
-            if (unit_slot(m, i) == s)
-                need = std::max(need, u->units[i].packed ? ceil_div(G * u->units[i].packed_shard, sizeof(floatX)) : G * u->units[i].shard);
-        place(w, d.slot[s], need);
-    }
-}
-// the biggest shard of a unit that trains (full fine-tuning's reduced gradient of one unit)
-static size_t widest_trainable_shard(const HostModel *h) {
-    size_t widest = 0;
-    for (int i = h->frozen_units; i < h->units.n_units; i++) widest = std::max(widest, h->units.units[i].shard);
-    return widest;
-}
-// Full fine-tuning's gradient of a unit whole, where it does not go straight into
-// m->grads: sharded (reduce-scattered from there into this rank's shard), or offloaded
-// (to the host from there), and the reduced shard
-static void unit_grad_layout(Model *m, Layout *p) {
-    const FsdpUnits *u = &m->host.units;
-    size_t G = m->sharded ? (size_t)m->fsdp->shard.size : 1, grad[2] = {0, 0};
-    if (!grads_by_unit(m)) return;
-    for (int i = m->host.frozen_units; i < u->n_units; i++) { // frozen units: no gradient
-        size_t whole = m->sharded ? G * u->units[i].shard : u->units[i].numel; // (sharded: the padding too)
-        grad[i != 0] = std::max(grad[i != 0], whole);
-    }
-    place(p, m->unit_grad[0], grad[0]);
-    place(p, m->unit_grad[1], grad[1]);
-    if (m->sharded) place(p, m->grad_part, widest_trainable_shard(&m->host));
-}
-
-// lays out one chunk's activations but its residuals, for Lk layers
-template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, ChunkActs<floatX> *s,
-                                                  Layout *a) {
-    size_t N = (size_t)B * C, D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
-    place_layers(a, s->ln1, Lk, N * D); place_layers(a, s->rstd1, Lk, N);
-    place_layers(a, s->q, Lk, N * Q); place_layers(a, s->lse, Lk, N * c->n_heads); place_layers(a, s->atty, Lk, N * Q);
-    place_layers(a, s->resid_mid, Lk, N * D); place_layers(a, s->ln2, Lk, N * D); place_layers(a, s->rstd2, Lk, N);
-    place_layers(a, s->gate, Lk, N * H); place_layers(a, s->up, Lk, N * H); place_layers(a, s->hmlp, Lk, N * H);
-    place_layers(a, s->lora_h, Lk, LORA_N_TARGETS * N * r);
-}
-
-// where tensor j of unit u (not a packed layer) is in d.weights (whole): param_layout's
-// offset, less the layers that QLoRA keeps in runs, which param_layout puts between the
-// embedding and the head unit
-static size_t weight_offset(const HostModel *h, int u, int j) {
-    size_t off = model_tensor_offset(&h->config, u, j);
-    return u == 0 ? off : off - model_packed_numel(h);
-}
-
-// Lays out every device buffer in four allocations: w the base weights, p the
-// trainable parameters (masters, gradients, optimizer state, bf16/fp16 copy), a the
-// activations and scratch, k the KV and dKV carries. Called once to count, once to place.
-template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k) {
-    const HostModel *h = &m->host;
-    const Config *c = &h->config;
-    Buffers<floatX> &d = buffers<floatX>(m);
-    bool fp32 = std::is_same<floatX, float>::value;
-    size_t L = c->n_layers, N = (size_t)m->B * m->chunk_size, D = c->dim, H = c->hidden_dim, V = c->vocab_size;
-    size_t Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
-    size_t r = h->use_lora ? h->lora.r : 0, widest = config_widest(c);
-    size_t piece = (N + m->num_output_chunks - 1) / m->num_output_chunks; // the head's rows at a time
-    // trainable: fp32 masters and gradients (offloaded: on the host); in bf16 (fp16), and
-    // offloaded in any precision, the matmuls read a copy
-    if (!m->cpu_offload) {
-        if (!m->pure_bf16) place(p, m->params, m->n_train);
-        if (!m->pure_bf16 || pure_bf16_chunked(m)) place(p, m->grads, m->n_train);
-        if (m->pure_bf16) place(p, m->grad_acc, m->n_train);
-        for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
-            size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
-            if (void *at = layout_take(p, count * es)) m->opt_state[i] = at;
-        }
-    }
-    bool all_train = h->full_finetune && !h->frozen_units; // then the weights are the masters or their copy
-    if ((!fp32 || m->cpu_offload) && (all_train || h->use_lora)) place(p, d.params_lo, m->n_train);
-    if ((m->cpu_offload || m->pure_bf16) && !fp32) place(p, m->upload_stage, UPLOAD_PIECE); // (pure_bf16: saves too)
-    // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
-    // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
-    if (!all_train) place(w, d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h));
-    if (h->quant_type != QUANT_NONE) { // QLoRA: the layers' runs (sharded: this rank's shards), one layer at a time dequantized
-        place(w, m->quant_bytes, model_run_bytes_held(h));
-        place(w, d.deq, h->units.units[fsdp_layer_unit(0)].numel);
-    }
-    if (m->sharded) sharded_layout(m, d, w);
-    unit_grad_layout(m, p);
-    // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
-    // the rest for every layer; or with activation checkpointing one layer's worth of the
-    // rest that all slots share (only the layer running uses it). Then one chunk's scratch.
-    int ckpt = m->activation_checkpointing, owners = ckpt ? 1 : m->n_slots;
-    for (int i = 0; i < m->n_slots; i++) {
-        if (i < owners) chunk_acts_layout(c, m->B, m->chunk_size, (int)r, ckpt ? 1 : (int)L, &d.chunk[i], a);
-        else d.chunk[i] = d.chunk[0];
-        place(a, d.chunk[i].resid, (L + 1) * N * D);
-    }
-    place(a, d.lnf, N * D);
-    if (!fp32) place(a, d.dlogits, piece * V);
-    place(a, d.kv, N * KV); place(a, d.dresid, N * D); place(a, d.dln, N * D);
-    place(a, d.dq, N * Q); place(a, d.datty, N * Q);
-    place(a, d.dgate, N * H); place(a, d.dup, N * H); place(a, d.dhmlp, N * H);
-    place(a, d.lora_dh, N * r); place(a, d.xdrop, h->use_lora ? N * widest : 0);
-    bool dora = h->use_lora && h->lora.use_dora, ia3 = h->use_lora && h->lora.ia3;
-    place(a, d.dora_pre, dora || ia3 ? N * widest : 0); place(a, m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
-    size_t A = h->use_lora ? h->lora.adapter_len : 0;
-    place(a, d.adapter_y, A ? N * Q : 0); place(a, d.adapter_dkv, 2 * A * KV); place(a, m->adapter_kv, 2 * A * KV);
-    place(a, m->adapter_coef, 2 * N * c->n_heads * A); place(a, m->adapter_gz, A ? N * c->n_heads : 0);
-    place(a, m->rstdf, N); place(a, m->logits, piece * V);
-    place(a, m->losses, (size_t)m->B * m->T); place(a, m->loss_sum, 1); place(a, m->grad_norm, 1);
-    place(a, m->tokens, (size_t)m->B * m->T); place(a, m->chunk_tokens, N);
-    place(a, m->kept, (size_t)m->B * m->T); place(a, m->targets, (size_t)m->B * m->T);
-    size_t positions = host_prefix(h) + (size_t)m->T; // (a prefix's virtual positions first)
-    place(a, m->rope_cos, positions * c->head_dim / 2); place(a, m->rope_sin, positions * c->head_dim / 2);
-    // the carries hold the whole sequence, after a prefix's virtual positions; context parallel,
-    // this rank's positions (T / P of each row), and one layer's worth of the group's gathered
-    // (K, V, dK, dV at their absolute positions, and the collectives' fp32 stages: context_gather)
-    int P = fsdp_context_size(m->fsdp);
-    size_t carry = L * m->B * (P > 1 ? m->T / P : positions) * KV, one = P > 1 ? m->B * positions * KV : 0;
-    place(k, d.k, carry); place(k, d.v, carry); place(k, d.dk, carry); place(k, d.dv, carry);
-    place(k, d.ck, one); place(k, d.cv, one); place(k, d.cdk, one); place(k, d.cdv, one);
-    place(k, m->context_stage, one); place(k, m->context_part, one / P);
-}
-
-// dst (n, floatX) on the device = src (n, fp32) on the host; bf16 is converted on
-// the device in pieces of UPLOAD_PIECE, so the model never needs an fp32 copy of itself there
-// (stage: a device buffer of UPLOAD_PIECE floats, or NULL: one is allocated for the call);
-// wait false with a stage: returns with the copies queued, src and the stage the stream's
-// until it is synchronized (the overlapped offload step's uploads, beside the backward)
-template <typename floatX> void upload(floatX *dst, const float *src, size_t n, cudaStream_t stream, float *stage = NULL,
-                                       bool wait = true) {
-    if constexpr (std::is_same<floatX, float>::value) {
-        cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream));
-    } else {
-        size_t piece = std::min(n, UPLOAD_PIECE);
-        float *buf = stage ? stage : (float *)cudaMallocCheck(piece * sizeof(float));
-        for (size_t i = 0; i < n; i += piece) { // in stream order: a piece's convert runs before the next copy
-            size_t k = std::min(piece, n - i);
-            cudaCheck(cudaMemcpyAsync(buf, src + i, k * sizeof(float), cudaMemcpyHostToDevice, stream));
-            convert(dst + i, buf, k, stream);
-        }
-        if (wait || !stage) cudaCheck(cudaStreamSynchronize(stream)); // (else the caller's: the stage's next user waits)
-        if (!stage) cudaCheck(cudaFree(buf));
-    }
-}
-
-// dst (n, fp32) on the host = src (n, bf16) on the device, upload's way back: converted on the
-// device in pieces of UPLOAD_PIECE through stage (a device buffer of that many floats)
-static void download(float *dst, const bf16 *src, size_t n, cudaStream_t stream, float *stage) {
-    for (size_t i = 0; i < n; i += UPLOAD_PIECE) {
-        size_t k = std::min(UPLOAD_PIECE, n - i);
-        convert(stage, src + i, k, stream);
-        cudaCheck(cudaMemcpyAsync(dst + i, stage, k * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaStreamSynchronize(stream)); // (the stage takes the next piece)
-    }
-}
-
-// Before the model's buffers are allocated (the cuBLASLt workspace already is):
-// does the run (model_plan's bytes, and bf16's upload staging) fit? If not, say
-// what it needs, by purpose, against what is free, and what to change.
-static void check_fits(const Model *m) {
-    size_t free_bytes, total_bytes, w = m->weight_bytes, p = m->param_bytes, a = m->act_bytes, k = m->carry_bytes;
-    size_t stage = m->fp32 ? 0 : UPLOAD_PIECE * sizeof(float);
-    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    size_t need = w + p + a + k + stage;
-    if (need <= free_bytes) return;
-    const double MiB = 1048576.0;
-    fprintf(stderr, "error: out of GPU memory: this run needs %.1f MiB but %.1f of %.1f MiB are free:\n"
-            "  base weights (%s) %.1f MiB, trainable parameters and gradients %.1f MiB,\n"
-            "  activations and scratch %.1f MiB (B = %d, chunks of %d, %s%s), KV and dKV carry %.1f MiB (T = %d),\n"
-            "  staging the upload %.1f MiB\n"
-            "  hint: %s\n", need / MiB, free_bytes / MiB, total_bytes / MiB, m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16", w / MiB,
-            p / MiB, a / MiB, m->B, m->chunk_size, m->recompute ? "recompute" : "keep",
-            m->activation_checkpointing ? ", activation checkpointing" : "", k / MiB, m->T, stage / MiB,
-            cuda_error_hint(cudaErrorMemoryAllocation));
-    exit(EXIT_FAILURE);
-}
-
-// Whether a GPU of compute capability major.minor (named gpu) runs --precision:
-// bf16 needs 8.0 (Ampere) or newer, for cuBLASLt's bf16 products and the bf16
-// tensor cores; Volta (7.0, V100) and Turing (7.5, T4) have fp16 tensor cores
-// only. 0 if it does, else -1 with the reason in msg (n bytes).
-static int precision_supported(const char *precision, int major, int minor, const char *gpu, char *msg, size_t n) {
-    if (strcmp(precision, "bf16") != 0 || major >= 8) return 0;
-    snprintf(msg, n, "--precision bf16 needs a GPU of compute capability 8.0 or newer (Ampere: A100, A10, RTX 30xx, or "
-             "later); this one, %s, is %d.%d, without bf16: use --precision fp16 (with dynamic loss scaling) or fp32",
-             gpu, major, minor);
-    return -1;
-}
-
-// stops with precision_supported's reason when this process's GPU cannot run --precision
-static void check_precision(const Model *m, const char *precision) {
-    int dev;
-    cudaDeviceProp prop;
-    char msg[512];
-    cudaCheck(cudaGetDevice(&dev));
-    cudaCheck(cudaGetDeviceProperties(&prop, dev));
-    if (precision_supported(precision, prop.major, prop.minor, prop.name, msg, sizeof msg) != 0)
-        die("rank %d: %s", m->fsdp ? m->fsdp->world.rank : 0, msg);
-}
-
-// ----------------------------------------------------------------------------
-// the ranks (docs/sharding.md): the device buffers' collectives, NCCL or staged
-
-#ifdef FSDP_NCCL
-static const int have_nccl = 1;
-#else
-static const int have_nccl = 0;
-#endif
-static const int backend_sharding = 1; // any number of ranks, every strategy
-static const int backend_context_parallel = 2; // --context_parallel, with what its tests cover (model_forward_backward, model_forward)
-static const char *const backend_collectives[] = {"auto", "nccl", "host"};
-
-// Makes this process use its GPU, its rank on its node (as the launcher tells
-// it: Open MPI, Slurm, MPICH's Hydra, torchrun; else its world rank) modulo the
-// node's GPUs, and chooses how its device buffers meet the other ranks'
-// (--collectives, fsdp_device_backend): before any NCCL call, since NCCL
-// refuses two ranks on one device. Per rank: comms_init makes the ranks agree.
-static void set_device(Model *m) {
-    const Fsdp *f = m->fsdp;
-    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"};
-    int local = f->world.rank, devices;
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-        if (getenv(vars[i])) { local = atoi(getenv(vars[i])); break; }
-    cudaCheck(cudaGetDeviceCount(&devices));
-    int here = f->local_size ? f->local_size : f->world.size; // not told: every rank on this node
-    char err[320];
-    m->device_backend = fsdp_device_backend(m->collectives, f->world.size, here, devices, have_nccl, err, sizeof err);
-    if (m->device_backend < 0) die("rank %d: %s", f->world.rank, err);
-    if (local < 0) die("rank %d: its local rank is %d, not a GPU's (the launcher's environment)", f->world.rank, local);
-    cudaCheck(cudaSetDevice(local % devices));
-}
-
-// Gives the world, shard and replica groups a device communicator each, on the
-// collectives' stream (collective: every rank calls it, in this order): staged
-// when any rank's set_device chose that (auto can choose differently on nodes
-// with other GPU counts; the ranks must agree), else NCCL. The trainer's
-// communicators stay as they are (MPI or TCP) for the host side, which the
-// staged ones run their collectives over.
-static void comms_init(Model *m) {
-    int staged = fsdp_any(&m->fsdp->world, m->device_backend == FSDP_BACKEND_STAGED);
-    FsdpComm *dev[4] = {&m->dev_world, &m->dev_shard, &m->dev_replica, &m->dev_context};
-    const FsdpComm *host[4] = {&m->fsdp->world, &m->fsdp->shard, &m->fsdp->replica, &m->fsdp->context};
-    for (int i = 0; i < (fsdp_context_size(m->fsdp) > 1 ? 4 : 3); i++) {
-        *dev[i] = *host[i];
-        dev[i]->scratch = NULL, dev[i]->scratch_bytes = 0; // the host communicator's own
-        if (staged) fsdp_staged_init(dev[i], m->comm_stream);
-#ifdef FSDP_NCCL
-        else fsdp_nccl_init(dev[i], m->comm_stream);
-#endif
-    }
-}
-static void comms_free(Model *m) { // (before the collectives' stream is destroyed)
-    FsdpComm *dev[4] = {&m->dev_world, &m->dev_shard, &m->dev_replica, &m->dev_context};
-    for (int i = 0; i < 4; i++) {
-        fsdp_device_free(dev[i]); // the host side is the trainer's
-        free(dev[i]->scratch);
-    }
-}
-
-// c, one of the model's device communicators, made at the first device collective:
-// every rank reaches that in step, after the trainer agreed that every rank's
-// load went well (model_alloc is too early: a rank whose load failed never calls it)
-static FsdpComm *device_comm(Model *m, FsdpComm *c) {
-    if (m->dev_world.backend != FSDP_BACKEND_NCCL && m->dev_world.backend != FSDP_BACKEND_STAGED) comms_init(m);
-    return c;
-}
-
-// the stream waiter waits for the work enqueued on stream so far (event: one of the model's)
-static void stream_after(cudaStream_t waiter, cudaStream_t stream, cudaEvent_t event) {
-    cudaCheck(cudaEventRecord(event, stream));
-    cudaCheck(cudaStreamWaitEvent(waiter, event, 0));
-}
-
-// The memory plan, on the host alone: the capacity, the slots and chunks, and
-// the bytes of the four allocations (model_layout's counting pass). It makes
-// no CUDA call, so --dry_run, which stops here, runs without a GPU.
-static void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
-    const HostModel *h = &m->host;
-    if (C <= 0 || C > T) C = T;
-    int P = fsdp_context_size(m->fsdp), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
-    if (P > 1) { // the longest row, padded, and its pieces (context_layout); evaluation runs in pieces too
-        m->context_len = C < T ? C : 0;
-        context_layout(P, m->context_len, T, &T, &C);
-        pieces = T / C / P;
-    }
-    m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
-    m->n_slots = recompute ? 1 : pieces;
-    m->sharded = host_sharded(h);
-    m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
-    m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
-    model_optim_tensors(h, &m->optimizer, m->sharded ? m->fsdp->shard.rank : -1, &m->opt_tensors);
-    if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
-    with_precision(m, [&](auto tag) {
-        using floatX = typename decltype(tag)::type;
-        Buffers<floatX> &d = buffers<floatX>(m);
-        free(d.chunk); // a plan before (--batch_size auto tries several)
-        free(d.slot);
-        d.chunk = (ChunkActs<floatX> *)callocCheck(m->n_slots, sizeof(ChunkActs<floatX>));
-        d.slot = (floatX **)callocCheck(m->n_unit_slots + 1, sizeof(floatX *)); // + 1: not empty when whole
-        Layout lay[4]; // weights, trainable, activations, carry
-        for (Layout &l : lay) l = device_layout(NULL);
-        model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
-        m->weight_bytes = lay[0].bytes; m->param_bytes = lay[1].bytes; m->act_bytes = lay[2].bytes; m->carry_bytes = lay[3].bytes;
-    });
-}
-
-// Full fine-tuning's masters from the host model's trainable weights (its runs), and back;
-// offloaded, a host copy (none when they are those weights: masters_aliased); --pure_bf16,
-// the bf16 weights themselves, which are the parameters (exact both ways: bf16 values)
-static void masters_upload(Model *m) {
-    const float *base = m->sharded ? m->host.shards : m->host.params;
-    for (int r = 0; r < m->n_runs && m->pure_bf16; r++)
-        upload(m->b16.weights + m->run_first[r], base + m->run_first[r], m->run_n[r], m->stream, m->upload_stage);
-    if (m->pure_bf16) return;
-    size_t off = 0; // (a 7B model's runs pass 2^31 elements)
-    for (int r = 0; r < m->n_runs && !m->masters_aliased; off += m->run_n[r++]) {
-        if (m->cpu_offload) memcpy(m->params + off, base + m->run_first[r], m->run_n[r] * sizeof(float));
-        else upload(m->params + off, base + m->run_first[r], m->run_n[r], m->stream);
-    }
-}
-static void masters_download(Model *m) {
-    float *base = m->sharded ? m->host.shards : m->host.params;
-    for (int r = 0; r < m->n_runs && m->pure_bf16; r++)
-        download(base + m->run_first[r], m->b16.weights + m->run_first[r], m->run_n[r], m->stream, m->upload_stage);
-    if (m->pure_bf16) return;
-    size_t off = 0;
-    for (int r = 0; r < m->n_runs && !m->masters_aliased; off += m->run_n[r++]) {
-        if (m->cpu_offload) memcpy(base + m->run_first[r], m->params + off, m->run_n[r] * sizeof(float));
-        else cudaCheck(cudaMemcpyAsync(base + m->run_first[r], m->params + off, m->run_n[r] * sizeof(float), cudaMemcpyDeviceToHost,
-                                       m->stream));
-    }
-}
-// --freeze_layers: the weights the matmuls read get the masters' new values (run by run; the
-// frozen ones stay as uploaded). Without frozen units they are the masters or adamw's bf16 copy
-// (offloaded: weights_upload).
-static void weights_refresh(Model *m) {
-    with_precision(m, [&](auto tag) {
-        using floatX = typename decltype(tag)::type;
-        floatX *w = buffers<floatX>(m).weights;
-        size_t off = 0; // (a 7B model's runs pass 2^31 elements)
-        for (int r = 0; r < m->n_runs; off += m->run_n[r++]) {
-            if (m->cpu_offload) upload(w + m->run_first[r], m->params + off, m->run_n[r], m->stream, m->upload_stage);
-            else convert(w + m->run_first[r], m->params + off, m->run_n[r], m->stream);
-        }
-    });
-}
-// --pure_bf16 offloaded: the host's bf16 parameters (flat over the runs) and the GPU's bf16
-// weights, run by run, as they are (no conversion): up after a step (weights_upload), down once
-// the weights are there (model_alloc, a resume's optimizer_sync_device)
-static void params_bf16_copy(Model *m, cudaMemcpyKind kind) {
-    size_t off = 0;
-    for (int r = 0; r < m->n_runs; off += m->run_n[r++]) {
-        bf16 *dev = m->b16.weights + m->run_first[r], *host = m->params_bf16 + off;
-        bool up = kind == cudaMemcpyHostToDevice;
-        cudaCheck(cudaMemcpyAsync(up ? dev : host, up ? host : dev, m->run_n[r] * sizeof(bf16), kind, m->stream));
-    }
-}
-// --cpu_offload: the weights the matmuls read get the masters' new values from the host
-static void weights_upload(Model *m) {
-    if (m->pure_bf16) { params_bf16_copy(m, cudaMemcpyHostToDevice); return; }
-    if (m->host.frozen_units) { weights_refresh(m); return; }
-    with_precision(m, [&](auto tag) {
-        using floatX = typename decltype(tag)::type;
-        upload(buffers<floatX>(m).params_lo, m->params, m->n_train, m->stream, m->upload_stage);
-    });
-}
-
-// --batch_size auto: what the memory plan may take on this rank's GPU: its free memory
-// less a reserve for what the plan does not count (the CUDA context's growth, cuBLASLt's
-// workspace, bf16's upload staging, NCCL's buffers, fragmentation): 5% of the GPU, at
-// least 1 GiB; and no more than --memory_limit when given (a dry run: that alone).
-static const int backend_measures_free_memory = 1;
-static const int backend_streams_base = 1; // LoRA's base goes from the files to the GPU a piece at a time
-static double model_memory_budget(Model *m, double limit) {
-    if (m->dry_run && limit > 0) return limit; // a dry run touches no GPU: the limit alone
-    if (m->fsdp && m->fsdp->world.size > 1) set_device(m); // this rank's GPU (model_alloc sets it again)
-    size_t free_bytes, total_bytes;
-    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    double budget = free_bytes - std::max(1073741824.0, 0.05 * total_bytes);
-    return limit > 0 ? std::min(limit, budget) : budget;
-}
-
-// --cpu_offload's stages, in floats each, for gradients on their way to the host (grads_to_host):
-// sharded, a reduced shard; whole with --pure_bf16 not in chunks, a unit's micro-batch gradient,
-// which the host rounds into grad_acc; else none (the running totals go straight down: grads_done)
-static size_t offload_stage_numel(const Model *m) {
-    const HostModel *h = &m->host;
-    if (m->sharded) return widest_trainable_shard(h);
-    size_t widest = 0;
-    for (int i = h->frozen_units; i < h->units.n_units && m->pure_bf16 && !pure_bf16_chunked(m); i++)
-        widest = std::max(widest, h->units.units[i].numel);
-    return widest;
-}
-// --cpu_offload's host memory (pinned, so its copies run in stream order): the masters (the
-// host model's trainable weights themselves when they are one run, else a copy; --pure_bf16:
-// the bf16 parameters, which model_alloc fetches from the GPU), the gradients (--pure_bf16: the
-// step's bf16 ones, and in chunks a micro-batch's fp32 sum) and the optimizer state at zero;
-// two stages (offload_stage_numel)
-static void offload_alloc(Model *m) {
-    HostModel *h = &m->host;
-    m->masters_aliased = m->n_runs == 1 && !m->pure_bf16;
-    if (m->pure_bf16) cudaCheck(cudaMallocHost(&m->params_bf16, m->n_train * sizeof(bf16) + 1));
-    else if (m->masters_aliased) m->params = (m->sharded ? h->shards : h->params) + m->run_first[0];
-    else cudaCheck(cudaMallocHost(&m->params, m->n_train * sizeof(float) + 1));
-    if (m->pure_bf16) {
-        cudaCheck(cudaMallocHost(&m->grad_acc, m->n_train * sizeof(bf16) + 1));
-        memset(m->grad_acc, 0, m->n_train * sizeof(bf16));
-        m->step_pieces = (float *)mallocCheck(2 * std::min(UPLOAD_PIECE, m->n_train) * sizeof(float) + 1);
-    }
-    if (!m->pure_bf16 || pure_bf16_chunked(m)) {
-        cudaCheck(cudaMallocHost(&m->grads, m->n_train * sizeof(float) + 1));
-        memset(m->grads, 0, m->n_train * sizeof(float));
-    }
-    for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
-        size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
-        cudaCheck(cudaMallocHost(&m->opt_state[i], count * es + 1));
-        memset(m->opt_state[i], 0, count * es);
-    }
-    m->grad_held = (uint8_t *)callocCheck(h->units.n_units, 1);
-    for (int b = 0; b < 2 && offload_stage_numel(m); b++) {
-        cudaCheck(cudaMallocHost(&m->grad_stage[b], offload_stage_numel(m) * sizeof(float)));
-        cudaCheck(cudaEventCreateWithFlags(&m->staged[b], cudaEventDisableTiming));
-    }
-    m->stage_pending = -1;
-}
-static void offload_free(Model *m) {
-    if (!m->grad_held) return; // (never allocated)
-    if (m->pure_bf16) {
-        cudaCheck(cudaFreeHost(m->params_bf16));
-        cudaCheck(cudaFreeHost(m->grad_acc));
-        free(m->step_pieces);
-    } else if (!m->masters_aliased) cudaCheck(cudaFreeHost(m->params));
-    if (m->grads) cudaCheck(cudaFreeHost(m->grads));
-    for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) cudaCheck(cudaFreeHost(m->opt_state[i]));
-    for (int b = 0; b < 2 && offload_stage_numel(m); b++) {
-        cudaCheck(cudaFreeHost(m->grad_stage[b]));
-        cudaCheck(cudaEventDestroy(m->staged[b]));
-    }
-    free(m->grad_held);
-}
-
-// a piece of a frozen base weight from the host (model_stream_base) into its place in d.weights
-template <typename floatX> void weights_put(void *ctx, int u, int j, size_t first, size_t count, const float *src) {
-    Model *m = (Model *)ctx;
-    upload(buffers<floatX>(m).weights + weight_offset(&m->host, u, j) + first, src, count, m->stream, m->upload_stage);
-    cudaCheck(cudaStreamSynchronize(m->stream)); // (src is the next piece's buffer)
-}
-// the part of tensor j of unit u this rank holds (model_tensor_part), at *at of d.weights too
-// (weight_offset's, a streamed base being no QLoRA's)
-static size_t base_part(const Model *m, int u, int j, size_t *first, size_t *at) {
-    return model_tensor_part(&m->host, u, j, m->sharded ? m->fsdp->shard.rank : 0, first, at);
-}
-// where element x of the base weights this rank holds lies in the masters (their runs one
-// after another: model_tensor_offset_from's layout, or the trainable units' shards), SIZE_MAX
-// where no run holds it (a frozen unit's)
-static size_t masters_offset(const Model *m, size_t x) {
-    size_t off = 0;
-    for (int r = 0; r < m->n_runs; off += m->run_n[r++])
-        if (x - m->run_first[r] < m->run_n[r]) return off + (x - m->run_first[r]);
-    return SIZE_MAX;
-}
-// Full fine-tuning's base streamed, a piece at a time (elements [x, x + count) of the base
-// weights this rank holds, of one unit: so in one run or none): a unit that trains into its
-// masters, and into the weights the matmuls read where those are not the masters' copy made
-// after (--freeze_layers), or are the parameters (--pure_bf16, rounded to bf16 as they go up, as
-// model_round_bf16 rounds)
-template <typename floatX> void masters_put_at(Model *m, size_t x, size_t count, const float *src) {
-    size_t at = masters_offset(m, x);
-    if (!m->pure_bf16 && at != SIZE_MAX) upload(m->params + at, src, count, m->stream);
-    if (m->pure_bf16 || m->host.frozen_units) upload(buffers<floatX>(m).weights + x, src, count, m->stream, m->upload_stage);
-    cudaCheck(cudaStreamSynchronize(m->stream)); // (src is the next piece's buffer)
-}
-// ... from the files (model_stream_base), by tensor
-template <typename floatX> void masters_put(void *ctx, int u, int j, size_t first, size_t count, const float *src) {
-    Model *m = (Model *)ctx;
-    size_t lo, at;
-    base_part(m, u, j, &lo, &at);
-    masters_put_at<floatX>(m, at + (first - lo), count, src);
-}
-// ... from a sharded checkpoint's "params" (host.shards_put), in the rank's flat shard layout
-template <typename floatX> void shards_put(void *ctx, size_t first, size_t count, const void *src) {
-    masters_put_at<floatX>((Model *)ctx, first, count, (const float *)src);
-}
-// ... and back, for a save: the masters, or --pure_bf16's bf16 weights, widened
-static void masters_get_at(Model *m, size_t x, size_t count, float *dst) {
-    if (m->pure_bf16) download(dst, m->b16.weights + x, count, m->stream, m->upload_stage);
-    else cudaCheck(cudaMemcpyAsync(dst, m->params + masters_offset(m, x), count * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    cudaCheck(cudaStreamSynchronize(m->stream));
-}
-// ... by tensor (host.weights_get), a frozen unit's from the files it came from (model_base_read:
-// the GPU has them in bf16 alone)
-static int masters_get(void *ctx, int u, int j, size_t first, size_t count, float *dst) {
-    Model *m = (Model *)ctx;
-    const HostModel *h = &m->host;
-    if (u < h->frozen_units && !m->pure_bf16) return model_base_read(h, u, j, first, count, dst);
-    size_t lo, at;
-    base_part(m, u, j, &lo, &at);
-    masters_get_at(m, at + (first - lo), count, dst);
-    return 0;
-}
-// ... sharded, in the rank's flat shard layout (host.shards_get: a sharded checkpoint's "params",
-// the final save's gather; the units frozen with --freeze_layers are not streamed sharded but
-// with --pure_bf16, whose bf16 weights hold them exactly)
-static int shards_get(void *ctx, size_t first, size_t count, void *dst) {
-    masters_get_at((Model *)ctx, first, count, (float *)dst);
-    return 0;
-}
-// ... and whether those of the units that train are all finite (host.weights_finite), without
-// the copy: each tensor's (this rank's part of it) sum in double where it lies (as
-// optimizer_state_finite checks the state)
-static int masters_finite(void *ctx) {
-    Model *m = (Model *)ctx;
-    const HostModel *h = &m->host;
-    int finite = 1;
-    for (int u = h->frozen_units; u < h->units.n_units && finite; u++)
-        for (int j = 0; j < h->units.units[u].n_tensors && finite; j++) {
-            size_t lo, at, n = base_part(m, u, j, &lo, &at);
-            double sum;
-            if (!n) continue;
-            if (m->pure_bf16) global_sum(m->grad_norm, m->b16.weights + at, n, m->stream);
-            else global_sum(m->grad_norm, m->params + masters_offset(m, at), n, m->stream);
-            cudaCheck(cudaMemcpyAsync(&sum, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
-            cudaCheck(cudaStreamSynchronize(m->stream));
-            finite = isfinite(sum) != 0;
-        }
-    return finite;
-}
-
-// Device buffers for micro-batches of up to B rows of T tokens, run in chunks of
-// C positions (C = 0: T), and the host model (loaded by model_setup) uploaded.
-// A dry run stops after the plan.
-static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
-    HostModel *h = &m->host;
-    const Config *c = &h->config;
-    model_plan(m, B, T, C, recompute, num_output_chunks);
-    size_t n_base = m->sharded ? h->units.shard_numel : h->num_params; // the base weights this rank holds
-    const float *base = m->sharded ? h->shards : h->params;
-    if (m->dry_run) return;
-    if (m->fsdp && m->fsdp->world.size > 1) set_device(m); // before any allocation
-    check_precision(m, m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
-    cudaCheck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
-    cudaCheck(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
-    profile_track(m->stream, "compute stream");
-    profile_track(m->comm_stream, "collectives stream");
-    cudaCheck(cudaEventCreateWithFlags(&m->computed, cudaEventDisableTiming));
-    cudaCheck(cudaEventCreateWithFlags(&m->communicated, cudaEventDisableTiming));
-    if (m->sharded) {
-        m->slot_unit = (int *)mallocCheck(m->n_unit_slots * sizeof(int));
-        m->gathered = (cudaEvent_t *)callocCheck(m->n_unit_slots, sizeof(cudaEvent_t));
-        for (int s = 0; s < m->n_unit_slots; s++)
-            cudaCheck(cudaEventCreateWithFlags(&m->gathered[s], cudaEventDisableTiming));
-        units_reshard(m);
-    }
-    for (int b = 0; b < 2; b++) m->grad_open[b] = -1;
-    matmul_setup();
-    m->next_logits = (float *)mallocCheck((size_t)c->vocab_size * sizeof(float));
-    m->n_kept = (int *)mallocCheck((size_t)(m->T + m->chunk_size - 1) / m->chunk_size * sizeof(int)); // (m->T: padded)
-    with_precision(m, [&](auto tag) {
-        using floatX = typename decltype(tag)::type;
-        Buffers<floatX> &d = buffers<floatX>(m);
-        check_fits(m);
-        size_t bytes[4] = {m->weight_bytes, m->param_bytes, m->act_bytes, m->carry_bytes};
-        Layout lay[4]; // weights, trainable, activations, carry: model_layout places what model_plan counted
-        for (int i = 0; i < 4; i++) {
-            m->alloc[i] = cudaMallocCheck(bytes[i] + 1); // + 1: a valid pointer also when empty
-            lay[i] = device_layout(m->alloc[i]);
-        }
-        model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
-        // the trainable masters, then the weights the matmuls read; a streamed base first, as it
-        // seeds the trained copies of --trainable_params (model_stream_base), or full fine-tuning's
-        // masters (and what masters_put puts beside them), which saves read back (masters_get)
-        cudaStream_t st = m->stream;
-        bool streamed = h->base_deferred && h->full_finetune;
-        if (streamed) {
-            if (m->pure_bf16 && !h->frozen_units) d.weights = d.params_lo; // (the parameters)
-            h->base_keep = h->frozen_units && !m->pure_bf16; // (masters_get reads the frozen units' there)
-            h->weights_finite = masters_finite, h->weights_ctx = m;
-            if (m->sharded) h->shards_get = shards_get, h->shards_put = shards_put<floatX>;
-            else h->weights_get = masters_get;
-        }
-        if (streamed && m->sharded) { // the shards' padding, which no piece puts, is zero (as the host's shards)
-            if (!m->pure_bf16) cudaCheck(cudaMemsetAsync(m->params, 0, m->n_train * sizeof(float), st));
-            if (m->pure_bf16 || h->frozen_units) cudaCheck(cudaMemsetAsync(d.weights, 0, n_base * sizeof(floatX), st));
-        }
-        // (a sharded checkpoint's weights come with its optimizer state: load_trainable, shards_put)
-        if (h->base_deferred && !h->base_resumed &&
-            model_stream_base(&m->host, m->sharded ? m->fsdp->shard.rank : 0, streamed ? masters_put<floatX> : weights_put<floatX>, m) != 0)
-            exit(1); // (it said why)
-        if (m->cpu_offload) offload_alloc(m);
-        if (h->use_lora) upload(m->params, h->lora.params, m->n_train, st);
-        else if (!m->pure_bf16 && !streamed) masters_upload(m); // (--pure_bf16: the weights are the parameters, uploaded below)
-        if (!m->cpu_offload) { // (offload_alloc zeroed the host's)
-            if (m->grads) cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
-            if (m->grad_acc) cudaCheck(cudaMemsetAsync(m->grad_acc, 0, m->n_train * sizeof(bf16), st));
-            for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
-                size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
-                cudaCheck(cudaMemsetAsync(m->opt_state[i], 0, count * es, st));
-            }
-        }
-        if (h->full_finetune && h->frozen_units) {
-            if (!streamed) upload(d.weights, base, n_base, st);
-        } else if (h->full_finetune && m->cpu_offload && !m->pure_bf16) {
-            d.weights = d.params_lo;
-            weights_upload(m);
-        } else if (h->full_finetune) {
-            if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
-            else if (m->pure_bf16) { d.weights = d.params_lo; if (!streamed) upload(d.weights, base, n_base, st, m->upload_stage); }
-            else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
-        } else {
-            if (h->quant_type == QUANT_NONE || m->sharded) {
-                if (!h->base_deferred) upload(d.weights, base, n_base, st); // (else streamed above)
-            } else { // whole: the weights but the layers' (packed units, kept in runs)
-                for (int u = 0; u < h->units.n_units; u++)
-                    for (int j = 0; !h->units.units[u].packed && j < h->units.units[u].n_tensors; j++)
-                        upload(d.weights + weight_offset(h, u, j), base + model_tensor_offset(c, u, j),
-                               h->units.units[u].tensors[j].numel, st);
-            }
-            if (h->quant_type != QUANT_NONE) { // the runs, or this rank's shards of them, as the host laid them out
-                cudaCheck(cudaMemcpyAsync(m->quant_bytes, m->sharded ? h->quant_shards : h->quant_bytes, model_run_bytes_held(h),
-                                          cudaMemcpyHostToDevice, st));
-                m->deq_unit = -1;
-            }
-            if constexpr (std::is_same<floatX, float>::value) d.lora_w = m->params;
-            else { d.lora_w = d.params_lo; convert(d.lora_w, m->params, m->n_train, st); }
-        }
-        if (m->cpu_offload && m->pure_bf16) params_bf16_copy(m, cudaMemcpyDeviceToHost); // (the bf16 weights as uploaded)
-        std::vector<float> inv_freq(c->head_dim / 2);
-        rope_inv_freq(c, inv_freq.data());
-        rope_tables(m->rope_cos, m->rope_sin, host_prefix(&m->host) + m->T, c->head_dim, inv_freq.data());
-        cudaCheck(cudaDeviceSynchronize()); // rope_tables copies on the legacy stream, which st does not wait for
-    });
-}
-
-// (a model whose setup failed before model_alloc has no device memory: no CUDA call then)
-static void model_free(Model *m) {
-    for (int i = 0; i < 4; i++)
-        if (m->alloc[i]) cudaCheck(cudaFree(m->alloc[i]));
-    comms_free(m);
-    offload_free(m);
-    if (m->stream) cudaCheck(cudaStreamDestroy(m->stream));
-    if (m->comm_stream) cudaCheck(cudaStreamDestroy(m->comm_stream));
-    if (m->computed) cudaCheck(cudaEventDestroy(m->computed));
-    if (m->communicated) cudaCheck(cudaEventDestroy(m->communicated));
-    free(m->f32.chunk);
-    free(m->b16.chunk);
-    free(m->h16.chunk);
-    free(m->f32.slot);
-    free(m->b16.slot);
-    free(m->h16.slot);
-    for (int s = 0; m->gathered && s < m->n_unit_slots; s++) cudaCheck(cudaEventDestroy(m->gathered[s]));
-    free(m->gathered);
-    free(m->slot_unit);
-    free(m->next_logits);
-    free(m->n_kept);
-    optim_tensors_free(&m->opt_tensors);
-    host_model_free(&m->host);
-    memset(m, 0, sizeof *m);
-}
-
-// ----------------------------------------------------------------------------
-// where the base weights are (docs/sharding.md), as on the CPU: whole in
-// d.weights, or sharded over the shard group, each unit gathered whole into a
-// slot when the forward or backward needs it (collective)
 
 // one decoder layer's tensors (a layer unit's, P_ATTN_NORM .. P_WDOWN), wherever they are
 template <typename E> struct LayerWeights { E *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown; };
@@ -947,390 +259,29 @@ template <typename E> LayerWeights<E> layer_weights(E *const t[LAYER_TENSORS]) {
     return LayerWeights<E>{t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
 }
 
-// full (size * n) = every rank's part (n) of a device buffer in the compute type, in rank order
-template <typename floatX> void all_gather(FsdpComm *c, floatX *full, const floatX *part, size_t n) {
-    if constexpr (std::is_same<floatX, float>::value) fsdp_all_gather(c, full, part, n);
-    else fsdp_all_gather_bf16(c, full, part, n); // (16-bit: fp16 moves as bf16 does)
-}
-
-// Starts gathering unit u (0 .. n_units - 1; sharded) into its slot from the
-// shards, unless the slot holds it (collective). The gather waits for the
-// compute enqueued so far, which holds the last reads of the slot's old unit;
-// what is enqueued after it may overlap it.
-template <typename floatX> void unit_prefetch(Model *m, int u) {
-    Buffers<floatX> &d = buffers<floatX>(m);
-    int s = unit_slot(m, u);
-    if (m->slot_unit[s] == u) return;
-    const FsdpUnit *un = &m->host.units.units[u];
-    stream_after(m->comm_stream, m->stream, m->computed);
-    PROF_BEGIN_UNIT(m->comm_stream, "gather", u, m->host.config.n_layers,
-                    (long long)m->fsdp->shard.size * (un->packed ? un->packed_shard : un->shard * sizeof(floatX)));
-    if (un->packed) // QLoRA: a layer's run, as bytes
-        fsdp_all_gather_u8(device_comm(m, &m->dev_shard), d.slot[s], m->quant_bytes + un->packed_offset, un->packed_shard);
-    else all_gather(device_comm(m, &m->dev_shard), d.slot[s], d.weights + un->shard_offset, un->shard);
-    PROF_END(m->comm_stream);
-    cudaCheck(cudaEventRecord(m->gathered[s], m->comm_stream));
-    m->slot_unit[s] = u;
-}
-// unit u's parameters, whole, for the compute stream, which waits for their gather
-template <typename floatX> floatX *unit_gather(Model *m, int u) {
-    unit_prefetch<floatX>(m, u);
-    int s = unit_slot(m, u);
-    cudaCheck(cudaStreamWaitEvent(m->stream, m->gathered[s], 0));
-    return buffers<floatX>(m).slot[s];
-}
-// the unit a forward (dir 1) or backward (-1) needs after unit u, gathered while u computes
-template <typename floatX> void prefetch_next(Model *m, int u, int dir) {
-    if (m->sharded) unit_prefetch<floatX>(m, u + dir);
-}
-
-// QLoRA: decoder layer unit u's parameters whole in d.deq, from its run (whole, or
-// gathered into its slot: collective), its 4-bit weights dequantized (quant.cuh, as quant.h's
-// dequant_tensor) and its fp32 norms converted, before its products, unless d.deq
-// holds them already (they are frozen; every rank asks in the same order). One
-// stream: the products that read the layer before run before d.deq is overwritten.
-template <typename floatX> floatX *unit_dequant(Model *m, int u) {
-    Buffers<floatX> &d = buffers<floatX>(m);
-    const HostModel *h = &m->host;
-    if (m->deq_unit != u) {
-        const FsdpUnit *un = &h->units.units[u];
-        uint8_t *run = m->sharded ? (uint8_t *)unit_gather<floatX>(m, u) : m->quant_bytes + (size_t)(u - 1) * h->run_bytes;
-        for (int j = 0; j < un->n_tensors; j++) {
-            floatX *dst = d.deq + un->tensors[j].offset;
-            if (model_quantized(h, u, j)) dequant_tensor(model_run_tensor(h, run, j), dst, m->stream);
-            else convert(dst, (const float *)(run + h->run_offset[j]), un->tensors[j].numel, m->stream);
-        }
-        m->deq_unit = u;
-    }
-    return d.deq;
-}
-
-// tensor j of unit u (fsdp_units_llama's order), where the forward reads it
-template <typename floatX> floatX *param_at(Model *m, int u, int j) {
-    if (m->host.units.units[u].packed)
-        return unit_dequant<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
-    if (!m->sharded) return buffers<floatX>(m).weights + weight_offset(&m->host, u, j);
-    return unit_gather<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
-}
-// --trainable_params: saved tensor k (lora_saved's numbering) where the forward reads it, LoRA's
-// copy for the matmuls (the masters, or the optimizer's bf16/fp16 copy), else w (the base's)
-template <typename floatX> floatX *saved_or(Model *m, int k, floatX *w) {
-    int64_t at = lora_saved_at(&m->host.lora, k);
-    return at < 0 ? w : buffers<floatX>(m).lora_w + at;
-}
-// the embedding (--trainable_params embed: LoRA's trained copy)
-template <typename floatX> floatX *embed_weight(Model *m) { return saved_or(m, 0, param_at<floatX>(m, 0, 0)); }
-// the output projection: lm_head, or with tied embeddings the embedding
-template <typename floatX> floatX *head_weight(Model *m) {
-    return m->host.config.tied ? embed_weight<floatX>(m) : param_at<floatX>(m, fsdp_head_unit(&m->host.units), 1);
-}
-// the final norm (--trainable_params norm: LoRA's trained copy)
-template <typename floatX> floatX *final_norm(Model *m) {
-    return saved_or(m, 1 + 2 * m->host.config.n_layers, param_at<floatX>(m, fsdp_head_unit(&m->host.units), 0));
-}
-template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
-    floatX *t[LAYER_TENSORS];
-    for (int j = 0; j < LAYER_TENSORS; j++) t[j] = param_at<floatX>(m, fsdp_layer_unit(l), j);
-    LayerWeights<floatX> w = layer_weights(t);
-    w.attn_norm = saved_or(m, 1 + 2 * l, w.attn_norm);
-    w.mlp_norm = saved_or(m, 2 + 2 * l, w.mlp_norm);
-    return w;
-}
-
 // ----------------------------------------------------------------------------
-// --cpu_offload's step overlapped with the backward (docs/memory.md "Optimizer offload").
-// Where nothing can veto a step once its backward has begun (no clipping, no loss scale, no
-// sum over replicas: offload_step_start, optimizer_begin_step), each unit that trains steps
-// on the host as soon as its gradient there is final (the step's last micro-batch, its first
-// chunk's backward over the unit), on a worker thread, while the GPU runs the rest of the
-// backward. The worker touches the unit's masters, gradients and state (--pure_bf16: its bf16
-// parameters, gradient and state; whole sequences only: offload_step_start) on the host alone;
-// this thread makes every CUDA call: it waits for each unit's last gradient copy in the order
-// the backward made them (offload_step_dispatch; sharded, grads_add_staged hands each shard
-// over once it has added it), and uploads each stepped unit's new weights on a stream of
-// their own (offload_step_upload). The rest of the backward reads no weight of a unit done
-// (a layer's backward reads its own; the tied embedding's other reader, the head, runs
-// before the embedding's backward; a sharded unit is gathered before its backward), and
-// the step ends with every upload done, before the next forward.
-typedef struct OffloadStep {
-    pthread_t thread;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;     // a unit handed over, a unit stepped, or stop
-    int *queue;              // (n_units) the step's units in the order their gradients became final
-    int queued, taken, stepped, uploaded, stop; // (queue's counts: the worker takes, steps; this thread uploads)
-    int on, step, t;         // this step overlaps; the trainer's step (1-based), the optimizer's
-    float lr;
-    int passes_left;         // the step's micro-batches yet to start
-    int last_pass;           // the backward's last pass over the units runs (the last micro-batch's first chunk)
-    int *copying, n_copying; // (n_units) whole: the units whose last gradient copy ready[] marks, in order
-    cudaEvent_t *ready;      // (n_units) whole: each one's
-    cudaStream_t upload;     // the new weights' way up
-    int n_units;             // the units that train
-    int stepped_early;       // of them, those stepped when the last was handed over
-    int log;                 // LLAMA2TUNE_OFFLOAD_LOG set: a line a step (test_offload.sh checks the overlap ran)
-} OffloadStep;
+// the machinery the model calls, defined after it (declared here)
 
-static void optimizer_update_host(Model *m, size_t first, size_t n, int t, float lr); // (the optimizer's section)
-static void anyprecision_step_host(Model *m, size_t first, size_t n, int t, float lr, double norm, float inv_scale);
-// the overlapped step's update of elements [first, first + n): --pure_bf16's unclipped and
-// unscaled (clip_grads then changes nothing: the norm is not needed)
-static void offload_step_update(Model *m, size_t first, size_t n, int t, float lr) {
-    if (m->pure_bf16) anyprecision_step_host(m, first, n, t, lr, 0.0, 1.0f);
-    else optimizer_update_host(m, first, n, t, lr);
-}
-
-// where unit u's shard is in the trainable units' shards (sharded m->grads, m->params)
-static size_t trainable_shard_at(const HostModel *h, int u) {
-    return h->units.units[u].shard_offset - h->units.units[h->frozen_units].shard_offset;
-}
-// whether a unit's gradient is final when its backward ends now (the step's last pass over it)
-static bool offload_step_final(const Model *m) { return m->offload_step && m->offload_step->last_pass; }
-
-// the worker: unit after unit as handed over, its ranges of the flat masters, gradients and
-// state stepped (each tensor's, whole; sharded, the unit's shard)
-static void *offload_step_worker(void *arg) {
-    Model *m = (Model *)arg;
-    OffloadStep *w = m->offload_step;
-    const HostModel *h = &m->host;
-    pthread_mutex_lock(&w->lock);
-    for (;;) {
-        while (!w->stop && w->taken == w->queued) pthread_cond_wait(&w->cond, &w->lock);
-        if (w->stop) break;
-        int u = w->queue[w->taken++];
-        const FsdpUnit *un = &h->units.units[u];
-        pthread_mutex_unlock(&w->lock);
-        if (m->sharded) offload_step_update(m, trainable_shard_at(h, u), un->shard, w->t, w->lr);
-        else for (int j = 0; j < un->n_tensors; j++)
-            offload_step_update(m, model_tensor_offset_from(&h->config, h->frozen_units, u, j), un->tensors[j].numel, w->t, w->lr);
-        pthread_mutex_lock(&w->lock);
-        w->stepped++;
-        pthread_cond_broadcast(&w->cond);
-    }
-    pthread_mutex_unlock(&w->lock);
-    return NULL;
-}
-// unit u's gradient on the host is final: to the worker
-static void offload_step_hand(OffloadStep *w, int u) {
-    pthread_mutex_lock(&w->lock);
-    if (w->queued == w->n_units) die("internal: the overlapped offload step got unit %d after its %d units", u, w->n_units);
-    w->queue[w->queued++] = u;
-    if (w->queued == w->n_units) w->stepped_early = w->stepped;
-    pthread_cond_broadcast(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-}
-// whole: unit u's last gradient copy is queued on the collectives' stream (grads_done)
-static void offload_step_copied(Model *m, int u) {
-    OffloadStep *w = m->offload_step;
-    cudaCheck(cudaEventRecord(w->ready[u], m->comm_stream));
-    w->copying[w->n_copying++] = u;
-}
-// n new weights from element src of the host's (masters, or --pure_bf16's bf16 parameters) up to
-// element dst of those the matmuls read, on the upload stream: --pure_bf16's as they are (as
-// params_bf16_copy); the masters' converted, bf16's through the upload stage, which nothing else
-// uses before the step ends (so queued without waiting: offload_step_join synchronizes the stream)
-static void offload_step_put(Model *m, size_t dst, size_t src, size_t n) {
-    cudaStream_t st = m->offload_step->upload;
-    if (m->pure_bf16) {
-        cudaCheck(cudaMemcpyAsync(m->b16.weights + dst, m->params_bf16 + src, n * sizeof(bf16), cudaMemcpyHostToDevice, st));
-        return;
-    }
-    with_precision(m, [&](auto tag) {
-        using floatX = typename decltype(tag)::type;
-        upload(buffers<floatX>(m).weights + dst, m->params + src, n, st, m->upload_stage, false);
-    });
-}
-// the new weights of the units stepped so far (wait: of all, once stepped) up into those the
-// matmuls read (the bf16/fp16 copy, or with --freeze_layers the weights), in the order stepped
-static void offload_step_upload(Model *m, bool wait) {
-    OffloadStep *w = m->offload_step;
-    const HostModel *h = &m->host;
-    for (;;) {
-        pthread_mutex_lock(&w->lock);
-        while (wait && w->stepped == w->uploaded && w->uploaded < w->queued) pthread_cond_wait(&w->cond, &w->lock);
-        int stepped = w->stepped;
-        pthread_mutex_unlock(&w->lock);
-        if (stepped == w->uploaded) return;
-        for (; w->uploaded < stepped; w->uploaded++) {
-            int u = w->queue[w->uploaded];
-            const FsdpUnit *un = &h->units.units[u];
-            if (m->sharded) offload_step_put(m, un->shard_offset, trainable_shard_at(h, u), un->shard);
-            else for (int j = 0; j < un->n_tensors; j++)
-                offload_step_put(m, weight_offset(h, u, j), model_tensor_offset_from(&h->config, h->frozen_units, u, j), un->tensors[j].numel);
-        }
-    }
-}
-// whole: each unit handed over once its last gradient copy is in, in the order the backward
-// queued them (the GPU runs the rest of the backward meanwhile), and the stepped ones uploaded
-// (sharded, grads_add_staged does both as the backward runs)
-static void offload_step_dispatch(Model *m) {
-    OffloadStep *w = m->offload_step;
-    for (int i = 0; i < w->n_copying; i++) {
-        cudaCheck(cudaEventSynchronize(w->ready[w->copying[i]]));
-        offload_step_hand(w, w->copying[i]);
-        offload_step_upload(m, false);
-    }
-}
-// the step's end: every unit that trains stepped, its weights up (before the next forward)
-static void offload_step_join(Model *m) {
-    OffloadStep *w = m->offload_step;
-    if (w->queued != w->n_units) die("internal: the overlapped offload step got %d of %d units", w->queued, w->n_units);
-    offload_step_upload(m, true);
-    cudaCheck(cudaStreamSynchronize(w->upload));
-    if (w->log)
-        fprintf(stderr, "offload step %d: %d units stepped as their gradients became final, %d of them before the last was\n",
-                w->step, w->queued, w->stepped_early);
-    w->on = 0;
-}
-
-// optimizer_init: the worker, where no step can be vetoed once its backward has begun: no
-// clipping (whose factor needs every gradient), no sum over replicas (summed; after the
-// backward), not --pure_bf16 in chunks (its micro-batch's fp32 sum is rounded into the step's
-// bf16 gradient at the micro-batch's end, grads_bf16_end, not unit by unit); a loss scale is
-// checked each step
-static void offload_step_start(Model *m, bool summed) {
-    const HostModel *h = &m->host;
-    if (!m->cpu_offload || m->dry_run || pure_bf16_chunked(m) || m->optimizer.grad_clip > 0 || summed) return;
-    OffloadStep *w = (OffloadStep *)callocCheck(1, sizeof *w);
-    int n = h->units.n_units;
-    w->queue = (int *)mallocCheck(n * sizeof(int));
-    w->copying = (int *)mallocCheck(n * sizeof(int));
-    w->ready = (cudaEvent_t *)callocCheck(n, sizeof(cudaEvent_t));
-    w->n_units = n - h->frozen_units;
-    for (int u = 0; u < n && !m->sharded; u++) cudaCheck(cudaEventCreateWithFlags(&w->ready[u], cudaEventDisableTiming));
-    cudaCheck(cudaStreamCreateWithFlags(&w->upload, cudaStreamNonBlocking));
-    w->log = getenv("LLAMA2TUNE_OFFLOAD_LOG") != NULL;
-    pthread_mutex_init(&w->lock, NULL);
-    pthread_cond_init(&w->cond, NULL);
-    m->offload_step = w; // (before the worker reads it)
-    if (pthread_create(&w->thread, NULL, offload_step_worker, m) != 0) die("cannot start --cpu_offload's step thread");
-}
-static void offload_step_stop(Model *m) {
-    OffloadStep *w = m->offload_step;
-    if (!w) return;
-    pthread_mutex_lock(&w->lock);
-    w->stop = 1;
-    pthread_cond_broadcast(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-    pthread_join(w->thread, NULL);
-    for (int u = 0; u < m->host.units.n_units && !m->sharded; u++) cudaCheck(cudaEventDestroy(w->ready[u]));
-    cudaCheck(cudaStreamDestroy(w->upload));
-    pthread_mutex_destroy(&w->lock);
-    pthread_cond_destroy(&w->cond);
-    free(w->queue), free(w->copying), free(w->ready), free(w);
-    m->offload_step = NULL;
-}
-
-// Full fine-tuning's gradients (fp32), as in train_llama2.c: whole, straight in
-// m->grads; sharded, a unit's gradient whole (zeroed as it opens), reduce-scattered
-// by grads_done into this rank's shard of m->grads, on the collectives' stream.
-// Offloaded (m->grads on the host): whole, the unit's running total goes up as it opens
-// (zeros at its first) and down again when done, so the backward adds to it as it
-// adds to m->grads; sharded, the reduced shard goes down and the host adds it
-// (grads_to_host), as accumulate adds it on the device.
-// offloaded, whole: unit u's gradient between its buffer b and the host's flat gradients
-// (model_tensor_offset_from's layout), tensor by tensor, on stream
-static void unit_grad_copy(Model *m, int u, int b, cudaMemcpyKind kind, cudaStream_t stream) {
-    const HostModel *h = &m->host;
-    const FsdpUnit *un = &h->units.units[u];
-    for (int k = 0; k < un->n_tensors; k++) {
-        float *dev = m->unit_grad[b] + un->tensors[k].offset, *host = m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, k);
-        bool up = kind == cudaMemcpyHostToDevice;
-        cudaCheck(cudaMemcpyAsync(up ? dev : host, up ? host : dev, un->tensors[k].numel * sizeof(float), kind, stream));
-    }
-}
-static float *grad_at(Model *m, int u, int j) {
-    const HostModel *h = &m->host;
-    if (!grads_by_unit(m)) return m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, j);
-    const FsdpUnit *un = &h->units.units[u];
-    int b = u != 0;
-    if (m->grad_open[b] != u) {
-        if (m->sharded || !m->cpu_offload || !m->grad_held[u]) { // (sharded: the padding too)
-            size_t n = m->sharded ? (size_t)m->fsdp->shard.size * un->shard : un->numel;
-            cudaCheck(cudaMemsetAsync(m->unit_grad[b], 0, n * sizeof(float), m->stream));
-        } else {
-            unit_grad_copy(m, u, b, cudaMemcpyHostToDevice, m->stream);
-        }
-        m->grad_open[b] = u;
-    }
-    return m->unit_grad[b] + un->tensors[j].offset;
-}
-// offloaded: n gradients x that came down added to the host's at element at: into the fp32
-// running total, or (--pure_bf16, not in chunks: a micro-batch's whole) into grad_acc, rounded as
-// the device rounds them there (grads_bf16_add)
-static void grads_add_host(Model *m, size_t at, const float *x, size_t n) {
-    if (m->pure_bf16 && !pure_bf16_chunked(m)) { grads_bf16_add(m->grad_acc + at, x, n); return; }
-    float *g = m->grads + at;
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) g[i] += x[i];
-}
-// offloaded: adds the gradient staged last (grads_to_host) to the host's, once its copy is in:
-// a shard at pending_at, or a whole unit's tensor by tensor
-static void grads_add_staged(Model *m) {
-    int s = m->stage_pending;
-    if (s < 0) return;
-    cudaCheck(cudaEventSynchronize(m->staged[s]));
-    const HostModel *h = &m->host;
-    const FsdpUnit *un = &h->units.units[m->pending_u];
-    if (m->sharded) grads_add_host(m, m->pending_at, m->grad_stage[s], m->pending_n);
-    else
-        for (int k = 0; k < un->n_tensors; k++)
-            grads_add_host(m, model_tensor_offset_from(&h->config, h->frozen_units, m->pending_u, k),
-                           m->grad_stage[s] + un->tensors[k].offset, un->tensors[k].numel);
-    m->stage_pending = -1;
-    if (!m->pending_final) return;
-    offload_step_hand(m->offload_step, m->pending_u); // (the overlapped step's)
-    offload_step_upload(m, false);
-}
-// The reduced shard of unit u (grad_part; whole, --pure_bf16 not in chunks: its gradient) down
-// to a stage, on the collectives' stream; the one before it, staged last time, is added
-// meanwhile (so the host adds one while the GPU goes on with the backward), its stage then
-// free for the next.
-static void grads_to_host(Model *m, int u, size_t at) {
-    int s = m->stage_next;
-    size_t n = m->sharded ? m->host.units.units[u].shard : m->host.units.units[u].numel;
-    cudaCheck(cudaMemcpyAsync(m->grad_stage[s], m->sharded ? m->grad_part : m->unit_grad[u != 0], n * sizeof(float),
-                              cudaMemcpyDeviceToHost, m->comm_stream));
-    cudaCheck(cudaEventRecord(m->staged[s], m->comm_stream));
-    grads_add_staged(m);
-    m->stage_pending = s, m->pending_at = at, m->pending_n = n, m->pending_u = u, m->pending_final = offload_step_final(m);
-    m->stage_next = s ^ 1;
-}
-static void grads_done(Model *m, int u) {
-    const HostModel *h = &m->host;
-    if (!grads_by_unit(m)) return;
-    const FsdpUnit *un = &h->units.units[u];
-    float *g = m->unit_grad[u != 0];
-    stream_after(m->comm_stream, m->stream, m->computed);
-    if (m->sharded) {
-        if (m->pure_bf16) round_bf16(g, (size_t)m->fsdp->shard.size * un->shard, m->comm_stream); // each rank's part bf16
-        PROF_BEGIN_UNIT(m->comm_stream, "reduce-scatter", u, h->config.n_layers, (long long)m->fsdp->shard.size * un->shard * sizeof(float));
-        fsdp_reduce_scatter(device_comm(m, &m->dev_shard), m->grad_part, g, un->shard);
-        PROF_END(m->comm_stream);
-        size_t at = trainable_shard_at(h, u); // m->grads: the trainable units' shards
-        if (m->cpu_offload) grads_to_host(m, u, at);
-        else if (m->pure_bf16 && !pure_bf16_chunked(m)) grads_bf16_add(m->grad_acc + at, m->grad_part, un->shard, m->comm_stream);
-        else accumulate(m->grads + at, m->grad_part, un->shard, m->comm_stream);
-    } else if (m->pure_bf16 && !m->cpu_offload) { // whole sequences: the unit's micro-batch gradient into the step's, tensor by tensor
-        for (int k = 0; k < un->n_tensors; k++)
-            grads_bf16_add(m->grad_acc + model_tensor_offset_from(&h->config, h->frozen_units, u, k), g + un->tensors[k].offset,
-                           un->tensors[k].numel, m->comm_stream);
-    } else if (m->pure_bf16 && !pure_bf16_chunked(m)) { // offloaded, whole sequences: the same, on the host
-        grads_to_host(m, u, 0);
-    } else {
-        unit_grad_copy(m, u, u != 0, cudaMemcpyDeviceToHost, m->comm_stream);
-        m->grad_held[u] = 1;
-        if (offload_step_final(m)) offload_step_copied(m, u);
-    }
-    stream_after(m->stream, m->comm_stream, m->communicated); // before the unit's gradient is zeroed again
-    m->grad_open[u != 0] = -1;
-}
-static LayerWeights<float> layer_grads(Model *m, int l) {
-    float *t[LAYER_TENSORS];
-    for (int j = 0; j < LAYER_TENSORS; j++) t[j] = grad_at(m, fsdp_layer_unit(l), j);
-    return layer_weights(t);
-}
-// LoRA's gradient of saved tensor k (lora_saved's numbering), NULL when it does not train
-static float *saved_grad(Model *m, int k) { return lora_saved(&m->host.lora, m->grads, k, NULL); }
+// where the weights are: whole, or sharded and gathered a unit at a time; QLoRA's dequantized
+template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l);
+template <typename floatX> floatX *embed_weight(Model *m);
+template <typename floatX> floatX *head_weight(Model *m);
+template <typename floatX> floatX *final_norm(Model *m);
+template <typename floatX> void prefetch_next(Model *m, int u, int dir);
+static void units_reshard(Model *m);
+// --context_parallel: where a chunk's keys and values are, and the group's gathered
+static Chunk carry_rows(const Model *m, const Chunk *ch);
+template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l);
+template <typename floatX> void context_reduce(Model *m, const Chunk *ch, int l);
+// where the gradients go (with --cpu_offload to the host, and its step overlapped: offload.cuh)
+static float *grad_at(Model *m, int u, int j);
+static LayerWeights<float> layer_grads(Model *m, int l);
+static float *saved_grad(Model *m, int k);
+static void grads_done(Model *m, int u);
+static void grads_add_staged(Model *m);
+static void grads_host_zero(Model *m);
+static bool offload_step_backward(Model *m);
+static void offload_step_set_last_pass(Model *m, bool last);
 
 // ----------------------------------------------------------------------------
 // forward and backward of one micro-batch, chunk by chunk (docs/chunked.md)
@@ -1433,81 +384,6 @@ template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w,
     Chunk packed = {ch->B, ch->len, 0, ch->len, 0, 0};
     if (dir > 0) rows_copy(carry, ch, x, &packed, w, stream);
     else rows_copy(x, &packed, carry, ch, w, stream);
-}
-
-// ----------------------------------------------------------------------------
-// context parallelism (docs/long_context.md; the layout: lora.h's context_layout and
-// context_piece): the ranks run their pieces group by group, in step. Each rank's KV and
-// dKV carries hold its own positions alone, compact: its piece of group j at rows
-// [j len, (j + 1) len) of T / P (carry_rows). At each layer a piece's keys and values are
-// gathered from the group's carries into one layer's buffers at their absolute positions
-// (context_gather), where the attention reads them as it reads the carry; in the backward
-// the gradients it gives them there are summed over the group into their owners' dKV
-// carries (context_reduce).
-
-// the group of piece ch (this rank's: context_piece's)
-static int context_group(const Model *m, const Chunk *ch) { return ch->t0 / ch->len / m->context->size; }
-// where chunk ch's keys and values lie in the carries: at its positions after a prefix's, or
-// context parallel at its rank's compact rows
-static Chunk carry_rows(const Model *m, const Chunk *ch) {
-    if (!m->context) return carry_chunk(ch, host_prefix(&m->host));
-    Chunk c = *ch;
-    c.T = ch->T / m->context->size, c.t0 = context_group(m, ch) * ch->len;
-    return c;
-}
-
-// Layer l's keys and values of every position up to the end of piece ch's group j into ck, cv
-// (B, T, KV) at their absolute positions: each rank's compact rows of groups 0 .. j (B, (j + 1) len,
-// KV), all-gathered over the context group (collective), rank r's piece of group g where
-// context_piece puts it. Nothing when they are there already (held_layer, held_group).
-template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l) {
-    Buffers<floatX> &d = buffers<floatX>(m);
-    const Config *c = &m->host.config;
-    int P = m->context->size, j = context_group(m, ch), len = ch->len, B = ch->B, T = ch->T;
-    if (m->held_layer == l && m->held_group == j) return;
-    size_t KV = (size_t)c->n_kv_heads * c->head_dim, n = (size_t)B * (j + 1) * len * KV, carry = (size_t)B * (T / P) * KV;
-    Chunk mine = {B, T / P, 0, (j + 1) * len, 0, 0}, packed = {B, (j + 1) * len, 0, (j + 1) * len, 0, 0};
-    floatX *part = (floatX *)m->context_part, *all = (floatX *)m->context_stage; // (B, (j + 1) len, KV), P of them
-    PROF_BEGIN(m->stream, "context all-gather", l, j, (long long)(2 * P * n * sizeof(floatX)));
-    for (int kv = 0; kv < 2; kv++) {
-        rows_copy(part, &packed, LAYER(kv ? d.v : d.k, l, carry), &mine, KV, m->stream);
-        stream_after(m->comm_stream, m->stream, m->computed);
-        all_gather(device_comm(m, &m->dev_context), all, part, n);
-        stream_after(m->stream, m->comm_stream, m->communicated);
-        for (int r = 0; r < P; r++)
-            for (int g = 0; g <= j; g++) {
-                Chunk from = {B, (j + 1) * len, g * len, len, 0, 0}, to = context_piece(P, B, T, len, g, r, 0);
-                rows_copy(kv ? d.cv : d.ck, &to, all + r * n, &from, KV, m->stream);
-            }
-    }
-    PROF_END(m->stream);
-    m->held_layer = l, m->held_group = j;
-}
-
-// The gradients cdk, cdv (B, T, KV) that the ranks' pieces of group j gave the positions up to
-// its end, summed over the context group in fp32 (a reduce-scatter: collective) and added into
-// the owners' dKV carries of layer l, rows of groups 0 .. j. The rank's piece of group j is
-// complete then (the later groups' shares came first).
-template <typename floatX> void context_reduce(Model *m, const Chunk *ch, int l) {
-    Buffers<floatX> &d = buffers<floatX>(m);
-    const Config *c = &m->host.config;
-    int P = m->context->size, j = context_group(m, ch), len = ch->len, B = ch->B, T = ch->T;
-    size_t KV = (size_t)c->n_kv_heads * c->head_dim, rows = (size_t)(j + 1) * len, n = B * rows * KV, carry = (size_t)B * (T / P) * KV;
-    PROF_BEGIN(m->stream, "context reduce-scatter", l, j, (long long)(2 * P * n * sizeof(float)));
-    for (int kv = 0; kv < 2; kv++) {
-        floatX *g = kv ? d.cdv : d.cdk, *dc = LAYER(kv ? d.dv : d.dk, l, carry);
-        for (int r = 0; r < P; r++) // rank r's rows (B, (j + 1) len, KV) in fp32, in its compact order
-            for (int p = 0; p <= j; p++) {
-                Chunk at = context_piece(P, B, T, len, p, r, 0);
-                for (int b = 0; b < B; b++)
-                    convert(m->context_stage + r * n + (b * rows + p * len) * KV, g + ((size_t)b * T + at.t0) * KV, len * KV, m->stream);
-            }
-        stream_after(m->comm_stream, m->stream, m->computed);
-        fsdp_reduce_scatter(device_comm(m, &m->dev_context), m->context_part, m->context_stage, n);
-        stream_after(m->stream, m->comm_stream, m->communicated);
-        for (int b = 0; b < B; b++) accumulate(dc + b * (T / P) * KV, m->context_part + b * rows * KV, rows * KV, m->stream);
-    }
-    PROF_END(m->stream);
 }
 
 // Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
@@ -1838,14 +714,6 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     return loss;
 }
 
-// offloaded: the host's fp32 gradients at zero, none of them held (in parallel: a 7B model's are 27 GB)
-static void grads_host_zero(Model *m) {
-    memset(m->grad_held, 0, m->host.units.n_units);
-    size_t n = m->grads ? m->n_train : 0;
-    #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) m->grads[i] = 0.0f;
-}
-
 // --pure_bf16 in chunks: the micro-batch's fp32 gradient (summed over its chunks, and sharded
 // over the ranks' bf16 parts: grads_done) rounded into the step's bf16 one, then zeroed for the next
 static void grads_bf16_end(Model *m) {
@@ -1880,8 +748,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
         cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
         int n = train_chunks(m, T);
-        OffloadStep *w = m->offload_step && m->offload_step->on ? m->offload_step : NULL; // (the step's units step in its last backward)
-        bool last = w && --w->passes_left == 0;
+        bool last = offload_step_backward(m); // (--cpu_offload's overlapped step: its units step in its last backward)
         for (int j = 0; j < n; j++) {
             Chunk ch = train_chunk(m, B, T, j, 1);
             chunk_forward(m, &d.chunk[m->recompute ? 0 : j], &ch);
@@ -1890,13 +757,13 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
             Chunk ch = train_chunk(m, B, T, j, 1);
             ChunkActs<floatX> *s = &d.chunk[m->recompute ? 0 : j];
             if (m->recompute && j < n - 1) chunk_forward(m, s, &ch);
-            if (w) w->last_pass = last && j == 0;
+            offload_step_set_last_pass(m, last && j == 0);
             PROF_BEGIN(m->stream, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
             chunk_head(m, s, &ch, grad_scale, NULL);
             PROF_END(m->stream);
             chunk_backward(m, s, &ch);
         }
-        if (w) w->last_pass = 0;
+        offload_step_set_last_pass(m, false);
         const LoRA *lo = &m->host.lora;
         if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
             prefix_backward(lora_A(lo, m->grads, 0, 0), d.dk, d.dv, c->n_layers, B, lo->prefix, T, (size_t)lo->out[LORA_K],
@@ -1934,6 +801,844 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 }
 
 // ----------------------------------------------------------------------------
+// the ranks (docs/sharding.md): each rank's GPU, and its device buffers' collectives (fsdp.h's
+// FsdpDeviceComms: NCCL or staged)
+
+#ifdef FSDP_NCCL
+static const int have_nccl = 1;
+#else
+static const int have_nccl = 0;
+#endif
+
+// Makes this process use its GPU, its rank on its node (as the launcher tells
+// it: Open MPI, Slurm, MPICH's Hydra, torchrun; else its world rank) modulo the
+// node's GPUs, and chooses how its device buffers meet the other ranks'
+// (--collectives, fsdp_device_backend): before any NCCL call, since NCCL
+// refuses two ranks on one device. Per rank: fsdp_device_comms_init makes the ranks agree.
+static void set_device(Model *m) {
+    const Fsdp *f = m->fsdp;
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"};
+    int local = f->world.rank, devices;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) { local = atoi(getenv(vars[i])); break; }
+    cudaCheck(cudaGetDeviceCount(&devices));
+    int here = f->local_size ? f->local_size : f->world.size; // not told: every rank on this node
+    char err[320];
+    m->device_backend = fsdp_device_backend(m->collectives, f->world.size, here, devices, have_nccl, err, sizeof err);
+    if (m->device_backend < 0) die("rank %d: %s", f->world.rank, err);
+    if (local < 0) die("rank %d: its local rank is %d, not a GPU's (the launcher's environment)", f->world.rank, local);
+    cudaCheck(cudaSetDevice(local % devices));
+}
+
+// c, one of the model's device communicators (m->dev), made at the first device collective
+// (fsdp_device_comm)
+static FsdpComm *device_comm(Model *m, FsdpComm *c) {
+    return fsdp_device_comm(&m->dev, m->fsdp, m->device_backend, m->comm_stream, c);
+}
+
+// the stream waiter waits for the work enqueued on stream so far (event: one of the model's)
+static void stream_after(cudaStream_t waiter, cudaStream_t stream, cudaEvent_t event) {
+    cudaCheck(cudaEventRecord(event, stream));
+    cudaCheck(cudaStreamWaitEvent(waiter, event, 0));
+}
+
+// ----------------------------------------------------------------------------
+// building the model's buffers
+
+// p = n elements of the layout l (support/utils.h), left as it is while l only counts.
+// Device layouts start each piece 256-byte aligned (cuBLASLt and the tensor-core
+// attention want aligned rows).
+static Layout device_layout(void *base) { return Layout{(char *)base, 0, 256}; }
+template <typename E> void place(Layout *l, E *&p, size_t n) {
+    if (void *at = layout_take(l, n * sizeof(E))) p = (E *)at;
+}
+// an activation array of `layers` slices of n (layer_slice)
+template <typename E> void place_layers(Layout *l, E *&p, size_t layers, size_t n) { place(l, p, layers * layer_stride<E>(n)); }
+
+// the slot that holds unit u when gathered: a strategy that reshards after the
+// forward has three, the embedding's and two that the other units take in turn
+// (so the next unit is gathered while this one computes: unit_prefetch); else
+// every unit has its own
+static int unit_slot(const Model *m, int u) { return m->fsdp->info->reshard_after_forward ? (u ? 1 + (u & 1) : 0) : u; }
+// empties the slots (the forward-backward's end): the next use gathers again
+static void units_reshard(Model *m) {
+    for (int s = 0; s < m->n_unit_slots; s++) m->slot_unit[s] = -1;
+}
+
+// The sharded model's slots, a slot as big as the biggest unit it holds, padding included
+template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Layout *w) {
+    const FsdpUnits *u = &m->host.units;
+    size_t G = (size_t)m->fsdp->shard.size;
+    for (int s = 0; s < m->n_unit_slots; s++) {
+        size_t need = 0;
+        for (int i = 0; i < u->n_units; i++) // (a packed unit's bytes in elements)
+            if (unit_slot(m, i) == s)
+                need = std::max(need, u->units[i].packed ? ceil_div(G * u->units[i].packed_shard, sizeof(floatX)) : G * u->units[i].shard);
+        place(w, d.slot[s], need);
+    }
+}
+// the biggest shard of a unit that trains (full fine-tuning's reduced gradient of one unit)
+static size_t widest_trainable_shard(const HostModel *h) {
+    size_t widest = 0;
+    for (int i = h->frozen_units; i < h->units.n_units; i++) widest = std::max(widest, h->units.units[i].shard);
+    return widest;
+}
+// the backward's gradients go into a unit's buffer (unit_grad), not straight into m->grads
+static bool grads_by_unit(const Model *m) {
+    return m->host.full_finetune && (m->sharded || m->cpu_offload || (m->pure_bf16 && !pure_bf16_chunked(m)));
+}
+// Full fine-tuning's gradient of a unit whole, where it does not go straight into
+// m->grads: sharded (reduce-scattered from there into this rank's shard), or offloaded
+// (to the host from there), and the reduced shard
+static void unit_grad_layout(Model *m, Layout *p) {
+    const FsdpUnits *u = &m->host.units;
+    size_t G = m->sharded ? (size_t)m->fsdp->shard.size : 1, grad[2] = {0, 0};
+    if (!grads_by_unit(m)) return;
+    for (int i = m->host.frozen_units; i < u->n_units; i++) { // frozen units: no gradient
+        size_t whole = m->sharded ? G * u->units[i].shard : u->units[i].numel; // (sharded: the padding too)
+        grad[i != 0] = std::max(grad[i != 0], whole);
+    }
+    place(p, m->unit_grad[0], grad[0]);
+    place(p, m->unit_grad[1], grad[1]);
+    if (m->sharded) place(p, m->grad_part, widest_trainable_shard(&m->host));
+}
+
+// lays out one chunk's activations but its residuals, for Lk layers
+template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, ChunkActs<floatX> *s,
+                                                  Layout *a) {
+    size_t N = (size_t)B * C, D = c->dim, H = c->hidden_dim, Q = (size_t)c->n_heads * c->head_dim;
+    place_layers(a, s->ln1, Lk, N * D); place_layers(a, s->rstd1, Lk, N);
+    place_layers(a, s->q, Lk, N * Q); place_layers(a, s->lse, Lk, N * c->n_heads); place_layers(a, s->atty, Lk, N * Q);
+    place_layers(a, s->resid_mid, Lk, N * D); place_layers(a, s->ln2, Lk, N * D); place_layers(a, s->rstd2, Lk, N);
+    place_layers(a, s->gate, Lk, N * H); place_layers(a, s->up, Lk, N * H); place_layers(a, s->hmlp, Lk, N * H);
+    place_layers(a, s->lora_h, Lk, LORA_N_TARGETS * N * r);
+}
+
+// where tensor j of unit u (not a packed layer) is in d.weights (whole): param_layout's
+// offset, less the layers that QLoRA keeps in runs, which param_layout puts between the
+// embedding and the head unit
+static size_t weight_offset(const HostModel *h, int u, int j) {
+    size_t off = model_tensor_offset(&h->config, u, j);
+    return u == 0 ? off : off - model_packed_numel(h);
+}
+// where unit u's shard is in the trainable units' shards (sharded m->grads, m->params)
+static size_t trainable_shard_at(const HostModel *h, int u) {
+    return h->units.units[u].shard_offset - h->units.units[h->frozen_units].shard_offset;
+}
+
+// Lays out every device buffer in four allocations: w the base weights, p the
+// trainable parameters (masters, gradients, optimizer state, bf16/fp16 copy), a the
+// activations and scratch, k the KV and dKV carries. Called once to count, once to place.
+template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k) {
+    const HostModel *h = &m->host;
+    const Config *c = &h->config;
+    Buffers<floatX> &d = buffers<floatX>(m);
+    bool fp32 = std::is_same<floatX, float>::value;
+    size_t L = c->n_layers, N = (size_t)m->B * m->chunk_size, D = c->dim, H = c->hidden_dim, V = c->vocab_size;
+    size_t Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
+    size_t r = h->use_lora ? h->lora.r : 0, widest = config_widest(c);
+    size_t piece = (N + m->num_output_chunks - 1) / m->num_output_chunks; // the head's rows at a time
+    // trainable: fp32 masters and gradients (offloaded: on the host); in bf16 (fp16), and
+    // offloaded in any precision, the matmuls read a copy
+    if (!m->cpu_offload) {
+        if (!m->pure_bf16) place(p, m->params, m->n_train);
+        if (!m->pure_bf16 || pure_bf16_chunked(m)) place(p, m->grads, m->n_train);
+        if (m->pure_bf16) place(p, m->grad_acc, m->n_train);
+        for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
+            size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
+            if (void *at = layout_take(p, count * es)) m->opt_state[i] = at;
+        }
+    }
+    bool all_train = h->full_finetune && !h->frozen_units; // then the weights are the masters or their copy
+    if ((!fp32 || m->cpu_offload) && (all_train || h->use_lora)) place(p, d.params_lo, m->n_train);
+    if ((m->cpu_offload || m->pure_bf16) && !fp32) place(p, m->upload_stage, UPLOAD_PIECE); // (pure_bf16: saves too)
+    // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
+    // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
+    if (!all_train) place(w, d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h));
+    if (h->quant_type != QUANT_NONE) { // QLoRA: the layers' runs (sharded: this rank's shards), one layer at a time dequantized
+        place(w, m->quant_bytes, model_run_bytes_held(h));
+        place(w, d.deq, h->units.units[fsdp_layer_unit(0)].numel);
+    }
+    if (m->sharded) sharded_layout(m, d, w);
+    unit_grad_layout(m, p);
+    // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
+    // the rest for every layer; or with activation checkpointing one layer's worth of the
+    // rest that all slots share (only the layer running uses it). Then one chunk's scratch.
+    int ckpt = m->activation_checkpointing, owners = ckpt ? 1 : m->n_slots;
+    for (int i = 0; i < m->n_slots; i++) {
+        if (i < owners) chunk_acts_layout(c, m->B, m->chunk_size, (int)r, ckpt ? 1 : (int)L, &d.chunk[i], a);
+        else d.chunk[i] = d.chunk[0];
+        place(a, d.chunk[i].resid, (L + 1) * N * D);
+    }
+    place(a, d.lnf, N * D);
+    if (!fp32) place(a, d.dlogits, piece * V);
+    place(a, d.kv, N * KV); place(a, d.dresid, N * D); place(a, d.dln, N * D);
+    place(a, d.dq, N * Q); place(a, d.datty, N * Q);
+    place(a, d.dgate, N * H); place(a, d.dup, N * H); place(a, d.dhmlp, N * H);
+    place(a, d.lora_dh, N * r); place(a, d.xdrop, h->use_lora ? N * widest : 0);
+    bool dora = h->use_lora && h->lora.use_dora, ia3 = h->use_lora && h->lora.ia3;
+    place(a, d.dora_pre, dora || ia3 ? N * widest : 0); place(a, m->dora_norm, dora ? dora_norm_index(&h->lora, (int)L, 0) : 0);
+    size_t A = h->use_lora ? h->lora.adapter_len : 0;
+    place(a, d.adapter_y, A ? N * Q : 0); place(a, d.adapter_dkv, 2 * A * KV); place(a, m->adapter_kv, 2 * A * KV);
+    place(a, m->adapter_coef, 2 * N * c->n_heads * A); place(a, m->adapter_gz, A ? N * c->n_heads : 0);
+    place(a, m->rstdf, N); place(a, m->logits, piece * V);
+    place(a, m->losses, (size_t)m->B * m->T); place(a, m->loss_sum, 1); place(a, m->grad_norm, 1);
+    place(a, m->tokens, (size_t)m->B * m->T); place(a, m->chunk_tokens, N);
+    place(a, m->kept, (size_t)m->B * m->T); place(a, m->targets, (size_t)m->B * m->T);
+    size_t positions = host_prefix(h) + (size_t)m->T; // (a prefix's virtual positions first)
+    place(a, m->rope_cos, positions * c->head_dim / 2); place(a, m->rope_sin, positions * c->head_dim / 2);
+    // the carries hold the whole sequence, after a prefix's virtual positions; context parallel,
+    // this rank's positions (T / P of each row), and one layer's worth of the group's gathered
+    // (K, V, dK, dV at their absolute positions, and the collectives' fp32 stages: context_gather)
+    int P = fsdp_context_size(m->fsdp);
+    size_t carry = L * m->B * (P > 1 ? m->T / P : positions) * KV, one = P > 1 ? m->B * positions * KV : 0;
+    place(k, d.k, carry); place(k, d.v, carry); place(k, d.dk, carry); place(k, d.dv, carry);
+    place(k, d.ck, one); place(k, d.cv, one); place(k, d.cdk, one); place(k, d.cdv, one);
+    place(k, m->context_stage, one); place(k, m->context_part, one / P);
+}
+
+// dst (n, floatX) on the device = src (n, fp32) on the host; bf16 is converted on
+// the device in pieces of UPLOAD_PIECE, so the model never needs an fp32 copy of itself there
+// (stage: a device buffer of UPLOAD_PIECE floats, or NULL: one is allocated for the call);
+// wait false with a stage: returns with the copies queued, src and the stage the stream's
+// until it is synchronized (the overlapped offload step's uploads, beside the backward)
+template <typename floatX> void upload(floatX *dst, const float *src, size_t n, cudaStream_t stream, float *stage = NULL,
+                                       bool wait = true) {
+    if constexpr (std::is_same<floatX, float>::value) {
+        cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream));
+    } else {
+        size_t piece = std::min(n, UPLOAD_PIECE);
+        float *buf = stage ? stage : (float *)cudaMallocCheck(piece * sizeof(float));
+        for (size_t i = 0; i < n; i += piece) { // in stream order: a piece's convert runs before the next copy
+            size_t k = std::min(piece, n - i);
+            cudaCheck(cudaMemcpyAsync(buf, src + i, k * sizeof(float), cudaMemcpyHostToDevice, stream));
+            convert(dst + i, buf, k, stream);
+        }
+        if (wait || !stage) cudaCheck(cudaStreamSynchronize(stream)); // (else the caller's: the stage's next user waits)
+        if (!stage) cudaCheck(cudaFree(buf));
+    }
+}
+
+// dst (n, fp32) on the host = src (n, bf16) on the device, upload's way back: converted on the
+// device in pieces of UPLOAD_PIECE through stage (a device buffer of that many floats)
+static void download(float *dst, const bf16 *src, size_t n, cudaStream_t stream, float *stage) {
+    for (size_t i = 0; i < n; i += UPLOAD_PIECE) {
+        size_t k = std::min(UPLOAD_PIECE, n - i);
+        convert(stage, src + i, k, stream);
+        cudaCheck(cudaMemcpyAsync(dst + i, stage, k * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream)); // (the stage takes the next piece)
+    }
+}
+
+// Before the model's buffers are allocated (the cuBLASLt workspace already is):
+// does the run (model_plan's bytes, and bf16's upload staging) fit? If not, say
+// what it needs, by purpose, against what is free, and what to change.
+static void check_fits(const Model *m) {
+    size_t free_bytes, total_bytes, w = m->weight_bytes, p = m->param_bytes, a = m->act_bytes, k = m->carry_bytes;
+    size_t stage = m->fp32 ? 0 : UPLOAD_PIECE * sizeof(float);
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    size_t need = w + p + a + k + stage;
+    if (need <= free_bytes) return;
+    const double MiB = 1048576.0;
+    fprintf(stderr, "error: out of GPU memory: this run needs %.1f MiB but %.1f of %.1f MiB are free:\n"
+            "  base weights (%s) %.1f MiB, trainable parameters and gradients %.1f MiB,\n"
+            "  activations and scratch %.1f MiB (B = %d, chunks of %d, %s%s), KV and dKV carry %.1f MiB (T = %d),\n"
+            "  staging the upload %.1f MiB\n"
+            "  hint: %s\n", need / MiB, free_bytes / MiB, total_bytes / MiB, m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16", w / MiB,
+            p / MiB, a / MiB, m->B, m->chunk_size, m->recompute ? "recompute" : "keep",
+            m->activation_checkpointing ? ", activation checkpointing" : "", k / MiB, m->T, stage / MiB,
+            cuda_error_hint(cudaErrorMemoryAllocation));
+    exit(EXIT_FAILURE);
+}
+
+// Whether a GPU of compute capability major.minor (named gpu) runs --precision:
+// bf16 needs 8.0 (Ampere) or newer, for cuBLASLt's bf16 products and the bf16
+// tensor cores; Volta (7.0, V100) and Turing (7.5, T4) have fp16 tensor cores
+// only. 0 if it does, else -1 with the reason in msg (n bytes).
+static int precision_supported(const char *precision, int major, int minor, const char *gpu, char *msg, size_t n) {
+    if (strcmp(precision, "bf16") != 0 || major >= 8) return 0;
+    snprintf(msg, n, "--precision bf16 needs a GPU of compute capability 8.0 or newer (Ampere: A100, A10, RTX 30xx, or "
+             "later); this one, %s, is %d.%d, without bf16: use --precision fp16 (with dynamic loss scaling) or fp32",
+             gpu, major, minor);
+    return -1;
+}
+
+// stops with precision_supported's reason when this process's GPU cannot run --precision
+static void check_precision(const Model *m, const char *precision) {
+    int dev;
+    cudaDeviceProp prop;
+    char msg[512];
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
+    if (precision_supported(precision, prop.major, prop.minor, prop.name, msg, sizeof msg) != 0)
+        die("rank %d: %s", m->fsdp ? m->fsdp->world.rank : 0, msg);
+}
+
+// The memory plan, on the host alone: the capacity, the slots and chunks, and
+// the bytes of the four allocations (model_layout's counting pass). It makes
+// no CUDA call, so --dry_run, which stops here, runs without a GPU.
+static void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
+    const HostModel *h = &m->host;
+    if (C <= 0 || C > T) C = T;
+    int P = fsdp_context_size(m->fsdp), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
+    if (P > 1) { // the longest row, padded, and its pieces (context_layout); evaluation runs in pieces too
+        m->context_len = C < T ? C : 0;
+        context_layout(P, m->context_len, T, &T, &C);
+        pieces = T / C / P;
+    }
+    m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
+    m->n_slots = recompute ? 1 : pieces;
+    m->sharded = host_sharded(h);
+    m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
+    m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
+    model_optim_tensors(h, &m->optimizer, m->sharded ? m->fsdp->shard.rank : -1, &m->opt_tensors);
+    if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        Buffers<floatX> &d = buffers<floatX>(m);
+        free(d.chunk); // a plan before (--batch_size auto tries several)
+        free(d.slot);
+        d.chunk = (ChunkActs<floatX> *)callocCheck(m->n_slots, sizeof(ChunkActs<floatX>));
+        d.slot = (floatX **)callocCheck(m->n_unit_slots + 1, sizeof(floatX *)); // + 1: not empty when whole
+        Layout lay[4]; // weights, trainable, activations, carry
+        for (Layout &l : lay) l = device_layout(NULL);
+        model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
+        m->weight_bytes = lay[0].bytes; m->param_bytes = lay[1].bytes; m->act_bytes = lay[2].bytes; m->carry_bytes = lay[3].bytes;
+    });
+}
+
+// Full fine-tuning's masters from the host model's trainable weights (its runs), and back;
+// offloaded, a host copy (none when they are those weights: masters_aliased); --pure_bf16,
+// the bf16 weights themselves, which are the parameters (exact both ways: bf16 values)
+static void masters_upload(Model *m) {
+    const float *base = m->sharded ? m->host.shards : m->host.params;
+    for (int r = 0; r < m->n_runs && m->pure_bf16; r++)
+        upload(m->b16.weights + m->run_first[r], base + m->run_first[r], m->run_n[r], m->stream, m->upload_stage);
+    if (m->pure_bf16) return;
+    size_t off = 0; // (a 7B model's runs pass 2^31 elements)
+    for (int r = 0; r < m->n_runs && !m->masters_aliased; off += m->run_n[r++]) {
+        if (m->cpu_offload) memcpy(m->params + off, base + m->run_first[r], m->run_n[r] * sizeof(float));
+        else upload(m->params + off, base + m->run_first[r], m->run_n[r], m->stream);
+    }
+}
+static void masters_download(Model *m) {
+    float *base = m->sharded ? m->host.shards : m->host.params;
+    for (int r = 0; r < m->n_runs && m->pure_bf16; r++)
+        download(base + m->run_first[r], m->b16.weights + m->run_first[r], m->run_n[r], m->stream, m->upload_stage);
+    if (m->pure_bf16) return;
+    size_t off = 0;
+    for (int r = 0; r < m->n_runs && !m->masters_aliased; off += m->run_n[r++]) {
+        if (m->cpu_offload) memcpy(base + m->run_first[r], m->params + off, m->run_n[r] * sizeof(float));
+        else cudaCheck(cudaMemcpyAsync(base + m->run_first[r], m->params + off, m->run_n[r] * sizeof(float), cudaMemcpyDeviceToHost,
+                                       m->stream));
+    }
+}
+// --freeze_layers: the weights the matmuls read get the masters' new values (run by run; the
+// frozen ones stay as uploaded). Without frozen units they are the masters or adamw's bf16 copy
+// (offloaded: weights_upload).
+static void weights_refresh(Model *m) {
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        floatX *w = buffers<floatX>(m).weights;
+        size_t off = 0; // (a 7B model's runs pass 2^31 elements)
+        for (int r = 0; r < m->n_runs; off += m->run_n[r++]) {
+            if (m->cpu_offload) upload(w + m->run_first[r], m->params + off, m->run_n[r], m->stream, m->upload_stage);
+            else convert(w + m->run_first[r], m->params + off, m->run_n[r], m->stream);
+        }
+    });
+}
+// --pure_bf16 offloaded: the host's bf16 parameters (flat over the runs) and the GPU's bf16
+// weights, run by run, as they are (no conversion): up after a step (weights_upload), down once
+// the weights are there (model_alloc, a resume's optimizer_sync_device)
+static void params_bf16_copy(Model *m, cudaMemcpyKind kind) {
+    size_t off = 0;
+    for (int r = 0; r < m->n_runs; off += m->run_n[r++]) {
+        bf16 *dev = m->b16.weights + m->run_first[r], *host = m->params_bf16 + off;
+        bool up = kind == cudaMemcpyHostToDevice;
+        cudaCheck(cudaMemcpyAsync(up ? dev : host, up ? host : dev, m->run_n[r] * sizeof(bf16), kind, m->stream));
+    }
+}
+// --cpu_offload: the weights the matmuls read get the masters' new values from the host
+static void weights_upload(Model *m) {
+    if (m->pure_bf16) { params_bf16_copy(m, cudaMemcpyHostToDevice); return; }
+    if (m->host.frozen_units) { weights_refresh(m); return; }
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        upload(buffers<floatX>(m).params_lo, m->params, m->n_train, m->stream, m->upload_stage);
+    });
+}
+
+// --batch_size auto: what the memory plan may take on this rank's GPU: its free memory
+// less a reserve for what the plan does not count (the CUDA context's growth, cuBLASLt's
+// workspace, bf16's upload staging, NCCL's buffers, fragmentation): 5% of the GPU, at
+// least 1 GiB; and no more than --memory_limit when given (a dry run: that alone).
+static const int backend_measures_free_memory = 1;
+static const int backend_streams_base = 1; // LoRA's base goes from the files to the GPU a piece at a time
+static double model_memory_budget(Model *m, double limit) {
+    if (m->dry_run && limit > 0) return limit; // a dry run touches no GPU: the limit alone
+    if (m->fsdp && m->fsdp->world.size > 1) set_device(m); // this rank's GPU (model_alloc sets it again)
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    double budget = free_bytes - std::max(1073741824.0, 0.05 * total_bytes);
+    return limit > 0 ? std::min(limit, budget) : budget;
+}
+
+// --cpu_offload's host side: what it keeps in host memory (offload_alloc), the gradients' way
+// there and back, and its step overlapped with the backward
+#include "offload.cuh"
+
+// a piece of a frozen base weight from the host (model_stream_base) into its place in d.weights
+template <typename floatX> void weights_put(void *ctx, int u, int j, size_t first, size_t count, const float *src) {
+    Model *m = (Model *)ctx;
+    upload(buffers<floatX>(m).weights + weight_offset(&m->host, u, j) + first, src, count, m->stream, m->upload_stage);
+    cudaCheck(cudaStreamSynchronize(m->stream)); // (src is the next piece's buffer)
+}
+// the part of tensor j of unit u this rank holds (model_tensor_part), at *at of d.weights too
+// (weight_offset's, a streamed base being no QLoRA's)
+static size_t base_part(const Model *m, int u, int j, size_t *first, size_t *at) {
+    return model_tensor_part(&m->host, u, j, m->sharded ? m->fsdp->shard.rank : 0, first, at);
+}
+// where element x of the base weights this rank holds lies in the masters (their runs one
+// after another: model_tensor_offset_from's layout, or the trainable units' shards), SIZE_MAX
+// where no run holds it (a frozen unit's)
+static size_t masters_offset(const Model *m, size_t x) {
+    size_t off = 0;
+    for (int r = 0; r < m->n_runs; off += m->run_n[r++])
+        if (x - m->run_first[r] < m->run_n[r]) return off + (x - m->run_first[r]);
+    return SIZE_MAX;
+}
+// Full fine-tuning's base streamed, a piece at a time (elements [x, x + count) of the base
+// weights this rank holds, of one unit: so in one run or none): a unit that trains into its
+// masters, and into the weights the matmuls read where those are not the masters' copy made
+// after (--freeze_layers), or are the parameters (--pure_bf16, rounded to bf16 as they go up, as
+// model_round_bf16 rounds)
+template <typename floatX> void masters_put_at(Model *m, size_t x, size_t count, const float *src) {
+    size_t at = masters_offset(m, x);
+    if (!m->pure_bf16 && at != SIZE_MAX) upload(m->params + at, src, count, m->stream);
+    if (m->pure_bf16 || m->host.frozen_units) upload(buffers<floatX>(m).weights + x, src, count, m->stream, m->upload_stage);
+    cudaCheck(cudaStreamSynchronize(m->stream)); // (src is the next piece's buffer)
+}
+// ... from the files (model_stream_base), by tensor
+template <typename floatX> void masters_put(void *ctx, int u, int j, size_t first, size_t count, const float *src) {
+    Model *m = (Model *)ctx;
+    size_t lo, at;
+    base_part(m, u, j, &lo, &at);
+    masters_put_at<floatX>(m, at + (first - lo), count, src);
+}
+// ... from a sharded checkpoint's "params" (host.shards_put), in the rank's flat shard layout
+template <typename floatX> void shards_put(void *ctx, size_t first, size_t count, const void *src) {
+    masters_put_at<floatX>((Model *)ctx, first, count, (const float *)src);
+}
+// ... and back, for a save: the masters, or --pure_bf16's bf16 weights, widened
+static void masters_get_at(Model *m, size_t x, size_t count, float *dst) {
+    if (m->pure_bf16) download(dst, m->b16.weights + x, count, m->stream, m->upload_stage);
+    else cudaCheck(cudaMemcpyAsync(dst, m->params + masters_offset(m, x), count * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    cudaCheck(cudaStreamSynchronize(m->stream));
+}
+// ... by tensor (host.weights_get), a frozen unit's from the files it came from (model_base_read:
+// the GPU has them in bf16 alone)
+static int masters_get(void *ctx, int u, int j, size_t first, size_t count, float *dst) {
+    Model *m = (Model *)ctx;
+    const HostModel *h = &m->host;
+    if (u < h->frozen_units && !m->pure_bf16) return model_base_read(h, u, j, first, count, dst);
+    size_t lo, at;
+    base_part(m, u, j, &lo, &at);
+    masters_get_at(m, at + (first - lo), count, dst);
+    return 0;
+}
+// ... sharded, in the rank's flat shard layout (host.shards_get: a sharded checkpoint's "params",
+// the final save's gather; the units frozen with --freeze_layers are not streamed sharded but
+// with --pure_bf16, whose bf16 weights hold them exactly)
+static int shards_get(void *ctx, size_t first, size_t count, void *dst) {
+    masters_get_at((Model *)ctx, first, count, (float *)dst);
+    return 0;
+}
+// ... and whether those of the units that train are all finite (host.weights_finite), without
+// the copy: each tensor's (this rank's part of it) sum in double where it lies (as
+// optimizer_state_finite checks the state)
+static int masters_finite(void *ctx) {
+    Model *m = (Model *)ctx;
+    const HostModel *h = &m->host;
+    int finite = 1;
+    for (int u = h->frozen_units; u < h->units.n_units && finite; u++)
+        for (int j = 0; j < h->units.units[u].n_tensors && finite; j++) {
+            size_t lo, at, n = base_part(m, u, j, &lo, &at);
+            double sum;
+            if (!n) continue;
+            if (m->pure_bf16) global_sum(m->grad_norm, m->b16.weights + at, n, m->stream);
+            else global_sum(m->grad_norm, m->params + masters_offset(m, at), n, m->stream);
+            cudaCheck(cudaMemcpyAsync(&sum, m->grad_norm, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+            cudaCheck(cudaStreamSynchronize(m->stream));
+            finite = isfinite(sum) != 0;
+        }
+    return finite;
+}
+
+// Device buffers for micro-batches of up to B rows of T tokens, run in chunks of
+// C positions (C = 0: T), and the host model (loaded by model_setup) uploaded.
+// A dry run stops after the plan.
+static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
+    HostModel *h = &m->host;
+    const Config *c = &h->config;
+    model_plan(m, B, T, C, recompute, num_output_chunks);
+    size_t n_base = m->sharded ? h->units.shard_numel : h->num_params; // the base weights this rank holds
+    const float *base = m->sharded ? h->shards : h->params;
+    if (m->dry_run) return;
+    if (m->fsdp && m->fsdp->world.size > 1) set_device(m); // before any allocation
+    check_precision(m, m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
+    cudaCheck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&m->comm_stream, cudaStreamNonBlocking));
+    profile_track(m->stream, "compute stream");
+    profile_track(m->comm_stream, "collectives stream");
+    cudaCheck(cudaEventCreateWithFlags(&m->computed, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&m->communicated, cudaEventDisableTiming));
+    if (m->sharded) {
+        m->slot_unit = (int *)mallocCheck(m->n_unit_slots * sizeof(int));
+        m->gathered = (cudaEvent_t *)callocCheck(m->n_unit_slots, sizeof(cudaEvent_t));
+        for (int s = 0; s < m->n_unit_slots; s++)
+            cudaCheck(cudaEventCreateWithFlags(&m->gathered[s], cudaEventDisableTiming));
+        units_reshard(m);
+    }
+    for (int b = 0; b < 2; b++) m->grad_open[b] = -1;
+    matmul_setup();
+    m->next_logits = (float *)mallocCheck((size_t)c->vocab_size * sizeof(float));
+    m->n_kept = (int *)mallocCheck((size_t)(m->T + m->chunk_size - 1) / m->chunk_size * sizeof(int)); // (m->T: padded)
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        Buffers<floatX> &d = buffers<floatX>(m);
+        check_fits(m);
+        size_t bytes[4] = {m->weight_bytes, m->param_bytes, m->act_bytes, m->carry_bytes};
+        Layout lay[4]; // weights, trainable, activations, carry: model_layout places what model_plan counted
+        for (int i = 0; i < 4; i++) {
+            m->alloc[i] = cudaMallocCheck(bytes[i] + 1); // + 1: a valid pointer also when empty
+            lay[i] = device_layout(m->alloc[i]);
+        }
+        model_layout<floatX>(m, &lay[0], &lay[1], &lay[2], &lay[3]);
+        // the trainable masters, then the weights the matmuls read; a streamed base first, as it
+        // seeds the trained copies of --trainable_params (model_stream_base), or full fine-tuning's
+        // masters (and what masters_put puts beside them), which saves read back (masters_get)
+        cudaStream_t st = m->stream;
+        bool streamed = h->base_deferred && h->full_finetune;
+        if (streamed) {
+            if (m->pure_bf16 && !h->frozen_units) d.weights = d.params_lo; // (the parameters)
+            h->base_keep = h->frozen_units && !m->pure_bf16; // (masters_get reads the frozen units' there)
+            h->weights_finite = masters_finite, h->weights_ctx = m;
+            if (m->sharded) h->shards_get = shards_get, h->shards_put = shards_put<floatX>;
+            else h->weights_get = masters_get;
+        }
+        if (streamed && m->sharded) { // the shards' padding, which no piece puts, is zero (as the host's shards)
+            if (!m->pure_bf16) cudaCheck(cudaMemsetAsync(m->params, 0, m->n_train * sizeof(float), st));
+            if (m->pure_bf16 || h->frozen_units) cudaCheck(cudaMemsetAsync(d.weights, 0, n_base * sizeof(floatX), st));
+        }
+        // (a sharded checkpoint's weights come with its optimizer state: load_trainable, shards_put)
+        if (h->base_deferred && !h->base_resumed &&
+            model_stream_base(&m->host, m->sharded ? m->fsdp->shard.rank : 0, streamed ? masters_put<floatX> : weights_put<floatX>, m) != 0)
+            exit(1); // (it said why)
+        if (m->cpu_offload) offload_alloc(m);
+        if (h->use_lora) upload(m->params, h->lora.params, m->n_train, st);
+        else if (!m->pure_bf16 && !streamed) masters_upload(m); // (--pure_bf16: the weights are the parameters, uploaded below)
+        if (!m->cpu_offload) { // (offload_alloc zeroed the host's)
+            if (m->grads) cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), st));
+            if (m->grad_acc) cudaCheck(cudaMemsetAsync(m->grad_acc, 0, m->n_train * sizeof(bf16), st));
+            for (int i = 0; i < optimizer_n_states(&m->optimizer); i++) {
+                size_t count, es = optimizer_state_elem(&m->optimizer, &m->opt_tensors, m->n_train, i, &count);
+                cudaCheck(cudaMemsetAsync(m->opt_state[i], 0, count * es, st));
+            }
+        }
+        if (h->full_finetune && h->frozen_units) {
+            if (!streamed) upload(d.weights, base, n_base, st);
+        } else if (h->full_finetune && m->cpu_offload && !m->pure_bf16) {
+            d.weights = d.params_lo;
+            weights_upload(m);
+        } else if (h->full_finetune) {
+            if constexpr (std::is_same<floatX, float>::value) d.weights = m->params;
+            else if (m->pure_bf16) { d.weights = d.params_lo; if (!streamed) upload(d.weights, base, n_base, st, m->upload_stage); }
+            else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
+        } else {
+            if (h->quant_type == QUANT_NONE || m->sharded) {
+                if (!h->base_deferred) upload(d.weights, base, n_base, st); // (else streamed above)
+            } else { // whole: the weights but the layers' (packed units, kept in runs)
+                for (int u = 0; u < h->units.n_units; u++)
+                    for (int j = 0; !h->units.units[u].packed && j < h->units.units[u].n_tensors; j++)
+                        upload(d.weights + weight_offset(h, u, j), base + model_tensor_offset(c, u, j),
+                               h->units.units[u].tensors[j].numel, st);
+            }
+            if (h->quant_type != QUANT_NONE) { // the runs, or this rank's shards of them, as the host laid them out
+                cudaCheck(cudaMemcpyAsync(m->quant_bytes, m->sharded ? h->quant_shards : h->quant_bytes, model_run_bytes_held(h),
+                                          cudaMemcpyHostToDevice, st));
+                m->deq_unit = -1;
+            }
+            if constexpr (std::is_same<floatX, float>::value) d.lora_w = m->params;
+            else { d.lora_w = d.params_lo; convert(d.lora_w, m->params, m->n_train, st); }
+        }
+        if (m->cpu_offload && m->pure_bf16) params_bf16_copy(m, cudaMemcpyDeviceToHost); // (the bf16 weights as uploaded)
+        std::vector<float> inv_freq(c->head_dim / 2);
+        rope_inv_freq(c, inv_freq.data());
+        rope_tables(m->rope_cos, m->rope_sin, host_prefix(&m->host) + m->T, c->head_dim, inv_freq.data());
+        cudaCheck(cudaDeviceSynchronize()); // rope_tables copies on the legacy stream, which st does not wait for
+    });
+}
+
+// (a model whose setup failed before model_alloc has no device memory: no CUDA call then)
+static void model_free(Model *m) {
+    for (int i = 0; i < 4; i++)
+        if (m->alloc[i]) cudaCheck(cudaFree(m->alloc[i]));
+    fsdp_device_comms_free(&m->dev); // (before the collectives' stream is destroyed)
+    offload_free(m);
+    if (m->stream) cudaCheck(cudaStreamDestroy(m->stream));
+    if (m->comm_stream) cudaCheck(cudaStreamDestroy(m->comm_stream));
+    if (m->computed) cudaCheck(cudaEventDestroy(m->computed));
+    if (m->communicated) cudaCheck(cudaEventDestroy(m->communicated));
+    free(m->f32.chunk);
+    free(m->b16.chunk);
+    free(m->h16.chunk);
+    free(m->f32.slot);
+    free(m->b16.slot);
+    free(m->h16.slot);
+    for (int s = 0; m->gathered && s < m->n_unit_slots; s++) cudaCheck(cudaEventDestroy(m->gathered[s]));
+    free(m->gathered);
+    free(m->slot_unit);
+    free(m->next_logits);
+    free(m->n_kept);
+    optim_tensors_free(&m->opt_tensors);
+    host_model_free(&m->host);
+    memset(m, 0, sizeof *m);
+}
+
+// ----------------------------------------------------------------------------
+// where the base weights are (docs/sharding.md), as on the CPU: whole in
+// d.weights, or sharded over the shard group, each unit gathered whole into a
+// slot when the forward or backward needs it (collective)
+
+// full (size * n) = every rank's part (n) of a device buffer in the compute type, in rank order
+template <typename floatX> void all_gather(FsdpComm *c, floatX *full, const floatX *part, size_t n) {
+    if constexpr (std::is_same<floatX, float>::value) fsdp_all_gather(c, full, part, n);
+    else fsdp_all_gather_bf16(c, full, part, n); // (16-bit: fp16 moves as bf16 does)
+}
+
+// Starts gathering unit u (0 .. n_units - 1; sharded) into its slot from the
+// shards, unless the slot holds it (collective). The gather waits for the
+// compute enqueued so far, which holds the last reads of the slot's old unit;
+// what is enqueued after it may overlap it.
+template <typename floatX> void unit_prefetch(Model *m, int u) {
+    Buffers<floatX> &d = buffers<floatX>(m);
+    int s = unit_slot(m, u);
+    if (m->slot_unit[s] == u) return;
+    const FsdpUnit *un = &m->host.units.units[u];
+    stream_after(m->comm_stream, m->stream, m->computed);
+    PROF_BEGIN_UNIT(m->comm_stream, "gather", u, m->host.config.n_layers,
+                    (long long)m->fsdp->shard.size * (un->packed ? un->packed_shard : un->shard * sizeof(floatX)));
+    if (un->packed) // QLoRA: a layer's run, as bytes
+        fsdp_all_gather_u8(device_comm(m, &m->dev.shard), d.slot[s], m->quant_bytes + un->packed_offset, un->packed_shard);
+    else all_gather(device_comm(m, &m->dev.shard), d.slot[s], d.weights + un->shard_offset, un->shard);
+    PROF_END(m->comm_stream);
+    cudaCheck(cudaEventRecord(m->gathered[s], m->comm_stream));
+    m->slot_unit[s] = u;
+}
+// unit u's parameters, whole, for the compute stream, which waits for their gather
+template <typename floatX> floatX *unit_gather(Model *m, int u) {
+    unit_prefetch<floatX>(m, u);
+    int s = unit_slot(m, u);
+    cudaCheck(cudaStreamWaitEvent(m->stream, m->gathered[s], 0));
+    return buffers<floatX>(m).slot[s];
+}
+// the unit a forward (dir 1) or backward (-1) needs after unit u, gathered while u computes
+template <typename floatX> void prefetch_next(Model *m, int u, int dir) {
+    if (m->sharded) unit_prefetch<floatX>(m, u + dir);
+}
+
+// QLoRA: decoder layer unit u's parameters whole in d.deq, from its run (whole, or
+// gathered into its slot: collective), its 4-bit weights dequantized (quant.cuh, as quant.h's
+// dequant_tensor) and its fp32 norms converted, before its products, unless d.deq
+// holds them already (they are frozen; every rank asks in the same order). One
+// stream: the products that read the layer before run before d.deq is overwritten.
+template <typename floatX> floatX *unit_dequant(Model *m, int u) {
+    Buffers<floatX> &d = buffers<floatX>(m);
+    const HostModel *h = &m->host;
+    if (m->deq_unit != u) {
+        const FsdpUnit *un = &h->units.units[u];
+        uint8_t *run = m->sharded ? (uint8_t *)unit_gather<floatX>(m, u) : m->quant_bytes + (size_t)(u - 1) * h->run_bytes;
+        for (int j = 0; j < un->n_tensors; j++) {
+            floatX *dst = d.deq + un->tensors[j].offset;
+            if (model_quantized(h, u, j)) dequant_tensor(model_run_tensor(h, run, j), dst, m->stream);
+            else convert(dst, (const float *)(run + h->run_offset[j]), un->tensors[j].numel, m->stream);
+        }
+        m->deq_unit = u;
+    }
+    return d.deq;
+}
+
+// tensor j of unit u (fsdp_units_llama's order), where the forward reads it
+template <typename floatX> floatX *param_at(Model *m, int u, int j) {
+    if (m->host.units.units[u].packed)
+        return unit_dequant<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
+    if (!m->sharded) return buffers<floatX>(m).weights + weight_offset(&m->host, u, j);
+    return unit_gather<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
+}
+// --trainable_params: saved tensor k (lora_saved's numbering) where the forward reads it, LoRA's
+// copy for the matmuls (the masters, or the optimizer's bf16/fp16 copy), else w (the base's)
+template <typename floatX> floatX *saved_or(Model *m, int k, floatX *w) {
+    int64_t at = lora_saved_at(&m->host.lora, k);
+    return at < 0 ? w : buffers<floatX>(m).lora_w + at;
+}
+// the embedding (--trainable_params embed: LoRA's trained copy)
+template <typename floatX> floatX *embed_weight(Model *m) { return saved_or(m, 0, param_at<floatX>(m, 0, 0)); }
+// the output projection: lm_head, or with tied embeddings the embedding
+template <typename floatX> floatX *head_weight(Model *m) {
+    return m->host.config.tied ? embed_weight<floatX>(m) : param_at<floatX>(m, fsdp_head_unit(&m->host.units), 1);
+}
+// the final norm (--trainable_params norm: LoRA's trained copy)
+template <typename floatX> floatX *final_norm(Model *m) {
+    return saved_or(m, 1 + 2 * m->host.config.n_layers, param_at<floatX>(m, fsdp_head_unit(&m->host.units), 0));
+}
+template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
+    floatX *t[LAYER_TENSORS];
+    for (int j = 0; j < LAYER_TENSORS; j++) t[j] = param_at<floatX>(m, fsdp_layer_unit(l), j);
+    LayerWeights<floatX> w = layer_weights(t);
+    w.attn_norm = saved_or(m, 1 + 2 * l, w.attn_norm);
+    w.mlp_norm = saved_or(m, 2 + 2 * l, w.mlp_norm);
+    return w;
+}
+
+// ----------------------------------------------------------------------------
+// context parallelism (docs/long_context.md; the layout: lora.h's context_layout and
+// context_piece): the ranks run their pieces group by group, in step. Each rank's KV and
+// dKV carries hold its own positions alone, compact: its piece of group j at rows
+// [j len, (j + 1) len) of T / P (carry_rows). At each layer a piece's keys and values are
+// gathered from the group's carries into one layer's buffers at their absolute positions
+// (context_gather), where the attention reads them as it reads the carry; in the backward
+// the gradients it gives them there are summed over the group into their owners' dKV
+// carries (context_reduce).
+
+// the group of piece ch (this rank's: context_piece's)
+static int context_group(const Model *m, const Chunk *ch) { return ch->t0 / ch->len / m->context->size; }
+// where chunk ch's keys and values lie in the carries: at its positions after a prefix's, or
+// context parallel at its rank's compact rows
+static Chunk carry_rows(const Model *m, const Chunk *ch) {
+    if (!m->context) return carry_chunk(ch, host_prefix(&m->host));
+    Chunk c = *ch;
+    c.T = ch->T / m->context->size, c.t0 = context_group(m, ch) * ch->len;
+    return c;
+}
+
+// Layer l's keys and values of every position up to the end of piece ch's group j into ck, cv
+// (B, T, KV) at their absolute positions: each rank's compact rows of groups 0 .. j (B, (j + 1) len,
+// KV), all-gathered over the context group (collective), rank r's piece of group g where
+// context_piece puts it. Nothing when they are there already (held_layer, held_group).
+template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l) {
+    Buffers<floatX> &d = buffers<floatX>(m);
+    const Config *c = &m->host.config;
+    int P = m->context->size, j = context_group(m, ch), len = ch->len, B = ch->B, T = ch->T;
+    if (m->held_layer == l && m->held_group == j) return;
+    size_t KV = (size_t)c->n_kv_heads * c->head_dim, n = (size_t)B * (j + 1) * len * KV, carry = (size_t)B * (T / P) * KV;
+    Chunk mine = {B, T / P, 0, (j + 1) * len, 0, 0}, packed = {B, (j + 1) * len, 0, (j + 1) * len, 0, 0};
+    floatX *part = (floatX *)m->context_part, *all = (floatX *)m->context_stage; // (B, (j + 1) len, KV), P of them
+    PROF_BEGIN(m->stream, "context all-gather", l, j, (long long)(2 * P * n * sizeof(floatX)));
+    for (int kv = 0; kv < 2; kv++) {
+        rows_copy(part, &packed, LAYER(kv ? d.v : d.k, l, carry), &mine, KV, m->stream);
+        stream_after(m->comm_stream, m->stream, m->computed);
+        all_gather(device_comm(m, &m->dev.context), all, part, n);
+        stream_after(m->stream, m->comm_stream, m->communicated);
+        for (int r = 0; r < P; r++)
+            for (int g = 0; g <= j; g++) {
+                Chunk from = {B, (j + 1) * len, g * len, len, 0, 0}, to = context_piece(P, B, T, len, g, r, 0);
+                rows_copy(kv ? d.cv : d.ck, &to, all + r * n, &from, KV, m->stream);
+            }
+    }
+    PROF_END(m->stream);
+    m->held_layer = l, m->held_group = j;
+}
+
+// The gradients cdk, cdv (B, T, KV) that the ranks' pieces of group j gave the positions up to
+// its end, summed over the context group in fp32 (a reduce-scatter: collective) and added into
+// the owners' dKV carries of layer l, rows of groups 0 .. j. The rank's piece of group j is
+// complete then (the later groups' shares came first).
+template <typename floatX> void context_reduce(Model *m, const Chunk *ch, int l) {
+    Buffers<floatX> &d = buffers<floatX>(m);
+    const Config *c = &m->host.config;
+    int P = m->context->size, j = context_group(m, ch), len = ch->len, B = ch->B, T = ch->T;
+    size_t KV = (size_t)c->n_kv_heads * c->head_dim, rows = (size_t)(j + 1) * len, n = B * rows * KV, carry = (size_t)B * (T / P) * KV;
+    PROF_BEGIN(m->stream, "context reduce-scatter", l, j, (long long)(2 * P * n * sizeof(float)));
+    for (int kv = 0; kv < 2; kv++) {
+        floatX *g = kv ? d.cdv : d.cdk, *dc = LAYER(kv ? d.dv : d.dk, l, carry);
+        for (int r = 0; r < P; r++) // rank r's rows (B, (j + 1) len, KV) in fp32, in its compact order
+            for (int p = 0; p <= j; p++) {
+                Chunk at = context_piece(P, B, T, len, p, r, 0);
+                for (int b = 0; b < B; b++)
+                    convert(m->context_stage + r * n + (b * rows + p * len) * KV, g + ((size_t)b * T + at.t0) * KV, len * KV, m->stream);
+            }
+        stream_after(m->comm_stream, m->stream, m->computed);
+        fsdp_reduce_scatter(device_comm(m, &m->dev.context), m->context_part, m->context_stage, n);
+        stream_after(m->stream, m->comm_stream, m->communicated);
+        for (int b = 0; b < B; b++) accumulate(dc + b * (T / P) * KV, m->context_part + b * rows * KV, rows * KV, m->stream);
+    }
+    PROF_END(m->stream);
+}
+
+// ----------------------------------------------------------------------------
+// the gradients of full fine-tuning's units: where the backward adds them
+
+// Full fine-tuning's gradients (fp32), as in train_llama2.c: whole, straight in
+// m->grads; sharded, a unit's gradient whole (zeroed as it opens), reduce-scattered
+// by grads_done into this rank's shard of m->grads, on the collectives' stream.
+// Offloaded (m->grads on the host): whole, the unit's running total goes up as it opens
+// (zeros at its first) and down again when done, so the backward adds to it as it
+// adds to m->grads; sharded, the reduced shard goes down and the host adds it
+// (grads_to_host), as accumulate adds it on the device.
+static float *grad_at(Model *m, int u, int j) {
+    const HostModel *h = &m->host;
+    if (!grads_by_unit(m)) return m->grads + model_tensor_offset_from(&h->config, h->frozen_units, u, j);
+    const FsdpUnit *un = &h->units.units[u];
+    int b = u != 0;
+    if (m->grad_open[b] != u) {
+        if (m->sharded || !m->cpu_offload || !m->grad_held[u]) { // (sharded: the padding too)
+            size_t n = m->sharded ? (size_t)m->fsdp->shard.size * un->shard : un->numel;
+            cudaCheck(cudaMemsetAsync(m->unit_grad[b], 0, n * sizeof(float), m->stream));
+        } else {
+            unit_grad_copy(m, u, b, cudaMemcpyHostToDevice, m->stream);
+        }
+        m->grad_open[b] = u;
+    }
+    return m->unit_grad[b] + un->tensors[j].offset;
+}
+static void grads_done(Model *m, int u) {
+    const HostModel *h = &m->host;
+    if (!grads_by_unit(m)) return;
+    const FsdpUnit *un = &h->units.units[u];
+    float *g = m->unit_grad[u != 0];
+    stream_after(m->comm_stream, m->stream, m->computed);
+    if (m->sharded) {
+        if (m->pure_bf16) round_bf16(g, (size_t)m->fsdp->shard.size * un->shard, m->comm_stream); // each rank's part bf16
+        PROF_BEGIN_UNIT(m->comm_stream, "reduce-scatter", u, h->config.n_layers, (long long)m->fsdp->shard.size * un->shard * sizeof(float));
+        fsdp_reduce_scatter(device_comm(m, &m->dev.shard), m->grad_part, g, un->shard);
+        PROF_END(m->comm_stream);
+        size_t at = trainable_shard_at(h, u); // m->grads: the trainable units' shards
+        if (m->cpu_offload) grads_to_host(m, u, at);
+        else if (m->pure_bf16 && !pure_bf16_chunked(m)) grads_bf16_add(m->grad_acc + at, m->grad_part, un->shard, m->comm_stream);
+        else accumulate(m->grads + at, m->grad_part, un->shard, m->comm_stream);
+    } else if (m->pure_bf16 && !m->cpu_offload) { // whole sequences: the unit's micro-batch gradient into the step's, tensor by tensor
+        for (int k = 0; k < un->n_tensors; k++)
+            grads_bf16_add(m->grad_acc + model_tensor_offset_from(&h->config, h->frozen_units, u, k), g + un->tensors[k].offset,
+                           un->tensors[k].numel, m->comm_stream);
+    } else if (m->pure_bf16 && !pure_bf16_chunked(m)) { // offloaded, whole sequences: the same, on the host
+        grads_to_host(m, u, 0);
+    } else {
+        unit_grad_copy(m, u, u != 0, cudaMemcpyDeviceToHost, m->comm_stream);
+        m->grad_held[u] = 1;
+        if (offload_step_final(m)) offload_step_copied(m, u);
+    }
+    stream_after(m->stream, m->comm_stream, m->communicated); // before the unit's gradient is zeroed again
+    m->grad_open[u != 0] = -1;
+}
+static LayerWeights<float> layer_grads(Model *m, int l) {
+    float *t[LAYER_TENSORS];
+    for (int j = 0; j < LAYER_TENSORS; j++) t[j] = grad_at(m, fsdp_layer_unit(l), j);
+    return layer_weights(t);
+}
+// LoRA's gradient of saved tensor k (lora_saved's numbering), NULL when it does not train
+static float *saved_grad(Model *m, int k) { return lora_saved(&m->host.lora, m->grads, k, NULL); }
+
+// ----------------------------------------------------------------------------
 // optimizer: AdamW as torch.optim.AdamW, SGD as torch.optim.SGD, clipping as
 // torch.nn.utils.clip_grad_norm_, on the device (layers.cuh); the state lives
 // there alone (a checkpoint streams it through a staging buffer: optimizer_state_get)
@@ -1960,7 +1665,7 @@ static void optimizer_init(Optimizer *o, Model *m) {
     int shard = m->sharded && !m->host.use_lora;
     if (m->fsdp && m->fsdp->world.size > 1) {
         const FsdpComm *sum_over = shard ? &m->fsdp->replica : &m->fsdp->world; // its host side: the size
-        o->grad_sum = sum_over->size == 1 ? NULL : m->cpu_offload ? (FsdpComm *)sum_over : shard ? &m->dev_replica : &m->dev_world;
+        o->grad_sum = sum_over->size == 1 ? NULL : m->cpu_offload ? (FsdpComm *)sum_over : shard ? &m->dev.replica : &m->dev.world;
         o->norm_sum = shard ? &m->fsdp->shard : NULL;
     }
     offload_step_start(m, o->grad_sum != NULL);
@@ -2255,6 +1960,9 @@ static void optimizer_sync_device(Optimizer *o) {
     cudaCheck(cudaStreamSynchronize(m->stream));
 }
 
+// ----------------------------------------------------------------------------
+// what else trainer.h asks of the backend: the memory in use and the plans, the options it runs
+
 // Device memory in use, in MiB, the most seen so far: cudaMemGetInfo's view,
 // this process's allocations and its CUDA context (and any other process on the
 // GPU). The model allocates everything before the first step, so after one
@@ -2302,6 +2010,9 @@ static double model_host_bytes(const Model *m, int part) {
 }
 static const char *const model_host_advice = "";
 static const char *const backend_precisions[] = {"bf16", "fp16", "fp32"};
+static const int backend_sharding = 1; // any number of ranks, every strategy
+static const int backend_context_parallel = 2; // --context_parallel, with what its tests cover (model_forward_backward, model_forward)
+static const char *const backend_collectives[] = {"auto", "nccl", "host"};
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

@@ -34,7 +34,7 @@
 # the CPU trainer, which holds it all on the host anyway, takes the combination and changes nothing;
 # Llama-2-7B's plans, one process and four ranks (no fp32 shard on the host).
 # The cases with --grad_clip 0 but fp16, NO_SHARD and pure bf16 in chunks step each unit as its gradient becomes
-# final, overlapped with the backward (train_llama2.cu's OffloadStep; fp16's loss scale and
+# final, overlapped with the backward (offload.cuh's OffloadStep; fp16's loss scale and
 # NO_SHARD's sum over replicas keep the step after the backward): LLAMA2TUNE_OFFLOAD_LOG's
 # line each step says so (every unit that trains stepped that way) and how many units were
 # stepped before the last one's gradient was final (timing: counted over the cases, > 0).
