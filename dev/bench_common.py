@@ -1,7 +1,7 @@
 """What the GPU benchmarks share (dev/bench_hf.py, dev/bench_ours.py): the model shapes, the
-LoRA settings, the FLOP count of trainer.h, and the markdown rows. No torch here.
+LoRA settings, the FLOP count of trainer/plan.h, and the markdown rows. No torch here.
 
-The FLOP count is trainer.h's flops_per_sequence written out again, so that transformers +
+The FLOP count is trainer/plan.h's flops_per_sequence written out again, so that transformers +
 peft get their MFU from the same formula as our trainer prints; dev/bench_ours.py checks the
 two against each other on every run (the trainer's own tflops x ms against this).
 """
@@ -37,7 +37,7 @@ def peak_tflops(device_name):
 
 
 def flops_per_sequence(cfg, T, lora):
-    """trainer.h's flops_per_sequence for LoRA: (4 N + 6 N_lora) T + 3 x 2 L NH hd T^2, with a
+    """trainer/plan.h's flops_per_sequence for LoRA: (4 N + 6 N_lora) T + 3 x 2 L NH hd T^2, with a
     sliding window W < T: T^2 - (T - W)^2 in place of T^2. cfg: config.json as a dict; lora: an entry of LORA."""
     D, H, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     NH = cfg["num_attention_heads"]

@@ -14,7 +14,7 @@ model (--random_init: config.json and tokenizer.model, no weights), read from --
 - The data: packed rows of exactly --seq tokens of generated text, so every step has
   batch x seq tokens, as dev/bench_hf.py's synthetic ones.
 - A row: the steps after --warmup; tokens/s = their tokens over their time, TFLOP/s and MFU
-  from the trainer's own tflops (trainer.h's formula, checked here against
+  from the trainer's own tflops (trainer/plan.h's formula, checked here against
   dev/bench_common.py's, which dev/bench_hf.py uses), GPU used = the metrics' mem_mb
   (cudaMemGetInfo's view), allocated = the plan's device memory.
 - --long: one sequence per step, the longest --seq whose plan fits, whole (the head in

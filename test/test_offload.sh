@@ -189,7 +189,7 @@ nanstep AdamW resume_AdamW__unclipped
 nanstep "pure bf16" resume_pure_bf16__unclipped__overlapped_ "${PURE[@]}"
 
 # a NaN in a trained weight is never saved: without the offload the check runs on the GPU
-# (masters_finite: each tensor's sum), and says what trainer.h's check of host weights says.
+# (masters_finite: each tensor's sum), and says what trainer/checkpoint.h's check of host weights says.
 # The NaN is planted in the file (the final norm's last element, bf16 0x7fc0): every step's
 # loss is NaN and skipped, so the optimizer state stays zero and the weights alone trip it.
 # One process, and W = 2 FULL_SHARD (the NaN in rank 1's shard, which streams to its GPU: its

@@ -474,7 +474,7 @@ static void test_adamw8bit_state(void) {
     model_free(&m);
 }
 
-// trainer.h's loss_scale_update against torch.amp.GradScaler("cpu") driven alone
+// trainer/schedule.h's loss_scale_update against torch.amp.GradScaler("cpu") driven alone
 // (dev/reference/make_grad_scaler_fixtures.py): 6600 steps with overflows at
 // steps 1, 2, 2500 and 4499, so two backoffs, a growth after 2000 clean steps,
 // a backoff that restarts the count, one a step before a growth. The scale

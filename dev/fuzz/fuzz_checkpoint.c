@@ -1,7 +1,7 @@
 // An output folder of checkpoints from arbitrary bytes, read as `--resume` reads
 // it: checkpoint_list and checkpoint_resolve (checkpoint.h) over fuzzed folder
 // and file names, then checkpoint_verify (the files' digests) and load_checkpoint
-// (trainer.h: trainer_state.json, the resume checks against this run's
+// (trainer/checkpoint.h: trainer_state.json, the resume checks against this run's
 // options and data, optimizer.safetensors) on the checkpoint it picks.
 // The input is up to five sections, separated by the line "=====":
 //   0: names to create in the output folder, one a line: "d<name>" a folder,

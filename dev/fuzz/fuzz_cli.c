@@ -1,5 +1,5 @@
 // The command line from arbitrary bytes: the input split at NUL bytes into
-// argv[1..] (argv[0] is "train_llama2"), then parse_args (trainer.h). It
+// argv[1..] (argv[0] is "train_llama2"), then parse_args (trainer/options.h). It
 // must return 0, 1 (--help) or -1 with a message ("error: ..." on stderr), and
 // never exit the process (libFuzzer reports an exit as a crash). What it
 // accepts must be in range.

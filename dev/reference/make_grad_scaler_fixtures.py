@@ -3,7 +3,7 @@
 #
 #     python3 dev/reference/make_grad_scaler_fixtures.py
 #
-# Reference values for dynamic loss scaling (trainer.h's LossScale, --loss_scale
+# Reference values for dynamic loss scaling (trainer/schedule.h's LossScale, --loss_scale
 # dynamic) from torch.amp.GradScaler("cpu") with its defaults (init_scale 2^16,
 # growth_factor 2, backoff_factor 0.5, growth_interval 2000). Writes
 # test/fixtures/grad_scaler/:
