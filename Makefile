@@ -314,8 +314,8 @@ RUN_JOBS ?= 2
 # modes, on tiny_gqa and tiny_tied), attention, chunked == whole (LoRA), the tokenizers and the
 # dataloader, the parsers (their malformed inputs, the fuzzers' seeds and crashes, the CLI's
 # refusals), checkpoint formats and resume, GGUF export, the optimizers against torch, W = 2
-# FULL_SHARD == one process under mpirun and dev/launch.sh, and the emulated CUDA trainer
-# against its CPU twin (test_llama2cu --quick: its build, without the sanitizers, is a third of
+# FULL_SHARD == one process under mpirun and dev/launch.sh, context parallelism == one
+# process, and the emulated CUDA trainer against its CPU twin (test_llama2cu --quick: its build, without the sanitizers, is a third of
 # the emulated trainer's, which it leaves out with the kernel checks and the compile check).
 # The emulated trainer's runs in the scripts are skipped (EMU_TRAINER, EMU_BIN: none, not one
 # left by an earlier make test-all). The emulated program goes first, its build the longest.
@@ -324,7 +324,7 @@ QUICK_TESTS = test/test_llama2 test/test_attention test/test_chunked test/test_t
 test: $(if $(B),,$(EMU)/test/test_llama2cu) $(B)train_llama2 $(addprefix $(B),$(QUICK_TESTS)) $(B)test/test_fsdp $(B)test/st_compare
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} RUN_JOBS=$(RUN_JOBS) BIN=./$(B)train_llama2 EMU_TRAINER= EMU_BIN= $(TEST_ENV) test/run.sh \
 	    $(if $(B),,"test/test_emu_cuda.sh --quick") "$(B)test/test_llama2 lora full dora dora_dropout ia3 llama_adapter prefix trainable" \
-	    $(B)test/test_attention "test/test_sharded.sh --quick" test/test_resume.sh "$(B)test/test_chunked lora" \
+	    $(B)test/test_attention "test/test_sharded.sh --quick" test/test_context_parallel.sh test/test_resume.sh "$(B)test/test_chunked lora" \
 	    $(addprefix $(B),$(filter-out test/test_llama2 test/test_attention test/test_chunked,$(QUICK_TESTS))) \
 	    test/test_cli.sh test/test_gguf.sh test/test_checkpoints.sh test/test_docs.sh
 # make test-all: every test. The programs are listed longest build first, so that no long build
