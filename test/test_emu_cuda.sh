@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make test's runs of the CUDA sources on the CPU, through the execution layer
-# (dev/emu/; built by `make test` into build-emu/, no GPU and no nvcc needed):
+# make test-all's runs of the CUDA sources on the CPU, through the execution layer
+# (dev/emu/; built by `make test-all` into build-emu/, no GPU and no nvcc needed):
 # 1. every dev/cuda/ kernel check against its CPU twin (--quick: the small shapes,
 #    no timing), each line as the check prints it;
 #    dev/cuda/fsdp_nccl (fsdp.h's device collectives) alone (NCCL for one rank and

@@ -480,7 +480,7 @@ run 2 "$out" "${FULL[@]}" --model "$TMP/m" --batch_size 6 --resume "$out"
 same_run "a sharded checkpoint resumes with --model holding only config.json and tokenizer.model (steps 6-10, final weights)" \
     "$TMP/env-save2m" "$out" model.safetensors 6
 
-# a build without MPI (make test builds one where the trainer has MPI) launches the same way with the same bits,
+# a build without MPI (make test-all builds one where the trainer has MPI) launches the same way with the same bits,
 # and refuses to run as mpirun's several processes, each of which would train alone
 nompi="$dir_of_bin/test/train_llama2_nompi"
 if [ -x "$nompi" ]; then
