@@ -320,11 +320,13 @@ RUN_JOBS ?= 2
 # kernel checks and the compile check).
 # The emulated trainer's runs in the scripts are skipped (EMU_TRAINER, EMU_BIN: none, not one
 # left by an earlier make test-all). The emulated program goes first, its build the longest.
+# Its two processes take both cores while the other tests run beside them, whose OpenMP threads
+# then wait passively: spinning, they took 2-5 times their CPU time (test_attention 15 s, not 3).
 QUICK_TESTS = test/test_llama2 test/test_attention test/test_chunked test/test_tokenizer test/test_dataloader \
     test/test_json test/test_safetensors test/test_torch_zip test/test_fuzz_replay test/test_quant test/test_gguf test/test_optim
 test: $(if $(B),,$(EMU)/test/test_llama2cu) $(B)train_llama2 $(addprefix $(B),$(QUICK_TESTS)) $(B)test/test_fsdp $(B)test/st_compare
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} RUN_JOBS=$(RUN_JOBS) BIN=./$(B)train_llama2 EMU_TRAINER= EMU_BIN= $(TEST_ENV) test/run.sh \
-	    $(if $(B),,"test/test_emu_cuda.sh --quick") $(B)test/test_llama2 \
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} RUN_JOBS=$(RUN_JOBS) BIN=./$(B)train_llama2 \
+	    EMU_TRAINER= EMU_BIN= $(TEST_ENV) test/run.sh $(if $(B),,"test/test_emu_cuda.sh --quick") $(B)test/test_llama2 \
 	    $(B)test/test_attention "test/test_sharded.sh --quick" test/test_context_parallel.sh test/test_resume.sh "$(B)test/test_chunked lora" \
 	    $(addprefix $(B),$(filter-out test/test_llama2 test/test_attention test/test_chunked,$(QUICK_TESTS))) \
 	    test/test_cli.sh test/test_gguf.sh test/test_checkpoints.sh test/test_docs.sh
