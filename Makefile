@@ -1,11 +1,13 @@
 # llama2.tune
 #   make train_llama2     CPU trainer (fp32, OpenMP when the compiler has it)
 #   make train_llama2cu   CUDA trainer (nvcc, cuBLASLt; compiled, not yet run on a GPU)
-#   make test             build and run every test; ends with "N passed, N failed"
+#   make test             the quick tier: one test of each idea, build included (~3 minutes on
+#                         2 cores); ends with "N passed, N failed"
+#   make test-all         build and run every test (~19 minutes on 2 cores)
 #   make run              the built-in default: LoRA on a small generated model and data (out/default/)
-#   make test SANITIZE=1  the same tests built with ASan + UBSan (into build-san/)
+#   make test-all SANITIZE=1  the same tests built with ASan + UBSan (into build-san/; make test SANITIZE=1 the quick ones)
 #   make fuzz             every parser's libFuzzer target for FUZZ_SECONDS each (clang)
-# one build job per core (make test's build, the emulated CUDA programs above all, is two
+# one build job per core (make test-all's build, the emulated CUDA programs above all, is two
 # thirds of its time; the tests themselves run in its last recipe, RUN_JOBS at a time)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
 CC ?= gcc
@@ -86,7 +88,7 @@ TESTS = test/test_json test/test_safetensors test/test_tensorboard test/test_pro
 FUZZ_TARGETS = json safetensors torch_zip st_index config model adapter tokenizer_load tokenizer_encode tokenizer_json tokenizer_bpe cli data tokcache checkpoint fsdp_index tcp_hello meta
 FUZZ_SRCS = $(FUZZ_TARGETS:%=dev/fuzz/fuzz_%.c)
 
-.PHONY: all test run clean cuda cuda-compile-check cuda-checks fuzz emu-test
+.PHONY: all test test-all run clean cuda cuda-compile-check cuda-checks fuzz emu-test
 all: train_llama2
 
 $(B)train_llama2: train_llama2.c $(HEADERS)
@@ -204,7 +206,7 @@ build-arch/sm90/test/test_llama2cu: test/test_llama2cu.cu test/cpu_twin.o test/t
 # sm_70 too where this nvcc still has Volta (CUDA 12 and older; 13 dropped it)
 CUDA_VOLTA = $(if $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_70),build-arch/train_llama2cu_sm70)
 # test_optim as nvcc builds the trainer's host code: --cpu_offload's step runs these loops
-# there, and must give torch's bits there too (make test runs it where nvcc is)
+# there, and must give torch's bits there too (make test-all runs it where nvcc is)
 build-arch/test/test_optim: test/test_optim.c support/optimizer_cpu.h support/optimizer.h support/optimizer_qmap.h test/test_common.h
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS_BASE) -Xcompiler -Wno-unused-function -x cu -o $@ $< -lm
@@ -286,7 +288,7 @@ $(EMU)/test/test_llama2cu: test/cpu_twin.o
 $(EMU)/test/test_llama2cu: EMU_ASAN =
 # The emulated trainer with ASan alone: UBSan took its build from 116 to 173 CPU seconds,
 # make test's longest. Every kernel still runs under both in its dev/cuda/ check, and the
-# host code it shares with train_llama2.c under both in `make test SANITIZE=1`.
+# host code it shares with train_llama2.c under both in `make test-all SANITIZE=1`.
 $(EMU)/train_llama2: EMU_ASAN = -fsanitize=address
 train_llama2cu_emu: $(EMU)/train_llama2
 	cp $< $@
@@ -305,12 +307,33 @@ RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
 # test_sharded.sh goes first, beside test_emu_cuda.sh's kernel checks (one process): its many
 # short runs of 2-4 ranks (70 s alone) wait on each other, and beside test_emu_cuda.sh's two
 # trainer processes, as third in the list, its MPI ranks polled for 163-328 s. Measured on 2
-# cores, the same build: the tests took 394 s against 439 (the whole make test ~1000 s).
+# cores, the same build: the tests took 394 s against 439 (the whole make test-all ~1000 s).
 RUN_JOBS ?= 2
-# The programs are listed longest build first, so that no long build starts last while the
-# other core waits: the emulated trainer alone takes 3 minutes.
+# make test, the quick tier: one test of each idea, in a seventh of make test-all's CPU time (201
+# CPU seconds against 1493 from a clean clone, builds included). The CPU trainer against
+# transformers + peft (test_llama2 whole: 7 CPU seconds), attention, chunked == whole (LoRA), the tokenizers and the dataloader, the
+# parsers (their malformed inputs, the fuzzers' seeds and crashes, the CLI's refusals),
+# checkpoint formats and resume, GGUF export, the optimizers against torch, W = 2 FULL_SHARD ==
+# one process under mpirun and dev/launch.sh, context parallelism == one process, and the
+# emulated CUDA trainer against its CPU twin (test_llama2cu --quick: its build, without the
+# sanitizers, is less than half the emulated trainer's, which make test leaves out with the
+# kernel checks and the compile check).
+# The emulated trainer's runs in the scripts are skipped (EMU_TRAINER, EMU_BIN: none, not one
+# left by an earlier make test-all). The emulated program goes first, its build the longest.
+# Its two processes take both cores while the other tests run beside them, whose OpenMP threads
+# then wait passively: spinning, they took 2-5 times their CPU time (test_attention 15 s, not 3).
+QUICK_TESTS = test/test_llama2 test/test_attention test/test_chunked test/test_tokenizer test/test_dataloader \
+    test/test_json test/test_safetensors test/test_torch_zip test/test_fuzz_replay test/test_quant test/test_gguf test/test_optim
+test: $(if $(B),,$(EMU)/test/test_llama2cu) $(B)train_llama2 $(addprefix $(B),$(QUICK_TESTS)) $(B)test/test_fsdp $(B)test/st_compare
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} RUN_JOBS=$(RUN_JOBS) BIN=./$(B)train_llama2 \
+	    EMU_TRAINER= EMU_BIN= $(TEST_ENV) test/run.sh $(if $(B),,"test/test_emu_cuda.sh --quick") $(B)test/test_llama2 \
+	    $(B)test/test_attention "test/test_sharded.sh --quick" test/test_context_parallel.sh test/test_resume.sh "$(B)test/test_chunked lora" \
+	    $(addprefix $(B),$(filter-out test/test_llama2 test/test_attention test/test_chunked,$(QUICK_TESTS))) \
+	    test/test_cli.sh test/test_gguf.sh test/test_checkpoints.sh test/test_docs.sh
+# make test-all: every test. The programs are listed longest build first, so that no long build
+# starts last while the other core waits: the emulated trainer alone takes 3 minutes.
 NVCC_FOUND := $(shell command -v $(NVCC) 2>/dev/null)
-test: $(if $(B),,train_llama2cu_emu $(EMU)/test/test_llama2cu $(if $(NVCC_FOUND),$(CUDA_COMPILE_CHECK)) \
+test-all: $(if $(B),,train_llama2cu_emu $(EMU)/test/test_llama2cu $(if $(NVCC_FOUND),$(CUDA_COMPILE_CHECK)) \
     $(EMU)/dev/cuda/fsdp_nccl $(EMU_CHECKS) $(EMU_TESTS)) \
     $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if $(MPICC),$(B)test/train_llama2_nompi)
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)

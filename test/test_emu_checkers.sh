@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shows each checker of the emulated build firing on a planted bug (the programs in
-# test/emu_planted/, built by `make test` into build-emu/ with ASan, unoptimized, and,
+# test/emu_planted/, built by `make test-all` into build-emu/ with ASan, unoptimized, and,
 # for the races, into build-emu-tsan/ with ThreadSanitizer). Each check wants the
 # program to fail and its report to name the kernel and the planted lines, which
 # the sources mark with "// PLANTED: <what>". Last, LeakSanitizer under mpirun (mpi_leak,

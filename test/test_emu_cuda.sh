@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make test's runs of the CUDA sources on the CPU, through the execution layer
-# (dev/emu/; built by `make test` into build-emu/, no GPU and no nvcc needed):
+# make test-all's runs of the CUDA sources on the CPU, through the execution layer
+# (dev/emu/; built by `make test-all` into build-emu/, no GPU and no nvcc needed):
 # 1. every dev/cuda/ kernel check against its CPU twin (--quick: the small shapes,
 #    no timing), each line as the check prints it;
 #    dev/cuda/fsdp_nccl (fsdp.h's device collectives) alone (NCCL for one rank and
@@ -8,14 +8,19 @@
 # 2. test_llama2cu, the CUDA trainer against the CPU twin, every case of the GPU
 #    run, in two processes that share the cases (--part 0/2 and 1/2: the two cores
 #    a CI machine has), the second with blocks and streams in shuffled orders.
+# --quick (make test's quick tier): 2. alone, test_llama2cu's --quick cases (the kernel
+# checks and fsdp_nccl are not built there).
 # The emulated kernel checks are ASan + UBSan builds (test_llama2cu is not: see the
 # Makefile): an out-of-bounds access, a divergent barrier or a host read of device
 # memory stops one with a report, which fails it here. Streams run lazily
 # (EMU_STREAMS, dev/emu/runtime.h), so a missing event wait shows as a wrong result.
 cd "$(dirname "$0")/.."
 EMU=build-emu
-checks=$(make --no-print-directory -s cuda-checks | tail -1) # every dev/cuda/ check (the Makefile's CUDA_CHECKS)
+quick=()
+[ "${1:-}" = --quick ] && quick=(--quick)
 status=0
+kernel_checks() {
+checks=$(make --no-print-directory -s cuda-checks | tail -1) # every dev/cuda/ check (the Makefile's CUDA_CHECKS)
 for k in $checks; do
     if [ ! -x "$EMU/dev/cuda/$k" ]; then
         echo "FAIL emulated dev/cuda/$k: not built ($EMU/dev/cuda/$k)"
@@ -35,6 +40,8 @@ for w in 1 2 3; do
     rc=${PIPESTATUS[0]}
     [ $rc -ne 0 ] && { echo "FAIL emulated dev/cuda/fsdp_nccl at W = $w exited with status $rc"; status=1; }
 done
+}
+[ ${#quick[@]} -gt 0 ] || kernel_checks
 
 if [ ! -x "$EMU/test/test_llama2cu" ]; then
     echo "FAIL emulated test_llama2cu: not built ($EMU/test/test_llama2cu)"
@@ -47,7 +54,7 @@ start=$(date +%s)
 # program gives the same checks either way, so an order the code relies on fails here
 modes=("" "EMU_SHUFFLE=1 EMU_STREAMS=shuffle:1")
 for part in 0 1; do
-    env OMP_NUM_THREADS=1 ${modes[$part]} "$EMU/test/test_llama2cu" --part $part/2 >"$tmp/part$part.log" 2>&1 &
+    env OMP_NUM_THREADS=1 ${modes[$part]} "$EMU/test/test_llama2cu" "${quick[@]}" --part $part/2 >"$tmp/part$part.log" 2>&1 &
     pids[$part]=$!
 done
 for part in 0 1; do

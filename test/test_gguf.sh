@@ -15,7 +15,7 @@ set -u
 cd "$(dirname "$0")/.."
 SUITE=gguf
 source test/train_helpers.sh # BIN, TMP, FIX, check, fails
-EMU_BIN=${EMU_BIN:-./train_llama2cu_emu}
+EMU_BIN=${EMU_BIN-./train_llama2cu_emu} # set empty (make test): none, its exports skipped
 TEST_GGUF="$(dirname "$BIN")/test/test_gguf"
 export OMP_NUM_THREADS=1
 # the flags of check_gguf.py's fixture run (GGUF_FIX_FLAGS)
@@ -47,7 +47,7 @@ export_both() { # export_both NAME TYPE CHECKPOINT ARGS...: both trainers export
     "$TEST_GGUF" --types "$TMP/$name.cpu.gguf" "$type" | sed "s/^\(ok\|FAIL\) /\1 gguf: $name: /"
     [ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
     if [ ! -x "$EMU_BIN" ]; then
-        echo "SKIP gguf: $name: the emulated CUDA trainer's export: no $EMU_BIN (make train_llama2cu_emu)"
+        echo "SKIP gguf: $name: the emulated CUDA trainer's export: no ${EMU_BIN:-emulated trainer in this configuration} (make train_llama2cu_emu)"
         return
     fi
     [ "$name" = lora ] && extra=(--export_gguf_adapter "$TMP/$name.emu.adapter.gguf")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make test's runs of the CUDA binaries, after dev/cuda/compile_check.sh built
+# make test-all's runs of the CUDA binaries, after dev/cuda/compile_check.sh built
 # them (without nvcc there are none: SKIP).
 # 1. train_llama2cu --dry_run touches no GPU, so it runs here and in CI: it must
 #    print the configuration and the memory plan, train nothing and exit 0 (LoRA,
@@ -241,7 +241,7 @@ rc=$?
     ! grep -qE "CUDA ERROR|^error" "$TMP/w2.log"
 check "two ranks (dev/launch.sh 2), --collectives host, without a GPU" $? "exit $rc: $(tail -3 "$TMP/w2.log")"
 
-# (make test's compile check builds it apart, build-arch/sm90/; make cuda or make test/test_llama2cu, for this machine's GPU)
+# (make test-all's compile check builds it apart, build-arch/sm90/; make cuda or make test/test_llama2cu, for this machine's GPU)
 rc=0
 if [ -x test/test_llama2cu ]; then
     test/test_llama2cu

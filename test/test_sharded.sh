@@ -17,6 +17,9 @@
 # order); a sharded checkpoint resumed at another W; the same faults; and bad
 # launches (a variable out of range, a rank missing or twice, a stranger on the
 # port) refused with a message, never a hang.
+# --quick (make test's quick tier): W = 2 FULL_SHARD alone, LoRA and full fine-tuning,
+# under mpirun and launched by the environment (== one process, and the two launches
+# bit for bit alike); the rest is make test-all's.
 #
 # Tolerances. Sums over ranks run in rank order (fsdp.h), so a W-rank run differs
 # from one process only where fp32 rounding falls: each rank sums its own rows'
@@ -52,6 +55,8 @@ FULL=(--model test/fixtures/tiny_tied --full_finetune --chunk_size 7)
 COMMON=(--data test/fixtures/data.jsonl --max_seq_len 24 --gradient_accumulation_steps 2 --max_steps 10 --lr 5e-3
         --warmup_steps 2 --weight_decay 0.01 --threads 1)
 LAUNCHER=mpirun
+QUICK=0
+[ "${1:-}" = --quick ] && QUICK=1
 export LAUNCH_GRACE=20 # dev/launch.sh: seconds before the ranks left after a failure are killed
 # the optimizer state is saved and read through a staging buffer: 1000 bytes (250 floats), so
 # that every state tensor here crosses many pieces (as a 7B model's cross 256 MiB ones)
@@ -111,12 +116,14 @@ sigterm_one() { # sigterm_one NAME LAUNCH...: the launch command for 3 ranks
 mpi_tests() {
 for w in 1 2 3; do
     for s in FULL_SHARD SHARD_GRAD_OP NO_SHARD HYBRID_SHARD; do
+        [ $QUICK = 1 ] && [ $w-$s != 2-FULL_SHARD ] && continue
         run $w "$TMP/lora-$w-$s" "${LORA[@]}" --batch_size $((12 / w)) --sharding_strategy $s
         same_run "LoRA, W = $w, $s == one process" "$TMP/lora1" "$TMP/lora-$w-$s" adapter_model.safetensors
         run $w "$TMP/full-$w-$s" "${FULL[@]}" --batch_size $((12 / w)) --sharding_strategy $s
         same_run "full fine-tuning, W = $w, $s == one process" "$TMP/full1" "$TMP/full-$w-$s" model.safetensors
     done
 done
+[ $QUICK = 1 ] && return
 # one fixture per family (llama3 and linear RoPE scaling, head_dim != hidden_size / heads, a
 # vocabulary of 32016, Mistral's sliding window): W = 2 FULL_SHARD == one process, LoRA and
 # full fine-tuning in chunks
@@ -296,6 +303,7 @@ env_case() {
     same_bits "W = $w, $what: TCP and MPI sum alike (full fine-tuning)" "$TMP/full-$twin" "$TMP/env-full-$w-$st" model.safetensors
 }
 env_case 2 FULL_SHARD 2-FULL_SHARD
+[ $QUICK = 1 ] && exit $((fails > 0))
 run 2 "$TMP/env-full-2-ckpt" "${FULL[@]}" --batch_size 6 --sharding_strategy FULL_SHARD --activation_checkpointing
 same_bits "W = 2 FULL_SHARD --activation_checkpointing == without it (full fine-tuning)" "$TMP/env-full-2-FULL_SHARD" "$TMP/env-full-2-ckpt" model.safetensors
 env_case 3 HYBRID_SHARD 3-HYBRID_SHARD # one group per node: LOCAL_WORLD_SIZE = 3
@@ -472,7 +480,7 @@ run 2 "$out" "${FULL[@]}" --model "$TMP/m" --batch_size 6 --resume "$out"
 same_run "a sharded checkpoint resumes with --model holding only config.json and tokenizer.model (steps 6-10, final weights)" \
     "$TMP/env-save2m" "$out" model.safetensors 6
 
-# a build without MPI (make test builds one where the trainer has MPI) launches the same way with the same bits,
+# a build without MPI (make test-all builds one where the trainer has MPI) launches the same way with the same bits,
 # and refuses to run as mpirun's several processes, each of which would train alone
 nompi="$dir_of_bin/test/train_llama2_nompi"
 if [ -x "$nompi" ]; then
