@@ -60,11 +60,12 @@ emu() { # emu LAUNCH OUT [args]: $EMU_BIN under LAUNCH (none, env W, mpi W), out
     esac
     "${launch[@]}" "$EMU_BIN" "${COMMON[@]}" --output_dir "$out" --metrics_file "$out.jsonl" "$@" >"$out.log" 2>&1
 }
-# close NAME OUT REF TOL [WEIGHTS]: OUT's losses and norms within TOL of REF's (and its weights, when named)
+# close NAME OUT REF TOL [WEIGHTS]: OUT's losses and norms within TOL of REF's (and its weights, when named,
+# within WEIGHT_TOL of their scale; WEIGHT_FLIPS="N ABS": but N elements, each within ABS: st_compare)
 close() {
     local t w="" rc=0
     t=$(trajectory_diff "$2.jsonl" "$3.jsonl")
-    if [ $# -ge 5 ]; then w=$("$compare" "$2/$5" "$3/$5" $WEIGHT_TOL 2>&1) || rc=1; fi
+    if [ $# -ge 5 ]; then w=$("$compare" "$2/$5" "$3/$5" $WEIGHT_TOL ${WEIGHT_FLIPS:-} 2>&1) || rc=1; fi
     awk -v t="$t" -v tol="$4" 'BEGIN { exit !(t <= tol) }' && [ $rc -eq 0 ]
     check "$1 (trajectory within $t, tolerance $4${w:+; $w})" $? "$(tail -3 "$2.log")"
 }
@@ -181,8 +182,11 @@ close "AdamW8bit, --freeze_layers 1: one emulated process == the CPU trainer" "$
 emu none "$TMP/a8-lora-1" "${LORA[@]}" --batch_size 6 --optimizer adamw8bit --lora_r 64
 emu "env 2" "$TMP/a8-lora-2" "${LORA[@]}" --batch_size 3 --optimizer adamw8bit --lora_r 64 --sharding_strategy FULL_SHARD --collectives host
 # (the weights within 2e-3 of their scale, test_llama2.c's AdamW8bit tolerance: the ranks' sums round
-# the gradients otherwise, and a moment near the midpoint of two codes may take the other; measured 2.9e-4)
-WEIGHT_TOL=2e-3 close "AdamW8bit, LoRA r = 64 (8-bit A), W = 2 FULL_SHARD == one process" "$TMP/a8-lora-2" "$TMP/a8-lora-1" $SELF_TOL \
+# the gradients otherwise, and a moment near the midpoint of two codes may take the other; measured
+# 2.9e-4 on an AVX2 host; on an AVX-512 one (2026-12-07) three such flips, one 9.1e-3 of a lora_B's
+# scale, which starts at 0: 9.2e-5 apart. So up to 8 elements of the file's 118,784 may lie beyond it, each
+# within 5e-4, a tenth of the peak lr; a sum gone wrong moves every element of a tensor, and the steps)
+WEIGHT_FLIPS="8 5e-4" WEIGHT_TOL=2e-3 close "AdamW8bit, LoRA r = 64 (8-bit A), W = 2 FULL_SHARD == one process" "$TMP/a8-lora-2" "$TMP/a8-lora-1" $SELF_TOL \
     adapter_model.safetensors
 
 # AdamW8bit with sharded full fine-tuning, on a model whose 8-bit tensors start at multiples of
