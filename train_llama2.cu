@@ -78,7 +78,6 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "peft/quant.cuh"
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir, on each stream, and NVTX ranges
 
-#define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
 constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements upload converts at a time: a 64 MiB staging buffer
 
 // ----------------------------------------------------------------------------
@@ -91,24 +90,9 @@ constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements upload convert
 template <typename E> size_t layer_stride(size_t n) { return (n * sizeof(E) + 255) / 256 * 256 / sizeof(E); }
 template <typename E> E *layer_slice(E *buf, int l, size_t n) { return buf + (size_t)l * layer_stride<E>(n); }
 
-// one chunk's activations, kept from its forward for its backward; with
-// activation checkpointing all but resid hold Lk = 1 layer (else Lk = L), which
-// every layer overwrites in turn and its backward refills (as on the CPU)
-template <typename floatX> struct ChunkActs {
-    floatX *resid;      // (L+1, B, C, D) input of each layer, and the final residual
-    floatX *ln1;        // (Lk, B, C, D)
-    float *rstd1;       // (Lk, B, C)
-    floatX *q;          // (Lk, B, C, NH*hd) after RoPE
-    float *lse;         // (Lk, B, NH, C) log-sum-exp of each query's attention scores
-    floatX *atty;       // (Lk, B, C, NH*hd) attention output
-    floatX *resid_mid;  // (Lk, B, C, D) after the attention block
-    floatX *ln2;        // (Lk, B, C, D)
-    float *rstd2;       // (Lk, B, C)
-    floatX *gate;       // (Lk, B, C, H) pre-activation
-    floatX *up;         // (Lk, B, C, H)
-    floatX *hmlp;       // (Lk, B, C, H) silu(gate) * up
-    floatX *lora_h;     // (Lk, 7, B, C, r) LoRA A-projections
-};
+// one chunk's activations, kept from its forward for its backward, as on the CPU (chunk.h lists
+// the members and their shapes)
+template <typename floatX> struct ChunkActs { CHUNK_ACTS(floatX) };
 
 // everything on the device that is stored in the compute type
 template <typename floatX> struct Buffers {
@@ -226,9 +210,9 @@ typedef struct {
     double peak_mb;           // the most device memory seen in use (model_peak_mb)
     uint64_t dropout_key;     // set per micro-batch by the training loop
     int row0;                 // set by the trainer: this rank's first row in the global micro-batch
+    Rows rows;                // the micro-batch's rows while model_forward(_backward) runs them (rows_begin; chunk.h)
     // context parallelism (docs/long_context.md): B, T and chunk_size above are the padded rows' and the pieces'
     int context_len;          // --chunk_size's C, the pieces' length (0: each row in 2P pieces: context_layout)
-    int context_T;            // the rows' length before the padding, while context is set
     FsdpComm *context;        // the context group while a micro-batch runs this rank's pieces (else NULL)
     int held_layer, held_group; // the layer and group whose keys and values ck, cv hold (-1: none)
     float *context_stage;     // (B, T, NKV*hd) every rank's rows in a collective: gathered (in the carry's type), or dK
@@ -269,8 +253,7 @@ template <typename floatX> floatX *head_weight(Model *m);
 template <typename floatX> floatX *final_norm(Model *m);
 template <typename floatX> void prefetch_next(Model *m, int u, int dir);
 static void units_reshard(Model *m);
-// --context_parallel: where a chunk's keys and values are, and the group's gathered
-static Chunk carry_rows(const Model *m, const Chunk *ch);
+// --context_parallel: the group's keys and values gathered, their gradients reduced
 template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l);
 template <typename floatX> void context_reduce(Model *m, const Chunk *ch, int l);
 // where the gradients go (with --cpu_offload to the host, and its step overlapped: offload.cuh)
@@ -286,18 +269,8 @@ static void offload_step_set_last_pass(Model *m, bool last);
 // ----------------------------------------------------------------------------
 // forward and backward of one micro-batch, chunk by chunk (docs/chunked.md)
 
-// Layer l's activations within a chunk's (s), as on the CPU: its input and output
-// residuals, and the rest at layer l, or with activation checkpointing in the one
-// layer's worth that every layer shares; packed for the chunk's length len
-template <typename floatX> struct LayerActs {
-    floatX *x, *out;         // (B, len, D) the layer's input resid[l] and output resid[l + 1]
-    floatX *ln1, *mid, *ln2; // (B, len, D) mid: the residual after the attention block
-    float *rstd1, *rstd2;    // (B, len)
-    floatX *q, *atty;        // (B, len, NH*hd) the queries after RoPE, the attention output
-    float *lse;              // (B, NH, len)
-    floatX *gate, *up, *hm;  // (B, len, H) hm = silu(gate) * up
-    floatX *lora_h;          // (7, B, len, r) LoRA A-projections
-};
+// Layer l's activations within a chunk's, as on the CPU (layer_acts; chunk.h lists the members)
+template <typename floatX> struct LayerActs { LAYER_ACTS(floatX) };
 
 template <typename floatX> LayerActs<floatX> layer_acts(const Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l) {
     const Config *c = &m->host.config;
@@ -310,14 +283,6 @@ template <typename floatX> LayerActs<floatX> layer_acts(const Model *m, ChunkAct
                              layer_slice(s->lse, k, N * c->n_heads), layer_slice(s->gate, k, NH),
                              layer_slice(s->up, k, NH), layer_slice(s->hmlp, k, NH),
                              layer_slice(s->lora_h, k, LORA_N_TARGETS * N * r)};
-}
-
-// where LoRA dropout's masks are drawn for ch (lora_dropout_chunk): positions of the global batch,
-// whose rows are context parallelism's before its padding, so that they drop what one process drops
-static Chunk dropout_chunk(const Model *m, const Chunk *ch) {
-    Chunk d = *ch;
-    if (m->context) d.T = m->context_T;
-    return lora_dropout_chunk(&d, m->row0);
 }
 
 // a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
@@ -333,7 +298,7 @@ void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t,
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0, m->stream);
     if (!adapted) return;
-    Chunk dc = dropout_chunk(m, ch);
+    Chunk dc = dropout_chunk(&m->rows, ch, m->row0); // (where LoRA dropout draws its masks)
     floatX *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
         float *norm = m->dora_norm + dora_norm_index(l, layer, t);
@@ -358,7 +323,7 @@ void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer,
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f, m->stream);
     if (!adapted) return;
-    Chunk dc = dropout_chunk(m, ch);
+    Chunk dc = dropout_chunk(&m->rows, ch, m->row0); // (where LoRA dropout draws its masks)
     const floatX *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora)
         dora_backward(l, (const floatX *)d.lora_w, m->params, m->grads, layer, t, dinp, dout, inp, w, h, d.lora_dh,
@@ -398,7 +363,7 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     cudaStream_t st = m->stream;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     Chunk cc = carry_chunk(ch, host_prefix(&m->host)); // the chunk as RoPE and attention see it
-    Chunk cr = carry_rows(m, ch);                        // and where its keys and values go in the carries
+    Chunk cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // and where its keys and values go in the carries
     size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cr.B * cr.T * KV;
     LayerWeights<floatX> w = layer_params<floatX>(m, l);
     LayerActs<floatX> act = layer_acts(m, s, ch, l);
@@ -483,7 +448,7 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
     Config *c = &m->host.config;
     Buffers<floatX> &d = buffers<floatX>(m);
     cudaStream_t st = m->stream;
-    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size, nk = m->n_kept[ch->t0 / m->chunk_size];
+    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size, nk = m->n_kept[ch->t0 / m->rows.len];
     int piece = (N + m->num_output_chunks - 1) / m->num_output_chunks;
     size_t at = (size_t)ch->B * ch->t0; // the chunk's place in kept, targets and losses
     if (logits_out && nk != N) die("internal: chunk_head wants the logits of every row, but %d of %d are kept", nk, N);
@@ -538,7 +503,7 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     cudaStream_t st = m->stream;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
-    Chunk cc = carry_chunk(ch, host_prefix(&m->host)), cr = carry_rows(m, ch); // (as layer_forward's)
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host)), cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // (as layer_forward's)
     size_t carry = (size_t)cr.B * cr.T * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units, lowest = frozen ? frozen - 1 : 0;
     for (int l = c->n_layers - 1; l >= lowest; l--) { // as on the CPU: nothing below a frozen layer trains
@@ -599,20 +564,10 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     }
 }
 
-// chunk j of a micro-batch of B rows of T tokens
-// chunk j of B rows of T positions; train: model_forward_backward's, whose attention
-// takes --s2_attn's groups (evaluation and sampling attend to every earlier position)
-static Chunk chunk_at(const Model *m, int B, int T, int j, int train) {
-    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window,
-                train && m->s2_attn ? s2_group_size(T) : 0};
-    if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
-    return ch;
-}
-
 // Checks a micro-batch on the host (a token outside the vocabulary would make the
 // embedding read out of bounds on the device), then copies it there: its tokens,
-// and for each chunk's output head the chunk's rows (b * len + i) whose position
-// has a target (every row when every_row: logits for each position), with their
+// and for each chunk's output head (chunk_at's, of m->rows) the chunk's rows (b * len + i)
+// whose position has a target (every row when every_row: logits for each position), with their
 // targets (chunk_head).
 static void upload_batch(Model *m, const int *tokens, const int *targets, int B, int T, bool every_row) {
     if (B > m->B || T > m->T) die("internal: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
@@ -622,8 +577,8 @@ static void upload_batch(Model *m, const int *tokens, const int *targets, int B,
         if (targets[i] >= V) die("target id %d at position %d is outside the vocabulary (%d)", targets[i], i, V);
     }
     std::vector<int> kept((size_t)B * T), kept_targets((size_t)B * T);
-    for (int j = 0; j * m->chunk_size < T; j++) {
-        Chunk ch = chunk_at(m, B, T, j, 0);
+    for (int j = 0; j * m->rows.len < T; j++) {
+        Chunk ch = chunk_at(&m->rows, j);
         size_t at = (size_t)B * ch.t0;
         int nk = 0;
         for (int r = 0; r < B * ch.len; r++) {
@@ -648,41 +603,26 @@ static double losses_sum(Model *m, int B, int T) {
     return loss;
 }
 
-// Context parallel: B rows of T tokens padded to the group's layout (context_layout) into
-// padded[0], padded[1] (B, Tp; pads: token 0, which nothing real attends to, and no label);
-// the micro-batch's pieces run as its chunks (m->chunk_size their length until context_end).
-// Returns Tp.
-static int context_begin(Model *m, const int **tokens, const int **targets, int B, int T, std::vector<int> padded[2]) {
-    int Tp, len;
-    context_layout(fsdp_context_size(m->fsdp), m->context_len, T, &Tp, &len);
-    padded[0].assign((size_t)B * Tp, 0);
-    padded[1].assign((size_t)B * Tp, -100);
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            padded[0][(size_t)b * Tp + t] = (*tokens)[(size_t)b * T + t];
-            padded[1][(size_t)b * Tp + t] = (*targets)[(size_t)b * T + t];
-        }
+// The rows a forward (and backward) runs, in m->rows (chunk.h's rows_layout): B rows of tokens,
+// targets (B, T). Context parallel, the rows padded to the group's layout into padded[0],
+// padded[1] (rows_pad), and m->context set: this rank runs its pieces, in step with its group,
+// until rows_end.
+static void rows_begin(Model *m, const int **tokens, const int **targets, int B, int T, std::vector<int> padded[2]) {
+    int P = fsdp_context_size(m->fsdp);
+    m->rows = rows_layout(B, T, m->chunk_size, m->context_len, P, P > 1 ? m->fsdp->context.rank : 0,
+                          m->host.config.sliding_window, m->s2_attn);
+    if (P == 1) return;
+    padded[0].resize((size_t)B * m->rows.T);
+    padded[1].resize((size_t)B * m->rows.T);
+    rows_pad(&m->rows, padded[0].data(), padded[1].data(), *tokens, *targets);
     *tokens = padded[0].data(), *targets = padded[1].data();
-    m->context_T = T;
-    m->chunk_size = len;
     m->context = &m->fsdp->context;
     m->held_layer = m->held_group = -1;
-    return Tp;
 }
-// the chunks again the capacity's (C: what m->chunk_size was before context_begin)
-static void context_end(Model *m, int C) {
+// the micro-batch's end: no rows, no context group (sampling runs its own chunks of whole rows)
+static void rows_end(Model *m) {
     m->context = NULL;
-    m->chunk_size = C;
-}
-// the micro-batch's chunks: a row's, or context parallel this rank's pieces (one a group)
-static int train_chunks(const Model *m, int T) {
-    return m->context ? T / m->chunk_size / m->context->size : (T + m->chunk_size - 1) / m->chunk_size;
-}
-// chunk j of what model_forward_backward (train) or model_forward runs: chunk_at's, or this
-// rank's piece of group j
-static Chunk train_chunk(const Model *m, int B, int T, int j, int train) {
-    if (!m->context) return chunk_at(m, B, T, j, train);
-    return context_piece(m->context->size, B, T, m->chunk_size, j, m->context->rank, m->host.config.sliding_window);
+    memset(&m->rows, 0, sizeof m->rows);
 }
 
 // The summed cross-entropy of B rows of T tokens over targets != -100 (no
@@ -690,17 +630,15 @@ static Chunk train_chunk(const Model *m, int B, int T, int j, int train) {
 // every rank of the group runs its pieces and returns the rows' sum.
 static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
     std::vector<int> padded[2];
-    int C = m->chunk_size;
-    if (fsdp_context_size(m->fsdp) > 1) {
-        if (logits_out) die("internal: model_forward's logits are not gathered over the context group");
-        T = context_begin(m, &tokens, &targets, B, T, padded);
-    }
+    if (fsdp_context_size(m->fsdp) > 1 && logits_out) die("internal: model_forward's logits are not gathered over the context group");
+    rows_begin(m, &tokens, &targets, B, T, padded);
+    T = m->rows.T;
     upload_batch(m, tokens, targets, B, T, logits_out != NULL);
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         ChunkActs<floatX> *s = &buffers<floatX>(m).chunk[0];
-        for (int j = 0; j < train_chunks(m, T); j++) {
-            Chunk ch = train_chunk(m, B, T, j, 0);
+        for (int j = 0; j < m->rows.n; j++) {
+            Chunk ch = rows_chunk(&m->rows, j, 0);
             chunk_forward(m, s, &ch);
             PROF_BEGIN(m->stream, "head", -1, j, -1);
             chunk_head(m, s, &ch, 0.0f, logits_out);
@@ -710,7 +648,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     units_reshard(m);
     double loss = losses_sum(m, B, T);
     if (m->context) fsdp_all_reduce(m->context, &loss, 1, FSDP_F64); // (the host's communicator)
-    context_end(m, C);
+    rows_end(m);
     return loss;
 }
 
@@ -736,25 +674,26 @@ static void grads_bf16_end(Model *m) {
 // before its backward (the last chunk's activations are still there).
 static double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale) {
     std::vector<int> padded[2];
-    int C = m->chunk_size;
-    if (fsdp_context_size(m->fsdp) > 1) T = context_begin(m, &tokens, &targets, B, T, padded);
+    rows_begin(m, &tokens, &targets, B, T, padded);
+    T = m->rows.T;
     upload_batch(m, tokens, targets, B, T, false);
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
         const Config *c = &m->host.config;
-        Chunk first = train_chunk(m, B, T, 0, 1), rows = carry_rows(m, &first); // (the carries' rows)
-        size_t carry = (size_t)c->n_layers * B * rows.T * c->n_kv_heads * c->head_dim;
+        const Rows *r = &m->rows;
+        Chunk first = rows_chunk(r, 0, 1), kv = carry_rows(r, &first, host_prefix(&m->host)); // (the carries' rows)
+        size_t carry = (size_t)c->n_layers * B * kv.T * c->n_kv_heads * c->head_dim;
         cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
         cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
-        int n = train_chunks(m, T);
+        int n = r->n;
         bool last = offload_step_backward(m); // (--cpu_offload's overlapped step: its units step in its last backward)
         for (int j = 0; j < n; j++) {
-            Chunk ch = train_chunk(m, B, T, j, 1);
+            Chunk ch = rows_chunk(r, j, 1);
             chunk_forward(m, &d.chunk[m->recompute ? 0 : j], &ch);
         }
         for (int j = n - 1; j >= 0; j--) {
-            Chunk ch = train_chunk(m, B, T, j, 1);
+            Chunk ch = rows_chunk(r, j, 1);
             ChunkActs<floatX> *s = &d.chunk[m->recompute ? 0 : j];
             if (m->recompute && j < n - 1) chunk_forward(m, s, &ch);
             offload_step_set_last_pass(m, last && j == 0);
@@ -772,7 +711,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     units_reshard(m);
     grads_bf16_end(m);
     double loss = losses_sum(m, B, T);
-    context_end(m, C);
+    rows_end(m);
     return loss;
 }
 
@@ -1080,12 +1019,13 @@ static void check_precision(const Model *m, const char *precision) {
 static void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
     const HostModel *h = &m->host;
     if (C <= 0 || C > T) C = T;
-    int P = fsdp_context_size(m->fsdp), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
-    if (P > 1) { // the longest row, padded, and its pieces (context_layout); evaluation runs in pieces too
-        m->context_len = C < T ? C : 0;
-        context_layout(P, m->context_len, T, &T, &C);
-        pieces = T / C / P;
-    }
+    // the longest row (context parallel: padded) and its chunks (this rank's pieces: context_layout's);
+    // evaluation runs in pieces too
+    int P = fsdp_context_size(m->fsdp);
+    m->context_len = P > 1 && C < T ? C : 0;
+    Rows longest = rows_layout(B, T, C, m->context_len, P, 0, 0, 0);
+    int pieces = longest.n;
+    T = longest.T, C = longest.len;
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
     m->n_slots = recompute ? 1 : pieces;
     m->sharded = host_sharded(h);
@@ -1372,10 +1312,13 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             else { d.lora_w = d.params_lo; convert(d.lora_w, m->params, m->n_train, st); }
         }
         if (m->cpu_offload && m->pure_bf16) params_bf16_copy(m, cudaMemcpyDeviceToHost); // (the bf16 weights as uploaded)
-        std::vector<float> inv_freq(c->head_dim / 2);
+        size_t table = (size_t)(host_prefix(&m->host) + m->T) * (c->head_dim / 2); // RoPE's, computed on the host (model.h)
+        std::vector<float> inv_freq(c->head_dim / 2), cosb(table), sinb(table);
         rope_inv_freq(c, inv_freq.data());
-        rope_tables(m->rope_cos, m->rope_sin, host_prefix(&m->host) + m->T, c->head_dim, inv_freq.data());
-        cudaCheck(cudaDeviceSynchronize()); // rope_tables copies on the legacy stream, which st does not wait for
+        rope_tables(cosb.data(), sinb.data(), host_prefix(&m->host) + m->T, c->head_dim, inv_freq.data());
+        cudaCheck(cudaMemcpy(m->rope_cos, cosb.data(), table * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(m->rope_sin, sinb.data(), table * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaDeviceSynchronize()); // the copies run on the legacy stream, which st does not wait for
     });
 }
 
@@ -1501,7 +1444,7 @@ template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
 }
 
 // ----------------------------------------------------------------------------
-// context parallelism (docs/long_context.md; the layout: lora.h's context_layout and
+// context parallelism (docs/long_context.md; the layout: chunk.h's context_layout and
 // context_piece): the ranks run their pieces group by group, in step. Each rank's KV and
 // dKV carries hold its own positions alone, compact: its piece of group j at rows
 // [j len, (j + 1) len) of T / P (carry_rows). At each layer a piece's keys and values are
@@ -1510,17 +1453,6 @@ template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
 // the gradients it gives them there are summed over the group into their owners' dKV
 // carries (context_reduce).
 
-// the group of piece ch (this rank's: context_piece's)
-static int context_group(const Model *m, const Chunk *ch) { return ch->t0 / ch->len / m->context->size; }
-// where chunk ch's keys and values lie in the carries: at its positions after a prefix's, or
-// context parallel at its rank's compact rows
-static Chunk carry_rows(const Model *m, const Chunk *ch) {
-    if (!m->context) return carry_chunk(ch, host_prefix(&m->host));
-    Chunk c = *ch;
-    c.T = ch->T / m->context->size, c.t0 = context_group(m, ch) * ch->len;
-    return c;
-}
-
 // Layer l's keys and values of every position up to the end of piece ch's group j into ck, cv
 // (B, T, KV) at their absolute positions: each rank's compact rows of groups 0 .. j (B, (j + 1) len,
 // KV), all-gathered over the context group (collective), rank r's piece of group g where
@@ -1528,7 +1460,7 @@ static Chunk carry_rows(const Model *m, const Chunk *ch) {
 template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l) {
     Buffers<floatX> &d = buffers<floatX>(m);
     const Config *c = &m->host.config;
-    int P = m->context->size, j = context_group(m, ch), len = ch->len, B = ch->B, T = ch->T;
+    int P = m->context->size, j = context_group(&m->rows, ch), len = ch->len, B = ch->B, T = ch->T;
     if (m->held_layer == l && m->held_group == j) return;
     size_t KV = (size_t)c->n_kv_heads * c->head_dim, n = (size_t)B * (j + 1) * len * KV, carry = (size_t)B * (T / P) * KV;
     Chunk mine = {B, T / P, 0, (j + 1) * len, 0, 0}, packed = {B, (j + 1) * len, 0, (j + 1) * len, 0, 0};
@@ -1556,7 +1488,7 @@ template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l)
 template <typename floatX> void context_reduce(Model *m, const Chunk *ch, int l) {
     Buffers<floatX> &d = buffers<floatX>(m);
     const Config *c = &m->host.config;
-    int P = m->context->size, j = context_group(m, ch), len = ch->len, B = ch->B, T = ch->T;
+    int P = m->context->size, j = context_group(&m->rows, ch), len = ch->len, B = ch->B, T = ch->T;
     size_t KV = (size_t)c->n_kv_heads * c->head_dim, rows = (size_t)(j + 1) * len, n = B * rows * KV, carry = (size_t)B * (T / P) * KV;
     PROF_BEGIN(m->stream, "context reduce-scatter", l, j, (long long)(2 * P * n * sizeof(float)));
     for (int kv = 0; kv < 2; kv++) {
