@@ -261,10 +261,25 @@ typedef struct {
     float *context_k, *context_v, *context_dk, *context_dv;
 } Activations;
 
-// the CPU backend's model (trainer.h lists what every backend's Model holds)
+// the CPU backend's model
 typedef struct {
-    HostModel host;           // config, weights, LoRA: on the CPU the only copy
-    Fsdp *fsdp;               // the ranks (set by the trainer before model_alloc; NULL: one process)
+    // trainer.h's contract: the members every backend's Model holds, described there
+    HostModel host;           // on the CPU the only copy of the weights
+    int B, T, chunk_size;     // (context parallel: the padded rows' and the pieces': model_buffers)
+    int recompute;
+    int activation_checkpointing;
+    int s2_attn;
+    int fp32, fp16;           // --precision fp32: the only one the CPU runs
+    int pure_bf16;            // bf16 values in the weights' and gradients' floats (model_forward_backward rounds the gradients)
+    int cpu_offload;          // where the trainable state is already (host memory)
+    const char *collectives;  // host, always (nothing to choose here)
+    int dry_run;
+    size_t weight_bytes, param_bytes, act_bytes, carry_bytes;
+    uint64_t dropout_key;
+    int row0;
+    Fsdp *fsdp;               // (NULL: one process)
+    OptimizerSettings optimizer; // (the Optimizer's; its state counts here)
+    // the CPU's own
     int sharded;              // the base weights are host.shards, sharded over fsdp->shard
     ParameterTensors g;       // gradients of the base weights (full fine-tuning, whole model, no frozen units)
     float *grads;             // full fine-tuning: the whole model's gradients (param_layout's order),
@@ -280,25 +295,10 @@ typedef struct {
     float *deq_absmax;        // (the absmax values of one weight, double quantization)
     int deq_unit;             // the unit deq holds (-1: none)
     Activations a;
-    int B, T, chunk_size;     // activation capacity; chunk_size: C (== T: whole sequence)
-    int recompute;            // chunk memory mode: 1 recompute, 0 keep
-    int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
-    int cpu_offload;          // set by the trainer: --cpu_offload, where the trainable state is already (host memory)
-    int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16, bf16 values in the weights' and
-                              // gradients' floats (model_forward_backward rounds the gradients)
-    int s2_attn;              // set by the trainer before model_alloc: --s2_attn (model_forward_backward's attention)
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
-    int fp32, fp16;           // --precision fp32: the only one the CPU runs
-    int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), allocates nothing
-    const char *collectives;  // --collectives: host, always (the contract's; nothing to choose here)
-    OptimizerSettings optimizer; // set by the trainer before model_alloc (the Optimizer's; its state counts here)
     OptimTensors opt_tensors; // AdamW8bit: the trainable tensors, whose state it lays out (model_alloc)
     void *alloc[4];           // what model_layout places: the slots, the gradients, the activations, the carries
-    size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and optimizer state
-    size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
     float *rope_cos, *rope_sin; // (P + T, hd/2)
-    uint64_t dropout_key;     // set per micro-batch by the training loop
-    int row0;                 // set by the trainer: this rank's first row in the global micro-batch
     Rows rows;                // the micro-batch's rows while model_forward(_backward) runs them (rows_begin; chunk.h)
     int context_len;          // context parallelism with --chunk_size: the pieces' length C (0: each row in 2P pieces)
     FsdpComm *context;        // the context-parallel group while model_forward(_backward) runs this rank's pieces of the rows; else NULL
