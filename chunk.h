@@ -1,7 +1,9 @@
 // chunk.h: a chunk of the sequence against the KV carry, for both trainers and every kernel:
 // which rows and positions a chunk holds (Chunk), where they sit in the carry (a prefix's
 // virtual positions, context parallelism's pieces) and which keys each of its queries sees
-// (the attention mask, one definition for attention.h on the CPU and attention.cuh on the GPU).
+// (the attention mask, one definition for attention.h on the CPU and attention.cuh on the GPU);
+// and for both trainers' hosts, how a micro-batch's rows are cut in chunks, or context
+// parallelism's pieces (Rows, rows_chunk, carry_rows).
 #ifndef CHUNK_H
 #define CHUNK_H
 #include "support/utils.h" // HOST_DEVICE, die
@@ -109,4 +111,110 @@ static inline HOST_DEVICE int attention_query_end(const Chunk *ch, int s, int h,
     }
     return ch->window && ch->window < end - s ? s + ch->window : end;
 }
+
+// ----------------------------------------------------------------------------
+// A micro-batch's rows as the model runs them (docs/chunked.md, docs/long_context.md): B rows of
+// T positions in chunks of C, or with context parallelism this rank's pieces of the rows padded to
+// the group's layout. Both trainers hold the rows running now (the Model's rows: rows_begin sets
+// them, the micro-batch's end clears them) and cut them with rows_chunk.
+
+typedef struct {
+    int B, T;    // B rows of T positions (context parallel: padded to the group's layout)
+    int T_real;  // their length before that padding (== T without it)
+    int len;     // the chunks' length C (the last may be shorter), or context parallel the pieces'
+    int n;       // the chunks of a row, or context parallel this rank's pieces of it (one a group)
+    int P, rank; // the context group that runs the pieces (P > 1) and this rank in it; 0, 0 when
+                 // no micro-batch runs (sampling: whole rows, its own chunks)
+    int window;  // Config's sliding_window (the chunks' attention mask)
+    int s2_attn; // --s2_attn: training's chunks attend within S2-Attn's groups (s2_group_size)
+} Rows;
+
+// B rows of T positions in chunks of C (>= T: one; the Model's chunk_size), or with a context
+// group of P > 1 ranks (rank: this one) padded and cut in pieces of context_len (context_layout's
+// C: 0, each row in 2P pieces)
+static inline Rows rows_layout(int B, int T, int C, int context_len, int P, int rank, int window, int s2_attn) {
+    Rows r = {B, T, T, C, (T + C - 1) / C, P, rank, window, s2_attn};
+    if (P > 1) {
+        context_layout(P, context_len, T, &r.T, &r.len);
+        r.n = r.T / r.len / P;
+    }
+    return r;
+}
+
+// the rows' tokens and targets (B, T_real) padded to theirs (B, T): pads are token 0 (any id:
+// nothing real attends to them) with no label, after every real position
+static inline void rows_pad(const Rows *r, int *tokens_out, int *targets_out, const int *tokens, const int *targets) {
+    for (int b = 0; b < r->B; b++)
+        for (int t = 0; t < r->T; t++) {
+            tokens_out[(size_t)b * r->T + t] = t < r->T_real ? tokens[(size_t)b * r->T_real + t] : 0;
+            targets_out[(size_t)b * r->T + t] = t < r->T_real ? targets[(size_t)b * r->T_real + t] : -100;
+        }
+}
+
+// chunk j of the rows in the order of their positions: j len .. (j + 1) len - 1, the last
+// chunk maybe shorter (attending to every earlier position)
+static inline Chunk chunk_at(const Rows *r, int j) {
+    Chunk ch = {r->B, r->T, j * r->len, r->len, r->window, 0};
+    if (ch.t0 + ch.len > r->T) ch.len = r->T - ch.t0; // the last chunk may be shorter
+    return ch;
+}
+// Chunk j of what the model runs: chunk_at's, or context parallel this rank's piece of group j.
+// train: model_forward_backward's, whose attention takes --s2_attn's groups (evaluation and
+// sampling attend to every earlier position), the groups of the rows before their padding, whose
+// pads come after every real position, so they move nothing that a real position sees
+static inline Chunk rows_chunk(const Rows *r, int j, int train) {
+    Chunk ch = r->P > 1 ? context_piece(r->P, r->B, r->T, r->len, j, r->rank, r->window) : chunk_at(r, j);
+    ch.s2_group = train && r->s2_attn ? s2_group_size(r->T_real) : 0;
+    return ch;
+}
+
+// the group of piece ch (this rank's: context_piece's)
+static inline int context_group(const Rows *r, const Chunk *ch) { return ch->t0 / ch->len / r->P; }
+
+// Where chunk ch's keys and values sit in the KV and dKV carries: at its positions after a
+// prefix's P virtual ones (carry_chunk), or context parallel at this rank's compact rows, which
+// hold its own positions alone: its piece of group j is rows [j len, (j + 1) len) of T / P there
+// (no prefix with context parallelism)
+static inline Chunk carry_rows(const Rows *r, const Chunk *ch, int prefix) {
+    if (r->P <= 1) return carry_chunk(ch, prefix);
+    Chunk c = *ch;
+    c.T = ch->T / r->P, c.t0 = context_group(r, ch) * ch->len;
+    return c;
+}
+
+// a layer's slice of a per-layer buffer of `size` elements a layer (the carries, the activations)
+#define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
+
+// ----------------------------------------------------------------------------
+// A chunk's activations, kept from its forward for its backward (docs/chunked.md): the members
+// of both trainers' ChunkActs, the CPU's in float, the GPU's in its compute type floatX (the
+// statistics in float). With activation checkpointing all but resid hold Lk = 1 layer, which
+// every layer overwrites in turn and its backward refills (else Lk = L).
+#define CHUNK_ACTS(floatX) \
+    floatX *resid;      /* (L+1, B, C, D) input of each layer, and the final residual */ \
+    floatX *ln1;        /* (Lk, B, C, D) */ \
+    float *rstd1;       /* (Lk, B, C) */ \
+    floatX *q;          /* (Lk, B, C, NH*hd) after RoPE */ \
+    float *lse;         /* (Lk, B, NH, C) log-sum-exp of each query's attention scores */ \
+    floatX *atty;       /* (Lk, B, C, NH*hd) attention output */ \
+    floatX *resid_mid;  /* (Lk, B, C, D) after the attention block */ \
+    floatX *ln2;        /* (Lk, B, C, D) */ \
+    float *rstd2;       /* (Lk, B, C) */ \
+    floatX *gate;       /* (Lk, B, C, H) pre-activation */ \
+    floatX *up;         /* (Lk, B, C, H) */ \
+    floatX *hmlp;       /* (Lk, B, C, H) silu(gate) * up */ \
+    floatX *lora_h;     /* (Lk, 7, B, C, r) LoRA A-projections */
+
+// Layer l's activations within a chunk's (layer_acts): its input and output residuals, and the
+// rest at layer l, or with activation checkpointing in the one layer's worth that every layer
+// shares; packed for the chunk's length len (the last chunk may be shorter than C). The members
+// of both trainers' LayerActs, as CHUNK_ACTS'.
+#define LAYER_ACTS(floatX) \
+    floatX *x, *out;         /* (B, len, D) the layer's input resid[l] and output resid[l + 1] */ \
+    floatX *ln1, *mid, *ln2; /* (B, len, D) mid: the residual after the attention block */ \
+    float *rstd1, *rstd2;    /* (B, len) */ \
+    floatX *q, *atty;        /* (B, len, NH*hd) the queries after RoPE, the attention output */ \
+    float *lse;              /* (B, NH, len) */ \
+    floatX *gate, *up, *hm;  /* (B, len, H) hm = silu(gate) * up */ \
+    floatX *lora_h;          /* (7, B, len, r) LoRA A-projections */
 #endif

@@ -135,23 +135,8 @@ void rmsnorm_backward(T *dinp, float *dw, const T *dout, const T *inp, const T *
 // ----------------------------------------------------------------------------
 // RoPE in Hugging Face's rotate_half layout: pairs are (j, j + hd/2)
 
-// The cos and sin tables (T, hd/2) from the inverse frequencies inv_freq (hd/2,
-// host memory: model.h's rope_inv_freq), computed on the host with the float
-// arithmetic of train_llama2.c's rope_tables (the angle rounded to float as
-// transformers does), so both trainers rotate by identical numbers; then copied
-// to cosb and sinb on the device.
-inline void rope_tables(float *cosb, float *sinb, int T, int hd, const float *inv_freq) {
-    int half = hd / 2;
-    std::vector<float> c((size_t)T * half), s((size_t)T * half);
-    for (int i = 0; i < half; i++) {
-        for (int t = 0; t < T; t++) {
-            c[(size_t)t * half + i] = cosf((float)t * inv_freq[i]);
-            s[(size_t)t * half + i] = sinf((float)t * inv_freq[i]);
-        }
-    }
-    cudaCheck(cudaMemcpy(cosb, c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(sinb, s.data(), s.size() * sizeof(float), cudaMemcpyHostToDevice));
-}
+// The cos and sin tables (T, hd/2) are model.h's rope_tables, the CPU twin's, computed on the
+// host and copied to the device (model_alloc), so both trainers rotate by identical numbers.
 
 // one thread per pair; sgn = -1 rotates backwards (the transpose)
 template <typename T>

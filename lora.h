@@ -324,6 +324,13 @@ static Chunk lora_dropout_chunk(const Chunk *ch, int row0) {
     d.t0 += row0 * ch->T;
     return d;
 }
+// the trainers' chunk ch of rows r (chunk.h), as the dropout masks see it: its rows are context
+// parallelism's before their padding, so that any layout drops what one process drops
+static Chunk dropout_chunk(const Rows *r, const Chunk *ch, int row0) {
+    Chunk d = *ch;
+    if (r->P > 1) d.T = r->T_real;
+    return lora_dropout_chunk(&d, row0);
+}
 
 #ifndef __CUDACC__ // the CPU's pieces; lora.cuh has the GPU's
 #include "support/matmul.h"

@@ -334,6 +334,20 @@ static void rope_inv_freq(const Config *c, float *inv_freq) {
     for (int i = 0; i < c->head_dim / 2; i++)
         inv_freq[i] = rope_scale(c, 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim));
 }
+// RoPE's cos and sin tables (T, hd/2), both trainers' (the GPU's copied to the device), in Hugging
+// Face's rotate_half layout: pairs are (i, i + hd/2). The angles are computed in float32 as
+// transformers does, so long positions round the same way, from the inverse frequencies inv_freq
+// (hd/2) of rope_inv_freq.
+static void rope_tables(float *cosb, float *sinb, int T, int hd, const float *inv_freq) {
+    int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        for (int t = 0; t < T; t++) {
+            float angle = (float)t * inv_freq[i];
+            cosb[t * half + i] = cosf(angle);
+            sinb[t * half + i] = sinf(angle);
+        }
+    }
+}
 
 // ----------------------------------------------------------------------------
 // parameters: every base weight in one flat buffer, in Hugging Face order

@@ -88,20 +88,7 @@ static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const fl
         }
 }
 
-// Hugging Face's rotate_half layout: pairs are (i, i + hd/2). The angles are
-// computed in float32 as transformers does, so long positions round the same way,
-// from the inverse frequencies inv_freq (hd/2) of model.h's rope_inv_freq.
-static void rope_tables(float *cosb, float *sinb, int T, int hd, const float *inv_freq) {
-    int half = hd / 2;
-    for (int i = 0; i < half; i++) {
-        for (int t = 0; t < T; t++) {
-            float angle = (float)t * inv_freq[i];
-            cosb[t * half + i] = cosf(angle);
-            sinb[t * half + i] = sinf(angle);
-        }
-    }
-}
-// rotates x (B, len, nh, hd) of chunk ch in place, row n at position t0 + n % len;
+// RoPE in Hugging Face's rotate_half layout, by model.h's tables (rope_tables): rotates x (B, len, nh, hd) of chunk ch in place, row n at position t0 + n % len;
 // inverse = 1 applies the transpose (the backward)
 static void rope_forward(float *x, const float *cosb, const float *sinb, const Chunk *ch, int nh, int hd, int inverse) {
     int half = hd / 2, N = ch->B * ch->len;
@@ -238,27 +225,14 @@ static void swiglu_backward(float *dgate, float *dup, const float *dout, const f
 // arrays hold Lk = 1 layer (else Lk = L), which every layer overwrites in turn,
 // and a layer's backward first re-runs its forward from its input to refill it.
 
-typedef struct {
-    float *resid;      // (L+1, B, C, D) input of each layer, and the final residual
-    float *ln1;        // (Lk, B, C, D)
-    float *rstd1;      // (Lk, B, C)
-    float *q;          // (Lk, B, C, NH*hd) after RoPE
-    float *lse;        // (Lk, B, NH, C) log-sum-exp of each query's attention scores
-    float *atty;       // (Lk, B, C, NH*hd) attention output
-    float *resid_mid;  // (Lk, B, C, D) after the attention block
-    float *ln2;        // (Lk, B, C, D)
-    float *rstd2;      // (Lk, B, C)
-    float *gate, *up;  // (Lk, B, C, H) gate: pre-activation
-    float *hmlp;       // (Lk, B, C, H) silu(gate) * up
-    float *lora_h;     // (Lk, 7, B, C, r) LoRA A-projections
-} ChunkActs;
+typedef struct { CHUNK_ACTS(float) } ChunkActs; // (chunk.h lists the members and their shapes)
 
 typedef struct {
     ChunkActs *chunk;  // (n_slots) one per chunk in keep mode, one in all in recompute mode
                        // (with activation checkpointing they share all but their resid)
     int n_slots;
     float *k, *v;      // (L, B, P + T, NKV*hd) the KV carry (keys after RoPE), a prefix's P positions first;
-                       // context parallel: (L, B, T / P, NKV*hd) this rank's positions only (context_own)
+                       // context parallel: (L, B, T / P, NKV*hd) this rank's positions only (carry_rows)
     float *dk, *dv;    // the dKV carry, the same shape: gradients for earlier positions
     // scratch for one chunk
     int *tokens;       // (B, C)
@@ -287,18 +261,33 @@ typedef struct {
     float *context_k, *context_v, *context_dk, *context_dv;
 } Activations;
 
-// the CPU backend's model (trainer.h lists what every backend's Model holds)
+// the CPU backend's model
 typedef struct {
-    HostModel host;           // config, weights, LoRA: on the CPU the only copy
-    Fsdp *fsdp;               // the ranks (set by the trainer before model_alloc; NULL: one process)
+    // trainer.h's contract: the members every backend's Model holds, described there
+    HostModel host;           // on the CPU the only copy of the weights
+    int B, T, chunk_size;     // (context parallel: the padded rows' and the pieces': model_buffers)
+    int recompute;
+    int activation_checkpointing;
+    int s2_attn;
+    int fp32, fp16;           // --precision fp32: the only one the CPU runs
+    int pure_bf16;            // bf16 values in the weights' and gradients' floats (model_forward_backward rounds the gradients)
+    int cpu_offload;          // where the trainable state is already (host memory)
+    const char *collectives;  // host, always (nothing to choose here)
+    int dry_run;
+    size_t weight_bytes, param_bytes, act_bytes, carry_bytes;
+    uint64_t dropout_key;
+    int row0;
+    Fsdp *fsdp;               // (NULL: one process)
+    OptimizerSettings optimizer; // (the Optimizer's; its state counts here)
+    // the CPU's own
     int sharded;              // the base weights are host.shards, sharded over fsdp->shard
     ParameterTensors g;       // gradients of the base weights (full fine-tuning, whole model, no frozen units)
     float *grads;             // full fine-tuning: the whole model's gradients (param_layout's order),
                               // or when sharded this rank's shard of them (host.units.shard_numel)
     uint16_t *grad_acc;       // --pure_bf16: the step's gradients before this micro-batch's (bf16)
-    float **slot;             // (n_slots) units gathered whole: two (the embedding's, and one the
+    float **slot;             // (n_unit_slots) units gathered whole: two (the embedding's, and one the
     int *slot_unit;           // others share) when the strategy reshards after the forward, else one
-    int n_slots;              // per unit; slot_unit: the unit each slot holds (-1: none)
+    int n_unit_slots;         // per unit; slot_unit: the unit each slot holds (-1: none)
     float *unit_grad[2];      // full fine-tuning, sharded: a unit's gradient whole (the embedding's,
     int grad_open[2];         // the others'), and the unit it is open for (-1: none)
     float *grad_part;         // a unit's gradient reduced to this rank's shard
@@ -306,27 +295,12 @@ typedef struct {
     float *deq_absmax;        // (the absmax values of one weight, double quantization)
     int deq_unit;             // the unit deq holds (-1: none)
     Activations a;
-    int B, T, chunk_size;     // activation capacity; chunk_size: C (== T: whole sequence)
-    int recompute;            // chunk memory mode: 1 recompute, 0 keep
-    int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
-    int cpu_offload;          // set by the trainer: --cpu_offload, where the trainable state is already (host memory)
-    int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16, bf16 values in the weights' and
-                              // gradients' floats (model_forward_backward rounds the gradients)
-    int s2_attn;              // set by the trainer before model_alloc: --s2_attn (model_forward_backward's attention)
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
-    int fp32, fp16;           // --precision fp32: the only one the CPU runs
-    int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), allocates nothing
-    const char *collectives;  // --collectives: host, always (the contract's; nothing to choose here)
-    OptimizerSettings optimizer; // set by the trainer before model_alloc (the Optimizer's; its state counts here)
     OptimTensors opt_tensors; // AdamW8bit: the trainable tensors, whose state it lays out (model_alloc)
     void *alloc[4];           // what model_layout places: the slots, the gradients, the activations, the carries
-    size_t weight_bytes, param_bytes; // the base weights; trainable parameters, gradients and optimizer state
-    size_t act_bytes, carry_bytes; // what the activations (and scratch) and the two carries hold
     float *rope_cos, *rope_sin; // (P + T, hd/2)
-    uint64_t dropout_key;     // set per micro-batch by the training loop
-    int row0;                 // set by the trainer: this rank's first row in the global micro-batch
+    Rows rows;                // the micro-batch's rows while model_forward(_backward) runs them (rows_begin; chunk.h)
     int context_len;          // context parallelism with --chunk_size: the pieces' length C (0: each row in 2P pieces)
-    int context_T;            // the rows' length before context_layout's padding, while context is set
     FsdpComm *context;        // the context-parallel group while model_forward(_backward) runs this rank's pieces of the rows; else NULL
 } Model;
 
@@ -334,24 +308,11 @@ typedef struct {
 // the model, top down: model_forward_backward runs a micro-batch's chunks through chunk_forward
 // (layer_forward for each layer), then back through chunk_head and chunk_backward (docs/chunked.md)
 
-#define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
-
 // one decoder layer's tensors (a layer unit's, P_ATTN_NORM .. P_WDOWN), wherever they are
 typedef struct { float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown; } LayerWeights;
 
-// Layer l's activations within a chunk's (s): its input and output residuals, and
-// the rest at layer l, or with activation checkpointing in the one layer's worth
-// that every layer shares. len is the chunk's length: a layer's arrays are packed
-// for it (the last chunk may be shorter than C).
-typedef struct {
-    float *x, *out;         // (B, len, D) the layer's input resid[l] and output resid[l + 1]
-    float *ln1, *mid, *ln2; // (B, len, D) mid: the residual after the attention block
-    float *rstd1, *rstd2;   // (B, len)
-    float *q, *atty;        // (B, len, NH*hd) the queries after RoPE, the attention output
-    float *lse;             // (B, NH, len)
-    float *gate, *up, *hm;  // (B, len, H) hm = silu(gate) * up
-    float *lora_h;          // (7, B, len, r) LoRA A-projections
-} LayerActs;
+// Layer l's activations within a chunk's (layer_acts; chunk.h lists the members)
+typedef struct { LAYER_ACTS(float) } LayerActs;
 
 typedef struct { float *k, *v, *dk, *dv; } AttentionKV; // what a layer's attention reads, and adds dK, dV into (attention_kv)
 
@@ -377,13 +338,12 @@ static void grads_bf16_begin(Model *m), grads_bf16_end(Model *m);
 static LayerActs layer_acts(const Model *m, ChunkActs *s, const Chunk *ch, int l);
 static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch);
 static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int dir);
-static Chunk context_own(const Model *m, const Chunk *ch);
 static void context_reduce(Model *m, float *dcarry, float *dx, float *stage, const Chunk *ch, size_t w);
 static AttentionKV attention_kv(Model *m, float *k, float *v, float *dk, float *dv, const Chunk *ch, int backward);
-// the rows and chunks of a micro-batch
+// the rows of a micro-batch (their chunks: chunk.h's rows_chunk)
 static void check_batch(const Model *m, const int *tokens, int B, int T);
-static int rows_begin(Model *m, const int **tokens, const int **targets, int B, int *T, int *len);
-static Chunk rows_chunk(const Model *m, int B, int T, int len, int j, int train);
+static void rows_begin(Model *m, const int **tokens, const int **targets, int B, int T);
+static void rows_end(Model *m);
 
 // Forward and backward of one micro-batch: returns the summed cross-entropy and
 // adds grad_scale * d(loss)/d(parameter) into the gradients of the trainable ones.
@@ -394,19 +354,22 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     check_batch(m, tokens, B, T);
     Activations *a = &m->a;
     if (head_trains(m)) a->head_packed_ok = 0; // the head may have trained since it was packed
-    int len, n = rows_begin(m, &tokens, &targets, B, &T, &len);
+    rows_begin(m, &tokens, &targets, B, T);
+    const Rows *r = &m->rows;
+    int n = r->n;
+    T = r->T;
     size_t carry = (size_t)m->host.config.n_layers * B * (host_prefix(&m->host) + T / fsdp_context_size(m->fsdp)) *
                    m->host.config.n_kv_heads * m->host.config.head_dim;
     memset(a->dk, 0, carry * sizeof(float));
     memset(a->dv, 0, carry * sizeof(float));
     grads_bf16_begin(m);
     for (int j = 0; j < n; j++) {
-        Chunk ch = rows_chunk(m, B, T, len, j, 1);
+        Chunk ch = rows_chunk(r, j, 1);
         chunk_forward(m, &a->chunk[m->recompute ? 0 : j], tokens, &ch);
     }
     double loss = 0;
     for (int j = n - 1; j >= 0; j--) {
-        Chunk ch = rows_chunk(m, B, T, len, j, 1);
+        Chunk ch = rows_chunk(r, j, 1);
         ChunkActs *s = &a->chunk[m->recompute ? 0 : j];
         if (m->recompute && j < n - 1) chunk_forward(m, s, tokens, &ch);
         PROF_BEGIN(NULL, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
@@ -417,7 +380,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     const LoRA *lo = &m->host.lora;
     if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
         prefix_backward(lora_A(lo, lo->grads, 0, 0), a->dk, a->dv, m->host.config.n_layers, B, lo->prefix, T, lo->out[LORA_K]);
-    m->context = NULL;
+    rows_end(m);
     units_reshard(m);
     grads_bf16_end(m);
     return loss;
@@ -451,9 +414,9 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
     Config *c = &m->host.config;
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
-    Chunk cc = carry_chunk(ch, host_prefix(&m->host));
-    Chunk own = m->context ? context_own(m, ch) : cc; // where its keys and values sit in the carry (no prefix with context)
-    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)own.B * own.T * KV;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host)); // the chunk as RoPE and attention see it
+    Chunk cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // and where its keys and values go in the carries
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cr.B * cr.T * KV;
     LayerWeights w = layer_params(m, l);
     LayerActs act = layer_acts(m, s, ch, l);
     float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
@@ -462,9 +425,9 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
     rope_forward(act.q, m->rope_cos, m->rope_sin, &cc, NH, hd, 0);
     linear_forward(m, act.lora_h, ch, l, LORA_K, a->kv, act.ln1, w.wk);
     rope_forward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, 0);
-    carry_copy(kc, a->kv, &own, KV, 1);
+    carry_copy(kc, a->kv, &cr, KV, 1);
     linear_forward(m, act.lora_h, ch, l, LORA_V, a->kv, act.ln1, w.wv);
-    carry_copy(vc, a->kv, &own, KV, 1);
+    carry_copy(vc, a->kv, &cr, KV, 1);
     AttentionKV at = attention_kv(m, kc, vc, NULL, NULL, ch, 0);
     attention_forward(act.atty, act.lse, act.q, at.k, at.v, &cc, NH, NKV, hd);
     const float *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
@@ -495,8 +458,8 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
     Activations *a = &m->a;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
-    Chunk cc = carry_chunk(ch, host_prefix(&m->host)), own = m->context ? context_own(m, ch) : cc;
-    size_t carry = (size_t)own.B * own.T * KV;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host)), cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // (as layer_forward's)
+    size_t carry = (size_t)cr.B * cr.T * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units;
     // frozen units (the embedding and layers 0 .. frozen - 2) need no gradient, and nothing
     // below them trains: the backward stops at the first layer that trains
@@ -535,10 +498,10 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         float *dln = full || l > 0 || m->host.lora.saved ? a->dln : NULL;
         if (dln) memset(dln, 0, ND * sizeof(float));
         linear_backward(m, act.lora_h, ch, l, LORA_Q, dln, g.wq, a->dq, act.ln1, w.wq);
-        carry_copy(dkc, a->kv, &own, KV, -1);
+        carry_copy(dkc, a->kv, &cr, KV, -1);
         rope_backward(a->kv, m->rope_cos, m->rope_sin, &cc, NKV, hd);
         linear_backward(m, act.lora_h, ch, l, LORA_K, dln, g.wk, a->kv, act.ln1, w.wk);
-        carry_copy(dvc, a->kv, &own, KV, -1);
+        carry_copy(dvc, a->kv, &cr, KV, -1);
         linear_backward(m, act.lora_h, ch, l, LORA_V, dln, g.wv, a->kv, act.ln1, w.wv);
         if (dln) rmsnorm_backward(a->dresid, g.attn_norm, dln, act.x, w.attn_norm, act.rstd1, N, D);
         if (full) grads_done(m, fsdp_layer_unit(l));
@@ -636,18 +599,18 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
 static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
     check_batch(m, tokens, B, T);
     if (head_trains(m)) m->a.head_packed_ok = 0; // the head may have trained since it was packed
-    int len, n = rows_begin(m, &tokens, &targets, B, &T, &len);
+    rows_begin(m, &tokens, &targets, B, T);
     if (m->context && logits_out) die("internal: model_forward's logits with context parallelism");
     double loss = 0;
-    for (int j = 0; j < n; j++) {
-        Chunk ch = rows_chunk(m, B, T, len, j, 0);
+    for (int j = 0; j < m->rows.n; j++) {
+        Chunk ch = rows_chunk(&m->rows, j, 0);
         chunk_forward(m, &m->a.chunk[0], tokens, &ch);
         PROF_BEGIN(NULL, "head", -1, j, -1);
         loss += chunk_head(m, &m->a.chunk[0], targets, &ch, 0.0f, logits_out);
         PROF_END(NULL);
     }
     if (m->context) fsdp_all_reduce(m->context, &loss, 1, FSDP_F64); // (in rank order: every rank the same)
-    m->context = NULL;
+    rows_end(m);
     units_reshard(m);
     return loss;
 }
@@ -671,15 +634,7 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 
 // ----------------------------------------------------------------------------
 // the machinery the model calls, from here to the optimizer; first a base linear layer
-// and its adapter (lora.h), and where LoRA dropout draws its masks
-
-// where LoRA dropout's masks are drawn for ch (lora_dropout_chunk): positions of the global batch,
-// whose rows are context parallelism's before its padding, so that they drop what one process drops
-static Chunk dropout_chunk(const Model *m, const Chunk *ch) {
-    Chunk d = *ch;
-    if (m->context) d.T = m->context_T;
-    return lora_dropout_chunk(&d, m->row0);
-}
+// and its adapter (lora.h)
 
 // a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
 // (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
@@ -691,7 +646,7 @@ static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, 
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0);
     if (!adapted) return;
-    Chunk dc = dropout_chunk(m, ch);
+    Chunk dc = dropout_chunk(&m->rows, ch, m->row0); // (where LoRA dropout draws its masks)
     float *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
         float *norm = m->a.dora_norm + dora_norm_index(l, layer, t);  // (context parallel: its first group)
@@ -708,7 +663,7 @@ static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int 
     lora_shapes(&m->host.config, in, outd);
     matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f);
     if (!adapted) return;
-    Chunk dc = dropout_chunk(m, ch);
+    Chunk dc = dropout_chunk(&m->rows, ch, m->row0); // (where LoRA dropout draws its masks)
     const float *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora)
         dora_backward(l, layer, t, dinp, dout, inp, w, h, m->a.lora_dh, m->a.xdrop, m->a.dora_pre,
@@ -722,7 +677,7 @@ static void linear_backward(Model *m, const float *lora_h, const Chunk *ch, int 
 // group, each unit gathered whole into a slot when the forward or backward
 // needs it and resharded (the slot emptied) when the forward-backward ends
 
-static int unit_slot(const Model *m, int u) { return m->n_slots == 2 ? u != 0 : u; }
+static int unit_slot(const Model *m, int u) { return m->n_unit_slots == 2 ? u != 0 : u; }
 
 static LayerWeights layer_weights(float *const t[LAYER_TENSORS]) {
     LayerWeights w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
@@ -746,7 +701,7 @@ static float *unit_gather(Model *m, int u) {
 }
 
 static void units_reshard(Model *m) {
-    for (int s = 0; s < m->n_slots; s++) m->slot_unit[s] = -1;
+    for (int s = 0; s < m->n_unit_slots; s++) m->slot_unit[s] = -1;
 }
 
 // QLoRA: decoder layer unit u's parameters whole, its 4-bit weights dequantized
@@ -886,35 +841,23 @@ static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int di
 }
 
 // ----------------------------------------------------------------------------
-// context parallelism (docs/long_context.md; the layout: lora.h's context_layout and
+// context parallelism (docs/long_context.md; the layout: chunk.h's context_layout and
 // context_piece): the ranks run their pieces group by group, in step. A rank's KV and dKV
-// carries hold its own positions only (context_own). At each layer the keys and values of the
+// carries hold its own positions only (chunk.h's carry_rows). At each layer the keys and values of the
 // group's and the earlier groups' positions are all-gathered from the ranks' carries to their
 // absolute positions (context_gather), so every query attends to every earlier position with
 // the attention of a chunk against a carry; in the backward their dK, dV, every rank's share,
 // are reduce-scattered into their owners' dKV carries (context_reduce).
 
-// rank r's piece of group j of the rows being trained (pieces of len)
-static Chunk context_piece_of(const Model *m, int B, int T, int len, int j, int r) {
-    return context_piece(fsdp_context_size(m->fsdp), B, T, len, j, r, m->host.config.sliding_window);
-}
-
-// Context parallelism's carries hold each rank's own positions only, compact: ch, this rank's
-// piece of group j in rows of T (padded), is rows [j len, (j + 1) len) of rows of T / P there.
-static Chunk context_own(const Model *m, const Chunk *ch) {
-    Chunk o = *ch;
-    o.T = ch->T / m->context->size, o.t0 = ch->t0 / (ch->len * m->context->size) * ch->len;
-    return o;
-}
 // Between every rank's compact rows [0, (j + 1) len) (its pieces of groups 0 .. j, ch being this
 // rank's piece of group j), one block (B, (j + 1) len, w) a rank in blocks (P, ...), and x (B, T, w),
 // where those pieces sit at their absolute positions: dir > 0 into x, < 0 out of it.
 static void context_place(const Model *m, float *x, float *blocks, const Chunk *ch, size_t w, int dir) {
-    int P = m->context->size, j = ch->t0 / (ch->len * P), rows = (j + 1) * ch->len;
+    int P = m->context->size, j = context_group(&m->rows, ch), rows = (j + 1) * ch->len;
     size_t n = (size_t)ch->B * rows * w;
     for (int r = 0; r < P; r++)
         for (int i = 0; i <= j; i++) {
-            Chunk o = context_piece_of(m, ch->B, ch->T, ch->len, i, r);
+            Chunk o = context_piece(P, ch->B, ch->T, ch->len, i, r, m->host.config.sliding_window);
             if (dir > 0) rows_copy(x, ch->T, o.t0, blocks + r * n, rows, i * ch->len, ch->B, ch->len, w);
             else rows_copy(blocks + r * n, rows, i * ch->len, x, ch->T, o.t0, ch->B, ch->len, w);
         }
@@ -925,7 +868,7 @@ static void context_place(const Model *m, float *x, float *blocks, const Chunk *
 // rank's carry among them; through stage (P, B, (j + 1) len, w). Collective over the context group.
 static void context_gather(Model *m, float *x, const float *carry, float *stage, const Chunk *ch, size_t w) {
     FsdpComm *g = m->context;
-    int rows = (ch->t0 / (ch->len * g->size) + 1) * ch->len;
+    int rows = (context_group(&m->rows, ch) + 1) * ch->len;
     size_t n = (size_t)ch->B * rows * w;
     PROF_BEGIN(NULL, "context all-gather", -1, -1, (long long)(g->size * n * sizeof(float)));
     rows_copy(stage + g->rank * n, rows, 0, carry, ch->T / g->size, 0, ch->B, rows, w); // (in place: this rank's block)
@@ -941,7 +884,7 @@ static void context_gather(Model *m, float *x, const float *carry, float *stage,
 // spent (it receives the sum). Collective over the context group.
 static void context_reduce(Model *m, float *dcarry, float *dx, float *stage, const Chunk *ch, size_t w) {
     FsdpComm *g = m->context;
-    int rows = (ch->t0 / (ch->len * g->size) + 1) * ch->len, own_T = ch->T / g->size;
+    int rows = (context_group(&m->rows, ch) + 1) * ch->len, own_T = ch->T / g->size;
     size_t per_row = (size_t)rows * w, n = ch->B * per_row;
     PROF_BEGIN(NULL, "context reduce-scatter", -1, -1, (long long)(g->size * n * sizeof(float)));
     context_place(m, dx, stage, ch, w, -1);
@@ -967,7 +910,7 @@ static AttentionKV attention_kv(Model *m, float *k, float *v, float *dk, float *
         context_gather(m, a->context_k, k, a->context_dk, ch, KV);
         context_gather(m, a->context_v, v, a->context_dk, ch, KV);
     }
-    size_t end = (size_t)(ch->t0 / (ch->len * m->context->size) + 1) * ch->len * m->context->size;
+    size_t end = (size_t)(context_group(&m->rows, ch) + 1) * ch->len * m->context->size;
     for (int b = 0; backward && b < ch->B; b++) {
         memset(a->context_dk + (size_t)b * ch->T * KV, 0, end * KV * sizeof(float));
         memset(a->context_dv + (size_t)b * ch->T * KV, 0, end * KV * sizeof(float));
@@ -985,44 +928,24 @@ static void check_batch(const Model *m, const int *tokens, int B, int T) {
             die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, m->host.config.vocab_size);
 }
 
-// chunk j of B rows of T positions; train: model_forward_backward's, whose attention
-// takes --s2_attn's groups (evaluation and sampling attend to every earlier position)
-static Chunk chunk_at(const Model *m, int B, int T, int j, int train) {
-    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window,
-                train && m->s2_attn ? s2_group_size(T) : 0};
-    if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
-    return ch;
-}
-
-// The rows a forward (and backward) runs: B rows of tokens, targets (B, T). With context
-// parallelism, the rows padded to the group's layout (context_layout) in context_tokens and
-// context_targets, *T their padded length, *len the pieces', and m->context set (the forward
-// sets it back to NULL at its end): this rank runs its pieces, in step with its group. Returns
-// the chunks (or this rank's pieces) of a row.
-static int rows_begin(Model *m, const int **tokens, const int **targets, int B, int *T, int *len) {
+// The rows a forward (and backward) runs, in m->rows (chunk.h's rows_layout): B rows of tokens,
+// targets (B, T). With context parallelism, the rows padded to the group's layout in
+// context_tokens and context_targets (rows_pad), and m->context set: this rank runs its pieces,
+// in step with its group, until rows_end.
+static void rows_begin(Model *m, const int **tokens, const int **targets, int B, int T) {
     Activations *a = &m->a;
-    *len = 0;
-    if (fsdp_context_size(m->fsdp) == 1) return (*T + m->chunk_size - 1) / m->chunk_size;
-    int Tp;
-    context_layout(fsdp_context_size(m->fsdp), m->context_len, *T, &Tp, len);
-    for (int b = 0; b < B; b++) // pads: token 0 (any id: nothing real attends to them), no label
-        for (int t = 0; t < Tp; t++) {
-            a->context_tokens[(size_t)b * Tp + t] = t < *T ? (*tokens)[(size_t)b * *T + t] : 0;
-            a->context_targets[(size_t)b * Tp + t] = t < *T ? (*targets)[(size_t)b * *T + t] : -100;
-        }
-    m->context_T = *T;
-    *tokens = a->context_tokens, *targets = a->context_targets, *T = Tp;
+    int P = fsdp_context_size(m->fsdp);
+    m->rows = rows_layout(B, T, m->chunk_size, m->context_len, P, P > 1 ? m->fsdp->context.rank : 0,
+                          m->host.config.sliding_window, m->s2_attn);
+    if (P == 1) return;
+    rows_pad(&m->rows, a->context_tokens, a->context_targets, *tokens, *targets);
+    *tokens = a->context_tokens, *targets = a->context_targets;
     m->context = &m->fsdp->context;
-    return Tp / *len / fsdp_context_size(m->fsdp);
 }
-// chunk j of the rows rows_begin set up: chunk_at's, or this rank's piece of group j (pieces of
-// len); train as chunk_at's. --s2_attn's groups are the rows' before their padding, whose pads
-// come after every real position, so they move nothing that a real position sees
-static Chunk rows_chunk(const Model *m, int B, int T, int len, int j, int train) {
-    if (!m->context) return chunk_at(m, B, T, j, train);
-    Chunk ch = context_piece_of(m, B, T, len, j, m->context->rank);
-    ch.s2_group = train && m->s2_attn ? s2_group_size(m->context_T) : 0;
-    return ch;
+// the micro-batch's end: no rows, no context group (sampling runs its own chunks of whole rows)
+static void rows_end(Model *m) {
+    m->context = NULL;
+    memset(&m->rows, 0, sizeof m->rows);
 }
 
 // ----------------------------------------------------------------------------
@@ -1051,7 +974,7 @@ static void chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, Chun
 static size_t sharded_layout(Model *m, Layout *w, Layout *p) {
     const FsdpUnits *u = &m->host.units;
     size_t G = (size_t)m->fsdp->shard.size, widest = 0, grad[2] = {0, 0};
-    for (int s = 0; s < m->n_slots; s++) {
+    for (int s = 0; s < m->n_unit_slots; s++) {
         size_t need = 0;
         for (int i = 0; i < u->n_units; i++) { // (a packed unit's bytes in floats)
             const FsdpUnit *un = &u->units[i];
@@ -1148,20 +1071,21 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     HostModel *h = &m->host;
     Activations *a = &m->a;
     if (C <= 0 || C > T) C = T;
-    int P = fsdp_context_size(m->fsdp), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
-    if (P > 1) { // the longest row, padded, and its pieces (context_layout), for training and evaluation alike
-        m->context_len = C < T ? C : 0;
-        context_layout(P, m->context_len, T, &T, &C);
-        pieces = T / C / P;
-    }
+    // the longest row (context parallel: padded) and its chunks (this rank's pieces: context_layout's),
+    // for training and evaluation alike
+    int P = fsdp_context_size(m->fsdp);
+    m->context_len = P > 1 && C < T ? C : 0;
+    Rows longest = rows_layout(B, T, C, m->context_len, P, 0, 0, 0);
+    int pieces = longest.n;
+    T = longest.T, C = longest.len;
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
     a->n_slots = recompute ? 1 : pieces;
     m->sharded = host_sharded(h);
-    if (m->sharded) m->n_slots = m->fsdp->info->reshard_after_forward ? 2 : h->units.n_units;
+    if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 2 : h->units.n_units;
     free(a->chunk); // a plan before (--batch_size auto tries several)
     free(m->slot);
     a->chunk = (ChunkActs *)callocCheck(a->n_slots, sizeof(ChunkActs));
-    m->slot = (float **)callocCheck(m->n_slots + 1, sizeof(float *)); // + 1: not empty when whole
+    m->slot = (float **)callocCheck(m->n_unit_slots + 1, sizeof(float *)); // + 1: not empty when whole
     Layout lay[4] = {host_layout(NULL), host_layout(NULL), host_layout(NULL), host_layout(NULL)}; // slots, gradients, activations, carries
     size_t comm = model_layout(m, &lay[0], &lay[1], &lay[2], &lay[3]), pack = model_gemm_scratch(m);
     // the base weights (model_weight_bytes: as loaded, and QLoRA's dequantization scratch);
@@ -1197,7 +1121,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     rope_tables(m->rope_cos, m->rope_sin, positions, c->head_dim, inv_freq);
     free(inv_freq);
     if (m->sharded) {
-        m->slot_unit = (int *)mallocCheck(m->n_slots * sizeof(int));
+        m->slot_unit = (int *)mallocCheck(m->n_unit_slots * sizeof(int));
         units_reshard(m);
         m->grad_open[0] = m->grad_open[1] = -1;
     } else if (h->full_finetune && !h->frozen_units) param_layout(c, &m->g, m->grads);

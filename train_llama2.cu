@@ -52,13 +52,14 @@ their own stream, ordered against the compute stream by events: the next
 layer's gather overlaps this layer's compute (unit_prefetch), the reduce-scatter
 of full fine-tuning's gradients does not. Compiled, not yet run on GPUs.
 
-The file reads as train_llama2.c does: the device Model, then the model (layer_forward,
-chunk_forward, chunk_head, chunk_backward, model_forward, model_forward_backward,
-model_next_logits), then the machinery it calls, declared ahead of it: each rank's GPU
-and device communicators (fsdp.h's FsdpDeviceComms), the buffers' layout and allocation
-(model_plan, model_alloc; --cpu_offload's host side in offload.cuh), where the weights
-are, context parallelism's collectives, the gradients, the optimizer, and the backend's
-constants for trainer.h.
+The file reads as train_llama2.c does: the device Model, then the model top down
+(model_forward_backward, chunk_forward, layer_forward, chunk_backward, chunk_head,
+model_forward, model_next_logits), then the machinery it calls, declared ahead of it: a
+linear layer and its adapter, a layer's activations and the KV carry, the micro-batch on
+the device (its rows: chunk.h's, as on the CPU), each rank's GPU and device communicators
+(fsdp.h's FsdpDeviceComms), the buffers' layout and allocation (model_plan, model_alloc;
+--cpu_offload's host side in offload.cuh), where the weights are, context parallelism's
+collectives, the gradients, the optimizer, and the backend's constants for trainer.h.
 
 Shapes: B rows of T tokens in chunks of C, D = hidden_size, H = intermediate_size,
 NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
@@ -78,7 +79,6 @@ NH / NKV = attention / key-value heads, hd = head_dim, V = vocab_size.
 #include "peft/quant.cuh"
 #include "support/profile.h" // PROF_BEGIN, PROF_END: the spans of --profile_dir, on each stream, and NVTX ranges
 
-#define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))
 constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements upload converts at a time: a 64 MiB staging buffer
 
 // ----------------------------------------------------------------------------
@@ -91,24 +91,9 @@ constexpr size_t UPLOAD_PIECE = (size_t)1 << 24; // fp32 elements upload convert
 template <typename E> size_t layer_stride(size_t n) { return (n * sizeof(E) + 255) / 256 * 256 / sizeof(E); }
 template <typename E> E *layer_slice(E *buf, int l, size_t n) { return buf + (size_t)l * layer_stride<E>(n); }
 
-// one chunk's activations, kept from its forward for its backward; with
-// activation checkpointing all but resid hold Lk = 1 layer (else Lk = L), which
-// every layer overwrites in turn and its backward refills (as on the CPU)
-template <typename floatX> struct ChunkActs {
-    floatX *resid;      // (L+1, B, C, D) input of each layer, and the final residual
-    floatX *ln1;        // (Lk, B, C, D)
-    float *rstd1;       // (Lk, B, C)
-    floatX *q;          // (Lk, B, C, NH*hd) after RoPE
-    float *lse;         // (Lk, B, NH, C) log-sum-exp of each query's attention scores
-    floatX *atty;       // (Lk, B, C, NH*hd) attention output
-    floatX *resid_mid;  // (Lk, B, C, D) after the attention block
-    floatX *ln2;        // (Lk, B, C, D)
-    float *rstd2;       // (Lk, B, C)
-    floatX *gate;       // (Lk, B, C, H) pre-activation
-    floatX *up;         // (Lk, B, C, H)
-    floatX *hmlp;       // (Lk, B, C, H) silu(gate) * up
-    floatX *lora_h;     // (Lk, 7, B, C, r) LoRA A-projections
-};
+// one chunk's activations, kept from its forward for its backward, as on the CPU (chunk.h lists
+// the members and their shapes)
+template <typename floatX> struct ChunkActs { CHUNK_ACTS(floatX) };
 
 // everything on the device that is stored in the compute type
 template <typename floatX> struct Buffers {
@@ -143,13 +128,25 @@ template <typename floatX> struct Buffers {
     floatX *adapter_dkv; // (2, NKV*hd, A) llama_adapter: the gradients of Kp and Vp, transposed
 };
 
-// the CUDA backend's model (trainer.h lists what every backend's Model holds)
+// the CUDA backend's model
 typedef struct {
-    HostModel host;           // config, fp32 weights, LoRA layout: loaded here, uploaded, saved from here
-    int fp32, fp16;           // --precision fp32: every tensor fp32; fp16: fp16 storage (neither: bf16)
-    int pure_bf16;            // set by the trainer before model_alloc: --pure_bf16 (--precision bf16): the bf16
-                              // weights are the parameters (d.weights), no fp32 masters (docs/precision.md)
-    int dry_run;              // --dry_run: model_alloc counts the bytes (the memory plan), touches no GPU
+    // trainer.h's contract: the members every backend's Model holds, described there
+    HostModel host;           // fp32 weights, LoRA layout: loaded here, uploaded, saved from here
+    int B, T, chunk_size;     // (context parallel: the padded rows' and the pieces': model_plan)
+    int recompute;
+    int activation_checkpointing;
+    int s2_attn;
+    int fp32, fp16;           // fp32: every tensor fp32; fp16: fp16 storage (neither: bf16)
+    int pure_bf16;            // (--precision bf16): the bf16 weights are the parameters (d.weights), no fp32 masters
+    int cpu_offload;          // params, grads and opt_state in host memory (below)
+    const char *collectives;  // auto, nccl or host
+    int dry_run;              // model_alloc counts the bytes (the memory plan), touches no GPU
+    size_t weight_bytes, param_bytes, act_bytes, carry_bytes; // device memory by purpose
+    uint64_t dropout_key;
+    int row0;
+    Fsdp *fsdp;               // (host side: MPI or TCP)
+    OptimizerSettings optimizer;
+    // the CUDA backend's own
     Buffers<float> f32;       // the buffers of the run's precision (the other stays empty)
     Buffers<bf16> b16;
     Buffers<__half> h16;
@@ -159,7 +156,6 @@ typedef struct {
     bf16 *grad_acc;           // (n_train) --pure_bf16: the step's gradients, bf16 (the optimizer's; offloaded, host memory)
     int n_runs;               // full fine-tuning: where the masters' runs lie in the base weights (host
     size_t run_first[NUM_PARAM_TENSORS], run_n[NUM_PARAM_TENSORS]; // and d.weights): model_trainable_runs
-    OptimizerSettings optimizer; // set by the trainer before model_alloc
     void *opt_state[OPTIMIZER_MAX_STATES]; // optimizer_n_states of them (optimizer_state_count each): AdamW's moments,
                               // SGD's momentum buffer, AdamW8bit's codes, absmax and fp32 moments (the Optimizer's;
                               // here so the fit check counts them)
@@ -177,7 +173,6 @@ typedef struct {
     int grad_open[2];         // the unit each is open for (-1: none)
     float *grad_part;         // a unit's gradient reduced to this rank's shard
     // --cpu_offload (full fine-tuning; docs/memory.md): params, grads and opt_state are host memory
-    int cpu_offload;          // set by the trainer before model_alloc
     bf16 *params_bf16;        // (n_train, host) --pure_bf16 offloaded: the bf16 parameters (no params; grads only in chunks)
     float *step_pieces;       // (2, min(UPLOAD_PIECE, n_train), host) --pure_bf16 offloaded: the step's pieces of the
                               // parameters and gradients in fp32 (anyprecision_step_host, grads_bf16_all_reduce_host)
@@ -192,7 +187,6 @@ typedef struct {
     bool pending_final;       // its gradient is then final (offload_step_final): the overlapped step takes it
     float *upload_stage;      // (UPLOAD_PIECE) device: fp32 on its way into the bf16/fp16 weights
     struct OffloadStep *offload_step; // the step's units stepped as their gradients are final (NULL: after the backward)
-    const char *collectives;  // set by the trainer before model_alloc: --collectives (auto, nccl, host)
     int device_backend;       // what set_device chose for it: FSDP_BACKEND_NCCL or FSDP_BACKEND_STAGED
     FsdpDeviceComms dev;      // fsdp's communicators for device buffers (W > 1; device_comm)
     cudaStream_t comm_stream; // the collectives' stream
@@ -214,27 +208,18 @@ typedef struct {
     int *targets;             // (B, T) their targets
     float *losses;            // (B, T) and their cross-entropies; 0 past each chunk's n_kept
     int *n_kept;              // (chunks, host) how many rows each chunk keeps
-    int B, T;                 // activation capacity
-    int chunk_size;           // C (== T: whole sequence)
-    int recompute;            // chunk memory mode: 1 recompute, 0 keep
-    int activation_checkpointing; // set by the trainer before model_alloc: keep only each layer's input
-    int s2_attn;              // set by the trainer before model_alloc: --s2_attn (model_forward_backward's attention)
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
-    int n_slots;
-    size_t weight_bytes, param_bytes, act_bytes, carry_bytes; // device memory by purpose (the memory plan)
-    void *alloc[4];           // the four allocations behind them
+    int n_slots;              // the chunks' activations: one per chunk in keep mode, one in recompute mode
+    void *alloc[4];           // the four allocations behind weight_bytes .. carry_bytes
     double peak_mb;           // the most device memory seen in use (model_peak_mb)
-    uint64_t dropout_key;     // set per micro-batch by the training loop
-    int row0;                 // set by the trainer: this rank's first row in the global micro-batch
-    // context parallelism (docs/long_context.md): B, T and chunk_size above are the padded rows' and the pieces'
+    Rows rows;                // the micro-batch's rows while model_forward(_backward) runs them (rows_begin; chunk.h)
+    // context parallelism (docs/long_context.md)
     int context_len;          // --chunk_size's C, the pieces' length (0: each row in 2P pieces: context_layout)
-    int context_T;            // the rows' length before the padding, while context is set
     FsdpComm *context;        // the context group while a micro-batch runs this rank's pieces (else NULL)
     int held_layer, held_group; // the layer and group whose keys and values ck, cv hold (-1: none)
     float *context_stage;     // (B, T, NKV*hd) every rank's rows in a collective: gathered (in the carry's type), or dK
                               // or dV in fp32 to reduce-scatter
     float *context_part;      // (B, T / P, NKV*hd) this rank's rows in one: the carry's to gather, or the summed fp32
-    Fsdp *fsdp;               // set by the trainer before model_alloc: the ranks (host side: MPI or TCP)
     cudaStream_t stream;      // the compute stream: everything but the collectives, in order
 } Model;
 
@@ -260,8 +245,37 @@ template <typename E> LayerWeights<E> layer_weights(E *const t[LAYER_TENSORS]) {
 }
 
 // ----------------------------------------------------------------------------
-// the machinery the model calls, defined after it (declared here)
+// the model, top down, as in train_llama2.c: model_forward_backward runs a micro-batch's chunks
+// through chunk_forward (layer_forward for each layer), then back through chunk_head and
+// chunk_backward (docs/chunked.md)
 
+// Layer l's activations within a chunk's, as on the CPU (layer_acts; chunk.h lists the members)
+template <typename floatX> struct LayerActs { LAYER_ACTS(floatX) };
+
+// declared ahead: the model's functions below model_forward_backward,
+template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch);
+template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l);
+template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, const Chunk *ch);
+template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const Chunk *ch, float grad_scale, float *logits_out);
+// and the machinery the model calls, defined after it: a base linear layer and its adapter,
+template <typename floatX>
+void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t, floatX *out, const floatX *inp,
+                    const floatX *w);
+template <typename floatX>
+void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer, int t, floatX *dinp, float *dw,
+                     const floatX *dout, const floatX *inp, const floatX *w);
+// a layer's activations within its chunk's, the chunk's tokens, the KV carry,
+template <typename floatX> LayerActs<floatX> layer_acts(const Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l);
+static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch, cudaStream_t stream);
+template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w, int dir, cudaStream_t stream);
+// the micro-batch on the device: its rows (their chunks: chunk.h's rows_chunk), targets, losses, logits,
+static void rows_begin(Model *m, const int **tokens, const int **targets, int B, int T, std::vector<int> padded[2]);
+static void rows_end(Model *m);
+static void upload_batch(Model *m, const int *tokens, const int *targets, int B, int T, bool every_row);
+static double losses_sum(Model *m, int B, int T);
+static void logits_to_host(float *logits_out, const float *logits, const Chunk *ch, int r0, int n, int V,
+                           cudaStream_t stream);
+static void grads_bf16_end(Model *m);
 // where the weights are: whole, or sharded and gathered a unit at a time; QLoRA's dequantized
 template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l);
 template <typename floatX> floatX *embed_weight(Model *m);
@@ -269,8 +283,7 @@ template <typename floatX> floatX *head_weight(Model *m);
 template <typename floatX> floatX *final_norm(Model *m);
 template <typename floatX> void prefetch_next(Model *m, int u, int dir);
 static void units_reshard(Model *m);
-// --context_parallel: where a chunk's keys and values are, and the group's gathered
-static Chunk carry_rows(const Model *m, const Chunk *ch);
+// --context_parallel: the group's keys and values gathered, their gradients reduced
 template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l);
 template <typename floatX> void context_reduce(Model *m, const Chunk *ch, int l);
 // where the gradients go (with --cpu_offload to the host, and its step overlapped: offload.cuh)
@@ -283,107 +296,79 @@ static void grads_host_zero(Model *m);
 static bool offload_step_backward(Model *m);
 static void offload_step_set_last_pass(Model *m, bool last);
 
-// ----------------------------------------------------------------------------
-// forward and backward of one micro-batch, chunk by chunk (docs/chunked.md)
-
-// Layer l's activations within a chunk's (s), as on the CPU: its input and output
-// residuals, and the rest at layer l, or with activation checkpointing in the one
-// layer's worth that every layer shares; packed for the chunk's length len
-template <typename floatX> struct LayerActs {
-    floatX *x, *out;         // (B, len, D) the layer's input resid[l] and output resid[l + 1]
-    floatX *ln1, *mid, *ln2; // (B, len, D) mid: the residual after the attention block
-    float *rstd1, *rstd2;    // (B, len)
-    floatX *q, *atty;        // (B, len, NH*hd) the queries after RoPE, the attention output
-    float *lse;              // (B, NH, len)
-    floatX *gate, *up, *hm;  // (B, len, H) hm = silu(gate) * up
-    floatX *lora_h;          // (7, B, len, r) LoRA A-projections
-};
-
-template <typename floatX> LayerActs<floatX> layer_acts(const Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l) {
-    const Config *c = &m->host.config;
-    size_t N = (size_t)ch->B * ch->len, ND = N * c->dim, NQ = N * c->n_heads * c->head_dim, NH = N * c->hidden_dim;
-    size_t r = m->host.use_lora ? m->host.lora.r : 0;
-    int k = m->activation_checkpointing ? 0 : l;
-    return LayerActs<floatX>{LAYER(s->resid, l, ND), LAYER(s->resid, l + 1, ND), layer_slice(s->ln1, k, ND),
-                             layer_slice(s->resid_mid, k, ND), layer_slice(s->ln2, k, ND), layer_slice(s->rstd1, k, N),
-                             layer_slice(s->rstd2, k, N), layer_slice(s->q, k, NQ), layer_slice(s->atty, k, NQ),
-                             layer_slice(s->lse, k, N * c->n_heads), layer_slice(s->gate, k, NH),
-                             layer_slice(s->up, k, NH), layer_slice(s->hmlp, k, NH),
-                             layer_slice(s->lora_h, k, LORA_N_TARGETS * N * r)};
+// Forward and backward of one micro-batch: returns the summed cross-entropy and
+// adds grad_scale * d(loss)/d(parameter) into the gradients of the trainable ones.
+// Chunks run forward in order, filling the KV carry, then backward in reverse
+// order with the dKV carry; in recompute mode a chunk's forward runs again just
+// before its backward (the last chunk's activations are still there).
+static double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale) {
+    std::vector<int> padded[2];
+    rows_begin(m, &tokens, &targets, B, T, padded);
+    T = m->rows.T;
+    upload_batch(m, tokens, targets, B, T, false);
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        Buffers<floatX> &d = buffers<floatX>(m);
+        const Config *c = &m->host.config;
+        const Rows *r = &m->rows;
+        Chunk first = rows_chunk(r, 0, 1), kv = carry_rows(r, &first, host_prefix(&m->host)); // (the carries' rows)
+        size_t carry = (size_t)c->n_layers * B * kv.T * c->n_kv_heads * c->head_dim;
+        cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
+        cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
+        int n = r->n;
+        bool last = offload_step_backward(m); // (--cpu_offload's overlapped step: its units step in its last backward)
+        for (int j = 0; j < n; j++) {
+            Chunk ch = rows_chunk(r, j, 1);
+            chunk_forward(m, &d.chunk[m->recompute ? 0 : j], &ch);
+        }
+        for (int j = n - 1; j >= 0; j--) {
+            Chunk ch = rows_chunk(r, j, 1);
+            ChunkActs<floatX> *s = &d.chunk[m->recompute ? 0 : j];
+            if (m->recompute && j < n - 1) chunk_forward(m, s, &ch);
+            offload_step_set_last_pass(m, last && j == 0);
+            PROF_BEGIN(m->stream, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
+            chunk_head(m, s, &ch, grad_scale, NULL);
+            PROF_END(m->stream);
+            chunk_backward(m, s, &ch);
+        }
+        offload_step_set_last_pass(m, false);
+        const LoRA *lo = &m->host.lora;
+        if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
+            prefix_backward(lora_A(lo, m->grads, 0, 0), d.dk, d.dv, c->n_layers, B, lo->prefix, T, (size_t)lo->out[LORA_K],
+                            m->stream);
+    });
+    units_reshard(m);
+    grads_bf16_end(m);
+    double loss = losses_sum(m, B, T);
+    rows_end(m);
+    return loss;
 }
 
-// where LoRA dropout's masks are drawn for ch (lora_dropout_chunk): positions of the global batch,
-// whose rows are context parallelism's before its padding, so that they drop what one process drops
-static Chunk dropout_chunk(const Model *m, const Chunk *ch) {
-    Chunk d = *ch;
-    if (m->context) d.T = m->context_T;
-    return lora_dropout_chunk(&d, m->row0);
-}
-
-// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
-// (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
-template <typename floatX>
-void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t, floatX *out, const floatX *inp,
-                    const floatX *w) {
-    LoRA *l = &m->host.lora;
-    Buffers<floatX> &d = buffers<floatX>(m);
-    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
-    bool adapted = m->host.use_lora && (l->targets & (1u << t));
-    if (adapted && l->ia3) { ia3_forward(l, m->params, layer, t, out, inp, w, d.xdrop, N, m->stream); return; }
-    lora_shapes(&m->host.config, in, outd);
-    matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0, m->stream);
-    if (!adapted) return;
-    Chunk dc = dropout_chunk(m, ch);
-    floatX *h = lora_h + (size_t)t * N * l->r;
-    if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
-        float *norm = m->dora_norm + dora_norm_index(l, layer, t);
-        if (ch->t0 < (m->context ? m->context->size * ch->len : 1)) // (context parallel: the rank's piece of group 0)
-            dora_norm(l, (const floatX *)d.lora_w, m->params, layer, t, norm, w, m->stream);
-        dora_forward(l, (const floatX *)d.lora_w, m->params, layer, t, out, inp, w, h, d.xdrop, d.dora_pre, norm, &dc,
-                     m->dropout_key, m->stream);
-    } else lora_forward(l, d.lora_w, layer, t, out, inp, h, d.xdrop, &dc, m->dropout_key, m->stream);
-}
-// dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
-template <typename floatX>
-void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer, int t, floatX *dinp, float *dw,
-                     const floatX *dout, const floatX *inp, const floatX *w) {
-    LoRA *l = &m->host.lora;
-    Buffers<floatX> &d = buffers<floatX>(m);
-    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
-    bool adapted = m->host.use_lora && (l->targets & (1u << t));
-    if (adapted && l->ia3) {
-        ia3_backward(l, m->params, m->grads, layer, t, dinp, dout, inp, w, d.xdrop, d.dora_pre, N, m->stream);
-        return;
+// Forward of one chunk through every decoder layer into the activations s,
+// appending the chunk's keys and values to the KV carry. The micro-batch's
+// tokens are in m->tokens. Each layer's unit was prefetched while the one before
+// it computed (sharded), and the next one's gather starts before it computes.
+template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch) {
+    Config *c = &m->host.config;
+    cudaStream_t st = m->stream;
+    int j = ch->t0 / m->chunk_size; // (the spans' chunk)
+    const LoRA *lo = &m->host.lora;
+    if (ch->t0 == 0 && host_prefix(&m->host)) { // (the prefix: one more chunk ahead of the first; the matmuls' copy)
+        Buffers<floatX> &d = buffers<floatX>(m);
+        prefix_to_carry(d.k, d.v, lora_A(lo, d.lora_w, 0, 0), c->n_layers, ch->B, lo->prefix, ch->T, (size_t)lo->out[LORA_K], st);
     }
-    lora_shapes(&m->host.config, in, outd);
-    matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f, m->stream);
-    if (!adapted) return;
-    Chunk dc = dropout_chunk(m, ch);
-    const floatX *h = lora_h + (size_t)t * N * l->r;
-    if (l->use_dora)
-        dora_backward(l, (const floatX *)d.lora_w, m->params, m->grads, layer, t, dinp, dout, inp, w, h, d.lora_dh,
-                      d.xdrop, d.dora_pre, m->dora_norm + dora_norm_index(l, layer, t), &dc, m->dropout_key, m->stream);
-    else lora_backward(l, d.lora_w, m->grads, layer, t, dinp, dout, inp, h, d.lora_dh, d.xdrop, &dc, m->dropout_key,
-                       m->stream);
-}
-
-// the chunk's tokens (B, len) out of the micro-batch's (B, T), both on the device
-static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch, cudaStream_t stream) {
-    size_t row = ch->len * sizeof(int);
-    cudaCheck(cudaMemcpy2DAsync(dst, row, tokens + ch->t0, ch->T * sizeof(int), row, ch->B, cudaMemcpyDeviceToDevice,
-                                stream));
-}
-// positions from->t0 .. + len of src (B, from->T, w) to positions to->t0 .. + len of dst (B, to->T, w)
-template <typename E> void rows_copy(E *dst, const Chunk *to, const E *src, const Chunk *from, size_t w, cudaStream_t stream) {
-    size_t row = (size_t)to->len * w * sizeof(E);
-    cudaCheck(cudaMemcpy2DAsync(dst + (size_t)to->t0 * w, (size_t)to->T * w * sizeof(E), src + (size_t)from->t0 * w,
-                                (size_t)from->T * w * sizeof(E), row, to->B, cudaMemcpyDeviceToDevice, stream));
-}
-// a chunk's rows x (B, len, w) into the carry (B, T, w), or back out (dir = -1)
-template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w, int dir, cudaStream_t stream) {
-    Chunk packed = {ch->B, ch->len, 0, ch->len, 0, 0};
-    if (dir > 0) rows_copy(carry, ch, x, &packed, w, stream);
-    else rows_copy(x, &packed, carry, ch, w, stream);
+    PROF_BEGIN(st, "embedding forward", -1, j, -1);
+    chunk_tokens(m->chunk_tokens, m->tokens, ch, st);
+    floatX *embed = embed_weight<floatX>(m);
+    prefetch_next<floatX>(m, 0, 1); // layer 0
+    embedding_forward(s->resid, m->chunk_tokens, embed, ch->B * ch->len, c->dim, st);
+    PROF_END(st);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (l + 1 < c->n_layers) prefetch_next<floatX>(m, fsdp_layer_unit(l), 1); // (the head: when chunk_head needs it)
+        PROF_BEGIN(st, "forward", l, j, -1);
+        layer_forward(m, s, ch, l);
+        PROF_END(st);
+    }
 }
 
 // Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
@@ -398,7 +383,7 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     cudaStream_t st = m->stream;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     Chunk cc = carry_chunk(ch, host_prefix(&m->host)); // the chunk as RoPE and attention see it
-    Chunk cr = carry_rows(m, ch);                        // and where its keys and values go in the carries
+    Chunk cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // and where its keys and values go in the carries
     size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cr.B * cr.T * KV;
     LayerWeights<floatX> w = layer_params<floatX>(m, l);
     LayerActs<floatX> act = layer_acts(m, s, ch, l);
@@ -430,102 +415,6 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     accumulate(act.out, act.mid, ND, st);
 }
 
-// Forward of one chunk through every decoder layer into the activations s,
-// appending the chunk's keys and values to the KV carry. The micro-batch's
-// tokens are in m->tokens. Each layer's unit was prefetched while the one before
-// it computed (sharded), and the next one's gather starts before it computes.
-template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch) {
-    Config *c = &m->host.config;
-    cudaStream_t st = m->stream;
-    int j = ch->t0 / m->chunk_size; // (the spans' chunk)
-    const LoRA *lo = &m->host.lora;
-    if (ch->t0 == 0 && host_prefix(&m->host)) { // (the prefix: one more chunk ahead of the first; the matmuls' copy)
-        Buffers<floatX> &d = buffers<floatX>(m);
-        prefix_to_carry(d.k, d.v, lora_A(lo, d.lora_w, 0, 0), c->n_layers, ch->B, lo->prefix, ch->T, (size_t)lo->out[LORA_K], st);
-    }
-    PROF_BEGIN(st, "embedding forward", -1, j, -1);
-    chunk_tokens(m->chunk_tokens, m->tokens, ch, st);
-    floatX *embed = embed_weight<floatX>(m);
-    prefetch_next<floatX>(m, 0, 1); // layer 0
-    embedding_forward(s->resid, m->chunk_tokens, embed, ch->B * ch->len, c->dim, st);
-    PROF_END(st);
-    for (int l = 0; l < c->n_layers; l++) {
-        if (l + 1 < c->n_layers) prefetch_next<floatX>(m, fsdp_layer_unit(l), 1); // (the head: when chunk_head needs it)
-        PROF_BEGIN(st, "forward", l, j, -1);
-        layer_forward(m, s, ch, l);
-        PROF_END(st);
-    }
-}
-
-// rows r0 .. r0 + n - 1 of a chunk's logits (n, V; device) to their positions
-// in logits_out (B, T, V; host): a run of rows of one sequence per copy
-static void logits_to_host(float *logits_out, const float *logits, const Chunk *ch, int r0, int n, int V,
-                           cudaStream_t stream) {
-    for (int r = r0; r < r0 + n;) {
-        int b = r / ch->len, i = r % ch->len, rows = std::min(ch->len - i, r0 + n - r);
-        size_t pos = (size_t)b * ch->T + ch->t0 + i;
-        cudaCheck(cudaMemcpyAsync(logits_out + pos * V, logits + (size_t)(r - r0) * V, (size_t)rows * V * sizeof(float),
-                                  cudaMemcpyDeviceToHost, stream));
-        r += rows;
-    }
-}
-
-// train_llama2.c's chunk_head, on the device. What differs: each target's loss goes to
-// m->losses (the micro-batch sums them once at its end), and the head runs on the rows
-// upload_batch kept, in pieces of at most ceil(B * len / num_output_chunks) rows that
-// may span sequences (the CPU's pieces are one sequence's). Left-out rows are handled by
-// moving, not in place: the kept rows of lnf are gathered to the front of dresid (free
-// until the norm's backward fills it), their gradients computed in lnf (not read after
-// the gather) and scattered back to their rows of dln. The same rows and losses; the
-// head's gradient is summed in another order. logits_out is on the host, every row kept.
-template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const Chunk *ch, float grad_scale,
-                                           float *logits_out) {
-    Config *c = &m->host.config;
-    Buffers<floatX> &d = buffers<floatX>(m);
-    cudaStream_t st = m->stream;
-    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size, nk = m->n_kept[ch->t0 / m->chunk_size];
-    int piece = (N + m->num_output_chunks - 1) / m->num_output_chunks;
-    size_t at = (size_t)ch->B * ch->t0; // the chunk's place in kept, targets and losses
-    if (logits_out && nk != N) die("internal: chunk_head wants the logits of every row, but %d of %d are kept", nk, N);
-    int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
-    const floatX *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
-    floatX *norm = final_norm<floatX>(m), *head = head_weight<floatX>(m);
-    // tied: the head is the embedding, frozen with it (--freeze_layers). LoRA: their trained
-    // copies' (--trainable_params), if any
-    int full_head = full && !(c->tied && m->host.frozen_units), lora = grad_scale != 0.0f && !full;
-    float *dnorm = full ? grad_at(m, hu, 0) : lora ? saved_grad(m, 1 + 2 * c->n_layers) : NULL;
-    float *dhead = full_head ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : lora && c->tied ? saved_grad(m, 0) : NULL;
-    rmsnorm_forward(d.lnf, m->rstdf, xL, norm, N, D, c->norm_eps, st);
-    floatX *xk = d.lnf, *dxk = d.dln; // (nk, D) the kept rows and their gradients
-    if (nk < N) {
-        copy_rows(d.dresid, NULL, d.lnf, m->kept + at, nk, D, st);
-        xk = d.dresid;
-        dxk = d.lnf;
-    }
-    if (grad_scale != 0.0f) cudaCheck(cudaMemsetAsync(dxk, 0, (size_t)nk * D * sizeof(floatX), st)); // matmul_backward adds
-    for (int r0 = 0; r0 < nk; r0 += piece) { // kept rows r0 .. r0 + n - 1
-        int n = std::min(nk - r0, piece);
-        const floatX *xf = xk + (size_t)r0 * D;
-        matmul_forward(m->logits, xf, head, n, D, V, 1.0f, 0, st); // (n, V) in fp32
-        if (logits_out) logits_to_host(logits_out, m->logits, ch, r0, n, V, st);
-        crossentropy_forward_backward(m->logits, m->losses + at + r0, m->targets + at + r0, n, V, grad_scale, st);
-        if (grad_scale == 0.0f) continue;
-        const floatX *dlogits;
-        if constexpr (std::is_same<floatX, float>::value) dlogits = m->logits;
-        else { convert(d.dlogits, m->logits, (size_t)n * V, st); dlogits = d.dlogits; }
-        matmul_backward(dxk + (size_t)r0 * D, dhead, dlogits, xf, head, n, D, V, 1.0f, st);
-    }
-    if (grad_scale != 0.0f) {
-        if (nk < N) { // the kept rows' gradients back to their rows; the others are zeros
-            cudaCheck(cudaMemsetAsync(d.dln, 0, (size_t)N * D * sizeof(floatX), st));
-            copy_rows(d.dln, m->kept + at, dxk, NULL, nk, D, st);
-        }
-        cudaCheck(cudaMemsetAsync(d.dresid, 0, (size_t)N * D * sizeof(floatX), st));
-        rmsnorm_backward(d.dresid, dnorm, d.dln, xL, norm, m->rstdf, N, D, st);
-    }
-    if (full) grads_done(m, hu); // tied: the embedding's gradient stays open for the embedding's backward
-}
-
 // Backward of one chunk through every decoder layer, from d.dresid (chunk_head's).
 // At each layer's attention the chunk adds dK, dV for every position before its
 // end into the dKV carry; its own rows are complete then (later chunks ran
@@ -538,7 +427,7 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     cudaStream_t st = m->stream;
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
-    Chunk cc = carry_chunk(ch, host_prefix(&m->host)), cr = carry_rows(m, ch); // (as layer_forward's)
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host)), cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // (as layer_forward's)
     size_t carry = (size_t)cr.B * cr.T * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units, lowest = frozen ? frozen - 1 : 0;
     for (int l = c->n_layers - 1; l >= lowest; l--) { // as on the CPU: nothing below a frozen layer trains
@@ -599,90 +488,60 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     }
 }
 
-// chunk j of a micro-batch of B rows of T tokens
-// chunk j of B rows of T positions; train: model_forward_backward's, whose attention
-// takes --s2_attn's groups (evaluation and sampling attend to every earlier position)
-static Chunk chunk_at(const Model *m, int B, int T, int j, int train) {
-    Chunk ch = {B, T, j * m->chunk_size, m->chunk_size, m->host.config.sliding_window,
-                train && m->s2_attn ? s2_group_size(T) : 0};
-    if (ch.t0 + ch.len > T) ch.len = T - ch.t0; // the last chunk may be shorter
-    return ch;
-}
-
-// Checks a micro-batch on the host (a token outside the vocabulary would make the
-// embedding read out of bounds on the device), then copies it there: its tokens,
-// and for each chunk's output head the chunk's rows (b * len + i) whose position
-// has a target (every row when every_row: logits for each position), with their
-// targets (chunk_head).
-static void upload_batch(Model *m, const int *tokens, const int *targets, int B, int T, bool every_row) {
-    if (B > m->B || T > m->T) die("internal: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
-    int V = m->host.config.vocab_size;
-    for (int i = 0; i < B * T; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V) die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
-        if (targets[i] >= V) die("target id %d at position %d is outside the vocabulary (%d)", targets[i], i, V);
+// train_llama2.c's chunk_head, on the device. What differs: each target's loss goes to
+// m->losses (the micro-batch sums them once at its end), and the head runs on the rows
+// upload_batch kept, in pieces of at most ceil(B * len / num_output_chunks) rows that
+// may span sequences (the CPU's pieces are one sequence's). Left-out rows are handled by
+// moving, not in place: the kept rows of lnf are gathered to the front of dresid (free
+// until the norm's backward fills it), their gradients computed in lnf (not read after
+// the gather) and scattered back to their rows of dln. The same rows and losses; the
+// head's gradient is summed in another order. logits_out is on the host, every row kept.
+template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const Chunk *ch, float grad_scale,
+                                           float *logits_out) {
+    Config *c = &m->host.config;
+    Buffers<floatX> &d = buffers<floatX>(m);
+    cudaStream_t st = m->stream;
+    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size, nk = m->n_kept[ch->t0 / m->rows.len];
+    int piece = (N + m->num_output_chunks - 1) / m->num_output_chunks;
+    size_t at = (size_t)ch->B * ch->t0; // the chunk's place in kept, targets and losses
+    if (logits_out && nk != N) die("internal: chunk_head wants the logits of every row, but %d of %d are kept", nk, N);
+    int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
+    const floatX *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
+    floatX *norm = final_norm<floatX>(m), *head = head_weight<floatX>(m);
+    // tied: the head is the embedding, frozen with it (--freeze_layers). LoRA: their trained
+    // copies' (--trainable_params), if any
+    int full_head = full && !(c->tied && m->host.frozen_units), lora = grad_scale != 0.0f && !full;
+    float *dnorm = full ? grad_at(m, hu, 0) : lora ? saved_grad(m, 1 + 2 * c->n_layers) : NULL;
+    float *dhead = full_head ? grad_at(m, c->tied ? 0 : hu, c->tied ? 0 : 1) : lora && c->tied ? saved_grad(m, 0) : NULL;
+    rmsnorm_forward(d.lnf, m->rstdf, xL, norm, N, D, c->norm_eps, st);
+    floatX *xk = d.lnf, *dxk = d.dln; // (nk, D) the kept rows and their gradients
+    if (nk < N) {
+        copy_rows(d.dresid, NULL, d.lnf, m->kept + at, nk, D, st);
+        xk = d.dresid;
+        dxk = d.lnf;
     }
-    std::vector<int> kept((size_t)B * T), kept_targets((size_t)B * T);
-    for (int j = 0; j * m->chunk_size < T; j++) {
-        Chunk ch = chunk_at(m, B, T, j, 0);
-        size_t at = (size_t)B * ch.t0;
-        int nk = 0;
-        for (int r = 0; r < B * ch.len; r++) {
-            int t = targets[(size_t)(r / ch.len) * T + ch.t0 + r % ch.len];
-            if (every_row || t >= 0) kept[at + nk] = r, kept_targets[at + nk++] = t;
-        }
-        m->n_kept[j] = nk;
+    if (grad_scale != 0.0f) cudaCheck(cudaMemsetAsync(dxk, 0, (size_t)nk * D * sizeof(floatX), st)); // matmul_backward adds
+    for (int r0 = 0; r0 < nk; r0 += piece) { // kept rows r0 .. r0 + n - 1
+        int n = std::min(nk - r0, piece);
+        const floatX *xf = xk + (size_t)r0 * D;
+        matmul_forward(m->logits, xf, head, n, D, V, 1.0f, 0, st); // (n, V) in fp32
+        if (logits_out) logits_to_host(logits_out, m->logits, ch, r0, n, V, st);
+        crossentropy_forward_backward(m->logits, m->losses + at + r0, m->targets + at + r0, n, V, grad_scale, st);
+        if (grad_scale == 0.0f) continue;
+        const floatX *dlogits;
+        if constexpr (std::is_same<floatX, float>::value) dlogits = m->logits;
+        else { convert(d.dlogits, m->logits, (size_t)n * V, st); dlogits = d.dlogits; }
+        matmul_backward(dxk + (size_t)r0 * D, dhead, dlogits, xf, head, n, D, V, 1.0f, st);
     }
-    size_t bytes = (size_t)B * T * sizeof(int);
-    cudaCheck(cudaMemcpyAsync(m->tokens, tokens, bytes, cudaMemcpyHostToDevice, m->stream));
-    cudaCheck(cudaMemcpyAsync(m->kept, kept.data(), bytes, cudaMemcpyHostToDevice, m->stream));
-    cudaCheck(cudaMemcpyAsync(m->targets, kept_targets.data(), bytes, cudaMemcpyHostToDevice, m->stream));
-    cudaCheck(cudaMemsetAsync(m->losses, 0, (size_t)B * T * sizeof(float), m->stream));
-}
-
-// the sum of the micro-batch's losses (each target's, chunk by chunk: chunk_head), on the host
-static double losses_sum(Model *m, int B, int T) {
-    double loss;
-    global_sum(m->loss_sum, m->losses, (size_t)B * T, m->stream);
-    cudaCheck(cudaMemcpyAsync(&loss, m->loss_sum, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
-    cudaCheck(cudaStreamSynchronize(m->stream));
-    return loss;
-}
-
-// Context parallel: B rows of T tokens padded to the group's layout (context_layout) into
-// padded[0], padded[1] (B, Tp; pads: token 0, which nothing real attends to, and no label);
-// the micro-batch's pieces run as its chunks (m->chunk_size their length until context_end).
-// Returns Tp.
-static int context_begin(Model *m, const int **tokens, const int **targets, int B, int T, std::vector<int> padded[2]) {
-    int Tp, len;
-    context_layout(fsdp_context_size(m->fsdp), m->context_len, T, &Tp, &len);
-    padded[0].assign((size_t)B * Tp, 0);
-    padded[1].assign((size_t)B * Tp, -100);
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            padded[0][(size_t)b * Tp + t] = (*tokens)[(size_t)b * T + t];
-            padded[1][(size_t)b * Tp + t] = (*targets)[(size_t)b * T + t];
+    if (grad_scale != 0.0f) {
+        if (nk < N) { // the kept rows' gradients back to their rows; the others are zeros
+            cudaCheck(cudaMemsetAsync(d.dln, 0, (size_t)N * D * sizeof(floatX), st));
+            copy_rows(d.dln, m->kept + at, dxk, NULL, nk, D, st);
         }
-    *tokens = padded[0].data(), *targets = padded[1].data();
-    m->context_T = T;
-    m->chunk_size = len;
-    m->context = &m->fsdp->context;
-    m->held_layer = m->held_group = -1;
-    return Tp;
-}
-// the chunks again the capacity's (C: what m->chunk_size was before context_begin)
-static void context_end(Model *m, int C) {
-    m->context = NULL;
-    m->chunk_size = C;
-}
-// the micro-batch's chunks: a row's, or context parallel this rank's pieces (one a group)
-static int train_chunks(const Model *m, int T) {
-    return m->context ? T / m->chunk_size / m->context->size : (T + m->chunk_size - 1) / m->chunk_size;
-}
-// chunk j of what model_forward_backward (train) or model_forward runs: chunk_at's, or this
-// rank's piece of group j
-static Chunk train_chunk(const Model *m, int B, int T, int j, int train) {
-    if (!m->context) return chunk_at(m, B, T, j, train);
-    return context_piece(m->context->size, B, T, m->chunk_size, j, m->context->rank, m->host.config.sliding_window);
+        cudaCheck(cudaMemsetAsync(d.dresid, 0, (size_t)N * D * sizeof(floatX), st));
+        rmsnorm_backward(d.dresid, dnorm, d.dln, xL, norm, m->rstdf, N, D, st);
+    }
+    if (full) grads_done(m, hu); // tied: the embedding's gradient stays open for the embedding's backward
 }
 
 // The summed cross-entropy of B rows of T tokens over targets != -100 (no
@@ -690,17 +549,15 @@ static Chunk train_chunk(const Model *m, int B, int T, int j, int train) {
 // every rank of the group runs its pieces and returns the rows' sum.
 static double model_forward(Model *m, const int *tokens, const int *targets, int B, int T, float *logits_out) {
     std::vector<int> padded[2];
-    int C = m->chunk_size;
-    if (fsdp_context_size(m->fsdp) > 1) {
-        if (logits_out) die("internal: model_forward's logits are not gathered over the context group");
-        T = context_begin(m, &tokens, &targets, B, T, padded);
-    }
+    if (fsdp_context_size(m->fsdp) > 1 && logits_out) die("internal: model_forward's logits are not gathered over the context group");
+    rows_begin(m, &tokens, &targets, B, T, padded);
+    T = m->rows.T;
     upload_batch(m, tokens, targets, B, T, logits_out != NULL);
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         ChunkActs<floatX> *s = &buffers<floatX>(m).chunk[0];
-        for (int j = 0; j < train_chunks(m, T); j++) {
-            Chunk ch = train_chunk(m, B, T, j, 0);
+        for (int j = 0; j < m->rows.n; j++) {
+            Chunk ch = rows_chunk(&m->rows, j, 0);
             chunk_forward(m, s, &ch);
             PROF_BEGIN(m->stream, "head", -1, j, -1);
             chunk_head(m, s, &ch, 0.0f, logits_out);
@@ -710,69 +567,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     units_reshard(m);
     double loss = losses_sum(m, B, T);
     if (m->context) fsdp_all_reduce(m->context, &loss, 1, FSDP_F64); // (the host's communicator)
-    context_end(m, C);
-    return loss;
-}
-
-// --pure_bf16 in chunks: the micro-batch's fp32 gradient (summed over its chunks, and sharded
-// over the ranks' bf16 parts: grads_done) rounded into the step's bf16 one, then zeroed for the next
-static void grads_bf16_end(Model *m) {
-    if (!pure_bf16_chunked(m)) return;
-    if (m->cpu_offload) { // on the host, once the micro-batch's is all there
-        cudaCheck(cudaStreamSynchronize(m->comm_stream));
-        grads_add_staged(m);
-        grads_bf16_add(m->grad_acc, m->grads, m->n_train);
-        grads_host_zero(m);
-        return;
-    }
-    grads_bf16_add(m->grad_acc, m->grads, m->n_train, m->stream);
-    cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), m->stream));
-}
-
-// Forward and backward of one micro-batch: returns the summed cross-entropy and
-// adds grad_scale * d(loss)/d(parameter) into the gradients of the trainable ones.
-// Chunks run forward in order, filling the KV carry, then backward in reverse
-// order with the dKV carry; in recompute mode a chunk's forward runs again just
-// before its backward (the last chunk's activations are still there).
-static double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale) {
-    std::vector<int> padded[2];
-    int C = m->chunk_size;
-    if (fsdp_context_size(m->fsdp) > 1) T = context_begin(m, &tokens, &targets, B, T, padded);
-    upload_batch(m, tokens, targets, B, T, false);
-    with_precision(m, [&](auto tag) {
-        using floatX = typename decltype(tag)::type;
-        Buffers<floatX> &d = buffers<floatX>(m);
-        const Config *c = &m->host.config;
-        Chunk first = train_chunk(m, B, T, 0, 1), rows = carry_rows(m, &first); // (the carries' rows)
-        size_t carry = (size_t)c->n_layers * B * rows.T * c->n_kv_heads * c->head_dim;
-        cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
-        cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
-        int n = train_chunks(m, T);
-        bool last = offload_step_backward(m); // (--cpu_offload's overlapped step: its units step in its last backward)
-        for (int j = 0; j < n; j++) {
-            Chunk ch = train_chunk(m, B, T, j, 1);
-            chunk_forward(m, &d.chunk[m->recompute ? 0 : j], &ch);
-        }
-        for (int j = n - 1; j >= 0; j--) {
-            Chunk ch = train_chunk(m, B, T, j, 1);
-            ChunkActs<floatX> *s = &d.chunk[m->recompute ? 0 : j];
-            if (m->recompute && j < n - 1) chunk_forward(m, s, &ch);
-            offload_step_set_last_pass(m, last && j == 0);
-            PROF_BEGIN(m->stream, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
-            chunk_head(m, s, &ch, grad_scale, NULL);
-            PROF_END(m->stream);
-            chunk_backward(m, s, &ch);
-        }
-        offload_step_set_last_pass(m, false);
-        const LoRA *lo = &m->host.lora;
-        if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
-            prefix_backward(lora_A(lo, m->grads, 0, 0), d.dk, d.dv, c->n_layers, B, lo->prefix, T, (size_t)lo->out[LORA_K],
-                            m->stream);
-    });
-    units_reshard(m);
-    grads_bf16_end(m);
-    double loss = losses_sum(m, B, T);
-    context_end(m, C);
+    rows_end(m);
     return loss;
 }
 
@@ -798,6 +593,184 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
     cudaCheck(cudaMemcpyAsync(m->next_logits, m->logits, c->vocab_size * sizeof(float), cudaMemcpyDeviceToHost, st));
     cudaCheck(cudaStreamSynchronize(st));
     return m->next_logits;
+}
+
+// ----------------------------------------------------------------------------
+// the machinery the model calls, from here to the optimizer; first a base linear layer
+// and its adapter (lora.cuh)
+
+// a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
+// (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
+template <typename floatX>
+void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t, floatX *out, const floatX *inp,
+                    const floatX *w) {
+    LoRA *l = &m->host.lora;
+    Buffers<floatX> &d = buffers<floatX>(m);
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
+    bool adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) { ia3_forward(l, m->params, layer, t, out, inp, w, d.xdrop, N, m->stream); return; }
+    lora_shapes(&m->host.config, in, outd);
+    matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0, m->stream);
+    if (!adapted) return;
+    Chunk dc = dropout_chunk(&m->rows, ch, m->row0); // (where LoRA dropout draws its masks)
+    floatX *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
+        float *norm = m->dora_norm + dora_norm_index(l, layer, t);
+        if (ch->t0 < (m->context ? m->context->size * ch->len : 1)) // (context parallel: the rank's piece of group 0)
+            dora_norm(l, (const floatX *)d.lora_w, m->params, layer, t, norm, w, m->stream);
+        dora_forward(l, (const floatX *)d.lora_w, m->params, layer, t, out, inp, w, h, d.xdrop, d.dora_pre, norm, &dc,
+                     m->dropout_key, m->stream);
+    } else lora_forward(l, d.lora_w, layer, t, out, inp, h, d.xdrop, &dc, m->dropout_key, m->stream);
+}
+// dinp (N, I) += dout W (+ LoRA); dW += dout^T inp when training the base weights
+template <typename floatX>
+void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer, int t, floatX *dinp, float *dw,
+                     const floatX *dout, const floatX *inp, const floatX *w) {
+    LoRA *l = &m->host.lora;
+    Buffers<floatX> &d = buffers<floatX>(m);
+    int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
+    bool adapted = m->host.use_lora && (l->targets & (1u << t));
+    if (adapted && l->ia3) {
+        ia3_backward(l, m->params, m->grads, layer, t, dinp, dout, inp, w, d.xdrop, d.dora_pre, N, m->stream);
+        return;
+    }
+    lora_shapes(&m->host.config, in, outd);
+    matmul_backward(dinp, m->host.full_finetune ? dw : NULL, dout, inp, w, N, in[t], outd[t], 1.0f, m->stream);
+    if (!adapted) return;
+    Chunk dc = dropout_chunk(&m->rows, ch, m->row0); // (where LoRA dropout draws its masks)
+    const floatX *h = lora_h + (size_t)t * N * l->r;
+    if (l->use_dora)
+        dora_backward(l, (const floatX *)d.lora_w, m->params, m->grads, layer, t, dinp, dout, inp, w, h, d.lora_dh,
+                      d.xdrop, d.dora_pre, m->dora_norm + dora_norm_index(l, layer, t), &dc, m->dropout_key, m->stream);
+    else lora_backward(l, d.lora_w, m->grads, layer, t, dinp, dout, inp, h, d.lora_dh, d.xdrop, &dc, m->dropout_key,
+                       m->stream);
+}
+
+// ----------------------------------------------------------------------------
+// a layer's activations within its chunk's, the chunk's tokens, the KV carry
+
+template <typename floatX> LayerActs<floatX> layer_acts(const Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l) {
+    const Config *c = &m->host.config;
+    size_t N = (size_t)ch->B * ch->len, ND = N * c->dim, NQ = N * c->n_heads * c->head_dim, NH = N * c->hidden_dim;
+    size_t r = m->host.use_lora ? m->host.lora.r : 0;
+    int k = m->activation_checkpointing ? 0 : l;
+    return LayerActs<floatX>{LAYER(s->resid, l, ND), LAYER(s->resid, l + 1, ND), layer_slice(s->ln1, k, ND),
+                             layer_slice(s->resid_mid, k, ND), layer_slice(s->ln2, k, ND), layer_slice(s->rstd1, k, N),
+                             layer_slice(s->rstd2, k, N), layer_slice(s->q, k, NQ), layer_slice(s->atty, k, NQ),
+                             layer_slice(s->lse, k, N * c->n_heads), layer_slice(s->gate, k, NH),
+                             layer_slice(s->up, k, NH), layer_slice(s->hmlp, k, NH),
+                             layer_slice(s->lora_h, k, LORA_N_TARGETS * N * r)};
+}
+
+// the chunk's tokens (B, len) out of the micro-batch's (B, T), both on the device
+static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch, cudaStream_t stream) {
+    size_t row = ch->len * sizeof(int);
+    cudaCheck(cudaMemcpy2DAsync(dst, row, tokens + ch->t0, ch->T * sizeof(int), row, ch->B, cudaMemcpyDeviceToDevice,
+                                stream));
+}
+// positions from->t0 .. + len of src (B, from->T, w) to positions to->t0 .. + len of dst (B, to->T, w)
+template <typename E> void rows_copy(E *dst, const Chunk *to, const E *src, const Chunk *from, size_t w, cudaStream_t stream) {
+    size_t row = (size_t)to->len * w * sizeof(E);
+    cudaCheck(cudaMemcpy2DAsync(dst + (size_t)to->t0 * w, (size_t)to->T * w * sizeof(E), src + (size_t)from->t0 * w,
+                                (size_t)from->T * w * sizeof(E), row, to->B, cudaMemcpyDeviceToDevice, stream));
+}
+// a chunk's rows x (B, len, w) into the carry (B, T, w), or back out (dir = -1)
+template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w, int dir, cudaStream_t stream) {
+    Chunk packed = {ch->B, ch->len, 0, ch->len, 0, 0};
+    if (dir > 0) rows_copy(carry, ch, x, &packed, w, stream);
+    else rows_copy(x, &packed, carry, ch, w, stream);
+}
+
+// ----------------------------------------------------------------------------
+// the micro-batch on the device: its rows, the targets its output head keeps, its losses
+
+// The rows a forward (and backward) runs, in m->rows (chunk.h's rows_layout): B rows of tokens,
+// targets (B, T). Context parallel, the rows padded to the group's layout into padded[0],
+// padded[1] (rows_pad), and m->context set: this rank runs its pieces, in step with its group,
+// until rows_end.
+static void rows_begin(Model *m, const int **tokens, const int **targets, int B, int T, std::vector<int> padded[2]) {
+    int P = fsdp_context_size(m->fsdp);
+    m->rows = rows_layout(B, T, m->chunk_size, m->context_len, P, P > 1 ? m->fsdp->context.rank : 0,
+                          m->host.config.sliding_window, m->s2_attn);
+    if (P == 1) return;
+    padded[0].resize((size_t)B * m->rows.T);
+    padded[1].resize((size_t)B * m->rows.T);
+    rows_pad(&m->rows, padded[0].data(), padded[1].data(), *tokens, *targets);
+    *tokens = padded[0].data(), *targets = padded[1].data();
+    m->context = &m->fsdp->context;
+    m->held_layer = m->held_group = -1;
+}
+// the micro-batch's end: no rows, no context group (sampling runs its own chunks of whole rows)
+static void rows_end(Model *m) {
+    m->context = NULL;
+    memset(&m->rows, 0, sizeof m->rows);
+}
+
+// Checks a micro-batch on the host (a token outside the vocabulary would make the
+// embedding read out of bounds on the device), then copies it there: its tokens,
+// and for each chunk's output head (chunk_at's, of m->rows) the chunk's rows (b * len + i)
+// whose position has a target (every row when every_row: logits for each position), with their
+// targets (chunk_head).
+static void upload_batch(Model *m, const int *tokens, const int *targets, int B, int T, bool every_row) {
+    if (B > m->B || T > m->T) die("internal: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
+    int V = m->host.config.vocab_size;
+    for (int i = 0; i < B * T; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V) die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
+        if (targets[i] >= V) die("target id %d at position %d is outside the vocabulary (%d)", targets[i], i, V);
+    }
+    std::vector<int> kept((size_t)B * T), kept_targets((size_t)B * T);
+    for (int j = 0; j * m->rows.len < T; j++) {
+        Chunk ch = chunk_at(&m->rows, j);
+        size_t at = (size_t)B * ch.t0;
+        int nk = 0;
+        for (int r = 0; r < B * ch.len; r++) {
+            int t = targets[(size_t)(r / ch.len) * T + ch.t0 + r % ch.len];
+            if (every_row || t >= 0) kept[at + nk] = r, kept_targets[at + nk++] = t;
+        }
+        m->n_kept[j] = nk;
+    }
+    size_t bytes = (size_t)B * T * sizeof(int);
+    cudaCheck(cudaMemcpyAsync(m->tokens, tokens, bytes, cudaMemcpyHostToDevice, m->stream));
+    cudaCheck(cudaMemcpyAsync(m->kept, kept.data(), bytes, cudaMemcpyHostToDevice, m->stream));
+    cudaCheck(cudaMemcpyAsync(m->targets, kept_targets.data(), bytes, cudaMemcpyHostToDevice, m->stream));
+    cudaCheck(cudaMemsetAsync(m->losses, 0, (size_t)B * T * sizeof(float), m->stream));
+}
+
+// the sum of the micro-batch's losses (each target's, chunk by chunk: chunk_head), on the host
+static double losses_sum(Model *m, int B, int T) {
+    double loss;
+    global_sum(m->loss_sum, m->losses, (size_t)B * T, m->stream);
+    cudaCheck(cudaMemcpyAsync(&loss, m->loss_sum, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    return loss;
+}
+
+// rows r0 .. r0 + n - 1 of a chunk's logits (n, V; device) to their positions
+// in logits_out (B, T, V; host): a run of rows of one sequence per copy
+static void logits_to_host(float *logits_out, const float *logits, const Chunk *ch, int r0, int n, int V,
+                           cudaStream_t stream) {
+    for (int r = r0; r < r0 + n;) {
+        int b = r / ch->len, i = r % ch->len, rows = std::min(ch->len - i, r0 + n - r);
+        size_t pos = (size_t)b * ch->T + ch->t0 + i;
+        cudaCheck(cudaMemcpyAsync(logits_out + pos * V, logits + (size_t)(r - r0) * V, (size_t)rows * V * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream));
+        r += rows;
+    }
+}
+
+// --pure_bf16 in chunks: the micro-batch's fp32 gradient (summed over its chunks, and sharded
+// over the ranks' bf16 parts: grads_done) rounded into the step's bf16 one, then zeroed for the next
+static void grads_bf16_end(Model *m) {
+    if (!pure_bf16_chunked(m)) return;
+    if (m->cpu_offload) { // on the host, once the micro-batch's is all there
+        cudaCheck(cudaStreamSynchronize(m->comm_stream));
+        grads_add_staged(m);
+        grads_bf16_add(m->grad_acc, m->grads, m->n_train);
+        grads_host_zero(m);
+        return;
+    }
+    grads_bf16_add(m->grad_acc, m->grads, m->n_train, m->stream);
+    cudaCheck(cudaMemsetAsync(m->grads, 0, m->n_train * sizeof(float), m->stream));
 }
 
 // ----------------------------------------------------------------------------
@@ -1080,12 +1053,13 @@ static void check_precision(const Model *m, const char *precision) {
 static void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
     const HostModel *h = &m->host;
     if (C <= 0 || C > T) C = T;
-    int P = fsdp_context_size(m->fsdp), pieces = (T + C - 1) / C; // the chunks (context parallel: this rank's pieces) of a row
-    if (P > 1) { // the longest row, padded, and its pieces (context_layout); evaluation runs in pieces too
-        m->context_len = C < T ? C : 0;
-        context_layout(P, m->context_len, T, &T, &C);
-        pieces = T / C / P;
-    }
+    // the longest row (context parallel: padded) and its chunks (this rank's pieces: context_layout's);
+    // evaluation runs in pieces too
+    int P = fsdp_context_size(m->fsdp);
+    m->context_len = P > 1 && C < T ? C : 0;
+    Rows longest = rows_layout(B, T, C, m->context_len, P, 0, 0, 0);
+    int pieces = longest.n;
+    T = longest.T, C = longest.len;
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
     m->n_slots = recompute ? 1 : pieces;
     m->sharded = host_sharded(h);
@@ -1372,10 +1346,13 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             else { d.lora_w = d.params_lo; convert(d.lora_w, m->params, m->n_train, st); }
         }
         if (m->cpu_offload && m->pure_bf16) params_bf16_copy(m, cudaMemcpyDeviceToHost); // (the bf16 weights as uploaded)
-        std::vector<float> inv_freq(c->head_dim / 2);
+        size_t table = (size_t)(host_prefix(&m->host) + m->T) * (c->head_dim / 2); // RoPE's, computed on the host (model.h)
+        std::vector<float> inv_freq(c->head_dim / 2), cosb(table), sinb(table);
         rope_inv_freq(c, inv_freq.data());
-        rope_tables(m->rope_cos, m->rope_sin, host_prefix(&m->host) + m->T, c->head_dim, inv_freq.data());
-        cudaCheck(cudaDeviceSynchronize()); // rope_tables copies on the legacy stream, which st does not wait for
+        rope_tables(cosb.data(), sinb.data(), host_prefix(&m->host) + m->T, c->head_dim, inv_freq.data());
+        cudaCheck(cudaMemcpy(m->rope_cos, cosb.data(), table * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(m->rope_sin, sinb.data(), table * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaDeviceSynchronize()); // the copies run on the legacy stream, which st does not wait for
     });
 }
 
@@ -1501,7 +1478,7 @@ template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
 }
 
 // ----------------------------------------------------------------------------
-// context parallelism (docs/long_context.md; the layout: lora.h's context_layout and
+// context parallelism (docs/long_context.md; the layout: chunk.h's context_layout and
 // context_piece): the ranks run their pieces group by group, in step. Each rank's KV and
 // dKV carries hold its own positions alone, compact: its piece of group j at rows
 // [j len, (j + 1) len) of T / P (carry_rows). At each layer a piece's keys and values are
@@ -1510,17 +1487,6 @@ template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
 // the gradients it gives them there are summed over the group into their owners' dKV
 // carries (context_reduce).
 
-// the group of piece ch (this rank's: context_piece's)
-static int context_group(const Model *m, const Chunk *ch) { return ch->t0 / ch->len / m->context->size; }
-// where chunk ch's keys and values lie in the carries: at its positions after a prefix's, or
-// context parallel at its rank's compact rows
-static Chunk carry_rows(const Model *m, const Chunk *ch) {
-    if (!m->context) return carry_chunk(ch, host_prefix(&m->host));
-    Chunk c = *ch;
-    c.T = ch->T / m->context->size, c.t0 = context_group(m, ch) * ch->len;
-    return c;
-}
-
 // Layer l's keys and values of every position up to the end of piece ch's group j into ck, cv
 // (B, T, KV) at their absolute positions: each rank's compact rows of groups 0 .. j (B, (j + 1) len,
 // KV), all-gathered over the context group (collective), rank r's piece of group g where
@@ -1528,7 +1494,7 @@ static Chunk carry_rows(const Model *m, const Chunk *ch) {
 template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l) {
     Buffers<floatX> &d = buffers<floatX>(m);
     const Config *c = &m->host.config;
-    int P = m->context->size, j = context_group(m, ch), len = ch->len, B = ch->B, T = ch->T;
+    int P = m->context->size, j = context_group(&m->rows, ch), len = ch->len, B = ch->B, T = ch->T;
     if (m->held_layer == l && m->held_group == j) return;
     size_t KV = (size_t)c->n_kv_heads * c->head_dim, n = (size_t)B * (j + 1) * len * KV, carry = (size_t)B * (T / P) * KV;
     Chunk mine = {B, T / P, 0, (j + 1) * len, 0, 0}, packed = {B, (j + 1) * len, 0, (j + 1) * len, 0, 0};
@@ -1556,7 +1522,7 @@ template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l)
 template <typename floatX> void context_reduce(Model *m, const Chunk *ch, int l) {
     Buffers<floatX> &d = buffers<floatX>(m);
     const Config *c = &m->host.config;
-    int P = m->context->size, j = context_group(m, ch), len = ch->len, B = ch->B, T = ch->T;
+    int P = m->context->size, j = context_group(&m->rows, ch), len = ch->len, B = ch->B, T = ch->T;
     size_t KV = (size_t)c->n_kv_heads * c->head_dim, rows = (size_t)(j + 1) * len, n = B * rows * KV, carry = (size_t)B * (T / P) * KV;
     PROF_BEGIN(m->stream, "context reduce-scatter", l, j, (long long)(2 * P * n * sizeof(float)));
     for (int kv = 0; kv < 2; kv++) {

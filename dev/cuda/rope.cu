@@ -1,24 +1,8 @@
-// rope_tables, rope_forward / rope_backward (layers.cuh) against train_llama2.c's.
-// The tables are computed on the host with the CPU's float arithmetic, so they
-// must match exactly (tolerance 0); rotations run on chunks (t0 > 0).
+// rope_forward / rope_backward (layers.cuh) against train_llama2.c's, on the tables both
+// trainers compute on the host with one function (model.h's rope_tables); rotations run on
+// chunks (t0 > 0).
 #include "common.cuh"
 #include "../../layers.cuh"
-
-// the tables of both, from the same inverse frequencies (model.h's rope_inv_freq: shared host code)
-void check_tables(int T, int hd, float theta, const char *type = "default", double factor = 0, double low = 0,
-                  double high = 0, int original = 0) {
-    char shape[128];
-    snprintf(shape, sizeof shape, "T=%d hd=%d theta=%g rope %s", T, hd, theta, type);
-    size_t n = (size_t)T * hd / 2;
-    std::vector<float> c(n), s(n), inv_freq(hd / 2);
-    ref_rope_inv_freq(inv_freq.data(), hd, theta, type, factor, low, high, original);
-    float *d_c = device_poisoned<float>(n), *d_s = device_poisoned<float>(n);
-    ref_rope_tables(c.data(), s.data(), T, hd, inv_freq.data());
-    rope_tables(d_c, d_s, T, hd, inv_freq.data());
-    check("rope_tables", "fp32", "cos", shape, to_host(d_c, n), c, 0.0);
-    check("rope_tables", "fp32", "sin", shape, to_host(d_s, n), s, 0.0);
-    free_device();
-}
 
 template <typename T> void check_rope(int B, int Tn, int t0, int len, int nh, int hd, bool timed) {
     char shape[96];
@@ -52,10 +36,6 @@ template <typename T> void check_all(bool quick) {
 
 int main(int argc, char **argv) {
     bool quick = quick_mode(argc, argv);
-    check_tables(128, 16, 10000.0f);
-    check_tables(4096, 128, 500000.0f);
-    check_tables(4096, 128, 500000.0f, "llama3", 8.0, 1.0, 4.0, 8192); // Llama-3.1's
-    check_tables(512, 64, 10000.0f, "linear", 4.0);
     check_all<float>(quick);
     check_all<__nv_bfloat16>(quick);
     return finish("rope");
