@@ -141,6 +141,15 @@ static inline Rows rows_layout(int B, int T, int C, int context_len, int P, int 
     return r;
 }
 
+// The capacity's rows, for training and evaluation alike: the longest row (context parallel:
+// padded) in chunks of C (C <= 0 or > T: T; context parallel: this rank's pieces, of C with
+// C < T, which *context_len keeps, else 2P pieces a row: *context_len 0)
+static inline Rows rows_capacity(int B, int T, int C, int P, int *context_len) {
+    if (C <= 0 || C > T) C = T;
+    *context_len = P > 1 && C < T ? C : 0;
+    return rows_layout(B, T, C, *context_len, P, 0, 0, 0);
+}
+
 // the rows' tokens and targets (B, T_real) padded to theirs (B, T): pads are token 0 (any id:
 // nothing real attends to them) with no label, after every real position
 static inline void rows_pad(const Rows *r, int *tokens_out, int *targets_out, const int *tokens, const int *targets) {

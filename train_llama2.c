@@ -1070,12 +1070,8 @@ static size_t model_gemm_scratch(const Model *m) {
 static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_output_chunks, int alloc) {
     HostModel *h = &m->host;
     Activations *a = &m->a;
-    if (C <= 0 || C > T) C = T;
-    // the longest row (context parallel: padded) and its chunks (this rank's pieces: context_layout's),
-    // for training and evaluation alike
     int P = fsdp_context_size(m->fsdp);
-    m->context_len = P > 1 && C < T ? C : 0;
-    Rows longest = rows_layout(B, T, C, m->context_len, P, 0, 0, 0);
+    Rows longest = rows_capacity(B, T, C, P, &m->context_len);
     int pieces = longest.n;
     T = longest.T, C = longest.len;
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;

@@ -1052,12 +1052,8 @@ static void check_precision(const Model *m, const char *precision) {
 // no CUDA call, so --dry_run, which stops here, runs without a GPU.
 static void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks) {
     const HostModel *h = &m->host;
-    if (C <= 0 || C > T) C = T;
-    // the longest row (context parallel: padded) and its chunks (this rank's pieces: context_layout's);
-    // evaluation runs in pieces too
     int P = fsdp_context_size(m->fsdp);
-    m->context_len = P > 1 && C < T ? C : 0;
-    Rows longest = rows_layout(B, T, C, m->context_len, P, 0, 0, 0);
+    Rows longest = rows_capacity(B, T, C, P, &m->context_len);
     int pieces = longest.n;
     T = longest.T, C = longest.len;
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
