@@ -1,9 +1,9 @@
 # llama2.tune
 #   make train_llama2     CPU trainer (fp32, OpenMP when the compiler has it)
 #   make train_llama2cu   CUDA trainer (nvcc, cuBLASLt; compiled, not yet run on a GPU)
-#   make test             the quick tier: one test of each idea, build included (~3 minutes on
+#   make test             the quick tier: one test of each idea, build included (~2 minutes on
 #                         2 cores); ends with "N passed, N failed"
-#   make test-all         build and run every test (~19 minutes on 2 cores)
+#   make test-all         build and run every test (~14 minutes on 2 cores)
 #   make run              the built-in default: LoRA on a small generated model and data (out/default/)
 #   make test-all SANITIZE=1  the same tests built with ASan + UBSan (into build-san/; make test SANITIZE=1 the quick ones)
 #   make fuzz             every parser's libFuzzer target for FUZZ_SECONDS each (clang)
@@ -309,8 +309,8 @@ RUN_TESTS = $(addprefix $(B),$(filter-out $(SAN_SKIP),$(TESTS)))
 # trainer processes, as third in the list, its MPI ranks polled for 163-328 s. Measured on 2
 # cores, the same build: the tests took 394 s against 439 (the whole make test-all ~1000 s).
 RUN_JOBS ?= 2
-# make test, the quick tier: one test of each idea, in a seventh of make test-all's CPU time (201
-# CPU seconds against 1493 from a clean clone, builds included). The CPU trainer against
+# make test, the quick tier: one test of each idea, in an eighth of make test-all's CPU time (202
+# CPU seconds against 1585 from a clean clone, builds included, 2026-12-07). The CPU trainer against
 # transformers + peft (test_llama2 whole: 7 CPU seconds), attention, chunked == whole (LoRA), the tokenizers and the dataloader, the
 # parsers (their malformed inputs, the fuzzers' seeds and crashes, the CLI's refusals),
 # checkpoint formats and resume, GGUF export, the optimizers against torch, W = 2 FULL_SHARD ==
