@@ -33,6 +33,13 @@ check "every relative link in the Markdown resolves" "$([ -z "$broken" ]; echo $
 outside=$(grep -lE 'DESIGN section|shared/DESIGN' "${text[@]}" | grep -v '^test/test_docs.sh$')
 check "no file cites a design document outside the repository" "$([ -z "$outside" ]; echo $?)" "in: $outside"
 
+# the top level shows the design card (issue 48): at most 14 source files, each one idea that
+# README's map and Layout name; the rest lives in peft/, trainer/, support/
+top=$(printf '%s\n' "${files[@]}" | grep -E '^[^/]+\.(c|h|cu|cuh)$')
+unnamed=$(for f in $top; do grep -q "\`$f\`" README.md || printf ' %s' "$f"; done)
+check "the top level holds $(echo "$top" | wc -w) source files, at most 14, each named in README.md" \
+    "$([ "$(echo "$top" | wc -w)" -le 14 ] && [ -z "$unnamed" ]; echo $?)" "unnamed:$unnamed; move one into a folder of its idea"
+
 lines=$(wc -l <README.md)
 check "README.md is a front door: $lines lines, at most 400" "$([ "$lines" -le 400 ]; echo $?)" "move the long parts to docs/"
 exit $((fails > 0))
