@@ -301,8 +301,11 @@ typedef struct {
     float *rope_cos, *rope_sin; // (P + T, hd/2)
     Rows rows;                // the micro-batch's rows while model_forward(_backward) runs them (rows_begin; chunk.h)
     int context_len;          // context parallelism with --chunk_size: the pieces' length C (0: each row in 2P pieces)
-    FsdpComm *context;        // the context-parallel group while model_forward(_backward) runs this rank's pieces of the rows; else NULL
 } Model;
+
+// the context-parallel group while a micro-batch runs this rank's pieces of the rows (m->rows.P > 1:
+// rows_begin to rows_end), else NULL
+static FsdpComm *context_comm(const Model *m) { return m->rows.P > 1 ? &m->fsdp->context : NULL; }
 
 // ----------------------------------------------------------------------------
 // the model, top down: model_forward_backward runs a micro-batch's chunks through chunk_forward
@@ -485,7 +488,7 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
         linear_backward(m, act.lora_h, ch, l, LORA_O, a->datty, g.wo, a->dresid, act.atty, w.wo);
         AttentionKV at = attention_kv(m, kc, vc, dkc, dvc, ch, 1);
         attention_backward(a->dq, at.dk, at.dv, a->datty, act.atty, act.lse, act.q, at.k, at.v, &cc, NH, NKV, hd);
-        if (m->context) context_reduce(m, dkc, at.dk, at.k, ch, KV), context_reduce(m, dvc, at.dv, at.v, ch, KV);
+        if (context_comm(m)) context_reduce(m, dkc, at.dk, at.k, ch, KV), context_reduce(m, dvc, at.dv, at.v, ch, KV);
         LoRA *lo = &m->host.lora;
         if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
             adaption_prompt_backward(a->dq, adapter_prompt(lo, lo->grads, l), adapter_gate(lo, lo->grads, l), a->datty, act.q,
@@ -600,7 +603,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     check_batch(m, tokens, B, T);
     if (head_trains(m)) m->a.head_packed_ok = 0; // the head may have trained since it was packed
     rows_begin(m, &tokens, &targets, B, T);
-    if (m->context && logits_out) die("internal: model_forward's logits with context parallelism");
+    if (context_comm(m) && logits_out) die("internal: model_forward's logits with context parallelism");
     double loss = 0;
     for (int j = 0; j < m->rows.n; j++) {
         Chunk ch = rows_chunk(&m->rows, j, 0);
@@ -609,7 +612,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
         loss += chunk_head(m, &m->a.chunk[0], targets, &ch, 0.0f, logits_out);
         PROF_END(NULL);
     }
-    if (m->context) fsdp_all_reduce(m->context, &loss, 1, FSDP_F64); // (in rank order: every rank the same)
+    if (context_comm(m)) fsdp_all_reduce(context_comm(m), &loss, 1, FSDP_F64); // (in rank order: every rank the same)
     rows_end(m);
     units_reshard(m);
     return loss;
@@ -650,7 +653,7 @@ static void linear_forward(Model *m, float *lora_h, const Chunk *ch, int layer, 
     float *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
         float *norm = m->a.dora_norm + dora_norm_index(l, layer, t);  // (context parallel: its first group)
-        if (ch->t0 < (m->context ? m->context->size * ch->len : 1)) dora_norm(l, layer, t, norm, w);
+        if (ch->t0 < (context_comm(m) ? context_comm(m)->size * ch->len : 1)) dora_norm(l, layer, t, norm, w);
         dora_forward(l, layer, t, out, inp, w, h, m->a.xdrop, m->a.dora_pre, norm, &dc, m->dropout_key);
     } else lora_forward(l, layer, t, out, inp, h, m->a.xdrop, &dc, m->dropout_key);
 }
@@ -853,7 +856,7 @@ static void carry_copy(float *carry, float *x, const Chunk *ch, size_t w, int di
 // rank's piece of group j), one block (B, (j + 1) len, w) a rank in blocks (P, ...), and x (B, T, w),
 // where those pieces sit at their absolute positions: dir > 0 into x, < 0 out of it.
 static void context_place(const Model *m, float *x, float *blocks, const Chunk *ch, size_t w, int dir) {
-    int P = m->context->size, j = context_group(&m->rows, ch), rows = (j + 1) * ch->len;
+    int P = context_comm(m)->size, j = context_group(&m->rows, ch), rows = (j + 1) * ch->len;
     size_t n = (size_t)ch->B * rows * w;
     for (int r = 0; r < P; r++)
         for (int i = 0; i <= j; i++) {
@@ -867,7 +870,7 @@ static void context_place(const Model *m, float *x, float *blocks, const Chunk *
 // this rank's piece of group j), all-gathered from the ranks' compact carries (B, T / P, w), this
 // rank's carry among them; through stage (P, B, (j + 1) len, w). Collective over the context group.
 static void context_gather(Model *m, float *x, const float *carry, float *stage, const Chunk *ch, size_t w) {
-    FsdpComm *g = m->context;
+    FsdpComm *g = context_comm(m);
     int rows = (context_group(&m->rows, ch) + 1) * ch->len;
     size_t n = (size_t)ch->B * rows * w;
     PROF_BEGIN(NULL, "context all-gather", -1, -1, (long long)(g->size * n * sizeof(float)));
@@ -883,7 +886,7 @@ static void context_gather(Model *m, float *x, const float *carry, float *stage,
 // complete then (later groups added theirs before). Through stage (P, B, (j + 1) len, w); dx is
 // spent (it receives the sum). Collective over the context group.
 static void context_reduce(Model *m, float *dcarry, float *dx, float *stage, const Chunk *ch, size_t w) {
-    FsdpComm *g = m->context;
+    FsdpComm *g = context_comm(m);
     int rows = (context_group(&m->rows, ch) + 1) * ch->len, own_T = ch->T / g->size;
     size_t per_row = (size_t)rows * w, n = ch->B * per_row;
     PROF_BEGIN(NULL, "context reduce-scatter", -1, -1, (long long)(g->size * n * sizeof(float)));
@@ -904,13 +907,13 @@ static void context_reduce(Model *m, float *dcarry, float *dx, float *stage, con
 // gathered them; a backward zeroes dK, dV for the positions of ch's group and the groups before.
 static AttentionKV attention_kv(Model *m, float *k, float *v, float *dk, float *dv, const Chunk *ch, int backward) {
     Activations *a = &m->a;
-    if (!m->context) return (AttentionKV){k, v, dk, dv};
+    if (!context_comm(m)) return (AttentionKV){k, v, dk, dv};
     size_t KV = (size_t)m->host.config.n_kv_heads * m->host.config.head_dim;
     if (!backward || !m->activation_checkpointing) { // (both through dK's buffer, which a backward zeroes after)
         context_gather(m, a->context_k, k, a->context_dk, ch, KV);
         context_gather(m, a->context_v, v, a->context_dk, ch, KV);
     }
-    size_t end = (size_t)(context_group(&m->rows, ch) + 1) * ch->len * m->context->size;
+    size_t end = (size_t)(context_group(&m->rows, ch) + 1) * ch->len * context_comm(m)->size;
     for (int b = 0; backward && b < ch->B; b++) {
         memset(a->context_dk + (size_t)b * ch->T * KV, 0, end * KV * sizeof(float));
         memset(a->context_dv + (size_t)b * ch->T * KV, 0, end * KV * sizeof(float));
@@ -930,8 +933,8 @@ static void check_batch(const Model *m, const int *tokens, int B, int T) {
 
 // The rows a forward (and backward) runs, in m->rows (chunk.h's rows_layout): B rows of tokens,
 // targets (B, T). With context parallelism, the rows padded to the group's layout in
-// context_tokens and context_targets (rows_pad), and m->context set: this rank runs its pieces,
-// in step with its group, until rows_end.
+// context_tokens and context_targets (rows_pad): this rank runs its pieces, in step with its
+// group (context_comm), until rows_end.
 static void rows_begin(Model *m, const int **tokens, const int **targets, int B, int T) {
     Activations *a = &m->a;
     int P = fsdp_context_size(m->fsdp);
@@ -940,11 +943,9 @@ static void rows_begin(Model *m, const int **tokens, const int **targets, int B,
     if (P == 1) return;
     rows_pad(&m->rows, a->context_tokens, a->context_targets, *tokens, *targets);
     *tokens = a->context_tokens, *targets = a->context_targets;
-    m->context = &m->fsdp->context;
 }
 // the micro-batch's end: no rows, no context group (sampling runs its own chunks of whole rows)
 static void rows_end(Model *m) {
-    m->context = NULL;
     memset(&m->rows, 0, sizeof m->rows);
 }
 

@@ -215,13 +215,16 @@ typedef struct {
     Rows rows;                // the micro-batch's rows while model_forward(_backward) runs them (rows_begin; chunk.h)
     // context parallelism (docs/long_context.md)
     int context_len;          // --chunk_size's C, the pieces' length (0: each row in 2P pieces: context_layout)
-    FsdpComm *context;        // the context group while a micro-batch runs this rank's pieces (else NULL)
     int held_layer, held_group; // the layer and group whose keys and values ck, cv hold (-1: none)
     float *context_stage;     // (B, T, NKV*hd) every rank's rows in a collective: gathered (in the carry's type), or dK
                               // or dV in fp32 to reduce-scatter
     float *context_part;      // (B, T / P, NKV*hd) this rank's rows in one: the carry's to gather, or the summed fp32
     cudaStream_t stream;      // the compute stream: everything but the collectives, in order
 } Model;
+
+// the context-parallel group while a micro-batch runs this rank's pieces of the rows (m->rows.P > 1:
+// rows_begin to rows_end), else NULL
+static FsdpComm *context_comm(const Model *m) { return m->rows.P > 1 ? &m->fsdp->context : NULL; }
 
 template <typename floatX> Buffers<floatX> &buffers(Model *m);
 template <> Buffers<float> &buffers<float>(Model *m) { return m->f32; }
@@ -396,7 +399,7 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     carry_copy(kc, d.kv, &cr, KV, 1, st);
     linear_forward(m, act.lora_h, ch, l, LORA_V, d.kv, act.ln1, w.wv);
     carry_copy(vc, d.kv, &cr, KV, 1, st);
-    if (m->context) context_gather<floatX>(m, ch, l), kc = d.ck, vc = d.cv; // (no prefix with it: cc is *ch)
+    if (context_comm(m)) context_gather<floatX>(m, ch, l), kc = d.ck, vc = d.cv; // (no prefix with it: cc is *ch)
     attention_forward(act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd, st);
     const floatX *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
     LoRA *lo = &m->host.lora;
@@ -442,7 +445,7 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         floatX *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
         floatX *dkc = LAYER(d.dk, l, carry), *dvc = LAYER(d.dv, l, carry);
         floatX *ka = kc, *va = vc, *dka = dkc, *dva = dvc; // what the attention reads and adds into
-        if (m->context) { // the group's keys and values again, gradients from zero (context_reduce sums them)
+        if (context_comm(m)) { // the group's keys and values again, gradients from zero (context_reduce sums them)
             context_gather<floatX>(m, ch, l);
             ka = d.ck, va = d.cv, dka = d.cdk, dva = d.cdv;
             cudaCheck(cudaMemsetAsync(d.cdk, 0, (size_t)cc.B * cc.T * KV * sizeof(floatX), st));
@@ -460,7 +463,7 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
         cudaCheck(cudaMemsetAsync(d.datty, 0, (size_t)N * Q * sizeof(floatX), st));
         linear_backward(m, act.lora_h, ch, l, LORA_O, d.datty, g.wo, d.dresid, act.atty, w.wo);
         attention_backward(d.dq, dka, dva, d.datty, act.atty, act.lse, act.q, ka, va, &cc, NH, NKV, hd, st);
-        if (m->context) context_reduce<floatX>(m, ch, l);
+        if (context_comm(m)) context_reduce<floatX>(m, ch, l);
         LoRA *lo = &m->host.lora;
         if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
             adaption_prompt_backward(d.dq, adapter_prompt(lo, m->grads, l), adapter_gate(lo, m->grads, l), d.datty, act.q,
@@ -566,7 +569,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     });
     units_reshard(m);
     double loss = losses_sum(m, B, T);
-    if (m->context) fsdp_all_reduce(m->context, &loss, 1, FSDP_F64); // (the host's communicator)
+    if (context_comm(m)) fsdp_all_reduce(context_comm(m), &loss, 1, FSDP_F64); // (the host's communicator)
     rows_end(m);
     return loss;
 }
@@ -616,7 +619,7 @@ void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t,
     floatX *h = lora_h + (size_t)t * N * l->r;
     if (l->use_dora) { // the norms depend on the weights alone: once per forward pass, at its first chunk
         float *norm = m->dora_norm + dora_norm_index(l, layer, t);
-        if (ch->t0 < (m->context ? m->context->size * ch->len : 1)) // (context parallel: the rank's piece of group 0)
+        if (ch->t0 < (context_comm(m) ? context_comm(m)->size * ch->len : 1)) // (context parallel: the rank's piece of group 0)
             dora_norm(l, (const floatX *)d.lora_w, m->params, layer, t, norm, w, m->stream);
         dora_forward(l, (const floatX *)d.lora_w, m->params, layer, t, out, inp, w, h, d.xdrop, d.dora_pre, norm, &dc,
                      m->dropout_key, m->stream);
@@ -686,8 +689,8 @@ template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w,
 
 // The rows a forward (and backward) runs, in m->rows (chunk.h's rows_layout): B rows of tokens,
 // targets (B, T). Context parallel, the rows padded to the group's layout into padded[0],
-// padded[1] (rows_pad), and m->context set: this rank runs its pieces, in step with its group,
-// until rows_end.
+// padded[1] (rows_pad): this rank runs its pieces, in step with its group (context_comm), until
+// rows_end.
 static void rows_begin(Model *m, const int **tokens, const int **targets, int B, int T, std::vector<int> padded[2]) {
     int P = fsdp_context_size(m->fsdp);
     m->rows = rows_layout(B, T, m->chunk_size, m->context_len, P, P > 1 ? m->fsdp->context.rank : 0,
@@ -697,12 +700,10 @@ static void rows_begin(Model *m, const int **tokens, const int **targets, int B,
     padded[1].resize((size_t)B * m->rows.T);
     rows_pad(&m->rows, padded[0].data(), padded[1].data(), *tokens, *targets);
     *tokens = padded[0].data(), *targets = padded[1].data();
-    m->context = &m->fsdp->context;
     m->held_layer = m->held_group = -1;
 }
 // the micro-batch's end: no rows, no context group (sampling runs its own chunks of whole rows)
 static void rows_end(Model *m) {
-    m->context = NULL;
     memset(&m->rows, 0, sizeof m->rows);
 }
 
@@ -1490,7 +1491,7 @@ template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l) {
 template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l) {
     Buffers<floatX> &d = buffers<floatX>(m);
     const Config *c = &m->host.config;
-    int P = m->context->size, j = context_group(&m->rows, ch), len = ch->len, B = ch->B, T = ch->T;
+    int P = context_comm(m)->size, j = context_group(&m->rows, ch), len = ch->len, B = ch->B, T = ch->T;
     if (m->held_layer == l && m->held_group == j) return;
     size_t KV = (size_t)c->n_kv_heads * c->head_dim, n = (size_t)B * (j + 1) * len * KV, carry = (size_t)B * (T / P) * KV;
     Chunk mine = {B, T / P, 0, (j + 1) * len, 0, 0}, packed = {B, (j + 1) * len, 0, (j + 1) * len, 0, 0};
@@ -1518,7 +1519,7 @@ template <typename floatX> void context_gather(Model *m, const Chunk *ch, int l)
 template <typename floatX> void context_reduce(Model *m, const Chunk *ch, int l) {
     Buffers<floatX> &d = buffers<floatX>(m);
     const Config *c = &m->host.config;
-    int P = m->context->size, j = context_group(&m->rows, ch), len = ch->len, B = ch->B, T = ch->T;
+    int P = context_comm(m)->size, j = context_group(&m->rows, ch), len = ch->len, B = ch->B, T = ch->T;
     size_t KV = (size_t)c->n_kv_heads * c->head_dim, rows = (size_t)(j + 1) * len, n = B * rows * KV, carry = (size_t)B * (T / P) * KV;
     PROF_BEGIN(m->stream, "context reduce-scatter", l, j, (long long)(2 * P * n * sizeof(float)));
     for (int kv = 0; kv < 2; kv++) {
