@@ -135,6 +135,32 @@
 //   <|start_header_id|> role <|end_header_id|> CHAT3_HEADER_END content <|eot_id|>
 // with the content stripped; the assistant's content and its <|eot_id|> carry the loss.
 #define CHAT3_HEADER_END "\n\n"
+// The two chat formats as Jinja chat templates, for llama.cpp and ollama (--export_gguf writes
+// the run's into the GGUF when the model folder has none): given messages, bos_token and
+// eos_token they render the text whose tokens are the ones above, the roles checked as the
+// data loader checks them; add_generation_prompt opens Llama-3's assistant turn (Llama-2's
+// answer follows its [/INST]). dev/reference/check_gguf.py renders them on
+// test/fixtures/chat's conversations (jinja2) against the ids of test/fixtures/chat/expected.json.
+#define CHAT_JINJA_ROLES                                                                                              \
+    "{%- set off = 1 if messages and messages[0]['role'] == 'system' else 0 -%}"                                     \
+    "{%- for m in messages[off:] -%}"                                                                                 \
+    "{%- if m['role'] != ('user' if loop.index0 % 2 == 0 else 'assistant') -%}"                                      \
+    "{{- raise_exception('roles: an optional first system message, then user and assistant alternating') -}}"         \
+    "{%- endif -%}"
+#define CHAT_JINJA_LLAMA2                                                                                             \
+    CHAT_JINJA_ROLES                                                                                                  \
+    "{%- if m['role'] == 'assistant' -%}{{- ' ' + m['content'] | trim + ' ' + eos_token -}}"                          \
+    "{%- elif loop.first and off -%}"                                                                                 \
+    "{{- bos_token + '[INST] ' + ('<<SYS>>\\n' + messages[0]['content'] + '\\n<</SYS>>\\n\\n' + m['content']) | trim + ' [/INST]' -}}" \
+    "{%- else -%}{{- bos_token + '[INST] ' + m['content'] | trim + ' [/INST]' -}}{%- endif -%}"                        \
+    "{%- endfor -%}"
+#define CHAT_JINJA_LLAMA3                                                                                             \
+    "{{- bos_token -}}" CHAT_JINJA_ROLES                                                                              \
+    "{%- endfor -%}"                                                                                                  \
+    "{%- for m in messages -%}"                                                                                       \
+    "{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' -}}"       \
+    "{%- endfor -%}"                                                                                                  \
+    "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
 
 // ----------------------------------------------------------------------------
 // What the model folder's files say of the tokenizer: BOS, EOS and Llama-2's
@@ -501,13 +527,21 @@ static void pending_push_filled(Pending *p, size_t *cap, const Tokenizer *tok, c
     free(text);
 }
 
+// the chat family of a tokenizer (see "Templates"): Llama-3 when it has the header tokens and <|eot_id|>
+static int chat_is_llama3(const Tokenizer *tok) {
+    return tokenizer_token_id(tok, "<|start_header_id|>") >= 0 && tokenizer_token_id(tok, "<|end_header_id|>") >= 0 &&
+           tokenizer_token_id(tok, "<|eot_id|>") >= 0;
+}
+// its format as a Jinja chat template
+static const char *chat_jinja_template(const Tokenizer *tok) { return chat_is_llama3(tok) ? CHAT_JINJA_LLAMA3 : CHAT_JINJA_LLAMA2; }
+
 // a chat's turns to tokens with the tokenizer's template family (see "Templates")
 static void pending_tokenize_chat(Pending *p, const Tokenizer *tok, size_t *cap) {
     int header = tokenizer_token_id(tok, "<|start_header_id|>"), header_end = tokenizer_token_id(tok, "<|end_header_id|>"),
         eot = tokenizer_token_id(tok, "<|eot_id|>");
     for (int s = 0; s < p->n_seg; s++) // an empty answer is nothing to learn, as an empty response is
         if (p->seg[s].kind == SEG_ASSISTANT && data_strip(data_str(p->seg[s].text, p->seg[s].len)).n == 0) { p->skip = SKIP_EMPTY_RESPONSE; return; }
-    if (header >= 0 && header_end >= 0 && eot >= 0) { // Llama-3
+    if (chat_is_llama3(tok)) { // Llama-3
         static const char *const roles[] = {"system", "user", "assistant"};
         pending_push_id(p, cap, tok->bos_id, 0);
         for (int s = 0; s < p->n_seg; s++) {

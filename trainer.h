@@ -292,8 +292,8 @@ static void shard_gather_serve(const ShardGather *g) {
     free(piece);
 }
 
-// rank 0's part of save_outputs: the files
-static int write_outputs(const TrainConfig *tc, HostModel *h, int merge, const char *dir, const char *tokpath) {
+// rank 0's part of save_outputs: the files (chat: the GGUF's chat template when the model folder has none)
+static int write_outputs(const TrainConfig *tc, HostModel *h, int merge, const char *dir, const char *tokpath, const char *chat) {
     if (dir && !h->use_lora) {
         if (model_save_hf(h, dir, tc->model, tokpath) != 0) return 1;
         printf("saved the model to %s/\n", dir);
@@ -317,7 +317,7 @@ static int write_outputs(const TrainConfig *tc, HostModel *h, int merge, const c
         if (!rc) printf("saved the model with the adapter merged in to %s/\n", merged);
     }
     if (!rc && tc->export_gguf[0]) {
-        rc = export_gguf_model(h, tc->export_gguf, tc->model, tokpath, tc->gguf_ftype) != 0;
+        rc = export_gguf_model(h, tc->export_gguf, tc->model, tokpath, tc->gguf_ftype, chat) != 0;
         if (!rc) printf("saved the model%s as GGUF (%s) to %s\n", h->use_lora ? " with the adapter merged in" : "", tc->gguf_type, tc->export_gguf);
     }
     if (merge) model_unmerge_adapter(h, saved);
@@ -338,12 +338,13 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
     HostModel *h = &m->host;
     int rank0 = r->fsdp.world.rank == 0;
     int merge = h->use_lora && ((dir && tc->merge_adapter) || tc->export_gguf[0]); // the base with the adapter folded in
+    const char *chat = r->train_ds.format == FORMAT_CHAT ? chat_jinja_template(&r->tok) : NULL; // the format it trained on
     if (host_sharded(h) && !h->use_lora && !h->shards) {
         ShardGather g = {&r->fsdp, h, h->weights_ctx};
         if (r->fsdp.replica.rank != 0) return 0;
         if (!rank0) { shard_gather_serve(&g); return 0; }
         h->weights_get = shard_gather_get, h->weights_ctx = &g;
-        int rc = write_outputs(tc, h, merge, dir, tokpath);
+        int rc = write_outputs(tc, h, merge, dir, tokpath, chat);
         long long done[4] = {-1, 0, 0, 0};
         fsdp_broadcast(&r->fsdp.shard, done, sizeof done, 0);
         h->weights_get = NULL, h->weights_ctx = g.shards_ctx;
@@ -363,7 +364,7 @@ static int save_outputs(const TrainConfig *tc, Trainer *r, const char *dir, cons
         }
         free(unit);
     }
-    return rank0 ? write_outputs(tc, h, merge, dir, tokpath) : 0;
+    return rank0 ? write_outputs(tc, h, merge, dir, tokpath, chat) : 0;
 }
 
 // Everything the run needs, on every rank: the output folder, the checkpoint to resume
