@@ -519,7 +519,7 @@ static int gguf_vocab(GgufWriter *w, const Tokenizer *tok, const GgufFolder *f, 
     else {
         scores = (float *)mallocCheck((size_t)n_vocab * sizeof(float));
         for (int i = 0; i < n_vocab; i++) {
-            int t = i < tok->vocab_size ? tok->types[i] : TOK_UNUSED;
+            int t = i < tok->vocab_size ? (int)tok->types[i] : (int)TOK_UNUSED;
             s[i] = (char *)mallocCheck(i < tok->vocab_size ? (size_t)tok->piece_len[i] + 1 : 24);
             if (i < tok->vocab_size) memcpy(s[i], tok->pieces[i], (size_t)tok->piece_len[i] + 1), lens[i] = tok->piece_len[i];
             else lens[i] = snprintf(s[i], 24, "[PAD%d]", i);

@@ -70,13 +70,14 @@ def fields(path):
     return kv, ts
 
 
-def compare(ours, theirs, what, expect_alpha=None):
-    """every key and tensor; returns the list of differences (empty: equal)"""
+def compare(ours, theirs, what, expect_alpha=None, our_template=False):
+    """every key and tensor; returns the list of differences (empty: equal). our_template: ours has
+    the run's chat template where the folder (and so the converter's file) has none"""
     ko, to = fields(ours)
     kt, tt = fields(theirs)
     diffs = []
     for k in sorted(set(ko) | set(kt)):
-        if k in NAMED_BY_FOLDER:
+        if k in NAMED_BY_FOLDER or (our_template and k == "tokenizer.chat_template" and k not in kt):
             continue
         if k not in ko:
             diffs.append(f"key {k} missing from ours")
@@ -231,6 +232,192 @@ GGUF_FIX_FLAGS = ["--max_seq_len", "24", "--max_steps", "4", "--batch_size", "2"
                   "--seed", "7", "--lora_target_modules", "all-linear", "--lora_dropout", "0", "--gguf_type", "f32"]
 
 
+# ---------------------------------------------------------------------------------------
+# byte-level BPE (tiny_llama3_bpe) and chat templates through llama.cpp itself
+
+BPE_FIX_FLAGS = ["--max_seq_len", "24", "--max_steps", "4", "--batch_size", "2", "--lr", "2e-2", "--threads", "1",
+                 "--seed", "7", "--full_finetune"]
+
+
+def hard_strings():
+    """make_bpe_fixtures.py's hard strings (contractions, digit runs, CRLF and blank lines, runs of
+    spaces, accents, scripts, emoji, controls) and special-token text"""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from make_bpe_fixtures import HARD
+    specials = ["<|begin_of_text|>Hello<|eot_id|>", "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>",
+                "<|eot_id", "|eot_id|>", "<|<|eot_id|>|>", "x<|eom_id|>y", " <|python_tag|> ", "<tool>call</tool>",
+                "a <tool> b", "I've been 'told he's there, 'RE you sure? \r\n\r\n  3333333 33.3 -----====="]
+    return [h for h in HARD if h] + specials
+
+
+# where llama.cpp's own tokenizer splits otherwise than tokenizers (so with the converter's file as with ours)
+LLAMA_CPP_SPLITS_OTHERWISE = {
+    "x'\u017fy": "its Llama-3 regex spells (?i:'s|...) as '[sS]|...: the long s U+017F, which case-folds to s, is not matched",
+    "\U0001E5D0 \U0001E5F1": "its Unicode tables: U+1E5F1 (Ol Onal digit one, Unicode 16) is not a number to it",
+}
+
+
+def compare_tokenizers(path, tokenizer_json, what):
+    """llama.cpp's tokenizer reading the GGUF at path against tokenizers' on the hard strings: 1 when any
+    differs (but the differences of LLAMA_CPP_SPLITS_OTHERWISE, which are said)"""
+    from llama_cpp import Llama
+    from tokenizers import Tokenizer
+    hf = Tokenizer.from_file(tokenizer_json)
+    voc = Llama(model_path=path, vocab_only=True, verbose=False)
+    strings, bad = hard_strings(), []
+    for text in strings:
+        want = hf.encode(text, add_special_tokens=False).ids
+        got = voc.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        plain = "<|" not in text and "<tool>" not in text
+        got_plain = voc.tokenize(text.encode("utf-8"), add_bos=False, special=False) if plain else got
+        if got != want or got_plain != want:
+            bad.append((text, want, got, got_plain))
+    known = [b for b in bad if b[0] in LLAMA_CPP_SPLITS_OTHERWISE]
+    bad = [b for b in bad if b[0] not in LLAMA_CPP_SPLITS_OTHERWISE]
+    print(f"{'ok' if not bad else 'FAIL'} {what}: llama.cpp's tokenizer (our GGUF alone) == tokenizers on {len(strings)} hard "
+          f"strings, but {len(known)} llama.cpp splits otherwise" +
+          "".join(f"\n    {t!r}: tokenizers {w}, llama.cpp {g} (special=False {gp})" for t, w, g, gp in bad[:12]) +
+          "".join(f"\n    note {t!r}: tokenizers {w}, llama.cpp {g}: {LLAMA_CPP_SPLITS_OTHERWISE[t]}" for t, w, g, gp in known))
+    return int(bool(bad))
+
+
+def check_bpe_llama_cpp(tmp, dest=None):
+    """llama.cpp reading only our file: its tokenizer against tokenizers', its logits against
+    transformers', its chat template the folder's. Returns (failures, measured)"""
+    import torch
+    from llama_cpp import Llama
+    from transformers import LlamaForCausalLM
+    model = os.path.join(FIX, "tiny_llama3_bpe")
+    out = os.path.join(tmp, "bpe_run")
+    subprocess.run([os.path.join(ROOT, "train_llama2"), "--model", model, "--data", DATA] + BPE_FIX_FLAGS +
+                   ["--data_cache_dir", tmp, "--output_dir", out, "--gguf_type", "f32", "--export_gguf", out + ".gguf"],
+                   check=True, stdout=subprocess.DEVNULL)
+    failed = 0
+    failed += compare_tokenizers(out + ".gguf", os.path.join(model, "tokenizer.json"), "tiny_llama3_bpe")
+    voc = Llama(model_path=out + ".gguf", vocab_only=True, verbose=False)
+    with open(os.path.join(model, "tokenizer_config.json"), encoding="utf-8") as f:
+        folder_template = json.load(f)["chat_template"]
+    got = voc.metadata.get("tokenizer.chat_template")
+    print(f"{'ok' if got == folder_template else 'FAIL'} llama.cpp's tokenizer.chat_template == tokenizer_config.json's, byte for byte")
+    failed += got != folder_template
+    del voc
+    rng = np.random.default_rng(4321)
+    tokens = [400] + [int(x) for x in rng.integers(0, 412, 23)]
+    with torch.no_grad():
+        ref = LlamaForCausalLM.from_pretrained(out, dtype=torch.float64).eval()(torch.tensor([tokens])).logits[0].numpy()
+    got = llama_logits(out + ".gguf", tokens)
+    scale = float(np.abs(ref).max())
+    d = float(np.abs(got - ref).max())
+    print(f"{'ok' if d <= 2e-5 * scale else 'FAIL'} llama.cpp's logits (our f32 GGUF) vs transformers (float64, the run's "
+          f"folder): {d:.3g} ({d / scale:.3g} of their scale {scale:.3g}; tolerance 2e-5)")
+    failed += d > 2e-5 * scale
+    measured = {"bpe_tokens": len(tokens), "bpe_vocab": int(ref.shape[1]), "bpe_logit_scale": scale,
+                "bpe_llama_cpp_vs_transformers": d}
+    if dest:
+        np.asarray(tokens, "<i4").tofile(os.path.join(dest, "bpe_tokens.i32"))
+        ref.astype("<f4").tofile(os.path.join(dest, "bpe_transformers_logits.f32"))
+        got.astype("<f4").tofile(os.path.join(dest, "bpe_llama_cpp_logits.f32"))
+        w = gguf.GGUFWriter(os.path.join(dest, "bpe_vocab.gguf"), "llama")  # the vocabulary keys (== the converter's)
+        w.kv_data[0].clear()
+        kv, _ = fields(out + ".gguf")
+        r = gguf.GGUFReader(out + ".gguf")
+        for k, fld in r.fields.items():
+            if k.startswith("tokenizer."):
+                v = fld.contents()
+                t = fld.types
+                if t[0] == gguf.GGUFValueType.ARRAY:
+                    w.add_key_value(k, v, t[0], sub_type=t[1])
+                else:
+                    w.add_key_value(k, v, t[0])
+        w.write_header_to_file(); w.write_kv_data_to_file(); w.close()
+    return failed, measured
+
+
+def render(template, messages, bos, eos, add_generation_prompt=False):
+    """a chat template rendered as transformers renders it (jinja2's sandbox, trim_blocks, lstrip_blocks)"""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(msg):
+        raise ValueError(msg)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(messages=messages, bos_token=bos, eos_token=eos,
+                                            add_generation_prompt=add_generation_prompt)
+
+
+def check_chat_templates(lcp, tmp):
+    """--data_format chat on a folder without a chat template: the GGUF carries our template of the
+    run's family, which (jinja2) renders test/fixtures/chat's conversations to the text of the family's
+    published template, whose tokens (transformers; llama.cpp reading our GGUF) are the data loader's
+    (test/fixtures/chat/expected.json); and the rest of the file equals the converter's on the run's
+    folder with the same tokenizer_config.json (add_bos_token, ids: SpecialVocab for sentencepiece)"""
+    from llama_cpp import Llama
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import make_chat_fixtures as mcf
+    chats = [json.loads(line)["messages"] for line in open(os.path.join(FIX, "chat/chat.jsonl"), encoding="utf-8")]
+    expected = json.load(open(os.path.join(FIX, "chat/expected.json")))["cases"]
+    failed = 0
+    meta = {"llama2": mcf.LLAMA2, "llama2_legacy": mcf.LLAMA2, "llama3": mcf.LLAMA3}
+    for family, (tok_file, cfg, _) in mcf.family_dirs().items():
+        folder = os.path.join(tmp, "chat_" + family)
+        os.makedirs(folder, exist_ok=True)
+        if family.startswith("llama2"):
+            for f in os.listdir(os.path.join(FIX, "tiny_gqa")):
+                if f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.model"):
+                    shutil.copy(os.path.join(FIX, "tiny_gqa", f), folder)
+        else:  # bpe_llama3.json's 3326 tokens: a tiny model of that vocabulary, random weights
+            c = json.load(open(os.path.join(FIX, "tiny_llama3_bpe/config.json")))
+            c.update(vocab_size=3328, bos_token_id=3298, eos_token_id=[3299, 3305, 3307])
+            json.dump(c, open(os.path.join(folder, "config.json"), "w"))
+            shutil.copy(os.path.join(ROOT, tok_file), os.path.join(folder, "tokenizer.json"))
+        json.dump({k: v for k, v in cfg.items() if k != "chat_template"}, open(os.path.join(folder, "tokenizer_config.json"), "w"))
+        out = os.path.join(tmp, "chatrun_" + family)
+        flags = ["--random_init"] if family == "llama3" else []
+        subprocess.run([os.path.join(ROOT, "train_llama2"), "--model", folder, "--data", os.path.join(FIX, "chat/chat.jsonl"),
+                        "--data_format", "chat", "--max_seq_len", "64", "--max_steps", "1", "--batch_size", "1", "--threads", "1",
+                        "--full_finetune", "--data_cache_dir", tmp, "--output_dir", out, "--gguf_type", "f32",
+                        "--export_gguf", out + ".gguf"] + flags, check=True, stdout=subprocess.DEVNULL)
+        r = gguf.GGUFReader(out + ".gguf")
+        template = r.fields["tokenizer.chat_template"].contents()
+        bos, eos = cfg["bos_token"], cfg["eos_token"]
+        hf = mcf.hf_tokenizer(os.path.join(ROOT, tok_file), os.path.dirname(os.path.join(FIX, "chat", family, "x")))
+        voc = Llama(model_path=out + ".gguf", vocab_only=True, verbose=False)
+        bad, notes = [], set()
+        for i, (msgs, want) in enumerate(zip(chats, expected[family]["chats"])):
+            ours, theirs = render(template, msgs, bos, eos), render(meta[family], msgs, bos, eos)
+            ids_hf = hf(ours, add_special_tokens=False)["input_ids"]
+            ids_lcp = voc.tokenize(ours.encode("utf-8"), add_bos=False, special=True)
+            if ours != theirs or ids_hf != want["ids"]:
+                bad.append(f"chat {i}: text {'==' if ours == theirs else '!='} the published template's; transformers' ids "
+                           f"{'==' if ids_hf == want['ids'] else '!='} the data loader's")
+            if ids_lcp != want["ids"] and not (family == "llama2" and ids_lcp == expected["llama2_legacy"]["chats"][i]["ids"]):
+                bad.append(f"chat {i}: llama.cpp's ids (our GGUF) != the data loader's:\n      {ids_lcp}\n      {want['ids']}")
+            elif ids_lcp != want["ids"]:
+                notes.add("llama.cpp's sentencepiece tokenizer gives text after a special token the dummy prefix: its ids are "
+                          "the legacy encoding's (\"legacy\": true), this run trained without it")
+        print(f"{'ok' if not bad else 'FAIL'} {family}: our chat template (from the GGUF) renders {len(chats)} chats to the "
+              "published template's text; their tokens (transformers; llama.cpp on our GGUF) == the data loader's"
+              + "".join("\n    " + b for b in bad) + "".join("\n    note: " + n for n in notes))
+        failed += bool(bad)
+        # llama.cpp's own (non-Jinja) template engine: which built-in format it takes ours for, and its text
+        import ctypes
+        import llama_cpp
+        msgs = chats[1]
+        arr = (llama_cpp.llama_chat_message * len(msgs))(*[llama_cpp.llama_chat_message(m["role"].encode(), m["content"].encode()) for m in msgs])
+        buf = ctypes.create_string_buffer(8192)
+        n = llama_cpp.llama_chat_apply_template(template.encode(), arr, len(msgs), False, buf, len(buf))
+        builtin = buf.raw[:n].decode("utf-8", "replace") if n > 0 else f"(refused: {n})"
+        print(f"    llama.cpp's built-in engine renders chat 1 as {builtin!r}\n    ours (jinja2): {render(template, msgs, bos, eos)!r}")
+        del voc
+        if family == "llama3":  # bpe_llama3.json: 3000 trained tokens and the hard strings' pre-tokens as whole entries
+            failed += compare_tokenizers(out + ".gguf", os.path.join(ROOT, tok_file), "bpe_llama3.json")
+        theirs = os.path.join(tmp, "chatrun_" + family + ".converter.gguf")
+        convert(lcp, out, theirs, "f32", "llama-bpe" if family == "llama3" else None, folder)
+        failed += bool(compare(out + ".gguf", theirs, f"chat {family}: --export_gguf == convert_hf_to_gguf.py "
+                               "(but our chat template)", our_template=True))
+    return failed
+
+
 def make_fixtures():
     """test/fixtures/gguf/: the run of test/test_gguf.sh (the same flags), its GGUF files, tokens,
     and the logits of llama.cpp (when llama_cpp is installed) and transformers"""
@@ -275,8 +462,11 @@ def make_fixtures():
             adapted.astype("<f4").tofile(os.path.join(dest, "llama_cpp_lora_logits.f32"))
             measured.update({"llama_cpp_vs_transformers": d1, "llama_cpp_lora_vs_transformers": d2,
                              "llama_cpp_lora_vs_merged": d3})
+            bpe_failed, bpe_measured = check_bpe_llama_cpp(tmp, dest)
+            measured.update(bpe_measured)
         json.dump(measured, open(os.path.join(dest, "measured.json"), "w"), indent=1)
         print("wrote", dest)
+        return bpe_failed if llama_cpp is not None else 0
 
 
 def main():
@@ -286,8 +476,18 @@ def main():
     a = ap.parse_args()
     lcp = llama_cpp_dir(a.llama_cpp)
     failed = check_all(lcp)
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        llama_cpp = None
+        print("SKIP llama.cpp's tokenizer, logits and chat templates: llama_cpp (llama-cpp-python) is not installed")
+    with tempfile.TemporaryDirectory() as tmp:
+        if llama_cpp is not None:
+            failed += check_chat_templates(lcp, tmp)
+        if llama_cpp is not None and not a.fixtures:
+            failed += check_bpe_llama_cpp(tmp)[0]
     if a.fixtures:
-        make_fixtures()
+        failed += make_fixtures()
     print(f"{failed} failed")
     sys.exit(1 if failed else 0)
 
