@@ -85,7 +85,7 @@ TESTS = test/test_json test/test_safetensors test/test_tensorboard test/test_pro
 
 # the fuzz targets (dev/fuzz/fuzz_<name>.c); test/test_fuzz_replay runs them all over
 # the committed seeds and crash regressions, as part of `make test`
-FUZZ_TARGETS = json safetensors torch_zip st_index config model adapter tokenizer_load tokenizer_encode tokenizer_json tokenizer_bpe cli data tokcache checkpoint fsdp_index tcp_hello meta
+FUZZ_TARGETS = json safetensors torch_zip st_index config model adapter tokenizer_load tokenizer_encode tokenizer_json tokenizer_bpe cli data tokcache checkpoint fsdp_index tcp_hello meta gguf_vocab
 FUZZ_SRCS = $(FUZZ_TARGETS:%=dev/fuzz/fuzz_%.c)
 
 .PHONY: all test test-all run clean cuda cuda-compile-check cuda-checks fuzz emu-test

@@ -1153,10 +1153,14 @@ static inline int tok_json_pretok(Tokenizer *t, const JsonValue *root, char *err
                         tok_json_show(s, sizeof s, list), list && list->type == JSON_ARRAY ? " of another length" : "");
     const JsonValue *split = &list->items[0];
     const char *sp = "pre_tokenizer.pretokenizers[0].";
+    const JsonValue *regex = json_get(json_get(split, "pattern"), "Regex");
     int invert = 0;
     if (tok_json_object(split, sp, err, errn) != 0 || tok_json_is(split, sp, "type", "Split", err, errn) != 0 ||
-        tok_json_object(json_get(split, "pattern"), "pre_tokenizer.pretokenizers[0].pattern.", err, errn) != 0 ||
-        tok_json_is(json_get(split, "pattern"), "pre_tokenizer.pretokenizers[0].pattern.", "Regex", TOK_LLAMA3_PATTERN, err, errn) != 0 ||
+        tok_json_object(json_get(split, "pattern"), "pre_tokenizer.pretokenizers[0].pattern.", err, errn) != 0) return -1;
+    if (regex && regex->type == JSON_STRING && (regex->string_len != strlen(TOK_LLAMA3_PATTERN) || memcmp(regex->string, TOK_LLAMA3_PATTERN, regex->string_len)))
+        return tok_fail(err, errn, "%spattern.Regex is \"%.*s\"%s: not Llama-3's (llama.cpp's \"llama-bpe\"), the one split regex supported",
+                        sp, (int)(regex->string_len < 300 ? regex->string_len : 300), regex->string, regex->string_len > 300 ? "..." : "");
+    if (tok_json_is(json_get(split, "pattern"), "pre_tokenizer.pretokenizers[0].pattern.", "Regex", TOK_LLAMA3_PATTERN, err, errn) != 0 ||
         tok_json_is(split, sp, "behavior", "Isolated", err, errn) != 0 ||
         tok_json_bool(split, sp, "invert", -1, &invert, err, errn) != 0) return -1;
     if (invert) return tok_fail(err, errn, "%sinvert is true; only false is supported", sp);

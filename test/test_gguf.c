@@ -13,6 +13,17 @@
 //                                   transformers (float64, the merged HF model) and of llama.cpp
 //                                   (llama-cpp-python on the committed model.gguf, and on the
 //                                   converter's base + adapter.gguf)
+//   test_gguf --bpe MODEL.gguf      an f32 export of test_gguf.sh's full fine-tuning of tiny_llama3_bpe (the
+//                                   flags of check_gguf.py's BPE_FIX_FLAGS): its vocabulary keys equal to
+//                                   the committed bpe_vocab.gguf's (== the converter's, by check_gguf.py;
+//                                   with llama.cpp's tokenizer reading it == tokenizers'), read one by one
+//                                   (tokens, types, merges, ids, the folder's chat template, byte for byte),
+//                                   and our forward on its weights against the logits llama.cpp and
+//                                   transformers gave on the same run
+//   test_gguf --bpe-vocab FILE      the vocabulary keys alone (another run of tiny_llama3_bpe: LoRA merged)
+//   test_gguf --chat FILE FAMILY    tokenizer.chat_template is FAMILY's (llama2 or llama3) of dataloader.h
+//                                   (a --data_format chat run of a folder with none)
+//   test_gguf --template FILE JSON  tokenizer.chat_template is JSON's "chat_template", byte for byte
 //   test_gguf --types FILE TYPE     the tensors' types of an export with --gguf_type TYPE
 // Tolerances (of the logits' largest magnitude): see TOL_HF and TOL_LLAMA below.
 #define TESTING
@@ -31,6 +42,18 @@
 #define TOL_LLAMA 2e-5
 
 #define FIXDIR "test/fixtures/gguf"
+
+// a fixture run: its model, the committed file whose keys (those starting with kv_prefix) an
+// export must equal, what llama.cpp must find in it, and the committed tokens and logits
+typedef struct {
+    const char *model, *kv_ref, *kv_prefix, *tokenizer, *pre;
+    int bos, eos;
+    const char *tokens, *hf_logits, *llama_logits;
+} Fixture;
+static const Fixture FIX_LORA = {"test/fixtures/tiny_gqa", "model.gguf", "", "llama", "default", 1, 2,
+                                 "tokens.i32", "transformers_logits.f32", "llama_cpp_logits.f32"};
+static const Fixture FIX_BPE = {"test/fixtures/tiny_llama3_bpe", "bpe_vocab.gguf", "tokenizer.", "gpt2", "llama-bpe", 400, 409,
+                                "bpe_tokens.i32", "bpe_transformers_logits.f32", "bpe_llama_cpp_logits.f32"};
 
 // ---------------------------------------------------------------------------------------
 // a GGUF reader: the file in memory, every read bounds-checked
@@ -188,10 +211,10 @@ static void check_encodings(void) {
 // f32 data of a tensor (F32 only here)
 static const float *t_f32(const RTensor *t) { return t && t->type == GGML_F32 ? (const float *)(const void *)t->data : NULL; }
 
-// the tiny_gqa model (full fine-tuning's layout: params whole), B = 1, T = n
-static int setup_model(Model *m, int T) {
+// a fixture's model (full fine-tuning's layout: params whole), B = 1, T = n
+static int setup_model(Model *m, const char *dir, int T) {
     TrainConfig tc;
-    char *argv[] = {(char *)"test_gguf", (char *)"--model", (char *)"test/fixtures/tiny_gqa", (char *)"--data",
+    char *argv[] = {(char *)"test_gguf", (char *)"--model", (char *)dir, (char *)"--data",
                     (char *)"test/fixtures/data.jsonl", (char *)"--full_finetune", (char *)"--max_seq_len", (char *)"24",
                     (char *)"--threads", (char *)"1"};
     if (parse_args(&tc, (int)(sizeof argv / sizeof argv[0]), argv) != 0) return -1;
@@ -223,34 +246,127 @@ static void compare_logits(const char *what, const float *logits, size_t n, cons
     free(want);
 }
 
-// our forward's logits (24, vocab) on the committed tokens, every next token a target, against
+// our forward's logits (24, vocab) on the fixture's tokens, every next token a target, against
 // transformers' and llama.cpp's (llama_ref) on the same weights
-static void check_forward(Model *m, const char *label, const char *kind, const char *llama_ref) {
+static void check_forward(Model *m, const Fixture *fx, const char *label, const char *kind, const char *llama_ref) {
     int tokens[24], targets[24];
     size_t tl, n = (size_t)24 * m->host.config.vocab_size;
-    char *tb = read_file(FIXDIR "/tokens.i32", &tl), what[256];
-    if (!tb || tl != sizeof tokens) die("cannot read " FIXDIR "/tokens.i32");
+    char path[256], what[256];
+    snprintf(path, sizeof path, FIXDIR "/%s", fx->tokens);
+    char *tb = read_file(path, &tl);
+    if (!tb || tl != sizeof tokens) die("cannot read %s", path);
     memcpy(tokens, tb, sizeof tokens);
     free(tb);
     for (int i = 0; i < 24; i++) targets[i] = i + 1 < 24 ? tokens[i + 1] : -100;
     float *logits = (float *)mallocCheck(n * sizeof(float));
     model_forward(m, tokens, targets, 1, 24, logits);
     snprintf(what, sizeof what, "%s (%s)", label, kind);
-    compare_logits(what, logits, n, "transformers_logits.f32", TOL_HF);
+    compare_logits(what, logits, n, fx->hf_logits, TOL_HF);
     compare_logits(what, logits, n, llama_ref, TOL_LLAMA);
     free(logits);
 }
 
-// the model file: structure, then its weights (q/k rows permuted back) in our forward
-static void check_model(const char *path, const char *label) {
+// the KVs of g whose keys start with prefix, equal (in order, key, type and bytes) to those of ref's
+static int kv_equal(const RGguf *g, const RGguf *ref, const char *prefix, char *why, size_t wn) {
+    size_t pl = strlen(prefix);
+    uint64_t i = 0, j = 0;
+    for (;; i++, j++) {
+        while (i < g->n_kv && (g->kv[i].klen < pl || memcmp(g->kv[i].key, prefix, pl))) i++;
+        while (j < ref->n_kv && (ref->kv[j].klen < pl || memcmp(ref->kv[j].key, prefix, pl))) j++;
+        if (i == g->n_kv || j == ref->n_kv) break;
+        const RKv *a = &g->kv[i], *b = &ref->kv[j];
+        if (a->klen != b->klen || memcmp(a->key, b->key, a->klen) || a->type != b->type || a->vlen != b->vlen || memcmp(a->val, b->val, a->vlen)) {
+            snprintf(why, wn, "%.*s: other %s than the committed %.*s", (int)a->klen, a->key,
+                     a->klen != b->klen || memcmp(a->key, b->key, a->klen) ? "key" : "value", (int)b->klen, b->key);
+            return 0;
+        }
+    }
+    if (i != g->n_kv || j != ref->n_kv) { snprintf(why, wn, "%s keys: %s has more", prefix, i != g->n_kv ? "the file" : "the committed file"); return 0; }
+    return 1;
+}
+
+// element k of an array KV of strings (*len bytes; NULL: not one) or of i32
+static const char *kv_str_at(const RGguf *g, const char *key, uint64_t k, uint64_t *n, size_t *len) {
+    const RKv *kv = kv_find(g, key);
+    if (!kv || kv->type != GGUF_T_ARRAY) return NULL;
+    Cur c = {kv->val, kv->val + kv->vlen, 0};
+    if (cur_u(&c, 4) != GGUF_T_STRING) return NULL;
+    *n = cur_u(&c, 8);
+    for (uint64_t i = 0; i < *n && !c.bad; i++) {
+        uint64_t l = cur_u(&c, 8);
+        const uint8_t *p = cur_bytes(&c, l);
+        if (i == k) { *len = (size_t)l; return (const char *)p; }
+    }
+    return NULL;
+}
+static int64_t kv_i32_at(const RGguf *g, const char *key, uint64_t k) {
+    const RKv *kv = kv_find(g, key);
+    if (!kv || kv->type != GGUF_T_ARRAY) return INT64_MIN;
+    Cur c = {kv->val, kv->val + kv->vlen, 0};
+    if (cur_u(&c, 4) != GGUF_T_I32 || k >= cur_u(&c, 8)) return INT64_MIN;
+    cur_bytes(&c, 4 * k);
+    return (int32_t)cur_u(&c, 4);
+}
+// a string KV's bytes (NULL: none)
+static const char *kv_text(const RGguf *g, const char *key, size_t *len) {
+    const RKv *k = kv_find(g, key);
+    if (!k || k->type != GGUF_T_STRING) return NULL;
+    Cur c = {k->val, k->val + k->vlen, 0};
+    *len = (size_t)cur_u(&c, 8);
+    return (const char *)cur_bytes(&c, *len);
+}
+static int kv_text_is(const RGguf *g, const char *key, const char *want, size_t n) {
+    size_t len;
+    const char *t = kv_text(g, key, &len);
+    return t && len == n && !memcmp(t, want, n);
+}
+
+// the vocabulary keys of an export of tiny_llama3_bpe: equal to the committed ones, then read
+// one by one against the folder's own files
+static void check_bpe_vocab(const RGguf *g, const char *label) {
+    RGguf ref;
+    char err[256] = "", what[256], why[256] = "";
+    int ok = gguf_read(&ref, FIXDIR "/bpe_vocab.gguf", err, sizeof err) == 0;
+    snprintf(what, sizeof what, "%s: every tokenizer.* key == the committed bpe_vocab.gguf's (== the converter's)", label);
+    CHECK(ok && kv_equal(g, &ref, "tokenizer.", why, sizeof why), what, "%s", ok ? why : err);
+    if (ok) gguf_close(&ref);
+    JsonValue tj, tc;
+    if (json_load_file("test/fixtures/tiny_llama3_bpe/tokenizer.json", &tj) != 0 ||
+        json_load_file("test/fixtures/tiny_llama3_bpe/tokenizer_config.json", &tc) != 0) die("cannot read tiny_llama3_bpe's files");
+    const JsonValue *merges = json_get(json_get(&tj, "model"), "merges"), *tmpl = json_get(&tc, "chat_template");
+    uint64_t n = 0, nm = 0;
+    size_t len = 0, ml = 0;
+    const char *t400 = kv_str_at(g, "tokenizer.ggml.tokens", 400, &n, &len), *t220 = kv_str_at(g, "tokenizer.ggml.tokens", 220, &n, &len);
+    const char *pad = kv_str_at(g, "tokenizer.ggml.tokens", 511, &n, &len);
+    const char *m0 = kv_str_at(g, "tokenizer.ggml.merges", 0, &nm, &ml);
+    snprintf(what, sizeof what, "%s: 512 tokens (the vocab's strings, added tokens, [PADi] up to vocab_size) and their types", label);
+    CHECK(n == 512 && t400 && !memcmp(t400, "<|begin_of_text|>", 17) && t220 && !memcmp(t220, "\xc4\xa0", 2) &&
+          pad && len == 8 && !memcmp(pad, "[PAD511]", 8) && kv_i32_at(g, "tokenizer.ggml.token_type", 0) == TOK_NORMAL &&
+          kv_i32_at(g, "tokenizer.ggml.token_type", 409) == TOK_CONTROL && kv_i32_at(g, "tokenizer.ggml.token_type", 411) == TOK_USER_DEFINED &&
+          kv_i32_at(g, "tokenizer.ggml.token_type", 412) == TOK_UNUSED, what, "%llu tokens, or other strings or types", (unsigned long long)n);
+    snprintf(what, sizeof what, "%s: merges: tokenizer.json's pairs, joined by a space (\"\\u0120 \\u0120\" first)", label);
+    CHECK(merges && nm == (uint64_t)merges->count && m0 && ml == 5 && !memcmp(m0, "\xc4\xa0 \xc4\xa0", 5), what, "%llu merges",
+          (unsigned long long)nm);
+    snprintf(what, sizeof what, "%s: gpt2, llama-bpe, bos 400 and eos 409 (tokenizer_config.json's), add_bos_token (the post-processor's)", label);
+    const RKv *add_bos = kv_find(g, "tokenizer.ggml.add_bos_token");
+    CHECK(kv_str_is(g, "tokenizer.ggml.model", "gpt2") && kv_str_is(g, "tokenizer.ggml.pre", "llama-bpe") &&
+          kv_u32(g, "tokenizer.ggml.bos_token_id") == 400 && kv_u32(g, "tokenizer.ggml.eos_token_id") == 409 && add_bos &&
+          add_bos->type == GGUF_T_BOOL && add_bos->val[0] == 1 && !kv_find(g, "tokenizer.ggml.eot_token_id"), what, "another value");
+    snprintf(what, sizeof what, "%s: tokenizer.chat_template == tokenizer_config.json's, byte for byte", label);
+    CHECK(tmpl && tmpl->type == JSON_STRING && kv_text_is(g, "tokenizer.chat_template", tmpl->string, tmpl->string_len), what, "other bytes");
+    json_free(&tj), json_free(&tc);
+}
+
+// the model file of a fixture run: structure, its keys, then its weights (q/k rows permuted back) in our forward
+static void check_model(const char *path, const Fixture *fx, const char *label) {
     RGguf g, ref;
-    char err[256] = "", what[256];
+    char err[256] = "", what[256], why[256] = "";
     int ok = gguf_read(&g, path, err, sizeof err) == 0 && g.version == 3;
     snprintf(what, sizeof what, "%s: a GGUF v3 file, every tensor's data aligned and inside it", label);
     CHECK(ok, what, "%s", err);
     if (!ok) return;
     Model m;
-    if (setup_model(&m, 24) != 0) die("cannot set up tiny_gqa");
+    if (setup_model(&m, fx->model, 24) != 0) die("cannot set up %s", fx->model);
     const Config *c = &m.host.config;
     snprintf(what, sizeof what, "%s: llama.cpp's required metadata", label);
     CHECK(kv_str_is(&g, "general.architecture", "llama") && kv_str_is(&g, "general.type", "model") &&
@@ -259,20 +375,23 @@ static void check_model(const char *path, const char *label) {
           kv_u32(&g, "llama.attention.head_count") == c->n_heads && kv_u32(&g, "llama.attention.head_count_kv") == c->n_kv_heads &&
           kv_u32(&g, "llama.rope.dimension_count") == c->head_dim && kv_u32(&g, "general.file_type") == 0 &&
           kv_find(&g, "llama.rope.freq_base") && kv_find(&g, "llama.attention.layer_norm_rms_epsilon") &&
-          kv_str_is(&g, "tokenizer.ggml.model", "llama") && kv_u32(&g, "tokenizer.ggml.bos_token_id") == 1 &&
-          kv_u32(&g, "tokenizer.ggml.eos_token_id") == 2, what, "a key is missing or has another value");
-    // every KV as the committed file's (== llama.cpp's converter's, by check_gguf.py)
-    ok = gguf_read(&ref, FIXDIR "/model.gguf", err, sizeof err) == 0;
-    snprintf(what, sizeof what, "%s: every key and value (the vocabulary's tokens, scores, types) == the converter's", label);
-    CHECK(ok && ref.n_kv == g.n_kv && ref.kv_end - ref.kv_begin == g.kv_end - g.kv_begin &&
-          !memcmp(ref.kv_begin, g.kv_begin, (size_t)(g.kv_end - g.kv_begin)), what, "%llu keys against %llu, or other bytes",
-          (unsigned long long)g.n_kv, (unsigned long long)ref.n_kv);
+          kv_str_is(&g, "tokenizer.ggml.model", fx->tokenizer) && kv_str_is(&g, "tokenizer.ggml.pre", fx->pre) &&
+          kv_u32(&g, "tokenizer.ggml.bos_token_id") == fx->bos && kv_u32(&g, "tokenizer.ggml.eos_token_id") == fx->eos, what,
+          "a key is missing or has another value");
+    // the KVs as the committed file's (== llama.cpp's converter's, by check_gguf.py)
+    char refpath[256];
+    snprintf(refpath, sizeof refpath, FIXDIR "/%s", fx->kv_ref);
+    ok = gguf_read(&ref, refpath, why, sizeof why) == 0;
+    snprintf(what, sizeof what, "%s: every %s key and value (the vocabulary's tokens, scores, types) == the converter's", label,
+             fx->kv_prefix[0] ? fx->kv_prefix : "");
+    CHECK(ok && kv_equal(&g, &ref, fx->kv_prefix, why, sizeof why), what, "%s", why);
     if (ok) gguf_close(&ref);
-    // the tensors: llama.cpp's names and shapes, F32, nothing else (no rope_freqs)
+    if (fx == &FIX_BPE) check_bpe_vocab(&g, label);
+    // the tensors: llama.cpp's names and shapes, F32, nothing else (but rope_freqs: llama3 RoPE)
     float *ptrs[NUM_PARAM_TENSORS];
     param_tensors(&m.host.w, ptrs);
     int *qmap = gguf_llama_row_map(c->n_heads, c->head_dim), *kmap = gguf_llama_row_map(c->n_kv_heads, c->head_dim);
-    int found = 0, bad = 0;
+    int found = c->rope_type == ROPE_LLAMA3 && t_find(&g, "rope_freqs.weight"), bad = 0;
     char badname[160] = "";
     for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
         if (p == P_HEAD && c->tied) continue;
@@ -297,7 +416,7 @@ static void check_model(const char *path, const char *label) {
     }
     snprintf(what, sizeof what, "%s: tensors by llama.cpp's names and shapes (ne = {in, out}), F32, no others", label);
     CHECK(bad == 0 && (uint64_t)found == g.n_t, what, "%d bad (%s), %d found of %llu", bad, badname, found, (unsigned long long)g.n_t);
-    check_forward(&m, label, "merged model", "llama_cpp_logits.f32");
+    check_forward(&m, fx, label, "merged model", fx->llama_logits);
     free(qmap); free(kmap);
     model_free(&m);
     gguf_close(&g);
@@ -319,7 +438,7 @@ static void check_adapter(const char *path, const char *label) {
     float a;
     memcpy(&a, alpha->val, 4);
     Model m;
-    if (setup_model(&m, 24) != 0) die("cannot set up tiny_gqa");
+    if (setup_model(&m, FIX_LORA.model, 24) != 0) die("cannot set up tiny_gqa");
     const Config *c = &m.host.config;
     float *ptrs[NUM_PARAM_TENSORS];
     param_tensors(&m.host.w, ptrs);
@@ -350,7 +469,7 @@ static void check_adapter(const char *path, const char *label) {
         }
     snprintf(what, sizeof what, "%s: lora_a {in, r} and lora_b {r, out} pairs by llama.cpp's names, F32", label);
     CHECK(bad == 0 && pairs > 0 && (uint64_t)pairs * 2 == g.n_t, what, "%d bad, %d pairs, %llu tensors", bad, pairs, (unsigned long long)g.n_t);
-    check_forward(&m, label, "base + adapter", "llama_cpp_lora_logits.f32");
+    check_forward(&m, &FIX_LORA, label, "base + adapter", "llama_cpp_lora_logits.f32");
     free(qmap); free(kmap);
     model_free(&m);
     gguf_close(&g);
@@ -380,18 +499,57 @@ static void check_types(const char *path, const char *type) {
     gguf_close(&g);
 }
 
+// --chat FILE FAMILY / --template FILE JSON: the file's tokenizer.chat_template is want (n bytes)
+static void check_template(const char *path, const char *want, size_t n, const char *what) {
+    RGguf g;
+    char err[256] = "";
+    int ok = gguf_read(&g, path, err, sizeof err) == 0;
+    size_t len = 0;
+    const char *t = ok ? kv_text(&g, "tokenizer.chat_template", &len) : NULL;
+    CHECK(t && len == n && !memcmp(t, want, n), what, "%s", !ok ? err : !t ? "no tokenizer.chat_template" : "other bytes");
+    if (ok) gguf_close(&g);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "--types")) {
         check_types(argv[2], argv[3]);
         return test_summary();
     }
+    if (argc == 3 && !strcmp(argv[1], "--bpe")) {
+        check_model(argv[2], &FIX_BPE, "--export_gguf (tiny_llama3_bpe)");
+        return test_summary();
+    }
+    if (argc == 3 && !strcmp(argv[1], "--bpe-vocab")) {
+        RGguf g;
+        char err[256] = "";
+        CHECK(gguf_read(&g, argv[2], err, sizeof err) == 0, "--bpe-vocab: the file reads", "%s", err);
+        check_bpe_vocab(&g, argv[2]);
+        gguf_close(&g);
+        return test_summary();
+    }
+    if (argc == 4 && !strcmp(argv[1], "--chat")) {
+        const char *t = !strcmp(argv[3], "llama3") ? CHAT_JINJA_LLAMA3 : CHAT_JINJA_LLAMA2;
+        char what[256];
+        snprintf(what, sizeof what, "--data_format chat, no template in the folder: tokenizer.chat_template is dataloader.h's %s", argv[3]);
+        check_template(argv[2], t, strlen(t), what);
+        return test_summary();
+    }
+    if (argc == 4 && !strcmp(argv[1], "--template")) {
+        JsonValue j;
+        if (json_load_file(argv[3], &j) != 0 || !json_get(&j, "chat_template") || json_get(&j, "chat_template")->type != JSON_STRING)
+            die("%s: no chat_template string", argv[3]);
+        check_template(argv[2], json_get(&j, "chat_template")->string, json_get(&j, "chat_template")->string_len,
+                       "tokenizer.chat_template == the folder's tokenizer_config.json's, byte for byte");
+        json_free(&j);
+        return test_summary();
+    }
     if (argc == 3) {
-        check_model(argv[1], "--export_gguf");
+        check_model(argv[1], &FIX_LORA, "--export_gguf");
         check_adapter(argv[2], "--export_gguf_adapter");
         return test_summary();
     }
     check_encodings();
-    check_model(FIXDIR "/model.gguf", "committed model.gguf");
+    check_model(FIXDIR "/model.gguf", &FIX_LORA, "committed model.gguf");
     check_adapter(FIXDIR "/adapter.gguf", "committed adapter.gguf");
     return test_summary();
 }

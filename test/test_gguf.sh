@@ -9,8 +9,17 @@
 #    as the CPU trainer's, for LoRA (q8_0) and full fine-tuning (tiny_tied, bf16; f32 and q8_0
 #    read back in small blocks of rows: LLAMA2TUNE_STAGING_BYTES); the types
 #    of --gguf_type; QLoRA's export (the 4-bit base dequantized) writes every weight;
-# 3. refusals: --export_gguf_adapter with DoRA and with full fine-tuning, an unknown
-#    --gguf_type, a tokenizer.json (byte-level BPE or not), each with its message.
+# 3. a byte-level BPE vocabulary (tiny_llama3_bpe, Llama-3's tokenizer.json): the fixture run of
+#    check_gguf.py (BPE_FIX_FLAGS) read back by test_gguf --bpe (the vocabulary keys against the
+#    committed ones, == the converter's; our forward against llama.cpp's and transformers' logits);
+#    --resume's export the same bytes; the emulated CUDA trainer's too; LoRA merged: the same vocabulary;
+# 4. chat templates: a folder's tokenizer_config.json's (sentencepiece) byte for byte, and with
+#    --data_format chat and none in the folder, the run's family's (Llama-2, Llama-3);
+# 5. refusals, before training and leaving no file: --export_gguf_adapter with DoRA and with full
+#    fine-tuning, an unknown --gguf_type, a tokenizer.json that is not a byte-level BPE, a
+#    pre-tokenizer regex llama.cpp does not know, ignore_merges against llama.cpp's, no merges, added
+#    tokens that collide in the GGUF, a chat template that is not a string (or a list of named ones),
+#    tokenizer_config.json not JSON, add_prefix_space not a boolean; each with its message.
 set -u
 cd "$(dirname "$0")/.."
 SUITE=gguf
@@ -76,6 +85,45 @@ check "QLoRA (nf4) run with --export_gguf" $? "$(tail -2 "$TMP/qlora.log")"
 "$TEST_GGUF" --types "$TMP/qlora.gguf" f16 | sed "s/^\(ok\|FAIL\) /\1 gguf: qlora: /"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
 
+# a byte-level BPE vocabulary: the fixture run of check_gguf.py (BPE_FIX_FLAGS)
+BPE=(--model $FIX/tiny_llama3_bpe --data $FIX/data.jsonl --max_seq_len 24 --max_steps 4 --batch_size 2 --lr 2e-2 --threads 1
+     --seed 7 --full_finetune --data_cache_dir "$TMP")
+"$BIN" "${BPE[@]}" --output_dir "$TMP/bpe" --gguf_type f32 --export_gguf "$TMP/bpe.gguf" >"$TMP/bpe.log" 2>&1
+check "tiny_llama3_bpe (tokenizer.json): train + --export_gguf (f32)" $? "$(tail -3 "$TMP/bpe.log")"
+"$TEST_GGUF" --bpe "$TMP/bpe.gguf" | sed 's/^\(ok\|FAIL\|SKIP\) /\1 gguf: /'
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAIL gguf: test_gguf --bpe exited non-zero"; fails=$((fails + 1)); }
+"$BIN" "${BPE[@]}" --output_dir "$TMP/bpe" --resume "$TMP/bpe/checkpoint-4" --gguf_type f32 --export_gguf "$TMP/bpe.resumed.gguf" >"$TMP/bpe.resumed.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && cmp -s "$TMP/bpe.gguf" "$TMP/bpe.resumed.gguf"
+check "tiny_llama3_bpe: --resume CHECKPOINT --export_gguf: the run's file, byte for byte" $? "exit $rc: $(tail -2 "$TMP/bpe.resumed.log")"
+export_both bpe q8_0 "$TMP/bpe/checkpoint-4" "${BPE[@]}" --output_dir "$TMP/bpe"
+"$TEST_GGUF" --bpe-vocab "$TMP/bpe.cpu.gguf" | sed 's/^\(ok\|FAIL\) /\1 gguf: bpe q8_0: /'
+[ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
+"$BIN" "${BPE[@]/--full_finetune/--lora_target_modules=all-linear}" --max_steps 1 --output_dir "$TMP/bpe_lora" --export_gguf "$TMP/bpe_lora.gguf" >"$TMP/bpe_lora.log" 2>&1
+check "tiny_llama3_bpe: LoRA, merged into --export_gguf (f16)" $? "$(tail -2 "$TMP/bpe_lora.log")"
+"$TEST_GGUF" --bpe-vocab "$TMP/bpe_lora.gguf" | sed 's/^\(ok\|FAIL\) /\1 gguf: bpe LoRA: /'
+[ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
+
+# chat templates
+model_copy() { rm -rf "$TMP/m"; cp -r "$FIX/$1" "$TMP/m"; }
+CHAT=(--data $FIX/chat/chat.jsonl --data_format chat --max_seq_len 64 --max_steps 1 --batch_size 1 --threads 1 --full_finetune --data_cache_dir "$TMP")
+model_copy tiny_gqa
+printf '{"add_bos_token": true, "chat_template": "{%%- for m in messages -%%}{{ m[\x27content\x27] }}\\u00e9\\u0000\\n{%%- endfor -%%}"}\n' >"$TMP/m/tokenizer_config.json"
+"$BIN" --model "$TMP/m" "${CHAT[@]}" --output_dir "$TMP/chat_sp" --export_gguf "$TMP/chat_sp.gguf" >"$TMP/chat_sp.log" 2>&1
+check "a sentencepiece folder with a chat template: --data_format chat + --export_gguf" $? "$(tail -2 "$TMP/chat_sp.log")"
+"$TEST_GGUF" --template "$TMP/chat_sp.gguf" "$TMP/m/tokenizer_config.json" | sed 's/^\(ok\|FAIL\) /\1 gguf: sentencepiece: /'
+[ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
+"$BIN" --model $FIX/tiny_gqa "${CHAT[@]}" --output_dir "$TMP/chat2" --export_gguf "$TMP/chat2.gguf" >"$TMP/chat2.log" 2>&1
+check "Llama-2 (tiny_gqa, no template): --data_format chat + --export_gguf" $? "$(tail -2 "$TMP/chat2.log")"
+"$TEST_GGUF" --chat "$TMP/chat2.gguf" llama2 | sed 's/^\(ok\|FAIL\) /\1 gguf: Llama-2: /'
+[ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
+model_copy tiny_llama3_bpe
+sed -i '/"chat_template"/d' "$TMP/m/tokenizer_config.json"
+"$BIN" --model "$TMP/m" "${CHAT[@]}" --output_dir "$TMP/chat3" --export_gguf "$TMP/chat3.gguf" >"$TMP/chat3.log" 2>&1
+check "Llama-3 (tiny_llama3_bpe, no template): --data_format chat + --export_gguf" $? "$(tail -2 "$TMP/chat3.log")"
+"$TEST_GGUF" --chat "$TMP/chat3.gguf" llama3 | sed 's/^\(ok\|FAIL\) /\1 gguf: Llama-3: /'
+[ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
+
 # refusals
 expect_error() { # expect_error NAME PATTERN ARGS...: exit 1 or 2, stderr matching PATTERN
     local name=$1 pattern=$2
@@ -89,11 +137,32 @@ RUN=(--model $FIX/tiny_gqa --data $FIX/data.jsonl --max_seq_len 24 --max_steps 1
 expect_error "--export_gguf_adapter with DoRA" "DoRA cannot be expressed as a llama.cpp adapter" "${RUN[@]}" --use_dora --export_gguf_adapter "$TMP/x.gguf"
 expect_error "--export_gguf_adapter with --full_finetune" "--export_gguf_adapter writes a LoRA adapter" "${RUN[@]}" --full_finetune --export_gguf_adapter "$TMP/x.gguf"
 expect_error "unknown --gguf_type" "--gguf_type: 'q4_0' is not one of f32, f16, bf16, q8_0" "${RUN[@]}" --gguf_type q4_0 --export_gguf "$TMP/x.gguf"
-expect_error "a byte-level BPE tokenizer.json" "is a tokenizer.json: the GGUF vocabulary is written from a sentencepiece tokenizer.model only" \
-    "${RUN[@]}" --tokenizer $FIX/tokenizer/bpe_llama3.json --export_gguf "$TMP/x.gguf"
 printf '{"model": {"type": "WordPiece", "vocab": {"[UNK]": 0, "a": 1}}}\n' >"$TMP/wordpiece.json"
-expect_error "a tokenizer.json that is not byte-level BPE" "is a tokenizer.json: the GGUF vocabulary is written from a sentencepiece" \
+expect_error "a tokenizer.json that is not byte-level BPE" "wordpiece.json: pre_tokenizer is null; only Llama-3's .* and GPT-2's" \
     "${RUN[@]}" --tokenizer "$TMP/wordpiece.json" --export_gguf "$TMP/x.gguf"
-[ ! -e "$TMP/x.gguf" ] && ! ls "$TMP"/x.gguf.tmp.* >/dev/null 2>&1
-check "a refused export leaves no file" $? "$(ls "$TMP")"
+# bad folders: tiny_llama3_bpe with one file changed (bpe_edit SED-EXPRESSION FILE)
+BAD=(--model "$TMP/m" --data $FIX/data.jsonl --max_seq_len 24 --max_steps 1 --batch_size 2 --full_finetune --data_cache_dir "$TMP"
+     --output_dir "$TMP/refused" --export_gguf "$TMP/x.gguf")
+bpe_edit() { model_copy tiny_llama3_bpe; sed -i "$1" "$TMP/m/$2"; }
+bpe_edit 's/\\\\p{N}{1,3}/\\\\p{N}+/' tokenizer.json
+expect_error "a pre-tokenizer regex llama.cpp does not know, named whole" \
+    "pattern.Regex is \"\\(\\?i:'s\\|.*\\|\\\\p\\{N\\}\\+\\| \\?.*\\\\s\\+\": not Llama-3's \\(llama.cpp's \"llama-bpe\"\\)" "${BAD[@]}"
+bpe_edit 's/"ignore_merges": true/"ignore_merges": false/' tokenizer.json
+expect_error "Llama-3's regex without ignore_merges" "tokenizer.json: model.ignore_merges is false with Llama-3's pre-tokenizer, but llama.cpp's llama-bpe" "${BAD[@]}"
+bpe_edit '/"merges": \[/,/^    \]/c\    "merges": []' tokenizer.json
+expect_error "no merges" "tokenizer.json: model.merges is missing or empty: llama.cpp cannot load a BPE vocabulary without merges" "${BAD[@]}"
+bpe_edit 's/"content": "<tool>"/"content": "\\u0120zq"/' tokenizer.json # (written " zq" as the converter decodes it)
+sed -i '0,/^  \],/s//    ,{"id": 412, "content": " zq", "single_word": false, "lstrip": false, "rstrip": false, "normalized": true, "special": false}\n  ],/' \
+    "$TMP/m/tokenizer.json"
+expect_error "added tokens that collide in the GGUF" 'tokens 411 and 412 are both " zq" in the GGUF vocabulary' "${BAD[@]}"
+bpe_edit 's/"chat_template": ".*",$/"chat_template": 7,/' tokenizer_config.json
+expect_error "a chat template that is not a string" "tokenizer_config.json: chat_template is number; only a string" "${BAD[@]}"
+bpe_edit 's/"chat_template": ".*",$/"chat_template": [{"name": "default", "template": "x"}],/' tokenizer_config.json
+expect_error "named chat templates" "tokenizer_config.json: chat_template is array; .*a list of named templates is not" "${BAD[@]}"
+bpe_edit 's/"chat_template"/chat_template"/' tokenizer_config.json
+expect_error "tokenizer_config.json not JSON" "tokenizer_config.json: invalid JSON" "${BAD[@]}"
+bpe_edit 's/"model_max_length"/"add_prefix_space": "yes", "model_max_length"/' tokenizer_config.json
+expect_error "add_prefix_space not a boolean" "tokenizer_config.json: add_prefix_space is not true or false" "${BAD[@]}"
+[ ! -e "$TMP/x.gguf" ] && ! ls "$TMP"/x.gguf.tmp.* >/dev/null 2>&1 && [ ! -e "$TMP/refused/checkpoint-1" ]
+check "a refused export leaves no file and trains nothing" $? "$(ls "$TMP" "$TMP/refused" 2>&1)"
 exit $((fails > 0))

@@ -27,7 +27,7 @@ dict_for() {
         tokcache) echo dev/fuzz/dict/tokcache.dict ;;
         cli) echo dev/fuzz/dict/cli.dict ;;
         tokenizer_load) echo dev/fuzz/dict/tokenizer.dict ;;
-        tokenizer_json) echo dev/fuzz/dict/tokenizer_json.dict ;;
+        tokenizer_json|gguf_vocab) echo dev/fuzz/dict/tokenizer_json.dict ;;
     esac
 }
 
