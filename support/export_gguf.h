@@ -16,15 +16,18 @@
 //             plain RoPE has none. (Not written: general.name and general.size_label, which the
 //             converter guesses from the folder's name; Mistral's sliding_window, which the
 //             converter does not write either: llama.cpp then attends to every position.)
-//   vocabulary  a sentencepiece tokenizer.model: tokenizer.ggml.model "llama", pre "default",
-//             tokens, scores and token types of the converter (its types: unknown 2, control 3,
-//             unused 5, byte 6, every other piece normal 1; ids past the tokenizer's up to
-//             vocab_size "[PADi]", score -10000, unused), and the special ids config.json names
-//             (bos, eos, unk, sep, pad, cls, mask_token_id, each an integer below the vocabulary's
-//             size); CodeLlama's vocabulary of 32016 adds eot 32010. A tokenizer.json (byte-level
-//             BPE or any other) is refused before training: llama.cpp names a BPE's pre-tokenizer
-//             by a hash of the reference tokenizer's output, which is not reproduced here
-//             (convert --merge_adapter's folder with convert_hf_to_gguf.py instead).
+//   vocabulary  (LlamaModel.set_vocab; docs/export.md) a sentencepiece tokenizer.model:
+//             tokenizer.ggml.model "llama", pre "default", tokens, scores and the converter's
+//             token types (unknown 2, control 3, unused 5, byte 6, every other piece normal 1).
+//             A tokenizer.json's byte-level BPE (_set_vocab_gpt2): model "gpt2", pre named by
+//             the pre-tokenizer's regex ("llama-bpe" Llama-3's, "gpt-2" GPT-2's: the converter
+//             hashes the reference tokenizer's ids instead, which a C exporter cannot), the
+//             vocab's strings, types (added tokens control when special or looking special,
+//             else user-defined; normal), merges. Both: ids past the tokenizer's up to
+//             vocab_size "[PADi]" (score -10000), unused; SpecialVocab's special ids and
+//             add_*_token flags from tokenizer.json's added tokens and post_processor,
+//             tokenizer_config.json and config.json; add_space_prefix; CodeLlama's eot 32010;
+//             tokenizer.chat_template from the folder, else the run's chat format's.
 //   tensors   token_embd, blk.N.attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm,
 //             ffn_gate, ffn_up, ffn_down, output_norm, output (untied only), each ".weight",
 //             ne = {in, out}; the rows of q and k permuted from Hugging Face's rotate-half
