@@ -416,7 +416,7 @@ static void check_model(const char *path, const Fixture *fx, const char *label) 
     }
     snprintf(what, sizeof what, "%s: tensors by llama.cpp's names and shapes (ne = {in, out}), F32, no others", label);
     CHECK(bad == 0 && (uint64_t)found == g.n_t, what, "%d bad (%s), %d found of %llu", bad, badname, found, (unsigned long long)g.n_t);
-    check_forward(&m, fx, label, "merged model", fx->llama_logits);
+    check_forward(&m, fx, label, fx == &FIX_BPE ? "fine-tuned model" : "merged model", fx->llama_logits);
     free(qmap); free(kmap);
     model_free(&m);
     gguf_close(&g);
