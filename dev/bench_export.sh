@@ -31,7 +31,8 @@ if [ -x /tmp/venv/bin/python ] && /tmp/venv/bin/python -c "import llama_cpp" 2>/
     for ft in 15 18; do for threads in 1 2; do
         /tmp/venv/bin/python - "$dir/f32.gguf" "$dir/lq.gguf" $ft $threads <<'PY'
 import ctypes, sys, time, llama_cpp
-llama_cpp.llama_log_set(llama_cpp.llama_log_callback(lambda *a: None), None)
+quiet = llama_cpp.llama_log_callback(lambda *a: None)  # (kept referenced while llama.cpp holds it)
+llama_cpp.llama_log_set(quiet, None)
 p = llama_cpp.llama_model_quantize_default_params()
 p.ftype, p.nthread = int(sys.argv[3]), int(sys.argv[4])
 t = time.time()

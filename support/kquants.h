@@ -16,7 +16,7 @@
 // libggml-base, which x86-64 builds compile for the baseline ISA: no fused multiply-add, so each
 // product is rounded before it is added. Our trainers are built with -march=native, where gcc
 // would fuse a * b + c; every product that meets an addition therefore passes through
-// kq_mul's volatile (its own rounding) so the compiler cannot fuse it, whatever the flags.
+// kq_mul (KQ_ROUNDED: its own rounding) so the compiler cannot fuse it, whatever the flags.
 // (A llama.cpp built where the compiler fuses inside ggml-base, e.g. gcc on aarch64, can
 // differ from both in rare blocks.)
 #ifndef KQUANTS_H
@@ -37,16 +37,28 @@
 // float32 -> float16 bits, round to nearest even (support/gguf.h's, which includes this file)
 static inline uint16_t gguf_f16(float f);
 
+// KQ_ROUNDED(v): v, a float just computed, taken as it is (rounded to fp32), so that the
+// compiler cannot fuse the product behind it into the add that follows: an empty asm that
+// keeps v in a vector register (gcc, clang; as fast as the fused code), else a volatile
+#if defined(__GNUC__) && defined(__x86_64__)
+#define KQ_ROUNDED(v) __asm__("" : "+x"(v))
+#elif defined(__GNUC__) && defined(__aarch64__)
+#define KQ_ROUNDED(v) __asm__("" : "+w"(v))
+#else
+#define KQ_ROUNDED(v) do { volatile float kq_v = (v); (v) = kq_v; } while (0)
+#endif
+
 // a * b rounded to fp32 on its own (never fused into a following add)
 static inline float kq_mul(float a, float b) {
-    volatile float p = a * b;
+    float p = a * b;
+    KQ_ROUNDED(p);
     return p;
 }
 
 // round to nearest (ties to even) by adding 1.5 * 2^23, as ggml's nearest_int; |v| < 2^22
 static inline int kq_nearest_int(float v) {
-    volatile float in = v; // (v is often a product: rounded before the add)
-    float s = in + 12582912.f;
+    KQ_ROUNDED(v); // (v is often a product: rounded before the add)
+    float s = v + 12582912.f;
     int32_t i;
     memcpy(&i, &s, 4);
     return (i & 0x007fffff) - 0x00400000;

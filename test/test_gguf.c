@@ -161,6 +161,20 @@ static const RTensor *t_find(const RGguf *g, const char *name) {
 
 // ---------------------------------------------------------------------------------------
 
+// x (F32) encoded as type against t's bytes: how many differ (*first: the first), or t->bytes + 1
+// when t is not a tensor of that type and size
+static size_t encoding_differs(const RTensor *x, const RTensor *t, int type, size_t *first) {
+    if (!x || !t || x->type != GGML_F32 || t->type != (uint32_t)type || gguf_row_bytes(type, x->ne[0]) != t->bytes) return t ? t->bytes + 1 : 1;
+    float *xs = (float *)mallocCheck(x->bytes);
+    memcpy(xs, x->data, x->bytes);
+    uint8_t *out = (uint8_t *)mallocCheck(t->bytes);
+    gguf_encode_row(type, xs, x->ne[0], out);
+    size_t bad = 0;
+    for (size_t i = 0; i < t->bytes; i++) if (out[i] != t->data[i] && !bad++) *first = i;
+    free(xs); free(out);
+    return bad;
+}
+
 static void check_encodings(void) {
     RGguf g;
     char err[256] = "";
@@ -174,15 +188,8 @@ static void check_encodings(void) {
         const RTensor *t = t_find(&g, names[k]);
         char what[96];
         snprintf(what, sizeof what, "%s encoding == gguf-py's, bit for bit (ties, subnormals, overflow)", gguf_type_name(types[k]));
-        if (!x || !t || x->type != GGML_F32 || t->type != (uint32_t)types[k]) { CHECK(0, what, "tensors missing"); continue; }
-        float *xs = (float *)mallocCheck(x->bytes);
-        memcpy(xs, x->data, x->bytes);
-        uint8_t *out = (uint8_t *)mallocCheck(t->bytes);
-        gguf_encode_row(types[k], xs, x->ne[0], out);
-        size_t bad = 0, first = 0;
-        for (size_t i = 0; i < t->bytes; i++) if (out[i] != t->data[i] && !bad++) first = i;
-        CHECK(bad == 0, what, "%zu of %zu bytes differ, the first at byte %zu", bad, t->bytes, first);
-        free(xs); free(out);
+        size_t first = 0, bad = encoding_differs(x, t, types[k], &first);
+        CHECK(bad == 0, what, "%zu of %zu bytes differ (more: tensors missing), the first at byte %zu", bad, t ? t->bytes : 0, first);
     }
     gguf_close(&g);
 }
@@ -205,14 +212,9 @@ static void check_kquant_blocks(void) {
             char name[160];
             snprintf(name, sizeof name, "%s.%s", x->name, gguf_type_name(types[k]));
             if (x->type != GGML_F32 || !(t = t_find(&g, name))) continue;
-            float *xs = (float *)mallocCheck(x->bytes);
-            memcpy(xs, x->data, x->bytes);
-            uint8_t *out = (uint8_t *)mallocCheck(t->bytes);
-            int fits = t->type == (uint32_t)types[k] && gguf_row_bytes(types[k], x->ne[0]) == t->bytes;
-            if (fits) gguf_encode_row(types[k], xs, x->ne[0], out);
-            if (!fits || memcmp(out, t->data, t->bytes)) bad++, snprintf(badname, sizeof badname, "%s", name);
+            size_t first;
+            if (encoding_differs(x, t, types[k], &first)) bad++, snprintf(badname, sizeof badname, "%s", name);
             rows++;
-            free(xs); free(out);
         }
         snprintf(what, sizeof what, "%s blocks == ggml's reference quantizer's, byte for byte (%d hard rows)", gguf_type_name(types[k]), rows);
         CHECK(rows >= 20 && bad == 0, what, "%d of %d rows differ (%s)", bad, rows, badname);
