@@ -171,8 +171,8 @@ def hard_rows():
     }
     for i in range(16):  # weights as trained models have them
         rows[f"normal{i}"] = (rng.standard_normal(n) * 0.02 * (i + 1)).astype(np.float32)
-    # rows whose blocks a build that lets the compiler fuse a * b + c (ours without kq_mul's
-    # volatile, gcc -O3 -march=native) gets wrong: of these 2000 rows it changed 100 Q4_K, 583
+    # rows whose blocks a build that lets the compiler fuse a * b + c (ours with KQ_ROUNDED
+    # left empty, gcc -O3 -march=native) gets wrong: of these 2000 rows it changed 100 Q4_K, 583
     # Q5_K and 38 Q6_K blocks (found by encoding them with both builds); these are a few of each
     rng = np.random.default_rng(11)
     scale = 10.0 ** rng.uniform(-4, 1, (2000, 1))
