@@ -34,7 +34,7 @@
 //             to F16 where a row is not a multiple of 32 (as the converter does). The
 //             k-quants (q4_k_m, q5_k_m, q6_k) are what llama-quantize writes from the f32 file
 //             (gguf_kquant_type's types, support/kquants.h's blocks, general.file_type the
-//             only key that differs; dev/reference/check_kquants.py).
+//             only key that differs from the f32 file's; dev/reference/check_kquants.py).
 //   adapter   general.architecture "llama", general.type "adapter", adapter.type "lora",
 //             adapter.lora.alpha (f32), general.quantization_version; blk.N.<name>.weight.lora_a
 //             (ne {in, r}) and .lora_b (ne {r, out}, q's and k's rows permuted as above).

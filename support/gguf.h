@@ -1,7 +1,8 @@
 // support/gguf.h: a GGUF v3 writer (the file format of llama.cpp and ggml), format only:
 // the header, typed key-value pairs and arrays, tensor infos, alignment, the tensor data in
-// F32, F16, BF16, Q8_0 or llama.cpp's k-quants (support/kquants.h), and an atomic write (a temp file, flushed and fsynced, renamed over
-// the path, the directory fsynced), as support/safetensors.h's st_write. What the keys and
+// F32, F16, BF16, Q8_0 or llama.cpp's k-quants (support/kquants.h), and an atomic write (a
+// temp file, flushed and fsynced, renamed over the path, the directory fsynced), as
+// support/safetensors.h's st_write. What the keys and
 // tensors of a model are is the caller's (support/export_gguf.h: Llama).
 //
 //   file     "GGUF", u32 version 3, u64 tensor count, u64 KV count, the KVs, the tensor
