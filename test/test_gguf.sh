@@ -13,7 +13,8 @@
 #    q6_k with the emulated trainer): the end of a run == its checkpoint == 2 threads == the
 #    emulated CUDA trainer;
 # 3. refusals: --export_gguf_adapter with DoRA and with full fine-tuning, an unknown
-#    --gguf_type, a tokenizer.json (byte-level BPE or not), each with its message.
+#    --gguf_type, a tokenizer.json (byte-level BPE or not), QLoRA's --merge_adapter over 2
+#    ranks, each with its message.
 set -u
 cd "$(dirname "$0")/.."
 SUITE=gguf
@@ -126,6 +127,12 @@ expect_error "a byte-level BPE tokenizer.json" "is a tokenizer.json: the GGUF vo
 printf '{"model": {"type": "WordPiece", "vocab": {"[UNK]": 0, "a": 1}}}\n' >"$TMP/wordpiece.json"
 expect_error "a tokenizer.json that is not byte-level BPE" "is a tokenizer.json: the GGUF vocabulary is written from a sentencepiece" \
     "${RUN[@]}" --tokenizer "$TMP/wordpiece.json" --export_gguf "$TMP/x.gguf"
+# QLoRA's merge over several ranks: refused before training (the 4-bit layers are not gathered)
+LAUNCH_GRACE=10 dev/launch.sh 2 "$BIN" --model $FIX/tiny_qlora --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 \
+    --threads 1 --max_steps 1 --quantize nf4 --merge_adapter --data_cache_dir "$TMP" --output_dir "$TMP/qlora2" >"$TMP/err.out" 2>"$TMP/err"
+rc=$?
+[ $rc -ne 0 ] && grep -q -- "--merge_adapter with --quantize over 2 ranks is not supported yet" "$TMP/err" && [ ! -e "$TMP/qlora2/merged" ]
+check "refused: --merge_adapter with --quantize over 2 ranks" $? "exit $rc: $(head -c 300 "$TMP/err")"
 [ ! -e "$TMP/x.gguf" ] && ! ls "$TMP"/x.gguf.tmp.* >/dev/null 2>&1
 check "a refused export leaves no file" $? "$(ls "$TMP")"
 exit $((fails > 0))
