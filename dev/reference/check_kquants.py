@@ -27,7 +27,7 @@
    of the shapes above, per file type).
 Needs: gguf, numpy, llama_cpp (llama-cpp-python).
 """
-import argparse, ctypes, glob, json, os, shutil, subprocess, sys, tempfile
+import argparse, ctypes, json, os, shutil, subprocess, sys, tempfile
 import numpy as np
 import gguf
 
