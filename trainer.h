@@ -385,9 +385,10 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T, double available) {
         if (access(r->tokpath, F_OK) != 0) snprintf(r->tokpath, sizeof r->tokpath, "%s/tokenizer.model", tc->model); // named in the error
     }
     if (!failed && tc->export_gguf[0]) failed = gguf_check_tokenizer(r->tokpath) != 0; // before training, not after
-    if (!failed && tc->export_gguf[0] && tc->quant_type != QUANT_NONE && W > 1) {
-        fprintf(stderr, "error: --export_gguf with --quantize over %d ranks is not supported yet (the 4-bit layers are not "
-                "gathered): export the saved checkpoint from one process with --resume CHECKPOINT --export_gguf FILE\n", W);
+    if (!failed && (tc->export_gguf[0] || tc->merge_adapter) && tc->quant_type != QUANT_NONE && W > 1) {
+        fprintf(stderr, "error: %s with --quantize over %d ranks is not supported yet (the 4-bit layers are not gathered): "
+                "merge or export the saved checkpoint from one process with --resume CHECKPOINT\n",
+                tc->merge_adapter ? "--merge_adapter" : "--export_gguf", W);
         failed = 1;
     }
     if (failed_anywhere(r, failed || load_data(tc, r, r->tokpath, T) != 0)) return 1;

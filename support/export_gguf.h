@@ -34,7 +34,10 @@
 //             layout to llama.cpp's interleaved pairs (LlamaModel.permute: within each head,
 //             row 2i + j of the output is row j * hd/2 + i). 1-D tensors (the norms,
 //             rope_freqs) stay F32; the others are --gguf_type's, except that Q8_0 falls back
-//             to F16 where a row is not a multiple of 32 (as the converter does).
+//             to F16 where a row is not a multiple of 32 (as the converter does). The
+//             k-quants (q4_k_m, q5_k_m, q6_k) are what llama-quantize writes from the f32 file
+//             (gguf_kquant_type's types, support/kquants.h's blocks, general.file_type the
+//             only key that differs from the f32 file's; dev/reference/check_kquants.py).
 //   adapter   general.architecture "llama", general.type "adapter", adapter.type "lora",
 //             adapter.lora.alpha (f32), general.quantization_version; blk.N.<name>.weight.lora_a
 //             (ne {in, r}) and .lora_b (ne {r, out}, q's and k's rows permuted as above).
@@ -48,9 +51,11 @@
 #include "../model.h"
 
 // --gguf_type: the names, ggml's tensor type and llama.cpp's general.file_type of each
-static const char *const gguf_type_names[] = {"f32", "f16", "bf16", "q8_0"};
-static const int gguf_type_ggml[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0};
-static const int gguf_file_type[] = {0, 1, 32, 7}; // LlamaFileType: ALL_F32, MOSTLY_F16, MOSTLY_BF16, MOSTLY_Q8_0
+static const char *const gguf_type_names[] = {"f32", "f16", "bf16", "q8_0", "q4_k_m", "q5_k_m", "q6_k"};
+static const int gguf_type_ggml[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+// LlamaFileType: ALL_F32, MOSTLY_F16, MOSTLY_BF16, MOSTLY_Q8_0, MOSTLY_Q4_K_M, MOSTLY_Q5_K_M, MOSTLY_Q6_K
+static const int gguf_file_type[] = {0, 1, 32, 7, 15, 17, 18};
+static int gguf_is_kquant(int gtype) { return gguf_block_size(gguf_type_ggml[gtype]) == KQ_K; }
 
 // llama.cpp's names of the base weights (param_* order; NULL: none of llama.cpp's)
 static const char *const gguf_param_names[NUM_PARAM_TENSORS] = {
@@ -72,6 +77,29 @@ static int *gguf_llama_row_map(int n_heads, int hd) {
 static int gguf_weight_type(int gtype, int64_t n) {
     int t = gguf_type_ggml[gtype];
     return t == GGML_Q8_0 && n % GGUF_QK8_0 != 0 ? GGML_F16 : t;
+}
+
+// The type of 2-D weight p of layer l (rows of cols) in a k-quant file: what llama-quantize
+// (llama.cpp's src/llama-quant.cpp, llama_tensor_get_type) gives it from an f32 file of a
+// Llama without an importance matrix, for Q4_K_M, Q5_K_M and Q6_K:
+//   output (or, tied, token_embd: llama.cpp reads it as the output too) Q6_K; Q8_0 where a
+//     row is not a multiple of 256
+//   attn_v and ffn_down, in Q4_K_M and Q5_K_M: Q6_K in the layers use_more_bits picks (the
+//     first and last eighth, and every third between); llama-quantize counts the tensors as
+//     it visits them, in its loader's order (by layer number, then by name), so the count
+//     is the layer's number. attn_v of a 70B (80 layers, fewer kv heads than heads) that is
+//     still Q4_K becomes Q5_K.
+//   every other weight the file type's own (Q4_K, Q5_K, Q6_K)
+// then where a row is not a multiple of the type's block: Q4_K -> Q5_0, Q5_K -> Q5_1,
+// Q6_K -> Q8_0, and F16 where a row is not a multiple of 32 either.
+static int gguf_kquant_type(int gtype, const Config *c, int p, int l, int64_t cols) {
+    int t = gguf_type_ggml[gtype], n = c->n_layers;
+    int more_bits = l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2;
+    if (p == P_HEAD || (p == P_EMBED && c->tied)) t = cols % KQ_K != 0 ? GGML_Q8_0 : GGML_Q6_K;
+    else if ((p == P_WV || p == P_WDOWN) && t != GGML_Q6_K && more_bits) t = GGML_Q6_K;
+    if (p == P_WV && t == GGML_Q4_K && n == 80 && c->n_kv_heads != c->n_heads) t = GGML_Q5_K;
+    if (cols % gguf_block_size(t) != 0) t = t == GGML_Q4_K ? GGML_Q5_0 : t == GGML_Q5_K ? GGML_Q5_1 : GGML_Q8_0;
+    return cols % gguf_block_size(t) != 0 ? GGML_F16 : t;
 }
 
 // Llama-3's rope_freqs: for each of the hd/2 frequencies the divisor llama.cpp applies, as
@@ -651,7 +679,8 @@ static int export_gguf_model(const HostModel *m, const char *path, const char *m
                 snprintf(name, sizeof name - 8, gguf_param_names[p], l);
                 strcat(name, ".weight");
                 uint64_t ne[2] = {(uint64_t)cols, (uint64_t)rows};
-                int vec = rows == 1, type = vec ? GGML_F32 : gguf_weight_type(gtype, cols);
+                int vec = rows == 1, type = vec ? GGML_F32 : gguf_is_kquant(gtype) ? gguf_kquant_type(gtype, c, p, l, cols)
+                                                                    : gguf_weight_type(gtype, cols);
                 const int *map = p == P_WQ ? qmap : p == P_WK ? kmap : NULL;
                 if (m->params) rc = gguf_add_tensor(&w, name, type, vec ? 1 : 2, ne, ptrs[p] + (size_t)l * rows * cols, map);
                 else { // (the backend's)

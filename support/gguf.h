@@ -1,7 +1,8 @@
 // support/gguf.h: a GGUF v3 writer (the file format of llama.cpp and ggml), format only:
 // the header, typed key-value pairs and arrays, tensor infos, alignment, the tensor data in
-// F32, F16, BF16 or Q8_0, and an atomic write (a temp file, flushed and fsynced, renamed over
-// the path, the directory fsynced), as support/safetensors.h's st_write. What the keys and
+// F32, F16, BF16, Q8_0 or llama.cpp's k-quants (support/kquants.h), and an atomic write (a
+// temp file, flushed and fsynced, renamed over the path, the directory fsynced), as
+// support/safetensors.h's st_write. What the keys and
 // tensors of a model are is the caller's (support/export_gguf.h: Llama).
 //
 //   file     "GGUF", u32 version 3, u64 tensor count, u64 KV count, the KVs, the tensor
@@ -19,6 +20,10 @@
 //   BF16  ggml_compute_fp32_to_bf16: a NaN made quiet, else round to nearest even
 //   Q8_0  blocks of 32 along ne[0]: d = max|x| / 127 (fp32), q = x * (1 / d) rounded half
 //         away from zero (np_roundf), d stored as F16; a block of zeros keeps d = 0, q = 0
+// (the same Q8_0 as ggml's quantize_row_q8_0_ref, whose roundf rounds halves the same way).
+// Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 are ggml's reference quantizers' (support/kquants.h).
+// The rows of a block are encoded in parallel (OpenMP), each on its own: the bytes do not
+// depend on the thread count.
 #ifndef GGUF_H
 #define GGUF_H
 #include <stdio.h>
@@ -32,11 +37,13 @@
 
 enum { GGUF_T_U8 = 0, GGUF_T_I8, GGUF_T_U16, GGUF_T_I16, GGUF_T_U32, GGUF_T_I32, GGUF_T_F32, GGUF_T_BOOL,
        GGUF_T_STRING, GGUF_T_ARRAY, GGUF_T_U64, GGUF_T_I64, GGUF_T_F64 };
-// ggml's tensor types (the four written here)
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_BF16 = 30 };
+// ggml's tensor types (the ones written here)
+enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q5_K = 13,
+       GGML_Q6_K = 14, GGML_BF16 = 30 };
 #define GGUF_ALIGN 32
 #define GGUF_QK8_0 32
 #define GGUF_MAX_DIMS 4
+#define GGUF_OUT_BYTES (8u << 20) // the encoded rows gathered for one write (at least a row)
 
 // float32 -> float16 bits as numpy's astype(np.float16) (npy_floatbits_to_halfbits)
 static inline uint16_t gguf_f16(float f) {
@@ -94,17 +101,41 @@ static inline void gguf_q8_0_block(const float *x, uint8_t *out) {
     }
 }
 
-// bytes of one row of n elements in type (n a multiple of 32 for Q8_0)
-static inline size_t gguf_row_bytes(int type, uint64_t n) {
+#include "kquants.h"
+
+// a type's elements per block and bytes per block (0: not a type written here)
+static inline int gguf_block_size(int type) {
+    return type == GGML_Q4_K || type == GGML_Q5_K || type == GGML_Q6_K ? KQ_K
+         : type == GGML_Q5_0 || type == GGML_Q5_1 || type == GGML_Q8_0 ? 32 : 1;
+}
+static inline size_t gguf_block_bytes(int type) {
     switch (type) {
-    case GGML_F32: return (size_t)n * 4;
-    case GGML_F16: case GGML_BF16: return (size_t)n * 2;
-    case GGML_Q8_0: return (size_t)(n / GGUF_QK8_0) * (2 + GGUF_QK8_0);
+    case GGML_F32: return 4;
+    case GGML_F16: case GGML_BF16: return 2;
+    case GGML_Q8_0: return 2 + GGUF_QK8_0;
+    case GGML_Q5_0: return KQ_Q5_0_BYTES;
+    case GGML_Q5_1: return KQ_Q5_1_BYTES;
+    case GGML_Q4_K: return KQ_Q4_K_BYTES;
+    case GGML_Q5_K: return KQ_Q5_K_BYTES;
+    case GGML_Q6_K: return KQ_Q6_K_BYTES;
     default: return 0;
     }
 }
+// bytes of one row of n elements in type (n a multiple of its block)
+static inline size_t gguf_row_bytes(int type, uint64_t n) { return (size_t)(n / (uint64_t)gguf_block_size(type)) * gguf_block_bytes(type); }
 static inline const char *gguf_type_name(int type) {
-    return type == GGML_F32 ? "F32" : type == GGML_F16 ? "F16" : type == GGML_BF16 ? "BF16" : type == GGML_Q8_0 ? "Q8_0" : "?";
+    switch (type) {
+    case GGML_F32: return "F32";
+    case GGML_F16: return "F16";
+    case GGML_BF16: return "BF16";
+    case GGML_Q8_0: return "Q8_0";
+    case GGML_Q5_0: return "Q5_0";
+    case GGML_Q5_1: return "Q5_1";
+    case GGML_Q4_K: return "Q4_K";
+    case GGML_Q5_K: return "Q5_K";
+    case GGML_Q6_K: return "Q6_K";
+    default: return "?";
+    }
 }
 
 // one row of n fp32 values into out, encoded as type
@@ -115,7 +146,20 @@ static inline void gguf_encode_row(int type, const float *x, uint64_t n, uint8_t
         out[2 * i] = (uint8_t)(h & 0xff);
         out[2 * i + 1] = (uint8_t)(h >> 8);
     }
-    for (uint64_t b = 0; type == GGML_Q8_0 && b < n / GGUF_QK8_0; b++) gguf_q8_0_block(x + b * GGUF_QK8_0, out + b * (2 + GGUF_QK8_0));
+    if (gguf_block_size(type) == 1) return;
+    size_t qk = (size_t)gguf_block_size(type), bytes = gguf_block_bytes(type);
+    for (uint64_t b = 0; b < n / qk; b++) {
+        const float *xb = x + b * qk;
+        uint8_t *ob = out + b * bytes;
+        switch (type) {
+        case GGML_Q8_0: gguf_q8_0_block(xb, ob); break;
+        case GGML_Q5_0: kq_q5_0_block(xb, ob); break;
+        case GGML_Q5_1: kq_q5_1_block(xb, ob); break;
+        case GGML_Q4_K: kq_q4_k_block(xb, ob); break;
+        case GGML_Q5_K: kq_q5_k_block(xb, ob); break;
+        case GGML_Q6_K: kq_q6_k_block(xb, ob); break;
+        }
+    }
 }
 
 // A tensor to write: fp32 values, row-major with ne[0] elements a row, encoded as type when
@@ -197,11 +241,11 @@ static inline void gguf_kv_i32s(GgufWriter *w, const char *key, const int32_t *v
     for (uint64_t i = 0; i < n; i++) gguf__u32(w, (uint32_t)v[i]);
 }
 
-// adds a tensor (see GgufTensor); 0 ok, -1 with a message (a Q8_0 row not a multiple of 32)
+// adds a tensor (see GgufTensor); 0 ok, -1 with a message (a row not a multiple of the type's block)
 static inline int gguf_add_tensor(GgufWriter *w, const char *name, int type, int n_dims, const uint64_t *ne,
                                   const float *data, const int *row_map) {
     if (n_dims < 1 || n_dims > GGUF_MAX_DIMS || gguf_row_bytes(type, ne[0]) == 0 ||
-        (type == GGML_Q8_0 && ne[0] % GGUF_QK8_0 != 0)) {
+        ne[0] % (uint64_t)gguf_block_size(type) != 0) {
         fprintf(stderr, "error: gguf: tensor '%s': cannot be stored as %s (%d dims, rows of %llu)\n", name,
                 gguf_type_name(type), n_dims, (unsigned long long)ne[0]);
         return -1;
@@ -286,15 +330,15 @@ static inline int gguf__write_contents(GgufWriter *w, FILE *f) {
     }
     int rc = h.oom || fwrite(h.kv, 1, h.kv_n, f) != h.kv_n || gguf__pad(f, h.kv_n) != 0 ? -1 : 0;
     gguf_free(&h);
-    size_t most = 0, block = 0; // a row's bytes; a filled tensor's block of rows, in elements
+    size_t most = GGUF_OUT_BYTES, block = 0; // the encoded rows of a write; a filled tensor's block of rows, in elements
     for (int i = 0; i < w->n_t; i++) {
         most = gguf_row_bytes(w->t[i].type, w->t[i].ne[0]) > most ? gguf_row_bytes(w->t[i].type, w->t[i].ne[0]) : most;
         size_t per = w->t[i].data ? 0 : gguf__fill_rows(w, &w->t[i]) * (size_t)w->t[i].ne[0];
         block = per > block ? per : block;
     }
-    uint8_t *row = (uint8_t *)malloc(most ? most : 1);
+    uint8_t *out = (uint8_t *)malloc(most);
     float *values = (float *)malloc((block ? block : 1) * sizeof(float)); // a filled tensor's block
-    if (!row || !values) { free(row); free(values); return -1; }
+    if (!out || !values) { free(out); free(values); return -1; }
     for (int i = 0; i < w->n_t && rc == 0; i++) {
         const GgufTensor *t = &w->t[i];
         uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3], per = gguf__fill_rows(w, t), n = t->ne[0];
@@ -311,15 +355,20 @@ static inline int gguf__write_contents(GgufWriter *w, FILE *f) {
             if (hi - lo + 1 != r1 - r0) r1 = r0 + 1, lo = t->row_map ? (uint64_t)t->row_map[r0] : r0; // (one row)
             if (!t->data && t->fill(t->ctx, lo * n, (r1 - r0) * n, values) != 0) { rc = -1; break; }
             const float *from = t->data ? t->data + lo * n : values;
-            for (uint64_t r = r0; r < r1 && rc == 0; r++) {
-                uint64_t src = t->row_map ? (uint64_t)t->row_map[r] : r;
-                gguf_encode_row(t->type, from + (src - lo) * n, n, row);
-                if (fwrite(row, 1, rb, f) != rb) rc = -1;
+            uint64_t per_write = most / rb; // rows c0 .. c1 - 1 encoded in parallel, then written
+            for (uint64_t c0 = r0, c1; c0 < r1 && rc == 0; c0 = c1) {
+                c1 = c0 + per_write < r1 ? c0 + per_write : r1;
+                #pragma omp parallel for schedule(dynamic) if (c1 - c0 > 1 && t->type != GGML_F32)
+                for (int64_t r = (int64_t)c0; r < (int64_t)c1; r++) {
+                    uint64_t src = t->row_map ? (uint64_t)t->row_map[r] : (uint64_t)r;
+                    gguf_encode_row(t->type, from + (src - lo) * n, n, out + ((uint64_t)r - c0) * rb);
+                }
+                if (fwrite(out, 1, (c1 - c0) * rb, f) != (c1 - c0) * rb) rc = -1;
             }
         }
         if (rc == 0) rc = gguf__pad(f, gguf__tensor_bytes(t));
     }
-    free(row);
+    free(out);
     free(values);
     return rc;
 }

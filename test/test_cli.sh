@@ -148,7 +148,6 @@ expect_error "merge with full fine-tuning" "--merge_adapter folds a LoRA adapter
 # QLoRA (--quantize)
 expect_error "bad --quantize" "--quantize: 'int8' is not one of none, nf4, fp4" --model $FIX/tiny_qlora "${RUN[@]}" --quantize int8
 expect_error "--quantize with full fine-tuning" "--quantize keeps the base weights frozen.*--full_finetune" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --full_finetune
-expect_error "--quantize with --merge_adapter" "--merge_adapter with --quantize is not supported" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --merge_adapter
 expect_error "--quantize with --use_dora" "--quantize with DoRA \(--use_dora\) is not supported yet" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --use_dora
 expect_error "bad --double_quant" "--double_quant: '2' is not an integer in \[0, 1\]" --model $FIX/tiny_qlora "${RUN[@]}" --quantize nf4 --double_quant 2
 expect_error "a checkpoint bitsandbytes already quantized" "tensor 'model.layers.0.[a-z_.]*weight.(absmax|quant_map|nested_absmax|nested_quant_map|quant_state.bitsandbytes__nf4)' is bitsandbytes' quantization state" \
@@ -313,6 +312,7 @@ cp $FIX/tiny_gqa/prefix/peft_init/* "$TMP/ad/"; sed -i 's/"num_transformer_submo
 expect_error "prefix: an encoder-decoder's" "adapter_config.json: 'num_transformer_submodules' must be 1" --model $FIX/tiny_gqa "${RUN[@]}" --from_peft_checkpoint "$TMP/ad"
 expect_error "prefix for another model" "tensor 'prompt_embeddings' has shape \[3, 128\], expected \[3, 192\]" --model $FIX/tiny_tied "${RUN[@]}" --from_peft_checkpoint $FIX/tiny_gqa/prefix/peft_init
 expect_error "--trainable_params with prefix" "--trainable_params with --peft_method prefix is not supported yet" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method prefix --trainable_params norm
+expect_error "a k-quant llama.cpp adapter" "--export_gguf_adapter with --gguf_type q4_k_m: llama.cpp's k-quant mixes are for models" --model $FIX/tiny_gqa "${RUN[@]}" --export_gguf_adapter "$TMP/a.gguf" --gguf_type q4_k_m
 expect_error "IA3 as a llama.cpp adapter" "--export_gguf_adapter writes a llama.cpp LoRA adapter, which cannot hold IA3's vectors" --model $FIX/tiny_gqa "${RUN[@]}" --peft_method ia3 --export_gguf_adapter "$TMP/a.gguf"
 # --trainable_params (peft's modules_to_save)
 expect_error "--trainable_params with full fine-tuning" "--trainable_params names base tensors .* --full_finetune" --model $FIX/tiny_gqa "${RUN[@]}" --full_finetune --trainable_params norm

@@ -25,6 +25,8 @@
 //                                   (a --data_format chat run of a folder with none)
 //   test_gguf --template FILE JSON  tokenizer.chat_template is JSON's "chat_template", byte for byte
 //   test_gguf --types FILE TYPE     the tensors' types of an export with --gguf_type TYPE
+// and the k-quants: our blocks against ggml's of hard rows, our type mix against the ones
+// llama-quantize chose for five shapes (test/fixtures/gguf/kquant_*, check_kquants.py).
 // Tolerances (of the logits' largest magnitude): see TOL_HF and TOL_LLAMA below.
 #define TESTING
 #include "../train_llama2.c"
@@ -145,7 +147,7 @@ static int gguf_read(RGguf *g, const char *path, char *err, size_t errn) {
     for (uint64_t i = 0; i < g->n_t; i++) {
         RTensor *t = &g->t[i];
         size_t rb = gguf_row_bytes((int)t->type, t->ne[0]);
-        if (!rb || (t->type == GGML_Q8_0 && t->ne[0] % 32)) { snprintf(err, errn, "%s: unknown type %u", t->name, t->type); return -1; }
+        if (!rb || t->ne[0] % (uint64_t)gguf_block_size((int)t->type)) { snprintf(err, errn, "%s: unknown type %u", t->name, t->type); return -1; }
         t->bytes = rb * t->ne[1] * t->ne[2] * t->ne[3];
         if (t->offset % GGUF_ALIGN || data + t->offset > g->len || t->bytes > g->len - data - t->offset) {
             snprintf(err, errn, "%s: data out of the file or misaligned", t->name);
@@ -182,6 +184,20 @@ static const RTensor *t_find(const RGguf *g, const char *name) {
 
 // ---------------------------------------------------------------------------------------
 
+// x (F32) encoded as type against t's bytes: how many differ (*first: the first), or t->bytes + 1
+// when t is not a tensor of that type and size
+static size_t encoding_differs(const RTensor *x, const RTensor *t, int type, size_t *first) {
+    if (!x || !t || x->type != GGML_F32 || t->type != (uint32_t)type || gguf_row_bytes(type, x->ne[0]) != t->bytes) return t ? t->bytes + 1 : 1;
+    float *xs = (float *)mallocCheck(x->bytes);
+    memcpy(xs, x->data, x->bytes);
+    uint8_t *out = (uint8_t *)mallocCheck(t->bytes);
+    gguf_encode_row(type, xs, x->ne[0], out);
+    size_t bad = 0;
+    for (size_t i = 0; i < t->bytes; i++) if (out[i] != t->data[i] && !bad++) *first = i;
+    free(xs); free(out);
+    return bad;
+}
+
 static void check_encodings(void) {
     RGguf g;
     char err[256] = "";
@@ -195,17 +211,88 @@ static void check_encodings(void) {
         const RTensor *t = t_find(&g, names[k]);
         char what[96];
         snprintf(what, sizeof what, "%s encoding == gguf-py's, bit for bit (ties, subnormals, overflow)", gguf_type_name(types[k]));
-        if (!x || !t || x->type != GGML_F32 || t->type != (uint32_t)types[k]) { CHECK(0, what, "tensors missing"); continue; }
-        float *xs = (float *)mallocCheck(x->bytes);
-        memcpy(xs, x->data, x->bytes);
-        uint8_t *out = (uint8_t *)mallocCheck(t->bytes);
-        gguf_encode_row(types[k], xs, x->ne[0], out);
-        size_t bad = 0, first = 0;
-        for (size_t i = 0; i < t->bytes; i++) if (out[i] != t->data[i] && !bad++) first = i;
-        CHECK(bad == 0, what, "%zu of %zu bytes differ, the first at byte %zu", bad, t->bytes, first);
-        free(xs); free(out);
+        size_t first = 0, bad = encoding_differs(x, t, types[k], &first);
+        CHECK(bad == 0, what, "%zu of %zu bytes differ (more: tensors missing), the first at byte %zu", bad, t ? t->bytes : 0, first);
     }
     gguf_close(&g);
+}
+
+// ggml's blocks (ggml_quantize_chunk, the reference quantizers llama-quantize runs) of hard
+// rows against ours, byte for byte: test/fixtures/gguf/kquant_blocks.gguf holds each row x
+// (F32) and x.TYPE for Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q8_0 (dev/reference/check_kquants.py)
+static void check_kquant_blocks(void) {
+    RGguf g;
+    char err[256] = "";
+    int ok = gguf_read(&g, FIXDIR "/kquant_blocks.gguf", err, sizeof err) == 0;
+    CHECK(ok, "kquant_blocks.gguf reads", "%s", err);
+    if (!ok) return;
+    int types[6] = {GGML_Q4_K, GGML_Q5_K, GGML_Q6_K, GGML_Q5_0, GGML_Q5_1, GGML_Q8_0};
+    for (int k = 0; k < 6; k++) {
+        int rows = 0, bad = 0;
+        char badname[160] = "", what[160];
+        for (uint64_t i = 0; i < g.n_t; i++) {
+            const RTensor *x = &g.t[i], *t;
+            char name[160];
+            snprintf(name, sizeof name, "%s.%s", x->name, gguf_type_name(types[k]));
+            if (x->type != GGML_F32 || !(t = t_find(&g, name))) continue;
+            size_t first;
+            if (encoding_differs(x, t, types[k], &first)) bad++, snprintf(badname, sizeof badname, "%s", name);
+            rows++;
+        }
+        snprintf(what, sizeof what, "%s blocks == ggml's reference quantizer's, byte for byte (%d hard rows)", gguf_type_name(types[k]), rows);
+        CHECK(rows >= 20 && bad == 0, what, "%d of %d rows differ (%s)", bad, rows, badname);
+    }
+    gguf_close(&g);
+}
+
+// llama.cpp's name of a base weight -> its param_* and layer; 0 ok
+static int gguf_param_of(const char *name, int *p, int *l) {
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        char want[96];
+        int layer = 0, n = 0;
+        if (param_per_layer(k)) {
+            if (sscanf(name, "blk.%d.%n", &layer, &n) != 1 || layer < 0) continue;
+            snprintf(want, sizeof want, gguf_param_names[k], layer);
+        } else snprintf(want, sizeof want, "%s", gguf_param_names[k]);
+        strcat(want, ".weight");
+        if (!strcmp(name, want)) { *p = k, *l = layer; return 0; }
+    }
+    return -1;
+}
+
+// the k-quant type of each 2-D weight (gguf_kquant_type) against the ones llama-quantize gave
+// the shapes of test/fixtures/gguf/kquant_types.txt (dev/reference/check_kquants.py)
+static void check_kquant_types(void) {
+    FILE *f = fopen(FIXDIR "/kquant_types.txt", "r");
+    CHECK(f != NULL, "kquant_types.txt reads", "%s", strerror(errno));
+    if (!f) return;
+    char line[256], shape[64] = "", badline[300] = "";
+    Config c;
+    int n = 0, bad = 0, shapes = 0;
+    while (fgets(line, sizeof line, f)) {
+        char ft[16], name[128], type[16];
+        int layers, dim, hidden, heads, kv, tied, p, l, gtype = -1;
+        if (line[0] == '#') continue;
+        if (sscanf(line, "shape %63s %d %d %d %d %d %d", shape, &layers, &dim, &hidden, &heads, &kv, &tied) == 7) {
+            memset(&c, 0, sizeof c);
+            c.n_layers = layers, c.dim = dim, c.hidden_dim = hidden, c.n_heads = heads, c.n_kv_heads = kv, c.tied = tied;
+            c.head_dim = dim / heads, c.vocab_size = 512;
+            shapes++;
+            continue;
+        }
+        if (sscanf(line, "%15s %127s %15s", ft, name, type) != 3) continue;
+        for (int i = 0; i < (int)(sizeof gguf_type_names / sizeof *gguf_type_names); i++) if (!strcmp(ft, gguf_type_names[i])) gtype = i;
+        int64_t rows, cols;
+        int ok = gtype >= 0 && gguf_is_kquant(gtype) && gguf_param_of(name, &p, &l) == 0;
+        if (ok) param_shape(&c, p, &rows, &cols);
+        if (!ok || strcmp(gguf_type_name(gguf_kquant_type(gtype, &c, p, l, cols)), type))
+            bad++, snprintf(badline, sizeof badline, "%s: %s %s is %s here", shape, ft, name, ok ? gguf_type_name(gguf_kquant_type(gtype, &c, p, l, cols)) : "?");
+        n++;
+    }
+    fclose(f);
+    char what[160];
+    snprintf(what, sizeof what, "k-quant types == llama-quantize's (%d tensors of %d shapes, 16 and 80 layers among them)", n, shapes);
+    CHECK(n > 500 && shapes >= 5 && bad == 0, what, "%d differ (the last: %s)", bad, badline);
 }
 
 // f32 data of a tensor (F32 only here)
@@ -475,21 +562,29 @@ static void check_adapter(const char *path, const char *label) {
     gguf_close(&g);
 }
 
-// --types FILE TYPE: 2-D tensors of TYPE (Q8_0 where rows are whole blocks), 1-D ones F32
+// --types FILE TYPE: 2-D tensors of TYPE (Q8_0 where rows are whole blocks; a k-quant: the
+// mix gguf_kquant_type gives the file's shape), 1-D ones F32
 static void check_types(const char *path, const char *type) {
     RGguf g;
     char err[256] = "", what[256];
     int gtype = -1;
-    for (int i = 0; i < 4; i++) if (!strcmp(type, gguf_type_names[i])) gtype = i;
+    for (int i = 0; i < (int)(sizeof gguf_type_names / sizeof *gguf_type_names); i++) if (!strcmp(type, gguf_type_names[i])) gtype = i;
     int ok = gtype >= 0 && gguf_read(&g, path, err, sizeof err) == 0;
     snprintf(what, sizeof what, "--gguf_type %s: %s reads", type, path);
     CHECK(ok, what, "%s", gtype < 0 ? "unknown type" : err);
     if (!ok) return;
+    Config c = {0}; // the shape gguf_kquant_type reads
+    c.n_layers = (int)kv_u32(&g, "llama.block_count"), c.n_heads = (int)kv_u32(&g, "llama.attention.head_count");
+    c.n_kv_heads = kv_find(&g, "llama.attention.head_count_kv") ? (int)kv_u32(&g, "llama.attention.head_count_kv") : c.n_heads;
+    c.tied = !t_find(&g, "output.weight");
     int bad = 0;
     char badname[160] = "";
     for (uint64_t i = 0; i < g.n_t; i++) {
         const RTensor *t = &g.t[i];
-        uint32_t want = t->n_dims == 1 ? GGML_F32 : (uint32_t)gguf_weight_type(gtype, (int64_t)t->ne[0]);
+        int p, l;
+        uint32_t want = t->n_dims == 1 ? GGML_F32
+                      : !gguf_is_kquant(gtype) ? (uint32_t)gguf_weight_type(gtype, (int64_t)t->ne[0])
+                      : gguf_param_of(t->name, &p, &l) == 0 ? (uint32_t)gguf_kquant_type(gtype, &c, p, l, (int64_t)t->ne[0]) : 0;
         if (t->type != want) { bad++; snprintf(badname, sizeof badname, "%s is %s", t->name, gguf_type_name((int)t->type)); }
     }
     int64_t ft = kv_u32(&g, "general.file_type");
@@ -549,6 +644,8 @@ int main(int argc, char **argv) {
         return test_summary();
     }
     check_encodings();
+    check_kquant_blocks();
+    check_kquant_types();
     check_model(FIXDIR "/model.gguf", &FIX_LORA, "committed model.gguf");
     check_adapter(FIXDIR "/adapter.gguf", "committed adapter.gguf");
     return test_summary();

@@ -8,7 +8,10 @@
 #    as the end of the run; with the emulated CUDA trainer (train_llama2cu_emu) the same bytes
 #    as the CPU trainer's, for LoRA (q8_0) and full fine-tuning (tiny_tied, bf16; f32 and q8_0
 #    read back in small blocks of rows: LLAMA2TUNE_STAGING_BYTES); the types
-#    of --gguf_type; QLoRA's export (the 4-bit base dequantized) writes every weight;
+#    of --gguf_type; QLoRA's export (the 4-bit base dequantized) writes every weight, and
+#    its --merge_adapter folder exports to the same bytes; the k-quants (q4_k_m; q5_k_m and
+#    q6_k with the emulated trainer): the end of a run == its checkpoint == 2 threads == the
+#    emulated CUDA trainer;
 # 3. a byte-level BPE vocabulary (tiny_llama3_bpe, Llama-3's tokenizer.json): the fixture run of
 #    check_gguf.py (BPE_FIX_FLAGS) read back by test_gguf --bpe (the vocabulary keys against the
 #    committed ones, == the converter's; our forward against llama.cpp's and transformers' logits);
@@ -19,7 +22,8 @@
 #    fine-tuning, an unknown --gguf_type, a tokenizer.json that is not a byte-level BPE, a
 #    pre-tokenizer regex llama.cpp does not know, ignore_merges against llama.cpp's, no merges, added
 #    tokens that collide in the GGUF, a chat template that is not a string (or a list of named ones),
-#    tokenizer_config.json not JSON, add_prefix_space not a boolean; each with its message.
+#    tokenizer_config.json not JSON, add_prefix_space not a boolean, QLoRA's --merge_adapter over 2
+#    ranks; each with its message.
 set -u
 cd "$(dirname "$0")/.."
 SUITE=gguf
@@ -78,12 +82,41 @@ export_both full bf16 "$TMP/full/checkpoint-1" "${FULL[@]}" --max_steps 1 --outp
 STAGING=1000 export_both full_f32 f32 "$TMP/full/checkpoint-1" "${FULL[@]}" --max_steps 1 --output_dir "$TMP/full"
 STAGING=3072 export_both full_q8_0 q8_0 "$TMP/full/checkpoint-1" "${FULL[@]}" --max_steps 1 --output_dir "$TMP/full"
 
-# QLoRA: the 4-bit base dequantized and the adapter merged in
+# the k-quants: a model whose rows are multiples of 256 (random weights, one step of full fine-tuning),
+# exported as q4_k_m at the end of the run, from its checkpoint (the same bytes), with 2 threads
+# (the same bytes: rows are encoded on their own), by both trainers (the same bytes; the emulated
+# one reads its weights back 64 rows a fill, a head of q/k: blocks of rows encoded in parallel);
+# in the full suite (the emulated trainer) q5_k_m and q6_k too, 16 rows a fill (q/k a row a fill). The types are gguf_kquant_type's, which test_gguf checks against llama-quantize's.
+mkdir -p "$TMP/k256"
+sed -e 's/"hidden_size": 64/"hidden_size": 256/' -e 's/"intermediate_size": 96/"intermediate_size": 512/' \
+    -e 's/"head_dim": 16/"head_dim": 64/' $FIX/tiny_gqa/config.json >"$TMP/k256/config.json"
+cp $FIX/tiny_gqa/tokenizer.model "$TMP/k256/"
+KQ=(--model "$TMP/k256" --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --threads 1 --full_finetune --max_steps 1
+    --data_cache_dir "$TMP" --output_dir "$TMP/k256run")
+"$BIN" "${KQ[@]}" --random_init --gguf_type q4_k_m --export_gguf "$TMP/k256.end.gguf" >"$TMP/k256.log" 2>&1
+check "k-quants: a run with rows of 256 exports q4_k_m" $? "$(tail -2 "$TMP/k256.log")"
+STAGING=65536 export_both kquant q4_k_m "$TMP/k256run/checkpoint-1" "${KQ[@]}"
+cmp -s "$TMP/k256.end.gguf" "$TMP/kquant.cpu.gguf"
+check "k-quants: q4_k_m from --resume CHECKPOINT == the end of the run's, byte for byte" $? "$(cmp "$TMP/k256.end.gguf" "$TMP/kquant.cpu.gguf" 2>&1)"
+OMP_NUM_THREADS=2 "$BIN" "${KQ[@]}" --threads 2 --resume "$TMP/k256run/checkpoint-1" --gguf_type q4_k_m \
+    --export_gguf "$TMP/k256.t2.gguf" >"$TMP/k256.t2.log" 2>&1 && cmp -s "$TMP/k256.end.gguf" "$TMP/k256.t2.gguf"
+check "k-quants: --threads 2 writes the bytes of --threads 1" $? "$(tail -2 "$TMP/k256.t2.log")"
+if [ -x "$EMU_BIN" ]; then
+    for type in q5_k_m q6_k; do STAGING=16384 export_both "kquant_$type" $type "$TMP/k256run/checkpoint-1" "${KQ[@]}"; done
+fi
+
+# QLoRA: the 4-bit base dequantized and the adapter merged in, as GGUF and as the merged folder
+# (--merge_adapter): that folder, exported as it is, gives the bytes of the run's export
 "$BIN" --model $FIX/tiny_qlora --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --threads 1 --max_steps 1 \
-    --quantize nf4 --data_cache_dir "$TMP" --output_dir "$TMP/qlora" --export_gguf "$TMP/qlora.gguf" >"$TMP/qlora.log" 2>&1
-check "QLoRA (nf4) run with --export_gguf" $? "$(tail -2 "$TMP/qlora.log")"
+    --quantize nf4 --data_cache_dir "$TMP" --output_dir "$TMP/qlora" --export_gguf "$TMP/qlora.gguf" --merge_adapter >"$TMP/qlora.log" 2>&1
+check "QLoRA (nf4) run with --export_gguf and --merge_adapter" $? "$(tail -2 "$TMP/qlora.log")"
 "$TEST_GGUF" --types "$TMP/qlora.gguf" f16 | sed "s/^\(ok\|FAIL\) /\1 gguf: qlora: /"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
+"$BIN" --model "$TMP/qlora/merged" --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --threads 1 --max_steps 0 \
+    --full_finetune --data_cache_dir "$TMP" --output_dir "$TMP/qlora_merged" --export_gguf "$TMP/qlora.merged.gguf" >"$TMP/qlora.merged.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && cmp -s "$TMP/qlora.gguf" "$TMP/qlora.merged.gguf"
+check "QLoRA --merge_adapter: OUTPUT/merged exported == the run's GGUF (the dequantized base + the adapter)" $? "exit $rc: $(tail -2 "$TMP/qlora.merged.log")"
 
 # a byte-level BPE vocabulary: the fixture run of check_gguf.py (BPE_FIX_FLAGS)
 BPE=(--model $FIX/tiny_llama3_bpe --data $FIX/data.jsonl --max_seq_len 24 --max_steps 4 --batch_size 2 --lr 2e-2 --threads 1
@@ -140,6 +173,12 @@ expect_error "unknown --gguf_type" "--gguf_type: 'q4_0' is not one of f32, f16, 
 printf '{"model": {"type": "WordPiece", "vocab": {"[UNK]": 0, "a": 1}}}\n' >"$TMP/wordpiece.json"
 expect_error "a tokenizer.json that is not byte-level BPE" "wordpiece.json: pre_tokenizer is null; only Llama-3's .* and GPT-2's" \
     "${RUN[@]}" --tokenizer "$TMP/wordpiece.json" --export_gguf "$TMP/x.gguf"
+# QLoRA's merge over several ranks: refused before training (the 4-bit layers are not gathered)
+LAUNCH_GRACE=10 dev/launch.sh 2 "$BIN" --model $FIX/tiny_qlora --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 \
+    --threads 1 --max_steps 1 --quantize nf4 --merge_adapter --data_cache_dir "$TMP" --output_dir "$TMP/qlora2" >"$TMP/err.out" 2>"$TMP/err"
+rc=$?
+[ $rc -ne 0 ] && grep -q -- "--merge_adapter with --quantize over 2 ranks is not supported yet" "$TMP/err" && [ ! -e "$TMP/qlora2/merged" ]
+check "refused: --merge_adapter with --quantize over 2 ranks" $? "exit $rc: $(head -c 300 "$TMP/err")"
 # bad folders: tiny_llama3_bpe with one file changed (bpe_edit SED-EXPRESSION FILE)
 BAD=(--model "$TMP/m" --data $FIX/data.jsonl --max_seq_len 24 --max_steps 1 --batch_size 2 --full_finetune --data_cache_dir "$TMP"
      --output_dir "$TMP/refused" --export_gguf "$TMP/x.gguf")

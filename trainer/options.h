@@ -129,7 +129,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"export_hf", OPT_STR, &(tc)->export_hf, "", "with --resume: write that checkpoint as a Hugging Face model (full fine-tuning) or PEFT adapter (LoRA) into this folder, then exit", 0, 0}, \
     {"export_gguf", OPT_STR, &(tc)->export_gguf, "", "also write the trained model as GGUF for llama.cpp and ollama to this file: full fine-tuning's weights, or the base with the LoRA adapter merged in (DoRA and QLoRA too); with --resume: that checkpoint's, then exit (docs/export.md)", 0, 0}, \
     {"export_gguf_adapter", OPT_STR, &(tc)->export_gguf_adapter, "", "LoRA: also write the adapter as a llama.cpp GGUF adapter to this file (llama-cli --lora, ollama's ADAPTER; not DoRA); with --resume: that checkpoint's, then exit", 0, 0}, \
-    {"gguf_type", OPT_STR, &(tc)->gguf_type, "f16", "f32 | f16 | bf16 | q8_0: the type of the GGUF files' weight matrices (the norms stay f32)", 0, 0}, \
+    {"gguf_type", OPT_STR, &(tc)->gguf_type, "f16", "f32 | f16 | bf16 | q8_0 | q4_k_m | q5_k_m | q6_k: the type of the GGUF files' weight matrices (the norms stay f32; the k-quants as llama-quantize mixes them)", 0, 0}, \
     {"precision", OPT_STR, &(tc)->precision, backend_precisions[0], "bf16 | fp16 | fp32: how weights and activations are stored (fp16: with --loss_scale; for GPUs without bf16, V100 and T4; fp32: all of it, e.g. to compare with the CPU trainer, which runs fp32 only)", 0, 0}, \
     {"loss_scale", OPT_STR, &(tc)->loss_scale, "auto", "auto | dynamic | none: dynamic loss scaling as torch.amp.GradScaler (initial scale 65536, x2 after 2000 steps without an overflow, x0.5 and the step skipped on one); auto: dynamic with --precision fp16, else none (as torch). The CPU trainer runs it too (fp32: exact, the same steps except the skipped ones)", 0, 0}, \
     {"collectives", OPT_STR, &(tc)->collectives, backend_collectives[0], "auto | nccl | host: how the ranks' device buffers are gathered and summed (train_llama2cu): nccl, or host: through host memory over MPI or TCP, summed in rank order as the CPU trainer sums (ranks may share a GPU); auto: nccl when every rank of a node has its own GPU, else host. The CPU trainer: host only", 0, 0}, \
@@ -283,7 +283,7 @@ static int peft_checkpoint_with_full_finetune(const TrainConfig *tc) { return tc
 static int quantize_with_full_finetune(const TrainConfig *tc) { return tc->quant_type != QUANT_NONE && tc->full_finetune; }
 static int gguf_adapter_with_full_finetune(const TrainConfig *tc) { return tc->export_gguf_adapter[0] && tc->full_finetune; }
 static int gguf_adapter_with_dora(const TrainConfig *tc) { return tc->export_gguf_adapter[0] && tc->use_dora; }
-static int quantize_with_merge_adapter(const TrainConfig *tc) { return tc->quant_type != QUANT_NONE && tc->merge_adapter; }
+static int gguf_adapter_kquant(const TrainConfig *tc) { return tc->export_gguf_adapter[0] && gguf_is_kquant(tc->gguf_ftype); }
 
 static const Refusal refusals[] = {
     {"--momentum, --nesterov", "--optimizer other than sgd", AFTER_CHOICES, sgd_options_without_sgd,
@@ -378,8 +378,9 @@ static const Refusal refusals[] = {
     {"--export_gguf_adapter", "--use_dora", AFTER_REQUIRED, gguf_adapter_with_dora,
      "--export_gguf_adapter: DoRA cannot be expressed as a llama.cpp adapter (it has no place for DoRA's magnitudes); "
      "use --export_gguf for the model with the adapter merged in"},
-    {"--quantize", "--merge_adapter", AFTER_REQUIRED, quantize_with_merge_adapter,
-     "--merge_adapter with --quantize is not supported yet (it would fold the adapter into 4-bit weights)"},
+    {"--export_gguf_adapter", "--gguf_type q4_k_m, q5_k_m or q6_k", AFTER_CHOICES, gguf_adapter_kquant,
+     "--export_gguf_adapter with --gguf_type {gguf_type}: llama.cpp's k-quant mixes are for models (llama-quantize does not "
+     "quantize adapters); give f32, f16, bf16 or q8_0, or use --export_gguf for the model with the adapter merged in"},
 };
 
 // The first row after step that applies, printed: -1; none: 0. opts: the option table, for

@@ -70,9 +70,10 @@ def fields(path):
     return kv, ts
 
 
-def compare(ours, theirs, what, expect_alpha=None, our_template=False):
+def compare(ours, theirs, what, expect_alpha=None, our_template=False, other="converter"):
     """every key and tensor; returns the list of differences (empty: equal). our_template: ours has
-    the run's chat template where the folder (and so the converter's file) has none"""
+    the run's chat template where the folder (and so the converter's file) has none; other: what
+    wrote theirs, for the messages"""
     ko, to = fields(ours)
     kt, tt = fields(theirs)
     diffs = []
@@ -87,7 +88,7 @@ def compare(ours, theirs, what, expect_alpha=None, our_template=False):
             if k == "adapter.lora.alpha" and expect_alpha is not None and ko[k][1] == struct.pack("<f", expect_alpha):
                 continue
             a, b = ko[k], kt[k]
-            diffs.append(f"key {k}: ours {a[0]} {a[1][:60]!r}... converter {b[0]} {b[1][:60]!r}...")
+            diffs.append(f"key {k}: ours {a[0]} {a[1][:60]!r}... {other} {b[0]} {b[1][:60]!r}...")
     for n in sorted(set(to) | set(tt)):
         if n not in to:
             diffs.append(f"tensor {n} missing from ours")
@@ -96,7 +97,7 @@ def compare(ours, theirs, what, expect_alpha=None, our_template=False):
         else:
             (a_t, a_s, a_d), (b_t, b_s, b_d) = to[n], tt[n]
             if (a_t, a_s) != (b_t, b_s):
-                diffs.append(f"tensor {n}: ours {a_t} {a_s}, converter {b_t} {b_s}")
+                diffs.append(f"tensor {n}: ours {a_t} {a_s}, {other} {b_t} {b_s}")
             elif a_d != b_d:
                 x = np.frombuffer(a_d, np.uint8) != np.frombuffer(b_d, np.uint8)
                 diffs.append(f"tensor {n} ({a_t}): {int(x.sum())} of {x.size} bytes differ")

@@ -15,7 +15,11 @@ module, gate_proj and down_proj feedforward): our merge scales W's columns or ro
 the vectors; besides the logits, each merged weight must equal peft's merge_and_unload
 of the same adapter (float64) to 1e-6 of the weight's scale (ours is one fp32 product).
 And with --trainable_params embed,norm, whose trained embedding and norms (peft's
-modules_to_save) the merged model holds.
+modules_to_save) the merged model holds. And QLoRA (--quantize nf4 on tiny_qlora): the merged
+folder must be the dequantized base plus the merged adapter, what peft's merge_and_unload
+gives on the model whose 4-bit weights are replaced by bitsandbytes' own dequantization of
+them (test/fixtures/tiny_qlora/ref/expected.safetensors' deq.* tensors, written by
+make_qlora_fixtures.py with bitsandbytes): logits and every weight, as for IA3.
 Needs torch, transformers, peft (not needed by CI).
 """
 import os, subprocess, sys, tempfile
@@ -31,9 +35,26 @@ LORA = ["--lora_target_modules", "all-linear", "--lora_dropout", "0"]
 IA3 = ["--peft_method", "ia3", "--ia3_target_modules", "all-linear", "--ia3_feedforward_modules", "gate_proj,down_proj"]
 
 
-def merge_matches_peft(out, merged):
+QLORA = os.path.join(ROOT, "test/fixtures/tiny_qlora")
+
+
+def load_base(model):
+    """the base model in float64; tiny_qlora's linear weights as bitsandbytes dequantizes them"""
+    base = LlamaForCausalLM.from_pretrained(model, dtype=torch.float64)
+    if model == QLORA:
+        from safetensors.torch import load_file
+        weights = base.state_dict()
+        deq = {k[4:]: v for k, v in load_file(os.path.join(QLORA, "ref/expected.safetensors")).items() if k.startswith("deq.")}
+        assert len(deq) == 7 * base.config.num_hidden_layers
+        with torch.no_grad():
+            for name, w in deq.items():
+                weights[name].copy_(w.double())
+    return base
+
+
+def merge_matches_peft(out, merged, model):
     """each weight of our merged model against peft's merge_and_unload of our adapter"""
-    base = LlamaForCausalLM.from_pretrained(MODEL, dtype=torch.float64)
+    base = load_base(model)
     theirs = PeftModel.from_pretrained(base, out).double().merge_and_unload().state_dict()
     worst = 0.0
     for name, w in merged.state_dict().items():
@@ -45,10 +66,10 @@ def merge_matches_peft(out, merged):
     return ok
 
 
-def check(flags):
+def check(flags, model=MODEL):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out")
-        subprocess.run([os.path.join(ROOT, "train_llama2"), "--model", MODEL, "--data",
+        subprocess.run([os.path.join(ROOT, "train_llama2"), "--model", model, "--data",
                         os.path.join(ROOT, "test/fixtures/data.jsonl"), "--max_seq_len", "24", "--max_steps", "8",
                         "--lr", "1e-2", "--threads", "1",
                         "--data_cache_dir", tmp, "--output_dir", out, "--merge_adapter"] + flags,
@@ -57,16 +78,16 @@ def check(flags):
         ids = torch.randint(0, 512, (2, 24))
         with torch.no_grad():
             merged = LlamaForCausalLM.from_pretrained(os.path.join(out, "merged"), dtype=torch.float64).eval()
-            base = LlamaForCausalLM.from_pretrained(MODEL, dtype=torch.float64)
+            base = load_base(model)
             peft = PeftModel.from_pretrained(base, out).double().eval()
             a, b = merged(ids).logits, peft(ids).logits
-            plain = LlamaForCausalLM.from_pretrained(MODEL, dtype=torch.float64).eval()(ids).logits
+            plain = load_base(model).eval()(ids).logits
         err, scale, effect = (a - b).abs().max().item(), b.abs().max().item(), (b - plain).abs().max().item()
         ok = err <= 1e-5 * scale and effect > 1e3 * err
         print(f"{' '.join(flags)}: merged vs base + adapter (transformers, float64): max err {err:.3e} of "
               f"scale {scale:.3e}; the adapter moves logits by {effect:.3e}: {'ok' if ok else 'FAIL'}")
-        if flags == IA3:
-            ok &= merge_matches_peft(out, merged)
+        if flags == IA3 or model == QLORA:
+            ok &= merge_matches_peft(out, merged, model)
         return ok
 
 
@@ -75,6 +96,7 @@ def main():
     ok &= check(LORA + ["--use_dora"])
     ok &= check(IA3)
     ok &= check(LORA + ["--trainable_params", "embed,norm"])
+    ok &= check(LORA + ["--quantize", "nf4"], QLORA)
     sys.exit(0 if ok else 1)
 
 
