@@ -1,4 +1,4 @@
-// GGUF export (support/export_gguf.h, support/gguf.h; docs/export.md), read back by a small GGUF
+// GGUF export (support/export_gguf.h, support/gguf_vocab.h, support/gguf.h, support/kquants.h; docs/export.md), read back by a small GGUF
 // reader of its own (CI has no Python):
 //   test_gguf                       the encodings (F16, BF16, Q8_0) against gguf-py's of edge
 //                                   values (test/fixtures/gguf/encodings.gguf, written by gguf-py),
