@@ -11,7 +11,7 @@
 #    of --gguf_type; QLoRA's export (the 4-bit base dequantized) writes every weight, and
 #    its --merge_adapter folder exports to the same bytes; the k-quants (q4_k_m; q5_k_m and
 #    q6_k with the emulated trainer): the end of a run == its checkpoint == 2 threads == the
-#    emulated CUDA trainer;
+#    emulated CUDA trainer == 2 ranks, for full fine-tuning and LoRA merged;
 # 3. a byte-level BPE vocabulary (tiny_llama3_bpe, Llama-3's tokenizer.json): the fixture run of
 #    check_gguf.py (BPE_FIX_FLAGS) read back by test_gguf --bpe (the vocabulary keys against the
 #    committed ones, == the converter's; our forward against llama.cpp's and transformers' logits);
@@ -91,8 +91,9 @@ mkdir -p "$TMP/k256"
 sed -e 's/"hidden_size": 64/"hidden_size": 256/' -e 's/"intermediate_size": 96/"intermediate_size": 512/' \
     -e 's/"head_dim": 16/"head_dim": 64/' $FIX/tiny_gqa/config.json >"$TMP/k256/config.json"
 cp $FIX/tiny_gqa/tokenizer.model "$TMP/k256/"
-KQ=(--model "$TMP/k256" --data $FIX/data.jsonl --max_seq_len 24 --batch_size 2 --threads 1 --full_finetune --max_steps 1
-    --data_cache_dir "$TMP" --output_dir "$TMP/k256run")
+KQ1=(--model "$TMP/k256" --data $FIX/data.jsonl --max_seq_len 24 --threads 1 --full_finetune --max_steps 1
+     --data_cache_dir "$TMP" --output_dir "$TMP/k256run")
+KQ=("${KQ1[@]}" --batch_size 2)
 "$BIN" "${KQ[@]}" --random_init --gguf_type q4_k_m --export_gguf "$TMP/k256.end.gguf" >"$TMP/k256.log" 2>&1
 check "k-quants: a run with rows of 256 exports q4_k_m" $? "$(tail -2 "$TMP/k256.log")"
 STAGING=65536 export_both kquant q4_k_m "$TMP/k256run/checkpoint-1" "${KQ[@]}"
@@ -104,6 +105,22 @@ check "k-quants: --threads 2 writes the bytes of --threads 1" $? "$(tail -2 "$TM
 if [ -x "$EMU_BIN" ]; then
     for type in q5_k_m q6_k; do STAGING=16384 export_both "kquant_$type" $type "$TMP/k256run/checkpoint-1" "${KQ[@]}"; done
 fi
+# over 2 ranks (FULL_SHARD, the weights gathered to rank 0 a block of rows at a time): the same bytes
+LAUNCH_GRACE=10 dev/launch.sh 2 "$BIN" "${KQ1[@]}" --batch_size 1 --resume "$TMP/k256run/checkpoint-1" \
+    --gguf_type q4_k_m --export_gguf "$TMP/k256.w2.gguf" >"$TMP/k256.w2.log" 2>&1 && cmp -s "$TMP/k256.end.gguf" "$TMP/k256.w2.gguf"
+check "k-quants: 2 ranks export the bytes of one process (q4_k_m)" $? "$(grep -m2 error "$TMP/k256.w2.log")"
+# LoRA merged: the fine-tuned folder as the base of a LoRA run; its q4_k_m export (the adapter merged
+# in) the same from the end of the run, from its checkpoint by both trainers, and over 2 ranks
+KL=(--model "$TMP/k256run" --data $FIX/data.jsonl --max_seq_len 24 --threads 1 --lora_target_modules all-linear --max_steps 1
+    --data_cache_dir "$TMP" --output_dir "$TMP/k256lora")
+"$BIN" "${KL[@]}" --batch_size 2 --gguf_type q4_k_m --export_gguf "$TMP/k256lora.end.gguf" >"$TMP/k256lora.log" 2>&1
+check "k-quants: a LoRA run exports q4_k_m with the adapter merged in" $? "$(tail -2 "$TMP/k256lora.log")"
+export_both kquant_lora q4_k_m "$TMP/k256lora/checkpoint-1" "${KL[@]}" --batch_size 2
+cmp -s "$TMP/k256lora.end.gguf" "$TMP/kquant_lora.cpu.gguf"
+check "k-quants: LoRA merged, q4_k_m from --resume CHECKPOINT == the end of the run's" $? "$(cmp "$TMP/k256lora.end.gguf" "$TMP/kquant_lora.cpu.gguf" 2>&1)"
+LAUNCH_GRACE=10 dev/launch.sh 2 "$BIN" "${KL[@]}" --batch_size 1 --resume "$TMP/k256lora/checkpoint-1" --gguf_type q4_k_m \
+    --export_gguf "$TMP/k256lora.w2.gguf" >"$TMP/k256lora.w2.log" 2>&1 && cmp -s "$TMP/k256lora.end.gguf" "$TMP/k256lora.w2.gguf"
+check "k-quants: LoRA merged over 2 ranks, the bytes of one process" $? "$(grep -m2 error "$TMP/k256lora.w2.log")"
 
 # QLoRA: the 4-bit base dequantized and the adapter merged in, as GGUF and as the merged folder
 # (--merge_adapter): that folder, exported as it is, gives the bytes of the run's export
