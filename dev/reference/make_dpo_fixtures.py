@@ -18,6 +18,7 @@
 # model. TRL's DPOTrainer and ORPOTrainer then train the same model on the same data with
 # the same optimizer (check_against_trl) and must agree.
 import json
+import math
 import os
 import sys
 
@@ -26,7 +27,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures as mf  # noqa: E402  (its float64 patches come with it)
 import make_chat_fixtures as mcf  # noqa: E402
+import peft  # noqa: E402
 import sentencepiece as spm  # noqa: E402
+import transformers  # noqa: E402
+import trl  # noqa: E402
 
 PREF = f"{mf.FIX}/preference"
 MAX_SEQ_LEN = 32
@@ -150,9 +154,208 @@ def make_tokens():
     return ours
 
 
+# ---------------------------------------------------------------------------
+# the reference: float64 model (make_fixtures.py's), our losses and metrics, torch's AdamW
+
+OUT = f"{mf.FIX}/tiny_gqa/dpo"
+B, GA, STEPS = 2, 2, 4  # pairs per micro-batch, micro-batches per step; step s takes pairs 4s .. 4s+3 (mod 8)
+VOCAB_SAMPLE = 16  # the full case's embedding and head rows stored (mf.vocab_rows)
+# Each case: its objective and loss, beta, LoRA from peft_init or full fine-tuning, lr, warmup
+# and a clip threshold between its steps' gradient norms (clipping on some steps, not all:
+# mf.train checks it). DPO starts with the policy equal to the reference, so its cases use no
+# warmup (step 1 moves the weights); ORPO has no reference and keeps make_fixtures.py's lr 0 first step.
+CASES = {
+    "dpo_sigmoid_lora": dict(objective="dpo", dpo_loss_type="sigmoid", beta=0.1, mode="lora", lr=1e-2,
+                             warmup_steps=0, grad_clip=0.8),
+    "dpo_ipo_lora": dict(objective="dpo", dpo_loss_type="ipo", beta=0.1, mode="lora", lr=1e-2,
+                         warmup_steps=0, grad_clip=17.0),
+    "dpo_hinge_lora": dict(objective="dpo", dpo_loss_type="hinge", beta=0.2, mode="lora", lr=1e-2,
+                           warmup_steps=0, grad_clip=2.0),
+    "dpo_sigmoid_full": dict(objective="dpo", dpo_loss_type="sigmoid", beta=0.1, mode="full", lr=3e-3,
+                             warmup_steps=0, grad_clip=2.0),
+    "orpo_lora": dict(objective="orpo", beta=0.1, mode="lora", lr=1e-2, warmup_steps=1, grad_clip=1.2),
+}
+
+
+def case_hparams(case):
+    """make_fixtures.py's hyper-parameters (the names test_llama2.c's fixture runs read) and the
+    preference options, named as the trainer's options"""
+    hp = mf.hparams(dict(lr=case["lr"], grad_clip=case["grad_clip"]))
+    hp.update(warmup_steps=case["warmup_steps"], max_steps=STEPS, objective=case["objective"], beta=case["beta"],
+              max_seq_len=MAX_SEQ_LEN, batch_size=B, gradient_accumulation_steps=GA, shuffle=0)
+    if case["objective"] == "dpo":
+        hp["dpo_loss_type"] = case["dpo_loss_type"]
+    if case["mode"] == "lora":
+        hp["from_peft_checkpoint"] = f"{OUT}/peft_init"
+        hp["lora"] = {"r": SPEC["lora"]["r"], "alpha": SPEC["lora"]["lora_alpha"],
+                      "targets": SPEC["lora"]["target_modules"]}
+    else:
+        hp["full_finetune"] = True
+    return hp
+
+
+SPEC = mf.MODELS["tiny_gqa"]
+
+
+def sequence_logps(model, ids, n_prompt):
+    """One sequence through the model: (sum of log p(token | before it) over the completion
+    ids[n_prompt:], the completion's length, the sum of -log p over every predicted token
+    ids[1:], their count)"""
+    x = torch.tensor([ids])
+    logits = model(input_ids=x, use_cache=False).logits[0, :-1]
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, x[0, 1:, None])[:, 0]
+    return lp[n_prompt - 1:].sum(), len(ids) - n_prompt, -lp.sum(), len(ids) - 1
+
+
+def pair_logps(model, rec):
+    n = len(rec["prompt_ids"])
+    return sequence_logps(model, rec["chosen_input_ids"], n), sequence_logps(model, rec["rejected_input_ids"], n)
+
+
+def logsigmoid(x):
+    return -torch.nn.functional.softplus(-x)
+
+
+def log1mexp(x):
+    """log(1 - exp(x)) for x < 0: log(-expm1(x)) near 0, log1p(-exp(x)) below -log 2 (Maechler's split)"""
+    return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def dpo_terms(loss_type, beta, pol, ref):
+    """a pair's DPO loss and metrics from its policy's and reference's ((sum logp, n), (sum logp, n))"""
+    (pc, nc), (pr, nr) = pol
+    c, r = pc - ref[0], pr - ref[1]  # the log-ratios to the reference
+    if loss_type == "sigmoid":
+        loss = -logsigmoid(beta * (c - r))
+    elif loss_type == "hinge":
+        loss = torch.relu(1 - beta * (c - r))
+        assert abs(1 - beta * (c - r).item()) > 1e-3, "a hinge pair at the kink"
+    else:  # ipo: the log-ratios averaged over each completion's tokens
+        loss = ((c / nc - r / nr) - 1 / (2 * beta)) ** 2
+    c, r = c.item(), r.item()
+    return loss, {"rewards/chosen": beta * c, "rewards/rejected": beta * r, "rewards/margins": beta * (c - r),
+                  "rewards/accuracies": float(beta * c > beta * r), "logps/chosen": pc.item(), "logps/rejected": pr.item()}
+
+
+def orpo_terms(beta, pol):
+    """a pair's odds-ratio term -beta logsigmoid(log_odds) and metrics, from the log-probabilities
+    averaged over each completion's tokens"""
+    (pc, nc), (pr, nr) = pol
+    pc, pr = pc / nc, pr / nr
+    log_odds = (pc - pr) - (log1mexp(pc) - log1mexp(pr))
+    ratio = logsigmoid(log_odds)
+    pc, pr = pc.item(), pr.item()
+    return -beta * ratio, {"rewards/chosen": beta * pc, "rewards/rejected": beta * pr, "rewards/margins": beta * (pc - pr),
+                           "rewards/accuracies": float(beta * pc > beta * pr), "logps/chosen": pc, "logps/rejected": pr,
+                           "log_odds_ratio": ratio.item(), "log_odds_chosen": log_odds.item()}
+
+
+def step_pairs(s):
+    return [(B * GA * s + j) % len(RECORDS) for j in range(B * GA)]
+
+
+def make_step(model, named, case, recs, ref, expected, out):
+    """mf.train's step_fn for case: the step's loss is the mean over its pairs of the pair losses
+    (DPO), or the mean over its micro-batches of each one's chosen NLL (token-averaged within the
+    micro-batch, as TRL) plus the mean over its pairs of the odds-ratio terms (ORPO); the metrics
+    are means over the step's pairs (nll_loss: over its micro-batches). Step 1's gradients and
+    per-pair log-probabilities go into expected and out["pairs0"]."""
+    name, beta = case["name"], case["beta"]
+
+    def step(s):
+        for _, p in named:
+            p.grad = None
+        pairs = step_pairs(s)
+        total, rows, nlls, pairs0 = 0.0, [], [], []
+        for g in range(GA):
+            loss, nll, nll_n = 0.0, 0.0, 0
+            for i in pairs[g * B:(g + 1) * B]:
+                (cs, cn, cnll, cnll_n), (rs, rn, _, _) = pair_logps(model, recs[i])
+                pol = ((cs, cn), (rs, rn))
+                if case["objective"] == "dpo":
+                    term, m = dpo_terms(case["dpo_loss_type"], beta, pol, ref[i])
+                    pairs0.append({"record": i, "chosen_logps": cs.item(), "rejected_logps": rs.item(),
+                                   "ref_chosen_logps": ref[i][0], "ref_rejected_logps": ref[i][1],
+                                   "chosen_tokens": cn, "rejected_tokens": rn})
+                else:
+                    term, m = orpo_terms(beta, pol)
+                    nll, nll_n = nll + cnll, nll_n + cnll_n
+                    pairs0.append({"record": i, "chosen_logps": m["logps/chosen"], "rejected_logps": m["logps/rejected"],
+                                   "chosen_tokens": cn, "rejected_tokens": rn})
+                loss = loss + term / len(pairs)
+                rows.append(m)
+            if case["objective"] == "orpo":
+                loss = loss + nll / nll_n / GA
+                nlls.append((nll / nll_n).item())
+            loss.backward()
+            total += loss.item()
+        metrics = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+        if nlls:
+            metrics = dict(metrics, nll_loss=sum(nlls) / len(nlls))
+        if s == 0:
+            for k, p in named:
+                assert p.grad is not None and p.grad.abs().max() > 0, k
+                expected[f"{name}.grad.{k}"] = p.grad.clone()
+            out["pairs0"] = pairs0
+        # rewards/accuracies far from a tie (DPO's step 1 is one: the policy is the reference)
+        if case["objective"] == "orpo" or s > 0:
+            assert all(abs(r["rewards/margins"]) / beta > 1e-3 for r in rows), (s, [r["rewards/margins"] for r in rows])
+        return total, metrics
+
+    return step
+
+
+def make_adapter():
+    """the starting LoRA adapter: peft's all-linear r 4 on tiny_gqa, B drawn off zero (so that the
+    reference, base + this adapter, is not the base)"""
+    pm, _ = mf.peft_adapter(f"{mf.FIX}/tiny_gqa", SPEC, SPEC["lora_seed"] + 500)
+    mf.save_adapter(pm, f"{OUT}/peft_init")
+
+
+def load_policy(mode):
+    """the float64 model to train and its trainable tensors (peft keys, or HF names)"""
+    base = mf.load_base(f"{mf.FIX}/tiny_gqa", torch.float64)
+    if mode == "full":
+        named = list(mf.base_state(base).items())
+        for _, p in named:
+            p.requires_grad_(True)
+        return base, named
+    lm = mf.peft_load_trainable(base, f"{OUT}/peft_init").double()
+    return lm, [(n.replace(".default.", "."), p) for n, p in lm.named_parameters() if p.requires_grad]
+
+
+def reference(name, case, recs, expected):
+    """case trained STEPS steps: its JSON entry; its gradients and final tensors into expected"""
+    case = dict(case, name=name)
+    hp = case_hparams(case)
+    model, named = load_policy(case["mode"])
+    model.train()
+    ref = None
+    if case["objective"] == "dpo":  # the reference: the policy as training starts, frozen
+        with torch.no_grad():
+            ref = [tuple(x[0].item() for x in pair_logps(model, r)) for r in recs]
+    out = {"hp": hp}
+    print(f"== {name}")
+    out["steps"] = mf.train(model, named, None, hp, step_fn=make_step(model, named, case, recs, ref, expected, out))
+    for k, p in named:
+        expected[f"{name}.final.{k}"] = p.detach().clone()
+    return {"hp": hp, "steps": out["steps"], "pairs0": out["pairs0"]}
+
+
 def main():
     os.chdir(mf.ROOT)
-    make_tokens()
+    recs = make_tokens()
+    mf.fresh_folder(OUT)
+    make_adapter()
+    expected, cases = {}, {}
+    for name, case in CASES.items():
+        cases[name] = reference(name, case, recs, expected)
+    expected = mf.vocab_rows(expected, [r[k] for r in recs for k in ("chosen_input_ids", "rejected_input_ids")],
+                             SPEC["config"]["vocab_size"], VOCAB_SAMPLE)
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+                "peft": peft.__version__, "trl": trl.__version__, "sentencepiece": spm.__version__}
+    mf.write_expected(OUT, expected, {"versions": versions, "model": "tiny_gqa", "data": f"{PREF}/data.jsonl",
+                                      "cases": cases})
     print("done")
 
 
