@@ -342,14 +342,122 @@ def reference(name, case, recs, expected):
     return {"hp": hp, "steps": out["steps"], "pairs0": out["pairs0"]}
 
 
+# ---------------------------------------------------------------------------
+# the same runs through TRL's trainers
+
+
+def float64_head(hidden, weight, bias, labels, temperature, chunk_size, softcap, logit_scale, outputs):
+    """TRL's fused LM head (kernels.ChunkedLogProbFunction) in float64: it computes the
+    log-softmax in float32 whatever the model's dtype. The same per-token fields, plainly."""
+    assert bias is None and softcap is None and temperature == 1.0 and logit_scale == 1.0
+    logits = hidden @ weight.T
+    lp = torch.log_softmax(logits, dim=-1)
+    p = lp.exp()
+    picked = lp.gather(-1, labels[:, None])[:, 0]
+    with torch.no_grad():
+        return (picked, -(p * lp).sum(-1), torch.log((p * p).sum(-1)), logits.mean(-1),
+                logits.argmax(-1) == labels)
+
+
+def trl_run(case, hp, recs, tok):
+    """case trained by TRL 1.16's DPOTrainer (LoRA: its "ref" adapter copy of peft_init as the
+    reference; full: a second float64 copy as ref_model) or ORPOTrainer, float64, pairs in file
+    order, with our optimizer and schedule objects (transformers' Trainer would otherwise exempt
+    the norms from weight decay): its logged steps and its trained tensors"""
+    import tempfile
+    from datasets import Dataset
+    from transformers import get_cosine_schedule_with_warmup
+    from trl import DPOConfig, DPOTrainer
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+    prompt_len = {r["prompt"]: len(t["prompt_ids"]) for r, t in zip(RECORDS, recs)}
+
+    class CommonPrefixORPO(ORPOTrainer):
+        """TRL's ORPO with the prompt masked as DPO splits it (the shortest common prefix: record 1's
+        rejected sequence counts the prompt's merged last token as its completion's first)"""
+
+        def tokenize_row(self, feature, model=None):
+            row = super().tokenize_row(feature, model)
+            n = prompt_len[feature["prompt"]]
+            for k in ("chosen", "rejected"):
+                row[f"{k}_labels"] = [-100] * n + row[f"{k}_input_ids"][n:]
+            return row
+
+    model, named = load_policy(case["mode"])
+    params = [p for _, p in named]
+    opt = mf.make_optimizer(params, hp)
+    sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=hp["warmup_steps"], num_training_steps=hp["max_steps"])
+    tok.pad_token = tok.eos_token  # (DPOTrainer does it; ORPOTrainer needs it)
+    with tempfile.TemporaryDirectory() as scratch:
+        args = dict(output_dir=scratch, per_device_train_batch_size=B, gradient_accumulation_steps=GA, max_steps=STEPS,
+                    learning_rate=hp["lr"], max_grad_norm=hp["grad_clip"], logging_steps=1, bf16=False, use_cpu=True,
+                    report_to=[], save_strategy="no", train_sampling_strategy="sequential", max_length=MAX_SEQ_LEN,
+                    beta=case["beta"], disable_tqdm=True)
+        data = Dataset.from_list(RECORDS)
+        if case["objective"] == "dpo":
+            ref_model = None if case["mode"] == "lora" else mf.load_base(f"{mf.FIX}/tiny_gqa", torch.float64)
+            trainer = DPOTrainer(model=model, ref_model=ref_model, args=DPOConfig(loss_type=[case["dpo_loss_type"]], **args),
+                                 train_dataset=data, processing_class=tok, optimizers=(opt, sched))
+            if case["mode"] == "lora":
+                assert "ref" in model.peft_config
+        else:
+            trainer = CommonPrefixORPO(model=model, args=ORPOConfig(**args), train_dataset=data, processing_class=tok,
+                                       optimizers=(opt, sched))
+        assert all(p.dtype == torch.float64 for p in model.parameters())
+        # the Trainer logs the loss from a float32 accumulator: keep each micro-batch's own
+        losses, compute_loss = [], trainer.compute_loss
+        trainer.compute_loss = lambda *a, **kw: (lambda x: losses.append(x.item()) or x)(compute_loss(*a, **kw))
+        trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    for s, h in enumerate(logs):
+        h["loss"] = sum(losses[s * GA:(s + 1) * GA]) / GA
+    return logs, named
+
+
+def check_against_trl(name, case, ours, expected, recs, tok, head64):
+    """TRL's run of case against ours: every logged step's loss, lr, gradient norm and metrics,
+    and the trained tensors; prints the largest differences, asserts they are rounding.
+    head64: TRL's fused LM head replaced by float64_head (DPO only; ORPO does not use it)."""
+    import trl.trainer.utils as trl_utils
+    hp = ours["hp"]
+    fused = trl_utils._ChunkedLogProbFunction
+    if head64:
+        trl_utils._ChunkedLogProbFunction = type("Float64Head", (), {"apply": staticmethod(float64_head)})
+    try:
+        logs, named = trl_run(case, hp, recs, tok)
+    finally:
+        trl_utils._ChunkedLogProbFunction = fused
+    assert len(logs) == len(ours["steps"])
+    worst = {}
+    for mine, theirs in zip(ours["steps"], logs):
+        for k, v in mine.items():
+            if k == "step":
+                continue
+            t = theirs["learning_rate" if k == "lr" else k]
+            worst[k] = max(worst.get(k, 0.0), abs(t - v) / max(abs(v), 1e-2))
+    w = max(((p.detach() - expected[f"{name}.final.{k}"]).abs().max() / expected[f"{name}.final.{k}"].abs().max()).item()
+            for k, p in named)
+    # float32 inside TRL: its fused LM head's log-softmax (DPO, unless head64), ORPO's odds ratio
+    # (odds_ratio_loss casts the log-probabilities) and the float32 tensor it averages metrics in
+    tol = 1e-9 if head64 else 1e-4
+    print(f"    TRL{' (float64 head)' if head64 else ''} vs ours, worst over {len(logs)} steps (relative, floor 1e-2): "
+          + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()) + f"; final tensors {w:.1e} of their largest")
+    assert max(worst.values()) < tol and w < tol, (worst, w)
+    return worst, w
+
+
 def main():
     os.chdir(mf.ROOT)
     recs = make_tokens()
     mf.fresh_folder(OUT)
     make_adapter()
     expected, cases = {}, {}
+    tok = mcf.hf_tokenizer(mcf.SP_MODEL, f"{mcf.OUT}/llama2")
     for name, case in CASES.items():
         cases[name] = reference(name, case, recs, expected)
+        check_against_trl(name, case, cases[name], expected, recs, tok, head64=False)
+        if case["objective"] == "dpo":
+            check_against_trl(name, case, cases[name], expected, recs, tok, head64=True)
     expected = mf.vocab_rows(expected, [r[k] for r in recs for k in ("chosen_input_ids", "rejected_input_ids")],
                              SPEC["config"]["vocab_size"], VOCAB_SAMPLE)
     versions = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
