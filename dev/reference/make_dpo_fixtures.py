@@ -158,6 +158,7 @@ def make_tokens():
 # the reference: float64 model (make_fixtures.py's), our losses and metrics, torch's AdamW
 
 OUT = f"{mf.FIX}/tiny_gqa/dpo"
+SPEC = mf.MODELS["tiny_gqa"]
 B, GA, STEPS = 2, 2, 4  # pairs per micro-batch, micro-batches per step; step s takes pairs 4s .. 4s+3 (mod 8)
 VOCAB_SAMPLE = 16  # the full case's embedding and head rows stored (mf.vocab_rows)
 # Each case: its objective and loss, beta, LoRA from peft_init or full fine-tuning, lr, warmup
@@ -192,9 +193,6 @@ def case_hparams(case):
     else:
         hp["full_finetune"] = True
     return hp
-
-
-SPEC = mf.MODELS["tiny_gqa"]
 
 
 def sequence_logps(model, ids, n_prompt):
@@ -443,7 +441,6 @@ def check_against_trl(name, case, ours, expected, recs, tok, head64):
     print(f"    TRL{' (float64 head)' if head64 else ''} vs ours, worst over {len(logs)} steps (relative, floor 1e-2): "
           + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()) + f"; final tensors {w:.1e} of their largest")
     assert max(worst.values()) < tol and w < tol, (worst, w)
-    return worst, w
 
 
 def main():
