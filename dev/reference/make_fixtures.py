@@ -445,8 +445,10 @@ def peft_fixtures(mode, specs, make_adapter, rename=lambda k: k, finish=None):
 
 
 def write_expected(folder, expected, out):
-    """a reference's tensors (float32) and its JSON into folder/expected.safetensors and .json"""
-    save_file({k: v.detach().to(torch.float32).contiguous() for k, v in sorted(expected.items())},
+    """a reference's tensors (float32; I32 ones, vocab_index, as they are) and its JSON into
+    folder/expected.safetensors and .json"""
+    save_file({k: v.detach().to(torch.int32 if v.dtype == torch.int32 else torch.float32).contiguous()
+               for k, v in sorted(expected.items())},
               folder + "/expected.safetensors")
     with open(folder + "/expected.json", "w") as f:
         json.dump(out, f, indent=1)
@@ -520,21 +522,26 @@ def make_optimizer(params, hp):
                              weight_decay=hp["weight_decay"])
 
 
-def train(model, named_params, rows, hp, on_microbatch=None):
-    """hp's optimizer steps; on_microbatch(step, g), if given, runs before each micro-batch."""
+def train(model, named_params, rows, hp, on_microbatch=None, step_fn=None):
+    """hp's optimizer steps; on_microbatch(step, g), if given, runs before each micro-batch.
+    step_fn(s), if given, replaces the SFT step s (make_dpo_fixtures.py): it sets the gradients
+    of the step's loss and returns the loss and the step's metrics (a dict, recorded with it)."""
     params = [p for _, p in named_params]
     opt = make_optimizer(params, hp)
     sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=hp["warmup_steps"],
                                             num_training_steps=hp["max_steps"])
     steps = []
     for s in range(hp["max_steps"]):
-        hook = (lambda g, s=s: on_microbatch(s, g)) if on_microbatch else None
-        loss = step_grads(model, params, step_microbatches(rows, s), hook)
+        if step_fn:
+            loss, metrics = step_fn(s)
+        else:
+            hook = (lambda g, s=s: on_microbatch(s, g)) if on_microbatch else None
+            loss, metrics = step_grads(model, params, step_microbatches(rows, s), hook), {}
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm=hp["grad_clip"]).item()
         lr = float(opt.param_groups[0]["lr"])  # (torchao's optimizers keep it as a tensor, changed in place)
         opt.step()
         sched.step()
-        steps.append({"step": s + 1, "loss": loss, "lr": lr, "grad_norm": norm})
+        steps.append({"step": s + 1, "loss": loss, "lr": lr, "grad_norm": norm, **metrics})
         # keep every norm clearly on one side of the clip threshold (robust for float32 comparisons)
         assert abs(norm - hp["grad_clip"]) > 0.005 * hp["grad_clip"], (s + 1, norm)
         print(f"    step {s + 1:2d} loss {loss:.10f} lr {lr:.6e} grad_norm {norm:.6f}"
