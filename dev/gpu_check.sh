@@ -71,7 +71,7 @@ step "test_llama2cu --big_logits" 240 test/test_llama2cu --big_logits 35200
 # several ranks on this one GPU (--collectives host): test_llama2cu_sharded.sh with the real binary in
 # the emulated one's place, every strategy, LoRA, full fine-tuning, QLoRA and DoRA against one process
 # and the CPU trainer (which it needs built, with st_compare)
-step "build the CPU trainer" 120 make -j"$(nproc)" train_llama2 test/st_compare
+step "build the CPU trainer" 120 make -j"$(nproc)" train_llama2 test/st_compare test/test_gguf
 step "sharded on one GPU" 400 env EMU_BIN=./train_llama2cu test/test_llama2cu_sharded.sh
 # --cpu_offload 1 == without it, bit for bit, on the GPU (the host step against the kernels,
 # the unit gradients' trips to the host; the step overlapped with the backward where unclipped,
@@ -81,6 +81,9 @@ step "cpu offload" 240 env EMU_BIN=./train_llama2cu test/test_offload.sh
 # --context_parallel 2 and 3 (and 2 x 2) with ranks sharing the GPU: == one process and the CPU
 # trainer, sampling, the refusals
 step "context parallel on one GPU" 180 env EMU_BIN=./train_llama2cu test/test_llama2cu_context.sh
+# --export_gguf from the device's weights (read back a staging buffer of rows at a time): the same
+# bytes as the CPU trainer's, every --gguf_type the test exports (the k-quants too), the vocabularies
+step "GGUF export on the GPU" 120 env EMU_BIN=./train_llama2cu test/test_gguf.sh
 # the built-in default (a small generated model and data, LoRA), 50 steps: it trains and samples
 step "train_llama2cu default" 300 ./train_llama2cu --max_steps 50 --output_dir out/gpu_check \
     --metrics_file out/gpu_check/metrics.jsonl
