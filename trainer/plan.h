@@ -212,7 +212,7 @@ static int check_host_plan_first(TrainConfig *tc, Trainer *r, int T, double avai
     Model *m = &r->m;
     const Dataset *val = has_validation(tc) ? &r->val_ds : NULL;
     if (model_load_host(m, &r->fsdp, &dry, tc->resume[0] ? r->resume_dir : NULL) != 0) return -1;
-    model_plan(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
+    model_plan(m, preference(tc) ? 2 * B : B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     double host;
     memory_plan(m, &r->train_ds, val, (long)GA * B, 0, &host);
     if (!host_plan_fits(tc, host, available)) memory_plan(m, &r->train_ds, val, (long)GA * B, 1, NULL);
