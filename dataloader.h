@@ -940,6 +940,8 @@ static DataStore *cache_open(const char *path, const CacheHeader *want, char *wh
     else if (h.tokenizer_hash != want->tokenizer_hash) bad = "the tokenizer (or its configuration) changed";
     else if (h.data_size != want->data_size || h.data_mtime_ns != want->data_mtime_ns || h.data_hash != want->data_hash)
         bad = "the data file changed";
+    else if (h.format < FORMAT_TEXT || h.format > FORMAT_PREFERENCE || (h.requested_format != FORMAT_AUTO && h.format != h.requested_format))
+        bad = "bad format"; // (a forged header's: the rows are read as the format says)
     else if (h.file_size != (uint64_t)st.st_size) bad = "truncated or wrong size";
     else if (h.index_offset < sizeof h || h.index_offset % 8 || h.index_offset > h.file_size || h.n_samples > (h.file_size - h.index_offset) / sizeof(CacheSample) ||
              h.skips_offset != h.index_offset + h.n_samples * sizeof(CacheSample) ||

@@ -41,7 +41,7 @@ static int preference_metrics_tb(TbWriter *tb, int step, const double *pm, int n
 // the validation loss (SFT: the mean cross-entropy, and its perplexity; preference tuning: the
 // pairs' loss and metrics, trainer/preference.h) on stdout, into the metrics file and TensorBoard
 static void report_eval(const TrainConfig *tc, Model *m, const Dataset *ds, int B, int pad_id, int step, FILE *metrics, TbWriter *tb) {
-    double pm[PM_N], vl;
+    double pm[PM_N] = {0}, vl; // (set only where the backend runs preference tuning)
     int pairs = preference(tc), n = preference_metric_count(tc);
 #ifdef BACKEND_PREFERENCE
     if (pairs) vl = preference_evaluate(m, tc, ds, B, pad_id, pm);
