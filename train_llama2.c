@@ -310,6 +310,7 @@ typedef struct {
     int reference;
     float *ref_params;        // the trainable weights as training started (LoRA's parameters, the model's,
                               // or this rank's shards of it); model_reference_swap trades them with the trained
+    int ref_taken;            // ref_params holds them (the first model_reference_swap copies them)
 } Model;
 
 // the context-parallel group while a micro-batch runs this rank's pieces of the rows (m->rows.P > 1:
@@ -1078,14 +1079,12 @@ static size_t model_gemm_scratch(const Model *m) {
     return pack;
 }
 
-// Preference tuning's reference (m->reference): a copy of the trainable weights as they are at
-// model_alloc, the start of training. Where they are (LoRA's parameters, the model's, or this
-// rank's shards of it) and how many
+// Preference tuning's reference (m->reference): a copy of the trainable weights as training
+// starts. Where they are (LoRA's parameters, the model's, or this rank's shards of it) and how many
 static float **model_reference_place(Model *m) {
     HostModel *h = &m->host;
     return h->use_lora ? &h->lora.params : m->sharded ? &h->shards : &h->params;
 }
-static float *model_reference_weights(Model *m) { return *model_reference_place(m); }
 static size_t model_reference_numel(const Model *m) {
     const HostModel *h = &m->host;
     if (!m->reference) return 0;
@@ -1093,9 +1092,12 @@ static size_t model_reference_numel(const Model *m) {
 }
 // trades the reference's weights with the trained ones where the forward reads them: called
 // before the reference's forward and again after it; the gathered units and the packed head
-// then hold neither
+// then hold neither. The first call takes the copy: it comes before the first optimizer step,
+// after the policy's first forward (which sets a fresh DoRA adapter's magnitudes, as peft sets
+// them when it adds the adapter)
 static void model_reference_swap(Model *m) {
     float **at = model_reference_place(m), *t = *at;
+    if (!m->ref_taken) memcpy(m->ref_params, t, model_reference_numel(m) * sizeof(float)), m->ref_taken = 1;
     *at = m->ref_params, m->ref_params = t;
     if (m->slot_unit) units_reshard(m);
     m->a.head_packed_ok = 0;
@@ -1143,7 +1145,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     m->alloc[2] = aligned_alloc(64, (lay[2].bytes + 63) / 64 * 64);
     if (!m->alloc[2]) die("out of memory for the activations (%zu bytes)", lay[2].bytes);
     m->alloc[3] = mallocCheck(lay[3].bytes);
-    if (ref) m->ref_params = (float *)mallocCheck(ref * sizeof(float)), memcpy(m->ref_params, model_reference_weights(m), ref * sizeof(float));
+    if (ref) m->ref_params = (float *)mallocCheck(ref * sizeof(float));
     for (int i = 0; i < 4; i++) lay[i] = host_layout(m->alloc[i]);
     model_layout(m, &lay[0], &lay[1], &lay[2], &lay[3]);
     a->head_packed_ok = 0;

@@ -124,12 +124,13 @@
 //       double *target_losses; set by the trainer around a model_forward: (B, T) host
 //                              memory that receives each target's cross-entropy (the
 //                              positions without one are left as they are; NULL: none)
-//       int reference;         set by the trainer before model_alloc (DPO): model_alloc
-//                              keeps a copy of the trainable weights as they are then,
-//                              the reference model (counted in param_bytes)
+//       int reference;         set by the trainer before model_alloc (DPO): room for a copy
+//                              of the trainable weights, the reference model (counted in
+//                              param_bytes)
 //       void model_reference_swap(Model *m);
 //           trades the reference's weights with the trained ones where the forward
-//           reads them (before the reference's model_forward, and again after it)
+//           reads them (before the reference's model_forward, and again after it); the
+//           first call, before the first optimizer step, copies the weights as they are
 //   float *model_next_logits(Model *m, const int *seq, const Chunk *ch);
 //       runs positions ch->t0 .. ch->t0 + ch->len - 1 of one sequence (ch->B = 1,
 //       ch->T = m->T, or with context parallelism, whose carries hold m->B m->T / P

@@ -5,6 +5,8 @@
 #     full fine-tuning DPO (the reference: this rank's shards, copied at the start), against one
 #     process with the same pairs per micro-batch: the trajectory within TRAJ_TOL, the weights
 #     within WEIGHT_TOL (test_sharded.sh's bounds: the ranks' sums meet in another order);
+#   - every adapter (DoRA, IA3, prefix, llama_adapter, QLoRA, --trainable_params) and full
+#     fine-tuning with frozen layers: step 1's policy is its reference (loss log 2, margin 0);
 #   - evaluation (--val_data): before any step DPO's policy is its reference, so the validation
 #     loss is log 2 and every reward 0; ORPO's eval/ metrics are there; TensorBoard's tags;
 #   - ORPO (no reference) resumes from a checkpoint to the uninterrupted run's bits;
@@ -35,6 +37,18 @@ for mode in lora full; do
     check "$mode: 2 ranks' losses and gradient norms are one process's (worst $d, tol $TRAJ_TOL)" $? "worst $d"
     out=$("$compare" "$TMP/two_$mode/$file" "$TMP/one_$mode/$file" $WEIGHT_TOL)
     check "$mode: 2 ranks' weights are one process's ($out)" $? "$out"
+done
+
+# every adapter (and frozen layers): at step 1 the policy is its reference, so the loss is log 2
+# and the margin 0 exactly; step 2 moves them (the reference copy stays the start)
+for method in "--use_dora --lora_dropout 0" "--peft_method ia3" "--peft_method prefix --num_virtual_tokens 4" \
+    "--peft_method llama_adapter --adapter_len 3 --adapter_layers 1" "--quantize nf4 --lora_dropout 0" \
+    "--trainable_params embed,norm --lora_dropout 0" "--full_finetune --freeze_layers 1"; do
+    # shellcheck disable=SC2086 # (the method's options, split)
+    run "$TMP/method" 2 --objective dpo --batch_size 2 $method
+    [ $? -eq 0 ] && sed -n 1p "$TMP/method.jsonl" | grep -q '"loss": 0.693147181, .*"rewards/margins": 0,' &&
+        sed -n 2p "$TMP/method.jsonl" | grep -qv '"rewards/margins": 0,'
+    check "$method: step 1's loss is log 2 and its margin 0, step 2's is not" $? "$(head -2 "$TMP/method.jsonl"; tail -2 "$TMP/method.log")"
 done
 
 # evaluation: DPO's start is its reference
