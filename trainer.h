@@ -420,9 +420,6 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T, double available) {
     if (failed_anywhere(r, failed)) return 1;
     if (!tc->batch_size && (batch_auto(tc, m, f, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, *T) != 0 ||
                             batch_derive(tc, fsdp_data_size(f), f->world.rank == 0) != 0)) return 1;
-#ifdef BACKEND_PREFERENCE
-    m->reference = !strcmp(tc->objective, "dpo");
-#endif
     model_alloc(m, batch_rows(tc), *T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     print_config(tc);
     if (W > 1)

@@ -9,6 +9,7 @@
 #     fine-tuning with frozen layers: step 1's policy is its reference (loss log 2, margin 0);
 #   - evaluation (--val_data): before any step DPO's policy is its reference, so the validation
 #     loss is log 2 and every reward 0; ORPO's eval/ metrics are there; TensorBoard's tags;
+#   - the memory plan counts DPO's reference (Llama-2-7B full fine-tuning, a dry run);
 #   - ORPO (no reference) resumes from a checkpoint to the uninterrupted run's bits;
 #   - hostile data and options: SFT on pairs, DPO on SFT data, a plain record among pairs, a
 #     missing key, DPO with --resume, the emulated CUDA trainer: a clear error, nothing written.
@@ -68,6 +69,14 @@ check "ORPO resumes" $? "$(tail -2 "$TMP/orpo_resumed.log")"
 cmp -s "$TMP/orpo/adapter_model.safetensors" "$TMP/orpo_resumed/adapter_model.safetensors" &&
     [ "$(trajectory_diff "$TMP/orpo_resumed.jsonl" "$TMP/orpo.jsonl" 3)" = 0 ]
 check "ORPO: resumed from step 2, the uninterrupted run's steps 3-4 and adapter, bit for bit" $? "$(diff <(trajectory "$TMP/orpo.jsonl") <(trajectory "$TMP/orpo_resumed.jsonl") | head -4)"
+
+# the memory plan counts DPO's reference: Llama-2-7B full fine-tuning plans its 25705.0 MiB of fp32
+# weights once more than SFT (a dry run, nothing of the model's size allocated)
+plan() { "$BIN" --model $FIX/configs/llama-2-7b --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --dry_run --max_seq_len 64 \
+    --batch_size 1 --full_finetune --output_dir "$TMP/plan" "$@" 2>&1 | sed -n 's/^  trainable weights, grads, AdamW *\([0-9.]*\) MiB/\1/p'; }
+sft=$(plan --data $FIX/data.jsonl) dpo=$(plan --data "$DATA" --objective dpo)
+awk -v a="$sft" -v b="$dpo" 'BEGIN { d = b - a - 25705.0; exit !(a > 0 && d < 0.15 && d > -0.15) }' # (each printed to 0.1 MiB)
+check "the plan counts DPO's reference: 7B full fine-tuning $dpo MiB, SFT $sft MiB (+ 25705.0)" $? "SFT '$sft', DPO '$dpo'"
 
 # refusals and hostile data: the message, and nothing written
 refused() { # refused NAME PATTERN ARGS...: exit 2 or 1 with PATTERN on stderr, no output folder filled

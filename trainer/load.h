@@ -159,6 +159,9 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     m->pure_bf16 = tc->pure_bf16;
     m->s2_attn = tc->s2_attn;
     m->optimizer = tc->optim;
+#ifdef BACKEND_PREFERENCE
+    m->reference = !strcmp(tc->objective, "dpo"); // (its copy counts in the plans)
+#endif
     return 0;
 }
 static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, const char *resume_dir) {
