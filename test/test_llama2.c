@@ -954,10 +954,11 @@ static void test_grad_scaler(void) {
 // with recompute, activation checkpointing and 3 output pieces, with its loss and TRL's
 // metrics; then the 4 steps through the training loop: each step's loss, lr and gradient
 // norm (check_steps), TRL's metrics, and the trained tensors. Tolerances, fp32 against
-// float64 (measured worst in dev/reference/README.md's DPO section): losses and metrics 1e-5
+// float64 (the measured worst errors are in docs/preference.md): losses and metrics 1e-5
 // relative (a floor of 1e-3 for the ones near 0; DPO's rewards against beta |logps|, see
-// dpo_check_metrics: step 1's are 0 exactly, the policy being the reference); gradients 1e-4 of the tensor's largest element; final weights 1e-4
-// of the tensor's scale, as test_model's.
+// dpo_check_metrics: step 1's are 0 exactly, the policy being the reference); gradients
+// 1e-4 of the tensor's largest element; final weights 1e-4 of the tensor's scale, as
+// test_model's. Measured worst: losses 1.8e-6, gradients 2.0e-6, final weights 9.6e-6.
 static const char *const dpo_metrics[] = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
                                           "logps/chosen", "logps/rejected", "nll_loss", "log_odds_ratio", "log_odds_chosen"};
 

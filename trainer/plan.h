@@ -235,11 +235,12 @@ static double print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
     snprintf(frozen, sizeof frozen, "all weights but the embedding%s and the first %d layer(s)", c->tied ? " (the head too: tied)" : "",
              m->host.frozen_units - 1);
     static const char *saved[4] = {"", " with the embedding", " with the norms", " with the embedding and the norms"};
-    printf("training %s%s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
+    const char *rows = preference(tc) ? "pairs" : "rows"; // (a pair is two rows)
+    printf("training %s%s: %zu trainable parameters%s, %ld %s, %d steps of %d x %d x %d %s (micro-batches x ranks x %s), T <= %d\n",
            !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.adapter_len ? "llama_adapter" : m->host.lora.prefix ? "a prefix" : m->host.lora.ia3 ? "IA3" : m->host.lora.use_dora ? "DoRA" : "LoRA",
            saved[m->host.lora.saved & 3], r->opt.n,
            host_sharded(&m->host) && !m->host.use_lora ? " (this rank's shard)" : "",
-           r->train_ds.n_rows, total, tc->grad_accum, fsdp_data_size(&r->fsdp), tc->batch_size, T);
+           r->train_ds.n_rows, rows, total, tc->grad_accum, fsdp_data_size(&r->fsdp), tc->batch_size, rows, rows, T);
     double host;
     memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, (long)tc->grad_accum * tc->batch_size, 1, &host);
     return host;
