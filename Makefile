@@ -79,7 +79,7 @@ TEST_ENV = ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:$${ASAN_OPTIONS:-} \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:$${UBSAN_OPTIONS:-}
 endif
 
-HEADERS = support/utils.h support/vec.h support/matmul.h chunk.h attention.h peft/ia3.h peft/adaption_prompt.h peft/prefix.h support/optimizer.h support/optimizer_cpu.h support/optimizer_qmap.h support/json.h support/safetensors.h support/weights.h support/gguf.h support/kquants.h support/gguf_vocab.h tokenizer.h lora.h peft/quant.h model.h support/export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h trainer/options.h trainer/load.h trainer/plan.h trainer/schedule.h trainer/checkpoint.h trainer/sample.h trainer/report.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h support/profile.h
+HEADERS = support/utils.h support/vec.h support/matmul.h chunk.h attention.h peft/ia3.h peft/adaption_prompt.h peft/prefix.h support/optimizer.h support/optimizer_cpu.h support/optimizer_qmap.h support/json.h support/safetensors.h support/weights.h support/gguf.h support/kquants.h support/gguf_vocab.h tokenizer.h lora.h peft/quant.h model.h support/export_gguf.h dataloader.h support/checkpoint.h support/default_model.h trainer.h trainer/options.h trainer/load.h trainer/plan.h trainer/schedule.h trainer/checkpoint.h trainer/sample.h trainer/preference.h trainer/report.h support/progress.h fsdp.h support/tcp.h support/torch_zip.h support/tensorboard.h support/profile.h
 TESTS = test/test_json test/test_safetensors test/test_tensorboard test/test_profile test/test_torch_zip test/test_tokenizer test/test_config test/test_llama2 test/test_attention test/test_chunked test/test_trainer test/test_dataloader test/test_progress test/test_default test/test_fuzz_replay test/test_quant \
     test/test_gguf test/test_optim test/test_emu_nccl
 
@@ -329,7 +329,7 @@ test: $(if $(B),,$(EMU)/test/test_llama2cu) $(B)train_llama2 $(addprefix $(B),$(
 	    EMU_TRAINER= EMU_BIN= $(TEST_ENV) test/run.sh $(if $(B),,"test/test_emu_cuda.sh --quick") $(B)test/test_llama2 \
 	    $(B)test/test_attention "test/test_sharded.sh --quick" test/test_context_parallel.sh test/test_resume.sh "$(B)test/test_chunked lora" \
 	    $(addprefix $(B),$(filter-out test/test_llama2 test/test_attention test/test_chunked,$(QUICK_TESTS))) \
-	    test/test_cli.sh test/test_gguf.sh test/test_checkpoints.sh test/test_docs.sh
+	    test/test_cli.sh test/test_preference.sh test/test_gguf.sh test/test_checkpoints.sh test/test_docs.sh
 # make test-all: every test. The programs are listed longest build first, so that no long build
 # starts last while the other core waits: the emulated trainer alone takes 3 minutes.
 NVCC_FOUND := $(shell command -v $(NVCC) 2>/dev/null)
@@ -339,7 +339,7 @@ test-all: $(if $(B),,train_llama2cu_emu $(EMU)/test/test_llama2cu $(if $(NVCC_FO
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} RUN_JOBS=$(RUN_JOBS) BIN=./$(B)train_llama2 EMU_TRAINER=$(if $(B),,./train_llama2cu_emu) $(TEST_ENV) test/run.sh \
 	    test/test_sharded.sh test/test_context_parallel.sh $(if $(B),,test/test_emu_cuda.sh test/test_llama2cu_sharded.sh test/test_llama2cu_context.sh test/test_offload.sh) $(RUN_TESTS) \
-	    test/test_fsdp.sh test/test_batch.sh test/test_cli.sh test/test_gguf.sh test/test_checkpoints.sh test/test_tensorboard.sh test/test_profile.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh test/test_docs.sh \
+	    test/test_fsdp.sh test/test_batch.sh test/test_cli.sh test/test_preference.sh test/test_gguf.sh test/test_checkpoints.sh test/test_tensorboard.sh test/test_profile.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh test/test_docs.sh \
 	    $(if $(B),,dev/cuda/compile_check.sh $(if $(NVCC_FOUND),build-arch/test/test_optim) test/test_llama2cu.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas \
 	    $(EMU)/test/test_emu_runtime $(EMU)-tsan/test/test_emu_runtime test/test_emu_checkers.sh)
 

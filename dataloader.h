@@ -10,7 +10,9 @@
 //                    be missing, null or "" (then the prompt without input is used)
 //   samsum           {"dialogue", "summary"}        llama-recipes' SAMSum prompt
 //   chat             {"messages": [{"role", "content"}, ...]}  Llama-2 chat format
-// Auto-detection checks, in this order: "messages" -> chat, "instruction" ->
+//   preference       {"prompt", "chosen", "rejected"}  a pair for preference tuning: two rows
+//                    (pair_parts and dataset_fill_pairs below; TRL's tokenization)
+// Auto-detection checks, in this order: "chosen" and "rejected" -> preference, "messages" -> chat, "instruction" ->
 // alpaca, "dialogue" -> samsum, "prompt" -> prompt_response, "text" -> text.
 // Other keys (e.g. SAMSum's "id") are ignored. The templates are in one place
 // below ("Templates").
@@ -227,11 +229,11 @@ static int tokenizer_configure(Tokenizer *tok, const char *model_dir, const char
 // ----------------------------------------------------------------------------
 // options and the dataset
 
-typedef enum { FORMAT_AUTO, FORMAT_TEXT, FORMAT_PROMPT_RESPONSE, FORMAT_ALPACA, FORMAT_SAMSUM, FORMAT_CHAT } DataFormat;
-static const char *const data_format_names[] = {"auto", "text", "prompt_response", "alpaca", "samsum", "chat"};
+typedef enum { FORMAT_AUTO, FORMAT_TEXT, FORMAT_PROMPT_RESPONSE, FORMAT_ALPACA, FORMAT_SAMSUM, FORMAT_CHAT, FORMAT_PREFERENCE } DataFormat;
+static const char *const data_format_names[] = {"auto", "text", "prompt_response", "alpaca", "samsum", "chat", "preference"};
 
 typedef struct {
-    const char *format;      // "auto" (default, also for NULL or ""), "text", "prompt_response", "alpaca", "samsum", "chat"
+    const char *format;      // "auto" (default, also for NULL or ""), "text", "prompt_response", "alpaca", "samsum", "chat", "preference"
     int train_on_prompt;     // 0 (default): prompt tokens carry no loss
     int packing;             // 1: --batching packing, 0: --batching padding (default)
     int max_seq_len;
@@ -246,9 +248,9 @@ typedef struct {
 // how many skipped samples a report lists by line
 #define DATA_SKIP_LIST 5
 
-enum { SKIP_NONE, SKIP_EMPTY_RESPONSE, SKIP_EMPTY_TEXT, SKIP_NO_PAIR, SKIP_TRUNCATED };
+enum { SKIP_NONE, SKIP_EMPTY_RESPONSE, SKIP_EMPTY_TEXT, SKIP_NO_PAIR, SKIP_TRUNCATED, SKIP_SAME_RESPONSES };
 static const char *const skip_reason_names[] = {"", "empty response", "empty text", "no user/assistant pair",
-                                                "no response token within max_seq_len"};
+                                                "no response token within max_seq_len", "chosen and rejected are the same"};
 
 enum { CACHE_NONE, CACHE_BUILT, CACHE_REUSED, CACHE_REBUILT };  // Dataset.cache_status
 
@@ -353,8 +355,9 @@ static char *data_fill(const char *tpl, int n, const char *const *names, const S
 // ----------------------------------------------------------------------------
 // records: a sample as text segments, before tokenization
 
-// BOS + prompt (no loss) | response + EOS | BOS + text + EOS | a chat's turns (their text as the record has it)
-enum { SEG_PROMPT, SEG_RESPONSE, SEG_TEXT, SEG_SYSTEM, SEG_USER, SEG_ASSISTANT };
+// BOS + prompt (no loss) | response + EOS | BOS + text + EOS | a chat's turns (their text as the record has it) |
+// a preference pair's prompt + chosen and prompt + rejected (after its SEG_PROMPT)
+enum { SEG_PROMPT, SEG_RESPONSE, SEG_TEXT, SEG_SYSTEM, SEG_USER, SEG_ASSISTANT, SEG_CHOSEN, SEG_REJECTED };
 typedef struct { char *text; size_t len; int kind; } Segment;
 
 typedef struct {
@@ -412,6 +415,7 @@ static int data_field(const JsonValue *obj, const char *key, int optional, Str *
 }
 
 static int data_detect_format(const JsonValue *v) {
+    if (json_get(v, "chosen") && json_get(v, "rejected")) return FORMAT_PREFERENCE;
     if (json_get(v, "messages")) return FORMAT_CHAT;
     if (json_get(v, "instruction")) return FORMAT_ALPACA;
     if (json_get(v, "dialogue")) return FORMAT_SAMSUM;
@@ -454,6 +458,26 @@ static int data_chat(const JsonValue *rec, Pending *p, char *err, size_t errn) {
     return 0;
 }
 
+// preference: the prompt, then the prompt followed by each response (TRL tokenizes them
+// joined); the same two responses teach nothing: a skip
+static int data_preference(const JsonValue *rec, Pending *p, char *err, size_t errn) {
+    Str prompt, chosen, rejected;
+    if (data_field(rec, "prompt", 0, &prompt, err, errn) || data_field(rec, "chosen", 0, &chosen, err, errn) ||
+        data_field(rec, "rejected", 0, &rejected, err, errn))
+        return -1;
+    if (chosen.n == rejected.n && memcmp(chosen.s, rejected.s, chosen.n) == 0) { p->skip = SKIP_SAME_RESPONSES; return 0; }
+    pending_copy(p, SEG_PROMPT, prompt);
+    for (int k = 0; k < 2; k++) {
+        Str r = k ? rejected : chosen;
+        char *text = (char *)mallocCheck(prompt.n + r.n + 1);
+        memcpy(text, prompt.s, prompt.n);
+        memcpy(text + prompt.n, r.s, r.n);
+        text[prompt.n + r.n] = 0;
+        pending_add(p, k ? SEG_REJECTED : SEG_CHOSEN, text, prompt.n + r.n);
+    }
+    return 0;
+}
+
 // a parsed record to segments: 0 ok (p->skip may be set), -1 with err set
 static int data_record(const JsonValue *rec, int format, Pending *p, char *err, size_t errn) {
     if (rec->type != JSON_OBJECT) {
@@ -490,6 +514,7 @@ static int data_record(const JsonValue *rec, int format, Pending *p, char *err, 
         return 0;
     }
     case FORMAT_CHAT: return data_chat(rec, p, err, errn);
+    case FORMAT_PREFERENCE: return data_preference(rec, p, err, errn);
     }
     snprintf(err, errn, "unknown format %d", format);
     return -1;
@@ -577,6 +602,36 @@ static void pending_tokenize_chat(Pending *p, const Tokenizer *tok, size_t *cap)
     }
 }
 
+// A preference pair as TRL's DPOTrainer tokenizes it: prompt_ids = BOS + encode(prompt), each
+// sequence BOS + encode(prompt + response) + EOS; the prompt is the shortest common prefix of
+// prompt_ids with the two sequences (tokens may merge across the prompt's end), the completions
+// what follows it. Stored once: the prompt (label 0), the chosen completion (label 1), the
+// rejected one (label 2).
+static void pending_tokenize_pair(Pending *p, const Tokenizer *tok, size_t *cap) {
+    int n[3], *ids[3];
+    for (int s = 0; s < 3; s++) {
+        int k, *e = tokenizer_encode(tok, p->seg[s].text, p->seg[s].len, 0, 0, &k);
+        if (!e) die("out of memory while tokenizing record %llu", (unsigned long long)p->record);
+        ids[s] = (int *)mallocCheck(((size_t)k + 2) * sizeof(int));
+        n[s] = 0;
+        if (tok->bos_id >= 0) ids[s][n[s]++] = tok->bos_id;
+        memcpy(ids[s] + n[s], e, (size_t)k * sizeof(int));
+        n[s] += k;
+        if (s > 0 && tok->eos_id >= 0) ids[s][n[s]++] = tok->eos_id;
+        free(e);
+    }
+    int P = n[0];
+    for (int s = 1; s < 3; s++) {
+        int c = 0;
+        while (c < n[0] && c < n[s] && ids[0][c] == ids[s][c]) c++;
+        P = c < P ? c : P;
+    }
+    pending_push(p, cap, ids[1], P, 0);
+    for (int s = 1; s < 3; s++) pending_push(p, cap, ids[s] + P, n[s] - P, s);
+    if (n[1] == P || n[2] == P) p->skip = SKIP_EMPTY_RESPONSE; // (a tokenizer without EOS, an empty response)
+    for (int s = 0; s < 3; s++) free(ids[s]);
+}
+
 // the segments to tokens and labels; sets p->skip when there is nothing to learn
 static void pending_tokenize(Pending *p, const Tokenizer *tok) {
     if (p->skip) return;
@@ -584,6 +639,7 @@ static void pending_tokenize(Pending *p, const Tokenizer *tok) {
     p->ids = (int32_t *)mallocCheck(cap * sizeof(int32_t));
     p->label = (uint8_t *)mallocCheck(cap);
     p->n = 0;
+    if (p->n_seg == 3 && p->seg[1].kind == SEG_CHOSEN) { pending_tokenize_pair(p, tok, &cap); return; }
     if (p->n_seg > 0 && p->seg[0].kind >= SEG_SYSTEM) { pending_tokenize_chat(p, tok, &cap); return; }
     for (int s = 0; s < p->n_seg; s++) {
         const Segment *g = &p->seg[s];
@@ -884,6 +940,8 @@ static DataStore *cache_open(const char *path, const CacheHeader *want, char *wh
     else if (h.tokenizer_hash != want->tokenizer_hash) bad = "the tokenizer (or its configuration) changed";
     else if (h.data_size != want->data_size || h.data_mtime_ns != want->data_mtime_ns || h.data_hash != want->data_hash)
         bad = "the data file changed";
+    else if (h.format < FORMAT_TEXT || h.format > FORMAT_PREFERENCE || (h.requested_format != FORMAT_AUTO && h.format != h.requested_format))
+        bad = "bad format"; // (a forged header's: the rows are read as the format says)
     else if (h.file_size != (uint64_t)st.st_size) bad = "truncated or wrong size";
     else if (h.index_offset < sizeof h || h.index_offset % 8 || h.index_offset > h.file_size || h.n_samples > (h.file_size - h.index_offset) / sizeof(CacheSample) ||
              h.skips_offset != h.index_offset + h.n_samples * sizeof(CacheSample) ||
@@ -916,8 +974,8 @@ static DataStore *cache_open(const char *path, const CacheHeader *want, char *wh
             break;
         }
         const uint8_t *lab = store_labels(s, (long)i);
-        uint32_t labels = 0, flags_ok = 1;
-        for (uint32_t t = 0; t < e->n_tokens; t++) { labels += lab[t]; flags_ok &= lab[t] <= 1; }
+        uint32_t labels = 0, flags_ok = 1, most = h.format == FORMAT_PREFERENCE ? 2 : 1; // (a pair's: 0 prompt, 1 chosen, 2 rejected)
+        for (uint32_t t = 0; t < e->n_tokens; t++) { labels += lab[t] != 0; flags_ok &= lab[t] <= most; }
         if (!flags_ok || labels != e->n_labels) bad = "bad label flags";
         at += cache_blob_size(e->n_tokens);
         tokens += e->n_tokens;
@@ -925,7 +983,7 @@ static DataStore *cache_open(const char *path, const CacheHeader *want, char *wh
     if (!bad && (at != h.index_offset || tokens != h.n_tokens)) bad = "bad index";
     for (uint64_t i = 0; !bad && i < h.n_skips; i++) { // in record order, with a reason a record can have
         const CacheSkip *k = &s->skips[i];
-        if (k->reason < SKIP_EMPTY_RESPONSE || k->reason > SKIP_NO_PAIR || k->record >= h.n_records || (i > 0 && k->record <= s->skips[i - 1].record))
+        if (k->reason < SKIP_EMPTY_RESPONSE || k->reason > SKIP_SAME_RESPONSES || k->reason == SKIP_TRUNCATED || k->record >= h.n_records || (i > 0 && k->record <= s->skips[i - 1].record))
             bad = "bad skip list";
     }
     if (bad) { snprintf(why, whyn, "%s", bad); store_release(s); return NULL; }
@@ -1019,7 +1077,7 @@ static void cw_add(CacheWriter *w, const Pending *p) {
     memcpy(w->blob, p->ids, (size_t)p->n * 4);
     memcpy(w->blob + (size_t)p->n * 4, p->label, (size_t)p->n);
     uint32_t labels = 0;
-    for (int t = 0; t < p->n; t++) labels += p->label[t];
+    for (int t = 0; t < p->n; t++) labels += p->label[t] != 0;
     if (h->n_samples == w->cap_index) w->index = (CacheSample *)realloc(w->index, (w->cap_index *= 2) * sizeof(CacheSample));
     if (!w->index) die("out of memory");
     CacheSample e = {w->size, p->record, p->line, (uint32_t)p->n, labels};
@@ -1085,7 +1143,7 @@ static int data_unknown_format(Dataset *ds, const JsonValue *v, const char *path
     for (int i = 0; i < v->count && strlen(keys) < 200; i++)
         snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%s\"%.40s\"", i ? ", " : "", v->keys[i]);
     return data_fail(ds, "%s:%llu: cannot tell the data format from the keys {%s}: expected \"text\", \"prompt\"+\"response\", "
-                     "\"instruction\"+\"input\"+\"output\", \"dialogue\"+\"summary\" or \"messages\" (or set --data_format)",
+                     "\"instruction\"+\"input\"+\"output\", \"dialogue\"+\"summary\", \"messages\" or \"prompt\"+\"chosen\"+\"rejected\" (or set --data_format)",
                      path, (unsigned long long)line, keys);
 }
 
@@ -1222,9 +1280,30 @@ bad:
     return -1;
 }
 
-// is any target within the first max_seq_len tokens labelled (padding)?
+// A preference sample (a pair) is two rows: its prompt followed by the chosen completion,
+// and by the rejected one, each cut to max_seq_len at the end (TRL's keep_start). Its parts
+// in the store: the prompt's *P tokens, the chosen completion's *nc, the rejected one's *nr.
+static void pair_parts(const DataStore *st, long i, uint32_t *P, uint32_t *nc, uint32_t *nr) {
+    const uint8_t *lab = store_labels(st, i);
+    *P = *nc = *nr = 0;
+    for (uint32_t t = 0; t < st->index[i].n_tokens; t++) *(lab[t] == 0 ? P : lab[t] == 1 ? nc : nr) += 1;
+}
+// the length of sequence s (0 chosen, 1 rejected) of sample i after the cut; *P its prompt's
+static uint32_t pair_len(const Dataset *ds, long i, int s, uint32_t *P) {
+    uint32_t nc, nr, n;
+    pair_parts(ds->store, i, P, &nc, &nr);
+    n = *P + (s ? nr : nc);
+    return n < (uint32_t)ds->max_seq_len ? n : (uint32_t)ds->max_seq_len;
+}
+
+// is any target within the first max_seq_len tokens labelled (padding)? (a pair: how many of
+// its two completions' tokens are; none when the prompt fills max_seq_len)
 static uint32_t data_labels_within(const Dataset *ds, long i) {
     const CacheSample *e = &ds->store->index[i];
+    if (ds->format == FORMAT_PREFERENCE) {
+        uint32_t P, c = pair_len(ds, i, 0, &P) + pair_len(ds, i, 1, &P);
+        return c > 2 * P ? c - 2 * P : 0;
+    }
     uint32_t n = e->n_tokens < (uint32_t)ds->max_seq_len ? e->n_tokens : (uint32_t)ds->max_seq_len;
     if (n < 2) return 0;
     if (ds->train_on_prompt) return n - 1;
@@ -1236,6 +1315,10 @@ static uint32_t data_labels_within(const Dataset *ds, long i) {
 
 static long dataset_row_len(const Dataset *ds, long r) {
     if (ds->packing) return r == ds->n_rows - 1 ? ds->last_row_len : ds->max_seq_len;
+    if (ds->format == FORMAT_PREFERENCE) { // (a pair's longer row)
+        uint32_t P, c = pair_len(ds, ds->samples[r], 0, &P), j = pair_len(ds, ds->samples[r], 1, &P);
+        return c > j ? c : j;
+    }
     uint32_t n = ds->store->index[ds->samples[r]].n_tokens;
     return n < (uint32_t)ds->max_seq_len ? (long)n : ds->max_seq_len;
 }
@@ -1282,6 +1365,37 @@ static long dataset_fill_row(const Dataset *ds, long r, int T, int pad_id, int *
     return labels;
 }
 
+// the real tokens of row r (a pair's: both sequences')
+static long dataset_row_tokens(const Dataset *ds, long r) {
+    uint32_t P;
+    if (ds->format != FORMAT_PREFERENCE) return dataset_row_len(ds, r);
+    return (long)pair_len(ds, ds->samples[r], 0, &P) + pair_len(ds, ds->samples[r], 1, &P);
+}
+
+// Pair r's sequence s (0 chosen, 1 rejected) into tokens/targets of width T (padding after
+// it): the targets are the completion's tokens (labelled), -100 elsewhere. Returns its labels.
+static long dataset_fill_sequence(const Dataset *ds, long r, int s, int T, int pad_id, int *tokens, int *targets) {
+    long i = ds->samples[r];
+    uint32_t P, nc, nr, len = pair_len(ds, i, s, &P);
+    pair_parts(ds->store, i, &P, &nc, &nr);
+    const int32_t *tk = store_tokens(ds->store, i);
+    for (uint32_t t = 0; t < len; t++) tokens[t] = t < P ? tk[t] : tk[t + (s ? nc : 0)];
+    for (uint32_t t = 0; t < len; t++) targets[t] = t + 1 < len && t + 1 >= P ? tokens[t + 1] : -100;
+    for (long t = len; t < T; t++) { tokens[t] = pad_id; targets[t] = -100; }
+    return (long)len - P;
+}
+// Pairs [first, first + n): their chosen sequences in rows 0 .. n - 1 of tokens/targets (width
+// T), their rejected ones in rows n .. 2n - 1 (TRL's order). Returns their labels.
+static long dataset_fill_pairs(const Dataset *ds, const int32_t *rows, int n, int T, int pad_id, int *tokens, int *targets) {
+    long labels = 0;
+    for (int s = 0; s < 2; s++)
+        for (int b = 0; b < n; b++) {
+            size_t at = ((size_t)s * n + b) * T;
+            labels += dataset_fill_sequence(ds, rows[b], s, T, pad_id, tokens + at, targets + at);
+        }
+    return labels;
+}
+
 // rows and their label counts from ds->samples (after load and after split)
 static void dataset_build_rows(Dataset *ds) {
     free(ds->row_labels); free(ds->cum);
@@ -1293,7 +1407,7 @@ static void dataset_build_rows(Dataset *ds) {
         ds->row_labels = (int32_t *)mallocCheck((size_t)ds->n_rows * sizeof(int32_t));
         for (long r = 0; r < ds->n_rows; r++) {
             ds->row_labels[r] = (int32_t)data_labels_within(ds, ds->samples[r]);
-            ds->n_tokens += dataset_row_len(ds, r);
+            ds->n_tokens += dataset_row_tokens(ds, r);
             ds->n_labels += ds->row_labels[r];
         }
         return;
@@ -1364,10 +1478,11 @@ static int data_options(Dataset *ds, const char *path, const DataOptions *o) {
     if (o->max_samples < 0) return data_fail(ds, "%s: max_samples must be >= 0 (got %ld)", path, o->max_samples);
     int requested = -1;
     const char *fmt = o->format && o->format[0] ? o->format : "auto";
-    for (int f = 0; f <= FORMAT_CHAT; f++)
+    for (int f = 0; f <= FORMAT_PREFERENCE; f++)
         if (strcmp(fmt, data_format_names[f]) == 0) requested = f;
     if (requested < 0)
-        return data_fail(ds, "%s: unknown data format '%s' (expected auto, text, prompt_response, alpaca, samsum or chat)", path, fmt);
+        return data_fail(ds, "%s: unknown data format '%s' (expected auto, text, prompt_response, alpaca, samsum, chat or preference)", path, fmt);
+
     return requested;
 }
 
@@ -1508,6 +1623,10 @@ static int dataset_load(Dataset *ds, const char *path, const Tokenizer *tok, con
     ds->store = data_store(ds, path, &key, tok);
     if (!ds->store) return -1;
     ds->format = (int)ds->store->h.format;
+    if (ds->format == FORMAT_PREFERENCE && ds->packing) {
+        dataset_free(ds);
+        return data_fail(ds, "%s: preference pairs are not packed (each is two rows): give --batching padding", path);
+    }
     if (data_check_ids(ds, tok) != 0 || data_select(ds, path, o) != 0) return -1;
     dataset_build_rows(ds);
     dataset_report(ds, path);
@@ -1568,14 +1687,21 @@ static int dataset_max_len(const Dataset *ds) {
 
 // Rows [first, first + n) in dataset order (no shuffling, no wrap: first + n
 // <= n_rows), padded to the longest of them (*T); tokens and targets hold
-// n x *T. Returns the label count. For evaluation, where the last batch may
-// have fewer rows.
+// n x *T (preference: n pairs, 2n x *T, as dataset_fill_pairs lays them out).
+// Returns the label count. For evaluation, where the last batch may have fewer rows.
 static long dataset_get_rows(const Dataset *ds, long first, int n, int pad_id, int *tokens, int *targets, int *T) {
     if (first < 0 || n < 0 || first + n > ds->n_rows) die("dataset_get_rows: rows [%ld, %ld) outside [0, %ld)", first, first + n, ds->n_rows);
     long maxlen = 0, labels = 0;
     for (int b = 0; b < n; b++) { long l = dataset_row_len(ds, first + b); maxlen = l > maxlen ? l : maxlen; }
-    for (int b = 0; b < n; b++) labels += dataset_fill_row(ds, first + b, (int)maxlen, pad_id, tokens + (size_t)b * maxlen, targets + (size_t)b * maxlen);
     *T = (int)maxlen;
+    if (ds->format == FORMAT_PREFERENCE) {
+        int32_t *rows = (int32_t *)mallocCheck(((size_t)n + 1) * sizeof(int32_t));
+        for (int b = 0; b < n; b++) rows[b] = (int32_t)(first + b);
+        labels = dataset_fill_pairs(ds, rows, n, (int)maxlen, pad_id, tokens, targets);
+        free(rows);
+        return labels;
+    }
+    for (int b = 0; b < n; b++) labels += dataset_fill_row(ds, first + b, (int)maxlen, pad_id, tokens + (size_t)b * maxlen, targets + (size_t)b * maxlen);
     return labels;
 }
 
@@ -1638,7 +1764,8 @@ static void dataloader_free(DataLoader *dl) {
     memset(dl, 0, sizeof *dl);
 }
 
-// Fills tokens and targets (B x *T; the caller allocates B x dataset_max_len)
+// Fills tokens and targets (B x *T, preference 2B x *T: dataset_fill_pairs; the caller allocates
+// B x dataset_max_len, or 2B x)
 // with this rank's B rows of the next global micro-batch, *T being the
 // longest row of the global micro-batch: every rank gets the same shape (the
 // ranks of a sharded model run their collectives in step) and pads as world
@@ -1660,10 +1787,12 @@ static long dataloader_next_batch(DataLoader *dl, int B, int pad_id, int *tokens
     for (int g = 0; g < G; g++) {
         long l = dataset_row_len(dl->ds, dl->rows[g]);
         maxlen = l > maxlen ? l : maxlen;
-        if (g / B == dl->rank) dl->batch_tokens += l;
+        if (g / B == dl->rank) dl->batch_tokens += dataset_row_tokens(dl->ds, dl->rows[g]);
     }
-    for (int b = 0; b < B; b++)
-        labels += dataset_fill_row(dl->ds, mine[b], (int)maxlen, pad_id, tokens + (size_t)b * maxlen, targets + (size_t)b * maxlen);
+    if (dl->ds->format == FORMAT_PREFERENCE) labels = dataset_fill_pairs(dl->ds, mine, B, (int)maxlen, pad_id, tokens, targets);
+    else
+        for (int b = 0; b < B; b++)
+            labels += dataset_fill_row(dl->ds, mine[b], (int)maxlen, pad_id, tokens + (size_t)b * maxlen, targets + (size_t)b * maxlen);
     *T = (int)maxlen;
     return labels;
 }

@@ -115,9 +115,11 @@ static void rope_backward(float *dx, const float *cosb, const float *sinb, const
 // attention.h
 
 // Summed cross-entropy of n rows of logits (n, V) against targets (-100: no
-// loss). With grad_scale != 0 the logits are replaced by d(grad_scale * loss)/d(logits)
-// = grad_scale * (softmax - onehot), formed while the row is at hand (rows
-// without a target get 0), so the probabilities are never stored.
+// loss); each row's into losses (n) when given. With grad_scale != 0 the logits are
+// replaced by d(grad_scale * sum_i w_i loss_i)/d(logits) = grad_scale * w_i * (softmax -
+// onehot), formed while the row is at hand (rows without a target get 0), so the
+// probabilities are never stored; w_i = weights[i], or 1 without weights (SFT's uniform
+// weight: preference tuning gives each target its own, trainer/preference.h).
 //
 // In vectors: the max, e^(z - max) by vexp_n four vectors at a time, the sum in double
 // (vsum_add: each lane's share of the row in order, the lanes in order at the end), a
@@ -125,8 +127,9 @@ static void rope_backward(float *dx, const float *cosb, const float *sinb, const
 // The rows' losses are summed in row order after the parallel loop, not by OpenMP's
 // reduction, whose partial sums depend on the thread count (and, from 3 threads, meet in
 // whatever order the threads finish): the loss is then the same at any thread count.
-static double crossentropy_forward_backward(float *logits, const int *targets, int n, int V, float grad_scale) {
-    double *row_loss = (double *)mallocCheck((size_t)n * sizeof(double)), loss = 0;
+static double crossentropy_forward_backward(float *logits, const int *targets, const float *weights, double *losses, int n, int V,
+                                            float grad_scale) {
+    double *row_loss = losses ? losses : (double *)mallocCheck((size_t)n * sizeof(double)), loss = 0;
     int nv = V / VLEN, tail = V - nv * VLEN;
     #pragma omp parallel for
     for (int i = 0; i < n; i++) {
@@ -162,14 +165,14 @@ static double crossentropy_forward_backward(float *logits, const int *targets, i
         for (int j = 0; j < VLEN / 2; j++) sum += hi[j];
         row_loss[i] = maxv + log(sum) - zy;
         if (grad_scale != 0.0f) {
-            float sc = (float)(grad_scale / sum);
+            float gs = weights ? grad_scale * weights[i] : grad_scale, sc = (float)(gs / sum);
             for (int v = 0; v < nv; v++) zv[v] *= sc;
             for (int j = nv * VLEN; j < V; j++) z[j] *= sc;
-            z[y] -= grad_scale;
+            z[y] -= gs;
         }
     }
     for (int i = 0; i < n; i++) loss += row_loss[i];
-    free(row_loss);
+    if (!losses) free(row_loss);
     return loss;
 }
 
@@ -301,6 +304,13 @@ typedef struct {
     float *rope_cos, *rope_sin; // (P + T, hd/2)
     Rows rows;                // the micro-batch's rows while model_forward(_backward) runs them (rows_begin; chunk.h)
     int context_len;          // context parallelism with --chunk_size: the pieces' length C (0: each row in 2P pieces)
+    // preference tuning (trainer.h's contract)
+    const float *loss_weights;
+    double *target_losses;
+    int reference;
+    float *ref_params;        // the trainable weights as training started (LoRA's parameters, the model's,
+                              // or this rank's shards of it); model_reference_swap trades them with the trained
+    int ref_taken;            // ref_params holds them (the first model_reference_swap copies them)
 } Model;
 
 // the context-parallel group while a micro-batch runs this rank's pieces of the rows (m->rows.P > 1:
@@ -553,6 +563,8 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
     rmsnorm_forward(a->lnf, a->rstdf, xL, norm, N, D, c->norm_eps);
     if (grad_scale != 0.0f) memset(a->dln, 0, (size_t)N * D * sizeof(float));
     int *kept = (int *)mallocCheck(2 * (size_t)piece * sizeof(int)), *kept_targets = kept + piece; // (piece)
+    float *kept_weights = m->loss_weights ? (float *)mallocCheck((size_t)piece * sizeof(float)) : NULL;
+    double *kept_losses = m->target_losses ? (double *)mallocCheck((size_t)piece * sizeof(double)) : NULL;
     int any = logits_out != NULL; // a target anywhere in the chunk: else the head is not even packed
     for (int b = 0; b < ch->B && !any; b++)
         for (int p = 0; p < ch->len && !any; p++) any = targets[(size_t)b * ch->T + ch->t0 + p] >= 0;
@@ -571,12 +583,14 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
             for (int i = 0; i < n; i++) // all of them for logits_out
                 if (logits_out || targets[pos + i] >= 0) kept[nk] = i, kept_targets[nk++] = targets[pos + i];
             if (nk == 0) continue;
+            for (int j = 0; j < nk && kept_weights; j++) kept_weights[j] = m->loss_weights[pos + kept[j]];
             for (int j = 0; j < nk; j++) // kept[j] >= j: no row is overwritten before it moves
                 if (kept[j] != j) memcpy(xf + (size_t)j * D, xf + (size_t)kept[j] * D, D * sizeof(float));
             float *lg = a->logits; // (nk, V)
             gemm(nk, V, D, 1.0f, xf, D, 0, head, D, 1, head_fwd, lg, V, 0); // matmul_forward's
             if (logits_out) memcpy(logits_out + pos * V, lg, (size_t)n * V * sizeof(float));
-            loss += crossentropy_forward_backward(lg, kept_targets, nk, V, grad_scale);
+            loss += crossentropy_forward_backward(lg, kept_targets, kept_weights, kept_losses, nk, V, grad_scale);
+            for (int j = 0; j < nk && kept_losses; j++) m->target_losses[pos + kept[j]] = kept_losses[j];
             if (grad_scale != 0.0f) { // matmul_backward's
                 gemm(nk, D, V, 1.0f, lg, V, 0, head, D, 0, head_bwd, dxf, D, 1);
                 if (dhead) gemm(V, D, nk, 1.0f, lg, V, 1, xf, D, 0, NULL, dhead, D, 1);
@@ -587,7 +601,7 @@ static double chunk_head(Model *m, ChunkActs *s, const int *targets, const Chunk
                     }
             }
         }
-    free(kept);
+    free(kept); free(kept_weights); free(kept_losses);
     if (grad_scale != 0.0f) {
         memset(a->dresid, 0, (size_t)N * D * sizeof(float));
         rmsnorm_backward(a->dresid, dnorm, a->dln, xL, norm, a->rstdf, N, D);
@@ -1065,6 +1079,30 @@ static size_t model_gemm_scratch(const Model *m) {
     return pack;
 }
 
+// Preference tuning's reference (m->reference): a copy of the trainable weights as training
+// starts. Where they are (LoRA's parameters, the model's, or this rank's shards of it) and how many
+static float **model_reference_place(Model *m) {
+    HostModel *h = &m->host;
+    return h->use_lora ? &h->lora.params : m->sharded ? &h->shards : &h->params;
+}
+static size_t model_reference_numel(const Model *m) {
+    const HostModel *h = &m->host;
+    if (!m->reference) return 0;
+    return h->use_lora ? h->lora.num_params : host_sharded(h) ? h->units.shard_numel : h->num_params;
+}
+// trades the reference's weights with the trained ones where the forward reads them: called
+// before the reference's forward and again after it; the gathered units and the packed head
+// then hold neither. The first call takes the copy: it comes before the first optimizer step,
+// after the policy's first forward (which sets a fresh DoRA adapter's magnitudes, as peft sets
+// them when it adds the adapter)
+static void model_reference_swap(Model *m) {
+    float **at = model_reference_place(m), *t = *at;
+    if (!m->ref_taken) memcpy(m->ref_params, t, model_reference_numel(m) * sizeof(float)), m->ref_taken = 1;
+    *at = m->ref_params, m->ref_params = t;
+    if (m->slot_unit) units_reshard(m);
+    m->a.head_packed_ok = 0;
+}
+
 // Buffers for micro-batches of up to B rows of T tokens, run in chunks of C positions
 // (C = 0: T); recompute selects the memory mode. Counts their bytes (the memory plan),
 // and with alloc allocates them.
@@ -1093,6 +1131,8 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     m->weight_bytes = lay[0].bytes + model_weight_bytes(h);
     m->param_bytes = lay[1].bytes + comm + n * sizeof(float) * (h->use_lora ? 2 : 0) + optimizer_state_bytes(&m->optimizer, &m->opt_tensors, n) +
                      optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, n); // (a checkpoint's, support/optimizer.h)
+    size_t ref = model_reference_numel(m); // (preference tuning's reference)
+    m->param_bytes += ref * sizeof(float);
     // (and the context group's reduce-scatter receive buffer, fsdp.h's, allocated at its first use: room
     // for every rank's block, a layer's dK or dV for every position of the longest row)
     size_t context_recv = P > 1 ? (size_t)B * T * h->config.n_kv_heads * h->config.head_dim * sizeof(float) : 0;
@@ -1105,6 +1145,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     m->alloc[2] = aligned_alloc(64, (lay[2].bytes + 63) / 64 * 64);
     if (!m->alloc[2]) die("out of memory for the activations (%zu bytes)", lay[2].bytes);
     m->alloc[3] = mallocCheck(lay[3].bytes);
+    if (ref) m->ref_params = (float *)mallocCheck(ref * sizeof(float));
     for (int i = 0; i < 4; i++) lay[i] = host_layout(m->alloc[i]);
     model_layout(m, &lay[0], &lay[1], &lay[2], &lay[3]);
     a->head_packed_ok = 0;
@@ -1141,7 +1182,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
 // on one whose model_alloc never ran (a failed load)
 static void model_free(Model *m) {
     void *bufs[] = {m->alloc[0], m->alloc[1], m->alloc[2], m->alloc[3], m->a.chunk, m->slot, m->slot_unit,
-                    m->rope_cos, m->rope_sin, m->deq, m->deq_absmax};
+                    m->rope_cos, m->rope_sin, m->deq, m->deq_absmax, m->ref_params};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     optim_tensors_free(&m->opt_tensors);
     host_model_free(&m->host);
@@ -1335,6 +1376,7 @@ static const char *const backend_precisions[] = {"fp32"}; // the CPU twin comput
 static const char *const backend_collectives[] = {"host"}; // its buffers are host memory: MPI or TCP
 static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)
 static const int backend_context_parallel = 1; // --context_parallel with every option it runs (model_forward_backward, model_forward)
+#define BACKEND_PREFERENCE // --objective dpo and orpo (trainer/preference.h): loss_weights, target_losses, model_reference_swap
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

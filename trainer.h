@@ -115,6 +115,22 @@
 //       host memory, or NULL
 //   double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale);
 //       the same loss, and adds grad_scale * d(loss)/d(trainable) into the gradients
+//   BACKEND_PREFERENCE (a macro) where the backend runs --objective dpo and orpo
+//       (trainer/preference.h), with these Model members and function:
+//       const float *loss_weights;  set by the trainer around a model_forward_backward:
+//                              (B, T) host memory, each target's weight in the loss whose
+//                              gradient is added: grad_scale * sum of w * cross-entropy
+//                              (NULL: every weight 1, SFT)
+//       double *target_losses; set by the trainer around a model_forward: (B, T) host
+//                              memory that receives each target's cross-entropy (the
+//                              positions without one are left as they are; NULL: none)
+//       int reference;         set by the trainer before model_alloc (DPO): room for a copy
+//                              of the trainable weights, the reference model (counted in
+//                              param_bytes)
+//       void model_reference_swap(Model *m);
+//           trades the reference's weights with the trained ones where the forward
+//           reads them (before the reference's model_forward, and again after it); the
+//           first call, before the first optimizer step, copies the weights as they are
 //   float *model_next_logits(Model *m, const int *seq, const Chunk *ch);
 //       runs positions ch->t0 .. ch->t0 + ch->len - 1 of one sequence (ch->B = 1,
 //       ch->T = m->T, or with context parallelism, whose carries hold m->B m->T / P
@@ -190,6 +206,7 @@
 #include "trainer/schedule.h"   // the learning rate and the loss scale
 #include "trainer/checkpoint.h" // checkpoints and exact resume
 #include "trainer/sample.h"     // sampling
+#include "trainer/preference.h" // --objective dpo and orpo: the per-pair loss, its per-token weights, the step
 #include "trainer/report.h"     // evaluation, the step's line, metrics, TensorBoard
 
 // ----------------------------------------------------------------------------
@@ -403,7 +420,7 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T, double available) {
     if (failed_anywhere(r, failed)) return 1;
     if (!tc->batch_size && (batch_auto(tc, m, f, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, *T) != 0 ||
                             batch_derive(tc, fsdp_data_size(f), f->world.rank == 0) != 0)) return 1;
-    model_alloc(m, tc->batch_size, *T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
+    model_alloc(m, batch_rows(tc), *T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     print_config(tc);
     if (W > 1)
         printf("%d ranks, %s: shard groups of %d, %d replica(s)%s", W, f->info->name, f->shard.size, f->replica.size,
@@ -434,7 +451,7 @@ static int train_resume(TrainConfig *tc, Trainer *r, TrainState *ts) {
 // step's micro-batches, and the signals that stop the run after a step.
 // Collective: 0 ok, 1 when a rank failed.
 static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts) {
-    int rank0 = r->fsdp.world.rank == 0, B = tc->batch_size, GA = tc->grad_accum;
+    int rank0 = r->fsdp.world.rank == 0, GA = tc->grad_accum;
     int failed = rank0 && tc->metrics_file[0] && tc->resume[0] && metrics_truncate(tc->metrics_file, ts->step) != 0;
     if (failed) fprintf(stderr, "error: cannot rewrite --metrics_file '%s': %s\n", tc->metrics_file, strerror(errno));
     if (failed_anywhere(r, failed)) return 1;
@@ -446,7 +463,7 @@ static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts) {
     if (failed_anywhere(r, failed)) return 1;
     dataloader_init(&r->dl, &r->train_ds, tc->shuffle, (uint64_t)tc->seed, fsdp_data_rank(&r->fsdp), fsdp_data_size(&r->fsdp));
     dataloader_seek(&r->dl, ts->data_epoch, ts->data_pos);
-    size_t room = (size_t)GA * B * r->m.T; // (train_step's rows are m.T apart: context parallelism pads them)
+    size_t room = (size_t)GA * batch_rows(tc) * r->m.T; // (train_step's rows are m.T apart: context parallelism pads them)
     r->tokens = (int *)mallocCheck(room * sizeof(int));
     r->targets = (int *)mallocCheck(room * sizeof(int));
     r->Ts = (int *)mallocCheck(GA * sizeof(int));
@@ -515,6 +532,10 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         double t0 = now_ms(), c0 = cpu_now_ms();
         StepStats s;
         s.loss_scale = ts.ls.scale;
+#ifdef BACKEND_PREFERENCE
+        if (preference(tc)) s.loss = preference_step(r, tc, ts.step, total, &ts.ls, &s.n_tokens, &s.norm, &s.lr, &s.skipped, s.pm);
+        else
+#endif
         s.loss = train_step(r, tc, ts.step, total, &ts.ls, &s.n_tokens, &s.norm, &s.lr, &s.skipped);
         PROF_END(NULL); // the step's span
         s.ms = now_ms() - t0;
@@ -533,7 +554,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         if (ts.bad_in_row >= tc->max_bad_steps) return stop_bad_steps(tc, &ts); // every rank: the loss and the norm are the same on all
         if (has_validation(tc) && tc->eval_every > 0 && ts.step % tc->eval_every == 0 && ts.step < total) {
             PROF_BEGIN(NULL, "evaluation", -1, -1, -1);
-            report_eval(m, &r->val_ds, B, r->pad_id, ts.step, r->metrics, &r->tb);
+            report_eval(tc, m, &r->val_ds, B, r->pad_id, ts.step, r->metrics, &r->tb);
             PROF_END(NULL);
         }
         if (tc->sample_every > 0 && ts.step % tc->sample_every == 0 && ts.step < total) print_samples(m, tc, &r->tok, ts.step);
@@ -556,10 +577,24 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         printf("stopped by a signal after step %d; continue with --resume %s\n", ts.step, tc->output_dir);
         return 0;
     }
-    if (has_validation(tc)) report_eval(m, &r->val_ds, B, r->pad_id, total, r->metrics, &r->tb); // also with --max_steps 0: evaluates the start
+    if (has_validation(tc)) report_eval(tc, m, &r->val_ds, B, r->pad_id, total, r->metrics, &r->tb); // also with --max_steps 0: evaluates the start
     print_samples(m, tc, &r->tok, ts.step);
     print_peak_memory(r); // every rank's, before the saves (which gather the model on rank 0)
     return save_outputs(tc, r, tc->output_dir, r->tokpath);
+}
+
+// what train_run loaded and allocated into r (but the metrics file and TensorBoard's, which
+// train closes, checking them)
+static void trainer_free(Trainer *r) {
+    free(r->tokens); free(r->targets); free(r->Ts);
+    optimizer_free(&r->opt);
+    dataloader_free(&r->dl);
+    model_free(&r->m);
+    dataset_free(&r->train_ds);
+    dataset_free(&r->val_ds);
+    dataset_free(&r->all_ds); // last: the split sets share its token store
+    tokenizer_free(&r->tok);
+    fsdp_free(&r->fsdp);
 }
 
 // trains and saves; returns the process exit code. Every exit of train_run,
@@ -579,15 +614,7 @@ static int train(TrainConfig *tc) {
         if ((fclose(r.metrics) != 0 || bad) && rc == 0) rc = metrics_error(tc->metrics_file);
     }
     if (tb_close(&r.tb) != 0 && rc == 0) rc = 1, fprintf(stderr, "error: cannot close %s: %s\n", r.tb.path, strerror(errno));
-    free(r.tokens); free(r.targets); free(r.Ts);
-    optimizer_free(&r.opt);
-    dataloader_free(&r.dl);
-    model_free(&r.m);
-    dataset_free(&r.train_ds);
-    dataset_free(&r.val_ds);
-    dataset_free(&r.all_ds); // last: the split sets share its token store
-    tokenizer_free(&r.tok);
-    fsdp_free(&r.fsdp);
+    trainer_free(&r);
     fsdp_world_finalize();
     return rc;
 }

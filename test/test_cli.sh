@@ -125,7 +125,8 @@ long_dir="$TMP/an_output_directory_whose_name_is_longer_than_any_column_of_the_t
 targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 "$BIN" --model $FIX/tiny_gqa --data "$DATA" --max_seq_len 24 --dry_run --output_dir "$long_dir" \
     --lora_target_modules $targets >"$TMP/table.log" 2>&1
-"$BIN" --help | sed -n 's/^  --\([a-z_0-9]*\) .*/\1/p' | grep -vx help >"$TMP/names"
+# (but the quiet options, trainer/options.h's quiet_options, which it lists only when set)
+"$BIN" --help | sed -n 's/^  --\([a-z_0-9]*\) .*/\1/p' | grep -vx -e help -e objective -e beta -e dpo_loss_type >"$TMP/names"
 bad=$(awk 'FNR == NR { name[$1] = 1; n++; next }
     /^configuration:/ { on = 1; next }
     on && !/^  / { on = 0 }

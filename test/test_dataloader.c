@@ -648,6 +648,72 @@ static void test_bad_input(void) {
     remove(tmp_path("big.json"));
 }
 
+// Preference pairs (--data_format preference): test/fixtures/preference's records against
+// tokens.json, TRL 1.16's DPOTrainer tokenization and its collator's cut to max_seq_len 32
+// (dev/reference/make_dpo_fixtures.py): each pair's chosen and rejected rows, the targets its
+// completion's tokens; both from the token cache written and from it read back. Then the
+// hostile records: an error naming file:line, or a counted skip.
+static int ids_equal(const JsonValue *want, const int *got, int n) {
+    if (!want || want->type != JSON_ARRAY || want->count > n) return 0;
+    for (int i = 0; i < want->count; i++)
+        if ((int)want->items[i].number != got[i]) return 0;
+    return 1;
+}
+static void test_preference(void) {
+    JsonValue exp;
+    if (json_load_file("test/fixtures/preference/tokens.json", &exp) != 0) die("cannot read tokens.json");
+    const JsonValue *recs = json_get(&exp, "records");
+    int L = 32;
+    for (int pass = 0; pass < 2; pass++) { // the cache written, then reused
+        Dataset ds;
+        int rc = load(&ds, "test/fixtures/preference/data.jsonl", opts("auto", 0, 0, L));
+        CHECK(rc == 0 && ds.format == FORMAT_PREFERENCE && ds.n_rows == recs->count && ds.cache_status == (pass ? CACHE_REUSED : CACHE_BUILT),
+              pass ? "preference: the token cache reused" : "preference: detected from the keys, every pair kept", "rc %d: %s", rc, ds.error);
+        if (rc != 0) continue;
+        int *tokens = (int *)mallocCheck((size_t)2 * L * sizeof(int)), *targets = (int *)mallocCheck((size_t)2 * L * sizeof(int)), T;
+        for (int r = 0; r < recs->count; r++) {
+            const JsonValue *rec = &recs->items[r];
+            dataset_get_rows(&ds, r, 1, 0, tokens, targets, &T);
+            int P = json_get(rec, "prompt_ids")->count, ok = 1;
+            for (int s = 0; s < 2; s++) {
+                const JsonValue *want = json_get(rec, s ? "rejected_input_ids" : "chosen_input_ids");
+                const int *tk = tokens + s * T, *tg = targets + s * T;
+                ok &= ids_equal(want, tk, T);
+                for (int t = 0; t < T; t++) // the completion's tokens are the targets; the prompt's and the padding's are not
+                    ok &= tg[t] == (t + 1 < want->count && t + 1 >= P ? tk[t + 1] : -100);
+            }
+            char what[128];
+            snprintf(what, sizeof what, "preference: record %d's rows and targets are TRL's%s", r, pass ? " (from the cache)" : "");
+            CHECK(ok, what, "tokens or targets differ (prompt %d, T %d)", P, T);
+        }
+        free(tokens); free(targets);
+        dataset_free(&ds);
+    }
+    json_free(&exp);
+
+    expect_error("preference: a missing key names file:line", "pref_missing.jsonl",
+                 "{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{\"prompt\": \"a\", \"chosen\": \" b\"}\n", "preference",
+                 "pref_missing.jsonl:2:", "missing field \"rejected\"");
+    expect_error("preference: a response that is not a string", "pref_type.jsonl",
+                 "{\"prompt\": \"a\", \"chosen\": [\"b\"], \"rejected\": \" c\"}\n", "auto", "pref_type.jsonl:1:", "\"chosen\" is array");
+    expect_error("preference: a plain record among pairs", "pref_mixed.jsonl",
+                 "{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{\"text\": \"a b c\"}\n", "auto", "pref_mixed.jsonl:2:",
+                 "missing field \"prompt\"");
+    const char *path = tmp_path("pref_skips.jsonl");
+    write_text(path, "{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{\"prompt\": \"x\", \"chosen\": \" same\", \"rejected\": \" same\"}\n"
+                     "{\"prompt\": \"a prompt much longer than the limit of the rows\", \"chosen\": \" b\", \"rejected\": \" c\"}\n"
+                     "{\"prompt\": \"\", \"chosen\": \"\", \"rejected\": \" c\"}\n");
+    Dataset ds;
+    int rc = load(&ds, path, opts("auto", 0, 0, 12));
+    CHECK(rc == 0 && ds.n_samples == 2 && ds.n_skipped == 2 && ds.skip_line[0] == 2 && ds.skip_reason[0] == SKIP_SAME_RESPONSES &&
+          ds.skip_line[1] == 3 && ds.skip_reason[1] == SKIP_TRUNCATED, "preference: chosen == rejected and a prompt over max_seq_len are counted skips",
+          "rc %d, %ld samples, %ld skipped: %s", rc, ds.n_samples, ds.n_skipped, ds.error);
+    if (rc == 0) dataset_free(&ds);
+    rc = load(&ds, path, opts("auto", 0, 1, 12));
+    CHECK(rc == -1 && strstr(ds.error, "--batching padding"), "preference: packing refused", "rc %d: %s", rc, ds.error);
+    if (rc == 0) dataset_free(&ds);
+}
+
 // BOS and EOS from a model folder's files, in transformers' order of precedence
 static void test_special_ids(void) {
     struct { const char *tok_config, *gen_config, *config; int rc, bos, eos; const char *what; } cases[] = {
@@ -708,6 +774,7 @@ int main(void) {
     test_bad_input();
     test_special_ids();
     test_chat_families();
+    test_preference();
 
     tokenizer_free(&tok);
     char cmd[400];

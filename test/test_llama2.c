@@ -946,9 +946,168 @@ static void test_grad_scaler(void) {
     if (system(path) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
 }
 
+// Preference tuning (trainer/preference.h, --objective dpo and orpo) against
+// dev/reference/make_dpo_fixtures.py's float64 reference in test/fixtures/tiny_gqa/dpo (TRL
+// 1.16's DPOTrainer and ORPOTrainer train the same steps and agree with it), each case on
+// test/fixtures/preference/data.jsonl (max_seq_len 32, 2 micro-batches of 2 pairs, file
+// order): step 1's gradient of the step's loss (before clipping), whole and in chunks of 7
+// with recompute, activation checkpointing and 3 output pieces, with its loss and TRL's
+// metrics; then the 4 steps through the training loop: each step's loss, lr and gradient
+// norm (check_steps), TRL's metrics, and the trained tensors. Tolerances, fp32 against
+// float64 (the measured worst errors are in docs/preference.md): losses and metrics 1e-5
+// relative (a floor of 1e-3 for the ones near 0; DPO's rewards against beta |logps|, see
+// dpo_check_metrics: step 1's are 0 exactly, the policy being the reference); gradients
+// 1e-4 of the tensor's largest element; final weights 1e-4 of the tensor's scale, as
+// test_model's. Measured worst: losses 1.8e-6, gradients 2.0e-6, final weights 9.6e-6.
+static const char *const dpo_metrics[] = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                                          "logps/chosen", "logps/rejected", "nll_loss", "log_odds_ratio", "log_odds_chosen"};
+
+static void dpo_config(TrainConfig *tc, char **argv, const char *name, const JsonValue *hp, const char *outdir, const char *metrics,
+                       const char *const *more) {
+    static char beta[32];
+    const char *objective, *loss_type = "sigmoid", *extra[32] = {"--data", "test/fixtures/preference/data.jsonl", "--max_seq_len", "32",
+                                                                 "--objective", NULL, "--beta", beta, NULL};
+    int full = 0, n = 8;
+    if (json_get_string(hp, "objective", &objective, NULL) != 0) die("fixture %s: objective", name);
+    json_get_string(hp, "dpo_loss_type", &loss_type, NULL);
+    json_get_bool(hp, "full_finetune", &full);
+    extra[5] = objective;
+    snprintf(beta, sizeof beta, "%.17g", json_num(hp, "beta"));
+    if (!strcmp(objective, "dpo")) extra[n++] = "--dpo_loss_type", extra[n++] = loss_type;
+    for (int i = 0; more && more[i]; i++) extra[n++] = more[i];
+    extra[n] = NULL;
+    fixture_config(tc, argv, "tiny_gqa", hp, full ? NULL : "dpo/peft_init", outdir, metrics, extra);
+}
+
+// every metric of the case (DPO's six, ORPO's nine) of one step: a metrics record or the reference's.
+// A reward is beta times a difference of log-probabilities (DPO's log-ratio to the reference), each
+// rounded to ~1e-7 of its size: its error is measured against beta |logps/chosen|
+static void dpo_check_metrics(const JsonValue *got, const JsonValue *want, double beta, const char *label, int step) {
+    char what[300];
+    for (size_t k = 0; k < sizeof dpo_metrics / sizeof *dpo_metrics; k++) {
+        if (!json_get(want, dpo_metrics[k])) continue;
+        int reward = !strncmp(dpo_metrics[k], "rewards/", 8) && strcmp(dpo_metrics[k], "rewards/accuracies");
+        snprintf(what, sizeof what, "%s step %d %s", label, step, dpo_metrics[k]);
+        CHECK(json_get(got, dpo_metrics[k]) != NULL, what, "missing from the metrics");
+        if (json_get(got, dpo_metrics[k]))
+            check_rel(json_num(got, dpo_metrics[k]), json_num(want, dpo_metrics[k]),
+                      reward ? beta * fabs(json_num(want, "logps/chosen")) : 1e-3, 1e-5, what);
+    }
+}
+
+// step 1 of the case through preference_step, its gradients kept (no clipping) and checked
+static void dpo_step_one(const char *name, const JsonValue *hp, const JsonValue *step1, StFile *ef, const char *const *run,
+                         const char *label) {
+    char outdir[256], metrics[300], what[300], path[300];
+    snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_dpo_step", (int)getpid());
+    snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+    TrainConfig tc;
+    char *argv[64];
+    const char *more[16] = {"--grad_clip", "0"};
+    for (int i = 0; run && run[i]; i++) more[2 + i] = run[i];
+    dpo_config(&tc, argv, name, hp, outdir, metrics, more);
+    tc.metrics_file = "";
+    Trainer r;
+    memset(&r, 0, sizeof r);
+    TrainState ts;
+    memset(&ts, 0, sizeof ts);
+    loss_scale_init(&ts.ls, 0);
+    int T;
+    if (fsdp_init(&r.fsdp, FSDP_FULL_SHARD, 0) != 0 || mkdir_p(outdir) != 0 || train_load(&tc, &r, &T, host_available()) != 0 ||
+        train_begin(&tc, &r, &ts) != 0)
+        die("%s: set-up failed", label);
+    StepStats s;
+    double loss = preference_step(&r, &tc, 0, tc.max_steps, &ts.ls, &s.n_tokens, &s.norm, &s.lr, &s.skipped, s.pm);
+    snprintf(what, sizeof what, "%s step 1 loss", label);
+    check_rel(loss, json_num(step1, "loss"), 0, 1e-5, what);
+    snprintf(what, sizeof what, "%s step 1 grad_norm", label);
+    check_rel(s.norm, json_num(step1, "grad_norm"), 0, 1e-4, what);
+    char rec[1024];
+    size_t at = (size_t)snprintf(rec, sizeof rec, "{\"step\": 1");
+    for (int k = 0; k < preference_metric_count(&tc); k++)
+        at += (size_t)snprintf(rec + at, sizeof rec - at, ", \"%s\": %.17g", preference_metric_names[k], s.pm[k]);
+    snprintf(rec + at, sizeof rec - at, "}");
+    JsonValue got;
+    char err[64];
+    if (json_parse(rec, strlen(rec), &got, err, sizeof err) != 0) die("%s: %s", label, err);
+    dpo_check_metrics(&got, step1, json_num(hp, "beta"), label, 1);
+    json_free(&got);
+    Trainable *tr = (Trainable *)mallocCheck(4096 * sizeof(Trainable));
+    int ntr = list_trainables(&r.m, tr);
+    snprintf(what, sizeof what, "%s step 1 grad", label);
+    for (int i = 0; i < ntr; i++) {
+        snprintf(path, sizeof path, "%s.grad.%s", name, tr[i].name);
+        check_weight(ef, path, tr[i].name, tr[i].grad, tr[i].n, &r.m.host.config, 1e-4, what);
+    }
+    free(tr);
+    trainer_free(&r);
+    snprintf(path, sizeof path, "rm -rf '%s'", outdir);
+    if (system(path) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
+}
+
+static void test_preference(const char *name) {
+    char outdir[256], metrics[300], what[300];
+    JsonValue exp = read_json("test/fixtures/tiny_gqa/dpo/expected.json");
+    const JsonValue *c = json_get(json_get(&exp, "cases"), name), *hp = json_get(c, "hp"), *steps = json_get(c, "steps");
+    if (!c || !hp || !steps) die("fixture: case %s", name);
+    StFile ef;
+    if (st_open(&ef, "test/fixtures/tiny_gqa/dpo/expected.safetensors") != 0) die("cannot open the DPO fixtures");
+    dpo_step_one(name, hp, &steps->items[0], &ef, NULL, name);
+    const char *chunked[] = {"--chunk_size", "7", "--chunk_memory", "recompute", "--activation_checkpointing", "--num_output_chunks", "3", NULL};
+    snprintf(what, sizeof what, "%s (C=7 recompute, checkpointing, 3 output pieces)", name);
+    dpo_step_one(name, hp, &steps->items[0], &ef, chunked, what);
+
+    snprintf(outdir, sizeof outdir, "/tmp/llama2tune_test_%d_%s", (int)getpid(), name);
+    snprintf(metrics, sizeof metrics, "%s.metrics.jsonl", outdir);
+    TrainConfig tc;
+    char *argv[64];
+    dpo_config(&tc, argv, name, hp, outdir, metrics, NULL);
+    int rc = train(&tc);
+    CHECK(rc == 0, name, "train() exit code %d", rc);
+    check_steps(metrics, steps, hp, name);
+    size_t len;
+    char *text = read_file(metrics, &len), *p = text;
+    for (int k = 0; k < steps->count && p && *p; k++) {
+        char *e = strchr(p, '\n'), err[64];
+        JsonValue rec;
+        if (!e || json_parse(p, e - p, &rec, err, sizeof err) != 0) die("%s: metrics line %d", name, k + 1);
+        dpo_check_metrics(&rec, &steps->items[k], json_num(hp, "beta"), name, k + 1);
+        json_free(&rec);
+        p = e + 1;
+    }
+    free(text);
+    StFile of;
+    int full = 0;
+    json_get_bool(hp, "full_finetune", &full);
+    char path[600];
+    snprintf(path, sizeof path, full ? "%s/model.safetensors" : "%s/adapter_model.safetensors", outdir);
+    if (st_open(&of, path) != 0) die("cannot open %s", path);
+    Config config;
+    if (config_load(&config, "test/fixtures/tiny_gqa") != 0) die("tiny_gqa's config");
+    snprintf(what, sizeof what, "%s after %d steps", name, steps->count);
+    for (int i = 0; i < of.n_tensors; i++) {
+        const StTensor *t = &of.tensors[i];
+        float *got = (float *)mallocCheck(t->numel * sizeof(float));
+        st_read_f32(&of, t, 0, t->numel, got);
+        snprintf(path, sizeof path, "%s.final.%s", name, t->name);
+        check_weight(&ef, path, t->name, got, t->numel, &config, 1e-4, what);
+        free(got);
+    }
+    st_close(&of);
+    st_close(&ef);
+    json_free(&exp);
+    snprintf(path, sizeof path, "rm -rf '%s' '%s'", outdir, metrics);
+    if (system(path) != 0) fprintf(stderr, "warning: could not remove %s\n", outdir);
+}
+
 // test_llama2 MODE: only MODE's fixture runs (test_model's modes; "prefix" say), on the
 // models that have it; no argument: everything
 int main(int argc, char **argv) {
+    static const char *const preference_cases[] = {"dpo_sigmoid_lora", "dpo_ipo_lora", "dpo_hinge_lora", "dpo_sigmoid_full", "orpo_lora"};
+    if (argc > 1 && !strcmp(argv[1], "preference")) {
+        for (size_t i = 0; i < sizeof preference_cases / sizeof *preference_cases; i++) test_preference(preference_cases[i]);
+        return test_summary();
+    }
     if (argc > 1) {
         for (int i = 0; i < 2; i++) test_model(i ? "tiny_tied" : "tiny_gqa", argv[1]);
         return test_summary();
@@ -974,6 +1133,7 @@ int main(int argc, char **argv) {
         test_model(models[i], "prefix");
         test_model(models[i], "trainable");
     }
+    for (size_t i = 0; i < sizeof preference_cases / sizeof *preference_cases; i++) test_preference(preference_cases[i]);
     test_freeze("tiny_gqa");  // untied: lm_head trains
     test_freeze("tiny_tied"); // tied: the head is the frozen embedding
     return test_summary();

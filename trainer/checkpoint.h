@@ -40,7 +40,7 @@ static const char *resume_must_match[] = {
     "use_dora", "peft_method", "ia3_target_modules", "ia3_feedforward_modules", "adapter_len", "adapter_layers", "num_virtual_tokens",
     "from_peft_checkpoint", "data_format",
     "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
-    "quantize", "double_quant", "s2_attn", "trainable_params"};
+    "quantize", "double_quant", "s2_attn", "trainable_params", "objective", "beta", "dpo_loss_type"};
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's
 // data_identity: size, modification time and a hash of its first and last MiB)
@@ -158,9 +158,10 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, Fsdp *fs, c
     free(digests);
     fprintf(f, ",\n  \"options\": {");
     Option opts[] = OPTIONS(tc);
-    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+    for (size_t i = 0, any = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        if (option_quiet(&opts[i])) continue;
         option_value(&opts[i], val, sizeof val, 1);
-        fprintf(f, "%s\n    \"%s\": ", i ? "," : "", opts[i].name);
+        fprintf(f, "%s\n    \"%s\": ", any++ ? "," : "", opts[i].name);
         json_write_string(f, val);
     }
     fprintf(f, "\n  }\n}\n");

@@ -159,6 +159,9 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     m->pure_bf16 = tc->pure_bf16;
     m->s2_attn = tc->s2_attn;
     m->optimizer = tc->optim;
+#ifdef BACKEND_PREFERENCE
+    m->reference = !strcmp(tc->objective, "dpo"); // (its copy counts in the plans)
+#endif
     return 0;
 }
 static int model_setup(Model *m, Fsdp *f, const TrainConfig *tc, int B, int T, const char *resume_dir) {
@@ -214,6 +217,18 @@ static int load_data(const TrainConfig *tc, Trainer *r, const char *tokpath, int
         DataOptions vopt = dopt; // a separate validation file takes all its samples
         vopt.max_samples = 0; vopt.slice = "";
         if (tc->val_data[0] && dataset_load(val_ds, tc->val_data, tok, tokpath, &vopt) != 0) return -1;
+    }
+    int pairs = train_ds->format == FORMAT_PREFERENCE;
+    if (pairs != preference(tc)) {
+        if (pairs) fprintf(stderr, "error: %s holds preference pairs ({prompt, chosen, rejected}): train on them with --objective dpo or orpo\n", tc->data);
+        else fprintf(stderr, "error: --objective %s trains on preference pairs: %s is in format %s (give {\"prompt\", \"chosen\", \"rejected\"} records)\n",
+                     tc->objective, tc->data, data_format_names[train_ds->format]);
+        return -1;
+    }
+    if (has_validation(tc) && (val_ds->format == FORMAT_PREFERENCE) != pairs) { // (the SFT formats may differ)
+        fprintf(stderr, "error: --val_data %s is in format %s, the training data in %s: both preference pairs or neither\n", tc->val_data,
+                data_format_names[val_ds->format], data_format_names[train_ds->format]);
+        return -1;
     }
     *T = dataset_max_len(train_ds);
     if (tc->s2_attn && *T % 4) { // packing's rows are --max_seq_len long, but for a lone shorter one

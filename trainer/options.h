@@ -42,15 +42,21 @@ typedef struct {
     int quant_type;           // --quantize as quant.h's type (parse_args)
     const char *lora_option;  // the last LoRA-only option given (parse_args; the other adapters refuse them)
     int double_quant;
+    const char *objective, *dpo_loss_type; // --objective sft | dpo | orpo (trainer/preference.h)
+    float beta;
 } TrainConfig;
 
 enum { OPT_STR, OPT_INT, OPT_INT_AUTO, OPT_FLOAT, OPT_FLAG, OPT_LIST }; // OPT_INT_AUTO: an integer, or auto (stored as 0)
 typedef struct { const char *name; int type; void *ptr; const char *def, *help; double lo, hi; } Option;
+// the quiet options: listed in the start-up table, TensorBoard's text and a checkpoint's options only
+// when set away from their default, so that the runs that do not use them print and save what they did
+// before these options existed
+static const char *const quiet_options[] = {"objective", "beta", "dpo_loss_type"};
 
 #define OPTIONS(tc) { \
     {"model", OPT_STR, &(tc)->model, "", "Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.model or tokenizer.json)", 0, 0}, \
     {"data", OPT_STR, &(tc)->data, "", "training data: JSONL or a JSON array of records (see --data_format)", 0, 0}, \
-    {"data_format", OPT_STR, &(tc)->data_format, "auto", "auto | text | prompt_response | alpaca | samsum | chat (auto: from the first record's keys)", 0, 0}, \
+    {"data_format", OPT_STR, &(tc)->data_format, "auto", "auto | text | prompt_response | alpaca | samsum | chat | preference (auto: from the first record's keys; preference: {prompt, chosen, rejected}, for --objective dpo or orpo)", 0, 0}, \
     {"train_on_prompt", OPT_INT, &(tc)->train_on_prompt, "0", "1: prompt tokens carry loss too; 0: only the response does", 0, 1}, \
     {"batching", OPT_STR, &(tc)->batching, "padding", "padding: one sample per row; packing: samples concatenated into full --max_seq_len rows", 0, 0}, \
     {"max_samples", OPT_INT, &(tc)->max_samples, "0", "use only the first N samples (0: all)", 0, 2147483647}, \
@@ -136,6 +142,9 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
     {"random_init", OPT_FLAG, &(tc)->random_init, "0", "for benchmarks only: random weights N(0, initializer_range) drawn from --seed, with --model holding just config.json and tokenizer.model", 0, 1}, \
     {"quantize", OPT_STR, &(tc)->quantize, "none", "none | nf4 | fp4: QLoRA, the decoder's linear weights quantized to 4 bits as they load, exactly as bitsandbytes (blocks of 64); LoRA or IA3", 0, 0}, \
     {"double_quant", OPT_INT, &(tc)->double_quant, "1", "with --quantize: 1 stores the absmax values in 8 bits too (bitsandbytes' bnb_4bit_use_double_quant)", 0, 1}, \
+    {"objective", OPT_STR, &(tc)->objective, "sft", "sft | dpo | orpo: supervised fine-tuning; preference tuning on {prompt, chosen, rejected} records as TRL's DPOTrainer (against the starting model as the reference) or ORPOTrainer (no reference); --batch_size counts pairs (docs/preference.md)", 0, 0}, \
+    {"beta", OPT_FLOAT, &(tc)->beta, "0.1", "--objective dpo: DPO's beta (how far the policy may move from the reference); orpo: ORPO's lambda, the weight of the odds-ratio term (TRL's beta for both)", 1e-6, 1e6}, \
+    {"dpo_loss_type", OPT_STR, &(tc)->dpo_loss_type, "sigmoid", "--objective dpo: sigmoid | ipo | hinge, TRL's loss_type: -logsigmoid(beta m); (m_avg - 1 / (2 beta))^2 on per-token averages; relu(1 - beta m), m the chosen minus the rejected log-ratio to the reference", 0, 0}, \
 }
 
 static void print_help(const Option *opts, int n) {
@@ -188,6 +197,17 @@ static void option_value(const Option *o, char *buf, size_t n, int exact) {
         break;
     default: snprintf(buf, n, "%d", *(int *)o->ptr);
     }
+}
+
+// a quiet option at its default: left out of the listings (quiet_options)
+static int option_quiet(const Option *o) {
+    int quiet = 0;
+    for (size_t i = 0; i < sizeof quiet_options / sizeof *quiet_options; i++) quiet |= !strcmp(o->name, quiet_options[i]);
+    if (!quiet) return 0;
+    if (o->type == OPT_FLOAT) return *(float *)o->ptr == (float)strtod(o->def, NULL);
+    char val[PATH_MAX + 64];
+    option_value(o, val, sizeof val, 0);
+    return !strcmp(val, o->def);
 }
 
 // The index of value among the n choices of --option; -1 with a message that lists
@@ -285,6 +305,30 @@ static int gguf_adapter_with_full_finetune(const TrainConfig *tc) { return tc->e
 static int gguf_adapter_with_dora(const TrainConfig *tc) { return tc->export_gguf_adapter[0] && tc->use_dora; }
 static int gguf_adapter_kquant(const TrainConfig *tc) { return tc->export_gguf_adapter[0] && gguf_is_kquant(tc->gguf_ftype); }
 
+// --objective and --dpo_loss_type (trainer/preference.h): the index is the choice's
+enum { OBJECTIVE_SFT, OBJECTIVE_DPO, OBJECTIVE_ORPO };
+static const char *const objective_names[] = {"sft", "dpo", "orpo"};
+enum { DPO_SIGMOID, DPO_IPO, DPO_HINGE };
+static const char *const dpo_loss_names[] = {"sigmoid", "ipo", "hinge"};
+static int preference(const TrainConfig *tc) { return strcmp(tc->objective, "sft") != 0; }
+// the rows of a micro-batch: --batch_size's, or for preference tuning two a pair
+static int batch_rows(const TrainConfig *tc) { return tc->batch_size * (preference(tc) ? 2 : 1); }
+static int preference_unsupported(const TrainConfig *tc) {
+#ifdef BACKEND_PREFERENCE
+    (void)tc;
+    return 0;
+#else
+    return preference(tc);
+#endif
+}
+static int dpo_loss_without_dpo(const TrainConfig *tc) { return strcmp(tc->dpo_loss_type, "sigmoid") && strcmp(tc->objective, "dpo"); }
+static int beta_without_preference(const TrainConfig *tc) { return tc->beta != 0.1f && !preference(tc); }
+static int preference_with_packing(const TrainConfig *tc) { return preference(tc) && !strcmp(tc->batching, "packing"); }
+static int preference_with_train_on_prompt(const TrainConfig *tc) { return preference(tc) && tc->train_on_prompt; }
+static int preference_with_context_parallel(const TrainConfig *tc) { return preference(tc) && tc->context_parallel > 1; }
+static int preference_with_batch_size_auto(const TrainConfig *tc) { return preference(tc) && !tc->batch_size; }
+static int dpo_with_resume(const TrainConfig *tc) { return !strcmp(tc->objective, "dpo") && tc->resume[0]; }
+
 static const Refusal refusals[] = {
     {"--momentum, --nesterov", "--optimizer other than sgd", AFTER_CHOICES, sgd_options_without_sgd,
      "--momentum and --nesterov are SGD's: give them with --optimizer sgd"},
@@ -315,6 +359,21 @@ static const Refusal refusals[] = {
      "--num_output_chunks {num_output_chunks} is more than the {chunk_size} tokens of a chunk"},
     {"--num_output_chunks", "a smaller --max_seq_len (no --chunk_size)", AFTER_CHOICES, output_chunks_over_row,
      "--num_output_chunks {num_output_chunks} is more than the {max_seq_len} tokens of a chunk"},
+    // --objective dpo and orpo (docs/preference.md)
+    {"--objective dpo or orpo", "a trainer without it (train_llama2cu)", AFTER_CHOICES, preference_unsupported,
+     "--objective {objective} is not supported yet by this trainer (train_llama2, the CPU trainer, has it)"},
+    {"--dpo_loss_type", "--objective other than dpo", AFTER_CHOICES, dpo_loss_without_dpo,
+     "--dpo_loss_type is DPO's: give it with --objective dpo"},
+    {"--beta", "--objective sft", AFTER_CHOICES, beta_without_preference,
+     "--beta is DPO's beta and ORPO's lambda: give it with --objective dpo or orpo"},
+    {"--objective dpo or orpo", "--batching packing", AFTER_CHOICES, preference_with_packing,
+     "--objective {objective} trains each pair as two rows, the chosen and the rejected sequence: give --batching padding"},
+    {"--objective dpo or orpo", "--train_on_prompt 1", AFTER_CHOICES, preference_with_train_on_prompt,
+     "--train_on_prompt is SFT's: --objective {objective} scores the completions (ORPO's nll takes the chosen sequence's prompt already)"},
+    {"--objective dpo or orpo", "--context_parallel above 1", AFTER_CHOICES, preference_with_context_parallel,
+     "--objective {objective} with --context_parallel is not supported yet"},
+    {"--objective dpo or orpo", "--batch_size auto", AFTER_CHOICES, preference_with_batch_size_auto,
+     "--objective {objective} with --batch_size auto is not supported yet: give --batch_size (pairs per micro-batch)"},
     // --peft_method and the options that go with it
     {"--peft_method other than lora", "--full_finetune", AFTER_PEFT_METHOD, adapter_with_full_finetune,
      "--peft_method {peft_method} trains an adapter; with --full_finetune there is none"},
@@ -339,6 +398,9 @@ static const Refusal refusals[] = {
      gguf_adapter_saved_error},
     {"--trainable_params", "--quantize", AFTER_TRAINABLE_PARAMS, trainable_params_with_quantize,
      "--trainable_params with --quantize is not supported yet (QLoRA keeps the norms in its 4-bit runs)"},
+    // (the reference is copied from the weights as they load: a checkpoint's are not the starting ones)
+    {"--objective dpo", "--resume", AFTER_SHARDING, dpo_with_resume,
+     "--objective dpo with --resume is not supported yet (its reference model is the starting weights, which a checkpoint does not keep)"},
     {"--random_init", "--resume", AFTER_SHARDING, random_init_with_resume,
      "--random_init is for benchmarks, which start fresh: it does not go with --resume"},
     {"--export_hf", "no --resume", AFTER_SHARDING, export_hf_without_resume,
@@ -450,6 +512,7 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
     if ((tc->optim.kind = OPTION_CHOICE("optimizer", tc->optimizer, optimizer_names, 0)) < 0 ||
         OPTION_CHOICE("lr_scheduler", tc->lr_scheduler, schedulers, 0) < 0 || OPTION_CHOICE("batching", tc->batching, batchings, 0) < 0 ||
         OPTION_CHOICE("data_format", tc->data_format, data_format_names, 0) < 0 ||
+        OPTION_CHOICE("objective", tc->objective, objective_names, 0) < 0 || OPTION_CHOICE("dpo_loss_type", tc->dpo_loss_type, dpo_loss_names, 0) < 0 ||
         (tc->quant_type = OPTION_CHOICE("quantize", tc->quantize, quant_type_names, 0)) < 0 ||
         OPTION_CHOICE("loss_scale", tc->loss_scale, loss_scales, 0) < 0 ||
         OPTION_CHOICE("chunk_memory", tc->chunk_memory, chunk_memories, 0) < 0 ||
@@ -487,6 +550,7 @@ static void print_config(TrainConfig *tc) {
     printf("configuration:\n");
     for (int pass = 0; pass < 2; pass++) { // the values that fit their column, then the longer ones
         for (int i = 0; i < n; i++) {
+            if (option_quiet(&opts[i])) continue;
             option_value(&opts[i], val, sizeof val, 0);
             if (!val[0]) snprintf(val, sizeof val, "-");
             if ((strlen(val) > CONFIG_VALUE_WIDTH) != pass) continue;
@@ -503,6 +567,7 @@ static void config_markdown(TrainConfig *tc, char *buf, size_t n) {
     char val[PATH_MAX + 64];
     size_t at = (size_t)snprintf(buf, n, "| option | value |\n|---|---|\n");
     for (size_t i = 0; i < sizeof opts / sizeof opts[0] && at < n; i++) {
+        if (option_quiet(&opts[i])) continue;
         option_value(&opts[i], val, sizeof val, 0);
         at += (size_t)snprintf(buf + at, n - at, "| %s | %s |\n", opts[i].name, val[0] ? val : "-");
     }

@@ -212,7 +212,7 @@ static int check_host_plan_first(TrainConfig *tc, Trainer *r, int T, double avai
     Model *m = &r->m;
     const Dataset *val = has_validation(tc) ? &r->val_ds : NULL;
     if (model_load_host(m, &r->fsdp, &dry, tc->resume[0] ? r->resume_dir : NULL) != 0) return -1;
-    model_plan(m, B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
+    model_plan(m, preference(tc) ? 2 * B : B, T, tc->chunk_size, strcmp(tc->chunk_memory, "recompute") == 0, tc->num_output_chunks);
     double host;
     memory_plan(m, &r->train_ds, val, (long)GA * B, 0, &host);
     if (!host_plan_fits(tc, host, available)) memory_plan(m, &r->train_ds, val, (long)GA * B, 1, NULL);
@@ -235,11 +235,12 @@ static double print_plan(const TrainConfig *tc, Trainer *r, int T, int total) {
     snprintf(frozen, sizeof frozen, "all weights but the embedding%s and the first %d layer(s)", c->tied ? " (the head too: tied)" : "",
              m->host.frozen_units - 1);
     static const char *saved[4] = {"", " with the embedding", " with the norms", " with the embedding and the norms"};
-    printf("training %s%s: %zu trainable parameters%s, %ld rows, %d steps of %d x %d x %d rows (micro-batches x ranks x rows), T <= %d\n",
+    const char *rows = preference(tc) ? "pairs" : "rows"; // (a pair is two rows)
+    printf("training %s%s: %zu trainable parameters%s, %ld %s, %d steps of %d x %d x %d %s (micro-batches x ranks x %s), T <= %d\n",
            !m->host.use_lora ? (m->host.frozen_units ? frozen : "all weights") : m->host.lora.adapter_len ? "llama_adapter" : m->host.lora.prefix ? "a prefix" : m->host.lora.ia3 ? "IA3" : m->host.lora.use_dora ? "DoRA" : "LoRA",
            saved[m->host.lora.saved & 3], r->opt.n,
            host_sharded(&m->host) && !m->host.use_lora ? " (this rank's shard)" : "",
-           r->train_ds.n_rows, total, tc->grad_accum, fsdp_data_size(&r->fsdp), tc->batch_size, T);
+           r->train_ds.n_rows, rows, total, tc->grad_accum, fsdp_data_size(&r->fsdp), tc->batch_size, rows, rows, T);
     double host;
     memory_plan(m, &r->train_ds, has_validation(tc) ? &r->val_ds : NULL, (long)tc->grad_accum * tc->batch_size, 1, &host);
     return host;

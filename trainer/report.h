@@ -20,16 +20,49 @@ static double evaluate(Model *m, const Dataset *ds, int B, int pad_id) {
     return count ? loss / count : 0.0;
 }
 
-static void report_eval(Model *m, const Dataset *ds, int B, int pad_id, int step, FILE *metrics, TbWriter *tb) {
-    double vl = evaluate(m, ds, B, pad_id);
-    printf("step %d | val loss %.6f | val ppl %.4f\n", step, vl, exp(vl));
+// preference tuning's metrics (n: preference_metric_count): " | name value" on a step's line, or
+// in JSON ', "name": value' into a metrics record, each name after prefix
+static void preference_metrics_text(FILE *out, const double *pm, int n, const char *prefix, int json) {
+    for (int k = 0; k < n; k++)
+        fprintf(out, json ? ", \"%s%s\": %.9g" : " | %s%s %.4f", prefix, preference_metric_names[k], pm[k]);
+}
+// and as TensorBoard's scalars, each name after prefix ("train/", "eval/"); -1 when the file cannot be written
+static int preference_metrics_tb(TbWriter *tb, int step, const double *pm, int n, const char *prefix) {
+    char tags[PM_N][48];
+    const char *tag[PM_N];
+    float v[PM_N];
+    for (int k = 0; k < n; k++) {
+        snprintf(tags[k], sizeof tags[k], "%s%s", prefix, preference_metric_names[k]);
+        tag[k] = tags[k], v[k] = (float)pm[k];
+    }
+    return tb_scalars(tb, step, tag, v, n);
+}
+
+// the validation loss (SFT: the mean cross-entropy, and its perplexity; preference tuning: the
+// pairs' loss and metrics, trainer/preference.h) on stdout, into the metrics file and TensorBoard
+static void report_eval(const TrainConfig *tc, Model *m, const Dataset *ds, int B, int pad_id, int step, FILE *metrics, TbWriter *tb) {
+    double pm[PM_N] = {0}, vl; // (set only where the backend runs preference tuning)
+    int pairs = preference(tc), n = preference_metric_count(tc);
+#ifdef BACKEND_PREFERENCE
+    if (pairs) vl = preference_evaluate(m, tc, ds, B, pad_id, pm);
+    else
+#endif
+    vl = evaluate(m, ds, B, pad_id);
+    printf("step %d | val loss %.6f", step, vl);
+    if (pairs) preference_metrics_text(stdout, pm, n, "val ", 0);
+    else printf(" | val ppl %.4f", exp(vl));
+    printf("\n");
     if (metrics) {
-        fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g, \"val_ppl\": %.9g}\n", step, vl, exp(vl));
+        fprintf(metrics, "{\"step\": %d, \"val_loss\": %.9g", step, vl);
+        if (pairs) preference_metrics_text(metrics, pm, n, "eval/", 1);
+        else fprintf(metrics, ", \"val_ppl\": %.9g", exp(vl));
+        fprintf(metrics, "}\n");
         fflush(metrics);
     }
     const char *tag = "eval/loss";
     float v = (float)vl;
-    if (tb->f && tb_scalars(tb, step, &tag, &v, 1) != 0) fprintf(stderr, "warning: cannot write %s: %s\n", tb->path, strerror(errno));
+    if (tb->f && (tb_scalars(tb, step, &tag, &v, 1) != 0 || (pairs && preference_metrics_tb(tb, step, pm, n, "eval/") != 0)))
+        fprintf(stderr, "warning: cannot write %s: %s\n", tb->path, strerror(errno));
 }
 
 // on resume the metrics file keeps only its records up to the checkpoint's step
@@ -88,6 +121,7 @@ typedef struct {
     float lr;
     int skipped;   // NaN or infinite loss or norm: no update
     float loss_scale; // the loss scale the step ran with (1: none)
+    double pm[PM_N];  // preference tuning's metrics (preference_step)
 } StepStats;
 
 // The step's line on stdout and, with --metrics_file (rank 0), its JSON record, with
@@ -97,10 +131,12 @@ static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, 
     Model *m = &r->m;
     int W = r->fsdp.world.size;
     double flops = 0;
-    for (int g = 0; g < tc->grad_accum; g++) flops += (double)tc->batch_size * fsdp_data_size(&r->fsdp) * flops_per_sequence(&m->host, r->Ts[g], m->s2_attn);
+    for (int g = 0; g < tc->grad_accum; g++) flops += (double)batch_rows(tc) * fsdp_data_size(&r->fsdp) * flops_per_sequence(&m->host, r->Ts[g], m->s2_attn);
     double tflops = flops / (s->ms * 1e9), mfu = tc->peak_tflops > 0 ? tflops / (tc->peak_tflops * W) : -1;
-    printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.1f ms | %.0f tok/s | %.3f TFLOP/s", ts->step, total,
-           s->loss, s->lr, s->norm, s->ms, s->n_tokens / (s->ms / 1e3), tflops);
+    int pairs = preference(tc), n = preference_metric_count(tc);
+    printf("step %d/%d | loss %.6f | lr %.3e | grad norm %.4f", ts->step, total, s->loss, s->lr, s->norm);
+    if (pairs) preference_metrics_text(stdout, s->pm, n, "", 0);
+    printf(" | %.1f ms | %.0f tok/s | %.3f TFLOP/s", s->ms, s->n_tokens / (s->ms / 1e3), tflops);
     if (mfu >= 0) printf(" | MFU %.1f%%", 100 * mfu);
     if (ts->ls.on) printf(" | loss scale %g", s->loss_scale);
     if (s->skipped) printf(" | skipped: NaN or inf loss or grad norm (%d skipped so far)", ts->step - ts->opt_t);
@@ -109,7 +145,7 @@ static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, 
         const char *tags[] = {"train/loss", "train/learning_rate", "train/grad_norm", "train/tokens_per_second",
                               "train/peak_memory_mib", "train/mfu"};
         float v[] = {(float)s->loss, s->lr, (float)s->norm, (float)(s->n_tokens / (s->ms / 1e3)), (float)model_peak_mb(m), (float)mfu};
-        if (tb_scalars(&r->tb, ts->step, tags, v, mfu >= 0 ? 6 : 5) != 0) {
+        if (tb_scalars(&r->tb, ts->step, tags, v, mfu >= 0 ? 6 : 5) != 0 || (pairs && preference_metrics_tb(&r->tb, ts->step, s->pm, n, "train/") != 0)) {
             fprintf(stderr, "error: --tensorboard_dir: cannot write %s: %s (the checkpoints are intact)\n", r->tb.path, strerror(errno));
             return 1;
         }
@@ -118,9 +154,11 @@ static int report_step(const TrainConfig *tc, Trainer *r, const TrainState *ts, 
     if (!metrics) return 0;
     char lb[32], nb[32];
     fprintf(metrics, "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"tokens\": %ld, \"skipped\": %d, "
-            "\"skipped_total\": %d, \"ms\": %.3f, \"cpu_ms\": %.3f, \"tok_per_s\": %.3f, \"tflops\": %.6g, ", ts->step,
-            metrics_num(lb, sizeof lb, s->loss), s->lr, metrics_num(nb, sizeof nb, s->norm), s->n_tokens, s->skipped,
-            ts->step - ts->opt_t, s->ms, s->cpu_ms, s->n_tokens / (s->ms / 1e3), tflops);
+            "\"skipped_total\": %d", ts->step, metrics_num(lb, sizeof lb, s->loss), s->lr, metrics_num(nb, sizeof nb, s->norm),
+            s->n_tokens, s->skipped, ts->step - ts->opt_t);
+    if (pairs) preference_metrics_text(metrics, s->pm, n, "", 1); // (before the times, which dev/same_outputs.sh leaves out)
+    fprintf(metrics, ", \"ms\": %.3f, \"cpu_ms\": %.3f, \"tok_per_s\": %.3f, \"tflops\": %.6g, ", s->ms, s->cpu_ms,
+            s->n_tokens / (s->ms / 1e3), tflops);
     if (mfu >= 0) fprintf(metrics, "\"mfu\": %.6g, ", mfu);
     if (ts->ls.on) fprintf(metrics, "\"loss_scale\": %.9g, ", s->loss_scale);
     fprintf(metrics, "\"mem_mb\": %.1f, \"act_mb\": %.3f, \"carry_mb\": %.3f}\n", model_peak_mb(m), m->act_bytes / 1048576.0,

@@ -237,15 +237,17 @@ static void fuzz_check_tokenizer(const Tokenizer *t, const uint8_t *data, size_t
 // (tokens and targets have room for max_seq_len)
 static void fuzz_check_rows(const Dataset *ds, const Tokenizer *tok, int *tokens, int *targets) {
     long total = 0;
+    int rows = ds->format == FORMAT_PREFERENCE ? 2 : 1; // (a pair: its chosen and rejected rows; tokens, targets hold 2 x max_seq_len)
     FUZZ_ASSERT(ds->n_rows >= 1 && dataset_max_len(ds) >= 1 && dataset_max_len(ds) <= ds->max_seq_len);
     for (long r = 0; r < ds->n_rows; r++) {
         int T;
         long labels = dataset_get_rows(ds, r, 1, tok->eos_id, tokens, targets, &T), counted = 0;
         FUZZ_ASSERT(T >= 1 && T <= ds->max_seq_len && labels == ds->row_labels[r]);
-        for (int t = 0; t < T; t++) {
-            FUZZ_ASSERT(tokens[t] >= 0 && tokens[t] < tok->vocab_size);
-            FUZZ_ASSERT(targets[t] == -100 || (t + 1 < T && targets[t] == tokens[t + 1]));
-            counted += targets[t] != -100;
+        for (int i = 0; i < rows * T; i++) {
+            int t = i % T;
+            FUZZ_ASSERT(tokens[i] >= 0 && tokens[i] < tok->vocab_size);
+            FUZZ_ASSERT(targets[i] == -100 || (t + 1 < T && targets[i] == tokens[i + 1]));
+            counted += targets[i] != -100;
         }
         FUZZ_ASSERT(counted == labels);
         total += labels;

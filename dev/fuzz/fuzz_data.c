@@ -1,11 +1,11 @@
 // A dataset file from arbitrary bytes through dataset_load (dataloader.h): the
 // record reader (JSONL lines, or the elements of one JSON array), format
 // detection, every format's record parser (text, prompt_response, alpaca,
-// samsum, chat), tokenization with the tiny model's 512-piece tokenizer, the
+// samsum, chat, preference pairs), tokenization with the tiny model's 512-piece tokenizer, the
 // slice and max_samples selection, padding or packing, and the token cache.
 // The first two bytes pick the options, the rest is the file:
 //   byte 0: bits 0-2 the format (auto, text, prompt_response, alpaca, samsum,
-//           chat; 6 and 7: auto), bit 3 packing, bit 4 train_on_prompt,
+//           chat, preference; 7: auto), bit 3 packing, bit 4 train_on_prompt,
 //           bits 5-7 max_seq_len (2, 3, 5, 8, 16, 33, 64, 256)
 //   byte 1: bits 0-2 the slice, bits 3-4 max_samples (0-3)
 // A refusal must name the file. What loads must be consistent: every row's
@@ -31,7 +31,7 @@ FUZZ_TARGET(data) {
     int fmt = data[0] & 7;
     DataOptions o;
     memset(&o, 0, sizeof o);
-    o.format = data_format_names[fmt <= FORMAT_CHAT ? fmt : FORMAT_AUTO];
+    o.format = data_format_names[fmt <= FORMAT_PREFERENCE ? fmt : FORMAT_AUTO];
     o.packing = (data[0] >> 3) & 1;
     o.train_on_prompt = (data[0] >> 4) & 1;
     o.max_seq_len = seq_lens[data[0] >> 5];
@@ -48,9 +48,9 @@ FUZZ_TARGET(data) {
         return 0;
     }
     FUZZ_ASSERT(ds.n_samples >= 1 && (!o.max_samples || ds.n_samples <= o.max_samples));
-    FUZZ_ASSERT(ds.format >= FORMAT_TEXT && ds.format <= FORMAT_CHAT && (fmt == FORMAT_AUTO || fmt > FORMAT_CHAT || ds.format == fmt));
-    int *tokens = (int *)malloc((size_t)o.max_seq_len * sizeof(int)), *targets = (int *)malloc((size_t)o.max_seq_len * sizeof(int));
-    int *tokens2 = (int *)malloc((size_t)o.max_seq_len * sizeof(int)), *targets2 = (int *)malloc((size_t)o.max_seq_len * sizeof(int));
+    FUZZ_ASSERT(ds.format >= FORMAT_TEXT && ds.format <= FORMAT_PREFERENCE && (fmt == FORMAT_AUTO || fmt > FORMAT_PREFERENCE || ds.format == fmt));
+    size_t room = (size_t)2 * o.max_seq_len * sizeof(int); // (a pair is two rows)
+    int *tokens = (int *)malloc(room), *targets = (int *)malloc(room), *tokens2 = (int *)malloc(room), *targets2 = (int *)malloc(room);
     FUZZ_ASSERT(tokens && targets && tokens2 && targets2);
     fuzz_check_rows(&ds, &tok, tokens, targets);
 
@@ -62,7 +62,8 @@ FUZZ_TARGET(data) {
         int T, T2;
         dataset_get_rows(&ds, r, 1, tok.eos_id, tokens, targets, &T);
         dataset_get_rows(&again, r, 1, tok.eos_id, tokens2, targets2, &T2);
-        FUZZ_ASSERT(T == T2 && !memcmp(tokens, tokens2, (size_t)T * sizeof(int)) && !memcmp(targets, targets2, (size_t)T * sizeof(int)));
+        size_t n = (size_t)(ds.format == FORMAT_PREFERENCE ? 2 : 1) * T * sizeof(int);
+        FUZZ_ASSERT(T == T2 && !memcmp(tokens, tokens2, n) && !memcmp(targets, targets2, n));
     }
     dataset_free(&again);
 

@@ -1,0 +1,229 @@
+// trainer/preference.h: preference tuning, --objective dpo | orpo (docs/preference.md), as TRL's
+// DPOTrainer and ORPOTrainer train it.
+//
+// A micro-batch of B pairs is 2B rows, the chosen sequences then the rejected ones
+// (dataset_fill_pairs), whose targets are their completions' tokens. Every objective's
+// gradient is SFT's backward with a weight per predicted token in place of SFT's uniform
+// 1 / N: the loss depends on a row only through its completion's log-probability
+// S = -sum of the completion targets' cross-entropies (ORPO: also the chosen rows' mean
+// cross-entropy), so d loss / d(a target's cross-entropy) = -d loss / dS for each of the
+// row's completion targets. A step therefore runs, per micro-batch: a forward without
+// gradients of the policy (each target's cross-entropy: model_forward with
+// m->target_losses), for DPO one of the reference (model_reference_swap), the per-pair
+// loss and its derivatives on the host (preference_pair), then the usual
+// model_forward_backward with m->loss_weights. Chunks, recompute and activation
+// checkpointing run unchanged: the weights are per token.
+//
+// The step's loss is the mean over every pair of the step (its micro-batches, every
+// rank's); ORPO's nll is the mean over the chosen rows' predicted tokens of each
+// micro-batch (of each rank), averaged over the step's micro-batches and ranks, as
+// Hugging Face's Trainer averages the per-micro-batch losses TRL computes.
+#ifndef TRAINER_PREFERENCE_H
+#define TRAINER_PREFERENCE_H
+
+// the metrics under TRL's names: DPO the first PM_DPO of them, ORPO all
+enum { PM_REWARDS_CHOSEN, PM_REWARDS_REJECTED, PM_REWARDS_MARGINS, PM_REWARDS_ACCURACIES, PM_LOGPS_CHOSEN, PM_LOGPS_REJECTED,
+       PM_DPO, PM_NLL_LOSS = PM_DPO, PM_LOG_ODDS_RATIO, PM_LOG_ODDS_CHOSEN, PM_N };
+static const char *const preference_metric_names[PM_N] = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                                                          "logps/chosen", "logps/rejected", "nll_loss", "log_odds_ratio", "log_odds_chosen"};
+static int preference_metric_count(const TrainConfig *tc) { return !strcmp(tc->objective, "orpo") ? PM_N : PM_DPO; }
+
+// what a pair's loss needs of its two rows: the completion's summed log-probability under the
+// policy and (DPO) the reference, and its token count
+typedef struct { double logp[2], ref[2]; int n[2]; } PairScores;
+
+// log(1 - e^x) for x < 0, without cancellation on either side of -log 2
+static double log1mexp(double x) { return x > -M_LN2 ? log(-expm1(x)) : log1p(-exp(x)); }
+static double log_sigmoid(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
+static double sigmoid(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
+
+// One pair's loss (ORPO: its odds-ratio term; the nll is the micro-batch's) in double; dl[s] =
+// d loss / d p->logp[s] (0 chosen, 1 rejected); the pair's metrics added into pm.
+static double preference_pair(const TrainConfig *tc, const PairScores *p, double dl[2], double *pm) {
+    double beta = tc->beta, loss, reward[2];
+    if (!strcmp(tc->objective, "orpo")) { // on the log-probabilities averaged over the completion
+        double avg[2] = {p->logp[0] / p->n[0], p->logp[1] / p->n[1]};
+        double lo = (avg[0] - avg[1]) - (log1mexp(avg[0]) - log1mexp(avg[1])), dlo = -beta * sigmoid(-lo);
+        loss = -beta * log_sigmoid(lo);
+        // d lo / d avg = 1 / (1 - e^avg) for the chosen, its negative for the rejected
+        dl[0] = dlo / -expm1(avg[0]) / p->n[0];
+        dl[1] = -dlo / -expm1(avg[1]) / p->n[1];
+        for (int s = 0; s < 2; s++) reward[s] = beta * avg[s], pm[PM_LOGPS_CHOSEN + s] += avg[s];
+        pm[PM_LOG_ODDS_RATIO] += log_sigmoid(lo);
+        pm[PM_LOG_ODDS_CHOSEN] += lo;
+    } else {
+        double c = p->logp[0] - p->ref[0], r = p->logp[1] - p->ref[1], z = beta * (c - r), dz;
+        if (!strcmp(tc->dpo_loss_type, "ipo")) { // on the log-ratios averaged over the completion
+            double d = c / p->n[0] - r / p->n[1] - 1 / (2 * beta);
+            loss = d * d;
+            dl[0] = 2 * d / p->n[0];
+            dl[1] = -2 * d / p->n[1];
+        } else {
+            if (!strcmp(tc->dpo_loss_type, "hinge")) loss = 1 - z > 0 ? 1 - z : 0, dz = 1 - z > 0 ? -1 : 0;
+            else loss = -log_sigmoid(z), dz = -sigmoid(-z);
+            dl[0] = beta * dz;
+            dl[1] = -beta * dz;
+        }
+        reward[0] = beta * c, reward[1] = beta * r;
+        for (int s = 0; s < 2; s++) pm[PM_LOGPS_CHOSEN + s] += p->logp[s];
+    }
+    pm[PM_REWARDS_CHOSEN] += reward[0];
+    pm[PM_REWARDS_REJECTED] += reward[1];
+    pm[PM_REWARDS_MARGINS] += reward[0] - reward[1];
+    pm[PM_REWARDS_ACCURACIES] += reward[0] > reward[1];
+    return loss;
+}
+
+// Row r's completion (targets >= 0 of the loader's targets tg, T apart): its summed
+// log-probability from the targets' cross-entropies ce, and its token count
+static double completion_logp(const int *tg, const double *ce, int r, int T, int *n) {
+    double s = 0;
+    *n = 0;
+    for (int t = 0; t < T; t++)
+        if (tg[(size_t)r * T + t] >= 0) s -= ce[(size_t)r * T + t], (*n)++;
+    return s;
+}
+
+// ORPO's nll targets: the chosen rows' (0 .. B - 1) every predicted token, their prompt's too
+// (TRL's ORPO: the cross-entropy over the whole chosen sequence); the rejected rows' stay
+// their completion's. From the loader's tokens and targets tg into nll_tg (2B, T).
+static void orpo_targets(const int *tokens, const int *tg, int B, int T, int *nll_tg) {
+    memcpy(nll_tg, tg, (size_t)2 * B * T * sizeof(int));
+    for (int b = 0; b < B; b++) {
+        const int *row = tg + (size_t)b * T;
+        int first = 0; // the completion's first target: every position before it predicts a prompt token
+        while (first < T && row[first] < 0) first++;
+        for (int t = 0; t < first && t + 1 < T; t++) nll_tg[(size_t)b * T + t] = tokens[(size_t)b * T + t + 1];
+    }
+}
+
+#ifdef BACKEND_PREFERENCE
+// One micro-batch of B pairs (tokens, tg: 2B rows of T; ORPO: nll_tg its nll targets) scored
+// without gradients: the pairs' PairScores into ps; ORPO's nll (the chosen rows' mean
+// cross-entropy) returned with its token count in *nll_n. ce: (2B, T) scratch. Dropout as the
+// backward will have it (the same m->dropout_key); the reference's forward without.
+static double preference_score(Model *m, const TrainConfig *tc, const int *tokens, const int *tg, const int *nll_tg, int B, int T,
+                               double *ce, PairScores *ps, long *nll_n) {
+    int orpo = !strcmp(tc->objective, "orpo"), training = m->host.lora.training;
+    double nll = 0;
+    m->target_losses = ce;
+    for (int pass = 0; pass < 1 + !orpo; pass++) { // the policy, then (DPO) the reference
+        if (pass) model_reference_swap(m), m->host.lora.training = 0;
+        memset(ce, 0, (size_t)2 * B * T * sizeof(double));
+        model_forward(m, tokens, orpo ? nll_tg : tg, 2 * B, T, NULL);
+        for (int b = 0; b < B; b++)
+            for (int s = 0; s < 2; s++) {
+                int n;
+                double lp = completion_logp(tg, ce, s * B + b, T, &n);
+                if (pass) ps[b].ref[s] = lp;
+                else ps[b].logp[s] = lp, ps[b].n[s] = n;
+            }
+        if (pass) model_reference_swap(m), m->host.lora.training = training;
+    }
+    m->target_losses = NULL;
+    *nll_n = 0;
+    for (size_t i = 0; orpo && i < (size_t)B * T; i++)
+        if (nll_tg[i] >= 0) nll += ce[i], (*nll_n)++;
+    return nll;
+}
+
+// Each target's weight (2B, T) into w: -d loss / dS / P of its row's completion, P the
+// step's pairs; ORPO adds the nll's 1 / (its tokens x the step's micro-batches, every rank's)
+// on every target of a chosen row
+static void preference_weights(const int *tg, const int *nll_tg, const double (*dl)[2], int B, int T, double pairs,
+                               double nll_share, float *w) {
+    for (int s = 0; s < 2; s++)
+        for (int b = 0; b < B; b++) {
+            size_t row = ((size_t)s * B + b) * T;
+            for (int t = 0; t < T; t++)
+                w[row + t] = (float)((tg[row + t] >= 0 ? -dl[b][s] / pairs : 0) + (!s && nll_tg && nll_tg[row + t] >= 0 ? nll_share : 0));
+        }
+}
+
+// The loss over a dataset's pairs in file order, B at a time, without dropout (the mean pair
+// loss, and ORPO's nll averaged over the batches), and their metrics into pm (PM_N)
+static double preference_evaluate(Model *m, const TrainConfig *tc, const Dataset *ds, int B, int pad_id, double *pm) {
+    size_t cells = (size_t)2 * B * m->T;
+    int *tokens = (int *)mallocCheck(cells * sizeof(int)), *tg = (int *)mallocCheck(cells * sizeof(int));
+    int *nll_tg = (int *)mallocCheck(cells * sizeof(int)), orpo = !strcmp(tc->objective, "orpo"), batches = 0;
+    double *ce = (double *)mallocCheck(cells * sizeof(double)), loss = 0, nll_sum = 0, dl[2];
+    PairScores *ps = (PairScores *)mallocCheck((size_t)B * sizeof *ps);
+    memset(pm, 0, PM_N * sizeof *pm);
+    m->host.lora.training = 0;
+    for (long r = 0; r < ds->n_rows; r += B, batches++) {
+        int n = ds->n_rows - r < B ? (int)(ds->n_rows - r) : B, T;
+        long nll_n;
+        dataset_get_rows(ds, r, n, pad_id, tokens, tg, &T);
+        if (orpo) orpo_targets(tokens, tg, n, T, nll_tg);
+        double nll = preference_score(m, tc, tokens, tg, nll_tg, n, T, ce, ps, &nll_n);
+        for (int b = 0; b < n; b++) loss += preference_pair(tc, &ps[b], dl, pm);
+        if (orpo) nll_sum += nll / nll_n;
+    }
+    m->host.lora.training = 1;
+    for (int k = 0; k < PM_N; k++) pm[k] /= ds->n_rows;
+    pm[PM_NLL_LOSS] = nll_sum / batches;
+    free(tokens); free(tg); free(nll_tg); free(ce); free(ps);
+    return loss / ds->n_rows + pm[PM_NLL_LOSS];
+}
+
+// One optimizer step of preference tuning, as train_step's (whose arguments it takes) but
+// for pairs: GA micro-batches of B pairs on every rank; the metrics of the step's pairs into
+// pm (PM_N). Returns the step's loss.
+static double preference_step(Trainer *r, const TrainConfig *tc, int step, int total, LossScale *ls, long *n_tokens, double *norm,
+                              float *lr, int *skipped, double *pm) {
+    Model *m = &r->m;
+    int B = tc->batch_size, GA = tc->grad_accum, T = m->T, W = fsdp_data_size(&r->fsdp), orpo = !strcmp(tc->objective, "orpo");
+    double pairs = (double)B * GA * W, sums[2 + PM_N] = {0}; // the loss, the tokens, the metrics: this rank's, then every rank's
+    size_t cells = (size_t)2 * B * T;
+    int *nll_tg = orpo ? (int *)mallocCheck(cells * sizeof(int)) : NULL;
+    double *ce = (double *)mallocCheck(cells * sizeof(double)), (*dl)[2] = (double (*)[2])mallocCheck((size_t)B * sizeof *dl);
+    float *w = (float *)mallocCheck(cells * sizeof(float));
+    PairScores *ps = (PairScores *)mallocCheck((size_t)B * sizeof *ps);
+    PROF_BEGIN(NULL, "data", -1, -1, -1);
+    for (int g = 0; g < GA; g++) {
+        dataloader_next_batch(&r->dl, B, r->pad_id, r->tokens + (size_t)g * cells, r->targets + (size_t)g * cells, &r->Ts[g]);
+        if (r->fsdp.context.rank == 0) sums[1] += r->dl.batch_tokens;
+    }
+    PROF_END(NULL);
+    optimizer_zero_grad(&r->opt);
+    *lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
+#ifdef BACKEND_STEP_IN_BACKWARD
+    optimizer_begin_step(&r->opt, step + 1, *lr, GA, ls->on);
+#endif
+    float scale = ls->scale; // (the weights carry the rest of the gradient's scale)
+    if (fault_at("nan", step + 1)) scale = NAN;
+    if (fault_at("huge", step + 1)) scale *= 1e30f;
+    for (int g = 0; g < GA; g++) {
+        const int *tokens = r->tokens + (size_t)g * cells, *tg = r->targets + (size_t)g * cells;
+        int Tg = r->Ts[g];
+        long nll_n;
+        m->dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
+        if (orpo) orpo_targets(tokens, tg, B, Tg, nll_tg);
+        PROF_BEGIN(NULL, "preference scores", -1, -1, -1);
+        double nll = preference_score(m, tc, tokens, tg, nll_tg, B, Tg, ce, ps, &nll_n);
+        PROF_END(NULL);
+        for (int b = 0; b < B; b++) sums[0] += preference_pair(tc, &ps[b], dl[b], sums + 2) / pairs;
+        if (orpo) sums[0] += nll / nll_n / (GA * W), sums[2 + PM_NLL_LOSS] += nll / nll_n * B; // (per pair, as the other metrics)
+        preference_weights(tg, nll_tg, (const double (*)[2])dl, B, Tg, pairs, orpo ? 1.0 / ((double)nll_n * GA * W) : 0, w);
+        m->loss_weights = w;
+        PROF_BEGIN(NULL, "forward-backward", -1, -1, -1);
+        model_forward_backward(m, tokens, orpo ? nll_tg : tg, 2 * B, Tg, scale);
+        PROF_END(NULL);
+        m->loss_weights = NULL;
+    }
+    free(nll_tg); free(ce); free(dl); free(w); free(ps);
+    PROF_BEGIN(NULL, "all-reduce loss", -1, -1, sizeof sums);
+    fsdp_all_reduce(&r->fsdp.world, sums, 2 + PM_N, FSDP_F64);
+    PROF_END(NULL);
+    *n_tokens = (long)sums[1];
+    for (int k = 0; k < PM_N; k++) pm[k] = sums[2 + k] / pairs;
+    double loss = sums[0];
+    PROF_BEGIN(NULL, "optimizer", -1, -1, -1);
+    *norm = optimizer_step(&r->opt, *lr, 1.0f / ls->scale, isfinite(loss));
+    PROF_END(NULL);
+    *skipped = !isfinite(loss) || !isfinite(*norm);
+    loss_scale_update(ls, !isfinite(*norm));
+    return loss;
+}
+#endif
+#endif
