@@ -272,10 +272,11 @@ __device__ inline void softmax_merge(float &m, float &s, float m2, float s2) {
 }
 
 // One pass over the row finds (max, sum of exp) online; a second writes the
-// gradient grad_scale * (softmax - onehot) over the logits. The probabilities
+// gradient grad_scale * w * (softmax - onehot) over the logits, w the row's weight
+// (weights[row], or 1 without weights: see train_llama2.c's twin). The probabilities
 // are never stored. Rows with a target < 0 get loss 0 and gradient 0.
 template <typename T>
-__global__ void crossentropy_kernel(T *logits, float *losses, const int *targets, int V, float grad_scale) {
+__global__ void crossentropy_kernel(T *logits, float *losses, const int *targets, const float *weights, int V, float grad_scale) {
     __shared__ float warp_m[CROSSENTROPY_THREADS / 32], warp_s[CROSSENTROPY_THREADS / 32];
     T *z = logits + (size_t)blockIdx.x * V;
     int y = targets[blockIdx.x], warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -296,21 +297,22 @@ __global__ void crossentropy_kernel(T *logits, float *losses, const int *targets
     for (int w = 1; w < CROSSENTROPY_THREADS / 32; w++) softmax_merge(m, s, warp_m[w], warp_s[w]);
     if (threadIdx.x == 0) losses[blockIdx.x] = m + logf(s) - zy;
     if (grad_scale == 0.0f) return;
-    float sc = grad_scale / s;
+    float gs = weights ? grad_scale * weights[blockIdx.x] : grad_scale, sc = gs / s;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         float g = expf(to_float(z[j]) - m) * sc;
-        z[j] = from_float<T>(j == y ? g - grad_scale : g);
+        z[j] = from_float<T>(j == y ? g - gs : g);
     }
 }
 // For each of n rows of logits (n, V) with its target (-100: none): losses[i] =
 // its cross-entropy (fp32; 0 without a target). With grad_scale != 0 the logits
-// are replaced by d(grad_scale * loss)/d(logits). The CPU twin returns the sum;
-// here the per-row losses stay on the device, so a step sums them once, with
-// global_sum (deterministic), instead of synchronising per piece.
+// are replaced by d(grad_scale * w_i * loss_i)/d(logits), w_i = weights[i] (device, (n);
+// NULL: 1, SFT's uniform weight; preference tuning's own, trainer/preference.h). The CPU
+// twin returns the sum; here the per-row losses stay on the device, so a step sums them
+// once, with global_sum (deterministic), instead of synchronising per piece.
 template <typename T>
-void crossentropy_forward_backward(T *logits, float *losses, const int *targets, int n, int V, float grad_scale,
-                                   cudaStream_t stream) {
-    crossentropy_kernel<<<n, CROSSENTROPY_THREADS, 0, stream>>>(logits, losses, targets, V, grad_scale);
+void crossentropy_forward_backward(T *logits, float *losses, const int *targets, const float *weights, int n, int V,
+                                   float grad_scale, cudaStream_t stream) {
+    crossentropy_kernel<<<n, CROSSENTROPY_THREADS, 0, stream>>>(logits, losses, targets, weights, V, grad_scale);
     cudaLaunchCheck();
 }
 

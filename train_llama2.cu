@@ -529,7 +529,7 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
         const floatX *xf = xk + (size_t)r0 * D;
         matmul_forward(m->logits, xf, head, n, D, V, 1.0f, 0, st); // (n, V) in fp32
         if (logits_out) logits_to_host(logits_out, m->logits, ch, r0, n, V, st);
-        crossentropy_forward_backward(m->logits, m->losses + at + r0, m->targets + at + r0, n, V, grad_scale, st);
+        crossentropy_forward_backward(m->logits, m->losses + at + r0, m->targets + at + r0, (const float *)NULL, n, V, grad_scale, st);
         if (grad_scale == 0.0f) continue;
         const floatX *dlogits;
         if constexpr (std::is_same<floatX, float>::value) dlogits = m->logits;

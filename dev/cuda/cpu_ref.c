@@ -58,8 +58,8 @@ void ref_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
     Chunk ch = {B, T, t0, len, window, s2_group};
     attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &ch, NH, NKV, hd);
 }
-double ref_crossentropy_forward_backward(float *logits, const int *targets, int n, int V, float grad_scale) {
-    return crossentropy_forward_backward(logits, targets, NULL, NULL, n, V, grad_scale);
+double ref_crossentropy_forward_backward(float *logits, const int *targets, const float *weights, int n, int V, float grad_scale) {
+    return crossentropy_forward_backward(logits, targets, weights, NULL, n, V, grad_scale);
 }
 void ref_swiglu_forward(float *out, const float *gate, const float *up, size_t n) { swiglu_forward(out, gate, up, n); }
 void ref_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {

@@ -31,7 +31,7 @@ void ref_attention_forward(float *out, float *lse, const float *q, const float *
 void ref_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, int B, int T, int t0, int len, int window,
                             int s2_group, int NH, int NKV, int hd);
-double ref_crossentropy_forward_backward(float *logits, const int *targets, int n, int V, float grad_scale);
+double ref_crossentropy_forward_backward(float *logits, const int *targets, const float *weights, int n, int V, float grad_scale);
 void ref_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void ref_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 // t: the step number after this update (1 for the first), as Optimizer.t after adamw_update's increment
