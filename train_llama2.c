@@ -1088,7 +1088,7 @@ static float **model_reference_place(Model *m) {
 static size_t model_reference_numel(const Model *m) {
     const HostModel *h = &m->host;
     if (!m->reference) return 0;
-    return h->use_lora ? h->lora.num_params : host_sharded(h) ? h->units.shard_numel : h->num_params;
+    return h->use_lora ? h->lora.num_params : m->sharded ? h->units.shard_numel : h->num_params;
 }
 // trades the reference's weights with the trained ones where the forward reads them: called
 // before the reference's forward and again after it; the gathered units and the packed head

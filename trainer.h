@@ -206,7 +206,7 @@
 #include "trainer/schedule.h"   // the learning rate and the loss scale
 #include "trainer/checkpoint.h" // checkpoints and exact resume
 #include "trainer/sample.h"     // sampling
-#include "trainer/preference.h" // --objective dpo and orpo: the per-pair loss, its per-token weights, the step
+#include "trainer/preference.h" // --objective dpo and orpo: the per-pair loss, its per-token weights, the scores
 #include "trainer/report.h"     // evaluation, the step's line, metrics, TensorBoard
 
 // ----------------------------------------------------------------------------
@@ -218,6 +218,47 @@ static int failed_anywhere(Trainer *r, int failed) {
     int any = fsdp_any(&r->fsdp.world, failed);
     if (any && !failed && r->fsdp.world.rank == 0) fprintf(stderr, "error: stopping every rank: another rank failed (its message is above)\n");
     return any;
+}
+
+// The start of an optimizer step (train_step's, preference_step's): the step's GA batches of B
+// (rows, or pairs), each `cells` tokens apart in r->tokens and r->targets, loaded first (the loss
+// is normalised over the whole step), this rank's tokens added to *tokens (a context-parallel
+// group shares its rows: counted once) and, with labels, the batches' global label count; the
+// gradients zeroed; the step's learning rate into *lr.
+static void step_begin(Trainer *r, const TrainConfig *tc, int step, int total, LossScale *ls, size_t cells, double *tokens,
+                       long *labels, float *lr) {
+    PROF_BEGIN(NULL, "data", -1, -1, -1);
+    for (int g = 0; g < tc->grad_accum; g++) {
+        dataloader_next_batch(&r->dl, tc->batch_size, r->pad_id, r->tokens + (size_t)g * cells, r->targets + (size_t)g * cells, &r->Ts[g]);
+        if (labels) *labels += dataloader_global_labels(&r->dl);
+        if (r->fsdp.context.rank == 0) *tokens += r->dl.batch_tokens;
+    }
+    PROF_END(NULL);
+    optimizer_zero_grad(&r->opt);
+    *lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
+#ifdef BACKEND_STEP_IN_BACKWARD
+    optimizer_begin_step(&r->opt, step + 1, *lr, tc->grad_accum, ls->on);
+#else
+    (void)ls;
+#endif
+}
+
+// the tests' injected faults (1-based steps, as printed) on a step's gradient scale: NaN
+// gradients, or finite ones whose squares overflow
+static float step_fault(int step, float scale) {
+    if (fault_at("nan", step + 1)) scale = NAN;
+    if (fault_at("huge", step + 1)) scale *= 1e30f;
+    return scale;
+}
+
+// The end of an optimizer step: the update with the step's loss (every rank's), clipping inside;
+// a NaN or infinite loss or gradient norm skips it (*skipped = 1); then the loss scale is updated.
+static void step_end(Trainer *r, LossScale *ls, float lr, double loss, double *norm, int *skipped) {
+    PROF_BEGIN(NULL, "optimizer", -1, -1, -1);
+    *norm = optimizer_step(&r->opt, lr, 1.0f / ls->scale, isfinite(loss));
+    PROF_END(NULL);
+    *skipped = !isfinite(loss) || !isfinite(*norm);
+    loss_scale_update(ls, !isfinite(*norm)); // the norm (a sum in double) is finite exactly when every gradient is
 }
 
 // One optimizer step: GA micro-batches of every rank's rows, the loss normalised
@@ -232,22 +273,8 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     int B = tc->batch_size, GA = tc->grad_accum, T = m->T;
     long labels = 0;
     double sums[2] = {0, 0}; // loss, tokens: this rank's, then every rank's
-    PROF_BEGIN(NULL, "data", -1, -1, -1);
-    for (int g = 0; g < GA; g++) { // the whole step's batches first: the loss is normalised by their label count
-        dataloader_next_batch(&r->dl, B, r->pad_id, r->tokens + (size_t)g * B * T, r->targets + (size_t)g * B * T, &r->Ts[g]);
-        labels += dataloader_global_labels(&r->dl);
-        if (r->fsdp.context.rank == 0) sums[1] += r->dl.batch_tokens; // (a context-parallel group shares its rows)
-    }
-    PROF_END(NULL);
-    optimizer_zero_grad(&r->opt);
-    *lr = lr_at(tc->lr_scheduler, tc->lr, step, tc->warmup_steps, total);
-#ifdef BACKEND_STEP_IN_BACKWARD
-    optimizer_begin_step(&r->opt, step + 1, *lr, GA, ls->on);
-#endif
-    float scale = labels ? ls->scale / (float)labels : 0.0f; // (exact: ls->scale is a power of two)
-    // the tests' injected faults (1-based steps, as printed): NaN gradients, or finite ones whose squares overflow
-    if (fault_at("nan", step + 1)) scale = NAN;
-    if (fault_at("huge", step + 1)) scale *= 1e30f;
+    step_begin(r, tc, step, total, ls, (size_t)B * T, &sums[1], &labels, lr);
+    float scale = step_fault(step, labels ? ls->scale / (float)labels : 0.0f); // (exact: ls->scale is a power of two)
     for (int g = 0; g < GA; g++) {
         m->dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
         PROF_BEGIN(NULL, "forward-backward", -1, -1, -1); // a micro-batch
@@ -259,13 +286,54 @@ static double train_step(Trainer *r, const TrainConfig *tc, int step, int total,
     PROF_END(NULL);
     *n_tokens = (long)sums[1];
     double loss = labels ? sums[0] / labels : 0.0;
-    PROF_BEGIN(NULL, "optimizer", -1, -1, -1);
-    *norm = optimizer_step(&r->opt, *lr, 1.0f / ls->scale, isfinite(loss));
-    PROF_END(NULL);
-    *skipped = !isfinite(loss) || !isfinite(*norm);
-    loss_scale_update(ls, !isfinite(*norm)); // the norm (a sum in double) is finite exactly when every gradient is
+    step_end(r, ls, *lr, loss, norm, skipped);
     return loss;
 }
+
+#ifdef BACKEND_PREFERENCE
+// One optimizer step of preference tuning, as train_step's (whose arguments it takes) but
+// for pairs: GA micro-batches of B pairs on every rank; the metrics of the step's pairs into
+// pm (PM_N). Returns the step's loss.
+static double preference_step(Trainer *r, const TrainConfig *tc, int step, int total, LossScale *ls, long *n_tokens, double *norm,
+                              float *lr, int *skipped, double *pm) {
+    Model *m = &r->m;
+    int B = tc->batch_size, GA = tc->grad_accum, T = m->T, W = fsdp_data_size(&r->fsdp), orpo = !strcmp(tc->objective, "orpo");
+    double pairs = (double)B * GA * W, sums[2 + PM_N] = {0}; // the loss, the tokens, the metrics: this rank's, then every rank's
+    size_t cells = (size_t)2 * B * T;
+    int *nll_tg = orpo ? (int *)mallocCheck(cells * sizeof(int)) : NULL;
+    double *ce = (double *)mallocCheck(cells * sizeof(double)), (*dl)[2] = (double (*)[2])mallocCheck((size_t)B * sizeof *dl);
+    float *w = (float *)mallocCheck(cells * sizeof(float));
+    PairScores *ps = (PairScores *)mallocCheck((size_t)B * sizeof *ps);
+    step_begin(r, tc, step, total, ls, cells, &sums[1], NULL, lr);
+    float scale = step_fault(step, ls->scale); // (the weights carry the rest of the gradient's scale)
+    for (int g = 0; g < GA; g++) {
+        const int *tokens = r->tokens + (size_t)g * cells, *tg = r->targets + (size_t)g * cells;
+        int Tg = r->Ts[g];
+        long nll_n;
+        m->dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
+        if (orpo) orpo_targets(tokens, tg, B, Tg, nll_tg);
+        PROF_BEGIN(NULL, "preference scores", -1, -1, -1);
+        double nll = preference_score(m, tc, tokens, tg, nll_tg, B, Tg, ce, ps, &nll_n);
+        PROF_END(NULL);
+        for (int b = 0; b < B; b++) sums[0] += preference_pair(tc, &ps[b], dl[b], sums + 2) / pairs;
+        if (orpo) sums[0] += nll / nll_n / (GA * W), sums[2 + PM_NLL_LOSS] += nll / nll_n * B; // (per pair, as the other metrics)
+        preference_weights(tg, nll_tg, (const double (*)[2])dl, B, Tg, pairs, orpo ? 1.0 / ((double)nll_n * GA * W) : 0, w);
+        m->loss_weights = w;
+        PROF_BEGIN(NULL, "forward-backward", -1, -1, -1);
+        model_forward_backward(m, tokens, orpo ? nll_tg : tg, 2 * B, Tg, scale);
+        PROF_END(NULL);
+        m->loss_weights = NULL;
+    }
+    free(nll_tg); free(ce); free(dl); free(w); free(ps);
+    PROF_BEGIN(NULL, "all-reduce loss", -1, -1, sizeof sums);
+    fsdp_all_reduce(&r->fsdp.world, sums, 2 + PM_N, FSDP_F64);
+    PROF_END(NULL);
+    *n_tokens = (long)sums[1];
+    for (int k = 0; k < PM_N; k++) pm[k] = sums[2 + k] / pairs;
+    step_end(r, ls, *lr, sums[0], norm, skipped);
+    return sums[0];
+}
+#endif
 
 // The final save of shards the backend keeps (sharded full fine-tuning's, streamed): rank 0 writes
 // the files a piece at a time through weights_get (shard_gather_get), and every rank of its shard
