@@ -127,13 +127,15 @@ typedef struct {
                  // no micro-batch runs (sampling: whole rows, its own chunks)
     int window;  // Config's sliding_window (the chunks' attention mask)
     int s2_attn; // --s2_attn: training's chunks attend within S2-Attn's groups (s2_group_size)
+    int share;   // a shared prompt (rows_share): rows B/2 .. B - 1 repeat the first `share` positions of
+                 // rows 0 .. B/2 - 1, which run once; 0: none
 } Rows;
 
 // B rows of T positions in chunks of C (>= T: one; the Model's chunk_size), or with a context
 // group of P > 1 ranks (rank: this one) padded and cut in pieces of context_len (context_layout's
 // C: 0, each row in 2P pieces)
 static inline Rows rows_layout(int B, int T, int C, int context_len, int P, int rank, int window, int s2_attn) {
-    Rows r = {B, T, T, C, (T + C - 1) / C, P, rank, window, s2_attn};
+    Rows r = {B, T, T, C, (T + C - 1) / C, P, rank, window, s2_attn, 0};
     if (P > 1) {
         context_layout(P, context_len, T, &r.T, &r.len);
         r.n = r.T / r.len / P;
@@ -160,13 +162,30 @@ static inline void rows_pad(const Rows *r, int *tokens_out, int *targets_out, co
         }
 }
 
+// A shared prompt (preference tuning's pairs, docs/preference.md): rows b and B/2 + b hold the
+// same tokens at positions 0 .. S - 1, where neither has a label but row b's own (ORPO's nll).
+// Their keys and values there are the same, so those positions run once, for rows 0 .. B/2 - 1
+// alone, in chunks of their own; then every row runs from S on, rows B/2 .. B - 1 seeing row b's
+// keys and values through the carry (carry_share), and in the backward their dK, dV at those
+// positions are added into row b's before its chunks' backward. S = 0: none.
+static inline void rows_share(Rows *r, int S) {
+    if (S <= 0) return;
+    if (r->P > 1 || r->B % 2 || S >= r->T) die("internal: a shared prompt of %d positions in rows (%d, %d), context %d", S, r->B, r->T, r->P);
+    r->share = S;
+    r->n = (S + r->len - 1) / r->len + (r->T - S + r->len - 1) / r->len;
+}
+
 // chunk j of the rows in the order of their positions: j len .. (j + 1) len - 1, the last
-// chunk maybe shorter (attending to every earlier position)
+// chunk maybe shorter (attending to every earlier position); with a shared prompt of S
+// positions, its chunks of B/2 rows first (the last ending at S), then chunks from S on
 static inline Chunk chunk_at(const Rows *r, int j) {
-    Chunk ch = {r->B, r->T, j * r->len, r->len, r->window, 0};
-    if (ch.t0 + ch.len > r->T) ch.len = r->T - ch.t0; // the last chunk may be shorter
+    int shared = (r->share + r->len - 1) / r->len, end = j < shared ? r->share : r->T;
+    Chunk ch = {j < shared ? r->B / 2 : r->B, r->T, j < shared ? j * r->len : r->share + (j - shared) * r->len, r->len, r->window, 0};
+    if (ch.t0 + ch.len > end) ch.len = end - ch.t0; // the last chunk may be shorter
     return ch;
 }
+// the chunk after which the shared prompt's keys and values are complete (-1: no shared prompt)
+static inline int rows_shared_last(const Rows *r) { return r->share ? (r->share + r->len - 1) / r->len - 1 : -1; }
 // Chunk j of what the model runs: chunk_at's, or context parallel this rank's piece of group j.
 // train: model_forward_backward's, whose attention takes --s2_attn's groups (evaluation and
 // sampling attend to every earlier position), the groups of the rows before their padding, whose
@@ -190,6 +209,11 @@ static inline Chunk carry_rows(const Rows *r, const Chunk *ch, int prefix) {
     c.T = ch->T / r->P, c.t0 = context_group(r, ch) * ch->len;
     return c;
 }
+
+// The positions of a layer's KV carry, whose rows are the micro-batch's (its chunks' rows but a
+// shared prompt's, which are half of them) or, where no rows run (sampling), the chunk's; cr:
+// carry_rows'
+static inline size_t carry_positions(const Rows *r, const Chunk *cr) { return (size_t)(r->B ? r->B : cr->B) * cr->T; }
 
 // a layer's slice of a per-layer buffer of `size` elements a layer (the carries, the activations)
 #define LAYER(buf, l, size) ((buf) + (size_t)(l) * (size))

@@ -232,8 +232,10 @@ typedef struct { CHUNK_ACTS(float) } ChunkActs; // (chunk.h lists the members an
 
 typedef struct {
     ChunkActs *chunk;  // (n_slots) one per chunk in keep mode, one in all in recompute mode
-                       // (with activation checkpointing they share all but their resid)
+                       // (with activation checkpointing they share all but their resid);
+                       // a shared prompt's micro-batch lays out one more (slots_layout)
     int n_slots;
+    size_t slots_at, slots_bytes; // where the slots are in the activations' allocation, their bytes
     float *k, *v;      // (L, B, P + T, NKV*hd) the KV carry (keys after RoPE), a prefix's P positions first;
                        // context parallel: (L, B, T / P, NKV*hd) this rank's positions only (carry_rows)
     float *dk, *dv;    // the dKV carry, the same shape: gradients for earlier positions
@@ -311,6 +313,7 @@ typedef struct {
     float *ref_params;        // the trainable weights as training started (LoRA's parameters, the model's,
                               // or this rank's shards of it); model_reference_swap trades them with the trained
     int ref_taken;            // ref_params holds them (the first model_reference_swap copies them)
+    int shared_prompt;
 } Model;
 
 // the context-parallel group while a micro-batch runs this rank's pieces of the rows (m->rows.P > 1:
@@ -357,6 +360,8 @@ static AttentionKV attention_kv(Model *m, float *k, float *v, float *dk, float *
 static void check_batch(const Model *m, const int *tokens, int B, int T);
 static void rows_begin(Model *m, const int **tokens, const int **targets, int B, int T);
 static void rows_end(Model *m);
+static void carry_share(Model *m, int dir);
+static void slots_place(Model *m, const Rows *r);
 
 // Forward and backward of one micro-batch: returns the summed cross-entropy and
 // adds grad_scale * d(loss)/d(parameter) into the gradients of the trainable ones.
@@ -370,6 +375,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     rows_begin(m, &tokens, &targets, B, T);
     const Rows *r = &m->rows;
     int n = r->n;
+    if (r->share && !m->recompute) slots_place(m, r);
     T = r->T;
     size_t carry = (size_t)m->host.config.n_layers * B * (host_prefix(&m->host) + T / fsdp_context_size(m->fsdp)) *
                    m->host.config.n_kv_heads * m->host.config.head_dim;
@@ -379,11 +385,13 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     for (int j = 0; j < n; j++) {
         Chunk ch = rows_chunk(r, j, 1);
         chunk_forward(m, &a->chunk[m->recompute ? 0 : j], tokens, &ch);
+        if (j == rows_shared_last(r)) carry_share(m, 1);
     }
     double loss = 0;
     for (int j = n - 1; j >= 0; j--) {
         Chunk ch = rows_chunk(r, j, 1);
         ChunkActs *s = &a->chunk[m->recompute ? 0 : j];
+        if (j == rows_shared_last(r)) carry_share(m, -1);
         if (m->recompute && j < n - 1) chunk_forward(m, s, tokens, &ch);
         PROF_BEGIN(NULL, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
         loss += chunk_head(m, s, targets, &ch, grad_scale, NULL);
@@ -393,6 +401,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     const LoRA *lo = &m->host.lora;
     if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
         prefix_backward(lora_A(lo, lo->grads, 0, 0), a->dk, a->dv, m->host.config.n_layers, B, lo->prefix, T, lo->out[LORA_K]);
+    if (r->share && !m->recompute) slots_place(m, NULL);
     rows_end(m);
     units_reshard(m);
     grads_bf16_end(m);
@@ -429,7 +438,7 @@ static void layer_forward(Model *m, ChunkActs *s, const Chunk *ch, int l) {
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     Chunk cc = carry_chunk(ch, host_prefix(&m->host)); // the chunk as RoPE and attention see it
     Chunk cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // and where its keys and values go in the carries
-    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cr.B * cr.T * KV;
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = carry_positions(&m->rows, &cr) * KV;
     LayerWeights w = layer_params(m, l);
     LayerActs act = layer_acts(m, s, ch, l);
     float *kc = LAYER(a->k, l, carry), *vc = LAYER(a->v, l, carry);
@@ -472,7 +481,7 @@ static void chunk_backward(Model *m, ChunkActs *s, const int *tokens, const Chun
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
     Chunk cc = carry_chunk(ch, host_prefix(&m->host)), cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // (as layer_forward's)
-    size_t carry = (size_t)cr.B * cr.T * KV;
+    size_t carry = carry_positions(&m->rows, &cr) * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units;
     // frozen units (the embedding and layers 0 .. frozen - 2) need no gradient, and nothing
     // below them trains: the backward stops at the first layer that trains
@@ -625,6 +634,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
         PROF_BEGIN(NULL, "head", -1, j, -1);
         loss += chunk_head(m, &m->a.chunk[0], targets, &ch, 0.0f, logits_out);
         PROF_END(NULL);
+        if (j == rows_shared_last(&m->rows)) carry_share(m, 1);
     }
     if (context_comm(m)) fsdp_all_reduce(context_comm(m), &loss, 1, FSDP_F64); // (in rank order: every rank the same)
     rows_end(m);
@@ -954,6 +964,7 @@ static void rows_begin(Model *m, const int **tokens, const int **targets, int B,
     int P = fsdp_context_size(m->fsdp);
     m->rows = rows_layout(B, T, m->chunk_size, m->context_len, P, P > 1 ? m->fsdp->context.rank : 0,
                           m->host.config.sliding_window, m->s2_attn);
+    rows_share(&m->rows, m->shared_prompt);
     if (P == 1) return;
     rows_pad(&m->rows, a->context_tokens, a->context_targets, *tokens, *targets);
     *tokens = a->context_tokens, *targets = a->context_targets;
@@ -961,6 +972,27 @@ static void rows_begin(Model *m, const int **tokens, const int **targets, int B,
 // the micro-batch's end: no rows, no context group (sampling runs its own chunks of whole rows)
 static void rows_end(Model *m) {
     memset(&m->rows, 0, sizeof m->rows);
+}
+
+// A shared prompt's keys and values (chunk.h's rows_share): after its last chunk's forward (dir >
+// 0) copied in every layer from rows 0 .. B/2 - 1 of the KV carry into rows B/2 .. B - 1, which
+// attend to them as their own; before that chunk's backward (dir < 0) the dK, dV those rows added
+// at its positions summed into rows 0 .. B/2 - 1, whose chunks' backward takes them on
+static void carry_share(Model *m, int dir) {
+    const Rows *r = &m->rows;
+    size_t KV = (size_t)m->host.config.n_kv_heads * m->host.config.head_dim, n = (size_t)r->share * KV;
+    for (int l = 0; l < m->host.config.n_layers; l++)
+        for (int b = 0; b < r->B / 2; b++) {
+            size_t own = ((size_t)l * r->B + b) * r->T * KV, twin = own + (size_t)r->B / 2 * r->T * KV;
+            if (dir > 0) {
+                memcpy(m->a.k + twin, m->a.k + own, n * sizeof(float));
+                memcpy(m->a.v + twin, m->a.v + own, n * sizeof(float));
+                continue;
+            }
+            float *dk = m->a.dk + own, *dv = m->a.dv + own;
+            #pragma omp parallel for
+            for (size_t i = 0; i < n; i++) dk[i] += dk[twin - own + i], dv[i] += dv[twin - own + i];
+        }
 }
 
 // ----------------------------------------------------------------------------
@@ -979,6 +1011,34 @@ static void chunk_acts_layout(const Config *c, int B, int C, int r, int Lk, Chun
     place(a, s->resid_mid, L * N * D); place(a, s->ln2, L * N * D); place(a, s->rstd2, L * N);
     place(a, s->gate, L * N * H); place(a, s->up, L * N * H); place(a, s->hmlp, L * N * H);
     place(a, s->lora_h, L * LORA_N_TARGETS * N * r);
+}
+
+// The chunks' slots (keep mode: one a chunk; recompute: one). Every slot keeps its chunk's
+// residuals. The rest is each slot's own, for every layer; or with activation checkpointing one
+// layer's worth, for the largest chunk, that all slots share: only the layer running (forward, or
+// recomputed for its backward) uses it. For chunks of the capacity's (B, C) (r NULL), or in keep
+// mode for the chunks of rows r, one slot each: a shared prompt's micro-batch (chunk.h's rows_share)
+// runs chunks of B/2 rows, then of B, maybe one more chunk than the capacity's but no more
+// positions, B T at most, so they fit the same room (model_forward_backward lays them out there).
+static void slots_layout(Model *m, Layout *a, const Rows *r) {
+    const Config *c = &m->host.config;
+    Activations *ac = &m->a;
+    size_t L = c->n_layers, lora_r = m->host.use_lora ? m->host.lora.r : 0;
+    int ckpt = m->activation_checkpointing, n = r ? r->n : ac->n_slots;
+    for (int i = 0; i < n; i++) {
+        Chunk ch = r ? chunk_at(r, i) : (Chunk){m->B, m->T, 0, m->chunk_size, 0, 0};
+        if (ckpt && i) ac->chunk[i] = ac->chunk[0];
+        else if (ckpt) chunk_acts_layout(c, m->B, m->chunk_size, (int)lora_r, 1, &ac->chunk[i], a);
+        else chunk_acts_layout(c, ch.B, ch.len, (int)lora_r, (int)L, &ac->chunk[i], a);
+        place(a, ac->chunk[i].resid, (L + 1) * ch.B * ch.len * c->dim);
+    }
+}
+
+// keep mode's slots laid out again where they are, for the chunks of rows r, or (NULL) the capacity's
+static void slots_place(Model *m, const Rows *r) {
+    Layout a = host_layout((char *)m->alloc[2] + m->a.slots_at);
+    slots_layout(m, &a, r);
+    if (a.bytes > m->a.slots_bytes) die("internal: the chunks' slots need %zu bytes of %zu", a.bytes, m->a.slots_bytes);
 }
 
 // The sharded model's buffers: the slots that hold gathered units (a slot as big as the
@@ -1033,15 +1093,9 @@ static size_t model_layout(Model *m, Layout *w, Layout *p, Layout *a, Layout *k)
     // gemm's scratch instead: the copy would cost 2 V D floats (1 GiB at Llama-2-7B's shape)
     // for a small share of the time. First in the allocation: its vector loads are aligned.
     if (m->B * ((C + piece - 1) / piece) > 1) place(a, ac->head_packed, gemm_packed_b_floats(V, D) + gemm_packed_b_floats(D, V));
-    // Every slot keeps its chunk's residuals. The rest is each slot's own, for every layer;
-    // or with activation checkpointing one layer's worth that all slots share: only the
-    // layer running (forward, or recomputed for its backward) uses it.
-    int ckpt = m->activation_checkpointing, owners = ckpt ? 1 : ac->n_slots;
-    for (int i = 0; i < ac->n_slots; i++) {
-        if (i < owners) chunk_acts_layout(c, m->B, (int)C, (int)r, ckpt ? 1 : (int)L, &ac->chunk[i], a);
-        else ac->chunk[i] = ac->chunk[0];
-        place(a, ac->chunk[i].resid, (L + 1) * N * D);
-    }
+    ac->slots_at = a->bytes;
+    slots_layout(m, a, NULL);
+    ac->slots_bytes = a->bytes - ac->slots_at;
     // one chunk's scratch
     place(a, ac->tokens, N); place(a, ac->lnf, N * D); place(a, ac->rstdf, N); place(a, ac->logits, piece * V);
     place(a, ac->kv, N * KV); place(a, ac->dresid, N * D); place(a, ac->dln, N * D);
@@ -1119,7 +1173,7 @@ static void model_buffers(Model *m, int B, int T, int C, int recompute, int num_
     if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 2 : h->units.n_units;
     free(a->chunk); // a plan before (--batch_size auto tries several)
     free(m->slot);
-    a->chunk = (ChunkActs *)callocCheck(a->n_slots, sizeof(ChunkActs));
+    a->chunk = (ChunkActs *)callocCheck(a->n_slots + 1, sizeof(ChunkActs)); // (+ 1: slots_layout's shared prompt)
     m->slot = (float **)callocCheck(m->n_unit_slots + 1, sizeof(float *)); // + 1: not empty when whole
     Layout lay[4] = {host_layout(NULL), host_layout(NULL), host_layout(NULL), host_layout(NULL)}; // slots, gradients, activations, carries
     size_t comm = model_layout(m, &lay[0], &lay[1], &lay[2], &lay[3]), pack = model_gemm_scratch(m);
@@ -1377,6 +1431,7 @@ static const char *const backend_collectives[] = {"host"}; // its buffers are ho
 static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)
 static const int backend_context_parallel = 1; // --context_parallel with every option it runs (model_forward_backward, model_forward)
 #define BACKEND_PREFERENCE // --objective dpo and orpo (trainer/preference.h): loss_weights, target_losses, model_reference_swap
+#define BACKEND_SHARED_PROMPT // --shared_prompt: shared_prompt (chunk.h's rows_share)
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

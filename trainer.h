@@ -131,6 +131,12 @@
 //           trades the reference's weights with the trained ones where the forward
 //           reads them (before the reference's model_forward, and again after it); the
 //           first call, before the first optimizer step, copies the weights as they are
+//   BACKEND_SHARED_PROMPT (a macro) where the backend runs a pair's prompt once (--shared_prompt),
+//       with this Model member:
+//       int shared_prompt;     set by the trainer around a model_forward or model_forward_backward
+//                              of 2B rows: rows B .. 2B - 1 repeat the first shared_prompt tokens
+//                              of rows 0 .. B - 1, where they have no target (chunk.h's
+//                              rows_share); those positions run once, for rows 0 .. B - 1 (0: none)
 //   float *model_next_logits(Model *m, const int *seq, const Chunk *ch);
 //       runs positions ch->t0 .. ch->t0 + ch->len - 1 of one sequence (ch->B = 1,
 //       ch->T = m->T, or with context parallelism, whose carries hold m->B m->T / P
@@ -319,9 +325,13 @@ static double preference_step(Trainer *r, const TrainConfig *tc, int step, int t
         if (orpo) sums[0] += nll / nll_n / (GA * W), sums[2 + PM_NLL_LOSS] += nll / nll_n * B; // (per pair, as the other metrics)
         preference_weights(tg, nll_tg, (const double (*)[2])dl, B, Tg, pairs, orpo ? 1.0 / ((double)nll_n * GA * W) : 0, w);
         m->loss_weights = w;
+        int S = preference_shared(m, tc, tokens, tg, B, Tg);
+        preference_set_shared(m, S);
+        r->pair_positions[0] += (double)B * (2 * Tg - S), r->pair_positions[1] += 2.0 * B * Tg;
         PROF_BEGIN(NULL, "forward-backward", -1, -1, -1);
         model_forward_backward(m, tokens, orpo ? nll_tg : tg, 2 * B, Tg, scale);
         PROF_END(NULL);
+        preference_set_shared(m, 0);
         m->loss_weights = NULL;
     }
     free(nll_tg); free(ce); free(dl); free(w); free(ps);
@@ -581,6 +591,9 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     long rows_per_step = (long)B * GA * fsdp_data_size(f); // every data-parallel group's rows
     int total = tc->max_steps >= 0 ? tc->max_steps : (int)((tc->num_epochs * (long)r->train_ds.n_rows + rows_per_step - 1) / rows_per_step);
     double host = print_plan(tc, r, T, total);
+#ifdef BACKEND_PREFERENCE
+    if (preference(tc)) preference_plan(&r->m, tc, &r->train_ds, r->pad_id);
+#endif
     if (tc->dry_run) { // (a note, not a refusal: a plan may be for another machine)
         check_host_plan(tc, host, available);
         return 0;
@@ -648,6 +661,9 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     if (has_validation(tc)) report_eval(tc, m, &r->val_ds, B, r->pad_id, total, r->metrics, &r->tb); // also with --max_steps 0: evaluates the start
     print_samples(m, tc, &r->tok, ts.step);
     print_peak_memory(r); // every rank's, before the saves (which gather the model on rank 0)
+    if (r->pair_positions[1] > 0)
+        printf("the pairs' rows ran %.0f positions, %.0f as two rows a pair (--shared_prompt %s: %.1f%% fewer)\n", r->pair_positions[0],
+               r->pair_positions[1], tc->shared_prompt, 100 * (1 - r->pair_positions[0] / r->pair_positions[1]));
     return save_outputs(tc, r, tc->output_dir, r->tokpath);
 }
 

@@ -950,8 +950,9 @@ static void test_grad_scaler(void) {
 // dev/reference/make_dpo_fixtures.py's float64 reference in test/fixtures/tiny_gqa/dpo (TRL
 // 1.16's DPOTrainer and ORPOTrainer train the same steps and agree with it), each case on
 // test/fixtures/preference/data.jsonl (max_seq_len 32, 2 micro-batches of 2 pairs, file
-// order): step 1's gradient of the step's loss (before clipping), whole and in chunks of 7
-// with recompute, activation checkpointing and 3 output pieces, with its loss and TRL's
+// order): step 1's gradient of the step's loss (before clipping), whole (each pair's prompt run
+// once: --shared_prompt auto, the fixtures' adapters having no dropout; and as two rows), and in
+// chunks of 7 with recompute, activation checkpointing and 3 output pieces, with its loss and TRL's
 // metrics; then the 4 steps through the training loop: each step's loss, lr and gradient
 // norm (check_steps), TRL's metrics, and the trained tensors. Tolerances, fp32 against
 // float64 (the measured worst errors are in docs/preference.md): losses and metrics 1e-5
@@ -1053,6 +1054,9 @@ static void test_preference(const char *name) {
     StFile ef;
     if (st_open(&ef, "test/fixtures/tiny_gqa/dpo/expected.safetensors") != 0) die("cannot open the DPO fixtures");
     dpo_step_one(name, hp, &steps->items[0], &ef, NULL, name);
+    const char *two_rows[] = {"--shared_prompt", "off", NULL};
+    snprintf(what, sizeof what, "%s (two rows a pair)", name);
+    dpo_step_one(name, hp, &steps->items[0], &ef, two_rows, what);
     const char *chunked[] = {"--chunk_size", "7", "--chunk_memory", "recompute", "--activation_checkpointing", "--num_output_chunks", "3", NULL};
     snprintf(what, sizeof what, "%s (C=7 recompute, checkpointing, 3 output pieces)", name);
     dpo_step_one(name, hp, &steps->items[0], &ef, chunked, what);

@@ -11,6 +11,7 @@
 #     loss is log 2 and every reward 0; ORPO's eval/ metrics are there; TensorBoard's tags;
 #   - the memory plan counts DPO's reference (Llama-2-7B full fine-tuning, a dry run);
 #   - ORPO (no reference) resumes from a checkpoint to the uninterrupted run's bits;
+#   - --shared_prompt on (a pair's prompt run once) == two rows, to rounding, in every chunk mode;
 #   - hostile data and options: SFT on pairs, DPO on SFT data, a plain record among pairs, a
 #     missing key, DPO with --resume, the emulated CUDA trainer: a clear error, nothing written.
 set -u
@@ -70,6 +71,38 @@ cmp -s "$TMP/orpo/adapter_model.safetensors" "$TMP/orpo_resumed/adapter_model.sa
     [ "$(trajectory_diff "$TMP/orpo_resumed.jsonl" "$TMP/orpo.jsonl" 3)" = 0 ]
 check "ORPO: resumed from step 2, the uninterrupted run's steps 3-4 and adapter, bit for bit" $? "$(diff <(trajectory "$TMP/orpo.jsonl") <(trajectory "$TMP/orpo_resumed.jsonl") | head -4)"
 
+# --shared_prompt on == off (two rows) to rounding: the prompt's keys and values run once and its dK, dV
+# are summed before its backward, where two rows take two backwards and sum their gradients. Whole and
+# chunked (keep: the slots laid out again, one chunk more; recompute with activation checkpointing and
+# output pieces), full fine-tuning, ORPO (the prompt's nll on the shared run), DoRA, QLoRA, accumulation.
+# Tolerance: the trajectory TRAJ_TOL; the weights SHARED_TOL of their scale after 3 AdamW steps (measured
+# worst 7.5e-6, ORPO: AdamW's first steps turn rounding-level gradient differences into larger ones of
+# the near-zero elements' updates). The report says what ran: fewer positions when on, none fewer when
+# off, and auto with LoRA dropout (a fresh adapter's: --from_peft_checkpoint takes its adapter's) is two
+# rows (their own masks), off's bits.
+SHARED_TOL=5e-5
+for cfg in "whole|${LORA[*]} --lora_dropout 0" "keep C=5|${LORA[*]} --lora_dropout 0 --chunk_size 5" \
+    "recompute C=5|${LORA[*]} --lora_dropout 0 --chunk_size 5 --chunk_memory recompute --activation_checkpointing --num_output_chunks 3" \
+    "full C=6|--objective dpo --full_finetune --lr 3e-3 --chunk_size 6" "ORPO C=7|--objective orpo --lora_dropout 0 --chunk_size 7" \
+    "DoRA|--objective dpo --use_dora --lora_dropout 0" "QLoRA|${LORA[*]} --quantize nf4 --lora_dropout 0" \
+    "accumulation|${LORA[*]} --lora_dropout 0 --batch_size 1 --gradient_accumulation_steps 2"; do
+    name=${cfg%%|*}
+    read -r -a extra <<<"${cfg#*|}"
+    file=adapter_model.safetensors
+    [[ "${extra[*]}" == *full_finetune* ]] && file=model.safetensors
+    run "$TMP/shared_on" 3 --batch_size 2 "${extra[@]}" --shared_prompt on && run "$TMP/shared_off" 3 --batch_size 2 "${extra[@]}" --shared_prompt off
+    check "--shared_prompt, $name: trains" $? "$(tail -n 2 "$TMP/shared_on.log" "$TMP/shared_off.log")"
+    d=$(trajectory_diff "$TMP/shared_on.jsonl" "$TMP/shared_off.jsonl")
+    out=$("$compare" "$TMP/shared_on/$file" "$TMP/shared_off/$file" $SHARED_TOL) && awk -v d="$d" -v t=$TRAJ_TOL 'BEGIN { exit !(d <= t) }'
+    check "--shared_prompt, $name: on == two rows (trajectory $d, $out)" $? "trajectory $d; $out"
+    grep -q "(--shared_prompt on: [1-9][0-9.]*% fewer)" "$TMP/shared_on.log" && grep -q "(--shared_prompt off: 0.0% fewer)" "$TMP/shared_off.log"
+    check "--shared_prompt, $name: the report says what ran" $? "$(tail -n 2 "$TMP/shared_on.log" "$TMP/shared_off.log")"
+done
+run "$TMP/shared_auto" 3 --objective dpo --batch_size 2 --lora_dropout 0.1 && run "$TMP/shared_off" 3 --objective dpo --batch_size 2 --lora_dropout 0.1 --shared_prompt off
+cmp -s "$TMP/shared_auto/adapter_model.safetensors" "$TMP/shared_off/adapter_model.safetensors" &&
+    grep -q "(--shared_prompt auto: 0.0% fewer)" "$TMP/shared_auto.log"
+check "--shared_prompt auto with LoRA dropout: two rows, off's bits" $? "$(tail -2 "$TMP/shared_auto.log")"
+
 # the memory plan counts DPO's reference: Llama-2-7B full fine-tuning plans its 25705.0 MiB of fp32
 # weights once more than SFT (a dry run, nothing of the model's size allocated)
 plan() { "$BIN" --model $FIX/configs/llama-2-7b --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --dry_run --max_seq_len 64 \
@@ -97,6 +130,10 @@ refused "a pair without its rejected response" "nokey.jsonl:1: missing field \"r
 refused "DPO with --resume" "--objective dpo with --resume is not supported yet" "$BIN" "${ARGS[@]}" --objective dpo --resume "$TMP/orpo"
 refused "--dpo_loss_type without DPO" "--dpo_loss_type is DPO's" "$BIN" "${ARGS[@]}" --objective orpo --dpo_loss_type ipo
 refused "packing" "give --batching padding" "$BIN" "${ARGS[@]}" --objective dpo --batching packing
+refused "--shared_prompt with SFT" "--shared_prompt is preference tuning's" "$BIN" "${ARGS[@]}" --data $FIX/data.jsonl --shared_prompt on
+refused "--shared_prompt on with prefix tuning" "--shared_prompt on with --peft_method prefix is not supported" "$BIN" "${ARGS[@]}" \
+    --objective dpo --peft_method prefix --shared_prompt on
+refused "--shared_prompt: a choice" "--shared_prompt: 'yes' is not one of auto, on, off" "$BIN" "${ARGS[@]}" --objective dpo --shared_prompt yes
 if [ -x "${EMU_BIN:-./train_llama2cu_emu}" ]; then
     refused "the CUDA trainer (emulated) refuses it for now" "--objective dpo is not supported yet by this trainer" \
         "${EMU_BIN:-./train_llama2cu_emu}" "${ARGS[@]}" --objective dpo

@@ -189,6 +189,7 @@ typedef struct {
     TbWriter tb;            // --tensorboard_dir's event file (rank 0)
     int *tokens, *targets;  // (GA, B, T) a step's micro-batches (this rank's rows)
     int *Ts;                // (GA) their lengths
+    double pair_positions[2]; // preference tuning: the positions its steps ran, and as two rows a pair (--shared_prompt)
 } Trainer;
 
 // a validation set: --val_data, or --val_split cutting one off the training data

@@ -44,6 +44,7 @@ typedef struct {
     int double_quant;
     const char *objective, *dpo_loss_type; // --objective sft | dpo | orpo (trainer/preference.h)
     float beta;
+    const char *shared_prompt; // auto | on | off: a pair's prompt run once (trainer/preference.h)
 } TrainConfig;
 
 enum { OPT_STR, OPT_INT, OPT_INT_AUTO, OPT_FLOAT, OPT_FLAG, OPT_LIST }; // OPT_INT_AUTO: an integer, or auto (stored as 0)
@@ -51,7 +52,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
 // the quiet options: listed in the start-up table, TensorBoard's text and a checkpoint's options only
 // when set away from their default, so that the runs that do not use them print and save what they did
 // before these options existed
-static const char *const quiet_options[] = {"objective", "beta", "dpo_loss_type"};
+static const char *const quiet_options[] = {"objective", "beta", "dpo_loss_type", "shared_prompt"};
 
 #define OPTIONS(tc) { \
     {"model", OPT_STR, &(tc)->model, "", "Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.model or tokenizer.json)", 0, 0}, \
@@ -145,6 +146,7 @@ static const char *const quiet_options[] = {"objective", "beta", "dpo_loss_type"
     {"objective", OPT_STR, &(tc)->objective, "sft", "sft | dpo | orpo: supervised fine-tuning; preference tuning on {prompt, chosen, rejected} records as TRL's DPOTrainer (against the starting model as the reference) or ORPOTrainer (no reference); --batch_size counts pairs (docs/preference.md)", 0, 0}, \
     {"beta", OPT_FLOAT, &(tc)->beta, "0.1", "--objective dpo: DPO's beta (how far the policy may move from the reference); orpo: ORPO's lambda, the weight of the odds-ratio term (TRL's beta for both)", 1e-6, 1e6}, \
     {"dpo_loss_type", OPT_STR, &(tc)->dpo_loss_type, "sigmoid", "--objective dpo: sigmoid | ipo | hinge, TRL's loss_type: -logsigmoid(beta m); (m_avg - 1 / (2 beta))^2 on per-token averages; relu(1 - beta m), m the chosen minus the rejected log-ratio to the reference", 0, 0}, \
+    {"shared_prompt", OPT_STR, &(tc)->shared_prompt, "auto", "--objective dpo or orpo: auto | on | off: a pair's prompt runs once, its keys and values carried into both responses (the same gradients as two rows, to rounding); auto: on but where LoRA dropout is on (one mask for the prompt then: on); off: two rows, as TRL", 0, 0}, \
 }
 
 static void print_help(const Option *opts, int n) {
@@ -310,6 +312,7 @@ enum { OBJECTIVE_SFT, OBJECTIVE_DPO, OBJECTIVE_ORPO };
 static const char *const objective_names[] = {"sft", "dpo", "orpo"};
 enum { DPO_SIGMOID, DPO_IPO, DPO_HINGE };
 static const char *const dpo_loss_names[] = {"sigmoid", "ipo", "hinge"};
+static const char *const shared_prompt_names[] = {"auto", "on", "off"};
 static int preference(const TrainConfig *tc) { return strcmp(tc->objective, "sft") != 0; }
 // the rows of a micro-batch: --batch_size's, or for preference tuning two a pair
 static int batch_rows(const TrainConfig *tc) { return tc->batch_size * (preference(tc) ? 2 : 1); }
@@ -328,6 +331,19 @@ static int preference_with_train_on_prompt(const TrainConfig *tc) { return prefe
 static int preference_with_context_parallel(const TrainConfig *tc) { return preference(tc) && tc->context_parallel > 1; }
 static int preference_with_batch_size_auto(const TrainConfig *tc) { return preference(tc) && !tc->batch_size; }
 static int dpo_with_resume(const TrainConfig *tc) { return !strcmp(tc->objective, "dpo") && tc->resume[0]; }
+static int shared_prompt_without_preference(const TrainConfig *tc) { return strcmp(tc->shared_prompt, "auto") && !preference(tc); }
+static int shared_prompt_unsupported(const TrainConfig *tc) {
+#ifdef BACKEND_SHARED_PROMPT
+    (void)tc;
+    return 0;
+#else
+    return !strcmp(tc->shared_prompt, "on");
+#endif
+}
+// (a prefix's virtual positions sit in the carry ahead of every row; context parallelism's ranks
+// hold pieces of the rows: the prompt's keys and values are not one row's run)
+static int shared_prompt_with_prefix(const TrainConfig *tc) { return !strcmp(tc->shared_prompt, "on") && !strcmp(tc->peft_method, "prefix"); }
+static int shared_prompt_with_context_parallel(const TrainConfig *tc) { return !strcmp(tc->shared_prompt, "on") && tc->context_parallel > 1; }
 
 static const Refusal refusals[] = {
     {"--momentum, --nesterov", "--optimizer other than sgd", AFTER_CHOICES, sgd_options_without_sgd,
@@ -374,6 +390,12 @@ static const Refusal refusals[] = {
      "--objective {objective} with --context_parallel is not supported yet"},
     {"--objective dpo or orpo", "--batch_size auto", AFTER_CHOICES, preference_with_batch_size_auto,
      "--objective {objective} with --batch_size auto is not supported yet: give --batch_size (pairs per micro-batch)"},
+    {"--shared_prompt on or off", "--objective sft", AFTER_CHOICES, shared_prompt_without_preference,
+     "--shared_prompt is preference tuning's (a pair's prompt): give it with --objective dpo or orpo"},
+    {"--shared_prompt on", "a trainer without it (train_llama2cu)", AFTER_CHOICES, shared_prompt_unsupported,
+     "--shared_prompt on is not supported yet by this trainer (train_llama2, the CPU trainer, has it): give auto or off"},
+    {"--shared_prompt on", "--context_parallel above 1", AFTER_CHOICES, shared_prompt_with_context_parallel,
+     "--shared_prompt on with --context_parallel is not supported (the ranks hold pieces of the rows): give auto or off"},
     // --peft_method and the options that go with it
     {"--peft_method other than lora", "--full_finetune", AFTER_PEFT_METHOD, adapter_with_full_finetune,
      "--peft_method {peft_method} trains an adapter; with --full_finetune there is none"},
@@ -383,6 +405,8 @@ static const Refusal refusals[] = {
      "--{lora_option} is LoRA's; with --peft_method prefix give --num_virtual_tokens"},
     {"--lora_*, --use_rslora, --use_dora", "--peft_method llama_adapter", AFTER_PEFT_METHOD, lora_option_with_llama_adapter,
      "--{lora_option} is LoRA's; with --peft_method llama_adapter give --adapter_len and --adapter_layers"},
+    {"--shared_prompt on", "--peft_method prefix", AFTER_PEFT_METHOD, shared_prompt_with_prefix,
+     "--shared_prompt on with --peft_method prefix is not supported (the prefix's virtual positions come before the prompt's): give auto or off"},
     {"--s2_attn 1", "--peft_method prefix", AFTER_PEFT_METHOD, s2_attn_with_prefix, // S2-Attn's groups are of the sequence's positions
      "--s2_attn with --peft_method prefix is not supported (shifted sparse attention's groups would cut the virtual "
      "positions off most queries)"},
@@ -513,6 +537,7 @@ static int parse_args(TrainConfig *tc, int argc, char **argv) {
         OPTION_CHOICE("lr_scheduler", tc->lr_scheduler, schedulers, 0) < 0 || OPTION_CHOICE("batching", tc->batching, batchings, 0) < 0 ||
         OPTION_CHOICE("data_format", tc->data_format, data_format_names, 0) < 0 ||
         OPTION_CHOICE("objective", tc->objective, objective_names, 0) < 0 || OPTION_CHOICE("dpo_loss_type", tc->dpo_loss_type, dpo_loss_names, 0) < 0 ||
+        OPTION_CHOICE("shared_prompt", tc->shared_prompt, shared_prompt_names, 0) < 0 ||
         (tc->quant_type = OPTION_CHOICE("quantize", tc->quantize, quant_type_names, 0)) < 0 ||
         OPTION_CHOICE("loss_scale", tc->loss_scale, loss_scales, 0) < 0 ||
         OPTION_CHOICE("chunk_memory", tc->chunk_memory, chunk_memories, 0) < 0 ||

@@ -97,7 +97,50 @@ static void orpo_targets(const int *tokens, const int *tg, int B, int T, int *nl
     }
 }
 
+// --shared_prompt (docs/preference.md): the positions a micro-batch of B pairs (tokens, tg: 2B
+// rows of T) can run once for both rows of each pair, the shortest of its pairs' shared prompts: a
+// pair's rows hold the same tokens up to its prompt's last, where neither has a label (DPO's, tg)
+// but ORPO's nll on the chosen row, which the shared run keeps; the prompt's last position
+// predicts each response's first token, so it runs in both rows
+static int pair_shared_positions(const int *tokens, const int *tg, int B, int T) {
+    int S = T;
+    for (int b = 0; b < B; b++) {
+        const int *c = tokens + (size_t)b * T, *r = tokens + ((size_t)B + b) * T, *ct = tg + (size_t)b * T, *rt = tg + ((size_t)B + b) * T;
+        int t = 0;
+        while (t < S && c[t] == r[t] && ct[t] < 0 && rt[t] < 0) t++;
+        S = t;
+    }
+    return S;
+}
+
 #ifdef BACKEND_PREFERENCE
+// whether a forward now runs the pairs' prompts once: --shared_prompt on, or auto where no dropout
+// runs (each row's own masks would differ), in a backend that runs them (BACKEND_SHARED_PROMPT) and a
+// model whose carry holds the rows alone (no prefix, no context parallelism)
+static int shared_prompt_runs(const Model *m, const TrainConfig *tc) {
+#ifdef BACKEND_SHARED_PROMPT
+    const HostModel *h = &m->host;
+    int dropout = h->use_lora && h->lora.training && h->lora.dropout > 0.0f;
+    return strcmp(tc->shared_prompt, "off") && !(!strcmp(tc->shared_prompt, "auto") && dropout) && !host_prefix(h) &&
+           tc->context_parallel <= 1;
+#else
+    (void)m, (void)tc;
+    return 0;
+#endif
+}
+// the positions of a micro-batch (tokens, tg) that run once (m->shared_prompt) now; 0: two rows
+static int preference_shared(const Model *m, const TrainConfig *tc, const int *tokens, const int *tg, int B, int T) {
+    return shared_prompt_runs(m, tc) ? pair_shared_positions(tokens, tg, B, T) : 0;
+}
+// S positions of the micro-batch's rows to run once (preference_shared) where the backend runs them
+static void preference_set_shared(Model *m, int S) {
+#ifdef BACKEND_SHARED_PROMPT
+    m->shared_prompt = S;
+#else
+    (void)m, (void)S;
+#endif
+}
+
 // One micro-batch of B pairs (tokens, tg: 2B rows of T; ORPO: nll_tg its nll targets) scored
 // without gradients: the pairs' PairScores into ps; ORPO's nll (the chosen rows' mean
 // cross-entropy) returned with its token count in *nll_n. ce: (2B, T) scratch. Dropout as the
@@ -110,7 +153,9 @@ static double preference_score(Model *m, const TrainConfig *tc, const int *token
     for (int pass = 0; pass < 1 + !orpo; pass++) { // the policy, then (DPO) the reference
         if (pass) model_reference_swap(m), m->host.lora.training = 0;
         memset(ce, 0, (size_t)2 * B * T * sizeof(double));
+        preference_set_shared(m, preference_shared(m, tc, tokens, tg, B, T));
         model_forward(m, tokens, orpo ? nll_tg : tg, 2 * B, T, NULL);
+        preference_set_shared(m, 0);
         for (int b = 0; b < B; b++)
             for (int s = 0; s < 2; s++) {
                 int n;
@@ -164,6 +209,26 @@ static double preference_evaluate(Model *m, const TrainConfig *tc, const Dataset
     pm[PM_NLL_LOSS] = nll_sum / batches;
     free(tokens); free(tg); free(nll_tg); free(ce); free(ps);
     return loss / ds->n_rows + pm[PM_NLL_LOSS];
+}
+
+// The plan's line for the pairs of ds, one a micro-batch (more share their shortest prompt): the
+// prompts' positions that run once (--shared_prompt) against two rows a pair. The memory plan is two
+// rows' either way, the most a micro-batch can take.
+static void preference_plan(const Model *m, const TrainConfig *tc, const Dataset *ds, int pad_id) {
+    int *tokens = (int *)mallocCheck((size_t)2 * 2 * m->T * sizeof(int)), *tg = tokens + (size_t)2 * m->T, T;
+    double shared = 0, rows = 0;
+    for (long i = 0; i < ds->n_rows; i++) {
+        dataset_get_rows(ds, i, 1, pad_id, tokens, tg, &T);
+        shared += pair_shared_positions(tokens, tg, 1, T), rows += 2.0 * T;
+    }
+    free(tokens);
+    double prompt = ds->n_rows ? shared / ds->n_rows + 1 : 0, saved = rows > 0 ? 100 * shared / rows : 0;
+    if (shared_prompt_runs(m, tc))
+        printf("pairs: prompts of %.1f tokens on average, run once (--shared_prompt %s): %.1f%% fewer positions than two rows a pair\n",
+               prompt, tc->shared_prompt, saved);
+    else
+        printf("pairs: prompts of %.1f tokens on average, run in both rows (--shared_prompt %s; run once they would save %.1f%% of the positions)\n",
+               prompt, tc->shared_prompt, saved);
 }
 #endif
 #endif
