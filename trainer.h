@@ -328,6 +328,7 @@ static double preference_step(Trainer *r, const TrainConfig *tc, int step, int t
         m->loss_weights = NULL;
     }
     free(nll_tg); free(ce); free(dl); free(w); free(ps); free(ref);
+    if (r->fsdp.context.rank != 0) memset(sums + 2, 0, PM_N * sizeof *sums), sums[0] = 0; // (a context group's pairs count once)
     PROF_BEGIN(NULL, "all-reduce loss", -1, -1, sizeof sums);
     fsdp_all_reduce(&r->fsdp.world, sums, 2 + PM_N, FSDP_F64);
     PROF_END(NULL);
