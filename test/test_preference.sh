@@ -18,7 +18,7 @@
 #     precompute (the checkpoint's reference.safetensors); a resume whose --model changed is refused;
 #   - --context_parallel 2 == one process for DPO LoRA and ORPO (trajectory within TRAJ_TOL);
 #   - hostile data and options: SFT on pairs, DPO on SFT data, a plain record among pairs, a
-#     missing key, DPO with --resume, the emulated CUDA trainer: a clear error, nothing written.
+#     missing key, --precompute_ref_log_probs with ORPO, the emulated CUDA trainer: a clear error, nothing written.
 set -u
 cd "$(dirname "$0")/.."
 SUITE=preference
