@@ -267,6 +267,8 @@ typedef struct {
     // tokens [i*max_seq_len, (i+1)*max_seq_len) of the samples concatenated
     long n_rows;
     int32_t *row_labels;      // (n_rows) label count of each row
+    double *ref_logps;        // DPO's --precompute_ref_log_probs: (n_rows, 2) each pair's chosen and rejected
+                              // log-probability under the reference (trainer/preference.h), NULL: none
     int64_t *cum;             // packing: (n_samples + 1) tokens before each sample
     int last_row_len;         // packing: max_seq_len, or less when the one row is a short tail
     long n_tokens, n_labels;  // in all rows
@@ -1442,8 +1444,9 @@ static void data_note_skip(Dataset *ds, uint64_t line, int reason) {
 
 static void dataset_free(Dataset *ds) {
     store_release(ds->store);
-    free(ds->samples); free(ds->row_labels); free(ds->cum);
+    free(ds->samples); free(ds->row_labels); free(ds->cum); free(ds->ref_logps);
     ds->store = NULL;
+    ds->ref_logps = NULL;
     ds->samples = NULL;
     ds->row_labels = NULL;
     ds->cum = NULL;

@@ -314,6 +314,10 @@ typedef struct {
                               // or this rank's shards of it); model_reference_swap trades them with the trained
     int ref_taken;            // ref_params holds them (the first model_reference_swap copies them)
     int shared_prompt;
+    // context parallelism: the caller's loss_weights and target_losses (B, T) while the rows run
+    // padded (rows_begin to rows_end), beside the padded ones the head reads and writes
+    const float *rows_weights;
+    double *rows_losses;
 } Model;
 
 // the context-parallel group while a micro-batch runs this rank's pieces of the rows (m->rows.P > 1:
@@ -968,9 +972,32 @@ static void rows_begin(Model *m, const int **tokens, const int **targets, int B,
     if (P == 1) return;
     rows_pad(&m->rows, a->context_tokens, a->context_targets, *tokens, *targets);
     *tokens = a->context_tokens, *targets = a->context_targets;
+    // preference tuning's weights and cross-entropies per target: in the padded layout too
+    // (small beside the activations: B T floats and doubles, for the micro-batch)
+    size_t padded = (size_t)B * m->rows.T;
+    if (m->loss_weights) {
+        float *w = (float *)mallocCheck(padded * sizeof(float));
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < m->rows.T; t++) w[(size_t)b * m->rows.T + t] = t < T ? m->loss_weights[(size_t)b * T + t] : 0.0f;
+        m->rows_weights = m->loss_weights, m->loss_weights = w;
+    }
+    if (m->target_losses) m->rows_losses = m->target_losses, m->target_losses = (double *)callocCheck(padded, sizeof(double));
 }
-// the micro-batch's end: no rows, no context group (sampling runs its own chunks of whole rows)
+// the micro-batch's end: no rows, no context group (sampling runs its own chunks of whole rows).
+// Context parallel: each target's cross-entropy is its owner's, the others' zeros: the group's sum
+// (exact) back into the caller's layout. Collective over the context group.
 static void rows_end(Model *m) {
+    const Rows *r = &m->rows;
+    if (m->rows_weights) free((float *)m->loss_weights), m->loss_weights = m->rows_weights, m->rows_weights = NULL;
+    if (m->rows_losses) {
+        fsdp_all_reduce(context_comm(m), m->target_losses, (size_t)r->B * r->T, FSDP_F64);
+        for (int b = 0; b < r->B; b++)
+            for (int t = 0; t < r->T_real; t++)
+                if (m->a.context_targets[(size_t)b * r->T + t] >= 0)
+                    m->rows_losses[(size_t)b * r->T_real + t] = m->target_losses[(size_t)b * r->T + t];
+        free(m->target_losses);
+        m->target_losses = m->rows_losses, m->rows_losses = NULL;
+    }
     memset(&m->rows, 0, sizeof m->rows);
 }
 

@@ -236,6 +236,7 @@ static void step_begin(Trainer *r, const TrainConfig *tc, int step, int total, L
     PROF_BEGIN(NULL, "data", -1, -1, -1);
     for (int g = 0; g < tc->grad_accum; g++) {
         dataloader_next_batch(&r->dl, tc->batch_size, r->pad_id, r->tokens + (size_t)g * cells, r->targets + (size_t)g * cells, &r->Ts[g]);
+        memcpy(r->rows + (size_t)g * tc->batch_size, r->dl.rows + (size_t)r->dl.rank * tc->batch_size, tc->batch_size * sizeof *r->rows);
         if (labels) *labels += dataloader_global_labels(&r->dl);
         if (r->fsdp.context.rank == 0) *tokens += r->dl.batch_tokens;
     }
@@ -308,6 +309,7 @@ static double preference_step(Trainer *r, const TrainConfig *tc, int step, int t
     size_t cells = (size_t)2 * B * T;
     int *nll_tg = orpo ? (int *)mallocCheck(cells * sizeof(int)) : NULL;
     double *ce = (double *)mallocCheck(cells * sizeof(double)), (*dl)[2] = (double (*)[2])mallocCheck((size_t)B * sizeof *dl);
+    double *ref = r->train_ds.ref_logps ? (double *)mallocCheck((size_t)B * 2 * sizeof(double)) : NULL; // (B, 2) precomputed
     float *w = (float *)mallocCheck(cells * sizeof(float));
     PairScores *ps = (PairScores *)mallocCheck((size_t)B * sizeof *ps);
     step_begin(r, tc, step, total, ls, cells, &sums[1], NULL, lr);
@@ -319,7 +321,8 @@ static double preference_step(Trainer *r, const TrainConfig *tc, int step, int t
         m->dropout_key = splitmix64(((uint64_t)tc->seed << 32) ^ ((uint64_t)step * GA + g));
         if (orpo) orpo_targets(tokens, tg, B, Tg, nll_tg);
         PROF_BEGIN(NULL, "preference scores", -1, -1, -1);
-        double nll = preference_score(m, tc, tokens, tg, nll_tg, B, Tg, ce, ps, &nll_n);
+        for (int b = 0; ref && b < B; b++) memcpy(ref + 2 * b, r->train_ds.ref_logps + 2 * (size_t)r->rows[(size_t)g * B + b], 2 * sizeof(double));
+        double nll = preference_score(m, tc, tokens, tg, nll_tg, B, Tg, ref, ce, ps, &nll_n);
         PROF_END(NULL);
         for (int b = 0; b < B; b++) sums[0] += preference_pair(tc, &ps[b], dl[b], sums + 2) / pairs;
         if (orpo) sums[0] += nll / nll_n / (GA * W), sums[2 + PM_NLL_LOSS] += nll / nll_n * B; // (per pair, as the other metrics)
@@ -334,7 +337,8 @@ static double preference_step(Trainer *r, const TrainConfig *tc, int step, int t
         preference_set_shared(m, 0);
         m->loss_weights = NULL;
     }
-    free(nll_tg); free(ce); free(dl); free(w); free(ps);
+    free(nll_tg); free(ce); free(dl); free(w); free(ps); free(ref);
+    if (r->fsdp.context.rank != 0) memset(sums + 2, 0, PM_N * sizeof *sums), sums[0] = 0; // (a context group's pairs count once)
     PROF_BEGIN(NULL, "all-reduce loss", -1, -1, sizeof sums);
     fsdp_all_reduce(&r->fsdp.world, sums, 2 + PM_N, FSDP_F64);
     PROF_END(NULL);
@@ -515,6 +519,10 @@ static int train_load(TrainConfig *tc, Trainer *r, int *T, double available) {
 // checkpoint. Collective: 0 ok, 1 when a rank failed.
 static int train_resume(TrainConfig *tc, Trainer *r, TrainState *ts) {
     int failed = load_checkpoint(tc, r->resume_dir, fsdp_data_size(&r->fsdp), &r->m, &r->opt, ts) != 0;
+#ifdef BACKEND_PREFERENCE
+    if (!failed && !tc->dry_run && !strcmp(tc->objective, "dpo"))
+        failed = load_reference(tc, r->resume_dir, &r->m, &r->train_ds, &r->val_ds) != 0;
+#endif
     if (!failed && ts->data_pos > r->train_ds.n_rows) {
         fprintf(stderr, "error: --resume %s: data position %d is past the %ld rows\n", r->resume_dir, ts->data_pos, r->train_ds.n_rows);
         failed = 1;
@@ -545,6 +553,7 @@ static int train_begin(TrainConfig *tc, Trainer *r, const TrainState *ts) {
     r->tokens = (int *)mallocCheck(room * sizeof(int));
     r->targets = (int *)mallocCheck(room * sizeof(int));
     r->Ts = (int *)mallocCheck(GA * sizeof(int));
+    r->rows = (int32_t *)mallocCheck((size_t)GA * tc->batch_size * sizeof(int32_t));
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
     return 0;
@@ -602,6 +611,14 @@ static int train_run(TrainConfig *tc, Trainer *r) {
     if (train_begin(tc, r, &ts) != 0) return 1;
 
     Model *m = &r->m;
+#ifdef BACKEND_PREFERENCE
+    if (tc->precompute_ref_log_probs && !tc->resume[0]) { // (a resume reads the start's from its checkpoint)
+        preference_precompute(m, tc, &r->train_ds, B, r->pad_id);
+        if (has_validation(tc)) preference_precompute(m, tc, &r->val_ds, B, r->pad_id);
+        printf("precomputed the reference's log-probabilities of %ld training and %ld validation pairs\n", r->train_ds.n_rows,
+               has_validation(tc) ? r->val_ds.n_rows : 0L);
+    }
+#endif
     if (ts.step == 0) print_samples(m, tc, &r->tok, 0);
     int first_step = ts.step, stop = fsdp_any(&f->world, stop_requested);
     double run_ms = 0;
@@ -642,7 +659,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
         stop = fsdp_any(&f->world, stop_requested); // a signal to any rank stops every rank after this step
         if ((tc->save_every > 0 && ts.step % tc->save_every == 0) || ts.step == total || stop) {
             PROF_BEGIN(NULL, "checkpoint", -1, -1, -1);
-            if (save_checkpoint(tc, f, m, &r->opt, &ts, r->tokpath) != 0) return 1;
+            if (save_checkpoint(tc, f, m, &r->opt, &ts, r->tokpath, &r->train_ds, &r->val_ds) != 0) return 1;
             PROF_END(NULL);
             printf("saved checkpoint %s/checkpoint-%d\n", tc->output_dir, ts.step);
         }
@@ -670,7 +687,7 @@ static int train_run(TrainConfig *tc, Trainer *r) {
 // what train_run loaded and allocated into r (but the metrics file and TensorBoard's, which
 // train closes, checking them)
 static void trainer_free(Trainer *r) {
-    free(r->tokens); free(r->targets); free(r->Ts);
+    free(r->tokens); free(r->targets); free(r->Ts); free(r->rows);
     optimizer_free(&r->opt);
     dataloader_free(&r->dl);
     model_free(&r->m);

@@ -12,8 +12,14 @@
 #   - the memory plan counts DPO's reference (Llama-2-7B full fine-tuning, a dry run);
 #   - ORPO (no reference) resumes from a checkpoint to the uninterrupted run's bits;
 #   - --shared_prompt on (a pair's prompt run once) == two rows, to rounding, in every chunk mode;
+#   - --precompute_ref_log_probs: the same trajectory as the reference's forward every step (bit for
+#     bit in file order, within PRECOMPUTE_TOL shuffled: the pairs are then scored in other batches);
+#     the memory plan holds no reference copy;
+#   - DPO resumed == uninterrupted, bit for bit: LoRA and full fine-tuning, with and without
+#     precompute (the checkpoint's reference.safetensors); a resume whose --model changed is refused;
+#   - --context_parallel 2 == one process for DPO LoRA and ORPO (trajectory within TRAJ_TOL);
 #   - hostile data and options: SFT on pairs, DPO on SFT data, a plain record among pairs, a
-#     missing key, DPO with --resume, the emulated CUDA trainer: a clear error, nothing written.
+#     missing key, --precompute_ref_log_probs with ORPO, the emulated CUDA trainer: a clear error, nothing written.
 set -u
 cd "$(dirname "$0")/.."
 SUITE=preference
@@ -102,6 +108,64 @@ run "$TMP/shared_auto" 3 --objective dpo --batch_size 2 --lora_dropout 0.1 && ru
 cmp -s "$TMP/shared_auto/adapter_model.safetensors" "$TMP/shared_off/adapter_model.safetensors" &&
     grep -q "(--shared_prompt auto: 0.0% fewer)" "$TMP/shared_auto.log"
 check "--shared_prompt auto with LoRA dropout: two rows, off's bits" $? "$(tail -2 "$TMP/shared_auto.log")"
+# --precompute_ref_log_probs: the reference's log-probabilities from one pass before step 1 are the
+# ones its forward gives every step: in file order the same batches run, so the same bits; shuffled,
+# each pair is scored in other batches (other padding and blocking): within PRECOMPUTE_TOL, a few
+# float roundings of the log-probabilities (measured: 0 in both, the tiny pairs' blocking being the same)
+PRECOMPUTE_TOL=1e-6
+for shuffle in 0 1; do
+    for mode in lora full; do
+        if [ $mode = lora ]; then extra=("${LORA[@]}"); else extra=(--objective dpo --full_finetune --lr 3e-3); fi
+        run "$TMP/ref_$mode" 3 "${extra[@]}" --batch_size 2 --shuffle $shuffle --val_data "$DATA" --eval_every 2
+        run "$TMP/pre_$mode" 3 "${extra[@]}" --batch_size 2 --shuffle $shuffle --val_data "$DATA" --eval_every 2 --precompute_ref_log_probs 1
+        check "$mode, shuffle $shuffle: precomputed runs" $? "$(tail -2 "$TMP/pre_$mode.log")"
+        want=0; [ $shuffle = 1 ] && want=$PRECOMPUTE_TOL
+        d=$(trajectory_diff "$TMP/pre_$mode.jsonl" "$TMP/ref_$mode.jsonl")
+        e=$(paste -d' ' <(grep -o '"eval/rewards/margins": [^,]*' "$TMP/pre_$mode.jsonl") <(grep -o '"eval/rewards/margins": [^,]*' "$TMP/ref_$mode.jsonl") |
+            awk '{ d = $2 - $4; d = d < 0 ? -d : d; m = d > m ? d : m } END { print m + 0 }')
+        awk -v d="$d" -v e="$e" -v t=$want 'BEGIN { exit !(d <= t && e <= t) }'
+        check "$mode, shuffle $shuffle: precomputed == the reference's forward (worst $d, evaluation $e, tol $want)" $? "worst $d, $e"
+    done
+done
+grep -q "precomputed the reference's log-probabilities of 8 training and 8 validation pairs" "$TMP/pre_full.log"
+check "precompute says what it scored" $? "$(grep -i precomputed "$TMP/pre_full.log")"
+
+# DPO resumed == uninterrupted, bit for bit: the checkpoint keeps the reference (or its log-probabilities)
+for mode in lora full; do
+    for pre in 0 1; do
+        if [ $mode = lora ]; then extra=("${LORA[@]}"); file=adapter_model.safetensors; else extra=(--objective dpo --full_finetune --lr 3e-3); file=model.safetensors; fi
+        extra+=(--batch_size 2 --shuffle 1 --precompute_ref_log_probs $pre --val_data "$DATA" --eval_every 2 --save_every 2)
+        run "$TMP/dpo_$mode$pre" 4 "${extra[@]}"
+        cp "$TMP/dpo_$mode$pre.jsonl" "$TMP/dpo_resumed_$mode$pre.jsonl"
+        run "$TMP/dpo_resumed_$mode$pre" 4 "${extra[@]}" --resume "$TMP/dpo_$mode$pre/checkpoint-2"
+        check "DPO $mode, precompute $pre: resumes" $? "$(tail -2 "$TMP/dpo_resumed_$mode$pre.log")"
+        cmp -s "$TMP/dpo_$mode$pre/$file" "$TMP/dpo_resumed_$mode$pre/$file" &&
+            [ "$(trajectory_diff "$TMP/dpo_resumed_$mode$pre.jsonl" "$TMP/dpo_$mode$pre.jsonl" 3)" = 0 ] &&
+            diff <(grep -o '"eval/[^}]*' "$TMP/dpo_$mode$pre.jsonl") <(grep -o '"eval/[^}]*' "$TMP/dpo_resumed_$mode$pre.jsonl") >/dev/null
+        check "DPO $mode, precompute $pre: resumed from step 2, the uninterrupted run's steps 3-4, evaluations and weights, bit for bit" $? \
+            "$(diff <(trajectory "$TMP/dpo_$mode$pre.jsonl") <(trajectory "$TMP/dpo_resumed_$mode$pre.jsonl") | head -4)"
+    done
+done
+# hostile: the starting model's weights changed since the checkpoint (a byte of a weight): refused (below)
+cp -r $FIX/tiny_gqa "$TMP/model"
+"$BIN" "${ARGS[@]}" --model "$TMP/model" "${LORA[@]}" --batch_size 2 --max_steps 2 --save_every 2 --output_dir "$TMP/moved" >"$TMP/moved.log" 2>&1
+check "DPO on a copy of the model trains" $? "$(tail -2 "$TMP/moved.log")"
+printf '\x3f' | dd of="$TMP/model/model.safetensors" bs=1 seek=$(($(stat -c %s "$TMP/model/model.safetensors") - 3)) conv=notrunc 2>/dev/null
+
+# context parallelism: a pair's rows in pieces over 2 ranks == one process (the scores summed over the group)
+for obj in dpo orpo; do
+    run "$TMP/cp1_$obj" 3 --objective $obj --from_peft_checkpoint $FIX/tiny_gqa/dpo/peft_init --batch_size 2
+    dev/launch.sh 2 "$BIN" "${ARGS[@]}" --objective $obj --from_peft_checkpoint $FIX/tiny_gqa/dpo/peft_init --batch_size 2 --max_steps 3 \
+        --context_parallel 2 --output_dir "$TMP/cp2_$obj" --metrics_file "$TMP/cp2_$obj.jsonl" >"$TMP/cp2_$obj.log" 2>&1
+    check "$obj: context parallel 2 trains" $? "$(tail -2 "$TMP/cp2_$obj.log")"
+    d=$(trajectory_diff "$TMP/cp2_$obj.jsonl" "$TMP/cp1_$obj.jsonl")
+    m=$(paste -d' ' <(grep -o '"rewards/margins": [^,]*' "$TMP/cp2_$obj.jsonl") <(grep -o '"rewards/margins": [^,]*' "$TMP/cp1_$obj.jsonl") |
+        awk '{ d = $2 - $4; d = d < 0 ? -d : d; m = d > m ? d : m } END { print m + 0 }')
+    awk -v d="$d" -v m="$m" -v t=$TRAJ_TOL 'BEGIN { exit !(d <= t && m <= t) }'
+    check "$obj: context parallel 2's losses, gradient norms and margins are one process's (worst $d, margins $m, tol $TRAJ_TOL)" $? "worst $d, $m"
+    out=$("$compare" "$TMP/cp2_$obj/adapter_model.safetensors" "$TMP/cp1_$obj/adapter_model.safetensors" $WEIGHT_TOL)
+    check "$obj: context parallel 2's adapter is one process's ($out)" $? "$out"
+done
 
 # the memory plan counts DPO's reference: Llama-2-7B full fine-tuning plans its 25705.0 MiB of fp32
 # weights once more than SFT (a dry run, nothing of the model's size allocated)
@@ -110,6 +174,9 @@ plan() { "$BIN" --model $FIX/configs/llama-2-7b --random_init --tokenizer $FIX/t
 sft=$(plan --data $FIX/data.jsonl) dpo=$(plan --data "$DATA" --objective dpo)
 awk -v a="$sft" -v b="$dpo" 'BEGIN { d = b - a - 25705.0; exit !(a > 0 && d < 0.15 && d > -0.15) }' # (each printed to 0.1 MiB)
 check "the plan counts DPO's reference: 7B full fine-tuning $dpo MiB, SFT $sft MiB (+ 25705.0)" $? "SFT '$sft', DPO '$dpo'"
+pre=$(plan --data "$DATA" --objective dpo --precompute_ref_log_probs 1)
+[ -n "$pre" ] && [ "$pre" = "$sft" ]
+check "--precompute_ref_log_probs plans no reference: $pre MiB, SFT's $sft MiB" $? "SFT '$sft', precomputed '$pre'"
 
 # refusals and hostile data: the message, and nothing written
 refused() { # refused NAME PATTERN ARGS...: exit 2 or 1 with PATTERN on stderr, no output folder filled
@@ -127,7 +194,10 @@ refused "a plain record among pairs names file:line" "mixed.jsonl:2: missing fie
 printf '{"prompt": "a", "chosen": " b"}\n' >"$TMP/nokey.jsonl"
 refused "a pair without its rejected response" "nokey.jsonl:1: missing field \"rejected\"" "$BIN" "${ARGS[@]}" --data "$TMP/nokey.jsonl" \
     --data_format preference --objective dpo
-refused "DPO with --resume" "--objective dpo with --resume is not supported yet" "$BIN" "${ARGS[@]}" --objective dpo --resume "$TMP/orpo"
+refused "DPO resumed from a changed --model" "DPO's reference is the model the run started from, and --model's weights .* have changed" \
+    "$BIN" "${ARGS[@]}" --model "$TMP/model" "${LORA[@]}" --batch_size 2 --max_steps 4 --resume "$TMP/moved/checkpoint-2"
+refused "--precompute_ref_log_probs without DPO" "--precompute_ref_log_probs is DPO's" "$BIN" "${ARGS[@]}" --objective orpo \
+    --precompute_ref_log_probs 1
 refused "--dpo_loss_type without DPO" "--dpo_loss_type is DPO's" "$BIN" "${ARGS[@]}" --objective orpo --dpo_loss_type ipo
 refused "packing" "give --batching padding" "$BIN" "${ARGS[@]}" --objective dpo --batching packing
 refused "--shared_prompt with SFT" "--shared_prompt is preference tuning's" "$BIN" "${ARGS[@]}" --data $FIX/data.jsonl --shared_prompt on

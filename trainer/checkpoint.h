@@ -40,7 +40,7 @@ static const char *resume_must_match[] = {
     "use_dora", "peft_method", "ia3_target_modules", "ia3_feedforward_modules", "adapter_len", "adapter_layers", "num_virtual_tokens",
     "from_peft_checkpoint", "data_format",
     "train_on_prompt", "batching", "max_samples", "data_slice", "val_split",
-    "quantize", "double_quant", "s2_attn", "trainable_params", "objective", "beta", "dpo_loss_type"};
+    "quantize", "double_quant", "s2_attn", "trainable_params", "objective", "beta", "dpo_loss_type", "precompute_ref_log_probs"};
 
 // a file's identity for resume: the one the token cache keys on (dataloader.h's
 // data_identity: size, modification time and a hash of its first and last MiB)
@@ -50,6 +50,20 @@ static void file_fingerprint(const char *path, char *out, size_t n) {
     if (data_identity(path, &h) != 0) { snprintf(out, n, "unreadable"); return; }
     snprintf(out, n, "%llu:%lld:%016llx", (unsigned long long)h.data_size, (long long)h.data_mtime_ns,
              (unsigned long long)h.data_hash);
+}
+
+// DPO's starting point, what its reference was built from: --model's weights file (or the index
+// of a sharded one) and --from_peft_checkpoint's adapter (a resume whose reference would differ is refused)
+static void reference_fingerprint(const TrainConfig *tc, char *out, size_t n) {
+    char path[PATH_MAX + 64], a[128], b[128] = "-";
+    snprintf(path, sizeof path, "%s/model.safetensors", tc->model);
+    if (access(path, F_OK) != 0) snprintf(path, sizeof path, "%s/model.safetensors.index.json", tc->model);
+    file_fingerprint(path, a, sizeof a);
+    if (tc->from_peft_checkpoint[0]) {
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", tc->from_peft_checkpoint);
+        file_fingerprint(path, b, sizeof b);
+    }
+    snprintf(out, n, "%s %s", a, b);
 }
 
 // opt_t < step when steps were skipped (non-finite loss or gradient); bad_in_row counts the latest run of
@@ -142,7 +156,7 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, Fsdp *fs, c
         free(digests);
         return rc;
     }
-    char *js, val[4096], fp[128], path[PATH_MAX + 64];
+    char *js, val[4096], fp[300], path[PATH_MAX + 64];
     size_t len;
     FILE *f = open_memstream(&js, &len);
     if (!f) die("out of memory");
@@ -150,6 +164,10 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, Fsdp *fs, c
     fprintf(f, "{\n  \"step\": %d,\n  \"optimizer_step\": %d,\n  \"data_epoch\": %d,\n  \"data_position\": %d,\n"
             "  \"bad_steps_in_row\": %d,\n  \"data_fingerprint\": \"%s\",\n  \"world_size\": %d,\n", ts->step,
             ts->opt_t, ts->data_epoch, ts->data_pos, ts->bad_in_row, fp, fsdp_data_size(fs));
+    if (!strcmp(tc->objective, "dpo")) {
+        reference_fingerprint(tc, fp, sizeof fp);
+        fprintf(f, "  \"reference_fingerprint\": \"%s\",\n", fp);
+    }
     if (ts->ls.on) // a power of two: %.9g is exact
         fprintf(f, "  \"loss_scale\": %.9g,\n  \"loss_scale_growth_tracker\": %d,\n", ts->ls.scale, ts->ls.growth_tracker);
     fprintf(f, "  \"files\": ");
@@ -172,11 +190,80 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, Fsdp *fs, c
     return rc;
 }
 
+#ifdef BACKEND_PREFERENCE
+// DPO's reference in a checkpoint (reference.safetensors), so that a resume trains against the
+// run's start and not the checkpoint's weights: with --precompute_ref_log_probs the pairs'
+// log-probabilities ("train", "validation": (pairs, 2) F64, by row), else the reference weights
+// ("reference": the trainable weights as the run started, F32; LoRA's: a copy of the starting
+// adapter). Sharded full fine-tuning keeps its reference in shards and saves none (its resume is
+// refused: load_reference). Every rank (model_reference_swap); rank 0 writes. 0 ok, -1.
+static int save_reference(Fsdp *fs, const char *dir, Model *m, const Dataset *train, const Dataset *val) {
+    HostModel *h = &m->host;
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    if (train->ref_logps) {
+        StWriteTensor t[2] = {{"train", ST_F64, 2, {train->n_rows, 2}, train->ref_logps, NULL, NULL},
+                              {"validation", ST_F64, 2, {val->n_rows, 2}, val->ref_logps, NULL, NULL}};
+        return fs->world.rank == 0 ? st_write(path, t, val->ref_logps ? 2 : 1, NULL, 0) : 0;
+    }
+    if (!m->reference || (host_sharded(h) && !h->use_lora)) return 0;
+    model_reference_swap(m); // (the reference where the trained weights were: read it there)
+    model_sync_host(m);
+    StWriteTensor t = {"reference", ST_F32, 1, {(int64_t)(h->use_lora ? h->lora.num_params : h->num_params)},
+                       h->use_lora ? h->lora.params : h->params, NULL, NULL};
+    int rc = fs->world.rank == 0 ? st_write(path, &t, 1, NULL, 0) : 0;
+    model_reference_swap(m);
+    return rc;
+}
+
+// read back by load_reference: tensor name of sf (path) into dst, n elements of dtype d. 0 ok, -1 with a message.
+static int read_reference(StFile *sf, const char *path, const char *name, StDtype d, size_t n, void *dst) {
+    const StTensor *t = st_find(sf, name);
+    if (!t || t->dtype != d || t->numel != n) {
+        fprintf(stderr, "error: %s: expected a %s tensor %s of %zu elements (DPO's reference)\n", path, st_dtype_name(d), name, n);
+        return -1;
+    }
+    return st_read_stored(sf, t, d, 0, n, dst);
+}
+
+// A DPO resume's reference from the checkpoint dir (save_reference): the precomputed
+// log-probabilities into the datasets, or the reference weights into m. 0 ok, -1 with a message.
+static int load_reference(const TrainConfig *tc, const char *dir, Model *m, Dataset *train, Dataset *val) {
+    HostModel *h = &m->host;
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    if (!tc->precompute_ref_log_probs && host_sharded(h) && !h->use_lora) {
+        fprintf(stderr, "error: --resume %s: sharded full fine-tuning with DPO keeps its reference in shards, which a checkpoint "
+                "does not save: train with --precompute_ref_log_probs 1 to resume\n", dir);
+        return -1;
+    }
+    StFile sf;
+    if (st_open(&sf, path) != 0) return -1;
+    int rc;
+    if (tc->precompute_ref_log_probs) {
+        train->ref_logps = (double *)mallocCheck((size_t)train->n_rows * 2 * sizeof(double));
+        rc = read_reference(&sf, path, "train", ST_F64, (size_t)train->n_rows * 2, train->ref_logps);
+        if (rc == 0 && has_validation(tc)) {
+            val->ref_logps = (double *)mallocCheck((size_t)val->n_rows * 2 * sizeof(double));
+            rc = read_reference(&sf, path, "validation", ST_F64, (size_t)val->n_rows * 2, val->ref_logps);
+        }
+    } else { // the first swap copies the trained weights; the reference replaces that copy
+        model_reference_swap(m);
+        rc = read_reference(&sf, path, "reference", ST_F32, h->use_lora ? h->lora.num_params : h->num_params,
+                            h->use_lora ? h->lora.params : h->params);
+        model_reference_swap(m);
+    }
+    st_close(&sf);
+    return rc;
+}
+#endif
+
 // Collective: rank 0 makes the .tmp folder, the trainable state goes in (each
 // rank its shards in sharded full fine-tuning; else rank 0 writes the adapter
 // or the model, and the moments), rank 0 commits. The ranks agree after each
 // part, so a failure on any rank is a failure on every rank.
-static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, const TrainState *ts, const char *tokpath) {
+static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, const TrainState *ts, const char *tokpath, const Dataset *train,
+                           const Dataset *val) {
     char dir[PATH_MAX], path[PATH_MAX + 64];
     model_sync_host(m);
     // finite losses and gradients can still overflow the update (AdamW's g^2 above FLT_MAX without --grad_clip): never save that
@@ -211,6 +298,11 @@ static int save_checkpoint(TrainConfig *tc, Fsdp *fs, Model *m, Optimizer *o, co
         snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
         if (rc == 0) rc = st_write(path, t, n_states, NULL, 0);
     }
+#ifdef BACKEND_PREFERENCE
+    if (!fsdp_any(&fs->world, rc != 0)) rc = save_reference(fs, dir, m, train, val);
+#else
+    (void)train, (void)val;
+#endif
     fault_point("checkpoint", ts->step); // the tests kill the run here, halfway through a checkpoint
     rc = fsdp_any(&fs->world, rc != 0) ? -1 : save_trainer_state(tc, ts, fs, dir); // every rank: the digests
     if (fsdp_any(&fs->world, rc != 0)) {
@@ -393,7 +485,7 @@ static int load_loss_scale(const JsonValue *st, const char *path, LossScale *ls)
 // that it belongs to this run (same trajectory-shaping options, same global
 // batch, same data file).
 static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m, Optimizer *o, TrainState *ts) {
-    char path[PATH_MAX + 64], val[4096], def[64], fp[128];
+    char path[PATH_MAX + 64], val[4096], def[64], fp[300];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     JsonValue st;
     if (json_load_file(path, &st) != 0) return -1;
@@ -442,6 +534,14 @@ static int load_checkpoint(TrainConfig *tc, const char *dir, int world, Model *m
     if (json_get_string(&st, "data_fingerprint", &saved, NULL) != 0 || strcmp(saved, fp) != 0) {
         fprintf(stderr, "error: --resume %s: the data file '%s' has changed since the checkpoint (size, time or contents)\n", dir, tc->data);
         goto done;
+    }
+    if (!strcmp(tc->objective, "dpo")) {
+        reference_fingerprint(tc, fp, sizeof fp);
+        if (json_get_string(&st, "reference_fingerprint", &saved, NULL) != 0 || strcmp(saved, fp) != 0) {
+            fprintf(stderr, "error: --resume %s: DPO's reference is the model the run started from, and --model's weights or "
+                    "--from_peft_checkpoint's adapter have changed since (size, time or contents)\n", dir);
+            goto done;
+        }
     }
     // (a dry run's plan needs none of the trained values, and has no room for them)
     if (load_loss_scale(&st, path, &ts->ls) != 0 || (!tc->dry_run && load_trainable(dir, m, o) != 0)) goto done;

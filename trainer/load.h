@@ -160,7 +160,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     m->s2_attn = tc->s2_attn;
     m->optimizer = tc->optim;
 #ifdef BACKEND_PREFERENCE
-    m->reference = !strcmp(tc->objective, "dpo"); // (its copy counts in the plans)
+    m->reference = !strcmp(tc->objective, "dpo") && !tc->precompute_ref_log_probs; // (its copy counts in the plans)
 #endif
     return 0;
 }
@@ -190,6 +190,7 @@ typedef struct {
     int *tokens, *targets;  // (GA, B, T) a step's micro-batches (this rank's rows)
     int *Ts;                // (GA) their lengths
     double pair_positions[2]; // preference tuning: the positions its steps ran, and as two rows a pair (--shared_prompt)
+    int32_t *rows;          // (GA, B) their rows of the training set (preference tuning: pairs)
 } Trainer;
 
 // a validation set: --val_data, or --val_split cutting one off the training data

@@ -45,6 +45,7 @@ typedef struct {
     const char *objective, *dpo_loss_type; // --objective sft | dpo | orpo (trainer/preference.h)
     float beta;
     const char *shared_prompt; // auto | on | off: a pair's prompt run once (trainer/preference.h)
+    int precompute_ref_log_probs;
 } TrainConfig;
 
 enum { OPT_STR, OPT_INT, OPT_INT_AUTO, OPT_FLOAT, OPT_FLAG, OPT_LIST }; // OPT_INT_AUTO: an integer, or auto (stored as 0)
@@ -52,7 +53,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
 // the quiet options: listed in the start-up table, TensorBoard's text and a checkpoint's options only
 // when set away from their default, so that the runs that do not use them print and save what they did
 // before these options existed
-static const char *const quiet_options[] = {"objective", "beta", "dpo_loss_type", "shared_prompt"};
+static const char *const quiet_options[] = {"objective", "beta", "dpo_loss_type", "shared_prompt", "precompute_ref_log_probs"};
 
 #define OPTIONS(tc) { \
     {"model", OPT_STR, &(tc)->model, "", "Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.model or tokenizer.json)", 0, 0}, \
@@ -147,6 +148,7 @@ static const char *const quiet_options[] = {"objective", "beta", "dpo_loss_type"
     {"beta", OPT_FLOAT, &(tc)->beta, "0.1", "--objective dpo: DPO's beta (how far the policy may move from the reference); orpo: ORPO's lambda, the weight of the odds-ratio term (TRL's beta for both)", 1e-6, 1e6}, \
     {"dpo_loss_type", OPT_STR, &(tc)->dpo_loss_type, "sigmoid", "--objective dpo: sigmoid | ipo | hinge, TRL's loss_type: -logsigmoid(beta m); (m_avg - 1 / (2 beta))^2 on per-token averages; relu(1 - beta m), m the chosen minus the rejected log-ratio to the reference", 0, 0}, \
     {"shared_prompt", OPT_STR, &(tc)->shared_prompt, "auto", "--objective dpo or orpo: auto | on | off: a pair's prompt runs once, its keys and values carried into both responses (the same gradients as two rows, to rounding); auto: on but where LoRA dropout is on (one mask for the prompt then: on); off: two rows, as TRL", 0, 0}, \
+    {"precompute_ref_log_probs", OPT_INT, &(tc)->precompute_ref_log_probs, "0", "--objective dpo: 1 computes every pair's log-probabilities under the reference in one pass before step 1 (training and validation pairs), so that a step runs no reference forward and full fine-tuning holds no copy of the model (TRL's precompute_ref_log_probs)", 0, 1}, \
 }
 
 static void print_help(const Option *opts, int n) {
@@ -328,9 +330,8 @@ static int dpo_loss_without_dpo(const TrainConfig *tc) { return strcmp(tc->dpo_l
 static int beta_without_preference(const TrainConfig *tc) { return tc->beta != 0.1f && !preference(tc); }
 static int preference_with_packing(const TrainConfig *tc) { return preference(tc) && !strcmp(tc->batching, "packing"); }
 static int preference_with_train_on_prompt(const TrainConfig *tc) { return preference(tc) && tc->train_on_prompt; }
-static int preference_with_context_parallel(const TrainConfig *tc) { return preference(tc) && tc->context_parallel > 1; }
+static int preference_with_context_parallel(const TrainConfig *tc) { return preference(tc) && context_parallel_untested(tc); }
 static int preference_with_batch_size_auto(const TrainConfig *tc) { return preference(tc) && !tc->batch_size; }
-static int dpo_with_resume(const TrainConfig *tc) { return !strcmp(tc->objective, "dpo") && tc->resume[0]; }
 static int shared_prompt_without_preference(const TrainConfig *tc) { return strcmp(tc->shared_prompt, "auto") && !preference(tc); }
 static int shared_prompt_unsupported(const TrainConfig *tc) {
 #ifdef BACKEND_SHARED_PROMPT
@@ -344,6 +345,7 @@ static int shared_prompt_unsupported(const TrainConfig *tc) {
 // hold pieces of the rows: the prompt's keys and values are not one row's run)
 static int shared_prompt_with_prefix(const TrainConfig *tc) { return !strcmp(tc->shared_prompt, "on") && !strcmp(tc->peft_method, "prefix"); }
 static int shared_prompt_with_context_parallel(const TrainConfig *tc) { return !strcmp(tc->shared_prompt, "on") && tc->context_parallel > 1; }
+static int precompute_without_dpo(const TrainConfig *tc) { return tc->precompute_ref_log_probs && strcmp(tc->objective, "dpo"); }
 
 static const Refusal refusals[] = {
     {"--momentum, --nesterov", "--optimizer other than sgd", AFTER_CHOICES, sgd_options_without_sgd,
@@ -380,14 +382,16 @@ static const Refusal refusals[] = {
      "--objective {objective} is not supported yet by this trainer (train_llama2, the CPU trainer, has it)"},
     {"--dpo_loss_type", "--objective other than dpo", AFTER_CHOICES, dpo_loss_without_dpo,
      "--dpo_loss_type is DPO's: give it with --objective dpo"},
+    {"--precompute_ref_log_probs 1", "--objective other than dpo", AFTER_CHOICES, precompute_without_dpo,
+     "--precompute_ref_log_probs is DPO's (the reference's log-probabilities): give it with --objective dpo"},
     {"--beta", "--objective sft", AFTER_CHOICES, beta_without_preference,
      "--beta is DPO's beta and ORPO's lambda: give it with --objective dpo or orpo"},
     {"--objective dpo or orpo", "--batching packing", AFTER_CHOICES, preference_with_packing,
      "--objective {objective} trains each pair as two rows, the chosen and the rejected sequence: give --batching padding"},
     {"--objective dpo or orpo", "--train_on_prompt 1", AFTER_CHOICES, preference_with_train_on_prompt,
      "--train_on_prompt is SFT's: --objective {objective} scores the completions (ORPO's nll takes the chosen sequence's prompt already)"},
-    {"--objective dpo or orpo", "--context_parallel above 1", AFTER_CHOICES, preference_with_context_parallel,
-     "--objective {objective} with --context_parallel is not supported yet"},
+    {"--objective dpo or orpo", "--context_parallel above 1 (train_llama2cu)", AFTER_CHOICES, preference_with_context_parallel,
+     "--objective {objective} with --context_parallel is not supported yet by this trainer (train_llama2, the CPU trainer, has it)"},
     {"--objective dpo or orpo", "--batch_size auto", AFTER_CHOICES, preference_with_batch_size_auto,
      "--objective {objective} with --batch_size auto is not supported yet: give --batch_size (pairs per micro-batch)"},
     {"--shared_prompt on or off", "--objective sft", AFTER_CHOICES, shared_prompt_without_preference,
@@ -422,9 +426,6 @@ static const Refusal refusals[] = {
      gguf_adapter_saved_error},
     {"--trainable_params", "--quantize", AFTER_TRAINABLE_PARAMS, trainable_params_with_quantize,
      "--trainable_params with --quantize is not supported yet (QLoRA keeps the norms in its 4-bit runs)"},
-    // (the reference is copied from the weights as they load: a checkpoint's are not the starting ones)
-    {"--objective dpo", "--resume", AFTER_SHARDING, dpo_with_resume,
-     "--objective dpo with --resume is not supported yet (its reference model is the starting weights, which a checkpoint does not keep)"},
     {"--random_init", "--resume", AFTER_SHARDING, random_init_with_resume,
      "--random_init is for benchmarks, which start fresh: it does not go with --resume"},
     {"--export_hf", "no --resume", AFTER_SHARDING, export_hf_without_resume,

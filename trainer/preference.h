@@ -141,35 +141,73 @@ static void preference_set_shared(Model *m, int S) {
 #endif
 }
 
+// One forward of a micro-batch's 2B rows without gradients (each target's cross-entropy into ce,
+// (2B, T) scratch, of the targets fwd_tg), the prompts once where they run so: each pair's
+// completion log-probabilities into ps[b].logp and their token counts into ps[b].n, or with ref
+// into ps[b].ref
+static void preference_forward(Model *m, const TrainConfig *tc, const int *tokens, const int *fwd_tg, const int *tg, int B, int T,
+                               double *ce, PairScores *ps, int ref) {
+    m->target_losses = ce;
+    memset(ce, 0, (size_t)2 * B * T * sizeof(double));
+    preference_set_shared(m, preference_shared(m, tc, tokens, tg, B, T));
+    model_forward(m, tokens, fwd_tg, 2 * B, T, NULL);
+    preference_set_shared(m, 0);
+    m->target_losses = NULL;
+    for (int b = 0; b < B; b++)
+        for (int s = 0; s < 2; s++) {
+            int n;
+            double lp = completion_logp(tg, ce, s * B + b, T, &n);
+            if (ref) ps[b].ref[s] = lp;
+            else ps[b].logp[s] = lp, ps[b].n[s] = n;
+        }
+}
+
 // One micro-batch of B pairs (tokens, tg: 2B rows of T; ORPO: nll_tg its nll targets) scored
 // without gradients: the pairs' PairScores into ps; ORPO's nll (the chosen rows' mean
 // cross-entropy) returned with its token count in *nll_n. ce: (2B, T) scratch. Dropout as the
-// backward will have it (the same m->dropout_key); the reference's forward without.
+// backward will have it (the same m->dropout_key). DPO's reference: the precomputed ref (B, 2),
+// or (NULL) its forward, without dropout, after the policy's.
 static double preference_score(Model *m, const TrainConfig *tc, const int *tokens, const int *tg, const int *nll_tg, int B, int T,
-                               double *ce, PairScores *ps, long *nll_n) {
+                               const double *ref, double *ce, PairScores *ps, long *nll_n) {
     int orpo = !strcmp(tc->objective, "orpo"), training = m->host.lora.training;
     double nll = 0;
-    m->target_losses = ce;
-    for (int pass = 0; pass < 1 + !orpo; pass++) { // the policy, then (DPO) the reference
-        if (pass) model_reference_swap(m), m->host.lora.training = 0;
-        memset(ce, 0, (size_t)2 * B * T * sizeof(double));
-        preference_set_shared(m, preference_shared(m, tc, tokens, tg, B, T));
-        model_forward(m, tokens, orpo ? nll_tg : tg, 2 * B, T, NULL);
-        preference_set_shared(m, 0);
-        for (int b = 0; b < B; b++)
-            for (int s = 0; s < 2; s++) {
-                int n;
-                double lp = completion_logp(tg, ce, s * B + b, T, &n);
-                if (pass) ps[b].ref[s] = lp;
-                else ps[b].logp[s] = lp, ps[b].n[s] = n;
-            }
-        if (pass) model_reference_swap(m), m->host.lora.training = training;
-    }
-    m->target_losses = NULL;
     *nll_n = 0;
-    for (size_t i = 0; orpo && i < (size_t)B * T; i++)
-        if (nll_tg[i] >= 0) nll += ce[i], (*nll_n)++;
-    return nll;
+    if (orpo) { // (its nll from the policy's forward's cross-entropies)
+        preference_forward(m, tc, tokens, nll_tg, tg, B, T, ce, ps, 0);
+        for (size_t i = 0; i < (size_t)B * T; i++)
+            if (nll_tg[i] >= 0) nll += ce[i], (*nll_n)++;
+        return nll;
+    }
+    preference_forward(m, tc, tokens, tg, tg, B, T, ce, ps, 0);
+    for (int b = 0; ref && b < B; b++) ps[b].ref[0] = ref[2 * b], ps[b].ref[1] = ref[2 * b + 1];
+    if (ref) return 0;
+    model_reference_swap(m), m->host.lora.training = 0;
+    preference_forward(m, tc, tokens, tg, tg, B, T, ce, ps, 1);
+    model_reference_swap(m), m->host.lora.training = training;
+    return 0;
+}
+
+// --precompute_ref_log_probs: every pair of ds scored by the model as it is (the starting one,
+// which is the reference), B pairs at a time in file order without dropout, into
+// ds->ref_logps (n_rows, 2). Every rank scores every pair: the loader deals the pairs to the
+// ranks anew each epoch. Collective where the forward is.
+static void preference_precompute(Model *m, const TrainConfig *tc, Dataset *ds, int B, int pad_id) {
+    size_t cells = (size_t)2 * B * m->T;
+    int *tokens = (int *)mallocCheck(cells * sizeof(int)), *tg = (int *)mallocCheck(cells * sizeof(int));
+    double *ce = (double *)mallocCheck(cells * sizeof(double));
+    PairScores *ps = (PairScores *)mallocCheck((size_t)B * sizeof *ps);
+    free(ds->ref_logps);
+    ds->ref_logps = (double *)mallocCheck((size_t)ds->n_rows * 2 * sizeof(double));
+    int training = m->host.lora.training;
+    m->host.lora.training = 0;
+    for (long r = 0; r < ds->n_rows; r += B) {
+        int n = ds->n_rows - r < B ? (int)(ds->n_rows - r) : B, T;
+        dataset_get_rows(ds, r, n, pad_id, tokens, tg, &T);
+        preference_forward(m, tc, tokens, tg, tg, n, T, ce, ps, 1);
+        for (int b = 0; b < n; b++) ds->ref_logps[2 * (r + b)] = ps[b].ref[0], ds->ref_logps[2 * (r + b) + 1] = ps[b].ref[1];
+    }
+    m->host.lora.training = training;
+    free(tokens); free(tg); free(ce); free(ps);
 }
 
 // Each target's weight (2B, T) into w: -d loss / dS / P of its row's completion, P the
@@ -200,7 +238,7 @@ static double preference_evaluate(Model *m, const TrainConfig *tc, const Dataset
         long nll_n;
         dataset_get_rows(ds, r, n, pad_id, tokens, tg, &T);
         if (orpo) orpo_targets(tokens, tg, n, T, nll_tg);
-        double nll = preference_score(m, tc, tokens, tg, nll_tg, n, T, ce, ps, &nll_n);
+        double nll = preference_score(m, tc, tokens, tg, nll_tg, n, T, ds->ref_logps ? ds->ref_logps + 2 * r : NULL, ce, ps, &nll_n);
         for (int b = 0; b < n; b++) loss += preference_pair(tc, &ps[b], dl, pm);
         if (orpo) nll_sum += nll / nll_n;
     }
