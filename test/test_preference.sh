@@ -12,7 +12,8 @@
 #   - the memory plan counts DPO's reference (Llama-2-7B full fine-tuning, a dry run);
 #   - ORPO (no reference) resumes from a checkpoint to the uninterrupted run's bits;
 #   - hostile data and options: SFT on pairs, DPO on SFT data, a plain record among pairs, a
-#     missing key, DPO with --resume, the emulated CUDA trainer: a clear error, nothing written.
+#     missing key, DPO with --resume: a clear error, nothing written (the CUDA trainer's runs:
+#     test_llama2cu_preference.sh).
 set -u
 cd "$(dirname "$0")/.."
 SUITE=preference
@@ -97,8 +98,4 @@ refused "a pair without its rejected response" "nokey.jsonl:1: missing field \"r
 refused "DPO with --resume" "--objective dpo with --resume is not supported yet" "$BIN" "${ARGS[@]}" --objective dpo --resume "$TMP/orpo"
 refused "--dpo_loss_type without DPO" "--dpo_loss_type is DPO's" "$BIN" "${ARGS[@]}" --objective orpo --dpo_loss_type ipo
 refused "packing" "give --batching padding" "$BIN" "${ARGS[@]}" --objective dpo --batching packing
-if [ -x "${EMU_BIN:-./train_llama2cu_emu}" ]; then
-    refused "the CUDA trainer (emulated) refuses it for now" "--objective dpo is not supported yet by this trainer" \
-        "${EMU_BIN:-./train_llama2cu_emu}" "${ARGS[@]}" --objective dpo
-fi
 [ $fails -eq 0 ]
