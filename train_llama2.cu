@@ -126,6 +126,8 @@ template <typename floatX> struct Buffers {
     floatX *dora_pre;   // (B, C, max(D, H, NH*hd)) DoRA and IA3 scratch
     floatX *adapter_y;  // (B, C, NH*hd) llama_adapter: o_proj's input, attention plus the prompt's branch
     floatX *adapter_dkv; // (2, NKV*hd, A) llama_adapter: the gradients of Kp and Vp, transposed
+    floatX *ref;        // DPO's reference (m->reference): the trainable weights where the forward reads them, as training
+                        // started: LoRA's d.lora_w (n_train), full fine-tuning's d.weights (this rank's, frozen units too)
 };
 
 // the CUDA backend's model
@@ -220,6 +222,17 @@ typedef struct {
                               // or dV in fp32 to reduce-scatter
     float *context_part;      // (B, T / P, NKV*hd) this rank's rows in one: the carry's to gather, or the summed fp32
     cudaStream_t stream;      // the compute stream: everything but the collectives, in order
+    // preference tuning (trainer.h's contract; docs/preference.md)
+    const float *loss_weights;
+    double *target_losses;
+    int reference;
+    float *ref_params;        // (n_train) LoRA in bf16/fp16: its fp32 parameters as training started, which the forward
+                              // reads beside d.lora_w (IA3's vectors, DoRA's magnitudes, the adapter's gates; in fp32
+                              // d.lora_w is m->params, and d.ref holds them). model_reference_swap trades them with m->params
+    int ref_taken;            // d.ref (and ref_params) hold the start (the first model_reference_swap copies it)
+    float *kept_weights;      // (B, T) the loss weights of the rows the output head keeps (upload_batch), in kept's order;
+                              // allocated at the first micro-batch that has them (B T floats, beside the plan)
+    int *kept_at;             // (B, T, host) each kept row's position in the micro-batch (b T + t), for target_losses
 } Model;
 
 // the context-parallel group while a micro-batch runs this rank's pieces of the rows (m->rows.P > 1:
@@ -276,6 +289,7 @@ static void rows_begin(Model *m, const int **tokens, const int **targets, int B,
 static void rows_end(Model *m);
 static void upload_batch(Model *m, const int *tokens, const int *targets, int B, int T, bool every_row);
 static double losses_sum(Model *m, int B, int T);
+static void losses_to_host(Model *m, const int *targets, int B, int T);
 static void logits_to_host(float *logits_out, const float *logits, const Chunk *ch, int r0, int n, int V,
                            cudaStream_t stream);
 static void grads_bf16_end(Model *m);
@@ -529,7 +543,8 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
         const floatX *xf = xk + (size_t)r0 * D;
         matmul_forward(m->logits, xf, head, n, D, V, 1.0f, 0, st); // (n, V) in fp32
         if (logits_out) logits_to_host(logits_out, m->logits, ch, r0, n, V, st);
-        crossentropy_forward_backward(m->logits, m->losses + at + r0, m->targets + at + r0, (const float *)NULL, n, V, grad_scale, st);
+        const float *weights = m->loss_weights ? m->kept_weights + at + r0 : NULL; // (preference tuning's; NULL: 1)
+        crossentropy_forward_backward(m->logits, m->losses + at + r0, m->targets + at + r0, weights, n, V, grad_scale, st);
         if (grad_scale == 0.0f) continue;
         const floatX *dlogits;
         if constexpr (std::is_same<floatX, float>::value) dlogits = m->logits;
@@ -569,6 +584,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     });
     units_reshard(m);
     double loss = losses_sum(m, B, T);
+    if (m->target_losses) losses_to_host(m, targets, B, T);
     if (context_comm(m)) fsdp_all_reduce(context_comm(m), &loss, 1, FSDP_F64); // (the host's communicator)
     rows_end(m);
     return loss;
@@ -711,22 +727,28 @@ static void rows_end(Model *m) {
 // embedding read out of bounds on the device), then copies it there: its tokens,
 // and for each chunk's output head (chunk_at's, of m->rows) the chunk's rows (b * len + i)
 // whose position has a target (every row when every_row: logits for each position), with their
-// targets (chunk_head).
+// targets (chunk_head) and, for preference tuning, their m->loss_weights (kept_weights); each
+// kept row's position stays on the host (kept_at: target_losses).
 static void upload_batch(Model *m, const int *tokens, const int *targets, int B, int T, bool every_row) {
     if (B > m->B || T > m->T) die("internal: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
+    if ((m->loss_weights || m->target_losses) && m->rows.P > 1) // (the trainer refuses --context_parallel with them)
+        die("internal: loss weights or target losses with context parallelism, whose rows are padded pieces");
     int V = m->host.config.vocab_size;
     for (int i = 0; i < B * T; i++) {
         if (tokens[i] < 0 || tokens[i] >= V) die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
         if (targets[i] >= V) die("target id %d at position %d is outside the vocabulary (%d)", targets[i], i, V);
     }
     std::vector<int> kept((size_t)B * T), kept_targets((size_t)B * T);
+    std::vector<float> weights(m->loss_weights ? (size_t)B * T : 0);
     for (int j = 0; j * m->rows.len < T; j++) {
         Chunk ch = chunk_at(&m->rows, j);
         size_t at = (size_t)B * ch.t0;
         int nk = 0;
         for (int r = 0; r < B * ch.len; r++) {
-            int t = targets[(size_t)(r / ch.len) * T + ch.t0 + r % ch.len];
-            if (every_row || t >= 0) kept[at + nk] = r, kept_targets[at + nk++] = t;
+            int pos = (r / ch.len) * T + ch.t0 + r % ch.len, t = targets[pos];
+            if (!every_row && t < 0) continue;
+            if (m->loss_weights) weights[at + nk] = m->loss_weights[pos];
+            m->kept_at[at + nk] = pos, kept[at + nk] = r, kept_targets[at + nk++] = t;
         }
         m->n_kept[j] = nk;
     }
@@ -734,6 +756,10 @@ static void upload_batch(Model *m, const int *tokens, const int *targets, int B,
     cudaCheck(cudaMemcpyAsync(m->tokens, tokens, bytes, cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaMemcpyAsync(m->kept, kept.data(), bytes, cudaMemcpyHostToDevice, m->stream));
     cudaCheck(cudaMemcpyAsync(m->targets, kept_targets.data(), bytes, cudaMemcpyHostToDevice, m->stream));
+    if (m->loss_weights) {
+        if (!m->kept_weights) m->kept_weights = (float *)cudaMallocCheck((size_t)m->B * m->T * sizeof(float));
+        cudaCheck(cudaMemcpyAsync(m->kept_weights, weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    }
     cudaCheck(cudaMemsetAsync(m->losses, 0, (size_t)B * T * sizeof(float), m->stream));
 }
 
@@ -744,6 +770,20 @@ static double losses_sum(Model *m, int B, int T) {
     cudaCheck(cudaMemcpyAsync(&loss, m->loss_sum, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
     return loss;
+}
+
+// each target's loss (chunk_head's, fp32) into m->target_losses (B, T; host, double) at its position
+static void losses_to_host(Model *m, const int *targets, int B, int T) {
+    std::vector<float> losses((size_t)B * T);
+    cudaCheck(cudaMemcpyAsync(losses.data(), m->losses, losses.size() * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    for (int j = 0; j * m->rows.len < T; j++) {
+        size_t at = (size_t)B * chunk_at(&m->rows, j).t0;
+        for (int i = 0; i < m->n_kept[j]; i++) {
+            int pos = m->kept_at[at + i];
+            if (targets[pos] >= 0) m->target_losses[pos] = losses[at + i];
+        }
+    }
 }
 
 // rows r0 .. r0 + n - 1 of a chunk's logits (n, V; device) to their positions
@@ -900,6 +940,16 @@ static size_t trainable_shard_at(const HostModel *h, int u) {
     return h->units.units[u].shard_offset - h->units.units[h->frozen_units].shard_offset;
 }
 
+// DPO's reference (m->reference): the elements of d.ref, a copy of the trainable weights where the
+// forward reads them: LoRA's d.lora_w, or full fine-tuning's d.weights, the masters' copy (this
+// rank's shards), or with frozen units the whole base they are runs of (as the CPU copies it whole)
+static size_t model_reference_numel(const Model *m) {
+    const HostModel *h = &m->host;
+    if (!m->reference) return 0;
+    if (h->use_lora || !h->frozen_units) return m->n_train;
+    return m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h);
+}
+
 // Lays out every device buffer in four allocations: w the base weights, p the
 // trainable parameters (masters, gradients, optimizer state, bf16/fp16 copy), a the
 // activations and scratch, k the KV and dKV carries. Called once to count, once to place.
@@ -929,6 +979,10 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
     // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
     if (!all_train) place(w, d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h));
+    // DPO's reference (model_reference_swap): a copy of the weights the forward reads, and LoRA's fp32 parameters
+    // where those are not that copy (bf16, fp16)
+    place(p, d.ref, model_reference_numel(m));
+    place(p, m->ref_params, m->reference && h->use_lora && !fp32 ? m->n_train : 0);
     if (h->quant_type != QUANT_NONE) { // QLoRA: the layers' runs (sharded: this rank's shards), one layer at a time dequantized
         place(w, m->quant_bytes, model_run_bytes_held(h));
         place(w, d.deq, h->units.units[fsdp_layer_unit(0)].numel);
@@ -1139,6 +1193,33 @@ static void weights_upload(Model *m) {
     });
 }
 
+// Trades the reference's weights with the trained ones where the forward reads them (trainer.h's
+// contract): the pointers d.lora_w or d.weights and d.ref, and LoRA's m->params and ref_params (the
+// fp32 parameters IA3, DoRA and llama_adapter read beside their compute-type copy; in fp32 they are
+// d.lora_w itself). The gathered units (sharded) then hold neither; what else the forward derives
+// from the weights it derives again each forward (DoRA's norms, llama_adapter's prompt keys and
+// values) or from frozen ones (QLoRA's dequantized layer). The first call copies them: it comes
+// before the first optimizer step, after the policy's first forward (as the CPU's).
+static void model_reference_swap(Model *m) {
+    bool lora = m->host.use_lora;
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        constexpr bool fp32 = std::is_same<floatX, float>::value;
+        Buffers<floatX> &d = buffers<floatX>(m);
+        floatX *&at = lora ? d.lora_w : d.weights;
+        if (!m->ref_taken) {
+            cudaCheck(cudaMemcpyAsync(d.ref, at, model_reference_numel(m) * sizeof(floatX), cudaMemcpyDeviceToDevice, m->stream));
+            if (lora && !fp32)
+                cudaCheck(cudaMemcpyAsync(m->ref_params, m->params, m->n_train * sizeof(float), cudaMemcpyDeviceToDevice, m->stream));
+            m->ref_taken = 1;
+        }
+        std::swap(at, d.ref);
+        if constexpr (fp32) { if (lora) m->params = at; }
+        else if (lora) std::swap(m->params, m->ref_params);
+    });
+    if (m->sharded) units_reshard(m);
+}
+
 // --batch_size auto: what the memory plan may take on this rank's GPU: its free memory
 // less a reserve for what the plan does not count (the CUDA context's growth, cuBLASLt's
 // workspace, bf16's upload staging, NCCL's buffers, fragmentation): 5% of the GPU, at
@@ -1274,6 +1355,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     matmul_setup();
     m->next_logits = (float *)mallocCheck((size_t)c->vocab_size * sizeof(float));
     m->n_kept = (int *)mallocCheck((size_t)(m->T + m->chunk_size - 1) / m->chunk_size * sizeof(int)); // (m->T: padded)
+    m->kept_at = (int *)mallocCheck((size_t)m->B * m->T * sizeof(int));
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
@@ -1374,6 +1456,8 @@ static void model_free(Model *m) {
     free(m->slot_unit);
     free(m->next_logits);
     free(m->n_kept);
+    free(m->kept_at);
+    if (m->kept_weights) cudaCheck(cudaFree(m->kept_weights));
     optim_tensors_free(&m->opt_tensors);
     host_model_free(&m->host);
     memset(m, 0, sizeof *m);
@@ -1976,6 +2060,7 @@ static const char *const backend_precisions[] = {"bf16", "fp16", "fp32"};
 static const int backend_sharding = 1; // any number of ranks, every strategy
 static const int backend_context_parallel = 2; // --context_parallel, with what its tests cover (model_forward_backward, model_forward)
 static const char *const backend_collectives[] = {"auto", "nccl", "host"};
+#define BACKEND_PREFERENCE // --objective dpo and orpo (trainer/preference.h): loss_weights, target_losses, model_reference_swap
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

@@ -81,6 +81,9 @@ step "cpu offload" 240 env EMU_BIN=./train_llama2cu test/test_offload.sh
 # --context_parallel 2 and 3 (and 2 x 2) with ranks sharing the GPU: == one process and the CPU
 # trainer, sampling, the refusals
 step "context parallel on one GPU" 180 env EMU_BIN=./train_llama2cu test/test_llama2cu_context.sh
+# --objective dpo and orpo against the CPU trainer: DPO sigmoid with LoRA and full fine-tuning, ORPO,
+# LoRA in chunks, bf16, and 2 ranks FULL_SHARD sharing the GPU == one process (3 steps each)
+step "preference tuning" 180 env EMU_BIN=./train_llama2cu test/test_llama2cu_preference.sh --quick
 # --export_gguf from the device's weights (read back a staging buffer of rows at a time): the same
 # bytes as the CPU trainer's, every --gguf_type the test exports (the k-quants too), the vocabularies
 step "GGUF export on the GPU" 120 env EMU_BIN=./train_llama2cu test/test_gguf.sh

@@ -19,7 +19,8 @@
 #     precompute (the checkpoint's reference.safetensors); a resume whose --model changed is refused;
 #   - --context_parallel 2 == one process for DPO LoRA and ORPO (trajectory within TRAJ_TOL);
 #   - hostile data and options: SFT on pairs, DPO on SFT data, a plain record among pairs, a
-#     missing key, --precompute_ref_log_probs with ORPO, the emulated CUDA trainer: a clear error, nothing written.
+#     missing key, --precompute_ref_log_probs with ORPO: a clear error, nothing written (the CUDA
+#     trainer's runs: test_llama2cu_preference.sh).
 set -u
 cd "$(dirname "$0")/.."
 SUITE=preference
@@ -204,8 +205,4 @@ refused "--shared_prompt with SFT" "--shared_prompt is preference tuning's" "$BI
 refused "--shared_prompt on with prefix tuning" "--shared_prompt on with --peft_method prefix is not supported" "$BIN" "${ARGS[@]}" \
     --objective dpo --peft_method prefix --shared_prompt on
 refused "--shared_prompt: a choice" "--shared_prompt: 'yes' is not one of auto, on, off" "$BIN" "${ARGS[@]}" --objective dpo --shared_prompt yes
-if [ -x "${EMU_BIN:-./train_llama2cu_emu}" ]; then
-    refused "the CUDA trainer (emulated) refuses it for now" "--objective dpo is not supported yet by this trainer" \
-        "${EMU_BIN:-./train_llama2cu_emu}" "${ARGS[@]}" --objective dpo
-fi
 [ $fails -eq 0 ]

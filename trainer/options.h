@@ -318,14 +318,6 @@ static const char *const shared_prompt_names[] = {"auto", "on", "off"};
 static int preference(const TrainConfig *tc) { return strcmp(tc->objective, "sft") != 0; }
 // the rows of a micro-batch: --batch_size's, or for preference tuning two a pair
 static int batch_rows(const TrainConfig *tc) { return tc->batch_size * (preference(tc) ? 2 : 1); }
-static int preference_unsupported(const TrainConfig *tc) {
-#ifdef BACKEND_PREFERENCE
-    (void)tc;
-    return 0;
-#else
-    return preference(tc);
-#endif
-}
 static int dpo_loss_without_dpo(const TrainConfig *tc) { return strcmp(tc->dpo_loss_type, "sigmoid") && strcmp(tc->objective, "dpo"); }
 static int beta_without_preference(const TrainConfig *tc) { return tc->beta != 0.1f && !preference(tc); }
 static int preference_with_packing(const TrainConfig *tc) { return preference(tc) && !strcmp(tc->batching, "packing"); }
@@ -378,8 +370,6 @@ static const Refusal refusals[] = {
     {"--num_output_chunks", "a smaller --max_seq_len (no --chunk_size)", AFTER_CHOICES, output_chunks_over_row,
      "--num_output_chunks {num_output_chunks} is more than the {max_seq_len} tokens of a chunk"},
     // --objective dpo and orpo (docs/preference.md)
-    {"--objective dpo or orpo", "a trainer without it (train_llama2cu)", AFTER_CHOICES, preference_unsupported,
-     "--objective {objective} is not supported yet by this trainer (train_llama2, the CPU trainer, has it)"},
     {"--dpo_loss_type", "--objective other than dpo", AFTER_CHOICES, dpo_loss_without_dpo,
      "--dpo_loss_type is DPO's: give it with --objective dpo"},
     {"--precompute_ref_log_probs 1", "--objective other than dpo", AFTER_CHOICES, precompute_without_dpo,
