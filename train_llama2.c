@@ -1459,6 +1459,7 @@ static const int backend_sharding = 1; // any number of ranks, every strategy (t
 static const int backend_context_parallel = 1; // --context_parallel with every option it runs (model_forward_backward, model_forward)
 #define BACKEND_PREFERENCE // --objective dpo and orpo (trainer/preference.h): loss_weights, target_losses, model_reference_swap
 #define BACKEND_SHARED_PROMPT // --shared_prompt: shared_prompt (chunk.h's rows_share)
+#define BACKEND_REFERENCE_ON_HOST // model_reference_swap trades host.lora.params or host.params: checkpoints keep the reference
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

@@ -131,6 +131,10 @@
 //           trades the reference's weights with the trained ones where the forward
 //           reads them (before the reference's model_forward, and again after it); the
 //           first call, before the first optimizer step, copies the weights as they are
+//   BACKEND_REFERENCE_ON_HOST (a macro) where model_reference_swap trades the weights the host
+//       reads (host.lora.params, host.params): a DPO checkpoint keeps the reference there
+//       (trainer/checkpoint.h's save_reference); without it DPO resumes only with
+//       --precompute_ref_log_probs 1
 //   BACKEND_SHARED_PROMPT (a macro) where the backend runs a pair's prompt once (--shared_prompt),
 //       with this Model member:
 //       int shared_prompt;     set by the trainer around a model_forward or model_forward_backward

@@ -150,4 +150,20 @@ if [ $quick = 0 ]; then # HYBRID_SHARD: 2 replicas of 2 shards, a pair a micro-b
     check "full: 4 ranks, HYBRID_SHARD" $? "$(tail -3 "$TMP/four.log")"
     within "full: 4 ranks, HYBRID_SHARD == one process" "$TMP/four" "$TMP/one-4" $MODEL 1e-5 1e-5 2e-4
 fi
+# checkpoints: full fine-tuning's save (the reference stays on the device); resumed == uninterrupted
+# bit for bit with --precompute_ref_log_probs 1 (the checkpoint keeps the log-probabilities), LoRA and
+# full; without it a resume is refused for now (BACKEND_REFERENCE_ON_HOST: the CPU trainer's checkpoints
+# keep the reference weights)
+for mode in lora full; do
+    [ $mode = lora ] && extra=(--objective dpo "${LORA[@]}") file=$ADAPTER || extra=(--objective dpo "${FULL[@]}") file=$MODEL
+    [ $mode = full ] && [ $quick = 1 ] && continue
+    extra+=(--precision fp32 --max_steps 4 --save_every 2 --precompute_ref_log_probs 1)
+    emu 1 "$TMP/save-$mode" "${extra[@]}" && emu 1 "$TMP/resumed-$mode" "${extra[@]}" --resume "$TMP/save-$mode/checkpoint-2"
+    check "$mode: saves and resumes" $? "$(tail -n 3 "$TMP/save-$mode.log" "$TMP/resumed-$mode.log")"
+    cmp -s "$TMP/save-$mode/$file" "$TMP/resumed-$mode/$file" && [ "$(trajectory_diff "$TMP/resumed-$mode.jsonl" "$TMP/save-$mode.jsonl" 3)" = 0 ]
+    check "$mode: resumed from step 2 with the precomputed reference == uninterrupted, bit for bit" $? "$(trajectory "$TMP/resumed-$mode.jsonl")"
+done
+emu 1 "$TMP/refused" --objective dpo "${LORA[@]}" --resume "$TMP/save-lora/checkpoint-2"
+[ $? -ne 0 ] && grep -q "needs --precompute_ref_log_probs 1 in this trainer for now" "$TMP/refused.log" && [ ! -e "$TMP/refused/$ADAPTER" ]
+check "a DPO resume without the precomputed reference is refused" $? "$(tail -2 "$TMP/refused.log")"
 [ $fails -eq 0 ]

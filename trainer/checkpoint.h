@@ -206,6 +206,9 @@ static int save_reference(Fsdp *fs, const char *dir, Model *m, const Dataset *tr
                               {"validation", ST_F64, 2, {val->n_rows, 2}, val->ref_logps, NULL, NULL}};
         return fs->world.rank == 0 ? st_write(path, t, val->ref_logps ? 2 : 1, NULL, 0) : 0;
     }
+#ifndef BACKEND_REFERENCE_ON_HOST
+    return 0; // (the backend's reference is not where the host reads the weights: --resume refuses it)
+#endif
     if (!m->reference || (host_sharded(h) && !h->use_lora)) return 0;
     model_reference_swap(m); // (the reference where the trained weights were: read it there)
     model_sync_host(m);

@@ -338,6 +338,14 @@ static int shared_prompt_unsupported(const TrainConfig *tc) {
 static int shared_prompt_with_prefix(const TrainConfig *tc) { return !strcmp(tc->shared_prompt, "on") && !strcmp(tc->peft_method, "prefix"); }
 static int shared_prompt_with_context_parallel(const TrainConfig *tc) { return !strcmp(tc->shared_prompt, "on") && tc->context_parallel > 1; }
 static int precompute_without_dpo(const TrainConfig *tc) { return tc->precompute_ref_log_probs && strcmp(tc->objective, "dpo"); }
+static int dpo_resume_without_reference(const TrainConfig *tc) {
+#ifdef BACKEND_REFERENCE_ON_HOST
+    (void)tc;
+    return 0;
+#else
+    return !strcmp(tc->objective, "dpo") && tc->resume[0] && !tc->precompute_ref_log_probs;
+#endif
+}
 
 static const Refusal refusals[] = {
     {"--momentum, --nesterov", "--optimizer other than sgd", AFTER_CHOICES, sgd_options_without_sgd,
@@ -374,6 +382,9 @@ static const Refusal refusals[] = {
      "--dpo_loss_type is DPO's: give it with --objective dpo"},
     {"--precompute_ref_log_probs 1", "--objective other than dpo", AFTER_CHOICES, precompute_without_dpo,
      "--precompute_ref_log_probs is DPO's (the reference's log-probabilities): give it with --objective dpo"},
+    {"--objective dpo --resume", "no --precompute_ref_log_probs 1 (train_llama2cu)", AFTER_CHOICES, dpo_resume_without_reference,
+     "--objective dpo with --resume needs --precompute_ref_log_probs 1 in this trainer for now (its checkpoints do not keep the "
+     "reference model yet; train_llama2's do)"},
     {"--beta", "--objective sft", AFTER_CHOICES, beta_without_preference,
      "--beta is DPO's beta and ORPO's lambda: give it with --objective dpo or orpo"},
     {"--objective dpo or orpo", "--batching packing", AFTER_CHOICES, preference_with_packing,
