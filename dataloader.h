@@ -538,7 +538,10 @@ static int data_preference_chat(const JsonValue *rec, Pending *p, char *err, siz
             snprintf(err, errn, "field \"%s\" is %s: a conversational pair's fields are lists of messages", keys[k], json_type_name(list[k]->type));
             return -1;
         }
-        if (k > 0 && list[k]->count == 0) { snprintf(err, errn, "field \"%s\" is an empty list: no completion", keys[k]); return -1; }
+        if (list[k]->count == 0) { // (TRL fails on an empty prompt too)
+            snprintf(err, errn, "field \"%s\" is an empty list: %s", keys[k], k ? "no completion" : "no prompt (without the key: the messages both responses start with)");
+            return -1;
+        }
     }
     int shared = 0, pos = 0, turns = 0; // (implicit prompt: its messages in chosen and rejected)
     if (!list[0]) {
@@ -1438,8 +1441,8 @@ static uint32_t pair_len(const Dataset *ds, long i, int s, uint32_t *P) {
 static uint32_t data_labels_within(const Dataset *ds, long i) {
     const CacheSample *e = &ds->store->index[i];
     if (ds->format == FORMAT_PREFERENCE) {
-        uint32_t P, c = pair_len(ds, i, 0, &P) + pair_len(ds, i, 1, &P);
-        return c > 2 * P ? c - 2 * P : 0;
+        uint32_t P, c = pair_len(ds, i, 0, &P) + pair_len(ds, i, 1, &P), first = P ? P : 1; // (no token predicts the first)
+        return c > 2 * first ? c - 2 * first : 0;
     }
     uint32_t n = e->n_tokens < (uint32_t)ds->max_seq_len ? e->n_tokens : (uint32_t)ds->max_seq_len;
     if (n < 2) return 0;
@@ -1519,7 +1522,7 @@ static long dataset_fill_sequence(const Dataset *ds, long r, int s, int T, int p
     for (uint32_t t = 0; t < len; t++) tokens[t] = t < P ? tk[t] : tk[t + (s ? nc : 0)];
     for (uint32_t t = 0; t < len; t++) targets[t] = t + 1 < len && t + 1 >= P ? tokens[t + 1] : -100;
     for (long t = len; t < T; t++) { tokens[t] = pad_id; targets[t] = -100; }
-    return (long)len - P;
+    return (long)len - (P ? P : 1); // (a prompt of no tokens, conversational: its first token is no target)
 }
 // Pairs [first, first + n): their chosen sequences in rows 0 .. n - 1 of tokens/targets (width
 // T), their rejected ones in rows n .. 2n - 1 (TRL's order). Returns their labels.

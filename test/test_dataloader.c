@@ -679,17 +679,20 @@ static void check_pairs(const char *name, const char *path, const Tokenizer *t, 
         int *tokens = (int *)mallocCheck((size_t)2 * L * sizeof(int)), *targets = (int *)mallocCheck((size_t)2 * L * sizeof(int)), T;
         for (int r = 0; r < recs->count && r < ds.n_rows; r++) {
             const JsonValue *rec = &recs->items[r];
-            dataset_get_rows(&ds, r, 1, 0, tokens, targets, &T);
+            long labels = dataset_get_rows(&ds, r, 1, 0, tokens, targets, &T), targeted = 0;
             int P = json_get(rec, "prompt_ids")->count, ok = 1;
             for (int s = 0; s < 2; s++) {
                 const JsonValue *want = json_get(rec, s ? "rejected_input_ids" : "chosen_input_ids");
                 const int *tk = tokens + s * T, *tg = targets + s * T;
                 ok &= ids_equal(want, tk, T);
-                for (int i = 0; i < T; i++) // the completion's tokens are the targets; the prompt's and the padding's are not
+                for (int i = 0; i < T; i++) { // the completion's tokens are the targets; the prompt's and the padding's are not
                     ok &= tg[i] == (i + 1 < want->count && i + 1 >= P ? tk[i + 1] : -100);
+                    targeted += tg[i] != -100;
+                }
             }
-            snprintf(what, sizeof what, "%s: record %d's rows and targets are TRL's%s", name, r, pass ? " (from the cache)" : "");
-            CHECK(ok, what, "tokens or targets differ (prompt %d, T %d)", P, T);
+            snprintf(what, sizeof what, "%s: record %d's rows, targets and label counts are TRL's%s", name, r, pass ? " (from the cache)" : "");
+            CHECK(ok && labels == targeted && labels == ds.row_labels[r], what, "tokens or targets differ (prompt %d, T %d), labels %ld, %d counted, %ld targets",
+                  P, T, labels, ds.row_labels[r], targeted);
         }
         free(tokens); free(targets);
         dataset_free(&ds);

@@ -52,7 +52,11 @@ LONG = ("Once upon a time the old man walked to the station, counted his coins, 
 # 4: no prompt, the conversations part at a user turn (each completion a user and an
 # assistant message: TRL trains on the whole rest); 5: the chosen answer runs past
 # max_seq_len and is cut; 6: a prompt that fills max_seq_len (TRL drops it: a skip); 7: an
-# empty answer (TRL trains on its template's tokens: the spaces and the end token).
+# empty answer (TRL trains on its template's tokens: the spaces and the end token); 8: no
+# prompt, the chosen conversation the start of the rejected one (extract_prompt's loop ends
+# without a difference: the prompt is all but the shorter one's last message); 9: a prompt of
+# a system message alone (Llama-2's template renders it only inside the first user turn: its
+# prompt has no tokens, and the completion's first token no target).
 RECORDS = [
     {"prompt": [u("Where did the cat sit?")], "chosen": [a("On the mat.")], "rejected": [a("On the old road.")]},
     {"chosen": [SYSTEM, u("  Hi there "), a(" Hello, friend! ")], "rejected": [SYSTEM, u("  Hi there "), a("Go away.")]},
@@ -64,6 +68,8 @@ RECORDS = [
     {"prompt": [u("Describe the forest.")], "chosen": [a(LONG + " " + LONG)], "rejected": [a("Green.")]},
     {"prompt": [u(LONG + " " + LONG)], "chosen": [a("Yes.")], "rejected": [a("No.")]},
     {"prompt": [u("Say nothing.")], "chosen": [a("")], "rejected": [a("Something.")]},
+    {"chosen": [u("Hi"), a("Hello.")], "rejected": [u("Hi"), a("Hello."), u("More?"), a("No.")]},
+    {"prompt": [SYSTEM], "chosen": [u("Hi"), a("Yes.")], "rejected": [u("Hi"), a("No.")]},
 ]
 SKIPPED = [6]  # records whose prompt fills MAX_SEQ_LEN
 
