@@ -11,7 +11,8 @@
 //   samsum           {"dialogue", "summary"}        llama-recipes' SAMSum prompt
 //   chat             {"messages": [{"role", "content"}, ...]}  Llama-2 chat format
 //   preference       {"prompt", "chosen", "rejected"}  a pair for preference tuning: two rows
-//                    (pair_parts and dataset_fill_pairs below; TRL's tokenization)
+//                    (pair_parts and dataset_fill_pairs below; TRL's tokenization); plain (strings)
+//                    or conversational (lists of messages, "prompt" optional: TRL's forms)
 // Auto-detection checks, in this order: "chosen" and "rejected" -> preference, "messages" -> chat, "instruction" ->
 // alpaca, "dialogue" -> samsum, "prompt" -> prompt_response, "text" -> text.
 // Other keys (e.g. SAMSum's "id") are ignored. The templates are in one place
@@ -426,43 +427,57 @@ static int data_detect_format(const JsonValue *v) {
     return FORMAT_AUTO;
 }
 
+// message i of the list key: an object with a string role and content. 0 ok, -1 with err set
+static int data_message(const JsonValue *m, const char *key, int i, Str *role, Str *content, char *err, size_t errn) {
+    if (m->type != JSON_OBJECT) { snprintf(err, errn, "%s[%d] is %s, expected an object", key, i, json_type_name(m->type)); return -1; }
+    char why[256];
+    if (data_field(m, "role", 0, role, why, sizeof why) || data_field(m, "content", 0, content, why, sizeof why)) {
+        snprintf(err, errn, "%s[%d]: %s", key, i, why);
+        return -1;
+    }
+    return 0;
+}
+// the segment kind of a message of role at position pos of a conversation, after turns user and assistant messages: an
+// optional first "system", then "user" and "assistant" alternating (the templates' rule). -1 with err set (the
+// message is key[i])
+static int data_role(Str role, int pos, int turns, const char *key, int i, char *err, size_t errn) {
+    if (pos == 0 && role.n == 6 && memcmp(role.s, "system", 6) == 0) return SEG_SYSTEM;
+    const char *want = turns % 2 ? "assistant" : "user";
+    if (role.n != strlen(want) || memcmp(role.s, want, role.n) != 0) {
+        snprintf(err, errn, "%s[%d] has role \"%.*s\", expected \"%s\" (roles: an optional first \"system\", then \"user\" "
+                 "and \"assistant\" alternating)", key, i, (int)(role.n < 32 ? role.n : 32), role.s, want);
+        return -1;
+    }
+    return turns % 2 ? SEG_ASSISTANT : SEG_USER;
+}
+
 // chat: [system] user assistant user assistant ... [user]
 static int data_chat(const JsonValue *rec, Pending *p, char *err, size_t errn) {
     const JsonValue *msgs = json_get(rec, "messages");
     if (!msgs) { snprintf(err, errn, "missing field \"messages\""); return -1; }
     if (msgs->type != JSON_ARRAY) { snprintf(err, errn, "field \"messages\" is %s, expected an array", json_type_name(msgs->type)); return -1; }
     Str system = {NULL, 0}, user = {NULL, 0};
-    for (int i = 0; i < msgs->count; i++) {
-        const JsonValue *m = &msgs->items[i];
-        if (m->type != JSON_OBJECT) { snprintf(err, errn, "messages[%d] is %s, expected an object", i, json_type_name(m->type)); return -1; }
+    for (int i = 0, turns = 0; i < msgs->count; i++) {
         Str role, content;
-        char why[256];
-        if (data_field(m, "role", 0, &role, why, sizeof why) || data_field(m, "content", 0, &content, why, sizeof why)) {
-            snprintf(err, errn, "messages[%d]: %s", i, why);
-            return -1;
-        }
-        if (i == 0 && role.n == 6 && memcmp(role.s, "system", 6) == 0) { system = content; continue; }
-        const char *want = user.s ? "assistant" : "user"; // alternating, starting with the user
-        if (role.n != strlen(want) || memcmp(role.s, want, role.n) != 0) {
-            snprintf(err, errn, "messages[%d] has role \"%.*s\", expected \"%s\" (roles: an optional first \"system\", then \"user\" "
-                     "and \"assistant\" alternating)", i, (int)(role.n < 32 ? role.n : 32), role.s, want);
-            return -1;
-        }
-        if (!user.s) { user = content; continue; }
+        if (data_message(&msgs->items[i], "messages", i, &role, &content, err, errn)) return -1;
+        int kind = data_role(role, i, turns, "messages", i, err, errn);
+        if (kind < 0) return -1;
+        if (kind == SEG_SYSTEM) { system = content; continue; }
+        turns++;
+        if (kind == SEG_USER) { user = content; continue; }
         // a complete (user, assistant) pair: kept (the template is applied at tokenization)
         if (system.s && p->n_seg == 0) pending_copy(p, SEG_SYSTEM, system);
         pending_copy(p, SEG_USER, user);
         pending_copy(p, SEG_ASSISTANT, content);
-        user.s = NULL;
     }
     // a trailing user turn has no answer to learn and is dropped
     if (p->n_seg == 0) p->skip = SKIP_NO_PAIR;
     return 0;
 }
 
-// preference: the prompt, then the prompt followed by each response (TRL tokenizes them
+// preference, plain: the prompt, then the prompt followed by each response (TRL tokenizes them
 // joined); the same two responses teach nothing: a skip
-static int data_preference(const JsonValue *rec, Pending *p, char *err, size_t errn) {
+static int data_preference_plain(const JsonValue *rec, Pending *p, char *err, size_t errn) {
     Str prompt, chosen, rejected;
     if (data_field(rec, "prompt", 0, &prompt, err, errn) || data_field(rec, "chosen", 0, &chosen, err, errn) ||
         data_field(rec, "rejected", 0, &rejected, err, errn))
@@ -478,6 +493,93 @@ static int data_preference(const JsonValue *rec, Pending *p, char *err, size_t e
         pending_add(p, k ? SEG_REJECTED : SEG_CHOSEN, text, prompt.n + r.n);
     }
     return 0;
+}
+
+// a conversational pair is one with a list (of messages) for "prompt", "chosen" or "rejected"
+static int pair_is_chat(const JsonValue *rec) {
+    static const char *const keys[3] = {"prompt", "chosen", "rejected"};
+    for (int k = 0; k < 3; k++)
+        if (json_get(rec, keys[k]) && json_get(rec, keys[k])->type == JSON_ARRAY) return 1;
+    return 0;
+}
+// two (valid) messages with the same role and content
+static int data_same_message(const JsonValue *x, const JsonValue *y) {
+    const JsonValue *v[2][2] = {{json_get(x, "role"), json_get(x, "content")}, {json_get(y, "role"), json_get(y, "content")}};
+    for (int k = 0; k < 2; k++)
+        if (v[0][k]->string_len != v[1][k]->string_len || memcmp(v[0][k]->string, v[1][k]->string, v[0][k]->string_len) != 0) return 0;
+    return 1;
+}
+// messages [from, to) of key as segments, their roles the continuation of a conversation of *pos messages, *turns
+// of them user or assistant ones. 0 ok, -1 with err set
+static int pending_messages(Pending *p, const JsonValue *list, const char *key, int from, int to, int *pos, int *turns, char *err,
+                            size_t errn) {
+    for (int i = from; i < to; i++, (*pos)++) {
+        Str role, content;
+        if (data_message(&list->items[i], key, i, &role, &content, err, errn)) return -1;
+        int kind = data_role(role, *pos, *turns, key, i, err, errn);
+        if (kind < 0) return -1;
+        *turns += kind != SEG_SYSTEM;
+        pending_copy(p, kind, content);
+    }
+    return 0;
+}
+
+// preference, conversational (TRL's form): "chosen" and "rejected" lists of messages, after the
+// "prompt" list or, without one, after the leading messages they share (TRL's extract_prompt:
+// the shorter list keeps at least its last message). Kept as the prompt's messages, a
+// SEG_CHOSEN mark and the chosen completion's messages, a SEG_REJECTED mark and the rejected
+// one's; the roles of prompt + completion checked as a chat's.
+static int data_preference_chat(const JsonValue *rec, Pending *p, char *err, size_t errn) {
+    static const char *const keys[3] = {"prompt", "chosen", "rejected"};
+    const JsonValue *list[3];
+    for (int k = 0; k < 3; k++) {
+        list[k] = json_get(rec, keys[k]);
+        if (!list[k] && k == 0) continue;
+        if (!list[k]) { snprintf(err, errn, "missing field \"%s\"", keys[k]); return -1; }
+        if (list[k]->type != JSON_ARRAY) {
+            snprintf(err, errn, "field \"%s\" is %s: a conversational pair's fields are lists of messages", keys[k], json_type_name(list[k]->type));
+            return -1;
+        }
+        if (list[k]->count == 0) { // (TRL fails on an empty prompt too)
+            snprintf(err, errn, "field \"%s\" is an empty list: %s", keys[k], k ? "no completion" : "no prompt (without the key: the messages both responses start with)");
+            return -1;
+        }
+    }
+    int shared = 0, pos = 0, turns = 0; // (implicit prompt: its messages in chosen and rejected)
+    if (!list[0]) {
+        int n = list[1]->count < list[2]->count ? list[1]->count : list[2]->count;
+        for (; shared < n; shared++) {
+            Str role, content;
+            if (data_message(&list[1]->items[shared], keys[1], shared, &role, &content, err, errn) ||
+                data_message(&list[2]->items[shared], keys[2], shared, &role, &content, err, errn))
+                return -1;
+            if (!data_same_message(&list[1]->items[shared], &list[2]->items[shared])) break;
+        }
+        if (shared == n) shared--;
+    }
+    if (list[0] ? pending_messages(p, list[0], keys[0], 0, list[0]->count, &pos, &turns, err, errn)
+                : pending_messages(p, list[1], keys[1], 0, shared, &pos, &turns, err, errn))
+        return -1;
+    int prompt_pos = pos, prompt_turns = turns;
+    for (int k = 1; k < 3; k++) {
+        pos = prompt_pos;
+        turns = prompt_turns;
+        pending_add(p, k == 1 ? SEG_CHOSEN : SEG_REJECTED, (char *)callocCheck(1, 1), 0);
+        if (pending_messages(p, list[k], keys[k], shared, list[k]->count, &pos, &turns, err, errn)) return -1;
+    }
+    int same = list[1]->count == list[2]->count;
+    for (int i = shared; i < list[1]->count && same; i++) same = data_same_message(&list[1]->items[i], &list[2]->items[i]);
+    if (same) p->skip = SKIP_SAME_RESPONSES;
+    else if (!list[0] && shared == 0) {
+        snprintf(err, errn, "\"chosen\" and \"rejected\" share no leading message and there is no \"prompt\"");
+        return -1;
+    }
+    return 0;
+}
+
+// preference: either form (a list anywhere: conversational)
+static int data_preference(const JsonValue *rec, Pending *p, char *err, size_t errn) {
+    return pair_is_chat(rec) ? data_preference_chat(rec, p, err, errn) : data_preference_plain(rec, p, err, errn);
 }
 
 // a parsed record to segments: 0 ok (p->skip may be set), -1 with err set
@@ -562,76 +664,108 @@ static int chat_is_llama3(const Tokenizer *tok) {
 // its format as a Jinja chat template
 static const char *chat_jinja_template(const Tokenizer *tok) { return chat_is_llama3(tok) ? CHAT_JINJA_LLAMA3 : CHAT_JINJA_LLAMA2; }
 
-// a chat's turns to tokens with the tokenizer's template family (see "Templates")
-static void pending_tokenize_chat(Pending *p, const Tokenizer *tok, size_t *cap) {
-    int header = tokenizer_token_id(tok, "<|start_header_id|>"), header_end = tokenizer_token_id(tok, "<|end_header_id|>"),
-        eot = tokenizer_token_id(tok, "<|eot_id|>");
-    for (int s = 0; s < p->n_seg; s++) // an empty answer is nothing to learn, as an empty response is
-        if (p->seg[s].kind == SEG_ASSISTANT && data_strip(data_str(p->seg[s].text, p->seg[s].len)).n == 0) { p->skip = SKIP_EMPTY_RESPONSE; return; }
+// messages (SEG_SYSTEM, SEG_USER, SEG_ASSISTANT segments, their roles in a chat's order) to tokens
+// with the tokenizer's template family (see "Templates"), an assistant turn's content and end
+// token labelled 1; generation_prompt: Llama-3's assistant header after them (Llama-2's answer
+// follows its [/INST], its template has none)
+static void pending_push_chat(Pending *p, size_t *cap, const Tokenizer *tok, const Segment *msgs, int n, int generation_prompt) {
     if (chat_is_llama3(tok)) { // Llama-3
         static const char *const roles[] = {"system", "user", "assistant"};
+        int header = tokenizer_token_id(tok, "<|start_header_id|>"), header_end = tokenizer_token_id(tok, "<|end_header_id|>"),
+            eot = tokenizer_token_id(tok, "<|eot_id|>");
         pending_push_id(p, cap, tok->bos_id, 0);
-        for (int s = 0; s < p->n_seg; s++) {
-            const Segment *g = &p->seg[s];
-            int label = g->kind == SEG_ASSISTANT;
+        for (int s = 0; s < n + generation_prompt; s++) {
+            int kind = s < n ? msgs[s].kind : SEG_ASSISTANT, label = s < n && kind == SEG_ASSISTANT;
             pending_push_id(p, cap, header, 0);
-            pending_push_text(p, cap, tok, data_str(roles[g->kind - SEG_SYSTEM], strlen(roles[g->kind - SEG_SYSTEM])), 1, 0);
+            pending_push_text(p, cap, tok, data_str(roles[kind - SEG_SYSTEM], strlen(roles[kind - SEG_SYSTEM])), 1, 0);
             pending_push_id(p, cap, header_end, 0);
             pending_push_text(p, cap, tok, data_str(CHAT3_HEADER_END, strlen(CHAT3_HEADER_END)), 1, 0);
-            pending_push_text(p, cap, tok, data_strip(data_str(g->text, g->len)), 0, label);
+            if (s == n) break; // (the generation prompt: the header alone)
+            pending_push_text(p, cap, tok, data_strip(data_str(msgs[s].text, msgs[s].len)), 0, label);
             pending_push_id(p, cap, eot, label);
         }
         return;
     }
-    int s = 0; // Llama-2
-    Str system = {NULL, 0};
-    if (p->seg[0].kind == SEG_SYSTEM) { system = data_str(p->seg[0].text, p->seg[0].len); s = 1; }
-    for (; s + 1 < p->n_seg; s += 2) {
-        Str user = {p->seg[s].text, p->seg[s].len}, answer = {p->seg[s + 1].text, p->seg[s + 1].len};
+    Str system = {NULL, 0}; // Llama-2: a system message is folded into the first user turn
+    for (int s = 0; s < n; s++) {
+        Str text = data_str(msgs[s].text, msgs[s].len);
+        if (msgs[s].kind == SEG_SYSTEM) { system = text; continue; }
+        if (msgs[s].kind == SEG_ASSISTANT) {
+            pending_push_filled(p, cap, tok, CHAT_RESPONSE, "assistant", data_strip(text), 0, 1);
+            pending_push_id(p, cap, tok->eos_id, 1);
+            continue;
+        }
         char *folded = NULL;
         if (system.s) {
             static const char *const names[] = {"system", "user"};
-            Str vals[2] = {system, user};
-            folded = data_fill(CHAT_SYSTEM, 2, names, vals, &user.n);
-            user.s = folded;
+            Str vals[2] = {system, text};
+            folded = data_fill(CHAT_SYSTEM, 2, names, vals, &text.n);
+            text.s = folded;
             system.s = NULL;
         }
         pending_push_id(p, cap, tok->bos_id, 0);
-        pending_push_filled(p, cap, tok, CHAT_PROMPT, "user", data_strip(user), 1, 0);
-        pending_push_filled(p, cap, tok, CHAT_RESPONSE, "assistant", data_strip(answer), 0, 1);
-        pending_push_id(p, cap, tok->eos_id, 1);
+        pending_push_filled(p, cap, tok, CHAT_PROMPT, "user", data_strip(text), 1, 0);
         free(folded);
     }
 }
 
-// A preference pair as TRL's DPOTrainer tokenizes it: prompt_ids = BOS + encode(prompt), each
-// sequence BOS + encode(prompt + response) + EOS; the prompt is the shortest common prefix of
-// prompt_ids with the two sequences (tokens may merge across the prompt's end), the completions
-// what follows it. Stored once: the prompt (label 0), the chosen completion (label 1), the
-// rejected one (label 2).
-static void pending_tokenize_pair(Pending *p, const Tokenizer *tok, size_t *cap) {
-    int n[3], *ids[3];
+// a chat's turns to tokens
+static void pending_tokenize_chat(Pending *p, const Tokenizer *tok, size_t *cap) {
+    for (int s = 0; s < p->n_seg; s++) // an empty answer is nothing to learn, as an empty response is
+        if (p->seg[s].kind == SEG_ASSISTANT && data_strip(data_str(p->seg[s].text, p->seg[s].len)).n == 0) { p->skip = SKIP_EMPTY_RESPONSE; return; }
+    pending_push_chat(p, cap, tok, p->seg, p->n_seg, 0);
+}
+
+// A preference pair as TRL's DPOTrainer tokenizes it: the prompt's tokens and each sequence's
+// (prompt and completion together); the prompt is the shortest common prefix of the prompt's
+// tokens with the two sequences' (tokens may merge across the prompt's end, a template may
+// render the prompt alone otherwise), the completions what follows it. Plain (segments
+// prompt, prompt + chosen, prompt + rejected): BOS + encode(text), + EOS for a sequence.
+// Conversational (segments: the prompt's messages, SEG_CHOSEN and its messages, SEG_REJECTED
+// and its; c the index of SEG_CHOSEN): the chat template's tokens, the prompt's with the
+// generation prompt; the template's end tokens, no EOS added. Stored once: the prompt (label 0),
+// the chosen completion (label 1), the rejected one (label 2).
+static void pending_tokenize_pair(Pending *p, const Tokenizer *tok, size_t *cap, int c) {
+    Pending seq[3]; // the prompt's tokens, the chosen sequence's, the rejected sequence's
+    size_t seq_cap[3];
     for (int s = 0; s < 3; s++) {
-        int k, *e = tokenizer_encode(tok, p->seg[s].text, p->seg[s].len, 0, 0, &k);
-        if (!e) die("out of memory while tokenizing record %llu", (unsigned long long)p->record);
-        ids[s] = (int *)mallocCheck(((size_t)k + 2) * sizeof(int));
-        n[s] = 0;
-        if (tok->bos_id >= 0) ids[s][n[s]++] = tok->bos_id;
-        memcpy(ids[s] + n[s], e, (size_t)k * sizeof(int));
-        n[s] += k;
-        if (s > 0 && tok->eos_id >= 0) ids[s][n[s]++] = tok->eos_id;
-        free(e);
+        memset(&seq[s], 0, sizeof seq[s]);
+        seq[s].record = p->record;
+        seq_cap[s] = 64;
+        seq[s].ids = (int32_t *)mallocCheck(seq_cap[s] * sizeof(int32_t));
+        seq[s].label = (uint8_t *)mallocCheck(seq_cap[s]);
     }
-    int P = n[0];
+    if (p->seg[0].kind == SEG_PROMPT) {
+        for (int s = 0; s < 3; s++) {
+            int k, *e = tokenizer_encode(tok, p->seg[s].text, p->seg[s].len, 0, 0, &k);
+            if (!e) die("out of memory while tokenizing record %llu", (unsigned long long)p->record);
+            pending_push_id(&seq[s], &seq_cap[s], tok->bos_id, 0);
+            pending_push(&seq[s], &seq_cap[s], e, k, 0);
+            if (s > 0) pending_push_id(&seq[s], &seq_cap[s], tok->eos_id, 0);
+            free(e);
+        }
+    } else {
+        int r = c + 1;
+        while (p->seg[r].kind != SEG_REJECTED) r++;
+        Segment *conv = (Segment *)mallocCheck((size_t)p->n_seg * sizeof(Segment)); // the prompt's messages, then a completion's
+        memcpy(conv, p->seg, (size_t)c * sizeof(Segment));
+        pending_push_chat(&seq[0], &seq_cap[0], tok, conv, c, 1);
+        memcpy(conv + c, p->seg + c + 1, (size_t)(r - c - 1) * sizeof(Segment));
+        pending_push_chat(&seq[1], &seq_cap[1], tok, conv, r - 1, 0);
+        memcpy(conv + c, p->seg + r + 1, (size_t)(p->n_seg - r - 1) * sizeof(Segment));
+        pending_push_chat(&seq[2], &seq_cap[2], tok, conv, c + p->n_seg - r - 1, 0);
+        free(conv);
+    }
+    int P = seq[0].n;
     for (int s = 1; s < 3; s++) {
-        int c = 0;
-        while (c < n[0] && c < n[s] && ids[0][c] == ids[s][c]) c++;
-        P = c < P ? c : P;
+        int k = 0;
+        while (k < seq[0].n && k < seq[s].n && seq[0].ids[k] == seq[s].ids[k]) k++;
+        P = k < P ? k : P;
     }
-    pending_push(p, cap, ids[1], P, 0);
-    for (int s = 1; s < 3; s++) pending_push(p, cap, ids[s] + P, n[s] - P, s);
-    if (n[1] == P || n[2] == P) p->skip = SKIP_EMPTY_RESPONSE; // (a tokenizer without EOS, an empty response)
-    for (int s = 0; s < 3; s++) free(ids[s]);
+    pending_push(p, cap, seq[1].ids, P, 0);
+    for (int s = 1; s < 3; s++) pending_push(p, cap, seq[s].ids + P, seq[s].n - P, s);
+    if (seq[1].n == P || seq[2].n == P) p->skip = SKIP_EMPTY_RESPONSE; // (a tokenizer without EOS, an empty response)
+    for (int s = 0; s < 3; s++) { free(seq[s].ids); free(seq[s].label); }
 }
 
 // the segments to tokens and labels; sets p->skip when there is nothing to learn
@@ -641,7 +775,8 @@ static void pending_tokenize(Pending *p, const Tokenizer *tok) {
     p->ids = (int32_t *)mallocCheck(cap * sizeof(int32_t));
     p->label = (uint8_t *)mallocCheck(cap);
     p->n = 0;
-    if (p->n_seg == 3 && p->seg[1].kind == SEG_CHOSEN) { pending_tokenize_pair(p, tok, &cap); return; }
+    for (int s = 0; s < p->n_seg; s++)
+        if (p->seg[s].kind == SEG_CHOSEN) { pending_tokenize_pair(p, tok, &cap, s); return; }
     if (p->n_seg > 0 && p->seg[0].kind >= SEG_SYSTEM) { pending_tokenize_chat(p, tok, &cap); return; }
     for (int s = 0; s < p->n_seg; s++) {
         const Segment *g = &p->seg[s];
@@ -1150,8 +1285,9 @@ static int data_unknown_format(Dataset *ds, const JsonValue *v, const char *path
 }
 
 // the record in rr into p's segments, numbered by h's count of records; the first
-// record of an auto-detected file decides *format (and h->format). 0 ok, -1 failed (said; p empty)
-static int data_parse_record(Dataset *ds, const RecordReader *rr, const char *path, int *format, CacheHeader *h, Pending *p) {
+// record of an auto-detected file decides *format (and h->format), the first pair *chat
+// (-1 until then: 1 conversational, 0 plain; one form per file). 0 ok, -1 failed (said; p empty)
+static int data_parse_record(Dataset *ds, const RecordReader *rr, const char *path, int *format, int *chat, CacheHeader *h, Pending *p) {
     JsonValue v;
     char jerr[512], err[768];
     if (json_parse(rr->rec, rr->rec_len, &v, jerr, sizeof jerr) != 0)
@@ -1169,6 +1305,10 @@ static int data_parse_record(Dataset *ds, const RecordReader *rr, const char *pa
     p->line = rr->rec_line;
     int rc = data_record(&v, *format, p, err, sizeof err);
     if (rc != 0) data_fail(ds, "%s:%llu: %s (format %s)", path, (unsigned long long)rr->rec_line, err, data_format_names[*format]);
+    else if (*format == FORMAT_PREFERENCE && *chat >= 0 && pair_is_chat(&v) != *chat)
+        rc = data_fail(ds, "%s:%llu: a %s pair among %s ones: a file holds one form", path, (unsigned long long)rr->rec_line,
+                       *chat ? "plain (strings)" : "conversational (lists of messages)", *chat ? "conversational" : "plain");
+    else if (*format == FORMAT_PREFERENCE) *chat = pair_is_chat(&v);
     json_free(&v);
     if (rc != 0) pending_clear(p);
     return rc;
@@ -1177,8 +1317,8 @@ static int data_parse_record(Dataset *ds, const RecordReader *rr, const char *pa
 // reads and parses the next records into batch[0..*n) (serially: the file is read in
 // order), up to a batch's count or bytes (*bytes). 1: there may be more, 0: the end
 // of the file, -1: failed (said; batch[0..*n) still holds the records before)
-static int data_read_batch(Dataset *ds, RecordReader *rr, const char *path, int *format, CacheHeader *h, Pending *batch, int *n,
-                           size_t *bytes) {
+static int data_read_batch(Dataset *ds, RecordReader *rr, const char *path, int *format, int *chat, CacheHeader *h, Pending *batch,
+                           int *n, size_t *bytes) {
     char err[768];
     *n = 0;
     *bytes = 0;
@@ -1186,7 +1326,7 @@ static int data_read_batch(Dataset *ds, RecordReader *rr, const char *path, int 
         int got = rr_next(rr, err, sizeof err);
         if (got < 0) return data_fail(ds, "%s", err);
         if (got == 0) return 0;
-        if (data_parse_record(ds, rr, path, format, h, &batch[*n]) != 0) return -1;
+        if (data_parse_record(ds, rr, path, format, chat, h, &batch[*n]) != 0) return -1;
         *bytes += rr->rec_len;
         (*n)++;
     }
@@ -1210,7 +1350,7 @@ static DataStore *data_build(Dataset *ds, const char *path, const char *cache_pa
     CacheWriter w;
     cw_begin(&w, ds, cache_path, key);
     Pending *batch = (Pending *)callocCheck(DATA_BATCH_RECORDS, sizeof(Pending));
-    int format = (int)key->requested_format, status = 1; // 1: records to read, 0: the end of the file, -1: failed (said)
+    int format = (int)key->requested_format, chat = -1, status = 1; // status 1: records to read, 0: the end of the file, -1: failed (said)
     char what[300];
     struct stat fst;
     snprintf(what, sizeof what, "tokenizing %s", path);
@@ -1220,7 +1360,7 @@ static DataStore *data_build(Dataset *ds, const char *path, const char *cache_pa
     while (status > 0) {
         int n;
         size_t bytes;
-        status = data_read_batch(ds, &rr, path, &format, &w.h, batch, &n, &bytes);
+        status = data_read_batch(ds, &rr, path, &format, &chat, &w.h, batch, &n, &bytes);
         if (status >= 0) data_tokenize_batch(batch, n, tok); // in parallel, then written in order
         progress_update(&bar, (done += bytes) / 1e6);
         for (int i = 0; i < n; i++) {
@@ -1303,8 +1443,8 @@ static uint32_t pair_len(const Dataset *ds, long i, int s, uint32_t *P) {
 static uint32_t data_labels_within(const Dataset *ds, long i) {
     const CacheSample *e = &ds->store->index[i];
     if (ds->format == FORMAT_PREFERENCE) {
-        uint32_t P, c = pair_len(ds, i, 0, &P) + pair_len(ds, i, 1, &P);
-        return c > 2 * P ? c - 2 * P : 0;
+        uint32_t P, c = pair_len(ds, i, 0, &P) + pair_len(ds, i, 1, &P), first = P ? P : 1; // (no token predicts the first)
+        return c > 2 * first ? c - 2 * first : 0;
     }
     uint32_t n = e->n_tokens < (uint32_t)ds->max_seq_len ? e->n_tokens : (uint32_t)ds->max_seq_len;
     if (n < 2) return 0;
@@ -1384,7 +1524,7 @@ static long dataset_fill_sequence(const Dataset *ds, long r, int s, int T, int p
     for (uint32_t t = 0; t < len; t++) tokens[t] = t < P ? tk[t] : tk[t + (s ? nc : 0)];
     for (uint32_t t = 0; t < len; t++) targets[t] = t + 1 < len && t + 1 >= P ? tokens[t + 1] : -100;
     for (long t = len; t < T; t++) { tokens[t] = pad_id; targets[t] = -100; }
-    return (long)len - P;
+    return (long)len - (P ? P : 1); // (a prompt of no tokens, conversational: its first token is no target)
 }
 // Pairs [first, first + n): their chosen sequences in rows 0 .. n - 1 of tokens/targets (width
 // T), their rejected ones in rows n .. 2n - 1 (TRL's order). Returns their labels.

@@ -649,45 +649,75 @@ static void test_bad_input(void) {
 }
 
 // Preference pairs (--data_format preference): test/fixtures/preference's records against
-// tokens.json, TRL 1.16's DPOTrainer tokenization and its collator's cut to max_seq_len 32
-// (dev/reference/make_dpo_fixtures.py): each pair's chosen and rejected rows, the targets its
-// completion's tokens; both from the token cache written and from it read back. Then the
-// hostile records: an error naming file:line, or a counted skip.
+// TRL 1.16's DPOTrainer tokenization and its collator's cut to max_seq_len: data.jsonl's plain
+// pairs with tiny_gqa's tokenizer (tokens.json, dev/reference/make_dpo_fixtures.py), chat.jsonl's
+// conversational ones with each chat family's (chat_tokens.json, make_dpo_chat_fixtures.py): each
+// pair's chosen and rejected rows, the targets its completion's tokens, the pairs TRL drops
+// skipped; both from the token cache written and from it read back. Then the hostile records:
+// an error naming file:line, or a counted skip.
 static int ids_equal(const JsonValue *want, const int *got, int n) {
     if (!want || want->type != JSON_ARRAY || want->count > n) return 0;
     for (int i = 0; i < want->count; i++)
         if ((int)want->items[i].number != got[i]) return 0;
     return 1;
 }
-static void test_preference(void) {
-    JsonValue exp;
-    if (json_load_file("test/fixtures/preference/tokens.json", &exp) != 0) die("cannot read tokens.json");
-    const JsonValue *recs = json_get(&exp, "records");
-    int L = 32;
+// the pairs of path (tokenized with t, from tokpath; cached in cache) == recs, skipped_lines (or NULL) the lines skipped
+static void check_pairs(const char *name, const char *path, const Tokenizer *t, const char *tokpath, const char *cache, int L,
+                        const JsonValue *recs, const JsonValue *skipped_lines) {
     for (int pass = 0; pass < 2; pass++) { // the cache written, then reused
         Dataset ds;
-        int rc = load(&ds, "test/fixtures/preference/data.jsonl", opts("auto", 0, 0, L));
-        CHECK(rc == 0 && ds.format == FORMAT_PREFERENCE && ds.n_rows == recs->count && ds.cache_status == (pass ? CACHE_REUSED : CACHE_BUILT),
-              pass ? "preference: the token cache reused" : "preference: detected from the keys, every pair kept", "rc %d: %s", rc, ds.error);
+        DataOptions o = opts("auto", 0, 0, L);
+        o.cache_dir = cache;
+        int rc = dataset_load(&ds, path, t, tokpath, &o), skips_ok = rc == 0 && ds.n_skipped == (skipped_lines ? skipped_lines->count : 0);
+        for (int i = 0; skips_ok && i < ds.n_skipped && i < DATA_SKIP_LIST; i++)
+            skips_ok = ds.skip_line[i] == (long)skipped_lines->items[i].number && ds.skip_reason[i] == SKIP_TRUNCATED;
+        char what[256];
+        snprintf(what, sizeof what, "%s: %s", name, pass ? "the token cache reused" : "detected from the keys, TRL's pairs kept, the others skipped");
+        CHECK(rc == 0 && skips_ok && ds.format == FORMAT_PREFERENCE && ds.n_rows == recs->count && ds.cache_status == (pass ? CACHE_REUSED : CACHE_BUILT),
+              what, "rc %d, %ld rows, %ld skipped: %s", rc, rc == 0 ? ds.n_rows : 0, rc == 0 ? ds.n_skipped : 0, ds.error);
         if (rc != 0) continue;
         int *tokens = (int *)mallocCheck((size_t)2 * L * sizeof(int)), *targets = (int *)mallocCheck((size_t)2 * L * sizeof(int)), T;
-        for (int r = 0; r < recs->count; r++) {
+        for (int r = 0; r < recs->count && r < ds.n_rows; r++) {
             const JsonValue *rec = &recs->items[r];
-            dataset_get_rows(&ds, r, 1, 0, tokens, targets, &T);
+            long labels = dataset_get_rows(&ds, r, 1, 0, tokens, targets, &T), targeted = 0;
             int P = json_get(rec, "prompt_ids")->count, ok = 1;
             for (int s = 0; s < 2; s++) {
                 const JsonValue *want = json_get(rec, s ? "rejected_input_ids" : "chosen_input_ids");
                 const int *tk = tokens + s * T, *tg = targets + s * T;
                 ok &= ids_equal(want, tk, T);
-                for (int t = 0; t < T; t++) // the completion's tokens are the targets; the prompt's and the padding's are not
-                    ok &= tg[t] == (t + 1 < want->count && t + 1 >= P ? tk[t + 1] : -100);
+                for (int i = 0; i < T; i++) { // the completion's tokens are the targets; the prompt's and the padding's are not
+                    ok &= tg[i] == (i + 1 < want->count && i + 1 >= P ? tk[i + 1] : -100);
+                    targeted += tg[i] != -100;
+                }
             }
-            char what[128];
-            snprintf(what, sizeof what, "preference: record %d's rows and targets are TRL's%s", r, pass ? " (from the cache)" : "");
-            CHECK(ok, what, "tokens or targets differ (prompt %d, T %d)", P, T);
+            snprintf(what, sizeof what, "%s: record %d's rows, targets and label counts are TRL's%s", name, r, pass ? " (from the cache)" : "");
+            CHECK(ok && labels == targeted && labels == ds.row_labels[r], what, "tokens or targets differ (prompt %d, T %d), labels %ld, %d counted, %ld targets",
+                  P, T, labels, ds.row_labels[r], targeted);
         }
         free(tokens); free(targets);
         dataset_free(&ds);
+    }
+}
+static void test_preference(void) {
+    JsonValue exp;
+    if (json_load_file("test/fixtures/preference/tokens.json", &exp) != 0) die("cannot read tokens.json");
+    check_pairs("preference", "test/fixtures/preference/data.jsonl", &tok, TINY_TOKENIZER, cache_dir, 32, json_get(&exp, "records"), NULL);
+    json_free(&exp);
+    if (json_load_file("test/fixtures/preference/chat_tokens.json", &exp) != 0) die("cannot read chat_tokens.json");
+    const JsonValue *families = json_get(&exp, "families");
+    for (int f = 0; f < families->count; f++) {
+        const JsonValue *fam = &families->items[f];
+        const char *tokpath, *config;
+        char name[64], cache[400];
+        snprintf(name, sizeof name, "preference, conversational (%s)", families->keys[f]);
+        snprintf(cache, sizeof cache, "%s/cache_%s", tmp, families->keys[f]);
+        Tokenizer t;
+        if (json_get_string(fam, "tokenizer", &tokpath, NULL) || json_get_string(fam, "config", &config, NULL) || tokenizer_load(&t, tokpath) != 0 ||
+            tokenizer_configure(&t, config, config) != 0)
+            die("chat_tokens.json: cannot load %s's tokenizer", families->keys[f]);
+        check_pairs(name, "test/fixtures/preference/chat.jsonl", &t, tokpath, cache, (int)json_get(&exp, "max_seq_len")->number,
+                    json_get(fam, "records"), json_get(fam, "skipped_lines"));
+        tokenizer_free(&t);
     }
     json_free(&exp);
 
@@ -695,7 +725,7 @@ static void test_preference(void) {
                  "{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{\"prompt\": \"a\", \"chosen\": \" b\"}\n", "preference",
                  "pref_missing.jsonl:2:", "missing field \"rejected\"");
     expect_error("preference: a response that is not a string", "pref_type.jsonl",
-                 "{\"prompt\": \"a\", \"chosen\": [\"b\"], \"rejected\": \" c\"}\n", "auto", "pref_type.jsonl:1:", "\"chosen\" is array");
+                 "{\"prompt\": \"a\", \"chosen\": 5, \"rejected\": \" c\"}\n", "auto", "pref_type.jsonl:1:", "\"chosen\" is number");
     expect_error("preference: a plain record among pairs", "pref_mixed.jsonl",
                  "{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{\"text\": \"a b c\"}\n", "auto", "pref_mixed.jsonl:2:",
                  "missing field \"prompt\"");
@@ -712,6 +742,55 @@ static void test_preference(void) {
     rc = load(&ds, path, opts("auto", 0, 1, 12));
     CHECK(rc == -1 && strstr(ds.error, "--batching padding"), "preference: packing refused", "rc %d: %s", rc, ds.error);
     if (rc == 0) dataset_free(&ds);
+
+    // the conversational form's (U, A: a user and an assistant message; P: a plain pair)
+#define U(x) "{\"role\": \"user\", \"content\": \"" x "\"}"
+#define A(x) "{\"role\": \"assistant\", \"content\": \"" x "\"}"
+#define P "{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n"
+#define C "{\"prompt\": [" U("a") "], \"chosen\": [" A("b") "], \"rejected\": [" A("c") "]}\n"
+    static const struct { const char *what, *text, *where, *why; } bad[] = {
+        {"a conversational pair among plain ones", P P C, ":3:", "a conversational (lists of messages) pair among plain ones"},
+        {"a plain pair among conversational ones", C P, ":2:", "a plain (strings) pair among conversational ones"},
+        {"a missing key", C "{\"prompt\": [" U("a") "], \"chosen\": [" A("b") "]}\n", ":2:", "missing field \"rejected\""},
+        {"a string among lists", "{\"prompt\": \"a\", \"chosen\": [" A("b") "], \"rejected\": [" A("c") "]}\n", ":1:",
+         "field \"prompt\" is string: a conversational pair's fields are lists of messages"},
+        {"a message that is not an object", "{\"chosen\": [" U("a") ", \"b\"], \"rejected\": [" U("a") ", " A("c") "]}\n", ":1:",
+         "chosen[1] is string, expected an object"},
+        {"a message without content", "{\"prompt\": [" U("a") "], \"chosen\": [{\"role\": \"assistant\"}], \"rejected\": [" A("c") "]}\n", ":1:",
+         "chosen[0]: missing field \"content\""},
+        {"a role out of order", "{\"prompt\": [" U("a") "], \"chosen\": [" A("b") "], \"rejected\": [" U("c") "]}\n", ":1:",
+         "rejected[0] has role \"user\", expected \"assistant\""},
+        {"a system message after the first", "{\"prompt\": [" U("a") ", {\"role\": \"system\", \"content\": \"s\"}], \"chosen\": [" A("b")
+         "], \"rejected\": [" A("c") "]}\n", ":1:", "prompt[1] has role \"system\", expected \"assistant\""},
+        {"no shared message and no prompt", "{\"chosen\": [" U("a") ", " A("b") "], \"rejected\": [" U("x") ", " A("c") "]}\n", ":1:",
+         "share no leading message and there is no \"prompt\""},
+        {"an empty completion", "{\"prompt\": [" U("a") "], \"chosen\": [], \"rejected\": [" A("c") "]}\n", ":1:",
+         "field \"chosen\" is an empty list: no completion"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char what[128], name[64];
+        snprintf(what, sizeof what, "preference, conversational: %s names file:line", bad[i].what);
+        snprintf(name, sizeof name, "pref_chat_bad%zu.jsonl", i);
+        expect_error(what, name, bad[i].text, i % 2 ? "auto" : "preference", bad[i].where, bad[i].why);
+    }
+    // counted skips (the same completions, explicit and implicit; a prompt over max_seq_len), and
+    // what TRL trains on: an empty answer (its template's tokens), a completion of several turns
+    path = tmp_path("pref_chat_skips.jsonl");
+    write_text(path, C "{\"prompt\": [" U("x") "], \"chosen\": [" A("same") "], \"rejected\": [" A("same") "]}\n"
+                     "{\"chosen\": [" U("x") ", " A("same") "], \"rejected\": [" U("x") ", " A("same") "]}\n"
+                     "{\"prompt\": [" U("a prompt much longer than the limit of the rows, and longer still, with many more words in it") "], \"chosen\": [" A("b") "], \"rejected\": [" A("c") "]}\n"
+                     "{\"prompt\": [" U("a") "], \"chosen\": [" A("") "], \"rejected\": [" A("c") "]}\n"
+                     "{\"chosen\": [" U("a") ", " A("b") ", " U("d") ", " A("e") "], \"rejected\": [" U("a") ", " A("b") "]}\n");
+    rc = load(&ds, path, opts("auto", 0, 0, 32));
+    CHECK(rc == 0 && ds.n_samples == 3 && ds.n_skipped == 3 && ds.skip_line[0] == 2 && ds.skip_reason[0] == SKIP_SAME_RESPONSES &&
+          ds.skip_line[1] == 3 && ds.skip_reason[1] == SKIP_SAME_RESPONSES && ds.skip_line[2] == 4 && ds.skip_reason[2] == SKIP_TRUNCATED,
+          "preference, conversational: the same completions and a prompt over max_seq_len are counted skips, an empty answer is kept",
+          "rc %d, %ld samples, %ld skipped: %s", rc, ds.n_samples, ds.n_skipped, ds.error);
+    if (rc == 0) dataset_free(&ds);
+#undef U
+#undef A
+#undef P
+#undef C
 }
 
 // BOS and EOS from a model folder's files, in transformers' order of precedence

@@ -18,9 +18,12 @@
 #   - DPO resumed == uninterrupted, bit for bit: LoRA and full fine-tuning, with and without
 #     precompute (the checkpoint's reference.safetensors); a resume whose --model changed is refused;
 #   - --context_parallel 2 == one process for DPO LoRA and ORPO (trajectory within TRAJ_TOL);
+#   - the conversational form (test/fixtures/preference/chat.jsonl): evaluation before any step,
+#     a step;
 #   - hostile data and options: SFT on pairs, DPO on SFT data, a plain record among pairs, a
-#     missing key, --precompute_ref_log_probs with ORPO: a clear error, nothing written (the CUDA
-#     trainer's runs: test_llama2cu_preference.sh).
+#     missing key, mixed forms, an empty completion, --precompute_ref_log_probs with ORPO: a clear
+#     error, nothing written; the same responses and a long prompt: skips (the CUDA trainer's runs:
+#     test_llama2cu_preference.sh).
 set -u
 cd "$(dirname "$0")/.."
 SUITE=preference
@@ -168,6 +171,19 @@ for obj in dpo orpo; do
     check "$obj: context parallel 2's adapter is one process's ($out)" $? "$out"
 done
 
+# the conversational form (chat.jsonl through tiny_gqa's Llama-2 template; test_dataloader checks
+# its tokens against TRL's): before any step the policy is its reference, the pairs TRL drops are
+# skipped by line, and a step trains from log 2
+CHAT=(--data $FIX/preference/chat.jsonl --max_seq_len 96)
+run "$TMP/chat0" 0 "${LORA[@]}" "${CHAT[@]}" --batch_size 2 --val_data $FIX/preference/chat.jsonl
+grep -q '"val_loss": 0.69314' "$TMP/chat0.jsonl" && grep -q '"eval/rewards/margins": 0,' "$TMP/chat0.jsonl" &&
+    grep -q 'chat.jsonl: skipped 1 samples: line 7: no response token within max_seq_len' "$TMP/chat0.log"
+check "conversational pairs: evaluation before any step gives loss log 2, rewards 0; line 7's long prompt skipped" $? "$(cat "$TMP/chat0.jsonl"; tail -2 "$TMP/chat0.log")"
+run "$TMP/chat" 2 "${LORA[@]}" "${CHAT[@]}" --batch_size 2
+[ $? -eq 0 ] && sed -n 1p "$TMP/chat.jsonl" | grep -q '"loss": 0.693147181, .*"rewards/margins": 0,' &&
+    sed -n 2p "$TMP/chat.jsonl" | grep -qv '"rewards/margins": 0,' && [ -f "$TMP/chat/adapter_model.safetensors" ]
+check "conversational pairs: DPO trains (step 1's loss log 2, step 2's margin moved)" $? "$(head -2 "$TMP/chat.jsonl"; tail -2 "$TMP/chat.log")"
+
 # the memory plan counts DPO's reference: Llama-2-7B full fine-tuning plans its 25705.0 MiB of fp32
 # weights once more than SFT (a dry run, nothing of the model's size allocated)
 plan() { "$BIN" --model $FIX/configs/llama-2-7b --random_init --tokenizer $FIX/tiny_gqa/tokenizer.model --dry_run --max_seq_len 64 \
@@ -199,6 +215,29 @@ refused "DPO resumed from a changed --model" "DPO's reference is the model the r
     "$BIN" "${ARGS[@]}" --model "$TMP/model" "${LORA[@]}" --batch_size 2 --max_steps 4 --resume "$TMP/moved/checkpoint-2"
 refused "--precompute_ref_log_probs without DPO" "--precompute_ref_log_probs is DPO's" "$BIN" "${ARGS[@]}" --objective orpo \
     --precompute_ref_log_probs 1
+# both forms: the same responses and a prompt over max_seq_len are skips listed by line, an empty
+# response trains (TRL's: its end token); mixing the forms, a missing key or an empty completion
+# is an error naming file:line
+u() { printf '{"role": "user", "content": "%s"}' "$1"; }
+a() { printf '{"role": "assistant", "content": "%s"}' "$1"; }
+long="a prompt much longer than the limit of the rows, with many more words"
+printf '{"prompt": "a", "chosen": " b", "rejected": " c"}\n{"prompt": "x", "chosen": " s", "rejected": " s"}\n{"prompt": "%s", "chosen": " b", "rejected": " c"}\n{"prompt": "a", "chosen": "", "rejected": " c"}\n' \
+    "$long" >"$TMP/plain_skips.jsonl"
+printf '{"prompt": [%s], "chosen": [%s], "rejected": [%s]}\n' "$(u a)" "$(a b)" "$(a c)" "$(u x)" "$(a s)" "$(a s)" "$(u "$long")" "$(a b)" "$(a c)" \
+    "$(u a)" "$(a "")" "$(a c)" >"$TMP/chat_skips.jsonl"
+for form in plain chat; do
+    run "$TMP/skips_$form" 1 --objective dpo --batch_size 2 --data "$TMP/${form}_skips.jsonl" --max_seq_len 20
+    [ $? -eq 0 ] && grep -q "skipped 2 samples: line 2: chosen and rejected are the same; line 3: no response token within max_seq_len" "$TMP/skips_$form.log" &&
+        grep -q "2 samples of 4 records" "$TMP/skips_$form.log"
+    check "$form pairs: the same responses and a long prompt are skips listed by line, an empty response trains" $? "$(grep -E "^data|error" "$TMP/skips_$form.log")"
+done
+printf '{"prompt": "a", "chosen": " b", "rejected": " c"}\n{"prompt": [%s], "chosen": [%s], "rejected": [%s]}\n' "$(u a)" "$(a b)" "$(a c)" >"$TMP/mixed_forms.jsonl"
+refused "a conversational pair among plain ones names file:line" "mixed_forms.jsonl:2: a conversational \(lists of messages\) pair among plain ones" \
+    "$BIN" "${ARGS[@]}" --data "$TMP/mixed_forms.jsonl" --objective dpo
+printf '{"chosen": [%s, %s], "rejected": [%s, %s]}\n{"prompt": [%s], "chosen": [%s]}\n' "$(u a)" "$(a b)" "$(u a)" "$(a c)" "$(u a)" "$(a b)" >"$TMP/chat_nokey.jsonl"
+refused "a conversational pair without its rejected messages" "chat_nokey.jsonl:2: missing field \"rejected\"" "$BIN" "${ARGS[@]}" --data "$TMP/chat_nokey.jsonl" --objective dpo
+printf '{"prompt": [%s], "chosen": [], "rejected": [%s]}\n' "$(u a)" "$(a c)" >"$TMP/chat_empty.jsonl"
+refused "an empty completion" "chat_empty.jsonl:1: field \"chosen\" is an empty list" "$BIN" "${ARGS[@]}" --data "$TMP/chat_empty.jsonl" --objective dpo
 refused "--dpo_loss_type without DPO" "--dpo_loss_type is DPO's" "$BIN" "${ARGS[@]}" --objective orpo --dpo_loss_type ipo
 refused "packing" "give --batching padding" "$BIN" "${ARGS[@]}" --objective dpo --batching packing
 refused "--shared_prompt with SFT" "--shared_prompt is preference tuning's" "$BIN" "${ARGS[@]}" --data $FIX/data.jsonl --shared_prompt on

@@ -1,8 +1,9 @@
 // A dataset file from arbitrary bytes through dataset_load (dataloader.h): the
 // record reader (JSONL lines, or the elements of one JSON array), format
 // detection, every format's record parser (text, prompt_response, alpaca,
-// samsum, chat, preference pairs), tokenization with the tiny model's 512-piece tokenizer, the
-// slice and max_samples selection, padding or packing, and the token cache.
+// samsum, chat, preference pairs plain or conversational), tokenization with the tiny model's
+// 512-piece tokenizer (Llama-2's chat template), the slice and max_samples selection, padding
+// or packing, and the token cache.
 // The first two bytes pick the options, the rest is the file:
 //   byte 0: bits 0-2 the format (auto, text, prompt_response, alpaca, samsum,
 //           chat, preference; 7: auto), bit 3 packing, bit 4 train_on_prompt,
