@@ -198,7 +198,7 @@ static void offload_step_upload(Model *m, bool wait) {
             const FsdpUnit *un = &h->units.units[u];
             if (m->sharded) offload_step_put(m, un->shard_offset, trainable_shard_at(h, u), un->shard);
             else for (int j = 0; j < un->n_tensors; j++)
-                offload_step_put(m, weight_offset(h, u, j), model_tensor_offset_from(&h->config, h->frozen_units, u, j), un->tensors[j].numel);
+                offload_step_put(m, weight_offset(m, u, j), model_tensor_offset_from(&h->config, h->frozen_units, u, j), un->tensors[j].numel);
         }
     }
 }
@@ -324,4 +324,45 @@ static void grads_host_zero(Model *m) {
     size_t n = m->grads ? m->n_train : 0;
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) m->grads[i] = 0.0f;
+}
+
+// ----------------------------------------------------------------------------
+// --cpu_offload with an adapter: the frozen base's decoder layers in host memory, each copied up a
+// layer ahead of its use into the ring of two slots (docs/memory.md "The frozen base streamed"):
+// unit_prefetch calls layer_up where a sharded unit would be gathered, and the compute stream waits
+// for the slot's event as it waits for a gather (unit_gather)
+
+// base_host: QLoRA's runs, which the host model holds already, pinned where they are; else room for
+// each layer's unit in the compute type, which weights_put fills as the base loads. Pinning can
+// fail where the host's memory is short or locked memory is limited: said, with how much.
+static void base_offload_alloc(Model *m) {
+    HostModel *h = &m->host;
+    size_t bytes = (size_t)h->config.n_layers * layer_bytes(m);
+    bool quant = h->quant_type != QUANT_NONE;
+    if (!quant && !h->base_deferred) die("internal: --cpu_offload's streamed base needs the base read after model_alloc");
+    cudaError_t err = quant ? cudaHostRegister(h->quant_bytes, bytes, cudaHostRegisterDefault)
+                            : cudaMallocHost((void **)&m->base_host, bytes);
+    if (err != cudaSuccess)
+        die("--cpu_offload 1: cannot pin %.2f GiB of host memory for the base's %d decoder layers (%s): the host memory "
+            "plan says what the run needs beside it; free memory, or raise the locked-memory limit (ulimit -l)",
+            bytes / 1073741824.0, h->config.n_layers, cudaGetErrorString(err));
+    if (quant) m->base_host = h->quant_bytes;
+    if (getenv("LLAMA2TUNE_OFFLOAD_LOG")) fprintf(stderr, "base offload: %zu bytes pinned\n", bytes);
+}
+static void base_offload_free(Model *m) {
+    if (m->base_host && m->host.quant_type != QUANT_NONE) cudaCheck(cudaHostUnregister(m->base_host));
+    else if (m->base_host) cudaCheck(cudaFreeHost(m->base_host));
+    if (m->base_stream) cudaCheck(cudaStreamDestroy(m->base_stream));
+}
+
+// layer unit u's bytes up into slot s (dst) on the base's stream, once the compute enqueued so far
+// (the last reads of the slot's old layer) is done; the slot's event marks them in
+static void layer_up(Model *m, int u, int s, void *dst) {
+    size_t bytes = layer_bytes(m);
+    stream_after(m->base_stream, m->stream, m->computed);
+    PROF_BEGIN_UNIT(m->base_stream, "upload", u, m->host.config.n_layers, (long long)bytes);
+    cudaCheck(cudaMemcpyAsync(dst, m->base_host + (size_t)(u - 1) * bytes, bytes, cudaMemcpyHostToDevice, m->base_stream));
+    PROF_END(m->base_stream);
+    cudaCheck(cudaEventRecord(m->gathered[s], m->base_stream));
+    m->slot_unit[s] = u;
 }

@@ -29,6 +29,12 @@ fp32), whole or sharded as bytes over the ranks, and is dequantized (gathered
 first, when sharded) into d.deq in the compute type before its products, forward
 and backward (unit_dequant, quant.cuh); d.weights holds the rest.
 
+The frozen base streamed (--cpu_offload 1 with an adapter; docs/memory.md): the
+decoder layers stay in pinned host memory (QLoRA's runs as the host packed them,
+else each layer's unit in the compute type) and each is copied up on a stream of
+its own a layer ahead of its use, into a ring of two slots, as sharded units are
+gathered (unit_prefetch); d.weights holds the embedding and the head.
+
 Chunked training (docs/chunked.md) runs exactly as on the CPU: chunk_forward,
 chunk_head and chunk_backward per chunk, the KV carry and the dKV carry, the
 keep and recompute memory modes, the output head in --num_output_chunks pieces,
@@ -100,7 +106,8 @@ template <typename floatX> struct Buffers {
     floatX *weights;    // base weights: whole (num_params, param_layout's order) or this rank's
                         // shard of them (units.shard_numel, fsdp.h's layout); frozen (LoRA), or
                         // the trainable ones (the fp32 masters themselves, or the optimizer's bf16 copy)
-    floatX **slot;      // (n_slots) sharded: units gathered whole, each as big as the biggest it holds
+    floatX **slot;      // (n_unit_slots) sharded: units gathered whole, each as big as the biggest it holds;
+                        // the base streamed: the layers' ring (a layer unit, or QLoRA's run, each)
     floatX *deq;        // (a layer unit) QLoRA: the layer whose weights the products read, dequantized
     floatX *lora_w;     // (LoRA num_params) A and B for the matmuls (the masters, or the optimizer's bf16/fp16 copy)
     floatX *params_lo;  // (n_train) bf16/fp16: the copy of the masters the matmuls read, the optimizer writes it
@@ -166,11 +173,17 @@ typedef struct {
     uint8_t *quant_bytes;     // QLoRA: the layers' runs as the host laid them out (host.quant_bytes), or
                               // sharded this rank's shards of them (host.quant_shards)
     int deq_unit;             // the unit deq holds (-1: none)
+    // --cpu_offload with an adapter (trainer.h's BACKEND_BASE_OFFLOAD): the frozen decoder layers in host memory
+    int base_offload;         // set by the trainer: the layers streamed up, a layer ahead, into the slots' ring
+    float peak_tflops;        // set by the trainer (--peak_tflops; 0: PLAN_PEAK_TFLOPS): the compute the plan's stream is against
+    uint8_t *base_host;       // (L, a layer's bytes) pinned: QLoRA's runs (host.quant_bytes, registered), else each layer's
+                              // unit whole in the compute type (the unit's order: tensors[j].offset), filled at load
+    cudaStream_t base_stream; // the layers' way up
     // sharded (host.shards): the units in the slots, and full fine-tuning's gradients of a unit
     int sharded;              // the base weights are this rank's shards, over fsdp->shard
-    int n_unit_slots;         // units gathered at once: 3 (reshard after the forward), or every unit
+    int n_unit_slots;         // units gathered at once: 3 (reshard after the forward), or every unit; the base streamed: 2
     int *slot_unit;           // (n_unit_slots) host: the unit each slot holds (-1: none)
-    cudaEvent_t *gathered;    // (n_unit_slots) each slot's last gather, on the collectives' stream
+    cudaEvent_t *gathered;    // (n_unit_slots) each slot's last gather, on the collectives' stream (or its copy up, on base_stream)
     float *unit_grad[2];      // a unit's gradient whole (the embedding's, the others'): sharded, or offloaded
     int grad_open[2];         // the unit each is open for (-1: none)
     float *grad_part;         // a unit's gradient reduced to this rank's shard
@@ -873,7 +886,21 @@ template <typename E> void place_layers(Layout *l, E *&p, size_t layers, size_t 
 // forward has three, the embedding's and two that the other units take in turn
 // (so the next unit is gathered while this one computes: unit_prefetch); else
 // every unit has its own
-static int unit_slot(const Model *m, int u) { return m->fsdp->info->reshard_after_forward ? (u ? 1 + (u & 1) : 0) : u; }
+// (the base streamed: the layers take the ring's two in turn)
+static int unit_slot(const Model *m, int u) {
+    if (m->base_offload) return u & 1;
+    return m->fsdp->info->reshard_after_forward ? (u ? 1 + (u & 1) : 0) : u;
+}
+// whether unit u is read from a slot: sharded, every unit; the base streamed, the decoder layers
+static bool unit_slotted(const Model *m, int u) {
+    return m->sharded || (m->base_offload && u >= 1 && u <= m->host.config.n_layers);
+}
+// the base streamed: a layer's bytes up (its run, or its unit in the compute type), in the slots and in base_host
+static size_t layer_bytes(const Model *m) {
+    const HostModel *h = &m->host;
+    if (h->quant_type != QUANT_NONE) return h->run_bytes;
+    return h->units.units[fsdp_layer_unit(0)].numel * (m->fp32 ? sizeof(float) : sizeof(bf16));
+}
 // empties the slots (the forward-backward's end): the next use gathers again
 static void units_reshard(Model *m) {
     for (int s = 0; s < m->n_unit_slots; s++) m->slot_unit[s] = -1;
@@ -890,6 +917,10 @@ template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Lay
                 need = std::max(need, u->units[i].packed ? ceil_div(G * u->units[i].packed_shard, sizeof(floatX)) : G * u->units[i].shard);
         place(w, d.slot[s], need);
     }
+}
+// The streamed base's ring: two slots of a layer's bytes
+template <typename floatX> void ring_layout(Model *m, Buffers<floatX> &d, Layout *w) {
+    for (int s = 0; s < m->n_unit_slots; s++) place(w, d.slot[s], ceil_div(layer_bytes(m), sizeof(floatX)));
 }
 // the biggest shard of a unit that trains (full fine-tuning's reduced gradient of one unit)
 static size_t widest_trainable_shard(const HostModel *h) {
@@ -928,12 +959,17 @@ template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C,
     place_layers(a, s->lora_h, Lk, LORA_N_TARGETS * N * r);
 }
 
-// where tensor j of unit u (not a packed layer) is in d.weights (whole): param_layout's
-// offset, less the layers that QLoRA keeps in runs, which param_layout puts between the
-// embedding and the head unit
-static size_t weight_offset(const HostModel *h, int u, int j) {
-    size_t off = model_tensor_offset(&h->config, u, j);
-    return u == 0 ? off : off - model_packed_numel(h);
+// the base weights d.weights (whole) leaves out: the layers QLoRA keeps in runs, or the base
+// streamed (host memory), which param_layout puts between the embedding and the head unit
+static size_t layers_apart(const Model *m) {
+    const HostModel *h = &m->host;
+    return m->base_offload ? (size_t)h->config.n_layers * h->units.units[fsdp_layer_unit(0)].numel : model_packed_numel(h);
+}
+// where tensor j of unit u (not a layer left out) is in d.weights (whole): param_layout's
+// offset, less the layers left out
+static size_t weight_offset(const Model *m, int u, int j) {
+    size_t off = model_tensor_offset(&m->host.config, u, j);
+    return u == 0 ? off : off - layers_apart(m);
 }
 // where unit u's shard is in the trainable units' shards (sharded m->grads, m->params)
 static size_t trainable_shard_at(const HostModel *h, int u) {
@@ -947,7 +983,7 @@ static size_t model_reference_numel(const Model *m) {
     const HostModel *h = &m->host;
     if (!m->reference) return 0;
     if (h->use_lora || !h->frozen_units) return m->n_train;
-    return m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h);
+    return m->sharded ? h->units.shard_numel : h->num_params - layers_apart(m);
 }
 
 // Lays out every device buffer in four allocations: w the base weights, p the
@@ -978,16 +1014,17 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     if ((m->cpu_offload || m->pure_bf16) && !fp32) place(p, m->upload_stage, UPLOAD_PIECE); // (pure_bf16: saves too)
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
     // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
-    if (!all_train) place(w, d.weights, m->sharded ? h->units.shard_numel : h->num_params - model_packed_numel(h));
+    if (!all_train) place(w, d.weights, m->sharded ? h->units.shard_numel : h->num_params - layers_apart(m));
     // DPO's reference (model_reference_swap): a copy of the weights the forward reads, and LoRA's fp32 parameters
     // where those are not that copy (bf16, fp16)
     place(p, d.ref, model_reference_numel(m));
     place(p, m->ref_params, m->reference && h->use_lora && !fp32 ? m->n_train : 0);
     if (h->quant_type != QUANT_NONE) { // QLoRA: the layers' runs (sharded: this rank's shards), one layer at a time dequantized
-        place(w, m->quant_bytes, model_run_bytes_held(h));
+        place(w, m->quant_bytes, m->base_offload ? 0 : model_run_bytes_held(h)); // (streamed: the ring's)
         place(w, d.deq, h->units.units[fsdp_layer_unit(0)].numel);
     }
     if (m->sharded) sharded_layout(m, d, w);
+    if (m->base_offload) ring_layout(m, d, w);
     unit_grad_layout(m, p);
     // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
     // the rest for every layer; or with activation checkpointing one layer's worth of the
@@ -1118,6 +1155,11 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
     model_optim_tensors(h, &m->optimizer, m->sharded ? m->fsdp->shard.rank : -1, &m->opt_tensors);
     if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
+    if (m->base_offload && m->sharded)
+        die("--cpu_offload 1 with an adapter streams the frozen base from host memory, whole on each process; with its "
+            "units sharded over %d ranks that is not supported yet (shard without it, or run one process a GPU with NO_SHARD)",
+            m->fsdp->shard.size);
+    if (m->base_offload) m->n_unit_slots = 2;
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
@@ -1240,9 +1282,16 @@ static double model_memory_budget(Model *m, double limit) {
 #include "offload.cuh"
 
 // a piece of a frozen base weight from the host (model_stream_base) into its place in d.weights
+// (the base streamed: a layer's into base_host, converted on the way through the ring's first slot, as
+// they would be in d.weights)
 template <typename floatX> void weights_put(void *ctx, int u, int j, size_t first, size_t count, const float *src) {
     Model *m = (Model *)ctx;
-    upload(buffers<floatX>(m).weights + weight_offset(&m->host, u, j) + first, src, count, m->stream, m->upload_stage);
+    if (unit_slotted(m, u)) {
+        size_t at = m->host.units.units[u].tensors[j].offset + first;
+        floatX *slot = buffers<floatX>(m).slot[0] + at, *dst = (floatX *)(m->base_host + (u - 1) * layer_bytes(m)) + at;
+        upload(slot, src, count, m->stream, m->upload_stage);
+        cudaCheck(cudaMemcpyAsync(dst, slot, count * sizeof(floatX), cudaMemcpyDeviceToHost, m->stream));
+    } else upload(buffers<floatX>(m).weights + weight_offset(m, u, j) + first, src, count, m->stream, m->upload_stage);
     cudaCheck(cudaStreamSynchronize(m->stream)); // (src is the next piece's buffer)
 }
 // the part of tensor j of unit u this rank holds (model_tensor_part), at *at of d.weights too
@@ -1344,7 +1393,11 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     profile_track(m->comm_stream, "collectives stream");
     cudaCheck(cudaEventCreateWithFlags(&m->computed, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&m->communicated, cudaEventDisableTiming));
-    if (m->sharded) {
+    if (m->base_offload) {
+        cudaCheck(cudaStreamCreateWithFlags(&m->base_stream, cudaStreamNonBlocking));
+        profile_track(m->base_stream, "base stream");
+    }
+    if (m->sharded || m->base_offload) {
         m->slot_unit = (int *)mallocCheck(m->n_unit_slots * sizeof(int));
         m->gathered = (cudaEvent_t *)callocCheck(m->n_unit_slots, sizeof(cudaEvent_t));
         for (int s = 0; s < m->n_unit_slots; s++)
@@ -1384,6 +1437,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             if (m->pure_bf16 || h->frozen_units) cudaCheck(cudaMemsetAsync(d.weights, 0, n_base * sizeof(floatX), st));
         }
         // (a sharded checkpoint's weights come with its optimizer state: load_trainable, shards_put)
+        if (m->base_offload) base_offload_alloc(m);
         if (h->base_deferred && !h->base_resumed &&
             model_stream_base(&m->host, m->sharded ? m->fsdp->shard.rank : 0, streamed ? masters_put<floatX> : weights_put<floatX>, m) != 0)
             exit(1); // (it said why)
@@ -1413,14 +1467,14 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             } else { // whole: the weights but the layers' (packed units, kept in runs)
                 for (int u = 0; u < h->units.n_units; u++)
                     for (int j = 0; !h->units.units[u].packed && j < h->units.units[u].n_tensors; j++)
-                        upload(d.weights + weight_offset(h, u, j), base + model_tensor_offset(c, u, j),
+                        upload(d.weights + weight_offset(m, u, j), base + model_tensor_offset(c, u, j),
                                h->units.units[u].tensors[j].numel, st);
             }
-            if (h->quant_type != QUANT_NONE) { // the runs, or this rank's shards of them, as the host laid them out
+            if (h->quant_type != QUANT_NONE && !m->base_offload) { // the runs, or this rank's shards of them, as the host laid them out
                 cudaCheck(cudaMemcpyAsync(m->quant_bytes, m->sharded ? h->quant_shards : h->quant_bytes, model_run_bytes_held(h),
                                           cudaMemcpyHostToDevice, st));
-                m->deq_unit = -1;
             }
+            m->deq_unit = -1;
             if constexpr (std::is_same<floatX, float>::value) d.lora_w = m->params;
             else { d.lora_w = d.params_lo; convert(d.lora_w, m->params, m->n_train, st); }
         }
@@ -1441,6 +1495,7 @@ static void model_free(Model *m) {
         if (m->alloc[i]) cudaCheck(cudaFree(m->alloc[i]));
     fsdp_device_comms_free(&m->dev); // (before the collectives' stream is destroyed)
     offload_free(m);
+    base_offload_free(m);
     if (m->stream) cudaCheck(cudaStreamDestroy(m->stream));
     if (m->comm_stream) cudaCheck(cudaStreamDestroy(m->comm_stream));
     if (m->computed) cudaCheck(cudaEventDestroy(m->computed));
@@ -1482,6 +1537,7 @@ template <typename floatX> void unit_prefetch(Model *m, int u) {
     Buffers<floatX> &d = buffers<floatX>(m);
     int s = unit_slot(m, u);
     if (m->slot_unit[s] == u) return;
+    if (m->base_offload) { layer_up(m, u, s, d.slot[s]); return; }
     const FsdpUnit *un = &m->host.units.units[u];
     stream_after(m->comm_stream, m->stream, m->computed);
     PROF_BEGIN_UNIT(m->comm_stream, "gather", u, m->host.config.n_layers,
@@ -1502,7 +1558,7 @@ template <typename floatX> floatX *unit_gather(Model *m, int u) {
 }
 // the unit a forward (dir 1) or backward (-1) needs after unit u, gathered while u computes
 template <typename floatX> void prefetch_next(Model *m, int u, int dir) {
-    if (m->sharded) unit_prefetch<floatX>(m, u + dir);
+    if (unit_slotted(m, u + dir)) unit_prefetch<floatX>(m, u + dir);
 }
 
 // QLoRA: decoder layer unit u's parameters whole in d.deq, from its run (whole, or
@@ -1515,7 +1571,7 @@ template <typename floatX> floatX *unit_dequant(Model *m, int u) {
     const HostModel *h = &m->host;
     if (m->deq_unit != u) {
         const FsdpUnit *un = &h->units.units[u];
-        uint8_t *run = m->sharded ? (uint8_t *)unit_gather<floatX>(m, u) : m->quant_bytes + (size_t)(u - 1) * h->run_bytes;
+        uint8_t *run = unit_slotted(m, u) ? (uint8_t *)unit_gather<floatX>(m, u) : m->quant_bytes + (size_t)(u - 1) * h->run_bytes;
         for (int j = 0; j < un->n_tensors; j++) {
             floatX *dst = d.deq + un->tensors[j].offset;
             if (model_quantized(h, u, j)) dequant_tensor(model_run_tensor(h, run, j), dst, m->stream);
@@ -1530,7 +1586,7 @@ template <typename floatX> floatX *unit_dequant(Model *m, int u) {
 template <typename floatX> floatX *param_at(Model *m, int u, int j) {
     if (m->host.units.units[u].packed)
         return unit_dequant<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
-    if (!m->sharded) return buffers<floatX>(m).weights + weight_offset(&m->host, u, j);
+    if (!unit_slotted(m, u)) return buffers<floatX>(m).weights + weight_offset(m, u, j);
     return unit_gather<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
 }
 // --trainable_params: saved tensor k (lora_saved's numbering) where the forward reads it, LoRA's
@@ -2025,6 +2081,42 @@ static size_t model_dequant_scratch_bytes(const Model *m) {
     return m->host.units.units[fsdp_layer_unit(0)].numel * (m->fp32 ? sizeof(float) : sizeof(bf16));
 }
 static const char *const backend_memory = "GPU memory";
+
+// --cpu_offload with an adapter, the memory plan's lines (memory_plan): the ring on the GPU, and a
+// micro-batch's layers streamed up against its compute. Each pass over the layers streams every
+// one: a chunk's forward, its forward again in recompute mode (not the last chunk's), its backward
+// (activation checkpointing's forward reads the slot the backward reads); the ring's two layers
+// may spare one or two at a turn, so the bytes are a bound. Their time over PCIe at PLAN_PCIE_GBS
+// (a 16-lane PCIe 4.0 link's pinned host-to-device rate), the compute's at --peak_tflops, or
+// PLAN_PEAK_TFLOPS (an RTX 4090's dense bf16 products with fp32 accumulation); the compute is
+// flops_per_sequence's, which leaves recomputed forwards out, so the warning errs toward warning.
+#define PLAN_PCIE_GBS 25.0
+#define PLAN_PEAK_TFLOPS 165.0
+static double flops_per_sequence(const HostModel *m, int T, int s2); // (trainer/plan.h)
+static void base_offload_plan(const Model *m) {
+    const HostModel *h = &m->host;
+    const double MiB = 1048576.0;
+    int L = h->config.n_layers, n = (m->T + m->chunk_size - 1) / m->chunk_size, passes = 2 * n + (m->recompute ? n - 1 : 0);
+    double ring = (double)m->n_unit_slots * layer_bytes(m), up = (double)passes * L * layer_bytes(m);
+    double tflops = m->peak_tflops > 0 ? m->peak_tflops : PLAN_PEAK_TFLOPS;
+    double pcie_ms = up / (PLAN_PCIE_GBS * 1e9) * 1e3, compute_ms = m->B * flops_per_sequence(h, m->T, m->s2_attn) / (tflops * 1e12) * 1e3;
+    bool quant = h->quant_type != QUANT_NONE;
+    char what[128];
+    if (quant) snprintf(what, sizeof what, "%s%s, blocks of %d", quant_type_names[h->quant_type], h->double_quant ? ", double quantization" : "", QUANT_BLOCK);
+    else snprintf(what, sizeof what, "%s", m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
+    printf("    %-32s %10.1f MiB   (%d of the %d decoder layers, %s; the rest in pinned host memory)\n", "of which the layers' ring",
+           ring / MiB, m->n_unit_slots, L, what);
+    if (quant) printf("    %-32s %10.1f MiB   (one layer, %s)\n", "of which dequantize scratch", model_dequant_scratch_bytes(m) / MiB,
+                      m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
+    printf("  %-34s %10.1f MiB   (%d passes over %d layers: %.1f ms at %.0f GB/s, against %.1f ms of compute at %.0f TFLOP/s)\n",
+           "streamed up a micro-batch", up / MiB, passes, L, pcie_ms, PLAN_PCIE_GBS, compute_ms, tflops);
+    if (pcie_ms > compute_ms) {
+        fflush(stdout);
+        fprintf(stderr, "warning: --cpu_offload 1: streaming the base takes %.1f ms a micro-batch over PCIe (%.0f GB/s), more than "
+                "its %.1f ms of compute at %.0f TFLOP/s: the GPU waits for it (more rows a micro-batch, longer chunks or "
+                "--chunk_memory keep hide more of it)\n", pcie_ms, PLAN_PCIE_GBS, compute_ms, tflops);
+    }
+}
 // beside the GPU's plan, the host's: the host model as loaded (fp32, this rank's shards of
 // LoRA's base, and QLoRA's 4-bit runs; --cpu_offload's whole or its shards), or for a base that
 // streams to the GPU (whole on one rank: LoRA's, full fine-tuning's; and full fine-tuning's
@@ -2034,7 +2126,8 @@ static const char *const backend_memory = "GPU memory";
 // stays on the host); with --cpu_offload, the
 // gradients, the optimizer state, the masters when they are not the host model's weights
 // (some units frozen; --pure_bf16: the bf16 parameters, the step's bf16 gradients, in chunks a
-// micro-batch's fp32 sum, and the step's two pieces in fp32), and the stages (offload_stage_numel)
+// micro-batch's fp32 sum, and the step's two pieces in fp32), and the stages (offload_stage_numel);
+// with an adapter, the streamed layers in the compute type (QLoRA's runs are counted as held)
 #define BACKEND_HOST_PLAN
 enum { HOST_PLAN_PARTS = 4 };
 static const char *const host_plan_names[HOST_PLAN_PARTS] = {"base weights (fp32: held, or streamed)", "LoRA weights and grads",
@@ -2049,8 +2142,9 @@ static double model_host_bytes(const Model *m, int part) {
         double pieces = m->pure_bf16 ? 2.0 * std::min(UPLOAD_PIECE, m->n_train) * sizeof(float) : 0;
         return masters + grads + (double)optimizer_state_bytes(&m->optimizer, &m->opt_tensors, m->n_train) + stages + pieces;
     }
-    if (part == 0 && h->base_deferred) // (a tied embedding whole, or this rank's shard of it)
-        return MODEL_STREAM_PIECE * sizeof(float) + (h->config.tied ? (m->sharded ? h->units.units[0].shard : h->units.units[0].numel) * sizeof(float) : 0);
+    if (part == 0 && h->base_deferred) // (a tied embedding whole, or this rank's shard of it; the layers streamed, pinned)
+        return MODEL_STREAM_PIECE * sizeof(float) + (h->config.tied ? (m->sharded ? h->units.units[0].shard : h->units.units[0].numel) * sizeof(float) : 0) +
+               (m->base_offload ? (double)h->config.n_layers * layer_bytes(m) : 0);
     if (part == 0) return model_weight_bytes(h) - (h->quant_type != QUANT_NONE ? model_quant_scratch_bytes(h) : 0);
     if (part == 1) return h->use_lora ? 2.0 * h->lora.num_params * sizeof(float) : 0;
     return (double)optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, m->n_train);
@@ -2060,6 +2154,7 @@ static const char *const backend_precisions[] = {"bf16", "fp16", "fp32"};
 static const int backend_sharding = 1; // any number of ranks, every strategy
 static const int backend_context_parallel = 2; // --context_parallel, with what its tests cover (model_forward_backward, model_forward)
 static const char *const backend_collectives[] = {"auto", "nccl", "host"};
+#define BACKEND_BASE_OFFLOAD // --cpu_offload with an adapter: m->base_offload, m->peak_tflops, base_offload_plan
 #define BACKEND_PREFERENCE // --objective dpo and orpo (trainer/preference.h): loss_weights, target_losses, model_reference_swap
 
 // ----------------------------------------------------------------------------

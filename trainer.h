@@ -33,8 +33,8 @@
 //                              to bf16 at load), gradients and optimizer state bf16, no fp32
 //                              copy; each micro-batch's gradient rounded to bf16 once and
 //                              added to the step's in bf16 (docs/precision.md)
-//       int cpu_offload;       set by the trainer before model_alloc: --cpu_offload (full
-//                              fine-tuning): the masters, gradients and optimizer state in
+//       int cpu_offload;       set by the trainer before model_alloc: --cpu_offload with
+//                              --full_finetune: the masters, gradients and optimizer state in
 //                              host memory, the step on the CPU, the same results
 //       const char *collectives;  set by the trainer before model_alloc: --collectives,
 //                              one of backend_collectives
@@ -115,6 +115,13 @@
 //       host memory, or NULL
 //   double model_forward_backward(Model *m, const int *tokens, const int *targets, int B, int T, float grad_scale);
 //       the same loss, and adds grad_scale * d(loss)/d(trainable) into the gradients
+//   BACKEND_BASE_OFFLOAD (a macro) where --cpu_offload with an adapter keeps the frozen
+//       base in host memory (the GPU's: docs/memory.md), with these Model members and function:
+//       int base_offload;      set by the trainer before model_alloc: --cpu_offload 1 without
+//                              --full_finetune (cpu_offload is then 0)
+//       float peak_tflops;     set by the trainer before model_alloc: --peak_tflops, what
+//                              the plan's streamed bytes are timed against (0: its default)
+//       void base_offload_plan(const Model *m);  the memory plan's lines for it
 //   BACKEND_PREFERENCE (a macro) where the backend runs --objective dpo and orpo
 //       (trainer/preference.h), with these Model members and function:
 //       const float *loss_weights;  set by the trainer around a model_forward_backward:

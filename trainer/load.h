@@ -155,7 +155,11 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     m->collectives = tc->collectives;
     m->dry_run = tc->dry_run;
     m->activation_checkpointing = tc->activation_checkpointing;
-    m->cpu_offload = tc->cpu_offload;
+    m->cpu_offload = tc->cpu_offload && tc->full_finetune;
+#ifdef BACKEND_BASE_OFFLOAD
+    m->base_offload = tc->cpu_offload && !tc->full_finetune; // (an adapter's frozen base in host memory)
+    m->peak_tflops = tc->peak_tflops;
+#endif
     m->pure_bf16 = tc->pure_bf16;
     m->s2_attn = tc->s2_attn;
     m->optimizer = tc->optim;

@@ -126,7 +126,7 @@ static const char *const quiet_options[] = {"objective", "beta", "dpo_loss_type"
     {"sample_every", OPT_INT, &(tc)->sample_every, "0", "also print the samples every N steps (0: only before and after)", 0, 1 << 30}, \
     {"max_new_tokens", OPT_INT, &(tc)->max_new_tokens, "48", "tokens to generate per sample", 1, 1 << 20}, \
     {"temperature", OPT_FLOAT, &(tc)->temperature, "0", "sampling temperature (0: greedy)", 0, 100}, \
-    {"cpu_offload", OPT_INT, &(tc)->cpu_offload, "0", "1: full fine-tuning keeps the fp32 masters, gradients and optimizer state in host memory (--pure_bf16: the bf16 weights, the step's bf16 gradients and AnyPrecisionAdamW's bf16 state), steps on the CPU and copies the updated weights back to the GPU (llama-recipes' fsdp_cpu_offload, DeepSpeed's ZeRO-Offload); each rank offloads its shards; the results are those without it, bit for bit. With --grad_clip 0, no loss scale and no sum over replicas (one process, FULL_SHARD, SHARD_GRAD_OP; not --pure_bf16 with --chunk_size) each unit steps as soon as its gradient is final, overlapped with the rest of the backward, and a NaN or inf gradient then stops the run instead of skipping the step (--grad_clip 1e9: the same results, the step after the backward). The CPU trainer holds them there already", 0, 1}, \
+    {"cpu_offload", OPT_INT, &(tc)->cpu_offload, "0", "1: full fine-tuning keeps the fp32 masters, gradients and optimizer state in host memory (--pure_bf16: the bf16 weights, the step's bf16 gradients and AnyPrecisionAdamW's bf16 state), steps on the CPU and copies the updated weights back to the GPU (llama-recipes' fsdp_cpu_offload, DeepSpeed's ZeRO-Offload); each rank offloads its shards; the results are those without it, bit for bit. With --grad_clip 0, no loss scale and no sum over replicas (one process, FULL_SHARD, SHARD_GRAD_OP; not --pure_bf16 with --chunk_size) each unit steps as soon as its gradient is final, overlapped with the rest of the backward, and a NaN or inf gradient then stops the run instead of skipping the step (--grad_clip 1e9: the same results, the step after the backward). With LoRA, QLoRA and the other adapters (train_llama2cu): the frozen base's decoder layers (bf16/fp16, or QLoRA's 4-bit runs) stay in pinned host memory and each is copied up a layer ahead of its use into a ring of two on the GPU, the same results; the plan says the bytes streamed and their PCIe time against the compute (one process, or replicas: not with the units sharded). The CPU trainer holds them there already", 0, 1}, \
     {"dry_run", OPT_FLAG, &(tc)->dry_run, "0", "print the configuration and the memory plan, then exit", 0, 1}, \
     {"merge_adapter", OPT_FLAG, &(tc)->merge_adapter, "0", "LoRA or IA3: also save OUTPUT_DIR/merged, a Hugging Face model with the adapter folded in", 0, 1}, \
     {"peak_tflops", OPT_FLOAT, &(tc)->peak_tflops, "0", "the machine's peak TFLOP/s, to report MFU (0: report TFLOP/s only)", 0, 1e6}, \
@@ -293,7 +293,6 @@ static int batch_size_auto_without_limit(const TrainConfig *tc) {
 }
 static int use_dora_with_full_finetune(const TrainConfig *tc) { return tc->full_finetune && tc->use_dora; }
 static int merge_adapter_with_full_finetune(const TrainConfig *tc) { return tc->full_finetune && tc->merge_adapter; }
-static int cpu_offload_without_full_finetune(const TrainConfig *tc) { return tc->cpu_offload && !tc->full_finetune; }
 static int anyprecision(const TrainConfig *tc) { return tc->optim.kind == OPTIMIZER_ANYPRECISION; }
 static int kahan_without_anyprecision(const TrainConfig *tc) { return tc->optim.kahan && !anyprecision(tc); }
 static int anyprecision_without_pure_bf16(const TrainConfig *tc) { return anyprecision(tc) && !tc->pure_bf16; }
@@ -439,9 +438,6 @@ static const Refusal refusals[] = {
      "--use_dora trains a DoRA adapter; with --full_finetune there is none"},
     {"--merge_adapter", "--full_finetune", AFTER_REQUIRED, merge_adapter_with_full_finetune,
      "--merge_adapter folds a LoRA adapter in; with --full_finetune there is none"},
-    {"--cpu_offload 1", "no --full_finetune", AFTER_REQUIRED, cpu_offload_without_full_finetune,
-     "--cpu_offload moves full fine-tuning's masters, gradients and optimizer state to the host: give it with "
-     "--full_finetune (LoRA's are small)"},
     // --pure_bf16, --optimizer anyprecision and --kahan_summation, which go together as
     // llama-recipes has them (its pure_bf16 also runs AdamW on bf16 weights; here the bf16
     // weights take AnyPrecisionAdamW, whose state is bf16 too)

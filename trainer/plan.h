@@ -60,6 +60,9 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
         const char *stored = m->pure_bf16 ? (m->fp32 ? "weights (bf16 values in fp32)" : "weights (bf16, no fp32 copy)")
                              : m->fp32 ? "base weights (fp32)" : m->fp16 ? "base weights (fp16)" : "base weights (bf16)";
         printf("  %-34s %10.1f MiB\n", stored, weights / MiB);
+#ifdef BACKEND_BASE_OFFLOAD
+        if (m->base_offload) base_offload_plan(m); else // (the layers' ring, and their stream's bytes and time)
+#endif
         if (m->host.quant_type != QUANT_NONE) {
             printf("    %-32s %10.1f MiB   (%s%s, blocks of %d%s)\n", "of which 4-bit layers", model_run_bytes_held(&m->host) / MiB,
                    quant_type_names[m->host.quant_type], m->host.double_quant ? ", double quantization" : "", QUANT_BLOCK,

@@ -64,6 +64,7 @@ enum cudaMemcpyKind {
     cudaMemcpyDefault = 4,
 };
 enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
+enum { cudaHostRegisterDefault = 0 };
 enum { cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2 };
 
 // the fields of CUDA's cudaDeviceProp that a program here may read
@@ -499,6 +500,25 @@ inline cudaError_t cudaFreeHost(void *p) {
     cudaDeviceSynchronize(); // a copy still queued may read or write it
     emu::pinned.erase(it);
     free(p);
+    return cudaSuccess;
+}
+
+// host memory of the caller's made pinned (cudaHostRegister: --cpu_offload's QLoRA runs, which
+// the host model holds already) and back; its copies then run in stream order, as cudaMallocHost's
+inline cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned int flags) {
+    emu::host_call("cudaHostRegister");
+    (void)flags;
+    if (!p || !bytes) return emu::error(cudaErrorInvalidValue, "cudaHostRegister(%p, %zu bytes): nothing to register", p, bytes);
+    if (emu::is_pinned(p, 1)) return emu::error(cudaErrorInvalidValue, "cudaHostRegister(%p): already pinned", p);
+    emu::pinned[(uintptr_t)p] = bytes;
+    return cudaSuccess;
+}
+inline cudaError_t cudaHostUnregister(void *p) {
+    emu::host_call("cudaHostUnregister");
+    auto it = emu::pinned.find((uintptr_t)p);
+    if (it == emu::pinned.end()) return emu::error(cudaErrorInvalidValue, "cudaHostUnregister(%p): not registered", p);
+    cudaDeviceSynchronize(); // a copy still queued may read it
+    emu::pinned.erase(it);
     return cudaSuccess;
 }
 
