@@ -338,7 +338,7 @@ test-all: $(if $(B),,train_llama2cu_emu $(EMU)/test/test_llama2cu $(if $(NVCC_FO
     $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if $(MPICC),$(B)test/train_llama2_nompi)
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} RUN_JOBS=$(RUN_JOBS) BIN=./$(B)train_llama2 EMU_TRAINER=$(if $(B),,./train_llama2cu_emu) $(TEST_ENV) test/run.sh \
-	    test/test_sharded.sh test/test_context_parallel.sh $(if $(B),,test/test_emu_cuda.sh test/test_llama2cu_sharded.sh test/test_llama2cu_context.sh test/test_offload.sh test/test_llama2cu_preference.sh) $(RUN_TESTS) \
+	    test/test_sharded.sh test/test_context_parallel.sh $(if $(B),,test/test_emu_cuda.sh test/test_llama2cu_sharded.sh test/test_llama2cu_context.sh test/test_offload.sh test/test_base_offload.sh test/test_llama2cu_preference.sh) $(RUN_TESTS) \
 	    test/test_fsdp.sh test/test_batch.sh test/test_cli.sh test/test_preference.sh test/test_gguf.sh test/test_checkpoints.sh test/test_tensorboard.sh test/test_profile.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh test/test_docs.sh \
 	    $(if $(B),,dev/cuda/compile_check.sh $(if $(NVCC_FOUND),build-arch/test/test_optim) test/test_llama2cu.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas \
 	    $(EMU)/test/test_emu_runtime $(EMU)-tsan/test/test_emu_runtime test/test_emu_checkers.sh)

@@ -3,7 +3,9 @@
 // masters, the gradients and the optimizer state: offload_alloc), how the gradients go down
 // there and up again (grads_to_host, grads_add_staged, unit_grad_copy), and how the step on
 // the host overlaps the backward, unit by unit (OffloadStep). The step itself is the
-// optimizer's (train_llama2.cu's optimizer_step_host).
+// optimizer's (train_llama2.cu's optimizer_step_host). With an adapter --cpu_offload keeps the
+// frozen base's decoder layers in host memory instead, each copied up a layer ahead of its use
+// into a ring of two slots (base_offload_alloc, layer_up; docs/memory.md "The frozen base streamed").
 //
 // Not a header on its own: train_llama2.cu includes it after its Model and the Model's
 // layout, whose names it uses (with_precision, buffers, upload, weight_offset,
