@@ -12,10 +12,17 @@
 #   - 2 ranks (dev/launch.sh 2, --collectives host) FULL_SHARD == one process of the same binary,
 #     LoRA and full fine-tuning;
 #   - bf16: LoRA in --precision bf16, full fine-tuning with --pure_bf16 (AnyPrecisionAdamW);
+#   - --context_parallel 2 (--collectives host) == one process: DPO LoRA (ORPO, DPO in chunks);
+#   - DPO resumed from step 2 == uninterrupted, bit for bit: the checkpoint's reference weights
+#     (LoRA fp32 and bf16, full fine-tuning fp32), each == the CPU trainer's file byte for byte;
+#     the precomputed log-probabilities (LoRA, full); sharded full fine-tuning's resume refused;
 #   - the full suite (without --quick) adds every adapter (DoRA, IA3, prefix, llama_adapter, QLoRA,
 #     --trainable_params), --freeze_layers, AdamW8bit, --cpu_offload, ORPO full fine-tuning and in
-#     chunks, the other sharding strategies (SHARD_GRAD_OP, NO_SHARD; HYBRID_SHARD over 4 ranks).
-# --quick (make test): DPO sigmoid LoRA and full, ORPO, chunked LoRA, 2 ranks LoRA, bf16 LoRA.
+#     chunks, the other sharding strategies (SHARD_GRAD_OP, NO_SHARD; HYBRID_SHARD over 4 ranks),
+#     ORPO and DPO in chunks with context parallelism, the resumes with precompute and of full
+#     fine-tuning, the sharded refusal.
+# --quick (make test): DPO sigmoid LoRA and full, ORPO, chunked LoRA, 2 ranks LoRA, bf16 LoRA,
+# context parallel DPO, LoRA fp32 and bf16 resumed without precompute.
 #
 # Tolerances, each the worst relative difference over the 3 steps (metrics: a reward against
 # beta |logps| of its line, a reward being a difference of two log-probabilities; accuracies
@@ -27,7 +34,9 @@
 #   rounding-sized difference in a near-zero gradient into a step-sized one). Emulated, the worst:
 #   metrics 2.6e-7, norms 2.1e-6, weights 8.9e-5 (full fine-tuning), 4.2e-5 (LoRA).
 # - W ranks against one process: 1e-5 (2e-4 the weights), test_llama2cu_sharded.sh's (the same
-#   kernels over fewer rows; emulated: 1.2e-7, 7e-7, 5.3e-5).
+#   kernels over fewer rows; emulated: 1.2e-7, 7e-7, 5.3e-5). Context parallel 2 the same
+#   (test_llama2cu_context.sh's: the attention over pieces and the backward's sums over the group
+#   in another order; emulated: metrics 1.6e-7, norms 2.2e-7, weights 1.6e-6).
 # - bf16 (and --pure_bf16, whose activations are bf16 too) against the fp32 CPU: test_llama2cu's
 #   BF16_TOL for steps, 1e-2 for the loss and every metric (a log-probability is a sum of
 #   cross-entropies, as a loss), 1e-1 for the gradient norms; accuracies left out (a pair whose
