@@ -186,15 +186,15 @@ ckpt=("lora fp32 0" "lora bf16 0" "full fp32 0" "lora fp32 1" "full fp32 1")
 export LLAMA2TUNE_STAGING_BYTES=1000
 for c in "${ckpt[@]}"; do
     read -r mode class pre <<<"$c"
-    [ $mode = lora ] && extra=(--objective dpo "${LORA[@]}") file=$ADAPTER || extra=(--objective dpo "${FULL[@]}") file=$MODEL
-    extra+=(--max_steps 4 --save_every 2 --precompute_ref_log_probs $pre)
+    [ "$mode" = lora ] && extra=(--objective dpo "${LORA[@]}") file=$ADAPTER || extra=(--objective dpo "${FULL[@]}") file=$MODEL
+    extra+=(--max_steps 4 --save_every 2 --precompute_ref_log_probs "$pre")
     out="$TMP/save-$mode-$class-$pre"
-    emu 1 "$out" "${extra[@]}" --precision $class && emu 1 "$out-resumed" "${extra[@]}" --precision $class --resume "$out/checkpoint-2"
+    emu 1 "$out" "${extra[@]}" --precision "$class" && emu 1 "$out-resumed" "${extra[@]}" --precision "$class" --resume "$out/checkpoint-2"
     check "$c: saves and resumes" $? "$(tail -n 3 "$out.log" "$out-resumed.log")"
     cmp -s "$out/$file" "$out-resumed/$file" && diff <(trajectory "$out-resumed.jsonl") <(trajectory "$out.jsonl" | grep -E '"step": [34],') >/dev/null
     check "DPO $mode $class, precompute $pre: resumed from step 2 == uninterrupted, bit for bit" $? \
         "$(diff <(trajectory "$out-resumed.jsonl") <(trajectory "$out.jsonl" | grep -E '"step": [34],') | head -4)"
-    [ $pre = 1 ] && continue
+    [ "$pre" = 1 ] && continue
     [ -e "$TMP/cpu-save-$mode" ] || "$BIN" "${ARGS[@]}" "${extra[@]}" --max_steps 2 --output_dir "$TMP/cpu-save-$mode" >"$TMP/cpu-save-$mode.log" 2>&1
     cmp "$out/checkpoint-2/reference.safetensors" "$TMP/cpu-save-$mode/checkpoint-2/reference.safetensors" >"$TMP/cmp.log" 2>&1
     check "DPO $mode $class: the checkpoint's reference == the CPU trainer's, byte for byte" $? "$(cat "$TMP/cmp.log"; tail -2 "$TMP/cpu-save-$mode.log")"
