@@ -162,6 +162,34 @@ static inline void rows_pad(const Rows *r, int *tokens_out, int *targets_out, co
         }
 }
 
+// Preference tuning's per-target numbers while the rows run padded (context parallel,
+// docs/preference.md): the caller's loss weights and target losses, (B, T_real), stand aside
+// (rows_scores_pad) and padded ones (B, T) take their place: the weights padded as rows_pad pads
+// the targets (pads weigh 0), the losses zeros that each rank fills at its own targets. After the
+// group's sum (each target's loss is one rank's, the others' zeros: exact), rows_scores_unpad
+// puts each target's (targets: the padded rows') back into the caller's and restores its pointers.
+typedef struct { const float *weights; double *losses; } RowsScores;
+static inline void rows_scores_pad(const Rows *r, const float **weights, double **losses, RowsScores *caller) {
+    caller->weights = *weights, caller->losses = *losses;
+    if (*weights) {
+        float *w = (float *)mallocCheck((size_t)r->B * r->T * sizeof(float));
+        for (int b = 0; b < r->B; b++)
+            for (int t = 0; t < r->T; t++) w[(size_t)b * r->T + t] = t < r->T_real ? caller->weights[(size_t)b * r->T_real + t] : 0.0f;
+        *weights = w;
+    }
+    if (*losses) *losses = (double *)callocCheck((size_t)r->B * r->T, sizeof(double));
+}
+static inline void rows_scores_unpad(const Rows *r, const float **weights, double **losses, RowsScores *caller, const int *targets) {
+    if (caller->weights) free((float *)*weights);
+    if (caller->losses) {
+        for (int b = 0; b < r->B; b++)
+            for (int t = 0; t < r->T_real; t++)
+                if (targets[(size_t)b * r->T + t] >= 0) caller->losses[(size_t)b * r->T_real + t] = (*losses)[(size_t)b * r->T + t];
+        free(*losses);
+    }
+    *weights = caller->weights, *losses = caller->losses;
+}
+
 // A shared prompt (preference tuning's pairs, docs/preference.md): rows b and B/2 + b hold the
 // same tokens at positions 0 .. S - 1, where neither has a label but row b's own (ORPO's nll).
 // Their keys and values there are the same, so those positions run once, for rows 0 .. B/2 - 1

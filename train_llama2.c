@@ -312,12 +312,11 @@ typedef struct {
     int reference;
     float *ref_params;        // the trainable weights as training started (LoRA's parameters, the model's,
                               // or this rank's shards of it); model_reference_swap trades them with the trained
-    int ref_taken;            // ref_params holds them (the first model_reference_swap copies them)
+    int ref_taken;            // ref_params holds them (the first model_reference_swap copies them, a resume sets them)
     int shared_prompt;
     // context parallelism: the caller's loss_weights and target_losses (B, T) while the rows run
     // padded (rows_begin to rows_end), beside the padded ones the head reads and writes
-    const float *rows_weights;
-    double *rows_losses;
+    RowsScores rows_scores;
 } Model;
 
 // the context-parallel group while a micro-batch runs this rank's pieces of the rows (m->rows.P > 1:
@@ -974,30 +973,15 @@ static void rows_begin(Model *m, const int **tokens, const int **targets, int B,
     *tokens = a->context_tokens, *targets = a->context_targets;
     // preference tuning's weights and cross-entropies per target: in the padded layout too
     // (small beside the activations: B T floats and doubles, for the micro-batch)
-    size_t padded = (size_t)B * m->rows.T;
-    if (m->loss_weights) {
-        float *w = (float *)mallocCheck(padded * sizeof(float));
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < m->rows.T; t++) w[(size_t)b * m->rows.T + t] = t < T ? m->loss_weights[(size_t)b * T + t] : 0.0f;
-        m->rows_weights = m->loss_weights, m->loss_weights = w;
-    }
-    if (m->target_losses) m->rows_losses = m->target_losses, m->target_losses = (double *)callocCheck(padded, sizeof(double));
+    rows_scores_pad(&m->rows, &m->loss_weights, &m->target_losses, &m->rows_scores);
 }
 // the micro-batch's end: no rows, no context group (sampling runs its own chunks of whole rows).
-// Context parallel: each target's cross-entropy is its owner's, the others' zeros: the group's sum
-// (exact) back into the caller's layout. Collective over the context group.
+// Context parallel: each target's cross-entropy summed over the group (rows_scores_unpad) back
+// into the caller's layout. Collective over the context group.
 static void rows_end(Model *m) {
     const Rows *r = &m->rows;
-    if (m->rows_weights) free((float *)m->loss_weights), m->loss_weights = m->rows_weights, m->rows_weights = NULL;
-    if (m->rows_losses) {
-        fsdp_all_reduce(context_comm(m), m->target_losses, (size_t)r->B * r->T, FSDP_F64);
-        for (int b = 0; b < r->B; b++)
-            for (int t = 0; t < r->T_real; t++)
-                if (m->a.context_targets[(size_t)b * r->T + t] >= 0)
-                    m->rows_losses[(size_t)b * r->T_real + t] = m->target_losses[(size_t)b * r->T + t];
-        free(m->target_losses);
-        m->target_losses = m->rows_losses, m->rows_losses = NULL;
-    }
+    if (r->P > 1 && m->rows_scores.losses) fsdp_all_reduce(context_comm(m), m->target_losses, (size_t)r->B * r->T, FSDP_F64);
+    if (r->P > 1) rows_scores_unpad(r, &m->loss_weights, &m->target_losses, &m->rows_scores, m->a.context_targets);
     memset(&m->rows, 0, sizeof m->rows);
 }
 
@@ -1171,17 +1155,32 @@ static size_t model_reference_numel(const Model *m) {
     if (!m->reference) return 0;
     return h->use_lora ? h->lora.num_params : m->sharded ? h->units.shard_numel : h->num_params;
 }
+// the reference taken (once): the trainable weights as they are now, into ref_params
+static void reference_take(Model *m) {
+    if (!m->ref_taken) memcpy(m->ref_params, *model_reference_place(m), model_reference_numel(m) * sizeof(float)), m->ref_taken = 1;
+}
 // trades the reference's weights with the trained ones where the forward reads them: called
 // before the reference's forward and again after it; the gathered units and the packed head
 // then hold neither. The first call takes the copy: it comes before the first optimizer step,
 // after the policy's first forward (which sets a fresh DoRA adapter's magnitudes, as peft sets
 // them when it adds the adapter)
 static void model_reference_swap(Model *m) {
+    reference_take(m);
     float **at = model_reference_place(m), *t = *at;
-    if (!m->ref_taken) memcpy(m->ref_params, t, model_reference_numel(m) * sizeof(float)), m->ref_taken = 1;
     *at = m->ref_params, m->ref_params = t;
     if (m->slot_unit) units_reshard(m);
     m->a.head_packed_ok = 0;
+}
+// elements [first, first + count) of the reference, out and in (trainer.h's contract: a
+// checkpoint's reference.safetensors); set before the first swap, which then keeps them
+static int model_reference_get(Model *m, size_t first, size_t count, float *dst) {
+    reference_take(m);
+    memcpy(dst, m->ref_params + first, count * sizeof(float));
+    return 0;
+}
+static void model_reference_set(Model *m, size_t first, size_t count, const float *src) {
+    memcpy(m->ref_params + first, src, count * sizeof(float));
+    m->ref_taken = 1;
 }
 
 // Buffers for micro-batches of up to B rows of T tokens, run in chunks of C positions
@@ -1459,7 +1458,6 @@ static const int backend_sharding = 1; // any number of ranks, every strategy (t
 static const int backend_context_parallel = 1; // --context_parallel with every option it runs (model_forward_backward, model_forward)
 #define BACKEND_PREFERENCE // --objective dpo and orpo (trainer/preference.h): loss_weights, target_losses, model_reference_swap
 #define BACKEND_SHARED_PROMPT // --shared_prompt: shared_prompt (chunk.h's rows_share)
-#define BACKEND_REFERENCE_ON_HOST // model_reference_swap trades host.lora.params or host.params: checkpoints keep the reference
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

@@ -242,10 +242,13 @@ typedef struct {
     float *ref_params;        // (n_train) LoRA in bf16/fp16: its fp32 parameters as training started, which the forward
                               // reads beside d.lora_w (IA3's vectors, DoRA's magnitudes, the adapter's gates; in fp32
                               // d.lora_w is m->params, and d.ref holds them). model_reference_swap trades them with m->params
-    int ref_taken;            // d.ref (and ref_params) hold the start (the first model_reference_swap copies it)
+    int ref_taken;            // d.ref (and ref_params) hold the start (the first model_reference_swap copies it, a
+                              // resume sets it: model_reference_set)
     float *kept_weights;      // (B, T) the loss weights of the rows the output head keeps (upload_batch), in kept's order;
                               // allocated at the first micro-batch that has them (B T floats, beside the plan)
     int *kept_at;             // (B, T, host) each kept row's position in the micro-batch (b T + t), for target_losses
+    RowsScores rows_scores;   // context parallel: the caller's loss_weights and target_losses while the rows run padded
+                              // (rows_begin to rows_end), beside the padded ones upload_batch and losses_to_host read and write
 } Model;
 
 // the context-parallel group while a micro-batch runs this rank's pieces of the rows (m->rows.P > 1:
@@ -299,7 +302,7 @@ static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch, cudaStrea
 template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w, int dir, cudaStream_t stream);
 // the micro-batch on the device: its rows (their chunks: chunk.h's rows_chunk), targets, losses, logits,
 static void rows_begin(Model *m, const int **tokens, const int **targets, int B, int T, std::vector<int> padded[2]);
-static void rows_end(Model *m);
+static void rows_end(Model *m, const int *targets);
 static void upload_batch(Model *m, const int *tokens, const int *targets, int B, int T, bool every_row);
 static double losses_sum(Model *m, int B, int T);
 static void losses_to_host(Model *m, const int *targets, int B, int T);
@@ -370,7 +373,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
     units_reshard(m);
     grads_bf16_end(m);
     double loss = losses_sum(m, B, T);
-    rows_end(m);
+    rows_end(m, targets);
     return loss;
 }
 
@@ -599,7 +602,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     double loss = losses_sum(m, B, T);
     if (m->target_losses) losses_to_host(m, targets, B, T);
     if (context_comm(m)) fsdp_all_reduce(context_comm(m), &loss, 1, FSDP_F64); // (the host's communicator)
-    rows_end(m);
+    rows_end(m, targets);
     return loss;
 }
 
@@ -718,7 +721,8 @@ template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w,
 
 // The rows a forward (and backward) runs, in m->rows (chunk.h's rows_layout): B rows of tokens,
 // targets (B, T). Context parallel, the rows padded to the group's layout into padded[0],
-// padded[1] (rows_pad): this rank runs its pieces, in step with its group (context_comm), until
+// padded[1] (rows_pad), and preference tuning's weights and target losses with them
+// (rows_scores_pad): this rank runs its pieces, in step with its group (context_comm), until
 // rows_end.
 static void rows_begin(Model *m, const int **tokens, const int **targets, int B, int T, std::vector<int> padded[2]) {
     int P = fsdp_context_size(m->fsdp);
@@ -729,10 +733,17 @@ static void rows_begin(Model *m, const int **tokens, const int **targets, int B,
     padded[1].resize((size_t)B * m->rows.T);
     rows_pad(&m->rows, padded[0].data(), padded[1].data(), *tokens, *targets);
     *tokens = padded[0].data(), *targets = padded[1].data();
+    rows_scores_pad(&m->rows, &m->loss_weights, &m->target_losses, &m->rows_scores);
     m->held_layer = m->held_group = -1;
 }
-// the micro-batch's end: no rows, no context group (sampling runs its own chunks of whole rows)
-static void rows_end(Model *m) {
+// the micro-batch's end: no rows, no context group (sampling runs its own chunks of whole rows).
+// Context parallel: each target's cross-entropy (losses_to_host's, targets the padded rows')
+// summed over the group back into the caller's layout (rows_scores_unpad). Collective over the
+// context group.
+static void rows_end(Model *m, const int *targets) {
+    const Rows *r = &m->rows;
+    if (r->P > 1 && m->rows_scores.losses) fsdp_all_reduce(context_comm(m), m->target_losses, (size_t)r->B * r->T, FSDP_F64);
+    if (r->P > 1) rows_scores_unpad(r, &m->loss_weights, &m->target_losses, &m->rows_scores, targets);
     memset(&m->rows, 0, sizeof m->rows);
 }
 
@@ -744,8 +755,6 @@ static void rows_end(Model *m) {
 // kept row's position stays on the host (kept_at: target_losses).
 static void upload_batch(Model *m, const int *tokens, const int *targets, int B, int T, bool every_row) {
     if (B > m->B || T > m->T) die("internal: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, m->B, m->T);
-    if ((m->loss_weights || m->target_losses) && m->rows.P > 1) // (the trainer refuses --context_parallel with them)
-        die("internal: loss weights or target losses with context parallelism, whose rows are padded pieces");
     int V = m->host.config.vocab_size;
     for (int i = 0; i < B * T; i++) {
         if (tokens[i] < 0 || tokens[i] >= V) die("token id %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
@@ -1084,15 +1093,18 @@ template <typename floatX> void upload(floatX *dst, const float *src, size_t n, 
     }
 }
 
-// dst (n, fp32) on the host = src (n, bf16) on the device, upload's way back: converted on the
-// device in pieces of UPLOAD_PIECE through stage (a device buffer of that many floats)
-static void download(float *dst, const bf16 *src, size_t n, cudaStream_t stream, float *stage) {
+// dst (n, fp32) on the host = src (n, bf16 or fp16) on the device, upload's way back: converted on
+// the device in pieces of UPLOAD_PIECE through stage (a device buffer of that many floats, or
+// NULL: one is allocated for the call)
+template <typename floatX> void download(float *dst, const floatX *src, size_t n, cudaStream_t stream, float *stage) {
+    float *buf = stage ? stage : (float *)cudaMallocCheck(std::min(n, UPLOAD_PIECE) * sizeof(float));
     for (size_t i = 0; i < n; i += UPLOAD_PIECE) {
         size_t k = std::min(UPLOAD_PIECE, n - i);
-        convert(stage, src + i, k, stream);
-        cudaCheck(cudaMemcpyAsync(dst + i, stage, k * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        convert(buf, src + i, k, stream);
+        cudaCheck(cudaMemcpyAsync(dst + i, buf, k * sizeof(float), cudaMemcpyDeviceToHost, stream));
         cudaCheck(cudaStreamSynchronize(stream)); // (the stage takes the next piece)
     }
+    if (!stage) cudaCheck(cudaFree(buf));
 }
 
 // Before the model's buffers are allocated (the cuBLASLt workspace already is):
@@ -1235,6 +1247,21 @@ static void weights_upload(Model *m) {
     });
 }
 
+// the reference taken (once): the weights the forward reads as they are now into d.ref, and
+// LoRA's fp32 parameters into ref_params (bf16, fp16)
+static void reference_take(Model *m) {
+    if (m->ref_taken) return;
+    bool lora = m->host.use_lora;
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        Buffers<floatX> &d = buffers<floatX>(m);
+        cudaCheck(cudaMemcpyAsync(d.ref, lora ? d.lora_w : d.weights, model_reference_numel(m) * sizeof(floatX),
+                                  cudaMemcpyDeviceToDevice, m->stream));
+        if (lora && !std::is_same<floatX, float>::value)
+            cudaCheck(cudaMemcpyAsync(m->ref_params, m->params, m->n_train * sizeof(float), cudaMemcpyDeviceToDevice, m->stream));
+    });
+    m->ref_taken = 1;
+}
 // Trades the reference's weights with the trained ones where the forward reads them (trainer.h's
 // contract): the pointers d.lora_w or d.weights and d.ref, and LoRA's m->params and ref_params (the
 // fp32 parameters IA3, DoRA and llama_adapter read beside their compute-type copy; in fp32 they are
@@ -1244,22 +1271,47 @@ static void weights_upload(Model *m) {
 // before the first optimizer step, after the policy's first forward (as the CPU's).
 static void model_reference_swap(Model *m) {
     bool lora = m->host.use_lora;
+    reference_take(m);
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
-        constexpr bool fp32 = std::is_same<floatX, float>::value;
         Buffers<floatX> &d = buffers<floatX>(m);
         floatX *&at = lora ? d.lora_w : d.weights;
-        if (!m->ref_taken) {
-            cudaCheck(cudaMemcpyAsync(d.ref, at, model_reference_numel(m) * sizeof(floatX), cudaMemcpyDeviceToDevice, m->stream));
-            if (lora && !fp32)
-                cudaCheck(cudaMemcpyAsync(m->ref_params, m->params, m->n_train * sizeof(float), cudaMemcpyDeviceToDevice, m->stream));
-            m->ref_taken = 1;
-        }
         std::swap(at, d.ref);
-        if constexpr (fp32) { if (lora) m->params = at; }
+        if constexpr (std::is_same<floatX, float>::value) { if (lora) m->params = at; }
         else if (lora) std::swap(m->params, m->ref_params);
     });
     if (m->sharded) units_reshard(m);
+}
+// Elements [first, first + count) of the reference in fp32 on the host, out and in (trainer.h's
+// contract: a checkpoint's reference.safetensors), exactly: LoRA's fp32 parameters (ref_params;
+// in fp32 d.ref), or full fine-tuning's d.ref in the compute type (bf16 and fp16 values are fp32
+// values). set fills d.ref as model_alloc fills d.lora_w, converted from LoRA's fp32 parameters.
+// Done when they return (the host buffer takes the next piece).
+static int model_reference_get(Model *m, size_t first, size_t count, float *dst) {
+    reference_take(m);
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        const floatX *ref = buffers<floatX>(m).ref + first;
+        if constexpr (std::is_same<floatX, float>::value)
+            cudaCheck(cudaMemcpyAsync(dst, ref, count * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+        else if (m->host.use_lora)
+            cudaCheck(cudaMemcpyAsync(dst, m->ref_params + first, count * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+        else download(dst, ref, count, m->stream, m->upload_stage);
+    });
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    return 0;
+}
+static void model_reference_set(Model *m, size_t first, size_t count, const float *src) {
+    with_precision(m, [&](auto tag) {
+        using floatX = typename decltype(tag)::type;
+        floatX *ref = buffers<floatX>(m).ref + first;
+        if (!std::is_same<floatX, float>::value && m->host.use_lora) {
+            cudaCheck(cudaMemcpyAsync(m->ref_params + first, src, count * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+            convert(ref, m->ref_params + first, count, m->stream);
+        } else upload(ref, src, count, m->stream, m->upload_stage);
+    });
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    m->ref_taken = 1;
 }
 
 // --batch_size auto: what the memory plan may take on this rank's GPU: its free memory

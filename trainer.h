@@ -138,10 +138,14 @@
 //           trades the reference's weights with the trained ones where the forward
 //           reads them (before the reference's model_forward, and again after it); the
 //           first call, before the first optimizer step, copies the weights as they are
-//   BACKEND_REFERENCE_ON_HOST (a macro) where model_reference_swap trades the weights the host
-//       reads (host.lora.params, host.params): a DPO checkpoint keeps the reference there
-//       (trainer/checkpoint.h's save_reference); without it DPO resumes only with
-//       --precompute_ref_log_probs 1
+//       int model_reference_get(Model *m, size_t first, size_t count, float *dst);
+//       void model_reference_set(Model *m, size_t first, size_t count, const float *src);
+//           elements [first, first + count) of the reference, fp32 in host memory, out and in,
+//           exactly (outside a pair of swaps; one process's, or LoRA's on every rank): LoRA's
+//           parameters (lora.params' order) or the model's (param_layout's); before the first
+//           swap get copies the weights as the swap does, and set takes the place of that copy.
+//           A DPO checkpoint saves and loads the reference through these, a staging buffer at a
+//           time (trainer/checkpoint.h's save_reference); get returns 0
 //   BACKEND_SHARED_PROMPT (a macro) where the backend runs a pair's prompt once (--shared_prompt),
 //       with this Model member:
 //       int shared_prompt;     set by the trainer around a model_forward or model_forward_backward

@@ -12,10 +12,17 @@
 #   - 2 ranks (dev/launch.sh 2, --collectives host) FULL_SHARD == one process of the same binary,
 #     LoRA and full fine-tuning;
 #   - bf16: LoRA in --precision bf16, full fine-tuning with --pure_bf16 (AnyPrecisionAdamW);
+#   - --context_parallel 2 (--collectives host) == one process: DPO LoRA (ORPO, DPO in chunks);
+#   - DPO resumed from step 2 == uninterrupted, bit for bit: the checkpoint's reference weights
+#     (LoRA fp32 and bf16, full fine-tuning fp32), each == the CPU trainer's file byte for byte;
+#     the precomputed log-probabilities (LoRA, full); sharded full fine-tuning's resume refused;
 #   - the full suite (without --quick) adds every adapter (DoRA, IA3, prefix, llama_adapter, QLoRA,
 #     --trainable_params), --freeze_layers, AdamW8bit, --cpu_offload, ORPO full fine-tuning and in
-#     chunks, the other sharding strategies (SHARD_GRAD_OP, NO_SHARD; HYBRID_SHARD over 4 ranks).
-# --quick (make test): DPO sigmoid LoRA and full, ORPO, chunked LoRA, 2 ranks LoRA, bf16 LoRA.
+#     chunks, the other sharding strategies (SHARD_GRAD_OP, NO_SHARD; HYBRID_SHARD over 4 ranks),
+#     ORPO and DPO in chunks with context parallelism, the resumes with precompute and of full
+#     fine-tuning, the sharded refusal.
+# --quick (make test): DPO sigmoid LoRA and full, ORPO, chunked LoRA, 2 ranks LoRA, bf16 LoRA,
+# context parallel DPO, LoRA fp32 and bf16 resumed without precompute.
 #
 # Tolerances, each the worst relative difference over the 3 steps (metrics: a reward against
 # beta |logps| of its line, a reward being a difference of two log-probabilities; accuracies
@@ -27,7 +34,9 @@
 #   rounding-sized difference in a near-zero gradient into a step-sized one). Emulated, the worst:
 #   metrics 2.6e-7, norms 2.1e-6, weights 8.9e-5 (full fine-tuning), 4.2e-5 (LoRA).
 # - W ranks against one process: 1e-5 (2e-4 the weights), test_llama2cu_sharded.sh's (the same
-#   kernels over fewer rows; emulated: 1.2e-7, 7e-7, 5.3e-5).
+#   kernels over fewer rows; emulated: 1.2e-7, 7e-7, 5.3e-5). Context parallel 2 the same
+#   (test_llama2cu_context.sh's: the attention over pieces and the backward's sums over the group
+#   in another order; emulated: metrics 1.6e-7, norms 2.2e-7, weights 1.6e-6).
 # - bf16 (and --pure_bf16, whose activations are bf16 too) against the fp32 CPU: test_llama2cu's
 #   BF16_TOL for steps, 1e-2 for the loss and every metric (a log-probability is a sum of
 #   cross-entropies, as a loss), 1e-1 for the gradient norms; accuracies left out (a pair whose
@@ -150,20 +159,52 @@ if [ $quick = 0 ]; then # HYBRID_SHARD: 2 replicas of 2 shards, a pair a micro-b
     check "full: 4 ranks, HYBRID_SHARD" $? "$(tail -3 "$TMP/four.log")"
     within "full: 4 ranks, HYBRID_SHARD == one process" "$TMP/four" "$TMP/one-4" $MODEL 1e-5 1e-5 2e-4
 fi
-# checkpoints: full fine-tuning's save (the reference stays on the device); resumed == uninterrupted
-# bit for bit with --precompute_ref_log_probs 1 (the checkpoint keeps the log-probabilities), LoRA and
-# full; without it a resume is refused for now (BACKEND_REFERENCE_ON_HOST: the CPU trainer's checkpoints
-# keep the reference weights)
-for mode in lora full; do
-    [ $mode = lora ] && extra=(--objective dpo "${LORA[@]}") file=$ADAPTER || extra=(--objective dpo "${FULL[@]}") file=$MODEL
-    [ $mode = full ] && [ $quick = 1 ] && continue
-    extra+=(--precision fp32 --max_steps 4 --save_every 2 --precompute_ref_log_probs 1)
-    emu 1 "$TMP/save-$mode" "${extra[@]}" && emu 1 "$TMP/resumed-$mode" "${extra[@]}" --resume "$TMP/save-$mode/checkpoint-2"
-    check "$mode: saves and resumes" $? "$(tail -n 3 "$TMP/save-$mode.log" "$TMP/resumed-$mode.log")"
-    cmp -s "$TMP/save-$mode/$file" "$TMP/resumed-$mode/$file" && [ "$(trajectory_diff "$TMP/resumed-$mode.jsonl" "$TMP/save-$mode.jsonl" 3)" = 0 ]
-    check "$mode: resumed from step 2 with the precomputed reference == uninterrupted, bit for bit" $? "$(trajectory "$TMP/resumed-$mode.jsonl")"
+# context parallelism: 2 ranks holding pieces of every row (--context_parallel 2, --collectives host) ==
+# one process: each rank's targets weighted from the padded weights, their cross-entropies summed over
+# the group (rows_end), so both ranks score every pair. DPO LoRA (and in the full suite ORPO, whose nll
+# weighs every chosen target, and DPO in chunks of 7 with recompute: pieces of 7)
+cp_cases=("dpo" "orpo" "dpo ${CHUNKED[*]}")
+[ $quick = 1 ] && cp_cases=("dpo")
+for i in "${!cp_cases[@]}"; do
+    c=${cp_cases[$i]}
+    read -r obj chunked <<<"$c"
+    # shellcheck disable=SC2086 # (the chunk options, split)
+    emu 1 "$TMP/cp1-$i" --objective $obj "${LORA[@]}" --precision fp32 $chunked &&
+        emu 2 "$TMP/cp2-$i" --objective $obj "${LORA[@]}" --precision fp32 --context_parallel 2 --collectives host $chunked
+    check "$c: context parallel 2 trains" $? "$(tail -n 3 "$TMP/cp1-$i.log" "$TMP/cp2-$i.log")"
+    within "$c: context parallel 2 == one process" "$TMP/cp2-$i" "$TMP/cp1-$i" $ADAPTER 1e-5 1e-5 2e-4
 done
-emu 1 "$TMP/refused" --objective dpo "${LORA[@]}" --resume "$TMP/save-lora/checkpoint-2"
-[ $? -ne 0 ] && grep -q "needs --precompute_ref_log_probs 1 in this trainer for now" "$TMP/refused.log" && [ ! -e "$TMP/refused/$ADAPTER" ]
-check "a DPO resume without the precomputed reference is refused" $? "$(tail -2 "$TMP/refused.log")"
+
+# checkpoints: resumed from step 2 == uninterrupted, bit for bit (steps 3-4, every metric, and the
+# weights). Without --precompute_ref_log_probs the checkpoint keeps the reference's weights, read from
+# the device and written back (model_reference_get, _set) a staging buffer of 1000 bytes at a time
+# (many pieces): LoRA in fp32 and bf16 (its fp32 parameters beside the bf16 copy the forward reads),
+# full fine-tuning; each reference.safetensors is the CPU trainer's byte for byte (the starting
+# weights in fp32, exactly, in both). With it the pairs' log-probabilities (LoRA, full).
+ckpt=("lora fp32 0" "lora bf16 0" "full fp32 0" "lora fp32 1" "full fp32 1")
+[ $quick = 1 ] && ckpt=("lora fp32 0" "lora bf16 0")
+export LLAMA2TUNE_STAGING_BYTES=1000
+for c in "${ckpt[@]}"; do
+    read -r mode class pre <<<"$c"
+    [ "$mode" = lora ] && extra=(--objective dpo "${LORA[@]}") file=$ADAPTER || extra=(--objective dpo "${FULL[@]}") file=$MODEL
+    extra+=(--max_steps 4 --save_every 2 --precompute_ref_log_probs "$pre")
+    out="$TMP/save-$mode-$class-$pre"
+    emu 1 "$out" "${extra[@]}" --precision "$class" && emu 1 "$out-resumed" "${extra[@]}" --precision "$class" --resume "$out/checkpoint-2"
+    check "$c: saves and resumes" $? "$(tail -n 3 "$out.log" "$out-resumed.log")"
+    cmp -s "$out/$file" "$out-resumed/$file" && diff <(trajectory "$out-resumed.jsonl") <(trajectory "$out.jsonl" | grep -E '"step": [34],') >/dev/null
+    check "DPO $mode $class, precompute $pre: resumed from step 2 == uninterrupted, bit for bit" $? \
+        "$(diff <(trajectory "$out-resumed.jsonl") <(trajectory "$out.jsonl" | grep -E '"step": [34],') | head -4)"
+    [ "$pre" = 1 ] && continue
+    [ -e "$TMP/cpu-save-$mode" ] || "$BIN" "${ARGS[@]}" "${extra[@]}" --max_steps 2 --output_dir "$TMP/cpu-save-$mode" >"$TMP/cpu-save-$mode.log" 2>&1
+    cmp "$out/checkpoint-2/reference.safetensors" "$TMP/cpu-save-$mode/checkpoint-2/reference.safetensors" >"$TMP/cmp.log" 2>&1
+    check "DPO $mode $class: the checkpoint's reference == the CPU trainer's, byte for byte" $? "$(cat "$TMP/cmp.log"; tail -2 "$TMP/cpu-save-$mode.log")"
+done
+unset LLAMA2TUNE_STAGING_BYTES
+if [ $quick = 0 ]; then # sharded full fine-tuning keeps its reference in shards, which a checkpoint does not save
+    emu 2 "$TMP/sharded-save" --objective dpo "${FULL[@]}" --precision fp32 --batch_size 1 --collectives host --max_steps 2 --save_every 2 &&
+        ! emu 2 "$TMP/sharded-resumed" --objective dpo "${FULL[@]}" --precision fp32 --batch_size 1 --collectives host --max_steps 4 \
+            --resume "$TMP/sharded-save/checkpoint-2" &&
+        grep -q "keeps its reference in shards, which a checkpoint does not save" "$TMP/sharded-resumed.log" && [ ! -e "$TMP/sharded-resumed/$MODEL" ]
+    check "sharded full fine-tuning: a DPO resume without the precomputed reference is refused" $? "$(tail -2 "$TMP/sharded-resumed.log")"
+fi
 [ $fails -eq 0 ]

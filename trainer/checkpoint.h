@@ -195,44 +195,48 @@ static int save_trainer_state(TrainConfig *tc, const TrainState *ts, Fsdp *fs, c
 // run's start and not the checkpoint's weights: with --precompute_ref_log_probs the pairs'
 // log-probabilities ("train", "validation": (pairs, 2) F64, by row), else the reference weights
 // ("reference": the trainable weights as the run started, F32; LoRA's: a copy of the starting
-// adapter). Sharded full fine-tuning keeps its reference in shards and saves none (its resume is
-// refused: load_reference). Every rank (model_reference_swap); rank 0 writes. 0 ok, -1.
+// adapter), which stay where the backend keeps them and go through a staging buffer
+// (model_reference_get, _set). Sharded full fine-tuning keeps its reference in shards and saves
+// none (its resume is refused: load_reference).
+static size_t reference_numel(const HostModel *h) { return h->use_lora ? h->lora.num_params : h->num_params; }
+static int reference_fill(void *m, size_t first, size_t count, void *dst) {
+    return model_reference_get((Model *)m, first, count, (float *)dst);
+}
+// rank 0 writes. 0 ok, -1.
 static int save_reference(Fsdp *fs, const char *dir, Model *m, const Dataset *train, const Dataset *val) {
-    HostModel *h = &m->host;
+    const HostModel *h = &m->host;
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    if (fs->world.rank != 0) return 0;
     if (train->ref_logps) {
         StWriteTensor t[2] = {{"train", ST_F64, 2, {train->n_rows, 2}, train->ref_logps, NULL, NULL},
                               {"validation", ST_F64, 2, {val->n_rows, 2}, val->ref_logps, NULL, NULL}};
-        return fs->world.rank == 0 ? st_write(path, t, val->ref_logps ? 2 : 1, NULL, 0) : 0;
+        return st_write(path, t, val->ref_logps ? 2 : 1, NULL, 0);
     }
-#ifndef BACKEND_REFERENCE_ON_HOST
-    return 0; // (the backend's reference is not where the host reads the weights: --resume refuses it)
-#endif
     if (!m->reference || (host_sharded(h) && !h->use_lora)) return 0;
-    model_reference_swap(m); // (the reference where the trained weights were: read it there)
-    model_sync_host(m);
-    StWriteTensor t = {"reference", ST_F32, 1, {(int64_t)(h->use_lora ? h->lora.num_params : h->num_params)},
-                       h->use_lora ? h->lora.params : h->params, NULL, NULL};
-    int rc = fs->world.rank == 0 ? st_write(path, &t, 1, NULL, 0) : 0;
-    model_reference_swap(m);
-    return rc;
+    StWriteTensor t = {"reference", ST_F32, 1, {(int64_t)reference_numel(h)}, NULL, reference_fill, m};
+    return st_write(path, &t, 1, NULL, 0);
 }
 
-// read back by load_reference: tensor name of sf (path) into dst, n elements of dtype d. 0 ok, -1 with a message.
-static int read_reference(StFile *sf, const char *path, const char *name, StDtype d, size_t n, void *dst) {
+// tensor name of sf (path), n elements of dtype d, for load_reference; NULL with a message
+static const StTensor *reference_tensor(StFile *sf, const char *path, const char *name, StDtype d, size_t n) {
     const StTensor *t = st_find(sf, name);
     if (!t || t->dtype != d || t->numel != n) {
         fprintf(stderr, "error: %s: expected a %s tensor %s of %zu elements (DPO's reference)\n", path, st_dtype_name(d), name, n);
-        return -1;
+        return NULL;
     }
-    return st_read_stored(sf, t, d, 0, n, dst);
+    return t;
+}
+static int read_logps(StFile *sf, const char *path, const char *name, const Dataset *ds) {
+    const StTensor *t = reference_tensor(sf, path, name, ST_F64, (size_t)ds->n_rows * 2);
+    return t ? st_read_stored(sf, t, ST_F64, 0, (size_t)ds->n_rows * 2, ds->ref_logps) : -1;
 }
 
 // A DPO resume's reference from the checkpoint dir (save_reference): the precomputed
-// log-probabilities into the datasets, or the reference weights into m. 0 ok, -1 with a message.
+// log-probabilities into the datasets, or the reference weights into m, a staging buffer at a
+// time (a full model's are as large as the model). 0 ok, -1 with a message.
 static int load_reference(const TrainConfig *tc, const char *dir, Model *m, Dataset *train, Dataset *val) {
-    HostModel *h = &m->host;
+    const HostModel *h = &m->host;
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
     if (!tc->precompute_ref_log_probs && host_sharded(h) && !h->use_lora) {
@@ -245,16 +249,23 @@ static int load_reference(const TrainConfig *tc, const char *dir, Model *m, Data
     int rc;
     if (tc->precompute_ref_log_probs) {
         train->ref_logps = (double *)mallocCheck((size_t)train->n_rows * 2 * sizeof(double));
-        rc = read_reference(&sf, path, "train", ST_F64, (size_t)train->n_rows * 2, train->ref_logps);
+        rc = read_logps(&sf, path, "train", train);
         if (rc == 0 && has_validation(tc)) {
             val->ref_logps = (double *)mallocCheck((size_t)val->n_rows * 2 * sizeof(double));
-            rc = read_reference(&sf, path, "validation", ST_F64, (size_t)val->n_rows * 2, val->ref_logps);
+            rc = read_logps(&sf, path, "validation", val);
         }
-    } else { // the first swap copies the trained weights; the reference replaces that copy
-        model_reference_swap(m);
-        rc = read_reference(&sf, path, "reference", ST_F32, h->use_lora ? h->lora.num_params : h->num_params,
-                            h->use_lora ? h->lora.params : h->params);
-        model_reference_swap(m);
+    } else {
+        size_t n = reference_numel(h), piece = st_staging_bytes() / sizeof(float);
+        if (piece > n) piece = n;
+        const StTensor *t = reference_tensor(&sf, path, "reference", ST_F32, n);
+        float *buf = t ? (float *)mallocCheck(piece * sizeof(float)) : NULL;
+        rc = t ? 0 : -1;
+        for (size_t first = 0; first < n && rc == 0; first += piece) {
+            size_t k = n - first < piece ? n - first : piece;
+            rc = st_read_stored(&sf, t, ST_F32, first, k, buf);
+            if (rc == 0) model_reference_set(m, first, k, buf);
+        }
+        free(buf);
     }
     st_close(&sf);
     return rc;

@@ -321,7 +321,6 @@ static int dpo_loss_without_dpo(const TrainConfig *tc) { return strcmp(tc->dpo_l
 static int beta_without_preference(const TrainConfig *tc) { return tc->beta != 0.1f && !preference(tc); }
 static int preference_with_packing(const TrainConfig *tc) { return preference(tc) && !strcmp(tc->batching, "packing"); }
 static int preference_with_train_on_prompt(const TrainConfig *tc) { return preference(tc) && tc->train_on_prompt; }
-static int preference_with_context_parallel(const TrainConfig *tc) { return preference(tc) && context_parallel_untested(tc); }
 static int preference_with_batch_size_auto(const TrainConfig *tc) { return preference(tc) && !tc->batch_size; }
 static int shared_prompt_without_preference(const TrainConfig *tc) { return strcmp(tc->shared_prompt, "auto") && !preference(tc); }
 static int shared_prompt_unsupported(const TrainConfig *tc) {
@@ -337,14 +336,6 @@ static int shared_prompt_unsupported(const TrainConfig *tc) {
 static int shared_prompt_with_prefix(const TrainConfig *tc) { return !strcmp(tc->shared_prompt, "on") && !strcmp(tc->peft_method, "prefix"); }
 static int shared_prompt_with_context_parallel(const TrainConfig *tc) { return !strcmp(tc->shared_prompt, "on") && tc->context_parallel > 1; }
 static int precompute_without_dpo(const TrainConfig *tc) { return tc->precompute_ref_log_probs && strcmp(tc->objective, "dpo"); }
-static int dpo_resume_without_reference(const TrainConfig *tc) {
-#ifdef BACKEND_REFERENCE_ON_HOST
-    (void)tc;
-    return 0;
-#else
-    return !strcmp(tc->objective, "dpo") && tc->resume[0] && !tc->precompute_ref_log_probs;
-#endif
-}
 
 static const Refusal refusals[] = {
     {"--momentum, --nesterov", "--optimizer other than sgd", AFTER_CHOICES, sgd_options_without_sgd,
@@ -381,17 +372,12 @@ static const Refusal refusals[] = {
      "--dpo_loss_type is DPO's: give it with --objective dpo"},
     {"--precompute_ref_log_probs 1", "--objective other than dpo", AFTER_CHOICES, precompute_without_dpo,
      "--precompute_ref_log_probs is DPO's (the reference's log-probabilities): give it with --objective dpo"},
-    {"--objective dpo --resume", "no --precompute_ref_log_probs 1 (train_llama2cu)", AFTER_CHOICES, dpo_resume_without_reference,
-     "--objective dpo with --resume needs --precompute_ref_log_probs 1 in this trainer for now (its checkpoints do not keep the "
-     "reference model yet; train_llama2's do)"},
     {"--beta", "--objective sft", AFTER_CHOICES, beta_without_preference,
      "--beta is DPO's beta and ORPO's lambda: give it with --objective dpo or orpo"},
     {"--objective dpo or orpo", "--batching packing", AFTER_CHOICES, preference_with_packing,
      "--objective {objective} trains each pair as two rows, the chosen and the rejected sequence: give --batching padding"},
     {"--objective dpo or orpo", "--train_on_prompt 1", AFTER_CHOICES, preference_with_train_on_prompt,
      "--train_on_prompt is SFT's: --objective {objective} scores the completions (ORPO's nll takes the chosen sequence's prompt already)"},
-    {"--objective dpo or orpo", "--context_parallel above 1 (train_llama2cu)", AFTER_CHOICES, preference_with_context_parallel,
-     "--objective {objective} with --context_parallel is not supported yet by this trainer (train_llama2, the CPU trainer, has it)"},
     {"--objective dpo or orpo", "--batch_size auto", AFTER_CHOICES, preference_with_batch_size_auto,
      "--objective {objective} with --batch_size auto is not supported yet: give --batch_size (pairs per micro-batch)"},
     {"--shared_prompt on or off", "--objective sft", AFTER_CHOICES, shared_prompt_without_preference,
