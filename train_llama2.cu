@@ -1010,6 +1010,7 @@ template <typename floatX> void slots_layout(Model *m, Buffers<floatX> &d, Layou
 template <typename floatX> void slots_place(Model *m, const Rows *r) {
     Buffers<floatX> &d = buffers<floatX>(m);
     int n = r ? r->n : m->n_slots, fit = 0;
+    if (n > m->n_slots + 1) die("internal: %d chunks for %d slots (and a shared prompt's one more)", n, m->n_slots);
     for (Layout count = device_layout(NULL); fit < n; fit++) { // the chunks that fit the room
         slots_layout(m, d, &count, r, fit, fit + 1);
         if (count.bytes > m->slots_bytes) break;

@@ -27,7 +27,9 @@
 // (--quantize nf4 and fp4 on tiny_qlora, whose 4-bit weights dequantize to the
 // CPU's bits in fp32 and their rounding in bf16, so LoRA's tolerances hold; and IA3,
 // llama_adapter and prefix on its nf4 base); and 10 steps of 2 micro-batches of --pure_bf16 with
-// AnyPrecisionAdamW (Kahan summation off and on, whole and in chunks, --freeze_layers 1). Each
+// AnyPrecisionAdamW (Kahan summation off and on, whole and in chunks, --freeze_layers 1); and
+// preference tuning's hooks on one pair (check_preference: each target's loss, the weighted
+// gradients, a shared prompt == two rows, the reference swap; --quick too). Each
 // comparison prints the worst element of what it compares; the program exits 1
 // when any check fails. A run with --activation_checkpointing must also give the
 // bits of the same CUDA run without it (logits, losses, every gradient): it runs
