@@ -225,6 +225,9 @@ typedef struct {
     int *n_kept;              // (chunks, host) how many rows each chunk keeps
     int num_output_chunks;    // the output head runs in this many pieces of a chunk
     int n_slots;              // the chunks' activations: one per chunk in keep mode, one in recompute mode
+    size_t slots_at, slots_bytes; // where the slots are in the activations' allocation (alloc[2]), their bytes
+    void *share_room;         // keep mode: what a shared prompt's micro-batch does not fit in the slots' room (slots_place;
+    size_t share_room_bytes;  // allocated at the first that needs it, beside the plan), and its bytes
     void *alloc[4];           // the four allocations behind weight_bytes .. carry_bytes
     double peak_mb;           // the most device memory seen in use (model_peak_mb)
     Rows rows;                // the micro-batch's rows while model_forward(_backward) runs them (rows_begin; chunk.h)
@@ -249,6 +252,7 @@ typedef struct {
     int *kept_at;             // (B, T, host) each kept row's position in the micro-batch (b T + t), for target_losses
     RowsScores rows_scores;   // context parallel: the caller's loss_weights and target_losses while the rows run padded
                               // (rows_begin to rows_end), beside the padded ones upload_batch and losses_to_host read and write
+    int shared_prompt;        // (trainer.h's contract) the positions of the micro-batch's pairs that run once (rows_share)
 } Model;
 
 // the context-parallel group while a micro-batch runs this rank's pieces of the rows (m->rows.P > 1:
@@ -303,6 +307,10 @@ template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w,
 // the micro-batch on the device: its rows (their chunks: chunk.h's rows_chunk), targets, losses, logits,
 static void rows_begin(Model *m, const int **tokens, const int **targets, int B, int T, std::vector<int> padded[2]);
 static void rows_end(Model *m, const int *targets);
+static int chunk_index(const Rows *r, const Chunk *ch);
+static size_t chunk_rows_at(const Rows *r, const Chunk *ch);
+template <typename floatX> void carry_share(Model *m, int dir);
+template <typename floatX> void slots_place(Model *m, const Rows *r);
 static void upload_batch(Model *m, const int *tokens, const int *targets, int B, int T, bool every_row);
 static double losses_sum(Model *m, int B, int T);
 static void losses_to_host(Model *m, const int *targets, int B, int T);
@@ -349,14 +357,17 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
         cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
         int n = r->n;
+        if (r->share && !m->recompute) slots_place<floatX>(m, r);
         bool last = offload_step_backward(m); // (--cpu_offload's overlapped step: its units step in its last backward)
         for (int j = 0; j < n; j++) {
             Chunk ch = rows_chunk(r, j, 1);
             chunk_forward(m, &d.chunk[m->recompute ? 0 : j], &ch);
+            if (j == rows_shared_last(r)) carry_share<floatX>(m, 1);
         }
         for (int j = n - 1; j >= 0; j--) {
             Chunk ch = rows_chunk(r, j, 1);
             ChunkActs<floatX> *s = &d.chunk[m->recompute ? 0 : j];
+            if (j == rows_shared_last(r)) carry_share<floatX>(m, -1);
             if (m->recompute && j < n - 1) chunk_forward(m, s, &ch);
             offload_step_set_last_pass(m, last && j == 0);
             PROF_BEGIN(m->stream, "head", -1, j, -1); // the final norm, the output projection and the loss, forward and backward
@@ -369,6 +380,7 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         if (host_prefix(&m->host)) // (its gradient: the dKV carry's first rows)
             prefix_backward(lora_A(lo, m->grads, 0, 0), d.dk, d.dv, c->n_layers, B, lo->prefix, T, (size_t)lo->out[LORA_K],
                             m->stream);
+        if (r->share && !m->recompute) slots_place<floatX>(m, NULL);
     });
     units_reshard(m);
     grads_bf16_end(m);
@@ -417,7 +429,7 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     Chunk cc = carry_chunk(ch, host_prefix(&m->host)); // the chunk as RoPE and attention see it
     Chunk cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // and where its keys and values go in the carries
-    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = (size_t)cr.B * cr.T * KV;
+    size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = carry_positions(&m->rows, &cr) * KV;
     LayerWeights<floatX> w = layer_params<floatX>(m, l);
     LayerActs<floatX> act = layer_acts(m, s, ch, l);
     floatX *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
@@ -461,7 +473,7 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     int N = ch->B * ch->len, D = c->dim, NH = c->n_heads, NKV = c->n_kv_heads, hd = c->head_dim;
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
     Chunk cc = carry_chunk(ch, host_prefix(&m->host)), cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // (as layer_forward's)
-    size_t carry = (size_t)cr.B * cr.T * KV;
+    size_t carry = carry_positions(&m->rows, &cr) * KV;
     int full = m->host.full_finetune, frozen = m->host.frozen_units, lowest = frozen ? frozen - 1 : 0;
     for (int l = c->n_layers - 1; l >= lowest; l--) { // as on the CPU: nothing below a frozen layer trains
         PROF_BEGIN(st, "backward", l, ch->t0 / m->chunk_size, -1);
@@ -534,9 +546,9 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
     Config *c = &m->host.config;
     Buffers<floatX> &d = buffers<floatX>(m);
     cudaStream_t st = m->stream;
-    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size, nk = m->n_kept[ch->t0 / m->rows.len];
+    int N = ch->B * ch->len, D = c->dim, V = c->vocab_size, nk = m->n_kept[chunk_index(&m->rows, ch)];
     int piece = (N + m->num_output_chunks - 1) / m->num_output_chunks;
-    size_t at = (size_t)ch->B * ch->t0; // the chunk's place in kept, targets and losses
+    size_t at = chunk_rows_at(&m->rows, ch); // the chunk's place in kept, targets and losses
     if (logits_out && nk != N) die("internal: chunk_head wants the logits of every row, but %d of %d are kept", nk, N);
     int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
     const floatX *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
@@ -596,6 +608,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
             PROF_BEGIN(m->stream, "head", -1, j, -1);
             chunk_head(m, s, &ch, 0.0f, logits_out);
             PROF_END(m->stream);
+            if (j == rows_shared_last(&m->rows)) carry_share<floatX>(m, 1);
         }
     });
     units_reshard(m);
@@ -728,6 +741,7 @@ static void rows_begin(Model *m, const int **tokens, const int **targets, int B,
     int P = fsdp_context_size(m->fsdp);
     m->rows = rows_layout(B, T, m->chunk_size, m->context_len, P, P > 1 ? m->fsdp->context.rank : 0,
                           m->host.config.sliding_window, m->s2_attn);
+    rows_share(&m->rows, m->shared_prompt);
     if (P == 1) return;
     padded[0].resize((size_t)B * m->rows.T);
     padded[1].resize((size_t)B * m->rows.T);
@@ -747,6 +761,46 @@ static void rows_end(Model *m, const int *targets) {
     memset(&m->rows, 0, sizeof m->rows);
 }
 
+// The chunks of the rows' positions in the order upload_batch lays out their targets (chunk_at's
+// j; context parallel every piece of the rows, every rank's, whose index is its position / len),
+// and where chunk ch's rows start in kept, targets and losses: a shared prompt's chunks (rows_share)
+// hold the B/2 chosen rows, the later chunks all B rows.
+static int rows_chunks(const Rows *r) { return r->P > 1 ? (r->T + r->len - 1) / r->len : r->n; }
+static int chunk_index(const Rows *r, const Chunk *ch) {
+    int shared = (r->share + r->len - 1) / r->len;
+    return ch->t0 < r->share ? ch->t0 / r->len : shared + (ch->t0 - r->share) / r->len;
+}
+static size_t chunk_rows_at(const Rows *r, const Chunk *ch) {
+    return (size_t)r->B * ch->t0 - (size_t)(r->B / 2) * std::min(ch->t0, r->share);
+}
+
+// A shared prompt's keys and values (chunk.h's rows_share), as train_llama2.c's carry_share: after
+// its last chunk's forward (dir > 0) copied in every layer from rows 0 .. B/2 - 1 of the KV carry
+// into rows B/2 .. B - 1, which attend to them as their own; before that chunk's backward (dir < 0)
+// the dK, dV those rows added at its positions summed into rows 0 .. B/2 - 1 (accumulate's add, in
+// the carry's type, as every later chunk adds there), whose chunks' backward takes them on
+template <typename floatX> void carry_share(Model *m, int dir) {
+    const Rows *r = &m->rows;
+    Buffers<floatX> &d = buffers<floatX>(m);
+    const Config *c = &m->host.config;
+    size_t KV = (size_t)c->n_kv_heads * c->head_dim, n = (size_t)r->share * KV, layer = (size_t)r->B * r->T * KV;
+    size_t half = (size_t)r->B / 2 * r->T * KV; // rows 0 .. B/2 - 1 of a layer: the twins' start from their own
+    if (r->P > 1 || r->share <= 0 || r->share >= r->T) die("internal: carry_share of %d positions in rows (%d, %d)", r->share, r->B, r->T);
+    Chunk prompt = {r->B / 2, r->T, 0, r->share, 0, 0}; // the shared positions of B/2 rows of the carry
+    for (int l = 0; l < c->n_layers; l++) {
+        if (dir > 0) {
+            rows_copy(d.k + l * layer + half, &prompt, d.k + l * layer, &prompt, KV, m->stream);
+            rows_copy(d.v + l * layer + half, &prompt, d.v + l * layer, &prompt, KV, m->stream);
+            continue;
+        }
+        for (int b = 0; b < r->B / 2; b++) {
+            size_t own = l * layer + (size_t)b * r->T * KV;
+            accumulate(d.dk + own, d.dk + own + half, n, m->stream);
+            accumulate(d.dv + own, d.dv + own + half, n, m->stream);
+        }
+    }
+}
+
 // Checks a micro-batch on the host (a token outside the vocabulary would make the
 // embedding read out of bounds on the device), then copies it there: its tokens,
 // and for each chunk's output head (chunk_at's, of m->rows) the chunk's rows (b * len + i)
@@ -762,9 +816,10 @@ static void upload_batch(Model *m, const int *tokens, const int *targets, int B,
     }
     std::vector<int> kept((size_t)B * T), kept_targets((size_t)B * T);
     std::vector<float> weights(m->loss_weights ? (size_t)B * T : 0);
-    for (int j = 0; j * m->rows.len < T; j++) {
+    for (int j = 0; j < rows_chunks(&m->rows); j++) {
         Chunk ch = chunk_at(&m->rows, j);
-        size_t at = (size_t)B * ch.t0;
+        size_t at = chunk_rows_at(&m->rows, &ch);
+        if (ch.B * ch.len > B * T - (int)at) die("internal: chunk %d of (%d, %d) rows past the micro-batch's targets", j, ch.B, ch.len);
         int nk = 0;
         for (int r = 0; r < B * ch.len; r++) {
             int pos = (r / ch.len) * T + ch.t0 + r % ch.len, t = targets[pos];
@@ -799,8 +854,9 @@ static void losses_to_host(Model *m, const int *targets, int B, int T) {
     std::vector<float> losses((size_t)B * T);
     cudaCheck(cudaMemcpyAsync(losses.data(), m->losses, losses.size() * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
-    for (int j = 0; j * m->rows.len < T; j++) {
-        size_t at = (size_t)B * chunk_at(&m->rows, j).t0;
+    for (int j = 0; j < rows_chunks(&m->rows); j++) {
+        Chunk ch = chunk_at(&m->rows, j);
+        size_t at = chunk_rows_at(&m->rows, &ch);
         for (int i = 0; i < m->n_kept[j]; i++) {
             int pos = m->kept_at[at + i];
             if (targets[pos] >= 0) m->target_losses[pos] = losses[at + i];
@@ -968,6 +1024,48 @@ template <typename floatX> void chunk_acts_layout(const Config *c, int B, int C,
     place_layers(a, s->lora_h, Lk, LORA_N_TARGETS * N * r);
 }
 
+// The chunks' slots i0 .. i1 - 1 (keep mode: one a chunk; recompute: one), each with its residuals
+// and the rest for every layer; or with activation checkpointing one layer's worth of the rest, for
+// the largest chunk, that all slots share (only the layer running uses it). For chunks of the
+// capacity's (B, C) (r NULL), or in keep mode for the chunks of rows r, by their real sizes: a shared
+// prompt's micro-batch (chunk.h's rows_share) runs chunks of B/2 rows, then of B, maybe one more
+// chunk than the capacity's but no more positions (slots_place lays them out in the slots' room).
+template <typename floatX> void slots_layout(Model *m, Buffers<floatX> &d, Layout *a, const Rows *r, int i0, int i1) {
+    const Config *c = &m->host.config;
+    size_t L = c->n_layers, lora_r = m->host.use_lora ? m->host.lora.r : 0;
+    for (int i = i0; i < i1; i++) {
+        Chunk ch = r ? chunk_at(r, i) : Chunk{m->B, m->T, 0, m->chunk_size, 0, 0};
+        if (m->activation_checkpointing && i) d.chunk[i] = d.chunk[0];
+        else if (m->activation_checkpointing) chunk_acts_layout(c, m->B, m->chunk_size, (int)lora_r, 1, &d.chunk[i], a);
+        else chunk_acts_layout(c, ch.B, ch.len, (int)lora_r, (int)L, &d.chunk[i], a);
+        place(a, d.chunk[i].resid, (L + 1) * ch.B * ch.len * c->dim);
+    }
+}
+
+// Keep mode's slots laid out again where they are, for the chunks of rows r, or (NULL) the
+// capacity's. A shared prompt's chunks take no more positions than the capacity's, but one more
+// chunk starts its pieces (and each layer's slices) 256-byte aligned again: the chunks that do not
+// fit the slots' room then go in share_room, allocated when a micro-batch first needs it (at most
+// one chunk's slot, beside the plan, as kept_weights)
+template <typename floatX> void slots_place(Model *m, const Rows *r) {
+    Buffers<floatX> &d = buffers<floatX>(m);
+    int n = r ? r->n : m->n_slots, fit = 0;
+    if (n > m->n_slots + 1) die("internal: %d chunks for %d slots (and a shared prompt's one more)", n, m->n_slots);
+    for (Layout count = device_layout(NULL); fit < n; fit++) { // the chunks that fit the room
+        slots_layout(m, d, &count, r, fit, fit + 1);
+        if (count.bytes > m->slots_bytes) break;
+    }
+    Layout room = device_layout((char *)m->alloc[2] + m->slots_at), more = device_layout(NULL);
+    slots_layout(m, d, &more, r, fit, n);
+    if (more.bytes > m->share_room_bytes) {
+        if (m->share_room) cudaCheck(cudaFree(m->share_room));
+        m->share_room = cudaMallocCheck(more.bytes), m->share_room_bytes = more.bytes;
+    }
+    more = device_layout((char *)m->share_room);
+    slots_layout(m, d, &room, r, 0, fit);
+    slots_layout(m, d, &more, r, fit, n);
+}
+
 // the base weights d.weights (whole) leaves out: the layers QLoRA keeps in runs, or the base
 // streamed (host memory), which param_layout puts between the embedding and the head unit
 static size_t layers_apart(const Model *m) {
@@ -1035,15 +1133,10 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     if (m->sharded) sharded_layout(m, d, w);
     if (m->base_offload) ring_layout(m, d, w);
     unit_grad_layout(m, p);
-    // activations: one slot per chunk (keep) or one (recompute), each with its residuals and
-    // the rest for every layer; or with activation checkpointing one layer's worth of the
-    // rest that all slots share (only the layer running uses it). Then one chunk's scratch.
-    int ckpt = m->activation_checkpointing, owners = ckpt ? 1 : m->n_slots;
-    for (int i = 0; i < m->n_slots; i++) {
-        if (i < owners) chunk_acts_layout(c, m->B, m->chunk_size, (int)r, ckpt ? 1 : (int)L, &d.chunk[i], a);
-        else d.chunk[i] = d.chunk[0];
-        place(a, d.chunk[i].resid, (L + 1) * N * D);
-    }
+    // activations: the chunks' slots (slots_layout), then one chunk's scratch
+    m->slots_at = a->bytes;
+    slots_layout(m, d, a, NULL, 0, m->n_slots);
+    m->slots_bytes = a->bytes - m->slots_at;
     place(a, d.lnf, N * D);
     if (!fp32) place(a, d.dlogits, piece * V);
     place(a, d.kv, N * KV); place(a, d.dresid, N * D); place(a, d.dln, N * D);
@@ -1177,7 +1270,7 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
         Buffers<floatX> &d = buffers<floatX>(m);
         free(d.chunk); // a plan before (--batch_size auto tries several)
         free(d.slot);
-        d.chunk = (ChunkActs<floatX> *)callocCheck(m->n_slots, sizeof(ChunkActs<floatX>));
+        d.chunk = (ChunkActs<floatX> *)callocCheck(m->n_slots + 1, sizeof(ChunkActs<floatX>)); // (+ 1: slots_place's shared prompt)
         d.slot = (floatX **)callocCheck(m->n_unit_slots + 1, sizeof(floatX *)); // + 1: not empty when whole
         Layout lay[4]; // weights, trainable, activations, carry
         for (Layout &l : lay) l = device_layout(NULL);
@@ -1459,7 +1552,8 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
     for (int b = 0; b < 2; b++) m->grad_open[b] = -1;
     matmul_setup();
     m->next_logits = (float *)mallocCheck((size_t)c->vocab_size * sizeof(float));
-    m->n_kept = (int *)mallocCheck((size_t)(m->T + m->chunk_size - 1) / m->chunk_size * sizeof(int)); // (m->T: padded)
+    m->n_kept = (int *)mallocCheck((size_t)((m->T + m->chunk_size - 1) / m->chunk_size + 1) * sizeof(int)); // (m->T: padded;
+                                                                                                           // + 1: a shared prompt's)
     m->kept_at = (int *)mallocCheck((size_t)m->B * m->T * sizeof(int));
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
@@ -1565,6 +1659,7 @@ static void model_free(Model *m) {
     free(m->n_kept);
     free(m->kept_at);
     if (m->kept_weights) cudaCheck(cudaFree(m->kept_weights));
+    if (m->share_room) cudaCheck(cudaFree(m->share_room));
     optim_tensors_free(&m->opt_tensors);
     host_model_free(&m->host);
     memset(m, 0, sizeof *m);
@@ -2208,6 +2303,7 @@ static const int backend_context_parallel = 2; // --context_parallel, with what 
 static const char *const backend_collectives[] = {"auto", "nccl", "host"};
 #define BACKEND_BASE_OFFLOAD // --cpu_offload with an adapter: m->base_offload, m->peak_tflops, base_offload_plan
 #define BACKEND_PREFERENCE // --objective dpo and orpo (trainer/preference.h): loss_weights, target_losses, model_reference_swap
+#define BACKEND_SHARED_PROMPT // --shared_prompt: shared_prompt (chunk.h's rows_share)
 
 // ----------------------------------------------------------------------------
 // the host side: options, loading, the training loop, checkpoints, main

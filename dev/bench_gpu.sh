@@ -3,7 +3,7 @@
 # attention.cuh against SDPA, the longest sequence) on one GPU, in parts that each fit one
 # 10-minute call of a GPU lease:
 #
-#   dev/bench_gpu.sh PART...     PART: hf | ours | attention | long
+#   dev/bench_gpu.sh PART...     PART: hf | ours | attention | long | shared
 #
 #   hf         transformers + peft: LoRA qv8 and all16 x seq 512, 2048, 4096, each at the largest
 #              batch that fits (dev/bench_hf.py)
@@ -13,6 +13,9 @@
 #   attention  dev/cuda/attention --bench (attention.cuh) and dev/bench_sdpa.py (SDPA's backends)
 #   long       the longest sequence that trains, batch 1, LoRA qv8: ours whole and chunked
 #              (recompute), then transformers + peft with gradient checkpointing
+#   shared     train_llama2cu DPO, LoRA qv8, bf16, batch 1, a pair's prompt once (--shared_prompt on)
+#              against two rows (off) at prompts of SHARED_PROMPTS words (256,1024,4096; responses of
+#              256): the median step time of steps 2-4 (metrics' ms), tokens/s as two rows, the peak
 #
 # Each part writes RESULTS/bench_PART.md (device, date, commit and versions, then the rows),
 # RESULTS/bench_PART.log (all output) and, but for attention, RESULTS/bench_PART.jsonl;
@@ -37,7 +40,7 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/cuda/bin" # nvcc, where the image keeps it
 [ $# -gt 0 ] || { sed -n '2,14p' "$0"; exit 2; }
 for p in "$@"; do
-    case $p in hf|ours|attention|long) ;; *) echo "error: unknown part '$p' (hf, ours, attention, long)" >&2; exit 2 ;; esac
+    case $p in hf|ours|attention|long|shared) ;; *) echo "error: unknown part '$p' (hf, ours, attention, long, shared)" >&2; exit 2 ;; esac
 done
 if ! gpu=$(nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version,compute_cap --format=csv,noheader 2>&1) ||
     [ -z "$gpu" ]; then
@@ -102,11 +105,41 @@ build() {
 
 [ -f "$model/config.json" ] || python3 dev/bench_hf.py --write_config "$model" --shape "$SHAPE" || exit 1
 if [ -z "${BIN:-}" ]; then
-    for p in "$@"; do [ "$p" = ours ] || [ "$p" = long ] && { build train_llama2cu || exit 1; break; }; done
+    for p in "$@"; do [ "$p" = ours ] || [ "$p" = long ] || [ "$p" = shared ] && { build train_llama2cu || exit 1; break; }; done
 fi
 BIN=${BIN:-./train_llama2cu}
 ours=(python3 dev/bench_ours.py --model "$model" --bin "$BIN" ${RESERVE_MIB:+--reserve_mib $RESERVE_MIB} "${common[@]}")
 hf=(python3 dev/bench_hf.py --model "$model" --device "$DEVICE" --dtype $hf_dtype "${common[@]}")
+# shared: DPO with the prompt once against two rows, a table row each (the pairs as
+# dev/bench_shared_prompt.py writes them: random words, about a token each)
+shared_bench() {
+    local P T data run ms peak s
+    echo "| prompt | --shared_prompt | ms a step | tokens/s (as two rows) | positions run | peak GPU MiB |"
+    echo "| --- | --- | --- | --- | --- | --- |"
+    for P in ${SHARED_PROMPTS:-256,1024,4096}; do
+        P=${P//,/ }
+        for P in $P; do
+            T=$((P + 256 + 64)) data=$RESULTS/shared_$P.jsonl
+            python3 -c "import json, random, sys; sys.path.insert(0, 'dev'); from bench_shared_prompt import words
+rng = random.Random($P)
+with open('$data', 'w') as f:
+    for _ in range(4): f.write(json.dumps({'prompt': words(rng, $P), 'chosen': ' ' + words(rng, 256), 'rejected': ' ' + words(rng, 256)}) + '\\n')" || return 1
+            for s in on off; do
+                run=$RESULTS/shared_run
+                rm -rf "$run"
+                "$BIN" --model "$model" --random_init --data "$data" --max_seq_len $T --objective dpo --shared_prompt $s --batch_size 1 \
+                    --max_steps 4 --shuffle 0 --lora_r 8 --lora_dropout 0 --lora_target_modules q_proj,v_proj --precision bf16 \
+                    --output_dir "$run" --metrics_file "$run.jsonl" >"$run.log" 2>&1 || { tail -5 "$run.log"; return 1; }
+                ms=$(grep -o '"ms": [0-9.]*' "$run.jsonl" | tail -3 | awk '{print $2}' | sort -n | sed -n 2p)
+                peak=$(sed -n 's/^peak GPU memory \([0-9.]*\) MiB.*/\1/p' "$run.log")
+                echo "| $P | $s | $ms | $(grep -o '"tok_per_s": [0-9.]*' "$run.jsonl" | tail -1 | awk '{print $2}') |" \
+                    "$(sed -n "s/^the pairs' rows ran \([0-9]*\) positions.*/\1/p" "$run.log") | $peak |"
+            done
+        done
+    done
+    rm -rf "$RESULTS/shared_run" "$RESULTS"/shared_*.jsonl "$RESULTS/shared_run.log"
+}
+
 status=0
 for p in "$@"; do
     begin "$p"
@@ -126,6 +159,8 @@ for p in "$@"; do
         status=$((status | $?))
         step long $((limit / 2)) "${hf[@]}" --lora qv8 "${long[@]}" --long_budget $((limit / 2 - 60)) \
             --json "$RESULTS/bench_long.jsonl" ;;
+    shared) export RESULTS BIN model SHARED_PROMPTS # (step's timeout runs a command: the function in a shell)
+        step shared "$limit" bash -c "$(declare -f shared_bench); shared_bench" ;;
     esac
     status=$((status | $?))
 done

@@ -82,7 +82,8 @@ step "cpu offload" 240 env EMU_BIN=./train_llama2cu test/test_offload.sh
 # trainer, sampling, the refusals
 step "context parallel on one GPU" 180 env EMU_BIN=./train_llama2cu test/test_llama2cu_context.sh
 # --objective dpo and orpo against the CPU trainer: DPO sigmoid with LoRA and full fine-tuning, ORPO,
-# LoRA in chunks, bf16, and 2 ranks FULL_SHARD sharing the GPU == one process (3 steps each)
+# LoRA in chunks, bf16, and 2 ranks FULL_SHARD sharing the GPU == one process (3 steps each); a pair's
+# prompt once (--shared_prompt on) == two rows (off) and == the CPU trainer's on, LoRA in kept chunks, ORPO
 step "preference tuning" 180 env EMU_BIN=./train_llama2cu test/test_llama2cu_preference.sh --quick
 # --export_gguf from the device's weights (read back a staging buffer of rows at a time): the same
 # bytes as the CPU trainer's, every --gguf_type the test exports (the k-quants too), the vocabularies

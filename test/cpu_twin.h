@@ -16,6 +16,8 @@ double cpu_forward_backward(void *p, const int *tokens, const int *targets, int 
 double cpu_step(void *p, const int *tokens, const int *targets, int B, int T, float grad_scale, uint64_t key,
                 float loss_scale, double *norm, int micro);
 size_t cpu_grads(void *p, float *out);
+void cpu_set_preference(void *p, const float *weights, double *losses, int shared);
+void cpu_reference_swap(void *p);
 #ifdef __cplusplus
 }
 #endif

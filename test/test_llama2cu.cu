@@ -27,7 +27,9 @@
 // (--quantize nf4 and fp4 on tiny_qlora, whose 4-bit weights dequantize to the
 // CPU's bits in fp32 and their rounding in bf16, so LoRA's tolerances hold; and IA3,
 // llama_adapter and prefix on its nf4 base); and 10 steps of 2 micro-batches of --pure_bf16 with
-// AnyPrecisionAdamW (Kahan summation off and on, whole and in chunks, --freeze_layers 1). Each
+// AnyPrecisionAdamW (Kahan summation off and on, whole and in chunks, --freeze_layers 1); and
+// preference tuning's hooks on one pair (check_preference: each target's loss, the weighted
+// gradients, a shared prompt == two rows, the reference swap; --quick too). Each
 // comparison prints the worst element of what it compares; the program exits 1
 // when any check fails. A run with --activation_checkpointing must also give the
 // bits of the same CUDA run without it (logits, losses, every gradient): it runs
@@ -111,6 +113,7 @@ struct Case {
     const char *trainable = NULL; // --trainable_params: "embed,norm" from the fixture's trainable/peft_init (B and the
                                   // saved tensors off their start); "embed" or "norm" a fresh adapter, the copies the base's
     int kahan = -1;        // full fine-tuning with --pure_bf16 1 --optimizer anyprecision --kahan_summation kahan (-1: not)
+    bool dpo = false;      // --objective dpo (room for the reference: check_preference)
 };
 enum { ADAMW, SGD_MOMENTUM, SGD_NESTEROV }; // the optimizer of a Pair (SGD: momentum 0.9, Nesterov or not)
 
@@ -170,6 +173,7 @@ struct Pair {
             if (c.freeze) a.insert(a.end(), {"--freeze_layers", std::to_string(c.freeze)});
             if (c.quantize) a.insert(a.end(), {"--quantize", c.quantize});
             if (c.s2) a.insert(a.end(), {"--s2_attn", "1", "--batching", "packing"});
+            if (c.dpo) a.insert(a.end(), {"--objective", "dpo"});
             for (std::string &arg : a) argv[side].push_back(&arg[0]);
         }
         cpu = cpu_new((int)argv[0].size(), argv[0].data(), B, T);
@@ -387,6 +391,90 @@ void check_steps(const Case &c, int steps, int optimizer = ADAMW, int micro = 1)
     CHECK(worst_norm <= tol.norms, line, "%s", "out of tolerance");
 }
 
+// Preference tuning's hooks (trainer.h's contract, docs/preference.md) on one pair (row 0 chosen, row
+// 1 rejected) whose rows share their first S tokens, unlabelled: each target's cross-entropy
+// (target_losses) and the gradients of the loss weighted per target (loss_weights, both signs, as
+// DPO's) against the CPU twin, within the case's forward and gradient tolerances; the prompt run once
+// (shared_prompt S) against two rows, both sides, and the GPU's against the CPU's: the dK, dV of the
+// prompt summed before its backward instead of after, so fp32 rounding (1e-5 the losses, 1e-4 the
+// gradients, check_case's; in keep mode, chunks of 8 make one more chunk than the capacity's 3, which
+// slots_place lays out by their real sizes, and with S = 1 in bf16 the last of them beside the slots' room);
+// and the reference (model_reference_swap): after a step,
+// swapped in, the forward gives the starting losses bit for bit, and swapped back it does not.
+void check_preference(Case c, int S) {
+    c.dpo = true;
+    std::string name = "preference S=" + std::to_string(S) + " " + describe(c);
+    if (filtered_out(c, name)) return;
+    const Tol &tol = tol_of(c.precision);
+    const int T = c.T;
+    Pair pair(c);
+    cpu_set_lora_dropout(pair.cpu, 0.0f), gpu_set_lora_dropout(pair.gpu, 0.0f); // (a shared prompt's rows draw one mask)
+    int V = pair.host()->config.vocab_size;
+    std::vector<int> tokens(B * T), targets(B * T);
+    make_batch(7, V, T, tokens.data(), targets.data());
+    std::vector<float> weights(B * T);
+    for (int t = 0; t < S; t++) tokens[T + t] = tokens[t], targets[t] = targets[T + t] = -100;
+    int labels = 0;
+    for (int i = 0; i < B * T; i++) {
+        weights[i] = targets[i] < 0 ? 0.0f : (i < T ? 1.0f : -1.0f) * (0.5f + 0.25f * (i % 3));
+        labels += targets[i] >= 0;
+    }
+    // [side][shared]: each target's cross-entropy, then the weighted gradients
+    std::vector<double> losses[2][2];
+    std::vector<float> grads[2][2];
+    size_t n = cpu_grads(pair.cpu, NULL);
+    for (int side = 0; side < 2; side++)
+        for (int shared = 0; shared < 2; shared++) {
+            void *twin = side ? pair.gpu : pair.cpu;
+            losses[side][shared].assign(B * T, 0.0);
+            grads[side][shared].resize(n);
+            (side ? gpu_set_preference : cpu_set_preference)(twin, NULL, losses[side][shared].data(), shared ? S : 0);
+            (side ? gpu_forward : cpu_forward)(twin, tokens.data(), targets.data(), B, T, NULL);
+            (side ? gpu_set_preference : cpu_set_preference)(twin, weights.data(), NULL, shared ? S : 0);
+            float scale = 1.0f / labels * (side ? loss_scale_of(c.precision) : 1.0f);
+            (side ? gpu_forward_backward : cpu_forward_backward)(twin, tokens.data(), targets.data(), B, T, scale, 99);
+            (side ? gpu_grads : cpu_grads)(twin, grads[side][shared].data());
+            if (side) for (float &g : grads[side][shared]) g /= loss_scale_of(c.precision);
+            (side ? gpu_set_preference : cpu_set_preference)(twin, NULL, NULL, 0);
+        }
+    auto floats = [](const std::vector<double> &x) { return std::vector<float>(x.begin(), x.end()); };
+    const char *how[2] = {"two rows", "the prompt once"};
+    for (int shared = 0; shared < 2; shared++) {
+        std::vector<float> got = floats(losses[1][shared]), want = floats(losses[0][shared]);
+        check_tensor(name + ": each target's loss, " + how[shared], got.data(), want.data(), got.size(), tol.loss);
+        check_tensor(name + ": weighted gradients, " + how[shared], grads[1][shared].data(), grads[0][shared].data(), n, tol.grads);
+    }
+    for (int side = 0; side < 2; side++) {
+        std::string who = side ? ": GPU" : ": CPU";
+        std::vector<float> once = floats(losses[side][1]), two = floats(losses[side][0]);
+        check_tensor(name + who + " the prompt once == two rows, each target's loss", once.data(), two.data(), once.size(), tol.loss);
+        check_tensor(name + who + " the prompt once == two rows, weighted gradients", grads[side][1].data(), grads[side][0].data(), n, tol.grads);
+    }
+    if (!strcmp(c.mem, "keep") && c.chunk && S == 1) { // (the case is chosen to need it: its slack is 1 position)
+        size_t beside = ((Twin *)pair.gpu)->m.share_room_bytes;
+        CHECK(beside > 0, (name + ": the shared prompt's one more chunk laid out beside the slots' room").c_str(), "%zu bytes", beside);
+    }
+    // the reference: taken at the first swap, before any step (as the trainer's reference forward)
+    std::vector<double> start(B * T), now(B * T);
+    auto forward = [&](std::vector<double> &out) {
+        gpu_set_preference(pair.gpu, NULL, out.data(), 0);
+        gpu_forward(pair.gpu, tokens.data(), targets.data(), B, T, NULL);
+        gpu_set_preference(pair.gpu, NULL, NULL, 0);
+    };
+    forward(start);
+    gpu_reference_swap(pair.gpu), gpu_reference_swap(pair.gpu);
+    double norm;
+    gpu_step(pair.gpu, tokens.data(), targets.data(), B, T, 1.0f / labels, 7, loss_scale_of(c.precision), &norm, 1);
+    gpu_reference_swap(pair.gpu);
+    forward(now);
+    bool same = !memcmp(start.data(), now.data(), start.size() * sizeof(double));
+    gpu_reference_swap(pair.gpu);
+    forward(now);
+    bool moved = memcmp(start.data(), now.data(), start.size() * sizeof(double)) != 0;
+    CHECK(same && moved, (name + ": after a step the reference swapped in gives the starting losses bit for bit, swapped back not").c_str(),
+          "swapped in: %s; swapped back: %s", same ? "the same" : "differ", moved ? "moved" : "the same");
+}
+
 // The start-up refusal of bf16 on GPUs without it (precision_supported, which
 // check_precision asks about this process's GPU): compute capability 7.0 (V100)
 // and 7.5 (T4) refuse bf16, naming the GPU and suggesting fp16; they run fp16
@@ -525,6 +613,12 @@ int main(int argc, char **argv) {
     std::vector<const char *> models = {"test/fixtures/tiny_gqa", hd64.c_str()};
     if (!quick) models.push_back("test/fixtures/tiny_tied");
     if (mine()) check_window_binds("test/fixtures/tiny_gqa", windowed.c_str());
+    // preference tuning's hooks: LoRA in kept chunks of 8, prompts of 9 (fp32) and 1 (bf16) (--quick); full fine-tuning whole, and LoRA in bf16
+    // in chunks of 7 recomputed, activation checkpointing and 3 output pieces
+    for (int S : {9, 1})
+        if (mine()) check_preference({"test/fixtures/tiny_gqa", false, S == 1 ? "bf16" : "fp32", 8, "keep", 1, false}, S);
+    if (!quick && mine()) check_preference({"test/fixtures/tiny_gqa", true, "fp32", 0, "keep", 1, false}, 9);
+    if (!quick && mine()) check_preference({"test/fixtures/tiny_gqa", false, "bf16", 7, "recompute", 3, true}, 9);
     const char *precisions[] = {"fp32", "bf16"};
     // whole sequences; chunks that divide T and one that does not; one position at a time;
     // activation checkpointing with each memory mode (--quick: the first two)

@@ -21,8 +21,12 @@
 #     chunks, the other sharding strategies (SHARD_GRAD_OP, NO_SHARD; HYBRID_SHARD over 4 ranks),
 #     ORPO and DPO in chunks with context parallelism, the resumes with precompute and of full
 #     fine-tuning, the sharded refusal.
+#   - --shared_prompt on (a pair's prompt run once) == off (two rows) to rounding, and == the CPU
+#     trainer's on: LoRA whole, in kept chunks of 7, in CHUNKED's; full fine-tuning, ORPO (LoRA and, in
+#     chunks, full), 2 ranks (LoRA); the run says it ran fewer positions;
 # --quick (make test): DPO sigmoid LoRA and full, ORPO, chunked LoRA, 2 ranks LoRA, bf16 LoRA,
-# context parallel DPO, LoRA fp32 and bf16 resumed without precompute.
+# context parallel DPO, LoRA fp32 and bf16 resumed without precompute; the prompt once in kept
+# chunks (LoRA) and ORPO.
 #
 # Tolerances, each the worst relative difference over the 3 steps (metrics: a reward against
 # beta |logps| of its line, a reward being a difference of two log-probabilities; accuracies
@@ -37,6 +41,10 @@
 #   kernels over fewer rows; emulated: 1.2e-7, 7e-7, 5.3e-5). Context parallel 2 the same
 #   (test_llama2cu_context.sh's: the attention over pieces and the backward's sums over the group
 #   in another order; emulated: metrics 1.6e-7, norms 2.2e-7, weights 1.6e-6).
+# - --shared_prompt on against off, the same binary: 1e-5 for the loss, the metrics and the norms, the
+#   weights 2e-4 (as W ranks against one process: the same kernels, the prompt's dK, dV summed before
+#   its backward instead of after; emulated, the worst: metrics 8.7e-8, norms 1.6e-7, weights 3.2e-5);
+#   on against the CPU trainer's on: the fp32 tolerances above.
 # - bf16 (and --pure_bf16, whose activations are bf16 too) against the fp32 CPU: test_llama2cu's
 #   BF16_TOL for steps, 1e-2 for the loss and every metric (a log-probability is a sum of
 #   cross-entropies, as a loss), 1e-1 for the gradient norms; accuracies left out (a pair whose
@@ -137,6 +145,32 @@ if [ $quick = 0 ]; then
             versus "DPO sigmoid, $method" $class $ADAPTER --objective dpo $method
         done
     done
+fi
+
+# --shared_prompt on == off (two rows), and == the CPU trainer's on; fewer positions run
+shared() { # shared NAME FILE LAUNCH ARGS...
+    local name=$1 file=$2 how=$3 ran
+    shift 3
+    n=$((n + 1))
+    emu "$how" "$TMP/on$n" "$@" --precision fp32 --shared_prompt on && emu "$how" "$TMP/off$n" "$@" --precision fp32 --shared_prompt off
+    check "$name: the prompt once, and two rows" $? "$(tail -n 3 "$TMP/on$n.log" "$TMP/off$n.log")"
+    ran=$(sed -n "s/^the pairs' rows ran \([0-9]*\) positions, \([0-9]*\) as two rows.*/\1 \2/p" "$TMP/on$n.log" | head -1)
+    awk -v r="$ran" 'BEGIN { split(r, a, " "); exit !(a[1] > 0 && a[1] < a[2]) }'
+    check "$name: the prompt once ran fewer positions ($ran)" $? "$(grep "rows ran" "$TMP/on$n.log")"
+    within "$name: --shared_prompt on == off" "$TMP/on$n" "$TMP/off$n" "$file" 1e-5 1e-5 2e-4
+    [ "$how" -gt 1 ] && return # (the CPU side: versus' runs, one process)
+    "$BIN" "${ARGS[@]}" --output_dir "$TMP/cpuon$n" --metrics_file "$TMP/cpuon$n.jsonl" "$@" --shared_prompt on >"$TMP/cpuon$n.log" 2>&1
+    check "$name: the CPU trainer, --shared_prompt on" $? "$(tail -3 "$TMP/cpuon$n.log")"
+    within "$name: CUDA on == CPU on" "$TMP/on$n" "$TMP/cpuon$n" "$file" 1e-4 1e-4 2e-4
+}
+shared "shared prompt, DPO LoRA in kept chunks of 7" $ADAPTER 1 --objective dpo "${LORA[@]}" --chunk_size 7
+shared "shared prompt, ORPO LoRA" $ADAPTER 1 --objective orpo "${LORA[@]}"
+if [ $quick = 0 ]; then
+    shared "shared prompt, DPO LoRA" $ADAPTER 1 --objective dpo "${LORA[@]}"
+    shared "shared prompt, DPO LoRA in chunks (recompute, activation checkpointing, 3 output pieces)" $ADAPTER 1 --objective dpo "${LORA[@]}" "${CHUNKED[@]}"
+    shared "shared prompt, DPO full fine-tuning" $MODEL 1 --objective dpo "${FULL[@]}"
+    shared "shared prompt, ORPO full fine-tuning in chunks" $MODEL 1 --objective orpo "${FULL[@]}" "${CHUNKED[@]}"
+    shared "shared prompt, DPO LoRA, 2 ranks" $ADAPTER 2 --objective dpo "${LORA[@]}" --batch_size 1 --collectives host
 fi
 
 # 2 ranks (each 1 pair a micro-batch) == one process (2 pairs), the same binary

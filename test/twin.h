@@ -65,6 +65,17 @@ double TWIN(step)(void *p, const int *tokens, const int *targets, int B, int T, 
     return loss;
 }
 
+// preference tuning from now on (trainer.h's contract): each target's weight in the loss (weights,
+// B T; NULL: 1), each target's cross-entropy into losses (B T; NULL: none), and the first `shared`
+// positions of rows B/2 .. B - 1 run once, with rows 0 .. B/2 - 1's (0: two rows)
+void TWIN(set_preference)(void *p, const float *weights, double *losses, int shared) {
+    Twin *t = (Twin *)p;
+    t->m.loss_weights = weights, t->m.target_losses = losses, t->m.shared_prompt = shared;
+}
+
+// DPO's reference traded with the trained weights (model_reference_swap; set up with --objective dpo)
+void TWIN(reference_swap)(void *p) { model_reference_swap(&((Twin *)p)->m); }
+
 // the trainable gradients into out (host, n of them; NULL: only count them)
 size_t TWIN(grads)(void *p, float *out) {
     Twin *t = (Twin *)p;

@@ -323,14 +323,6 @@ static int preference_with_packing(const TrainConfig *tc) { return preference(tc
 static int preference_with_train_on_prompt(const TrainConfig *tc) { return preference(tc) && tc->train_on_prompt; }
 static int preference_with_batch_size_auto(const TrainConfig *tc) { return preference(tc) && !tc->batch_size; }
 static int shared_prompt_without_preference(const TrainConfig *tc) { return strcmp(tc->shared_prompt, "auto") && !preference(tc); }
-static int shared_prompt_unsupported(const TrainConfig *tc) {
-#ifdef BACKEND_SHARED_PROMPT
-    (void)tc;
-    return 0;
-#else
-    return !strcmp(tc->shared_prompt, "on");
-#endif
-}
 // (a prefix's virtual positions sit in the carry ahead of every row; context parallelism's ranks
 // hold pieces of the rows: the prompt's keys and values are not one row's run)
 static int shared_prompt_with_prefix(const TrainConfig *tc) { return !strcmp(tc->shared_prompt, "on") && !strcmp(tc->peft_method, "prefix"); }
@@ -382,8 +374,6 @@ static const Refusal refusals[] = {
      "--objective {objective} with --batch_size auto is not supported yet: give --batch_size (pairs per micro-batch)"},
     {"--shared_prompt on or off", "--objective sft", AFTER_CHOICES, shared_prompt_without_preference,
      "--shared_prompt is preference tuning's (a pair's prompt): give it with --objective dpo or orpo"},
-    {"--shared_prompt on", "a trainer without it (train_llama2cu)", AFTER_CHOICES, shared_prompt_unsupported,
-     "--shared_prompt on is not supported yet by this trainer (train_llama2, the CPU trainer, has it): give auto or off"},
     {"--shared_prompt on", "--context_parallel above 1", AFTER_CHOICES, shared_prompt_with_context_parallel,
      "--shared_prompt on with --context_parallel is not supported (the ranks hold pieces of the rows): give auto or off"},
     // --peft_method and the options that go with it
