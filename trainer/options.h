@@ -308,10 +308,8 @@ static int gguf_adapter_with_full_finetune(const TrainConfig *tc) { return tc->e
 static int gguf_adapter_with_dora(const TrainConfig *tc) { return tc->export_gguf_adapter[0] && tc->use_dora; }
 static int gguf_adapter_kquant(const TrainConfig *tc) { return tc->export_gguf_adapter[0] && gguf_is_kquant(tc->gguf_ftype); }
 
-// --objective and --dpo_loss_type (trainer/preference.h): the index is the choice's
-enum { OBJECTIVE_SFT, OBJECTIVE_DPO, OBJECTIVE_ORPO };
+// --objective and --dpo_loss_type (trainer/preference.h)
 static const char *const objective_names[] = {"sft", "dpo", "orpo"};
-enum { DPO_SIGMOID, DPO_IPO, DPO_HINGE };
 static const char *const dpo_loss_names[] = {"sigmoid", "ipo", "hinge"};
 static const char *const shared_prompt_names[] = {"auto", "on", "off"};
 static int preference(const TrainConfig *tc) { return strcmp(tc->objective, "sft") != 0; }
