@@ -196,24 +196,26 @@ static inline void rows_scores_unpad(const Rows *r, const float **weights, doubl
 // alone, in chunks of their own; then every row runs from S on, rows B/2 .. B - 1 seeing row b's
 // keys and values through the carry (carry_share), and in the backward their dK, dV at those
 // positions are added into row b's before its chunks' backward. S = 0: none.
+// the chunks of a shared prompt's positions (0: none)
+static inline int rows_shared_chunks(const Rows *r) { return (r->share + r->len - 1) / r->len; }
 static inline void rows_share(Rows *r, int S) {
     if (S <= 0) return;
     if (r->P > 1 || r->B % 2 || S >= r->T) die("internal: a shared prompt of %d positions in rows (%d, %d), context %d", S, r->B, r->T, r->P);
     r->share = S;
-    r->n = (S + r->len - 1) / r->len + (r->T - S + r->len - 1) / r->len;
+    r->n = rows_shared_chunks(r) + (r->T - S + r->len - 1) / r->len;
 }
 
 // chunk j of the rows in the order of their positions: j len .. (j + 1) len - 1, the last
 // chunk maybe shorter (attending to every earlier position); with a shared prompt of S
 // positions, its chunks of B/2 rows first (the last ending at S), then chunks from S on
 static inline Chunk chunk_at(const Rows *r, int j) {
-    int shared = (r->share + r->len - 1) / r->len, end = j < shared ? r->share : r->T;
+    int shared = rows_shared_chunks(r), end = j < shared ? r->share : r->T;
     Chunk ch = {j < shared ? r->B / 2 : r->B, r->T, j < shared ? j * r->len : r->share + (j - shared) * r->len, r->len, r->window, 0};
     if (ch.t0 + ch.len > end) ch.len = end - ch.t0; // the last chunk may be shorter
     return ch;
 }
 // the chunk after which the shared prompt's keys and values are complete (-1: no shared prompt)
-static inline int rows_shared_last(const Rows *r) { return r->share ? (r->share + r->len - 1) / r->len - 1 : -1; }
+static inline int rows_shared_last(const Rows *r) { return rows_shared_chunks(r) - 1; }
 // Chunk j of what the model runs: chunk_at's, or context parallel this rank's piece of group j.
 // train: model_forward_backward's, whose attention takes --s2_attn's groups (evaluation and
 // sampling attend to every earlier position), the groups of the rows before their padding, whose

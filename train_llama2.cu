@@ -767,8 +767,7 @@ static void rows_end(Model *m, const int *targets) {
 // hold the B/2 chosen rows, the later chunks all B rows.
 static int rows_chunks(const Rows *r) { return r->P > 1 ? (r->T + r->len - 1) / r->len : r->n; }
 static int chunk_index(const Rows *r, const Chunk *ch) {
-    int shared = (r->share + r->len - 1) / r->len;
-    return ch->t0 < r->share ? ch->t0 / r->len : shared + (ch->t0 - r->share) / r->len;
+    return ch->t0 < r->share ? ch->t0 / r->len : rows_shared_chunks(r) + (ch->t0 - r->share) / r->len;
 }
 static size_t chunk_rows_at(const Rows *r, const Chunk *ch) {
     return (size_t)r->B * ch->t0 - (size_t)(r->B / 2) * std::min(ch->t0, r->share);
