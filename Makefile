@@ -63,9 +63,9 @@ NVCCFLAGS_BASE = -O3 -std=c++17 --Werror all-warnings -Xcompiler -Wall,-Wextra,-
     $(if $(NVCC_HOST_ARCH),-Xcompiler $(NVCC_HOST_ARCH)) $(if $(OPENMP),-Xcompiler -fopenmp)
 NVCCFLAGS = $(NVCCFLAGS_BASE) $(CUDA_ARCHS)
 CUDA_LDLIBS = -lcublasLt -lcublas -lm
-CUDA_HEADERS = support/cuda_common.cuh layers.cuh peft/quant.cuh peft/quant.h support/matmul.cuh chunk.h attention.cuh lora.cuh peft/ia3.cuh peft/adaption_prompt.cuh peft/prefix.cuh lora.h offload.cuh support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
+CUDA_HEADERS = support/cuda_common.cuh layers.cuh peft/quant.cuh peft/quant.h support/matmul.cuh chunk.h attention.cuh lora.cuh peft/ia3.cuh peft/adaption_prompt.cuh peft/prefix.cuh lora.h offload.cuh act_offload.cuh support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
 CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw adamw8bit anyprecision sgd grad_norm elementwise lora adaption_prompt prefix dequant)
-CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh peft/ia3.cuh peft/adaption_prompt.cuh peft/prefix.cuh peft/quant.cuh offload.cuh
+CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh peft/ia3.cuh peft/adaption_prompt.cuh peft/prefix.cuh peft/quant.cuh offload.cuh act_offload.cuh
 
 # SANITIZE=1: the trainer and every test built with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build-san/ (B), so the two builds never mix.

@@ -1455,6 +1455,7 @@ static const char *const model_host_advice = ", --activation_checkpointing, --ch
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only
 static const char *const backend_collectives[] = {"host"}; // its buffers are host memory: MPI or TCP
 static const int backend_sharding = 1; // any number of ranks, every strategy (the Model's fsdp)
+static const int backend_activation_offloading = 0; // --activation_offloading changes nothing: the activations are host memory
 static const int backend_context_parallel = 1; // --context_parallel with every option it runs (model_forward_backward, model_forward)
 #define BACKEND_PREFERENCE // --objective dpo and orpo (trainer/preference.h): loss_weights, target_losses, model_reference_swap
 #define BACKEND_SHARED_PROMPT // --shared_prompt: shared_prompt (chunk.h's rows_share)

@@ -124,7 +124,8 @@ template <typename floatX> struct Buffers {
     floatX *lnf;        // (B, C, D)
     floatX *dlogits;    // (ceil(B * C / num_output_chunks), V) bf16/fp16: the logits' gradient for the head's backward
     floatX *kv;         // (B, C, NKV*hd) a chunk's keys or values before they enter the carry
-    floatX *dresid;     // (B, C, D)
+    floatX *dresid;     // (B, C, D); --activation_offloading: chunk j's block of dresid_seq
+    floatX *dresid_seq; // (B, T, D) --activation_offloading: the whole sequence's, chunk j's (B, len, D) at B t0 D
     floatX *dln;        // (B, C, D)
     floatX *dq, *datty; // (B, C, NH*hd)
     floatX *dgate, *dup, *dhmlp; // (B, C, H)
@@ -179,6 +180,13 @@ typedef struct {
     uint8_t *base_host;       // (L, a layer's bytes) pinned: QLoRA's runs (host.quant_bytes, registered), else each layer's
                               // unit whole in the compute type (the unit's order: tensors[j].offset), filled at load
     cudaStream_t base_stream; // the layers' way up
+    // --activation_offloading (docs/long_context.md "Activation offloading"): the micro-batch layer-major
+    int activation_offloading; // set by the trainer: each layer over the whole sequence, chunk by chunk, the layers'
+                              // inputs in host memory; one layer's carries, the chunk's resid four slots (layer_in)
+    void *ckpt;               // (L + 1, B, T, D) pinned, the compute type: each layer's input, and the last one's output;
+                              // chunk j's block (B, len, D) at B t0 D of each (ckpt_block)
+    cudaStream_t act_stream;  // their way up and down
+    cudaEvent_t act_moved[4]; // each resid slot's last copy (act_up, act_down)
     // sharded (host.shards): the units in the slots, and full fine-tuning's gradients of a unit
     int sharded;              // the base weights are this rank's shards, over fsdp->shard
     int n_unit_slots;         // units gathered at once: 3 (reshard after the forward), or every unit; the base streamed: 2
@@ -292,6 +300,14 @@ template <typename floatX> struct LayerActs { LAYER_ACTS(floatX) };
 template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch);
 template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l);
 template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, const Chunk *ch);
+template <typename floatX> void chunk_embed(Model *m, floatX *x, const Chunk *ch);
+template <typename floatX> void layer_kv(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l);
+template <typename floatX> void layer_backward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l);
+template <typename floatX> void chunk_embedding_backward(Model *m, const Chunk *ch);
+template <typename floatX> void layer_major_forward_backward(Model *m, float grad_scale, bool last);
+template <typename floatX> void layers_forward(Model *m, ChunkActs<floatX> *s);
+template <typename floatX, typename F> void chunks_over(Model *m, ChunkActs<floatX> *s, int l, int dir, F f);
+template <typename floatX> floatX *dresid_block(Model *m, const Chunk *ch);
 template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const Chunk *ch, float grad_scale, float *logits_out);
 // and the machinery the model calls, defined after it: a base linear layer and its adapter,
 template <typename floatX>
@@ -302,6 +318,9 @@ void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer,
                      const floatX *dout, const floatX *inp, const floatX *w);
 // a layer's activations within its chunk's, the chunk's tokens, the KV carry,
 template <typename floatX> LayerActs<floatX> layer_acts(const Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l);
+template <typename floatX> floatX *layer_in(const Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l);
+template <typename floatX> floatX *layer_out(const Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l);
+template <typename E> E *carry_layer(const Model *m, E *carry, int l, size_t n);
 static void chunk_tokens(int *dst, const int *tokens, const Chunk *ch, cudaStream_t stream);
 template <typename E> void carry_copy(E *carry, E *x, const Chunk *ch, size_t w, int dir, cudaStream_t stream);
 // the micro-batch on the device: its rows (their chunks: chunk.h's rows_chunk), targets, losses, logits,
@@ -332,6 +351,12 @@ static float *grad_at(Model *m, int u, int j);
 static LayerWeights<float> layer_grads(Model *m, int l);
 static float *saved_grad(Model *m, int k);
 static void grads_done(Model *m, int u);
+// --activation_offloading: the layers' inputs in host memory (act_offload.cuh)
+template <typename floatX> void act_up(Model *m, ChunkActs<floatX> *s, int j, int l);
+template <typename floatX> void act_down(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int i, int l);
+static void act_wait(Model *m, int j);
+static void act_offload_alloc(Model *m);
+static void act_offload_free(Model *m);
 static void grads_add_staged(Model *m);
 static void grads_host_zero(Model *m);
 static bool offload_step_backward(Model *m);
@@ -352,13 +377,17 @@ static double model_forward_backward(Model *m, const int *tokens, const int *tar
         Buffers<floatX> &d = buffers<floatX>(m);
         const Config *c = &m->host.config;
         const Rows *r = &m->rows;
+        bool last = offload_step_backward(m); // (--cpu_offload's overlapped step: its units step in its last backward)
+        if (m->activation_offloading) {
+            layer_major_forward_backward<floatX>(m, grad_scale, last);
+            return;
+        }
         Chunk first = rows_chunk(r, 0, 1), kv = carry_rows(r, &first, host_prefix(&m->host)); // (the carries' rows)
         size_t carry = (size_t)c->n_layers * B * kv.T * c->n_kv_heads * c->head_dim;
         cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
         cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
         int n = r->n;
         if (r->share && !m->recompute) slots_place<floatX>(m, r);
-        bool last = offload_step_backward(m); // (--cpu_offload's overlapped step: its units step in its last backward)
         for (int j = 0; j < n; j++) {
             Chunk ch = rows_chunk(r, j, 1);
             chunk_forward(m, &d.chunk[m->recompute ? 0 : j], &ch);
@@ -403,10 +432,7 @@ template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, co
         prefix_to_carry(d.k, d.v, lora_A(lo, d.lora_w, 0, 0), c->n_layers, ch->B, lo->prefix, ch->T, (size_t)lo->out[LORA_K], st);
     }
     PROF_BEGIN(st, "embedding forward", -1, j, -1);
-    chunk_tokens(m->chunk_tokens, m->tokens, ch, st);
-    floatX *embed = embed_weight<floatX>(m);
-    prefetch_next<floatX>(m, 0, 1); // layer 0
-    embedding_forward(s->resid, m->chunk_tokens, embed, ch->B * ch->len, c->dim, st);
+    chunk_embed(m, s->resid, ch);
     PROF_END(st);
     for (int l = 0; l < c->n_layers; l++) {
         if (l + 1 < c->n_layers) prefetch_next<floatX>(m, fsdp_layer_unit(l), 1); // (the head: when chunk_head needs it)
@@ -414,6 +440,34 @@ template <typename floatX> void chunk_forward(Model *m, ChunkActs<floatX> *s, co
         layer_forward(m, s, ch, l);
         PROF_END(st);
     }
+}
+
+// the chunk's tokens' embeddings into x (B, len, D), layer 0's unit on its way meanwhile
+template <typename floatX> void chunk_embed(Model *m, floatX *x, const Chunk *ch) {
+    chunk_tokens(m->chunk_tokens, m->tokens, ch, m->stream);
+    floatX *embed = embed_weight<floatX>(m);
+    prefetch_next<floatX>(m, 0, 1); // layer 0
+    embedding_forward(x, m->chunk_tokens, embed, ch->B * ch->len, m->host.config.dim, m->stream);
+}
+
+// Decoder layer l's keys and values of one chunk into the KV carry, from its input: its
+// first norm, the key and value projections and the keys' RoPE. layer_forward begins with it;
+// the layer-major schedule's backward calls it alone to refill the carry (the same bits).
+template <typename floatX> void layer_kv(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l) {
+    Config *c = &m->host.config;
+    Buffers<floatX> &d = buffers<floatX>(m);
+    cudaStream_t st = m->stream;
+    int N = ch->B * ch->len, NKV = c->n_kv_heads, hd = c->head_dim;
+    Chunk cc = carry_chunk(ch, host_prefix(&m->host)), cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // (as layer_forward's)
+    size_t KV = (size_t)NKV * hd, carry = carry_positions(&m->rows, &cr) * KV;
+    LayerWeights<floatX> w = layer_params<floatX>(m, l);
+    LayerActs<floatX> act = layer_acts(m, s, ch, l);
+    rmsnorm_forward(act.ln1, act.rstd1, act.x, w.attn_norm, N, c->dim, c->norm_eps, st);
+    linear_forward(m, act.lora_h, ch, l, LORA_K, d.kv, act.ln1, w.wk);
+    rope_forward(d.kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, 0, st);
+    carry_copy(carry_layer(m, d.k, l, carry), d.kv, &cr, KV, 1, st);
+    linear_forward(m, act.lora_h, ch, l, LORA_V, d.kv, act.ln1, w.wv);
+    carry_copy(carry_layer(m, d.v, l, carry), d.kv, &cr, KV, 1, st);
 }
 
 // Forward of decoder layer l of one chunk, from its input resid[l] to resid[l + 1],
@@ -432,15 +486,10 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     size_t KV = (size_t)NKV * hd, ND = (size_t)N * D, carry = carry_positions(&m->rows, &cr) * KV;
     LayerWeights<floatX> w = layer_params<floatX>(m, l);
     LayerActs<floatX> act = layer_acts(m, s, ch, l);
-    floatX *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
-    rmsnorm_forward(act.ln1, act.rstd1, act.x, w.attn_norm, N, D, c->norm_eps, st);
+    floatX *kc = carry_layer(m, d.k, l, carry), *vc = carry_layer(m, d.v, l, carry);
+    layer_kv(m, s, ch, l);
     linear_forward(m, act.lora_h, ch, l, LORA_Q, act.q, act.ln1, w.wq);
     rope_forward(act.q, m->rope_cos, m->rope_sin, &cc, NH, hd, 0, st);
-    linear_forward(m, act.lora_h, ch, l, LORA_K, d.kv, act.ln1, w.wk);
-    rope_forward(d.kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, 0, st);
-    carry_copy(kc, d.kv, &cr, KV, 1, st);
-    linear_forward(m, act.lora_h, ch, l, LORA_V, d.kv, act.ln1, w.wv);
-    carry_copy(vc, d.kv, &cr, KV, 1, st);
     if (context_comm(m)) context_gather<floatX>(m, ch, l), kc = d.ck, vc = d.cv; // (no prefix with it: cc is *ch)
     attention_forward(act.atty, act.lse, act.q, kc, vc, &cc, NH, NKV, hd, st);
     const floatX *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
@@ -460,13 +509,25 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     accumulate(act.out, act.mid, ND, st);
 }
 
-// Backward of one chunk through every decoder layer, from d.dresid (chunk_head's).
-// At each layer's attention the chunk adds dK, dV for every position before its
-// end into the dKV carry; its own rows are complete then (later chunks ran
-// first), so they flow on through its key and value projections at once. With
-// activation checkpointing each layer first re-runs its forward from its input,
-// with the unit gathered for its backward (the next one's gather overlaps both).
+// Backward of one chunk through every decoder layer, from d.dresid (chunk_head's),
+// then the embedding's. Each layer's unit is gathered for its backward and the next
+// one's gather starts before it computes (sharded).
 template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, const Chunk *ch) {
+    int lowest = m->host.frozen_units ? m->host.frozen_units - 1 : 0; // as on the CPU: nothing below a frozen layer trains
+    for (int l = m->host.config.n_layers - 1; l >= lowest; l--) {
+        PROF_BEGIN(m->stream, "backward", l, ch->t0 / m->chunk_size, -1);
+        layer_backward(m, s, ch, l);
+        PROF_END(m->stream);
+    }
+    chunk_embedding_backward<floatX>(m, ch);
+}
+
+// Backward of decoder layer l of one chunk, d.dresid in place. At its attention the chunk
+// adds dK, dV for every position before its end into the dKV carry; its own rows are
+// complete then (later chunks ran first), so they flow on through its key and value
+// projections at once. With activation checkpointing the layer first re-runs its forward
+// from its input, with the unit gathered for its backward (the next one's gather overlaps both).
+template <typename floatX> void layer_backward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l) {
     Config *c = &m->host.config;
     Buffers<floatX> &d = buffers<floatX>(m);
     cudaStream_t st = m->stream;
@@ -474,63 +535,64 @@ template <typename floatX> void chunk_backward(Model *m, ChunkActs<floatX> *s, c
     size_t Q = (size_t)NH * hd, KV = (size_t)NKV * hd, ND = (size_t)N * D, NHd = (size_t)N * c->hidden_dim;
     Chunk cc = carry_chunk(ch, host_prefix(&m->host)), cr = carry_rows(&m->rows, ch, host_prefix(&m->host)); // (as layer_forward's)
     size_t carry = carry_positions(&m->rows, &cr) * KV;
-    int full = m->host.full_finetune, frozen = m->host.frozen_units, lowest = frozen ? frozen - 1 : 0;
-    for (int l = c->n_layers - 1; l >= lowest; l--) { // as on the CPU: nothing below a frozen layer trains
-        PROF_BEGIN(st, "backward", l, ch->t0 / m->chunk_size, -1);
-        LayerWeights<floatX> w = layer_params<floatX>(m, l);
-        if (l > lowest) prefetch_next<floatX>(m, fsdp_layer_unit(l), -1); // (the embedding's backward needs no weights)
-        if (m->activation_checkpointing) layer_forward(m, s, ch, l);
-        LayerWeights<float> g = {};
-        if (full) g = layer_grads(m, l);
-        else g.attn_norm = saved_grad(m, 1 + 2 * l), g.mlp_norm = saved_grad(m, 2 + 2 * l); // (--trainable_params norm)
-        LayerActs<floatX> act = layer_acts(m, s, ch, l);
-        floatX *kc = LAYER(d.k, l, carry), *vc = LAYER(d.v, l, carry);
-        floatX *dkc = LAYER(d.dk, l, carry), *dvc = LAYER(d.dv, l, carry);
-        floatX *ka = kc, *va = vc, *dka = dkc, *dva = dvc; // what the attention reads and adds into
-        if (context_comm(m)) { // the group's keys and values again, gradients from zero (context_reduce sums them)
-            context_gather<floatX>(m, ch, l);
-            ka = d.ck, va = d.cv, dka = d.cdk, dva = d.cdv;
-            cudaCheck(cudaMemsetAsync(d.cdk, 0, (size_t)cc.B * cc.T * KV * sizeof(floatX), st));
-            cudaCheck(cudaMemsetAsync(d.cdv, 0, (size_t)cc.B * cc.T * KV * sizeof(floatX), st));
-        }
-        // MLP block; the residual passes dresid through unchanged
-        cudaCheck(cudaMemsetAsync(d.dhmlp, 0, NHd * sizeof(floatX), st));
-        linear_backward(m, act.lora_h, ch, l, LORA_DOWN, d.dhmlp, g.wdown, d.dresid, act.hm, w.wdown);
-        swiglu_backward(d.dgate, d.dup, d.dhmlp, act.gate, act.up, NHd, st);
-        cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
-        linear_backward(m, act.lora_h, ch, l, LORA_GATE, d.dln, g.wgate, d.dgate, act.ln2, w.wgate);
-        linear_backward(m, act.lora_h, ch, l, LORA_UP, d.dln, g.wup, d.dup, act.ln2, w.wup);
-        rmsnorm_backward(d.dresid, g.mlp_norm, d.dln, act.mid, w.mlp_norm, act.rstd2, N, D, st);
-        // attention block
-        cudaCheck(cudaMemsetAsync(d.datty, 0, (size_t)N * Q * sizeof(floatX), st));
-        linear_backward(m, act.lora_h, ch, l, LORA_O, d.datty, g.wo, d.dresid, act.atty, w.wo);
-        attention_backward(d.dq, dka, dva, d.datty, act.atty, act.lse, act.q, ka, va, &cc, NH, NKV, hd, st);
-        if (context_comm(m)) context_reduce<floatX>(m, ch, l);
-        LoRA *lo = &m->host.lora;
-        if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
-            adaption_prompt_backward(d.dq, adapter_prompt(lo, m->grads, l), adapter_gate(lo, m->grads, l), d.datty, act.q,
-                                     lora_A(lo, d.lora_w, l, LORA_Q), adapter_gate(lo, m->params, l), w.wk, w.wv, m->adapter_kv,
-                                     d.adapter_dkv, m->adapter_coef, m->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len, st);
-        rope_backward(d.dq, m->rope_cos, m->rope_sin, &cc, NH, hd, st);
-        cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
-        linear_backward(m, act.lora_h, ch, l, LORA_Q, d.dln, g.wq, d.dq, act.ln1, w.wq);
-        carry_copy(dkc, d.kv, &cr, KV, -1, st);
-        rope_backward(d.kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, st);
-        linear_backward(m, act.lora_h, ch, l, LORA_K, d.dln, g.wk, d.kv, act.ln1, w.wk);
-        carry_copy(dvc, d.kv, &cr, KV, -1, st);
-        linear_backward(m, act.lora_h, ch, l, LORA_V, d.dln, g.wv, d.kv, act.ln1, w.wv);
-        rmsnorm_backward(d.dresid, g.attn_norm, d.dln, act.x, w.attn_norm, act.rstd1, N, D, st);
-        if (full) grads_done(m, fsdp_layer_unit(l));
-        PROF_END(st);
+    int full = m->host.full_finetune, lowest = m->host.frozen_units ? m->host.frozen_units - 1 : 0;
+    LayerWeights<floatX> w = layer_params<floatX>(m, l);
+    if (l > lowest) prefetch_next<floatX>(m, fsdp_layer_unit(l), -1); // (the embedding's backward needs no weights)
+    if (m->activation_checkpointing) layer_forward(m, s, ch, l);
+    LayerWeights<float> g = {};
+    if (full) g = layer_grads(m, l);
+    else g.attn_norm = saved_grad(m, 1 + 2 * l), g.mlp_norm = saved_grad(m, 2 + 2 * l); // (--trainable_params norm)
+    LayerActs<floatX> act = layer_acts(m, s, ch, l);
+    floatX *kc = carry_layer(m, d.k, l, carry), *vc = carry_layer(m, d.v, l, carry);
+    floatX *dkc = carry_layer(m, d.dk, l, carry), *dvc = carry_layer(m, d.dv, l, carry);
+    floatX *ka = kc, *va = vc, *dka = dkc, *dva = dvc; // what the attention reads and adds into
+    if (context_comm(m)) { // the group's keys and values again, gradients from zero (context_reduce sums them)
+        context_gather<floatX>(m, ch, l);
+        ka = d.ck, va = d.cv, dka = d.cdk, dva = d.cdv;
+        cudaCheck(cudaMemsetAsync(d.cdk, 0, (size_t)cc.B * cc.T * KV * sizeof(floatX), st));
+        cudaCheck(cudaMemsetAsync(d.cdv, 0, (size_t)cc.B * cc.T * KV * sizeof(floatX), st));
     }
+    // MLP block; the residual passes dresid through unchanged
+    cudaCheck(cudaMemsetAsync(d.dhmlp, 0, NHd * sizeof(floatX), st));
+    linear_backward(m, act.lora_h, ch, l, LORA_DOWN, d.dhmlp, g.wdown, d.dresid, act.hm, w.wdown);
+    swiglu_backward(d.dgate, d.dup, d.dhmlp, act.gate, act.up, NHd, st);
+    cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
+    linear_backward(m, act.lora_h, ch, l, LORA_GATE, d.dln, g.wgate, d.dgate, act.ln2, w.wgate);
+    linear_backward(m, act.lora_h, ch, l, LORA_UP, d.dln, g.wup, d.dup, act.ln2, w.wup);
+    rmsnorm_backward(d.dresid, g.mlp_norm, d.dln, act.mid, w.mlp_norm, act.rstd2, N, D, st);
+    // attention block
+    cudaCheck(cudaMemsetAsync(d.datty, 0, (size_t)N * Q * sizeof(floatX), st));
+    linear_backward(m, act.lora_h, ch, l, LORA_O, d.datty, g.wo, d.dresid, act.atty, w.wo);
+    attention_backward(d.dq, dka, dva, d.datty, act.atty, act.lse, act.q, ka, va, &cc, NH, NKV, hd, st);
+    if (context_comm(m)) context_reduce<floatX>(m, ch, l);
+    LoRA *lo = &m->host.lora;
+    if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
+        adaption_prompt_backward(d.dq, adapter_prompt(lo, m->grads, l), adapter_gate(lo, m->grads, l), d.datty, act.q,
+                                 lora_A(lo, d.lora_w, l, LORA_Q), adapter_gate(lo, m->params, l), w.wk, w.wv, m->adapter_kv,
+                                 d.adapter_dkv, m->adapter_coef, m->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len, st);
+    rope_backward(d.dq, m->rope_cos, m->rope_sin, &cc, NH, hd, st);
+    cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
+    linear_backward(m, act.lora_h, ch, l, LORA_Q, d.dln, g.wq, d.dq, act.ln1, w.wq);
+    carry_copy(dkc, d.kv, &cr, KV, -1, st);
+    rope_backward(d.kv, m->rope_cos, m->rope_sin, &cc, NKV, hd, st);
+    linear_backward(m, act.lora_h, ch, l, LORA_K, d.dln, g.wk, d.kv, act.ln1, w.wk);
+    carry_copy(dvc, d.kv, &cr, KV, -1, st);
+    linear_backward(m, act.lora_h, ch, l, LORA_V, d.dln, g.wv, d.kv, act.ln1, w.wv);
+    rmsnorm_backward(d.dresid, g.attn_norm, d.dln, act.x, w.attn_norm, act.rstd1, N, D, st);
+    if (full) grads_done(m, fsdp_layer_unit(l));
+}
+
+// the embedding's backward of one chunk from d.dresid, when it trains
+template <typename floatX> void chunk_embedding_backward(Model *m, const Chunk *ch) {
+    Buffers<floatX> &d = buffers<floatX>(m);
+    int full = m->host.full_finetune, frozen = m->host.frozen_units;
     float *dembed = full ? (frozen ? NULL : grad_at(m, 0, 0)) : saved_grad(m, 0); // (LoRA: --trainable_params embed)
-    if (dembed) {
-        PROF_BEGIN(st, "embedding backward", -1, ch->t0 / m->chunk_size, -1);
-        chunk_tokens(m->chunk_tokens, m->tokens, ch, st); // a later chunk's forward replaced them (keep mode)
-        embedding_backward(dembed, d.dresid, m->chunk_tokens, N, D, st);
-        if (full) grads_done(m, 0);
-        PROF_END(st);
-    }
+    if (!dembed) return;
+    PROF_BEGIN(m->stream, "embedding backward", -1, ch->t0 / m->chunk_size, -1);
+    chunk_tokens(m->chunk_tokens, m->tokens, ch, m->stream); // a later chunk's forward replaced them (keep mode)
+    embedding_backward(dembed, d.dresid, m->chunk_tokens, ch->B * ch->len, m->host.config.dim, m->stream);
+    if (full) grads_done(m, 0);
+    PROF_END(m->stream);
 }
 
 // train_llama2.c's chunk_head, on the device. What differs: each target's loss goes to
@@ -551,7 +613,7 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
     size_t at = chunk_rows_at(&m->rows, ch); // the chunk's place in kept, targets and losses
     if (logits_out && nk != N) die("internal: chunk_head wants the logits of every row, but %d of %d are kept", nk, N);
     int hu = fsdp_head_unit(&m->host.units), full = m->host.full_finetune && grad_scale != 0.0f;
-    const floatX *xL = LAYER(s->resid, c->n_layers, (size_t)N * D);
+    const floatX *xL = layer_in(m, s, ch, c->n_layers);
     floatX *norm = final_norm<floatX>(m), *head = head_weight<floatX>(m);
     // tied: the head is the embedding, frozen with it (--freeze_layers). LoRA: their trained
     // copies' (--trainable_params), if any
@@ -590,6 +652,90 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
     if (full) grads_done(m, hu); // tied: the embedding's gradient stays open for the embedding's backward
 }
 
+// --activation_offloading (docs/long_context.md "Activation offloading"): the micro-batch
+// layer-major. Each layer runs over the whole sequence chunk by chunk, each chunk's input up from
+// host memory (ckpt[l]) a chunk ahead (chunks_over) and its output down to ckpt[l + 1]
+// (layers_forward), so that the GPU holds one layer's KV carry; then the head chunk by chunk,
+// last first, each chunk's d(resid) kept in dresid_seq; then each layer from the top: its dKV
+// carry zeroed, its keys and values refilled for the whole sequence (layer_kv), and each
+// chunk's backward, last first (layer_backward: the forward recomputed); then the embedding's.
+// Every unit's gradient and the dKV carry sum the chunks in the chunk-major order (last first):
+// the same bits as the chunks of model_forward_backward, which runs the same functions.
+template <typename floatX> void layer_major_forward_backward(Model *m, float grad_scale, bool last) {
+    const Config *c = &m->host.config;
+    Buffers<floatX> &d = buffers<floatX>(m);
+    ChunkActs<floatX> *s = &d.chunk[0];
+    Chunk first = rows_chunk(&m->rows, 0, 1), kv = carry_rows(&m->rows, &first, 0);
+    size_t carry = (size_t)kv.B * kv.T * c->n_kv_heads * c->head_dim; // (one layer's)
+    int lowest = m->host.frozen_units ? m->host.frozen_units - 1 : 0; // (as chunk_backward's)
+    layers_forward(m, s);
+    chunks_over(m, s, c->n_layers, -1, [&](const Chunk *ch, int j) {
+        offload_step_set_last_pass(m, last && j == 0);
+        d.dresid = dresid_block<floatX>(m, ch);
+        PROF_BEGIN(m->stream, "head", -1, j, -1);
+        chunk_head(m, s, ch, grad_scale, NULL);
+        PROF_END(m->stream);
+    });
+    for (int l = c->n_layers - 1; l >= lowest; l--) {
+        cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
+        cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
+        chunks_over(m, s, l, 1, [&](const Chunk *ch, int j) {
+            PROF_BEGIN(m->stream, "keys and values", l, j, -1);
+            layer_kv(m, s, ch, l);
+            PROF_END(m->stream);
+        });
+        chunks_over(m, s, l, -1, [&](const Chunk *ch, int j) {
+            offload_step_set_last_pass(m, last && j == 0);
+            d.dresid = dresid_block<floatX>(m, ch);
+            PROF_BEGIN(m->stream, "backward", l, j, -1);
+            layer_backward(m, s, ch, l);
+            PROF_END(m->stream);
+        });
+    }
+    for (int j = m->rows.n - 1; j >= 0; j--) {
+        Chunk ch = rows_chunk(&m->rows, j, 1);
+        offload_step_set_last_pass(m, last && j == 0);
+        d.dresid = dresid_block<floatX>(m, &ch);
+        chunk_embedding_backward<floatX>(m, &ch);
+    }
+    offload_step_set_last_pass(m, false);
+}
+// the layer-major forward: the embedding chunk by chunk into layer 0's input (down as ckpt[0]),
+// then each layer over every chunk, its output down as the next one's input
+template <typename floatX> void layers_forward(Model *m, ChunkActs<floatX> *s) {
+    int L = m->host.config.n_layers;
+    for (int l = 0; l < L; l++)
+        chunks_over(m, s, l ? l : -1, 1, [&](const Chunk *ch, int j) {
+            if (l == 0) {
+                PROF_BEGIN(m->stream, "embedding forward", -1, j, -1);
+                chunk_embed(m, layer_in(m, s, ch, 0), ch);
+                PROF_END(m->stream);
+                act_down(m, s, ch, 0, 0);
+            }
+            if (l + 1 < L) prefetch_next<floatX>(m, fsdp_layer_unit(l), 1); // (the head: when chunk_head needs it)
+            PROF_BEGIN(m->stream, "forward", l, j, -1);
+            layer_forward(m, s, ch, l);
+            PROF_END(m->stream);
+            act_down(m, s, ch, 2, l + 1);
+        });
+}
+// f(ch, j) for each chunk j of the rows, first to last (dir 1) or back (-1), its block of
+// ckpt[l] up in its input slot (l >= 0; -1: none), the next one's copy started before it computes
+template <typename floatX, typename F> void chunks_over(Model *m, ChunkActs<floatX> *s, int l, int dir, F f) {
+    int n = m->rows.n, j = dir > 0 ? 0 : n - 1;
+    if (l >= 0) act_up(m, s, j, l);
+    for (; j >= 0 && j < n; j += dir) {
+        if (l >= 0 && j + dir >= 0 && j + dir < n) act_up(m, s, j + dir, l);
+        act_wait(m, j);
+        Chunk ch = rows_chunk(&m->rows, j, 1);
+        f(&ch, j);
+    }
+}
+// chunk ch's block (B, len, D) of dresid_seq
+template <typename floatX> floatX *dresid_block(Model *m, const Chunk *ch) {
+    return buffers<floatX>(m).dresid_seq + (size_t)ch->B * ch->t0 * m->host.config.dim;
+}
+
 // The summed cross-entropy of B rows of T tokens over targets != -100 (no
 // gradients: evaluation, tests). logits_out as in chunk_head. Context parallel,
 // every rank of the group runs its pieces and returns the rows' sum.
@@ -602,6 +748,16 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         ChunkActs<floatX> *s = &buffers<floatX>(m).chunk[0];
+        if (m->activation_offloading) { // (layer-major: the heads after every layer)
+            layers_forward(m, s);
+            chunks_over(m, s, m->host.config.n_layers, 1, [&](const Chunk *ch, int j) {
+                buffers<floatX>(m).dresid = dresid_block<floatX>(m, ch); // (the head's scratch)
+                PROF_BEGIN(m->stream, "head", -1, j, -1);
+                chunk_head(m, s, ch, 0.0f, logits_out);
+                PROF_END(m->stream);
+            });
+            return;
+        }
         for (int j = 0; j < m->rows.n; j++) {
             Chunk ch = rows_chunk(&m->rows, j, 0);
             chunk_forward(m, s, &ch);
@@ -702,12 +858,32 @@ template <typename floatX> LayerActs<floatX> layer_acts(const Model *m, ChunkAct
     size_t N = (size_t)ch->B * ch->len, ND = N * c->dim, NQ = N * c->n_heads * c->head_dim, NH = N * c->hidden_dim;
     size_t r = m->host.use_lora ? m->host.lora.r : 0;
     int k = m->activation_checkpointing ? 0 : l;
-    return LayerActs<floatX>{LAYER(s->resid, l, ND), LAYER(s->resid, l + 1, ND), layer_slice(s->ln1, k, ND),
+    return LayerActs<floatX>{layer_in(m, s, ch, l), layer_out(m, s, ch, l), layer_slice(s->ln1, k, ND),
                              layer_slice(s->resid_mid, k, ND), layer_slice(s->ln2, k, ND), layer_slice(s->rstd1, k, N),
                              layer_slice(s->rstd2, k, N), layer_slice(s->q, k, NQ), layer_slice(s->atty, k, NQ),
                              layer_slice(s->lse, k, N * c->n_heads), layer_slice(s->gate, k, NH),
                              layer_slice(s->up, k, NH), layer_slice(s->hmlp, k, NH),
                              layer_slice(s->lora_h, k, LORA_N_TARGETS * N * r)};
+}
+
+// The chunk's input resid[l] of layer l (l = L: the last one's output), and its output
+// resid[l + 1]. --activation_offloading: the chunk's resid holds four slots of (B, C, D), the
+// chunks taking them in turn by the parity of j (two chunks' copies in flight: act_up,
+// act_down), the inputs 0 and 1, the outputs 2 and 3, whatever the layer.
+template <typename floatX> floatX *resid_slot(const Model *m, ChunkActs<floatX> *s, const Chunk *ch, int i) {
+    return LAYER(s->resid, i + ch->t0 / m->rows.len % 2, (size_t)m->B * m->chunk_size * m->host.config.dim);
+}
+template <typename floatX> floatX *layer_in(const Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l) {
+    if (m->activation_offloading) return resid_slot(m, s, ch, 0);
+    return LAYER(s->resid, l, (size_t)ch->B * ch->len * m->host.config.dim);
+}
+template <typename floatX> floatX *layer_out(const Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l) {
+    if (m->activation_offloading) return resid_slot(m, s, ch, 2);
+    return LAYER(s->resid, l + 1, (size_t)ch->B * ch->len * m->host.config.dim);
+}
+// layer l's part of a carry of n elements a layer; --activation_offloading, the one layer's it holds
+template <typename E> E *carry_layer(const Model *m, E *carry, int l, size_t n) {
+    return LAYER(carry, m->activation_offloading ? 0 : l, n);
 }
 
 // the chunk's tokens (B, len) out of the micro-batch's (B, T), both on the device
@@ -1037,7 +1213,7 @@ template <typename floatX> void slots_layout(Model *m, Buffers<floatX> &d, Layou
         if (m->activation_checkpointing && i) d.chunk[i] = d.chunk[0];
         else if (m->activation_checkpointing) chunk_acts_layout(c, m->B, m->chunk_size, (int)lora_r, 1, &d.chunk[i], a);
         else chunk_acts_layout(c, ch.B, ch.len, (int)lora_r, (int)L, &d.chunk[i], a);
-        place(a, d.chunk[i].resid, (L + 1) * ch.B * ch.len * c->dim);
+        place(a, d.chunk[i].resid, (m->activation_offloading ? 4 : L + 1) * ch.B * ch.len * c->dim); // (layer_in's slots)
     }
 }
 
@@ -1138,7 +1314,10 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     m->slots_bytes = a->bytes - m->slots_at;
     place(a, d.lnf, N * D);
     if (!fp32) place(a, d.dlogits, piece * V);
-    place(a, d.kv, N * KV); place(a, d.dresid, N * D); place(a, d.dln, N * D);
+    place(a, d.kv, N * KV);
+    if (m->activation_offloading) place(a, d.dresid_seq, (size_t)m->B * m->T * D), d.dresid = d.dresid_seq;
+    else place(a, d.dresid, N * D);
+    place(a, d.dln, N * D);
     place(a, d.dq, N * Q); place(a, d.datty, N * Q);
     place(a, d.dgate, N * H); place(a, d.dup, N * H); place(a, d.dhmlp, N * H);
     place(a, d.lora_dh, N * r); place(a, d.xdrop, h->use_lora ? N * widest : 0);
@@ -1157,7 +1336,8 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     // this rank's positions (T / P of each row), and one layer's worth of the group's gathered
     // (K, V, dK, dV at their absolute positions, and the collectives' fp32 stages: context_gather)
     int P = fsdp_context_size(m->fsdp);
-    size_t carry = L * m->B * (P > 1 ? m->T / P : positions) * KV, one = P > 1 ? m->B * positions * KV : 0;
+    size_t carry = (m->activation_offloading ? 1 : L) * m->B * (P > 1 ? m->T / P : positions) * KV; // (carry_layer)
+    size_t one = P > 1 ? m->B * positions * KV : 0;
     place(k, d.k, carry); place(k, d.v, carry); place(k, d.dk, carry); place(k, d.dv, carry);
     place(k, d.ck, one); place(k, d.cv, one); place(k, d.cdk, one); place(k, d.cdv, one);
     place(k, m->context_stage, one); place(k, m->context_part, one / P);
@@ -1253,7 +1433,13 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     int pieces = longest.n;
     T = longest.T, C = longest.len;
     m->B = B; m->T = T; m->chunk_size = C; m->recompute = recompute; m->num_output_chunks = num_output_chunks;
-    m->n_slots = recompute ? 1 : pieces;
+    if (m->activation_offloading) m->recompute = 1; // (one chunk's activations at a time: any --chunk_memory)
+    m->n_slots = m->recompute ? 1 : pieces;
+    if (m->activation_offloading) m->activation_checkpointing = 1; // (the layer-major schedule's backward recomputes)
+    if (m->activation_offloading && h->config.tied && (h->full_finetune ? !h->frozen_units : lora_saved_at(&h->lora, 0) >= 0))
+        die("--activation_offloading with a tied embedding that trains is not supported yet (the head's and the embedding's "
+            "gradients would sum in another order than without it): freeze it (--freeze_layers, or leave embed out of "
+            "--trainable_params), or train without --activation_offloading");
     m->sharded = host_sharded(h);
     m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
     m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
@@ -1583,6 +1769,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
         }
         // (a sharded checkpoint's weights come with its optimizer state: load_trainable, shards_put)
         if (m->base_offload) base_offload_alloc(m);
+        if (m->activation_offloading) act_offload_alloc(m);
         if (h->base_deferred && !h->base_resumed &&
             model_stream_base(&m->host, m->sharded ? m->fsdp->shard.rank : 0, streamed ? masters_put<floatX> : weights_put<floatX>, m) != 0)
             exit(1); // (it said why)
@@ -1641,6 +1828,7 @@ static void model_free(Model *m) {
     fsdp_device_comms_free(&m->dev); // (before the collectives' stream is destroyed)
     offload_free(m);
     base_offload_free(m);
+    act_offload_free(m);
     if (m->stream) cudaCheck(cudaStreamDestroy(m->stream));
     if (m->comm_stream) cudaCheck(cudaStreamDestroy(m->comm_stream));
     if (m->computed) cudaCheck(cudaEventDestroy(m->computed));
@@ -2243,6 +2431,7 @@ static void base_offload_plan(const Model *m) {
     const HostModel *h = &m->host;
     const double MiB = 1048576.0;
     int L = h->config.n_layers, n = (m->T + m->chunk_size - 1) / m->chunk_size, passes = 2 * n + (m->recompute ? n - 1 : 0);
+    if (m->activation_offloading) passes = 2; // (layer-major: each layer up once in the forward, once in the backward)
     double ring = (double)m->n_unit_slots * layer_bytes(m), up = (double)passes * L * layer_bytes(m);
     double tflops = m->peak_tflops > 0 ? m->peak_tflops : PLAN_PEAK_TFLOPS;
     double pcie_ms = up / (PLAN_PCIE_GBS * 1e9) * 1e3, compute_ms = m->B * flops_per_sequence(h, m->T, m->s2_attn) / (tflops * 1e12) * 1e3;
@@ -2263,6 +2452,7 @@ static void base_offload_plan(const Model *m) {
                 "--chunk_memory keep hide more of it)\n", pcie_ms, PLAN_PCIE_GBS, compute_ms, tflops);
     }
 }
+#include "act_offload.cuh" // --activation_offloading's host memory, its copies and its plan
 // beside the GPU's plan, the host's: the host model as loaded (fp32, this rank's shards of
 // LoRA's base, and QLoRA's 4-bit runs; --cpu_offload's whole or its shards), or for a base that
 // streams to the GPU (whole on one rank: LoRA's, full fine-tuning's; and full fine-tuning's
@@ -2275,11 +2465,14 @@ static void base_offload_plan(const Model *m) {
 // micro-batch's fp32 sum, and the step's two pieces in fp32), and the stages (offload_stage_numel);
 // with an adapter, the streamed layers in the compute type (QLoRA's runs are counted as held)
 #define BACKEND_HOST_PLAN
-enum { HOST_PLAN_PARTS = 4 };
+enum { HOST_PLAN_PARTS = 5 };
 static const char *const host_plan_names[HOST_PLAN_PARTS] = {"base weights (fp32: held, or streamed)", "LoRA weights and grads",
-                                                             "checkpoint staging", "offloaded grads and optimizer state"};
+                                                             "checkpoint staging", "offloaded grads and optimizer state",
+                                                             "layer inputs (pinned)"};
+static const int host_plan_always = 4; // the parts listed when empty (the later ones, when a run has them)
 static double model_host_bytes(const Model *m, int part) {
     const HostModel *h = &m->host;
+    if (part == 4) return m->activation_offloading ? (double)(h->config.n_layers + 1) * resid_bytes(m) : 0; // (act_offload.cuh)
     if (part == 3 && !m->cpu_offload) return 0;
     if (part == 3) {
         double n = (double)m->n_train, stages = 2.0 * offload_stage_numel(m) * sizeof(float);
@@ -2301,6 +2494,8 @@ static const int backend_sharding = 1; // any number of ranks, every strategy
 static const int backend_context_parallel = 2; // --context_parallel, with what its tests cover (model_forward_backward, model_forward)
 static const char *const backend_collectives[] = {"auto", "nccl", "host"};
 #define BACKEND_BASE_OFFLOAD // --cpu_offload with an adapter: m->base_offload, m->peak_tflops, base_offload_plan
+#define BACKEND_ACTIVATION_OFFLOAD // --activation_offloading: m->activation_offloading, activation_offload_plan
+static const int backend_activation_offloading = 1; // (options.h's refusals: what the layer-major schedule does not run)
 #define BACKEND_PREFERENCE // --objective dpo and orpo (trainer/preference.h): loss_weights, target_losses, model_reference_swap
 #define BACKEND_SHARED_PROMPT // --shared_prompt: shared_prompt (chunk.h's rows_share)
 

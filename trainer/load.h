@@ -160,6 +160,9 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
     m->base_offload = tc->cpu_offload && !tc->full_finetune; // (an adapter's frozen base in host memory)
     m->peak_tflops = tc->peak_tflops;
 #endif
+#ifdef BACKEND_ACTIVATION_OFFLOAD
+    m->activation_offloading = tc->activation_offloading; // (with activation checkpointing: model_plan)
+#endif
     m->pure_bf16 = tc->pure_bf16;
     m->s2_attn = tc->s2_attn;
     m->optimizer = tc->optim;

@@ -77,10 +77,14 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
         printf("  %-34s %10.1f MiB   (%s of %d, %s%s)\n", "activations and scratch", m->act_bytes / MiB,
                m->fsdp && m->fsdp->context.size > 1 ? "context-parallel pieces" : "chunks", m->chunk_size, m->recompute ? "recompute" : "keep", m->activation_checkpointing ? ", activation checkpointing" : "");
         printf("  %-34s %10.1f MiB\n", "KV and dKV carry", m->carry_bytes / MiB);
+#ifdef BACKEND_ACTIVATION_OFFLOAD
+        if (m->activation_offloading) activation_offload_plan(m); // (one layer's carries; the layers' inputs on the host)
+#endif
 #ifdef BACKEND_HOST_PLAN
         printf("  %-34s %10.1f MiB\n", "total", total / MiB);
         printf("host memory plan (of this process; ranks on one machine share it):\n");
-        for (int i = 0; i < HOST_PLAN_PARTS; i++) printf("  %-34s %10.1f MiB\n", host_plan_names[i], part[i] / MiB);
+        for (int i = 0; i < HOST_PLAN_PARTS; i++)
+            if (i < host_plan_always || part[i] > 0) printf("  %-34s %10.1f MiB\n", host_plan_names[i], part[i] / MiB);
 #endif
         printf("  %-34s %10.1f MiB\n", "tokenized data and the batch", data / MiB);
         printf("  %-34s %10.1f MiB\n", "total", host_total / MiB);

@@ -116,13 +116,13 @@ static int pair_shared_positions(const int *tokens, const int *tg, int B, int T)
 #ifdef BACKEND_PREFERENCE
 // whether a forward now runs the pairs' prompts once: --shared_prompt on, or auto where no dropout
 // runs (each row's own masks would differ), in a backend that runs them (BACKEND_SHARED_PROMPT) and a
-// model whose carry holds the rows alone (no prefix, no context parallelism)
+// model whose carry holds the rows alone (no prefix, no context parallelism), every layer's (not the layer-major schedule's)
 static int shared_prompt_runs(const Model *m, const TrainConfig *tc) {
 #ifdef BACKEND_SHARED_PROMPT
     const HostModel *h = &m->host;
     int dropout = h->use_lora && h->lora.training && h->lora.dropout > 0.0f;
     return strcmp(tc->shared_prompt, "off") && !(!strcmp(tc->shared_prompt, "auto") && dropout) && !host_prefix(h) &&
-           tc->context_parallel <= 1;
+           tc->context_parallel <= 1 && !(tc->activation_offloading && backend_activation_offloading);
 #else
     (void)m, (void)tc;
     return 0;
