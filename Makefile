@@ -63,9 +63,9 @@ NVCCFLAGS_BASE = -O3 -std=c++17 --Werror all-warnings -Xcompiler -Wall,-Wextra,-
     $(if $(NVCC_HOST_ARCH),-Xcompiler $(NVCC_HOST_ARCH)) $(if $(OPENMP),-Xcompiler -fopenmp)
 NVCCFLAGS = $(NVCCFLAGS_BASE) $(CUDA_ARCHS)
 CUDA_LDLIBS = -lcublasLt -lcublas -lm
-CUDA_HEADERS = support/cuda_common.cuh layers.cuh peft/quant.cuh peft/quant.h support/matmul.cuh chunk.h attention.cuh lora.cuh peft/ia3.cuh peft/adaption_prompt.cuh peft/prefix.cuh lora.h offload.cuh act_offload.cuh support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
+CUDA_HEADERS = support/cuda_common.cuh layers.cuh peft/quant.cuh peft/quant.h support/matmul.cuh chunk.h attention.cuh lora.cuh peft/ia3.cuh peft/adaption_prompt.cuh peft/prefix.cuh lora.h offload.cuh support/act_offload.cuh support/utils.h dev/cuda/common.cuh dev/cuda/cpu_ref.h
 CUDA_CHECKS = $(addprefix dev/cuda/,matmul attention embedding rmsnorm rope swiglu crossentropy adamw adamw8bit anyprecision sgd grad_norm elementwise lora adaption_prompt prefix dequant)
-CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh peft/ia3.cuh peft/adaption_prompt.cuh peft/prefix.cuh peft/quant.cuh offload.cuh act_offload.cuh
+CUDA_TRAINER = train_llama2.cu $(HEADERS) support/cuda_common.cuh layers.cuh support/matmul.cuh attention.cuh lora.cuh peft/ia3.cuh peft/adaption_prompt.cuh peft/prefix.cuh peft/quant.cuh offload.cuh support/act_offload.cuh
 
 # SANITIZE=1: the trainer and every test built with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build-san/ (B), so the two builds never mix.
@@ -329,7 +329,8 @@ test: $(if $(B),,$(EMU)/test/test_llama2cu) $(B)train_llama2 $(addprefix $(B),$(
 	    EMU_TRAINER= EMU_BIN= $(TEST_ENV) test/run.sh $(if $(B),,"test/test_emu_cuda.sh --quick") $(B)test/test_llama2 \
 	    $(B)test/test_attention "test/test_sharded.sh --quick" test/test_context_parallel.sh test/test_resume.sh "$(B)test/test_chunked lora" \
 	    $(addprefix $(B),$(filter-out test/test_llama2 test/test_attention test/test_chunked,$(QUICK_TESTS))) \
-	    test/test_cli.sh test/test_preference.sh test/test_gguf.sh test/test_checkpoints.sh test/test_docs.sh
+	    test/test_cli.sh test/test_preference.sh test/test_gguf.sh test/test_checkpoints.sh test/test_docs.sh \
+	    "test/test_activation_offload.sh --quick"
 # make test-all: every test. The programs are listed longest build first, so that no long build
 # starts last while the other core waits: the emulated trainer alone takes 3 minutes.
 NVCC_FOUND := $(shell command -v $(NVCC) 2>/dev/null)
@@ -338,7 +339,7 @@ test-all: $(if $(B),,train_llama2cu_emu $(EMU)/test/test_llama2cu $(if $(NVCC_FO
     $(B)train_llama2 $(RUN_TESTS) $(B)test/test_fsdp $(B)test/st_compare $(if $(MPICC),$(B)test/train_llama2_nompi)
 	@$(foreach t,$(SAN_SKIP),echo "SKIP $(t) under SANITIZE=1 (see SAN_SKIP in the Makefile)";)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} RUN_JOBS=$(RUN_JOBS) BIN=./$(B)train_llama2 EMU_TRAINER=$(if $(B),,./train_llama2cu_emu) $(TEST_ENV) test/run.sh \
-	    test/test_sharded.sh test/test_context_parallel.sh $(if $(B),,test/test_emu_cuda.sh test/test_llama2cu_sharded.sh test/test_llama2cu_context.sh test/test_offload.sh test/test_base_offload.sh test/test_llama2cu_preference.sh) $(RUN_TESTS) \
+	    test/test_sharded.sh test/test_context_parallel.sh $(if $(B),,test/test_emu_cuda.sh test/test_llama2cu_sharded.sh test/test_llama2cu_context.sh test/test_offload.sh test/test_base_offload.sh test/test_activation_offload.sh test/test_llama2cu_preference.sh) $(RUN_TESTS) \
 	    test/test_fsdp.sh test/test_batch.sh test/test_cli.sh test/test_preference.sh test/test_gguf.sh test/test_checkpoints.sh test/test_tensorboard.sh test/test_profile.sh test/test_resume.sh test/test_faults.sh test/test_real_data.sh test/test_docs.sh \
 	    $(if $(B),,dev/cuda/compile_check.sh $(if $(NVCC_FOUND),build-arch/test/test_optim) test/test_llama2cu.sh $(EMU)/test/test_emu_device $(EMU)/test/test_emu_blas \
 	    $(EMU)/test/test_emu_runtime $(EMU)-tsan/test/test_emu_runtime test/test_emu_checkers.sh)

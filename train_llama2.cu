@@ -351,7 +351,7 @@ static float *grad_at(Model *m, int u, int j);
 static LayerWeights<float> layer_grads(Model *m, int l);
 static float *saved_grad(Model *m, int k);
 static void grads_done(Model *m, int u);
-// --activation_offloading: the layers' inputs in host memory (act_offload.cuh)
+// --activation_offloading: the layers' inputs in host memory (support/act_offload.cuh)
 template <typename floatX> void act_up(Model *m, ChunkActs<floatX> *s, int j, int l);
 template <typename floatX> void act_down(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int i, int l);
 static void act_wait(Model *m, int j);
@@ -2452,7 +2452,7 @@ static void base_offload_plan(const Model *m) {
                 "--chunk_memory keep hide more of it)\n", pcie_ms, PLAN_PCIE_GBS, compute_ms, tflops);
     }
 }
-#include "act_offload.cuh" // --activation_offloading's host memory, its copies and its plan
+#include "support/act_offload.cuh" // --activation_offloading's host memory, its copies and its plan
 // beside the GPU's plan, the host's: the host model as loaded (fp32, this rank's shards of
 // LoRA's base, and QLoRA's 4-bit runs; --cpu_offload's whole or its shards), or for a base that
 // streams to the GPU (whole on one rank: LoRA's, full fine-tuning's; and full fine-tuning's
@@ -2472,7 +2472,7 @@ static const char *const host_plan_names[HOST_PLAN_PARTS] = {"base weights (fp32
 static const int host_plan_always = 4; // the parts listed when empty (the later ones, when a run has them)
 static double model_host_bytes(const Model *m, int part) {
     const HostModel *h = &m->host;
-    if (part == 4) return m->activation_offloading ? (double)(h->config.n_layers + 1) * resid_bytes(m) : 0; // (act_offload.cuh)
+    if (part == 4) return m->activation_offloading ? (double)(h->config.n_layers + 1) * resid_bytes(m) : 0; // (support/act_offload.cuh)
     if (part == 3 && !m->cpu_offload) return 0;
     if (part == 3) {
         double n = (double)m->n_train, stages = 2.0 * offload_stage_numel(m) * sizeof(float);

@@ -1,4 +1,4 @@
-// act_offload.cuh: --activation_offloading's host side of the CUDA trainer (docs/long_context.md
+// support/act_offload.cuh: --activation_offloading's host side of the CUDA trainer (docs/long_context.md
 // "Activation offloading: the layer-major schedule"): every layer's input over the whole
 // sequence in pinned host memory (ckpt), each chunk's block copied up into the chunk's input slot
 // a chunk ahead of its use, and each layer's output down, on a stream of their own (act_stream),
