@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # --cpu_offload 1 with an adapter (train_llama2cu; docs/memory.md "The frozen base streamed"):
 # the frozen base's decoder layers in pinned host memory, each copied up a layer ahead of its
-# use into a ring of two slots, give the same results as the run without it, bit for bit:
-# every step's loss and gradient norm, and the adapter's file, byte for byte. Tolerance 0:
-# the layers reach the products with the bytes d.weights would hold (converted to bf16 on the
-# GPU as they load, or QLoRA's runs as packed), only from elsewhere. Run by the emulated build
-# ($EMU_BIN, default ./train_llama2cu_emu; without it this says SKIP), whose streams run lazily
-# (dev/emu/README.md): a copy up that the compute does not wait for reads stale bytes there.
+# use into a ring of two slots (sharded: each rank's shards of them, copied up into a ring of
+# two shard buffers and gathered from there into the slots), give the same results as the run
+# without it, bit for bit: every step's loss and gradient norm, the adapter's file and the
+# final checkpoint's optimizer state, byte for byte. Tolerance 0: the layers reach the
+# products with the bytes d.weights would hold (converted to bf16 on the GPU as they load, or
+# QLoRA's runs as packed), only from elsewhere. Run by the emulated build ($EMU_BIN, default
+# ./train_llama2cu_emu; without it this says SKIP), whose streams run lazily
+# (dev/emu/README.md): a copy up that the compute (sharded: the gather) does not wait for reads
+# stale bytes there (without the gather's wait for the shard's copy, every loss is NaN).
 #
 # A model of 5 decoder layers (tiny_tied's shapes; its weights drawn once by the CPU trainer),
 # so that the ring's two slots take every layer in turn: LoRA on all linear layers whole, in
@@ -16,8 +19,13 @@
 # of dim 512): the GPU's part shrinks by the layers less the ring, the host's grows by them (what
 # the run pins, LLAMA2TUNE_OFFLOAD_LOG), to the plan's 0.1 MiB; the GPU plan's total against the
 # peak the emulated GPU saw (less cuBLASLt's 32 MiB workspace, which no plan counts) within 3%,
-# with and without the offload. Units sharded with the offload are refused with a message.
-# --quick: the LoRA chunked-recompute and QLoRA cases.
+# with and without the offload. Sharded, 2 ranks (dev/launch.sh, --collectives host): LoRA
+# FULL_SHARD in chunks of 8 kept, QLoRA nf4 SHARD_GRAD_OP (every layer kept gathered) in chunks of
+# 8 recomputed with activation checkpointing, each == the same sharded run without the offload;
+# the plan of 8 layers of dim 256 on 2 ranks FULL_SHARD: the GPU plan's total within 3% of the
+# emulated peak less the workspace, and against the plan without the offload (a dry run) the GPU's
+# part less 6 of the rank's layer shards (8 less the shard ring's 2), the host's more the 8 it pins.
+# --quick: the LoRA chunked-recompute, QLoRA and LoRA FULL_SHARD cases.
 set -u
 cd "$(dirname "$0")/.."
 SUITE="base offload"
@@ -34,12 +42,13 @@ sed -i 's/"num_hidden_layers": *2/"num_hidden_layers": 5/' "$TMP/shape/config.js
     --lr 0 --threads 1 --output_dir "$TMP/m5" >"$TMP/m5.log" 2>&1 || { echo "FAIL $SUITE: the 5-layer model: $(tail -2 "$TMP/m5.log")"; exit 1; }
 ARGS=(--model "$TMP/m5" --data "$FIX/data.jsonl" --max_seq_len 24 --lr 5e-3 --warmup_steps 1 --threads 1)
 ALL=(--lora_target_modules all-linear) # (LoRA's; IA3 takes its own targets)
+LAUNCH=() # (sharded: dev/launch.sh 2)
 emu() { # emu OUT [args]: the emulated trainer, metrics OUT.jsonl, log OUT.log
     local out=$1
     shift
-    timeout 600 "$EMU_BIN" "${ARGS[@]}" --output_dir "$out" --metrics_file "$out.jsonl" "$@" >"$out.log" 2>&1
+    timeout 600 "${LAUNCH[@]}" "$EMU_BIN" "${ARGS[@]}" --output_dir "$out" --metrics_file "$out.jsonl" "$@" >"$out.log" 2>&1
 }
-# pair NAME [args]: 4 steps with --cpu_offload 1 == without, bit for bit
+# pair NAME [args]: 4 steps with --cpu_offload 1 == without, bit for bit (the final checkpoint's optimizer state too)
 pair() {
     local name=$1 tag rc=0
     shift
@@ -50,11 +59,17 @@ pair() {
     grep -q "^base offload: [0-9]* bytes pinned" "$TMP/$tag-host.log" || rc=1
     diff -q <(trajectory "$TMP/$tag-host.jsonl") <(trajectory "$TMP/$tag-dev.jsonl") >/dev/null 2>&1 || rc=1
     cmp -s "$TMP/$tag-host/adapter_model.safetensors" "$TMP/$tag-dev/adapter_model.safetensors" || rc=1
+    cmp -s "$TMP/$tag-host/checkpoint-4/optimizer.safetensors" "$TMP/$tag-dev/checkpoint-4/optimizer.safetensors" || rc=1
     check "$name: --cpu_offload 1 == without, bit for bit" $rc \
         "$(tail -2 "$TMP/$tag-host.log"; diff <(trajectory "$TMP/$tag-host.jsonl") <(trajectory "$TMP/$tag-dev.jsonl") 2>&1 | head -4)"
 }
 pair "LoRA, chunks of 8 recomputed, activation checkpointing" "${ALL[@]}" --chunk_size 8 --chunk_memory recompute --activation_checkpointing
 pair "QLoRA nf4 double quantization, chunks of 8 recomputed" "${ALL[@]}" --quantize nf4 --chunk_size 8 --chunk_memory recompute
+LAUNCH=(dev/launch.sh 2)
+pair "2 ranks FULL_SHARD, LoRA, chunks of 8 kept" "${ALL[@]}" --collectives host --sharding_strategy FULL_SHARD --chunk_size 8
+[ $QUICK = 0 ] && pair "2 ranks SHARD_GRAD_OP, QLoRA nf4, chunks of 8 recomputed, activation checkpointing" "${ALL[@]}" \
+    --collectives host --sharding_strategy SHARD_GRAD_OP --quantize nf4 --chunk_size 8 --chunk_memory recompute --activation_checkpointing
+LAUNCH=()
 if [ $QUICK = 0 ]; then
     pair "LoRA, whole sequences" "${ALL[@]}" --batch_size 2
     pair "LoRA, chunks of 8 kept" "${ALL[@]}" --chunk_size 8
@@ -103,13 +118,34 @@ if [ $QUICK = 0 ]; then
                               (hh - dh) * MiB >= p - 0.1 * MiB && (hh - dh) * MiB <= p + 0.1 * MiB) }' || rc=1
     check "the plan: 6 layers off the GPU (8 less the ring), 8 pinned on the host (what the run pinned)" $rc \
         "GPU $(gpu "$TMP/big0.log") -> $(gpu "$TMP/big1.log") MiB, host $(host "$TMP/big0.log") -> $(host "$TMP/big1.log") MiB, pinned ${pinned:-none}, a layer $layer bytes"
-    ARGS=(--model "$TMP/m5" --data "$FIX/data.jsonl" --max_seq_len 24 --lr 5e-3 --warmup_steps 1 --threads 1)
-fi
 
-# sharded with the offload: refused, saying so
-rc=0
-timeout 300 dev/launch.sh 2 "$EMU_BIN" "${ARGS[@]}" --max_steps 1 --collectives host --cpu_offload 1 --output_dir "$TMP/sh" >"$TMP/sh.log" 2>&1 && rc=1
-grep -q "with its units sharded over 2 ranks that is not supported yet" "$TMP/sh.log" || rc=1
-check "units sharded with --cpu_offload 1 and an adapter: refused, saying why" $rc "$(tail -3 "$TMP/sh.log")"
+    # sharded, 2 ranks FULL_SHARD, 8 layers of dim 256: the GPU plan's total against the emulated peak
+    # (each rank's), and against the plan without the offload (a dry run) the rank's layer shards
+    sed -i -e 's/"hidden_size": *512/"hidden_size": 256/' -e 's/"intermediate_size": *1376/"intermediate_size": 688/' \
+        -e 's/"num_attention_heads": *8/"num_attention_heads": 4/' -e 's/"num_key_value_heads": *8/"num_key_value_heads": 4/' "$TMP/big/config.json"
+    ARGS=(--model "$TMP/big" --random_init --data "$FIX/data.jsonl" --max_seq_len 16 --batch_size 1 --threads 1 --collectives host
+          --sharding_strategy FULL_SHARD "${ALL[@]}")
+    LAUNCH=(dev/launch.sh 2)
+    rc=0
+    LLAMA2TUNE_OFFLOAD_LOG=1 emu "$TMP/sh1" --max_steps 1 --cpu_offload 1 || rc=1
+    emu "$TMP/sh0" --dry_run || rc=1
+    peaks=$(sed -n 's/^peak GPU memory .*per rank, MiB: \([0-9. ]*\)$/\1/p' "$TMP/sh1.log")
+    plan=$(gpu "$TMP/sh1.log")
+    for peak in ${peaks:-0}; do # (the ranks' peaks in whole MiB)
+        awk -v p="${plan:-0}" -v k="$peak" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }' || rc=1
+    done
+    check "sharded: the GPU plan within 3% of each rank's emulated peak less the workspace (8 layers of dim 256, 2 ranks FULL_SHARD)" $rc \
+        "plan ${plan:-none} MiB, peaks ${peaks:-none} MiB: $(tail -2 "$TMP/sh1.log")"
+    rc=0
+    pinned=$(sed -n 's/^base offload: \([0-9]*\) bytes pinned/\1/p' "$TMP/sh1.log" | sort -u)
+    shard=$(( (4 * 256 * 256 + 3 * 256 * 688 + 2 * 256) / 2 * 2 )) # a rank's bf16 bytes of a layer: half its elements
+    awk -v d="$(gpu "$TMP/sh0.log")" -v h="$(gpu "$TMP/sh1.log")" -v dh="$(host "$TMP/sh0.log")" \
+        -v hh="$(host "$TMP/sh1.log")" -v p="${pinned:-0}" -v l=$shard 'BEGIN { # (the plan prints 0.1 MiB)
+        MiB = 1048576; exit !(p == 8 * l && (d - h) * MiB >= 6 * l - 0.1 * MiB && (d - h) * MiB <= 6 * l + 0.1 * MiB &&
+                              (hh - dh) * MiB >= p - 0.1 * MiB && (hh - dh) * MiB <= p + 0.1 * MiB) }' || rc=1
+    check "sharded: 6 of a rank's layer shards off the GPU (8 less the shard ring), 8 pinned on the host (what each rank pinned)" $rc \
+        "GPU $(gpu "$TMP/sh0.log") -> $(gpu "$TMP/sh1.log") MiB, host $(host "$TMP/sh0.log") -> $(host "$TMP/sh1.log") MiB, pinned ${pinned:-none}, a shard $shard bytes"
+    LAUNCH=()
+fi
 
 [ "$fails" -eq 0 ]
