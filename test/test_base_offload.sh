@@ -20,12 +20,13 @@
 # the run pins, LLAMA2TUNE_OFFLOAD_LOG), to the plan's 0.1 MiB; the GPU plan's total against the
 # peak the emulated GPU saw (less cuBLASLt's 32 MiB workspace, which no plan counts) within 3%,
 # with and without the offload. Sharded, 2 ranks (dev/launch.sh, --collectives host): LoRA
-# FULL_SHARD in chunks of 8 kept, QLoRA nf4 SHARD_GRAD_OP (every layer kept gathered) in chunks of
-# 8 recomputed with activation checkpointing, each == the same sharded run without the offload;
-# the plan of 8 layers of dim 256 on 2 ranks FULL_SHARD: the GPU plan's total within 3% of the
-# emulated peak less the workspace, and against the plan without the offload (a dry run) the GPU's
-# part less 6 of the rank's layer shards (8 less the shard ring's 2), the host's more the 8 it pins.
-# --quick: the LoRA chunked-recompute, QLoRA and LoRA FULL_SHARD cases.
+# FULL_SHARD whole, QLoRA nf4 SHARD_GRAD_OP (every layer kept gathered) in chunks of 8 recomputed
+# with activation checkpointing, each == the same sharded run without the offload; the plan of 4
+# layers of dim 256 on 2 ranks FULL_SHARD: the GPU plan's total within 3% of the emulated peak less
+# the workspace, and against the plan without the offload (a dry run) the GPU's part less 2 of the
+# rank's layer shards (4 less the shard ring's 2), the host's more the 4 it pins; a --host_memory_limit
+# between the two host plans refuses the run with the offload.
+# --quick: the LoRA chunked-recompute, QLoRA and 2 ranks' LoRA FULL_SHARD cases.
 set -u
 cd "$(dirname "$0")/.."
 SUITE="base offload"
@@ -66,7 +67,7 @@ pair() {
 pair "LoRA, chunks of 8 recomputed, activation checkpointing" "${ALL[@]}" --chunk_size 8 --chunk_memory recompute --activation_checkpointing
 pair "QLoRA nf4 double quantization, chunks of 8 recomputed" "${ALL[@]}" --quantize nf4 --chunk_size 8 --chunk_memory recompute
 LAUNCH=(dev/launch.sh 2)
-pair "2 ranks FULL_SHARD, LoRA, chunks of 8 kept" "${ALL[@]}" --collectives host --sharding_strategy FULL_SHARD --chunk_size 8
+pair "2 ranks FULL_SHARD, LoRA, whole sequences" "${ALL[@]}" --collectives host --sharding_strategy FULL_SHARD --batch_size 2
 [ $QUICK = 0 ] && pair "2 ranks SHARD_GRAD_OP, QLoRA nf4, chunks of 8 recomputed, activation checkpointing" "${ALL[@]}" \
     --collectives host --sharding_strategy SHARD_GRAD_OP --quantize nf4 --chunk_size 8 --chunk_memory recompute --activation_checkpointing
 LAUNCH=()
@@ -100,28 +101,33 @@ if [ $QUICK = 0 ]; then
     ARGS=(--model "$TMP/big" --random_init --data "$FIX/data.jsonl" --max_seq_len 24 --threads 1)
     gpu() { awk '/^memory plan/ { on = 1 } on && $1 == "total" { print $2; exit }' "$1"; }
     host() { awk '/^host memory plan/ { on = 1 } on && $1 == "total" { print $2; exit }' "$1"; }
+    peak() { sed -n 's/^peak GPU memory \([0-9.]*\) MiB.*/\1/p' "$1"; } # (rank 0's)
+    fits() { # fits LOG: its GPU plan's total within 3% of its emulated peak less the workspace
+        awk -v p="$(gpu "$1")" -v k="$(peak "$1")" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }'
+    }
+    moved() { # moved WITHOUT WITH PINNED BYTES OFF: WITH's GPU plan OFF x BYTES less than WITHOUT's, its host plan PINNED
+        awk -v d="$(gpu "$1")" -v h="$(gpu "$2")" -v dh="$(host "$1")" -v hh="$(host "$2")" -v p="${3:-0}" -v l="$4" -v off="$5" \
+            'BEGIN { MiB = 1048576; exit !((d - h) * MiB >= off * l - 0.1 * MiB && (d - h) * MiB <= off * l + 0.1 * MiB &&
+                                          (hh - dh) * MiB >= p - 0.1 * MiB && (hh - dh) * MiB <= p + 0.1 * MiB) }' # (the plan prints 0.1 MiB)
+    }
     for o in 0 1; do
         rc=0
         LLAMA2TUNE_OFFLOAD_LOG=1 emu "$TMP/big$o" --max_steps 1 --chunk_size 8 "${ALL[@]}" --cpu_offload $o || rc=1
-        peak=$(sed -n 's/^peak GPU memory \([0-9.]*\) MiB.*/\1/p' "$TMP/big$o.log")
-        plan=$(gpu "$TMP/big$o.log")
-        awk -v p="${plan:-0}" -v k="${peak:-0}" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }' || rc=1
+        fits "$TMP/big$o.log" || rc=1
         check "the GPU plan within 3% of the emulated peak less the 32 MiB workspace (8 layers of dim 512, --cpu_offload $o)" $rc \
-            "plan ${plan:-none} MiB, peak ${peak:-none} MiB: $(tail -2 "$TMP/big$o.log")"
+            "plan $(gpu "$TMP/big$o.log") MiB, peak $(peak "$TMP/big$o.log") MiB: $(tail -2 "$TMP/big$o.log")"
     done
     rc=0
     pinned=$(sed -n 's/^base offload: \([0-9]*\) bytes pinned/\1/p' "$TMP/big1.log")
     layer=$(( (4 * 512 * 512 + 3 * 512 * 1376 + 2 * 512) * 2 )) # a layer's bf16 bytes: q, k, v, o, gate, up, down, two norms
-    awk -v d="$(gpu "$TMP/big0.log")" -v h="$(gpu "$TMP/big1.log")" -v dh="$(host "$TMP/big0.log")" \
-        -v hh="$(host "$TMP/big1.log")" -v p="${pinned:-0}" -v l=$layer 'BEGIN { # (the plan prints 0.1 MiB)
-        MiB = 1048576; exit !(p == 8 * l && (d - h) * MiB >= 6 * l - 0.1 * MiB && (d - h) * MiB <= 6 * l + 0.1 * MiB &&
-                              (hh - dh) * MiB >= p - 0.1 * MiB && (hh - dh) * MiB <= p + 0.1 * MiB) }' || rc=1
+    [ "${pinned:-0}" = $((8 * layer)) ] && moved "$TMP/big0.log" "$TMP/big1.log" "$pinned" $layer 6 || rc=1
     check "the plan: 6 layers off the GPU (8 less the ring), 8 pinned on the host (what the run pinned)" $rc \
         "GPU $(gpu "$TMP/big0.log") -> $(gpu "$TMP/big1.log") MiB, host $(host "$TMP/big0.log") -> $(host "$TMP/big1.log") MiB, pinned ${pinned:-none}, a layer $layer bytes"
 
-    # sharded, 2 ranks FULL_SHARD, 8 layers of dim 256: the GPU plan's total against the emulated peak
+    # sharded, 2 ranks FULL_SHARD, 4 layers of dim 256: the GPU plan's total against the emulated peak
     # (each rank's), and against the plan without the offload (a dry run) the rank's layer shards
-    sed -i -e 's/"hidden_size": *512/"hidden_size": 256/' -e 's/"intermediate_size": *1376/"intermediate_size": 688/' \
+    sed -i -e 's/"num_hidden_layers": *8/"num_hidden_layers": 4/' -e 's/"hidden_size": *512/"hidden_size": 256/' \
+        -e 's/"intermediate_size": *1376/"intermediate_size": 688/' \
         -e 's/"num_attention_heads": *8/"num_attention_heads": 4/' -e 's/"num_key_value_heads": *8/"num_key_value_heads": 4/' "$TMP/big/config.json"
     ARGS=(--model "$TMP/big" --random_init --data "$FIX/data.jsonl" --max_seq_len 16 --batch_size 1 --threads 1 --collectives host
           --sharding_strategy FULL_SHARD "${ALL[@]}")
@@ -129,22 +135,23 @@ if [ $QUICK = 0 ]; then
     rc=0
     LLAMA2TUNE_OFFLOAD_LOG=1 emu "$TMP/sh1" --max_steps 1 --cpu_offload 1 || rc=1
     emu "$TMP/sh0" --dry_run || rc=1
-    peaks=$(sed -n 's/^peak GPU memory .*per rank, MiB: \([0-9. ]*\)$/\1/p' "$TMP/sh1.log")
-    plan=$(gpu "$TMP/sh1.log")
-    for peak in ${peaks:-0}; do # (the ranks' peaks in whole MiB)
-        awk -v p="${plan:-0}" -v k="$peak" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }' || rc=1
-    done
-    check "sharded: the GPU plan within 3% of each rank's emulated peak less the workspace (8 layers of dim 256, 2 ranks FULL_SHARD)" $rc \
-        "plan ${plan:-none} MiB, peaks ${peaks:-none} MiB: $(tail -2 "$TMP/sh1.log")"
+    peaks=$(sed -n 's/^peak GPU memory .*per rank, MiB: \([0-9 ]*\)$/\1/p' "$TMP/sh1.log") # (each rank's in whole MiB)
+    fits "$TMP/sh1.log" || rc=1
+    [ "$(tr ' ' '\n' <<<"$peaks" | grep -c .)" = 2 ] && [ "$(tr ' ' '\n' <<<"$peaks" | grep . | sort -u)" = "$(printf %.0f "$(peak "$TMP/sh1.log")")" ] || rc=1
+    check "sharded: the GPU plan within 3% of the emulated peak less the workspace, the same on both ranks (4 layers of dim 256, 2 ranks FULL_SHARD)" $rc \
+        "plan $(gpu "$TMP/sh1.log") MiB, peak $(peak "$TMP/sh1.log") MiB, per rank ${peaks:-none}: $(tail -2 "$TMP/sh1.log")"
     rc=0
     pinned=$(sed -n 's/^base offload: \([0-9]*\) bytes pinned/\1/p' "$TMP/sh1.log" | sort -u)
     shard=$(( (4 * 256 * 256 + 3 * 256 * 688 + 2 * 256) / 2 * 2 )) # a rank's bf16 bytes of a layer: half its elements
-    awk -v d="$(gpu "$TMP/sh0.log")" -v h="$(gpu "$TMP/sh1.log")" -v dh="$(host "$TMP/sh0.log")" \
-        -v hh="$(host "$TMP/sh1.log")" -v p="${pinned:-0}" -v l=$shard 'BEGIN { # (the plan prints 0.1 MiB)
-        MiB = 1048576; exit !(p == 8 * l && (d - h) * MiB >= 6 * l - 0.1 * MiB && (d - h) * MiB <= 6 * l + 0.1 * MiB &&
-                              (hh - dh) * MiB >= p - 0.1 * MiB && (hh - dh) * MiB <= p + 0.1 * MiB) }' || rc=1
-    check "sharded: 6 of a rank's layer shards off the GPU (8 less the shard ring), 8 pinned on the host (what each rank pinned)" $rc \
+    [ "${pinned:-0}" = $((4 * shard)) ] && moved "$TMP/sh0.log" "$TMP/sh1.log" "$pinned" $shard 2 || rc=1
+    check "sharded: 2 of a rank's layer shards off the GPU (4 less the shard ring), 4 pinned on the host (what each rank pinned)" $rc \
         "GPU $(gpu "$TMP/sh0.log") -> $(gpu "$TMP/sh1.log") MiB, host $(host "$TMP/sh0.log") -> $(host "$TMP/sh1.log") MiB, pinned ${pinned:-none}, a shard $shard bytes"
+    # --host_memory_limit between the host plans without and with the offload: the run refused before it loads
+    rc=0
+    limit=$(awk -v h="$(host "$TMP/sh0.log")" -v p="${pinned:-0}" 'BEGIN { printf "%.6f", (h + p / 2 / 1048576) / 1024 }')
+    emu "$TMP/shl" --max_steps 1 --cpu_offload 1 --host_memory_limit "$limit" && rc=1
+    grep -q "error: the host memory plan (.*) exceeds the .* GiB of --host_memory_limit" "$TMP/shl.log" || rc=1
+    check "sharded: a --host_memory_limit the pinned shards pass refuses the run, saying how much it needs" $rc "$(tail -2 "$TMP/shl.log")"
     LAUNCH=()
 fi
 
