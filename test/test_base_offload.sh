@@ -69,7 +69,7 @@ pair "QLoRA nf4 double quantization, chunks of 8 recomputed" "${ALL[@]}" --quant
 LAUNCH=(dev/launch.sh 2)
 pair "2 ranks FULL_SHARD, LoRA, whole sequences" "${ALL[@]}" --collectives host --sharding_strategy FULL_SHARD --batch_size 2
 [ $QUICK = 0 ] && pair "2 ranks SHARD_GRAD_OP, QLoRA nf4, chunks of 8 recomputed, activation checkpointing" "${ALL[@]}" \
-    --collectives host --sharding_strategy SHARD_GRAD_OP --quantize nf4 --chunk_size 8 --chunk_memory recompute --activation_checkpointing
+    --collectives host --sharding_strategy SHARD_GRAD_OP --batch_size 2 --quantize nf4 --chunk_size 8 --chunk_memory recompute --activation_checkpointing
 LAUNCH=()
 if [ $QUICK = 0 ]; then
     pair "LoRA, whole sequences" "${ALL[@]}" --batch_size 2
