@@ -4,8 +4,9 @@
 // there and up again (grads_to_host, grads_add_staged, unit_grad_copy), and how the step on
 // the host overlaps the backward, unit by unit (OffloadStep). The step itself is the
 // optimizer's (train_llama2.cu's optimizer_step_host). With an adapter --cpu_offload keeps the
-// frozen base's decoder layers in host memory instead, each copied up a layer ahead of its use
-// into a ring of two slots (base_offload_alloc, layer_up; docs/memory.md "The frozen base streamed").
+// frozen base's decoder layers in host memory instead (sharded, the rank's shards of them), each
+// copied up a layer ahead of its use into a ring of two (base_offload_alloc, layer_up; docs/memory.md
+// "The frozen base streamed").
 //
 // Not a header on its own: train_llama2.cu includes it after its Model and the Model's
 // layout, whose names it uses (with_precision, buffers, upload, weight_offset,
@@ -329,42 +330,48 @@ static void grads_host_zero(Model *m) {
 }
 
 // ----------------------------------------------------------------------------
-// --cpu_offload with an adapter: the frozen base's decoder layers in host memory, each copied up a
-// layer ahead of its use into the ring of two slots (docs/memory.md "The frozen base streamed"):
-// unit_prefetch calls layer_up where a sharded unit would be gathered, and the compute stream waits
-// for the slot's event as it waits for a gather (unit_gather)
+// --cpu_offload with an adapter: the frozen base's decoder layers in host memory (sharded, the rank's
+// shards of them), each copied up a layer ahead of its use into a ring of two (docs/memory.md "The
+// frozen base streamed"): unit_prefetch calls layer_up where a sharded unit would be gathered (whole:
+// into the ring's two slots; the compute stream waits for the slot's event as it waits for a gather,
+// unit_gather), or before it is gathered (sharded: into the shard ring, which the gather reads)
 
-// base_host: QLoRA's runs, which the host model holds already, pinned where they are; else room for
-// each layer's unit in the compute type, which weights_put fills as the base loads. Pinning can
-// fail where the host's memory is short or locked memory is limited: said, with how much.
+// base_host: QLoRA's runs (sharded, the rank's shards of them), which the host model holds already,
+// pinned where they are; else room for each layer's unit in the compute type (sharded, the rank's
+// shard of it), which weights_put (layer_shards_put) fills as the base loads. Pinning can fail where
+// the host's memory is short or locked memory is limited: said, with how much.
 static void base_offload_alloc(Model *m) {
     HostModel *h = &m->host;
     size_t bytes = (size_t)h->config.n_layers * layer_bytes(m);
     bool quant = h->quant_type != QUANT_NONE;
-    if (!quant && !h->base_deferred) die("internal: --cpu_offload's streamed base needs the base read after model_alloc");
-    cudaError_t err = quant ? cudaHostRegister(h->quant_bytes, bytes, cudaHostRegisterDefault)
-                            : cudaMallocHost((void **)&m->base_host, bytes);
+    uint8_t *runs = m->sharded ? h->quant_shards : h->quant_bytes; // (sharded: every packed unit a layer, packed_shard each)
+    if (!quant && !h->base_deferred && !m->sharded) die("internal: --cpu_offload's streamed base needs the base read after model_alloc");
+    cudaError_t err = quant ? cudaHostRegister(runs, bytes, cudaHostRegisterDefault) : cudaMallocHost((void **)&m->base_host, bytes);
     if (err != cudaSuccess)
-        die("--cpu_offload 1: cannot pin %.2f GiB of host memory for the base's %d decoder layers (%s): the host memory "
+        die("--cpu_offload 1: cannot pin %.2f GiB of host memory for the base's %d decoder layers%s (%s): the host memory "
             "plan says what the run needs beside it; free memory, or raise the locked-memory limit (ulimit -l)",
-            bytes / 1073741824.0, h->config.n_layers, cudaGetErrorString(err));
-    if (quant) m->base_host = h->quant_bytes;
+            bytes / 1073741824.0, h->config.n_layers, m->sharded ? " (this rank's shards)" : "", cudaGetErrorString(err));
+    if (quant) m->base_host = runs;
+    for (int b = 0; b < 2 && m->sharded; b++) cudaCheck(cudaEventCreateWithFlags(&m->ring_read[b], cudaEventDisableTiming));
     if (getenv("LLAMA2TUNE_OFFLOAD_LOG")) fprintf(stderr, "base offload: %zu bytes pinned\n", bytes);
 }
 static void base_offload_free(Model *m) {
     if (m->base_host && m->host.quant_type != QUANT_NONE) cudaCheck(cudaHostUnregister(m->base_host));
     else if (m->base_host) cudaCheck(cudaFreeHost(m->base_host));
     if (m->base_stream) cudaCheck(cudaStreamDestroy(m->base_stream));
+    for (int b = 0; b < 2; b++)
+        if (m->ring_read[b]) cudaCheck(cudaEventDestroy(m->ring_read[b]));
 }
 
-// layer unit u's bytes up into slot s (dst) on the base's stream, once the compute enqueued so far
-// (the last reads of the slot's old layer) is done; the slot's event marks them in
+// layer unit u's bytes this rank holds up into dst on the base's stream (the slot s whole, or the
+// shard ring's u & 1), once the last reads of dst's old layer are done: the compute enqueued so far
+// (whole), or the gather that read the shard ring's buffer last (sharded); slot s's event marks them in
 static void layer_up(Model *m, int u, int s, void *dst) {
     size_t bytes = layer_bytes(m);
-    stream_after(m->base_stream, m->stream, m->computed);
+    if (m->sharded) cudaCheck(cudaStreamWaitEvent(m->base_stream, m->ring_read[u & 1], 0));
+    else stream_after(m->base_stream, m->stream, m->computed);
     PROF_BEGIN_UNIT(m->base_stream, "upload", u, m->host.config.n_layers, (long long)bytes);
     cudaCheck(cudaMemcpyAsync(dst, m->base_host + (size_t)(u - 1) * bytes, bytes, cudaMemcpyHostToDevice, m->base_stream));
     PROF_END(m->base_stream);
     cudaCheck(cudaEventRecord(m->gathered[s], m->base_stream));
-    m->slot_unit[s] = u;
 }

@@ -31,9 +31,11 @@ and backward (unit_dequant, quant.cuh); d.weights holds the rest.
 
 The frozen base streamed (--cpu_offload 1 with an adapter; docs/memory.md): the
 decoder layers stay in pinned host memory (QLoRA's runs as the host packed them,
-else each layer's unit in the compute type) and each is copied up on a stream of
-its own a layer ahead of its use, into a ring of two slots, as sharded units are
-gathered (unit_prefetch); d.weights holds the embedding and the head.
+else each layer's unit in the compute type; sharded, this rank's shards of them)
+and each is copied up on a stream of its own a layer ahead of its use, into a ring
+of two (the slots; sharded, the shard ring, gathered from there into the slots), as
+sharded units are gathered (unit_prefetch); d.weights holds the embedding and the
+head (sharded, their shards).
 
 Chunked training (docs/chunked.md) runs exactly as on the CPU: chunk_forward,
 chunk_head and chunk_backward per chunk, the KV carry and the dKV carry, the
@@ -104,8 +106,8 @@ template <typename floatX> struct ChunkActs { CHUNK_ACTS(floatX) };
 // everything on the device that is stored in the compute type
 template <typename floatX> struct Buffers {
     floatX *weights;    // base weights: whole (num_params, param_layout's order) or this rank's
-                        // shard of them (units.shard_numel, fsdp.h's layout); frozen (LoRA), or
-                        // the trainable ones (the fp32 masters themselves, or the optimizer's bf16 copy)
+                        // shard of them (units.shard_numel, fsdp.h's layout), less layers_apart; frozen
+                        // (LoRA), or the trainable ones (the fp32 masters themselves, or the optimizer's bf16 copy)
     floatX **slot;      // (n_unit_slots) sharded: units gathered whole, each as big as the biggest it holds;
                         // the base streamed: the layers' ring (a layer unit, or QLoRA's run, each)
     floatX *deq;        // (a layer unit) QLoRA: the layer whose weights the products read, dequantized
@@ -177,8 +179,9 @@ typedef struct {
     // --cpu_offload with an adapter (trainer.h's BACKEND_BASE_OFFLOAD): the frozen decoder layers in host memory
     int base_offload;         // set by the trainer: the layers streamed up, a layer ahead, into the slots' ring
     float peak_tflops;        // set by the trainer (--peak_tflops; 0: PLAN_PEAK_TFLOPS): the compute the plan's stream is against
-    uint8_t *base_host;       // (L, a layer's bytes) pinned: QLoRA's runs (host.quant_bytes, registered), else each layer's
-                              // unit whole in the compute type (the unit's order: tensors[j].offset), filled at load
+    uint8_t *base_host;       // (L, layer_bytes) pinned: QLoRA's runs (host.quant_bytes; sharded, host.quant_shards:
+                              // registered), else each layer's unit whole in the compute type (the unit's order:
+                              // tensors[j].offset; sharded, this rank's shard of it), filled at load
     cudaStream_t base_stream; // the layers' way up
     // --activation_offloading (docs/long_context.md "Activation offloading"): the micro-batch layer-major
     int activation_offloading; // set by the trainer: each layer over the whole sequence, chunk by chunk, the layers'
@@ -187,9 +190,11 @@ typedef struct {
                               // chunk j's block (B, len, D) at B t0 D of each (ckpt_block)
     cudaStream_t act_stream;  // their way up and down
     cudaEvent_t act_moved[4]; // each resid slot's last copy (act_up, act_down)
+    uint8_t *shard_ring[2];   // (layer_bytes each) sharded: layer u's shard copied up into shard_ring[u & 1], gathered from there
+    cudaEvent_t ring_read[2]; // sharded: the last gather from each (on the collectives' stream), which its next copy up waits for
     // sharded (host.shards): the units in the slots, and full fine-tuning's gradients of a unit
     int sharded;              // the base weights are this rank's shards, over fsdp->shard
-    int n_unit_slots;         // units gathered at once: 3 (reshard after the forward), or every unit; the base streamed: 2
+    int n_unit_slots;         // units gathered at once: 3 (reshard after the forward), or every unit; the base streamed whole: 2
     int *slot_unit;           // (n_unit_slots) host: the unit each slot holds (-1: none)
     cudaEvent_t *gathered;    // (n_unit_slots) each slot's last gather, on the collectives' stream (or its copy up, on base_stream)
     float *unit_grad[2];      // a unit's gradient whole (the embedding's, the others'): sharded, or offloaded
@@ -1126,41 +1131,45 @@ template <typename E> void place_layers(Layout *l, E *&p, size_t layers, size_t 
 // forward has three, the embedding's and two that the other units take in turn
 // (so the next unit is gathered while this one computes: unit_prefetch); else
 // every unit has its own
-// (the base streamed: the layers take the ring's two in turn)
+// (the base streamed whole: the layers take the ring's two in turn; sharded, the slots as without it)
 static int unit_slot(const Model *m, int u) {
-    if (m->base_offload) return u & 1;
+    if (m->base_offload && !m->sharded) return u & 1;
     return m->fsdp->info->reshard_after_forward ? (u ? 1 + (u & 1) : 0) : u;
 }
 // whether unit u is read from a slot: sharded, every unit; the base streamed, the decoder layers
 static bool unit_slotted(const Model *m, int u) {
     return m->sharded || (m->base_offload && u >= 1 && u <= m->host.config.n_layers);
 }
-// the base streamed: a layer's bytes up (its run, or its unit in the compute type), in the slots and in base_host
+// the base streamed: a layer's bytes up (its run, or its unit in the compute type; sharded, this rank's
+// shard of either, padding included), in the ring and in base_host
 static size_t layer_bytes(const Model *m) {
     const HostModel *h = &m->host;
-    if (h->quant_type != QUANT_NONE) return h->run_bytes;
-    return h->units.units[fsdp_layer_unit(0)].numel * (m->fp32 ? sizeof(float) : sizeof(bf16));
+    const FsdpUnit *layer = &h->units.units[fsdp_layer_unit(0)];
+    if (h->quant_type != QUANT_NONE) return m->sharded ? layer->packed_shard : h->run_bytes;
+    return (m->sharded ? layer->shard : layer->numel) * (m->fp32 ? sizeof(float) : sizeof(bf16));
 }
 // empties the slots (the forward-backward's end): the next use gathers again
 static void units_reshard(Model *m) {
     for (int s = 0; s < m->n_unit_slots; s++) m->slot_unit[s] = -1;
 }
 
-// The sharded model's slots, a slot as big as the biggest unit it holds, padding included
-template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Layout *w) {
+// The sharded model's slot s, in elements of es bytes: as big as the biggest unit it holds, padding included
+static size_t slot_numel(const Model *m, int s, size_t es) {
     const FsdpUnits *u = &m->host.units;
-    size_t G = (size_t)m->fsdp->shard.size;
-    for (int s = 0; s < m->n_unit_slots; s++) {
-        size_t need = 0;
-        for (int i = 0; i < u->n_units; i++) // (a packed unit's bytes in elements)
-            if (unit_slot(m, i) == s)
-                need = std::max(need, u->units[i].packed ? ceil_div(G * u->units[i].packed_shard, sizeof(floatX)) : G * u->units[i].shard);
-        place(w, d.slot[s], need);
-    }
+    size_t G = (size_t)m->fsdp->shard.size, need = 0;
+    for (int i = 0; i < u->n_units; i++) // (a packed unit's bytes in elements)
+        if (unit_slot(m, i) == s) need = std::max(need, u->units[i].packed ? ceil_div(G * u->units[i].packed_shard, es) : G * u->units[i].shard);
+    return need;
 }
-// The streamed base's ring: two slots of a layer's bytes
+template <typename floatX> void sharded_layout(Model *m, Buffers<floatX> &d, Layout *w) {
+    for (int s = 0; s < m->n_unit_slots; s++) place(w, d.slot[s], slot_numel(m, s, sizeof(floatX)));
+}
+// The streamed base's ring: two of a layer's bytes, the slots (whole) or the shard ring (sharded)
 template <typename floatX> void ring_layout(Model *m, Buffers<floatX> &d, Layout *w) {
-    for (int s = 0; s < m->n_unit_slots; s++) place(w, d.slot[s], ceil_div(layer_bytes(m), sizeof(floatX)));
+    for (int s = 0; s < 2; s++) {
+        if (m->sharded) place(w, m->shard_ring[s], layer_bytes(m));
+        else place(w, d.slot[s], ceil_div(layer_bytes(m), sizeof(floatX)));
+    }
 }
 // the biggest shard of a unit that trains (full fine-tuning's reduced gradient of one unit)
 static size_t widest_trainable_shard(const HostModel *h) {
@@ -1241,17 +1250,29 @@ template <typename floatX> void slots_place(Model *m, const Rows *r) {
     slots_layout(m, d, &more, r, fit, n);
 }
 
-// the base weights d.weights (whole) leaves out: the layers QLoRA keeps in runs, or the base
-// streamed (host memory), which param_layout puts between the embedding and the head unit
+// the base weights d.weights leaves out: the layers QLoRA keeps in runs (whole; sharded, in runs'
+// shards, not in the units' shards), or the base streamed (host memory; sharded, the rank's shards of
+// the layers), which param_layout and the shards' layout put between the embedding and the head unit
 static size_t layers_apart(const Model *m) {
     const HostModel *h = &m->host;
-    return m->base_offload ? (size_t)h->config.n_layers * h->units.units[fsdp_layer_unit(0)].numel : model_packed_numel(h);
+    const FsdpUnit *layer = &h->units.units[fsdp_layer_unit(0)];
+    if (m->sharded) return m->base_offload ? (size_t)h->config.n_layers * layer->shard : 0;
+    return m->base_offload ? (size_t)h->config.n_layers * layer->numel : model_packed_numel(h);
+}
+// the base weights d.weights holds: whole, or this rank's shards, less the layers apart
+static size_t weights_numel(const Model *m) {
+    return (m->sharded ? m->host.units.shard_numel : m->host.num_params) - layers_apart(m);
 }
 // where tensor j of unit u (not a layer left out) is in d.weights (whole): param_layout's
 // offset, less the layers left out
 static size_t weight_offset(const Model *m, int u, int j) {
     size_t off = model_tensor_offset(&m->host.config, u, j);
     return u == 0 ? off : off - layers_apart(m);
+}
+// where unit u's shard (not a layer's streamed) is in d.weights (sharded): its shard_offset, less the
+// layers apart
+static size_t weight_shard_offset(const Model *m, int u) {
+    return m->host.units.units[u].shard_offset - (u > m->host.config.n_layers ? layers_apart(m) : 0);
 }
 // where unit u's shard is in the trainable units' shards (sharded m->grads, m->params)
 static size_t trainable_shard_at(const HostModel *h, int u) {
@@ -1265,7 +1286,7 @@ static size_t model_reference_numel(const Model *m) {
     const HostModel *h = &m->host;
     if (!m->reference) return 0;
     if (h->use_lora || !h->frozen_units) return m->n_train;
-    return m->sharded ? h->units.shard_numel : h->num_params - layers_apart(m);
+    return weights_numel(m);
 }
 
 // Lays out every device buffer in four allocations: w the base weights, p the
@@ -1296,7 +1317,7 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     if ((m->cpu_offload || m->pure_bf16) && !fp32) place(p, m->upload_stage, UPLOAD_PIECE); // (pure_bf16: saves too)
     // base weights that do not all train (LoRA, --freeze_layers); trained ones are the masters or their
     // bf16/fp16 copy (model_alloc); with some frozen, the masters' values are copied into them (weights_refresh)
-    if (!all_train) place(w, d.weights, m->sharded ? h->units.shard_numel : h->num_params - layers_apart(m));
+    if (!all_train) place(w, d.weights, weights_numel(m));
     // DPO's reference (model_reference_swap): a copy of the weights the forward reads, and LoRA's fp32 parameters
     // where those are not that copy (bf16, fp16)
     place(p, d.ref, model_reference_numel(m));
@@ -1445,11 +1466,7 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
     model_optim_tensors(h, &m->optimizer, m->sharded ? m->fsdp->shard.rank : -1, &m->opt_tensors);
     if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
-    if (m->base_offload && m->sharded)
-        die("--cpu_offload 1 with an adapter streams the frozen base from host memory, whole on each process; with its "
-            "units sharded over %d ranks that is not supported yet (shard without it, or run one process a GPU with NO_SHARD)",
-            m->fsdp->shard.size);
-    if (m->base_offload) m->n_unit_slots = 2;
+    if (m->base_offload && !m->sharded) m->n_unit_slots = 2;
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
         Buffers<floatX> &d = buffers<floatX>(m);
@@ -1624,6 +1641,16 @@ template <typename floatX> void weights_put(void *ctx, int u, int j, size_t firs
     } else upload(buffers<floatX>(m).weights + weight_offset(m, u, j) + first, src, count, m->stream, m->upload_stage);
     cudaCheck(cudaStreamSynchronize(m->stream)); // (src is the next piece's buffer)
 }
+// the base streamed, sharded: each layer's shard (host.shards) into base_host, converted on the way
+// through the shard ring's first buffer, as the resident path's upload converts it into d.weights
+template <typename floatX> void layer_shards_put(Model *m) {
+    const HostModel *h = &m->host;
+    for (int l = 0; l < h->config.n_layers; l++) {
+        const FsdpUnit *un = &h->units.units[fsdp_layer_unit(l)];
+        upload((floatX *)m->shard_ring[0], h->shards + un->shard_offset, un->shard, m->stream);
+        cudaCheck(cudaMemcpyAsync(m->base_host + (size_t)l * layer_bytes(m), m->shard_ring[0], layer_bytes(m), cudaMemcpyDeviceToHost, m->stream));
+    }
+}
 // the part of tensor j of unit u this rank holds (model_tensor_part), at *at of d.weights too
 // (weight_offset's, a streamed base being no QLoRA's)
 static size_t base_part(const Model *m, int u, int j, size_t *first, size_t *at) {
@@ -1768,7 +1795,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             if (m->pure_bf16 || h->frozen_units) cudaCheck(cudaMemsetAsync(d.weights, 0, n_base * sizeof(floatX), st));
         }
         // (a sharded checkpoint's weights come with its optimizer state: load_trainable, shards_put)
-        if (m->base_offload) base_offload_alloc(m);
+        if (m->base_offload) base_offload_alloc(m); // (sharded: layer_shards_put fills it, below)
         if (m->activation_offloading) act_offload_alloc(m);
         if (h->base_deferred && !h->base_resumed &&
             model_stream_base(&m->host, m->sharded ? m->fsdp->shard.rank : 0, streamed ? masters_put<floatX> : weights_put<floatX>, m) != 0)
@@ -1794,8 +1821,10 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
             else if (m->pure_bf16) { d.weights = d.params_lo; if (!streamed) upload(d.weights, base, n_base, st, m->upload_stage); }
             else { d.weights = d.params_lo; convert(d.weights, m->params, m->n_train, st); }
         } else {
-            if (h->quant_type == QUANT_NONE || m->sharded) {
-                if (!h->base_deferred) upload(d.weights, base, n_base, st); // (else streamed above)
+            if (h->quant_type == QUANT_NONE || m->sharded) { // (LoRA's whole base streamed above: base_deferred)
+                size_t at = h->units.units[fsdp_layer_unit(0)].shard_offset, apart = layers_apart(m); // sharded: the layers' streamed
+                if (!h->base_deferred) upload(d.weights, base, at, st), upload(d.weights + at, base + at + apart, n_base - at - apart, st);
+                if (m->base_offload && !h->base_deferred && h->quant_type == QUANT_NONE) layer_shards_put<floatX>(m);
             } else { // whole: the weights but the layers' (packed units, kept in runs)
                 for (int u = 0; u < h->units.n_units; u++)
                     for (int j = 0; !h->units.units[u].packed && j < h->units.units[u].n_tensors; j++)
@@ -1866,22 +1895,29 @@ template <typename floatX> void all_gather(FsdpComm *c, floatX *full, const floa
 // Starts gathering unit u (0 .. n_units - 1; sharded) into its slot from the
 // shards, unless the slot holds it (collective). The gather waits for the
 // compute enqueued so far, which holds the last reads of the slot's old unit;
-// what is enqueued after it may overlap it.
+// what is enqueued after it may overlap it. The base streamed: a layer's unit
+// copied up instead (whole), or its shard copied up into the shard ring first,
+// the gather waiting for the copy (the slot's event marks it in, then the gather).
 template <typename floatX> void unit_prefetch(Model *m, int u) {
     Buffers<floatX> &d = buffers<floatX>(m);
     int s = unit_slot(m, u);
     if (m->slot_unit[s] == u) return;
-    if (m->base_offload) { layer_up(m, u, s, d.slot[s]); return; }
+    m->slot_unit[s] = u;
+    bool up = m->base_offload && u >= 1 && u <= m->host.config.n_layers;
+    if (up && !m->sharded) { layer_up(m, u, s, d.slot[s]); return; }
     const FsdpUnit *un = &m->host.units.units[u];
+    uint8_t *shard = up ? m->shard_ring[u & 1] : un->packed ? m->quant_bytes + un->packed_offset : (uint8_t *)(d.weights + weight_shard_offset(m, u));
+    if (up) layer_up(m, u, s, shard);
     stream_after(m->comm_stream, m->stream, m->computed);
+    if (up) cudaCheck(cudaStreamWaitEvent(m->comm_stream, m->gathered[s], 0));
     PROF_BEGIN_UNIT(m->comm_stream, "gather", u, m->host.config.n_layers,
                     (long long)m->fsdp->shard.size * (un->packed ? un->packed_shard : un->shard * sizeof(floatX)));
     if (un->packed) // QLoRA: a layer's run, as bytes
-        fsdp_all_gather_u8(device_comm(m, &m->dev.shard), d.slot[s], m->quant_bytes + un->packed_offset, un->packed_shard);
-    else all_gather(device_comm(m, &m->dev.shard), d.slot[s], d.weights + un->shard_offset, un->shard);
+        fsdp_all_gather_u8(device_comm(m, &m->dev.shard), d.slot[s], shard, un->packed_shard);
+    else all_gather(device_comm(m, &m->dev.shard), d.slot[s], (const floatX *)shard, un->shard);
     PROF_END(m->comm_stream);
+    if (up) cudaCheck(cudaEventRecord(m->ring_read[u & 1], m->comm_stream));
     cudaCheck(cudaEventRecord(m->gathered[s], m->comm_stream));
-    m->slot_unit[s] = u;
 }
 // unit u's parameters, whole, for the compute stream, which waits for their gather
 template <typename floatX> floatX *unit_gather(Model *m, int u) {
@@ -2416,11 +2452,16 @@ static size_t model_dequant_scratch_bytes(const Model *m) {
 }
 static const char *const backend_memory = "GPU memory";
 
-// --cpu_offload with an adapter, the memory plan's lines (memory_plan): the ring on the GPU, and a
-// micro-batch's layers streamed up against its compute. Each pass over the layers streams every
-// one: a chunk's forward, its forward again in recompute mode (not the last chunk's), its backward
-// (activation checkpointing's forward reads the slot the backward reads); the ring's two layers
-// may spare one or two at a turn, so the bytes are a bound. Their time over PCIe at PLAN_PCIE_GBS
+// --cpu_offload with an adapter, the memory plan's lines (memory_plan): the ring on the GPU (sharded,
+// the shard ring, and what stays as without the offload: the slots the layers are gathered into,
+// the embedding's and the head's shards), and a micro-batch's layers (sharded, the rank's shards)
+// streamed up against its compute. Each pass over the layers streams every one: a chunk's forward,
+// its forward again in recompute mode (not the last chunk's), its backward (activation
+// checkpointing's forward reads the slot the backward reads); the ring's two layers may spare one
+// or two at a turn, so the bytes are a bound; sharded without resharding after the forward, the
+// slots keep every layer gathered until the micro-batch's end, so one pass. The gathers move the
+// rest of each layer between the GPUs, as without the offload: not over this PCIe link from the
+// host (the rank's own link is counted). Their time over PCIe at PLAN_PCIE_GBS
 // (a 16-lane PCIe 4.0 link's pinned host-to-device rate), the compute's at --peak_tflops, or
 // PLAN_PEAK_TFLOPS (an RTX 4090's dense bf16 products with fp32 accumulation); the compute is
 // flops_per_sequence's, which leaves recomputed forwards out, so the warning errs toward warning.
@@ -2432,19 +2473,30 @@ static void base_offload_plan(const Model *m) {
     const double MiB = 1048576.0;
     int L = h->config.n_layers, n = (m->T + m->chunk_size - 1) / m->chunk_size, passes = 2 * n + (m->recompute ? n - 1 : 0);
     if (m->activation_offloading) passes = 2; // (layer-major: each layer up once in the forward, once in the backward)
-    double ring = (double)m->n_unit_slots * layer_bytes(m), up = (double)passes * L * layer_bytes(m);
+    if (m->sharded && !m->fsdp->info->reshard_after_forward) passes = 1;
+    double ring = 2.0 * layer_bytes(m), up = (double)passes * L * layer_bytes(m);
     double tflops = m->peak_tflops > 0 ? m->peak_tflops : PLAN_PEAK_TFLOPS;
     double pcie_ms = up / (PLAN_PCIE_GBS * 1e9) * 1e3, compute_ms = m->B * flops_per_sequence(h, m->T, m->s2_attn) / (tflops * 1e12) * 1e3;
     bool quant = h->quant_type != QUANT_NONE;
     char what[128];
     if (quant) snprintf(what, sizeof what, "%s%s, blocks of %d", quant_type_names[h->quant_type], h->double_quant ? ", double quantization" : "", QUANT_BLOCK);
     else snprintf(what, sizeof what, "%s", m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
-    printf("    %-32s %10.1f MiB   (%d of the %d decoder layers, %s; the rest in pinned host memory)\n", "of which the layers' ring",
-           ring / MiB, m->n_unit_slots, L, what);
+    printf("    %-32s %10.1f MiB   (2 of the %d decoder layers%s, %s; the rest in pinned host memory)\n", "of which the layers' ring",
+           ring / MiB, L, m->sharded ? ", this rank's shards" : "", what);
+    if (m->sharded) { // what stays as without the offload
+        size_t es = m->fp32 ? sizeof(float) : sizeof(bf16);
+        Layout slots = device_layout(NULL);
+        for (int s = 0; s < m->n_unit_slots; s++) layout_take(&slots, slot_numel(m, s, es) * es);
+        printf("    %-32s %10.1f MiB   (%d units gathered whole at once, as without the offload)\n", "of which the gathered slots",
+               slots.bytes / MiB, m->n_unit_slots);
+        printf("    %-32s %10.1f MiB   (this rank's shards, as without the offload)\n", "of which embedding and head",
+               weights_numel(m) * es / MiB);
+    }
     if (quant) printf("    %-32s %10.1f MiB   (one layer, %s)\n", "of which dequantize scratch", model_dequant_scratch_bytes(m) / MiB,
                       m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
-    printf("  %-34s %10.1f MiB   (%d passes over %d layers: %.1f ms at %.0f GB/s, against %.1f ms of compute at %.0f TFLOP/s)\n",
-           "streamed up a micro-batch", up / MiB, passes, L, pcie_ms, PLAN_PCIE_GBS, compute_ms, tflops);
+    printf("  %-34s %10.1f MiB   (%d pass%s over %d layers%s: %.1f ms at %.0f GB/s, against %.1f ms of compute at %.0f TFLOP/s)\n",
+           "streamed up a micro-batch", up / MiB, passes, passes == 1 ? "" : "es", L, m->sharded ? "' shards; their gathers as without the offload, not PCIe" : "",
+           pcie_ms, PLAN_PCIE_GBS, compute_ms, tflops);
     if (pcie_ms > compute_ms) {
         fflush(stdout);
         fprintf(stderr, "warning: --cpu_offload 1: streaming the base takes %.1f ms a micro-batch over PCIe (%.0f GB/s), more than "
@@ -2463,7 +2515,8 @@ static void base_offload_plan(const Model *m) {
 // gradients, the optimizer state, the masters when they are not the host model's weights
 // (some units frozen; --pure_bf16: the bf16 parameters, the step's bf16 gradients, in chunks a
 // micro-batch's fp32 sum, and the step's two pieces in fp32), and the stages (offload_stage_numel);
-// with an adapter, the streamed layers in the compute type (QLoRA's runs are counted as held)
+// with an adapter, the streamed layers in the compute type (sharded, the rank's shards of them, beside
+// its fp32 shards as loaded; QLoRA's runs, or their shards, are counted as held)
 #define BACKEND_HOST_PLAN
 enum { HOST_PLAN_PARTS = 5 };
 static const char *const host_plan_names[HOST_PLAN_PARTS] = {"base weights (fp32: held, or streamed)", "LoRA weights and grads",
@@ -2481,10 +2534,11 @@ static double model_host_bytes(const Model *m, int part) {
         double pieces = m->pure_bf16 ? 2.0 * std::min(UPLOAD_PIECE, m->n_train) * sizeof(float) : 0;
         return masters + grads + (double)optimizer_state_bytes(&m->optimizer, &m->opt_tensors, m->n_train) + stages + pieces;
     }
+    double pinned = m->base_offload && h->quant_type == QUANT_NONE ? (double)h->config.n_layers * layer_bytes(m) : 0;
     if (part == 0 && h->base_deferred) // (a tied embedding whole, or this rank's shard of it; the layers streamed, pinned)
         return MODEL_STREAM_PIECE * sizeof(float) + (h->config.tied ? (m->sharded ? h->units.units[0].shard : h->units.units[0].numel) * sizeof(float) : 0) +
-               (m->base_offload ? (double)h->config.n_layers * layer_bytes(m) : 0);
-    if (part == 0) return model_weight_bytes(h) - (h->quant_type != QUANT_NONE ? model_quant_scratch_bytes(h) : 0);
+               pinned;
+    if (part == 0) return model_weight_bytes(h) - (h->quant_type != QUANT_NONE ? model_quant_scratch_bytes(h) : 0) + pinned;
     if (part == 1) return h->use_lora ? 2.0 * h->lora.num_params * sizeof(float) : 0;
     return (double)optimizer_staging_bytes(&m->optimizer, &m->opt_tensors, m->n_train);
 }

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # --cpu_offload 1 with an adapter (train_llama2cu; docs/memory.md "The frozen base streamed"):
 # the frozen base's decoder layers in pinned host memory, each copied up a layer ahead of its
-# use into a ring of two slots, give the same results as the run without it, bit for bit:
-# every step's loss and gradient norm, and the adapter's file, byte for byte. Tolerance 0:
-# the layers reach the products with the bytes d.weights would hold (converted to bf16 on the
-# GPU as they load, or QLoRA's runs as packed), only from elsewhere. Run by the emulated build
-# ($EMU_BIN, default ./train_llama2cu_emu; without it this says SKIP), whose streams run lazily
-# (dev/emu/README.md): a copy up that the compute does not wait for reads stale bytes there.
+# use into a ring of two slots (sharded: each rank's shards of them, copied up into a ring of
+# two shard buffers and gathered from there into the slots), give the same results as the run
+# without it, bit for bit: every step's loss and gradient norm, the adapter's file and the
+# final checkpoint's optimizer state, byte for byte. Tolerance 0: the layers reach the
+# products with the bytes d.weights would hold (converted to bf16 on the GPU as they load, or
+# QLoRA's runs as packed), only from elsewhere. Run by the emulated build ($EMU_BIN, default
+# ./train_llama2cu_emu; without it this says SKIP), whose streams run lazily
+# (dev/emu/README.md): a copy up that the compute (sharded: the gather) does not wait for reads
+# stale bytes there (without the gather's wait for the shard's copy, every loss is NaN).
 #
 # A model of 5 decoder layers (tiny_tied's shapes; its weights drawn once by the CPU trainer),
 # so that the ring's two slots take every layer in turn: LoRA on all linear layers whole, in
@@ -16,8 +19,14 @@
 # of dim 512): the GPU's part shrinks by the layers less the ring, the host's grows by them (what
 # the run pins, LLAMA2TUNE_OFFLOAD_LOG), to the plan's 0.1 MiB; the GPU plan's total against the
 # peak the emulated GPU saw (less cuBLASLt's 32 MiB workspace, which no plan counts) within 3%,
-# with and without the offload. Units sharded with the offload are refused with a message.
-# --quick: the LoRA chunked-recompute and QLoRA cases.
+# with and without the offload. Sharded, 2 ranks (dev/launch.sh, --collectives host): LoRA
+# FULL_SHARD whole, QLoRA nf4 SHARD_GRAD_OP (every layer kept gathered) in chunks of 8 recomputed
+# with activation checkpointing, each == the same sharded run without the offload; the plan of 4
+# layers of dim 256 on 2 ranks FULL_SHARD: the GPU plan's total within 3% of the emulated peak less
+# the workspace, and against the plan without the offload (a dry run) the GPU's part less 2 of the
+# rank's layer shards (4 less the shard ring's 2), the host's more the 4 it pins; a --host_memory_limit
+# between the two host plans refuses the run with the offload.
+# --quick: the LoRA chunked-recompute, QLoRA and 2 ranks' LoRA FULL_SHARD cases.
 set -u
 cd "$(dirname "$0")/.."
 SUITE="base offload"
@@ -34,12 +43,13 @@ sed -i 's/"num_hidden_layers": *2/"num_hidden_layers": 5/' "$TMP/shape/config.js
     --lr 0 --threads 1 --output_dir "$TMP/m5" >"$TMP/m5.log" 2>&1 || { echo "FAIL $SUITE: the 5-layer model: $(tail -2 "$TMP/m5.log")"; exit 1; }
 ARGS=(--model "$TMP/m5" --data "$FIX/data.jsonl" --max_seq_len 24 --lr 5e-3 --warmup_steps 1 --threads 1)
 ALL=(--lora_target_modules all-linear) # (LoRA's; IA3 takes its own targets)
+LAUNCH=() # (sharded: dev/launch.sh 2)
 emu() { # emu OUT [args]: the emulated trainer, metrics OUT.jsonl, log OUT.log
     local out=$1
     shift
-    timeout 600 "$EMU_BIN" "${ARGS[@]}" --output_dir "$out" --metrics_file "$out.jsonl" "$@" >"$out.log" 2>&1
+    timeout 600 "${LAUNCH[@]}" "$EMU_BIN" "${ARGS[@]}" --output_dir "$out" --metrics_file "$out.jsonl" "$@" >"$out.log" 2>&1
 }
-# pair NAME [args]: 4 steps with --cpu_offload 1 == without, bit for bit
+# pair NAME [args]: 4 steps with --cpu_offload 1 == without, bit for bit (the final checkpoint's optimizer state too)
 pair() {
     local name=$1 tag rc=0
     shift
@@ -50,11 +60,17 @@ pair() {
     grep -q "^base offload: [0-9]* bytes pinned" "$TMP/$tag-host.log" || rc=1
     diff -q <(trajectory "$TMP/$tag-host.jsonl") <(trajectory "$TMP/$tag-dev.jsonl") >/dev/null 2>&1 || rc=1
     cmp -s "$TMP/$tag-host/adapter_model.safetensors" "$TMP/$tag-dev/adapter_model.safetensors" || rc=1
+    cmp -s "$TMP/$tag-host/checkpoint-4/optimizer.safetensors" "$TMP/$tag-dev/checkpoint-4/optimizer.safetensors" || rc=1
     check "$name: --cpu_offload 1 == without, bit for bit" $rc \
         "$(tail -2 "$TMP/$tag-host.log"; diff <(trajectory "$TMP/$tag-host.jsonl") <(trajectory "$TMP/$tag-dev.jsonl") 2>&1 | head -4)"
 }
 pair "LoRA, chunks of 8 recomputed, activation checkpointing" "${ALL[@]}" --chunk_size 8 --chunk_memory recompute --activation_checkpointing
 pair "QLoRA nf4 double quantization, chunks of 8 recomputed" "${ALL[@]}" --quantize nf4 --chunk_size 8 --chunk_memory recompute
+LAUNCH=(dev/launch.sh 2)
+pair "2 ranks FULL_SHARD, LoRA, whole sequences" "${ALL[@]}" --collectives host --sharding_strategy FULL_SHARD --batch_size 2
+[ $QUICK = 0 ] && pair "2 ranks SHARD_GRAD_OP, QLoRA nf4, chunks of 8 recomputed, activation checkpointing" "${ALL[@]}" \
+    --collectives host --sharding_strategy SHARD_GRAD_OP --batch_size 2 --quantize nf4 --chunk_size 8 --chunk_memory recompute --activation_checkpointing
+LAUNCH=()
 if [ $QUICK = 0 ]; then
     pair "LoRA, whole sequences" "${ALL[@]}" --batch_size 2
     pair "LoRA, chunks of 8 kept" "${ALL[@]}" --chunk_size 8
@@ -85,31 +101,58 @@ if [ $QUICK = 0 ]; then
     ARGS=(--model "$TMP/big" --random_init --data "$FIX/data.jsonl" --max_seq_len 24 --threads 1)
     gpu() { awk '/^memory plan/ { on = 1 } on && $1 == "total" { print $2; exit }' "$1"; }
     host() { awk '/^host memory plan/ { on = 1 } on && $1 == "total" { print $2; exit }' "$1"; }
+    peak() { sed -n 's/^peak GPU memory \([0-9.]*\) MiB.*/\1/p' "$1"; } # (rank 0's)
+    fits() { # fits LOG: its GPU plan's total within 3% of its emulated peak less the workspace
+        awk -v p="$(gpu "$1")" -v k="$(peak "$1")" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }'
+    }
+    moved() { # moved WITHOUT WITH PINNED BYTES OFF: WITH's GPU plan OFF x BYTES less than WITHOUT's, its host plan PINNED
+        awk -v d="$(gpu "$1")" -v h="$(gpu "$2")" -v dh="$(host "$1")" -v hh="$(host "$2")" -v p="${3:-0}" -v l="$4" -v off="$5" \
+            'BEGIN { MiB = 1048576; exit !((d - h) * MiB >= off * l - 0.1 * MiB && (d - h) * MiB <= off * l + 0.1 * MiB &&
+                                          (hh - dh) * MiB >= p - 0.1 * MiB && (hh - dh) * MiB <= p + 0.1 * MiB) }' # (the plan prints 0.1 MiB)
+    }
     for o in 0 1; do
         rc=0
         LLAMA2TUNE_OFFLOAD_LOG=1 emu "$TMP/big$o" --max_steps 1 --chunk_size 8 "${ALL[@]}" --cpu_offload $o || rc=1
-        peak=$(sed -n 's/^peak GPU memory \([0-9.]*\) MiB.*/\1/p' "$TMP/big$o.log")
-        plan=$(gpu "$TMP/big$o.log")
-        awk -v p="${plan:-0}" -v k="${peak:-0}" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }' || rc=1
+        fits "$TMP/big$o.log" || rc=1
         check "the GPU plan within 3% of the emulated peak less the 32 MiB workspace (8 layers of dim 512, --cpu_offload $o)" $rc \
-            "plan ${plan:-none} MiB, peak ${peak:-none} MiB: $(tail -2 "$TMP/big$o.log")"
+            "plan $(gpu "$TMP/big$o.log") MiB, peak $(peak "$TMP/big$o.log") MiB: $(tail -2 "$TMP/big$o.log")"
     done
     rc=0
     pinned=$(sed -n 's/^base offload: \([0-9]*\) bytes pinned/\1/p' "$TMP/big1.log")
     layer=$(( (4 * 512 * 512 + 3 * 512 * 1376 + 2 * 512) * 2 )) # a layer's bf16 bytes: q, k, v, o, gate, up, down, two norms
-    awk -v d="$(gpu "$TMP/big0.log")" -v h="$(gpu "$TMP/big1.log")" -v dh="$(host "$TMP/big0.log")" \
-        -v hh="$(host "$TMP/big1.log")" -v p="${pinned:-0}" -v l=$layer 'BEGIN { # (the plan prints 0.1 MiB)
-        MiB = 1048576; exit !(p == 8 * l && (d - h) * MiB >= 6 * l - 0.1 * MiB && (d - h) * MiB <= 6 * l + 0.1 * MiB &&
-                              (hh - dh) * MiB >= p - 0.1 * MiB && (hh - dh) * MiB <= p + 0.1 * MiB) }' || rc=1
+    [ "${pinned:-0}" = $((8 * layer)) ] && moved "$TMP/big0.log" "$TMP/big1.log" "$pinned" $layer 6 || rc=1
     check "the plan: 6 layers off the GPU (8 less the ring), 8 pinned on the host (what the run pinned)" $rc \
         "GPU $(gpu "$TMP/big0.log") -> $(gpu "$TMP/big1.log") MiB, host $(host "$TMP/big0.log") -> $(host "$TMP/big1.log") MiB, pinned ${pinned:-none}, a layer $layer bytes"
-    ARGS=(--model "$TMP/m5" --data "$FIX/data.jsonl" --max_seq_len 24 --lr 5e-3 --warmup_steps 1 --threads 1)
-fi
 
-# sharded with the offload: refused, saying so
-rc=0
-timeout 300 dev/launch.sh 2 "$EMU_BIN" "${ARGS[@]}" --max_steps 1 --collectives host --cpu_offload 1 --output_dir "$TMP/sh" >"$TMP/sh.log" 2>&1 && rc=1
-grep -q "with its units sharded over 2 ranks that is not supported yet" "$TMP/sh.log" || rc=1
-check "units sharded with --cpu_offload 1 and an adapter: refused, saying why" $rc "$(tail -3 "$TMP/sh.log")"
+    # sharded, 2 ranks FULL_SHARD, 4 layers of dim 256: the GPU plan's total against the emulated peak
+    # (each rank's), and against the plan without the offload (a dry run) the rank's layer shards
+    sed -i -e 's/"num_hidden_layers": *8/"num_hidden_layers": 4/' -e 's/"hidden_size": *512/"hidden_size": 256/' \
+        -e 's/"intermediate_size": *1376/"intermediate_size": 688/' \
+        -e 's/"num_attention_heads": *8/"num_attention_heads": 4/' -e 's/"num_key_value_heads": *8/"num_key_value_heads": 4/' "$TMP/big/config.json"
+    ARGS=(--model "$TMP/big" --random_init --data "$FIX/data.jsonl" --max_seq_len 16 --batch_size 1 --threads 1 --collectives host
+          --sharding_strategy FULL_SHARD "${ALL[@]}")
+    LAUNCH=(dev/launch.sh 2)
+    rc=0
+    LLAMA2TUNE_OFFLOAD_LOG=1 emu "$TMP/sh1" --max_steps 1 --cpu_offload 1 || rc=1
+    emu "$TMP/sh0" --dry_run || rc=1
+    peaks=$(sed -n 's/^peak GPU memory .*per rank, MiB: \([0-9 ]*\)$/\1/p' "$TMP/sh1.log") # (each rank's in whole MiB)
+    fits "$TMP/sh1.log" || rc=1
+    [ "$(tr ' ' '\n' <<<"$peaks" | grep -c .)" = 2 ] && [ "$(tr ' ' '\n' <<<"$peaks" | grep . | sort -u)" = "$(printf %.0f "$(peak "$TMP/sh1.log")")" ] || rc=1
+    check "sharded: the GPU plan within 3% of the emulated peak less the workspace, the same on both ranks (4 layers of dim 256, 2 ranks FULL_SHARD)" $rc \
+        "plan $(gpu "$TMP/sh1.log") MiB, peak $(peak "$TMP/sh1.log") MiB, per rank ${peaks:-none}: $(tail -2 "$TMP/sh1.log")"
+    rc=0
+    pinned=$(sed -n 's/^base offload: \([0-9]*\) bytes pinned/\1/p' "$TMP/sh1.log" | sort -u)
+    shard=$(( (4 * 256 * 256 + 3 * 256 * 688 + 2 * 256) / 2 * 2 )) # a rank's bf16 bytes of a layer: half its elements
+    [ "${pinned:-0}" = $((4 * shard)) ] && moved "$TMP/sh0.log" "$TMP/sh1.log" "$pinned" $shard 2 || rc=1
+    check "sharded: 2 of a rank's layer shards off the GPU (4 less the shard ring), 4 pinned on the host (what each rank pinned)" $rc \
+        "GPU $(gpu "$TMP/sh0.log") -> $(gpu "$TMP/sh1.log") MiB, host $(host "$TMP/sh0.log") -> $(host "$TMP/sh1.log") MiB, pinned ${pinned:-none}, a shard $shard bytes"
+    # --host_memory_limit between the host plans without and with the offload: the run refused before it loads
+    rc=0
+    limit=$(awk -v h="$(host "$TMP/sh0.log")" -v p="${pinned:-0}" 'BEGIN { printf "%.6f", (h + p / 2 / 1048576) / 1024 }')
+    emu "$TMP/shl" --max_steps 1 --cpu_offload 1 --host_memory_limit "$limit" && rc=1
+    grep -q "error: the host memory plan (.*) exceeds the .* GiB of --host_memory_limit" "$TMP/shl.log" || rc=1
+    check "sharded: a --host_memory_limit the pinned shards pass refuses the run, saying how much it needs" $rc "$(tail -2 "$TMP/shl.log")"
+    LAUNCH=()
+fi
 
 [ "$fails" -eq 0 ]
