@@ -16,7 +16,9 @@
 # of dim 512): the GPU's part shrinks by the layers less the ring, the host's grows by them (what
 # the run pins, LLAMA2TUNE_OFFLOAD_LOG), to the plan's 0.1 MiB; the GPU plan's total against the
 # peak the emulated GPU saw (less cuBLASLt's 32 MiB workspace, which no plan counts) within 3%,
-# with and without the offload. Units sharded with the offload are refused with a message.
+# with and without the offload. QLoRA's plan, whose dequantize scratch holds one projection, against
+# the emulated peak the same way: one process and two ranks FULL_SHARD (its two slots), within 3%.
+# Units sharded with the offload are refused with a message.
 # --quick: the LoRA chunked-recompute and QLoRA cases.
 set -u
 cd "$(dirname "$0")/.."
@@ -76,23 +78,28 @@ if [ $QUICK = 0 ]; then
     # the plan, with a bigger model (8 layers of dim 512): the GPU's part less the layers but the
     # ring's two, the host's more the layers (what the run pins); and the GPU plan's total against
     # the peak the emulated GPU saw, less cuBLASLt's workspace
-    mkdir -p "$TMP/big"
-    cp "$FIX/tiny_tied/tokenizer.model" "$TMP/big/"
-    sed -e 's/"num_hidden_layers": *2/"num_hidden_layers": 8/' -e 's/"hidden_size": *48/"hidden_size": 512/' \
-        -e 's/"intermediate_size": *80/"intermediate_size": 1376/' -e 's/"head_dim": *16/"head_dim": 64/' \
-        -e 's/"num_attention_heads": *3/"num_attention_heads": 8/' -e 's/"num_key_value_heads": *3/"num_key_value_heads": 8/' \
-        "$FIX/tiny_tied/config.json" >"$TMP/big/config.json"
-    ARGS=(--model "$TMP/big" --random_init --data "$FIX/data.jsonl" --max_seq_len 24 --threads 1)
+    shaped() { # shaped DIR L D H NH TIED: tiny_tied's tokenizer and config, L layers of dim D, MLP width H, NH heads of 64
+        mkdir -p "$1" && cp "$FIX/tiny_tied/tokenizer.model" "$1/" &&
+            sed -e "s/\"num_hidden_layers\": *2/\"num_hidden_layers\": $2/" -e "s/\"hidden_size\": *48/\"hidden_size\": $3/" \
+                -e "s/\"intermediate_size\": *80/\"intermediate_size\": $4/" -e 's/"head_dim": *16/"head_dim": 64/' \
+                -e "s/\"num_attention_heads\": *3/\"num_attention_heads\": $5/" -e "s/\"num_key_value_heads\": *3/\"num_key_value_heads\": $5/" \
+                -e "s/\"tie_word_embeddings\": *true/\"tie_word_embeddings\": $6/" "$FIX/tiny_tied/config.json" >"$1/config.json"
+    }
     gpu() { awk '/^memory plan/ { on = 1 } on && $1 == "total" { print $2; exit }' "$1"; }
     host() { awk '/^host memory plan/ { on = 1 } on && $1 == "total" { print $2; exit }' "$1"; }
+    near_peak() { # near_peak LOG WHAT RC: checks the run of LOG (RC 0: it went well) and its GPU plan's total against
+        local plan peak rc=$3 # the peak the emulated GPU saw, less cuBLASLt's 32 MiB workspace (which no plan counts)
+        plan=$(gpu "$1") peak=$(sed -n 's/^peak GPU memory \([0-9.]*\) MiB.*/\1/p' "$1")
+        awk -v p="${plan:-0}" -v k="${peak:-0}" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }' || rc=1
+        check "the GPU plan within 3% of the emulated peak less the 32 MiB workspace ($2)" $rc \
+            "plan ${plan:-none} MiB, peak ${peak:-none} MiB: $(grep scratch "$1"; tail -2 "$1")"
+    }
+    shaped "$TMP/big" 8 512 1376 8 true
+    ARGS=(--model "$TMP/big" --random_init --data "$FIX/data.jsonl" --max_seq_len 24 --threads 1)
     for o in 0 1; do
         rc=0
         LLAMA2TUNE_OFFLOAD_LOG=1 emu "$TMP/big$o" --max_steps 1 --chunk_size 8 "${ALL[@]}" --cpu_offload $o || rc=1
-        peak=$(sed -n 's/^peak GPU memory \([0-9.]*\) MiB.*/\1/p' "$TMP/big$o.log")
-        plan=$(gpu "$TMP/big$o.log")
-        awk -v p="${plan:-0}" -v k="${peak:-0}" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }' || rc=1
-        check "the GPU plan within 3% of the emulated peak less the 32 MiB workspace (8 layers of dim 512, --cpu_offload $o)" $rc \
-            "plan ${plan:-none} MiB, peak ${peak:-none} MiB: $(tail -2 "$TMP/big$o.log")"
+        near_peak "$TMP/big$o.log" "8 layers of dim 512, --cpu_offload $o" $rc
     done
     rc=0
     pinned=$(sed -n 's/^base offload: \([0-9]*\) bytes pinned/\1/p' "$TMP/big1.log")
@@ -103,6 +110,22 @@ if [ $QUICK = 0 ]; then
                               (hh - dh) * MiB >= p - 0.1 * MiB && (hh - dh) * MiB <= p + 0.1 * MiB) }' || rc=1
     check "the plan: 6 layers off the GPU (8 less the ring), 8 pinned on the host (what the run pinned)" $rc \
         "GPU $(gpu "$TMP/big0.log") -> $(gpu "$TMP/big1.log") MiB, host $(host "$TMP/big0.log") -> $(host "$TMP/big1.log") MiB, pinned ${pinned:-none}, a layer $layer bytes"
+
+    # QLoRA's plan against the peak, on a model whose layers outweigh the rest (2 layers of dim 256 and
+    # (688, 256) MLP weights, vocabulary 512, untied), so that the scratch and the slots are much of its
+    # 6 MiB (a whole layer's scratch would be 1.6 MB, the biggest projection's is 0.35): the plan's line
+    # says one projection, and what the run allocated is what the plan counted; one process, and two
+    # ranks FULL_SHARD (the two slots)
+    shaped "$TMP/q" 2 256 688 4 false
+    ARGS=(--model "$TMP/q" --random_init --data "$FIX/data.jsonl" --max_seq_len 24 --threads 1)
+    for w in 1 2; do
+        rc=0
+        launch=(); [ $w = 2 ] && launch=(dev/launch.sh 2)
+        timeout 600 "${launch[@]}" "$EMU_BIN" "${ARGS[@]}" --max_steps 1 "${ALL[@]}" --quantize nf4 --collectives host \
+            --output_dir "$TMP/q$w" >"$TMP/q$w.log" 2>&1 || rc=1
+        grep -qE "of which dequantize scratch +0\.3 MiB +\(one projection, bf16\)" "$TMP/q$w.log" || rc=1
+        near_peak "$TMP/q$w.log" "QLoRA, its plan's scratch one projection, $w rank(s)" $rc
+    done
     ARGS=(--model "$TMP/m5" --data "$FIX/data.jsonl" --max_seq_len 24 --lr 5e-3 --warmup_steps 1 --threads 1)
 fi
 
