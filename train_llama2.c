@@ -1450,6 +1450,7 @@ static double model_memory_budget(Model *m, double limit) {
 }
 // QLoRA: a layer unit in fp32 and the absmax values of its biggest weight (deq, deq_absmax)
 static size_t model_dequant_scratch_bytes(const Model *m) { return model_quant_scratch_bytes(&m->host); }
+static const char *const backend_dequant_scratch = "one layer";
 static const char *const backend_memory = "resident memory"; // (the host's: the plan is its host plan)
 static const char *const model_host_advice = ", --activation_checkpointing, --chunk_size with --chunk_memory recompute";
 static const char *const backend_precisions[] = {"fp32"}; // the CPU twin computes in fp32 only

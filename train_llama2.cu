@@ -25,9 +25,10 @@ backend's entry points pick floatX once (with_precision).
 
 QLoRA (--quantize): each decoder layer stays on the GPU as the host packed it
 into a run of bytes (model.h: its linear weights in 4 bits, quant.h, its norms in
-fp32), whole or sharded as bytes over the ranks, and is dequantized (gathered
-first, when sharded) into d.deq in the compute type before its products, forward
-and backward (unit_dequant, quant.cuh); d.weights holds the rest.
+fp32), whole or sharded as bytes over the ranks (gathered into a slot, when sharded),
+and each linear weight is dequantized into d.deq in the compute type just before a
+product reads it, forward and backward, one at a time (unit_dequant, weight_ready,
+quant.cuh); d.weights holds the rest.
 
 The frozen base streamed (--cpu_offload 1 with an adapter; docs/memory.md): the
 decoder layers stay in pinned host memory (QLoRA's runs as the host packed them,
@@ -110,7 +111,8 @@ template <typename floatX> struct Buffers {
                         // (LoRA), or the trainable ones (the fp32 masters themselves, or the optimizer's bf16 copy)
     floatX **slot;      // (n_unit_slots) sharded: units gathered whole, each as big as the biggest it holds;
                         // the base streamed: the layers' ring (a layer unit, or QLoRA's run, each)
-    floatX *deq;        // (a layer unit) QLoRA: the layer whose weights the products read, dequantized
+    floatX *deq;        // QLoRA: the dequantize scratch (deq_layout): a layer's linear weights one at a
+                        // time (wv beside wk), and its two norms
     floatX *lora_w;     // (LoRA num_params) A and B for the matmuls (the masters, or the optimizer's bf16/fp16 copy)
     floatX *params_lo;  // (n_train) bf16/fp16: the copy of the masters the matmuls read, the optimizer writes it
                         // (in weights or lora_w; fp32, or some units frozen: NULL, weights_refresh copies)
@@ -175,7 +177,8 @@ typedef struct {
     size_t n_train;
     uint8_t *quant_bytes;     // QLoRA: the layers' runs as the host laid them out (host.quant_bytes), or
                               // sharded this rank's shards of them (host.quant_shards)
-    int deq_unit;             // the unit deq holds (-1: none)
+    size_t deq_at[LAYER_TENSORS]; // where tensor j of a layer unit is dequantized in d.deq (deq_layout)
+    int deq_held[LAYER_TENSORS];  // the layer unit whose tensor j is there (-1: none)
     // --cpu_offload with an adapter (trainer.h's BACKEND_BASE_OFFLOAD): the frozen decoder layers in host memory
     int base_offload;         // set by the trainer: the layers streamed up, a layer ahead, into the slots' ring
     float peak_tflops;        // set by the trainer (--peak_tflops; 0: PLAN_PEAK_TFLOPS): the compute the plan's stream is against
@@ -194,7 +197,7 @@ typedef struct {
     cudaEvent_t ring_read[2]; // sharded: the last gather from each (on the collectives' stream), which its next copy up waits for
     // sharded (host.shards): the units in the slots, and full fine-tuning's gradients of a unit
     int sharded;              // the base weights are this rank's shards, over fsdp->shard
-    int n_unit_slots;         // units gathered at once: 3 (reshard after the forward), or every unit; the base streamed whole: 2
+    int n_unit_slots;         // units gathered at once: 2 (reshard after the forward; tied: 3), or every unit; the base streamed: 2
     int *slot_unit;           // (n_unit_slots) host: the unit each slot holds (-1: none)
     cudaEvent_t *gathered;    // (n_unit_slots) each slot's last gather, on the collectives' stream (or its copy up, on base_stream)
     float *unit_grad[2];      // a unit's gradient whole (the embedding's, the others'): sharded, or offloaded
@@ -287,7 +290,8 @@ template <typename F> auto with_precision(const Model *m, F f) {
 // unit's backward runs once a micro-batch, its gradient rounded into grad_acc as it ends (grads_done)
 static bool pure_bf16_chunked(const Model *m) { return m->pure_bf16 && m->chunk_size < m->T; }
 
-// one decoder layer's tensors (a layer unit's, P_ATTN_NORM .. P_WDOWN), wherever they are
+// one decoder layer's tensors (a layer unit's, P_ATTN_NORM .. P_WDOWN), wherever they are (QLoRA: a
+// linear weight's place in d.deq, which weight_ready fills just before a product reads it)
 template <typename E> struct LayerWeights { E *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown; };
 template <typename E> LayerWeights<E> layer_weights(E *const t[LAYER_TENSORS]) {
     return LayerWeights<E>{t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
@@ -343,6 +347,7 @@ static void logits_to_host(float *logits_out, const float *logits, const Chunk *
 static void grads_bf16_end(Model *m);
 // where the weights are: whole, or sharded and gathered a unit at a time; QLoRA's dequantized
 template <typename floatX> LayerWeights<floatX> layer_params(Model *m, int l);
+template <typename floatX> void weight_ready(Model *m, int l, int t);
 template <typename floatX> floatX *embed_weight(Model *m);
 template <typename floatX> floatX *head_weight(Model *m);
 template <typename floatX> floatX *final_norm(Model *m);
@@ -500,6 +505,7 @@ template <typename floatX> void layer_forward(Model *m, ChunkActs<floatX> *s, co
     const floatX *o_in = act.atty; // o_proj's input: with a prompt, the attention plus its branch
     LoRA *lo = &m->host.lora;
     if (m->host.use_lora && adapter_has_prompt(lo, l)) {
+        weight_ready<floatX>(m, l, LORA_K), weight_ready<floatX>(m, l, LORA_V); // (read together: places apart)
         adaption_prompt_forward(d.adapter_y, act.atty, act.q, lora_A(lo, d.lora_w, l, LORA_Q), adapter_gate(lo, m->params, l),
                                 w.wk, w.wv, m->adapter_kv, N, D, NH, NKV, hd, lo->adapter_len, st);
         o_in = d.adapter_y;
@@ -571,10 +577,12 @@ template <typename floatX> void layer_backward(Model *m, ChunkActs<floatX> *s, c
     attention_backward(d.dq, dka, dva, d.datty, act.atty, act.lse, act.q, ka, va, &cc, NH, NKV, hd, st);
     if (context_comm(m)) context_reduce<floatX>(m, ch, l);
     LoRA *lo = &m->host.lora;
-    if (m->host.use_lora && adapter_has_prompt(lo, l)) // datty is its out's gradient too
+    if (m->host.use_lora && adapter_has_prompt(lo, l)) { // datty is its out's gradient too
+        weight_ready<floatX>(m, l, LORA_K), weight_ready<floatX>(m, l, LORA_V);
         adaption_prompt_backward(d.dq, adapter_prompt(lo, m->grads, l), adapter_gate(lo, m->grads, l), d.datty, act.q,
                                  lora_A(lo, d.lora_w, l, LORA_Q), adapter_gate(lo, m->params, l), w.wk, w.wv, m->adapter_kv,
                                  d.adapter_dkv, m->adapter_coef, m->adapter_gz, N, D, NH, NKV, hd, lo->adapter_len, st);
+    }
     rope_backward(d.dq, m->rope_cos, m->rope_sin, &cc, NH, hd, st);
     cudaCheck(cudaMemsetAsync(d.dln, 0, ND * sizeof(floatX), st));
     linear_backward(m, act.lora_h, ch, l, LORA_Q, d.dln, g.wq, d.dq, act.ln1, w.wq);
@@ -809,7 +817,8 @@ static float *model_next_logits(Model *m, const int *seq, const Chunk *ch) {
 // and its adapter (lora.cuh)
 
 // a base linear layer plus its LoRA adapter, if any: out (N, O) = inp (N, I) W^T + lora, N = B * len
-// (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r)
+// (IA3: the product with its input or output scaled); lora_h: the layer's LoRA A-projections (7, N, r);
+// w: linear weight t of the layer (layer_params': QLoRA's dequantized here, weight_ready)
 template <typename floatX>
 void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t, floatX *out, const floatX *inp,
                     const floatX *w) {
@@ -817,6 +826,7 @@ void linear_forward(Model *m, floatX *lora_h, const Chunk *ch, int layer, int t,
     Buffers<floatX> &d = buffers<floatX>(m);
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     bool adapted = m->host.use_lora && (l->targets & (1u << t));
+    weight_ready<floatX>(m, layer, t);
     if (adapted && l->ia3) { ia3_forward(l, m->params, layer, t, out, inp, w, d.xdrop, N, m->stream); return; }
     lora_shapes(&m->host.config, in, outd);
     matmul_forward(out, inp, w, N, in[t], outd[t], 1.0f, 0, m->stream);
@@ -839,6 +849,7 @@ void linear_backward(Model *m, const floatX *lora_h, const Chunk *ch, int layer,
     Buffers<floatX> &d = buffers<floatX>(m);
     int in[LORA_N_TARGETS], outd[LORA_N_TARGETS], N = ch->B * ch->len;
     bool adapted = m->host.use_lora && (l->targets & (1u << t));
+    weight_ready<floatX>(m, layer, t);
     if (adapted && l->ia3) {
         ia3_backward(l, m->params, m->grads, layer, t, dinp, dout, inp, w, d.xdrop, d.dora_pre, N, m->stream);
         return;
@@ -1128,13 +1139,15 @@ template <typename E> void place(Layout *l, E *&p, size_t n) {
 template <typename E> void place_layers(Layout *l, E *&p, size_t layers, size_t n) { place(l, p, layers * layer_stride<E>(n)); }
 
 // the slot that holds unit u when gathered: a strategy that reshards after the
-// forward has three, the embedding's and two that the other units take in turn
-// (so the next unit is gathered while this one computes: unit_prefetch); else
-// every unit has its own
+// forward has two that the units take in turn (so the next unit is gathered while
+// this one computes: unit_prefetch; the head's and the last layer's differ), and a
+// tied embedding, which the head reads beside the final norm's unit, a third of its
+// own; else every unit has its own
 // (the base streamed whole: the layers take the ring's two in turn; sharded, the slots as without it)
 static int unit_slot(const Model *m, int u) {
     if (m->base_offload && !m->sharded) return u & 1;
-    return m->fsdp->info->reshard_after_forward ? (u ? 1 + (u & 1) : 0) : u;
+    if (!m->fsdp->info->reshard_after_forward) return u;
+    return m->host.config.tied ? (u ? 1 + (u & 1) : 0) : u & 1;
 }
 // whether unit u is read from a slot: sharded, every unit; the base streamed, the decoder layers
 static bool unit_slotted(const Model *m, int u) {
@@ -1289,6 +1302,24 @@ static size_t model_reference_numel(const Model *m) {
     return weights_numel(m);
 }
 
+// QLoRA's dequantize scratch d.deq (its elements), and where tensor j of a layer goes in it (at[j]):
+// the linear weights one at a time at 0 (each just before its product: weight_ready), but wv after
+// wk, as llama_adapter's prompt reads the two together; then the two norms (fp32 in the run), in
+// places of their own. Each place starts 256-byte aligned, as a device layout's pieces do.
+static size_t deq_layout(const HostModel *h, size_t at[LAYER_TENSORS]) {
+    const FsdpUnit *un = &h->units.units[fsdp_layer_unit(0)];
+    const size_t align = 256 / sizeof(bf16); // (elements: 256 bytes in 16 bits, 512 in fp32)
+    size_t end = 0;
+    for (int j = 0; j < LAYER_TENSORS; j++) {
+        if (!model_quantized(h, fsdp_layer_unit(0), j)) continue;
+        at[j] = j == P_WV - P_ATTN_NORM ? ceil_div(un->tensors[P_WK - P_ATTN_NORM].numel, align) * align : 0;
+        end = std::max(end, at[j] + un->tensors[j].numel);
+    }
+    for (int j = 0; j < LAYER_TENSORS; j++)
+        if (!model_quantized(h, fsdp_layer_unit(0), j)) at[j] = ceil_div(end, align) * align, end = at[j] + un->tensors[j].numel;
+    return end;
+}
+
 // Lays out every device buffer in four allocations: w the base weights, p the
 // trainable parameters (masters, gradients, optimizer state, bf16/fp16 copy), a the
 // activations and scratch, k the KV and dKV carries. Called once to count, once to place.
@@ -1322,9 +1353,9 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     // where those are not that copy (bf16, fp16)
     place(p, d.ref, model_reference_numel(m));
     place(p, m->ref_params, m->reference && h->use_lora && !fp32 ? m->n_train : 0);
-    if (h->quant_type != QUANT_NONE) { // QLoRA: the layers' runs (sharded: this rank's shards), one layer at a time dequantized
+    if (h->quant_type != QUANT_NONE) { // QLoRA: the layers' runs (sharded: this rank's shards), a weight at a time dequantized
         place(w, m->quant_bytes, m->base_offload ? 0 : model_run_bytes_held(h)); // (streamed: the ring's)
-        place(w, d.deq, h->units.units[fsdp_layer_unit(0)].numel);
+        place(w, d.deq, deq_layout(h, m->deq_at));
     }
     if (m->sharded) sharded_layout(m, d, w);
     if (m->base_offload) ring_layout(m, d, w);
@@ -1465,7 +1496,7 @@ static void model_plan(Model *m, int B, int T, int C, int recompute, int num_out
     m->n_train = h->use_lora ? h->lora.num_params : model_trainable_numel(h);
     m->n_runs = h->full_finetune ? model_trainable_runs(h, m->run_first, m->run_n) : 0;
     model_optim_tensors(h, &m->optimizer, m->sharded ? m->fsdp->shard.rank : -1, &m->opt_tensors);
-    if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? 3 : h->units.n_units;
+    if (m->sharded) m->n_unit_slots = m->fsdp->info->reshard_after_forward ? (h->config.tied ? 3 : 2) : h->units.n_units;
     if (m->base_offload && !m->sharded) m->n_unit_slots = 2;
     with_precision(m, [&](auto tag) {
         using floatX = typename decltype(tag)::type;
@@ -1835,7 +1866,7 @@ static void model_alloc(Model *m, int B, int T, int C, int recompute, int num_ou
                 cudaCheck(cudaMemcpyAsync(m->quant_bytes, m->sharded ? h->quant_shards : h->quant_bytes, model_run_bytes_held(h),
                                           cudaMemcpyHostToDevice, st));
             }
-            m->deq_unit = -1;
+            for (int j = 0; j < LAYER_TENSORS; j++) m->deq_held[j] = -1;
             if constexpr (std::is_same<floatX, float>::value) d.lora_w = m->params;
             else { d.lora_w = d.params_lo; convert(d.lora_w, m->params, m->n_train, st); }
         }
@@ -1931,31 +1962,37 @@ template <typename floatX> void prefetch_next(Model *m, int u, int dir) {
     if (unit_slotted(m, u + dir)) unit_prefetch<floatX>(m, u + dir);
 }
 
-// QLoRA: decoder layer unit u's parameters whole in d.deq, from its run (whole, or
-// gathered into its slot: collective), its 4-bit weights dequantized (quant.cuh, as quant.h's
-// dequant_tensor) and its fp32 norms converted, before its products, unless d.deq
-// holds them already (they are frozen; every rank asks in the same order). One
-// stream: the products that read the layer before run before d.deq is overwritten.
-template <typename floatX> floatX *unit_dequant(Model *m, int u) {
-    Buffers<floatX> &d = buffers<floatX>(m);
+// QLoRA: tensor j of decoder layer unit u in its place in d.deq (deq_layout), from the layer's run
+// (whole, or gathered into its slot: collective), a linear weight dequantized (quant.cuh, as quant.h's
+// dequant_tensor), a norm converted from fp32; unless the place holds it already (the weights are
+// frozen; every rank asks in the same order). The places it overlaps hold nothing then. One stream:
+// the products that read a place before run before it is overwritten.
+template <typename floatX> floatX *unit_dequant(Model *m, int u, int j) {
     const HostModel *h = &m->host;
-    if (m->deq_unit != u) {
-        const FsdpUnit *un = &h->units.units[u];
-        uint8_t *run = unit_slotted(m, u) ? (uint8_t *)unit_gather<floatX>(m, u) : m->quant_bytes + (size_t)(u - 1) * h->run_bytes;
-        for (int j = 0; j < un->n_tensors; j++) {
-            floatX *dst = d.deq + un->tensors[j].offset;
-            if (model_quantized(h, u, j)) dequant_tensor(model_run_tensor(h, run, j), dst, m->stream);
-            else convert(dst, (const float *)(run + h->run_offset[j]), un->tensors[j].numel, m->stream);
-        }
-        m->deq_unit = u;
-    }
-    return d.deq;
+    const FsdpUnit *un = &h->units.units[u];
+    floatX *dst = buffers<floatX>(m).deq + m->deq_at[j];
+    if (m->deq_held[j] == u) return dst;
+    uint8_t *run = unit_slotted(m, u) ? (uint8_t *)unit_gather<floatX>(m, u) : m->quant_bytes + (size_t)(u - 1) * h->run_bytes;
+    if (model_quantized(h, u, j)) dequant_tensor(model_run_tensor(h, run, j), dst, m->stream);
+    else convert(dst, (const float *)(run + h->run_offset[j]), un->tensors[j].numel, m->stream);
+    for (int k = 0; k < LAYER_TENSORS; k++)
+        if (m->deq_at[k] < m->deq_at[j] + un->tensors[j].numel && m->deq_at[j] < m->deq_at[k] + un->tensors[k].numel)
+            m->deq_held[k] = -1;
+    m->deq_held[j] = u;
+    return dst;
+}
+// QLoRA: linear weight t (LORA_Q .. LORA_DOWN) of layer l into its place in d.deq, where
+// layer_params points, just before a product reads it (nothing without QLoRA)
+template <typename floatX> void weight_ready(Model *m, int l, int t) {
+    static const int tensor[LORA_N_TARGETS] = {P_WQ, P_WK, P_WV, P_WO, P_WGATE, P_WUP, P_WDOWN};
+    if (m->host.quant_type != QUANT_NONE) unit_dequant<floatX>(m, fsdp_layer_unit(l), tensor[t] - P_ATTN_NORM);
 }
 
-// tensor j of unit u (fsdp_units_llama's order), where the forward reads it
+// tensor j of unit u (fsdp_units_llama's order), where the forward reads it; QLoRA's layers: a
+// norm converted into d.deq now, a linear weight's place there (weight_ready fills it)
 template <typename floatX> floatX *param_at(Model *m, int u, int j) {
     if (m->host.units.units[u].packed)
-        return unit_dequant<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
+        return model_quantized(&m->host, u, j) ? buffers<floatX>(m).deq + m->deq_at[j] : unit_dequant<floatX>(m, u, j);
     if (!unit_slotted(m, u)) return buffers<floatX>(m).weights + weight_offset(m, u, j);
     return unit_gather<floatX>(m, u) + m->host.units.units[u].tensors[j].offset;
 }
@@ -2446,10 +2483,13 @@ static double model_peak_mb(Model *m) {
     m->peak_mb = std::max(m->peak_mb, (total_bytes - free_bytes) / 1048576.0);
     return m->peak_mb;
 }
-// QLoRA: a layer unit in the compute type (d.deq; the kernel works each absmax out as it goes)
+// QLoRA: d.deq, the biggest linear weight and what goes beside it (deq_layout), in the compute
+// type (the kernel works each absmax out as it goes)
 static size_t model_dequant_scratch_bytes(const Model *m) {
-    return m->host.units.units[fsdp_layer_unit(0)].numel * (m->fp32 ? sizeof(float) : sizeof(bf16));
+    size_t at[LAYER_TENSORS];
+    return deq_layout(&m->host, at) * (m->fp32 ? sizeof(float) : sizeof(bf16));
 }
+static const char *const backend_dequant_scratch = "one projection";
 static const char *const backend_memory = "GPU memory";
 
 // --cpu_offload with an adapter, the memory plan's lines (memory_plan): the ring on the GPU (sharded,
@@ -2492,8 +2532,8 @@ static void base_offload_plan(const Model *m) {
         printf("    %-32s %10.1f MiB   (this rank's shards, as without the offload)\n", "of which embedding and head",
                weights_numel(m) * es / MiB);
     }
-    if (quant) printf("    %-32s %10.1f MiB   (one layer, %s)\n", "of which dequantize scratch", model_dequant_scratch_bytes(m) / MiB,
-                      m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
+    if (quant) printf("    %-32s %10.1f MiB   (%s, %s)\n", "of which dequantize scratch", model_dequant_scratch_bytes(m) / MiB,
+                      backend_dequant_scratch, m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
     printf("  %-34s %10.1f MiB   (%d pass%s over %d layers%s: %.1f ms at %.0f GB/s, against %.1f ms of compute at %.0f TFLOP/s)\n",
            "streamed up a micro-batch", up / MiB, passes, passes == 1 ? "" : "es", L, m->sharded ? "' shards; their gathers as without the offload, not PCIe" : "",
            pcie_ms, PLAN_PCIE_GBS, compute_ms, tflops);

@@ -86,6 +86,8 @@
 //   size_t model_dequant_scratch_bytes(const Model *m);
 //       QLoRA (m->host.quant_type): the bytes of the memory a layer's 4-bit weights are
 //       dequantized into (part of m->weight_bytes)
+//   static const char *const backend_dequant_scratch;  what that holds at a time, for the
+//                              plan ("one layer", "one projection")
 //   double model_peak_mb(Model *m);
 //       the most memory the run has held so far, in MiB (of backend_memory)
 //   void model_plan(Model *m, int B, int T, int C, int recompute, int num_output_chunks);

@@ -19,13 +19,15 @@
 # of dim 512): the GPU's part shrinks by the layers less the ring, the host's grows by them (what
 # the run pins, LLAMA2TUNE_OFFLOAD_LOG), to the plan's 0.1 MiB; the GPU plan's total against the
 # peak the emulated GPU saw (less cuBLASLt's 32 MiB workspace, which no plan counts) within 3%,
-# with and without the offload. Sharded, 2 ranks (dev/launch.sh, --collectives host): LoRA
-# FULL_SHARD whole, QLoRA nf4 SHARD_GRAD_OP (every layer kept gathered) in chunks of 8 recomputed
-# with activation checkpointing, each == the same sharded run without the offload; the plan of 4
-# layers of dim 256 on 2 ranks FULL_SHARD: the GPU plan's total within 3% of the emulated peak less
-# the workspace, and against the plan without the offload (a dry run) the GPU's part less 2 of the
-# rank's layer shards (4 less the shard ring's 2), the host's more the 4 it pins; a --host_memory_limit
-# between the two host plans refuses the run with the offload.
+# with and without the offload. QLoRA's plan, whose dequantize scratch holds one projection, against
+# the emulated peak the same way: one process and two ranks FULL_SHARD (its two slots), within 3%.
+# Sharded, 2 ranks (dev/launch.sh, --collectives host): LoRA FULL_SHARD whole, QLoRA nf4 SHARD_GRAD_OP
+# (every layer kept gathered) in chunks of 8 recomputed with activation checkpointing, each == the
+# same sharded run without the offload; the plan of 4 layers of dim 256 on 2 ranks FULL_SHARD: the
+# GPU plan's total within 3% of the emulated peak less the workspace, and against the plan without
+# the offload (a dry run) the GPU's part less 2 of the rank's layer shards (4 less the shard ring's
+# 2), the host's more the 4 it pins; a --host_memory_limit between the two host plans refuses the
+# run with the offload.
 # --quick: the LoRA chunked-recompute, QLoRA and 2 ranks' LoRA FULL_SHARD cases.
 set -u
 cd "$(dirname "$0")/.."
@@ -92,30 +94,33 @@ if [ $QUICK = 0 ]; then
     # the plan, with a bigger model (8 layers of dim 512): the GPU's part less the layers but the
     # ring's two, the host's more the layers (what the run pins); and the GPU plan's total against
     # the peak the emulated GPU saw, less cuBLASLt's workspace
-    mkdir -p "$TMP/big"
-    cp "$FIX/tiny_tied/tokenizer.model" "$TMP/big/"
-    sed -e 's/"num_hidden_layers": *2/"num_hidden_layers": 8/' -e 's/"hidden_size": *48/"hidden_size": 512/' \
-        -e 's/"intermediate_size": *80/"intermediate_size": 1376/' -e 's/"head_dim": *16/"head_dim": 64/' \
-        -e 's/"num_attention_heads": *3/"num_attention_heads": 8/' -e 's/"num_key_value_heads": *3/"num_key_value_heads": 8/' \
-        "$FIX/tiny_tied/config.json" >"$TMP/big/config.json"
-    ARGS=(--model "$TMP/big" --random_init --data "$FIX/data.jsonl" --max_seq_len 24 --threads 1)
+    shaped() { # shaped DIR L D H NH TIED: tiny_tied's tokenizer and config, L layers of dim D, MLP width H, NH heads of 64
+        mkdir -p "$1" && cp "$FIX/tiny_tied/tokenizer.model" "$1/" &&
+            sed -e "s/\"num_hidden_layers\": *2/\"num_hidden_layers\": $2/" -e "s/\"hidden_size\": *48/\"hidden_size\": $3/" \
+                -e "s/\"intermediate_size\": *80/\"intermediate_size\": $4/" -e 's/"head_dim": *16/"head_dim": 64/' \
+                -e "s/\"num_attention_heads\": *3/\"num_attention_heads\": $5/" -e "s/\"num_key_value_heads\": *3/\"num_key_value_heads\": $5/" \
+                -e "s/\"tie_word_embeddings\": *true/\"tie_word_embeddings\": $6/" "$FIX/tiny_tied/config.json" >"$1/config.json"
+    }
     gpu() { awk '/^memory plan/ { on = 1 } on && $1 == "total" { print $2; exit }' "$1"; }
     host() { awk '/^host memory plan/ { on = 1 } on && $1 == "total" { print $2; exit }' "$1"; }
     peak() { sed -n 's/^peak GPU memory \([0-9.]*\) MiB.*/\1/p' "$1"; } # (rank 0's)
-    fits() { # fits LOG: its GPU plan's total within 3% of its emulated peak less the workspace
-        awk -v p="$(gpu "$1")" -v k="$(peak "$1")" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }'
+    near_peak() { # near_peak LOG WHAT RC: checks the run of LOG (RC 0: it went well) and its GPU plan's total against
+        local plan=$(gpu "$1") rc=$3 # the peak the emulated GPU saw, less cuBLASLt's 32 MiB workspace (which no plan counts)
+        awk -v p="${plan:-0}" -v k="$(peak "$1")" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }' || rc=1
+        check "the GPU plan within 3% of the emulated peak less the 32 MiB workspace ($2)" $rc \
+            "plan ${plan:-none} MiB, peak $(peak "$1") MiB: $(grep scratch "$1"; tail -2 "$1")"
     }
     moved() { # moved WITHOUT WITH PINNED BYTES OFF: WITH's GPU plan OFF x BYTES less than WITHOUT's, its host plan PINNED
         awk -v d="$(gpu "$1")" -v h="$(gpu "$2")" -v dh="$(host "$1")" -v hh="$(host "$2")" -v p="${3:-0}" -v l="$4" -v off="$5" \
             'BEGIN { MiB = 1048576; exit !((d - h) * MiB >= off * l - 0.1 * MiB && (d - h) * MiB <= off * l + 0.1 * MiB &&
                                           (hh - dh) * MiB >= p - 0.1 * MiB && (hh - dh) * MiB <= p + 0.1 * MiB) }' # (the plan prints 0.1 MiB)
     }
+    shaped "$TMP/big" 8 512 1376 8 true
+    ARGS=(--model "$TMP/big" --random_init --data "$FIX/data.jsonl" --max_seq_len 24 --threads 1)
     for o in 0 1; do
         rc=0
         LLAMA2TUNE_OFFLOAD_LOG=1 emu "$TMP/big$o" --max_steps 1 --chunk_size 8 "${ALL[@]}" --cpu_offload $o || rc=1
-        fits "$TMP/big$o.log" || rc=1
-        check "the GPU plan within 3% of the emulated peak less the 32 MiB workspace (8 layers of dim 512, --cpu_offload $o)" $rc \
-            "plan $(gpu "$TMP/big$o.log") MiB, peak $(peak "$TMP/big$o.log") MiB: $(tail -2 "$TMP/big$o.log")"
+        near_peak "$TMP/big$o.log" "8 layers of dim 512, --cpu_offload $o" $rc
     done
     rc=0
     pinned=$(sed -n 's/^base offload: \([0-9]*\) bytes pinned/\1/p' "$TMP/big1.log")
@@ -124,22 +129,33 @@ if [ $QUICK = 0 ]; then
     check "the plan: 6 layers off the GPU (8 less the ring), 8 pinned on the host (what the run pinned)" $rc \
         "GPU $(gpu "$TMP/big0.log") -> $(gpu "$TMP/big1.log") MiB, host $(host "$TMP/big0.log") -> $(host "$TMP/big1.log") MiB, pinned ${pinned:-none}, a layer $layer bytes"
 
+    # QLoRA's plan against the peak, on a model whose layers outweigh the rest (2 layers of dim 256 and
+    # (688, 256) MLP weights, vocabulary 512, untied), so that the scratch and the slots are much of its
+    # 6 MiB (a whole layer's scratch would be 1.6 MB, the biggest projection's is 0.35): the plan's line
+    # says one projection, and what the run allocated is what the plan counted; one process, and two
+    # ranks FULL_SHARD (the two slots)
+    shaped "$TMP/q" 2 256 688 4 false
+    ARGS=(--model "$TMP/q" --random_init --data "$FIX/data.jsonl" --max_seq_len 24 --threads 1)
+    for w in 1 2; do
+        rc=0
+        launch=(); [ $w = 2 ] && launch=(dev/launch.sh 2)
+        timeout 600 "${launch[@]}" "$EMU_BIN" "${ARGS[@]}" --max_steps 1 "${ALL[@]}" --quantize nf4 --collectives host \
+            --output_dir "$TMP/q$w" >"$TMP/q$w.log" 2>&1 || rc=1
+        grep -qE "of which dequantize scratch +0\.3 MiB +\(one projection, bf16\)" "$TMP/q$w.log" || rc=1
+        near_peak "$TMP/q$w.log" "QLoRA, its plan's scratch one projection, $w rank(s)" $rc
+    done
     # sharded, 2 ranks FULL_SHARD, 4 layers of dim 256: the GPU plan's total against the emulated peak
     # (each rank's), and against the plan without the offload (a dry run) the rank's layer shards
-    sed -i -e 's/"num_hidden_layers": *8/"num_hidden_layers": 4/' -e 's/"hidden_size": *512/"hidden_size": 256/' \
-        -e 's/"intermediate_size": *1376/"intermediate_size": 688/' \
-        -e 's/"num_attention_heads": *8/"num_attention_heads": 4/' -e 's/"num_key_value_heads": *8/"num_key_value_heads": 4/' "$TMP/big/config.json"
-    ARGS=(--model "$TMP/big" --random_init --data "$FIX/data.jsonl" --max_seq_len 16 --batch_size 1 --threads 1 --collectives host
+    shaped "$TMP/sh" 4 256 688 4 true
+    ARGS=(--model "$TMP/sh" --random_init --data "$FIX/data.jsonl" --max_seq_len 16 --batch_size 1 --threads 1 --collectives host
           --sharding_strategy FULL_SHARD "${ALL[@]}")
     LAUNCH=(dev/launch.sh 2)
     rc=0
     LLAMA2TUNE_OFFLOAD_LOG=1 emu "$TMP/sh1" --max_steps 1 --cpu_offload 1 || rc=1
     emu "$TMP/sh0" --dry_run || rc=1
     peaks=$(sed -n 's/^peak GPU memory .*per rank, MiB: \([0-9 ]*\)$/\1/p' "$TMP/sh1.log") # (each rank's in whole MiB)
-    fits "$TMP/sh1.log" || rc=1
     [ "$(tr ' ' '\n' <<<"$peaks" | grep -c .)" = 2 ] && [ "$(tr ' ' '\n' <<<"$peaks" | grep . | sort -u)" = "$(printf %.0f "$(peak "$TMP/sh1.log")")" ] || rc=1
-    check "sharded: the GPU plan within 3% of the emulated peak less the workspace, the same on both ranks (4 layers of dim 256, 2 ranks FULL_SHARD)" $rc \
-        "plan $(gpu "$TMP/sh1.log") MiB, peak $(peak "$TMP/sh1.log") MiB, per rank ${peaks:-none}: $(tail -2 "$TMP/sh1.log")"
+    near_peak "$TMP/sh1.log" "sharded, the same on both ranks (${peaks:-none} MiB; 4 layers of dim 256, 2 ranks FULL_SHARD)" $rc
     rc=0
     pinned=$(sed -n 's/^base offload: \([0-9]*\) bytes pinned/\1/p' "$TMP/sh1.log" | sort -u)
     shard=$(( (4 * 256 * 256 + 3 * 256 * 688 + 2 * 256) / 2 * 2 )) # a rank's bf16 bytes of a layer: half its elements
@@ -153,6 +169,7 @@ if [ $QUICK = 0 ]; then
     grep -q "error: the host memory plan (.*) exceeds the .* GiB of --host_memory_limit" "$TMP/shl.log" || rc=1
     check "sharded: a --host_memory_limit the pinned shards pass refuses the run, saying how much it needs" $rc "$(tail -2 "$TMP/shl.log")"
     LAUNCH=()
+    ARGS=(--model "$TMP/m5" --data "$FIX/data.jsonl" --max_seq_len 24 --lr 5e-3 --warmup_steps 1 --threads 1)
 fi
 
 [ "$fails" -eq 0 ]

@@ -25,7 +25,8 @@
 // within AdamW's step tolerances (SGD's update, linear in the gradient, does not
 // amplify the gradients' rounding as AdamW's m / sqrt(v) does); and QLoRA
 // (--quantize nf4 and fp4 on tiny_qlora, whose 4-bit weights dequantize to the
-// CPU's bits in fp32 and their rounding in bf16, so LoRA's tolerances hold; and IA3,
+// CPU's bits in fp32 and their rounding in bf16, so LoRA's tolerances hold; its dequantize
+// scratch one projection's, not a layer's; and IA3,
 // llama_adapter and prefix on its nf4 base); and 10 steps of 2 micro-batches of --pure_bf16 with
 // AnyPrecisionAdamW (Kahan summation off and on, whole and in chunks, --freeze_layers 1); and
 // preference tuning's hooks on one pair (check_preference: each target's loss, the weighted
@@ -350,6 +351,20 @@ void check_case(const Case &c, bool with_logits = true) {
                  name.c_str(), same_loss ? "equal" : "differ", dl, dg, n);
         CHECK(same_loss && dl == 0 && dg == 0, line, "%s", "not bit-identical");
     }
+}
+
+// QLoRA's dequantize scratch holds one linear weight at a time (each dequantized just before its
+// product): the biggest, gate's, up's and down's (H, D), then the two norms' places of D, each place
+// 256-byte aligned (wk and wv, side by side for llama_adapter, fit in the biggest here). A whole
+// layer's, as before, would be 4 (D, D)-sized and 3 (H, D) weights: 4.4 times that at tiny_qlora.
+void check_dequant_scratch(const Case &c) {
+    std::string name = describe(c);
+    if (filtered_out(c, name)) return;
+    Pair pair(c);
+    const Config *cf = &pair.host()->config;
+    size_t a = 256 / sizeof(bf16), D = cf->dim, up = ceil_div((size_t)cf->hidden_dim * D, a) * a; // (elements)
+    size_t want = (up + ceil_div(D, a) * a + D) * sizeof(bf16), got = model_dequant_scratch_bytes(&((Twin *)pair.gpu)->m);
+    CHECK(got == want, (name + ": the dequantize scratch is one projection's (and two norms')").c_str(), "%zu bytes, not %zu", got, want);
 }
 
 // optimizer steps, each on `micro` micro-batches of its own: losses and gradient norms
@@ -817,6 +832,7 @@ int main(int argc, char **argv) {
             if (mine()) check_case(whole);
             if (mine()) check_case(chunked);
             if ((!quick || !strcmp(type, "nf4")) && mine()) check_steps(whole, steps);
+            if (!strcmp(precision, "bf16") && !strcmp(type, "nf4") && mine()) check_dequant_scratch(whole);
         }
     // IA3 (every module, down_proj feedforward), llama_adapter (a prompt in both layers) and
     // prefix (4 virtual positions) on the 4-bit base: their products read the dequantized

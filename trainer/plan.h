@@ -67,8 +67,8 @@ static double memory_plan(const Model *m, const Dataset *train, const Dataset *v
             printf("    %-32s %10.1f MiB   (%s%s, blocks of %d%s)\n", "of which 4-bit layers", model_run_bytes_held(&m->host) / MiB,
                    quant_type_names[m->host.quant_type], m->host.double_quant ? ", double quantization" : "", QUANT_BLOCK,
                    m->host.units.n_shards > 1 ? "; this rank's shards" : "");
-            printf("    %-32s %10.1f MiB   (one layer, %s)\n", "of which dequantize scratch", model_dequant_scratch_bytes(m) / MiB,
-                   m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
+            printf("    %-32s %10.1f MiB   (%s, %s)\n", "of which dequantize scratch", model_dequant_scratch_bytes(m) / MiB,
+                   backend_dequant_scratch, m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
         }
         char what[64];
         snprintf(what, sizeof what, "trainable weights, grads%s%s", optimizer_n_states(&m->optimizer) ? ", " : "",
