@@ -124,6 +124,13 @@
 //       float peak_tflops;     set by the trainer before model_alloc: --peak_tflops, what
 //                              the plan's streamed bytes are timed against (0: its default)
 //       void base_offload_plan(const Model *m);  the memory plan's lines for it
+//   BACKEND_ACTIVATION_OFFLOAD (a macro) where --activation_offloading runs a micro-batch layer
+//       by layer with the layers' inputs in host memory (docs/long_context.md), with these
+//       Model member and function:
+//       int activation_offloading;  set by the trainer before model_alloc
+//       void activation_offload_plan(const Model *m);  the memory plan's lines for it
+//   static const int backend_activation_offloading;  1: --activation_offloading changes the
+//                              schedule (options.h refuses what it does not run); 0: it changes nothing
 //   BACKEND_PREFERENCE (a macro) where the backend runs --objective dpo and orpo
 //       (trainer/preference.h), with these Model members and function:
 //       const float *loss_weights;  set by the trainer around a model_forward_backward:
