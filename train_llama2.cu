@@ -357,6 +357,7 @@ static void grads_done(Model *m, int u);
 template <typename floatX> void act_up(Model *m, ChunkActs<floatX> *s, int j, int l);
 template <typename floatX> void act_down(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int i, int l);
 static void act_wait(Model *m, int j);
+static bool group_rerun(const Model *m, int l);
 static void act_offload_alloc(Model *m);
 static void act_offload_free(Model *m);
 static void grads_add_staged(Model *m);
@@ -683,7 +684,7 @@ template <typename floatX> void layer_major_forward_backward(Model *m, float gra
         PROF_END(m->stream);
     });
     for (int l = c->n_layers - 1; l >= lowest; l--) {
-        if (K > 1 && (l + 1) % K == 0 && l + 1 < c->n_layers) layers_forward(m, s, l - (K - 1), l);
+        if (group_rerun(m, l)) layers_forward(m, s, l - (K - 1), l);
         cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
         cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
         chunks_over(m, s, l, 1, [&](const Chunk *ch, int j) {

@@ -18,6 +18,11 @@ static size_t resid_bytes(const Model *m) {
 static bool input_kept(const Model *m, int l) { return l % m->offload_every == 0 || l == m->host.config.n_layers; }
 // the inputs kept in host memory, ceil(L / K) + 1: ckpt's (layer l's at ceil(l / K))
 static int inputs_kept(const Model *m) { return (m->host.config.n_layers + m->offload_every - 1) / m->offload_every + 1; }
+// whether the backward re-runs the forward of layer l's group before layer l's: l the top of a
+// group of K > 1 below the last group (whose inner inputs are still in group_in from the forward)
+static bool group_rerun(const Model *m, int l) {
+    return m->offload_every > 1 && (l + 1) % m->offload_every == 0 && l + 1 < m->host.config.n_layers;
+}
 // chunk ch's block (B, len, D) of layer l's input where it is kept: its place in ckpt (host
 // memory), or inside a group group_in[l % K - 1] (the GPU), which the group's forward fills
 template <typename floatX> floatX *input_block(Model *m, const Chunk *ch, int l) {
@@ -102,7 +107,7 @@ static void activation_offload_plan(const Model *m) {
     int kept_trained = 0, reruns = 0;
     for (int l = lowest; l < L; l++) {
         kept_trained += input_kept(m, l);
-        reruns += K > 1 && (l + 1) % K == 0 && l + 1 < L; // (a group's top, below the last group)
+        reruns += group_rerun(m, l);
     }
     double up = (double)(kept - 1 + 2 * kept_trained + reruns) * resid_bytes(m), down = (double)kept * resid_bytes(m);
     double tflops = m->peak_tflops > 0 ? m->peak_tflops : PLAN_PEAK_TFLOPS, layer = m->B * layer_forward_flops(&h->config, m->T, m->s2_attn);
