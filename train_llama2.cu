@@ -130,6 +130,7 @@ template <typename floatX> struct Buffers {
     floatX *kv;         // (B, C, NKV*hd) a chunk's keys or values before they enter the carry
     floatX *dresid;     // (B, C, D); --activation_offloading: chunk j's block of dresid_seq
     floatX *dresid_seq; // (B, T, D) --activation_offloading: the whole sequence's, chunk j's (B, len, D) at B t0 D
+    floatX *group_in;   // (K - 1, B, T, D) --offload_every K: the inputs of a group's layers above its first (input_block)
     floatX *dln;        // (B, C, D)
     floatX *dq, *datty; // (B, C, NH*hd)
     floatX *dgate, *dup, *dhmlp; // (B, C, H)
@@ -189,8 +190,9 @@ typedef struct {
     // --activation_offloading (docs/long_context.md "Activation offloading"): the micro-batch layer-major
     int activation_offloading; // set by the trainer: each layer over the whole sequence, chunk by chunk, the layers'
                               // inputs in host memory; one layer's carries, the chunk's resid four slots (layer_in)
-    void *ckpt;               // (L + 1, B, T, D) pinned, the compute type: each layer's input, and the last one's output;
-                              // chunk j's block (B, len, D) at B t0 D of each (ckpt_block)
+    int offload_every;        // set by the trainer (--offload_every K): the inputs kept in host memory, layers 0, K, 2K, ...
+    void *ckpt;               // (ceil(L / K) + 1, B, T, D) pinned, the compute type: those layers' inputs, and the last
+                              // one's output; chunk j's block (B, len, D) at B t0 D of each (input_block)
     cudaStream_t act_stream;  // their way up and down
     cudaEvent_t act_moved[4]; // each resid slot's last copy (act_up, act_down)
     uint8_t *shard_ring[2];   // (layer_bytes each) sharded: layer u's shard copied up into shard_ring[u & 1], gathered from there
@@ -314,7 +316,7 @@ template <typename floatX> void layer_kv(Model *m, ChunkActs<floatX> *s, const C
 template <typename floatX> void layer_backward(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int l);
 template <typename floatX> void chunk_embedding_backward(Model *m, const Chunk *ch);
 template <typename floatX> void layer_major_forward_backward(Model *m, float grad_scale, bool last);
-template <typename floatX> void layers_forward(Model *m, ChunkActs<floatX> *s);
+template <typename floatX> void layers_forward(Model *m, ChunkActs<floatX> *s, int from, int to);
 template <typename floatX, typename F> void chunks_over(Model *m, ChunkActs<floatX> *s, int l, int dir, F f);
 template <typename floatX> floatX *dresid_block(Model *m, const Chunk *ch);
 template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const Chunk *ch, float grad_scale, float *logits_out);
@@ -365,6 +367,7 @@ static void grads_done(Model *m, int u);
 template <typename floatX> void act_up(Model *m, ChunkActs<floatX> *s, int j, int l);
 template <typename floatX> void act_down(Model *m, ChunkActs<floatX> *s, const Chunk *ch, int i, int l);
 static void act_wait(Model *m, int j);
+static bool group_rerun(const Model *m, int l);
 static void act_offload_alloc(Model *m);
 static void act_offload_free(Model *m);
 static void grads_add_staged(Model *m);
@@ -667,21 +670,25 @@ template <typename floatX> void chunk_head(Model *m, ChunkActs<floatX> *s, const
 
 // --activation_offloading (docs/long_context.md "Activation offloading"): the micro-batch
 // layer-major. Each layer runs over the whole sequence chunk by chunk, each chunk's input up from
-// host memory (ckpt[l]) a chunk ahead (chunks_over) and its output down to ckpt[l + 1]
-// (layers_forward), so that the GPU holds one layer's KV carry; then the head chunk by chunk,
-// last first, each chunk's d(resid) kept in dresid_seq; then each layer from the top: its dKV
-// carry zeroed, its keys and values refilled for the whole sequence (layer_kv), and each
-// chunk's backward, last first (layer_backward: the forward recomputed); then the embedding's.
-// Every unit's gradient and the dKV carry sum the chunks in the chunk-major order (last first):
-// the same bits as the chunks of model_forward_backward, which runs the same functions.
+// where it is kept (input_block: host memory for layers 0, K, 2K, ... with --offload_every K, the
+// GPU's group_in for those between) a chunk ahead (chunks_over) and its output down as the next
+// one's (layers_forward), so that the GPU holds one layer's KV carry; then the head chunk by
+// chunk, last first, each chunk's d(resid) kept in dresid_seq; then each layer from the top: at
+// the top of a group of K below the last, the group's forward re-run from its kept input (the
+// inputs inside it again in group_in; the last group's are there from the forward); its dKV
+// carry zeroed, its keys and values refilled for the whole sequence (layer_kv), and each chunk's
+// backward, last first (layer_backward: the forward recomputed); then the embedding's. A
+// forward re-run on the same input gives the same bits, and every unit's gradient and the dKV
+// carry sum the chunks in the chunk-major order (last first): the same bits as the chunks of
+// model_forward_backward, which runs the same functions.
 template <typename floatX> void layer_major_forward_backward(Model *m, float grad_scale, bool last) {
     const Config *c = &m->host.config;
     Buffers<floatX> &d = buffers<floatX>(m);
     ChunkActs<floatX> *s = &d.chunk[0];
     Chunk first = rows_chunk(&m->rows, 0, 1), kv = carry_rows(&m->rows, &first, 0);
     size_t carry = (size_t)kv.B * kv.T * c->n_kv_heads * c->head_dim; // (one layer's)
-    int lowest = m->host.frozen_units ? m->host.frozen_units - 1 : 0; // (as chunk_backward's)
-    layers_forward(m, s);
+    int lowest = m->host.frozen_units ? m->host.frozen_units - 1 : 0, K = m->offload_every; // (as chunk_backward's)
+    layers_forward(m, s, -1, c->n_layers);
     chunks_over(m, s, c->n_layers, -1, [&](const Chunk *ch, int j) {
         offload_step_set_last_pass(m, last && j == 0);
         d.dresid = dresid_block<floatX>(m, ch);
@@ -690,6 +697,7 @@ template <typename floatX> void layer_major_forward_backward(Model *m, float gra
         PROF_END(m->stream);
     });
     for (int l = c->n_layers - 1; l >= lowest; l--) {
+        if (group_rerun(m, l)) layers_forward(m, s, l - (K - 1), l);
         cudaCheck(cudaMemsetAsync(d.dk, 0, carry * sizeof(floatX), m->stream));
         cudaCheck(cudaMemsetAsync(d.dv, 0, carry * sizeof(floatX), m->stream));
         chunks_over(m, s, l, 1, [&](const Chunk *ch, int j) {
@@ -713,13 +721,15 @@ template <typename floatX> void layer_major_forward_backward(Model *m, float gra
     }
     offload_step_set_last_pass(m, false);
 }
-// the layer-major forward: the embedding chunk by chunk into layer 0's input (down as ckpt[0]),
-// then each layer over every chunk, its output down as the next one's input
-template <typename floatX> void layers_forward(Model *m, ChunkActs<floatX> *s) {
+// the layer-major forward of layers from .. to - 1, each over every chunk from its kept input,
+// its output down as the next one's; from -1: from the embedding, chunk by chunk into layer 0's
+// input (down to ckpt)
+template <typename floatX> void layers_forward(Model *m, ChunkActs<floatX> *s, int from, int to) {
     int L = m->host.config.n_layers;
-    for (int l = 0; l < L; l++)
-        chunks_over(m, s, l ? l : -1, 1, [&](const Chunk *ch, int j) {
-            if (l == 0) {
+    for (int l = std::max(from, 0); l < to; l++) {
+        bool embed = from < 0 && l == 0;
+        chunks_over(m, s, embed ? -1 : l, 1, [&](const Chunk *ch, int j) {
+            if (embed) {
                 PROF_BEGIN(m->stream, "embedding forward", -1, j, -1);
                 chunk_embed(m, layer_in(m, s, ch, 0), ch);
                 PROF_END(m->stream);
@@ -731,9 +741,10 @@ template <typename floatX> void layers_forward(Model *m, ChunkActs<floatX> *s) {
             PROF_END(m->stream);
             act_down(m, s, ch, 2, l + 1);
         });
+    }
 }
 // f(ch, j) for each chunk j of the rows, first to last (dir 1) or back (-1), its block of
-// ckpt[l] up in its input slot (l >= 0; -1: none), the next one's copy started before it computes
+// layer l's input up in its input slot (l >= 0; -1: none), the next one's copy started before it computes
 template <typename floatX, typename F> void chunks_over(Model *m, ChunkActs<floatX> *s, int l, int dir, F f) {
     int n = m->rows.n, j = dir > 0 ? 0 : n - 1;
     if (l >= 0) act_up(m, s, j, l);
@@ -762,7 +773,7 @@ static double model_forward(Model *m, const int *tokens, const int *targets, int
         using floatX = typename decltype(tag)::type;
         ChunkActs<floatX> *s = &buffers<floatX>(m).chunk[0];
         if (m->activation_offloading) { // (layer-major: the heads after every layer)
-            layers_forward(m, s);
+            layers_forward(m, s, -1, m->host.config.n_layers);
             chunks_over(m, s, m->host.config.n_layers, 1, [&](const Chunk *ch, int j) {
                 buffers<floatX>(m).dresid = dresid_block<floatX>(m, ch); // (the head's scratch)
                 PROF_BEGIN(m->stream, "head", -1, j, -1);
@@ -1369,6 +1380,7 @@ template <typename floatX> void model_layout(Model *m, Layout *w, Layout *p, Lay
     place(a, d.kv, N * KV);
     if (m->activation_offloading) place(a, d.dresid_seq, (size_t)m->B * m->T * D), d.dresid = d.dresid_seq;
     else place(a, d.dresid, N * D);
+    place(a, d.group_in, m->activation_offloading ? (size_t)(m->offload_every - 1) * m->B * m->T * D : 0);
     place(a, d.dln, N * D);
     place(a, d.dq, N * Q); place(a, d.datty, N * Q);
     place(a, d.dgate, N * H); place(a, d.dup, N * H); place(a, d.dhmlp, N * H);
@@ -2508,6 +2520,8 @@ static const char *const backend_memory = "GPU memory";
 #define PLAN_PCIE_GBS 25.0
 #define PLAN_PEAK_TFLOPS 165.0
 static double flops_per_sequence(const HostModel *m, int T, int s2); // (trainer/plan.h)
+static double layer_matmul_params(const Config *c);
+static double attention_flops(const Config *c, int T, int s2);
 static void base_offload_plan(const Model *m) {
     const HostModel *h = &m->host;
     const double MiB = 1048576.0;
@@ -2565,7 +2579,7 @@ static const char *const host_plan_names[HOST_PLAN_PARTS] = {"base weights (fp32
 static const int host_plan_always = 4; // the parts listed when empty (the later ones, when a run has them)
 static double model_host_bytes(const Model *m, int part) {
     const HostModel *h = &m->host;
-    if (part == 4) return m->activation_offloading ? (double)(h->config.n_layers + 1) * resid_bytes(m) : 0; // (support/act_offload.cuh)
+    if (part == 4) return m->activation_offloading ? (double)inputs_kept(m) * resid_bytes(m) : 0; // (support/act_offload.cuh)
     if (part == 3 && !m->cpu_offload) return 0;
     if (part == 3) {
         double n = (double)m->n_train, stages = 2.0 * offload_stage_numel(m) * sizeof(float);

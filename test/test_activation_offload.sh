@@ -33,10 +33,10 @@ QUICK=0
 CPU=(--model "$FIX/tiny_gqa" --data "$FIX/data.jsonl" --max_seq_len 24 --max_steps 2 --lr 5e-3 --threads 1 --chunk_size 10)
 rc=0
 "$BIN" "${CPU[@]}" --output_dir "$TMP/cpu0" --metrics_file "$TMP/cpu0.jsonl" >"$TMP/cpu0.log" 2>&1 || rc=1
-"$BIN" "${CPU[@]}" --activation_offloading --output_dir "$TMP/cpu1" --metrics_file "$TMP/cpu1.jsonl" >"$TMP/cpu1.log" 2>&1 || rc=1
+"$BIN" "${CPU[@]}" --activation_offloading --offload_every 2 --output_dir "$TMP/cpu1" --metrics_file "$TMP/cpu1.jsonl" >"$TMP/cpu1.log" 2>&1 || rc=1
 diff -q <(trajectory "$TMP/cpu0.jsonl") <(trajectory "$TMP/cpu1.jsonl") >/dev/null 2>&1 || rc=1
 cmp -s "$TMP/cpu0/adapter_model.safetensors" "$TMP/cpu1/adapter_model.safetensors" || rc=1
-check "the CPU trainer: --activation_offloading changes nothing" $rc "$(tail -2 "$TMP/cpu1.log")"
+check "the CPU trainer: --activation_offloading --offload_every 2 changes nothing" $rc "$(tail -2 "$TMP/cpu1.log")"
 [ $QUICK = 1 ] && { [ "$fails" -eq 0 ]; exit; }
 
 need_emu "--activation_offloading"
@@ -65,9 +65,10 @@ same() {
         [ "${f##*/}" = trainer_state.json ] || cmp -s "$f" "$3/checkpoint-1/${f##*/}" || return 1
     done
 }
-# pair NAME FILE [args]: a step with --activation_offloading == without, bit for bit
+# pair NAME FILE [args]: a step with --activation_offloading == without, bit for bit; with
+# $EVERY (K ...), with --offload_every K too
 pair() {
-    local name=$1 file=$2 tag rc=0
+    local name=$1 file=$2 tag rc=0 k
     shift 2
     tag=$(echo "$name" | tr -c 'A-Za-z0-9\n' _)
     emu "$TMP/$tag-dev" --max_steps 1 "$@" || rc=1
@@ -77,11 +78,19 @@ pair() {
     same "$file" "$TMP/$tag-dev" "$TMP/$tag-host" || rc=1
     check "$name: --activation_offloading == without, bit for bit" $rc \
         "$(tail -2 "$TMP/$tag-host.log"; diff <(trajectory "$TMP/$tag-host.jsonl") <(trajectory "$TMP/$tag-dev.jsonl") 2>&1 | head -4)"
+    for k in ${EVERY:-}; do
+        rc=0
+        emu "$TMP/$tag-k$k" --max_steps 1 "$@" --activation_offloading --offload_every "$k" || rc=1
+        grep -q "layer inputs on the GPU .*--offload_every $k" "$TMP/$tag-k$k.log" || rc=1
+        same "$file" "$TMP/$tag-dev" "$TMP/$tag-k$k" || rc=1
+        check "$name: --offload_every $k == without, bit for bit" $rc \
+            "$(tail -2 "$TMP/$tag-k$k.log"; diff <(trajectory "$TMP/$tag-k$k.jsonl") <(trajectory "$TMP/$tag-dev.jsonl") 2>&1 | head -4)"
+    done
 }
 A=adapter_model.safetensors W=model.safetensors
-pair "LoRA bf16, chunks of 10 (10, 10, 4), 2 rows" $A "${ALL[@]}" "${CHUNKS[@]}"
+EVERY="2 3" pair "LoRA bf16, chunks of 10 (10, 10, 4), 2 rows" $A "${ALL[@]}" "${CHUNKS[@]}"
 pair "LoRA fp32, whole sequences" $A "${ALL[@]}" --precision fp32
-pair "QLoRA nf4 with --cpu_offload 1 (the base streamed), chunks of 10" $A "${ALL[@]}" "${CHUNKS[@]}" --quantize nf4 --cpu_offload 1
+EVERY="2 3" pair "QLoRA nf4 with --cpu_offload 1 (the base streamed), chunks of 10" $A "${ALL[@]}" "${CHUNKS[@]}" --quantize nf4 --cpu_offload 1
 pair "DoRA, chunks of 10" $A "${ALL[@]}" "${CHUNKS[@]}" --use_dora
 pair "full fine-tuning, chunks of 10" $W --full_finetune "${CHUNKS[@]}"
 ARGS=(--model "$FIX/tiny_mistral" --data "$FIX/data.jsonl" --max_seq_len 24 --lr 5e-3 --warmup_steps 0 --threads 1 --batch_size 2)
@@ -102,21 +111,25 @@ diff -q <(trajectory "$TMP/res-ref.jsonl" | sed -n 3,4p) <(trajectory "$TMP/res2
 cmp -s "$TMP/res-ref/$A" "$TMP/res2/$A" || rc=1
 check "QLoRA resumed from checkpoint 2 with it == uninterrupted without it" $rc "$(tail -2 "$TMP/res2.log")"
 
-# the plan, on train_helpers.sh's model of dim 256 (2 layers), 2 rows of 64 in chunks of 16: the
-# GPU's total against the emulated peak less the workspace, the host's layer inputs against what
-# the run pinned
+# the plan, on train_helpers.sh's model of dim 256 (2 layers), 2 rows of 64 in chunks of 16, with
+# every layer's input kept and with --offload_every 2 (one on the GPU): the GPU's total against
+# the emulated peak less the workspace, the host's layer inputs against what the run pinned
 aligned_model "$TMP/big"
 ARGS=(--model "$TMP/big" --data "$FIX/data.jsonl" --max_seq_len 64 --batching padding --batch_size 2 --threads 1)
-rc=0
-LLAMA2TUNE_OFFLOAD_LOG=1 emu "$TMP/big" --max_steps 1 --chunk_size 16 "${ALL[@]}" --activation_offloading || rc=1
-peak=$(sed -n 's/^peak GPU memory \([0-9.]*\) MiB.*/\1/p' "$TMP/big.log")
-plan=$(awk '/^memory plan/ { on = 1 } on && $1 == "total" { print $2; exit }' "$TMP/big.log")
-awk -v p="${plan:-0}" -v k="${peak:-0}" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }' || rc=1
-pinned=$(sed -n 's/^activation offload: \([0-9]*\) bytes pinned/\1/p' "$TMP/big.log")
-inputs=$(awk '$1 == "layer" && $2 == "inputs" && $3 == "(pinned)" { print $4 }' "$TMP/big.log")
-awk -v p="${pinned:-0}" -v h="${inputs:-0}" 'BEGIN { exit !(p > 0 && p / 1048576 - h < 0.06 && h - p / 1048576 < 0.06) }' || rc=1
-check "the plan: the GPU's within 3% of the emulated peak less the workspace, the host's layer inputs what the run pinned" $rc \
-    "plan ${plan:-none} MiB, peak ${peak:-none} MiB, pinned ${pinned:-none} bytes, planned ${inputs:-none} MiB: $(tail -2 "$TMP/big.log")"
+for k in 1 2; do
+    rc=0
+    LLAMA2TUNE_OFFLOAD_LOG=1 emu "$TMP/big$k" --max_steps 1 --chunk_size 16 "${ALL[@]}" --activation_offloading --offload_every $k || rc=1
+    peak=$(sed -n 's/^peak GPU memory \([0-9.]*\) MiB.*/\1/p' "$TMP/big$k.log")
+    plan=$(awk '/^memory plan/ { on = 1 } on && $1 == "total" { print $2; exit }' "$TMP/big$k.log")
+    awk -v p="${plan:-0}" -v k="${peak:-0}" 'BEGIN { m = k - 32; exit !(p > 0 && m > 0 && p >= 0.97 * m && p <= 1.03 * m) }' || rc=1
+    pinned=$(sed -n 's/^activation offload: \([0-9]*\) bytes pinned/\1/p' "$TMP/big$k.log")
+    inputs=$(awk '$1 == "layer" && $2 == "inputs" && $3 == "(pinned)" { print $4 }' "$TMP/big$k.log")
+    [ $k = 1 ] && all=${pinned:-0} # (3 inputs: with --offload_every 2, 2 of them)
+    awk -v p="${pinned:-0}" -v h="${inputs:-0}" -v n=$((2 / k + 1)) -v all="$all" \
+        'BEGIN { exit !(p > 0 && p * 3 == all * n && p / 1048576 - h < 0.06 && h - p / 1048576 < 0.06) }' || rc=1
+    check "the plan, --offload_every $k: the GPU's within 3% of the emulated peak less the workspace, the host's layer inputs what the run pinned" $rc \
+        "plan ${plan:-none} MiB, peak ${peak:-none} MiB, pinned ${pinned:-none} bytes, planned ${inputs:-none} MiB: $(tail -2 "$TMP/big$k.log")"
+done
 
 # refused, saying why
 ARGS=(--model "$FIX/tiny_tied" --data "$FIX/data.jsonl" --max_seq_len 24 --threads 1)
@@ -130,5 +143,11 @@ refused() { # refused NAME MESSAGE [args]
 refused "a tied embedding that trains" "with a tied embedding that trains is not supported yet" --full_finetune
 refused "--context_parallel 2" "with --context_parallel is not supported yet" --context_parallel 2
 refused "--sample_prompt" "with --sample_prompt is not supported yet" --sample_prompt hello
+refused "--offload_every above the model's layers" "--offload_every 3 is more than the 2 decoder layers" --offload_every 3
+ARGS+=(--max_steps 1)
+rc=0
+"$EMU_BIN" "${ARGS[@]}" --output_dir "$TMP/refused" --offload_every 2 >"$TMP/refused.log" 2>&1 && rc=1
+grep -q -- "--offload_every 2 says which layers' inputs --activation_offloading keeps" "$TMP/refused.log" || rc=1
+check "refused: --offload_every without --activation_offloading" $rc "$(tail -2 "$TMP/refused.log")"
 
 [ "$fails" -eq 0 ]

@@ -126,7 +126,7 @@ targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 "$BIN" --model $FIX/tiny_gqa --data "$DATA" --max_seq_len 24 --dry_run --output_dir "$long_dir" \
     --lora_target_modules $targets >"$TMP/table.log" 2>&1
 # (but the quiet options, trainer/options.h's quiet_options, which it lists only when set)
-"$BIN" --help | sed -n 's/^  --\([a-z_0-9]*\) .*/\1/p' | grep -vx -e help -e objective -e beta -e dpo_loss_type -e shared_prompt -e precompute_ref_log_probs -e activation_offloading >"$TMP/names"
+"$BIN" --help | sed -n 's/^  --\([a-z_0-9]*\) .*/\1/p' | grep -vx -e help -e objective -e beta -e dpo_loss_type -e shared_prompt -e precompute_ref_log_probs -e activation_offloading -e offload_every >"$TMP/names"
 bad=$(awk 'FNR == NR { name[$1] = 1; n++; next }
     /^configuration:/ { on = 1; next }
     on && !/^  / { on = 0 }

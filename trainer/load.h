@@ -57,6 +57,12 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
         host_model_free(h);
         return -1;
     }
+    if (tc->offload_every > h->config.n_layers) {
+        fprintf(stderr, "error: --offload_every %d is more than the %d decoder layers of %s (num_hidden_layers)\n", tc->offload_every,
+                h->config.n_layers, tc->model);
+        host_model_free(h);
+        return -1;
+    }
     if (tc->s2_attn && (h->config.sliding_window || h->config.n_heads % 2)) { // S2-Attn's mask replaces the causal one
         if (h->config.sliding_window)
             fprintf(stderr, "error: --s2_attn: %s has a sliding window of %d keys (sliding_window), which shifted sparse "
@@ -162,6 +168,7 @@ static int model_load_host(Model *m, Fsdp *f, const TrainConfig *tc, const char 
 #endif
 #ifdef BACKEND_ACTIVATION_OFFLOAD
     m->activation_offloading = tc->activation_offloading; // (with activation checkpointing: model_plan)
+    m->offload_every = tc->offload_every;
 #endif
     m->pure_bf16 = tc->pure_bf16;
     m->s2_attn = tc->s2_attn;

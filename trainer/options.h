@@ -15,7 +15,7 @@ typedef struct {
     int profile_first, profile_last; // --profile_steps (parse_args)
     int max_seq_len, batch_size, grad_accum, global_batch_size, max_steps, num_epochs, warmup_steps, seed, shuffle;
     float memory_limit, host_memory_limit;
-    int eval_every, full_finetune, pure_bf16, freeze_layers, cpu_offload, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing, activation_offloading, s2_attn, context_parallel;
+    int eval_every, full_finetune, pure_bf16, freeze_layers, cpu_offload, lora_r, use_rslora, use_dora, threads, chunk_size, num_output_chunks, activation_checkpointing, activation_offloading, offload_every, s2_attn, context_parallel;
     float lr, lora_alpha, lora_dropout;
     const char *optimizer;
     OptimizerSettings optim; // the optimizer's settings; its kind from --optimizer (parse_args)
@@ -54,7 +54,7 @@ typedef struct { const char *name; int type; void *ptr; const char *def, *help; 
 // when set away from their default, so that the runs that do not use them print and save what they did
 // before these options existed
 static const char *const quiet_options[] = {"objective", "beta", "dpo_loss_type", "shared_prompt", "precompute_ref_log_probs",
-                                            "activation_offloading"};
+                                            "activation_offloading", "offload_every"};
 
 #define OPTIONS(tc) { \
     {"model", OPT_STR, &(tc)->model, "", "Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.model or tokenizer.json)", 0, 0}, \
@@ -117,6 +117,7 @@ static const char *const quiet_options[] = {"objective", "beta", "dpo_loss_type"
     {"chunk_memory", OPT_STR, &(tc)->chunk_memory, "keep", "keep: every chunk's activations until its backward; recompute: re-run a chunk's forward before its backward", 0, 0}, \
     {"activation_checkpointing", OPT_FLAG, &(tc)->activation_checkpointing, "0", "keep only each layer's input and re-run the layer's forward before its backward: less activation memory, the same results (HF's gradient_checkpointing, torchtune's enable_activation_checkpointing)", 0, 1}, \
     {"activation_offloading", OPT_FLAG, &(tc)->activation_offloading, "0", "train_llama2cu: run each micro-batch layer by layer over the whole sequence (chunk by chunk, --chunk_size), every layer's input in pinned host memory, so that the GPU holds one layer's KV and dKV carries instead of every layer's: contexts past the GPU's memory, the same results (torchtune's enable_activation_offloading). Implies --activation_checkpointing and one chunk's activations at a time (any --chunk_memory); the plan says the bytes moved and their PCIe time against the compute. Not with --context_parallel, --peft_method prefix, --shared_prompt on, --sample_prompt, or a tied embedding that trains. The CPU trainer's activations are host memory already: it changes nothing", 0, 1}, \
+    {"offload_every", OPT_INT, &(tc)->offload_every, "1", "with --activation_offloading (train_llama2cu): keep only every K-th layer's input in pinned host memory (layers 0, K, 2K, ..., and the head's), about K times less host memory; the backward re-runs the forward of each group of K layers from its kept input, the K - 1 inputs inside the group held on the GPU over the whole sequence: one more forward of those layers (the plan says how much), the same results. At most the model's decoder layers", 1, 1 << 20}, \
     {"s2_attn", OPT_INT, &(tc)->s2_attn, "0", "1: LongLoRA's shifted sparse attention (S2-Attn) in training: each row of T tokens is cut in 4 groups of T/4, half the query heads attend within them, the other half within groups shifted by T/8 (evaluation and sampling attend fully; needs --batching packing and a --max_seq_len that is a multiple of 4; not with a sliding-window model)", 0, 1}, \
     {"num_output_chunks", OPT_INT, &(tc)->num_output_chunks, "1", "run the output head and loss in this many pieces of a chunk", 1, 1 << 20}, \
     {"threads", OPT_INT, &(tc)->threads, "0", "OpenMP threads (0: OpenMP's default)", 0, 4096}, \
@@ -282,6 +283,7 @@ static int activation_offloading_with_shared_prompt(const TrainConfig *tc) {
     return activation_offloading_untested(tc) && !strcmp(tc->shared_prompt, "on");
 }
 static int activation_offloading_with_sample(const TrainConfig *tc) { return activation_offloading_untested(tc) && tc->sample_prompt.n; }
+static int offload_every_without_offloading(const TrainConfig *tc) { return tc->offload_every > 1 && !tc->activation_offloading; }
 static int output_chunks_over_chunk(const TrainConfig *tc) { return tc->chunk_size && tc->num_output_chunks > tc->chunk_size; }
 static int output_chunks_over_row(const TrainConfig *tc) { return !tc->chunk_size && tc->num_output_chunks > tc->max_seq_len; }
 static int adapter_other_than_lora(const TrainConfig *tc) { return strcmp(tc->peft_method, "lora") != 0; }
@@ -377,6 +379,8 @@ static const Refusal refusals[] = {
      "--activation_offloading with --shared_prompt on is not supported yet by this trainer: give auto or off (auto runs the prompts twice with it)"},
     {"--activation_offloading", "--sample_prompt (train_llama2cu)", AFTER_CHOICES, activation_offloading_with_sample,
      "--activation_offloading with --sample_prompt is not supported yet by this trainer (sampling's KV cache is every layer's; the schedule holds one)"},
+    {"--offload_every above 1", "no --activation_offloading", AFTER_CHOICES, offload_every_without_offloading,
+     "--offload_every {offload_every} says which layers' inputs --activation_offloading keeps in host memory: give it with --activation_offloading"},
     {"--num_output_chunks", "a smaller --chunk_size", AFTER_CHOICES, output_chunks_over_chunk,
      "--num_output_chunks {num_output_chunks} is more than the {chunk_size} tokens of a chunk"},
     {"--num_output_chunks", "a smaller --max_seq_len (no --chunk_size)", AFTER_CHOICES, output_chunks_over_row,

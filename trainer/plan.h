@@ -18,11 +18,18 @@
 // it count, T^2 / 2 - (T - W)^2 / 2 of them; with --s2_attn (s2) those of the
 // groups, G^2 / 2 a group of G = T / 4: 4 of them in the first half of the heads,
 // 3 and two of G / 2 in the second, 15/64 of T^2 / 2 over all. Recomputed forwards
-// (--chunk_memory recompute, --activation_checkpointing) are not counted.
+// (--chunk_memory recompute, --activation_checkpointing) are not counted (layer_forward_flops).
+static double layer_matmul_params(const Config *c) { // (a decoder layer's seven projections)
+    double D = c->dim, H = c->hidden_dim, Q = (double)c->n_heads * c->head_dim, KV = (double)c->n_kv_heads * c->head_dim;
+    return D * Q * 2 + D * KV * 2 + 3 * D * H;
+}
+static double attention_flops(const Config *c, int T, int s2) { // (every layer's, forward)
+    double Q = (double)c->n_heads * c->head_dim, outside = c->sliding_window && c->sliding_window < T ? (double)(T - c->sliding_window) : 0;
+    return 2.0 * c->n_layers * Q * ((double)T * T - outside * outside) * (s2 ? 15.0 / 64 : 1.0);
+}
 static double flops_per_sequence(const HostModel *m, int T, int s2) {
     const Config *c = &m->config;
-    double D = c->dim, H = c->hidden_dim, Q = (double)c->n_heads * c->head_dim, KV = (double)c->n_kv_heads * c->head_dim;
-    double per_layer = D * Q * 2 + D * KV * 2 + 3 * D * H, N = c->n_layers * per_layer + (double)c->vocab_size * D;
+    double N = c->n_layers * layer_matmul_params(c) + (double)c->vocab_size * c->dim;
     double lora = 0;
     if (m->use_lora) {
         int in[LORA_N_TARGETS], out[LORA_N_TARGETS];
@@ -30,9 +37,7 @@ static double flops_per_sequence(const HostModel *m, int T, int s2) {
         for (int t = 0; t < LORA_N_TARGETS; t++)
             if (m->lora.targets & (1u << t)) lora += c->n_layers * (double)m->lora.r * (in[t] + out[t]);
     }
-    double outside = c->sliding_window && c->sliding_window < T ? (double)(T - c->sliding_window) : 0;
-    double attn = 2.0 * c->n_layers * Q * ((double)T * T - outside * outside) * (s2 ? 15.0 / 64 : 1.0);
-    return (m->full_finetune ? 6 * N : 4 * N + 6 * lora) * T + 3 * attn;
+    return (m->full_finetune ? 6 * N : 4 * N + 6 * lora) * T + 3 * attention_flops(c, T, s2);
 }
 
 // What training holds, known before it starts: printed as the memory plan
