@@ -2522,13 +2522,18 @@ static const char *const backend_memory = "GPU memory";
 static double flops_per_sequence(const HostModel *m, int T, int s2); // (trainer/plan.h)
 static double layer_matmul_params(const Config *c);
 static double attention_flops(const Config *c, int T, int s2);
+static bool group_rerun(const Model *m, int l); // (support/act_offload.cuh)
 static void base_offload_plan(const Model *m) {
     const HostModel *h = &m->host;
     const double MiB = 1048576.0;
     int L = h->config.n_layers, n = (m->T + m->chunk_size - 1) / m->chunk_size, passes = 2 * n + (m->recompute ? n - 1 : 0);
-    if (m->activation_offloading) passes = 2; // (layer-major: each layer up once in the forward, once in the backward)
-    if (m->sharded && !m->fsdp->info->reshard_after_forward) passes = 1;
-    double ring = 2.0 * layer_bytes(m), up = (double)passes * L * layer_bytes(m);
+    int rerun = 0; // layers up once more: --offload_every K's groups re-run before their backward, K - 1 layers each
+    if (m->activation_offloading) { // (layer-major: each layer up once in the forward, once in the backward)
+        passes = 2;
+        for (int l = 0; l < L; l++) rerun += group_rerun(m, l) ? m->offload_every - 1 : 0;
+    }
+    if (m->sharded && !m->fsdp->info->reshard_after_forward) passes = 1, rerun = 0;
+    double ring = 2.0 * layer_bytes(m), up = ((double)passes * L + rerun) * layer_bytes(m);
     double tflops = m->peak_tflops > 0 ? m->peak_tflops : PLAN_PEAK_TFLOPS;
     double pcie_ms = up / (PLAN_PCIE_GBS * 1e9) * 1e3, compute_ms = m->B * flops_per_sequence(h, m->T, m->s2_attn) / (tflops * 1e12) * 1e3;
     bool quant = h->quant_type != QUANT_NONE;
@@ -2548,9 +2553,11 @@ static void base_offload_plan(const Model *m) {
     }
     if (quant) printf("    %-32s %10.1f MiB   (%s, %s)\n", "of which dequantize scratch", model_dequant_scratch_bytes(m) / MiB,
                       backend_dequant_scratch, m->fp32 ? "fp32" : m->fp16 ? "fp16" : "bf16");
-    printf("  %-34s %10.1f MiB   (%d pass%s over %d layers%s: %.1f ms at %.0f GB/s, against %.1f ms of compute at %.0f TFLOP/s)\n",
-           "streamed up a micro-batch", up / MiB, passes, passes == 1 ? "" : "es", L, m->sharded ? "' shards; their gathers as without the offload, not PCIe" : "",
-           pcie_ms, PLAN_PCIE_GBS, compute_ms, tflops);
+    char again[48] = "";
+    if (rerun) snprintf(again, sizeof again, " and %d re-run", rerun);
+    printf("  %-34s %10.1f MiB   (%d pass%s over %d layers%s%s: %.1f ms at %.0f GB/s, against %.1f ms of compute at %.0f TFLOP/s)\n",
+           "streamed up a micro-batch", up / MiB, passes, passes == 1 ? "" : "es", L, again,
+           m->sharded ? "' shards; their gathers as without the offload, not PCIe" : "", pcie_ms, PLAN_PCIE_GBS, compute_ms, tflops);
     if (pcie_ms > compute_ms) {
         fflush(stdout);
         fprintf(stderr, "warning: --cpu_offload 1: streaming the base takes %.1f ms a micro-batch over PCIe (%.0f GB/s), more than "
