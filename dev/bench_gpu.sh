@@ -3,7 +3,7 @@
 # attention.cuh against SDPA, the longest sequence) on one GPU, in parts that each fit one
 # 10-minute call of a GPU lease:
 #
-#   dev/bench_gpu.sh PART...     PART: hf | ours | attention | long | shared
+#   dev/bench_gpu.sh PART...     PART: hf | ours | attention | long | shared | tier
 #
 #   hf         transformers + peft: LoRA qv8 and all16 x seq 512, 2048, 4096, each at the largest
 #              batch that fits (dev/bench_hf.py)
@@ -17,6 +17,10 @@
 #              against two rows (off) at prompts of SHARED_PROMPTS words (256,1024,4096; responses of
 #              256): the median step time of steps 2-4 (metrics' ms), tokens/s as two rows, the peak
 #
+#   tier       host memory as the GPU's second tier: train_llama2cu LoRA qv8 and QLoRA nf4 all-linear at
+#              TIER_SEQ (2048) tokens with the base streamed (--cpu_offload 1) against resident, and LoRA
+#              qv8 at TIER_LONG (16384) tokens in chunks of TIER_CHUNK (2048) with --activation_offloading against
+#              without: the median step time of steps 2-4, the peak, and the plan's PCIe estimate
 # Each part writes RESULTS/bench_PART.md (device, date, commit and versions, then the rows),
 # RESULTS/bench_PART.log (all output) and, but for attention, RESULTS/bench_PART.jsonl;
 # RESULTS is $OUT when set (the folder a GPU lease sends back), else out/bench. The tables
@@ -40,7 +44,7 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/cuda/bin" # nvcc, where the image keeps it
 [ $# -gt 0 ] || { sed -n '2,14p' "$0"; exit 2; }
 for p in "$@"; do
-    case $p in hf|ours|attention|long|shared) ;; *) echo "error: unknown part '$p' (hf, ours, attention, long, shared)" >&2; exit 2 ;; esac
+    case $p in hf|ours|attention|long|shared|tier) ;; *) echo "error: unknown part '$p' (hf, ours, attention, long, shared, tier)" >&2; exit 2 ;; esac
 done
 if ! gpu=$(nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version,compute_cap --format=csv,noheader 2>&1) ||
     [ -z "$gpu" ]; then
@@ -105,7 +109,7 @@ build() {
 
 [ -f "$model/config.json" ] || python3 dev/bench_hf.py --write_config "$model" --shape "$SHAPE" || exit 1
 if [ -z "${BIN:-}" ]; then
-    for p in "$@"; do [ "$p" = ours ] || [ "$p" = long ] || [ "$p" = shared ] && { build train_llama2cu || exit 1; break; }; done
+    for p in "$@"; do [ "$p" = ours ] || [ "$p" = long ] || [ "$p" = shared ] || [ "$p" = tier ] && { build train_llama2cu || exit 1; break; }; done
 fi
 BIN=${BIN:-./train_llama2cu}
 ours=(python3 dev/bench_ours.py --model "$model" --bin "$BIN" ${RESERVE_MIB:+--reserve_mib $RESERVE_MIB} "${common[@]}")
@@ -139,6 +143,35 @@ with open('$data', 'w') as f:
     done
     rm -rf "$RESULTS/shared_run" "$RESULTS"/shared_*.jsonl "$RESULTS/shared_run.log"
 }
+# tier: each pair of runs, the offload off and on, a table row each: whether the copies the plan
+# times at 25 GB/s hide behind the compute (the step as fast as resident) and what they save
+tier_bench() {
+    local T=${TIER_SEQ:-2048} L=${TIER_LONG:-16384} C=${TIER_CHUNK:-2048} data=$RESULTS/tier.jsonl run=$RESULTS/tier_run what opt o ms peak plan
+    python3 -c "import json, random
+rng = random.Random(0); w = 'the cat sat on a mat and then it went home to sleep'.split()
+with open('$data', 'w') as f:
+    for _ in range(8): f.write(json.dumps({'text': ' '.join(rng.choice(w) for _ in range($L))}) + '\\n')" || return 1
+    echo "| what | offload | ms a step | peak GPU MiB | the plan's copies, ms a micro-batch (at 25 GB/s) against compute ms |"
+    echo "| --- | --- | --- | --- | --- |"
+    while IFS='|' read -r what opt args; do
+        for o in 0 1; do
+            rm -rf "$run"
+            # shellcheck disable=SC2086 # (args: several options)
+            "$BIN" --model "$model" --random_init --data "$data" --data_format text --batching packing --batch_size 1 --max_steps 4 \
+                --lora_r 8 --precision bf16 --activation_checkpointing $args "$opt=$o" --output_dir "$run" --metrics_file "$run.jsonl" \
+                >"$run.log" 2>&1 || { tail -5 "$run.log"; return 1; }
+            ms=$(grep -o '"ms": [0-9.]*' "$run.jsonl" | tail -3 | awk '{print $2}' | sort -n | sed -n 2p)
+            peak=$(sed -n 's/^peak GPU memory \([0-9.]*\) MiB.*/\1/p' "$run.log")
+            plan=$(grep -E 'streamed up a micro-batch|layer inputs moved a micro-batch' "$run.log" | grep -oE '[0-9.]+ ms at [0-9]+ GB/s, against [0-9.]+ ms' | head -1)
+            echo "| $what | $opt=$o | $ms | $peak | ${plan:-none} |"
+        done
+    done <<LIST
+LoRA qv8, $T tokens, the base streamed|--cpu_offload|--max_seq_len $T --lora_target_modules q_proj,v_proj
+QLoRA nf4 all-linear, $T tokens, the base streamed|--cpu_offload|--max_seq_len $T --lora_target_modules all-linear --quantize nf4
+LoRA qv8, $L tokens in chunks of $C, layer inputs offloaded|--activation_offloading|--max_seq_len $L --chunk_size $C --chunk_memory recompute --lora_target_modules q_proj,v_proj
+LIST
+    rm -rf "$run" "$run.jsonl" "$run.log" "$data"
+}
 
 status=0
 for p in "$@"; do
@@ -161,6 +194,8 @@ for p in "$@"; do
             --json "$RESULTS/bench_long.jsonl" ;;
     shared) export RESULTS BIN model SHARED_PROMPTS # (step's timeout runs a command: the function in a shell)
         step shared "$limit" bash -c "$(declare -f shared_bench); shared_bench" ;;
+    tier) export RESULTS BIN model TIER_SEQ TIER_LONG TIER_CHUNK
+        step tier "$limit" bash -c "$(declare -f tier_bench); tier_bench" ;;
     esac
     status=$((status | $?))
 done
